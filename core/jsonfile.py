@@ -1,0 +1,44 @@
+"""Durable small files: atomic replace (write temp, fsync, rename, fsync the directory)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves either the old or the new file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, target)
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_json(path: str | os.PathLike[str], value: Any) -> None:
+    """Atomically write ``value`` as pretty JSON (RocketMQ's config files are human-read)."""
+    atomic_write_bytes(path, orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+
+
+def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:
+    """Read a JSON file written by :func:`write_json`; ``default`` when it does not exist.
+
+    A leftover ``.bak``/``.tmp`` is never read: :func:`atomic_write_bytes` makes the rename the
+    commit point, so the target is always whole.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return default
+    return orjson.loads(data)

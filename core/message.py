@@ -1,0 +1,393 @@
+"""RocketMQ 4.x message format: the commit-log record, properties, tag codes and message ids.
+
+One stored record (all integers big-endian)::
+
+    TOTALSIZE 4 | MAGICCODE 4 | BODYCRC 4 | QUEUEID 4 | FLAG 4 | QUEUEOFFSET 8 |
+    PHYSICALOFFSET 8 | SYSFLAG 4 | BORNTIMESTAMP 8 | BORNHOST 8 (20 if IPv6) |
+    STORETIMESTAMP 8 | STOREHOSTADDRESS 8 (20 if IPv6) | RECONSUMETIMES 4 |
+    PREPARED TRANSACTION OFFSET 8 | BODYLENGTH 4 + body | TOPICLENGTH 1 + topic |
+    PROPERTIESLENGTH 2 + properties
+
+Pull responses carry these records verbatim, so official clients decode what the store wrote.
+The store encodes a record once with :func:`encode_message` and patches the three fields only it
+knows (queue offset, physical offset, store timestamp) with :func:`patch_record`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+import zlib
+from collections.abc import Iterator, Mapping
+
+import attrs
+
+from tidemq.errors import CorruptDataError, MessageTooLargeError
+
+MESSAGE_MAGIC_CODE = 0xDAA320A7  # -626843481 as a Java int
+BLANK_MAGIC_CODE = 0xCBD43194  # -875286124: end-of-file filler when a record does not fit
+
+# sysFlag bits (MessageSysFlag)
+COMPRESSED_FLAG = 1 << 0
+MULTI_TAGS_FLAG = 1 << 1
+TRANSACTION_NOT_TYPE = 0
+TRANSACTION_PREPARED_TYPE = 1 << 2
+TRANSACTION_COMMIT_TYPE = 2 << 2
+TRANSACTION_ROLLBACK_TYPE = 3 << 2
+TRANSACTION_TYPE_MASK = 3 << 2
+BORNHOST_V6_FLAG = 1 << 4
+STOREHOSTADDRESS_V6_FLAG = 1 << 5
+# RocketMQ 5 marks the compression algorithm in bits 8-10 next to COMPRESSED_FLAG.
+COMPRESSION_TYPE_MASK = 7 << 8
+COMPRESSION_ZLIB = 0  # 4.x clients know only zlib (type bits 0)
+COMPRESSION_LZ4 = 1 << 8
+COMPRESSION_ZSTD = 2 << 8
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+
+class Prop:
+    """Well-known property keys (MessageConst)."""
+
+    KEYS = "KEYS"
+    TAGS = "TAGS"
+    WAIT_STORE_MSG_OK = "WAIT"
+    DELAY_TIME_LEVEL = "DELAY"
+    RETRY_TOPIC = "RETRY_TOPIC"
+    REAL_TOPIC = "REAL_TOPIC"
+    REAL_QUEUE_ID = "REAL_QID"
+    TRANSACTION_PREPARED = "TRAN_MSG"
+    PRODUCER_GROUP = "PGROUP"
+    MIN_OFFSET = "MIN_OFFSET"
+    MAX_OFFSET = "MAX_OFFSET"
+    ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+    RECONSUME_TIME = "RECONSUME_TIME"
+    MSG_REGION = "MSG_REGION"
+    TRACE_SWITCH = "TRACE_ON"
+    UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
+    MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+    CONSUME_START_TIMESTAMP = "CONSUME_START_TIME"
+    TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+    CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+    SHARDING_KEY = "__SHARDINGKEY"
+    CLUSTER = "CLUSTER"
+
+
+# Field offsets inside a record (IPv4 hosts; IPv6 shifts everything after BORNHOST).
+POS_TOTALSIZE = 0
+POS_MAGIC = 4
+POS_BODYCRC = 8
+POS_QUEUEID = 12
+POS_FLAG = 16
+POS_QUEUEOFFSET = 20
+POS_PHYSICALOFFSET = 28
+POS_SYSFLAG = 36
+POS_BORNTIMESTAMP = 40
+POS_BORNHOST = 48
+
+_HEAD = struct.Struct(">iIiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP (48 bytes)
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_U32 = struct.Struct(">I")
+
+
+def java_string_hash(s: str) -> int:
+    """``String.hashCode()`` of Java, as a signed 32-bit int (UTF-16 code units)."""
+    h = 0
+    data = s.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tags_hash_code(tags: str | None) -> int:
+    """The tag code stored in a ConsumeQueue entry (0 when the message has no tag)."""
+    return java_string_hash(tags) if tags else 0
+
+
+def body_crc(body: bytes | memoryview) -> int:
+    """CRC32 of the body masked to a non-negative Java int, as RocketMQ's ``UtilAll.crc32``."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def properties_to_string(props: Mapping[str, str]) -> str:
+    """Encode properties as ``k\\x01v\\x02`` pairs (RocketMQ's messageProperties2String)."""
+    return "".join(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items())
+
+
+def string_to_properties(s: str) -> dict[str, str]:
+    """Decode a properties string; pairs without a separator are ignored as RocketMQ does."""
+    out: dict[str, str] = {}
+    for item in s.split(PROPERTY_SEPARATOR):
+        k, sep, v = item.partition(NAME_VALUE_SEPARATOR)
+        if sep and k:
+            out[k] = v
+    return out
+
+
+HostPort = tuple[str, int]
+
+
+def _host_bytes(host: HostPort) -> tuple[bytes, bool]:
+    ip = ipaddress.ip_address(host[0])
+    return ip.packed + _I32.pack(host[1]), ip.version == 6
+
+
+def _read_host(buf: memoryview | bytes, pos: int, v6: bool) -> tuple[HostPort, int]:
+    n = 16 if v6 else 4
+    ip = str(ipaddress.ip_address(bytes(buf[pos : pos + n])))
+    (port,) = _I32.unpack_from(buf, pos + n)
+    return (ip, port), pos + n + 4
+
+
+@attrs.define
+class MessageInner:
+    """A message the broker is about to store (MessageExtBrokerInner)."""
+
+    topic: str
+    body: bytes
+    queue_id: int = 0
+    flag: int = 0
+    properties: dict[str, str] = attrs.field(factory=dict)
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: HostPort = ("127.0.0.1", 0)
+    store_host: HostPort = ("127.0.0.1", 0)
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(Prop.TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k in self.properties.get(Prop.KEYS, "").split(" ") if k]
+
+
+@attrs.define
+class MessageExt:
+    """A message decoded from a stored record."""
+
+    topic: str
+    body: bytes
+    queue_id: int
+    flag: int
+    queue_offset: int
+    commit_log_offset: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: HostPort
+    store_timestamp: int
+    store_host: HostPort
+    reconsume_times: int
+    prepared_transaction_offset: int
+    properties: dict[str, str]
+    body_crc: int
+    store_size: int
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(Prop.TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k in self.properties.get(Prop.KEYS, "").split(" ") if k]
+
+    @property
+    def msg_id(self) -> str:
+        """The offset message id (store host + commit-log offset)."""
+        return create_message_id(self.store_host, self.commit_log_offset)
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+
+
+def encode_message(msg: MessageInner, max_size: int = 4 * 1024 * 1024) -> bytearray:
+    """Encode ``msg`` as a commit-log record with queue/physical offsets and store time zero.
+
+    Raises :class:`MessageTooLargeError` when the body is over ``max_size`` or the properties do
+    not fit RocketMQ's 2-byte length.
+    """
+    if len(msg.body) > max_size:
+        raise MessageTooLargeError(f"message body is {len(msg.body)} bytes, over the limit of {max_size}")
+    topic = msg.topic.encode()
+    if len(topic) > 127:
+        raise MessageTooLargeError(f"topic name is {len(topic)} bytes, over the limit of 127")
+    props = properties_to_string(msg.properties).encode()
+    if len(props) > 32767:
+        raise MessageTooLargeError(f"properties are {len(props)} bytes, over the limit of 32767")
+    born, born_v6 = _host_bytes(msg.born_host)
+    store, store_v6 = _host_bytes(msg.store_host)
+    sys_flag = msg.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
+    sys_flag |= (BORNHOST_V6_FLAG if born_v6 else 0) | (STOREHOSTADDRESS_V6_FLAG if store_v6 else 0)
+    body = msg.body
+    total = 48 + len(born) + 8 + len(store) + 4 + 8 + 4 + len(body) + 1 + len(topic) + 2 + len(props)
+    if total > max_size + 64 * 1024:
+        raise MessageTooLargeError(f"encoded message is {total} bytes, over the limit")
+    buf = bytearray(total)
+    _HEAD.pack_into(
+        buf, 0, total, MESSAGE_MAGIC_CODE, body_crc(body), msg.queue_id, msg.flag, 0, 0,
+        sys_flag, msg.born_timestamp,
+    )
+    pos = 48
+    buf[pos : pos + len(born)] = born
+    pos += len(born) + 8  # STORETIMESTAMP patched at append time
+    buf[pos : pos + len(store)] = store
+    pos += len(store)
+    struct.pack_into(">iqi", buf, pos, msg.reconsume_times, msg.prepared_transaction_offset, len(body))
+    pos += 16
+    buf[pos : pos + len(body)] = body
+    pos += len(body)
+    buf[pos] = len(topic)
+    buf[pos + 1 : pos + 1 + len(topic)] = topic
+    pos += 1 + len(topic)
+    struct.pack_into(">h", buf, pos, len(props))
+    buf[pos + 2 :] = props
+    return buf
+
+
+def store_timestamp_pos(sys_flag: int) -> int:
+    """Offset of STORETIMESTAMP in a record with this sysFlag."""
+    return POS_BORNHOST + (20 if sys_flag & BORNHOST_V6_FLAG else 8)
+
+
+def patch_record(buf: bytearray | memoryview, queue_offset: int, physical_offset: int, store_timestamp: int) -> None:
+    """Fill in the fields the commit log assigns when it appends the record."""
+    _I64.pack_into(buf, POS_QUEUEOFFSET, queue_offset)
+    _I64.pack_into(buf, POS_PHYSICALOFFSET, physical_offset)
+    (sys_flag,) = _I32.unpack_from(buf, POS_SYSFLAG)
+    _I64.pack_into(buf, store_timestamp_pos(sys_flag), store_timestamp)
+
+
+def decode_message(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = False, with_body: bool = True) -> MessageExt:
+    """Decode the record at ``pos``; :class:`CorruptDataError` when it is not a valid record."""
+    view = memoryview(buf)
+    try:
+        total, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts = _HEAD.unpack_from(view, pos)
+    except struct.error as exc:
+        raise CorruptDataError(f"truncated record header at {pos}") from exc
+    if magic != MESSAGE_MAGIC_CODE:
+        raise CorruptDataError(f"bad magic code {magic:#x} at {pos}")
+    if total < 48 or pos + total > len(view):
+        raise CorruptDataError(f"record size {total} at {pos} runs past the data ({len(view)} bytes)")
+    rec = view[pos : pos + total]
+    try:
+        born_host, p = _read_host(rec, POS_BORNHOST, bool(sys_flag & BORNHOST_V6_FLAG))
+        (store_ts,) = _I64.unpack_from(rec, p)
+        store_host, p = _read_host(rec, p + 8, bool(sys_flag & STOREHOSTADDRESS_V6_FLAG))
+        reconsume, prepared, body_len = struct.unpack_from(">iqi", rec, p)
+        p += 16
+        if body_len < 0 or p + body_len > total:
+            raise CorruptDataError(f"body length {body_len} at {pos} runs past the record")
+        body = bytes(rec[p : p + body_len]) if with_body else b""
+        if check_crc and body_crc(rec[p : p + body_len]) != crc:
+            raise CorruptDataError(f"body CRC mismatch in the record at {pos}")
+        p += body_len
+        topic_len = rec[p]
+        topic = bytes(rec[p + 1 : p + 1 + topic_len]).decode()
+        p += 1 + topic_len
+        (props_len,) = struct.unpack_from(">h", rec, p)
+        props = string_to_properties(bytes(rec[p + 2 : p + 2 + props_len]).decode()) if props_len > 0 else {}
+        if p + 2 + props_len != total:
+            raise CorruptDataError(f"record at {pos} declares {total} bytes but its fields take {p + 2 + props_len}")
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
+        raise CorruptDataError(f"malformed record at {pos}: {exc}") from exc
+    return MessageExt(
+        topic=topic, body=body, queue_id=queue_id, flag=flag, queue_offset=queue_offset,
+        commit_log_offset=phys, sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
+        store_timestamp=store_ts, store_host=store_host, reconsume_times=reconsume,
+        prepared_transaction_offset=prepared, properties=props, body_crc=crc, store_size=total,
+    )
+
+
+def iter_messages(buf: bytes | memoryview, *, check_crc: bool = False) -> Iterator[MessageExt]:
+    """Decode consecutive records (a pull response body) until the buffer ends."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        msg = decode_message(buf, pos, check_crc=check_crc)
+        yield msg
+        pos += msg.store_size
+
+
+# ---------------------------------------------------------------------------- batches
+
+
+@attrs.define
+class BatchItem:
+    """One message inside a SEND_BATCH_MESSAGE body."""
+
+    body: bytes
+    flag: int
+    properties: dict[str, str]
+
+
+def encode_batch(items: list[BatchItem]) -> bytes:
+    """Encode messages the way RocketMQ's ``MessageDecoder.encodeMessages`` does."""
+    out = bytearray()
+    for it in items:
+        props = properties_to_string(it.properties).encode()
+        size = 4 + 4 + 4 + 4 + 4 + len(it.body) + 2 + len(props)
+        out += struct.pack(">iiiii", size, 0, body_crc(it.body), it.flag, len(it.body))
+        out += it.body
+        out += struct.pack(">h", len(props)) + props
+    return bytes(out)
+
+
+def decode_batch(buf: bytes | memoryview) -> list[BatchItem]:
+    """Decode a SEND_BATCH_MESSAGE body; :class:`CorruptDataError` when malformed."""
+    view = memoryview(buf)
+    items: list[BatchItem] = []
+    pos = 0
+    try:
+        while pos < len(view):
+            size, _magic, _crc, flag, body_len = struct.unpack_from(">iiiii", view, pos)
+            if size < 22 or pos + size > len(view) or body_len < 0:
+                raise CorruptDataError(f"bad batch entry size {size} at {pos}")
+            p = pos + 20
+            body = bytes(view[p : p + body_len])
+            p += body_len
+            (props_len,) = struct.unpack_from(">h", view, p)
+            props = string_to_properties(bytes(view[p + 2 : p + 2 + props_len]).decode())
+            if p + 2 + props_len != pos + size:
+                raise CorruptDataError(f"batch entry at {pos} has inconsistent lengths")
+            items.append(BatchItem(body, flag, props))
+            pos += size
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CorruptDataError(f"malformed batch body at {pos}: {exc}") from exc
+    return items
+
+
+# ---------------------------------------------------------------------------- message ids
+
+
+def create_message_id(store_host: HostPort, commit_log_offset: int) -> str:
+    """RocketMQ's offset message id: store IP, port and commit-log offset as upper-case hex."""
+    ip = ipaddress.ip_address(store_host[0]).packed
+    return (ip + _I32.pack(store_host[1]) + _I64.pack(commit_log_offset)).hex().upper()
+
+
+def decode_message_id(msg_id: str) -> tuple[HostPort, int]:
+    """Inverse of :func:`create_message_id`; ``ValueError`` when it is not an offset message id."""
+    raw = bytes.fromhex(msg_id)
+    if len(raw) == 16:
+        ip_len = 4
+    elif len(raw) == 28:
+        ip_len = 16
+    else:
+        raise ValueError(f"{msg_id!r} is not an offset message id")
+    ip = str(ipaddress.ip_address(raw[:ip_len]))
+    (port,) = _I32.unpack_from(raw, ip_len)
+    (offset,) = _I64.unpack_from(raw, ip_len + 4)
+    return (ip, port), offset
+
+
+def local_ip() -> str:
+    """A best-effort local IPv4 address for ids and broker registration (loopback fallback)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

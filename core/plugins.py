@@ -1,0 +1,216 @@
+"""Plugin loading and the per-role registry of named factories.
+
+Plugins are found through the ``tidemq`` entry-point group: built-ins and third-party
+distributions alike.  Each entry point names a module (or object) holding ``@tidemq.hookimpl``
+functions.  After loading, every registration hook is called once and the factories are kept by
+role and name; :meth:`PluginManager.create` then builds the instance a config asks for.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pluggy
+
+from tidemq import PROJECT, hookspecs
+from tidemq.errors import PluginError
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = PROJECT
+
+#: role -> registration hook name.  Roles are the pieces a broker is composed of.
+ROLE_HOOKS: dict[str, str] = {
+    "transport": "tidemq_register_transports",
+    "flush": "tidemq_register_flush_policies",
+    "index": "tidemq_register_indexes",
+    "filter": "tidemq_register_filters",
+    "store": "tidemq_register_stores",
+    "replication": "tidemq_register_replications",
+    "allocate": "tidemq_register_allocate_strategies",
+    "select": "tidemq_register_queue_selectors",
+}
+ROLES: tuple[str, ...] = tuple(ROLE_HOOKS)
+#: The order in which the composer builds roles; later factories see earlier instances.
+BUILD_ORDER: tuple[str, ...] = ("transport", "flush", "index", "store", "replication")
+
+Factory = Callable[["PluginContext"], Any]
+
+
+@attrs.frozen
+class PluginInfo:
+    """One named implementation of a role."""
+
+    role: str
+    name: str
+    factory: Factory
+    summary: str
+    plugin: str  # the registering plugin's name (its entry point name)
+    distribution: str  # the distribution that ships it ("tidemq" for built-ins)
+
+
+@attrs.frozen
+class PluginContext:
+    """What a factory receives.
+
+    ``options`` is the role's own table from the config (``[store.mmap]`` for ``store = "mmap"``);
+    ``components`` holds the instances already built in :data:`BUILD_ORDER`.
+    """
+
+    role: str
+    name: str
+    options: Mapping[str, Any]
+    data_dir: Path
+    manager: PluginManager
+    components: Mapping[str, Any] = attrs.field(factory=dict)
+    settings: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+class Register:
+    """Handed to a registration hook; collects the role's named factories."""
+
+    def __init__(self, role: str, plugin: str, distribution: str, sink: dict[str, PluginInfo]):
+        self.role = role
+        self._plugin = plugin
+        self._distribution = distribution
+        self._sink = sink
+
+    def add(self, name: str, factory: Factory, summary: str = "") -> None:
+        """Register ``factory`` under ``name`` for this role; a name may be taken only once."""
+        if not name or not isinstance(name, str):
+            raise PluginError(f"plugin {self._plugin!r} registered an empty {self.role} name")
+        existing = self._sink.get(name)
+        if existing is not None:
+            raise PluginError(
+                f"{self.role} {name!r} is registered twice: by plugin {existing.plugin!r} "
+                f"({existing.distribution}) and by plugin {self._plugin!r} ({self._distribution})"
+            )
+        self._sink[name] = PluginInfo(self.role, name, factory, summary, self._plugin, self._distribution)
+
+
+class PluginManager:
+    """Loads plugins and answers which implementations each role has."""
+
+    def __init__(self) -> None:
+        self.hook_manager = pluggy.PluginManager(PROJECT)
+        self.hook_manager.add_hookspecs(hookspecs)
+        self._registry: dict[str, dict[str, PluginInfo]] = {role: {} for role in ROLES}
+        self._distributions: dict[str, str] = {}
+        self._collected = False
+
+    @property
+    def hook(self) -> Any:
+        """The pluggy hook relay: ``manager.hook.tidemq_after_send(context=...)``."""
+        return self.hook_manager.hook
+
+    # ------------------------------------------------------------------ loading
+    def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
+        """Load every plugin advertised in the entry-point group, built-ins first."""
+        eps = list(metadata.entry_points(group=group))
+
+        def order(ep: metadata.EntryPoint) -> tuple[int, str, str]:
+            dist = ep.dist.name if ep.dist else ""
+            return (0 if dist == PROJECT else 1, dist, ep.name)
+
+        for ep in sorted(eps, key=order):
+            if self.hook_manager.get_plugin(ep.name) is not None:
+                continue
+            try:
+                obj = ep.load()
+            except Exception as exc:  # a broken third-party plugin must name itself
+                raise PluginError(f"cannot load plugin {ep.name!r} ({ep.value}): {exc}") from exc
+            self.register(obj, name=ep.name, distribution=ep.dist.name if ep.dist else "?")
+
+    def register(self, plugin: object, name: str | None = None, distribution: str = "local") -> str:
+        """Register a plugin object or module directly (tests, embedding)."""
+        registered = self.hook_manager.register(plugin, name=name)
+        if registered is None:
+            raise PluginError(f"plugin {name!r} is blocked or already registered")
+        self._distributions[registered] = distribution
+        self._collected = False
+        return registered
+
+    def _collect(self) -> None:
+        if self._collected:
+            return
+        self._registry = {role: {} for role in ROLES}
+        for plugin_name, plugin in self.hook_manager.list_name_plugin():
+            dist = self._distributions.get(plugin_name, "local")
+            for role, hook_name in ROLE_HOOKS.items():
+                impl = getattr(plugin, hook_name, None)
+                if impl is None:
+                    continue
+                impl(Register(role, plugin_name, dist, self._registry[role]))
+        self._collected = True
+
+    # ------------------------------------------------------------------ queries
+    def available(self, role: str) -> dict[str, PluginInfo]:
+        """Implementations of ``role`` by name."""
+        if role not in self._registry:
+            raise PluginError(f"unknown role {role!r}; roles are: {', '.join(ROLES)}")
+        self._collect()
+        return dict(self._registry[role])
+
+    def catalogue(self) -> dict[str, list[PluginInfo]]:
+        """Every role with its implementations, sorted by name (``tidemq plugins``)."""
+        self._collect()
+        return {role: sorted(self._registry[role].values(), key=lambda p: p.name) for role in ROLES}
+
+    def lookup(self, role: str, name: str, *, key: str | None = None) -> PluginInfo:
+        """The implementation called ``name``, or a one-line error listing what is installed."""
+        choices = self.available(role)
+        info = choices.get(name)
+        if info is None:
+            raise PluginError(unknown_choice(key or role, name, choices))
+        return info
+
+    def create(
+        self,
+        role: str,
+        name: str,
+        *,
+        options: Mapping[str, Any] | None = None,
+        data_dir: Path | str = ".",
+        components: Mapping[str, Any] | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Build the implementation of ``role`` called ``name``."""
+        info = self.lookup(role, name)
+        ctx = PluginContext(
+            role=role,
+            name=name,
+            options=dict(options or {}),
+            data_dir=Path(data_dir),
+            manager=self,
+            components=dict(components or {}),
+            settings=dict(settings or {}),
+        )
+        return info.factory(ctx)
+
+
+def unknown_choice(key: str, value: str, choices: Iterable[str]) -> str:
+    """A one-line message for a value that is not among ``choices``."""
+    names = sorted(choices)
+    hint = difflib.get_close_matches(value, names, n=1)
+    suggestion = f" (did you mean {hint[0]!r}?)" if hint else ""
+    installed = ", ".join(names) if names else "none installed"
+    return f"{key} = {value!r} is not installed{suggestion}; choices: {installed}"
+
+
+_default: PluginManager | None = None
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide manager with every entry-point plugin loaded."""
+    global _default
+    if _default is None:
+        pm = PluginManager()
+        pm.load_entry_points()
+        _default = pm
+    return _default

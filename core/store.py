@@ -1,0 +1,191 @@
+"""The message store contract (role ``store``) and its value types.
+
+The broker talks to storage only through :class:`MessageStore`.  Operations are synchronous and
+thread-safe; durability is reported through a :class:`concurrent.futures.Future` so an asyncio
+broker can ``await asyncio.wrap_future(...)`` it while a benchmark thread simply calls
+``.result()``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from tidemq.filter import MessageFilter
+from tidemq.message import MessageInner
+
+
+class PutStatus(enum.Enum):
+    """Outcome of storing a message (PutMessageStatus)."""
+
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    CREATE_MAPPED_FILE_FAILED = "CREATE_MAPPED_FILE_FAILED"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    OS_PAGECACHE_BUSY = "OS_PAGECACHE_BUSY"
+    DISK_FULL = "DISK_FULL"
+    UNKNOWN_ERROR = "UNKNOWN_ERROR"
+
+
+@attrs.frozen
+class PutResult:
+    """What :meth:`MessageStore.put_message` resolves to.
+
+    ``wrote_offset`` is the commit-log offset of the first record, ``queue_offset`` the
+    ConsumeQueue offset of the first message, ``msg_ids`` one offset message id per message.
+    """
+
+    status: PutStatus
+    wrote_offset: int = -1
+    wrote_bytes: int = 0
+    queue_offset: int = -1
+    msg_ids: tuple[str, ...] = ()
+    store_timestamp: int = 0
+    message_count: int = 0
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutStatus.PUT_OK
+
+    @property
+    def msg_id(self) -> str:
+        return ",".join(self.msg_ids)
+
+
+class GetStatus(enum.Enum):
+    """Outcome of reading a queue (GetMessageStatus)."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+
+
+@attrs.frozen
+class GetResult:
+    """What :meth:`MessageStore.get_message` returns.
+
+    ``buffers`` hold the stored records byte for byte (memoryviews into the store where it can),
+    ready to be written to a socket without re-encoding.  ``next_begin_offset`` is where the next
+    pull should start.
+    """
+
+    status: GetStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    buffers: tuple[bytes | memoryview, ...] = ()
+    queue_offsets: tuple[int, ...] = ()
+    suggest_pulling_from_slave: bool = False
+
+    @property
+    def message_count(self) -> int:
+        return len(self.buffers)
+
+    @property
+    def total_size(self) -> int:
+        return sum(len(b) for b in self.buffers)
+
+
+@attrs.frozen
+class DispatchRequest:
+    """One stored message as handed to dispatchers (ConsumeQueue builder, key index...)."""
+
+    topic: str
+    queue_id: int
+    commit_log_offset: int
+    msg_size: int
+    tags_code: int
+    store_timestamp: int
+    queue_offset: int
+    keys: str = ""
+    uniq_key: str | None = None
+    sys_flag: int = 0
+    prepared_transaction_offset: int = 0
+    properties: dict[str, str] = attrs.field(factory=dict)
+
+
+@runtime_checkable
+class Dispatcher(Protocol):
+    """Something that wants to see every stored message, in commit-log order."""
+
+    def dispatch(self, request: DispatchRequest) -> None: ...
+
+
+@runtime_checkable
+class MessageStore(Protocol):
+    """The storage contract every store plugin implements."""
+
+    def load(self) -> bool:
+        """Open existing files and recover; ``False`` when the data cannot be used."""
+
+    def start(self) -> None:
+        """Start background services (flush, reput/dispatch, cleanup)."""
+
+    def shutdown(self) -> None:
+        """Flush, stop services and mark a clean exit."""
+
+    def add_dispatcher(self, dispatcher: Dispatcher) -> None:
+        """Hand every stored message to ``dispatcher`` too (before :meth:`start`)."""
+
+    def put_message(self, msg: MessageInner) -> Future[PutResult]:
+        """Append one message; the future resolves once the flush policy says it is durable."""
+
+    def put_messages(self, msgs: Sequence[MessageInner]) -> Future[PutResult]:
+        """Append a batch to one queue atomically, queue offsets consecutive."""
+
+    def get_message(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        message_filter: MessageFilter | None = None,
+        max_bytes: int = 256 * 1024,
+    ) -> GetResult:
+        """Read up to ``max_count`` messages of a queue starting at ConsumeQueue ``offset``."""
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        """One past the last ConsumeQueue offset (0 for an empty queue)."""
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        """The first ConsumeQueue offset still stored."""
+
+    def get_offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose store time is at or after ``timestamp_ms``."""
+
+    def get_store_time(self, topic: str, queue_id: int, offset: int) -> int:
+        """Store timestamp of the message at ``offset`` (-1 when absent)."""
+
+    def get_commit_log_offset(self, topic: str, queue_id: int, offset: int) -> int:
+        """Commit-log offset of the message at queue ``offset`` (-1 when absent)."""
+
+    def look_message_by_offset(self, commit_log_offset: int, size: int = -1) -> bytes | None:
+        """The raw record at a commit-log offset (message id lookups, index queries)."""
+
+    def get_max_phy_offset(self) -> int:
+        """End of the commit log."""
+
+    def get_min_phy_offset(self) -> int:
+        """Start of the oldest commit-log data still stored."""
+
+    def topics(self) -> dict[str, list[int]]:
+        """Topics with consume queues, and their queue ids."""
+
+    def delete_topics(self, topics: Sequence[str]) -> None:
+        """Drop the consume queues of the topics (their commit-log records age out)."""

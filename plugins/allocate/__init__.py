@@ -1,0 +1,3 @@
+"""allocate plugin."""
+
+from tidemq import hookimpl  # noqa: F401

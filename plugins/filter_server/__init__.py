@@ -1,0 +1,1 @@
+"""tidemq_filter_server plugin package."""

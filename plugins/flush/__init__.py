@@ -1,0 +1,3 @@
+"""flush plugin."""
+
+from tidemq import hookimpl  # noqa: F401

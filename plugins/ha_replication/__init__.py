@@ -1,0 +1,1 @@
+"""tidemq_ha_replication plugin package."""

@@ -1,0 +1,3 @@
+"""Entry point of the ha_replication plugin: its hook implementations."""
+
+from tidemq import hookimpl  # noqa: F401

@@ -1,0 +1,1 @@
+"""tidemq_index_hash plugin package."""

@@ -1,0 +1,3 @@
+"""queue_select plugin."""
+
+from tidemq import hookimpl  # noqa: F401

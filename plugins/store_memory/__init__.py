@@ -1,0 +1,3 @@
+"""store_memory plugin."""
+
+from tidemq import hookimpl  # noqa: F401

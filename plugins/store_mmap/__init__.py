@@ -1,0 +1,1 @@
+"""tidemq_store_mmap plugin package."""

@@ -1,0 +1,1 @@
+"""tidemq_transport_tcp plugin package."""
