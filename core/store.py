@@ -9,7 +9,7 @@ broker can ``await asyncio.wrap_future(...)`` it while a benchmark thread simply
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Protocol, runtime_checkable
 
@@ -142,8 +142,19 @@ class MessageStore(Protocol):
     def add_dispatcher(self, dispatcher: Dispatcher) -> None:
         """Hand every stored message to ``dispatcher`` too (before :meth:`start`)."""
 
+    def add_arrival_listener(self, listener: Callable[[str, int, int], None]) -> None:
+        """Call ``listener(topic, queue_id, max_offset)`` after messages become readable.
+
+        Called from the store's own thread; the broker's long polling wakes held pulls with it.
+        """
+
     def put_message(self, msg: MessageInner) -> Future[PutResult]:
-        """Append one message; the future resolves once the flush policy says it is durable."""
+        """Append one message.
+
+        The future resolves once the message is readable through :meth:`get_message` and the flush
+        policy says it is durable (``FLUSH_DISK_TIMEOUT`` when the flush did not finish in time).
+        Invalid input resolves with ``MESSAGE_ILLEGAL`` / ``PROPERTIES_SIZE_EXCEEDED`` and an error.
+        """
 
     def put_messages(self, msgs: Sequence[MessageInner]) -> Future[PutResult]:
         """Append a batch to one queue atomically, queue offsets consecutive."""
