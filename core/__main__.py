@@ -1,0 +1,5 @@
+"""``python -m tidemq`` runs the command line."""
+
+from tidemq.cli import main
+
+main()

@@ -1,0 +1,225 @@
+"""The ``tidemq`` command line: run a NameServer, a broker or both; list plugins; admin tools."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import click
+
+from tidemq import __version__
+from tidemq.config import DEFAULT_HOME, Config, compose, load_config
+from tidemq.errors import TidemqError
+from tidemq.plugins import ROLES, get_plugin_manager
+
+log = logging.getLogger("tidemq")
+
+
+def _fail(exc: Exception) -> None:
+    click.echo(f"tidemq: error: {exc}", err=True)
+    sys.exit(2)
+
+
+def _run(main: Callable[[], Awaitable[None]]) -> None:
+    """Run ``main`` on uvloop when it is installed, turning config mistakes into one-line errors."""
+    try:
+        import uvloop
+
+        factory: Any = uvloop.new_event_loop
+    except ImportError:  # uvloop is the optional `fast` extra
+        factory = None
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(main())
+    except TidemqError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        pass
+
+
+async def _serve_until_signalled(services: list[tuple[str, Any]]) -> None:
+    """Start services in order, announce them, wait for SIGINT/SIGTERM, stop in reverse order."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    started: list[tuple[str, Any]] = []
+    try:
+        for what, service in services:
+            await service.start()
+            started.append((what, service))
+            # The CLI's own output: tests and operators wait for this line.
+            click.echo(f"tidemq {what} listening on {service.address}")
+        sys.stdout.flush()
+        await stop.wait()
+        log.info("signal received, shutting down")
+    finally:
+        for what, service in reversed(started):
+            try:
+                await service.stop()
+            except Exception:  # keep stopping the others
+                log.exception("error while stopping %s", what)
+
+
+def _apply_broker_overrides(cfg: Config, listen: str | None, namesrv: str | None, data_dir: str | None) -> Config:
+    broker = cfg.broker
+    if listen:
+        broker = attrs.evolve(broker, listen=listen)
+    if namesrv:
+        broker = attrs.evolve(broker, namesrv=[a for a in namesrv.replace(",", ";").split(";") if a])
+    if data_dir:
+        broker = attrs.evolve(broker, data_dir=data_dir)
+    return attrs.evolve(cfg, broker=broker)
+
+
+def _make_namesrv(cfg: Config) -> Any:
+    from tidemq.namesrv import NameServer
+
+    transport = get_plugin_manager().create("transport", cfg.plugins["transport"], options=cfg.plugin_options("transport"))
+    return NameServer(cfg.namesrv, transport)
+
+
+def _make_broker(cfg: Config) -> Any:
+    from tidemq.broker import Broker
+
+    return Broker(compose(cfg))
+
+
+class _PluginCommands(click.Group):
+    """Adds commands contributed by plugins (``tidemq_add_commands``) the first time they are needed."""
+
+    _loaded = False
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            try:
+                from tidemq.admin import admin
+
+                self.add_command(admin)
+            except ImportError:
+                pass
+            get_plugin_manager().hook.tidemq_add_commands(cli=self)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        self._load()
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_PluginCommands)
+@click.version_option(__version__, prog_name="tidemq")
+@click.option("--log-level", default="INFO", show_default=True, help="Logging level (DEBUG, INFO, WARNING...).")
+def cli(log_level: str) -> None:
+    """tidemq: a RocketMQ-compatible message broker built from plugins."""
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@cli.command()
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="TOML file with a [namesrv] table.")
+@click.option("--listen", help="HOST:PORT to listen on (default 127.0.0.1:9876).")
+def namesrv(config_path: str | None, listen: str | None) -> None:
+    """Run a NameServer."""
+
+    async def main() -> None:
+        cfg = load_config(config_path)
+        if listen:
+            cfg = attrs.evolve(cfg, namesrv=attrs.evolve(cfg.namesrv, listen=listen))
+        await _serve_until_signalled([("namesrv", _make_namesrv(cfg))])
+
+    _run(main)
+
+
+@cli.command()
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="Broker TOML file.")
+@click.option("--listen", help="HOST:PORT to listen on (overrides [broker] listen).")
+@click.option("--namesrv", "namesrv_addr", help="NameServer addresses, separated by ';'.")
+@click.option("--data-dir", help="Store directory (overrides [broker] data_dir).")
+def broker(config_path: str | None, listen: str | None, namesrv_addr: str | None, data_dir: str | None) -> None:
+    """Run a broker composed from the plugins its config names."""
+
+    async def main() -> None:
+        cfg = _apply_broker_overrides(load_config(config_path), listen, namesrv_addr, data_dir)
+        await _serve_until_signalled([("broker", _make_broker(cfg))])
+
+    _run(main)
+
+
+@cli.command()
+@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="Optional TOML file.")
+@click.option(
+    "--data-dir",
+    default=str(DEFAULT_HOME / "standalone"),
+    show_default=True,
+    help="Store directory of the embedded broker.",
+)
+@click.option("--namesrv-listen", default="127.0.0.1:9876", show_default=True)
+@click.option("--broker-listen", default="127.0.0.1:10911", show_default=True)
+def standalone(config_path: str | None, data_dir: str, namesrv_listen: str, broker_listen: str) -> None:
+    """Run a NameServer and a broker in one process with the default plugins."""
+
+    async def main() -> None:
+        cfg = load_config(config_path)
+        cfg = attrs.evolve(cfg, namesrv=attrs.evolve(cfg.namesrv, listen=namesrv_listen))
+        Path(data_dir).expanduser().mkdir(parents=True, exist_ok=True)
+        ns = _make_namesrv(cfg)
+        # The broker registers with the NameServer it runs beside, wherever that really listens.
+        await ns.start()
+        click.echo(f"tidemq namesrv listening on {ns.address}")
+        try:
+            cfg = _apply_broker_overrides(cfg, broker_listen, ns.address, data_dir)
+            click.echo(f"tidemq data directory {cfg.broker.store_path}")
+            await _serve_until_signalled([("broker", _make_broker(cfg))])
+        finally:
+            await ns.stop()
+
+    _run(main)
+
+
+@cli.command()
+def plugins() -> None:
+    """List installed plugins by role."""
+    try:
+        catalogue = get_plugin_manager().catalogue()
+    except TidemqError as exc:
+        _fail(exc)
+        return
+    for role in ROLES:
+        click.echo(f"{role}:")
+        entries = catalogue[role]
+        if not entries:
+            click.echo("  (none installed)")
+        for info in entries:
+            origin = info.plugin if info.distribution == "tidemq" else f"{info.plugin}, from {info.distribution}"
+            click.echo(f"  {info.name:<20} {info.summary}  [{origin}]")
+
+
+@cli.command("check-config")
+@click.argument("config_path", type=click.Path(dir_okay=False))
+def check_config(config_path: str) -> None:
+    """Validate a broker config file and print the plugins it selects."""
+    try:
+        cfg = load_config(config_path)
+    except TidemqError as exc:
+        _fail(exc)
+        return
+    for role, name in cfg.plugins.items():
+        click.echo(f"{role} = {name}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="tidemq")

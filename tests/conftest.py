@@ -1,0 +1,102 @@
+"""Shared fixtures: free loopback ports and subprocess servers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
+
+
+class Server:
+    """A ``python -m tidemq ...`` subprocess that announced ``listening on HOST:PORT``."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float = 30.0):
+        self.log_path = cwd / f"{args[0]}-{time.monotonic_ns()}.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tidemq", "--log-level", "INFO", *args],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+        )
+        self.addresses: dict[str, str] = {}
+        deadline = time.monotonic() + timeout
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline().decode()
+            if not line:
+                break
+            if " listening on " in line:
+                what = line.split()[1]
+                self.addresses[what] = line.rsplit(" ", 1)[1].strip()
+                if args[0] != "standalone" or "broker" in self.addresses:
+                    return
+        self.stop()
+        raise RuntimeError(f"{args} did not start: {self.log_path.read_text()[-3000:]}")
+
+    def stop(self, sig: int | None = None) -> int:
+        if self.proc.poll() is None:
+            if sig is None:
+                self.proc.terminate()
+            else:
+                self.proc.send_signal(sig)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator:
+    """Start tidemq subprocesses; all are stopped at the end of the test."""
+    started: list[Server] = []
+
+    def _spawn(*args: str, env: dict[str, str] | None = None) -> Server:
+        server = Server(list(args), tmp_path, env)
+        started.append(server)
+        return server
+
+    yield _spawn
+    for server in reversed(started):
+        server.stop()
+
+
+def matrix_plugins() -> dict[str, str]:
+    """The plugin combination under test, chosen by the tox matrix through environment variables.
+
+    ``TIDEMQ_TEST_STORE`` / ``TIDEMQ_TEST_FLUSH`` / ``TIDEMQ_TEST_REPLICATION`` select the broker's
+    store, flush policy and replication; tests that compose a broker use this so every tox factor
+    runs the same tests against another combination.
+    """
+    return {
+        "store": os.environ.get("TIDEMQ_TEST_STORE", "mmap"),
+        "flush": os.environ.get("TIDEMQ_TEST_FLUSH", "async"),
+        "replication": os.environ.get("TIDEMQ_TEST_REPLICATION", "none"),
+    }
+
+
+@pytest.fixture
+def plugin_matrix() -> dict[str, str]:
+    return matrix_plugins()

@@ -1,0 +1,110 @@
+"""The plugin manager: registration, lookup, errors and hook ordering."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from tidemq import hookimpl
+from tidemq.errors import PluginError
+from tidemq.observe import SendContext
+from tidemq.plugins import ROLES, PluginManager, get_plugin_manager
+
+
+def make_plugin(role_hook: str, *names: str, factory=None) -> types.SimpleNamespace:
+    def register(register):
+        for name in names:
+            register.add(name, factory or (lambda ctx, n=name: ("built", n, dict(ctx.options))), f"{name} summary")
+
+    return types.SimpleNamespace(**{role_hook: hookimpl(register)})
+
+
+def test_registered_factory_is_built_with_its_options(tmp_path):
+    pm = PluginManager()
+    pm.register(make_plugin("tidemq_register_stores", "fancy"), name="fancy-store")
+    built = pm.create("store", "fancy", options={"size": 3}, data_dir=tmp_path)
+    assert built == ("built", "fancy", {"size": 3})
+    assert [p.name for p in pm.catalogue()["store"]] == ["fancy"]
+    assert pm.catalogue()["store"][0].plugin == "fancy-store"
+
+
+def test_unknown_name_lists_installed_choices_and_suggests():
+    pm = PluginManager()
+    pm.register(make_plugin("tidemq_register_flush_policies", "sync", "async"), name="flush")
+    with pytest.raises(PluginError) as err:
+        pm.lookup("flush", "asnyc", key="[plugins] flush")
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert "'asnyc'" in msg and "did you mean 'async'" in msg and "choices: async, sync" in msg
+
+
+def test_same_name_registered_twice_names_both_plugins():
+    pm = PluginManager()
+    pm.register(make_plugin("tidemq_register_indexes", "hash"), name="first")
+    pm.register(make_plugin("tidemq_register_indexes", "hash"), name="second")
+    with pytest.raises(PluginError, match="registered twice.*'first'.*'second'"):
+        pm.available("index")
+
+
+def test_unknown_role_is_rejected():
+    with pytest.raises(PluginError, match="unknown role 'stroe'"):
+        PluginManager().available("stroe")
+
+
+def test_before_send_veto_is_firstresult_and_later_plugins_run_first():
+    pm = PluginManager()
+    seen: list[str] = []
+
+    class Tracer:
+        @hookimpl
+        def tidemq_before_send(self, context):
+            seen.append("tracer")
+            context.properties["TRACE"] = "1"
+
+    class Acl:
+        @hookimpl
+        def tidemq_before_send(self, context):
+            seen.append("acl")
+            return "topic is read-only" if context.topic == "locked" else None
+
+    pm.register(Tracer(), name="tracer")
+    pm.register(Acl(), name="acl")  # registered later: called first
+    ctx = SendContext(producer_group="g", topic="open", queue_id=0, properties={}, body_size=1)
+    assert pm.hook.tidemq_before_send(context=ctx) is None
+    assert seen == ["acl", "tracer"] and ctx.properties == {"TRACE": "1"}
+
+    seen.clear()
+    locked = SendContext(producer_group="g", topic="locked", queue_id=0, properties={}, body_size=1)
+    assert pm.hook.tidemq_before_send(context=locked) == "topic is read-only"
+    assert seen == ["acl"]  # the veto stops the remaining implementations
+    assert locked.properties == {}
+
+
+def test_broken_entry_point_plugin_names_itself(monkeypatch):
+    from importlib import metadata
+
+    ep = metadata.EntryPoint(name="broken", value="tidemq_no_such_module_xyz", group="tidemq")
+    monkeypatch.setattr(metadata, "entry_points", lambda group: [ep])
+    with pytest.raises(PluginError, match="cannot load plugin 'broken'"):
+        PluginManager().load_entry_points()
+
+
+BUILT_INS = {
+    "transport": {"tcp"},
+    "store": {"mmap", "memory"},
+    "flush": {"sync", "async"},
+    "index": {"hash", "none"},
+    "filter": {"TAG"},
+    "replication": {"none"},
+    "allocate": {"averagely", "averagely_by_circle", "consistent_hash"},
+    "select": {"round_robin", "latency_fault"},
+}
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_built_in_plugins_register_through_the_entry_point_group(role):
+    catalogue = get_plugin_manager().catalogue()
+    names = {info.name for info in catalogue[role]}
+    assert BUILT_INS[role] <= names
+    assert all(info.distribution == "tidemq" for info in catalogue[role] if info.name in BUILT_INS[role])
