@@ -39,6 +39,8 @@ def _run(main: Callable[[], Awaitable[None]]) -> None:
             runner.run(main())
     except TidemqError as exc:
         _fail(exc)
+    except OSError as exc:  # a port already taken, a data directory we may not write...
+        _fail(exc)
     except KeyboardInterrupt:
         pass
 
