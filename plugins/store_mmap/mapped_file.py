@@ -1,0 +1,456 @@
+"""Fixed-size memory-mapped files named by their starting offset, and the queue of them.
+
+A :class:`MappedFile` tracks three positions, as RocketMQ's does:
+
+* ``wrote_position``: bytes appended (by the single writer, under the store's lock);
+* ``committed_position``: bytes moved from the off-map write buffer into the mapping (equal to
+  ``wrote_position`` without a transient buffer);
+* ``flushed_position``: bytes known to be on disk.
+
+Durability uses ``os.fdatasync`` on the file descriptor rather than ``mmap.flush``: on Linux a
+shared mapping's dirty pages are page-cache pages of the file, so fdatasync writes them, and it
+releases the GIL so writers keep appending while a flush is in progress (group commit needs that).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+
+from tidemq.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+PAGE_SIZE = mmap.PAGESIZE
+OS_PAGE = 4096
+
+
+def file_name(offset: int) -> str:
+    """RocketMQ's 20-digit zero-padded file name for a starting offset."""
+    return f"{offset:020d}"
+
+
+class MappedFile:
+    """One fixed-size file mapped into memory."""
+
+    def __init__(self, path: Path, file_size: int, *, transient: bool = False, preallocate: bool = False):
+        self.path = Path(path)
+        self.file_size = file_size
+        try:
+            self.file_from_offset = int(self.path.name)
+        except ValueError as exc:
+            raise StoreError(f"{self.path}: file name is not a 20-digit offset") from exc
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size < file_size:
+                if preallocate:
+                    try:
+                        # Reserve the blocks now so a full disk fails here, not as SIGBUS on a write.
+                        os.posix_fallocate(fd, 0, file_size)
+                    except OSError:
+                        os.ftruncate(fd, file_size)
+                else:
+                    os.ftruncate(fd, file_size)
+            elif size > file_size:
+                raise StoreError(f"{self.path}: size {size} does not match the configured {file_size}")
+            self.mm = mmap.mmap(fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        # The off-map write buffer (transient store pool): anonymous memory, zeroed lazily.
+        self._buffer: mmap.mmap | None = mmap.mmap(-1, file_size) if transient else None
+        self.wrote_position = 0
+        self.committed_position = 0
+        self.flushed_position = 0
+        self.store_timestamp = 0  # store time of the last record appended
+        self.flush_calls = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------ positions
+    @property
+    def transient(self) -> bool:
+        return self._buffer is not None
+
+    @property
+    def read_position(self) -> int:
+        """Bytes a reader may see (everything appended: readers fall back to the write buffer)."""
+        return self.wrote_position
+
+    @property
+    def free_space(self) -> int:
+        return self.file_size - self.wrote_position
+
+    def is_full(self) -> bool:
+        return self.wrote_position >= self.file_size
+
+    def set_positions(self, pos: int) -> None:
+        """Used by recovery and truncation: everything up to ``pos`` is valid and on disk."""
+        self.wrote_position = self.committed_position = self.flushed_position = pos
+
+    # ------------------------------------------------------------------ writes
+    def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` at ``pos`` (the caller holds the writer lock and advances positions)."""
+        target = self._buffer if self._buffer is not None else self.mm
+        target[pos : pos + len(data)] = data
+
+    def append(self, data: bytes | bytearray | memoryview) -> bool:
+        """Append at ``wrote_position``; ``False`` when it does not fit."""
+        n = len(data)
+        pos = self.wrote_position
+        if pos + n > self.file_size:
+            return False
+        self.write_at(pos, data)
+        self.wrote_position = pos + n
+        if self._buffer is None:
+            self.committed_position = pos + n
+        return True
+
+    def commit(self, least_pages: int = 0) -> int:
+        """Copy buffered bytes into the mapping; returns the committed position."""
+        buf = self._buffer
+        if buf is None:
+            return self.committed_position
+        wrote = self.wrote_position
+        start = self.committed_position
+        if wrote <= start:
+            return start
+        if least_pages > 0 and (wrote // OS_PAGE - start // OS_PAGE) < least_pages and wrote < self.file_size:
+            return start
+        self.mm[start:wrote] = buf[start:wrote]
+        self.committed_position = wrote
+        if wrote >= self.file_size:
+            # Fully committed: readers now use the mapping; views already handed out keep the buffer.
+            self._buffer = None
+        return wrote
+
+    def flush(self, least_pages: int = 0) -> int:
+        """fdatasync when at least ``least_pages`` pages are dirty (0: whenever any byte is)."""
+        value = self.committed_position
+        flushed = self.flushed_position
+        if value <= flushed:
+            return flushed
+        if least_pages > 0 and (value // OS_PAGE - flushed // OS_PAGE) < least_pages and value < self.file_size:
+            return flushed
+        if self._closed:
+            return flushed
+        os.fdatasync(self.fd)
+        self.flush_calls += 1
+        self.flushed_position = value
+        return value
+
+    # ------------------------------------------------------------------ reads
+    def view(self, pos: int, size: int) -> memoryview | None:
+        """A view of ``size`` bytes at ``pos``; ``None`` when beyond what was written."""
+        if pos < 0 or size < 0 or pos + size > self.wrote_position:
+            return None
+        src = self._buffer if self._buffer is not None and pos + size > self.committed_position else self.mm
+        if src is None or self._closed:
+            return None
+        return memoryview(src)[pos : pos + size]
+
+    def view_from(self, pos: int) -> memoryview | None:
+        """Everything readable from ``pos`` to the read position."""
+        return self.view(pos, self.read_position - pos) if pos <= self.read_position else None
+
+    def raw_view(self) -> memoryview:
+        """The whole mapping (recovery scans it; positions are not yet known)."""
+        return memoryview(self.mm)
+
+    # ------------------------------------------------------------------ lifecycle
+    def warm_up(self) -> None:
+        """Touch every page so the first writes do not fault (optional, like RocketMQ's warmMappedFile)."""
+        zero = bytes(OS_PAGE)
+        for pos in range(0, self.file_size, OS_PAGE):
+            self.mm[pos : pos + OS_PAGE] = zero[: min(OS_PAGE, self.file_size - pos)]
+        os.fdatasync(self.fd)
+
+    def last_modified(self) -> float:
+        try:
+            return self.path.stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for m in (self.mm, self._buffer):
+            if m is None:
+                continue
+            try:
+                m.close()
+            except BufferError:
+                # A reader still holds a view: the mapping is released when the last view goes.
+                pass
+        self._buffer = None
+        os.close(self.fd)
+
+    def destroy(self) -> None:
+        """Close and delete the file (readers holding views keep their pages until they drop them)."""
+        self.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"MappedFile({self.path.name}, wrote={self.wrote_position}, flushed={self.flushed_position})"
+
+
+class AllocateService:
+    """Creates the next mapped file in the background so a roll-over does not wait on the disk."""
+
+    def __init__(self, *, transient: bool = False, preallocate: bool = True, warm_up: bool = False):
+        self.transient = transient
+        self.preallocate = preallocate
+        self.warm = warm_up
+        self._pending: dict[Path, Future[MappedFile]] = {}
+        self._lock = threading.Lock()
+
+    def _create(self, path: Path, size: int) -> MappedFile:
+        mf = MappedFile(path, size, transient=self.transient, preallocate=self.preallocate)
+        if self.warm:
+            mf.warm_up()
+        return mf
+
+    def _submit(self, path: Path, size: int) -> None:
+        fut: Future[MappedFile] = Future()
+        self._pending[path] = fut
+
+        def run() -> None:
+            try:
+                fut.set_result(self._create(path, size))
+            except BaseException as exc:  # reported to whoever takes the file
+                fut.set_exception(exc)
+
+        threading.Thread(target=run, name=f"allocate-{path.name}", daemon=True).start()
+
+    def get(self, path: Path, next_path: Path, size: int) -> MappedFile:
+        """The file at ``path`` (created now or earlier), and start creating ``next_path``."""
+        with self._lock:
+            fut = self._pending.pop(path, None)
+            if next_path not in self._pending and not next_path.exists():
+                self._submit(next_path, size)
+        if fut is not None:
+            return fut.result()
+        return self._create(path, size)
+
+    def shutdown(self) -> None:
+        """Drop files created ahead that nobody took (they would be empty files at the tail)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            try:
+                fut.result(timeout=30).destroy()
+            except Exception:  # a failed pre-allocation has nothing to clean
+                pass
+
+
+class MappedFileQueue:
+    """The ordered files of one log (a commit log or one ConsumeQueue)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        file_size: int,
+        allocator: AllocateService | None = None,
+        *,
+        transient: bool = False,
+    ):
+        self.directory = Path(directory)
+        self.file_size = file_size
+        self.allocator = allocator
+        self.transient = transient
+        self.files: list[MappedFile] = []
+        self.flushed_where = 0
+        self.committed_where = 0
+        self.store_timestamp = 0  # store time of the data flushed last (checkpoint)
+        self._flush_lock = threading.Lock()
+        self._files_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ loading
+    def load(self) -> None:
+        """Map the existing files; a file of the wrong size is a :class:`StoreError`."""
+        if not self.directory.exists():
+            return
+        names = sorted(p for p in self.directory.iterdir() if p.is_file() and p.name.isdigit() and len(p.name) == 20)
+        for p in names:
+            size = p.stat().st_size
+            if size != self.file_size:
+                if size == 0 and p == names[-1]:
+                    # An allocation interrupted by a crash: nothing was ever written there.
+                    p.unlink()
+                    continue
+                raise StoreError(f"{p}: size {size} does not match the configured file size {self.file_size}")
+            mf = MappedFile(p, self.file_size)
+            mf.set_positions(self.file_size)
+            self.files.append(mf)
+
+    # ------------------------------------------------------------------ lookup
+    @property
+    def last(self) -> MappedFile | None:
+        files = self.files
+        return files[-1] if files else None
+
+    @property
+    def first(self) -> MappedFile | None:
+        files = self.files
+        return files[0] if files else None
+
+    def get_last_mapped_file(self, start_offset: int = 0, create: bool = True) -> MappedFile | None:
+        """The file being appended to, creating the next one when the last is full."""
+        last = self.last
+        if last is not None and not last.is_full():
+            return last
+        if not create:
+            return last
+        if last is None:
+            create_offset = start_offset - start_offset % self.file_size
+        else:
+            create_offset = last.file_from_offset + self.file_size
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / file_name(create_offset)
+        if self.allocator is not None:
+            nxt = self.directory / file_name(create_offset + self.file_size)
+            mf = self.allocator.get(path, nxt, self.file_size)
+        else:
+            mf = MappedFile(path, self.file_size, transient=self.transient)
+        with self._files_lock:
+            if not self.files:
+                self.flushed_where = self.committed_where = create_offset
+            self.files.append(mf)
+        return mf
+
+    def find_mapped_file_by_offset(self, offset: int, return_first_on_not_found: bool = False) -> MappedFile | None:
+        files = self.files
+        if not files:
+            return None
+        first = files[0]
+        idx = (offset - first.file_from_offset) // self.file_size
+        if 0 <= idx < len(files):
+            mf = files[idx]
+            if mf.file_from_offset <= offset < mf.file_from_offset + self.file_size:
+                return mf
+        for mf in files:  # holes are not expected; stay correct if one appears
+            if mf.file_from_offset <= offset < mf.file_from_offset + self.file_size:
+                return mf
+        return first if return_first_on_not_found else None
+
+    def get_min_offset(self) -> int:
+        first = self.first
+        return first.file_from_offset if first is not None else 0
+
+    def get_max_offset(self) -> int:
+        """End of the readable data."""
+        last = self.last
+        return last.file_from_offset + last.read_position if last is not None else 0
+
+    def get_max_wrote_position(self) -> int:
+        last = self.last
+        return last.file_from_offset + last.wrote_position if last is not None else 0
+
+    def how_much_fall_behind(self) -> int:
+        return self.get_max_wrote_position() - self.flushed_where
+
+    # ------------------------------------------------------------------ flush / commit
+    def commit(self, least_pages: int = 0) -> int:
+        with self._flush_lock:
+            while True:
+                mf = self.find_mapped_file_by_offset(self.committed_where, self.committed_where == 0)
+                if mf is None:
+                    return self.committed_where
+                where = mf.file_from_offset + mf.commit(least_pages)
+                moved = where != self.committed_where
+                self.committed_where = where
+                # Keep going into the next file when this one is done (a batch may straddle).
+                if not (moved and mf.committed_position >= self.file_size):
+                    return where
+
+    def flush(self, least_pages: int = 0) -> int:
+        """Flush from ``flushed_where``; crosses into the next file when the current one is done."""
+        with self._flush_lock:
+            while True:
+                mf = self.find_mapped_file_by_offset(self.flushed_where, self.flushed_where == 0)
+                if mf is None:
+                    return self.flushed_where
+                ts = mf.store_timestamp  # read before the position: never newer than the data flushed
+                where = mf.file_from_offset + mf.flush(least_pages)
+                moved = where != self.flushed_where
+                self.flushed_where = where
+                if moved and ts:
+                    self.store_timestamp = ts
+                if not (moved and mf.flushed_position >= self.file_size):
+                    return where
+
+    def flush_calls(self) -> int:
+        return sum(mf.flush_calls for mf in self.files)
+
+    # ------------------------------------------------------------------ truncation / deletion
+    def truncate_dirty_files(self, offset: int) -> None:
+        """Drop everything at or past ``offset`` (recovery)."""
+        keep: list[MappedFile] = []
+        for mf in self.files:
+            end = mf.file_from_offset + self.file_size
+            if end > offset:
+                if offset >= mf.file_from_offset:
+                    pos = offset - mf.file_from_offset
+                    # Zero the cut tail so a later scan cannot mistake stale bytes for records.
+                    mf.mm[pos : self.file_size] = bytes(self.file_size - pos)
+                    mf.set_positions(pos)
+                    keep.append(mf)
+                else:
+                    mf.destroy()
+            else:
+                keep.append(mf)
+        with self._files_lock:
+            self.files = keep
+        self.flushed_where = self.committed_where = min(max(self.flushed_where, 0), offset) if keep else offset
+        self.flushed_where = self.committed_where = offset
+
+    def delete_first_files(self, to_delete: list[MappedFile]) -> None:
+        doomed = {id(m) for m in to_delete}
+        with self._files_lock:
+            self.files = [m for m in self.files if id(m) not in doomed]
+        for m in to_delete:
+            m.destroy()
+
+    def delete_expired_by_time(
+        self, expired_ms: float, now_ms: float, clean_immediately: bool, max_files: int, interval_s: float = 0.0
+    ) -> int:
+        """Delete files last modified more than ``expired_ms`` ago (never the active file)."""
+        files = self.files[:-1]
+        doomed: list[MappedFile] = []
+        for mf in files:
+            if len(doomed) >= max_files:
+                break
+            if now_ms >= mf.last_modified() * 1000 + expired_ms or clean_immediately:
+                doomed.append(mf)
+            else:
+                break  # files age in order; stop at the first young one
+        if doomed:
+            self.delete_first_files(doomed)
+        return len(doomed)
+
+    def shutdown(self) -> None:
+        for mf in self.files:
+            mf.close()
+
+    def destroy(self) -> None:
+        for mf in self.files:
+            mf.destroy()
+        self.files = []
+        self.flushed_where = self.committed_where = 0
+        try:
+            self.directory.rmdir()
+        except OSError:
+            pass
+
+
+FileFactory = Callable[[Path, int], MappedFile]
