@@ -118,6 +118,8 @@ class BrokerSettings:
     consumer_housekeeping_s: float = 120.0
     max_frame_size: int = 16 * 1024 * 1024
     slave_read_enable: bool = False
+    auto_create_subscription_group: bool = True
+    consumer_offset_flush_s: float = 5.0  # how often committed consumer offsets are written
 
     @property
     def host(self) -> str:

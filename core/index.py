@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
 
+from tidemq.errors import CorruptDataError
+from tidemq.message import MessageExt, decode_message, decode_message_id
 from tidemq.store import DispatchRequest
+
+if TYPE_CHECKING:
+    from tidemq.store import MessageStore
 
 
 @attrs.frozen
@@ -38,3 +43,107 @@ class KeyIndex(Protocol):
         """Delete index files whose entries all lie below the commit log's minimum offset."""
 
     def shutdown(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- broker helpers
+# Any index returns candidates; these turn them into the messages that really match, so a hash
+# collision (or a stale entry) never reaches a client whichever index plugin is configured.
+
+_MAX_QUERY_ROUNDS = 4
+
+
+def has_key(msg: MessageExt, key: str) -> bool:
+    """Whether ``key`` is one of the message's KEYS or its unique key (UNIQ_KEY)."""
+    return key == msg.uniq_key or key in msg.keys
+
+
+def matching_messages(
+    store: MessageStore,
+    topic: str,
+    key: str,
+    phy_offsets: tuple[int, ...] | list[int],
+    *,
+    max_num: int | None = None,
+    begin_ts: int | None = None,
+    end_ts: int | None = None,
+) -> list[MessageExt]:
+    """Read each candidate offset and keep the messages of ``topic`` that carry ``key``.
+
+    Offsets the store no longer holds, or that do not start a record, are skipped.  ``begin_ts``
+    and ``end_ts`` (ms, inclusive) re-check the exact store time: indexes may keep coarser times.
+    """
+    out: list[MessageExt] = []
+    for offset in phy_offsets:
+        if max_num is not None and len(out) >= max_num:
+            break
+        raw = store.look_message_by_offset(offset)
+        if raw is None:
+            continue
+        try:
+            msg = decode_message(raw, with_body=True)
+        except CorruptDataError:
+            continue
+        if msg.topic != topic or not has_key(msg, key):
+            continue
+        if (begin_ts is not None and msg.store_timestamp < begin_ts) or (
+            end_ts is not None and msg.store_timestamp > end_ts
+        ):
+            continue
+        out.append(msg)
+    return out
+
+
+def query_messages(
+    index: KeyIndex, store: MessageStore, topic: str, key: str, max_num: int, begin_ts: int, end_ts: int
+) -> tuple[list[MessageExt], QueryResult]:
+    """QUERY_MESSAGE: up to ``max_num`` messages of ``topic`` with ``key``, newest first.
+
+    Asks the index again for more candidates while collisions ate into ``max_num`` (a few rounds
+    at most).  Returns the messages and the last index answer (its update time and offset go into
+    the response header).
+    """
+    want = max(max_num, 0)
+    ask = want
+    result = QueryResult(())
+    found: list[MessageExt] = []
+    for _ in range(_MAX_QUERY_ROUNDS):
+        result = index.query(topic, key, ask, begin_ts, end_ts)
+        found = matching_messages(
+            store, topic, key, result.phy_offsets, max_num=want, begin_ts=begin_ts, end_ts=end_ts
+        )
+        if len(found) >= want or len(result.phy_offsets) < ask:
+            break
+        ask *= 2
+    return found, result
+
+
+def look_message_by_unique_key(
+    index: KeyIndex,
+    store: MessageStore,
+    topic: str,
+    uniq_key: str,
+    begin_ts: int = 0,
+    end_ts: int = 2**63 - 1,
+) -> MessageExt | None:
+    """VIEW_MESSAGE by the client's unique message id (UNIQ_KEY): the newest match or ``None``."""
+    found, _ = query_messages(index, store, topic, uniq_key, 1, begin_ts, end_ts)
+    return found[0] if found else None
+
+
+def look_message_by_id(store: MessageStore, msg_id: str) -> MessageExt | None:
+    """VIEW_MESSAGE_BY_ID by an offset message id (store host + commit-log offset).
+
+    ``None`` when the id is not an offset message id or no record starts at its offset.
+    """
+    try:
+        _host, offset = decode_message_id(msg_id)
+    except ValueError:
+        return None
+    raw = store.look_message_by_offset(offset)
+    if raw is None:
+        return None
+    try:
+        msg = decode_message(raw)
+    except CorruptDataError:
+        return None
+    return msg if msg.commit_log_offset == offset else None

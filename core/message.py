@@ -15,6 +15,7 @@ knows (queue offset, physical offset, store timestamp) with :func:`patch_record`
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
 import struct
@@ -130,7 +131,9 @@ def string_to_properties(s: str) -> dict[str, str]:
 HostPort = tuple[str, int]
 
 
+@functools.lru_cache(maxsize=4096)
 def _host_bytes(host: HostPort) -> tuple[bytes, bool]:
+    # Cached: parsing the address dominated the store's encode path; hosts repeat.
     ip = ipaddress.ip_address(host[0])
     return ip.packed + _I32.pack(host[1]), ip.version == 6
 
@@ -366,8 +369,7 @@ def decode_batch(buf: bytes | memoryview) -> list[BatchItem]:
 
 def create_message_id(store_host: HostPort, commit_log_offset: int) -> str:
     """RocketMQ's offset message id: store IP, port and commit-log offset as upper-case hex."""
-    ip = ipaddress.ip_address(store_host[0]).packed
-    return (ip + _I32.pack(store_host[1]) + _I64.pack(commit_log_offset)).hex().upper()
+    return (_host_bytes(tuple(store_host))[0] + _I64.pack(commit_log_offset)).hex().upper()
 
 
 def decode_message_id(msg_id: str) -> tuple[HostPort, int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
 from tidemq.errors import ConfigError, PluginError
 from tidemq.plugins import get_plugin_manager
 from tidemq.queues import AllocateStrategy, MessageQueue

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tidemq.errors import ConfigError
 from tidemq.plugins import get_plugin_manager
 from tidemq.queues import MessageQueue, QueueSelector

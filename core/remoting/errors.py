@@ -39,6 +39,10 @@ class HeaderError(ProtocolError):
         self.serialize_type = serialize_type
 
 
+class BodyError(ProtocolError):
+    """A command body is not in the format its code calls for (bad JSON, bad compressed data)."""
+
+
 class RemotingError(TidemqError):
     """A remote call failed."""
 
@@ -56,6 +60,7 @@ class RemotingSendError(RemotingError):
 
 
 __all__ = [
+    "BodyError",
     "FrameError",
     "HeaderError",
     "ProtocolError",

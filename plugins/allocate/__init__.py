@@ -16,7 +16,6 @@ import logging
 from collections.abc import Sequence
 
 import attrs
-
 from tidemq import hookimpl
 from tidemq.config import parse_options
 from tidemq.errors import ConfigError

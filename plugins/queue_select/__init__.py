@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Sequence
 
 import attrs
-
 from tidemq import hookimpl
 from tidemq.config import parse_options
 from tidemq.plugins import PluginContext

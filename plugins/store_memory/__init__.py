@@ -1,3 +1,350 @@
-"""store_memory plugin."""
+"""tidemq_store_memory: the ``memory`` store, for tests and ephemeral brokers.
 
-from tidemq import hookimpl  # noqa: F401
+Same records, queue offsets, statuses and ``next_begin_offset`` rules as the ``mmap`` store (both
+pass :mod:`tidemq.testing.store_contract`), kept in process memory: nothing survives a restart.
+``max_bytes`` bounds the memory used by dropping the oldest records, which then read as
+OFFSET_TOO_SMALL like messages cleaned from disk.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import attrs
+
+from tidemq import hookimpl
+from tidemq.config import parse_options
+from tidemq.errors import CorruptDataError, MessageTooLargeError
+from tidemq.filter import MessageFilter
+from tidemq.message import (
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    TRANSACTION_TYPE_MASK,
+    MessageInner,
+    Prop,
+    create_message_id,
+    decode_message,
+    encode_message,
+    patch_record,
+    tags_hash_code,
+)
+from tidemq.plugins import PluginContext, Register
+from tidemq.store import DispatchRequest, Dispatcher, GetResult, GetStatus, PutResult, PutStatus
+
+log = logging.getLogger(__name__)
+
+#: Queue entries scanned per pull at most, as the mmap store (16000 bytes of 20-byte entries).
+MAX_FILTER_ENTRIES = 800
+
+
+@attrs.define
+class MemoryStoreOptions:
+    """``[store.memory]``."""
+
+    #: Keep at most this many bytes of records (0: unbounded); the oldest go first.
+    max_bytes: int = 0
+    #: Largest body accepted; 0 takes the broker's ``max_message_size``.
+    max_message_size: int = 0
+    #: ``ip:port`` written as STOREHOSTADDRESS and into msgIds.
+    store_host: str = "127.0.0.1:10911"
+
+
+@attrs.define
+class _Queue:
+    base: int = 0  # queue offset of entries[0]
+    entries: list[tuple[int, int, int]] = attrs.field(factory=list)  # (phys, size, tags code)
+    min_offset: int = 0
+
+    @property
+    def max_offset(self) -> int:
+        return self.base + len(self.entries)
+
+
+class MemoryMessageStore:
+    """A :class:`tidemq.store.MessageStore` in memory."""
+
+    def __init__(self, options: MemoryStoreOptions, settings: dict[str, Any] | None = None):
+        settings = dict(settings or {})
+        self.options = options
+        self.max_message_size = options.max_message_size or int(settings.get("max_message_size", 4 * 1024 * 1024))
+        host, _, port = options.store_host.rpartition(":")
+        self.store_host = (host, int(port or 0))
+        self._lock = threading.Lock()
+        self._offsets: list[int] = []  # commit-log offsets in order
+        self._records: dict[int, bytes] = {}
+        self._start = 0  # index into _offsets of the oldest record kept
+        self._size = 0
+        self._phys_end = 0
+        self._bytes = 0
+        self._queues: dict[str, dict[int, _Queue]] = {}
+        self._dispatchers: list[Dispatcher] = []
+        self._listeners: list[Callable[[str, int, int], None]] = []
+        self._dispatch_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._running = False
+        self._recent: deque[int] = deque()
+
+    # ------------------------------------------------------------------ lifecycle
+    def load(self) -> bool:
+        return True
+
+    def start(self) -> None:
+        self._running = True
+        self._thread = threading.Thread(target=self._dispatch_loop, name="memory-store-dispatch", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        self._dispatch_q.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def add_dispatcher(self, dispatcher: Dispatcher) -> None:
+        self._dispatchers.append(dispatcher)
+
+    def add_arrival_listener(self, listener: Callable[[str, int, int], None]) -> None:
+        self._listeners.append(listener)
+
+    # ------------------------------------------------------------------ writes
+    def put_message(self, msg: MessageInner) -> Future[PutResult]:
+        return self.put_messages((msg,))
+
+    def put_messages(self, msgs: Sequence[MessageInner]) -> Future[PutResult]:
+        fut: Future[PutResult] = Future()
+        fut.set_result(self._append(msgs))
+        return fut
+
+    def _append(self, msgs: Sequence[MessageInner]) -> PutResult:
+        if not self._running:
+            return PutResult(PutStatus.SERVICE_NOT_AVAILABLE, error="the store is not running")
+        if not msgs:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, error="empty message batch")
+        topic, queue_id = msgs[0].topic, msgs[0].queue_id
+        if not topic or queue_id < 0:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, error=f"bad topic {topic!r} or queue id {queue_id}")
+        records: list[bytearray] = []
+        try:
+            for m in msgs:
+                if m.topic != topic or m.queue_id != queue_id:
+                    return PutResult(PutStatus.MESSAGE_ILLEGAL, error="a batch must go to one topic and queue")
+                records.append(encode_message(attrs.evolve(m, store_host=self.store_host), self.max_message_size))
+        except MessageTooLargeError as exc:
+            status = PutStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc) else PutStatus.MESSAGE_ILLEGAL
+            return PutResult(status, error=str(exc))
+        except ValueError as exc:
+            return PutResult(PutStatus.MESSAGE_ILLEGAL, error=f"cannot encode the message: {exc}")
+        tags = [tags_hash_code(m.properties.get(Prop.TAGS)) for m in msgs]
+        consumable = msgs[0].sys_flag & TRANSACTION_TYPE_MASK not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+        with self._lock:
+            q = self._queues.setdefault(topic, {}).setdefault(queue_id, _Queue()) if consumable else None
+            qoff = q.max_offset if q is not None else 0
+            ts = time.time_ns() // 1_000_000
+            base = phys = self._phys_end
+            offsets = []
+            for i, rec in enumerate(records):
+                patch_record(rec, qoff + i if q is not None else 0, phys, ts)
+                self._records[phys] = bytes(rec)
+                self._offsets.append(phys)
+                offsets.append(phys)
+                if q is not None:
+                    q.entries.append((phys, len(rec), tags[i]))
+                phys += len(rec)
+                self._bytes += len(rec)
+            self._phys_end = phys
+            self._evict()
+            if self._dispatchers or self._listeners:
+                self._dispatch_q.put((msgs, offsets, [len(r) for r in records], tags, ts, qoff if q is not None else -1))
+        return PutResult(
+            PutStatus.PUT_OK,
+            wrote_offset=base,
+            wrote_bytes=phys - base,
+            queue_offset=qoff,
+            msg_ids=tuple(create_message_id(self.store_host, o) for o in offsets),
+            store_timestamp=ts,
+            message_count=len(records),
+        )
+
+    def _evict(self) -> None:
+        limit = self.options.max_bytes
+        if not limit:
+            return
+        while self._bytes > limit and self._start < len(self._offsets) - 1:
+            phys = self._offsets[self._start]
+            self._bytes -= len(self._records.pop(phys))
+            self._start += 1
+        if self._start > 4096:  # compact the offset list now and then
+            del self._offsets[: self._start]
+            self._start = 0
+        min_phys = self._offsets[self._start]
+        for qs in self._queues.values():
+            for q in qs.values():
+                drop = 0
+                while drop < len(q.entries) and q.entries[drop][0] < min_phys:
+                    drop += 1
+                if drop:
+                    del q.entries[:drop]
+                    q.base += drop
+                q.min_offset = q.base
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            item = self._dispatch_q.get()
+            if item is None:
+                return
+            msgs, offsets, sizes, tags, ts, qoff = item
+            for i, m in enumerate(msgs):
+                if self._dispatchers:
+                    req = DispatchRequest(
+                        topic=m.topic, queue_id=m.queue_id, commit_log_offset=offsets[i], msg_size=sizes[i],
+                        tags_code=tags[i], store_timestamp=ts, queue_offset=qoff + i if qoff >= 0 else 0,
+                        keys=m.properties.get(Prop.KEYS, ""), uniq_key=m.properties.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
+                        sys_flag=m.sys_flag, prepared_transaction_offset=m.prepared_transaction_offset,
+                        properties=m.properties,
+                    )
+                    for d in self._dispatchers:
+                        try:
+                            d.dispatch(req)
+                        except Exception:
+                            log.exception("dispatcher %r failed", d)
+            if qoff >= 0:
+                for listener in self._listeners:
+                    try:
+                        listener(msgs[0].topic, msgs[0].queue_id, qoff + len(msgs))
+                    except Exception:
+                        log.exception("arrival listener %r failed", listener)
+
+    # ------------------------------------------------------------------ reads
+    def _queue(self, topic: str, queue_id: int) -> _Queue | None:
+        qs = self._queues.get(topic)
+        return qs.get(queue_id) if qs is not None else None
+
+    def get_message(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        message_filter: MessageFilter | None = None,
+        max_bytes: int = 256 * 1024,
+    ) -> GetResult:
+        q = self._queue(topic, queue_id)
+        if q is None:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        with self._lock:
+            base, entries, min_offset = q.base, q.entries[:], q.min_offset
+        max_offset = base + len(entries)
+        if max_offset == 0:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, min_offset, max_offset)
+        if offset < min_offset:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, min_offset, min_offset, max_offset)
+        if offset == max_offset:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
+        if offset > max_offset:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, min_offset if min_offset == 0 else max_offset, min_offset, max_offset)
+        status = GetStatus.NO_MATCHED_MESSAGE
+        buffers: list[bytes] = []
+        qoffsets: list[int] = []
+        total = 0
+        limit = max(MAX_FILTER_ENTRIES, max_count)
+        idx = offset - base
+        end = min(len(entries), idx + limit)
+        while idx < end:
+            phys, size, tags_code = entries[idx]
+            if buffers and (len(buffers) >= max_count or total + size > max_bytes):
+                break
+            idx += 1
+            if message_filter is not None and not message_filter.matches_tags_code(tags_code):
+                continue
+            data = self._records.get(phys)
+            if data is None:
+                if not buffers:
+                    status = GetStatus.MESSAGE_WAS_REMOVING
+                continue
+            if message_filter is not None:
+                try:
+                    props = decode_message(data, with_body=False).properties
+                except CorruptDataError:
+                    continue
+                if not message_filter.matches_message(props):
+                    continue
+            buffers.append(data)
+            qoffsets.append(base + idx - 1)
+            total += size
+            status = GetStatus.FOUND
+        return GetResult(status, base + idx, min_offset, max_offset, tuple(buffers), tuple(qoffsets))
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        q = self._queue(topic, queue_id)
+        return q.max_offset if q is not None else 0
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        q = self._queue(topic, queue_id)
+        return q.min_offset if q is not None else 0
+
+    def _entry(self, topic: str, queue_id: int, offset: int) -> tuple[int, int, int] | None:
+        q = self._queue(topic, queue_id)
+        if q is None:
+            return None
+        with self._lock:
+            if not q.min_offset <= offset < q.max_offset:
+                return None
+            return q.entries[offset - q.base]
+
+    def get_commit_log_offset(self, topic: str, queue_id: int, offset: int) -> int:
+        e = self._entry(topic, queue_id, offset)
+        return e[0] if e is not None else -1
+
+    def get_store_time(self, topic: str, queue_id: int, offset: int) -> int:
+        e = self._entry(topic, queue_id, offset)
+        data = self._records.get(e[0]) if e is not None else None
+        return decode_message(data, with_body=False).store_timestamp if data is not None else -1
+
+    def get_offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        q = self._queue(topic, queue_id)
+        if q is None:
+            return 0
+        lo, hi = q.min_offset, q.max_offset
+
+        def key(i: int) -> int:
+            ts = self.get_store_time(topic, queue_id, i)
+            return timestamp_ms if ts < 0 else ts
+
+        return bisect.bisect_left(range(lo, hi), timestamp_ms, key=key) + lo
+
+    def look_message_by_offset(self, commit_log_offset: int, size: int = -1) -> bytes | None:
+        return self._records.get(commit_log_offset)
+
+    def get_max_phy_offset(self) -> int:
+        return self._phys_end
+
+    def get_min_phy_offset(self) -> int:
+        with self._lock:
+            return self._offsets[self._start] if self._start < len(self._offsets) else self._phys_end
+
+    def topics(self) -> dict[str, list[int]]:
+        return {t: sorted(qs) for t, qs in list(self._queues.items()) if qs}
+
+    def delete_topics(self, topics: Sequence[str]) -> None:
+        with self._lock:
+            for t in topics:
+                self._queues.pop(t, None)
+
+
+def create(ctx: PluginContext) -> MemoryMessageStore:
+    return MemoryMessageStore(parse_options(MemoryStoreOptions, ctx.options, "[store.memory]"), dict(ctx.settings))
+
+
+@hookimpl
+def tidemq_register_stores(register: Register) -> None:
+    register.add("memory", create, "in-memory store for tests and ephemeral brokers (nothing survives a restart)")

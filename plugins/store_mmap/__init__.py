@@ -1,1 +1,5 @@
-"""tidemq_store_mmap plugin package."""
+"""tidemq_store_mmap: the default message store (CommitLog + ConsumeQueue on mmap'd files)."""
+
+from .store import MmapMessageStore
+
+__all__ = ["MmapMessageStore"]

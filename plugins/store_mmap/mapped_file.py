@@ -14,6 +14,7 @@ releases the GIL so writers keep appending while a flush is in progress (group c
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -38,7 +39,7 @@ def file_name(offset: int) -> str:
 class MappedFile:
     """One fixed-size file mapped into memory."""
 
-    def __init__(self, path: Path, file_size: int, *, transient: bool = False, preallocate: bool = False):
+    def __init__(self, path: Path, file_size: int, *, transient: bool = False, reserve_blocks: bool = False):
         self.path = Path(path)
         self.file_size = file_size
         try:
@@ -49,11 +50,15 @@ class MappedFile:
         try:
             size = os.fstat(fd).st_size
             if size < file_size:
-                if preallocate:
+                if reserve_blocks:
                     try:
                         # Reserve the blocks now so a full disk fails here, not as SIGBUS on a write.
+                        # Off by default: flushing into fallocated (unwritten) extents makes every
+                        # fdatasync commit extent conversions, about twice as slow as a sparse file.
                         os.posix_fallocate(fd, 0, file_size)
-                    except OSError:
+                    except OSError as exc:
+                        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                            raise
                         os.ftruncate(fd, file_size)
                 else:
                     os.ftruncate(fd, file_size)
@@ -153,7 +158,10 @@ class MappedFile:
         src = self._buffer if self._buffer is not None and pos + size > self.committed_position else self.mm
         if src is None or self._closed:
             return None
-        return memoryview(src)[pos : pos + size]
+        try:
+            return memoryview(src)[pos : pos + size]
+        except ValueError:  # closed by a concurrent cleanup: the data is gone
+            return None
 
     def view_from(self, pos: int) -> memoryview | None:
         """Everything readable from ``pos`` to the read position."""
@@ -207,15 +215,15 @@ class MappedFile:
 class AllocateService:
     """Creates the next mapped file in the background so a roll-over does not wait on the disk."""
 
-    def __init__(self, *, transient: bool = False, preallocate: bool = True, warm_up: bool = False):
+    def __init__(self, *, transient: bool = False, reserve_blocks: bool = False, warm_up: bool = False):
         self.transient = transient
-        self.preallocate = preallocate
+        self.reserve_blocks = reserve_blocks
         self.warm = warm_up
         self._pending: dict[Path, Future[MappedFile]] = {}
         self._lock = threading.Lock()
 
     def _create(self, path: Path, size: int) -> MappedFile:
-        mf = MappedFile(path, size, transient=self.transient, preallocate=self.preallocate)
+        mf = MappedFile(path, size, transient=self.transient, reserve_blocks=self.reserve_blocks)
         if self.warm:
             mf.warm_up()
         return mf
@@ -411,7 +419,6 @@ class MappedFileQueue:
                 keep.append(mf)
         with self._files_lock:
             self.files = keep
-        self.flushed_where = self.committed_where = min(max(self.flushed_where, 0), offset) if keep else offset
         self.flushed_where = self.committed_where = offset
 
     def delete_first_files(self, to_delete: list[MappedFile]) -> None:

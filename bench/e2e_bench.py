@@ -1,0 +1,244 @@
+"""End-to-end throughput over loopback with the official client (PyPI ``rocketmq==0.4.4``).
+
+Starts ``tidemq namesrv`` and ``tidemq broker`` as subprocesses on free ports, creates a topic,
+then measures:
+
+* produce: ``send_sync`` of ``--messages`` messages of ``--size`` bytes from ``--producers`` threads;
+* produce_oneway: ``send_oneway`` of the same number (throughput as the broker stores them);
+* consume: a PushConsumer (CLUSTERING, new group) reading every message back.
+
+Prints one JSON object on stdout (progress on stderr); ratios compare the phases of this run.
+Default run: 5000 messages of 256 bytes, well under a minute; ``--full`` runs 50000 x 1 KiB.
+
+    python bench/e2e_bench.py [--messages N] [--size BYTES] [--producers N] [--store mmap|memory] [--full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def log(msg: str) -> None:
+    print(f"[e2e_bench] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args: list[str], cwd: Path, what: str) -> subprocess.Popen[bytes]:
+    logf = open(cwd / f"{what}.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidemq", "--log-level", "WARNING", *args],
+        stdout=subprocess.PIPE,
+        stderr=logf,
+        cwd=cwd,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline().decode()
+        if not line:
+            break
+        if " listening on " in line:
+            return proc
+    proc.kill()
+    raise RuntimeError(f"{what} did not start; see {cwd / (what + '.log')}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def rate(n: int, seconds: float, size: int) -> dict[str, float]:
+    return {
+        "messages": n,
+        "seconds": round(seconds, 3),
+        "msgs_per_s": round(n / seconds, 1) if seconds > 0 else 0.0,
+        "mb_per_s": round(n * size / seconds / 1e6, 3) if seconds > 0 else 0.0,
+    }
+
+
+def produce(namesrv: str, topic: str, n: int, size: int, threads: int, oneway: bool) -> tuple[int, float]:
+    from rocketmq.client import Message, Producer
+
+    body = ("x" * size).encode()
+    producer = Producer(f"BENCH_P_{'ONEWAY' if oneway else 'SYNC'}", timeout=10000)
+    producer.set_namesrv_addr(namesrv)
+    producer.start()
+    warm = Message(topic)
+    warm.set_body(b"warmup")
+    producer.send_sync(warm)  # route lookup and connection set-up stay out of the measurement
+    per_thread = n // threads
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(per_thread):
+                msg = Message(topic)
+                msg.set_body(body)
+                msg.set_tags("bench")
+                if oneway:
+                    producer.send_oneway(msg)
+                else:
+                    producer.send_sync(msg)
+        except BaseException as exc:  # reported in the JSON, never silently dropped
+            errors.append(exc)
+
+    workers = [threading.Thread(target=worker) for _ in range(threads)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - t0
+    producer.shutdown()
+    if errors:
+        raise RuntimeError(f"{len(errors)} producer thread(s) failed: {errors[0]!r}")
+    return per_thread * threads, elapsed
+
+
+def consume(namesrv: str, topic: str, expected: int, timeout: float) -> tuple[int, float]:
+    from rocketmq.client import PushConsumer
+
+    consumer = PushConsumer(f"BENCH_C_{os.getpid()}")
+    consumer.set_namesrv_addr(namesrv)
+    consumer.set_thread_count(4)
+    count = [0]
+    first = [0.0]
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def on_message(msg: Any) -> None:
+        with lock:
+            if count[0] == 0:
+                first[0] = time.perf_counter()
+            count[0] += 1
+            if count[0] >= expected:
+                done.set()
+
+    consumer.subscribe(topic, on_message)
+    t0 = time.perf_counter()
+    consumer.start()
+    done.wait(timeout)
+    elapsed = time.perf_counter() - t0
+    consumer.shutdown()
+    return count[0], elapsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--messages", type=int, default=5000)
+    p.add_argument("--size", type=int, default=256)
+    p.add_argument("--producers", type=int, default=4)
+    p.add_argument("--queues", type=int, default=4)
+    p.add_argument("--store", default="mmap")
+    p.add_argument("--flush", default="async")
+    p.add_argument("--full", action="store_true", help="50000 messages of 1 KiB")
+    p.add_argument("--keep", action="store_true", help="keep the data directory")
+    args = p.parse_args()
+    if args.full:
+        args.messages, args.size = 50_000, 1024
+
+    work = Path(tempfile.mkdtemp(prefix="tidemq-e2e-"))
+    os.environ["HOME"] = str(work)  # the C++ client writes ~/logs/rocketmq-cpp
+    ns_port, broker_port = free_port(), free_port()
+    namesrv = f"127.0.0.1:{ns_port}"
+    (work / "broker.toml").write_text(
+        f"""
+[broker]
+name = "bench-broker"
+listen = "127.0.0.1:{broker_port}"
+namesrv = ["{namesrv}"]
+data_dir = "{work / "data"}"
+[plugins]
+store = "{args.store}"
+flush = "{args.flush}"
+"""
+    )
+    procs = []
+    try:
+        procs.append(start(["namesrv", "--listen", namesrv], work, "namesrv"))
+        procs.append(start(["broker", "-c", str(work / "broker.toml")], work, "broker"))
+        topic = "BenchTopic"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tidemq",
+                "admin",
+                "updateTopic",
+                "-n",
+                namesrv,
+                "-t",
+                topic,
+                "-r",
+                str(args.queues),
+                "-w",
+                str(args.queues),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        log(f"produce {args.messages} x {args.size} B with send_sync from {args.producers} threads")
+        n_sync, t_sync = produce(namesrv, topic, args.messages, args.size, args.producers, oneway=False)
+        log(f"  {n_sync / t_sync:.0f} msg/s")
+        log("produce the same with send_oneway")
+        n_ow, t_ow = produce(namesrv, topic, args.messages, args.size, args.producers, oneway=True)
+        log(f"  {n_ow / t_ow:.0f} msg/s (client side)")
+        time.sleep(1.0)
+        total = n_sync + n_ow + 2  # two warm-up messages
+        log(f"consume {total} with a PushConsumer")
+        n_c, t_c = consume(namesrv, topic, total, timeout=max(60.0, total / 200))
+        log(f"  {n_c} messages in {t_c:.2f} s")
+        result = {
+            "benchmark": "e2e_official_client",
+            "client": "rocketmq==0.4.4 (rocketmq-client-cpp)",
+            "store": args.store,
+            "flush": args.flush,
+            "size": args.size,
+            "producers": args.producers,
+            "queues": args.queues,
+            "produce_sync": rate(n_sync, t_sync, args.size),
+            "produce_oneway": rate(n_ow, t_ow, args.size),
+            "consume_push": {**rate(n_c, t_c, args.size), "complete": n_c >= total, "expected": total},
+        }
+        result["ratios"] = {
+            "oneway_vs_sync": round(
+                result["produce_oneway"]["msgs_per_s"] / max(result["produce_sync"]["msgs_per_s"], 1e-9), 2
+            ),
+            "consume_vs_sync_produce": round(
+                result["consume_push"]["msgs_per_s"] / max(result["produce_sync"]["msgs_per_s"], 1e-9), 2
+            ),
+        }
+        print(json.dumps(result, indent=2))
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            log(f"data kept in {work}")
+
+
+if __name__ == "__main__":
+    main()

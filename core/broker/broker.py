@@ -1,0 +1,277 @@
+"""The broker process: lifecycle, request dispatch, periodic services."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
+from tidemq.broker.headers import HeaderFieldError
+from tidemq.broker.hold import PullRequestHoldService
+from tidemq.broker.offsets import ConsumerOffsetManager
+from tidemq.broker.registration import NamesrvRegistrar
+from tidemq.broker.stats import BrokerStats
+from tidemq.broker.subscriptions import SubscriptionGroupManager
+from tidemq.broker.topics import TopicConfigManager
+from tidemq.config import Components
+from tidemq.errors import StoreError, TidemqError
+from tidemq.message import local_ip
+from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.remoting.command import RemotingCommand
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Any, RemotingCommand], Awaitable[RemotingCommand | None]]
+
+NOTIFY_TIMEOUT_S = 3.0
+HOUSEKEEPING_PERIOD_S = 10.0
+
+
+def request_name(code: int) -> str:
+    try:
+        return RequestCode(code).name
+    except ValueError:
+        return str(code)
+
+
+class Broker:
+    """A RocketMQ 4.x compatible broker over the plugins in ``components``."""
+
+    def __init__(self, components: Components):
+        self.components = components
+        self.config = components.config
+        self.settings = components.config.broker
+        self.manager = components.manager
+        self.hooks = components.manager.hook
+        self.transport = components["transport"]
+        self.store = components["store"]
+        self.index = components.instances.get("index")
+        self.replication = components["replication"]
+        self.data_dir = self.settings.store_path
+        config_dir = self.data_dir / "config"
+        self.topics = TopicConfigManager(
+            config_dir / "topics.json",
+            auto_create_topic=self.settings.auto_create_topic,
+            default_queue_nums=self.settings.default_topic_queues,
+            default_perm=self.settings.default_perm,
+        )
+        self.offsets = ConsumerOffsetManager(config_dir / "consumerOffset.json")
+        self.groups = SubscriptionGroupManager(
+            config_dir / "subscriptionGroup.json",
+            auto_create=self.settings.auto_create_subscription_group,
+            retry_max_times=self.settings.max_reconsume_times,
+        )
+        self.consumers = ConsumerManager()
+        self.producers = ProducerManager()
+        self.locks = RebalanceLockManager()
+        self.stats = BrokerStats()
+        self.filters: dict[str, Any] = {}
+        self.hold: PullRequestHoldService | None = None
+        self.registrar = NamesrvRegistrar(self)
+        self.client: Any = None
+        self._server: Any = None
+        self._address = self.settings.address
+        self._tasks: list[asyncio.Task[None]] = []
+        self._handlers: dict[int, Handler] = {}
+        self._running = False
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def address(self) -> str:
+        """``host:port`` clients and NameServers use to reach this broker."""
+        return self._address
+
+    @property
+    def store_host(self) -> tuple[str, int]:
+        host, _, port = self._address.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    @property
+    def is_master(self) -> bool:
+        return self.settings.id == 0 and self.settings.role != "SLAVE"
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        from tidemq.broker.processors import register_all
+
+        loop = asyncio.get_running_loop()
+        self.topics.load()
+        self.offsets.load()
+        self.groups.load()
+        for name in self.manager.available("filter"):
+            self.filters[name] = self.manager.create(
+                "filter", name, data_dir=self.data_dir, components=self.components.instances
+            )
+        if not self.store.load():
+            raise StoreError(f"the store in {self.data_dir} could not be loaded")
+        self.hold = PullRequestHoldService(loop, self.store.get_max_offset_in_queue)
+        self.store.add_arrival_listener(self.hold.notify_arrival)
+        self.store.start()
+        self.replication.start(self.store, self.settings)
+        register_all(self)
+        self.topics.on_change = self.registrar.request
+        self._server = self.transport.server(
+            self.settings.host, self.settings.port, self.handle, max_frame_size=self.settings.max_frame_size
+        )
+        await self._server.start()
+        host, port = self._server.address[:2]
+        if self.settings.advertise:
+            self._address = self.settings.advertise
+        else:
+            if host in ("0.0.0.0", "::", ""):
+                host = local_ip()
+            self._address = f"{host}:{port}"
+        if hasattr(self.store, "store_host"):
+            # The store derives message ids from the configured address; when the port was 0 it
+            # only becomes known now, and ids must name the address clients can reach.
+            self.store.store_host = self.store_host
+        self.client = self.transport.client()
+        self._running = True
+        await self.registrar.register_all()
+        self.registrar.start()
+        self._tasks.append(asyncio.create_task(self._flush_offsets_loop(), name="tidemq-offset-flush"))
+        self._tasks.append(asyncio.create_task(self._housekeeping_loop(), name="tidemq-client-housekeeping"))
+        log.info("broker %s (%s) serving on %s", self.settings.name, self.settings.cluster, self._address)
+        try:
+            self.hooks.tidemq_broker_started(broker=self)
+        except Exception:
+            log.exception("a tidemq_broker_started hook failed")
+
+    async def stop(self) -> None:
+        if not self._running:
+            return
+        self._running = False
+        try:
+            self.hooks.tidemq_broker_stopping(broker=self)
+        except Exception:
+            log.exception("a tidemq_broker_stopping hook failed")
+        await self.registrar.stop()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        try:
+            await asyncio.wait_for(self.registrar.unregister_all(), 4.0)
+        except (TimeoutError, Exception):
+            pass
+        if self.hold is not None:
+            self.hold.stop()
+        await self._server.stop()
+        for task in list(self._background):
+            task.cancel()
+        self.offsets.persist(force=True)
+        self.replication.shutdown()
+        self.store.shutdown()
+        await self.client.close()
+        log.info("broker %s stopped", self.settings.name)
+
+    # ------------------------------------------------------------------ dispatch
+    def register_handler(self, code: int, handler: Handler) -> None:
+        self._handlers[int(code)] = handler
+
+    async def handle(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
+        """The transport's request handler: one processor per code, errors become responses."""
+        handler = self._handlers.get(request.code)
+        if handler is None:
+            response = request.reply(
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                f"request type {request.code} not supported by tidemq broker",
+            )
+        else:
+            try:
+                response = await handler(conn, request)
+            except HeaderFieldError as exc:
+                response = request.reply(ResponseCode.SYSTEM_ERROR, str(exc))
+            except (TidemqError, ValueError) as exc:
+                log.warning("%s from %s failed: %s", request_name(request.code), _remote(conn), exc)
+                response = request.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("%s from %s failed", request_name(request.code), _remote(conn))
+                response = request.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+        if request.is_oneway:
+            return None
+        return response
+
+    # ------------------------------------------------------------------ helpers for processors
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run a fire-and-forget coroutine, keeping a reference until it ends."""
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def notify_consumer_ids_changed(self, group: str) -> None:
+        """Tell every consumer of ``group`` to rebalance now (NOTIFY_CONSUMER_IDS_CHANGED, oneway)."""
+        cfg = self.groups.get(group)
+        if cfg is not None and not cfg.notify_consumer_ids_changed_enable:
+            return
+        info = self.consumers.get(group)
+        if info is None:
+            return
+        for conn in list(info.channels):
+            if getattr(conn, "closed", False):
+                continue
+            req = RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group})
+            req.mark_oneway()
+            self.spawn(self._notify(conn, req, group))
+
+    async def _notify(self, conn: Any, req: RemotingCommand, group: str) -> None:
+        try:
+            await asyncio.wait_for(conn.invoke_oneway(req), NOTIFY_TIMEOUT_S)
+        except Exception as exc:
+            log.info("cannot notify %s of a change in group %s: %s", _remote(conn), group, exc)
+
+    def watch_connection(self, conn: Any) -> None:
+        """Drop a client's registrations when its connection closes (once per connection)."""
+        context = getattr(conn, "context", None)
+        if context is None:
+            context = {}
+        if context.get("tidemq_broker_watched"):
+            return
+        context["tidemq_broker_watched"] = True
+        conn.add_close_callback(self._connection_closed)
+
+    def _connection_closed(self, conn: Any) -> None:
+        self.producers.connection_closed(conn)
+        for group in self.consumers.connection_closed(conn):
+            log.info("consumer %s of group %s disconnected", _remote(conn), group)
+            if self._running:
+                self.notify_consumer_ids_changed(group)
+
+    # ------------------------------------------------------------------ periodic services
+    async def _flush_offsets_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.consumer_offset_flush_s)
+            try:
+                await asyncio.to_thread(self.offsets.persist)
+            except Exception:
+                log.exception("cannot persist consumer offsets")
+
+    async def _housekeeping_loop(self) -> None:
+        timeout = self.settings.consumer_housekeeping_s
+        while True:
+            await asyncio.sleep(min(HOUSEKEEPING_PERIOD_S, timeout))
+            for conn in self.producers.scan_not_active(timeout):
+                log.info("producer %s silent for %.0f s, dropped", _remote(conn), timeout)
+            changed = set()
+            for group, conn in self.consumers.scan_not_active(timeout):
+                log.info("consumer %s of group %s silent for %.0f s, dropped", _remote(conn), group, timeout)
+                changed.add(group)
+            for group in changed:
+                self.notify_consumer_ids_changed(group)
+
+    def now_ms(self) -> int:
+        return int(time.time() * 1000)
+
+
+def _remote(conn: Any) -> str:
+    return str(getattr(conn, "remote_address", "?"))

@@ -1,0 +1,227 @@
+"""Connected producers and consumers (ProducerManager, ConsumerManager, RebalanceLockManager).
+
+Clients announce themselves with HEART_BEAT every 30 s; a connection silent for the housekeeping
+interval (120 s) or closed is dropped, and the consumer groups it belonged to are told to rebalance.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+from tidemq.queues import MessageQueue
+
+
+@attrs.define(eq=False)
+class ClientChannel:
+    """One client connection (ClientChannelInfo)."""
+
+    conn: Any
+    client_id: str
+    language: str = ""
+    version: int = 0
+    last_update: float = attrs.field(factory=time.monotonic)
+
+    @property
+    def address(self) -> str:
+        return str(getattr(self.conn, "remote_address", ""))
+
+
+@attrs.define
+class SubscriptionData:
+    """One topic a consumer group subscribes to, as its heartbeat describes it."""
+
+    topic: str
+    sub_string: str = "*"
+    tags_set: list[str] = attrs.field(factory=list)
+    code_set: list[int] = attrs.field(factory=list)
+    sub_version: int = 0
+    expression_type: str = "TAG"
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SubscriptionData:
+        return cls(
+            topic=str(data.get("topic", "")),
+            sub_string=str(data.get("subString", "*") or "*"),
+            tags_set=[str(t) for t in data.get("tagsSet") or []],
+            code_set=[int(c) for c in data.get("codeSet") or []],
+            sub_version=int(data.get("subVersion", 0) or 0),
+            expression_type=str(data.get("expressionType") or "TAG"),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "subString": self.sub_string,
+            "tagsSet": self.tags_set,
+            "codeSet": self.code_set,
+            "subVersion": self.sub_version,
+            "expressionType": self.expression_type,
+            "classFilterMode": False,
+        }
+
+
+@attrs.define
+class ConsumerGroupInfo:
+    """Connections and subscriptions of one consumer group."""
+
+    group: str
+    consume_type: str = "CONSUME_PASSIVELY"
+    message_model: str = "CLUSTERING"
+    consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
+    channels: dict[Any, ClientChannel] = attrs.field(factory=dict)
+    subscriptions: dict[str, SubscriptionData] = attrs.field(factory=dict)
+    last_update: float = attrs.field(factory=time.monotonic)
+
+    def client_ids(self) -> list[str]:
+        return sorted({ch.client_id for ch in self.channels.values()})
+
+
+class ConsumerManager:
+    """Consumer groups by name; methods return whether the group's membership changed."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, ConsumerGroupInfo] = {}
+
+    def register(
+        self,
+        group: str,
+        channel: ClientChannel,
+        consume_type: str,
+        message_model: str,
+        consume_from_where: str,
+        subscriptions: Iterable[SubscriptionData],
+    ) -> bool:
+        info = self.groups.get(group)
+        if info is None:
+            info = self.groups[group] = ConsumerGroupInfo(group)
+        info.consume_type, info.message_model, info.consume_from_where = (
+            consume_type,
+            message_model,
+            consume_from_where,
+        )
+        info.last_update = time.monotonic()
+        existing = info.channels.get(channel.conn)
+        changed = existing is None or existing.client_id != channel.client_id
+        if existing is None or changed:
+            info.channels[channel.conn] = channel
+        else:
+            existing.last_update = time.monotonic()
+        new_subs = {s.topic: s for s in subscriptions}
+        if set(new_subs) != set(info.subscriptions):
+            changed = True
+        info.subscriptions = new_subs
+        return changed
+
+    def unregister(self, group: str, conn: Any) -> bool:
+        info = self.groups.get(group)
+        if info is None or info.channels.pop(conn, None) is None:
+            return False
+        if not info.channels:
+            del self.groups[group]
+        return True
+
+    def connection_closed(self, conn: Any) -> list[str]:
+        """Drop ``conn`` from every group; returns the groups that lost a member."""
+        affected = []
+        for group in list(self.groups):
+            if self.unregister(group, conn):
+                affected.append(group)
+        return affected
+
+    def scan_not_active(self, timeout_s: float) -> list[tuple[str, Any]]:
+        """Drop channels whose last heartbeat is older than ``timeout_s``; returns (group, conn)."""
+        now = time.monotonic()
+        dropped = []
+        for group, info in list(self.groups.items()):
+            for conn, ch in list(info.channels.items()):
+                if now - ch.last_update > timeout_s:
+                    dropped.append((group, conn))
+                    self.unregister(group, conn)
+        return dropped
+
+    def get(self, group: str) -> ConsumerGroupInfo | None:
+        return self.groups.get(group)
+
+    def find_subscription(self, group: str, topic: str) -> SubscriptionData | None:
+        info = self.groups.get(group)
+        return info.subscriptions.get(topic) if info else None
+
+    def groups_of_topic(self, topic: str) -> list[str]:
+        return [g for g, info in self.groups.items() if topic in info.subscriptions]
+
+
+class ProducerManager:
+    """Producer groups by name (kept for transaction checks and admin tools)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, dict[Any, ClientChannel]] = {}
+
+    def register(self, group: str, channel: ClientChannel) -> None:
+        channels = self.groups.setdefault(group, {})
+        existing = channels.get(channel.conn)
+        if existing is None:
+            channels[channel.conn] = channel
+        else:
+            existing.last_update = time.monotonic()
+
+    def unregister(self, group: str, conn: Any) -> None:
+        channels = self.groups.get(group)
+        if channels is not None:
+            channels.pop(conn, None)
+            if not channels:
+                del self.groups[group]
+
+    def connection_closed(self, conn: Any) -> None:
+        for group in list(self.groups):
+            self.unregister(group, conn)
+
+    def scan_not_active(self, timeout_s: float) -> list[Any]:
+        now = time.monotonic()
+        dropped = []
+        for group, channels in list(self.groups.items()):
+            for conn, ch in list(channels.items()):
+                if now - ch.last_update > timeout_s:
+                    dropped.append(conn)
+                    self.unregister(group, conn)
+        return dropped
+
+
+class RebalanceLockManager:
+    """Queue locks of orderly consumers: one client per (group, queue), expiring after 60 s."""
+
+    LOCK_MAX_LIVE_S = 60.0
+
+    def __init__(self) -> None:
+        self._locks: dict[str, dict[MessageQueue, tuple[str, float]]] = {}
+
+    def _held(self, group: str, mq: MessageQueue, client_id: str, now: float) -> bool:
+        entry = self._locks.get(group, {}).get(mq)
+        return entry is not None and entry[0] == client_id and now - entry[1] <= self.LOCK_MAX_LIVE_S
+
+    def try_lock_batch(self, group: str, mqs: Iterable[MessageQueue], client_id: str) -> list[MessageQueue]:
+        """Lock (or renew) each queue still free or already this client's; returns the ones held."""
+        now = time.monotonic()
+        table = self._locks.setdefault(group, {})
+        locked = []
+        for mq in mqs:
+            entry = table.get(mq)
+            if entry is None or entry[0] == client_id or now - entry[1] > self.LOCK_MAX_LIVE_S:
+                table[mq] = (client_id, now)
+                locked.append(mq)
+        return locked
+
+    def unlock_batch(self, group: str, mqs: Iterable[MessageQueue], client_id: str) -> None:
+        table = self._locks.get(group, {})
+        for mq in mqs:
+            entry = table.get(mq)
+            if entry is not None and entry[0] == client_id:
+                del table[mq]
+
+    def owner(self, group: str, mq: MessageQueue) -> str | None:
+        entry = self._locks.get(group, {}).get(mq)
+        if entry is None or time.monotonic() - entry[1] > self.LOCK_MAX_LIVE_S:
+            return None
+        return entry[0]

@@ -1,0 +1,110 @@
+"""Typed access to a request's extFields, and the constants processors share."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from tidemq.errors import TidemqError
+
+# PermName
+PERM_PRIORITY = 8
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_INHERIT = 1
+
+DEFAULT_TOPIC = "TBW102"  # AUTO_CREATE_TOPIC_KEY_TOPIC: the template a producer's first send names
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+MASTER_ID = 0
+TOPIC_MAX_LENGTH = 127
+_TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+
+def is_readable(perm: int) -> bool:
+    return bool(perm & PERM_READ)
+
+
+def is_writeable(perm: int) -> bool:
+    return bool(perm & PERM_WRITE)
+
+
+def is_inherited(perm: int) -> bool:
+    return bool(perm & PERM_INHERIT)
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+def check_topic_name(topic: str) -> str | None:
+    """Why ``topic`` is not a valid topic name, or None (RocketMQ's TopicValidator)."""
+    if not topic:
+        return "the topic name is blank"
+    if len(topic) > TOPIC_MAX_LENGTH:
+        return f"the topic name is longer than {TOPIC_MAX_LENGTH} characters"
+    if not _TOPIC_RE.match(topic):
+        return f"the topic name {topic!r} contains characters other than ^[%|a-zA-Z0-9_-]+$"
+    return None
+
+
+class HeaderFieldError(TidemqError):
+    """A request header lacks a required field or holds a value of the wrong type."""
+
+
+_MISSING: Any = object()
+
+
+class Header:
+    """A request's extFields with typed getters; errors name the field and the request."""
+
+    def __init__(self, fields: Mapping[str, Any] | None, what: str):
+        self._fields = dict(fields or {})
+        self._what = what
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._fields and self._fields[name] is not None
+
+    def str(self, name: str, default: Any = _MISSING) -> str:
+        value = self._fields.get(name)
+        if value is None:
+            if default is _MISSING:
+                raise HeaderFieldError(f"the {self._what} header lacks the field {name!r}")
+            return default
+        return value if isinstance(value, str) else str(value)
+
+    def int(self, name: str, default: Any = _MISSING) -> int:
+        value = self._fields.get(name)
+        if value is None or value == "":
+            if default is _MISSING:
+                raise HeaderFieldError(f"the {self._what} header lacks the field {name!r}")
+            return default
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise HeaderFieldError(
+                f"the {self._what} header field {name!r} = {value!r} is not an integer"
+            ) from None
+
+    def bool(self, name: str, default: bool = False) -> bool:
+        value = self._fields.get(name)
+        if value is None or value == "":
+            return default
+        if isinstance(value, bool):
+            return value
+        return str(value).strip().lower() in ("true", "1")
+
+
+def kv(**values: Any) -> dict[str, str]:
+    """Response extFields: RocketMQ sends every value as a string."""
+    out: dict[str, str] = {}
+    for k, v in values.items():
+        if v is None:
+            continue
+        out[k] = ("true" if v else "false") if isinstance(v, bool) else str(v)
+    return out

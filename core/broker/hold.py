@@ -1,0 +1,76 @@
+"""Long polling (PullRequestHoldService): pulls that found nothing wait here for an arrival.
+
+The store calls :meth:`PullRequestHoldService.notify_arrival` from its own thread after messages
+become readable; it hops to the event loop with ``call_soon_threadsafe`` only when someone waits on
+that queue, and the waiting pulls re-read the store.  A pull that registers after the arrival
+re-checks the queue's max offset itself, so no wake-up is lost between its read and its wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+
+class PullRequestHoldService:
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_offset: Callable[[str, int], int]):
+        self._loop = loop
+        self._max_offset = max_offset
+        self._waiters: dict[Key, list[tuple[int, asyncio.Future[bool]]]] = {}
+        self._stopped = False
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(v) for v in self._waiters.values())
+
+    async def wait(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
+        """Wait until the queue holds a message at ``offset`` or later; False on timeout."""
+        if self._stopped or timeout_s <= 0:
+            return False
+        key = (topic, queue_id)
+        fut: asyncio.Future[bool] = self._loop.create_future()
+        entry = (offset, fut)
+        self._waiters.setdefault(key, []).append(entry)
+        try:
+            if self._max_offset(topic, queue_id) > offset:
+                return True
+            try:
+                return await asyncio.wait_for(fut, timeout_s)
+            except TimeoutError:
+                return False
+        finally:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                try:
+                    waiters.remove(entry)
+                except ValueError:
+                    pass
+                if not waiters:
+                    self._waiters.pop(key, None)
+
+    def notify_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """The store's arrival listener; safe to call from any thread."""
+        if (topic, queue_id) not in self._waiters:  # a dict lookup is atomic; no waiter, no hop
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._wake, topic, queue_id, max_offset)
+        except RuntimeError:  # loop closed during shutdown
+            pass
+
+    def _wake(self, topic: str, queue_id: int, max_offset: int) -> None:
+        for offset, fut in list(self._waiters.get((topic, queue_id), ())):
+            if offset < max_offset and not fut.done():
+                fut.set_result(True)
+
+    def stop(self) -> None:
+        """Answer every held pull now (with what the store has) so shutdown does not wait 15 s."""
+        self._stopped = True
+        for waiters in list(self._waiters.values()):
+            for _, fut in waiters:
+                if not fut.done():
+                    fut.set_result(False)

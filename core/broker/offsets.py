@@ -1,0 +1,79 @@
+"""Committed consumer offsets (ConsumerOffsetManager), persisted in ``config/consumerOffset.json``.
+
+Commits only touch memory; the broker writes the file every few seconds and on shutdown, atomically,
+so a crash loses at most the last interval (consumers then re-read a few messages, as with RocketMQ).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from tidemq.jsonfile import read_json, write_json
+
+TOPIC_GROUP_SEPARATOR = "@"
+
+
+class ConsumerOffsetManager:
+    """``topic@group`` -> queue id -> next offset to consume."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._table: dict[str, dict[int, int]] = {}
+        self._lock = threading.Lock()
+        self._dirty = False
+
+    def load(self) -> None:
+        data = read_json(self.path) or {}
+        for key, queues in (data.get("offsetTable") or {}).items():
+            self._table[key] = {int(q): int(o) for q, o in queues.items()}
+
+    def serialize(self) -> dict[str, Any]:
+        with self._lock:
+            return {"offsetTable": {k: {str(q): o for q, o in v.items()} for k, v in self._table.items()}}
+
+    def persist(self, force: bool = False) -> bool:
+        """Write the table when it changed since the last write; True when written."""
+        if not (self._dirty or force):
+            return False
+        self._dirty = False
+        write_json(self.path, self.serialize())
+        return True
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        key = f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
+        with self._lock:
+            queues = self._table.setdefault(key, {})
+            if queues.get(queue_id) != offset:
+                queues[queue_id] = offset
+                self._dirty = True
+
+    def query(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 when the group never committed one for the queue."""
+        return self._table.get(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", {}).get(queue_id, -1)
+
+    def query_all(self, group: str, topic: str) -> dict[int, int]:
+        return dict(self._table.get(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", {}))
+
+    def topics_of_group(self, group: str) -> set[str]:
+        out = set()
+        for key in list(self._table):
+            topic, _, g = key.rpartition(TOPIC_GROUP_SEPARATOR)
+            if g == group:
+                out.add(topic)
+        return out
+
+    def groups_of_topic(self, topic: str) -> set[str]:
+        out = set()
+        for key in list(self._table):
+            t, _, g = key.rpartition(TOPIC_GROUP_SEPARATOR)
+            if t == topic:
+                out.add(g)
+        return out
+
+    def remove_topic(self, topic: str) -> None:
+        with self._lock:
+            for key in [k for k in self._table if k.rpartition(TOPIC_GROUP_SEPARATOR)[0] == topic]:
+                del self._table[key]
+                self._dirty = True

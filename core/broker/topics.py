@@ -1,0 +1,191 @@
+"""Topic configurations (TopicConfigManager), persisted in ``config/topics.json``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+from tidemq.broker.headers import DEFAULT_TOPIC, PERM_INHERIT, PERM_READ, PERM_WRITE, is_inherited
+from tidemq.jsonfile import read_json, write_json
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define
+class DataVersion:
+    """Bumped on every change so NameServers and slaves can tell a table changed."""
+
+    timestamp: int = attrs.field(factory=lambda: int(time.time() * 1000))
+    counter: int = 0
+
+    def next(self) -> None:
+        self.timestamp = int(time.time() * 1000)
+        self.counter += 1
+
+    def to_json(self) -> dict[str, int]:
+        return {"timestamp": self.timestamp, "counter": self.counter}
+
+    @classmethod
+    def from_json(cls, data: Any) -> DataVersion:
+        data = data or {}
+        return cls(int(data.get("timestamp", 0)), int(data.get("counter", 0)))
+
+
+@attrs.define
+class TopicConfig:
+    """One topic on this broker (RocketMQ's TopicConfig)."""
+
+    topic_name: str
+    read_queue_nums: int = 16
+    write_queue_nums: int = 16
+    perm: int = PERM_READ | PERM_WRITE
+    topic_filter_type: str = "SINGLE_TAG"
+    topic_sys_flag: int = 0
+    order: bool = False
+
+    @property
+    def queue_count(self) -> int:
+        return max(self.read_queue_nums, self.write_queue_nums)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topicName": self.topic_name,
+            "readQueueNums": self.read_queue_nums,
+            "writeQueueNums": self.write_queue_nums,
+            "perm": self.perm,
+            "topicFilterType": self.topic_filter_type,
+            "topicSysFlag": self.topic_sys_flag,
+            "order": self.order,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TopicConfig:
+        return cls(
+            topic_name=str(data["topicName"]),
+            read_queue_nums=int(data.get("readQueueNums", 16)),
+            write_queue_nums=int(data.get("writeQueueNums", 16)),
+            perm=int(data.get("perm", 6)),
+            topic_filter_type=str(data.get("topicFilterType", "SINGLE_TAG")),
+            topic_sys_flag=int(data.get("topicSysFlag", 0)),
+            order=bool(data.get("order", False)),
+        )
+
+
+class TopicConfigManager:
+    """The broker's topic table; every change is written atomically and reported to ``on_change``."""
+
+    def __init__(self, path: Path, *, auto_create_topic: bool, default_queue_nums: int, default_perm: int):
+        self.path = path
+        self.auto_create_topic = auto_create_topic
+        self.default_queue_nums = default_queue_nums
+        self.default_perm = default_perm
+        self.data_version = DataVersion()
+        self._table: dict[str, TopicConfig] = {}
+        self._lock = threading.Lock()
+        #: called after a change; the broker re-registers with the NameServers.
+        self.on_change: Callable[[], None] = lambda: None
+
+    # ------------------------------------------------------------------ persistence
+    def load(self) -> None:
+        data = read_json(self.path)
+        if data:
+            self.data_version = DataVersion.from_json(data.get("dataVersion"))
+            for name, cfg in (data.get("topicConfigTable") or {}).items():
+                self._table[name] = TopicConfig.from_json({"topicName": name, **cfg})
+        # The template topic a producer's first send names exists only when auto-creation is on,
+        # and carries PERM_INHERIT so the topics made from it inherit its read/write permission.
+        if self.auto_create_topic:
+            if DEFAULT_TOPIC not in self._table:
+                self._table[DEFAULT_TOPIC] = TopicConfig(
+                    DEFAULT_TOPIC,
+                    self.default_queue_nums,
+                    self.default_queue_nums,
+                    PERM_INHERIT | self.default_perm,
+                )
+        else:
+            self._table.pop(DEFAULT_TOPIC, None)
+
+    def persist(self) -> None:
+        with self._lock:
+            data = self.serialize()
+        write_json(self.path, data)
+
+    def serialize(self) -> dict[str, Any]:
+        """RocketMQ's TopicConfigSerializeWrapper (also the REGISTER_BROKER body part)."""
+        return {
+            "topicConfigTable": {name: cfg.to_json() for name, cfg in self._table.items()},
+            "dataVersion": self.data_version.to_json(),
+        }
+
+    def _changed(self) -> None:
+        self.data_version.next()
+        self.persist()
+        try:
+            self.on_change()
+        except Exception:
+            log.exception("topic change listener failed")
+
+    # ------------------------------------------------------------------ queries
+    def get(self, topic: str) -> TopicConfig | None:
+        return self._table.get(topic)
+
+    def all(self) -> dict[str, TopicConfig]:
+        return dict(self._table)
+
+    # ------------------------------------------------------------------ changes
+    def update(self, config: TopicConfig) -> None:
+        with self._lock:
+            self._table[config.topic_name] = config
+        log.info("topic config updated: %s", config)
+        self._changed()
+
+    def delete(self, topic: str) -> bool:
+        with self._lock:
+            removed = self._table.pop(topic, None)
+        if removed is None:
+            return False
+        log.info("topic deleted: %s", topic)
+        self._changed()
+        return True
+
+    def create_in_send(
+        self, topic: str, default_topic: str, client_queue_nums: int, sys_flag: int = 0
+    ) -> TopicConfig | None:
+        """Create ``topic`` from the template a producer named, or None when that is not allowed."""
+        existing = self._table.get(topic)
+        if existing is not None:
+            return existing
+        template = self._table.get(default_topic)
+        if template is None or not is_inherited(template.perm):
+            return None
+        queue_nums = (
+            min(client_queue_nums, template.write_queue_nums)
+            if client_queue_nums > 0
+            else template.write_queue_nums
+        )
+        queue_nums = max(queue_nums, 1)
+        cfg = TopicConfig(
+            topic, queue_nums, queue_nums, template.perm & ~PERM_INHERIT, topic_sys_flag=sys_flag
+        )
+        with self._lock:
+            cfg = self._table.setdefault(topic, cfg)
+        log.info("topic %s auto-created from %s: %s", topic, default_topic, cfg)
+        self._changed()
+        return cfg
+
+    def create_in_send_back(self, topic: str, queue_nums: int, perm: int, sys_flag: int = 0) -> TopicConfig:
+        """Create a retry or dead-letter topic on first use (createTopicInSendMessageBackMethod)."""
+        existing = self._table.get(topic)
+        if existing is not None:
+            return existing
+        cfg = TopicConfig(topic, queue_nums, queue_nums, perm, topic_sys_flag=sys_flag)
+        with self._lock:
+            cfg = self._table.setdefault(topic, cfg)
+        log.info("topic %s created: %s", topic, cfg)
+        self._changed()
+        return cfg

@@ -1,0 +1,46 @@
+"""tidemq's own client: producer, push and pull consumers, over the RocketMQ 4.x protocol.
+
+asyncio API (:class:`Producer`, :class:`PushConsumer`, :class:`PullConsumer`) plus a blocking
+facade (:mod:`tidemq.client.blocking`) that runs them on a background loop thread.  Queue
+selection (``selector=``) and rebalance (``allocate=``) are plugins of the ``select`` and
+``allocate`` roles, so third-party strategies plug in by name.
+"""
+
+from tidemq.client.blocking import BlockingProducer, BlockingPullConsumer, BlockingPushConsumer, LoopThread
+from tidemq.client.errors import BrokerError, ClientError, NoRouteError, SendFailedError
+from tidemq.client.instance import ClientInstance
+from tidemq.client.message import Message, PullResult, PullStatus, SendResult, SendStatus, new_message_id
+from tidemq.client.producer import Producer, select_by_hash
+from tidemq.client.pull_consumer import PullConsumer
+from tidemq.client.push_consumer import ConsumeFrom, ConsumeStatus, PushConsumer
+from tidemq.client.rebalance import BROADCASTING, CLUSTERING
+from tidemq.message import MessageExt
+from tidemq.queues import MessageQueue
+
+__all__ = [
+    "BROADCASTING",
+    "CLUSTERING",
+    "BlockingProducer",
+    "BlockingPullConsumer",
+    "BlockingPushConsumer",
+    "BrokerError",
+    "ClientError",
+    "ClientInstance",
+    "ConsumeFrom",
+    "ConsumeStatus",
+    "LoopThread",
+    "Message",
+    "MessageExt",
+    "MessageQueue",
+    "NoRouteError",
+    "Producer",
+    "PullConsumer",
+    "PullResult",
+    "PullStatus",
+    "PushConsumer",
+    "SendFailedError",
+    "SendResult",
+    "SendStatus",
+    "new_message_id",
+    "select_by_hash",
+]

@@ -1,0 +1,241 @@
+"""The shared client runtime (RocketMQ's MQClientInstance).
+
+One :class:`ClientInstance` holds the transport client, the topic-route cache (refreshed every
+30 s from the NameServers), the broker address table and the heartbeat loop.  Producers and
+consumers register with it; by default each creates its own instance, or several may share one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
+
+from tidemq.client.api import ClientAPI
+from tidemq.client.errors import ClientError
+from tidemq.client.route import TopicRoute
+from tidemq.message import local_ip
+from tidemq.plugins import PluginManager, get_plugin_manager
+from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.remoting.command import RemotingCommand
+
+log = logging.getLogger(__name__)
+
+_instance_seq = itertools.count(1)
+
+
+class Member(Protocol):
+    """A producer or consumer registered with an instance."""
+
+    group: str
+
+    def heartbeat_data(self) -> dict[str, Any]: ...
+
+    def topics(self) -> set[str]: ...
+
+
+def split_namesrv(namesrv: str | Sequence[str]) -> list[str]:
+    """``"a:9876;b:9876"`` or a list -> a list of addresses."""
+    if isinstance(namesrv, str):
+        return [a.strip() for a in namesrv.replace(",", ";").split(";") if a.strip()]
+    return [a.strip() for a in namesrv if a.strip()]
+
+
+async def run_every(interval: float, fn: Callable[[], Awaitable[Any]], what: str, first_delay: float | None = None) -> None:
+    """Call ``fn`` every ``interval`` seconds until cancelled; failures are logged, not fatal."""
+    await asyncio.sleep(interval if first_delay is None else first_delay)
+    while True:
+        try:
+            await fn()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("%s failed: %s", what, exc)
+        await asyncio.sleep(interval)
+
+
+class ClientInstance:
+    """Routes, broker addresses, heartbeats and server-initiated requests for one client id."""
+
+    def __init__(
+        self,
+        namesrv: str | Sequence[str],
+        *,
+        instance_name: str | None = None,
+        transport: str = "tcp",
+        timeout: float = 3.0,
+        route_refresh_s: float = 30.0,
+        heartbeat_s: float = 30.0,
+        manager: PluginManager | None = None,
+        ip: str | None = None,
+    ) -> None:
+        self.manager = manager or get_plugin_manager()
+        self.ip = ip or local_ip()
+        self.instance_name = instance_name or f"{os.getpid()}#{next(_instance_seq)}"
+        self.client_id = f"{self.ip}@{self.instance_name}"
+        self.route_refresh_s = route_refresh_s
+        self.heartbeat_s = heartbeat_s
+        self._namesrv = split_namesrv(namesrv)
+        self._transport_name = transport
+        self._timeout = timeout
+        self.api: ClientAPI | None = None
+        self.routes: dict[str, TopicRoute] = {}
+        #: broker name -> broker id -> address
+        self.broker_addrs: dict[str, dict[int, str]] = {}
+        self.producers: dict[str, Member] = {}
+        self.consumers: dict[str, Member] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self._route_locks: dict[str, asyncio.Lock] = {}
+        self._remoting: Any = None
+        self._users = 0
+        self.started = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Connect the transport and start the route and heartbeat loops (idempotent, counted)."""
+        self._users += 1
+        if self.started:
+            return
+        transport = self.manager.create("transport", self._transport_name)
+        self._remoting = transport.client(handler=self._handle_server_request)
+        self.api = ClientAPI(self._remoting, self._namesrv, self._timeout)
+        self._tasks = [
+            asyncio.create_task(run_every(self.route_refresh_s, self.refresh_routes, "route refresh")),
+            asyncio.create_task(run_every(self.heartbeat_s, self.send_heartbeats, "heartbeat")),
+        ]
+        self.started = True
+        log.info("client instance %s started (NameServers %s)", self.client_id, ";".join(self._namesrv))
+
+    async def stop(self) -> None:
+        """Stop when the last user leaves: cancel loops and close connections."""
+        self._users = max(0, self._users - 1)
+        if not self.started or self._users > 0:
+            return
+        self.started = False
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self._remoting is not None:
+            await self._remoting.close()
+        log.info("client instance %s stopped", self.client_id)
+
+    def require_api(self) -> ClientAPI:
+        if self.api is None:
+            raise ClientError("client is not started; call 'await start()' first")
+        return self.api
+
+    # ------------------------------------------------------------------ members
+    def register_producer(self, member: Member) -> None:
+        if member.group in self.producers and self.producers[member.group] is not member:
+            raise ClientError(f"producer group {member.group!r} is already registered in client {self.client_id}")
+        self.producers[member.group] = member
+
+    def register_consumer(self, member: Member) -> None:
+        if member.group in self.consumers and self.consumers[member.group] is not member:
+            raise ClientError(f"consumer group {member.group!r} is already registered in client {self.client_id}")
+        self.consumers[member.group] = member
+
+    def unregister(self, member: Member) -> None:
+        if self.producers.get(member.group) is member:
+            del self.producers[member.group]
+        if self.consumers.get(member.group) is member:
+            del self.consumers[member.group]
+
+    # ------------------------------------------------------------------ routes
+    async def get_route(self, topic: str, *, refresh: bool = False) -> TopicRoute | None:
+        """The cached route, fetched from the NameServers when missing or when ``refresh``."""
+        route = self.routes.get(topic)
+        if route is not None and not refresh:
+            return route
+        lock = self._route_locks.setdefault(topic, asyncio.Lock())
+        async with lock:
+            if not refresh and topic in self.routes:
+                return self.routes[topic]
+            route = await self.require_api().get_route(topic)
+            if route is None:
+                return self.routes.get(topic) if not refresh else None
+            self._learn(route)
+            return route
+
+    def _learn(self, route: TopicRoute) -> None:
+        self.routes[route.topic] = route
+        known = set(self.master_addresses())
+        for bd in route.broker_datas:
+            self.broker_addrs[bd.broker_name] = dict(bd.broker_addrs)
+        if set(self.master_addresses()) - known and (self.producers or self.consumers) and self.started:
+            # A broker we never told about our groups: heartbeat now, not in up to 30 s.
+            task = asyncio.get_running_loop().create_task(self.send_heartbeats())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def refresh_routes(self) -> None:
+        topics = set(self.routes)
+        for member in [*self.producers.values(), *self.consumers.values()]:
+            topics |= member.topics()
+        for topic in sorted(topics):
+            try:
+                await self.get_route(topic, refresh=True)
+            except Exception as exc:
+                log.warning("route refresh of %s failed: %s", topic, exc)
+
+    def broker_address(self, broker_name: str, prefer_id: int = 0, *, master_only: bool = True) -> str | None:
+        addrs = self.broker_addrs.get(broker_name) or {}
+        if master_only:
+            return addrs.get(0)
+        return addrs.get(prefer_id) or addrs.get(0) or next(iter(addrs.values()), None)
+
+    def master_addresses(self) -> list[str]:
+        return sorted({a[0] for a in self.broker_addrs.values() if 0 in a})
+
+    # ------------------------------------------------------------------ heartbeats
+    def heartbeat_data(self) -> dict[str, Any]:
+        return {
+            "clientID": self.client_id,
+            "producerDataSet": [{"groupName": g} for g in self.producers],
+            "consumerDataSet": [m.heartbeat_data() for m in self.consumers.values()],
+        }
+
+    async def send_heartbeats(self) -> None:
+        """HEART_BEAT to every master broker the instance knows (RocketMQ's sendHeartbeatToAllBroker)."""
+        if not self.producers and not self.consumers:
+            return
+        data = self.heartbeat_data()
+        api = self.require_api()
+
+        async def one(addr: str) -> None:
+            try:
+                await api.heartbeat(addr, data)
+            except Exception as exc:
+                log.warning("heartbeat to %s failed: %s", addr, exc)
+
+        await asyncio.gather(*(one(a) for a in self.master_addresses()))
+
+    async def unregister_everywhere(self, producer_group: str = "", consumer_group: str = "") -> None:
+        api = self.require_api()
+        for addr in self.master_addresses():
+            try:
+                await api.unregister_client(addr, self.client_id, producer_group, consumer_group)
+            except Exception as exc:
+                log.info("unregister from %s failed: %s", addr, exc)
+
+    # ------------------------------------------------------------------ broker -> client
+    async def _handle_server_request(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
+        if request.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
+            group = (request.ext_fields or {}).get("consumerGroup", "")
+            consumer = self.consumers.get(group)
+            if consumer is not None and hasattr(consumer, "request_rebalance"):
+                log.info("consumer ids of group %s changed; rebalancing", group)
+                consumer.request_rebalance()
+            return None if request.is_oneway else request.reply()
+        if request.code == RequestCode.CHECK_TRANSACTION_STATE:
+            # Seam for the transactional producer: nothing answers yet, the broker asks again later.
+            log.info("CHECK_TRANSACTION_STATE received; transactional producer not implemented")
+            return None
+        if request.is_oneway:
+            return None
+        return request.reply(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, remark=f"request code {request.code} not supported by tidemq client")

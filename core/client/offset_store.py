@@ -1,0 +1,115 @@
+"""Consume progress: on the broker for clustering, in a local JSON file for broadcasting.
+
+Offsets are kept in memory as the consumer advances and persisted every few seconds and at
+shutdown (RocketMQ's RemoteBrokerOffsetStore / LocalFileOffsetStore).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+from tidemq.client.instance import ClientInstance
+from tidemq.client.message import queue_from_json, queue_to_json
+from tidemq.jsonfile import read_json, write_json
+from tidemq.queues import MessageQueue
+
+log = logging.getLogger(__name__)
+
+
+class OffsetStore(Protocol):
+    async def load(self) -> None: ...
+
+    def update(self, mq: MessageQueue, offset: int, increase_only: bool = True) -> None: ...
+
+    async def read(self, mq: MessageQueue, *, from_store: bool = False) -> int:
+        """The next offset to consume; -1 when none is known (then consume-from-where decides)."""
+
+    async def persist(self, mqs: Iterable[MessageQueue]) -> None: ...
+
+    def remove(self, mq: MessageQueue) -> None: ...
+
+
+class _MemoryOffsets:
+    def __init__(self) -> None:
+        self.table: dict[MessageQueue, int] = {}
+
+    def update(self, mq: MessageQueue, offset: int, increase_only: bool = True) -> None:
+        current = self.table.get(mq)
+        if current is None or not increase_only or offset > current:
+            self.table[mq] = offset
+
+    def remove(self, mq: MessageQueue) -> None:
+        self.table.pop(mq, None)
+
+
+class RemoteBrokerOffsetStore(_MemoryOffsets):
+    """Offsets committed to the queue's master broker (QUERY/UPDATE_CONSUMER_OFFSET)."""
+
+    def __init__(self, instance: ClientInstance, group: str) -> None:
+        super().__init__()
+        self.instance = instance
+        self.group = group
+
+    async def load(self) -> None:
+        """Nothing to load: offsets are read from the broker per queue."""
+
+    async def _address(self, mq: MessageQueue) -> str | None:
+        addr = self.instance.broker_address(mq.broker_name)
+        if addr is None:
+            await self.instance.get_route(mq.topic, refresh=True)
+            addr = self.instance.broker_address(mq.broker_name)
+        return addr
+
+    async def read(self, mq: MessageQueue, *, from_store: bool = False) -> int:
+        if not from_store and mq in self.table:
+            return self.table[mq]
+        addr = await self._address(mq)
+        if addr is None:
+            raise LookupError(f"broker {mq.broker_name} of {mq} has no known master")
+        offset = await self.instance.require_api().query_consumer_offset(addr, self.group, mq)
+        if offset >= 0:
+            self.update(mq, offset, increase_only=False)
+        return offset
+
+    async def persist(self, mqs: Iterable[MessageQueue]) -> None:
+        api = self.instance.require_api()
+        for mq in list(mqs):
+            offset = self.table.get(mq)
+            if offset is None:
+                continue
+            addr = await self._address(mq)
+            if addr is None:
+                continue
+            try:
+                await api.update_consumer_offset(addr, self.group, mq, offset)
+            except Exception as exc:
+                log.warning("committing offset %d of %s failed: %s", offset, mq, exc)
+
+
+class LocalFileOffsetStore(_MemoryOffsets):
+    """Offsets in ``<dir>/<instance>/<group>/offsets.json`` (each broadcasting consumer keeps its own)."""
+
+    def __init__(self, directory: Path | str, instance_name: str, group: str) -> None:
+        super().__init__()
+        self.path = Path(directory).expanduser() / instance_name / group / "offsets.json"
+
+    async def load(self) -> None:
+        data = read_json(self.path, default=None)
+        if not data:
+            return
+        for entry in data.get("offsetTable", []):
+            self.table[queue_from_json(entry)] = int(entry["offset"])
+        log.info("loaded %d offsets from %s", len(self.table), self.path)
+
+    async def read(self, mq: MessageQueue, *, from_store: bool = False) -> int:
+        if from_store:
+            await self.load()
+        return self.table.get(mq, -1)
+
+    async def persist(self, mqs: Iterable[MessageQueue]) -> None:
+        # The whole table is written, not just ``mqs``: the file is this consumer's only copy.
+        rows = [{**queue_to_json(mq), "offset": off} for mq, off in sorted(self.table.items())]
+        write_json(self.path, {"offsetTable": rows})

@@ -1,0 +1,313 @@
+"""One IndexFile: a memory-mapped, append-only hash map from message keys to commit-log offsets.
+
+Layout (all integers big-endian, as RocketMQ's IndexFile)::
+
+    header   40 bytes   beginTimestamp 8 | endTimestamp 8 | beginPhyOffset 8 | endPhyOffset 8 |
+                        hashSlotCount 4 | indexCount 4
+    slots    S x 4      entry number of the newest entry whose hash falls in the slot (0 = empty)
+    entries  N x 20     keyHash 4 | phyOffset 8 | timeDiff 4 (seconds since beginTimestamp) |
+                        prevIndex 4 (the previous entry of the same slot: the collision chain)
+
+Entry number 0 is never used so that 0 can mean "no entry"; ``indexCount`` is one past the last
+entry written (1 for an empty file) and the file is full when it reaches ``N``.
+
+Two departures from RocketMQ, both internal to tidemq's files:
+
+* ``hashSlotCount`` holds the file's slot count ``S`` (RocketMQ counts puts there, which nothing
+  reads).  With ``S`` in the header and ``N`` derived from the file size, files keep working after
+  the slot or entry options change.
+* The key hash is :func:`key_hash` (blake3, not Java's ``String.hashCode``).
+
+The header in the file is written only by :meth:`IndexFile.write_header`, after the entries it
+counts are on disk, so after a crash the on-disk header always describes whole, durable entries;
+:meth:`IndexFile.repair` drops whatever was written after it.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+import mmap
+import os
+import struct
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import attrs
+import blake3
+from tidemq.errors import CorruptDataError
+
+log = logging.getLogger(__name__)
+
+HEADER_SIZE = 40
+SLOT_SIZE = 4
+ENTRY_SIZE = 20
+INVALID_INDEX = 0
+_INT_MAX = 0x7FFFFFFF
+
+_HEADER = struct.Struct(">qqqqii")
+_SLOT = struct.Struct(">i")
+_ENTRY = struct.Struct(">iqii")
+
+
+def key_hash(key: str) -> int:
+    """The index hash of ``topic#key``: the first 4 bytes of its blake3 digest, as a 31-bit int.
+
+    31 bits keep the value a non-negative Java int, so the layout stays RocketMQ's; blake3 spreads
+    similar keys (``ORDER-1``, ``ORDER-2``...) evenly over the slots, which ``String.hashCode``
+    does not.
+    """
+    return int.from_bytes(blake3.blake3(key.encode()).digest(4), "big") & _INT_MAX
+
+
+def file_size(slot_num: int, index_num: int) -> int:
+    """Bytes taken by an IndexFile with ``slot_num`` slots and ``index_num`` entries."""
+    return HEADER_SIZE + slot_num * SLOT_SIZE + index_num * ENTRY_SIZE
+
+
+@attrs.define
+class IndexHeader:
+    """The in-memory header; the file's copy lags until :meth:`IndexFile.write_header`."""
+
+    begin_timestamp: int = 0
+    end_timestamp: int = 0
+    begin_phy_offset: int = 0
+    end_phy_offset: int = 0
+    hash_slot_count: int = 0
+    index_count: int = 1
+
+    def pack(self) -> bytes:
+        return _HEADER.pack(
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.begin_phy_offset,
+            self.end_phy_offset,
+            self.hash_slot_count,
+            self.index_count,
+        )
+
+    @classmethod
+    def unpack(cls, buf: bytes | mmap.mmap) -> IndexHeader:
+        return cls(*_HEADER.unpack_from(buf, 0))
+
+
+class IndexFile:
+    """One memory-mapped index file; callers serialise access (the service holds a lock)."""
+
+    def __init__(self, path: Path, mm: mmap.mmap, fd: int, header: IndexHeader, index_num: int) -> None:
+        self.path = path
+        self._mm = mm
+        self._fd = fd
+        self.header = header
+        self.slot_num = header.hash_slot_count
+        self.index_num = index_num
+        self._entry_base = HEADER_SIZE + self.slot_num * SLOT_SIZE
+        self.closed = False
+
+    # ------------------------------------------------------------------ open / create
+    @classmethod
+    def create(
+        cls, path: Path, slot_num: int, index_num: int, prev_end_phy: int = 0, prev_end_ts: int = 0
+    ) -> IndexFile:
+        """A new empty file; begin and end start at the previous file's end (as RocketMQ)."""
+        size = file_size(slot_num, index_num)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, size)  # sparse: pages are allocated as entries arrive
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        header = IndexHeader(prev_end_ts, prev_end_ts, prev_end_phy, prev_end_phy, slot_num, 1)
+        f = cls(path, mm, fd, header, index_num)
+        # A durable header from the start: load() can then size every file it finds.
+        f.write_header(header.pack())
+        return f
+
+    @classmethod
+    def open(cls, path: Path) -> IndexFile:
+        """Map an existing file; :class:`CorruptDataError` when its size and header disagree."""
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            if size < HEADER_SIZE:
+                raise CorruptDataError(f"index file {path.name} is {size} bytes, shorter than its header")
+            mm = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            header = IndexHeader.unpack(mm)
+            slots = header.hash_slot_count
+            room = size - HEADER_SIZE - slots * SLOT_SIZE
+            if slots <= 0 or room <= 0 or room % ENTRY_SIZE:
+                raise CorruptDataError(f"index file {path.name}: {slots} slots do not fit its {size} bytes")
+            index_num = room // ENTRY_SIZE
+            if not 1 <= header.index_count <= index_num:
+                raise CorruptDataError(
+                    f"index file {path.name}: index count {header.index_count} outside 1..{index_num}"
+                )
+        except BaseException:
+            mm.close()
+            os.close(fd)
+            raise
+        return cls(path, mm, fd, header, index_num)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def is_full(self) -> bool:
+        return self.header.index_count >= self.index_num
+
+    @property
+    def is_empty(self) -> bool:
+        return self.header.index_count <= 1
+
+    def time_matched(self, begin: int, end: int) -> bool:
+        """Whether ``[begin, end]`` overlaps the file's store-time span."""
+        return self.header.begin_timestamp <= end and self.header.end_timestamp >= begin
+
+    # ------------------------------------------------------------------ write
+    def put_key(self, key_hash_value: int, phy_offset: int, store_timestamp: int) -> bool:
+        """Append one entry; ``False`` when the file is full."""
+        h = self.header
+        count = h.index_count
+        if count >= self.index_num:
+            return False
+        mm = self._mm
+        slot_pos = HEADER_SIZE + (key_hash_value % self.slot_num) * SLOT_SIZE
+        (prev,) = _SLOT.unpack_from(mm, slot_pos)
+        if prev <= INVALID_INDEX or prev >= count:
+            prev = INVALID_INDEX
+        if count == 1:
+            h.begin_timestamp = store_timestamp
+            h.begin_phy_offset = phy_offset
+        # Seconds keep the entry at 20 bytes; clamp as RocketMQ does for clocks that step back.
+        diff = (store_timestamp - h.begin_timestamp) // 1000
+        diff = 0 if diff < 0 else min(diff, _INT_MAX)
+        _ENTRY.pack_into(mm, self._entry_base + count * ENTRY_SIZE, key_hash_value, phy_offset, diff, prev)
+        _SLOT.pack_into(mm, slot_pos, count)
+        h.index_count = count + 1
+        h.end_timestamp = store_timestamp
+        h.end_phy_offset = phy_offset
+        return True
+
+    # ------------------------------------------------------------------ read
+    def select_phy_offsets(
+        self, key_hash_value: int, begin: int, end: int, limit: int, out: list[int], seen: set[int]
+    ) -> None:
+        """Append to ``out`` (newest first, no repeats) offsets of entries with this hash in range.
+
+        Entry times are whole seconds after ``beginTimestamp``, so an entry stands for the window
+        ``[t, t + 999]`` and matches when that window meets ``[begin, end]``; the broker re-checks
+        the exact store time and key of every candidate.
+        """
+        count = self.header.index_count
+        if count <= 1:
+            return
+        mm = self._mm
+        (idx,) = _SLOT.unpack_from(mm, HEADER_SIZE + (key_hash_value % self.slot_num) * SLOT_SIZE)
+        base_ts = self.header.begin_timestamp
+        entry_base = self._entry_base
+        steps = 0
+        while INVALID_INDEX < idx < count and len(out) < limit:
+            stored_hash, phy, diff, prev = _ENTRY.unpack_from(mm, entry_base + idx * ENTRY_SIZE)
+            if diff < 0:
+                break
+            t = base_ts + diff * 1000
+            if stored_hash == key_hash_value and t <= end and t + 999 >= begin and phy not in seen:
+                seen.add(phy)
+                out.append(phy)
+            if t + 999 < begin or prev >= idx:  # older entries only get older; prev < idx always
+                break
+            idx = prev
+            steps += 1
+            if steps > count:  # a damaged chain must not loop forever
+                log.error("index file %s: collision chain longer than the file, stopped", self.name)
+                break
+
+    # ------------------------------------------------------------------ durability
+    def sync_data(self) -> None:
+        """msync slots and entries (the kernel writes only dirty pages)."""
+        if not self.closed:
+            self._mm.flush()
+
+    def write_header(self, packed: bytes) -> None:
+        """Store a header snapshot in the file and make it durable."""
+        if self.closed:
+            return
+        self._mm[0:HEADER_SIZE] = packed
+        self._mm.flush(0, mmap.PAGESIZE if len(self._mm) >= mmap.PAGESIZE else len(self._mm))
+
+    def repair(self) -> int:
+        """Forget what was written after the on-disk header (after an abnormal stop).
+
+        Slots pointing at entries past ``indexCount`` are walked back along their chains to the
+        newest entry the header counts; a chain that cannot be followed (torn pages after a power
+        loss) is rebuilt by scanning the counted entries.  Returns the number of slots fixed.
+        """
+        count = self.header.index_count
+        slots = array.array("i")
+        slots.frombytes(self._mm[HEADER_SIZE : self._entry_base])
+        if sys.byteorder == "little":
+            slots.byteswap()
+        bad = [i for i, v in enumerate(slots) if v < INVALID_INDEX or v >= count]
+        if not bad:
+            return 0
+        unresolved: set[int] = set()
+        for slot in bad:
+            idx = slots[slot]
+            fixed = None
+            for _ in range(self.index_num):
+                if INVALID_INDEX <= idx < count:
+                    fixed = idx
+                    break
+                if not INVALID_INDEX < idx < self.index_num:
+                    break
+                stored_hash, _phy, _diff, prev = _ENTRY.unpack_from(
+                    self._mm, self._entry_base + idx * ENTRY_SIZE
+                )
+                if stored_hash % self.slot_num != slot or not INVALID_INDEX <= prev < idx:
+                    break
+                idx = prev
+            if fixed is None:
+                unresolved.add(slot)
+            else:
+                _SLOT.pack_into(self._mm, HEADER_SIZE + slot * SLOT_SIZE, fixed)
+        if unresolved:
+            heads = self._scan_heads(unresolved, count)
+            for slot in unresolved:
+                _SLOT.pack_into(self._mm, HEADER_SIZE + slot * SLOT_SIZE, heads.get(slot, INVALID_INDEX))
+        self._mm.flush()
+        log.warning("index file %s: repaired %d slots past entry %d", self.name, len(bad), count)
+        return len(bad)
+
+    def _scan_heads(self, slots: Iterable[int], count: int) -> dict[int, int]:
+        wanted = set(slots)
+        heads: dict[int, int] = {}
+        for idx in range(count - 1, INVALID_INDEX, -1):
+            stored_hash = _SLOT.unpack_from(self._mm, self._entry_base + idx * ENTRY_SIZE)[0]
+            slot = stored_hash % self.slot_num
+            if slot in wanted and slot not in heads:
+                heads[slot] = idx
+                if len(heads) == len(wanted):
+                    break
+        return heads
+
+    # ------------------------------------------------------------------ close
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._mm.close()
+        os.close(self._fd)
+
+    def destroy(self) -> None:
+        """Close and delete the file."""
+        self.close()
+        self.path.unlink(missing_ok=True)

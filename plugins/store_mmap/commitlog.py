@@ -1,0 +1,228 @@
+"""The commit log: every message of every topic appended to one sequence of mapped files.
+
+Records use RocketMQ 4.x's layout (:mod:`tidemq.message`).  When a record does not fit in the
+rest of a file, a BLANK record (TOTALSIZE = the remaining bytes, MAGICCODE = 0xCBD43194) fills
+the file and the record goes to the next one, so a record never straddles two files.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from tidemq.errors import CorruptDataError, StoreError
+from tidemq.message import (
+    BLANK_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE,
+    MessageExt,
+    decode_message,
+)
+
+from .mapped_file import AllocateService, MappedFile, MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+#: TOTALSIZE + MAGICCODE of the blank record; a file always keeps room for it.
+END_FILE_MIN_BLANK_LENGTH = 8
+_BLANK = struct.Struct(">iI")
+_MAGIC_AT_4 = struct.Struct(">I")
+
+
+class CommitLogFullError(StoreError):
+    """A record is larger than a whole commit-log file."""
+
+
+class CommitLog:
+    """Appends and reads records; it is the :class:`tidemq.flush.Flushable` the flush policy drives."""
+
+    def __init__(self, directory: Path, file_size: int, allocator: AllocateService | None, *, transient: bool):
+        self.queue = MappedFileQueue(directory, file_size, allocator, transient=transient)
+        self.file_size = file_size
+
+    # ------------------------------------------------------------------ Flushable
+    def flush(self, least_pages: int = 0) -> int:
+        """Flush what is committed (the policy commits first when a transient buffer is used)."""
+        return self.queue.flush(least_pages)
+
+    def commit(self, least_pages: int = 0) -> int:
+        return self.queue.commit(least_pages)
+
+    @property
+    def flushed_where(self) -> int:
+        return self.queue.flushed_where
+
+    @property
+    def store_timestamp(self) -> int:
+        """Store time of the newest record known to be flushed (the checkpoint's physic timestamp)."""
+        return self.queue.store_timestamp
+
+    # ------------------------------------------------------------------ writes (caller holds the store lock)
+    def file_for(self, size: int) -> MappedFile:
+        """The file the next ``size`` bytes go to, writing the blank end marker when needed."""
+        if size + END_FILE_MIN_BLANK_LENGTH > self.file_size:
+            raise CommitLogFullError(f"a {size}-byte append does not fit a {self.file_size}-byte commit-log file")
+        mf = self.queue.get_last_mapped_file(0)
+        if mf is None:
+            raise StoreError("cannot create a commit-log file")
+        free = mf.free_space
+        if size + END_FILE_MIN_BLANK_LENGTH > free:
+            mf.write_at(mf.wrote_position, _BLANK.pack(free, BLANK_MAGIC_CODE))
+            mf.wrote_position = self.file_size
+            if not mf.transient:
+                mf.committed_position = self.file_size
+            mf = self.queue.get_last_mapped_file(0)
+            if mf is None:
+                raise StoreError("cannot create a commit-log file")
+        return mf
+
+    # ------------------------------------------------------------------ reads
+    def get_min_offset(self) -> int:
+        first = self.queue.first
+        if first is None:
+            return 0
+        return first.file_from_offset
+
+    def get_max_offset(self) -> int:
+        return self.queue.get_max_offset()
+
+    def get_data(self, offset: int, size: int) -> memoryview | None:
+        mf = self.queue.find_mapped_file_by_offset(offset)
+        if mf is None:
+            return None
+        return mf.view(offset - mf.file_from_offset, size)
+
+    def get_data_from(self, offset: int) -> memoryview | None:
+        """Everything readable from ``offset`` to the end of its file (replication, reput)."""
+        mf = self.queue.find_mapped_file_by_offset(offset)
+        if mf is None:
+            return None
+        return mf.view_from(offset - mf.file_from_offset)
+
+    def roll_next_file(self, offset: int) -> int:
+        return offset + self.file_size - offset % self.file_size
+
+    def pickup_store_timestamp(self, offset: int, size: int) -> int:
+        view = self.get_data(offset, size)
+        if view is None:
+            return -1
+        try:
+            return decode_message(view, with_body=False).store_timestamp
+        except CorruptDataError:
+            return -1
+
+    # ------------------------------------------------------------------ recovery
+    def check_record(self, view: memoryview, pos: int, check_crc: bool) -> tuple[str, int, MessageExt | None]:
+        """Classify the bytes at ``pos``: ``("msg", size, msg)``, ``("blank", size, None)`` or ``("end", 0, None)``."""
+        if pos + 8 > len(view):
+            return "end", 0, None
+        total, magic = _BLANK.unpack_from(view, pos)
+        if magic == BLANK_MAGIC_CODE and total == len(view) - pos:
+            return "blank", total, None
+        if magic != MESSAGE_MAGIC_CODE or total <= 0:
+            return "end", 0, None
+        try:
+            msg = decode_message(view, pos, check_crc=check_crc, with_body=False)
+        except CorruptDataError as exc:
+            log.warning("commit log %s: %s; the log ends here", self.queue.directory, exc)
+            return "end", 0, None
+        return "msg", total, msg
+
+    def scan(self, start_file_index: int, check_crc: bool, on_message: Callable[[MessageExt], None] | None) -> int:
+        """Validate records from the file at ``start_file_index``; returns the end of the valid data."""
+        files = self.queue.files
+        if not files:
+            return 0
+        idx = max(0, min(start_file_index, len(files) - 1))
+        process_offset = files[idx].file_from_offset
+        while idx < len(files):
+            mf = files[idx]
+            view = mf.raw_view()
+            pos = 0
+            try:
+                while True:
+                    kind, size, msg = self.check_record(view, pos, check_crc)
+                    if kind == "msg":
+                        if msg is not None and msg.commit_log_offset != mf.file_from_offset + pos:
+                            log.warning("commit log: record at %d claims offset %d; the log ends here",
+                                        mf.file_from_offset + pos, msg.commit_log_offset)
+                            kind = "end"
+                        else:
+                            if on_message is not None and msg is not None:
+                                on_message(msg)
+                            pos += size
+                            continue
+                    break
+            finally:
+                view.release()
+            process_offset = mf.file_from_offset + pos
+            if kind == "blank":
+                process_offset = mf.file_from_offset + self.file_size
+                idx += 1
+                continue
+            break
+        return process_offset
+
+    def recover_normally(self, check_crc: bool) -> int:
+        """Validate the last three files and cut everything after the last good record."""
+        end = self.scan(max(0, len(self.queue.files) - 3), check_crc, None)
+        self._truncate(end)
+        return end
+
+    def recover_abnormally(self, min_timestamp: int, check_crc: bool, on_message: Callable[[MessageExt], None]) -> int:
+        """Re-validate from the file holding the checkpoint, re-dispatching every record found."""
+        files = self.queue.files
+        start = 0
+        for i in range(len(files) - 1, -1, -1):
+            if self._first_store_timestamp(files[i]) is not None and self._first_store_timestamp(files[i]) <= min_timestamp:
+                start = i
+                break
+        log.info("abnormal recovery of the commit log from file %s", files[start].path.name if files else "-")
+        end = self.scan(start, check_crc, on_message)
+        self._truncate(end)
+        return end
+
+    def _first_store_timestamp(self, mf: MappedFile) -> int | None:
+        view = mf.raw_view()
+        try:
+            (magic,) = _MAGIC_AT_4.unpack_from(view, 4)
+            if magic != MESSAGE_MAGIC_CODE:
+                return None
+            msg = decode_message(view, 0, with_body=False)
+            return msg.store_timestamp or None
+        except CorruptDataError:
+            return None
+        finally:
+            view.release()
+
+    def _truncate(self, end: int) -> None:
+        if self.queue.files and end < self.queue.get_max_offset():
+            log.info("commit log: valid data ends at offset %d; the rest of the file is cut", end)
+        self.queue.truncate_dirty_files(end)
+        if not self.queue.files and end > 0:
+            # Every file was cut; resume where the log ended so offsets never go back.
+            self.queue.get_last_mapped_file(end)
+            last = self.queue.last
+            if last is not None:
+                last.set_positions(end - last.file_from_offset)
+
+    def iter_records(self, start: int) -> Iterator[tuple[int, MessageExt]]:
+        """Records from ``start`` to the end of the log (reput after recovery)."""
+        offset = start
+        end = self.get_max_offset()
+        while offset < end:
+            mf = self.queue.find_mapped_file_by_offset(offset)
+            if mf is None:
+                return
+            view = mf.view_from(offset - mf.file_from_offset)
+            if view is None:
+                return
+            kind, size, msg = self.check_record(view, 0, False)
+            if kind == "msg" and msg is not None:
+                yield offset, msg
+                offset += size
+            elif kind == "blank":
+                offset = self.roll_next_file(offset)
+            else:
+                return

@@ -1,0 +1,201 @@
+"""ConsumeQueue: per (topic, queue id) index of 20-byte entries into the commit log.
+
+Entry layout (big-endian): commit-log offset 8 | record size 4 | tags hash code 8.  Entry ``n``
+lives at byte ``n * 20`` of the logical queue; files hold a fixed number of entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from pathlib import Path
+
+from .mapped_file import MappedFile, MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+CQ_STORE_UNIT_SIZE = 20
+CQ_ENTRY = struct.Struct(">qiq")
+#: What RocketMQ writes into slots before the first real entry of a queue that starts mid-file.
+_BLANK_ENTRY = CQ_ENTRY.pack(0, 0x7FFFFFFF, 0)
+
+
+class ConsumeQueue:
+    """One queue's entries; written by the store under its lock, read lock-free."""
+
+    def __init__(self, topic: str, queue_id: int, root: Path, entries_per_file: int):
+        self.topic = topic
+        self.queue_id = queue_id
+        self.mapped_file_size = entries_per_file * CQ_STORE_UNIT_SIZE
+        self.queue = MappedFileQueue(root / topic / str(queue_id), self.mapped_file_size)
+        self.min_logic_offset = 0  # bytes
+        self.max_physic_offset = -1  # end (offset + size) of the last record indexed
+
+    # ------------------------------------------------------------------ load / recovery
+    def load(self) -> None:
+        self.queue.load()
+
+    def recover(self) -> None:
+        """Keep the valid entries of the last three files; cut at the first empty or torn one."""
+        files = self.queue.files
+        if not files:
+            return
+        idx = max(0, len(files) - 3)
+        process_offset = files[idx].file_from_offset
+        max_phy = -1
+        while idx < len(files):
+            mf = files[idx]
+            view = mf.raw_view()
+            pos = 0
+            try:
+                while pos + CQ_STORE_UNIT_SIZE <= self.mapped_file_size:
+                    offset, size, _tags = CQ_ENTRY.unpack_from(view, pos)
+                    if offset < 0 or size <= 0:
+                        break
+                    if size != 0x7FFFFFFF:
+                        max_phy = offset + size
+                    pos += CQ_STORE_UNIT_SIZE
+            finally:
+                view.release()
+            process_offset = mf.file_from_offset + pos
+            if pos == self.mapped_file_size and idx + 1 < len(files):
+                idx += 1
+                continue
+            break
+        self.max_physic_offset = max_phy
+        self.queue.truncate_dirty_files(process_offset)
+
+    def truncate_dirty(self, phy_end: int) -> None:
+        """Drop entries that point at or past ``phy_end`` (the recovered end of the commit log)."""
+        files = self.queue.files
+        cut_at: int | None = None
+        max_phy = -1
+        for mf in files:
+            view = mf.raw_view()
+            try:
+                for pos in range(0, mf.wrote_position, CQ_STORE_UNIT_SIZE):
+                    offset, size, _ = CQ_ENTRY.unpack_from(view, pos)
+                    if size == 0x7FFFFFFF:
+                        continue
+                    if offset + size > phy_end:
+                        cut_at = mf.file_from_offset + pos
+                        break
+                    max_phy = offset + size
+            finally:
+                view.release()
+            if cut_at is not None:
+                break
+        if cut_at is not None:
+            log.info("consume queue %s-%d: cutting entries past commit-log offset %d", self.topic, self.queue_id, phy_end)
+            self.queue.truncate_dirty_files(cut_at)
+        self.max_physic_offset = max_phy
+
+    # ------------------------------------------------------------------ writes (store lock held)
+    def put(self, offset: int, size: int, tags_code: int, cq_offset: int) -> bool:
+        """Write entry ``cq_offset``; an entry already present is left alone (re-dispatch is idempotent)."""
+        if offset + size <= self.max_physic_offset:
+            return True
+        expect = cq_offset * CQ_STORE_UNIT_SIZE
+        mf = self._file_for(expect)
+        current = mf.file_from_offset + mf.wrote_position
+        if expect < current:
+            return True
+        while current < expect:
+            mf.append(_BLANK_ENTRY)
+            mf = self._file_for(expect)
+            current = mf.file_from_offset + mf.wrote_position
+        mf.append(CQ_ENTRY.pack(offset, size, tags_code))
+        self.max_physic_offset = offset + size
+        return True
+
+    def _file_for(self, expect: int) -> MappedFile:
+        if not self.queue.files:
+            # A queue that starts late (after cleanup or a topic re-creation) starts at its offset's file.
+            mf = self.queue.get_last_mapped_file(expect)
+            self.min_logic_offset = expect
+            assert mf is not None
+            return mf
+        mf = self.queue.get_last_mapped_file(0)
+        assert mf is not None
+        return mf
+
+    # ------------------------------------------------------------------ reads
+    @property
+    def max_offset_in_queue(self) -> int:
+        return self.queue.get_max_offset() // CQ_STORE_UNIT_SIZE
+
+    @property
+    def min_offset_in_queue(self) -> int:
+        return self.min_logic_offset // CQ_STORE_UNIT_SIZE
+
+    def get_index_buffer(self, index: int) -> memoryview | None:
+        """Entries from ``index`` to the end of the file holding it."""
+        offset = index * CQ_STORE_UNIT_SIZE
+        if offset < self.min_logic_offset:
+            return None
+        mf = self.queue.find_mapped_file_by_offset(offset)
+        if mf is None:
+            return None
+        return mf.view_from(offset - mf.file_from_offset)
+
+    def get_entry(self, index: int) -> tuple[int, int, int] | None:
+        buf = self.get_index_buffer(index)
+        if buf is None or len(buf) < CQ_STORE_UNIT_SIZE:
+            return None
+        return CQ_ENTRY.unpack_from(buf, 0)
+
+    def roll_next_file(self, index: int) -> int:
+        per_file = self.mapped_file_size // CQ_STORE_UNIT_SIZE
+        return index + per_file - index % per_file
+
+    # ------------------------------------------------------------------ cleanup
+    def delete_expired(self, cl_min_offset: int) -> int:
+        """Delete files whose last entry points below the commit log's minimum offset."""
+        doomed: list[MappedFile] = []
+        for mf in self.queue.files[:-1]:
+            if mf.wrote_position < CQ_STORE_UNIT_SIZE:
+                break
+            view = mf.raw_view()
+            try:
+                offset, _, _ = CQ_ENTRY.unpack_from(view, mf.wrote_position - CQ_STORE_UNIT_SIZE)
+            finally:
+                view.release()
+            if offset >= cl_min_offset:
+                break
+            doomed.append(mf)
+        if doomed:
+            self.queue.delete_first_files(doomed)
+        self.correct_min_offset(cl_min_offset)
+        return len(doomed)
+
+    def correct_min_offset(self, cl_min_offset: int) -> None:
+        """Move the queue's minimum past entries whose records were cleaned from the commit log."""
+        first = self.queue.first
+        if first is None:
+            return
+        start = max(self.min_logic_offset, first.file_from_offset)
+        for mf in self.queue.files:
+            if mf.file_from_offset + mf.wrote_position <= start:
+                continue
+            view = mf.raw_view()
+            try:
+                for pos in range(max(0, start - mf.file_from_offset), mf.wrote_position, CQ_STORE_UNIT_SIZE):
+                    offset, size, _ = CQ_ENTRY.unpack_from(view, pos)
+                    if offset >= cl_min_offset and size != 0x7FFFFFFF:
+                        self.min_logic_offset = mf.file_from_offset + pos
+                        return
+            finally:
+                view.release()
+        # Every entry is below the minimum: the queue is logically empty at its end.
+        self.min_logic_offset = self.queue.get_max_offset()
+
+    def flush(self, least_pages: int = 0) -> int:
+        return self.queue.flush(least_pages)
+
+    def shutdown(self) -> None:
+        self.queue.shutdown()
+
+    def destroy(self) -> None:
+        self.queue.destroy()
+        self.min_logic_offset = 0
+        self.max_physic_offset = -1

@@ -1,0 +1,68 @@
+"""Options of the ``mmap`` store: the ``[store.mmap]`` table."""
+
+from __future__ import annotations
+
+import attrs
+
+
+def _positive(_inst: object, attribute: attrs.Attribute, value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+def _ratio(_inst: object, attribute: attrs.Attribute, value: int) -> None:
+    if not 10 <= value <= 95:
+        raise ValueError(f"{attribute.name} must be between 10 and 95 (percent), got {value!r}")
+
+
+def _hours(_inst: object, attribute: attrs.Attribute, value: str) -> None:
+    try:
+        hours = [int(h) for h in value.split(";") if h.strip()]
+    except ValueError:
+        raise ValueError(f"{attribute.name} must be hours separated by ';' like \"04\" or \"01;13\", got {value!r}") from None
+    if not hours or any(not 0 <= h <= 23 for h in hours):
+        raise ValueError(f"{attribute.name} must list hours 0-23 separated by ';', got {value!r}")
+
+
+@attrs.define
+class MmapStoreOptions:
+    """Names follow RocketMQ's MessageStoreConfig in snake case."""
+
+    #: Bytes per commit-log file (mappedFileSizeCommitLog).
+    commitlog_file_size: int = attrs.field(default=1024 * 1024 * 1024, validator=_positive)
+    #: Entries per ConsumeQueue file (mappedFileSizeConsumeQueue / 20).
+    consumequeue_entries: int = attrs.field(default=300_000, validator=_positive)
+    #: Largest body accepted; 0 takes the broker's ``max_message_size``.
+    max_message_size: int = 0
+    #: ``ip:port`` written as STOREHOSTADDRESS (and into msgIds); "" takes the broker's address.
+    store_host: str = ""
+    #: Check body CRCs while recovering (checkCRCOnRecover).
+    check_crc_on_recover: bool = True
+    #: Compress bodies at rest ("none" by default: RocketMQ 4.x clients only understand zlib).
+    compression: str = attrs.field(default="none", metadata={"choices": ("none", "lz4", "zstd")})
+    #: Bodies at least this large are compressed (compressMsgBodyOverHowmuch).
+    compression_min_size: int = attrs.field(default=4096, validator=_positive)
+    #: Create the next commit-log file in the background (AllocateMappedFileService).
+    preallocate: bool = True
+    #: fallocate new commit-log files so a full disk fails file creation (CREATE_MAPPED_FILE_FAILED)
+    #: instead of a write; off by default because flushing into fallocated extents is ~2x slower.
+    #: Without it the disk-ratio cleanup is what keeps the disk from filling, as in RocketMQ.
+    reserve_blocks: bool = False
+    #: Touch every page of a new commit-log file before use (warmMapedFileEnable).
+    warm_up: bool = False
+    #: Write into an off-map buffer, commit it into the mapping, then flush (transientStorePoolEnable).
+    transient_store_pool: bool = False
+    #: Keep commit-log files this long after their last write (fileReservedTime).
+    file_reserved_hours: float = attrs.field(default=72.0, validator=_positive)
+    #: Hours of the day when expired files are deleted (deleteWhen).
+    delete_when: str = attrs.field(default="04", validator=_hours)
+    #: Delete expired files at any hour once the disk is this full (diskMaxUsedSpaceRatio).
+    disk_max_used_space_ratio: int = attrs.field(default=75, validator=_ratio)
+    #: Delete the oldest files even when not expired once the disk is this full.
+    disk_clean_forcibly_ratio: int = attrs.field(default=85, validator=_ratio)
+    #: Files deleted per cleanup round at most (deleteCommitLogFilesInterval's batch).
+    delete_files_batch_max: int = attrs.field(default=10, validator=_positive)
+    #: How often the cleanup checks run.
+    clean_interval_ms: int = attrs.field(default=10_000, validator=_positive)
+    #: How often the ConsumeQueues, the index and the checkpoint are flushed.
+    cq_flush_interval_ms: int = attrs.field(default=1000, validator=_positive)

@@ -1,0 +1,82 @@
+"""Options of the tcp transport: the ``[transport.tcp]`` table."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+import attrs
+from tidemq.config import parse_options
+from tidemq.errors import ConfigError
+
+
+@attrs.define
+class TcpOptions:
+    """``[transport.tcp]``; server()/client() accept the same keys as keyword overrides."""
+
+    max_frame_size: int = 16 * 1024 * 1024
+    #: Server side: close a connection that sent and received nothing for this long (0 = never).
+    idle_timeout_s: float = 120.0
+    connect_timeout_s: float = 3.0
+    #: Stop reading a connection's requests while its unsent responses exceed this many bytes.
+    write_high_water: int = 4 * 1024 * 1024
+    write_low_water: int = 1024 * 1024
+    #: Server side: stop reading a connection while this many of its requests are being handled
+    #: (resumes at half); together with the write high-water mark this bounds a connection's memory.
+    max_in_flight: int = 1024
+    backlog: int = 1024
+    #: TLS: a server needs certfile+keyfile; a client verifies the server against cafile when given.
+    tls: bool = False
+    tls_certfile: str = ""
+    tls_keyfile: str = ""
+    tls_cafile: str = ""
+    tls_check_hostname: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_frame_size < 1024:
+            raise ValueError(f"max_frame_size = {self.max_frame_size} is too small (minimum 1024)")
+        if self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight = {self.max_in_flight} must be at least 1")
+        if self.write_low_water > self.write_high_water:
+            raise ValueError("write_low_water must not exceed write_high_water")
+
+    def server_ssl(self) -> ssl.SSLContext | None:
+        if not self.tls:
+            return None
+        if not (self.tls_certfile and self.tls_keyfile):
+            raise ConfigError("[transport.tcp] tls = true needs tls_certfile and tls_keyfile for a server")
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            ctx.load_cert_chain(self.tls_certfile, self.tls_keyfile)
+            if self.tls_cafile:  # mutual TLS: clients must show a certificate signed by this CA
+                ctx.load_verify_locations(self.tls_cafile)
+                ctx.verify_mode = ssl.CERT_REQUIRED
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"[transport.tcp] cannot load TLS files: {exc}") from exc
+        return ctx
+
+    def client_ssl(self) -> ssl.SSLContext | None:
+        if not self.tls:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+        try:
+            if self.tls_cafile:
+                ctx.load_verify_locations(self.tls_cafile)
+                ctx.check_hostname = self.tls_check_hostname
+            else:  # no CA given: encrypt without verifying (RocketMQ's default client TLS mode)
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            if self.tls_certfile and self.tls_keyfile:
+                ctx.load_cert_chain(self.tls_certfile, self.tls_keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"[transport.tcp] cannot load TLS files: {exc}") from exc
+        return ctx
+
+    def with_overrides(self, overrides: dict[str, Any], where: str) -> TcpOptions:
+        if not overrides:
+            return self
+        return parse_options(TcpOptions, {**attrs.asdict(self), **overrides}, where)
+
+
+def parse_tcp_options(values: dict[str, Any] | None, where: str = "[transport.tcp]") -> TcpOptions:
+    return parse_options(TcpOptions, values, where)

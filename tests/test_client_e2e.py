@@ -1,0 +1,608 @@
+"""tidemq's client against a real NameServer and broker(s) on loopback.
+
+The cluster runs in-process on a background event loop (the client's own LoopThread); tests
+drive the asyncio client on that loop with ``run(...)``.  Each test uses its own topic and group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tidemq import hookimpl
+from tidemq.client import (
+    BROADCASTING,
+    BlockingProducer,
+    BlockingPushConsumer,
+    ClientInstance,
+    ConsumeStatus,
+    LoopThread,
+    Message,
+    MessageExt,
+    Producer,
+    PullConsumer,
+    PullStatus,
+    PushConsumer,
+    SendStatus,
+)
+from tidemq.plugins import get_plugin_manager
+
+broker_mod = pytest.importorskip("tidemq.broker")
+
+
+def _namesrv_class() -> Any:
+    namesrv = pytest.importorskip("tidemq.namesrv")
+    return namesrv.NameServer
+
+
+_seq = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{os.getpid()}_{next(_seq)}"
+
+
+T = Any  # what a coroutine run on the cluster loop returns
+
+
+class Cluster:
+    """A NameServer and brokers on free loopback ports, on a background loop."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.loop = LoopThread("tidemq-test-cluster")
+        self.namesrv: Any = None
+        self.brokers: dict[str, Any] = {}
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return self.loop.run(coro, timeout)
+
+    async def start_namesrv(self) -> None:
+        from tidemq.config import NamesrvSettings
+
+        cls = _namesrv_class()
+        transport = get_plugin_manager().create("transport", "tcp")
+        self.namesrv = cls(NamesrvSettings(listen="127.0.0.1:0", data_dir=str(self.tmp / "namesrv")), transport)
+        await self.namesrv.start()
+
+    @property
+    def ns(self) -> str:
+        return self.namesrv.address
+
+    async def start_broker(self, name: str, **settings: Any) -> Any:
+        from tidemq.config import compose, parse_config
+
+        cfg = parse_config(
+            {
+                "broker": {
+                    "name": name,
+                    "listen": "127.0.0.1:0",
+                    "namesrv": [self.ns],
+                    "data_dir": str(self.tmp / name),
+                    **settings,
+                },
+                "store": {"mmap": {"commitlog_file_size": 8 * 1024 * 1024, "consumequeue_entries": 10000}},
+            }
+        )
+        broker = broker_mod.Broker(compose(cfg))
+        await broker.start()
+        self.brokers[name] = broker
+        return broker
+
+    async def stop(self) -> None:
+        for b in self.brokers.values():
+            try:
+                await b.stop()
+            except Exception:
+                pass
+        if self.namesrv is not None:
+            await self.namesrv.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        c.run(c.start_namesrv())
+        c.run(c.start_broker("broker-a"))
+        yield c
+    finally:
+        c.run(c.stop())
+        c.loop.stop()
+
+
+async def create_topic(instance_ns: str, broker_addr: str, topic: str, queues: int = 4) -> None:
+    """UPDATE_AND_CREATE_TOPIC on one broker (what `mqadmin updateTopic` sends)."""
+    from tidemq.remoting.codes import RequestCode, ResponseCode
+    from tidemq.remoting.command import RemotingCommand
+
+    client = get_plugin_manager().create("transport", "tcp").client()
+    try:
+        fields = {
+            "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queues, "writeQueueNums": queues,
+            "perm": 6, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": "false",
+        }
+        resp = await client.invoke(broker_addr, RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, fields), 5.0)
+        assert resp.code == ResponseCode.SUCCESS, resp
+    finally:
+        await client.close()
+
+
+async def wait_for(cond: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def wait_route(ns: str, topic: str, brokers: int = 1, timeout: float = 15.0) -> None:
+    """Until the NameServer lists ``topic`` on ``brokers`` brokers."""
+    inst = ClientInstance(ns)
+    await inst.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            route = await inst.require_api().get_route(topic)
+            if route is not None and len(route.publish_queues()) and len({q.broker_name for q in route.publish_queues()}) >= brokers:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"route of {topic} not on {brokers} brokers")
+            await asyncio.sleep(0.1)
+    finally:
+        await inst.stop()
+
+
+def push_consumer(ns: str, group: str, topic: str, expression: str = "*", **kw: Any) -> PushConsumer:
+    kw.setdefault("consume_from", "first")
+    kw.setdefault("suspend_s", 1.0)
+    kw.setdefault("pull_error_delay_s", 0.2)
+    c = PushConsumer(group, ns, **kw)
+    c.subscribe(topic, expression)
+    return c
+
+
+# ---------------------------------------------------------------------------- sends + pull
+
+
+def test_every_send_kind_is_pulled_back_intact(cluster: Cluster) -> None:
+    topic = unique("SendKinds")
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns) as p:
+            results = []
+            results.append(await p.send(Message(topic, b"sync", tags="TagA", keys=["k1", "k2"], properties={"color": "red"})))
+            done = asyncio.Event()
+            seen: list[Any] = []
+            task = p.send_async(Message(topic, b"async", tags="TagB"), lambda r, e: (seen.append((r, e)), done.set()))
+            results.append(await task)
+            await done.wait()
+            assert seen[0][1] is None and seen[0][0] == results[-1]
+            await p.send_oneway(Message(topic, b"oneway", tags="TagC"))
+            batch = await p.send_batch([Message(topic, b"batch-%d" % i, keys=f"bk{i}", properties={"i": str(i)}) for i in range(5)])
+            assert len(batch.msg_id.split(",")) == 5
+            ordered = await p.send_orderly(Message(topic, b"ordered", tags="TagO"), "order-42")
+            again = await p.send_orderly(Message(topic, b"ordered-2", tags="TagO"), "order-42")
+            assert ordered.queue == again.queue  # same sharding key, same queue
+            assert all(r.status is SendStatus.SEND_OK for r in [*results, batch, ordered])
+
+        async with PullConsumer(unique("CG"), cluster.ns) as c:
+            queues = await c.fetch_subscribe_queues(topic)
+            assert len(queues) == 4
+            got: list[MessageExt] = []
+            for mq in queues:
+                res = await c.pull(mq, "*", 0, 32)
+                assert res.status in (PullStatus.FOUND, PullStatus.NO_NEW_MSG)
+                got.extend(res.messages)
+                if res.messages:
+                    assert res.next_begin_offset == res.messages[-1].queue_offset + 1
+        by_body = {m.body: m for m in got}
+        assert set(by_body) == {b"sync", b"async", b"oneway", b"ordered", b"ordered-2", *(b"batch-%d" % i for i in range(5))}
+        sync = by_body[b"sync"]
+        assert sync.tags == "TagA" and sync.keys == ["k1", "k2"] and sync.properties["color"] == "red"
+        assert sync.uniq_key == results[0].msg_id
+        assert sync.msg_id == results[0].offset_msg_id
+        assert by_body[b"batch-3"].keys == ["bk3"] and by_body[b"batch-3"].properties["i"] == "3"
+        assert by_body[b"batch-3"].uniq_key == batch.msg_id.split(",")[3]
+
+    cluster.run(main())
+
+
+def test_pull_filters_by_tag_and_reports_offsets(cluster: Cluster) -> None:
+    topic = unique("PullTags")
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns) as p:
+            q0 = (await p.publish_queues(topic))[0]
+            for tag in ["TagA", "TagB", "TagC", "TagA"]:
+                await p.send_to_queue(Message(topic, tag.encode(), tags=tag), q0)
+        async with PullConsumer(unique("CG"), cluster.ns) as c:
+            res = await c.pull(q0, "TagA || TagC", 0, 32)
+            assert [m.body for m in res.messages] == [b"TagA", b"TagC", b"TagA"]
+            assert res.max_offset == 4 and await c.max_offset(q0) == 4
+            empty = await c.pull(q0, "*", 4, 32)
+            assert empty.status is PullStatus.NO_NEW_MSG
+            await c.update_consume_offset(q0, 3)
+            assert await c.fetch_consume_offset(q0) == 3
+
+    cluster.run(main())
+
+
+def test_long_polling_pull_returns_when_a_message_arrives(cluster: Cluster) -> None:
+    topic = unique("LongPoll")
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns) as p:
+            q0 = (await p.publish_queues(topic))[0]
+            await p.send_to_queue(Message(topic, b"first"), q0)
+            async with PullConsumer(unique("CG"), cluster.ns) as c:
+                begin = time.monotonic()
+                pending = asyncio.create_task(c.pull(q0, "*", 1, 32, suspend=10.0))
+                await asyncio.sleep(0.3)
+                await p.send_to_queue(Message(topic, b"second"), q0)
+                res = await pending
+                assert [m.body for m in res.messages] == [b"second"]
+                assert time.monotonic() - begin < 8.0  # woken by the arrival, not the suspend timeout
+
+    cluster.run(main())
+
+
+@pytest.mark.parametrize("codec", ["zlib", "lz4", "zstd"])
+def test_large_messages_are_compressed_and_consumed_intact(cluster: Cluster, codec: str) -> None:
+    topic = unique("Big")
+    body = b"".join(b"line %06d of a large compressible message\n" % i for i in range(20000))  # ~880 KiB
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns, compression=codec, max_message_size=256 * 1024) as p:
+            r = await p.send(Message(topic, body, tags="Big"))
+        got: list[bytes] = []
+        c = push_consumer(cluster.ns, unique("CG"), topic)
+        c.register_listener(lambda msgs: got.extend(m.body for m in msgs))
+        await c.start()
+        try:
+            await wait_for(lambda: len(got) == 1, what="the large message")
+        finally:
+            await c.shutdown()
+        assert got[0] == body and r.status is SendStatus.SEND_OK
+
+    cluster.run(main())
+
+
+# ---------------------------------------------------------------------------- push consumers
+
+
+def test_push_consumer_gets_every_matching_message_once(cluster: Cluster) -> None:
+    topic = unique("Push")
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns) as p:
+            for i in range(30):
+                await p.send(Message(topic, b"%d" % i, tags=("TagA", "TagB", "TagC")[i % 3], properties={"n": str(i)}))
+        got: list[MessageExt] = []
+
+        async def listener(msgs: list[MessageExt]) -> ConsumeStatus:
+            got.extend(msgs)
+            return ConsumeStatus.SUCCESS
+
+        c = push_consumer(cluster.ns, unique("CG"), topic, "TagA || TagB", consume_batch_size=4)
+        c.register_listener(listener)
+        await c.start()
+        try:
+            await wait_for(lambda: len(got) >= 20, what="20 messages")
+            await asyncio.sleep(0.3)
+        finally:
+            await c.shutdown()
+        assert sorted(int(m.body) for m in got) == [i for i in range(30) if i % 3 != 2]
+        assert all(m.properties["n"] == m.body.decode() for m in got)
+
+    cluster.run(main())
+
+
+def test_group_of_two_splits_queues_and_loses_nothing(cluster: Cluster) -> None:
+    topic, group = unique("Split"), unique("CG")
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns) as p:
+            await p.publish_queues(topic)
+            await p.send(Message(topic, b"warmup"))
+            await wait_route(cluster.ns, topic)
+            got: dict[str, list[bytes]] = {"one": [], "two": []}
+            c1 = push_consumer(cluster.ns, group, topic, rebalance_interval_s=1.0)
+            c2 = push_consumer(cluster.ns, group, topic, rebalance_interval_s=1.0)
+            c1.register_listener(lambda msgs: got["one"].extend(m.body for m in msgs))
+            c2.register_listener(lambda msgs: got["two"].extend(m.body for m in msgs))
+            await c1.start()
+            await c2.start()
+            try:
+                def split() -> bool:
+                    a = {q for q in c1.assigned_queues() if q.topic == topic}
+                    b = {q for q in c2.assigned_queues() if q.topic == topic}
+                    return len(a) == 2 and len(b) == 2 and not a & b
+
+                await wait_for(split, what="two disjoint halves")
+                for i in range(40):
+                    await p.send(Message(topic, b"m%d" % i))
+                await wait_for(lambda: len(set(got["one"]) | set(got["two"])) >= 41, what="all 41 messages")
+                assert got["one"] and got["two"]  # both consumers worked
+                # one consumer leaves: the other takes every queue and keeps consuming
+                await c2.shutdown()
+                await wait_for(lambda: len([q for q in c1.assigned_queues() if q.topic == topic]) == 4, what="take-over")
+                for i in range(40, 60):
+                    await p.send(Message(topic, b"m%d" % i))
+                await wait_for(lambda: len(set(got["one"]) | set(got["two"])) >= 61, what="messages after leave")
+            finally:
+                await c1.shutdown()
+                await c2.shutdown()
+        everything = set(got["one"]) | set(got["two"])
+        assert everything == {b"warmup", *(b"m%d" % i for i in range(60))}
+
+    cluster.run(main())
+
+
+def test_restarted_consumer_resumes_from_committed_offset(cluster: Cluster) -> None:
+    topic, group = unique("Resume"), unique("CG")
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns) as p:
+            for i in range(10):
+                await p.send(Message(topic, b"a%d" % i))
+            first: list[bytes] = []
+            c = push_consumer(cluster.ns, group, topic)
+            c.register_listener(lambda msgs: first.extend(m.body for m in msgs))
+            await c.start()
+            await wait_for(lambda: len(first) == 10, what="first 10")
+            await c.shutdown()  # commits offsets
+            for i in range(10):
+                await p.send(Message(topic, b"b%d" % i))
+            second: list[bytes] = []
+            c = push_consumer(cluster.ns, group, topic)
+            c.register_listener(lambda msgs: second.extend(m.body for m in msgs))
+            await c.start()
+            try:
+                await wait_for(lambda: len(second) >= 10, what="second 10")
+                await asyncio.sleep(0.5)
+            finally:
+                await c.shutdown()
+        assert sorted(second) == sorted(b"b%d" % i for i in range(10))
+
+    cluster.run(main())
+
+
+def test_failed_messages_are_retried_then_dead_lettered(cluster: Cluster) -> None:
+    topic, group = unique("Retry"), unique("CG")
+
+    async def main() -> None:
+        attempts: dict[bytes, list[MessageExt]] = {}
+
+        def listener(msgs: list[MessageExt]) -> ConsumeStatus:
+            m = msgs[0]
+            attempts.setdefault(m.body, []).append(m)
+            if m.body == b"poison" or (m.body == b"flaky" and m.reconsume_times == 0):
+                raise RuntimeError("listener failure")
+            return ConsumeStatus.SUCCESS
+
+        c = push_consumer(cluster.ns, group, topic, max_reconsume_times=2, retry_delay_level=1)
+        c.register_listener(listener)
+        await c.start()
+        try:
+            async with Producer(unique("PG"), cluster.ns) as p:
+                await p.send(Message(topic, b"flaky", tags="T", keys="fk"))
+                await p.send(Message(topic, b"poison"))
+                await p.send(Message(topic, b"fine"))
+            await wait_for(lambda: len(attempts.get(b"flaky", [])) >= 2, what="flaky retried")
+            await wait_for(lambda: len(attempts.get(b"poison", [])) >= 3, what="poison retried twice")
+            await asyncio.sleep(1.0)
+        finally:
+            await c.shutdown()
+        flaky = attempts[b"flaky"]
+        assert len(flaky) == 2 and flaky[1].reconsume_times == 1
+        assert flaky[1].topic == topic and flaky[1].tags == "T" and flaky[1].keys == ["fk"]  # original topic restored
+        assert len(attempts[b"fine"]) == 1
+        assert len(attempts[b"poison"]) == 3  # first try + max_reconsume_times retries, then the DLQ
+        # RocketMQ makes DLQ topics write-only, so look at the broker's store for the dead letter.
+        store = cluster.brokers["broker-a"].store
+        assert store.get_max_offset_in_queue(f"%DLQ%{group}", 0) == 1
+
+    cluster.run(main())
+
+
+def test_orderly_consumption_keeps_per_key_order(cluster: Cluster) -> None:
+    topic, group = unique("Order"), unique("CG")
+
+    async def main() -> None:
+        seen: dict[str, list[int]] = {}
+        failed_once: set[bytes] = set()
+
+        def listener(msgs: list[MessageExt]) -> ConsumeStatus:
+            for m in msgs:
+                key, seq = m.body.decode().split(":")
+                if seq == "5" and m.body not in failed_once:  # a failure must not let later messages pass
+                    failed_once.add(m.body)
+                    return ConsumeStatus.RECONSUME_LATER
+                seen.setdefault(key, []).append(int(seq))
+            return ConsumeStatus.SUCCESS
+
+        async with Producer(unique("PG"), cluster.ns) as p:
+            for seq in range(15):
+                for key in ("order-1", "order-2", "order-3"):
+                    await p.send_orderly(Message(topic, f"{key}:{seq}".encode()), key)
+        c = push_consumer(cluster.ns, group, topic, orderly_suspend_s=0.2)
+        c.register_listener(listener, orderly=True)
+        await c.start()
+        try:
+            await wait_for(lambda: sum(len(v) for v in seen.values()) >= 45, what="45 ordered messages")
+        finally:
+            await c.shutdown()
+        assert seen == {k: list(range(15)) for k in ("order-1", "order-2", "order-3")}
+
+    cluster.run(main())
+
+
+def test_broadcasting_delivers_everything_to_each_consumer(cluster: Cluster, tmp_path: Path) -> None:
+    topic, group = unique("Bcast"), unique("CG")
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns) as p:
+            for i in range(12):
+                await p.send(Message(topic, b"%d" % i))
+        got: dict[int, list[bytes]] = {0: [], 1: []}
+        consumers = []
+        for n in (0, 1):
+            c = push_consumer(cluster.ns, group, topic, message_model=BROADCASTING, offset_dir=tmp_path, instance_name=f"bc{n}")
+            c.register_listener(lambda msgs, n=n: got[n].extend(m.body for m in msgs))
+            consumers.append(c)
+            await c.start()
+        try:
+            await wait_for(lambda: len(got[0]) == 12 and len(got[1]) == 12, what="both consumers get all")
+        finally:
+            for c in consumers:
+                await c.shutdown()
+        assert sorted(got[0]) == sorted(got[1]) == sorted(b"%d" % i for i in range(12))
+        assert (tmp_path / "bc0" / group / "offsets.json").exists()
+
+    cluster.run(main())
+
+
+class SendRecorder:
+    """A plugin observing the client's send and consume hooks (the in-process broker calls them too)."""
+
+    def __init__(self) -> None:
+        self.before: list[str] = []
+        self.after: list[tuple[str, str]] = []
+        self.consumed: list[tuple[str, str]] = []
+
+    @hookimpl
+    def tidemq_before_send(self, context: Any) -> None:
+        if context.extra.get("side") == "client":
+            self.before.append(context.topic)
+
+    @hookimpl
+    def tidemq_after_send(self, context: Any) -> None:
+        if context.extra.get("side") == "client":
+            self.after.append((context.broker_address, context.status))
+
+    @hookimpl
+    def tidemq_after_consume(self, context: Any) -> None:
+        if context.extra.get("side") == "client":
+            self.consumed.append((context.topic, context.status))
+
+
+def test_blocking_facade_and_send_hooks(cluster: Cluster) -> None:
+    topic, group = unique("Blocking"), unique("CG")
+    recorder = SendRecorder()
+    pm = get_plugin_manager()
+    name = pm.register(recorder, name=unique("recorder"))
+    try:
+        with BlockingProducer(unique("PG"), cluster.ns) as p:
+            r = p.send(Message(topic, b"one"))
+            fut = p.send_async(Message(topic, b"two"))
+            assert fut.result(10).status is SendStatus.SEND_OK
+            p.send_batch([Message(topic, b"three"), Message(topic, b"four")])
+        got: list[bytes] = []
+        c = BlockingPushConsumer(group, cluster.ns, consume_from="first", suspend_s=1.0)
+        c.subscribe(topic)
+        c.register_listener(lambda msgs: got.extend(m.body for m in msgs))
+        with c:
+            deadline = time.monotonic() + 15
+            while len(got) < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        assert sorted(got) == [b"four", b"one", b"three", b"two"]
+        assert r.status is SendStatus.SEND_OK
+        assert recorder.before.count(topic) == 3
+        assert [s for _, s in recorder.after] == ["SEND_OK"] * 3
+        assert recorder.consumed.count((topic, "CONSUME_SUCCESS")) == 4
+    finally:
+        pm.hook_manager.unregister(name=name)
+
+
+# ---------------------------------------------------------------------------- fault avoidance
+
+
+class AttemptRecorder:
+    """Every client-side send attempt: (broker address, status)."""
+
+    def __init__(self) -> None:
+        self.attempts: list[tuple[str, str]] = []
+
+    @hookimpl
+    def tidemq_after_send(self, context: Any) -> None:
+        if context.extra.get("side") == "client":
+            self.attempts.append((context.broker_address, context.status))
+
+
+def _spawn_broker(tmp: Path, name: str, ns: str) -> tuple[Any, str]:
+    import subprocess
+
+    cfg = tmp / f"{name}.toml"
+    cfg.write_text(
+        f'[broker]\nname = "{name}"\nregister_interval_s = 1.0\n\n'
+        "[store.mmap]\ncommitlog_file_size = 8388608\nconsumequeue_entries = 10000\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidemq", "broker", "-c", str(cfg), "--listen", "127.0.0.1:0", "--namesrv", ns, "--data-dir", str(tmp / name)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if "listening on" not in line:
+        proc.kill()
+        pytest.fail(f"broker subprocess did not start: {line!r}")
+    return proc, line.strip().rsplit(" ", 1)[1]
+
+
+def test_sends_survive_a_killed_broker_and_it_is_retried_after_its_penalty(tmp_path: Path) -> None:
+    import signal
+
+    c = Cluster(tmp_path)
+    recorder = AttemptRecorder()
+    pm = get_plugin_manager()
+    name = pm.register(recorder, name=unique("attempts"))
+    proc = None
+    try:
+        c.run(c.start_namesrv())
+        broker_a = c.run(c.start_broker("broker-a"))
+        proc, addr_b = _spawn_broker(tmp_path, "broker-b", c.ns)
+        topic = unique("Failover")
+
+        async def main() -> None:
+            await create_topic(c.ns, broker_a.address, topic)
+            await create_topic(c.ns, addr_b, topic)
+            await wait_route(c.ns, topic, brokers=2)
+            # A failure counts as 30 s latency: penalise it for 1 s instead of 10 min.
+            table = {"not_available_ms": [0, 0, 1000, 1000, 1000, 1000, 1000]}
+            async with Producer(unique("PG"), c.ns, selector_options=table, send_timeout=5.0) as p:
+                before = [await p.send(Message(topic, b"before-%d" % i)) for i in range(8)]
+                assert {r.queue.broker_name for r in before} == {"broker-a", "broker-b"}
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(10)
+                recorder.attempts.clear()
+                after = [await p.send(Message(topic, b"after-%d" % i)) for i in range(30)]
+                assert all(r.status is SendStatus.SEND_OK and r.queue.broker_name == "broker-a" for r in after)
+                failed_on_b = [a for a in recorder.attempts if a[0] == addr_b]
+                assert 1 <= len(failed_on_b) <= 2  # then avoided for its penalty
+                assert all(status.startswith("FAILED") for _, status in failed_on_b)
+                assert not p.selector.is_available("broker-b")
+                await asyncio.sleep(1.1)
+                assert p.selector.is_available("broker-b")  # penalty over: tried again
+                recorder.attempts.clear()
+                later = [await p.send(Message(topic, b"later-%d" % i)) for i in range(6)]
+                assert all(r.queue.broker_name == "broker-a" for r in later)
+                assert any(a[0] == addr_b for a in recorder.attempts)
+
+        c.run(main())
+    finally:
+        pm.hook_manager.unregister(name=name)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        c.run(c.stop())
+        c.loop.stop()

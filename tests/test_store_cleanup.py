@@ -1,0 +1,152 @@
+"""Expiry of commit-log files, ConsumeQueue cleanup, and the key index hooks."""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from pathlib import Path
+
+from tidemq.index import QueryResult
+from tidemq.message import decode_message
+from tidemq.store import DispatchRequest, GetStatus
+from tidemq.testing.store_contract import build_store, message
+
+OPTS = {
+    "commitlog_file_size": 4096,
+    "consumequeue_entries": 8,
+    "file_reserved_hours": 1.0,
+    "delete_when": "04",
+    "disk_max_used_space_ratio": 95,
+    "disk_clean_forcibly_ratio": 95,
+    "delete_files_batch_max": 3,
+}
+
+
+class RecordingIndex:
+    """A real KeyIndex implementation that remembers what the store asked of it."""
+
+    def __init__(self) -> None:
+        self.loads: list[tuple[bool, int]] = []
+        self.requests: list[DispatchRequest] = []
+        self.expired_below: list[int] = []
+        self.shutdowns = 0
+
+    def load(self, last_exit_ok: bool, checkpoint_timestamp_ms: int) -> None:
+        self.loads.append((last_exit_ok, checkpoint_timestamp_ms))
+
+    def dispatch(self, request: DispatchRequest) -> None:
+        self.requests.append(request)
+
+    def query(self, topic: str, key: str, max_num: int, begin_ts: int, end_ts: int) -> QueryResult:
+        return QueryResult(tuple(r.commit_log_offset for r in self.requests if key in r.keys.split()))
+
+    def flush(self) -> int:
+        return self.requests[-1].store_timestamp if self.requests else 0
+
+    def delete_expired(self, min_phy_offset: int) -> None:
+        self.expired_below.append(min_phy_offset)
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+def age(path: Path, hours: float) -> None:
+    t = time.time() - hours * 3600
+    os.utime(path, (t, t))
+
+
+def local_time_at_hour(hour: int) -> float:
+    """The next time the local clock shows ``hour``:30 (in the future, so aged files count as old)."""
+    now = time.localtime()
+    t = time.mktime((now.tm_year, now.tm_mon, now.tm_mday, hour, 30, 0, 0, 0, -1))
+    return t if t > time.time() else t + 86400
+
+
+def test_expired_files_are_deleted_and_reads_move_forward(tmp_path: Path) -> None:
+    index = RecordingIndex()
+    store = build_store("mmap", tmp_path, store_options=OPTS, index=index)
+    assert store.load()
+    store.start()
+    try:
+        results = [store.put_message(message(body=b"%03d" % i + bytes(300), KEYS=f"k{i}")).result(10) for i in range(60)]
+        files = sorted((tmp_path / "commitlog").iterdir())
+        assert len(files) >= 6
+        for f in files[:5]:
+            age(f, 2)
+        # Not the hour, not full, not manual: nothing happens.
+        assert store.clean_expired(now=local_time_at_hour(12)) == 0
+        # At the deleteWhen hour: expired files go, at most delete_files_batch_max per round.
+        assert store.clean_expired(now=local_time_at_hour(4)) == 3
+        assert store.clean_expired(manual=True) == 2
+        assert store.clean_expired(manual=True) == 0  # the rest are young
+        remaining = sorted((tmp_path / "commitlog").iterdir())
+        assert remaining == files[5:]
+        min_phy = int(files[5].name)
+        assert store.get_min_phy_offset() == min_phy
+        assert index.expired_below[-1] == min_phy
+
+        first_kept = next(i for i, r in enumerate(results) if r.wrote_offset >= min_phy)
+        assert store.get_min_offset_in_queue("TopicA", 0) == first_kept
+        # A cleaned offset is not an error: the consumer is told where the data starts now.
+        got = store.get_message("g", "TopicA", 0, 0, 32)
+        assert got.status is GetStatus.OFFSET_TOO_SMALL and got.next_begin_offset == first_kept
+        got = store.get_message("g", "TopicA", 0, first_kept, 1)
+        assert got.status is GetStatus.FOUND
+        assert decode_message(got.buffers[0]).body[:3] == b"%03d" % first_kept
+        assert store.get_offset_by_time("TopicA", 0, 0) == first_kept
+        assert store.look_message_by_offset(results[0].wrote_offset) is None
+        # ConsumeQueue files wholly below the commit-log minimum are gone too.
+        cq_files = sorted((tmp_path / "consumequeue" / "TopicA" / "0").iterdir())
+        assert int(cq_files[0].name) // 20 <= first_kept < int(cq_files[0].name) // 20 + 8
+    finally:
+        store.shutdown()
+
+    # The cleaned state survives a restart.
+    store = build_store("mmap", tmp_path, store_options=OPTS)
+    assert store.load()
+    store.start()
+    try:
+        assert store.get_min_offset_in_queue("TopicA", 0) == first_kept
+        assert store.get_max_offset_in_queue("TopicA", 0) == 60
+    finally:
+        store.shutdown()
+
+
+def test_the_active_file_is_never_deleted(tmp_path: Path) -> None:
+    store = build_store("mmap", tmp_path, store_options=OPTS)
+    assert store.load()
+    store.start()
+    try:
+        store.put_message(message(body=b"only")).result(10)
+        for f in (tmp_path / "commitlog").iterdir():
+            age(f, 100)
+        assert store.clean_expired(manual=True) == 0
+        assert store.get_message("g", "TopicA", 0, 0, 1).status is GetStatus.FOUND
+    finally:
+        store.shutdown()
+
+
+def test_key_index_is_loaded_dispatched_flushed_and_shut_down(tmp_path: Path) -> None:
+    index = RecordingIndex()
+    store = build_store("mmap", tmp_path, store_options=OPTS, index=index)
+    assert store.load()
+    store.start()
+    results = [store.put_message(message(body=b"x", KEYS=f"key{i}")).result(10) for i in range(5)]
+    store.shutdown()
+    assert index.loads == [(True, 0)]
+    assert [r.commit_log_offset for r in index.requests] == [r.wrote_offset for r in results]
+    assert index.shutdowns == 1
+    cp_index_ts = struct.unpack_from(">qqq", (tmp_path / "checkpoint").read_bytes())[2]
+    assert cp_index_ts == results[-1].store_timestamp
+
+    # After a crash (abort file left behind) the index hears last_exit_ok=False and gets records again.
+    (tmp_path / "abort").touch()
+    index2 = RecordingIndex()
+    store = build_store("mmap", tmp_path, store_options=OPTS, index=index2)
+    assert store.load()
+    store.start()
+    store.shutdown()
+    assert index2.loads == [(False, cp_index_ts)]
+    assert [r.commit_log_offset for r in index2.requests] == [r.wrote_offset for r in results]
+    assert index2.requests[0].keys == "key0"

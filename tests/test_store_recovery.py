@@ -1,0 +1,130 @@
+"""Recovery of the mmap store: restarts, corrupt bytes, torn tails, lost ConsumeQueues."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+from tidemq.message import decode_message
+from tidemq.store import GetStatus, MessageStore
+from tidemq.testing.store_contract import build_store, message
+
+OPTS = {"commitlog_file_size": 8192, "consumequeue_entries": 32}
+
+
+def open_store(path: Path, **extra: object) -> MessageStore:
+    store = build_store("mmap", path, store_options={**OPTS, **extra})
+    assert store.load()
+    store.start()
+    return store
+
+
+def fill(store: MessageStore, n: int, queue_id: int = 0) -> list:
+    return [store.put_message(message(body=b"msg-%03d" % i + bytes(150), queue_id=queue_id)).result(10) for i in range(n)]
+
+
+def bodies(store: MessageStore, queue_id: int = 0) -> list[bytes]:
+    out: list[bytes] = []
+    offset = 0
+    while True:
+        got = store.get_message("g", "TopicA", queue_id, offset, 32)
+        if got.status is not GetStatus.FOUND:
+            return out
+        out.extend(decode_message(b, check_crc=True).body[:7] for b in got.buffers)
+        offset = got.next_begin_offset
+
+
+def commitlog_file(path: Path, offset: int) -> tuple[Path, int]:
+    base = offset - offset % OPTS["commitlog_file_size"]
+    return path / "commitlog" / f"{base:020d}", offset - base
+
+
+def test_clean_restart_keeps_everything_and_continues(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    first = fill(store, 120)
+    store.shutdown()
+    assert len(list((tmp_path / "commitlog").iterdir())) > 3  # spans several files
+    store = open_store(tmp_path)
+    try:
+        assert bodies(store) == [b"msg-%03d" % i for i in range(120)]
+        nxt = store.put_message(message(body=b"msg-new")).result(10)
+        assert nxt.queue_offset == 120 and nxt.wrote_offset >= first[-1].wrote_offset + first[-1].wrote_bytes
+    finally:
+        store.shutdown()
+
+
+def test_corrupt_byte_is_caught_by_crc_and_the_tail_cut(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    results = fill(store, 120)
+    store.shutdown()
+    victim = results[110]
+    path, pos = commitlog_file(tmp_path, victim.wrote_offset)
+    data = bytearray(path.read_bytes())
+    data[pos + victim.wrote_bytes - 60] ^= 0xFF  # inside the body
+    path.write_bytes(bytes(data))
+
+    store = open_store(tmp_path)
+    try:
+        assert bodies(store) == [b"msg-%03d" % i for i in range(110)]
+        assert store.get_max_offset_in_queue("TopicA", 0) == 110
+        assert store.get_max_phy_offset() == victim.wrote_offset
+        assert store.get_message("g", "TopicA", 0, 110, 32).status is GetStatus.OFFSET_OVERFLOW_ONE
+        res = store.put_message(message(body=b"replaces")).result(10)
+        assert (res.queue_offset, res.wrote_offset) == (110, victim.wrote_offset)
+    finally:
+        store.shutdown()
+
+
+def test_torn_tail_after_a_crash_is_never_served(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    results = fill(store, 50)
+    store.shutdown()
+    last = results[-1]
+    # A crash that tore the last record: only its first 40 bytes reached the disk...
+    path, pos = commitlog_file(tmp_path, last.wrote_offset)
+    data = bytearray(path.read_bytes())
+    data[pos + 40 : pos + last.wrote_bytes] = bytes(last.wrote_bytes - 40)
+    path.write_bytes(bytes(data))
+    # ...while its ConsumeQueue entry did, and the broker had not removed its abort file.
+    (tmp_path / "abort").touch()
+
+    store = open_store(tmp_path)
+    try:
+        assert bodies(store) == [b"msg-%03d" % i for i in range(49)]
+        assert store.get_max_offset_in_queue("TopicA", 0) == 49
+        assert store.look_message_by_offset(last.wrote_offset) is None
+    finally:
+        store.shutdown()
+
+
+def test_abnormal_recovery_rebuilds_lost_consume_queues(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    fill(store, 60, queue_id=0)
+    fill(store, 30, queue_id=5)
+    store.shutdown()
+    shutil.rmtree(tmp_path / "consumequeue")
+    (tmp_path / "checkpoint").write_bytes(struct.pack(">qqq", 0, 0, 0) + bytes(4072))
+    (tmp_path / "abort").touch()
+
+    store = open_store(tmp_path)
+    try:
+        assert bodies(store, 0) == [b"msg-%03d" % i for i in range(60)]
+        assert bodies(store, 5) == [b"msg-%03d" % i for i in range(30)]
+        assert store.topics() == {"TopicA": [0, 5]}
+    finally:
+        store.shutdown()
+
+
+def test_consume_queue_behind_the_commit_log_is_caught_up_on_load(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    fill(store, 40)
+    store.shutdown()
+    # Lose the last ten queue entries (a queue flush that never happened).
+    cq = tmp_path / "consumequeue" / "TopicA" / "0" / f"{32 * 20:020d}"
+    cq.write_bytes(bytes(cq.stat().st_size))
+    store = open_store(tmp_path)
+    try:
+        assert bodies(store) == [b"msg-%03d" % i for i in range(40)]
+    finally:
+        store.shutdown()

@@ -1,0 +1,526 @@
+"""The tcp transport over real loopback sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import struct
+import subprocess
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tidemq.errors import ConfigError
+from tidemq.plugins import get_plugin_manager
+from tidemq.remoting import (
+    RemotingCommand,
+    RemotingConnectError,
+    RemotingSendError,
+    RemotingTimeoutError,
+    ResponseCode,
+)
+from tidemq.remoting.codec import FrameDecoder, encode_bytes
+from tidemq_transport_tcp import TcpTransport, new_event_loop, run
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def arun(coro: Coroutine[Any, Any, Any], use_uvloop: bool = True) -> Any:
+    if use_uvloop:
+        return run(coro)
+    with asyncio.Runner() as runner:
+        return runner.run(coro)
+
+
+def addr_of(server: Any) -> str:
+    host, port = server.address
+    return f"{host}:{port}"
+
+
+async def echo(conn: Any, req: RemotingCommand) -> RemotingCommand:
+    return req.reply(ext_fields={"echo": req.ext_fields.get("i", "")}, body=req.body)
+
+
+def transport(**options: Any) -> TcpTransport:
+    return get_plugin_manager().create("transport", "tcp", options=options)
+
+
+def test_plugin_is_registered_and_options_are_checked() -> None:
+    assert isinstance(transport(), TcpTransport)
+    with pytest.raises(ConfigError, match="idle_timeout"):
+        transport(idle_timeout=3)
+    assert new_event_loop() is not None
+
+
+@pytest.mark.parametrize("use_uvloop", [True, False], ids=["uvloop", "asyncio"])
+def test_request_response_and_correlation_under_concurrency(use_uvloop: bool) -> None:
+    async def main() -> None:
+        seen_peers = set()
+
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            seen_peers.add(conn.remote_address)
+            i = int(req.ext_fields["i"])
+            await asyncio.sleep((i % 7) * 0.002)  # answers come back out of order
+            return await echo(conn, req)
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, handler)
+        await server.start()
+        assert server.address[1] != 0
+        client = t.client()
+        try:
+            reqs = [RemotingCommand.request(10, {"i": i}, f"body-{i}".encode()) for i in range(300)]
+            resps = await asyncio.gather(*(client.invoke(addr_of(server), r, 5) for r in reqs))
+            for req, resp in zip(reqs, resps, strict=True):
+                assert resp.is_response and resp.opaque == req.opaque
+                assert resp.code == ResponseCode.SUCCESS
+                assert resp.body == req.body and resp.ext_fields["echo"] == req.ext_fields["i"]
+            assert len(seen_peers) == 1  # one pooled connection
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main(), use_uvloop)
+
+
+def test_slow_request_does_not_block_others_on_the_same_connection() -> None:
+    async def main() -> None:
+        release = asyncio.Event()
+
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            if req.code == 11:
+                await release.wait()
+            return req.reply()
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, handler)
+        await server.start()
+        client = t.client()
+        try:
+            slow = asyncio.ensure_future(client.invoke(addr_of(server), RemotingCommand.request(11), 5))
+            for _ in range(20):
+                fast = await client.invoke(addr_of(server), RemotingCommand.request(10), 2)
+                assert fast.code == 0
+            assert not slow.done()
+            release.set()
+            assert (await slow).code == 0
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main())
+
+
+def test_oneway_reaches_handler_without_response() -> None:
+    async def main() -> None:
+        got: asyncio.Queue[RemotingCommand] = asyncio.Queue()
+
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand | None:
+            await got.put(req)
+            return req.reply()  # dropped: the request is oneway
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, handler)
+        await server.start()
+        client = t.client()
+        try:
+            await client.invoke_oneway(addr_of(server), RemotingCommand.request(34, {"k": "v"}, b"hb"))
+            req = await asyncio.wait_for(got.get(), 2)
+            assert req.is_oneway and req.body == b"hb" and req.ext_fields == {"k": "v"}
+            # the connection still correlates normal calls (no stray response was sent)
+            assert (await client.invoke(addr_of(server), RemotingCommand.request(10), 2)).code == 0
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main())
+
+
+def test_timeout_then_connection_still_works() -> None:
+    async def main() -> None:
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            if req.code == 11:
+                await asyncio.sleep(0.5)
+            return req.reply()
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, handler)
+        await server.start()
+        client = t.client()
+        try:
+            with pytest.raises(RemotingTimeoutError, match="request code 11"):
+                await client.invoke(addr_of(server), RemotingCommand.request(11), 0.1)
+            await asyncio.sleep(0.6)  # the late response arrives and is dropped
+            assert (await client.invoke(addr_of(server), RemotingCommand.request(10), 2)).code == 0
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main())
+
+
+def test_handler_exception_becomes_system_error_and_connection_is_kept() -> None:
+    async def main() -> None:
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            if req.code == 13:
+                raise KeyError("boom")
+            return req.reply()
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, handler)
+        await server.start()
+        client = t.client()
+        try:
+            bad = await client.invoke(addr_of(server), RemotingCommand.request(13), 2)
+            assert bad.code == ResponseCode.SYSTEM_ERROR and "boom" in (bad.remark or "")
+            assert (await client.invoke(addr_of(server), RemotingCommand.request(10), 2)).code == 0
+            assert len(server.connections) == 1
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main())
+
+
+def test_connect_errors_are_typed() -> None:
+    async def main() -> None:
+        client = transport(connect_timeout_s=1.0).client()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]  # bound but not listening: refused
+            with pytest.raises(RemotingConnectError, match=f"127.0.0.1:{port}"):
+                await client.invoke(f"127.0.0.1:{port}", RemotingCommand.request(10), 1)
+        with pytest.raises(RemotingConnectError, match="bad address"):
+            await client.invoke("no-port", RemotingCommand.request(10), 1)
+        await client.close()
+
+    arun(main())
+
+
+async def _raw_call(host: str, port: int, payload: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(payload)
+    try:
+        return await asyncio.wait_for(reader.read(), 3)
+    finally:
+        writer.close()
+
+
+def test_garbage_closes_only_that_connection() -> None:
+    async def main() -> None:
+        t = transport()
+        server = t.server("127.0.0.1", 0, echo)
+        await server.start()
+        client = t.client()
+        try:
+            assert (await client.invoke(addr_of(server), RemotingCommand.request(10), 2)).code == 0
+            host, port = server.address
+            # an absurd frame length: the server closes that connection without answering
+            assert await _raw_call(host, port, b"\xff" * 64) == b""
+            assert await _raw_call(host, port, struct.pack(">II", 8, 9 << 24) + b"abcd") == b""
+            # the well-behaved client's connection is untouched
+            for i in range(5):
+                resp = await client.invoke(addr_of(server), RemotingCommand.request(10, {"i": i}), 2)
+                assert resp.ext_fields["echo"] == str(i)
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main())
+
+
+def test_bad_header_gets_error_response_and_connection_survives() -> None:
+    async def main() -> None:
+        t = transport()
+        server = t.server("127.0.0.1", 0, echo)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection(*server.address)
+            header = b'{"code":"not-a-number","opaque":77,"flag":0}'
+            bad = struct.pack(">II", 4 + len(header), len(header)) + header
+            good = RemotingCommand.request(10, {"i": "5"})
+            writer.write(bad + encode_bytes(good))
+            decoder = FrameDecoder()
+            got: list[RemotingCommand] = []
+            while len(got) < 2:
+                got += decoder.feed(await asyncio.wait_for(reader.read(65536), 3))
+            by_opaque = {c.opaque: c for c in got}
+            assert by_opaque[77].code == ResponseCode.SYSTEM_ERROR and "code" in (by_opaque[77].remark or "")
+            assert by_opaque[good.opaque].code == 0 and by_opaque[good.opaque].ext_fields["echo"] == "5"
+            writer.close()
+        finally:
+            await server.stop()
+
+    arun(main())
+
+
+def test_idle_connections_are_closed_and_client_reconnects() -> None:
+    async def main() -> None:
+        t = transport()
+        server = t.server("127.0.0.1", 0, echo, idle_timeout_s=0.3)
+        await server.start()
+        client = t.client()
+        try:
+            closed = asyncio.Event()
+            first_peer: list[str] = []
+
+            async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+                first_peer.append(conn.remote_address)
+                conn.add_close_callback(lambda c: closed.set())
+                return req.reply()
+
+            server._handler = handler  # the same server, now noting its connections
+            await client.invoke(addr_of(server), RemotingCommand.request(10), 2)
+            await asyncio.wait_for(closed.wait(), 3)
+            assert server.connections == []
+            await client.invoke(addr_of(server), RemotingCommand.request(10), 2)
+            assert first_peer[0] != first_peer[1]  # a new connection was made on demand
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main())
+
+
+def test_busy_connection_is_not_idle() -> None:
+    async def main() -> None:
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            await asyncio.sleep(0.8)  # a held request (long polling) longer than the idle timeout
+            return req.reply()
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, handler, idle_timeout_s=0.2)
+        await server.start()
+        client = t.client()
+        try:
+            assert (await client.invoke(addr_of(server), RemotingCommand.request(10), 3)).code == 0
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main())
+
+
+def test_backpressure_stops_reading_from_a_peer_that_does_not_read() -> None:
+    async def main() -> None:
+        handled = 0
+        big = b"r" * (512 * 1024)
+
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            nonlocal handled
+            handled += 1
+            return req.reply(body=big)
+
+        t = transport()
+        server = t.server(
+            "127.0.0.1", 0, handler, write_high_water=64 * 1024, write_low_water=16 * 1024, max_in_flight=8
+        )
+        await server.start()
+        try:
+            n = 120
+            reader, writer = await asyncio.open_connection(*server.address, limit=64 * 1024)
+            reqs = [RemotingCommand.request(10, body=b"q" * 32 * 1024) for _ in range(n)]
+            writer.write(b"".join(encode_bytes(r) for r in reqs))  # ~4 MiB of requests; we never read
+            await asyncio.sleep(1.0)
+            assert handled < n // 2  # the server stopped taking requests it cannot answer
+            decoder = FrameDecoder()
+            got: list[RemotingCommand] = []
+            while len(got) < n:
+                chunk = await asyncio.wait_for(reader.read(1 << 20), 5)
+                assert chunk
+                got += decoder.feed(chunk)
+            assert handled == n and all(c.body == big for c in got)
+            assert sorted(c.opaque for c in got) == sorted(r.opaque for r in reqs)
+            writer.close()
+        finally:
+            await server.stop()
+
+    arun(main())
+
+
+def test_graceful_stop_drains_in_flight_requests() -> None:
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            started.set()
+            await asyncio.sleep(0.4)
+            return req.reply(body=b"done")
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, handler)
+        await server.start()
+        address = addr_of(server)
+        client = t.client()
+        try:
+            calls = [
+                asyncio.ensure_future(client.invoke(address, RemotingCommand.request(10), 5))
+                for _ in range(5)
+            ]
+            await asyncio.wait_for(started.wait(), 2)
+            await server.stop(drain_timeout=5.0)
+            assert [(await c).body for c in calls] == [b"done"] * 5
+            with pytest.raises((RemotingConnectError, RemotingSendError)):
+                await client.invoke(address, RemotingCommand.request(10), 1)
+        finally:
+            await client.close()
+
+    arun(main())
+
+
+def test_stop_cancels_requests_beyond_drain_timeout() -> None:
+    async def main() -> None:
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            await asyncio.sleep(30)
+            return req.reply()
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, handler)
+        await server.start()
+        client = t.client()
+        try:
+            call = asyncio.ensure_future(client.invoke(addr_of(server), RemotingCommand.request(10), 10))
+            await asyncio.sleep(0.1)
+            await server.stop(drain_timeout=0.2)
+            with pytest.raises(RemotingSendError, match="closed"):
+                await call
+        finally:
+            await client.close()
+
+    arun(main())
+
+
+def test_server_initiated_request_to_client_handler() -> None:
+    async def main() -> None:
+        answers: list[RemotingCommand] = []
+
+        async def server_handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            # like NOTIFY_CONSUMER_IDS_CHANGED / CHECK_TRANSACTION_STATE: broker asks the client back
+            answers.append(await conn.invoke(RemotingCommand.request(39, {"msgId": "m1"}), 2))
+            await conn.invoke_oneway(RemotingCommand.request(40, {"consumerGroup": "g"}))
+            return req.reply()
+
+        notified = asyncio.Event()
+
+        async def client_handler(conn: Any, req: RemotingCommand) -> RemotingCommand | None:
+            if req.code == 40:
+                assert req.is_oneway
+                notified.set()
+                return None
+            return req.reply(ext_fields={"seen": req.ext_fields["msgId"]})
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, server_handler)
+        await server.start()
+        client = t.client(handler=client_handler)
+        try:
+            assert (await client.invoke(addr_of(server), RemotingCommand.request(10), 3)).code == 0
+            assert answers[0].ext_fields == {"seen": "m1"}
+            await asyncio.wait_for(notified.wait(), 2)
+            # a client without a handler answers REQUEST_CODE_NOT_SUPPORTED
+            plain = t.client()
+            answers.clear()
+            await plain.invoke(addr_of(server), RemotingCommand.request(10), 3)
+            assert answers[0].code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+            await plain.close()
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main())
+
+
+def test_peer_closing_fails_pending_calls() -> None:
+    async def main() -> None:
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            conn.close()
+            await asyncio.sleep(1)
+            return req.reply()
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, handler)
+        await server.start()
+        client = t.client()
+        try:
+            with pytest.raises(RemotingSendError, match="closed"):
+                await client.invoke(addr_of(server), RemotingCommand.request(10), 3)
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main())
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_tls_round_trip(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+    async def main() -> None:
+        tls = transport(tls=True, tls_certfile=str(cert), tls_keyfile=str(key))
+        server = tls.server("127.0.0.1", 0, echo)
+        await server.start()
+        client = transport(tls=True, tls_cafile=str(cert), tls_check_hostname=True).client()
+        plain = transport().client()
+        try:
+            resp = await client.invoke(addr_of(server), RemotingCommand.request(10, {"i": 1}, b"secret"), 3)
+            assert resp.body == b"secret"
+            # a plaintext client cannot talk to the TLS server
+            with pytest.raises((RemotingSendError, RemotingTimeoutError)):
+                await plain.invoke(addr_of(server), RemotingCommand.request(10), 1)
+        finally:
+            await client.close()
+            await plain.close()
+            await server.stop()
+
+    arun(main())
+
+
+@pytest.mark.parametrize("use_uvloop", [True, False], ids=["uvloop", "asyncio"])
+def test_body_parts_from_a_shared_buffer_arrive_intact(use_uvloop: bool) -> None:
+    store = bytearray(b"".join(bytes([i]) * 1000 for i in range(200)))  # like a mapped commit-log file
+
+    async def main() -> None:
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            view = memoryview(store)
+            parts = tuple(view[i * 1000 : (i + 1) * 1000] for i in range(0, 200, 3))
+            return req.reply(ext_fields={"n": len(parts)}, body_parts=parts)
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, handler)
+        await server.start()
+        client = t.client()
+        try:
+            resps = await asyncio.gather(
+                *(client.invoke(addr_of(server), RemotingCommand.request(11), 3) for _ in range(5))
+            )
+            expected = b"".join(bytes([i]) * 1000 for i in range(0, 200, 3))
+            assert all(r.body == expected for r in resps)
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main(), use_uvloop)
