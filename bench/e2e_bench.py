@@ -5,10 +5,11 @@ then measures:
 
 * produce: ``send_sync`` of ``--messages`` messages of ``--size`` bytes from ``--producers`` threads;
 * produce_oneway: ``send_oneway`` of the same number (throughput as the broker stores them);
-* consume: a PushConsumer (CLUSTERING, new group) reading every message back.
+* consume: a PushConsumer (CLUSTERING, new group) reading every message back;
+* then the same with tidemq's own asyncio client (skip with ``--no-tidemq-client``).
 
 Prints one JSON object on stdout (progress on stderr); ratios compare the phases of this run.
-Default run: 5000 messages of 256 bytes, well under a minute; ``--full`` runs 50000 x 1 KiB.
+Default run: 20000 messages of 256 bytes, well under a minute; ``--full`` runs 50000 x 1 KiB.
 
     python bench/e2e_bench.py [--messages N] [--size BYTES] [--producers N] [--store mmap|memory] [--full]
 """
@@ -16,6 +17,7 @@ Default run: 5000 messages of 256 bytes, well under a minute; ``--full`` runs 50
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -144,9 +146,62 @@ def consume(namesrv: str, topic: str, expected: int, timeout: float) -> tuple[in
     return count[0], elapsed
 
 
+async def tidemq_client_phase(
+    namesrv: str, topic: str, n: int, size: int, concurrency: int
+) -> dict[str, Any]:
+    """The same produce/consume with tidemq's own asyncio client, on a fresh topic."""
+    from tidemq.client import ConsumeFrom, Message, Producer, PushConsumer
+
+    body = b"x" * size
+    producer = Producer("BENCH_TIDEMQ_P", namesrv=namesrv)
+    await producer.start()
+    await producer.send(Message(topic, b"warmup"))
+    per_task = n // concurrency
+
+    async def sender() -> None:
+        for _ in range(per_task):
+            await producer.send(Message(topic, body, tags="bench"))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(sender() for _ in range(concurrency)))
+    t_send = time.perf_counter() - t0
+    await producer.shutdown()
+    sent = per_task * concurrency
+
+    expected = sent + 1
+    done = asyncio.Event()
+    count = [0]
+
+    def listener(msgs: list[Any]) -> None:
+        count[0] += len(msgs)
+        if count[0] >= expected:
+            loop.call_soon_threadsafe(done.set)
+
+    loop = asyncio.get_running_loop()
+    consumer = PushConsumer("BENCH_TIDEMQ_C", namesrv=namesrv, consume_from=ConsumeFrom.FIRST_OFFSET)
+    consumer.subscribe(topic)
+    consumer.register_listener(listener)
+    t0 = time.perf_counter()
+    await consumer.start()
+    try:
+        await asyncio.wait_for(done.wait(), max(60.0, expected / 200))
+    except TimeoutError:
+        pass
+    t_consume = time.perf_counter() - t0
+    await consumer.shutdown()
+    return {
+        "produce_send": rate(sent, t_send, size),
+        "consume_push": {
+            **rate(count[0], t_consume, size),
+            "complete": count[0] >= expected,
+            "expected": expected,
+        },
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--messages", type=int, default=5000)
+    p.add_argument("--messages", type=int, default=20000)
     p.add_argument("--size", type=int, default=256)
     p.add_argument("--producers", type=int, default=4)
     p.add_argument("--queues", type=int, default=4)
@@ -154,6 +209,7 @@ def main() -> None:
     p.add_argument("--flush", default="async")
     p.add_argument("--full", action="store_true", help="50000 messages of 1 KiB")
     p.add_argument("--keep", action="store_true", help="keep the data directory")
+    p.add_argument("--no-tidemq-client", action="store_true", help="skip the phase with tidemq's own client")
     args = p.parse_args()
     if args.full:
         args.messages, args.size = 50_000, 1024
@@ -222,6 +278,36 @@ flush = "{args.flush}"
             "produce_oneway": rate(n_ow, t_ow, args.size),
             "consume_push": {**rate(n_c, t_c, args.size), "complete": n_c >= total, "expected": total},
         }
+        if not args.no_tidemq_client:
+            log(
+                f"tidemq client: produce {args.messages} with {args.producers} concurrent senders, then consume"
+            )
+            try:
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "tidemq",
+                        "admin",
+                        "updateTopic",
+                        "-n",
+                        namesrv,
+                        "-t",
+                        "BenchTidemq",
+                        "-r",
+                        str(args.queues),
+                        "-w",
+                        str(args.queues),
+                    ],
+                    check=True,
+                    capture_output=True,
+                    timeout=30,
+                )
+                result["tidemq_client"] = asyncio.run(
+                    tidemq_client_phase(namesrv, "BenchTidemq", args.messages, args.size, args.producers)
+                )
+            except Exception as exc:  # the official-client figures still count
+                result["tidemq_client"] = {"error": f"{type(exc).__name__}: {exc}"}
         result["ratios"] = {
             "oneway_vs_sync": round(
                 result["produce_oneway"]["msgs_per_s"] / max(result["produce_sync"]["msgs_per_s"], 1e-9), 2
@@ -230,6 +316,14 @@ flush = "{args.flush}"
                 result["consume_push"]["msgs_per_s"] / max(result["produce_sync"]["msgs_per_s"], 1e-9), 2
             ),
         }
+        tc = result.get("tidemq_client", {})
+        if "produce_send" in tc:
+            result["ratios"]["tidemq_vs_official_sync_produce"] = round(
+                tc["produce_send"]["msgs_per_s"] / max(result["produce_sync"]["msgs_per_s"], 1e-9), 2
+            )
+            result["ratios"]["tidemq_vs_official_consume"] = round(
+                tc["consume_push"]["msgs_per_s"] / max(result["consume_push"]["msgs_per_s"], 1e-9), 2
+            )
         print(json.dumps(result, indent=2))
     finally:
         for proc in reversed(procs):

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 import orjson
+
 from tidemq.client.route import TopicRoute, loads_lenient
 from tidemq.errors import TidemqError
 from tidemq.message import (

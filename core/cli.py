@@ -69,7 +69,9 @@ async def _serve_until_signalled(services: list[tuple[str, Any]]) -> None:
                 log.exception("error while stopping %s", what)
 
 
-def _apply_broker_overrides(cfg: Config, listen: str | None, namesrv: str | None, data_dir: str | None) -> Config:
+def _apply_broker_overrides(
+    cfg: Config, listen: str | None, namesrv: str | None, data_dir: str | None
+) -> Config:
     broker = cfg.broker
     if listen:
         broker = attrs.evolve(broker, listen=listen)
@@ -83,7 +85,9 @@ def _apply_broker_overrides(cfg: Config, listen: str | None, namesrv: str | None
 def _make_namesrv(cfg: Config) -> Any:
     from tidemq.namesrv import NameServer
 
-    transport = get_plugin_manager().create("transport", cfg.plugins["transport"], options=cfg.plugin_options("transport"))
+    transport = get_plugin_manager().create(
+        "transport", cfg.plugins["transport"], options=cfg.plugin_options("transport")
+    )
     return NameServer(cfg.namesrv, transport)
 
 
@@ -120,7 +124,9 @@ class _PluginCommands(click.Group):
 
 @click.group(cls=_PluginCommands)
 @click.version_option(__version__, prog_name="tidemq")
-@click.option("--log-level", default="INFO", show_default=True, help="Logging level (DEBUG, INFO, WARNING...).")
+@click.option(
+    "--log-level", default="INFO", show_default=True, help="Logging level (DEBUG, INFO, WARNING...)."
+)
 def cli(log_level: str) -> None:
     """tidemq: a RocketMQ-compatible message broker built from plugins."""
     logging.basicConfig(
@@ -131,7 +137,9 @@ def cli(log_level: str) -> None:
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False), help="TOML file with a [namesrv] table.")
+@click.option(
+    "-c", "--config", "config_path", type=click.Path(dir_okay=False), help="TOML file with a [namesrv] table."
+)
 @click.option("--listen", help="HOST:PORT to listen on (default 127.0.0.1:9876).")
 def namesrv(config_path: str | None, listen: str | None) -> None:
     """Run a NameServer."""
@@ -150,7 +158,9 @@ def namesrv(config_path: str | None, listen: str | None) -> None:
 @click.option("--listen", help="HOST:PORT to listen on (overrides [broker] listen).")
 @click.option("--namesrv", "namesrv_addr", help="NameServer addresses, separated by ';'.")
 @click.option("--data-dir", help="Store directory (overrides [broker] data_dir).")
-def broker(config_path: str | None, listen: str | None, namesrv_addr: str | None, data_dir: str | None) -> None:
+def broker(
+    config_path: str | None, listen: str | None, namesrv_addr: str | None, data_dir: str | None
+) -> None:
     """Run a broker composed from the plugins its config names."""
 
     async def main() -> None:
@@ -205,7 +215,9 @@ def plugins() -> None:
         if not entries:
             click.echo("  (none installed)")
         for info in entries:
-            origin = info.plugin if info.distribution == "tidemq" else f"{info.plugin}, from {info.distribution}"
+            origin = (
+                info.plugin if info.distribution == "tidemq" else f"{info.plugin}, from {info.distribution}"
+            )
             click.echo(f"  {info.name:<20} {info.summary}  [{origin}]")
 
 

@@ -77,13 +77,17 @@ def parse_options(cls: type[T], values: Mapping[str, Any] | None, where: str) ->
     hints = typing.get_type_hints(cls)
     for key, value in values.items():
         if key not in fields:
-            raise ConfigError(f"{where}: unknown key {key!r}{_suggest(key, valid)}; valid keys: {', '.join(valid)}")
+            raise ConfigError(
+                f"{where}: unknown key {key!r}{_suggest(key, valid)}; valid keys: {', '.join(valid)}"
+            )
         tp = hints.get(key)
         if tp is not None and not _type_ok(value, tp):
             raise ConfigError(f"{where}: {key} = {value!r} should be of type {getattr(tp, '__name__', tp)}")
         choices = fields[key].metadata.get("choices")
         if choices and value not in choices:
-            raise ConfigError(f"{where}: {key} = {value!r} is not valid{_suggest(str(value), list(choices))}; choices: {', '.join(choices)}")
+            raise ConfigError(
+                f"{where}: {key} = {value!r} is not valid{_suggest(str(value), list(choices))}; choices: {', '.join(choices)}"
+            )
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
@@ -189,11 +193,15 @@ class Config:
 _TOP_LEVEL = ["broker", "namesrv", "plugins", *ROLES]
 
 
-def parse_config(data: Mapping[str, Any], source: str = "<config>", manager: PluginManager | None = None) -> Config:
+def parse_config(
+    data: Mapping[str, Any], source: str = "<config>", manager: PluginManager | None = None
+) -> Config:
     """Validate a parsed TOML document; plugin names are checked against ``manager``."""
     for key in data:
         if key not in _TOP_LEVEL:
-            raise ConfigError(f"{source}: unknown table [{key}]{_suggest(key, _TOP_LEVEL)}; valid tables: {', '.join(_TOP_LEVEL)}")
+            raise ConfigError(
+                f"{source}: unknown table [{key}]{_suggest(key, _TOP_LEVEL)}; valid tables: {', '.join(_TOP_LEVEL)}"
+            )
     for key in ("broker", "namesrv", "plugins"):
         if key in data and not isinstance(data[key], dict):
             raise ConfigError(f"{source}: {key} must be a table ([{key}])")
@@ -203,7 +211,9 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", manager: Plu
     for role, name in dict(data.get("plugins", {})).items():
         if role not in ROLES or role == "filter":
             valid = [r for r in ROLES if r != "filter"]
-            raise ConfigError(f"{source}: [plugins] unknown role {role!r}{_suggest(role, valid)}; roles: {', '.join(valid)}")
+            raise ConfigError(
+                f"{source}: [plugins] unknown role {role!r}{_suggest(role, valid)}; roles: {', '.join(valid)}"
+            )
         if not isinstance(name, str):
             raise ConfigError(f"{source}: [plugins] {role} must be a plugin name string, got {name!r}")
         plugins[role] = name
@@ -213,7 +223,9 @@ def parse_config(data: Mapping[str, Any], source: str = "<config>", manager: Plu
         if table is None:
             continue
         if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
-            raise ConfigError(f"{source}: [{role}] must only hold tables named after plugins, like [{role}.<name>]")
+            raise ConfigError(
+                f"{source}: [{role}] must only hold tables named after plugins, like [{role}.<name>]"
+            )
         options[role] = {name: dict(opts) for name, opts in table.items()}
     cfg = Config(broker=broker, namesrv=namesrv, plugins=plugins, options=options, source=source)
     if manager is not None:
@@ -278,7 +290,12 @@ def compose(cfg: Config, manager: PluginManager | None = None) -> Components:
         name = cfg.plugins[role]
         try:
             built[role] = manager.create(
-                role, name, options=cfg.plugin_options(role), data_dir=data_dir, components=built, settings=settings
+                role,
+                name,
+                options=cfg.plugin_options(role),
+                data_dir=data_dir,
+                components=built,
+                settings=settings,
             )
         except ConfigError as exc:
             raise ConfigError(f"{cfg.source}: {exc}") from exc

@@ -233,8 +233,17 @@ def encode_message(msg: MessageInner, max_size: int = 4 * 1024 * 1024) -> bytear
         raise MessageTooLargeError(f"encoded message is {total} bytes, over the limit")
     buf = bytearray(total)
     _HEAD.pack_into(
-        buf, 0, total, MESSAGE_MAGIC_CODE, body_crc(body), msg.queue_id, msg.flag, 0, 0,
-        sys_flag, msg.born_timestamp,
+        buf,
+        0,
+        total,
+        MESSAGE_MAGIC_CODE,
+        body_crc(body),
+        msg.queue_id,
+        msg.flag,
+        0,
+        0,
+        sys_flag,
+        msg.born_timestamp,
     )
     pos = 48
     buf[pos : pos + len(born)] = born
@@ -258,7 +267,9 @@ def store_timestamp_pos(sys_flag: int) -> int:
     return POS_BORNHOST + (20 if sys_flag & BORNHOST_V6_FLAG else 8)
 
 
-def patch_record(buf: bytearray | memoryview, queue_offset: int, physical_offset: int, store_timestamp: int) -> None:
+def patch_record(
+    buf: bytearray | memoryview, queue_offset: int, physical_offset: int, store_timestamp: int
+) -> None:
     """Fill in the fields the commit log assigns when it appends the record."""
     _I64.pack_into(buf, POS_QUEUEOFFSET, queue_offset)
     _I64.pack_into(buf, POS_PHYSICALOFFSET, physical_offset)
@@ -266,11 +277,15 @@ def patch_record(buf: bytearray | memoryview, queue_offset: int, physical_offset
     _I64.pack_into(buf, store_timestamp_pos(sys_flag), store_timestamp)
 
 
-def decode_message(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = False, with_body: bool = True) -> MessageExt:
+def decode_message(
+    buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = False, with_body: bool = True
+) -> MessageExt:
     """Decode the record at ``pos``; :class:`CorruptDataError` when it is not a valid record."""
     view = memoryview(buf)
     try:
-        total, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts = _HEAD.unpack_from(view, pos)
+        total, magic, crc, queue_id, flag, queue_offset, phys, sys_flag, born_ts = _HEAD.unpack_from(
+            view, pos
+        )
     except struct.error as exc:
         raise CorruptDataError(f"truncated record header at {pos}") from exc
     if magic != MESSAGE_MAGIC_CODE:
@@ -296,14 +311,28 @@ def decode_message(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = F
         (props_len,) = struct.unpack_from(">h", rec, p)
         props = string_to_properties(bytes(rec[p + 2 : p + 2 + props_len]).decode()) if props_len > 0 else {}
         if p + 2 + props_len != total:
-            raise CorruptDataError(f"record at {pos} declares {total} bytes but its fields take {p + 2 + props_len}")
+            raise CorruptDataError(
+                f"record at {pos} declares {total} bytes but its fields take {p + 2 + props_len}"
+            )
     except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
         raise CorruptDataError(f"malformed record at {pos}: {exc}") from exc
     return MessageExt(
-        topic=topic, body=body, queue_id=queue_id, flag=flag, queue_offset=queue_offset,
-        commit_log_offset=phys, sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
-        store_timestamp=store_ts, store_host=store_host, reconsume_times=reconsume,
-        prepared_transaction_offset=prepared, properties=props, body_crc=crc, store_size=total,
+        topic=topic,
+        body=body,
+        queue_id=queue_id,
+        flag=flag,
+        queue_offset=queue_offset,
+        commit_log_offset=phys,
+        sys_flag=sys_flag,
+        born_timestamp=born_ts,
+        born_host=born_host,
+        store_timestamp=store_ts,
+        store_host=store_host,
+        reconsume_times=reconsume,
+        prepared_transaction_offset=prepared,
+        properties=props,
+        body_crc=crc,
+        store_size=total,
     )
 
 

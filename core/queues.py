@@ -32,7 +32,9 @@ class AllocateStrategy(Protocol):
 class QueueSelector(Protocol):
     """Producer-side queue choice with fault avoidance (MQFaultStrategy)."""
 
-    def select(self, topic: str, queues: Sequence[MessageQueue], last_broker: str | None = None) -> MessageQueue:
+    def select(
+        self, topic: str, queues: Sequence[MessageQueue], last_broker: str | None = None
+    ) -> MessageQueue:
         """Pick the queue for the next send; ``last_broker`` failed the previous try."""
 
     def record(self, broker_name: str, latency_ms: float, failed: bool) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from tidemq.errors import ConfigError, PluginError
 from tidemq.plugins import get_plugin_manager
 from tidemq.queues import AllocateStrategy, MessageQueue
@@ -49,7 +50,9 @@ def test_unknown_name_is_a_one_line_error() -> None:
         (5, 2, [[0, 1, 2], [3, 4]]),
     ],
 )
-def test_averagely_gives_contiguous_blocks(n_queues: int, n_consumers: int, expected: list[list[int]]) -> None:
+def test_averagely_gives_contiguous_blocks(
+    n_queues: int, n_consumers: int, expected: list[list[int]]
+) -> None:
     got = shares("averagely", qs(n_queues), cids(n_consumers))
     assert [[mq.queue_id for mq in got[c]] for c in cids(n_consumers)] == expected
 

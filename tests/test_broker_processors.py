@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
+
 from tidemq import hookimpl
 from tidemq.broker import Broker
 from tidemq.config import DEFAULT_PLUGINS, BrokerSettings, Config, compose
@@ -573,6 +574,9 @@ def test_heartbeats_group_membership_and_rebalance_notices(
 
 
 def test_query_message_by_key_through_the_index(tmp_path: Path, plugin_matrix: dict[str, str]) -> None:
+    if plugin_matrix["store"] == "memory":
+        pytest.skip("the memory store feeds no key index")
+
     async def main() -> None:
         async with running(tmp_path, plugin_matrix) as (broker, client):
             for i in range(3):
@@ -646,5 +650,23 @@ def test_admin_statistics(tmp_path: Path, plugin_matrix: dict[str, str]) -> None
             assert info["msgPutTotalTodayNow"] == "3" and int(info["commitLogMaxOffset"]) > 0
             deleted = await call(client, broker, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Stats"})
             assert deleted.code == ResponseCode.SUCCESS and broker.topics.get("Stats") is None
+
+    asyncio.run(main())
+
+
+def test_silent_consumers_are_dropped_by_housekeeping(tmp_path: Path, plugin_matrix: dict[str, str]) -> None:
+    async def main() -> None:
+        async with running(tmp_path, plugin_matrix, consumer_housekeeping_s=0.5) as (broker, client):
+            hb = await call(client, broker, RequestCode.HEART_BEAT, {}, heartbeat("quiet", "Sleepy", "T"))
+            assert hb.code == ResponseCode.SUCCESS
+            ids = await call(
+                client, broker, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "Sleepy"}
+            )
+            assert orjson.loads(ids.body)["consumerIdList"] == ["quiet"]
+            await asyncio.sleep(1.5)  # no heartbeat for three housekeeping intervals
+            gone = await call(
+                client, broker, RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "Sleepy"}
+            )
+            assert gone.code == ResponseCode.SYSTEM_ERROR and "no consumer" in gone.remark
 
     asyncio.run(main())

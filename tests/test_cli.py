@@ -38,7 +38,9 @@ def test_bad_config_is_one_line_naming_key_and_choices(tmp_path):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1, out.stderr
-    assert "[plugins] flush = 'fast' is not installed" in lines[0] and "async" in lines[0] and "sync" in lines[0]
+    assert (
+        "[plugins] flush = 'fast' is not installed" in lines[0] and "async" in lines[0] and "sync" in lines[0]
+    )
 
 
 def test_check_config_prints_selection(tmp_path):
@@ -53,12 +55,18 @@ def test_standalone_starts_announces_and_stops_cleanly(spawn, tmp_path):
     data = tmp_path / "data"
     ns_port, broker_port = free_port(), free_port()
     server = spawn(
-        "standalone", "--data-dir", str(data), "--namesrv-listen", f"127.0.0.1:{ns_port}",
-        "--broker-listen", f"127.0.0.1:{broker_port}",
+        "standalone",
+        "--data-dir",
+        str(data),
+        "--namesrv-listen",
+        f"127.0.0.1:{ns_port}",
+        "--broker-listen",
+        f"127.0.0.1:{broker_port}",
     )
     assert server.addresses == {"namesrv": f"127.0.0.1:{ns_port}", "broker": f"127.0.0.1:{broker_port}"}
-    assert (data / "commitlog").is_dir()
+    assert (data / "abort").exists()  # the store marks itself running in the embedded directory
     assert server.stop(signal.SIGTERM) == 0
+    assert not (data / "abort").exists()  # a clean stop: the next start needs no crash recovery
 
 
 def test_port_in_use_is_a_clear_error(spawn):

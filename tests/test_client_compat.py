@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from test_client_e2e import Cluster, create_topic, push_consumer, unique, wait_for
+
 from tidemq.client import Message, MessageExt, Producer
 
 pytest.importorskip("rocketmq.client", reason="the official client (rocketmq==0.4.4) is not installed")
@@ -50,7 +50,11 @@ def official(cluster: Cluster, *args: str, timeout: float = 90) -> list[Any]:
     env = {**os.environ, "HOME": str(cluster.tmp)}  # the C++ client writes ~/logs/rocketmq-cpp
     out = subprocess.run(
         [sys.executable, str(WORKER), *args, "--namesrv", cluster.ns],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=cluster.tmp,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cluster.tmp,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
@@ -61,7 +65,9 @@ def test_official_producer_to_tidemq_push_consumer(cluster: Cluster) -> None:
     cluster.run(create_topic(cluster.ns, cluster.brokers["broker-a"].address, topic))
     sent = official(cluster, "produce", "--topic", topic, "--count", "10")
     assert [s["status"] for s in sent] == [0] * 10
-    (batch,) = official(cluster, "produce", "--topic", topic, "--count", "4", "--start", "10", "--mode", "batch")
+    (batch,) = official(
+        cluster, "produce", "--topic", topic, "--count", "4", "--start", "10", "--mode", "batch"
+    )
     assert batch["status"] == 0, batch
 
     async def consume() -> list[MessageExt]:
@@ -72,7 +78,9 @@ def test_official_producer_to_tidemq_push_consumer(cluster: Cluster) -> None:
         try:
             await wait_for(lambda: len(got) >= 14, what="14 messages from the official producer")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; got {sorted((m.queue_id, m.queue_offset, m.body) for m in got)}") from None
+            raise AssertionError(
+                f"{exc}; got {sorted((m.queue_id, m.queue_offset, m.body) for m in got)}"
+            ) from None
         finally:
             await c.shutdown()
         return got
@@ -95,23 +103,37 @@ def test_tidemq_producer_to_official_push_consumer(cluster: Cluster) -> None:
         async with Producer(unique("PG"), cluster.ns) as p:
             for i in range(8):
                 f = fields(i)
-                await p.send(Message(topic, f["body"].encode(), tags=f["tags"], keys=f["keys"], properties=f["props"]))
+                await p.send(
+                    Message(topic, f["body"].encode(), tags=f["tags"], keys=f["keys"], properties=f["props"])
+                )
             f8, f9 = fields(8), fields(9)
             await p.send_batch(
-                [Message(topic, f["body"].encode(), tags=f["tags"], keys=f["keys"], properties=f["props"]) for f in (f8, f9)]
+                [
+                    Message(topic, f["body"].encode(), tags=f["tags"], keys=f["keys"], properties=f["props"])
+                    for f in (f8, f9)
+                ]
             )
             # A compressed (zlib) body must be readable by a 4.x consumer too.
             f10 = fields(10)
-            big = Message(topic, f10["body"].encode(), tags=f10["tags"], keys=f10["keys"], properties=f10["props"])
+            big = Message(
+                topic, f10["body"].encode(), tags=f10["tags"], keys=f10["keys"], properties=f10["props"]
+            )
             p.compress_over = 1  # force compression of this small body
             r = await p.send(big)
             assert r.status.value == "SEND_OK"
 
     cluster.run(produce())
-    got = official(cluster, "push", "--topic", topic, "--group", unique("OG"), "--count", "11", "--timeout", "60")[-1]
+    got = official(
+        cluster, "push", "--topic", topic, "--group", unique("OG"), "--count", "11", "--timeout", "60"
+    )[-1]
     assert got["complete"]
     by_body = {r["body"]: r for r in got["received"]}
     assert sorted(by_body) == sorted(fields(i)["body"] for i in range(11))
     for i in range(11):
         want, rec = fields(i), by_body[fields(i)["body"]]
-        assert (rec["topic"], rec["keys"], rec["tags"], rec["props"]) == (topic, want["keys"], want["tags"], want["props"])
+        assert (rec["topic"], rec["keys"], rec["tags"], rec["props"]) == (
+            topic,
+            want["keys"],
+            want["tags"],
+            want["props"],
+        )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tidemq import hookimpl
 from tidemq.client import (
     BROADCASTING,
@@ -69,7 +70,9 @@ class Cluster:
 
         cls = _namesrv_class()
         transport = get_plugin_manager().create("transport", "tcp")
-        self.namesrv = cls(NamesrvSettings(listen="127.0.0.1:0", data_dir=str(self.tmp / "namesrv")), transport)
+        self.namesrv = cls(
+            NamesrvSettings(listen="127.0.0.1:0", data_dir=str(self.tmp / "namesrv")), transport
+        )
         await self.namesrv.start()
 
     @property
@@ -126,10 +129,18 @@ async def create_topic(instance_ns: str, broker_addr: str, topic: str, queues: i
     client = get_plugin_manager().create("transport", "tcp").client()
     try:
         fields = {
-            "topic": topic, "defaultTopic": "TBW102", "readQueueNums": queues, "writeQueueNums": queues,
-            "perm": 6, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": "false",
+            "topic": topic,
+            "defaultTopic": "TBW102",
+            "readQueueNums": queues,
+            "writeQueueNums": queues,
+            "perm": 6,
+            "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": 0,
+            "order": "false",
         }
-        resp = await client.invoke(broker_addr, RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, fields), 5.0)
+        resp = await client.invoke(
+            broker_addr, RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, fields), 5.0
+        )
         assert resp.code == ResponseCode.SUCCESS, resp
     finally:
         await client.close()
@@ -151,7 +162,11 @@ async def wait_route(ns: str, topic: str, brokers: int = 1, timeout: float = 15.
         deadline = time.monotonic() + timeout
         while True:
             route = await inst.require_api().get_route(topic)
-            if route is not None and len(route.publish_queues()) and len({q.broker_name for q in route.publish_queues()}) >= brokers:
+            if (
+                route is not None
+                and len(route.publish_queues())
+                and len({q.broker_name for q in route.publish_queues()}) >= brokers
+            ):
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"route of {topic} not on {brokers} brokers")
@@ -178,15 +193,23 @@ def test_every_send_kind_is_pulled_back_intact(cluster: Cluster) -> None:
     async def main() -> None:
         async with Producer(unique("PG"), cluster.ns) as p:
             results = []
-            results.append(await p.send(Message(topic, b"sync", tags="TagA", keys=["k1", "k2"], properties={"color": "red"})))
+            results.append(
+                await p.send(
+                    Message(topic, b"sync", tags="TagA", keys=["k1", "k2"], properties={"color": "red"})
+                )
+            )
             done = asyncio.Event()
             seen: list[Any] = []
-            task = p.send_async(Message(topic, b"async", tags="TagB"), lambda r, e: (seen.append((r, e)), done.set()))
+            task = p.send_async(
+                Message(topic, b"async", tags="TagB"), lambda r, e: (seen.append((r, e)), done.set())
+            )
             results.append(await task)
             await done.wait()
             assert seen[0][1] is None and seen[0][0] == results[-1]
             await p.send_oneway(Message(topic, b"oneway", tags="TagC"))
-            batch = await p.send_batch([Message(topic, b"batch-%d" % i, keys=f"bk{i}", properties={"i": str(i)}) for i in range(5)])
+            batch = await p.send_batch(
+                [Message(topic, b"batch-%d" % i, keys=f"bk{i}", properties={"i": str(i)}) for i in range(5)]
+            )
             assert len(batch.msg_id.split(",")) == 5
             ordered = await p.send_orderly(Message(topic, b"ordered", tags="TagO"), "order-42")
             again = await p.send_orderly(Message(topic, b"ordered-2", tags="TagO"), "order-42")
@@ -204,7 +227,14 @@ def test_every_send_kind_is_pulled_back_intact(cluster: Cluster) -> None:
                 if res.messages:
                     assert res.next_begin_offset == res.messages[-1].queue_offset + 1
         by_body = {m.body: m for m in got}
-        assert set(by_body) == {b"sync", b"async", b"oneway", b"ordered", b"ordered-2", *(b"batch-%d" % i for i in range(5))}
+        assert set(by_body) == {
+            b"sync",
+            b"async",
+            b"oneway",
+            b"ordered",
+            b"ordered-2",
+            *(b"batch-%d" % i for i in range(5)),
+        }
         sync = by_body[b"sync"]
         assert sync.tags == "TagA" and sync.keys == ["k1", "k2"] and sync.properties["color"] == "red"
         assert sync.uniq_key == results[0].msg_id
@@ -284,7 +314,9 @@ def test_push_consumer_gets_every_matching_message_once(cluster: Cluster) -> Non
     async def main() -> None:
         async with Producer(unique("PG"), cluster.ns) as p:
             for i in range(30):
-                await p.send(Message(topic, b"%d" % i, tags=("TagA", "TagB", "TagC")[i % 3], properties={"n": str(i)}))
+                await p.send(
+                    Message(topic, b"%d" % i, tags=("TagA", "TagB", "TagC")[i % 3], properties={"n": str(i)})
+                )
         got: list[MessageExt] = []
 
         async def listener(msgs: list[MessageExt]) -> ConsumeStatus:
@@ -305,6 +337,37 @@ def test_push_consumer_gets_every_matching_message_once(cluster: Cluster) -> Non
     cluster.run(main())
 
 
+def test_flow_control_pauses_pulling_while_the_listener_lags(cluster: Cluster) -> None:
+    topic = unique("Flow")
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns) as p:
+            for i in range(0, 150, 10):
+                await p.send_batch([Message(topic, b"%d" % n) for n in range(i, i + 10)])
+        got: list[bytes] = []
+        peak = 0
+        c = push_consumer(
+            cluster.ns, unique("CG"), topic, pull_threshold_count=20, pull_batch_size=8, consume_threads=1
+        )
+
+        def slow(msgs: list[MessageExt]) -> None:
+            nonlocal peak
+            peak = max(peak, max((pq.msg_count for pq in list(c.process_queues.values())), default=0))
+            time.sleep(0.002)
+            got.extend(m.body for m in msgs)
+
+        c.register_listener(slow)
+        await c.start()
+        try:
+            await wait_for(lambda: len(got) >= 150, what="150 messages")
+        finally:
+            await c.shutdown()
+        assert sorted(got) == sorted(b"%d" % n for n in range(150))
+        assert 8 <= peak <= 20 + 8  # pulling paused above 20 waiting messages (one batch may overshoot)
+
+    cluster.run(main())
+
+
 def test_group_of_two_splits_queues_and_loses_nothing(cluster: Cluster) -> None:
     topic, group = unique("Split"), unique("CG")
 
@@ -321,6 +384,7 @@ def test_group_of_two_splits_queues_and_loses_nothing(cluster: Cluster) -> None:
             await c1.start()
             await c2.start()
             try:
+
                 def split() -> bool:
                     a = {q for q in c1.assigned_queues() if q.topic == topic}
                     b = {q for q in c2.assigned_queues() if q.topic == topic}
@@ -333,10 +397,14 @@ def test_group_of_two_splits_queues_and_loses_nothing(cluster: Cluster) -> None:
                 assert got["one"] and got["two"]  # both consumers worked
                 # one consumer leaves: the other takes every queue and keeps consuming
                 await c2.shutdown()
-                await wait_for(lambda: len([q for q in c1.assigned_queues() if q.topic == topic]) == 4, what="take-over")
+                await wait_for(
+                    lambda: len([q for q in c1.assigned_queues() if q.topic == topic]) == 4, what="take-over"
+                )
                 for i in range(40, 60):
                     await p.send(Message(topic, b"m%d" % i))
-                await wait_for(lambda: len(set(got["one"]) | set(got["two"])) >= 61, what="messages after leave")
+                await wait_for(
+                    lambda: len(set(got["one"]) | set(got["two"])) >= 61, what="messages after leave"
+                )
             finally:
                 await c1.shutdown()
                 await c2.shutdown()
@@ -403,7 +471,9 @@ def test_failed_messages_are_retried_then_dead_lettered(cluster: Cluster) -> Non
             await c.shutdown()
         flaky = attempts[b"flaky"]
         assert len(flaky) == 2 and flaky[1].reconsume_times == 1
-        assert flaky[1].topic == topic and flaky[1].tags == "T" and flaky[1].keys == ["fk"]  # original topic restored
+        assert (
+            flaky[1].topic == topic and flaky[1].tags == "T" and flaky[1].keys == ["fk"]
+        )  # original topic restored
         assert len(attempts[b"fine"]) == 1
         assert len(attempts[b"poison"]) == 3  # first try + max_reconsume_times retries, then the DLQ
         # RocketMQ makes DLQ topics write-only, so look at the broker's store for the dead letter.
@@ -455,7 +525,14 @@ def test_broadcasting_delivers_everything_to_each_consumer(cluster: Cluster, tmp
         got: dict[int, list[bytes]] = {0: [], 1: []}
         consumers = []
         for n in (0, 1):
-            c = push_consumer(cluster.ns, group, topic, message_model=BROADCASTING, offset_dir=tmp_path, instance_name=f"bc{n}")
+            c = push_consumer(
+                cluster.ns,
+                group,
+                topic,
+                message_model=BROADCASTING,
+                offset_dir=tmp_path,
+                instance_name=f"bc{n}",
+            )
             c.register_listener(lambda msgs, n=n: got[n].extend(m.body for m in msgs))
             consumers.append(c)
             await c.start()
@@ -546,7 +623,20 @@ def _spawn_broker(tmp: Path, name: str, ns: str) -> tuple[Any, str]:
         "[store.mmap]\ncommitlog_file_size = 8388608\nconsumequeue_entries = 10000\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tidemq", "broker", "-c", str(cfg), "--listen", "127.0.0.1:0", "--namesrv", ns, "--data-dir", str(tmp / name)],
+        [
+            sys.executable,
+            "-m",
+            "tidemq",
+            "broker",
+            "-c",
+            str(cfg),
+            "--listen",
+            "127.0.0.1:0",
+            "--namesrv",
+            ns,
+            "--data-dir",
+            str(tmp / name),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -586,7 +676,9 @@ def test_sends_survive_a_killed_broker_and_it_is_retried_after_its_penalty(tmp_p
                 proc.wait(10)
                 recorder.attempts.clear()
                 after = [await p.send(Message(topic, b"after-%d" % i)) for i in range(30)]
-                assert all(r.status is SendStatus.SEND_OK and r.queue.broker_name == "broker-a" for r in after)
+                assert all(
+                    r.status is SendStatus.SEND_OK and r.queue.broker_name == "broker-a" for r in after
+                )
                 failed_on_b = [a for a in recorder.attempts if a[0] == addr_b]
                 assert 1 <= len(failed_on_b) <= 2  # then avoided for its penalty
                 assert all(status.startswith("FAILED") for _, status in failed_on_b)
@@ -606,3 +698,160 @@ def test_sends_survive_a_killed_broker_and_it_is_retried_after_its_penalty(tmp_p
             proc.wait(10)
         c.run(c.stop())
         c.loop.stop()
+
+
+async def register_hanging_broker(ns: str, name: str, topics: list[str]) -> tuple[Any, Any]:
+    """A TCP endpoint that accepts and never answers, registered with the NameServer as a master.
+
+    Returns (server, registration client); both must stay open while the route is needed.
+    """
+    import orjson
+
+    from tidemq.remoting.codes import RequestCode, ResponseCode
+    from tidemq.remoting.command import RemotingCommand
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            pass
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    addr = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    table = {
+        t: {
+            "topicName": t,
+            "readQueueNums": 2,
+            "writeQueueNums": 2,
+            "perm": 6,
+            "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": 0,
+            "order": False,
+        }
+        for t in topics
+    }
+    body = orjson.dumps(
+        {
+            "topicConfigSerializeWrapper": {
+                "topicConfigTable": table,
+                "dataVersion": {"timestamp": 1, "counter": 1},
+            },
+            "filterServerList": [],
+        }
+    )
+    fields = {
+        "brokerName": name,
+        "brokerAddr": addr,
+        "clusterName": "DefaultCluster",
+        "haServerAddr": "",
+        "brokerId": 0,
+        "compressed": False,
+    }
+    client = get_plugin_manager().create("transport", "tcp").client()
+    resp = await client.invoke(ns, RemotingCommand.request(RequestCode.REGISTER_BROKER, fields, body), 5.0)
+    assert resp.code == ResponseCode.SUCCESS, resp
+    return server, client
+
+
+def test_send_timeout_and_a_hanging_broker_is_avoided(cluster: Cluster) -> None:
+    from tidemq.client import SendFailedError
+    from tidemq.remoting.errors import RemotingTimeoutError
+
+    only_hang, shared = unique("HangOnly"), unique("HangShared")
+
+    async def main() -> None:
+        await create_topic(cluster.ns, cluster.brokers["broker-a"].address, shared)
+        server, reg = await register_hanging_broker(cluster.ns, unique("broker-hang"), [only_hang, shared])
+        try:
+            await wait_route(cluster.ns, shared, brokers=2)
+            async with Producer(unique("PG"), cluster.ns, send_timeout=0.5) as p:
+                begin = time.monotonic()
+                with pytest.raises(SendFailedError) as info:
+                    await p.send(Message(only_hang, b"nobody answers"))
+                assert time.monotonic() - begin < 2.0
+                assert any(isinstance(e, RemotingTimeoutError) for e in info.value.errors)
+                # On a topic served by both, the hanging broker costs at most one send, then is avoided.
+                outcomes = []
+                for i in range(12):
+                    try:
+                        outcomes.append((await p.send(Message(shared, b"%d" % i))).queue.broker_name)
+                    except SendFailedError:
+                        outcomes.append("failed")
+                assert outcomes.count("failed") <= 1
+                assert outcomes[-10:] == ["broker-a"] * 10
+        finally:
+            await reg.close()
+            server.close()
+
+    cluster.run(main())
+
+
+def test_offset_by_timestamp_and_assign_style_polling(cluster: Cluster) -> None:
+    topic, group = unique("FromTs"), unique("CG")
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns) as p:
+            q0 = (await p.publish_queues(topic))[0]
+            for i in range(5):
+                await p.send_to_queue(Message(topic, b"old-%d" % i), q0)
+            await asyncio.sleep(0.05)
+            cut = int(time.time() * 1000)
+            await asyncio.sleep(0.05)
+            for i in range(5):
+                await p.send_to_queue(Message(topic, b"new-%d" % i), q0)
+        async with PullConsumer(group, cluster.ns) as c:
+            assert await c.search_offset(q0, cut) == 5
+            await c.assign([q0])
+            assert c.position(q0) == 0  # no committed offset: the queue's first offset
+            c.seek(q0, await c.search_offset(q0, cut))
+            got = await c.poll(max_nums=32, timeout=0.5)
+            assert [m.body for m in got] == [b"new-%d" % i for i in range(5)]
+            assert c.position(q0) == 10
+            await c.commit()
+            assert await c.poll(timeout=0.2) == []
+        async with PullConsumer(group, cluster.ns) as again:
+            assert await again.fetch_consume_offset(q0) == 10
+            await again.assign([q0])
+            assert again.position(q0) == 10  # resumes from the commit
+
+    cluster.run(main())
+
+
+def test_orderly_order_holds_when_a_second_consumer_joins(cluster: Cluster) -> None:
+    topic, group = unique("OrderJoin"), unique("CG")
+    keys = [f"key-{k}" for k in range(8)]
+
+    async def main() -> None:
+        seen: dict[str, list[int]] = {}
+
+        def listener(msgs: list[MessageExt]) -> None:
+            for m in msgs:
+                key, seq = m.body.decode().split(":")
+                seen.setdefault(key, []).append(int(seq))
+            time.sleep(0.002)
+
+        async with Producer(unique("PG"), cluster.ns) as p:
+            await p.publish_queues(topic)
+            await p.send(Message(topic, b"warm:0"))
+            await wait_route(cluster.ns, topic)
+            c1 = push_consumer(cluster.ns, group, topic, rebalance_interval_s=1.0)
+            c2 = push_consumer(cluster.ns, group, topic, rebalance_interval_s=1.0)
+            c1.register_listener(listener, orderly=True)
+            c2.register_listener(listener, orderly=True)
+            await c1.start()
+            try:
+                for seq in range(40):
+                    if seq == 15:
+                        await c2.start()  # queues move from c1 to c2 mid-stream
+                    for key in keys:
+                        await p.send_orderly(Message(topic, f"{key}:{seq}".encode()), key)
+                    await asyncio.sleep(0.01)
+                await wait_for(
+                    lambda: all(len(seen.get(k, [])) >= 40 for k in keys), what="every key's 40 messages"
+                )
+                assert {q for q in c2.assigned_queues() if q.topic == topic}
+            finally:
+                await c2.shutdown()
+                await c1.shutdown()
+        for key in keys:
+            assert seen[key] == list(range(40)), key
+
+    cluster.run(main())

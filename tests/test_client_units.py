@@ -8,6 +8,7 @@ import re
 import zlib
 
 import pytest
+
 from tidemq.client import ClientError, Message, MessageQueue, Producer, new_message_id
 from tidemq.client.compression import compress, decompress
 from tidemq.client.message import UniqueIdGenerator
@@ -51,7 +52,13 @@ def test_subscription_expression_parsing() -> None:
     assert d["subString"] == "TagA || TagB ||" and d["expressionType"] == "TAG"
 
 
-def _stored(body: bytes, tags: str | None = None, sys_flag: int = 0, topic: str = "T", props: dict[str, str] | None = None):
+def _stored(
+    body: bytes,
+    tags: str | None = None,
+    sys_flag: int = 0,
+    topic: str = "T",
+    props: dict[str, str] | None = None,
+):
     p = dict(props or {})
     if tags:
         p[Prop.TAGS] = tags
@@ -151,7 +158,11 @@ def test_producer_refuses_a_message_too_large_even_compressed() -> None:
     # a compressible body over the limit fits once compressed
     small, flags, props = p._prepare(Message("T", b"a" * 50_000, tags="T1", keys=["k1", "k2"]))
     assert len(small) < 1000 and flags & COMPRESSED_FLAG
-    assert props[Prop.TAGS] == "T1" and props[Prop.KEYS] == "k1 k2" and Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX in props
+    assert (
+        props[Prop.TAGS] == "T1"
+        and props[Prop.KEYS] == "k1 k2"
+        and Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX in props
+    )
 
 
 def test_bad_arguments_are_clear_errors() -> None:

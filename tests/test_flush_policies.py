@@ -148,7 +148,11 @@ def test_transient_pool_serves_reads_before_commit_and_commits_on_schedule(tmp_p
         tmp_path,
         flush="async",
         store_options={"transient_store_pool": True, "commitlog_file_size": 1 << 16},
-        flush_options={"commit_interval_ms": 300, "commit_least_pages": 0, "commit_thorough_interval_ms": 300},
+        flush_options={
+            "commit_interval_ms": 300,
+            "commit_least_pages": 0,
+            "commit_thorough_interval_ms": 300,
+        },
     )
     assert store.load()
     store.start()
@@ -169,7 +173,10 @@ def test_transient_pool_serves_reads_before_commit_and_commits_on_schedule(tmp_p
 
 
 def test_policies_flush_everything_on_shutdown(tmp_path: Path) -> None:
-    for name, policy in (("sync", GroupCommitFlush()), ("async", PeriodicFlush(AsyncFlushOptions(interval_ms=60_000)))):
+    for name, policy in (
+        ("sync", GroupCommitFlush()),
+        ("async", PeriodicFlush(AsyncFlushOptions(interval_ms=60_000))),
+    ):
         store = MmapMessageStore(tmp_path / name, MmapStoreOptions(), policy)
         assert store.load()
         store.start()

@@ -13,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+
 import tidemq_index_hash.plugin
 from tidemq.errors import ConfigError, StoreError
 from tidemq.index import KeyIndex, look_message_by_id, matching_messages, query_messages

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tidemq.index import look_message_by_id, look_message_by_unique_key, query_messages
 from tidemq.message import MessageInner
 from tidemq.plugins import get_plugin_manager

@@ -84,7 +84,9 @@ def test_unknown_role_and_table(pm):
 
 
 def test_options_for_a_plugin_that_is_not_installed(pm):
-    with pytest.raises(ConfigError, match=r"\[flush.asyncc\] configures a plugin that is not installed.*'async'"):
+    with pytest.raises(
+        ConfigError, match=r"\[flush.asyncc\] configures a plugin that is not installed.*'async'"
+    ):
         parse_config({"flush": {"asyncc": {"interval_ms": 5}}}, "b.toml", pm)
 
 

@@ -15,7 +15,9 @@ from tidemq.plugins import ROLES, PluginManager, get_plugin_manager
 def make_plugin(role_hook: str, *names: str, factory=None) -> types.SimpleNamespace:
     def register(register):
         for name in names:
-            register.add(name, factory or (lambda ctx, n=name: ("built", n, dict(ctx.options))), f"{name} summary")
+            register.add(
+                name, factory or (lambda ctx, n=name: ("built", n, dict(ctx.options))), f"{name} summary"
+            )
 
     return types.SimpleNamespace(**{role_hook: hookimpl(register)})
 

@@ -72,7 +72,13 @@ def test_record_layout_matches_the_seed_table():
     assert len(rec) == 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 5 + 1 + 9 + 2 + len(props)
 
     back = decode_message(rec, check_crc=True)
-    assert (back.topic, back.body, back.queue_id, back.flag, back.queue_offset) == ("TopicTest", b"Hello", 2, 7, 5)
+    assert (back.topic, back.body, back.queue_id, back.flag, back.queue_offset) == (
+        "TopicTest",
+        b"Hello",
+        2,
+        7,
+        5,
+    )
     assert back.commit_log_offset == 1024 and back.store_timestamp == 0x1112131415161718
     assert back.born_host == ("192.168.0.1", 40000) and back.store_host == ("10.0.0.2", 10911)
     assert back.properties == {"TAGS": "TagA"} and back.tags == "TagA"
@@ -133,15 +139,25 @@ def test_batch_round_trip_and_iteration():
     assert [m.queue_offset for m in iter_messages(b"".join(recs))] == [0, 1, 2]
 
 
-text = st.text(alphabet=st.characters(blacklist_characters="\x00\x01\x02", blacklist_categories=("Cs",)), min_size=1)
+text = st.text(
+    alphabet=st.characters(blacklist_characters="\x00\x01\x02", blacklist_categories=("Cs",)), min_size=1
+)
 
 
-@given(st.dictionaries(text, st.text(alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)))))
+@given(
+    st.dictionaries(
+        text, st.text(alphabet=st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)))
+    )
+)
 def test_properties_round_trip(props):
     assert string_to_properties(properties_to_string(props)) == props
 
 
-@given(body=st.binary(max_size=300), topic=st.text(alphabet="abcXYZ%_-0123", min_size=1, max_size=60), qid=st.integers(0, 2**31 - 1))
+@given(
+    body=st.binary(max_size=300),
+    topic=st.text(alphabet="abcXYZ%_-0123", min_size=1, max_size=60),
+    qid=st.integers(0, 2**31 - 1),
+)
 def test_any_message_round_trips(body, topic, qid):
     rec = encode_message(MessageInner(topic=topic, body=body, queue_id=qid, properties={"KEYS": "a b"}))
     back = decode_message(rec, check_crc=True)

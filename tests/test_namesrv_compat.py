@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 import pytest
+
 from tidemq.config import NamesrvSettings
 from tidemq.namesrv import NameServer
 from tidemq.remoting import RemotingCommand, RequestCode

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tidemq.errors import ConfigError
 from tidemq.plugins import get_plugin_manager
 from tidemq.queues import MessageQueue, QueueSelector
@@ -50,7 +51,19 @@ def test_empty_route_is_a_clear_error() -> None:
 
 @pytest.mark.parametrize(
     ("latency", "penalty"),
-    [(0, 0), (49, 0), (50, 0), (120, 0), (550, 30000), (999, 30000), (1000, 60000), (2500, 120000), (3000, 180000), (15000, 600000), (99999, 600000)],
+    [
+        (0, 0),
+        (49, 0),
+        (50, 0),
+        (120, 0),
+        (550, 30000),
+        (999, 30000),
+        (1000, 60000),
+        (2500, 120000),
+        (3000, 180000),
+        (15000, 600000),
+        (99999, 600000),
+    ],
 )
 def test_penalty_table_matches_rocketmq(latency: float, penalty: float) -> None:
     assert LatencyFaultSelector().penalty_ms(latency) == penalty
@@ -108,7 +121,9 @@ def test_retry_after_failure_goes_to_the_other_broker() -> None:
 
 def test_table_is_configurable_and_checked() -> None:
     pm = get_plugin_manager()
-    s = pm.create("select", "latency_fault", options={"latency_max_ms": [10, 20], "not_available_ms": [0, 5000]})
+    s = pm.create(
+        "select", "latency_fault", options={"latency_max_ms": [10, 20], "not_available_ms": [0, 5000]}
+    )
     assert s.penalty_ms(25) == 5000
     with pytest.raises(ConfigError, match="same length"):
         pm.create("select", "latency_fault", options={"latency_max_ms": [10], "not_available_ms": [0, 1]})

@@ -8,6 +8,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from tidemq.remoting import (
     FrameDecoder,
     FrameError,

@@ -69,7 +69,10 @@ def test_expired_files_are_deleted_and_reads_move_forward(tmp_path: Path) -> Non
     assert store.load()
     store.start()
     try:
-        results = [store.put_message(message(body=b"%03d" % i + bytes(300), KEYS=f"k{i}")).result(10) for i in range(60)]
+        results = [
+            store.put_message(message(body=b"%03d" % i + bytes(300), KEYS=f"k{i}")).result(10)
+            for i in range(60)
+        ]
         files = sorted((tmp_path / "commitlog").iterdir())
         assert len(files) >= 6
         for f in files[:5]:
@@ -150,3 +153,96 @@ def test_key_index_is_loaded_dispatched_flushed_and_shut_down(tmp_path: Path) ->
     assert index2.loads == [(False, cp_index_ts)]
     assert [r.commit_log_offset for r in index2.requests] == [r.wrote_offset for r in results]
     assert index2.requests[0].keys == "key0"
+
+
+def test_real_hash_index_finds_keys_after_a_crash(tmp_path: Path) -> None:
+    """The mmap store with the ``hash`` index plugin: keys are found, also after abnormal recovery."""
+    from tidemq.plugins import get_plugin_manager
+
+    pm = get_plugin_manager()
+    index = pm.create("index", "hash", data_dir=tmp_path)
+    store = build_store("mmap", tmp_path, store_options=OPTS, index=index)
+    assert store.load()
+    store.start()
+    results = [store.put_message(message(body=b"v%d" % i, KEYS=f"order-{i}")).result(10) for i in range(20)]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not index.query("TopicA", "order-19", 10, 0, 2**62).phy_offsets:
+        time.sleep(0.01)
+    assert index.query("TopicA", "order-7", 10, 0, 2**62).phy_offsets == (results[7].wrote_offset,)
+    store.shutdown()
+
+    (tmp_path / "abort").touch()
+    index = pm.create("index", "hash", data_dir=tmp_path)
+    store = build_store("mmap", tmp_path, store_options=OPTS, index=index)
+    assert store.load()
+    store.start()
+    try:
+        for i in (0, 7, 19):
+            offsets = index.query("TopicA", f"order-{i}", 10, 0, 2**62).phy_offsets
+            assert results[i].wrote_offset in offsets
+            raw = store.look_message_by_offset(results[i].wrote_offset)
+            assert raw is not None and decode_message(raw).keys == [f"order-{i}"]
+    finally:
+        store.shutdown()
+
+
+def test_disk_pressure_deletes_before_expiry(tmp_path: Path) -> None:
+    import shutil
+
+    import pytest
+
+    usage = shutil.disk_usage(tmp_path)
+    if usage.used / usage.total * 100 <= 11:
+        pytest.skip("the disk is too empty to exceed the lowest allowed ratio")
+    opts = dict(OPTS, disk_max_used_space_ratio=10, disk_clean_forcibly_ratio=95, delete_files_batch_max=100)
+    store = build_store("mmap", tmp_path, store_options=opts)
+    assert store.load()
+    store.start()
+    try:
+        for i in range(40):
+            store.put_message(message(body=bytes(300))).result(10)
+        files = sorted((tmp_path / "commitlog").iterdir())
+        age(files[0], 2)
+        # Past disk_max_used_space_ratio: expired files go at any hour.
+        assert store.clean_expired(now=local_time_at_hour(12)) == 1
+        store.options.disk_clean_forcibly_ratio = 10
+        # Past disk_clean_forcibly_ratio: young files go too, but never the active one.
+        assert store.clean_expired(now=local_time_at_hour(12)) == len(files) - 2
+        assert sorted((tmp_path / "commitlog").iterdir()) == files[-1:]
+        assert store.put_message(message(body=b"still writable")).result(10).ok
+    finally:
+        store.shutdown()
+
+
+def test_abnormal_recovery_starts_at_the_checkpoint_file(tmp_path: Path, caplog) -> None:
+    import logging
+
+    store = build_store("mmap", tmp_path, store_options=OPTS)
+    assert store.load()
+    store.start()
+    results = []
+    for i in range(24):
+        results.append(store.put_message(message(body=b"%02d" % i + bytes(900), KEYS=f"k{i}")).result(10))
+        time.sleep(0.005)  # distinct store times per file
+    store.shutdown()
+    files = sorted((tmp_path / "commitlog").iterdir())
+    k = 2
+    first_in_k = next(r for r in results if r.wrote_offset >= int(files[k].name))
+    ts = first_in_k.store_timestamp + 3000  # the checkpoint keeps a 3 s safety margin
+    (tmp_path / "checkpoint").write_bytes(struct.pack(">qqq", ts, ts, ts) + bytes(4072))
+    (tmp_path / "abort").touch()
+
+    index = RecordingIndex()
+    store = build_store("mmap", tmp_path, store_options=OPTS, index=index)
+    with caplog.at_level(logging.INFO, logger="tidemq_store_mmap"):
+        assert store.load()
+    store.start()
+    try:
+        assert f"abnormal recovery of the commit log from file {files[k].name}" in caplog.text
+        # Records from the checkpoint's file on were re-dispatched to the index, older ones not.
+        assert [r.commit_log_offset for r in index.requests] == [
+            r.wrote_offset for r in results if r.wrote_offset >= int(files[k].name)
+        ]
+        assert store.get_max_offset_in_queue("TopicA", 0) == 24
+    finally:
+        store.shutdown()

@@ -77,7 +77,9 @@ def test_sigkill_keeps_every_acknowledged_message(tmp_path: Path, transient: boo
     acks = run_and_kill(data, transient, min_acks=400)
     assert (data / "abort").exists()  # it really died without a clean shutdown
 
-    store = build_store("mmap", data, store_options={"commitlog_file_size": 64 * 1024, "consumequeue_entries": 200})
+    store = build_store(
+        "mmap", data, store_options={"commitlog_file_size": 64 * 1024, "consumequeue_entries": 200}
+    )
     assert store.load()
     store.start()
     try:

@@ -128,7 +128,10 @@ def test_record_larger_than_a_file_is_refused_clearly(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("algorithm", "bits", "decompress"),
-    [("lz4", COMPRESSION_LZ4, lz4.frame.decompress), ("zstd", COMPRESSION_ZSTD, zstandard.ZstdDecompressor().decompress)],
+    [
+        ("lz4", COMPRESSION_LZ4, lz4.frame.decompress),
+        ("zstd", COMPRESSION_ZSTD, zstandard.ZstdDecompressor().decompress),
+    ],
 )
 def test_compression_is_marked_in_sys_flag(tmp_path: Path, algorithm: str, bits: int, decompress) -> None:
     store = open_store(tmp_path, compression=algorithm, compression_min_size=100)
@@ -147,7 +150,10 @@ def test_compression_is_marked_in_sys_flag(tmp_path: Path, algorithm: str, bits:
 
 
 def test_bad_options_fail_with_one_line(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"\[store.mmap\]: unknown key 'comitlog_file_size'.*did you mean 'commitlog_file_size'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"\[store.mmap\]: unknown key 'comitlog_file_size'.*did you mean 'commitlog_file_size'",
+    ):
         build_store("mmap", tmp_path, store_options={"comitlog_file_size": 1})
     with pytest.raises(ConfigError, match="compression = 'gzip' is not valid"):
         build_store("mmap", tmp_path, store_options={"compression": "gzip"})

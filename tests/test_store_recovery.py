@@ -21,7 +21,10 @@ def open_store(path: Path, **extra: object) -> MessageStore:
 
 
 def fill(store: MessageStore, n: int, queue_id: int = 0) -> list:
-    return [store.put_message(message(body=b"msg-%03d" % i + bytes(150), queue_id=queue_id)).result(10) for i in range(n)]
+    return [
+        store.put_message(message(body=b"msg-%03d" % i + bytes(150), queue_id=queue_id)).result(10)
+        for i in range(n)
+    ]
 
 
 def bodies(store: MessageStore, queue_id: int = 0) -> list[bytes]:

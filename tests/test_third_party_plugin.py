@@ -106,7 +106,10 @@ def site(tmp_path_factory) -> Path:
     (src / "pyproject.toml").write_text(PYPROJECT)
     (src / "tidemq_audit_index.py").write_text(textwrap.dedent(PLUGIN_SOURCE))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", root / "dist", src], check=True)
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", root / "dist", src],
+        check=True,
+    )
     wheels = list((root / "dist").glob("tidemq_audit_index-1.0-*.whl"))
     assert len(wheels) == 1
     target = root / "site"
@@ -116,7 +119,9 @@ def site(tmp_path_factory) -> Path:
 
 def run_tidemq(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120
+    )
 
 
 def test_installed_plugin_is_listed_with_its_distribution(site, tmp_path):
@@ -125,7 +130,9 @@ def test_installed_plugin_is_listed_with_its_distribution(site, tmp_path):
     index_section = out.stdout.split("index:")[1].split("filter:")[0]
     assert "audit" in index_section and "from tidemq-audit-index" in index_section
     # without the plugin installed, the same command does not list it
-    plain = subprocess.run([sys.executable, "-m", "tidemq", "plugins"], capture_output=True, text=True, cwd=tmp_path)
+    plain = subprocess.run(
+        [sys.executable, "-m", "tidemq", "plugins"], capture_output=True, text=True, cwd=tmp_path
+    )
     assert "audit" not in plain.stdout
 
 
@@ -151,7 +158,9 @@ def test_broker_composes_the_third_party_index_from_config(site, tmp_path):
 
 def test_typo_in_the_third_party_options_is_one_line(site, tmp_path):
     cfg = tmp_path / "broker.toml"
-    cfg.write_text(f'[broker]\ndata_dir = "{tmp_path}"\n[plugins]\nstore = "memory"\nindex = "audit"\n[index.audit]\nlog_nme = "x"\n')
-    out = run_tidemq(site, "-c", "from tidemq.config import *; compose(load_config(r'%s'))" % cfg, cwd=tmp_path)
+    cfg.write_text(
+        f'[broker]\ndata_dir = "{tmp_path}"\n[plugins]\nstore = "memory"\nindex = "audit"\n[index.audit]\nlog_nme = "x"\n'
+    )
+    out = run_tidemq(site, "-c", f"from tidemq.config import *; compose(load_config(r'{cfg}'))", cwd=tmp_path)
     assert out.returncode != 0
     assert "[index.audit]: unknown key 'log_nme' (did you mean 'log_name'?)" in out.stderr

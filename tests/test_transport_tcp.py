@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tidemq.errors import ConfigError
 from tidemq.plugins import get_plugin_manager
 from tidemq.remoting import (

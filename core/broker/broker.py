@@ -181,6 +181,7 @@ class Broker:
         """The transport's request handler: one processor per code, errors become responses."""
         handler = self._handlers.get(request.code)
         if handler is None:
+            log.info("request code %s from %s is not supported", request.code, _remote(conn))
             response = request.reply(
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
                 f"request type {request.code} not supported by tidemq broker",

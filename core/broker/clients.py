@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import attrs
+
 from tidemq.queues import MessageQueue
 
 

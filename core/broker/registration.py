@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 import orjson
+
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 

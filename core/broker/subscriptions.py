@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from tidemq.broker.topics import DataVersion
 from tidemq.jsonfile import read_json, write_json
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+
 from tidemq.broker.headers import DEFAULT_TOPIC, PERM_INHERIT, PERM_READ, PERM_WRITE, is_inherited
 from tidemq.jsonfile import read_json, write_json
 

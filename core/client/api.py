@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
+
 from tidemq.client.errors import BrokerError, ClientError
 from tidemq.client.message import PullResult, PullStatus, queue_from_json, queue_to_json
 from tidemq.client.route import TopicRoute, loads_lenient
@@ -62,7 +63,9 @@ class ClientAPI:
         self.timeout = timeout
         self._ns_turn = itertools.count()
 
-    async def invoke(self, addr: str, request: RemotingCommand, timeout: float | None = None) -> RemotingCommand:
+    async def invoke(
+        self, addr: str, request: RemotingCommand, timeout: float | None = None
+    ) -> RemotingCommand:
         return await self.remoting.invoke(addr, request, self.timeout if timeout is None else timeout)
 
     # ------------------------------------------------------------------ NameServer
@@ -126,8 +129,16 @@ class ClientAPI:
         req = RemotingCommand.request(RequestCode.HEART_BEAT, {}, orjson.dumps(data))
         _check(await self.invoke(addr, req), addr)
 
-    async def unregister_client(self, addr: str, client_id: str, producer_group: str = "", consumer_group: str = "") -> None:
-        fields = _fields({"clientID": client_id, "producerGroup": producer_group or None, "consumerGroup": consumer_group or None})
+    async def unregister_client(
+        self, addr: str, client_id: str, producer_group: str = "", consumer_group: str = ""
+    ) -> None:
+        fields = _fields(
+            {
+                "clientID": client_id,
+                "producerGroup": producer_group or None,
+                "consumerGroup": consumer_group or None,
+            }
+        )
         req = RemotingCommand.request(RequestCode.UNREGISTER_CLIENT, fields)
         _check(await self.invoke(addr, req), addr)
 
@@ -193,8 +204,12 @@ class ClientAPI:
         return _int(_check(resp, addr), "offset", -1)
 
     async def update_consumer_offset(self, addr: str, group: str, mq: MessageQueue, offset: int) -> None:
-        fields = _fields({"consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": offset})
-        _check(await self.invoke(addr, RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, fields)), addr)
+        fields = _fields(
+            {"consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": offset}
+        )
+        _check(
+            await self.invoke(addr, RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, fields)), addr
+        )
 
     async def _queue_offset(self, code: int, addr: str, mq: MessageQueue, **extra: Any) -> int:
         fields = _fields({"topic": mq.topic, "queueId": mq.queue_id, **extra})
@@ -207,17 +222,29 @@ class ClientAPI:
         return await self._queue_offset(RequestCode.GET_MIN_OFFSET, addr, mq)
 
     async def search_offset(self, addr: str, mq: MessageQueue, timestamp_ms: int) -> int:
-        return await self._queue_offset(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, addr, mq, timestamp=timestamp_ms)
+        return await self._queue_offset(
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, addr, mq, timestamp=timestamp_ms
+        )
 
     async def get_consumer_ids(self, addr: str, group: str) -> list[str]:
-        req = RemotingCommand.request(RequestCode.GET_CONSUMER_LIST_BY_GROUP, _fields({"consumerGroup": group}))
+        req = RemotingCommand.request(
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP, _fields({"consumerGroup": group})
+        )
         resp = await self.invoke(addr, req)
         if resp.code != ResponseCode.SUCCESS or not resp.body:
             raise BrokerError(resp.code, resp.remark, addr)
         return [str(c) for c in loads_lenient(resp.body).get("consumerIdList") or []]
 
     async def send_back(
-        self, addr: str, *, group: str, commit_log_offset: int, delay_level: int, origin_msg_id: str, origin_topic: str, max_reconsume_times: int
+        self,
+        addr: str,
+        *,
+        group: str,
+        commit_log_offset: int,
+        delay_level: int,
+        origin_msg_id: str,
+        origin_topic: str,
+        max_reconsume_times: int,
     ) -> None:
         fields = _fields(
             {
@@ -230,14 +257,24 @@ class ClientAPI:
                 "maxReconsumeTimes": max_reconsume_times,
             }
         )
-        _check(await self.invoke(addr, RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK, fields)), addr)
+        _check(
+            await self.invoke(addr, RemotingCommand.request(RequestCode.CONSUMER_SEND_MSG_BACK, fields)), addr
+        )
 
-    async def lock_batch(self, addr: str, group: str, client_id: str, mqs: Iterable[MessageQueue]) -> set[MessageQueue]:
-        body = orjson.dumps({"consumerGroup": group, "clientId": client_id, "mqSet": [queue_to_json(q) for q in mqs]})
-        resp = _check(await self.invoke(addr, RemotingCommand.request(RequestCode.LOCK_BATCH_MQ, {}, body)), addr)
+    async def lock_batch(
+        self, addr: str, group: str, client_id: str, mqs: Iterable[MessageQueue]
+    ) -> set[MessageQueue]:
+        body = orjson.dumps(
+            {"consumerGroup": group, "clientId": client_id, "mqSet": [queue_to_json(q) for q in mqs]}
+        )
+        resp = _check(
+            await self.invoke(addr, RemotingCommand.request(RequestCode.LOCK_BATCH_MQ, {}, body)), addr
+        )
         data = loads_lenient(resp.body) if resp.body else {}
         return {queue_from_json(q) for q in data.get("lockOKMQSet") or []}
 
     async def unlock_batch(self, addr: str, group: str, client_id: str, mqs: Iterable[MessageQueue]) -> None:
-        body = orjson.dumps({"consumerGroup": group, "clientId": client_id, "mqSet": [queue_to_json(q) for q in mqs]})
+        body = orjson.dumps(
+            {"consumerGroup": group, "clientId": client_id, "mqSet": [queue_to_json(q) for q in mqs]}
+        )
         _check(await self.invoke(addr, RemotingCommand.request(RequestCode.UNLOCK_BATCH_MQ, {}, body)), addr)

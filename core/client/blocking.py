@@ -67,7 +67,14 @@ class _Blocking:
 class BlockingProducer(_Blocking):
     """:class:`Producer` with blocking methods."""
 
-    def __init__(self, group: str, namesrv: str | Sequence[str] = "127.0.0.1:9876", *, loop: LoopThread | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        group: str,
+        namesrv: str | Sequence[str] = "127.0.0.1:9876",
+        *,
+        loop: LoopThread | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(loop)
         self.producer: Producer = self._build(Producer, group, namesrv, **options)
 
@@ -100,14 +107,23 @@ class BlockingProducer(_Blocking):
     def send_batch(self, msgs: Sequence[Message], timeout: float | None = None) -> SendResult:
         return self._loop.run(self.producer.send_batch(msgs, timeout))
 
-    def send_orderly(self, msg: Message, sharding_key: Any, selector: MessageQueueSelector = select_by_hash) -> SendResult:
+    def send_orderly(
+        self, msg: Message, sharding_key: Any, selector: MessageQueueSelector = select_by_hash
+    ) -> SendResult:
         return self._loop.run(self.producer.send_orderly(msg, sharding_key, selector))
 
 
 class BlockingPushConsumer(_Blocking):
     """:class:`PushConsumer` with blocking start/shutdown; listeners run on its thread pool."""
 
-    def __init__(self, group: str, namesrv: str | Sequence[str] = "127.0.0.1:9876", *, loop: LoopThread | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        group: str,
+        namesrv: str | Sequence[str] = "127.0.0.1:9876",
+        *,
+        loop: LoopThread | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(loop)
         self.consumer: PushConsumer = self._build(PushConsumer, group, namesrv, **options)
 
@@ -137,7 +153,14 @@ class BlockingPushConsumer(_Blocking):
 class BlockingPullConsumer(_Blocking):
     """:class:`PullConsumer` with blocking methods."""
 
-    def __init__(self, group: str, namesrv: str | Sequence[str] = "127.0.0.1:9876", *, loop: LoopThread | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        group: str,
+        namesrv: str | Sequence[str] = "127.0.0.1:9876",
+        *,
+        loop: LoopThread | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(loop)
         self.consumer: PullConsumer = self._build(PullConsumer, group, namesrv, **options)
 
@@ -160,7 +183,9 @@ class BlockingPullConsumer(_Blocking):
     def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
         return self._loop.run(self.consumer.fetch_subscribe_queues(topic))
 
-    def pull(self, mq: MessageQueue, expression: str = "*", offset: int = 0, max_nums: int = 32, **kw: Any) -> PullResult:
+    def pull(
+        self, mq: MessageQueue, expression: str = "*", offset: int = 0, max_nums: int = 32, **kw: Any
+    ) -> PullResult:
         return self._loop.run(self.consumer.pull(mq, expression, offset, max_nums, **kw))
 
     def fetch_consume_offset(self, mq: MessageQueue, from_store: bool = True) -> int:

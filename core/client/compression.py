@@ -10,6 +10,7 @@ import zlib
 
 import lz4.frame
 import zstandard
+
 from tidemq.errors import CorruptDataError
 from tidemq.message import (
     COMPRESSED_FLAG,

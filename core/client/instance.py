@@ -44,7 +44,9 @@ def split_namesrv(namesrv: str | Sequence[str]) -> list[str]:
     return [a.strip() for a in namesrv if a.strip()]
 
 
-async def run_every(interval: float, fn: Callable[[], Awaitable[Any]], what: str, first_delay: float | None = None) -> None:
+async def run_every(
+    interval: float, fn: Callable[[], Awaitable[Any]], what: str, first_delay: float | None = None
+) -> None:
     """Call ``fn`` every ``interval`` seconds until cancelled; failures are logged, not fatal."""
     await asyncio.sleep(interval if first_delay is None else first_delay)
     while True:
@@ -132,12 +134,16 @@ class ClientInstance:
     # ------------------------------------------------------------------ members
     def register_producer(self, member: Member) -> None:
         if member.group in self.producers and self.producers[member.group] is not member:
-            raise ClientError(f"producer group {member.group!r} is already registered in client {self.client_id}")
+            raise ClientError(
+                f"producer group {member.group!r} is already registered in client {self.client_id}"
+            )
         self.producers[member.group] = member
 
     def register_consumer(self, member: Member) -> None:
         if member.group in self.consumers and self.consumers[member.group] is not member:
-            raise ClientError(f"consumer group {member.group!r} is already registered in client {self.client_id}")
+            raise ClientError(
+                f"consumer group {member.group!r} is already registered in client {self.client_id}"
+            )
         self.consumers[member.group] = member
 
     def unregister(self, member: Member) -> None:
@@ -215,13 +221,21 @@ class ClientInstance:
 
         await asyncio.gather(*(one(a) for a in self.master_addresses()))
 
-    async def unregister_everywhere(self, producer_group: str = "", consumer_group: str = "") -> None:
+    async def unregister_everywhere(
+        self, producer_group: str = "", consumer_group: str = "", timeout: float = 1.0
+    ) -> None:
+        """UNREGISTER_CLIENT on every master, in parallel; a dead broker costs at most ``timeout``."""
         api = self.require_api()
-        for addr in self.master_addresses():
+
+        async def one(addr: str) -> None:
             try:
-                await api.unregister_client(addr, self.client_id, producer_group, consumer_group)
+                await asyncio.wait_for(
+                    api.unregister_client(addr, self.client_id, producer_group, consumer_group), timeout
+                )
             except Exception as exc:
                 log.info("unregister from %s failed: %s", addr, exc)
+
+        await asyncio.gather(*(one(a) for a in self.master_addresses()))
 
     # ------------------------------------------------------------------ broker -> client
     async def _handle_server_request(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
@@ -238,4 +252,7 @@ class ClientInstance:
             return None
         if request.is_oneway:
             return None
-        return request.reply(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, remark=f"request code {request.code} not supported by tidemq client")
+        return request.reply(
+            ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+            remark=f"request code {request.code} not supported by tidemq client",
+        )

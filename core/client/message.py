@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 import attrs
+
 from tidemq.message import MessageExt, Prop, local_ip
 from tidemq.queues import MessageQueue
 

@@ -29,6 +29,8 @@ class ProcessQueue:
         # orderly: messages handed to the listener but not committed yet
         self.consuming: dict[int, MessageExt] = {}
         self.wakeup = asyncio.Event()
+        #: orderly: held while a batch is in the listener, so a rebalance unlocks only between batches
+        self.consume_lock = asyncio.Lock()
 
     @property
     def msg_count(self) -> int:

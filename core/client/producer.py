@@ -173,7 +173,9 @@ class Producer:
             )
         return body, sys_flag, props
 
-    def _header(self, topic: str, mq: MessageQueue, sys_flag: int, props: dict[str, str], flag: int = 0) -> dict[str, Any]:
+    def _header(
+        self, topic: str, mq: MessageQueue, sys_flag: int, props: dict[str, str], flag: int = 0
+    ) -> dict[str, Any]:
         return {
             "producerGroup": self.group,
             "topic": topic,
@@ -190,7 +192,16 @@ class Producer:
 
     # ------------------------------------------------------------------ sending
     async def _attempt(
-        self, mq: MessageQueue, header: dict[str, Any], body: bytes, uniq_id: str, *, batch: bool, oneway: bool, timeout: float, props: dict[str, str]
+        self,
+        mq: MessageQueue,
+        header: dict[str, Any],
+        body: bytes,
+        uniq_id: str,
+        *,
+        batch: bool,
+        oneway: bool,
+        timeout: float,
+        props: dict[str, str],
     ) -> SendResult | None:
         addr = self.instance.broker_address(mq.broker_name)
         if addr is None:
@@ -199,8 +210,13 @@ class Producer:
             if addr is None:
                 raise ClientError(f"broker {mq.broker_name} has no master address")
         ctx = SendContext(
-            producer_group=self.group, topic=mq.topic, queue_id=mq.queue_id, properties=props,
-            body_size=len(body), client_address=self.instance.client_id, broker_address=addr,
+            producer_group=self.group,
+            topic=mq.topic,
+            queue_id=mq.queue_id,
+            properties=props,
+            body_size=len(body),
+            client_address=self.instance.client_id,
+            broker_address=addr,
             extra={"side": "client"},
         )
         reason = self.manager.hook.tidemq_before_send(context=ctx)
@@ -209,7 +225,9 @@ class Producer:
         header["properties"] = properties_to_string(props)
         begin = time.monotonic()
         try:
-            resp = await self.instance.require_api().send(addr, header, body, batch=batch, oneway=oneway, timeout=timeout)
+            resp = await self.instance.require_api().send(
+                addr, header, body, batch=batch, oneway=oneway, timeout=timeout
+            )
             result = None if resp is None else self._result(resp, mq, uniq_id, addr)
         except BaseException as exc:
             ctx.status, ctx.elapsed_ms = f"FAILED: {exc}", (time.monotonic() - begin) * 1000
@@ -239,8 +257,18 @@ class Producer:
         )
 
     async def _send_with_retries(
-        self, topic: str, body: bytes, sys_flag: int, props: dict[str, str], uniq_id: str, flag: int,
-        *, batch: bool, timeout: float | None, attempts: int, oneway: bool = False,
+        self,
+        topic: str,
+        body: bytes,
+        sys_flag: int,
+        props: dict[str, str],
+        uniq_id: str,
+        flag: int,
+        *,
+        batch: bool,
+        timeout: float | None,
+        attempts: int,
+        oneway: bool = False,
     ) -> SendResult | None:
         timeout = self.send_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
@@ -256,7 +284,9 @@ class Producer:
             header = self._header(topic, mq, sys_flag, props, flag)
             begin = time.monotonic()
             try:
-                result = await self._attempt(mq, header, body, uniq_id, batch=batch, oneway=oneway, timeout=remaining, props=props)
+                result = await self._attempt(
+                    mq, header, body, uniq_id, batch=batch, oneway=oneway, timeout=remaining, props=props
+                )
             except (RemotingError, BrokerError, ClientError, OSError) as exc:
                 latency = (time.monotonic() - begin) * 1000
                 self.selector.record(mq.broker_name, latency, True)
@@ -264,32 +294,51 @@ class Producer:
                 last_broker = mq.broker_name
                 if isinstance(exc, BrokerError) and exc.code not in RETRY_CODES:
                     raise
-                if isinstance(exc, ClientError) and not isinstance(exc, BrokerError) and "refused by a plugin" in str(exc):
+                if (
+                    isinstance(exc, ClientError)
+                    and not isinstance(exc, BrokerError)
+                    and "refused by a plugin" in str(exc)
+                ):
                     raise
                 log.info("send to %s failed (attempt %d/%d): %s", mq.broker_name, attempt + 1, attempts, exc)
                 continue
             self.selector.record(mq.broker_name, (time.monotonic() - begin) * 1000, False)
-            if result is not None and result.status is not SendStatus.SEND_OK and self.retry_another_broker_when_not_store_ok:
+            if (
+                result is not None
+                and result.status is not SendStatus.SEND_OK
+                and self.retry_another_broker_when_not_store_ok
+            ):
                 last_broker = mq.broker_name
                 if attempt + 1 < attempts:
                     continue
             return result
         raise SendFailedError(
-            f"send to topic {topic!r} failed after {len(errors)} attempt(s): {errors[-1] if errors else 'no attempt'}", errors
+            f"send to topic {topic!r} failed after {len(errors)} attempt(s): {errors[-1] if errors else 'no attempt'}",
+            errors,
         )
 
     async def send(self, msg: Message, timeout: float | None = None) -> SendResult:
         """Send and wait for the broker's answer, retrying on another broker when an attempt fails."""
         body, sys_flag, props = self._prepare(msg)
         result = await self._send_with_retries(
-            msg.topic, body, sys_flag, props, props[Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX], msg.flag,
-            batch=False, timeout=timeout, attempts=1 + self.retry_times,
+            msg.topic,
+            body,
+            sys_flag,
+            props,
+            props[Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX],
+            msg.flag,
+            batch=False,
+            timeout=timeout,
+            attempts=1 + self.retry_times,
         )
         assert result is not None
         return result
 
     def send_async(
-        self, msg: Message, callback: Callable[[SendResult | None, BaseException | None], Any] | None = None, timeout: float | None = None
+        self,
+        msg: Message,
+        callback: Callable[[SendResult | None, BaseException | None], Any] | None = None,
+        timeout: float | None = None,
     ) -> asyncio.Task[SendResult]:
         """Start a send in the background; ``callback(result, error)`` runs when it completes."""
 
@@ -315,8 +364,16 @@ class Producer:
         """Send without waiting for an answer: one attempt, no result."""
         body, sys_flag, props = self._prepare(msg)
         await self._send_with_retries(
-            msg.topic, body, sys_flag, props, props[Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX], msg.flag,
-            batch=False, timeout=None, attempts=1, oneway=True,
+            msg.topic,
+            body,
+            sys_flag,
+            props,
+            props[Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX],
+            msg.flag,
+            batch=False,
+            timeout=None,
+            attempts=1,
+            oneway=True,
         )
 
     async def send_batch(self, msgs: Sequence[Message], timeout: float | None = None) -> SendResult:
@@ -338,10 +395,20 @@ class Producer:
             items.append(BatchItem(bytes(m.body), m.flag, props))
         body = encode_batch(items)
         if len(body) > self.max_message_size:
-            raise MessageTooLargeError(f"batch is {len(body)} bytes, over the limit of {self.max_message_size}; split it")
+            raise MessageTooLargeError(
+                f"batch is {len(body)} bytes, over the limit of {self.max_message_size}; split it"
+            )
         props = {Prop.WAIT_STORE_MSG_OK: "true" if msgs[0].wait_store_msg_ok else "false"}
         result = await self._send_with_retries(
-            topic, body, 0, props, ",".join(ids), 0, batch=True, timeout=timeout, attempts=1 + self.retry_times
+            topic,
+            body,
+            0,
+            props,
+            ",".join(ids),
+            0,
+            batch=True,
+            timeout=timeout,
+            attempts=1 + self.retry_times,
         )
         assert result is not None
         return result
@@ -358,7 +425,9 @@ class Producer:
         header = self._header(msg.topic, mq, sys_flag, props, msg.flag)
         begin = time.monotonic()
         try:
-            result = await self._attempt(mq, header, body, uniq, batch=False, oneway=False, timeout=timeout, props=props)
+            result = await self._attempt(
+                mq, header, body, uniq, batch=False, oneway=False, timeout=timeout, props=props
+            )
         except (RemotingError, BrokerError) as exc:
             self.selector.record(mq.broker_name, (time.monotonic() - begin) * 1000, True)
             raise SendFailedError(f"send to {mq} failed: {exc}", [exc]) from exc
@@ -367,7 +436,11 @@ class Producer:
         return result
 
     async def send_orderly(
-        self, msg: Message, sharding_key: Any, selector: MessageQueueSelector = select_by_hash, timeout: float | None = None
+        self,
+        msg: Message,
+        sharding_key: Any,
+        selector: MessageQueueSelector = select_by_hash,
+        timeout: float | None = None,
     ) -> SendResult:
         """Send to the queue ``selector`` picks for ``sharding_key`` (same key, same queue, same order)."""
         queues = await self.publish_queues(msg.topic)

@@ -190,7 +190,12 @@ class PullConsumer:
         return result
 
     async def pull_block_if_not_found(
-        self, mq: MessageQueue, expression: str = "*", offset: int = 0, max_nums: int = 32, suspend: float = 15.0
+        self,
+        mq: MessageQueue,
+        expression: str = "*",
+        offset: int = 0,
+        max_nums: int = 32,
+        suspend: float = 15.0,
     ) -> PullResult:
         return await self.pull(mq, expression, offset, max_nums, suspend=suspend)
 
@@ -221,9 +226,10 @@ class PullConsumer:
         for i in range(n):
             mq = self._assigned[(start + i) % n]
             last = i == n - 1
-            result = await self.pull(mq, expression, self._positions[mq], max_nums, suspend=timeout if last else 0.0)
-            if result.status is PullStatus.OFFSET_ILLEGAL or result.status is not PullStatus.NO_NEW_MSG:
-                self._positions[mq] = result.next_begin_offset
+            result = await self.pull(
+                mq, expression, self._positions[mq], max_nums, suspend=timeout if last else 0.0
+            )
+            self._positions[mq] = result.next_begin_offset
             if result.messages:
                 return result.messages
         return []

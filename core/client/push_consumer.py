@@ -57,7 +57,11 @@ def parse_consume_from(value: ConsumeFrom | str) -> ConsumeFrom:
     """``ConsumeFrom``, its RocketMQ name, or ``"last"`` / ``"first"`` / ``"timestamp"``."""
     if isinstance(value, ConsumeFrom):
         return value
-    short = {"last": ConsumeFrom.LAST_OFFSET, "first": ConsumeFrom.FIRST_OFFSET, "timestamp": ConsumeFrom.TIMESTAMP}
+    short = {
+        "last": ConsumeFrom.LAST_OFFSET,
+        "first": ConsumeFrom.FIRST_OFFSET,
+        "timestamp": ConsumeFrom.TIMESTAMP,
+    }
     found = short.get(str(value).lower()) or next((c for c in ConsumeFrom if c.value == value), None)
     if found is None:
         raise ClientError(f"consume_from = {value!r}; choices: last, first, timestamp")
@@ -109,7 +113,12 @@ class PushConsumer:
         self.consume_timestamp_ms = consume_timestamp_ms or int((time.time() - 1800) * 1000)
         self.instance = instance or ClientInstance(namesrv, **instance_options)
         self.manager = self.instance.manager
-        self.rebalancer = Rebalancer(self.instance, group, message_model, self.manager.create("allocate", allocate, options=allocate_options))
+        self.rebalancer = Rebalancer(
+            self.instance,
+            group,
+            message_model,
+            self.manager.create("allocate", allocate, options=allocate_options),
+        )
         self.pull_batch_size = pull_batch_size
         self.consume_batch_size = consume_batch_size
         self.pull_threshold_count = pull_threshold_count
@@ -130,7 +139,9 @@ class PushConsumer:
         self.subscriptions: dict[str, Subscription] = {}
         self.listener: Listener | None = None
         self.orderly = False
-        self._executor = ThreadPoolExecutor(max_workers=consume_threads, thread_name_prefix=f"tidemq-consume-{group}")
+        self._executor = ThreadPoolExecutor(
+            max_workers=consume_threads, thread_name_prefix=f"tidemq-consume-{group}"
+        )
         self._consume_slots = asyncio.Semaphore(consume_threads)
         self.process_queues: dict[MessageQueue, ProcessQueue] = {}
         self._pull_tasks: dict[MessageQueue, asyncio.Task[None]] = {}
@@ -138,6 +149,7 @@ class PushConsumer:
         self._loops: list[asyncio.Task[None]] = []
         self._rebalance_wakeup = asyncio.Event()
         self._rebalance_lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
         self._running = False
 
     # ------------------------------------------------------------------ configuration
@@ -177,11 +189,14 @@ class PushConsumer:
             raise ClientError("subscribe to at least one topic before starting the consumer")
         if self.message_model == CLUSTERING:
             # Failed messages come back through the group's retry topic.
-            self.subscriptions.setdefault(retry_topic(self.group), Subscription.build(retry_topic(self.group), "*"))
+            self.subscriptions.setdefault(
+                retry_topic(self.group), Subscription.build(retry_topic(self.group), "*")
+            )
         await self.instance.start()
         self.instance.register_consumer(self)
         await self.offset_store.load()
         self._running = True
+        self._stopping.clear()
         for topic in self.subscriptions:
             try:
                 await self.instance.get_route(topic, refresh=True)
@@ -202,6 +217,7 @@ class PushConsumer:
         if not self._running:
             return
         self._running = False
+        self._stopping.set()
         for task in self._loops:
             task.cancel()
         for task in self._pull_tasks.values():
@@ -233,7 +249,11 @@ class PushConsumer:
     async def _rebalance_loop(self) -> None:
         while True:
             # A topic without a route yet (consumer started before the first send) is retried soon.
-            interval = min(1.0, self.rebalance_interval_s) if self.rebalancer.incomplete else self.rebalance_interval_s
+            interval = (
+                min(1.0, self.rebalance_interval_s)
+                if self.rebalancer.incomplete
+                else self.rebalance_interval_s
+            )
             try:
                 await asyncio.wait_for(self._rebalance_wakeup.wait(), interval)
             except TimeoutError:
@@ -262,7 +282,12 @@ class PushConsumer:
                     if mq not in self.process_queues and await self._add_queue(mq):
                         changed = True
             if changed:
-                log.info("consumer %s of %s now owns %d queues", self.instance.client_id, self.group, len(self.process_queues))
+                log.info(
+                    "consumer %s of %s now owns %d queues",
+                    self.instance.client_id,
+                    self.group,
+                    len(self.process_queues),
+                )
                 await self.instance.send_heartbeats()
 
     async def _add_queue(self, mq: MessageQueue) -> bool:
@@ -286,14 +311,21 @@ class PushConsumer:
 
     async def _remove_queue(self, mq: MessageQueue) -> None:
         pq = self.process_queues.pop(mq)
-        pq.dropped = True
-        pq.wakeup.set()
         task = self._pull_tasks.pop(mq, None)
         if task is not None:
             task.cancel()
+        orderly = self.orderly and self.message_model == CLUSTERING
+        if orderly:
+            # Let the batch in the listener finish and commit before another consumer may lock the queue.
+            try:
+                await asyncio.wait_for(pq.consume_lock.acquire(), 10.0)
+            except TimeoutError:
+                log.warning("orderly batch of %s still running after 10 s; giving the queue up anyway", mq)
+        pq.dropped = True
+        pq.wakeup.set()
         await self.offset_store.persist([mq])
         self.offset_store.remove(mq)
-        if self.orderly and self.message_model == CLUSTERING:
+        if orderly:
             await self._unlock([mq])
 
     async def _initial_offset(self, mq: MessageQueue) -> int:
@@ -322,7 +354,9 @@ class PushConsumer:
             if addr is None:
                 continue
             try:
-                got |= await self.instance.require_api().lock_batch(addr, self.group, self.instance.client_id, queues)
+                got |= await self.instance.require_api().lock_batch(
+                    addr, self.group, self.instance.client_id, queues
+                )
             except Exception as exc:
                 log.warning("locking queues on %s failed: %s", broker, exc)
         now = time.monotonic()
@@ -347,7 +381,9 @@ class PushConsumer:
             if addr is None:
                 continue
             try:
-                await self.instance.require_api().unlock_batch(addr, self.group, self.instance.client_id, queues)
+                await self.instance.require_api().unlock_batch(
+                    addr, self.group, self.instance.client_id, queues
+                )
             except Exception as exc:
                 log.info("unlocking queues on %s failed: %s", broker, exc)
 
@@ -375,9 +411,18 @@ class PushConsumer:
                     raise ClientError(f"broker {mq.broker_name} has no known master")
                 pq.last_pull_time = time.monotonic()
                 result = await api.pull(
-                    addr, group=self.group, mq=mq, offset=offset, max_nums=self.pull_batch_size, sys_flag=sys_flag,
-                    commit_offset=commit, suspend_ms=int(self.suspend_s * 1000), subscription=sub.expression,
-                    sub_version=sub.version, expression_type=sub.expression_type, timeout=self.suspend_s + 5.0,
+                    addr,
+                    group=self.group,
+                    mq=mq,
+                    offset=offset,
+                    max_nums=self.pull_batch_size,
+                    sys_flag=sys_flag,
+                    commit_offset=commit,
+                    suspend_ms=int(self.suspend_s * 1000),
+                    subscription=sub.expression,
+                    sub_version=sub.version,
+                    expression_type=sub.expression_type,
+                    timeout=self.suspend_s + 5.0,
                 )
             except asyncio.CancelledError:
                 raise
@@ -417,13 +462,20 @@ class PushConsumer:
 
     def _dispatch_concurrently(self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         for i in range(0, len(msgs), self.consume_batch_size):
-            self._track(asyncio.create_task(self._consume_concurrently(mq, pq, msgs[i : i + self.consume_batch_size])))
+            self._track(
+                asyncio.create_task(self._consume_concurrently(mq, pq, msgs[i : i + self.consume_batch_size]))
+            )
 
     async def _call_listener(self, mq: MessageQueue, msgs: list[MessageExt]) -> bool:
         assert self.listener is not None
         ctx = ConsumeContext(
-            consumer_group=self.group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=msgs[0].queue_offset,
-            client_address=self.instance.client_id, message_count=len(msgs), extra={"side": "client"},
+            consumer_group=self.group,
+            topic=mq.topic,
+            queue_id=mq.queue_id,
+            queue_offset=msgs[0].queue_offset,
+            client_address=self.instance.client_id,
+            message_count=len(msgs),
+            extra={"side": "client"},
         )
         self.manager.hook.tidemq_before_consume(context=ctx)
         now_ms = str(int(time.time() * 1000))
@@ -454,7 +506,9 @@ class PushConsumer:
         retry_locally: list[MessageExt] = []
         if not ok:
             if self.message_model == BROADCASTING:
-                log.warning("broadcast consume of %d message(s) failed; dropped (no retry in broadcasting)", len(msgs))
+                log.warning(
+                    "broadcast consume of %d message(s) failed; dropped (no retry in broadcasting)", len(msgs)
+                )
             else:
                 for m in msgs:
                     if not await self._send_back(m, self.retry_delay_level):
@@ -464,7 +518,11 @@ class PushConsumer:
         if retry_locally:
             # The broker did not take them back: consume again here a little later (consumeMessageLater).
             async def later() -> None:
-                await asyncio.sleep(5.0)
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), 5.0)
+                    return  # shutting down: left uncommitted, so consumed again after a restart
+                except TimeoutError:
+                    pass
                 if not pq.dropped and self._running:
                     await self._consume_concurrently(mq, pq, retry_locally)
 
@@ -477,8 +535,13 @@ class PushConsumer:
             return False
         try:
             await self.instance.require_api().send_back(
-                addr, group=self.group, commit_log_offset=msg.commit_log_offset, delay_level=delay_level,
-                origin_msg_id=msg.uniq_key or msg.msg_id, origin_topic=msg.topic, max_reconsume_times=self.max_reconsume_times,
+                addr,
+                group=self.group,
+                commit_log_offset=msg.commit_log_offset,
+                delay_level=delay_level,
+                origin_msg_id=msg.uniq_key or msg.msg_id,
+                origin_topic=msg.topic,
+                max_reconsume_times=self.max_reconsume_times,
             )
             return True
         except Exception as exc:
@@ -508,25 +571,29 @@ class PushConsumer:
             if self.message_model == CLUSTERING and (not pq.locked or pq.lock_expired()):
                 await asyncio.sleep(0.1)
                 continue
-            batch = pq.take(self.consume_batch_size)
-            async with self._consume_slots:
+            suspend = False
+            # Commit or roll back under the queue's consume lock: a rebalance that takes the queue
+            # away waits for it, so the next owner starts exactly after the last finished batch.
+            async with pq.consume_lock, self._consume_slots:
+                if pq.dropped:
+                    return
+                batch = pq.take(self.consume_batch_size)
                 ok = await self._call_listener(mq, batch)
-            if pq.dropped:
-                return
-            if ok:
-                self.offset_store.update(mq, pq.commit())
-                continue
-            exhausted = [m for m in batch if m.reconsume_times + 1 >= self.max_reconsume_times]
-            if exhausted and self.message_model == CLUSTERING:
-                # Out of local retries: delay level -1 sends them straight to the dead-letter queue.
-                for m in batch:
-                    await self._send_back(m, -1)
-                self.offset_store.update(mq, pq.commit())
-                continue
-            for m in batch:
-                m.reconsume_times += 1
-            pq.rollback()
-            await asyncio.sleep(self.orderly_suspend_s)
+                exhausted = any(m.reconsume_times + 1 >= self.max_reconsume_times for m in batch)
+                if ok:
+                    self.offset_store.update(mq, pq.commit())
+                elif exhausted and self.message_model == CLUSTERING:
+                    # Out of local retries: delay level -1 sends them straight to the dead-letter queue.
+                    for m in batch:
+                        await self._send_back(m, -1)
+                    self.offset_store.update(mq, pq.commit())
+                else:
+                    for m in batch:
+                        m.reconsume_times += 1
+                    pq.rollback()
+                    suspend = True
+            if suspend:
+                await asyncio.sleep(self.orderly_suspend_s)
 
     # ------------------------------------------------------------------ offsets
     async def persist_offsets(self) -> None:
@@ -534,4 +601,3 @@ class PushConsumer:
 
     def assigned_queues(self) -> list[MessageQueue]:
         return sorted(self.process_queues)
-

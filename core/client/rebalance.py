@@ -8,6 +8,7 @@ Broadcasting: every consumer owns every queue.
 from __future__ import annotations
 
 import logging
+
 from tidemq.client.instance import ClientInstance
 from tidemq.queues import AllocateStrategy, MessageQueue
 
@@ -68,7 +69,9 @@ class Rebalancer:
             try:
                 mine = self.strategy.allocate(self.group, self.instance.client_id, queues, cids)
             except Exception as exc:
-                log.error("allocate strategy %s failed: %s", getattr(self.strategy, "name", self.strategy), exc)
+                log.error(
+                    "allocate strategy %s failed: %s", getattr(self.strategy, "name", self.strategy), exc
+                )
                 continue
             out[topic] = set(mine)
             self.incomplete.discard(topic)

@@ -8,6 +8,7 @@ from typing import Any
 
 import attrs
 import orjson
+
 from tidemq.queues import MessageQueue
 
 PERM_READ = 1 << 2
@@ -17,7 +18,7 @@ MASTER_ID = 0
 AUTO_CREATE_TOPIC = "TBW102"
 
 # fastjson (Java brokers/NameServers) writes integer map keys bare: {0:"127.0.0.1:10911"}.
-_BARE_INT_KEY = re.compile(rb'([{,])\s*(-?\d+)\s*:')
+_BARE_INT_KEY = re.compile(rb"([{,])\s*(-?\d+)\s*:")
 
 
 def loads_lenient(data: bytes | str) -> Any:
@@ -49,7 +50,11 @@ class BrokerData:
 
     def address(self, prefer_id: int = MASTER_ID) -> str | None:
         """The preferred broker id's address, else the master, else any."""
-        return self.broker_addrs.get(prefer_id) or self.master_address or next(iter(self.broker_addrs.values()), None)
+        return (
+            self.broker_addrs.get(prefer_id)
+            or self.master_address
+            or next(iter(self.broker_addrs.values()), None)
+        )
 
 
 @attrs.frozen

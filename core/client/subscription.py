@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterable
 
 import attrs
+
 from tidemq.client.compression import decompress
 from tidemq.client.errors import ClientError
 from tidemq.filter import EXPRESSION_SQL92, EXPRESSION_TAG
@@ -35,7 +36,9 @@ class Subscription:
     version: int = attrs.field(factory=lambda: time.time_ns() // 1_000_000)
 
     @classmethod
-    def build(cls, topic: str, expression: str | None = "*", expression_type: str = EXPRESSION_TAG) -> Subscription:
+    def build(
+        cls, topic: str, expression: str | None = "*", expression_type: str = EXPRESSION_TAG
+    ) -> Subscription:
         if not topic:
             raise ClientError("subscription topic must not be empty")
         expression = (expression or "*").strip() or "*"
@@ -66,7 +69,9 @@ class Subscription:
         return msg.tags in self.tags
 
 
-def prepare(messages: Iterable[MessageExt], sub: Subscription | None, group: str | None = None) -> list[MessageExt]:
+def prepare(
+    messages: Iterable[MessageExt], sub: Subscription | None, group: str | None = None
+) -> list[MessageExt]:
     """Filter by tag, decompress bodies and give retried messages their original topic back."""
     out = []
     for m in messages:

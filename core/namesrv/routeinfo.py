@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+
 from tidemq.remoting.protocol import (
     MASTER_ID,
     PERM_WRITE,

@@ -20,6 +20,7 @@ import struct
 from typing import Any
 
 import orjson
+
 from tidemq.remoting.codes import LanguageCode, SerializeType
 from tidemq.remoting.command import RemotingCommand, stringify
 from tidemq.remoting.errors import FrameError, HeaderError, ProtocolError

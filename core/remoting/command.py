@@ -6,6 +6,7 @@ import itertools
 from typing import Any
 
 import attrs
+
 from tidemq.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode, SerializeType
 
 #: The protocol version tidemq announces (a RocketMQ 4.x ``MQVersion`` ordinal); peers only log it.

@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 import orjson
+
 from tidemq.remoting.errors import BodyError
 
 MASTER_ID = 0

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+
 from tidemq.index import KeyIndex
 from tidemq.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
 from tidemq.plugins import PluginManager, get_plugin_manager

@@ -51,10 +51,14 @@ def build_store(
 ) -> MessageStore:
     """Build store ``name`` through the plugin manager, the way the broker composes it."""
     pm = get_plugin_manager()
-    components: dict[str, Any] = {"flush": pm.create("flush", flush, options=flush_options, data_dir=data_dir)}
+    components: dict[str, Any] = {
+        "flush": pm.create("flush", flush, options=flush_options, data_dir=data_dir)
+    }
     if index is not None:
         components["index"] = index
-    return pm.create("store", name, options=store_options, data_dir=data_dir, components=components, settings=settings)
+    return pm.create(
+        "store", name, options=store_options, data_dir=data_dir, components=components, settings=settings
+    )
 
 
 class TagFilter:
@@ -230,7 +234,9 @@ class StoreContract:
         assert done.wait(10)
         assert seen == [GetStatus.FOUND]
 
-    def test_dispatchers_and_arrival_listeners_see_each_message(self, make_store: Callable[[], MessageStore]) -> None:
+    def test_dispatchers_and_arrival_listeners_see_each_message(
+        self, make_store: Callable[[], MessageStore]
+    ) -> None:
         store = make_store()
         requests: list[DispatchRequest] = []
         arrivals: list[tuple[str, int, int]] = []
@@ -252,7 +258,9 @@ class StoreContract:
         assert store.load()
         store.start()
         try:
-            results = [put(store, message(queue_id=1, TAGS="t", KEYS="a b", UNIQ_KEY=f"u{i}")) for i in range(3)]
+            results = [
+                put(store, message(queue_id=1, TAGS="t", KEYS="a b", UNIQ_KEY=f"u{i}")) for i in range(3)
+            ]
             assert got_all.wait(10)
             deadline = time.monotonic() + 10
             while len(requests) < 3 and time.monotonic() < deadline:
@@ -274,7 +282,9 @@ class StoreContract:
         lock = threading.Lock()
 
         def writer(t: int) -> None:
-            futs = [store.put_message(message(body=b"%d-%d" % (t, i), queue_id=t % 2)) for i in range(per_thread)]
+            futs = [
+                store.put_message(message(body=b"%d-%d" % (t, i), queue_id=t % 2)) for i in range(per_thread)
+            ]
             out = [f.result(30) for f in futs]
             with lock:
                 results.extend(out)
@@ -286,8 +296,15 @@ class StoreContract:
             t.join()
         assert all(r.ok for r in results)
         for qid in (0, 1):
-            offsets = sorted(r.queue_offset for r in results if r.msg_ids and decode_message(
-                store.look_message_by_offset(decode_message_id(r.msg_id)[1]) or b"").queue_id == qid)
+            offsets = sorted(
+                r.queue_offset
+                for r in results
+                if r.msg_ids
+                and decode_message(
+                    store.look_message_by_offset(decode_message_id(r.msg_id)[1]) or b""
+                ).queue_id
+                == qid
+            )
             assert offsets == list(range(n_threads * per_thread // 2))
         bodies = set()
         for qid in (0, 1):

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Sequence
 
 import attrs
+
 from tidemq import hookimpl
 from tidemq.config import parse_options
 from tidemq.errors import ConfigError
@@ -150,7 +151,9 @@ class AllocateByConfig:
     name = "config"
 
     def __init__(self, queues: Sequence[MessageQueue | tuple[str, int]] = ()) -> None:
-        self._wanted = {(q.broker_name, q.queue_id) if isinstance(q, MessageQueue) else (q[0], int(q[1])) for q in queues}
+        self._wanted = {
+            (q.broker_name, q.queue_id) if isinstance(q, MessageQueue) else (q[0], int(q[1])) for q in queues
+        }
 
     def allocate(
         self, group: str, current_id: str, queues: Sequence[MessageQueue], consumer_ids: Sequence[str]
@@ -182,7 +185,9 @@ class AllocateByMachineRoom:
         index = _index_of(current_id, consumer_ids)
         if index is None:
             return []
-        in_rooms = [mq for mq in queues if mq.broker_name.split("@", 1)[0] in self.rooms and "@" in mq.broker_name]
+        in_rooms = [
+            mq for mq in queues if mq.broker_name.split("@", 1)[0] in self.rooms and "@" in mq.broker_name
+        ]
         n_c = len(consumer_ids)
         per, rem = divmod(len(in_rooms), n_c)
         owned = in_rooms[index * per : index * per + per]

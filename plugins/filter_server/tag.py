@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import attrs
+
 from tidemq.message import Prop, java_string_hash
 
 SUB_ALL = "*"

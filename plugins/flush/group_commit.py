@@ -124,7 +124,8 @@ class GroupCommitFlush:
                 self._inflight = []
                 if retry:
                     self._pending[:0] = retry
-                    time.sleep(0.001)  # the flush did not advance: do not spin
+            if retry:
+                time.sleep(0.001)  # the flush did not advance: do not spin
 
     def _gather(self) -> None:
         """Yield the GIL while runnable writers keep adding requests (bounded by batch_wait_us)."""

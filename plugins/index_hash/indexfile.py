@@ -36,6 +36,7 @@ from pathlib import Path
 
 import attrs
 import blake3
+
 from tidemq.errors import CorruptDataError
 
 log = logging.getLogger(__name__)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import attrs
+
 from tidemq.index import QueryResult
 from tidemq.store import DispatchRequest
 

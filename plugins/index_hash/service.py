@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import attrs
+
 from tidemq.errors import CorruptDataError, StoreError
 from tidemq.index import QueryResult
 from tidemq.message import TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK

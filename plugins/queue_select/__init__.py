@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import attrs
+
 from tidemq import hookimpl
 from tidemq.config import parse_options
 from tidemq.plugins import PluginContext
@@ -52,7 +53,9 @@ class RoundRobinSelector:
             counter = self._counters[topic] = itertools.count()
         return next(counter)
 
-    def select(self, topic: str, queues: Sequence[MessageQueue], last_broker: str | None = None) -> MessageQueue:
+    def select(
+        self, topic: str, queues: Sequence[MessageQueue], last_broker: str | None = None
+    ) -> MessageQueue:
         if not queues:
             raise ValueError(f"topic {topic!r} has no writable queue")
         start = self._next(topic)
@@ -100,7 +103,9 @@ class LatencyFaultSelector(RoundRobinSelector):
 
     def penalty_ms(self, latency_ms: float) -> float:
         """How long a broker whose send took ``latency_ms`` stays out of rotation."""
-        for limit, penalty in zip(reversed(self.latency_max_ms), reversed(self.not_available_ms), strict=True):
+        for limit, penalty in zip(
+            reversed(self.latency_max_ms), reversed(self.not_available_ms), strict=True
+        ):
             if latency_ms >= limit:
                 return penalty
         return 0.0
@@ -116,10 +121,18 @@ class LatencyFaultSelector(RoundRobinSelector):
             self._faults.pop(broker_name, None)
             return
         if broker_name not in self._faults or self.is_available(broker_name):
-            log.info("broker %s out of rotation for %.0f ms (latency %.0f ms, failed=%s)", broker_name, penalty, latency_ms, failed)
+            log.info(
+                "broker %s out of rotation for %.0f ms (latency %.0f ms, failed=%s)",
+                broker_name,
+                penalty,
+                latency_ms,
+                failed,
+            )
         self._faults[broker_name] = FaultItem(broker_name, latency_ms, now + penalty / 1000.0)
 
-    def select(self, topic: str, queues: Sequence[MessageQueue], last_broker: str | None = None) -> MessageQueue:
+    def select(
+        self, topic: str, queues: Sequence[MessageQueue], last_broker: str | None = None
+    ) -> MessageQueue:
         if not queues:
             raise ValueError(f"topic {topic!r} has no writable queue")
         start = self._next(topic)
@@ -158,5 +171,11 @@ def _latency_fault(ctx: PluginContext) -> LatencyFaultSelector:
 
 @hookimpl
 def tidemq_register_queue_selectors(register) -> None:  # noqa: ANN001 - pluggy passes a Register
-    register.add("round_robin", lambda ctx: RoundRobinSelector(), "queues in turn, skipping the broker that just failed")
-    register.add("latency_fault", _latency_fault, "round-robin avoiding slow/failed brokers for a penalty (default)")
+    register.add(
+        "round_robin",
+        lambda ctx: RoundRobinSelector(),
+        "queues in turn, skipping the broker that just failed",
+    )
+    register.add(
+        "latency_fault", _latency_fault, "round-robin avoiding slow/failed brokers for a penalty (default)"
+    )

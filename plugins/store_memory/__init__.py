@@ -13,7 +13,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -37,7 +36,7 @@ from tidemq.message import (
     tags_hash_code,
 )
 from tidemq.plugins import PluginContext, Register
-from tidemq.store import DispatchRequest, Dispatcher, GetResult, GetStatus, PutResult, PutStatus
+from tidemq.store import Dispatcher, DispatchRequest, GetResult, GetStatus, PutResult, PutStatus
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +73,15 @@ class MemoryMessageStore:
     def __init__(self, options: MemoryStoreOptions, settings: dict[str, Any] | None = None):
         settings = dict(settings or {})
         self.options = options
-        self.max_message_size = options.max_message_size or int(settings.get("max_message_size", 4 * 1024 * 1024))
+        self.max_message_size = options.max_message_size or int(
+            settings.get("max_message_size", 4 * 1024 * 1024)
+        )
         host, _, port = options.store_host.rpartition(":")
         self.store_host = (host, int(port or 0))
         self._lock = threading.Lock()
         self._offsets: list[int] = []  # commit-log offsets in order
         self._records: dict[int, bytes] = {}
         self._start = 0  # index into _offsets of the oldest record kept
-        self._size = 0
         self._phys_end = 0
         self._bytes = 0
         self._queues: dict[str, dict[int, _Queue]] = {}
@@ -90,7 +90,6 @@ class MemoryMessageStore:
         self._dispatch_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._running = False
-        self._recent: deque[int] = deque()
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> bool:
@@ -136,15 +135,24 @@ class MemoryMessageStore:
         try:
             for m in msgs:
                 if m.topic != topic or m.queue_id != queue_id:
-                    return PutResult(PutStatus.MESSAGE_ILLEGAL, error="a batch must go to one topic and queue")
-                records.append(encode_message(attrs.evolve(m, store_host=self.store_host), self.max_message_size))
+                    return PutResult(
+                        PutStatus.MESSAGE_ILLEGAL, error="a batch must go to one topic and queue"
+                    )
+                records.append(
+                    encode_message(attrs.evolve(m, store_host=self.store_host), self.max_message_size)
+                )
         except MessageTooLargeError as exc:
-            status = PutStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc) else PutStatus.MESSAGE_ILLEGAL
+            status = (
+                PutStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc) else PutStatus.MESSAGE_ILLEGAL
+            )
             return PutResult(status, error=str(exc))
         except ValueError as exc:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, error=f"cannot encode the message: {exc}")
         tags = [tags_hash_code(m.properties.get(Prop.TAGS)) for m in msgs]
-        consumable = msgs[0].sys_flag & TRANSACTION_TYPE_MASK not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+        consumable = msgs[0].sys_flag & TRANSACTION_TYPE_MASK not in (
+            TRANSACTION_PREPARED_TYPE,
+            TRANSACTION_ROLLBACK_TYPE,
+        )
         with self._lock:
             q = self._queues.setdefault(topic, {}).setdefault(queue_id, _Queue()) if consumable else None
             qoff = q.max_offset if q is not None else 0
@@ -163,7 +171,9 @@ class MemoryMessageStore:
             self._phys_end = phys
             self._evict()
             if self._dispatchers or self._listeners:
-                self._dispatch_q.put((msgs, offsets, [len(r) for r in records], tags, ts, qoff if q is not None else -1))
+                self._dispatch_q.put(
+                    (msgs, offsets, [len(r) for r in records], tags, ts, qoff if q is not None else -1)
+                )
         return PutResult(
             PutStatus.PUT_OK,
             wrote_offset=base,
@@ -205,10 +215,17 @@ class MemoryMessageStore:
             for i, m in enumerate(msgs):
                 if self._dispatchers:
                     req = DispatchRequest(
-                        topic=m.topic, queue_id=m.queue_id, commit_log_offset=offsets[i], msg_size=sizes[i],
-                        tags_code=tags[i], store_timestamp=ts, queue_offset=qoff + i if qoff >= 0 else 0,
-                        keys=m.properties.get(Prop.KEYS, ""), uniq_key=m.properties.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
-                        sys_flag=m.sys_flag, prepared_transaction_offset=m.prepared_transaction_offset,
+                        topic=m.topic,
+                        queue_id=m.queue_id,
+                        commit_log_offset=offsets[i],
+                        msg_size=sizes[i],
+                        tags_code=tags[i],
+                        store_timestamp=ts,
+                        queue_offset=qoff + i if qoff >= 0 else 0,
+                        keys=m.properties.get(Prop.KEYS, ""),
+                        uniq_key=m.properties.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
+                        sys_flag=m.sys_flag,
+                        prepared_transaction_offset=m.prepared_transaction_offset,
                         properties=m.properties,
                     )
                     for d in self._dispatchers:
@@ -251,7 +268,12 @@ class MemoryMessageStore:
         if offset == max_offset:
             return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
         if offset > max_offset:
-            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, min_offset if min_offset == 0 else max_offset, min_offset, max_offset)
+            return GetResult(
+                GetStatus.OFFSET_OVERFLOW_BADLY,
+                min_offset if min_offset == 0 else max_offset,
+                min_offset,
+                max_offset,
+            )
         status = GetStatus.NO_MATCHED_MESSAGE
         buffers: list[bytes] = []
         qoffsets: list[int] = []
@@ -342,9 +364,13 @@ class MemoryMessageStore:
 
 
 def create(ctx: PluginContext) -> MemoryMessageStore:
-    return MemoryMessageStore(parse_options(MemoryStoreOptions, ctx.options, "[store.memory]"), dict(ctx.settings))
+    return MemoryMessageStore(
+        parse_options(MemoryStoreOptions, ctx.options, "[store.memory]"), dict(ctx.settings)
+    )
 
 
 @hookimpl
 def tidemq_register_stores(register: Register) -> None:
-    register.add("memory", create, "in-memory store for tests and ephemeral brokers (nothing survives a restart)")
+    register.add(
+        "memory", create, "in-memory store for tests and ephemeral brokers (nothing survives a restart)"
+    )

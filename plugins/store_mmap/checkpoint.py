@@ -29,7 +29,9 @@ class StoreCheckpoint:
         except FileNotFoundError:
             return
         if len(data) >= _LAYOUT.size:
-            self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp = _LAYOUT.unpack_from(data)
+            self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp = (
+                _LAYOUT.unpack_from(data)
+            )
 
     def min_timestamp(self, with_index: bool) -> int:
         ts = min(self.physic_msg_timestamp, self.logics_msg_timestamp)
@@ -39,5 +41,7 @@ class StoreCheckpoint:
 
     def flush(self) -> None:
         data = bytearray(FILE_SIZE)
-        _LAYOUT.pack_into(data, 0, self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp)
+        _LAYOUT.pack_into(
+            data, 0, self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp
+        )
         atomic_write_bytes(self.path, bytes(data))

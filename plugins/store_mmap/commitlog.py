@@ -37,7 +37,9 @@ class CommitLogFullError(StoreError):
 class CommitLog:
     """Appends and reads records; it is the :class:`tidemq.flush.Flushable` the flush policy drives."""
 
-    def __init__(self, directory: Path, file_size: int, allocator: AllocateService | None, *, transient: bool):
+    def __init__(
+        self, directory: Path, file_size: int, allocator: AllocateService | None, *, transient: bool
+    ):
         self.queue = MappedFileQueue(directory, file_size, allocator, transient=transient)
         self.file_size = file_size
 
@@ -62,7 +64,9 @@ class CommitLog:
     def file_for(self, size: int) -> MappedFile:
         """The file the next ``size`` bytes go to, writing the blank end marker when needed."""
         if size + END_FILE_MIN_BLANK_LENGTH > self.file_size:
-            raise CommitLogFullError(f"a {size}-byte append does not fit a {self.file_size}-byte commit-log file")
+            raise CommitLogFullError(
+                f"a {size}-byte append does not fit a {self.file_size}-byte commit-log file"
+            )
         mf = self.queue.get_last_mapped_file(0)
         if mf is None:
             raise StoreError("cannot create a commit-log file")
@@ -129,7 +133,9 @@ class CommitLog:
             return "end", 0, None
         return "msg", total, msg
 
-    def scan(self, start_file_index: int, check_crc: bool, on_message: Callable[[MessageExt], None] | None) -> int:
+    def scan(
+        self, start_file_index: int, check_crc: bool, on_message: Callable[[MessageExt], None] | None
+    ) -> int:
         """Validate records from the file at ``start_file_index``; returns the end of the valid data."""
         files = self.queue.files
         if not files:
@@ -145,8 +151,11 @@ class CommitLog:
                     kind, size, msg = self.check_record(view, pos, check_crc)
                     if kind == "msg":
                         if msg is not None and msg.commit_log_offset != mf.file_from_offset + pos:
-                            log.warning("commit log: record at %d claims offset %d; the log ends here",
-                                        mf.file_from_offset + pos, msg.commit_log_offset)
+                            log.warning(
+                                "commit log: record at %d claims offset %d; the log ends here",
+                                mf.file_from_offset + pos,
+                                msg.commit_log_offset,
+                            )
                             kind = "end"
                         else:
                             if on_message is not None and msg is not None:
@@ -170,12 +179,17 @@ class CommitLog:
         self._truncate(end)
         return end
 
-    def recover_abnormally(self, min_timestamp: int, check_crc: bool, on_message: Callable[[MessageExt], None]) -> int:
+    def recover_abnormally(
+        self, min_timestamp: int, check_crc: bool, on_message: Callable[[MessageExt], None]
+    ) -> int:
         """Re-validate from the file holding the checkpoint, re-dispatching every record found."""
         files = self.queue.files
         start = 0
         for i in range(len(files) - 1, -1, -1):
-            if self._first_store_timestamp(files[i]) is not None and self._first_store_timestamp(files[i]) <= min_timestamp:
+            if (
+                self._first_store_timestamp(files[i]) is not None
+                and self._first_store_timestamp(files[i]) <= min_timestamp
+            ):
                 start = i
                 break
         log.info("abnormal recovery of the commit log from file %s", files[start].path.name if files else "-")

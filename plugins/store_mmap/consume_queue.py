@@ -86,7 +86,12 @@ class ConsumeQueue:
             if cut_at is not None:
                 break
         if cut_at is not None:
-            log.info("consume queue %s-%d: cutting entries past commit-log offset %d", self.topic, self.queue_id, phy_end)
+            log.info(
+                "consume queue %s-%d: cutting entries past commit-log offset %d",
+                self.topic,
+                self.queue_id,
+                phy_end,
+            )
             self.queue.truncate_dirty_files(cut_at)
         self.max_physic_offset = max_phy
 
@@ -107,6 +112,22 @@ class ConsumeQueue:
         mf.append(CQ_ENTRY.pack(offset, size, tags_code))
         self.max_physic_offset = offset + size
         return True
+
+    def put_many(self, entries: list[tuple[int, int, int]], first_cq_offset: int) -> None:
+        """Write consecutive entries with one copy when they fit the current file (batches)."""
+        expect = first_cq_offset * CQ_STORE_UNIT_SIZE
+        last = self.queue.last
+        data = b"".join([CQ_ENTRY.pack(*e) for e in entries])
+        if (
+            last is not None
+            and last.file_from_offset + last.wrote_position == expect
+            and entries[0][0] + entries[0][1] > self.max_physic_offset
+            and last.append(data)
+        ):
+            self.max_physic_offset = entries[-1][0] + entries[-1][1]
+            return
+        for i, (offset, size, tags_code) in enumerate(entries):
+            self.put(offset, size, tags_code, first_cq_offset + i)
 
     def _file_for(self, expect: int) -> MappedFile:
         if not self.queue.files:

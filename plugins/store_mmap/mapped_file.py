@@ -19,7 +19,6 @@ import logging
 import mmap
 import os
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -141,7 +140,11 @@ class MappedFile:
         flushed = self.flushed_position
         if value <= flushed:
             return flushed
-        if least_pages > 0 and (value // OS_PAGE - flushed // OS_PAGE) < least_pages and value < self.file_size:
+        if (
+            least_pages > 0
+            and (value // OS_PAGE - flushed // OS_PAGE) < least_pages
+            and value < self.file_size
+        ):
             return flushed
         if self._closed:
             return flushed
@@ -288,7 +291,9 @@ class MappedFileQueue:
         """Map the existing files; a file of the wrong size is a :class:`StoreError`."""
         if not self.directory.exists():
             return
-        names = sorted(p for p in self.directory.iterdir() if p.is_file() and p.name.isdigit() and len(p.name) == 20)
+        names = sorted(
+            p for p in self.directory.iterdir() if p.is_file() and p.name.isdigit() and len(p.name) == 20
+        )
         for p in names:
             size = p.stat().st_size
             if size != self.file_size:
@@ -336,7 +341,9 @@ class MappedFileQueue:
             self.files.append(mf)
         return mf
 
-    def find_mapped_file_by_offset(self, offset: int, return_first_on_not_found: bool = False) -> MappedFile | None:
+    def find_mapped_file_by_offset(
+        self, offset: int, return_first_on_not_found: bool = False
+    ) -> MappedFile | None:
         files = self.files
         if not files:
             return None
@@ -429,7 +436,12 @@ class MappedFileQueue:
             m.destroy()
 
     def delete_expired_by_time(
-        self, expired_ms: float, now_ms: float, clean_immediately: bool, max_files: int, interval_s: float = 0.0
+        self,
+        expired_ms: float,
+        now_ms: float,
+        clean_immediately: bool,
+        max_files: int,
+        interval_s: float = 0.0,
     ) -> int:
         """Delete files last modified more than ``expired_ms`` ago (never the active file)."""
         files = self.files[:-1]
@@ -458,6 +470,3 @@ class MappedFileQueue:
             self.directory.rmdir()
         except OSError:
             pass
-
-
-FileFactory = Callable[[Path, int], MappedFile]

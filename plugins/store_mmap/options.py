@@ -19,7 +19,9 @@ def _hours(_inst: object, attribute: attrs.Attribute, value: str) -> None:
     try:
         hours = [int(h) for h in value.split(";") if h.strip()]
     except ValueError:
-        raise ValueError(f"{attribute.name} must be hours separated by ';' like \"04\" or \"01;13\", got {value!r}") from None
+        raise ValueError(
+            f'{attribute.name} must be hours separated by \';\' like "04" or "01;13", got {value!r}'
+        ) from None
     if not hours or any(not 0 <= h <= 23 for h in hours):
         raise ValueError(f"{attribute.name} must list hours 0-23 separated by ';', got {value!r}")
 

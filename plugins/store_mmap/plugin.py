@@ -16,7 +16,7 @@ def create(ctx: PluginContext) -> MmapMessageStore:
     options = parse_options(MmapStoreOptions, ctx.options, "[store.mmap]")
     flush = ctx.components.get("flush")
     if flush is None:
-        raise ConfigError("[store.mmap] needs a flush policy: set [plugins] flush = \"sync\" or \"async\"")
+        raise ConfigError('[store.mmap] needs a flush policy: set [plugins] flush = "sync" or "async"')
     return MmapMessageStore(ctx.data_dir, options, flush, ctx.components.get("index"), dict(ctx.settings))
 
 

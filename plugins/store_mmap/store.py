@@ -12,6 +12,7 @@ Directory layout under the data dir: ``commitlog/``, ``consumequeue/<topic>/<que
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import shutil
@@ -45,7 +46,7 @@ from tidemq.message import (
     patch_record,
     tags_hash_code,
 )
-from tidemq.store import DispatchRequest, Dispatcher, GetResult, GetStatus, PutResult, PutStatus
+from tidemq.store import Dispatcher, DispatchRequest, GetResult, GetStatus, PutResult, PutStatus
 
 from .checkpoint import StoreCheckpoint
 from .commitlog import CommitLog, CommitLogFullError
@@ -59,6 +60,10 @@ _I32 = struct.Struct(">i")
 #: ConsumeQueue bytes scanned per pull at most (RocketMQ's maxFilterMessageCount).
 MAX_FILTER_BYTES = 16000
 _MIN = -(1 << 63)
+
+
+#: Tags repeat across messages; Java's String.hashCode in Python costs microseconds per call.
+_tags_code = functools.lru_cache(maxsize=65536)(tags_hash_code)
 
 
 def now_ms() -> int:
@@ -107,18 +112,27 @@ class MmapMessageStore:
         self.options = options
         self.flush_policy = flush_policy
         self.index = index
-        self.max_message_size = options.max_message_size or int(settings.get("max_message_size", 4 * 1024 * 1024))
-        address = options.store_host or settings.get("advertise") or settings.get("listen") or "127.0.0.1:10911"
+        self.max_message_size = options.max_message_size or int(
+            settings.get("max_message_size", 4 * 1024 * 1024)
+        )
+        address = (
+            options.store_host or settings.get("advertise") or settings.get("listen") or "127.0.0.1:10911"
+        )
         self.store_host = parse_host(str(address))
         self.allocator = (
             AllocateService(
-                transient=options.transient_store_pool, reserve_blocks=options.reserve_blocks, warm_up=options.warm_up
+                transient=options.transient_store_pool,
+                reserve_blocks=options.reserve_blocks,
+                warm_up=options.warm_up,
             )
             if options.preallocate
             else None
         )
         self.commitlog = CommitLog(
-            self.root / "commitlog", options.commitlog_file_size, self.allocator, transient=options.transient_store_pool
+            self.root / "commitlog",
+            options.commitlog_file_size,
+            self.allocator,
+            transient=options.transient_store_pool,
         )
         self.checkpoint: StoreCheckpoint | None = None
         self._cq_root = self.root / "consumequeue"
@@ -133,7 +147,7 @@ class MmapMessageStore:
         self._running = False
         self._loaded = False
         self._last_cq_ts = 0
-        self._last_thorough = 0.0
+        self._reput_from = 0  # replication: where indexing of appended raw bytes resumes
         if index is not None:
             self.add_dispatcher(index)
 
@@ -172,8 +186,15 @@ class MmapMessageStore:
         reput_from = max([cl_min, *(cq.max_physic_offset for cq in self._all_cqs())])
         for _, msg in self.commitlog.iter_records(reput_from):
             self._redispatch(msg)
+        self._reput_from = self.commitlog.get_max_offset()
         self._loaded = True
-        log.info("store %s loaded: commit log [%d, %d), %d queues", self.root, cl_min, end, len(list(self._all_cqs())))
+        log.info(
+            "store %s loaded: commit log [%d, %d), %d queues",
+            self.root,
+            cl_min,
+            end,
+            len(list(self._all_cqs())),
+        )
         return True
 
     def _load_consume_queues(self) -> None:
@@ -248,7 +269,9 @@ class MmapMessageStore:
             return fut
         flushed = self.flush_policy.request(result.wrote_offset + result.wrote_bytes)
         if flushed.done():
-            fut.set_result(result if flushed.result() else attrs.evolve(result, status=PutStatus.FLUSH_DISK_TIMEOUT))
+            fut.set_result(
+                result if flushed.result() else attrs.evolve(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
+            )
         else:
 
             def done(f: Future[bool]) -> None:
@@ -283,9 +306,11 @@ class MmapMessageStore:
                         m = attrs.evolve(m, body=body, sys_flag=m.sys_flag | bits)
                 m = m if m.store_host == self.store_host else attrs.evolve(m, store_host=self.store_host)
                 records.append(encode_message(m, self.max_message_size))
-                tags.append(tags_hash_code(m.properties.get(Prop.TAGS)))
+                tags.append(_tags_code(m.properties.get(Prop.TAGS)))
         except MessageTooLargeError as exc:
-            status = PutStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc) else PutStatus.MESSAGE_ILLEGAL
+            status = (
+                PutStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc) else PutStatus.MESSAGE_ILLEGAL
+            )
             return self._illegal(str(exc), status)
         except ValueError as exc:  # a host that is not an IP address
             return self._illegal(f"cannot encode the message: {exc}")
@@ -303,7 +328,9 @@ class MmapMessageStore:
                 return self._illegal(str(exc))
             except OSError as exc:
                 log.error("cannot create a store file: %s", exc)
-                return self._illegal(f"cannot create a store file: {exc}", PutStatus.CREATE_MAPPED_FILE_FAILED)
+                return self._illegal(
+                    f"cannot create a store file: {exc}", PutStatus.CREATE_MAPPED_FILE_FAILED
+                )
             queue_offset = cq.max_offset_in_queue if cq is not None else 0
             base = mf.file_from_offset + mf.wrote_position
             ts = now_ms()
@@ -315,12 +342,16 @@ class MmapMessageStore:
                 phys += len(rec)
             mf.append(records[0] if len(records) == 1 else b"".join(records))
             mf.store_timestamp = ts
+            self._reput_from = phys
             if cq is not None:
-                for i, rec in enumerate(records):
-                    cq.put(offsets[i], len(rec), tags[i], queue_offset + i)
+                if len(records) == 1:
+                    cq.put(base, total, tags[0], queue_offset)
+                else:
+                    cq.put_many([(offsets[i], len(r), tags[i]) for i, r in enumerate(records)], queue_offset)
                 self._last_cq_ts = ts
             if self._needs_dispatch:
-                self._dispatch_q.put((msgs, offsets, records, tags, ts, queue_offset if cq is not None else -1))
+                sizes = [len(r) for r in records]
+                self._dispatch_q.put((msgs, offsets, sizes, tags, ts, queue_offset if cq is not None else -1))
         host = self.store_host
         return PutResult(
             PutStatus.PUT_OK,
@@ -357,14 +388,14 @@ class MmapMessageStore:
                 if entry is None:
                     stop = True
                     continue
-                msgs, offsets, records, tags, ts, queue_offset = entry
+                msgs, offsets, sizes, tags, ts, queue_offset = entry
                 for i, m in enumerate(msgs):
                     if self._dispatchers:
                         req = DispatchRequest(
                             topic=m.topic,
                             queue_id=m.queue_id,
                             commit_log_offset=offsets[i],
-                            msg_size=len(records[i]),
+                            msg_size=sizes[i],
                             tags_code=tags[i],
                             store_timestamp=ts,
                             queue_offset=queue_offset + i if queue_offset >= 0 else 0,
@@ -390,13 +421,16 @@ class MmapMessageStore:
             if stop:
                 return
 
+    def _redispatch_cq(self, msg: MessageExt) -> None:
+        if self._consumable(msg.sys_flag):
+            cq = self._cq_for_write(msg.topic, msg.queue_id)
+            cq.put(msg.commit_log_offset, msg.store_size, _tags_code(msg.tags), msg.queue_offset)
+            self._last_cq_ts = msg.store_timestamp
+
     def _redispatch(self, msg: MessageExt) -> None:
         """Rebuild the queue entry and re-index one recovered record (load time, single-threaded)."""
-        tags = tags_hash_code(msg.tags)
-        tran = msg.sys_flag & TRANSACTION_TYPE_MASK
-        if tran not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
-            cq = self._cq_for_write(msg.topic, msg.queue_id)
-            cq.put(msg.commit_log_offset, msg.store_size, tags, msg.queue_offset)
+        tags = _tags_code(msg.tags)
+        self._redispatch_cq(msg)
         if not self._dispatchers:
             return
         req = DispatchRequest(
@@ -564,6 +598,59 @@ class MmapMessageStore:
         """Raw commit-log bytes from ``offset`` to the end of its file (for replication)."""
         return self.commitlog.get_data_from(offset)
 
+    def append_to_commit_log(self, start_offset: int, data: bytes | memoryview) -> bool:
+        """Append raw commit-log bytes replicated from a master (RocketMQ's appendToCommitLog).
+
+        ``start_offset`` must be this log's end.  Complete records are then indexed into their
+        ConsumeQueues and dispatched; a record split across calls is indexed when its last bytes
+        arrive.  Returns ``False`` (nothing written) when the offset does not match.
+        """
+        with self._lock:
+            if not self._running:
+                return False
+            end = self.commitlog.get_max_offset()
+            if start_offset != end and not (end == 0 and not self.commitlog.queue.files):
+                return False
+            if not self.commitlog.queue.files:
+                self._reput_from = start_offset
+            view = memoryview(data)
+            pos = 0
+            while pos < len(view):
+                mf = self.commitlog.queue.get_last_mapped_file(start_offset + pos)
+                if mf is None:
+                    return False
+                n = min(len(view) - pos, mf.free_space)
+                mf.append(view[pos : pos + n])
+                pos += n
+            self._reput_locked()
+            end = self.commitlog.get_max_offset()
+        self.flush_policy.request(end)
+        return True
+
+    def _reput_locked(self) -> None:
+        """Index the complete records between the reput offset and the end of the log."""
+        for offset, msg in self.commitlog.iter_records(self._reput_from):
+            self._redispatch_cq(msg)
+            mf = self.commitlog.queue.find_mapped_file_by_offset(offset)
+            if mf is not None:
+                mf.store_timestamp = msg.store_timestamp
+            if self._needs_dispatch:
+                tags = _tags_code(msg.tags)
+                queued = msg.queue_offset if self._consumable(msg.sys_flag) else -1
+                self._dispatch_q.put(([msg], [offset], [msg.store_size], [tags], msg.store_timestamp, queued))
+            self._reput_from = offset + msg.store_size
+        # A BLANK at the end of a file moves the reput offset to the next file.
+        mf = self.commitlog.queue.find_mapped_file_by_offset(self._reput_from)
+        if mf is not None and self._reput_from < self.commitlog.get_max_offset():
+            view = mf.view_from(self._reput_from - mf.file_from_offset)
+            if view is not None and self.commitlog.check_record(view, 0, False)[0] == "blank":
+                self._reput_from = self.commitlog.roll_next_file(self._reput_from)
+                self._reput_locked()
+
+    @staticmethod
+    def _consumable(sys_flag: int) -> bool:
+        return sys_flag & TRANSACTION_TYPE_MASK not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+
     def topics(self) -> dict[str, list[int]]:
         return {t: sorted(qs) for t, qs in list(self._cqs.items()) if qs}
 
@@ -639,7 +726,11 @@ class MmapMessageStore:
         if not (is_time or space or manual):
             return 0
         if space:
-            log.warning("disk %.1f%% used (limit %d%%): cleaning commit-log files", ratio, opts.disk_max_used_space_ratio)
+            log.warning(
+                "disk %.1f%% used (limit %d%%): cleaning commit-log files",
+                ratio,
+                opts.disk_max_used_space_ratio,
+            )
         deleted = self.commitlog.queue.delete_expired_by_time(
             opts.file_reserved_hours * 3600 * 1000, now_s * 1000, immediately, opts.delete_files_batch_max
         )

@@ -6,6 +6,7 @@ import ssl
 from typing import Any
 
 import attrs
+
 from tidemq.config import parse_options
 from tidemq.errors import ConfigError
 

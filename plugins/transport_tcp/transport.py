@@ -9,6 +9,7 @@ blocks the others on the same connection.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -291,7 +292,8 @@ class Connection(asyncio.Protocol):
             )
         else:
             try:
-                response = await handler(self, cmd)
+                result = handler(self, cmd)
+                response = await result if inspect.isawaitable(result) else result  # sync handlers work too
             except Exception as exc:
                 log.exception("handler failed on request code %s from %s", cmd.code, self.remote_address)
                 response = cmd.reply(ResponseCode.SYSTEM_ERROR, remark=f"{type(exc).__name__}: {exc}")

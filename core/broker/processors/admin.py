@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import orjson
+
 from tidemq import __version__
 from tidemq.broker.headers import DEFAULT_TOPIC, PERM_READ, PERM_WRITE, Header, check_topic_name, kv
 from tidemq.broker.topics import TopicConfig

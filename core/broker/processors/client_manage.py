@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 import orjson
+
 from tidemq.broker.clients import ClientChannel, SubscriptionData
 from tidemq.broker.headers import PERM_READ, PERM_WRITE, Header, retry_topic
 from tidemq.remoting.codes import RequestCode, ResponseCode

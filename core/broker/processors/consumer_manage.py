@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+
 from tidemq.broker.headers import Header, kv
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode

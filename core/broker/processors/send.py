@@ -6,6 +6,7 @@ import asyncio
 import logging
 import random
 import time
+from concurrent.futures import Future
 from typing import Any
 
 from tidemq.broker.headers import (
@@ -82,6 +83,13 @@ _REPLICA_CODES = {
     "FLUSH_SLAVE_TIMEOUT": ResponseCode.FLUSH_SLAVE_TIMEOUT,
     "SLAVE_NOT_AVAILABLE": ResponseCode.SLAVE_NOT_AVAILABLE,
 }
+
+
+async def resolved(future: Future[Any]) -> Any:
+    """The result of a concurrent future; no event-loop hop when it is already done (the usual case)."""
+    if future.done():
+        return future.result()
+    return await asyncio.wrap_future(future)
 
 
 def send_header(request: RemotingCommand) -> Header:
@@ -301,7 +309,7 @@ class SendProcessor:
         start = time.perf_counter()
         try:
             future = b.store.put_messages(msgs) if batch else b.store.put_message(first)
-            result: PutResult = await asyncio.wrap_future(future)
+            result: PutResult = await resolved(future)
         except Exception as exc:
             log.exception("store refused a message for %s", first.topic)
             ctx.status, ctx.elapsed_ms = "SYSTEM_ERROR", (time.perf_counter() - start) * 1000
@@ -312,7 +320,7 @@ class SendProcessor:
             remark = f"{remark or result.status.value}: {result.error}"
         if result.ok:
             b.stats.on_put(result.message_count or len(msgs), result.wrote_bytes)
-            replica = await asyncio.wrap_future(
+            replica = await resolved(
                 b.replication.wait_for_replicas(result.wrote_offset + result.wrote_bytes)
             )
             code = _REPLICA_CODES.get(replica, ResponseCode.SYSTEM_ERROR)
@@ -398,7 +406,7 @@ class SendProcessor:
             store_host=b.store_host,
             reconsume_times=ext.reconsume_times + 1,
         )
-        result = await asyncio.wrap_future(b.store.put_message(msg))
+        result = await resolved(b.store.put_message(msg))
         if not result.ok:
             return request.reply(ResponseCode.SYSTEM_ERROR, f"{result.status.value} {result.error}".strip())
         b.stats.on_put(1, result.wrote_bytes)
