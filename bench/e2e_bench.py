@@ -79,7 +79,9 @@ def rate(n: int, seconds: float, size: int) -> dict[str, float]:
     }
 
 
-def produce(namesrv: str, topic: str, n: int, size: int, threads: int, oneway: bool) -> tuple[int, float]:
+def produce(
+    namesrv: str, topic: str, n: int, size: int, threads: int, oneway: bool
+) -> tuple[int, float, int]:
     from rocketmq.client import Message, Producer
 
     body = ("x" * size).encode()
@@ -90,20 +92,30 @@ def produce(namesrv: str, topic: str, n: int, size: int, threads: int, oneway: b
     warm.set_body(b"warmup")
     producer.send_sync(warm)  # route lookup and connection set-up stay out of the measurement
     per_thread = n // threads
-    errors: list[BaseException] = []
+    failures: list[BaseException] = []  # sends that failed even after retries
+    retried = [0]
+    lock = threading.Lock()
 
     def worker() -> None:
-        try:
-            for _ in range(per_thread):
-                msg = Message(topic)
-                msg.set_body(body)
-                msg.set_tags("bench")
-                if oneway:
-                    producer.send_oneway(msg)
-                else:
-                    producer.send_sync(msg)
-        except BaseException as exc:  # reported in the JSON, never silently dropped
-            errors.append(exc)
+        for _ in range(per_thread):
+            msg = Message(topic)
+            msg.set_body(body)
+            msg.set_tags("bench")
+            for attempt in range(3):
+                try:
+                    if oneway:
+                        producer.send_oneway(msg)
+                    else:
+                        producer.send_sync(msg)
+                    break
+                except Exception as exc:
+                    # rocketmq-client-cpp fails a send when its threads contend for the connection
+                    # lock ("get timed_mutex timeout"); count it and try again.
+                    with lock:
+                        if attempt == 2:
+                            failures.append(exc)
+                        else:
+                            retried[0] += 1
 
     workers = [threading.Thread(target=worker) for _ in range(threads)]
     t0 = time.perf_counter()
@@ -112,10 +124,12 @@ def produce(namesrv: str, topic: str, n: int, size: int, threads: int, oneway: b
     for w in workers:
         w.join()
     elapsed = time.perf_counter() - t0
+    if oneway:
+        time.sleep(2.0)  # oneway sends still queued in the client are dropped by shutdown
     producer.shutdown()
-    if errors:
-        raise RuntimeError(f"{len(errors)} producer thread(s) failed: {errors[0]!r}")
-    return per_thread * threads, elapsed
+    if retried[0] or failures:
+        log(f"  client-side send retries: {retried[0]}, failures: {len(failures)} {failures[:1]!r}")
+    return per_thread * threads - len(failures), elapsed, retried[0] + len(failures)
 
 
 def consume(namesrv: str, topic: str, expected: int, timeout: float) -> tuple[int, float]:
@@ -144,6 +158,30 @@ def consume(namesrv: str, topic: str, expected: int, timeout: float) -> tuple[in
     elapsed = time.perf_counter() - t0
     consumer.shutdown()
     return count[0], elapsed
+
+
+async def stored_messages(namesrv: str, topic: str) -> tuple[int, int]:
+    """Messages the broker holds in the topic (sum of the queues' max offsets), and the number of
+    messages its send processor accepted since it started (GET_BROKER_RUNTIME_INFO)."""
+    from tidemq.admin import AdminClient
+    from tidemq.client.route import loads_lenient
+    from tidemq.remoting.codes import RequestCode
+
+    client = AdminClient(namesrv)
+    try:
+        route = await client.route(topic)
+        total = accepted = 0
+        for addr in route.addresses().values():
+            for q in route.subscribe_queues():
+                resp = await client.call(
+                    addr, RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": q.queue_id}
+                )
+                total += int(resp.ext_fields["offset"])
+            info = await client.call(addr, RequestCode.GET_BROKER_RUNTIME_INFO)
+            accepted += int(loads_lenient(info.body or b"{}")["table"]["msgPutTotalTodayNow"])
+        return total, accepted
+    finally:
+        await client.close()
 
 
 async def tidemq_client_phase(
@@ -256,13 +294,18 @@ flush = "{args.flush}"
             timeout=30,
         )
         log(f"produce {args.messages} x {args.size} B with send_sync from {args.producers} threads")
-        n_sync, t_sync = produce(namesrv, topic, args.messages, args.size, args.producers, oneway=False)
+        n_sync, t_sync, err_sync = produce(
+            namesrv, topic, args.messages, args.size, args.producers, oneway=False
+        )
         log(f"  {n_sync / t_sync:.0f} msg/s")
         log("produce the same with send_oneway")
-        n_ow, t_ow = produce(namesrv, topic, args.messages, args.size, args.producers, oneway=True)
+        n_ow, t_ow, err_ow = produce(namesrv, topic, args.messages, args.size, args.producers, oneway=True)
         log(f"  {n_ow / t_ow:.0f} msg/s (client side)")
         time.sleep(1.0)
-        total = n_sync + n_ow + 2  # two warm-up messages
+        total, accepted = asyncio.run(stored_messages(namesrv, topic))
+        log(
+            f"  the broker accepted {accepted} and stored {total} of {n_sync + n_ow + 2} messages the client sent"
+        )
         log(f"consume {total} with a PushConsumer")
         n_c, t_c = consume(namesrv, topic, total, timeout=max(60.0, total / 200))
         log(f"  {n_c} messages in {t_c:.2f} s")
@@ -274,8 +317,11 @@ flush = "{args.flush}"
             "size": args.size,
             "producers": args.producers,
             "queues": args.queues,
-            "produce_sync": rate(n_sync, t_sync, args.size),
-            "produce_oneway": rate(n_ow, t_ow, args.size),
+            "produce_sync": {**rate(n_sync, t_sync, args.size), "client_send_errors": err_sync},
+            "produce_oneway": {**rate(n_ow, t_ow, args.size), "client_send_errors": err_ow},
+            "stored": total,
+            "broker_accepted": accepted,
+            "sent": n_sync + n_ow + 2,  # two warm-up messages
             "consume_push": {**rate(n_c, t_c, args.size), "complete": n_c >= total, "expected": total},
         }
         if not args.no_tidemq_client:

@@ -670,3 +670,20 @@ def test_silent_consumers_are_dropped_by_housekeeping(tmp_path: Path, plugin_mat
             assert gone.code == ResponseCode.SYSTEM_ERROR and "no consumer" in gone.remark
 
     asyncio.run(main())
+
+
+def test_a_taken_port_fails_start_and_leaves_the_store_usable(tmp_path: Path, plugin_matrix: dict[str, str]) -> None:
+    async def main() -> None:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            cfg = make_config(tmp_path, plugin_matrix)
+            cfg.broker.listen = f"127.0.0.1:{port}"
+            with pytest.raises(OSError):
+                await Broker(compose(cfg)).start()
+        async with running(tmp_path, plugin_matrix) as (broker, client):
+            ok = await call(client, broker, RequestCode.SEND_MESSAGE, send_fields("AfterFailure", 0), b"x")
+            assert ok.code == ResponseCode.SUCCESS
+
+    asyncio.run(main())

@@ -377,8 +377,9 @@ def test_group_of_two_splits_queues_and_loses_nothing(cluster: Cluster) -> None:
             await p.send(Message(topic, b"warmup"))
             await wait_route(cluster.ns, topic)
             got: dict[str, list[bytes]] = {"one": [], "two": []}
-            c1 = push_consumer(cluster.ns, group, topic, rebalance_interval_s=1.0)
-            c2 = push_consumer(cluster.ns, group, topic, rebalance_interval_s=1.0)
+            # default 20 s rebalance period: joins and leaves must act through NOTIFY_CONSUMER_IDS_CHANGED
+            c1 = push_consumer(cluster.ns, group, topic)
+            c2 = push_consumer(cluster.ns, group, topic)
             c1.register_listener(lambda msgs: got["one"].extend(m.body for m in msgs))
             c2.register_listener(lambda msgs: got["two"].extend(m.body for m in msgs))
             await c1.start()
@@ -543,6 +544,22 @@ def test_broadcasting_delivers_everything_to_each_consumer(cluster: Cluster, tmp
                 await c.shutdown()
         assert sorted(got[0]) == sorted(got[1]) == sorted(b"%d" % i for i in range(12))
         assert (tmp_path / "bc0" / group / "offsets.json").exists()
+        # A restarted broadcasting consumer resumes from its local offsets file.
+        async with Producer(unique("PG"), cluster.ns) as p:
+            for i in range(12, 15):
+                await p.send(Message(topic, b"%d" % i))
+        again: list[bytes] = []
+        c = push_consumer(
+            cluster.ns, group, topic, message_model=BROADCASTING, offset_dir=tmp_path, instance_name="bc0"
+        )
+        c.register_listener(lambda msgs: again.extend(m.body for m in msgs))
+        await c.start()
+        try:
+            await wait_for(lambda: len(again) >= 3, what="3 new messages")
+            await asyncio.sleep(0.3)
+        finally:
+            await c.shutdown()
+        assert sorted(again) == [b"12", b"13", b"14"]
 
     cluster.run(main())
 
@@ -595,6 +612,12 @@ def test_blocking_facade_and_send_hooks(cluster: Cluster) -> None:
         assert recorder.before.count(topic) == 3
         assert [s for _, s in recorder.after] == ["SEND_OK"] * 3
         assert recorder.consumed.count((topic, "CONSUME_SUCCESS")) == 4
+        from tidemq.client import BlockingPullConsumer
+
+        with BlockingPullConsumer(unique("PC"), cluster.ns) as pc:
+            found = [m for q in pc.fetch_subscribe_queues(topic) for m in pc.pull(q, "*", 0, 32).messages]
+        assert len(found) == 4
+        assert (topic, "FOUND") in recorder.consumed  # pull consumers report through the same hooks
     finally:
         pm.hook_manager.unregister(name=name)
 
@@ -832,8 +855,9 @@ def test_orderly_order_holds_when_a_second_consumer_joins(cluster: Cluster) -> N
             await p.publish_queues(topic)
             await p.send(Message(topic, b"warm:0"))
             await wait_route(cluster.ns, topic)
-            c1 = push_consumer(cluster.ns, group, topic, rebalance_interval_s=1.0)
-            c2 = push_consumer(cluster.ns, group, topic, rebalance_interval_s=1.0)
+            # default 20 s rebalance: the join notification and the lock retry must carry the handover
+            c1 = push_consumer(cluster.ns, group, topic)
+            c2 = push_consumer(cluster.ns, group, topic)
             c1.register_listener(listener, orderly=True)
             c2.register_listener(listener, orderly=True)
             await c1.start()
@@ -855,3 +879,68 @@ def test_orderly_order_holds_when_a_second_consumer_joins(cluster: Cluster) -> N
             assert seen[key] == list(range(40)), key
 
     cluster.run(main())
+
+
+def test_shutdown_lets_in_flight_messages_finish_and_commits_them(cluster: Cluster) -> None:
+    topic, group = unique("Graceful"), unique("CG")
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns) as p:
+            for i in range(6):
+                await p.send(Message(topic, b"%d" % i))
+        started = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        finished: list[bytes] = []
+
+        def slow(msgs: list[MessageExt]) -> None:
+            loop.call_soon_threadsafe(started.set)
+            time.sleep(0.4)
+            finished.extend(m.body for m in msgs)
+
+        c = push_consumer(cluster.ns, group, topic, consume_threads=8)
+        c.register_listener(slow)
+        await c.start()
+        await started.wait()
+        await c.shutdown()  # while listeners are still sleeping
+        assert sorted(finished) == [b"%d" % i for i in range(6)]
+        again: list[bytes] = []
+        c = push_consumer(cluster.ns, group, topic)
+        c.register_listener(lambda msgs: again.extend(m.body for m in msgs))
+        await c.start()
+        await asyncio.sleep(1.0)
+        await c.shutdown()
+        assert again == []  # everything finished was committed
+
+    cluster.run(main())
+
+
+class Veto:
+    """A plugin refusing client-side sends to one topic (an ACL or quota would do this)."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+
+    @hookimpl
+    def tidemq_before_send(self, context: Any) -> str | None:
+        if context.extra.get("side") == "client" and context.topic == self.topic:
+            return "quota exceeded"
+        return None
+
+
+def test_a_before_send_plugin_can_refuse_a_send(cluster: Cluster) -> None:
+    from tidemq.client import SendRefusedError
+
+    topic = unique("Veto")
+    pm = get_plugin_manager()
+    name = pm.register(Veto(topic), name=unique("veto"))
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns) as p:
+            with pytest.raises(SendRefusedError, match="quota exceeded"):
+                await p.send(Message(topic, b"no"))
+            assert (await p.send(Message(unique("Other"), b"yes"))).status is SendStatus.SEND_OK
+
+    try:
+        cluster.run(main())
+    finally:
+        pm.hook_manager.unregister(name=name)

@@ -161,3 +161,41 @@ def test_bad_options_fail_with_one_line(tmp_path: Path) -> None:
         build_store("mmap", tmp_path, store_options={"delete_when": "25"})
     with pytest.raises(ConfigError, match=r"\[flush.sync\]: unknown key"):
         build_store("mmap", tmp_path, flush_options={"timeout": 1})
+
+
+def test_ipv6_hosts_set_the_sys_flag_bits_and_shift_the_layout(tmp_path: Path) -> None:
+    from tidemq.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG
+
+    store = build_store("mmap", tmp_path, store_options={"store_host": "[::1]:10911"})
+    assert store.load()
+    store.start()
+    try:
+        msg = hand_message()
+        msg.born_host = ("fe80::2", 6)
+        res = store.put_message(msg).result(10)
+        raw = store.look_message_by_offset(res.wrote_offset)
+        assert raw is not None and len(raw) == 102 + 12 + 12
+        (sys_flag,) = struct.unpack_from(">i", raw, 36)
+        assert sys_flag == BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+        # BORNHOST is 16 + 4 bytes, so STORETIMESTAMP moves to 68 and STOREHOSTADDRESS to 76.
+        assert raw[48:64] == bytes.fromhex("fe800000000000000000000000000002")
+        assert struct.unpack_from(">q", raw, 68)[0] == res.store_timestamp
+        assert raw[76:96] == bytes(15) + b"\x01" + struct.pack(">i", 10911)
+        m = decode_message(raw, check_crc=True)
+        assert (m.born_host, m.store_host, m.body) == (("fe80::2", 6), ("::1", 10911), b"ABC")
+        assert len(res.msg_id) == 56  # 16-byte IP + port + offset, hex
+    finally:
+        store.shutdown()
+
+
+def test_warm_up_touches_every_page_of_a_new_file(tmp_path: Path) -> None:
+    store = build_store("mmap", tmp_path, store_options={"warm_up": True, "commitlog_file_size": 1 << 20})
+    assert store.load()
+    store.start()
+    try:
+        store.put_message(hand_message()).result(10)
+        first = tmp_path / "commitlog" / f"{0:020d}"
+        # A sparse file would own almost no blocks; a warmed one owns all of them.
+        assert first.stat().st_blocks * 512 >= 1 << 20
+    finally:
+        store.shutdown()

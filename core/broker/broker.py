@@ -117,7 +117,13 @@ class Broker:
         self._server = self.transport.server(
             self.settings.host, self.settings.port, self.handle, max_frame_size=self.settings.max_frame_size
         )
-        await self._server.start()
+        try:
+            await self._server.start()
+        except BaseException:
+            # A taken port must not leave the store running (and its abort marker behind).
+            self.replication.shutdown()
+            self.store.shutdown()
+            raise
         host, port = self._server.address[:2]
         if self.settings.advertise:
             self._address = self.settings.advertise

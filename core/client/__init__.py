@@ -4,10 +4,18 @@ asyncio API (:class:`Producer`, :class:`PushConsumer`, :class:`PullConsumer`) pl
 facade (:mod:`tidemq.client.blocking`) that runs them on a background loop thread.  Queue
 selection (``selector=``) and rebalance (``allocate=``) are plugins of the ``select`` and
 ``allocate`` roles, so third-party strategies plug in by name.
+
+    async with Producer("pg", namesrv="127.0.0.1:9876") as producer:
+        result = await producer.send(Message("TopicA", b"hello", tags="TagA", keys="order-1"))
+
+    consumer = PushConsumer("cg", namesrv="127.0.0.1:9876", allocate="consistent_hash")
+    consumer.subscribe("TopicA", "TagA || TagB")
+    consumer.register_listener(lambda msgs: ConsumeStatus.SUCCESS)  # or orderly=True
+    await consumer.start()
 """
 
 from tidemq.client.blocking import BlockingProducer, BlockingPullConsumer, BlockingPushConsumer, LoopThread
-from tidemq.client.errors import BrokerError, ClientError, NoRouteError, SendFailedError
+from tidemq.client.errors import BrokerError, ClientError, NoRouteError, SendFailedError, SendRefusedError
 from tidemq.client.instance import ClientInstance
 from tidemq.client.message import Message, PullResult, PullStatus, SendResult, SendStatus, new_message_id
 from tidemq.client.producer import Producer, select_by_hash
@@ -39,6 +47,7 @@ __all__ = [
     "PullStatus",
     "PushConsumer",
     "SendFailedError",
+    "SendRefusedError",
     "SendResult",
     "SendStatus",
     "new_message_id",

@@ -29,3 +29,7 @@ class SendFailedError(ClientError):
     def __init__(self, message: str, errors: list[BaseException]) -> None:
         super().__init__(message)
         self.errors = errors
+
+
+class SendRefusedError(ClientError):
+    """A ``tidemq_before_send`` plugin refused the message (ACL, quota...); never retried."""

@@ -76,6 +76,8 @@ class ClientInstance:
     ) -> None:
         self.manager = manager or get_plugin_manager()
         self.ip = ip or local_ip()
+        #: Whether the name was chosen by the user (stable across restarts, unlike the pid default).
+        self.named = bool(instance_name)
         self.instance_name = instance_name or f"{os.getpid()}#{next(_instance_seq)}"
         self.client_id = f"{self.ip}@{self.instance_name}"
         self.route_refresh_s = route_refresh_s

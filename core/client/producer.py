@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tidemq.client.compression import compress
-from tidemq.client.errors import BrokerError, ClientError, NoRouteError, SendFailedError
+from tidemq.client.errors import BrokerError, ClientError, NoRouteError, SendFailedError, SendRefusedError
 from tidemq.client.instance import ClientInstance
 from tidemq.client.message import Message, SendResult, SendStatus, new_message_id
 from tidemq.client.route import AUTO_CREATE_TOPIC
@@ -221,7 +221,7 @@ class Producer:
         )
         reason = self.manager.hook.tidemq_before_send(context=ctx)
         if reason is not None:
-            raise ClientError(f"send refused by a plugin: {reason}")
+            raise SendRefusedError(f"send refused by a plugin: {reason}")
         header["properties"] = properties_to_string(props)
         begin = time.monotonic()
         try:
@@ -287,18 +287,14 @@ class Producer:
                 result = await self._attempt(
                     mq, header, body, uniq_id, batch=batch, oneway=oneway, timeout=remaining, props=props
                 )
+            except SendRefusedError:
+                raise
             except (RemotingError, BrokerError, ClientError, OSError) as exc:
                 latency = (time.monotonic() - begin) * 1000
                 self.selector.record(mq.broker_name, latency, True)
                 errors.append(exc)
                 last_broker = mq.broker_name
                 if isinstance(exc, BrokerError) and exc.code not in RETRY_CODES:
-                    raise
-                if (
-                    isinstance(exc, ClientError)
-                    and not isinstance(exc, BrokerError)
-                    and "refused by a plugin" in str(exc)
-                ):
                     raise
                 log.info("send to %s failed (attempt %d/%d): %s", mq.broker_name, attempt + 1, attempts, exc)
                 continue

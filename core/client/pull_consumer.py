@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from tidemq.client.rebalance import BROADCASTING, CLUSTERING
 from tidemq.client.subscription import Subscription, prepare
 from tidemq.config import DEFAULT_HOME
 from tidemq.message import MessageExt
+from tidemq.observe import ConsumeContext
 from tidemq.queues import MessageQueue
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,9 @@ class PullConsumer:
             self.offset_store = RemoteBrokerOffsetStore(self.instance, group)
         else:
             directory = Path(offset_dir) if offset_dir else DEFAULT_HOME / "offsets"
-            self.offset_store = LocalFileOffsetStore(directory, self.instance.instance_name, group)
+            # Like RocketMQ's "DEFAULT" instance name: a restarted broadcasting consumer finds its file.
+            name = self.instance.instance_name if self.instance.named else "DEFAULT"
+            self.offset_store = LocalFileOffsetStore(directory, name, group)
         self._topics: set[str] = set()
         self._assigned: list[MessageQueue] = []
         self._positions: dict[MessageQueue, int] = {}
@@ -164,6 +168,17 @@ class PullConsumer:
         sub = Subscription.build(mq.topic, expression)
         self._topics.add(mq.topic)
         sys_flag = PULL_FLAG_SUBSCRIPTION | (PULL_FLAG_SUSPEND if suspend > 0 else 0)
+        ctx = ConsumeContext(
+            consumer_group=self.group,
+            topic=mq.topic,
+            queue_id=mq.queue_id,
+            queue_offset=offset,
+            client_address=self.instance.client_id,
+            extra={"side": "client"},
+        )
+        hook = self.instance.manager.hook
+        hook.tidemq_before_consume(context=ctx)
+        begin = time.monotonic()
         result = await self.instance.require_api().pull(
             await self._address(mq),
             group=self.group,
@@ -187,6 +202,9 @@ class PullConsumer:
                 messages=prepare(result.messages, sub),
                 suggest_broker_id=result.suggest_broker_id,
             )
+        ctx.status, ctx.message_count = result.status.value, len(result.messages)
+        ctx.elapsed_ms = (time.monotonic() - begin) * 1000
+        hook.tidemq_after_consume(context=ctx)
         return result
 
     async def pull_block_if_not_found(

@@ -135,7 +135,9 @@ class PushConsumer:
             self.offset_store = RemoteBrokerOffsetStore(self.instance, group)
         else:
             directory = Path(offset_dir) if offset_dir else DEFAULT_HOME / "offsets"
-            self.offset_store = LocalFileOffsetStore(directory, self.instance.instance_name, group)
+            # Like RocketMQ's "DEFAULT" instance name: a restarted broadcasting consumer finds its file.
+            name = self.instance.instance_name if self.instance.named else "DEFAULT"
+            self.offset_store = LocalFileOffsetStore(directory, name, group)
         self.subscriptions: dict[str, Subscription] = {}
         self.listener: Listener | None = None
         self.orderly = False
@@ -150,6 +152,7 @@ class PushConsumer:
         self._rebalance_wakeup = asyncio.Event()
         self._rebalance_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
+        self._short_of_wanted = False
         self._running = False
 
     # ------------------------------------------------------------------ configuration
@@ -251,7 +254,7 @@ class PushConsumer:
             # A topic without a route yet (consumer started before the first send) is retried soon.
             interval = (
                 min(1.0, self.rebalance_interval_s)
-                if self.rebalancer.incomplete
+                if self.rebalancer.incomplete or self._short_of_wanted
                 else self.rebalance_interval_s
             )
             try:
@@ -281,6 +284,10 @@ class PushConsumer:
                 for mq in sorted(mqs):
                     if mq not in self.process_queues and await self._add_queue(mq):
                         changed = True
+            # A queue we could not take yet (its previous owner still holds the lock): retry soon.
+            self._short_of_wanted = any(
+                mq not in self.process_queues for mqs in wanted.values() for mq in mqs
+            )
             if changed:
                 log.info(
                     "consumer %s of %s now owns %d queues",

@@ -70,8 +70,11 @@ class _Queue:
 class MemoryMessageStore:
     """A :class:`tidemq.store.MessageStore` in memory."""
 
-    def __init__(self, options: MemoryStoreOptions, settings: dict[str, Any] | None = None):
+    def __init__(
+        self, options: MemoryStoreOptions, settings: dict[str, Any] | None = None, index: Any | None = None
+    ):
         settings = dict(settings or {})
+        self.index = index
         self.options = options
         self.max_message_size = options.max_message_size or int(
             settings.get("max_message_size", 4 * 1024 * 1024)
@@ -90,9 +93,14 @@ class MemoryMessageStore:
         self._dispatch_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._running = False
+        if index is not None:
+            self.add_dispatcher(index)
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> bool:
+        if self.index is not None:
+            # Nothing survives a restart here, so the index starts from a clean slate too.
+            self.index.load(True, 0)
         return True
 
     def start(self) -> None:
@@ -107,6 +115,9 @@ class MemoryMessageStore:
         self._dispatch_q.put(None)
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.index is not None:
+            self.index.flush()
+            self.index.shutdown()
 
     def add_dispatcher(self, dispatcher: Dispatcher) -> None:
         self._dispatchers.append(dispatcher)
@@ -170,10 +181,12 @@ class MemoryMessageStore:
                 self._bytes += len(rec)
             self._phys_end = phys
             self._evict()
-            if self._dispatchers or self._listeners:
-                self._dispatch_q.put(
-                    (msgs, offsets, [len(r) for r in records], tags, ts, qoff if q is not None else -1)
-                )
+            item = (msgs, offsets, [len(r) for r in records], tags, ts, qoff if q is not None else -1)
+            if self._dispatchers:
+                # In the lock: commit-log order, and done before the put resolves (key queries see it).
+                self._dispatch(*item)
+            if self._listeners:
+                self._dispatch_q.put(item)
         return PutResult(
             PutStatus.PUT_OK,
             wrote_offset=base,
@@ -206,39 +219,50 @@ class MemoryMessageStore:
                     q.base += drop
                 q.min_offset = q.base
 
+    def _dispatch(
+        self,
+        msgs: Sequence[MessageInner],
+        offsets: list[int],
+        sizes: list[int],
+        tags: list[int],
+        ts: int,
+        qoff: int,
+    ) -> None:
+        for i, m in enumerate(msgs):
+            req = DispatchRequest(
+                topic=m.topic,
+                queue_id=m.queue_id,
+                commit_log_offset=offsets[i],
+                msg_size=sizes[i],
+                tags_code=tags[i],
+                store_timestamp=ts,
+                queue_offset=qoff + i if qoff >= 0 else 0,
+                keys=m.properties.get(Prop.KEYS, ""),
+                uniq_key=m.properties.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
+                sys_flag=m.sys_flag,
+                prepared_transaction_offset=m.prepared_transaction_offset,
+                properties=m.properties,
+            )
+            for d in self._dispatchers:
+                try:
+                    d.dispatch(req)
+                except Exception:
+                    log.exception("dispatcher %r failed", d)
+
     def _dispatch_loop(self) -> None:
+        """Arrival listeners run here, on the store's own thread."""
         while True:
             item = self._dispatch_q.get()
             if item is None:
                 return
-            msgs, offsets, sizes, tags, ts, qoff = item
-            for i, m in enumerate(msgs):
-                if self._dispatchers:
-                    req = DispatchRequest(
-                        topic=m.topic,
-                        queue_id=m.queue_id,
-                        commit_log_offset=offsets[i],
-                        msg_size=sizes[i],
-                        tags_code=tags[i],
-                        store_timestamp=ts,
-                        queue_offset=qoff + i if qoff >= 0 else 0,
-                        keys=m.properties.get(Prop.KEYS, ""),
-                        uniq_key=m.properties.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
-                        sys_flag=m.sys_flag,
-                        prepared_transaction_offset=m.prepared_transaction_offset,
-                        properties=m.properties,
-                    )
-                    for d in self._dispatchers:
-                        try:
-                            d.dispatch(req)
-                        except Exception:
-                            log.exception("dispatcher %r failed", d)
-            if qoff >= 0:
-                for listener in self._listeners:
-                    try:
-                        listener(msgs[0].topic, msgs[0].queue_id, qoff + len(msgs))
-                    except Exception:
-                        log.exception("arrival listener %r failed", listener)
+            msgs, _offsets, _sizes, _tags, _ts, qoff = item
+            if qoff < 0:
+                continue
+            for listener in self._listeners:
+                try:
+                    listener(msgs[0].topic, msgs[0].queue_id, qoff + len(msgs))
+                except Exception:
+                    log.exception("arrival listener %r failed", listener)
 
     # ------------------------------------------------------------------ reads
     def _queue(self, topic: str, queue_id: int) -> _Queue | None:
@@ -364,9 +388,8 @@ class MemoryMessageStore:
 
 
 def create(ctx: PluginContext) -> MemoryMessageStore:
-    return MemoryMessageStore(
-        parse_options(MemoryStoreOptions, ctx.options, "[store.memory]"), dict(ctx.settings)
-    )
+    options = parse_options(MemoryStoreOptions, ctx.options, "[store.memory]")
+    return MemoryMessageStore(options, dict(ctx.settings), ctx.components.get("index"))
 
 
 @hookimpl

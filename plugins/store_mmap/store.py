@@ -268,16 +268,14 @@ class MmapMessageStore:
             fut.set_result(result)
             return fut
         flushed = self.flush_policy.request(result.wrote_offset + result.wrote_bytes)
+
+        def done(f: Future[bool]) -> None:
+            ok = not f.cancelled() and f.exception() is None and f.result()
+            fut.set_result(result if ok else attrs.evolve(result, status=PutStatus.FLUSH_DISK_TIMEOUT))
+
         if flushed.done():
-            fut.set_result(
-                result if flushed.result() else attrs.evolve(result, status=PutStatus.FLUSH_DISK_TIMEOUT)
-            )
+            done(flushed)
         else:
-
-            def done(f: Future[bool]) -> None:
-                ok = not f.cancelled() and f.exception() is None and f.result()
-                fut.set_result(result if ok else attrs.evolve(result, status=PutStatus.FLUSH_DISK_TIMEOUT))
-
             flushed.add_done_callback(done)
         return fut
 
@@ -285,6 +283,7 @@ class MmapMessageStore:
         return PutResult(status, error=error)
 
     def _append(self, msgs: Sequence[MessageInner]) -> PutResult:
+        """Append, index and dispatch under the lock; the message is readable when it returns."""
         if not self._running:
             return self._illegal("the store is not running", PutStatus.SERVICE_NOT_AVAILABLE)
         if not msgs:
@@ -351,7 +350,13 @@ class MmapMessageStore:
                 self._last_cq_ts = ts
             if self._needs_dispatch:
                 sizes = [len(r) for r in records]
-                self._dispatch_q.put((msgs, offsets, sizes, tags, ts, queue_offset if cq is not None else -1))
+                qoff = queue_offset if cq is not None else -1
+                if self._dispatchers:
+                    # In the lock: dispatchers see commit-log order, and a key is queryable by the
+                    # time the put resolves.  Under the GIL a separate thread would only add a handoff.
+                    self._dispatch_entry(msgs, offsets, sizes, tags, ts, qoff)
+                if self._listeners:
+                    self._dispatch_q.put((topic, queue_id, qoff + len(msgs) if qoff >= 0 else -1))
         host = self.store_host
         return PutResult(
             PutStatus.PUT_OK,
@@ -373,6 +378,7 @@ class MmapMessageStore:
 
     # ------------------------------------------------------------------ dispatch
     def _dispatch_loop(self) -> None:
+        """Arrival listeners run here, on the store's own thread, coalesced per queue."""
         q = self._dispatch_q
         while True:
             item = q.get()
@@ -388,30 +394,9 @@ class MmapMessageStore:
                 if entry is None:
                     stop = True
                     continue
-                msgs, offsets, sizes, tags, ts, queue_offset = entry
-                for i, m in enumerate(msgs):
-                    if self._dispatchers:
-                        req = DispatchRequest(
-                            topic=m.topic,
-                            queue_id=m.queue_id,
-                            commit_log_offset=offsets[i],
-                            msg_size=sizes[i],
-                            tags_code=tags[i],
-                            store_timestamp=ts,
-                            queue_offset=queue_offset + i if queue_offset >= 0 else 0,
-                            keys=m.properties.get(Prop.KEYS, ""),
-                            uniq_key=m.properties.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
-                            sys_flag=m.sys_flag,
-                            prepared_transaction_offset=m.prepared_transaction_offset,
-                            properties=m.properties,
-                        )
-                        for d in self._dispatchers:
-                            try:
-                                d.dispatch(req)
-                            except Exception:
-                                log.exception("dispatcher %r failed", d)
-                if queue_offset >= 0:
-                    arrived[(msgs[0].topic, msgs[0].queue_id)] = queue_offset + len(msgs)
+                topic, qid, max_offset = entry
+                if max_offset >= 0:
+                    arrived[(topic, qid)] = max_offset
             for (topic, qid), max_offset in arrived.items():
                 for listener in self._listeners:
                     try:
@@ -421,6 +406,36 @@ class MmapMessageStore:
             if stop:
                 return
 
+    def _dispatch_entry(
+        self,
+        msgs: Sequence[Any],
+        offsets: list[int],
+        sizes: list[int],
+        tags: list[int],
+        ts: int,
+        queue_offset: int,
+    ) -> None:
+        for i, m in enumerate(msgs):
+            req = DispatchRequest(
+                topic=m.topic,
+                queue_id=m.queue_id,
+                commit_log_offset=offsets[i],
+                msg_size=sizes[i],
+                tags_code=tags[i],
+                store_timestamp=ts,
+                queue_offset=queue_offset + i if queue_offset >= 0 else 0,
+                keys=m.properties.get(Prop.KEYS, ""),
+                uniq_key=m.properties.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
+                sys_flag=m.sys_flag,
+                prepared_transaction_offset=m.prepared_transaction_offset,
+                properties=m.properties,
+            )
+            for d in self._dispatchers:
+                try:
+                    d.dispatch(req)
+                except Exception:
+                    log.exception("dispatcher %r failed", d)
+
     def _redispatch_cq(self, msg: MessageExt) -> None:
         if self._consumable(msg.sys_flag):
             cq = self._cq_for_write(msg.topic, msg.queue_id)
@@ -429,29 +444,17 @@ class MmapMessageStore:
 
     def _redispatch(self, msg: MessageExt) -> None:
         """Rebuild the queue entry and re-index one recovered record (load time, single-threaded)."""
-        tags = _tags_code(msg.tags)
         self._redispatch_cq(msg)
-        if not self._dispatchers:
-            return
-        req = DispatchRequest(
-            topic=msg.topic,
-            queue_id=msg.queue_id,
-            commit_log_offset=msg.commit_log_offset,
-            msg_size=msg.store_size,
-            tags_code=tags,
-            store_timestamp=msg.store_timestamp,
-            queue_offset=msg.queue_offset,
-            keys=msg.properties.get(Prop.KEYS, ""),
-            uniq_key=msg.uniq_key,
-            sys_flag=msg.sys_flag,
-            prepared_transaction_offset=msg.prepared_transaction_offset,
-            properties=msg.properties,
-        )
-        for d in self._dispatchers:
-            try:
-                d.dispatch(req)
-            except Exception:
-                log.exception("dispatcher %r failed during recovery", d)
+        if self._dispatchers:
+            tags = _tags_code(msg.tags)
+            self._dispatch_entry(
+                [msg],
+                [msg.commit_log_offset],
+                [msg.store_size],
+                [tags],
+                msg.store_timestamp,
+                msg.queue_offset,
+            )
 
     # ------------------------------------------------------------------ reads
     def _find_cq(self, topic: str, queue_id: int) -> ConsumeQueue | None:
@@ -634,10 +637,13 @@ class MmapMessageStore:
             mf = self.commitlog.queue.find_mapped_file_by_offset(offset)
             if mf is not None:
                 mf.store_timestamp = msg.store_timestamp
-            if self._needs_dispatch:
+            if self._dispatchers:
                 tags = _tags_code(msg.tags)
-                queued = msg.queue_offset if self._consumable(msg.sys_flag) else -1
-                self._dispatch_q.put(([msg], [offset], [msg.store_size], [tags], msg.store_timestamp, queued))
+                self._dispatch_entry(
+                    [msg], [offset], [msg.store_size], [tags], msg.store_timestamp, msg.queue_offset
+                )
+            if self._listeners and self._consumable(msg.sys_flag):
+                self._dispatch_q.put((msg.topic, msg.queue_id, msg.queue_offset + 1))
             self._reput_from = offset + msg.store_size
         # A BLANK at the end of a file moves the reput offset to the next file.
         mf = self.commitlog.queue.find_mapped_file_by_offset(self._reput_from)

@@ -129,6 +129,8 @@ class PullProcessor:
             remaining = deadline - time.monotonic()
             if code != ResponseCode.PULL_NOT_FOUND or remaining <= 0 or not has_suspend:
                 break
+            if b.store.get_max_offset_in_queue(topic, queue_id) > offset:
+                break  # indexed but not readable (removed data): answer now rather than spin on wake-ups
             if b.settings.long_polling:
                 await b.hold.wait(topic, queue_id, offset, remaining)
             else:

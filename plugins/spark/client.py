@@ -1,0 +1,329 @@
+"""Blocking access to tidemq for Spark's Python workers, over tidemq's client API.
+
+Spark calls data sources from plain threads of short-lived worker processes, so each
+:class:`TidemqSession` owns a private event loop driven with ``run_until_complete`` from the
+calling thread: no background thread, nothing left running when the session closes.  Requests
+go through :class:`tidemq.client.api.ClientAPI` (routes, offsets, PULL_MESSAGE with the
+subscription in the request, so no heartbeat or rebalance is involved).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import orjson
+
+from tidemq.client.api import PULL_FLAG_SUBSCRIPTION, ClientAPI
+from tidemq.client.errors import BrokerError
+from tidemq.client.instance import split_namesrv
+from tidemq.client.message import PullResult, PullStatus
+from tidemq.client.route import TopicRoute
+from tidemq.client.subscription import Subscription, prepare
+from tidemq.message import MessageExt
+from tidemq.plugins import get_plugin_manager
+from tidemq.queues import MessageQueue
+from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.remoting.command import RemotingCommand
+from tidemq.remoting.errors import RemotingConnectError, RemotingError
+
+from .options import DataLossError, QueueKey, TidemqSparkError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: Topics a pattern never matches: RocketMQ's internal topics.
+_SYSTEM_TOPIC = re.compile(
+    r"^(%RETRY%|%DLQ%|%SYS%|RMQ_SYS_|rmq_sys_).*|^(TBW102|SCHEDULE_TOPIC_XXXX|OFFSET_MOVED_EVENT|"
+    r"SELF_TEST_TOPIC|BenchmarkTest|TRANS_CHECK_MAX_TIME_TOPIC)$"
+)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
+class TidemqSession:
+    """One transport client and event loop; use as a context manager."""
+
+    def __init__(self, namesrv: str, timeout_s: float = 10.0) -> None:
+        self.timeout_s = timeout_s
+        self.loop = _new_loop()
+        transport = get_plugin_manager().create("transport", "tcp")
+        self.remoting = transport.client()
+        self.api = ClientAPI(self.remoting, split_namesrv(namesrv), timeout_s)
+        self.routes: dict[str, TopicRoute] = {}
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        try:
+            self.run(self.remoting.close())
+        finally:
+            self.loop.close()
+
+    def __enter__(self) -> TidemqSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ topics and routes
+    def route(self, topic: str, refresh: bool = False) -> TopicRoute:
+        route = None if refresh else self.routes.get(topic)
+        if route is None:
+            route = self.run(self.api.get_route(topic))
+            if route is None:
+                raise TidemqSparkError(f"topic {topic!r} has no route on NameServer {';'.join(self.api.namesrv)}")
+            self.routes[topic] = route
+        return route
+
+    def all_topics(self) -> list[str]:
+        """Every topic the NameServers know (GET_ALL_TOPIC_LIST_FROM_NAMESERVER)."""
+        topics: set[str] = set()
+        errors = []
+        for addr in self.api.namesrv:
+            req = RemotingCommand.request(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER, {})
+            try:
+                resp = self.run(self.api.invoke(addr, req))
+            except RemotingError as exc:
+                errors.append(exc)
+                continue
+            if resp.code == ResponseCode.SUCCESS and resp.body:
+                topics.update(str(t) for t in orjson.loads(resp.body).get("topicList") or [])
+        if errors and not topics:
+            raise TidemqSparkError(f"no NameServer answered the topic list: {errors[-1]}")
+        return sorted(topics)
+
+    def resolve_topics(self, topics: tuple[str, ...], pattern: str | None) -> list[str]:
+        if not pattern:
+            return list(topics)
+        rx = re.compile(pattern)
+        return [t for t in self.all_topics() if rx.fullmatch(t) and not _SYSTEM_TOPIC.match(t)]
+
+    def queues(self, topic: str) -> list[QueueKey]:
+        """Readable queues of ``topic`` whose broker has a master."""
+        route = self.route(topic, refresh=True)
+        live = route.addresses()
+        return [
+            QueueKey(topic, mq.broker_name, mq.queue_id)
+            for mq in route.subscribe_queues()
+            if mq.broker_name in live
+        ]
+
+    def address(self, key: QueueKey) -> str:
+        addr = self.route(key.topic).addresses().get(key.broker)
+        if addr is None:
+            addr = self.route(key.topic, refresh=True).addresses().get(key.broker)
+        if addr is None:
+            raise TidemqSparkError(f"broker {key.broker!r} of topic {key.topic!r} has no master address")
+        return addr
+
+    # ------------------------------------------------------------------ offsets
+    def _offset_call(self, fn: Any, key: QueueKey, *args: Any) -> int:
+        mq = MessageQueue(key.topic, key.broker, key.queue_id)
+        try:
+            return int(self.run(fn(self.address(key), mq, *args)))
+        except RemotingConnectError:
+            return int(self.run(fn(self._refresh_address(key), mq, *args)))
+
+    def _refresh_address(self, key: QueueKey) -> str:
+        self.route(key.topic, refresh=True)
+        return self.address(key)
+
+    def min_offset(self, key: QueueKey) -> int:
+        return self._offset_call(self.api.get_min_offset, key)
+
+    def max_offset(self, key: QueueKey) -> int:
+        return self._offset_call(self.api.get_max_offset, key)
+
+    def search_offset(self, key: QueueKey, timestamp_ms: int) -> int:
+        return self._offset_call(self.api.search_offset, key, timestamp_ms)
+
+    def committed_offset(self, key: QueueKey, group: str) -> int:
+        mq = MessageQueue(key.topic, key.broker, key.queue_id)
+        return int(self.run(self.api.query_consumer_offset(self.address(key), group, mq)))
+
+    def commit_offset(self, key: QueueKey, group: str, offset: int) -> None:
+        mq = MessageQueue(key.topic, key.broker, key.queue_id)
+        self.run(self.api.update_consumer_offset(self.address(key), group, mq, offset))
+
+    # ------------------------------------------------------------------ pulling
+    def _pull(
+        self, addr: str, key: QueueKey, group: str, offset: int, max_nums: int, sub: Subscription
+    ) -> PullResult:
+        return self.run(
+            self.api.pull(
+                addr,
+                group=group,
+                mq=MessageQueue(key.topic, key.broker, key.queue_id),
+                offset=offset,
+                max_nums=max_nums,
+                sys_flag=PULL_FLAG_SUBSCRIPTION,
+                commit_offset=0,
+                suspend_ms=0,
+                subscription=sub.expression,
+                sub_version=sub.version,
+                expression_type=sub.expression_type,
+                timeout=self.timeout_s,
+            )
+        )
+
+    def read_range(
+        self,
+        key: QueueKey,
+        start: int,
+        end: int,
+        *,
+        group: str,
+        expression: str = "*",
+        expression_type: str = "TAG",
+        batch: int = 256,
+        fail_on_data_loss: bool = True,
+        address: str | None = None,
+    ) -> Iterator[list[MessageExt]]:
+        """Messages of ``key`` with ConsumeQueue offsets in ``[start, end)``, pull by pull.
+
+        Offsets the broker already cleaned (or no longer has) raise :class:`DataLossError`, or are
+        skipped with a warning when ``fail_on_data_loss`` is false.
+        """
+        sub = Subscription.build(key.topic, expression, expression_type)
+        addr = address or self.address(key)
+        offset = start
+        retried = False
+        while offset < end:
+            try:
+                result = self._pull(addr, key, group, offset, min(batch, end - offset), sub)
+            except RemotingConnectError:
+                if retried:
+                    raise
+                retried = True  # the broker may have moved: ask the NameServer once
+                addr = self._refresh_address(key)
+                continue
+            except BrokerError as exc:
+                if exc.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED:
+                    raise TidemqSparkError(
+                        f"the broker rejected filter {expression!r} ({expression_type}): {exc.remark}"
+                    ) from None
+                raise
+            status = result.status
+            if status is PullStatus.FOUND:
+                msgs = [m for m in prepare(result.messages, sub) if m.queue_offset < end]
+                if msgs:
+                    yield msgs
+                offset = max(result.next_begin_offset, offset + 1)
+            elif status is PullStatus.NO_MATCHED_MSG:
+                offset = max(result.next_begin_offset, offset + 1)
+            elif status is PullStatus.OFFSET_ILLEGAL:
+                lost_to = result.next_begin_offset if result.next_begin_offset > offset else result.min_offset
+                if lost_to <= offset:
+                    lost_to = end  # queue gone or reset: nothing more to read
+                self._data_loss(key, offset, min(lost_to, end), fail_on_data_loss)
+                offset = lost_to
+            else:  # NO_NEW_MSG before the end: the broker has less than it once said
+                self._data_loss(key, offset, end, fail_on_data_loss)
+                return
+
+    @staticmethod
+    def _data_loss(key: QueueKey, start: int, end: int, fail: bool) -> None:
+        what = f"offsets [{start}, {end}) of {key.topic} {key.name} are no longer on the broker"
+        if fail:
+            raise DataLossError(
+                f"{what}; set failOnDataLoss=false to skip them with a warning"
+            )
+        log.warning("%s; skipped (failOnDataLoss=false)", what)
+
+
+class BatchSender:
+    """A tidemq :class:`~tidemq.client.Producer` on a private loop sending SEND_BATCH_MESSAGE batches.
+
+    Messages are grouped per topic into batches of at most ``batch_size`` messages and
+    ``max_batch_bytes`` body bytes; up to ``max_in_flight`` batches are awaited together.
+    """
+
+    def __init__(
+        self,
+        namesrv: str,
+        group: str,
+        *,
+        batch_size: int = 128,
+        max_batch_bytes: int = 1024 * 1024,
+        max_in_flight: int = 4,
+        timeout_s: float = 10.0,
+    ) -> None:
+        from tidemq.client.producer import Producer
+
+        self.loop = _new_loop()
+        self.batch_size = batch_size
+        self.max_batch_bytes = max_batch_bytes
+        self.max_in_flight = max_in_flight
+        self.timeout_s = timeout_s
+        self.sent = 0
+        self._pending: dict[str, tuple[list[Any], int]] = {}
+        self._inflight: list[asyncio.Task[Any]] = []
+
+        async def make() -> Producer:
+            producer = Producer(group, namesrv, send_timeout=timeout_s)
+            await producer.start()
+            return producer
+
+        try:
+            self.producer = self.loop.run_until_complete(make())
+        except BaseException:
+            self.loop.close()
+            raise
+
+    def add(self, msg: Any) -> None:
+        """Queue ``msg`` (a :class:`tidemq.client.Message`); full batches go out."""
+        msgs, size = self._pending.get(msg.topic, ([], 0))
+        body = len(msg.body) + 64
+        if msgs and (len(msgs) >= self.batch_size or size + body > self.max_batch_bytes):
+            self._send(msgs)
+            msgs, size = [], 0
+        msgs.append(msg)
+        self._pending[msg.topic] = (msgs, size + body)
+
+    def _send(self, msgs: list[Any]) -> None:
+        task = self.loop.create_task(self.producer.send_batch(msgs, self.timeout_s))
+        self._inflight.append(task)
+        self.sent += len(msgs)
+        if len(self._inflight) >= self.max_in_flight:
+            self._drain()
+
+    def _drain(self) -> None:
+        tasks, self._inflight = self._inflight, []
+        if tasks:
+            # gather re-raises the first failure: the Spark task fails and is retried (at least once).
+            self.loop.run_until_complete(asyncio.gather(*tasks))
+
+    def flush(self) -> int:
+        """Send every queued message and wait for all answers; the number of messages sent."""
+        for msgs, _ in self._pending.values():
+            if msgs:
+                self._send(msgs)
+        self._pending.clear()
+        self._drain()
+        return self.sent
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        try:
+            for task in self._inflight:
+                task.cancel()
+            if self._inflight:
+                self.loop.run_until_complete(asyncio.gather(*self._inflight, return_exceptions=True))
+            self.loop.run_until_complete(self.producer.shutdown())
+        finally:
+            self.loop.close()

@@ -1,0 +1,417 @@
+"""The ``tidemq`` and ``tidemq-store`` Spark data sources against a real broker and SparkSession.
+
+One ``local[2]`` SparkSession and one in-process NameServer + broker (background loop thread,
+free loopback ports, mmap store with small CommitLog files so several files exist) serve the
+whole module; each test uses its own topic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from tidemq.client import BlockingProducer, LoopThread, Message  # noqa: E402
+from tidemq.plugins import get_plugin_manager  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
+
+BROKER = "broker-spark"
+_seq = itertools.count()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{os.getpid()}_{next(_seq)}"
+
+
+class Cluster:
+    """A NameServer and one broker on free loopback ports, run on a background event loop."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.data_dir = tmp / BROKER
+        self.loop = LoopThread("tidemq-spark-test-cluster")
+        self.namesrv: Any = None
+        self.broker: Any = None
+
+    def run(self, coro: Any, timeout: float = 60.0) -> Any:
+        return self.loop.run(coro, timeout)
+
+    async def start(self) -> None:
+        from tidemq.broker import Broker
+        from tidemq.config import NamesrvSettings, compose, parse_config
+        from tidemq.namesrv import NameServer
+
+        transport = get_plugin_manager().create("transport", "tcp")
+        self.namesrv = NameServer(
+            NamesrvSettings(listen="127.0.0.1:0", data_dir=str(self.tmp / "namesrv")), transport
+        )
+        await self.namesrv.start()
+        cfg = parse_config(
+            {
+                "broker": {
+                    "name": BROKER,
+                    "listen": "127.0.0.1:0",
+                    "namesrv": [self.namesrv.address],
+                    "data_dir": str(self.data_dir),
+                },
+                # 256 KiB files: the test data spans several files (BLANK end-of-file markers).
+                "store": {"mmap": {"commitlog_file_size": 256 * 1024, "consumequeue_entries": 10000}},
+            }
+        )
+        self.broker = Broker(compose(cfg))
+        await self.broker.start()
+
+    async def stop(self) -> None:
+        if self.broker is not None:
+            await self.broker.stop()
+        if self.namesrv is not None:
+            await self.namesrv.stop()
+
+    @property
+    def ns(self) -> str:
+        return self.namesrv.address
+
+    def create_topic(self, topic: str, queues: int = 4) -> None:
+        from tidemq.remoting.codes import RequestCode, ResponseCode
+        from tidemq.remoting.command import RemotingCommand
+
+        async def go() -> None:
+            client = get_plugin_manager().create("transport", "tcp").client()
+            try:
+                fields = {
+                    "topic": topic,
+                    "defaultTopic": "TBW102",
+                    "readQueueNums": str(queues),
+                    "writeQueueNums": str(queues),
+                    "perm": "6",
+                    "topicFilterType": "SINGLE_TAG",
+                    "topicSysFlag": "0",
+                    "order": "false",
+                }
+                req = RemotingCommand.request(RequestCode.UPDATE_AND_CREATE_TOPIC, fields)
+                resp = await client.invoke(self.broker.address, req, 5.0)
+                assert resp.code == ResponseCode.SUCCESS, resp
+            finally:
+                await client.close()
+
+        self.run(go())
+        self.wait_route(topic, queues)
+
+    def wait_route(self, topic: str, queues: int) -> None:
+        from tidemq_spark.client import TidemqSession
+
+        deadline = time.monotonic() + 20
+        with TidemqSession(self.ns) as s:
+            while True:
+                try:
+                    if len(s.queues(topic)) == queues:
+                        return
+                except Exception:
+                    pass
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no route for {topic}")
+                time.sleep(0.1)
+
+    def produce(self, topic: str, count: int, start: int = 0) -> list[Any]:
+        """Send ``count`` messages one by one; message i has tag TagA/TagB by parity."""
+        results = []
+        with BlockingProducer(unique("PG"), self.ns) as p:
+            for i in range(start, start + count):
+                msg = Message(
+                    topic,
+                    f"body-{i}".encode(),
+                    tags="TagA" if i % 2 == 0 else "TagB",
+                    keys=[f"key-{i}", "shared"],
+                    properties={"idx": str(i), "color": "blue"},
+                )
+                results.append(p.send(msg))
+        return results
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    pytest.importorskip("tidemq.broker")
+    pytest.importorskip("tidemq.namesrv")
+    c = Cluster(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        c.run(c.start())
+        yield c
+    finally:
+        c.run(c.stop())
+        c.loop.stop()
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    import tidemq_spark
+
+    # Python workers must run this interpreter (the one with tidemq and pyarrow installed).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("tidemq-spark-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    tidemq_spark.register(session)
+    yield session
+    session.stop()
+
+
+def read(spark: Any, cluster: Cluster, topic: str, **options: str) -> Any:
+    return (
+        spark.read.format("tidemq").option("namesrv", cluster.ns).option("topic", topic).options(**options).load()
+    )
+
+
+def official_produce(cluster: Cluster, topic: str, count: int) -> list[dict[str, Any]]:
+    """Messages sent by the official client (rocketmq==0.4.4) in its own process."""
+    worker = Path(__file__).parent / "compat" / "official_client.py"
+    out = subprocess.run(
+        [sys.executable, str(worker), "produce", "--namesrv", cluster.ns, "--topic", topic]
+        + ["--count", str(count), "--prefix", "official", "--start", "0"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "HOME": str(cluster.tmp)},
+        cwd=cluster.tmp,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+# ---------------------------------------------------------------------------- batch reads
+
+
+def test_batch_read_earliest_to_latest_returns_every_message_once(spark: Any, cluster: Cluster) -> None:
+    topic = unique("SparkBatch")
+    cluster.create_topic(topic, queues=4)
+    sent = cluster.produce(topic, 120)
+    official = []
+    try:
+        import rocketmq.client  # noqa: F401
+
+        official = official_produce(cluster, topic, 10)
+    except ImportError:
+        pass
+
+    df = read(spark, cluster, topic)
+    assert [f.name for f in df.schema.fields] == list(__import__("tidemq_spark").COLUMNS)
+    assert df.schema["body"].dataType.typeName() == "binary"
+    assert df.schema["store_timestamp"].dataType.typeName() == "timestamp"
+    rows = df.collect()
+    assert len(rows) == 120 + len(official)
+    assert df.rdd.getNumPartitions() == 4  # one partition per queue
+
+    mine = {r.body.decode(): r for r in rows if r.body.startswith(b"body-")}
+    assert set(mine) == {f"body-{i}" for i in range(120)}
+    r7 = mine["body-7"]
+    assert (r7.topic, r7.broker, r7.tags, r7.keys) == (topic, BROKER, "TagB", "key-7 shared")
+    assert r7.properties == {"idx": "7", "color": "blue"}  # user properties only
+    assert r7.reconsume_times == 0
+    assert abs(r7.store_timestamp.timestamp() - time.time()) < 600
+    # msg_id is the producer's id, queue/offset are the broker's: exactly as the send results say
+    by_id = {s.msg_id: s for s in sent}
+    for r in mine.values():
+        s = by_id[r.msg_id]
+        assert (s.queue.queue_id, s.queue_offset) == (r.queue_id, r.queue_offset)
+    # offsets of each queue are contiguous from 0
+    for q in range(4):
+        offs = sorted(r.queue_offset for r in rows if r.queue_id == q)
+        assert offs == list(range(len(offs)))
+    if official:
+        bodies = {r.body.decode(): r for r in rows if r.body.startswith(b"official-")}
+        assert set(bodies) == {f"official-{i}" for i in range(10)}
+        assert bodies["official-3"].properties == {"idx": "3", "color": "blue"}
+        assert bodies["official-3"].tags == "TagB"
+
+
+def test_offsets_json_timestamp_and_tag_filter_pushdown(spark: Any, cluster: Cluster) -> None:
+    topic = unique("SparkRange")
+    cluster.create_topic(topic, queues=2)
+    cluster.produce(topic, 40)  # 20 per queue
+    q0, q1 = f"{BROKER}:0", f"{BROKER}:1"
+
+    starting = json.dumps({topic: {q0: 3, q1: -2}})
+    ending = json.dumps({topic: {q0: 8, q1: 4}})
+    rows = read(spark, cluster, topic, startingOffsets=starting, endingOffsets=ending).collect()
+    got = sorted((r.queue_id, r.queue_offset) for r in rows)
+    assert got == [(0, o) for o in range(3, 8)] + [(1, o) for o in range(0, 4)]
+
+    # the tag filter runs in the broker: only TagA messages come back, offsets keep their gaps
+    tag_a = read(spark, cluster, topic, filter="TagA").collect()
+    assert len(tag_a) == 20 and {r.tags for r in tag_a} == {"TagA"}
+    assert {int(r.properties["idx"]) % 2 for r in tag_a} == {0}
+
+    # startingTimestamp after everything -> nothing; before everything -> all
+    assert read(spark, cluster, topic, startingTimestamp=str(int(time.time() * 1000) + 60_000)).count() == 0
+    assert read(spark, cluster, topic, startingTimestamp="0").count() == 40
+
+    with pytest.raises(Exception, match="broker-nope:0"):
+        read(spark, cluster, topic, startingOffsets=json.dumps({topic: {"broker-nope:0": 1}})).collect()
+    with pytest.raises(Exception, match="exactly one of the options 'topic' and 'topicPattern'"):
+        spark.read.format("tidemq").option("namesrv", cluster.ns).load().collect()
+
+
+# ---------------------------------------------------------------------------- writes
+
+
+def test_write_then_read_back_and_missing_column_error(spark: Any, cluster: Cluster) -> None:
+    topic = unique("SparkSink")
+    cluster.create_topic(topic, queues=4)
+    rows = [(topic, "TagW" if i % 3 else "TagX", f"wk-{i}", f"payload-{i}".encode(), {"n": str(i)}) for i in range(300)]
+    df = spark.createDataFrame(rows, "topic string, tags string, keys string, body binary, properties map<string,string>")
+    df.write.format("tidemq").option("namesrv", cluster.ns).option("batchSize", "64").mode("append").save()
+
+    back = read(spark, cluster, topic).collect()
+    assert len(back) == 300
+    got = {r.body.decode(): (r.tags, r.keys, r.properties) for r in back}
+    assert got["payload-4"] == ("TagW", "wk-4", {"n": "4"})
+    assert got["payload-9"] == ("TagX", "wk-9", {"n": "9"})
+    assert len({r.queue_id for r in back}) > 1  # batches are spread over the queues
+
+    # no topic column: the topic option names it; string bodies are sent as UTF-8
+    spark.createDataFrame([("plain",)], "body string").write.format("tidemq").option("namesrv", cluster.ns).option(
+        "topic", topic
+    ).mode("append").save()
+    assert read(spark, cluster, topic).filter("body = cast('plain' as binary)").count() == 1
+
+    bad = spark.createDataFrame([(topic, "x")], "topic string, payload string")
+    with pytest.raises(Exception, match="no 'body' column"):
+        bad.write.format("tidemq").option("namesrv", cluster.ns).mode("append").save()
+
+
+# ---------------------------------------------------------------------------- streaming
+
+
+def test_streaming_restart_from_checkpoint_reads_each_message_once(
+    spark: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    topic = unique("SparkStream")
+    group = unique("SparkGroup")
+    cluster.create_topic(topic, queues=3)
+    cluster.produce(topic, 60)
+    out, chk = tmp_path / "out", tmp_path / "chk"
+
+    def run_once() -> None:
+        stream = (
+            spark.readStream.format("tidemq")
+            .option("namesrv", cluster.ns)
+            .option("topic", topic)
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", "25")
+            .option("consumerGroup", group)
+            .load()
+            .selectExpr("queue_id", "queue_offset", "msg_id", "cast(body as string) as body")
+        )
+        q = (
+            stream.writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(chk))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(120)
+        assert q.exception() is None
+
+    run_once()
+    first = spark.read.parquet(str(out)).collect()
+    assert len(first) == 60
+    cluster.produce(topic, 45, start=60)
+    run_once()  # same checkpoint: resumes at the stored offsets
+    rows = spark.read.parquet(str(out)).collect()
+    bodies = sorted(int(r.body.split("-")[1]) for r in rows)
+    assert bodies == list(range(105))  # no gap, no duplicate
+    assert len({(r.queue_id, r.queue_offset) for r in rows}) == 105
+    batches = len(list((chk / "commits").iterdir()))
+    assert batches >= 5  # maxOffsetsPerTrigger=25 split 105 messages into micro-batches
+
+    # consumerGroup: Spark commits a batch's end offsets to the source when it plans the next
+    # batch, so the group's offsets are those of the second-to-last batch in the offset log
+    from tidemq_spark.client import TidemqSession
+    from tidemq_spark.options import QueueKey
+
+    last = max(int(f.name) for f in (chk / "offsets").iterdir() if f.name.isdigit())
+    logged = json.loads((chk / "offsets" / str(last - 1)).read_text().splitlines()[-1])
+    with TidemqSession(cluster.ns) as s:
+        committed = {f"{BROKER}:{q}": s.committed_offset(QueueKey(topic, BROKER, q), group) for q in range(3)}
+    assert committed == logged[topic]
+
+
+# ---------------------------------------------------------------------------- offline store
+
+
+def test_offline_store_reader_matches_live_read(spark: Any, cluster: Cluster, tmp_path: Path) -> None:
+    topic = unique("SparkStore")
+    cluster.create_topic(topic, queues=2)
+    big = b"x" * 3000  # ~2 MB in total over 256 KiB CommitLog files
+    with BlockingProducer(unique("PG"), cluster.ns, compress_over=1 << 30) as p:
+        for i in range(0, 700, 50):
+            p.send_batch([Message(topic, big + b"-%d" % j, tags="S", keys=f"s{j}") for j in range(i, i + 50)])
+    live = read(spark, cluster, topic)
+    cols = ["topic", "queue_id", "queue_offset", "msg_id", "tags", "keys", "body", "born_timestamp", "store_timestamp"]
+
+    store = spark.read.format("tidemq-store").option("topic", topic).load(str(cluster.data_dir))
+    files = sorted((cluster.data_dir / "commitlog").iterdir())
+    assert len(files) >= 4 and store.rdd.getNumPartitions() == len(files)  # one partition per file
+    assert store.count() == 700
+    assert sorted(store.select(*cols).collect()) == sorted(live.select(*cols).collect())
+
+    # every topic of the store: counts per (topic, queue) equal the broker's max offsets
+    counts = {
+        (r.topic, r.queue_id): r["count"]
+        for r in spark.read.format("tidemq-store").load(str(cluster.data_dir)).groupBy("topic", "queue_id").count().collect()
+    }
+    from tidemq_spark.client import TidemqSession
+    from tidemq_spark.options import QueueKey
+
+    with TidemqSession(cluster.ns) as s:
+        mine = {k: n for k, n in counts.items() if k[0].startswith("Spark")}
+        assert len(mine) >= 5
+        for (t, q), n in mine.items():
+            assert s.max_offset(QueueKey(t, BROKER, q)) == n, (t, q)
+
+    # a corrupted body: CRC validation names the file and offset, or skips the record
+    from tidemq.message import decode_message
+
+    copy = tmp_path / "store"
+    shutil.copytree(cluster.data_dir / "commitlog", copy / "commitlog")
+    victim = sorted((copy / "commitlog").iterdir())[-2]
+    data = bytearray(victim.read_bytes())
+    pos = 0
+    while (m := decode_message(data, pos)).topic != topic:
+        pos += m.store_size
+    data[pos + 200] ^= 0xFF  # inside the record's 3000-byte body
+    victim.write_bytes(bytes(data))
+    n_all = spark.read.format("tidemq-store").load(str(copy)).count()
+    checked = spark.read.format("tidemq-store").option("validateCrc", "true").load(str(copy))
+    with pytest.raises(Exception, match=f"{victim.name} at file position {pos}"):
+        checked.count()
+    n_skip = (
+        spark.read.format("tidemq-store")
+        .option("validateCrc", "true")
+        .option("ignoreCorruptRecords", "true")
+        .load(str(copy))
+        .count()
+    )
+    assert n_skip == n_all - 1
