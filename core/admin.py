@@ -404,17 +404,25 @@ async def query_msg_by_key(client: AdminClient, topic: str, msg_key: str) -> Non
 @_run
 async def query_msg_by_id(client: AdminClient, msg_id: str, topic: str | None) -> None:
     """Print one message, found by its offset id (or its unique id and topic)."""
-    try:
-        (host, port), offset = decode_message_id(msg_id)
-    except ValueError:
-        host = ""
-    if host:
-        resp = await client.call(f"{host}:{port}", RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset})
-        msgs = list(iter_messages(resp.payload()))
-    elif topic:
+    msgs: list[MessageExt] = []
+    # Producer (unique) ids and offset ids can both be 16 bytes of hex: with a topic, ask the
+    # key index first, then read the id as an offset id (RocketMQ's viewMessage does the same).
+    if topic:
         msgs = [m for m in await _query(client, topic, msg_id, unique=True) if m.uniq_key == msg_id]
-    else:
-        raise AdminError(f"{msg_id!r} is not an offset message id; give -t TOPIC to look up a unique id")
+    if not msgs:
+        try:
+            (host, port), offset = decode_message_id(msg_id)
+        except ValueError:
+            if not topic:
+                raise AdminError(
+                    f"{msg_id!r} is not an offset message id; give -t TOPIC to look up a unique id"
+                ) from None
+        else:
+            if 0 < port < 65536:
+                resp = await client.call(f"{host}:{port}", RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset})
+                msgs = list(iter_messages(resp.payload()))
+            elif not topic:
+                raise AdminError(f"{msg_id!r} is not an offset message id (port {port}); give -t TOPIC")
     if not msgs:
         raise AdminError(f"message {msg_id} not found")
     for m in msgs:

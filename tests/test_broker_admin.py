@@ -62,12 +62,14 @@ def test_topic_lifecycle_and_messages(cluster: tuple[Admin, str, str]) -> None:
     sent = admin(
         "sendMessage", "-t", "Orders", "-p", "hello admin", "-k", "order-42", "-c", "paid", "-i", "1"
     ).stdout
-    offset_id = sent.strip().splitlines()[-1].split()[-1]
+    uniq_id, offset_id = sent.strip().splitlines()[-1].split()[-2:]
     status = admin("topicStatus", "-t", "Orders").stdout
     rows = [line.split()[:4] for line in status.splitlines()[1:]]
     assert rows == [["broker-x", "0", "0", "0"], ["broker-x", "1", "0", "1"]]
     by_id = admin("queryMsgById", "-i", offset_id).stdout
     assert "Message Body:        hello admin" in by_id and "Tags:                [paid]" in by_id
+    by_uniq = admin("queryMsgById", "-i", uniq_id, "-t", "Orders").stdout  # the producer's id: via the index
+    assert f"OffsetID:            {offset_id}" in by_uniq
     by_key = admin("queryMsgByKey", "-t", "Orders", "-k", "order-42").stdout
     assert offset_id in by_key
     consumed = admin("consumeMessage", "-t", "Orders").stdout

@@ -164,6 +164,18 @@ def test_send_pull_round_trip_keeps_bytes_and_properties(
             mx = await call(client, broker, RequestCode.GET_MAX_OFFSET, {"topic": "RoundTrip", "queueId": 2})
             mn = await call(client, broker, RequestCode.GET_MIN_OFFSET, {"topic": "RoundTrip", "queueId": 2})
             assert (mx.ext_fields["offset"], mn.ext_fields["offset"]) == ("2", "0")
+            now_ms = int(time.time() * 1000)
+            by_time = await call(
+                client,
+                broker,
+                RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+                {"topic": "RoundTrip", "queueId": 2, "timestamp": 0},
+            )
+            assert by_time.ext_fields["offset"] == "0"
+            earliest = await call(
+                client, broker, RequestCode.GET_EARLIEST_MSG_STORETIME, {"topic": "RoundTrip", "queueId": 2}
+            )
+            assert now_ms - 60_000 < int(earliest.ext_fields["timestamp"]) <= now_ms
             # Pulling at the end answers "no new message" with where to continue.
             end = await call(client, broker, RequestCode.PULL_MESSAGE, pull_fields("RoundTrip", 2, 2))
             assert end.code == ResponseCode.PULL_NOT_FOUND and end.ext_fields["nextBeginOffset"] == "2"
@@ -672,7 +684,9 @@ def test_silent_consumers_are_dropped_by_housekeeping(tmp_path: Path, plugin_mat
     asyncio.run(main())
 
 
-def test_a_taken_port_fails_start_and_leaves_the_store_usable(tmp_path: Path, plugin_matrix: dict[str, str]) -> None:
+def test_a_taken_port_fails_start_and_leaves_the_store_usable(
+    tmp_path: Path, plugin_matrix: dict[str, str]
+) -> None:
     async def main() -> None:
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
@@ -685,5 +699,59 @@ def test_a_taken_port_fails_start_and_leaves_the_store_usable(tmp_path: Path, pl
         async with running(tmp_path, plugin_matrix) as (broker, client):
             ok = await call(client, broker, RequestCode.SEND_MESSAGE, send_fields("AfterFailure", 0), b"x")
             assert ok.code == ResponseCode.SUCCESS
+
+    asyncio.run(main())
+
+
+def test_pulls_without_a_subscription_use_the_heartbeat_one(
+    tmp_path: Path, plugin_matrix: dict[str, str]
+) -> None:
+    async def main() -> None:
+        async with running(tmp_path, plugin_matrix) as (broker, client):
+            await call(client, broker, RequestCode.SEND_MESSAGE, send_fields("Subs", 0), b"x")
+            unknown = await call(
+                client, broker, RequestCode.PULL_MESSAGE, pull_fields("Subs", 0, 0, group="H", sys_flag=0)
+            )
+            assert unknown.code == ResponseCode.SUBSCRIPTION_NOT_EXIST
+            await call(
+                client, broker, RequestCode.HEART_BEAT, {}, heartbeat("h1", "H", "Subs")
+            )  # subVersion 1
+            fields = pull_fields("Subs", 0, 0, group="H", sys_flag=0)
+            ok = await call(client, broker, RequestCode.PULL_MESSAGE, {**fields, "subVersion": 1})
+            assert ok.code == ResponseCode.SUCCESS
+            stale = await call(client, broker, RequestCode.PULL_MESSAGE, {**fields, "subVersion": 2})
+            assert stale.code == ResponseCode.SUBSCRIPTION_NOT_LATEST
+            bad = await call(client, broker, RequestCode.PULL_MESSAGE, pull_fields("Subs", 0, 0, sub="||"))
+            assert bad.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
+
+    asyncio.run(main())
+
+
+def test_stop_answers_held_pulls_instead_of_waiting_them_out(
+    tmp_path: Path, plugin_matrix: dict[str, str]
+) -> None:
+    async def main() -> None:
+        broker = Broker(compose(make_config(tmp_path, plugin_matrix)))
+        await broker.start()
+        client = get_plugin_manager().create("transport", "tcp").client()
+        try:
+            await create_topic(client, broker, "Held")
+            held = asyncio.create_task(
+                call(
+                    client,
+                    broker,
+                    RequestCode.PULL_MESSAGE,
+                    pull_fields("Held", 0, 0, suspend_ms=20_000),
+                    timeout=30,
+                )
+            )
+            await asyncio.sleep(0.3)
+            start = time.monotonic()
+            await broker.stop()
+            assert time.monotonic() - start < 10  # not the 20 s suspend, nor a drain timeout
+            resp = await held
+            assert resp.code == ResponseCode.PULL_NOT_FOUND
+        finally:
+            await client.close()
 
     asyncio.run(main())

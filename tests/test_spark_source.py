@@ -166,6 +166,7 @@ def spark() -> Iterator[Any]:
         SparkSession.builder.master("local[2]")
         .appName("tidemq-spark-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
@@ -180,7 +181,11 @@ def spark() -> Iterator[Any]:
 
 def read(spark: Any, cluster: Cluster, topic: str, **options: str) -> Any:
     return (
-        spark.read.format("tidemq").option("namesrv", cluster.ns).option("topic", topic).options(**options).load()
+        spark.read.format("tidemq")
+        .option("namesrv", cluster.ns)
+        .option("topic", topic)
+        .options(**options)
+        .load()
     )
 
 
@@ -263,6 +268,20 @@ def test_offsets_json_timestamp_and_tag_filter_pushdown(spark: Any, cluster: Clu
     assert len(tag_a) == 20 and {r.tags for r in tag_a} == {"TagA"}
     assert {int(r.properties["idx"]) % 2 for r in tag_a} == {0}
 
+    # SQL92 is passed through to the broker: it filters, or its refusal comes back as one clear error
+    sql = read(spark, cluster, topic, filter="idx = '7'", filterType="SQL92")
+    if "SQL92" in cluster.broker.filters:
+        assert [r.properties["idx"] for r in sql.collect()] == ["7"]
+    else:
+        with pytest.raises(Exception, match="the broker rejected filter \"idx = '7'\" \\(SQL92\\)"):
+            sql.collect()
+
+    # a topic pattern (full match over the NameServer's topic list)
+    pattern = (
+        spark.read.format("tidemq").option("namesrv", cluster.ns).option("topicPattern", topic[:-2] + ".*")
+    )
+    assert pattern.load().filter(f"topic = '{topic}'").count() == 40
+
     # startingTimestamp after everything -> nothing; before everything -> all
     assert read(spark, cluster, topic, startingTimestamp=str(int(time.time() * 1000) + 60_000)).count() == 0
     assert read(spark, cluster, topic, startingTimestamp="0").count() == 40
@@ -279,8 +298,13 @@ def test_offsets_json_timestamp_and_tag_filter_pushdown(spark: Any, cluster: Clu
 def test_write_then_read_back_and_missing_column_error(spark: Any, cluster: Cluster) -> None:
     topic = unique("SparkSink")
     cluster.create_topic(topic, queues=4)
-    rows = [(topic, "TagW" if i % 3 else "TagX", f"wk-{i}", f"payload-{i}".encode(), {"n": str(i)}) for i in range(300)]
-    df = spark.createDataFrame(rows, "topic string, tags string, keys string, body binary, properties map<string,string>")
+    rows = [
+        (topic, "TagW" if i % 3 else "TagX", f"wk-{i}", f"payload-{i}".encode(), {"n": str(i)})
+        for i in range(300)
+    ]
+    df = spark.createDataFrame(
+        rows, "topic string, tags string, keys string, body binary, properties map<string,string>"
+    )
     df.write.format("tidemq").option("namesrv", cluster.ns).option("batchSize", "64").mode("append").save()
 
     back = read(spark, cluster, topic).collect()
@@ -291,9 +315,9 @@ def test_write_then_read_back_and_missing_column_error(spark: Any, cluster: Clus
     assert len({r.queue_id for r in back}) > 1  # batches are spread over the queues
 
     # no topic column: the topic option names it; string bodies are sent as UTF-8
-    spark.createDataFrame([("plain",)], "body string").write.format("tidemq").option("namesrv", cluster.ns).option(
-        "topic", topic
-    ).mode("append").save()
+    spark.createDataFrame([("plain",)], "body string").write.format("tidemq").option(
+        "namesrv", cluster.ns
+    ).option("topic", topic).mode("append").save()
     assert read(spark, cluster, topic).filter("body = cast('plain' as binary)").count() == 1
 
     bad = spark.createDataFrame([(topic, "x")], "topic string, payload string")
@@ -346,6 +370,28 @@ def test_streaming_restart_from_checkpoint_reads_each_message_once(
     batches = len(list((chk / "commits").iterdir()))
     assert batches >= 5  # maxOffsetsPerTrigger=25 split 105 messages into micro-batches
 
+    # the streaming sink: copy the topic into another one, then read the copy back
+    copy_topic = unique("SparkStreamCopy")
+    cluster.create_topic(copy_topic, queues=2)
+    q = (
+        spark.readStream.format("tidemq")
+        .option("namesrv", cluster.ns)
+        .option("topic", topic)
+        .option("startingOffsets", "earliest")
+        .load()
+        .selectExpr(f"'{copy_topic}' as topic", "tags", "keys", "body", "properties")
+        .writeStream.format("tidemq")
+        .option("namesrv", cluster.ns)
+        .option("checkpointLocation", str(tmp_path / "chk-copy"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination(120)
+    assert q.exception() is None
+    copied = read(spark, cluster, copy_topic).collect()
+    assert sorted(r.body for r in copied) == sorted(f"body-{i}".encode() for i in range(105))
+    assert {r.properties["color"] for r in copied} == {"blue"}
+
     # consumerGroup: Spark commits a batch's end offsets to the source when it plans the next
     # batch, so the group's offsets are those of the second-to-last batch in the offset log
     from tidemq_spark.client import TidemqSession
@@ -365,29 +411,46 @@ def test_offline_store_reader_matches_live_read(spark: Any, cluster: Cluster, tm
     topic = unique("SparkStore")
     cluster.create_topic(topic, queues=2)
     big = b"x" * 3000  # ~2 MB in total over 256 KiB CommitLog files
-    with BlockingProducer(unique("PG"), cluster.ns, compress_over=1 << 30) as p:
+    with BlockingProducer(unique("PG"), cluster.ns, compress_over=4096) as p:
         for i in range(0, 700, 50):
             p.send_batch([Message(topic, big + b"-%d" % j, tags="S", keys=f"s{j}") for j in range(i, i + 50)])
+        for j in range(700, 720):  # single sends over 4 KiB are stored zlib-compressed
+            p.send(Message(topic, big * 4 + b"-%d" % j, tags="Z", keys=f"s{j}"))
     live = read(spark, cluster, topic)
-    cols = ["topic", "queue_id", "queue_offset", "msg_id", "tags", "keys", "body", "born_timestamp", "store_timestamp"]
+    cols = [
+        "topic",
+        "queue_id",
+        "queue_offset",
+        "msg_id",
+        "tags",
+        "keys",
+        "body",
+        "born_timestamp",
+        "store_timestamp",
+    ]
 
     store = spark.read.format("tidemq-store").option("topic", topic).load(str(cluster.data_dir))
     files = sorted((cluster.data_dir / "commitlog").iterdir())
     assert len(files) >= 4 and store.rdd.getNumPartitions() == len(files)  # one partition per file
-    assert store.count() == 700
+    assert store.count() == 720
+    assert store.filter("tags = 'Z' and length(body) > 12000").count() == 20  # decompressed
     assert sorted(store.select(*cols).collect()) == sorted(live.select(*cols).collect())
 
     # every topic of the store: counts per (topic, queue) equal the broker's max offsets
     counts = {
         (r.topic, r.queue_id): r["count"]
-        for r in spark.read.format("tidemq-store").load(str(cluster.data_dir)).groupBy("topic", "queue_id").count().collect()
+        for r in spark.read.format("tidemq-store")
+        .load(str(cluster.data_dir))
+        .groupBy("topic", "queue_id")
+        .count()
+        .collect()
     }
     from tidemq_spark.client import TidemqSession
     from tidemq_spark.options import QueueKey
 
     with TidemqSession(cluster.ns) as s:
         mine = {k: n for k, n in counts.items() if k[0].startswith("Spark")}
-        assert len(mine) >= 5
+        assert {(topic, 0), (topic, 1)} <= set(mine)
         for (t, q), n in mine.items():
             assert s.max_offset(QueueKey(t, BROKER, q)) == n, (t, q)
 
@@ -399,9 +462,9 @@ def test_offline_store_reader_matches_live_read(spark: Any, cluster: Cluster, tm
     victim = sorted((copy / "commitlog").iterdir())[-2]
     data = bytearray(victim.read_bytes())
     pos = 0
-    while (m := decode_message(data, pos)).topic != topic:
+    while (m := decode_message(data, pos)).topic != topic or m.store_size < 3000:
         pos += m.store_size
-    data[pos + 200] ^= 0xFF  # inside the record's 3000-byte body
+    data[pos + 200] ^= 0xFF  # inside the record's uncompressed 3000-byte body
     victim.write_bytes(bytes(data))
     n_all = spark.read.format("tidemq-store").load(str(copy)).count()
     checked = spark.read.format("tidemq-store").option("validateCrc", "true").load(str(copy))
@@ -415,3 +478,20 @@ def test_offline_store_reader_matches_live_read(spark: Any, cluster: Cluster, tm
         .count()
     )
     assert n_skip == n_all - 1
+
+
+def test_offsets_the_broker_does_not_have_fail_or_are_skipped(cluster: Cluster, caplog: Any) -> None:
+    from tidemq_spark import DataLossError
+    from tidemq_spark.client import TidemqSession
+    from tidemq_spark.options import QueueKey
+
+    topic = unique("SparkLoss")
+    cluster.create_topic(topic, queues=1)
+    cluster.produce(topic, 5)
+    key = QueueKey(topic, BROKER, 0)
+    with TidemqSession(cluster.ns) as s:
+        with pytest.raises(DataLossError, match=r"offsets \[5, 9\) of .* failOnDataLoss=false"):
+            list(s.read_range(key, 0, 9, group="g"))
+        got = [m.queue_offset for b in s.read_range(key, 0, 9, group="g", fail_on_data_loss=False) for m in b]
+        assert got == [0, 1, 2, 3, 4]
+        assert "no longer on the broker" in caplog.text

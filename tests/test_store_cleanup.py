@@ -249,3 +249,29 @@ def test_abnormal_recovery_starts_at_the_checkpoint_file(tmp_path: Path, caplog)
         assert store.get_max_offset_in_queue("TopicA", 0) == 24
     finally:
         store.shutdown()
+
+
+def test_full_disk_refuses_writes_until_space_returns(tmp_path: Path) -> None:
+    import shutil
+
+    import pytest
+
+    from tidemq.store import PutStatus
+
+    usage = shutil.disk_usage(tmp_path)
+    if usage.used / usage.total * 100 <= 11:
+        pytest.skip("the disk is too empty to exceed the lowest allowed ratio")
+    store = build_store("mmap", tmp_path, store_options=dict(OPTS, disk_space_warning_ratio=95))
+    assert store.load()
+    store.start()
+    try:
+        assert store.put_message(message(body=b"before")).result(10).ok
+        store.options.disk_space_warning_ratio = 10
+        store.check_disk()
+        res = store.put_message(message(body=b"refused")).result(10)
+        assert res.status is PutStatus.DISK_FULL and "full" in res.error
+        store.options.disk_space_warning_ratio = 95
+        store.check_disk()
+        assert store.put_message(message(body=b"after")).result(10).queue_offset == 1
+    finally:
+        store.shutdown()

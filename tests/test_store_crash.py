@@ -19,8 +19,10 @@ WRITER = r"""
 import sys, threading
 from tidemq.testing.store_contract import build_store, message
 
+ROUND = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+
 def body(t, i):
-    return b"%d-%d-" % (t, i) + bytes([65 + t]) * (i * 37 % 700)
+    return b"%d-%d-%d-" % (ROUND, t, i) + bytes([65 + t]) * (i * 37 % 700)
 
 store = build_store("mmap", sys.argv[1], flush="sync", store_options={
     "commitlog_file_size": 64 * 1024, "consumequeue_entries": 200,
@@ -45,13 +47,13 @@ threading.Event().wait()
 """
 
 
-def body(t: int, i: int) -> bytes:
-    return b"%d-%d-" % (t, i) + bytes([65 + t]) * (i * 37 % 700)
+def body(t: int, i: int, rnd: int = 0) -> bytes:
+    return b"%d-%d-%d-" % (rnd, t, i) + bytes([65 + t]) * (i * 37 % 700)
 
 
-def run_and_kill(data: Path, transient: bool, min_acks: int) -> list[tuple[int, ...]]:
+def run_and_kill(data: Path, transient: bool, min_acks: int, rnd: int = 0) -> list[tuple[int, ...]]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(data), "1" if transient else "0"],
+        [sys.executable, "-c", WRITER, str(data), "1" if transient else "0", str(rnd)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -107,6 +109,30 @@ def test_sigkill_keeps_every_acknowledged_message(tmp_path: Path, transient: boo
         res = store.put_message(build_message(qid=0)).result(10)
         assert res.ok and res.queue_offset == store.get_max_offset_in_queue("Crash", 0) - 1
         assert res.wrote_offset >= max(a[4] for a in acks)
+    finally:
+        store.shutdown()
+
+
+def test_repeated_crashes_lose_nothing_acknowledged(tmp_path: Path) -> None:
+    """Crash, recover, write more, crash again: every round's acknowledgements survive."""
+    data = tmp_path / "store"
+    acked: list[tuple[int, ...]] = []
+    for rnd in range(3):
+        acked.extend((rnd, *a) for a in run_and_kill(data, False, min_acks=150, rnd=rnd))
+    store = build_store(
+        "mmap", data, store_options={"commitlog_file_size": 64 * 1024, "consumequeue_entries": 200}
+    )
+    assert store.load()
+    store.start()
+    try:
+        seen: set[tuple[int, int]] = set()
+        for rnd, t, i, qid, qoff, wrote in acked:
+            assert (qid, qoff) not in seen  # no queue offset handed out twice across crashes
+            seen.add((qid, qoff))
+            got = store.get_message("g", "Crash", qid, qoff, 1)
+            assert got.status is GetStatus.FOUND
+            m = decode_message(got.buffers[0], check_crc=True)
+            assert (m.body, m.commit_log_offset) == (body(t, i, rnd), wrote)
     finally:
         store.shutdown()
 

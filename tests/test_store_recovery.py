@@ -131,3 +131,30 @@ def test_consume_queue_behind_the_commit_log_is_caught_up_on_load(tmp_path: Path
         assert bodies(store) == [b"msg-%03d" % i for i in range(40)]
     finally:
         store.shutdown()
+
+
+def test_queue_file_failure_takes_the_record_back_and_the_store_stays_up(tmp_path: Path) -> None:
+    store = open_store(tmp_path)
+    try:
+        ok = store.put_message(message(body=b"fine", queue_id=0)).result(10)
+        # Something that is not a directory where queue 7's files must go.
+        blocker = tmp_path / "consumequeue" / "TopicA" / "7"
+        blocker.parent.mkdir(parents=True, exist_ok=True)
+        blocker.write_bytes(b"in the way")
+        end = store.get_max_phy_offset()
+        res = store.put_message(message(body=b"blocked", queue_id=7)).result(10)
+        assert res.status.value == "CREATE_MAPPED_FILE_FAILED" and "cannot create" in res.error
+        assert store.get_max_phy_offset() == end  # nothing left behind in the commit log
+        nxt = store.put_message(message(body=b"next", queue_id=0)).result(10)
+        assert (nxt.queue_offset, nxt.wrote_offset) == (1, ok.wrote_offset + ok.wrote_bytes)
+        blocker.unlink()
+        res = store.put_message(message(body=b"unblocked", queue_id=7)).result(10)
+        assert res.ok and res.queue_offset == 0 and res.wrote_offset == nxt.wrote_offset + nxt.wrote_bytes
+    finally:
+        store.shutdown()
+    store = open_store(tmp_path)
+    try:
+        assert bodies(store, 0) == [b"fine", b"next"]
+        assert bodies(store, 7) == [b"unblock"]
+    finally:
+        store.shutdown()

@@ -85,7 +85,9 @@ class TidemqSession:
         if route is None:
             route = self.run(self.api.get_route(topic))
             if route is None:
-                raise TidemqSparkError(f"topic {topic!r} has no route on NameServer {';'.join(self.api.namesrv)}")
+                raise TidemqSparkError(
+                    f"topic {topic!r} has no route on NameServer {';'.join(self.api.namesrv)}"
+                )
             self.routes[topic] = route
         return route
 
@@ -239,9 +241,7 @@ class TidemqSession:
     def _data_loss(key: QueueKey, start: int, end: int, fail: bool) -> None:
         what = f"offsets [{start}, {end}) of {key.topic} {key.name} are no longer on the broker"
         if fail:
-            raise DataLossError(
-                f"{what}; set failOnDataLoss=false to skip them with a warning"
-            )
+            raise DataLossError(f"{what}; set failOnDataLoss=false to skip them with a warning")
         log.warning("%s; skipped (failOnDataLoss=false)", what)
 
 

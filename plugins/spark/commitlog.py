@@ -114,12 +114,17 @@ def _iter_view(
                 raise CorruptRecordError(f"corrupt CommitLog record in {where}: {problem}")
             log.warning("corrupt CommitLog record in %s: %s; rest of the file skipped", where, problem)
             return
+        problem = ""
         try:
             msg = decode_message(view, pos, check_crc=check_crc)
         except CorruptDataError as exc:
+            problem = str(exc)
+        if problem:
+            # Raised outside the except block: the decoder's frames (holding views of the mapping)
+            # must not ride along as __context__, or the mapping cannot be closed.
             if not skip_corrupt:
-                raise CorruptRecordError(f"corrupt CommitLog record in {where}: {exc}") from None
-            log.warning("corrupt CommitLog record in %s: %s; skipped", where, exc)
+                raise CorruptRecordError(f"corrupt CommitLog record in {where}: {problem}")
+            log.warning("corrupt CommitLog record in %s: %s; skipped", where, problem)
             pos += total
             continue
         pos += total

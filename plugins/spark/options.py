@@ -61,9 +61,7 @@ def offsets_to_json(offsets: Mapping[QueueKey, int]) -> dict[str, dict[str, int]
 def parse_queue_name(topic: str, name: str, what: str) -> QueueKey:
     broker, sep, qid = str(name).rpartition(":")
     if not sep or not broker or not qid.isdigit():
-        raise TidemqSparkError(
-            f"{what}: queue {name!r} of topic {topic!r} is not '<broker name>:<queue id>'"
-        )
+        raise TidemqSparkError(f"{what}: queue {name!r} of topic {topic!r} is not '<broker name>:<queue id>'")
     return QueueKey(topic, broker, int(qid))
 
 
@@ -86,6 +84,24 @@ def offsets_from_json(data: Any, what: str) -> Offsets:
                     f"{what}: offset of {topic} {name} must be an integer >= 0, -2 (earliest) or -1 (latest)"
                 )
             out[parse_queue_name(topic, name, what)] = offset
+    return out
+
+
+def rate_limit(begin: Offsets, end: Offsets, max_rows: int) -> Offsets:
+    """Cap the total offsets of a micro-batch at ``max_rows``, shared in proportion to each queue's backlog."""
+    backlog = {k: end[k] - begin.get(k, 0) for k in end}
+    total = sum(v for v in backlog.values() if v > 0)
+    if total <= max_rows:
+        return end
+    out = dict(end)
+    budget = max_rows
+    for k in sorted(backlog):
+        lag = backlog[k]
+        if lag <= 0:
+            continue
+        take = min(lag, max(1, max_rows * lag // total), budget)
+        out[k] = begin.get(k, 0) + take
+        budget -= take
     return out
 
 

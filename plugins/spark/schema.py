@@ -81,6 +81,8 @@ class BatchBuilder:
         return len(self.cols[0])
 
     def add(self, msg: MessageExt, *, decompressed: bool = True) -> None:
+        # Decompress first: a corrupt body raises before any column grows.
+        body = msg.body if decompressed else decompress(msg.body, msg.sys_flag)
         c = self.cols
         props = msg.properties
         c[0].append(msg.topic)
@@ -90,7 +92,7 @@ class BatchBuilder:
         c[4].append(message_id(msg))
         c[5].append(props.get(Prop.TAGS))
         c[6].append(props.get(Prop.KEYS))
-        c[7].append(msg.body if decompressed else decompress(msg.body, msg.sys_flag))
+        c[7].append(body)
         c[8].append(user_properties(props))
         c[9].append(msg.born_timestamp * 1000)  # ms -> Arrow's timestamp[us]
         c[10].append(msg.store_timestamp * 1000)

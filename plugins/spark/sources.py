@@ -24,8 +24,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
 
+from tidemq.errors import CorruptDataError
+
 from .client import BatchSender, TidemqSession
-from .commitlog import CommitLogFile, iter_file, list_files
+from .commitlog import CommitLogFile, CorruptRecordError, iter_file, list_files
 from .options import (
     EARLIEST,
     LATEST,
@@ -36,6 +38,7 @@ from .options import (
     TidemqSparkError,
     offsets_from_json,
     offsets_to_json,
+    rate_limit,
 )
 from .schema import BatchBuilder, arrow_schema, spark_schema
 
@@ -247,7 +250,11 @@ class TidemqStreamReader(_RangeReader, DataSourceStreamReader, SupportsTriggerAv
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         if start is None:  # PySpark < 4.2 calls latestOffset() without arguments
-            begin = self._last_end if self._last_end is not None else offsets_from_json(self.initialOffset(), "start")
+            begin = (
+                self._last_end
+                if self._last_end is not None
+                else offsets_from_json(self.initialOffset(), "start")
+            )
             max_rows = self.opts.max_offsets_per_trigger
         else:
             begin = offsets_from_json(start, "start offset")
@@ -259,7 +266,7 @@ class TidemqStreamReader(_RangeReader, DataSourceStreamReader, SupportsTriggerAv
         for k, v in latest.items():
             end[k] = max(v, begin.get(k, 0))  # new queues start at 0; offsets never go back
         if max_rows:
-            end = _rate_limit(begin, end, max_rows)
+            end = rate_limit(begin, end, max_rows)
         return offsets_to_json(end)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
@@ -285,30 +292,19 @@ class TidemqStreamReader(_RangeReader, DataSourceStreamReader, SupportsTriggerAv
             try:
                 self.session.commit_offset(key, self.opts.consumer_group, offset)
             except Exception as exc:  # the checkpoint is the source of truth; the group offset is advisory
-                log.warning("committing %s %s = %d for group %s failed: %s", key.topic, key.name, offset, self.opts.consumer_group, exc)
+                log.warning(
+                    "committing %s %s = %d for group %s failed: %s",
+                    key.topic,
+                    key.name,
+                    offset,
+                    self.opts.consumer_group,
+                    exc,
+                )
 
     def stop(self) -> None:
         if self._session is not None:
             self._session.close()
             self._session = None
-
-
-def _rate_limit(begin: Offsets, end: Offsets, max_rows: int) -> Offsets:
-    """Cap the total offsets of a micro-batch at ``max_rows``, shared in proportion to each queue's backlog."""
-    backlog = {k: end[k] - begin.get(k, 0) for k in end}
-    total = sum(v for v in backlog.values() if v > 0)
-    if total <= max_rows:
-        return end
-    out = dict(end)
-    budget = max_rows
-    for k in sorted(backlog):
-        lag = backlog[k]
-        if lag <= 0:
-            continue
-        take = min(lag, max(1, max_rows * lag // total), budget)
-        out[k] = begin.get(k, 0) + take
-        budget -= take
-    return out
 
 
 # ---------------------------------------------------------------------------- writing
@@ -380,7 +376,9 @@ class _Sink:
                 for i in range(n):
                     topic = topics[i] or o.topic
                     if not topic:
-                        raise TidemqSparkError("tidemq sink: a row has a null topic and no 'topic' option was given")
+                        raise TidemqSparkError(
+                            "tidemq sink: a row has a null topic and no 'topic' option was given"
+                        )
                     body = bodies[i]
                     if body is None:
                         raise TidemqSparkError(f"tidemq sink: a row of topic {topic!r} has a null body")
@@ -495,7 +493,13 @@ class TidemqStoreReader(DataSourceReader):
         for msg in iter_file(file, check_crc=self.check_crc, skip_corrupt=self.skip_corrupt):
             if self.topics is not None and msg.topic not in self.topics:
                 continue
-            builder.add(msg, decompressed=False)
+            try:
+                builder.add(msg, decompressed=False)
+            except CorruptDataError as exc:
+                where = f"{partition.path} (commit-log offset {msg.commit_log_offset})"
+                if not self.skip_corrupt:
+                    raise CorruptRecordError(f"corrupt CommitLog record in {where}: {exc}") from None
+                log.warning("corrupt CommitLog record in %s: %s; skipped", where, exc)
             if len(builder) >= ARROW_BATCH_ROWS:
                 yield builder.flush()
         if len(builder):
@@ -515,6 +519,8 @@ class TidemqStoreDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         path = self.options.get("path")
         if not path:
-            raise TidemqSparkError("tidemq-store needs a path: spark.read.format('tidemq-store').load('/data/broker')")
+            raise TidemqSparkError(
+                "tidemq-store needs a path: spark.read.format('tidemq-store').load('/data/broker')"
+            )
         list_files(path)  # a bad path fails at planning with a clear message
         return TidemqStoreReader(str(path), self.options)

@@ -81,6 +81,19 @@ class CommitLog:
                 raise StoreError("cannot create a commit-log file")
         return mf
 
+    def rollback(self, mf: MappedFile, pos: int) -> None:
+        """Take back bytes appended to ``mf`` from ``pos`` (nothing has been acknowledged for them)."""
+        end = mf.wrote_position
+        if end <= pos:
+            return
+        mf.write_at(pos, bytes(end - pos))
+        mf.wrote_position = pos
+        mf.committed_position = min(mf.committed_position, pos)
+        mf.flushed_position = min(mf.flushed_position, pos)
+        where = mf.file_from_offset + pos
+        self.queue.committed_where = min(self.queue.committed_where, where)
+        self.queue.flushed_where = min(self.queue.flushed_where, where)
+
     # ------------------------------------------------------------------ reads
     def get_min_offset(self) -> int:
         first = self.queue.first
@@ -186,10 +199,8 @@ class CommitLog:
         files = self.queue.files
         start = 0
         for i in range(len(files) - 1, -1, -1):
-            if (
-                self._first_store_timestamp(files[i]) is not None
-                and self._first_store_timestamp(files[i]) <= min_timestamp
-            ):
+            first_ts = self._first_store_timestamp(files[i])
+            if first_ts is not None and first_ts <= min_timestamp:
                 start = i
                 break
         log.info("abnormal recovery of the commit log from file %s", files[start].path.name if files else "-")

@@ -14,10 +14,12 @@ releases the GIL so writers keep appending while a flush is in progress (group c
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import mmap
 import os
+import sys
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -28,6 +30,23 @@ log = logging.getLogger(__name__)
 
 PAGE_SIZE = mmap.PAGESIZE
 OS_PAGE = 4096
+
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+def _punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Deallocate a byte range (Linux fallocate PUNCH_HOLE): it reads as zeros and keeps the file sparse."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fallocate = libc.fallocate
+        fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+        return fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def file_name(offset: int) -> str:
@@ -127,7 +146,8 @@ class MappedFile:
             return start
         if least_pages > 0 and (wrote // OS_PAGE - start // OS_PAGE) < least_pages and wrote < self.file_size:
             return start
-        self.mm[start:wrote] = buf[start:wrote]
+        with memoryview(buf) as src:  # one copy, buffer to mapping
+            self.mm[start:wrote] = src[start:wrote]
         self.committed_position = wrote
         if wrote >= self.file_size:
             # Fully committed: readers now use the mapping; views already handed out keep the buffer.
@@ -181,6 +201,16 @@ class MappedFile:
         for pos in range(0, self.file_size, OS_PAGE):
             self.mm[pos : pos + OS_PAGE] = zero[: min(OS_PAGE, self.file_size - pos)]
         os.fdatasync(self.fd)
+
+    def zero_tail(self, pos: int) -> None:
+        """Make ``[pos, file_size)`` read as zeros: a hole punched when the filesystem can, else zeros written."""
+        if pos >= self.file_size:
+            return
+        if not _punch_hole(self.fd, pos, self.file_size - pos):
+            chunk = bytes(min(1 << 22, self.file_size - pos))
+            for start in range(pos, self.file_size, len(chunk)):
+                end = min(start + len(chunk), self.file_size)
+                self.mm[start:end] = chunk[: end - start]
 
     def last_modified(self) -> float:
         try:
@@ -417,7 +447,7 @@ class MappedFileQueue:
                 if offset >= mf.file_from_offset:
                     pos = offset - mf.file_from_offset
                     # Zero the cut tail so a later scan cannot mistake stale bytes for records.
-                    mf.mm[pos : self.file_size] = bytes(self.file_size - pos)
+                    mf.zero_tail(pos)
                     mf.set_positions(pos)
                     keep.append(mf)
                 else:

@@ -62,6 +62,8 @@ class MmapStoreOptions:
     disk_max_used_space_ratio: int = attrs.field(default=75, validator=_ratio)
     #: Delete the oldest files even when not expired once the disk is this full.
     disk_clean_forcibly_ratio: int = attrs.field(default=85, validator=_ratio)
+    #: Refuse writes with DISK_FULL while the disk is fuller than this (diskSpaceWarningLevelRatio).
+    disk_space_warning_ratio: int = attrs.field(default=90, validator=_ratio)
     #: Files deleted per cleanup round at most (deleteCommitLogFilesInterval's batch).
     delete_files_batch_max: int = attrs.field(default=10, validator=_positive)
     #: How often the cleanup checks run.

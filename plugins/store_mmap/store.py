@@ -3,8 +3,10 @@
 Write path: records are encoded outside the lock; under the one store lock the commit log picks
 the file (writing the blank end marker if needed), the record is patched with its offsets and
 store time, appended, and its ConsumeQueue entry written, so the message is readable when the
-lock is released.  The future then waits on the flush policy.  Dispatchers (the key index) and
-arrival listeners run on the store's dispatch thread, in commit-log order.
+lock is released.  Dispatchers (the key index) run under the same lock, in commit-log order, so a
+key is queryable once the put resolves (under the GIL a separate thread would only add a handoff).
+The future then waits on the flush policy.  Arrival listeners run on the store's dispatch thread,
+coalesced per queue.
 
 Directory layout under the data dir: ``commitlog/``, ``consumequeue/<topic>/<queueId>/``,
 ``checkpoint``, ``abort`` (present while running: its presence at load means a crash).
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import queue
 import shutil
 import struct
@@ -60,6 +63,17 @@ _I32 = struct.Struct(">i")
 #: ConsumeQueue bytes scanned per pull at most (RocketMQ's maxFilterMessageCount).
 MAX_FILTER_BYTES = 16000
 _MIN = -(1 << 63)
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+#: accessMessageInMemoryMaxRatio (40 %) of the machine's memory.
+_MEMORY_FOR_MESSAGES = _physical_memory() * 40 // 100
 
 
 #: Tags repeat across messages; Java's String.hashCode in Python costs microseconds per call.
@@ -148,6 +162,7 @@ class MmapMessageStore:
         self._loaded = False
         self._last_cq_ts = 0
         self._reput_from = 0  # replication: where indexing of appended raw bytes resumes
+        self._disk_full = ""  # why writes are refused ("" while the disk has room)
         if index is not None:
             self.add_dispatcher(index)
 
@@ -215,6 +230,7 @@ class MmapMessageStore:
         if not self._loaded:
             raise StoreError("store.start() called before a successful load()")
         self.abort_file.touch()
+        self.check_disk()
         self.flush_policy.start(self.commitlog)
         self._stop.clear()
         self._running = True
@@ -286,6 +302,8 @@ class MmapMessageStore:
         """Append, index and dispatch under the lock; the message is readable when it returns."""
         if not self._running:
             return self._illegal("the store is not running", PutStatus.SERVICE_NOT_AVAILABLE)
+        if self._disk_full:
+            return self._illegal(self._disk_full, PutStatus.DISK_FULL)
         if not msgs:
             return self._illegal("empty message batch")
         topic, queue_id = msgs[0].topic, msgs[0].queue_id
@@ -339,14 +357,26 @@ class MmapMessageStore:
                 patch_record(rec, queue_offset + i if cq is not None else 0, phys, ts)
                 offsets.append(phys)
                 phys += len(rec)
-            mf.append(records[0] if len(records) == 1 else b"".join(records))
+            start = mf.wrote_position
+            try:
+                mf.append(records[0] if len(records) == 1 else b"".join(records))
+                if cq is not None:
+                    if len(records) == 1:
+                        cq.put(base, total, tags[0], queue_offset)
+                    else:
+                        entries = [(offsets[i], len(r), tags[i]) for i, r in enumerate(records)]
+                        cq.put_many(entries, queue_offset)
+            except OSError as exc:
+                # A queue file could not be created: take the record back so no queue offset is
+                # used twice, and report it; the store stays up.
+                self.commitlog.rollback(mf, start)
+                log.error("cannot write the queue entry of %s-%d: %s", topic, queue_id, exc)
+                return self._illegal(
+                    f"cannot create a store file: {exc}", PutStatus.CREATE_MAPPED_FILE_FAILED
+                )
             mf.store_timestamp = ts
             self._reput_from = phys
             if cq is not None:
-                if len(records) == 1:
-                    cq.put(base, total, tags[0], queue_offset)
-                else:
-                    cq.put_many([(offsets[i], len(r), tags[i]) for i, r in enumerate(records)], queue_offset)
                 self._last_cq_ts = ts
             if self._needs_dispatch:
                 sizes = [len(r) for r in records]
@@ -490,6 +520,8 @@ class MmapMessageStore:
         if entries is None:
             return GetResult(GetStatus.OFFSET_FOUND_NULL, cq.roll_next_file(offset), min_offset, max_offset)
         status = GetStatus.NO_MATCHED_MESSAGE
+        max_phy = self.commitlog.get_max_offset()
+        last_phy = 0
         buffers: list[memoryview] = []
         qoffsets: list[int] = []
         total = 0
@@ -500,6 +532,7 @@ class MmapMessageStore:
         i = 0
         while i < limit:
             phy, size, tags_code = CQ_ENTRY.unpack_from(entries, i)
+            last_phy = phy
             i += CQ_STORE_UNIT_SIZE
             if size == 0x7FFFFFFF:  # pre-blank filler
                 continue
@@ -537,6 +570,8 @@ class MmapMessageStore:
             max_offset,
             buffers=tuple(buffers),
             queue_offsets=tuple(qoffsets),
+            # Reading this far behind the head means reading from disk: RocketMQ then suggests a slave.
+            suggest_pulling_from_slave=max_phy - last_phy > _MEMORY_FOR_MESSAGES,
         )
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
@@ -715,6 +750,21 @@ class MmapMessageStore:
         usage = shutil.disk_usage(self.root)
         return usage.used / usage.total * 100 if usage.total else 0.0
 
+    def check_disk(self) -> float:
+        """Refuse (or accept again) writes by the disk's fill ratio; returns the ratio in percent."""
+        ratio = self.disk_used_ratio()
+        limit = self.options.disk_space_warning_ratio
+        if ratio > limit:
+            if not self._disk_full:
+                log.error(
+                    "disk %.1f%% full (limit %d%%): refusing writes until cleanup frees space", ratio, limit
+                )
+            self._disk_full = f"the disk is {ratio:.1f}% full (limit {limit}%); writes are refused"
+        elif self._disk_full:
+            log.warning("disk back to %.1f%% full: accepting writes", ratio)
+            self._disk_full = ""
+        return ratio
+
     def clean_expired(self, *, manual: bool = False, now: float | None = None) -> int:
         """Delete expired commit-log files, then the queue entries and index files below them.
 
@@ -725,7 +775,7 @@ class MmapMessageStore:
         opts = self.options
         now_s = time.time() if now is None else now
         hours = {int(h) for h in opts.delete_when.split(";") if h.strip()}
-        ratio = self.disk_used_ratio()
+        ratio = self.check_disk()
         is_time = time.localtime(now_s).tm_hour in hours
         space = ratio > opts.disk_max_used_space_ratio
         immediately = ratio > opts.disk_clean_forcibly_ratio
@@ -742,6 +792,7 @@ class MmapMessageStore:
         )
         if deleted:
             self.clean_consume_queues()
+            self.check_disk()
         return deleted
 
     def clean_consume_queues(self) -> None:

@@ -37,8 +37,16 @@ class Cluster:
             f'namesrv = ["{self.namesrv}"]\n'
             f'data_dir = "{tmp_path / "data"}"\n'
         )
-        self.broker = spawn("broker", "-c", str(tmp_path / "broker.toml")).addresses["broker"]
+        self._spawn = spawn
+        self.broker_server = spawn("broker", "-c", str(tmp_path / "broker.toml"))
+        self.broker = self.broker_server.addresses["broker"]
         self.env = {**os.environ, "HOME": str(tmp_path)}  # the C++ client writes ~/logs/rocketmq-cpp
+
+    def restart_broker(self) -> None:
+        """Stop the broker (SIGTERM) and start it again on the same port and data."""
+        assert self.broker_server.stop() == 0
+        self.broker_server = self._spawn("broker", "-c", str(self.tmp / "broker.toml"))
+        assert self.broker_server.addresses["broker"] == self.broker
 
     def admin(self, *args: str) -> str:
         out = subprocess.run(
@@ -242,3 +250,28 @@ def test_failed_message_is_redelivered_through_the_retry_topic(cluster: Cluster)
     assert_intact(got["received"], "CompatRetry", range(3))
     retried = [r for r in got["received"] if r["reconsume_times"] > 0]
     assert len(retried) == 1 and retried[0]["topic"] == "CompatRetry"  # the client restores the real topic
+
+
+@pytest.mark.slow
+def test_consumer_keeps_going_across_a_broker_restart(cluster: Cluster) -> None:
+    cluster.create_topic("CompatRestart")
+    consumer = cluster.start_client(
+        "push",
+        "--topic",
+        "CompatRestart",
+        "--group",
+        "G_RESTART",
+        "--count",
+        "20",
+        "--timeout",
+        "120",
+        "--linger",
+        "2",
+    )
+    cluster.client("produce", "--topic", "CompatRestart", "--count", "10")
+    time.sleep(3)
+    cluster.restart_broker()
+    cluster.client("produce", "--topic", "CompatRestart", "--count", "10", "--start", "10", timeout=90)
+    got = Cluster.finish(consumer, timeout=150)
+    assert got["complete"]
+    assert {r["body"] for r in got["received"]} == {f"msg-{i}" for i in range(20)}

@@ -95,6 +95,11 @@ class PullProcessor:
                     ResponseCode.SUBSCRIPTION_NOT_EXIST,
                     f"the consumer's subscription not exist, group: {group}",
                 )
+            if sub.sub_version < h.int("subVersion", 0):
+                return request.reply(
+                    ResponseCode.SUBSCRIPTION_NOT_LATEST,
+                    f"the consumer's subscription not latest, group: {group}",
+                )
             expression_type, expression = sub.expression_type, sub.sub_string
         try:
             message_filter = self.compile_filter(expression_type, expression)
