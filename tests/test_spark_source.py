@@ -314,15 +314,18 @@ def test_write_then_read_back_and_missing_column_error(spark: Any, cluster: Clus
     assert got["payload-9"] == ("TagX", "wk-9", {"n": "9"})
     assert len({r.queue_id for r in back}) > 1  # batches are spread over the queues
 
-    # no topic column: the topic option names it; string bodies are sent as UTF-8
-    spark.createDataFrame([("plain",)], "body string").write.format("tidemq").option(
-        "namesrv", cluster.ns
-    ).option("topic", topic).mode("append").save()
-    assert read(spark, cluster, topic).filter("body = cast('plain' as binary)").count() == 1
+    # no topic column: the topic option names it; string bodies are sent as UTF-8, key arrays joined
+    plain = spark.createDataFrame([("plain", ["k1", "k2"])], "body string, keys array<string>")
+    plain.write.format("tidemq").option("namesrv", cluster.ns).option("topic", topic).mode("append").save()
+    got_plain = read(spark, cluster, topic).filter("body = cast('plain' as binary)").collect()
+    assert [(r.keys, r.tags, r.properties) for r in got_plain] == [("k1 k2", None, {})]
 
     bad = spark.createDataFrame([(topic, "x")], "topic string, payload string")
     with pytest.raises(Exception, match="no 'body' column"):
         bad.write.format("tidemq").option("namesrv", cluster.ns).mode("append").save()
+    mistyped = spark.createDataFrame([(1, b"x")], "topic int, body binary")
+    with pytest.raises(Exception, match="column 'topic' is int, expected string"):
+        mistyped.write.format("tidemq").option("namesrv", cluster.ns).mode("append").save()
 
 
 # ---------------------------------------------------------------------------- streaming
