@@ -119,9 +119,12 @@ def push(args: argparse.Namespace) -> None:
     print("ready", flush=True)
     enough.wait(args.timeout)
     time.sleep(args.linger)  # catch duplicates or messages beyond the expected ones
-    consumer.shutdown()
     with lock:
-        print(json.dumps({"received": received, "complete": enough.is_set()}), flush=True)
+        result = json.dumps({"received": received, "complete": enough.is_set()})
+    # Report before shutdown: rocketmq-client-cpp sometimes aborts inside shutdown() with
+    # boost::thread_interrupted (apache/rocketmq-client-cpp#335, #411), after the work is done.
+    print(result, flush=True)
+    consumer.shutdown()
 
 
 def pull(args: argparse.Namespace) -> None:
@@ -139,9 +142,9 @@ def pull(args: argparse.Namespace) -> None:
                 received.append(_record(msg))
             if len(received) < args.count:
                 time.sleep(0.2)
+        print(json.dumps({"received": received, "complete": len(received) >= args.count}), flush=True)
     finally:
         consumer.shutdown()
-    print(json.dumps({"received": received, "complete": len(received) >= args.count}), flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,6 +24,16 @@ pytestmark = [pytest.mark.compat, pytest.mark.timeout(180)]
 WORKER = Path(__file__).with_name("official_client.py")
 
 
+# rocketmq-client-cpp (inside rocketmq==0.4.4) can abort in shutdown() with this, after the
+# scenario has finished and printed its result (apache/rocketmq-client-cpp#335, #411).
+KNOWN_CLIENT_SHUTDOWN_ABORT = "boost::thread_interrupted"
+
+
+def finished_ok(returncode: int, stderr: str) -> bool:
+    """The scenario ran to its end: a clean exit, or the client library's known abort on shutdown."""
+    return returncode == 0 or (returncode == -6 and KNOWN_CLIENT_SHUTDOWN_ABORT in stderr)
+
+
 class Cluster:
     """A NameServer and one broker started with the ``tidemq`` command line."""
 
@@ -72,7 +82,7 @@ class Cluster:
             env=self.env,
             cwd=self.tmp,
         )
-        assert out.returncode == 0, out.stderr[-3000:]
+        assert finished_ok(out.returncode, out.stderr), out.stderr[-3000:]
         return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
     def start_client(self, *args: str) -> subprocess.Popen[str]:
@@ -92,7 +102,7 @@ class Cluster:
     @staticmethod
     def finish(proc: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
         out, err = proc.communicate(timeout=timeout)
-        assert proc.returncode == 0, err[-3000:]
+        assert finished_ok(proc.returncode, err), err[-3000:]
         return json.loads(out.strip().splitlines()[-1])
 
 
@@ -218,8 +228,9 @@ def test_broadcasting_consumers_each_receive_everything(cluster: Cluster) -> Non
 def test_restarted_consumer_resumes_from_its_committed_offset(cluster: Cluster) -> None:
     cluster.create_topic("CompatResume")
     cluster.client("produce", "--topic", "CompatResume", "--count", "10")
+    # linger past the client's 5 s offset persist period, so the commit does not depend on shutdown()
     first = cluster.client(
-        "push", "--topic", "CompatResume", "--group", "G_RESUME", "--count", "10", "--linger", "2"
+        "push", "--topic", "CompatResume", "--group", "G_RESUME", "--count", "10", "--linger", "6"
     )[-1]
     assert_intact(first["received"], "CompatResume", range(10))
     cluster.client("produce", "--topic", "CompatResume", "--count", "5", "--start", "10")
