@@ -9,6 +9,7 @@ broker can ``await asyncio.wrap_future(...)`` it while a benchmark thread simply
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Protocol, runtime_checkable
@@ -16,7 +17,9 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from tidemq.filter import MessageFilter
-from tidemq.message import MessageInner
+from tidemq.message import MessageInner, Prop
+
+log = logging.getLogger(__name__)
 
 
 class PutStatus(enum.Enum):
@@ -124,6 +127,42 @@ class Dispatcher(Protocol):
     """Something that wants to see every stored message, in commit-log order."""
 
     def dispatch(self, request: DispatchRequest) -> None: ...
+
+
+def dispatch_messages(
+    dispatchers: Sequence[Dispatcher],
+    msgs: Sequence[MessageInner],
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    tags_codes: Sequence[int],
+    store_timestamp: int,
+    queue_offset: int,
+) -> None:
+    """Hand messages just appended (consecutive queue offsets) to every dispatcher.
+
+    Shared by store plugins so all of them describe a message to dispatchers the same way.  A
+    failing dispatcher is logged and skipped: the message is stored whatever an index thinks.
+    """
+    for i, m in enumerate(msgs):
+        req = DispatchRequest(
+            topic=m.topic,
+            queue_id=m.queue_id,
+            commit_log_offset=offsets[i],
+            msg_size=sizes[i],
+            tags_code=tags_codes[i],
+            store_timestamp=store_timestamp,
+            queue_offset=queue_offset + i if queue_offset >= 0 else 0,
+            keys=m.properties.get(Prop.KEYS, ""),
+            uniq_key=m.properties.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
+            sys_flag=m.sys_flag,
+            prepared_transaction_offset=m.prepared_transaction_offset,
+            properties=m.properties,
+        )
+        for d in dispatchers:
+            try:
+                d.dispatch(req)
+            except Exception:
+                log.exception("dispatcher %r failed", d)
 
 
 @runtime_checkable

@@ -36,7 +36,14 @@ from tidemq.message import (
     tags_hash_code,
 )
 from tidemq.plugins import PluginContext, Register
-from tidemq.store import Dispatcher, DispatchRequest, GetResult, GetStatus, PutResult, PutStatus
+from tidemq.store import (
+    Dispatcher,
+    GetResult,
+    GetStatus,
+    PutResult,
+    PutStatus,
+    dispatch_messages,
+)
 
 log = logging.getLogger(__name__)
 
@@ -221,33 +228,14 @@ class MemoryMessageStore:
 
     def _dispatch(
         self,
-        msgs: Sequence[MessageInner],
+        msgs: Sequence[Any],
         offsets: list[int],
         sizes: list[int],
         tags: list[int],
         ts: int,
         qoff: int,
     ) -> None:
-        for i, m in enumerate(msgs):
-            req = DispatchRequest(
-                topic=m.topic,
-                queue_id=m.queue_id,
-                commit_log_offset=offsets[i],
-                msg_size=sizes[i],
-                tags_code=tags[i],
-                store_timestamp=ts,
-                queue_offset=qoff + i if qoff >= 0 else 0,
-                keys=m.properties.get(Prop.KEYS, ""),
-                uniq_key=m.properties.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
-                sys_flag=m.sys_flag,
-                prepared_transaction_offset=m.prepared_transaction_offset,
-                properties=m.properties,
-            )
-            for d in self._dispatchers:
-                try:
-                    d.dispatch(req)
-                except Exception:
-                    log.exception("dispatcher %r failed", d)
+        dispatch_messages(self._dispatchers, msgs, offsets, sizes, tags, ts, qoff)
 
     def _dispatch_loop(self) -> None:
         """Arrival listeners run here, on the store's own thread."""

@@ -49,7 +49,14 @@ from tidemq.message import (
     patch_record,
     tags_hash_code,
 )
-from tidemq.store import Dispatcher, DispatchRequest, GetResult, GetStatus, PutResult, PutStatus
+from tidemq.store import (
+    Dispatcher,
+    GetResult,
+    GetStatus,
+    PutResult,
+    PutStatus,
+    dispatch_messages,
+)
 
 from .checkpoint import StoreCheckpoint
 from .commitlog import CommitLog, CommitLogFullError
@@ -445,26 +452,7 @@ class MmapMessageStore:
         ts: int,
         queue_offset: int,
     ) -> None:
-        for i, m in enumerate(msgs):
-            req = DispatchRequest(
-                topic=m.topic,
-                queue_id=m.queue_id,
-                commit_log_offset=offsets[i],
-                msg_size=sizes[i],
-                tags_code=tags[i],
-                store_timestamp=ts,
-                queue_offset=queue_offset + i if queue_offset >= 0 else 0,
-                keys=m.properties.get(Prop.KEYS, ""),
-                uniq_key=m.properties.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
-                sys_flag=m.sys_flag,
-                prepared_transaction_offset=m.prepared_transaction_offset,
-                properties=m.properties,
-            )
-            for d in self._dispatchers:
-                try:
-                    d.dispatch(req)
-                except Exception:
-                    log.exception("dispatcher %r failed", d)
+        dispatch_messages(self._dispatchers, msgs, offsets, sizes, tags, ts, queue_offset)
 
     def _redispatch_cq(self, msg: MessageExt) -> None:
         if self._consumable(msg.sys_flag):
