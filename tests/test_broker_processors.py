@@ -586,9 +586,6 @@ def test_heartbeats_group_membership_and_rebalance_notices(
 
 
 def test_query_message_by_key_through_the_index(tmp_path: Path, plugin_matrix: dict[str, str]) -> None:
-    if plugin_matrix["store"] == "memory":
-        pytest.skip("the memory store feeds no key index")
-
     async def main() -> None:
         async with running(tmp_path, plugin_matrix) as (broker, client):
             for i in range(3):
