@@ -26,7 +26,7 @@ def _fail(exc: Exception) -> None:
     sys.exit(2)
 
 
-def _run(main: Callable[[], Awaitable[None]]) -> None:
+def run_service(main: Callable[[], Awaitable[None]]) -> None:
     """Run ``main`` on uvloop when it is installed, turning config mistakes into one-line errors."""
     try:
         import uvloop
@@ -45,7 +45,7 @@ def _run(main: Callable[[], Awaitable[None]]) -> None:
         pass
 
 
-async def _serve_until_signalled(services: list[tuple[str, Any]]) -> None:
+async def serve_until_signalled(services: list[tuple[str, Any]]) -> None:
     """Start services in order, announce them, wait for SIGINT/SIGTERM, stop in reverse order."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -148,9 +148,9 @@ def namesrv(config_path: str | None, listen: str | None) -> None:
         cfg = load_config(config_path)
         if listen:
             cfg = attrs.evolve(cfg, namesrv=attrs.evolve(cfg.namesrv, listen=listen))
-        await _serve_until_signalled([("namesrv", _make_namesrv(cfg))])
+        await serve_until_signalled([("namesrv", _make_namesrv(cfg))])
 
-    _run(main)
+    run_service(main)
 
 
 @cli.command()
@@ -165,9 +165,9 @@ def broker(
 
     async def main() -> None:
         cfg = _apply_broker_overrides(load_config(config_path), listen, namesrv_addr, data_dir)
-        await _serve_until_signalled([("broker", _make_broker(cfg))])
+        await serve_until_signalled([("broker", _make_broker(cfg))])
 
-    _run(main)
+    run_service(main)
 
 
 @cli.command()
@@ -194,11 +194,11 @@ def standalone(config_path: str | None, data_dir: str, namesrv_listen: str, brok
         try:
             cfg = _apply_broker_overrides(cfg, broker_listen, ns.address, data_dir)
             click.echo(f"tidemq data directory {cfg.broker.store_path}")
-            await _serve_until_signalled([("broker", _make_broker(cfg))])
+            await serve_until_signalled([("broker", _make_broker(cfg))])
         finally:
             await ns.stop()
 
-    _run(main)
+    run_service(main)
 
 
 @cli.command()

@@ -124,6 +124,11 @@ class BrokerSettings:
     slave_read_enable: bool = False
     auto_create_subscription_group: bool = True
     consumer_offset_flush_s: float = 5.0  # how often committed consumer offsets are written
+    # Transactional messages (issue 10): transactionCheckInterval / transactionTimeOut / transactionCheckMax.
+    transaction_check_interval_s: float = 60.0  # how often unresolved half messages are checked
+    transaction_timeout_s: float = 6.0  # a half message younger than this is not checked yet
+    transaction_check_max: int = 15  # checks before an unresolved half message is discarded
+    enable_property_filter: bool = True  # enablePropertyFilter: refuse SQL92 (non-TAG) subscriptions when off
 
     @property
     def host(self) -> str:

@@ -19,6 +19,12 @@ class MessageFilter(Protocol):
     def matches_message(self, properties: Mapping[str, str]) -> bool:
         """Decide on the decoded properties (exact tag, SQL92 expression...)."""
 
+    # Optional, looked up with getattr by stores (not part of the runtime-checked protocol):
+    #   matches_queue_entry(topic, queue_id, queue_offset) -> bool
+    # asked after matches_tags_code; False skips the entry without reading the record (the
+    # SQL92 filter answers it from a bit map written at dispatch time, like RocketMQ's
+    # ConsumeQueueExt).  True means "maybe": matches_message still decides.
+
 
 @runtime_checkable
 class FilterFactory(Protocol):

@@ -430,19 +430,18 @@ def test_retry_then_dead_letter_after_max_reconsume(tmp_path: Path, plugin_matri
                 )
                 assert back.code == ResponseCode.SUCCESS, back.remark
                 if attempt <= 2:
-                    pulled = await call(
-                        client,
-                        broker,
-                        RequestCode.PULL_MESSAGE,
-                        pull_fields(retry, 0, attempt - 1, group="Workers"),
-                    )
-                    msg = next(iter_messages(pulled.payload()))
+                    # The retry waits in the schedule queue of its delay level (issue 10).
+                    level = 3 + attempt - 1
+                    waiting = broker.store.get_message("Workers", "SCHEDULE_TOPIC_XXXX", level - 1, 0, 1)
+                    msg = next(iter_messages(bytes(waiting.buffers[0])))
                     assert (msg.body, msg.reconsume_times, msg.properties[Prop.RETRY_TOPIC]) == (
                         b"job",
                         attempt,
                         "Work",
                     )
-                    assert msg.properties[Prop.DELAY_TIME_LEVEL] == str(3 + attempt - 1)
+                    assert msg.properties[Prop.DELAY_TIME_LEVEL] == str(level)
+                    assert msg.properties[Prop.REAL_TOPIC] == retry
+                    assert broker.store.get_max_offset_in_queue(retry, 0) == 0  # not delivered yet
                     offset = msg.commit_log_offset
             dlq = broker.topics.get("%DLQ%Workers")
             assert dlq is not None and dlq.perm == 2  # dead letters are kept, not delivered

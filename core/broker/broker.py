@@ -8,14 +8,18 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
+
 from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
 from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
 from tidemq.broker.offsets import ConsumerOffsetManager
 from tidemq.broker.registration import NamesrvRegistrar
+from tidemq.broker.schedule import ScheduleMessageService
 from tidemq.broker.stats import BrokerStats
 from tidemq.broker.subscriptions import SubscriptionGroupManager
 from tidemq.broker.topics import TopicConfigManager
+from tidemq.broker.transaction import TransactionalMessageService
 from tidemq.config import Components
 from tidemq.errors import StoreError, TidemqError
 from tidemq.message import local_ip
@@ -71,6 +75,8 @@ class Broker:
         self.filters: dict[str, Any] = {}
         self.hold: PullRequestHoldService | None = None
         self.registrar = NamesrvRegistrar(self)
+        self.schedule = ScheduleMessageService(self)  # delayed messages (issue 10)
+        self.transactions = TransactionalMessageService(self)  # transactional messages (issue 10)
         self.client: Any = None
         self._server: Any = None
         self._address = self.settings.address
@@ -104,15 +110,24 @@ class Broker:
         self.groups.load()
         for name in self.manager.available("filter"):
             self.filters[name] = self.manager.create(
-                "filter", name, data_dir=self.data_dir, components=self.components.instances
+                "filter",
+                name,
+                options=self.config.options.get("filter", {}).get(name),  # [filter.<TYPE>] table
+                data_dir=self.data_dir,
+                components=self.components.instances,
+                settings=attrs.asdict(self.settings),
             )
         if not self.store.load():
             raise StoreError(f"the store in {self.data_dir} could not be loaded")
         self.hold = PullRequestHoldService(loop, self.store.get_max_offset_in_queue)
         self.store.add_arrival_listener(self.hold.notify_arrival)
+        self.schedule.load()
+        self.schedule.attach(loop)
         self.store.start()
         self.replication.start(self.store, self.settings)
         register_all(self)
+        self.schedule.register()
+        self.transactions.register()
         self.topics.on_change = self.registrar.request
         self._server = self.transport.server(
             self.settings.host, self.settings.port, self.handle, max_frame_size=self.settings.max_frame_size
@@ -137,6 +152,8 @@ class Broker:
             self.store.store_host = self.store_host
         self.client = self.transport.client()
         self._running = True
+        self.schedule.start()
+        self.transactions.start()
         await self.registrar.register_all()
         self.registrar.start()
         self._tasks.append(asyncio.create_task(self._flush_offsets_loop(), name="tidemq-offset-flush"))
@@ -173,6 +190,8 @@ class Broker:
         await self._server.stop()
         for task in list(self._background):
             task.cancel()
+        await self.schedule.stop()
+        await self.transactions.stop()
         self.offsets.persist(force=True)
         self.replication.shutdown()
         self.store.shutdown()

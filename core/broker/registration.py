@@ -64,8 +64,13 @@ class NamesrvRegistrar:
     async def register_all(self) -> None:
         """One REGISTER_BROKER to each NameServer, in parallel; failures are logged."""
         b = self.broker
+        filter_servers = getattr(b, "filter_servers", None)
         body = orjson.dumps(
-            {"topicConfigSerializeWrapper": b.topics.serialize(), "filterServerList": []},
+            {
+                "topicConfigSerializeWrapper": b.topics.serialize(),
+                # Live `tidemq filtersrv` processes (processors/filter_server.py).
+                "filterServerList": filter_servers.addresses() if filter_servers is not None else [],
+            },
             option=orjson.OPT_NON_STR_KEYS,
         )
         header = self._header()
@@ -85,6 +90,10 @@ class NamesrvRegistrar:
             elif not self.registered.get(addr):
                 log.info("registered with NameServer %s as %s", addr, b.address)
             self.registered[addr] = ok
+            # HA (issue 7): a slave learns its master's addresses from the registration answer.
+            update_master = getattr(b.replication, "update_master", None)
+            if ok and update_master is not None and resp.ext_fields:
+                update_master(resp.ext_fields.get("haServerAddr", ""), resp.ext_fields.get("masterAddr", ""))
 
         await asyncio.gather(*(one(a) for a in b.settings.namesrv))
 

@@ -22,6 +22,12 @@ from tidemq.client.producer import Producer, select_by_hash
 from tidemq.client.pull_consumer import PullConsumer
 from tidemq.client.push_consumer import ConsumeFrom, ConsumeStatus, PushConsumer
 from tidemq.client.rebalance import BROADCASTING, CLUSTERING
+from tidemq.client.transaction import (
+    LocalTransactionState,
+    TransactionListener,
+    TransactionProducer,
+    TransactionSendResult,
+)
 from tidemq.message import MessageExt
 from tidemq.queues import MessageQueue
 
@@ -36,6 +42,7 @@ __all__ = [
     "ClientInstance",
     "ConsumeFrom",
     "ConsumeStatus",
+    "LocalTransactionState",
     "LoopThread",
     "Message",
     "MessageExt",
@@ -49,6 +56,9 @@ __all__ = [
     "SendFailedError",
     "SendRefusedError",
     "SendResult",
+    "TransactionListener",
+    "TransactionProducer",
+    "TransactionSendResult",
     "SendStatus",
     "new_message_id",
     "select_by_hash",

@@ -11,13 +11,15 @@ import asyncio
 import itertools
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from tidemq.client.api import ClientAPI
 from tidemq.client.errors import ClientError
 from tidemq.client.route import TopicRoute
-from tidemq.message import local_ip
+from tidemq.errors import CorruptDataError
+from tidemq.message import Prop, decode_message, local_ip
 from tidemq.plugins import PluginManager, get_plugin_manager
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
@@ -97,6 +99,8 @@ class ClientInstance:
         self._remoting: Any = None
         self._users = 0
         self.started = False
+        #: HA read failover (issue 7): broker address -> monotonic time until which it is skipped.
+        self._down_until: dict[str, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -197,6 +201,22 @@ class ClientInstance:
             return addrs.get(0)
         return addrs.get(prefer_id) or addrs.get(0) or next(iter(addrs.values()), None)
 
+    # ---- HA read failover (issue 7) -------------------------------------------------------
+    def read_address(self, broker_name: str, prefer_id: int = 0) -> str | None:
+        """Where to pull/read a queue of ``broker_name``: the preferred broker id, else the master,
+        else a slave; addresses marked down (:meth:`mark_down`) are skipped while others exist."""
+        addrs = self.broker_addrs.get(broker_name) or {}
+        now = time.monotonic()
+        for bid in [prefer_id, *sorted(i for i in addrs if i != prefer_id)]:
+            addr = addrs.get(bid)
+            if addr and self._down_until.get(addr, 0.0) <= now:
+                return addr
+        return addrs.get(prefer_id) or addrs.get(0) or next(iter(addrs.values()), None)
+
+    def mark_down(self, addr: str, seconds: float = 10.0) -> None:
+        """``addr`` did not answer: read from the broker's other replicas for ``seconds``."""
+        self._down_until[addr] = time.monotonic() + seconds
+
     def master_addresses(self) -> list[str]:
         return sorted({a[0] for a in self.broker_addrs.values() if 0 in a})
 
@@ -221,7 +241,14 @@ class ClientInstance:
             except Exception as exc:
                 log.warning("heartbeat to %s failed: %s", addr, exc)
 
-        await asyncio.gather(*(one(a) for a in self.master_addresses()))
+        # HA (issue 7): consumers also heartbeat to slaves (as RocketMQ does), so a slave can
+        # answer consumer-id lookups and serve the group while the master is down.
+        addrs = self.all_addresses() if self.consumers else self.master_addresses()
+        await asyncio.gather(*(one(a) for a in addrs))
+
+    def all_addresses(self) -> list[str]:
+        """Every known broker address, masters and slaves."""
+        return sorted({a for addrs in self.broker_addrs.values() for a in addrs.values()})
 
     async def unregister_everywhere(
         self, producer_group: str = "", consumer_group: str = "", timeout: float = 1.0
@@ -240,6 +267,22 @@ class ClientInstance:
         await asyncio.gather(*(one(a) for a in self.master_addresses()))
 
     # ------------------------------------------------------------------ broker -> client
+    def _check_transaction_state(self, conn: Any, request: RemotingCommand) -> None:
+        """Hand a broker's transaction check to the producer of the message's group (oneway)."""
+        try:
+            msg = decode_message(request.body or b"")
+        except CorruptDataError as exc:
+            log.warning("CHECK_TRANSACTION_STATE with an unreadable message: %s", exc)
+            return
+        group = msg.properties.get(Prop.PRODUCER_GROUP, "")
+        producer = self.producers.get(group)
+        if producer is None or not hasattr(producer, "check_transaction_state"):
+            log.info(
+                "CHECK_TRANSACTION_STATE for group %r, which no transactional producer here serves", group
+            )
+            return
+        producer.check_transaction_state(str(conn.remote_address), dict(request.ext_fields or {}), msg)
+
     async def _handle_server_request(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
         if request.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
             group = (request.ext_fields or {}).get("consumerGroup", "")
@@ -249,8 +292,7 @@ class ClientInstance:
                 consumer.request_rebalance()
             return None if request.is_oneway else request.reply()
         if request.code == RequestCode.CHECK_TRANSACTION_STATE:
-            # Seam for the transactional producer: nothing answers yet, the broker asks again later.
-            log.info("CHECK_TRANSACTION_STATE received; transactional producer not implemented")
+            self._check_transaction_state(conn, request)
             return None
         if request.is_oneway:
             return None

@@ -15,6 +15,7 @@ from tidemq.client.instance import ClientInstance
 from tidemq.client.message import queue_from_json, queue_to_json
 from tidemq.jsonfile import read_json, write_json
 from tidemq.queues import MessageQueue
+from tidemq.remoting.errors import RemotingError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,9 @@ class RemoteBrokerOffsetStore(_MemoryOffsets):
         if addr is None:
             await self.instance.get_route(mq.topic, refresh=True)
             addr = self.instance.broker_address(mq.broker_name)
+        if addr is None:
+            # HA (issue 7): no master in the route, the offsets go to a slave (findBrokerAddressInAdmin).
+            addr = self.instance.read_address(mq.broker_name)
         return addr
 
     async def read(self, mq: MessageQueue, *, from_store: bool = False) -> int:
@@ -69,7 +73,15 @@ class RemoteBrokerOffsetStore(_MemoryOffsets):
         addr = await self._address(mq)
         if addr is None:
             raise LookupError(f"broker {mq.broker_name} of {mq} has no known master")
-        offset = await self.instance.require_api().query_consumer_offset(addr, self.group, mq)
+        try:
+            offset = await self.instance.require_api().query_consumer_offset(addr, self.group, mq)
+        except (OSError, TimeoutError, RemotingError):
+            # HA (issue 7): the master is unreachable: ask a slave (it syncs offsets from the master).
+            other = self.instance.read_address(mq.broker_name, 1)
+            if other is None or other == addr:
+                raise
+            self.instance.mark_down(addr)
+            offset = await self.instance.require_api().query_consumer_offset(other, self.group, mq)
         if offset >= 0:
             self.update(mq, offset, increase_only=False)
         return offset
@@ -86,6 +98,15 @@ class RemoteBrokerOffsetStore(_MemoryOffsets):
             try:
                 await api.update_consumer_offset(addr, self.group, mq, offset)
             except Exception as exc:
+                # HA (issue 7): the master first; when it does not answer, a slave of the same broker.
+                other = self.instance.read_address(mq.broker_name, 1)
+                if other is not None and other != addr:
+                    self.instance.mark_down(addr)
+                    try:
+                        await api.update_consumer_offset(other, self.group, mq, offset)
+                        continue
+                    except Exception:
+                        pass
                 log.warning("committing offset %d of %s failed: %s", offset, mq, exc)
 
 

@@ -444,5 +444,7 @@ class Producer:
         return await self.send_to_queue(msg, mq, timeout)
 
     async def send_in_transaction(self, msg: Message, arg: Any = None) -> SendResult:
-        """Seam for transactional messages (half message + END_TRANSACTION + state checks): not built yet."""
-        raise NotImplementedError("transactional producer is not implemented yet")
+        """Transactional sends need a listener: use :class:`tidemq.client.TransactionProducer`."""
+        raise NotImplementedError(
+            "use tidemq.client.TransactionProducer(group, listener, ...) for transactions"
+        )

@@ -24,6 +24,7 @@ from tidemq.config import DEFAULT_HOME
 from tidemq.message import MessageExt
 from tidemq.observe import ConsumeContext
 from tidemq.queues import MessageQueue
+from tidemq.remoting.errors import RemotingError
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,8 @@ class PullConsumer:
             await self.instance.get_route(mq.topic, refresh=True)
             addr = self.instance.broker_address(mq.broker_name)
         if addr is None:
+            addr = self.instance.read_address(mq.broker_name)  # HA (issue 7): a slave answers reads
+        if addr is None:
             raise ClientError(f"broker {mq.broker_name} of {mq} has no known master")
         return addr
 
@@ -179,20 +182,34 @@ class PullConsumer:
         hook = self.instance.manager.hook
         hook.tidemq_before_consume(context=ctx)
         begin = time.monotonic()
-        result = await self.instance.require_api().pull(
-            await self._address(mq),
-            group=self.group,
-            mq=mq,
-            offset=offset,
-            max_nums=max_nums,
-            sys_flag=sys_flag,
-            commit_offset=0,
-            suspend_ms=int(suspend * 1000),
-            subscription=sub.expression,
-            sub_version=sub.version,
-            expression_type=sub.expression_type,
-            timeout=max(timeout, suspend + 5.0),
-        )
+        api = self.instance.require_api()
+
+        async def pull_from(addr: str) -> PullResult:
+            return await api.pull(
+                addr,
+                group=self.group,
+                mq=mq,
+                offset=offset,
+                max_nums=max_nums,
+                sys_flag=sys_flag,
+                commit_offset=0,
+                suspend_ms=int(suspend * 1000),
+                subscription=sub.expression,
+                sub_version=sub.version,
+                expression_type=sub.expression_type,
+                timeout=max(timeout, suspend + 5.0),
+            )
+
+        # HA (issue 7): read from the master, else (gone or unreachable) from a slave of the broker.
+        addr = self.instance.read_address(mq.broker_name) or await self._address(mq)
+        try:
+            result = await pull_from(addr)
+        except (RemotingError, OSError, TimeoutError):
+            self.instance.mark_down(addr)
+            other = self.instance.read_address(mq.broker_name)
+            if other is None or other == addr:
+                raise
+            result = await pull_from(other)
         if result.status is PullStatus.FOUND:
             result = PullResult(
                 status=result.status,

@@ -31,6 +31,7 @@ from tidemq.config import DEFAULT_HOME
 from tidemq.message import MessageExt, Prop
 from tidemq.observe import ConsumeContext
 from tidemq.queues import MessageQueue
+from tidemq.remoting.errors import RemotingError
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,8 @@ class PushConsumer:
         self.retry_delay_level = retry_delay_level
         self.orderly_suspend_s = orderly_suspend_s
         self.pull_error_delay_s = pull_error_delay_s
+        #: HA (issue 7): the broker id each queue's next pull goes to (the last suggestWhichBrokerId).
+        self._pull_from: dict[MessageQueue, int] = {}
         self.offset_store: OffsetStore
         if message_model == CLUSTERING:
             self.offset_store = RemoteBrokerOffsetStore(self.instance, group)
@@ -341,7 +344,8 @@ class PushConsumer:
         if committed >= 0:
             return committed
         api = self.instance.require_api()
-        addr = self.instance.broker_address(mq.broker_name)
+        # HA (issue 7): with the master gone, a slave answers offset queries.
+        addr = self.instance.broker_address(mq.broker_name) or self.instance.read_address(mq.broker_name)
         if addr is None:
             raise ClientError(f"broker {mq.broker_name} has no known master")
         if self.consume_from is ConsumeFrom.FIRST_OFFSET or mq.topic.startswith(RETRY_PREFIX):
@@ -405,7 +409,8 @@ class PushConsumer:
             if self.orderly and self.message_model == CLUSTERING and (not pq.locked or pq.lock_expired()):
                 await asyncio.sleep(0.5)
                 continue
-            addr = self.instance.broker_address(mq.broker_name)
+            # HA (issue 7): pull from the broker id the last answer suggested, failing over to a slave.
+            addr = self.instance.read_address(mq.broker_name, self._pull_from.get(mq, 0))
             sys_flag = PULL_FLAG_SUSPEND | PULL_FLAG_SUBSCRIPTION
             commit = 0
             if self.message_model == CLUSTERING:
@@ -436,10 +441,13 @@ class PushConsumer:
             except Exception as exc:
                 if self._running and not pq.dropped:
                     log.warning("pull of %s at %d failed: %s", mq, offset, exc)
+                    if addr is not None and isinstance(exc, RemotingError | OSError | TimeoutError):
+                        self.instance.mark_down(addr)  # HA (issue 7): try the broker's other replica
                     await asyncio.sleep(self.pull_error_delay_s)
                 continue
             if pq.dropped:
                 return
+            self._pull_from[mq] = result.suggest_broker_id  # HA (issue 7): RocketMQ's pullFromWhichNode
             if result.status is PullStatus.FOUND:
                 msgs = prepare(result.messages, sub, self.group)
                 offset = result.next_begin_offset

@@ -38,7 +38,13 @@ class Rebalancer:
         if route is None:
             return []
         api = self.instance.require_api()
-        for name, addr in sorted(route.addresses().items()):
+        # HA (issue 7): a broker without a live master answers from a slave.
+        addrs = {
+            bd.broker_name: self.instance.read_address(bd.broker_name) or bd.address()
+            for bd in route.broker_datas
+            if bd.address()
+        }
+        for name, addr in sorted(addrs.items()):
             try:
                 return sorted(await api.get_consumer_ids(addr, self.group))
             except Exception as exc:

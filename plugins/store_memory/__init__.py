@@ -293,12 +293,16 @@ class MemoryMessageStore:
         limit = max(MAX_FILTER_ENTRIES, max_count)
         idx = offset - base
         end = min(len(entries), idx + limit)
+        entry_check = getattr(message_filter, "matches_queue_entry", None)
         while idx < end:
             phys, size, tags_code = entries[idx]
             if buffers and (len(buffers) >= max_count or total + size > max_bytes):
                 break
             idx += 1
             if message_filter is not None and not message_filter.matches_tags_code(tags_code):
+                continue
+            # Optional MessageFilter.matches_queue_entry (filter_server's dispatch-time bit map).
+            if entry_check is not None and not entry_check(topic, queue_id, base + idx - 1):
                 continue
             data = self._records.get(phys)
             if data is None:

@@ -517,6 +517,7 @@ class MmapMessageStore:
         limit = min(len(entries), max(MAX_FILTER_BYTES, max_count * CQ_STORE_UNIT_SIZE))
         limit -= limit % CQ_STORE_UNIT_SIZE
         commitlog = self.commitlog
+        entry_check = getattr(message_filter, "matches_queue_entry", None)
         i = 0
         while i < limit:
             phy, size, tags_code = CQ_ENTRY.unpack_from(entries, i)
@@ -530,6 +531,12 @@ class MmapMessageStore:
                 i -= CQ_STORE_UNIT_SIZE
                 break
             if message_filter is not None and not message_filter.matches_tags_code(tags_code):
+                continue
+            # Optional MessageFilter.matches_queue_entry (filter_server's dispatch-time bloom bit map,
+            # RocketMQ's ConsumeQueueExt): skip an entry it rules out without reading the record.
+            if entry_check is not None and not entry_check(
+                topic, queue_id, offset + (i - CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE
+            ):
                 continue
             data = commitlog.get_data(phy, size)
             if data is None:

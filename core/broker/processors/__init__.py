@@ -7,7 +7,15 @@ from typing import Any
 
 def register_all(broker: Any) -> None:
     """Install every processor's handlers on ``broker``."""
-    from tidemq.broker.processors import admin, client_manage, consumer_manage, pull, query, send
+    from tidemq.broker.processors import (
+        admin,
+        client_manage,
+        consumer_manage,
+        filter_server,
+        pull,
+        query,
+        send,
+    )
 
-    for module in (send, pull, client_manage, consumer_manage, query, admin):
+    for module in (send, pull, client_manage, consumer_manage, query, admin, filter_server):
         module.register(broker)

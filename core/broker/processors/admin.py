@@ -139,6 +139,8 @@ class AdminProcessor:
             "pullRequestsHeld": str(b.hold.waiting if b.hold else 0),
             "bootTimestamp": str(int(b.stats.started_at * 1000)),
         }
+        # HA (issue 7): replication plugins may add their state (role, slave lag in bytes).
+        table.update(getattr(b.replication, "runtime_info", dict)())
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps({"table": table}))
 
     async def topic_stats(self, conn: Any, request: RemotingCommand) -> RemotingCommand:

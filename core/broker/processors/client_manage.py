@@ -81,12 +81,28 @@ class ClientManageProcessor:
             data = orjson.loads(request.payload() or b"{}")
         except orjson.JSONDecodeError as exc:
             return request.reply(ResponseCode.SYSTEM_ERROR, f"malformed body: {exc}")
-        expression_type = str((data or {}).get("expressionType") or "TAG")
-        if expression_type not in self.broker.filters:
+        data = data if isinstance(data, dict) else {}
+        # CheckClientRequestBody {clientId, group, subscriptionData{subString, expressionType...}}.
+        sub = data.get("subscriptionData") if isinstance(data.get("subscriptionData"), dict) else data
+        expression_type = str(sub.get("expressionType") or "TAG")
+        expression = str(sub.get("subString") or "")
+        if expression_type == "TAG":
+            return request.reply(ResponseCode.SUCCESS)
+        if not self.broker.settings.enable_property_filter:
+            return request.reply(
+                ResponseCode.SYSTEM_ERROR,
+                f"The broker does not support consumer to filter message by {expression_type}",
+            )
+        factory = self.broker.filters.get(expression_type)
+        if factory is None:
             return request.reply(
                 ResponseCode.SYSTEM_ERROR,
                 f"expression type {expression_type} is not supported by this broker",
             )
+        try:
+            factory.compile(expression)
+        except ValueError as exc:
+            return request.reply(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
         return request.reply(ResponseCode.SUCCESS)
 
 

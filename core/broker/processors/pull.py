@@ -101,6 +101,12 @@ class PullProcessor:
                     f"the consumer's subscription not latest, group: {group}",
                 )
             expression_type, expression = sub.expression_type, sub.sub_string
+        if expression_type != EXPRESSION_TAG and not b.settings.enable_property_filter:
+            # RocketMQ's enablePropertyFilter = false: every non-TAG expression type is refused.
+            return request.reply(
+                ResponseCode.SYSTEM_ERROR,
+                f"The broker does not support consumer to filter message by {expression_type}",
+            )
         try:
             message_filter = self.compile_filter(expression_type, expression)
         except (ValueError, LookupError) as exc:
@@ -151,11 +157,16 @@ class PullProcessor:
         b.hooks.tidemq_after_consume(context=ctx)
         if result.message_count:
             b.stats.on_get(result.message_count, result.total_size)
+        # RocketMQ's rule (issue 7): with slaveReadEnable a backlog beyond the memory ratio sends the
+        # group to whichBrokerWhenConsumeSlowly, otherwise to its brokerId; without it, the master.
+        # A slave answers the same way, so consumers return to the master once it is back.
         suggest = 0
-        if result.suggest_pulling_from_slave and b.settings.slave_read_enable:
-            suggest = group_cfg.which_broker_when_consume_slowly
-        elif not b.is_master:
-            suggest = b.settings.id
+        if b.settings.slave_read_enable:
+            suggest = (
+                group_cfg.which_broker_when_consume_slowly
+                if result.suggest_pulling_from_slave
+                else group_cfg.broker_id
+            )
         fields = kv(
             suggestWhichBrokerId=suggest,
             nextBeginOffset=result.next_begin_offset,

@@ -21,6 +21,7 @@ from tidemq.broker.headers import (
     kv,
     retry_topic,
 )
+from tidemq.broker.transaction import is_half_request
 from tidemq.errors import CorruptDataError
 from tidemq.message import (
     MessageInner,
@@ -208,7 +209,7 @@ class SendProcessor:
             store_host=b.store_host,
             reconsume_times=reconsume_times,
         )
-        return await self._put(conn, request, group, [msg], batch=False)
+        return await self._put(conn, request, group, [msg], batch=False, special=True)
 
     def _route_retry(
         self,
@@ -286,10 +287,18 @@ class SendProcessor:
 
     # ------------------------------------------------------------------ store + hooks
     async def _put(
-        self, conn: Any, request: RemotingCommand, group: str, msgs: list[MessageInner], *, batch: bool
+        self,
+        conn: Any,
+        request: RemotingCommand,
+        group: str,
+        msgs: list[MessageInner],
+        *,
+        batch: bool,
+        special: bool = False,
     ) -> RemotingCommand:
         b = self.broker
         first = msgs[0]
+        reply_queue_id = first.queue_id
         ctx = SendContext(
             producer_group=group,
             topic=first.topic,
@@ -306,6 +315,13 @@ class SendProcessor:
             ctx.status = "NO_PERMISSION"
             b.hooks.tidemq_after_send(context=ctx)
             return request.reply(ResponseCode.NO_PERMISSION, str(veto))
+        if special:
+            # Issue 10: a transaction's half message goes to RMQ_SYS_TRANS_HALF_TOPIC, a delayed one
+            # to SCHEDULE_TOPIC_XXXX (after the hooks, so they judge the topic the producer named).
+            if is_half_request(first.properties, first.sys_flag):
+                b.transactions.to_half(first)
+            else:
+                b.schedule.rewrite(first)
         start = time.perf_counter()
         try:
             future = b.store.put_messages(msgs) if batch else b.store.put_message(first)
@@ -342,7 +358,7 @@ class SendProcessor:
         ):
             fields = kv(
                 msgId=result.msg_id,
-                queueId=first.queue_id,
+                queueId=reply_queue_id,
                 queueOffset=result.queue_offset,
                 MSG_REGION=first.properties.get(Prop.MSG_REGION, "DefaultRegion"),
                 TRACE_ON=first.properties.get(Prop.TRACE_SWITCH, "true"),
@@ -354,7 +370,7 @@ class SendProcessor:
         """A consumer failed a message: store a copy in %RETRY%group (or %DLQ%group when exhausted).
 
         The copy carries the DELAY property with a level that grows with each retry, as RocketMQ
-        does; until a schedule service exists the store delivers it without waiting.
+        does; the schedule service delivers it when that level's delay has passed.
         """
         b = self.broker
         h = Header(request.ext_fields, "CONSUMER_SEND_MSG_BACK")
@@ -406,6 +422,7 @@ class SendProcessor:
             store_host=b.store_host,
             reconsume_times=ext.reconsume_times + 1,
         )
+        b.schedule.rewrite(msg)  # retries wait in the delay levels (issue 10)
         result = await resolved(b.store.put_message(msg))
         if not result.ok:
             return request.reply(ResponseCode.SYSTEM_ERROR, f"{result.status.value} {result.error}".strip())

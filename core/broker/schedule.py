@@ -1,0 +1,324 @@
+"""Delayed messages: the SCHEDULE_TOPIC_XXXX swap and the per-level delivery service.
+
+RocketMQ keeps a delayed message in ``SCHEDULE_TOPIC_XXXX``, queue ``level - 1``, with its real
+topic and queue in the REAL_TOPIC / REAL_QID properties, and one timer task per level moves it to
+the real topic when due.  Every message of one level waits the same time, so a level's queue is
+ordered by delivery time and its task only ever looks at the head.
+
+RocketMQ stores the delivery timestamp as the ConsumeQueue tags code.  tidemq's stores compute the
+tags code themselves (from TAGS), so the service derives the delivery time from the record instead:
+``store timestamp + delay of the level`` -- the same value RocketMQ computes at put time.  Changing
+``delay_levels`` therefore also moves messages already waiting (RocketMQ would keep the old time).
+
+Progress per level is kept in ``config/delayOffset.json`` (``{"offsetTable": {"<level>": offset}}``,
+as RocketMQ's ``delayOffset.json``) and served to slaves through GET_ALL_DELAY_OFFSET.  Delivery is
+at least once: after a crash the messages between the last persisted offset and the real progress
+are delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tidemq.errors import ConfigError, CorruptDataError
+from tidemq.jsonfile import read_json, write_json
+from tidemq.message import (
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_TYPE_MASK,
+    MessageExt,
+    MessageInner,
+    Prop,
+    decode_message,
+)
+from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.remoting.command import RemotingCommand
+from tidemq.store import GetStatus
+
+log = logging.getLogger(__name__)
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+#: The consumer group name the service reads its queues with (store statistics only).
+SCHEDULE_GROUP = "SCHEDULE_CONSUMER"
+DELAY_OFFSET_FILE = "delayOffset.json"
+
+#: Messages read per look at a level's queue.
+READ_BATCH = 64
+#: How long an idle level waits for an arrival before looking again anyway.
+IDLE_WAIT_S = 0.5
+#: Back-off after the store refused a delivery.
+RETRY_AFTER_FAILURE_S = 1.0
+#: How often changed delay offsets are written.
+PERSIST_INTERVAL_S = 1.0
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_LEVEL_RE = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+
+
+def parse_delay_levels(spec: str) -> list[int]:
+    """``"1s 5s 10s 30s 1m ... 2h"`` -> delay in milliseconds per level (level 1 first).
+
+    Raises :class:`ConfigError` naming the bad item.
+    """
+    levels = []
+    for item in spec.split():
+        m = _LEVEL_RE.match(item.strip().lower())
+        if m is None:
+            raise ConfigError(
+                f"[broker] delay_levels: {item!r} is not a delay like 1s, 5m, 2h (units ms s m h d)"
+            )
+        levels.append(int(m.group(1)) * _UNITS_MS[m.group(2)])
+    if not levels:
+        raise ConfigError("[broker] delay_levels: at least one level is needed")
+    return levels
+
+
+def delay_level_of(msg: MessageInner | MessageExt) -> int:
+    """The DELAY property as an int (0 when absent or not a number)."""
+    try:
+        return int(msg.properties.get(Prop.DELAY_TIME_LEVEL, "0") or 0)
+    except ValueError:
+        return 0
+
+
+class ScheduleMessageService:
+    """Swaps delayed messages into SCHEDULE_TOPIC_XXXX and delivers them when due."""
+
+    def __init__(self, broker: Any):
+        self.broker = broker
+        self.store = broker.store
+        self.levels = parse_delay_levels(broker.settings.delay_levels)
+        self.path: Path = broker.data_dir / "config" / DELAY_OFFSET_FILE
+        #: level (1-based) -> next ConsumeQueue offset to deliver
+        self.offsets: dict[int, int] = {}
+        self.delivered = 0
+        self._dirty = False
+        self._events: list[asyncio.Event] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def max_level(self) -> int:
+        return len(self.levels)
+
+    # ------------------------------------------------------------------ put-side swap
+    def rewrite(self, msg: MessageInner) -> bool:
+        """Move a message with DELAY > 0 to its schedule queue (CommitLog.putMessage's swap).
+
+        Prepared/rollback transaction records are never delayed; levels above the last one use
+        the last.  Returns True when the message was swapped.
+        """
+        if msg.sys_flag & TRANSACTION_TYPE_MASK not in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
+            return False
+        level = delay_level_of(msg)
+        if level <= 0:
+            return False
+        if level > self.max_level:
+            level = self.max_level
+            msg.properties[Prop.DELAY_TIME_LEVEL] = str(level)
+        msg.properties[Prop.REAL_TOPIC] = msg.topic
+        msg.properties[Prop.REAL_QUEUE_ID] = str(msg.queue_id)
+        msg.topic = SCHEDULE_TOPIC
+        msg.queue_id = level - 1
+        return True
+
+    # ------------------------------------------------------------------ lifecycle
+    def load(self) -> None:
+        data = read_json(self.path) or {}
+        for level, offset in (data.get("offsetTable") or {}).items():
+            self.offsets[int(level)] = int(offset)
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Listen for arrivals in the schedule queues (call before the store starts)."""
+        self._loop = loop
+        self._events = [asyncio.Event() for _ in self.levels]
+        self.store.add_arrival_listener(self._on_arrival)
+
+    def register(self) -> None:
+        self.broker.register_handler(RequestCode.GET_ALL_DELAY_OFFSET, self.get_all_delay_offset)
+
+    def start(self) -> None:
+        """Start one delivery task per level (masters only: a slave takes no writes)."""
+        if self._loop is None:
+            self.attach(asyncio.get_running_loop())
+        if not self.broker.is_master:
+            return
+        for level in range(1, self.max_level + 1):
+            self._tasks.append(
+                asyncio.create_task(self._run_level(level), name=f"tidemq-delay-level-{level}")
+            )
+        self._tasks.append(asyncio.create_task(self._persist_loop(), name="tidemq-delay-offset-flush"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        self.persist(force=True)
+
+    def persist(self, force: bool = False) -> None:
+        if not (self._dirty or force):
+            return
+        self._dirty = False
+        write_json(self.path, self.serialize())
+
+    def serialize(self) -> dict[str, Any]:
+        return {"offsetTable": {str(level): off for level, off in sorted(self.offsets.items())}}
+
+    # ------------------------------------------------------------------ requests
+    async def get_all_delay_offset(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+        """GET_ALL_DELAY_OFFSET: the delayOffset.json content, for slaves to copy."""
+        return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(self.serialize()))
+
+    # ------------------------------------------------------------------ delivery
+    def _on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        # Store thread: only schedule-queue arrivals cross over to the event loop.
+        if topic != SCHEDULE_TOPIC or self._loop is None or not 0 <= queue_id < len(self._events):
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._events[queue_id].set)
+        except RuntimeError:
+            pass  # the loop closed during shutdown
+
+    def _set_offset(self, level: int, offset: int) -> None:
+        if self.offsets.get(level) != offset:
+            self.offsets[level] = offset
+            self._dirty = True
+
+    async def _run_level(self, level: int) -> None:
+        delay_ms = self.levels[level - 1]
+        queue_id = level - 1
+        event = self._events[queue_id]
+        while True:
+            try:
+                event.clear()
+                wait_s = await self._deliver_due(level, queue_id, delay_ms)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("delay level %d: delivery failed", level)
+                wait_s = RETRY_AFTER_FAILURE_S
+            if wait_s is None:
+                continue  # more may be due right now
+            if wait_s == IDLE_WAIT_S:
+                try:
+                    await asyncio.wait_for(event.wait(), IDLE_WAIT_S)
+                except TimeoutError:
+                    pass
+            else:
+                await asyncio.sleep(wait_s)
+
+    async def _deliver_due(self, level: int, queue_id: int, delay_ms: int) -> float | None:
+        """Deliver the due head of one level; how long to wait before looking again (None: now)."""
+        offset = self.offsets.get(level, 0)
+        res = self.store.get_message(SCHEDULE_GROUP, SCHEDULE_TOPIC, queue_id, offset, READ_BATCH)
+        if res.status is not GetStatus.FOUND:
+            if res.status in (
+                GetStatus.OFFSET_TOO_SMALL,
+                GetStatus.OFFSET_OVERFLOW_BADLY,
+                GetStatus.OFFSET_FOUND_NULL,
+            ):
+                if res.next_begin_offset != offset:
+                    log.warning(
+                        "delay level %d: offset %d corrected to %d (%s)",
+                        level,
+                        offset,
+                        res.next_begin_offset,
+                        res.status.value,
+                    )
+                    self._set_offset(level, res.next_begin_offset)
+                    return None
+            if res.status is GetStatus.NO_MATCHED_MESSAGE and res.next_begin_offset > offset:
+                self._set_offset(level, res.next_begin_offset)
+                return None
+            return IDLE_WAIT_S
+        now = int(time.time() * 1000)
+        due: list[tuple[int, MessageExt]] = []
+        wait_ms = 0
+        next_offset = offset
+        for buf, qoff in zip(res.buffers, res.queue_offsets, strict=True):
+            try:
+                ext = decode_message(buf)
+            except CorruptDataError as exc:
+                log.error(
+                    "delay level %d: unreadable record at queue offset %d skipped: %s", level, qoff, exc
+                )
+                next_offset = qoff + 1
+                continue
+            deliver_at = ext.store_timestamp + delay_ms
+            if deliver_at > now + delay_ms:
+                deliver_at = now  # the clock went back: never wait longer than the level's delay
+            if deliver_at > now:
+                wait_ms = deliver_at - now
+                break
+            next_offset = qoff + 1
+            if ext.properties.get(Prop.REAL_TOPIC, SCHEDULE_TOPIC) == SCHEDULE_TOPIC:
+                # Written straight to the schedule topic, not by the swap: delivering it would loop.
+                log.warning(
+                    "delay level %d: message at queue offset %d has no real topic, dropped", level, qoff
+                )
+                continue
+            due.append((qoff, ext))
+        else:
+            next_offset = max(next_offset, res.next_begin_offset)
+        if due:
+            futures = [self.store.put_message(self._real_message(ext)) for _, ext in due]
+            results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
+            for (qoff, ext), result in zip(due, results, strict=True):
+                if isinstance(result, BaseException) or not result.ok:
+                    # Keep the failed one (and everything after it) for the next attempt.
+                    log.warning(
+                        "delay level %d: delivery of %s to %s failed: %s",
+                        level,
+                        ext.uniq_key or ext.msg_id,
+                        ext.properties.get(Prop.REAL_TOPIC),
+                        result if isinstance(result, BaseException) else result.status.value,
+                    )
+                    self._set_offset(level, qoff)
+                    return RETRY_AFTER_FAILURE_S
+                self.delivered += 1
+                self.broker.stats.on_put(1, result.wrote_bytes)
+        if next_offset != offset:
+            self._set_offset(level, next_offset)
+        if wait_ms:
+            return wait_ms / 1000
+        return None if next_offset != offset else IDLE_WAIT_S
+
+    def _real_message(self, ext: MessageExt) -> MessageInner:
+        """The message as its producer sent it: real topic and queue back, DELAY gone."""
+        props = dict(ext.properties)
+        props.pop(Prop.DELAY_TIME_LEVEL, None)
+        topic = props.get(Prop.REAL_TOPIC) or ext.topic
+        try:
+            queue_id = int(props.get(Prop.REAL_QUEUE_ID, "0"))
+        except ValueError:
+            queue_id = 0
+        return MessageInner(
+            topic=topic,
+            body=ext.body,
+            queue_id=queue_id,
+            flag=ext.flag,
+            properties=props,
+            sys_flag=ext.sys_flag,
+            born_timestamp=ext.born_timestamp,
+            born_host=ext.born_host,
+            store_host=self.broker.store_host,
+            reconsume_times=ext.reconsume_times,
+            prepared_transaction_offset=ext.prepared_transaction_offset,
+        )
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PERSIST_INTERVAL_S)
+            if self._dirty:
+                try:
+                    await asyncio.to_thread(self.persist)
+                except Exception:
+                    log.exception("cannot persist %s", self.path)

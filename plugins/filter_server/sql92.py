@@ -1,0 +1,658 @@
+"""The ``SQL92`` expression type: RocketMQ's message selector over message properties.
+
+The grammar follows RocketMQ's ``SelectorParser.jj`` (itself ActiveMQ's JMS selector without LIKE
+and arithmetic): ``AND`` / ``OR`` / ``NOT``, ``=``, ``<>``, ``>``, ``>=``, ``<``, ``<=``,
+``[NOT] BETWEEN x AND y``, ``[NOT] IN ('a', 'b')``, ``IS [NOT] NULL``, ``[NOT] CONTAINS``,
+``[NOT] STARTSWITH``, ``[NOT] ENDSWITH`` (string literal on the right), ``TRUE`` / ``FALSE``,
+string literals in single quotes (``''`` escapes a quote), long and double literals.  Keywords are
+case-insensitive, property names are not; ``TAGS`` is a property like any other.
+
+Evaluation keeps RocketMQ's three-valued logic: a comparison with a missing property is *null*,
+``NOT null`` is null, ``null AND false`` is false, ``null OR true`` is true, and a message matches
+only when the whole expression is exactly true.  Property values are strings; compared with a
+numeric literal they are converted (``Long.valueOf`` for a long literal, ``Double.valueOf`` for a
+double) and a value that does not convert makes the evaluation fail, which RocketMQ treats as
+"does not match" for the whole expression.  Ordering two strings converts both to double.
+
+Each expression is parsed once by a lark LALR parser and compiled into nested closures, so
+matching a message runs no tree walk and no parser.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+log = logging.getLogger(__name__)
+
+GRAMMAR = r"""
+start: or_expr
+
+?or_expr: and_expr
+        | or_expr OR and_expr                         -> or_
+
+?and_expr: eq_expr
+         | and_expr AND eq_expr                       -> and_
+
+?eq_expr: cmp_expr
+        | eq_expr "=" cmp_expr                        -> eq
+        | eq_expr "<>" cmp_expr                       -> ne
+        | eq_expr IS NULL                             -> is_null
+        | eq_expr IS NOT NULL                         -> is_not_null
+
+?cmp_expr: unary
+         | cmp_expr ">" unary                         -> gt
+         | cmp_expr ">=" unary                        -> ge
+         | cmp_expr "<" unary                         -> lt
+         | cmp_expr "<=" unary                        -> le
+         | cmp_expr BETWEEN unary AND unary           -> between
+         | cmp_expr NOT BETWEEN unary AND unary       -> not_between
+         | cmp_expr IN "(" string_list ")"            -> in_
+         | cmp_expr NOT IN "(" string_list ")"        -> not_in
+         | cmp_expr CONTAINS STRING                   -> contains
+         | cmp_expr NOT CONTAINS STRING               -> not_contains
+         | cmp_expr STARTSWITH STRING                 -> startswith
+         | cmp_expr NOT STARTSWITH STRING             -> not_startswith
+         | cmp_expr ENDSWITH STRING                   -> endswith
+         | cmp_expr NOT ENDSWITH STRING               -> not_endswith
+
+?unary: "+" unary                                     -> pos
+      | "-" unary                                     -> neg
+      | NOT unary                                     -> not_
+      | primary
+
+?primary: STRING                                      -> string
+        | DECIMAL                                     -> decimal
+        | FLOAT                                       -> float_
+        | TRUE                                        -> true
+        | FALSE                                       -> false
+        | NULL                                        -> null
+        | ID                                          -> var
+        | "(" or_expr ")"
+
+string_list: STRING ("," STRING)*
+
+NOT: "NOT"i
+AND: "AND"i
+OR: "OR"i
+BETWEEN: "BETWEEN"i
+IN: "IN"i
+TRUE: "TRUE"i
+FALSE: "FALSE"i
+NULL: "NULL"i
+IS: "IS"i
+CONTAINS: "CONTAINS"i
+STARTSWITH: "STARTSWITH"i
+ENDSWITH: "ENDSWITH"i
+
+FLOAT.2: /([0-9]+\.[0-9]*|\.[0-9]+)(E[+-]?[0-9]+)?/i | /[0-9]+E[+-]?[0-9]+/i
+DECIMAL: /(0|[1-9][0-9]*)L?/i
+STRING: /'([^']|'')*'/
+ID: /[a-z_$][a-z0-9_$]*/i
+
+LINE_COMMENT: /--[^\n\r]*/
+BLOCK_COMMENT: /\/\*(.|\n)*?\*\//
+%import common.WS
+%ignore WS
+%ignore LINE_COMMENT
+%ignore BLOCK_COMMENT
+"""
+
+# The basic lexer keeps keywords reserved everywhere, as JavaCC does (a contextual lexer would
+# read `a > AND` as a property named AND).
+_PARSER = Lark(GRAMMAR, parser="lalr", lexer="basic", maybe_placeholders=False)
+
+#: What a sub-expression evaluates to: True / False / None (SQL null), or a value (str, int, float).
+Fn = Callable[[Mapping[str, str]], Any]
+
+_TERMINAL_NAMES = {
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "EQUAL": "'='",
+    "MORETHAN": "'>'",
+    "LESSTHAN": "'<'",
+    "COMMA": "','",
+    "PLUS": "'+'",
+    "MINUS": "'-'",
+    "$END": "end of expression",
+    "STRING": "a string literal",
+    "DECIMAL": "a number",
+    "FLOAT": "a number",
+    "ID": "a property name",
+}
+_LONG_RE = re.compile(r"[+-]?[0-9]+")
+_DOUBLE_RE = re.compile(r"\s*[+-]?(NaN|Infinity|([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)[fFdD]?\s*")
+_LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
+
+
+class EvaluationError(Exception):
+    """A comparison RocketMQ cannot make (a non-numeric string against a number): no match."""
+
+
+# --------------------------------------------------------------------------- value semantics
+
+
+class _Const:
+    """A literal known at compile time (kept apart so compile-time checks can see it)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+class _Prop:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+class _Bool:
+    """Marks a compiled sub-expression whose value is boolean (comparison, logic)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Fn):
+        self.fn = fn
+
+
+class _Value:
+    """A compiled non-boolean sub-expression (negation of a property...)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Fn):
+        self.fn = fn
+
+
+def _to_long(s: str) -> int:
+    if not (s.isascii() and s.isdigit()) and not _LONG_RE.fullmatch(s):  # plain digits skip the regex
+        raise EvaluationError(f"{s!r} is not a long")
+    v = int(s)
+    if not _LONG_MIN <= v <= _LONG_MAX:
+        raise EvaluationError(f"{s!r} is out of the long range")
+    return v
+
+
+def _to_double(s: str) -> float:
+    if not _DOUBLE_RE.fullmatch(s):
+        raise EvaluationError(f"{s!r} is not a double")
+    return float(s.strip().rstrip("fFdD"))
+
+
+def _compare(lv: Any, rv: Any) -> int | None:
+    """Java's ``compareTo`` after RocketMQ's type conversions; ``None`` when the types never compare."""
+    lt, rt = type(lv), type(rv)
+    if lt is not rt:
+        if lt is str:
+            if rt is int:
+                lv = _to_long(lv)
+            elif rt is float:
+                lv = _to_double(lv)
+            elif rt is bool:
+                lv = lv.lower() == "true"
+            else:
+                return None
+        elif rt is str:
+            if lt is int:
+                rv = _to_long(rv)
+            elif lt is float:
+                rv = _to_double(rv)
+            elif lt is bool:
+                rv = rv.lower() == "true"
+            else:
+                return None
+        elif lt is bool or rt is bool:
+            return None
+        # int against float compares numerically, as Java widens the long to a double.
+    return (lv > rv) - (lv < rv)
+
+
+def _order_values(lv: Any, rv: Any) -> int | None:
+    """Comparison for ``>``/``<``...: two strings are compared as doubles (else it fails)."""
+    if type(lv) is str and type(rv) is str:
+        return _compare(_to_double(lv), _to_double(rv))
+    return _compare(lv, rv)
+
+
+def _truth(fn_or_node: Any) -> Fn:
+    """A node used where a boolean is needed (RocketMQ's ``asBooleanExpression``)."""
+    if isinstance(fn_or_node, _Bool):
+        return fn_or_node.fn
+    if isinstance(fn_or_node, _Const):
+        v = fn_or_node.value
+        if type(v) is bool:
+            return lambda p: v
+        raise ValueError(f"{_describe(fn_or_node)} will not result in a boolean value")
+    if isinstance(fn_or_node, _Prop):
+        name = fn_or_node.name
+
+        # A property used as a condition: null when absent, otherwise never a Java Boolean -> false.
+        def cast(p: Mapping[str, str]) -> bool | None:
+            return None if p.get(name) is None else False
+
+        return cast
+    raise ValueError(f"{_describe(fn_or_node)} will not result in a boolean value")
+
+
+def _value(node: Any) -> Fn:
+    if isinstance(node, _Const):
+        v = node.value
+        return lambda p: v
+    if isinstance(node, _Prop):
+        name = node.name
+        return lambda p: p.get(name)
+    return node.fn
+
+
+def _describe(node: Any) -> str:
+    if isinstance(node, _Const):
+        v = node.value
+        if v is None:
+            return "NULL"
+        if type(v) is bool:
+            return "TRUE" if v else "FALSE"
+        if type(v) is str:
+            return "'" + v.replace("'", "''") + "'"
+        return repr(v)
+    if isinstance(node, _Prop):
+        return node.name
+    return "a boolean expression" if isinstance(node, _Bool) else "an expression"
+
+
+def _check_orderable(node: Any, op: str) -> None:
+    if isinstance(node, _Const) and type(node.value) not in (int, float):
+        raise ValueError(f"value {_describe(node)} cannot be compared with {op!r}")
+    if isinstance(node, _Bool):
+        raise ValueError(f"a boolean expression cannot be compared with {op!r}")
+
+
+def _check_equal_operand(node: Any) -> None:
+    if isinstance(node, _Const) and node.value is None:
+        raise ValueError("NULL cannot be compared with '=' or '<>'; use IS NULL / IS NOT NULL")
+
+
+def _not(fn: Fn) -> Fn:
+    def f(p: Mapping[str, str]) -> bool | None:
+        v = fn(p)
+        return None if v is None else not v
+
+    return f
+
+
+def _equal(left: Any, right: Any) -> Fn:
+    lf, rf = _value(left), _value(right)
+    # Fast path for the usual ``prop = 'literal'`` / ``prop = 3``.
+    if isinstance(left, _Prop) and isinstance(right, _Const) and right.value is not None:
+        name, c = left.name, right.value
+        if type(c) is str:
+
+            def eq_str(p: Mapping[str, str]) -> bool | None:
+                v = p.get(name)
+                return None if v is None else v == c
+
+            return eq_str
+
+        if type(c) is int or type(c) is float:
+            convert = _to_long if type(c) is int else _to_double
+
+            def eq_number(p: Mapping[str, str]) -> bool | None:
+                v = p.get(name)
+                return None if v is None else convert(v) == c
+
+            return eq_number
+
+        def eq_const(p: Mapping[str, str]) -> bool | None:
+            v = p.get(name)
+            if v is None:
+                return None
+            return _compare(v, c) == 0
+
+        return eq_const
+
+    def eq(p: Mapping[str, str]) -> bool | None:
+        lv, rv = lf(p), rf(p)
+        if lv is None or rv is None:
+            if lv is None and rv is None:
+                return True
+            return None if lv is None else False
+        if type(lv) is type(rv):
+            return lv == rv
+        return _compare(lv, rv) == 0
+
+    return eq
+
+
+def _ordering(left: Any, right: Any, op: str, test: Callable[[int], bool]) -> Fn:
+    _check_orderable(left, op)
+    _check_orderable(right, op)
+    if isinstance(left, _Prop) and isinstance(right, _Const):
+        name, c = left.name, right.value
+        convert = _to_long if type(c) is int else _to_double
+        if op == ">":
+            return lambda p: None if (v := p.get(name)) is None else convert(v) > c
+        if op == ">=":
+            return lambda p: None if (v := p.get(name)) is None else convert(v) >= c
+        if op == "<":
+            return lambda p: None if (v := p.get(name)) is None else convert(v) < c
+        return lambda p: None if (v := p.get(name)) is None else convert(v) <= c
+    lf, rf = _value(left), _value(right)
+
+    def cmp(p: Mapping[str, str]) -> bool | None:
+        lv = lf(p)
+        if lv is None:
+            return None
+        rv = rf(p)
+        if rv is None:
+            return None
+        r = _order_values(lv, rv)
+        # Types Java cannot compare give -1 there: mirror it rather than inventing an answer.
+        return test(-1 if r is None else r)
+
+    return cmp
+
+
+def _and(lf: Fn, rf: Fn) -> Fn:
+    def f(p: Mapping[str, str]) -> bool | None:
+        lv = lf(p)
+        if lv is False:
+            return False
+        rv = rf(p)
+        if rv is False:
+            return False
+        if lv is None or rv is None:
+            return None
+        return True
+
+    return f
+
+
+def _or(lf: Fn, rf: Fn) -> Fn:
+    def f(p: Mapping[str, str]) -> bool | None:
+        lv = lf(p)
+        if lv is True:
+            return True
+        rv = rf(p)
+        if rv is True:
+            return True
+        if lv is None or rv is None:
+            return None
+        return False
+
+    return f
+
+
+def _string_literal(tok: Token) -> str:
+    return str(tok)[1:-1].replace("''", "'")
+
+
+def _require_prop(node: Any, what: str) -> str:
+    if not isinstance(node, _Prop):
+        raise ValueError(f"expected a property name before {what}, got {_describe(node)}")
+    return node.name
+
+
+def _string_test(
+    node: Any, literal: Token, what: str, test: Callable[[str, str], bool], negate: bool
+) -> _Bool:
+    name = _require_prop(node, what)
+    s = _string_literal(literal)
+
+    def f(p: Mapping[str, str]) -> bool | None:
+        v = p.get(name)
+        if v is None:
+            return None
+        return test(v, s) != negate
+
+    return _Bool(f)
+
+
+@v_args(inline=True)
+class _Compiler(Transformer):  # type: ignore[type-arg]
+    """Turns the parse tree into closures, checking what RocketMQ checks at parse time."""
+
+    def start(self, node: Any) -> Fn:
+        return _truth(node)
+
+    # literals and properties
+    def string(self, tok: Token) -> _Const:
+        return _Const(_string_literal(tok))
+
+    def decimal(self, tok: Token) -> _Const:
+        v = int(str(tok).rstrip("lL"))
+        if v > _LONG_MAX + 1:
+            raise ValueError(f"number {tok} is out of the long range")
+        return _Const(v)
+
+    def float_(self, tok: Token) -> _Const:
+        return _Const(float(str(tok)))
+
+    def true(self, _tok: Token) -> _Const:
+        return _Const(True)
+
+    def false(self, _tok: Token) -> _Const:
+        return _Const(False)
+
+    def null(self, _tok: Token) -> _Const:
+        return _Const(None)
+
+    def var(self, tok: Token) -> _Prop:
+        return _Prop(str(tok))
+
+    # unary
+    def pos(self, node: Any) -> Any:
+        return node
+
+    def neg(self, node: Any) -> Any:
+        if isinstance(node, _Const) and type(node.value) in (int, float):
+            return _Const(-node.value)
+        fn = _value(node)
+
+        def negate(p: Mapping[str, str]) -> Any:
+            v = fn(p)
+            if v is None or type(v) is bool:
+                return None
+            if type(v) is str:
+                try:
+                    return -_to_long(v)
+                except EvaluationError:
+                    return -_to_double(v)
+            return -v
+
+        return _Value(negate)
+
+    def not_(self, _kw: Token, node: Any) -> _Bool:
+        return _Bool(_not(_truth(node)))
+
+    # logic
+    def and_(self, left: Any, _kw: Token, right: Any) -> _Bool:
+        return _Bool(_and(_truth(left), _truth(right)))
+
+    def or_(self, left: Any, _kw: Token, right: Any) -> _Bool:
+        return _Bool(_or(_truth(left), _truth(right)))
+
+    # equality
+    def eq(self, left: Any, right: Any) -> _Bool:
+        _check_equal_operand(left)
+        _check_equal_operand(right)
+        if isinstance(left, _Const) and isinstance(right, _Const):
+            if type(left.value) is bool and type(right.value) is not bool:
+                raise ValueError(f"{_describe(left)} cannot be compared with {_describe(right)}")
+        return _Bool(_equal(left, right))
+
+    def ne(self, left: Any, right: Any) -> _Bool:
+        return _Bool(_not(self.eq(left, right).fn))
+
+    def is_null(self, node: Any, _is: Token, _null: Token) -> _Bool:
+        fn = _value(node)
+        return _Bool(lambda p: fn(p) is None)
+
+    def is_not_null(self, node: Any, _is: Token, _not_kw: Token, _null: Token) -> _Bool:
+        fn = _value(node)
+        return _Bool(lambda p: fn(p) is not None)
+
+    # ordering
+    def gt(self, left: Any, right: Any) -> _Bool:
+        return _Bool(_ordering(left, right, ">", lambda r: r > 0))
+
+    def ge(self, left: Any, right: Any) -> _Bool:
+        return _Bool(_ordering(left, right, ">=", lambda r: r >= 0))
+
+    def lt(self, left: Any, right: Any) -> _Bool:
+        return _Bool(_ordering(left, right, "<", lambda r: r < 0))
+
+    def le(self, left: Any, right: Any) -> _Bool:
+        return _Bool(_ordering(left, right, "<=", lambda r: r <= 0))
+
+    def between(self, value: Any, _kw: Token, low: Any, _and_kw: Token, high: Any) -> _Bool:
+        if isinstance(low, _Const) and isinstance(high, _Const):
+            if low.value is None or high.value is None:
+                raise ValueError("the bounds of BETWEEN can not be NULL")
+            r = _compare(low.value, high.value) if type(low.value) is not str else None
+            if r is not None and r > 0:
+                raise ValueError(
+                    f"the low bound of BETWEEN ({_describe(low)}) must be less than or equal to the high bound ({_describe(high)})"
+                )
+        return _Bool(
+            _and(
+                _ordering(value, low, ">=", lambda r: r >= 0),
+                _ordering(value, high, "<=", lambda r: r <= 0),
+            )
+        )
+
+    def not_between(
+        self, value: Any, _not_kw: Token, _kw: Token, low: Any, _and_kw: Token, high: Any
+    ) -> _Bool:
+        return _Bool(
+            _or(
+                _ordering(value, low, "<", lambda r: r < 0),
+                _ordering(value, high, ">", lambda r: r > 0),
+            )
+        )
+
+    def string_list(self, *items: Token) -> frozenset[str]:
+        return frozenset(_string_literal(t) for t in items)
+
+    def in_(self, node: Any, _kw: Token, values: frozenset[str]) -> _Bool:
+        name = _require_prop(node, "IN")
+        return _Bool(lambda p: None if (v := p.get(name)) is None else v in values)
+
+    def not_in(self, node: Any, _not_kw: Token, _kw: Token, values: frozenset[str]) -> _Bool:
+        name = _require_prop(node, "NOT IN")
+        return _Bool(lambda p: None if (v := p.get(name)) is None else v not in values)
+
+    def contains(self, node: Any, _kw: Token, s: Token) -> _Bool:
+        return _string_test(node, s, "CONTAINS", lambda v, x: x in v, False)
+
+    def not_contains(self, node: Any, _n: Token, _kw: Token, s: Token) -> _Bool:
+        return _string_test(node, s, "NOT CONTAINS", lambda v, x: x in v, True)
+
+    def startswith(self, node: Any, _kw: Token, s: Token) -> _Bool:
+        return _string_test(node, s, "STARTSWITH", str.startswith, False)
+
+    def not_startswith(self, node: Any, _n: Token, _kw: Token, s: Token) -> _Bool:
+        return _string_test(node, s, "NOT STARTSWITH", str.startswith, True)
+
+    def endswith(self, node: Any, _kw: Token, s: Token) -> _Bool:
+        return _string_test(node, s, "ENDSWITH", str.endswith, False)
+
+    def not_endswith(self, node: Any, _n: Token, _kw: Token, s: Token) -> _Bool:
+        return _string_test(node, s, "NOT ENDSWITH", str.endswith, True)
+
+
+def _expected(names: set[str] | frozenset[str]) -> str:
+    shown = sorted({_TERMINAL_NAMES.get(n, n) for n in names if not n.startswith("__")})
+    return ", ".join(shown[:12]) + (", ..." if len(shown) > 12 else "")
+
+
+def _syntax_message(expression: str, exc: UnexpectedInput) -> str:
+    col = getattr(exc, "column", None)
+    if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
+        where = "at the end of the expression"
+        found = ""
+    else:
+        where = f"at column {col}" if col not in (None, -1) else "in the expression"
+        if isinstance(exc, UnexpectedToken):
+            found = f": unexpected {str(exc.token)!r}"
+        elif isinstance(exc, UnexpectedCharacters):
+            found = f": unexpected character {exc.char!r}"
+        else:
+            found = ""
+    expected = getattr(exc, "expected", None) or getattr(exc, "allowed", None) or set()
+    tail = f"; expected {_expected(expected)}" if expected else ""
+    return f"invalid SQL92 expression {expression!r} {where}{found}{tail}"
+
+
+def compile_expression(expression: str) -> Fn:
+    """Parse and compile ``expression``; :class:`ValueError` (one line) when it is invalid."""
+    if expression is None or not expression.strip():
+        raise ValueError("SQL92 expression is empty")
+    try:
+        tree = _PARSER.parse(expression)
+    except UnexpectedInput as exc:
+        raise ValueError(_syntax_message(expression, exc)) from None
+    try:
+        return _Compiler().transform(tree)  # type: ignore[no-any-return]
+    except VisitError as exc:
+        inner = exc.orig_exc
+        if isinstance(inner, ValueError):
+            raise ValueError(f"invalid SQL92 expression {expression!r}: {inner}") from None
+        raise
+
+
+class SqlFilter:
+    """A compiled SQL92 subscription (a :class:`tidemq.filter.MessageFilter`)."""
+
+    __slots__ = ("expression", "_fn", "_precheck", "__weakref__")
+
+    def __init__(self, expression: str, fn: Fn, precheck: Any = None):
+        self.expression = expression
+        self._fn = fn
+        self._precheck = precheck
+
+    def evaluate(self, properties: Mapping[str, str]) -> bool:
+        """True only when the expression is exactly true (null and failed conversions are no match)."""
+        try:
+            return self._fn(properties) is True
+        except EvaluationError:
+            return False
+        except (TypeError, ValueError, OverflowError):
+            log.debug("SQL92 %r failed on %r", self.expression, properties, exc_info=True)
+            return False
+
+    def matches_tags_code(self, tags_code: int) -> bool:
+        return True  # SQL92 decides on properties; the tag code alone never excludes
+
+    def matches_message(self, properties: Mapping[str, str]) -> bool:
+        return self.evaluate(properties)
+
+    def matches_queue_entry(self, topic: str, queue_id: int, queue_offset: int) -> bool:
+        """The bit-map pre-check (see :mod:`.bitmap`): ``False`` only when the entry surely fails."""
+        pre = self._precheck
+        if pre is None:
+            return True
+        return pre.maybe_matches(self, topic, queue_id, queue_offset)
+
+    def __repr__(self) -> str:
+        return f"SqlFilter({self.expression!r})"
+
+
+class Sql92FilterFactory:
+    """Compiles SQL92 expressions (a :class:`tidemq.filter.FilterFactory`).
+
+    With a :class:`~.bitmap.FilterBitMap` (the broker's store dispatches to it), compiled filters
+    answer :meth:`SqlFilter.matches_queue_entry` from the bits written at dispatch time.
+    """
+
+    def __init__(self, precheck: Any = None):
+        self.precheck = precheck
+
+    def compile(self, expression: str) -> SqlFilter:
+        expression = (expression or "").strip()
+        return SqlFilter(expression, compile_expression(expression), self.precheck)

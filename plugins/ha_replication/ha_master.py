@@ -1,0 +1,283 @@
+"""Master side of HA: the HA port, one connection per slave, and SYNC_MASTER's group transfer.
+
+Threads, not asyncio: the store API is synchronous and thread-safe, and replication must keep
+going while the broker's event loop is busy.  Each slave connection has a reader (handshake, then
+the slave's 8-byte offset reports) and a writer (streams commit-log bytes from the offset the slave
+asked).  :class:`GroupTransfer` holds the sends waiting for a slave and resolves all of them with
+one acknowledgement, as group commit does for flushes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import socket
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from .wire import (
+    HELLO_MAGIC,
+    REPORT,
+    DIGESTS,
+    HAProtocolError,
+    Session,
+    choose,
+    encode_frame,
+    encode_hello,
+    read_hello_body,
+    recv_exact,
+    CODECS,
+)
+
+log = logging.getLogger(__name__)
+
+
+class GroupTransfer:
+    """Sends waiting until a slave acknowledged their end offset (GroupTransferService)."""
+
+    def __init__(self) -> None:
+        self.acked = 0  # the highest offset any slave confirmed (push2SlaveMaxOffset)
+        self._heap: list[tuple[int, int, float, Future[str]]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._expire_loop, name="tidemq-ha-group-transfer", daemon=True)
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._heap)
+
+    def wait(self, end_offset: int, timeout_s: float) -> Future[str]:
+        fut: Future[str] = Future()
+        with self._cond:
+            if self.acked >= end_offset:
+                fut.set_result("PUT_OK")
+                return fut
+            heapq.heappush(self._heap, (end_offset, next(self._seq), time.monotonic() + timeout_s, fut))
+            self._cond.notify()
+        return fut
+
+    def ack(self, offset: int) -> None:
+        done: list[Future[str]] = []
+        with self._cond:
+            if offset <= self.acked:
+                return
+            self.acked = offset
+            while self._heap and self._heap[0][0] <= offset:
+                done.append(heapq.heappop(self._heap)[3])
+        for fut in done:
+            if not fut.done():
+                fut.set_result("PUT_OK")
+
+    def _expire_loop(self) -> None:
+        while True:
+            expired: list[Future[str]] = []
+            with self._cond:
+                if self._stop:
+                    pending = [e[3] for e in self._heap]
+                    self._heap.clear()
+                    break
+                now = time.monotonic()
+                soonest = min((e[2] for e in self._heap), default=now + 1.0)
+                if soonest > now:
+                    self._cond.wait(soonest - now)
+                    continue
+                keep = [e for e in self._heap if e[2] > now]
+                expired = [e[3] for e in self._heap if e[2] <= now]
+                heapq.heapify(keep)
+                self._heap = keep
+            for fut in expired:
+                if not fut.done():
+                    fut.set_result("FLUSH_SLAVE_TIMEOUT")
+        for fut in pending:
+            if not fut.done():
+                fut.set_result("SLAVE_NOT_AVAILABLE")
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(2)
+
+
+class HAConnection:
+    """One connected slave."""
+
+    def __init__(self, server: HAServer, sock: socket.socket, address: str):
+        self.server = server
+        self.sock = sock
+        self.address = address
+        self.session = Session()
+        self.ack_offset = -1  # the slave's last reported commit-log end
+        self.request_offset = -1  # where the slave asked the stream to start
+        self.sent_offset = -1
+        self.bytes_sent = 0
+        self.closed = threading.Event()
+        self._reader = threading.Thread(target=self._read_loop, name=f"tidemq-ha-read-{address}", daemon=True)
+        self._writer = threading.Thread(target=self._write_loop, name=f"tidemq-ha-write-{address}", daemon=True)
+
+    def start(self) -> None:
+        self._reader.start()
+
+    def close(self) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self.server.connection_closed(self)
+
+    # -------------------------------------------------------------- slave -> master
+    def _read_loop(self) -> None:
+        opts = self.server.options
+        try:
+            self.sock.settimeout(opts.housekeeping_s)
+            first = recv_exact(self.sock, 8)
+            if first == HELLO_MAGIC:
+                hello = read_hello_body(self.sock)
+                codec = choose(hello.get("compression"), opts.compression, CODECS) or "none"
+                digest = choose(hello.get("digest"), "blake3", DIGESTS) if opts.digest else ""
+                self.session = Session(extended=True, codec=codec, digest=digest)
+                self.sock.sendall(encode_hello({"compression": codec, "digest": digest}))
+                first = recv_exact(self.sock, 8)
+            log.info(
+                "HA slave %s connected (%s, compression %s, digest %s)",
+                self.address,
+                "tidemq" if self.session.extended else "plain",
+                self.session.codec,
+                self.session.digest or "none",
+            )
+            self._on_report(REPORT.unpack(first)[0])
+            self._writer.start()
+            while not self.closed.is_set():
+                self._on_report(REPORT.unpack(recv_exact(self.sock, 8))[0])
+        except (OSError, ConnectionError, HAProtocolError) as exc:
+            if not self.closed.is_set():
+                log.info("HA slave %s disconnected: %s", self.address, exc)
+        finally:
+            self.close()
+
+    def _on_report(self, offset: int) -> None:
+        if offset < 0:
+            raise HAProtocolError(f"slave reported negative offset {offset}")
+        if self.request_offset < 0:
+            self.request_offset = offset
+        self.ack_offset = offset
+        self.server.on_ack(offset)
+
+    # -------------------------------------------------------------- master -> slave
+    def _start_offset(self) -> int:
+        store = self.server.store
+        if self.request_offset > 0:
+            return self.request_offset
+        # A new slave starts at the beginning of the master's last file, not the whole history.
+        end = store.get_max_phy_offset()
+        file_size = self.server.file_size
+        start = end - end % file_size if file_size else 0
+        return max(start, store.get_min_phy_offset())
+
+    def _write_loop(self) -> None:
+        server = self.server
+        opts = server.options
+        store = server.store
+        try:
+            offset = self._start_offset()
+            self.sent_offset = offset
+            last_write = 0.0
+            while not self.closed.is_set():
+                seen = server.data_version
+                data = store.get_commit_log_data(offset)
+                if data is not None and len(data) > 0:
+                    with data:
+                        raw = bytes(data[: opts.transfer_batch])
+                    self.sock.sendall(b"".join(encode_frame(self.session, offset, raw)))
+                    offset += len(raw)
+                    self.sent_offset = offset
+                    self.bytes_sent += len(raw)
+                    last_write = time.monotonic()
+                    continue
+                if data is not None:
+                    data.release()
+                if time.monotonic() - last_write >= opts.heartbeat_s:
+                    self.sock.sendall(b"".join(encode_frame(self.session, offset, b"")))
+                    last_write = time.monotonic()
+                server.wait_for_data(seen, opts.heartbeat_s)
+        except (OSError, ConnectionError) as exc:
+            if not self.closed.is_set():
+                log.info("HA stream to %s ended: %s", self.address, exc)
+        except Exception:
+            log.exception("HA stream to %s failed", self.address)
+        finally:
+            self.close()
+
+
+class HAServer:
+    """Accepts slaves on the HA port and tracks what they acknowledged."""
+
+    def __init__(self, store: Any, options: Any, host: str, port: int, on_ack: Any):
+        self.store = store
+        self.options = options
+        self.file_size = int(getattr(getattr(store, "commitlog", None), "file_size", 0) or 0)
+        self._on_ack = on_ack
+        self.connections: list[HAConnection] = []
+        self._lock = threading.Lock()
+        self._data = threading.Condition()
+        self.data_version = 0
+        self._sock = socket.create_server((host, port), reuse_port=False)
+        self.address = self._sock.getsockname()[:2]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, name="tidemq-ha-accept", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sock, peer = self._sock.accept()
+            except OSError:
+                if self._stop.is_set():
+                    return
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = HAConnection(self, sock, f"{peer[0]}:{peer[1]}")
+            with self._lock:
+                self.connections.append(conn)
+            conn.start()
+
+    def connection_closed(self, conn: HAConnection) -> None:
+        with self._lock:
+            if conn in self.connections:
+                self.connections.remove(conn)
+
+    def on_ack(self, offset: int) -> None:
+        self._on_ack(offset)
+
+    def notify_data(self) -> None:
+        """New commit-log bytes exist: wake the writers."""
+        with self._data:
+            self.data_version += 1
+            self._data.notify_all()
+
+    def wait_for_data(self, seen: int, timeout: float) -> None:
+        with self._data:
+            if self.data_version == seen:
+                self._data.wait(timeout)
+
+    @property
+    def slave_count(self) -> int:
+        return len(self.connections)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        for conn in list(self.connections):
+            conn.close()
+        self.notify_data()

@@ -1,0 +1,163 @@
+"""Slave side of HA (RocketMQ's HAClient): pull the master's commit log into the local store.
+
+The slave reports its commit-log end on connect, after each appended batch and every
+``heartbeat_s``; the master streams from there.  A batch whose offset is not the local end, or that
+fails its digest, is never appended: the connection is dropped and re-opened, and the master
+restarts from the offset the slave reports again.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import Any
+
+from .wire import (
+    HELLO_MAGIC,
+    REPORT,
+    CorruptBatchError,
+    HAProtocolError,
+    Session,
+    encode_hello,
+    read_frame,
+    read_hello_body,
+    recv_exact,
+)
+
+log = logging.getLogger(__name__)
+
+RECONNECT_DELAY_S = 1.0
+
+
+class HAClient:
+    """Keeps one connection to the master's HA port while running."""
+
+    def __init__(self, store: Any, options: Any, master_address: str = ""):
+        self.store = store
+        self.options = options
+        self.master_address = master_address
+        self.master_offset = 0  # the master's stream position as last seen (for lag)
+        self.corrupt_batches = 0
+        self.bytes_received = 0
+        self.connected = False
+        self.session = Session()
+        self._sock: socket.socket | None = None
+        self._send_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tidemq-ha-client", daemon=True)
+        self._reporter = threading.Thread(target=self._report_loop, name="tidemq-ha-report", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._reporter.start()
+
+    def set_master(self, address: str) -> None:
+        """Follow a (new) master HA address; the current connection is dropped if it changed."""
+        if address and address != self.master_address:
+            log.info("HA master address is now %s", address)
+            self.master_address = address
+            self._drop()
+
+    @property
+    def fall_behind(self) -> int:
+        return max(0, self.master_offset - self.store.get_max_phy_offset())
+
+    def _drop(self) -> None:
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _report(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        with self._send_lock:
+            sock.sendall(REPORT.pack(self.store.get_max_phy_offset()))
+
+    def _report_loop(self) -> None:
+        while not self._stop.wait(self.options.heartbeat_s):
+            try:
+                self._report()
+            except OSError:
+                self._drop()
+
+    def _connect(self, address: str) -> socket.socket:
+        host, _, port = address.rpartition(":")
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=3.0)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        opts = self.options
+        if opts.extended:
+            offered = [opts.compression] if opts.compression != "none" else []
+            sock.sendall(encode_hello({"compression": offered, "digest": ["blake3"] if opts.digest else []}))
+            if recv_exact(sock, len(HELLO_MAGIC)) != HELLO_MAGIC:
+                raise HAProtocolError(f"master {address} did not answer the tidemq HA handshake")
+            reply = read_hello_body(sock)
+            self.session = Session(
+                extended=True, codec=str(reply.get("compression") or "none"), digest=str(reply.get("digest") or "")
+            )
+        else:
+            self.session = Session()
+        sock.settimeout(opts.housekeeping_s)
+        return sock
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            address = self.master_address
+            if not address:
+                self._stop.wait(RECONNECT_DELAY_S)
+                continue
+            delay = RECONNECT_DELAY_S
+            try:
+                self._sock = self._connect(address)
+                self.connected = True
+                log.info("HA slave connected to master %s at offset %d", address, self.store.get_max_phy_offset())
+                self._report()
+                self._receive(self._sock)
+            except CorruptBatchError as exc:
+                self.corrupt_batches += 1
+                log.warning("HA batch refused, re-requesting from %d: %s", self.store.get_max_phy_offset(), exc)
+                delay = 0.0
+            except (OSError, ConnectionError, HAProtocolError, ValueError) as exc:
+                if not self._stop.is_set():
+                    log.info("HA connection to master %s lost: %s", address, exc)
+            except Exception:
+                log.exception("HA client failed")
+            finally:
+                self.connected = False
+                sock, self._sock = self._sock, None
+                if sock is not None:
+                    sock.close()
+            self._stop.wait(delay)
+
+    def _receive(self, sock: socket.socket) -> None:
+        store = self.store
+        max_body = self.options.transfer_batch * 2 + 1024
+        while not self._stop.is_set():
+            offset, raw = read_frame(sock, self.session, max_body)
+            local = store.get_max_phy_offset()
+            if not raw:  # heartbeat: the master's position
+                self.master_offset = max(self.master_offset, offset)
+                continue
+            if offset != local and not (local == 0 and self.bytes_received == 0 and _empty(store)):
+                raise HAProtocolError(f"master sent offset {offset} but the local commit log ends at {local}")
+            if not store.append_to_commit_log(offset, raw):
+                raise HAProtocolError(f"the store refused {len(raw)} bytes at offset {offset}")
+            self.bytes_received += len(raw)
+            self.master_offset = max(self.master_offset, offset + len(raw))
+            self._report()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._drop()
+        self._thread.join(3)
+        self._reporter.join(1)
+
+
+def _empty(store: Any) -> bool:
+    """An empty slave accepts the master's first offset (the start of the master's last file)."""
+    return store.get_max_phy_offset() == 0
+

@@ -1,0 +1,210 @@
+"""The ``master_slave`` replication: RocketMQ's HAService behind the replication contract.
+
+The broker's ``role`` picks the side: ``ASYNC_MASTER`` / ``SYNC_MASTER`` serve the HA port (broker
+port + 1 unless ``listen`` says otherwise); ``SLAVE`` connects to its master's HA port (from
+``master_address`` or from the NameServer's registration answer) and copies the commit log.  Under
+``SYNC_MASTER`` a send is acknowledged once a slave confirmed its bytes.
+
+Options (``[replication.master_slave]``)::
+
+    listen = ""                   # HA host:port; default broker host, broker port + 1
+    master_address = ""           # slave: the master's HA host:port (else learnt from the NameServer)
+    master_broker_address = ""    # slave: the master broker's address, for metadata sync
+    sync_timeout_s = 3.0          # SYNC_MASTER: FLUSH_SLAVE_TIMEOUT after this
+    slave_fall_behind_max = 268435456   # SYNC_MASTER: SLAVE_NOT_AVAILABLE when a slave lags more
+    heartbeat_s = 5.0             # slave reports / master heartbeats
+    housekeeping_s = 20.0         # a silent peer is dropped after this
+    transfer_batch = 32768        # bytes per frame (haTransferBatchSize)
+    compression = "none"          # none | lz4 | zstd, negotiated
+    digest = true                 # blake3 per batch, negotiated
+    extended = true               # false: speak the plain RocketMQ HA protocol (no handshake)
+    metadata_sync_s = 10.0        # slave: topic config, offsets, delay offsets
+    group_sync_s = 60.0           # slave: subscription groups
+    lag_log_s = 30.0              # master: log each slave's lag this often (0: never)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import attrs
+
+from tidemq.config import parse_options
+from tidemq.errors import ConfigError
+from tidemq.plugins import PluginContext
+
+from .ha_master import GroupTransfer, HAServer
+from .ha_slave import HAClient
+
+log = logging.getLogger(__name__)
+
+
+def _positive(_inst: object, attribute: attrs.Attribute, value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value}")
+
+
+@attrs.define
+class MasterSlaveOptions:
+    listen: str = ""
+    master_address: str = ""
+    master_broker_address: str = ""
+    sync_timeout_s: float = attrs.field(default=3.0, validator=_positive)
+    slave_fall_behind_max: int = attrs.field(default=256 * 1024 * 1024, validator=_positive)
+    heartbeat_s: float = attrs.field(default=5.0, validator=_positive)
+    housekeeping_s: float = attrs.field(default=20.0, validator=_positive)
+    transfer_batch: int = attrs.field(default=32 * 1024, validator=_positive)
+    compression: str = attrs.field(default="none", metadata={"choices": ("none", "lz4", "zstd")})
+    digest: bool = True
+    extended: bool = True
+    metadata_sync_s: float = attrs.field(default=10.0, validator=_positive)
+    group_sync_s: float = attrs.field(default=60.0, validator=_positive)
+    lag_log_s: float = 30.0
+
+
+def _done(status: str) -> Future[str]:
+    fut: Future[str] = Future()
+    fut.set_result(status)
+    return fut
+
+
+class MasterSlaveReplication:
+    """HA master or slave, by the broker's role."""
+
+    def __init__(self, options: MasterSlaveOptions):
+        self.options = options
+        self.role = "ASYNC_MASTER"
+        self.store: Any = None
+        self.server: HAServer | None = None
+        self.client: HAClient | None = None
+        self.transfer: GroupTransfer | None = None
+        self.master_broker_address = options.master_broker_address
+        self._stop = threading.Event()
+        self._lag_thread: threading.Thread | None = None
+        self.slave_sync: Any = None  # SlaveSynchronize, started by the broker_started hook
+
+    # ------------------------------------------------------------------ contract
+    def start(self, store: Any, broker_config: Any) -> None:
+        if not hasattr(store, "get_commit_log_data") or not hasattr(store, "append_to_commit_log"):
+            raise ConfigError(
+                f"[replication.master_slave] needs a store with raw commit-log access; {type(store).__name__} has none"
+            )
+        self.store = store
+        self.role = str(_setting(broker_config, "role", "ASYNC_MASTER"))
+        if self.role == "SLAVE" or int(_setting(broker_config, "id", 0)) != 0:
+            self.role = "SLAVE"
+            self.client = HAClient(store, self.options, self.options.master_address)
+            self.client.start()
+            return
+        host, port = self._listen_address(broker_config)
+        self.server = HAServer(store, self.options, host, port, self._on_ack)
+        self.server.start()
+        if self.role == "SYNC_MASTER":
+            self.transfer = GroupTransfer()
+        if self.options.lag_log_s > 0:
+            self._lag_thread = threading.Thread(target=self._lag_loop, name="tidemq-ha-lag", daemon=True)
+            self._lag_thread.start()
+        log.info("HA %s listening on %s:%d", self.role, *self.server.address)
+
+    def _listen_address(self, broker_config: Any) -> tuple[str, int]:
+        listen = self.options.listen or str(_setting(broker_config, "listen", "127.0.0.1:10911"))
+        host, _, port_s = listen.rpartition(":")
+        try:
+            port = int(port_s)
+        except ValueError as exc:
+            raise ConfigError(f"[replication.master_slave] listen = {listen!r} is not host:port") from exc
+        if not self.options.listen and port:
+            port += 1  # RocketMQ's haListenPort default: the broker port + 1
+        return host.strip("[]") or "0.0.0.0", port
+
+    def wait_for_replicas(self, end_offset: int) -> Future[str]:
+        server = self.server
+        if server is not None:
+            server.notify_data()
+        if self.transfer is None or server is None:
+            return _done("PUT_OK")
+        if server.slave_count == 0:
+            return _done("SLAVE_NOT_AVAILABLE")
+        if self.store.get_max_phy_offset() - self.transfer.acked > self.options.slave_fall_behind_max:
+            return _done("SLAVE_NOT_AVAILABLE")
+        return self.transfer.wait(end_offset, self.options.sync_timeout_s)
+
+    def ha_address(self) -> str:
+        if self.server is None:
+            return ""
+        host, port = self.server.address
+        if host in ("0.0.0.0", "::", ""):
+            from tidemq.message import local_ip
+
+            host = local_ip()
+        return f"{host}:{port}"
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        if self.client is not None:
+            self.client.shutdown()
+        if self.server is not None:
+            self.server.shutdown()
+        if self.transfer is not None:
+            self.transfer.shutdown()
+
+    # ------------------------------------------------------------------ HA state
+    def _on_ack(self, offset: int) -> None:
+        if self.transfer is not None:
+            self.transfer.ack(offset)
+
+    def update_master(self, ha_address: str, broker_address: str) -> None:
+        """What the NameServer answered a slave's registration: its master's addresses."""
+        if self.client is None:
+            return
+        if broker_address and not self.options.master_broker_address:
+            self.master_broker_address = broker_address
+        if ha_address and not self.options.master_address:
+            self.client.set_master(ha_address)
+
+    def runtime_info(self) -> dict[str, str]:
+        """HA fields for GET_BROKER_RUNTIME_INFO (lag in bytes: how far the slaves are behind)."""
+        info = {"haRole": self.role}
+        if self.store is None:
+            return info
+        end = self.store.get_max_phy_offset()
+        if self.server is not None:
+            conns = list(self.server.connections)
+            acked = max((c.ack_offset for c in conns), default=-1)
+            info["haServerAddr"] = self.ha_address()
+            info["haConnectedSlaves"] = str(len(conns))
+            info["haSlaveAckOffset"] = str(acked)
+            info["haSlaveFallBehind"] = str(end - acked if conns else -1)
+            info["haSlaves"] = ";".join(f"{c.address}={max(0, end - c.ack_offset)}" for c in conns)
+            if self.transfer is not None:
+                info["haSyncWaiting"] = str(self.transfer.waiting)
+        if self.client is not None:
+            info["haMasterAddress"] = self.client.master_address
+            info["haMasterConnected"] = str(self.client.connected).lower()
+            info["haMasterOffset"] = str(self.client.master_offset)
+            info["haSlaveFallBehind"] = str(self.client.fall_behind)
+            info["haCorruptBatches"] = str(self.client.corrupt_batches)
+            info["haCompression"] = self.client.session.codec
+        return info
+
+    def _lag_loop(self) -> None:
+        while not self._stop.wait(self.options.lag_log_s):
+            server = self.server
+            if server is None or not server.connections:
+                continue
+            end = self.store.get_max_phy_offset()
+            for c in list(server.connections):
+                log.info("HA slave %s is %d bytes behind (acked %d of %d)", c.address, end - c.ack_offset, c.ack_offset, end)
+
+
+def _setting(config: Any, key: str, default: Any) -> Any:
+    if isinstance(config, dict):
+        return config.get(key, default)
+    return getattr(config, key, default)
+
+
+def create(ctx: PluginContext) -> MasterSlaveReplication:
+    return MasterSlaveReplication(parse_options(MasterSlaveOptions, ctx.options, "[replication.master_slave]"))

@@ -1,0 +1,148 @@
+"""The HA wire format between a master and its slaves (RocketMQ's HAService protocol, extended).
+
+Plain RocketMQ protocol, spoken when the slave does not open with the handshake:
+
+* slave -> master: ``<maxPhyOffset 8>`` (its commit-log end), every few seconds and after each batch;
+* master -> slave: ``<phyOffset 8><bodySize 4><data bodySize>`` (``bodySize`` 0 is a heartbeat).
+
+tidemq extension, negotiated by a handshake the slave sends first (``HELLO_MAGIC`` then a 4-byte
+length and a JSON object ``{"compression": [...], "digest": [...]}``; the master answers the same
+way with the one codec and digest it picked).  Each master frame then carries, after
+``<phyOffset 8><bodySize 4>``, an extension ``<codec 1><rawSize 4><digest 32>`` and ``bodySize``
+bytes of (possibly compressed) payload.  The digest is blake3 of the raw bytes, so a batch damaged
+on the wire (in the payload or the compressed stream) is detected and never appended.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any
+
+import attrs
+import blake3
+import lz4.block
+import orjson
+import zstandard
+
+from tidemq.errors import TidemqError
+
+#: First bytes of a tidemq handshake; as a big-endian offset it would be absurd, so never ambiguous.
+HELLO_MAGIC = b"TMHA\x00\x01\xff\xfe"
+REPORT = struct.Struct(">q")
+FRAME_HEAD = struct.Struct(">qi")
+EXT_HEAD = struct.Struct(">BI32s")
+MAX_HELLO = 4096
+
+CODECS = {"none": 0, "lz4": 1, "zstd": 2}
+CODEC_NAMES = {v: k for k, v in CODECS.items()}
+DIGESTS = ("blake3",)
+NO_DIGEST = bytes(32)
+
+
+class HAProtocolError(TidemqError):
+    """The peer broke the HA protocol (bad handshake, frame, digest): the connection is dropped."""
+
+
+class CorruptBatchError(HAProtocolError):
+    """A transferred batch does not match its digest or cannot be decompressed."""
+
+
+@attrs.frozen
+class Session:
+    """What the handshake agreed: ``extended`` False means the plain RocketMQ protocol."""
+
+    extended: bool = False
+    codec: str = "none"
+    digest: str = ""
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes, or :class:`ConnectionError` when the peer closes first."""
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("HA peer closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def encode_hello(payload: dict[str, Any]) -> bytes:
+    body = orjson.dumps(payload)
+    return HELLO_MAGIC + struct.pack(">I", len(body)) + body
+
+
+def read_hello_body(sock: socket.socket) -> dict[str, Any]:
+    (n,) = struct.unpack(">I", recv_exact(sock, 4))
+    if n > MAX_HELLO:
+        raise HAProtocolError(f"HA handshake of {n} bytes is too large")
+    try:
+        data = orjson.loads(recv_exact(sock, n))
+    except orjson.JSONDecodeError as exc:
+        raise HAProtocolError(f"HA handshake is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise HAProtocolError("HA handshake is not a JSON object")
+    return data
+
+
+def choose(offered: Any, preferred: str, table: Any) -> str:
+    """The master's pick: its preferred choice when the slave offers it, else none."""
+    offered = offered if isinstance(offered, list) else []
+    return preferred if preferred in offered and preferred in table else ""
+
+
+def compress(codec: str, raw: bytes) -> bytes:
+    if codec == "lz4":
+        return lz4.block.compress(raw, store_size=False)
+    if codec == "zstd":
+        return zstandard.ZstdCompressor(level=1).compress(raw)
+    return raw
+
+
+def decompress(codec: str, payload: bytes, raw_size: int) -> bytes:
+    try:
+        if codec == "lz4":
+            return lz4.block.decompress(payload, uncompressed_size=raw_size)
+        if codec == "zstd":
+            return zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_size)
+    except (lz4.block.LZ4BlockError, zstandard.ZstdError) as exc:
+        raise CorruptBatchError(f"{codec} batch cannot be decompressed: {exc}") from exc
+    return payload
+
+
+def encode_frame(session: Session, offset: int, raw: bytes) -> list[bytes]:
+    """One master -> slave frame for ``raw`` commit-log bytes starting at ``offset``."""
+    if not session.extended:
+        return [FRAME_HEAD.pack(offset, len(raw)), raw]
+    payload = compress(session.codec, raw) if raw else raw
+    if len(payload) >= len(raw):
+        codec = "none"  # incompressible: send as is rather than grow it
+        payload = raw
+    else:
+        codec = session.codec
+    digest = blake3.blake3(raw).digest() if session.digest else NO_DIGEST
+    return [
+        FRAME_HEAD.pack(offset, len(payload)) + EXT_HEAD.pack(CODECS[codec], len(raw), digest),
+        payload,
+    ]
+
+
+def read_frame(sock: socket.socket, session: Session, max_body: int) -> tuple[int, bytes]:
+    """The next frame from the master: ``(phyOffset, raw bytes)``, verified."""
+    offset, size = FRAME_HEAD.unpack(recv_exact(sock, FRAME_HEAD.size))
+    if size < 0 or size > max_body:
+        raise HAProtocolError(f"HA frame of {size} bytes at offset {offset} is out of bounds")
+    if not session.extended:
+        return offset, recv_exact(sock, size)
+    codec_id, raw_size, digest = EXT_HEAD.unpack(recv_exact(sock, EXT_HEAD.size))
+    codec = CODEC_NAMES.get(codec_id)
+    if codec is None or raw_size > max_body:
+        raise CorruptBatchError(f"HA frame at offset {offset} has a bad header (codec {codec_id}, {raw_size} bytes)")
+    payload = recv_exact(sock, size)
+    raw = decompress(codec, payload, raw_size)
+    if len(raw) != raw_size:
+        raise CorruptBatchError(f"HA batch at offset {offset} is {len(raw)} bytes, header says {raw_size}")
+    if session.digest and blake3.blake3(raw).digest() != digest:
+        raise CorruptBatchError(f"HA batch at offset {offset} ({raw_size} bytes) fails its blake3 digest")
+    return offset, raw
