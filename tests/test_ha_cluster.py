@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
+from conftest import free_port
 
 from tidemq.client import (
     BlockingProducer,
@@ -33,8 +34,6 @@ from tidemq.client import (
 from tidemq.plugins import get_plugin_manager
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
-
-from conftest import free_port
 
 TOPIC = "HaTopic"
 
@@ -52,11 +51,23 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, every: float 
 
 
 def broker_toml(
-    path: Path, *, name: str, role: str, broker_id: int, namesrv: str, ha: dict[str, Any] | None = None
+    path: Path,
+    *,
+    name: str,
+    role: str,
+    broker_id: int,
+    namesrv: str,
+    ha: dict[str, Any] | None = None,
+    broker: dict[str, Any] | None = None,
 ) -> tuple[Path, str]:
     port = free_port()
     listen = f"127.0.0.1:{port}"
-    opts = {"listen": f"127.0.0.1:{free_port()}", "heartbeat_s": 1.0, "metadata_sync_s": 0.5, "group_sync_s": 0.5}
+    opts = {
+        "listen": f"127.0.0.1:{free_port()}",
+        "heartbeat_s": 1.0,
+        "metadata_sync_s": 0.5,
+        "group_sync_s": 0.5,
+    }
     opts.update(ha or {})
     lines = [
         "[broker]",
@@ -68,6 +79,7 @@ def broker_toml(
         f'role = "{role}"',
         "register_interval_s = 0.5",
         "consumer_offset_flush_s = 0.5",
+        *(f"{k} = {orjson.dumps(v).decode()}" for k, v in (broker or {}).items()),
         "",
         "[plugins]",
         'replication = "master_slave"',
@@ -87,7 +99,9 @@ def runtime_info(addr: str) -> dict[str, str]:
     async def ask() -> dict[str, str]:
         client = get_plugin_manager().create("transport", "tcp").client()
         try:
-            resp = await client.invoke(addr, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 3.0)
+            resp = await client.invoke(
+                addr, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 3.0
+            )
         finally:
             await client.close()
         assert resp.code == ResponseCode.SUCCESS
@@ -97,17 +111,34 @@ def runtime_info(addr: str) -> dict[str, str]:
 
 
 class HaCluster:
-    def __init__(self, spawn: Any, tmp_path: Path, role: str = "SYNC_MASTER", ha: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        spawn: Any,
+        tmp_path: Path,
+        role: str = "SYNC_MASTER",
+        ha: dict[str, Any] | None = None,
+        broker: dict[str, Any] | None = None,
+        before_start: Callable[[Path], None] | None = None,
+    ):
         self.spawn = spawn
         self.tmp = tmp_path
         self.ha = ha or {}
+        self.broker = broker or {}
         ns_port = free_port()
         self.namesrv = spawn("namesrv", "--listen", f"127.0.0.1:{ns_port}")
         self.ns = self.namesrv.addresses["namesrv"]
         self.master_dir = tmp_path / "master"
         cfg, self.master_addr = broker_toml(
-            self.master_dir, name="broker-ha", role=role, broker_id=0, namesrv=self.ns, ha=self.ha
+            self.master_dir,
+            name="broker-ha",
+            role=role,
+            broker_id=0,
+            namesrv=self.ns,
+            ha=self.ha,
+            broker=self.broker,
         )
+        if before_start is not None:
+            before_start(self.master_dir)
         self.master = spawn("broker", "-c", str(cfg))
         self.slave_dir = tmp_path / "slave"
         self.slave: Any = None
@@ -115,7 +146,13 @@ class HaCluster:
 
     def start_slave(self) -> None:
         cfg, self.slave_addr = broker_toml(
-            self.slave_dir, name="broker-ha", role="SLAVE", broker_id=1, namesrv=self.ns, ha=self.ha
+            self.slave_dir,
+            name="broker-ha",
+            role="SLAVE",
+            broker_id=1,
+            namesrv=self.ns,
+            ha=self.ha,
+            broker=self.broker,
         )
         self.slave = self.spawn("broker", "-c", str(cfg))
         assert wait_for(lambda: runtime_info(self.slave_addr)["haMasterConnected"] == "true"), (
@@ -126,6 +163,18 @@ class HaCluster:
         self.master.stop(signal.SIGKILL)
         if lose_disk:
             shutil.rmtree(self.master_dir)
+
+
+def topics_of(addr: str) -> set[str]:
+    async def ask() -> set[str]:
+        client = get_plugin_manager().create("transport", "tcp").client()
+        try:
+            resp = await client.invoke(addr, RemotingCommand.request(RequestCode.GET_ALL_TOPIC_CONFIG), 3.0)
+        finally:
+            await client.close()
+        return set(orjson.loads(resp.body)["topicConfigTable"])
+
+    return asyncio.run(ask())
 
 
 def shutdown_or_dump(consumer: BlockingPushConsumer, timeout: float = 20.0) -> None:
@@ -258,8 +307,13 @@ def test_consumers_fail_over_to_the_slave_and_resume_without_loss(spawn: Any, tm
 
     def consumer() -> BlockingPushConsumer:
         c = BlockingPushConsumer(
-            "ha-cg", cluster.ns, consume_from="first", pull_error_delay_s=0.5, suspend_s=2.0,
-            persist_interval_s=0.5, rebalance_interval_s=1.0,
+            "ha-cg",
+            cluster.ns,
+            consume_from="first",
+            pull_error_delay_s=0.5,
+            suspend_s=2.0,
+            persist_interval_s=0.5,
+            rebalance_interval_s=1.0,
         )
         c.subscribe(TOPIC, "*")
         c.register_listener(listener)
@@ -328,7 +382,9 @@ def test_slave_syncs_metadata_and_refuses_sends(spawn: Any, tmp_path: Path) -> N
 
     def synced() -> bool:
         topics = orjson.loads(asyncio.run(call(cluster.slave_addr, RequestCode.GET_ALL_TOPIC_CONFIG)).body)
-        offsets = orjson.loads(asyncio.run(call(cluster.slave_addr, RequestCode.GET_ALL_CONSUMER_OFFSET)).body)
+        offsets = orjson.loads(
+            asyncio.run(call(cluster.slave_addr, RequestCode.GET_ALL_CONSUMER_OFFSET)).body
+        )
         cfg = topics["topicConfigTable"].get("SyncedTopic")
         return (
             cfg is not None
@@ -337,10 +393,30 @@ def test_slave_syncs_metadata_and_refuses_sends(spawn: Any, tmp_path: Path) -> N
         )
 
     assert wait_for(synced, 15)
+    # Delay offsets: a level-1 (1 s) message is delivered by the master; the slave copies its progress.
+    with BlockingProducer("ha-pg-delay", cluster.ns) as producer:
+        msg = Message(TOPIC, b"later")
+        msg.delay_level = 1
+        assert producer.send(msg).status is SendStatus.SEND_OK
+
+    def delay_synced() -> bool:
+        body = asyncio.run(call(cluster.slave_addr, RequestCode.GET_ALL_DELAY_OFFSET)).body
+        return orjson.loads(body)["offsetTable"].get("1") == 1
+
+    assert wait_for(delay_synced, 15)
     # A slave is read-only: sends are refused, and a producer never routes to it.
-    send_fields = {"producerGroup": "pg", "topic": "SyncedTopic", "defaultTopic": "TBW102",
-                   "defaultTopicQueueNums": "4", "queueId": "0", "sysFlag": "0", "bornTimestamp": "0",
-                   "flag": "0", "reconsumeTimes": "0", "unitMode": "false"}
+    send_fields = {
+        "producerGroup": "pg",
+        "topic": "SyncedTopic",
+        "defaultTopic": "TBW102",
+        "defaultTopicQueueNums": "4",
+        "queueId": "0",
+        "sysFlag": "0",
+        "bornTimestamp": "0",
+        "flag": "0",
+        "reconsumeTimes": "0",
+        "unitMode": "false",
+    }
     resp = asyncio.run(call(cluster.slave_addr, RequestCode.SEND_MESSAGE, send_fields))
     assert resp.code in (ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.NO_PERMISSION)
 
@@ -351,7 +427,52 @@ def test_compressed_stream_between_processes(spawn: Any, tmp_path: Path, compres
     cluster.start_slave()
     assert runtime_info(cluster.slave_addr)["haCompression"] == compression
     with BlockingProducer("ha-pg6", cluster.ns) as producer:
-        for i in range(50):
+        for _ in range(50):
             assert producer.send(Message(TOPIC, b"z" * 2000)).status is SendStatus.SEND_OK
     end = runtime_info(cluster.master_addr)["commitLogMaxOffset"]
     assert runtime_info(cluster.slave_addr)["commitLogMaxOffset"] == end
+
+
+def test_slave_read_enable_sends_a_group_to_the_slave(spawn: Any, tmp_path: Path) -> None:
+    """slaveReadEnable: the master answers suggestWhichBrokerId = the group's brokerId (here 1)
+    and tidemq's push consumer pulls from that slave next (RocketMQ's pullFromWhichNodeTable)."""
+
+    def group_reads_from_slave(master_dir: Path) -> None:
+        (master_dir / "config").mkdir(parents=True)
+        table = {"ha-read": {"groupName": "ha-read", "brokerId": 1, "whichBrokerWhenConsumeSlowly": 1}}
+        (master_dir / "config" / "subscriptionGroup.json").write_bytes(
+            orjson.dumps({"subscriptionGroupTable": table, "dataVersion": {"timestamp": 1, "counter": 1}})
+        )
+
+    cluster = HaCluster(
+        spawn,
+        tmp_path,
+        "SYNC_MASTER",
+        broker={"slave_read_enable": True},
+        before_start=group_reads_from_slave,
+    )
+    cluster.start_slave()
+    sent = [b"sr-%04d" % i for i in range(120)]
+    producer = BlockingProducer("ha-pg7", cluster.ns)
+    producer.start()
+    received: list[bytes] = []
+    consumer = BlockingPushConsumer("ha-read", cluster.ns, consume_from="first", suspend_s=1.0)
+    try:
+        for body in sent[:60]:
+            assert producer.send(Message(TOPIC, body)).status is SendStatus.SEND_OK
+        # The slave serves a topic once its metadata sync copied the topic's config.
+        assert wait_for(lambda: TOPIC in topics_of(cluster.slave_addr), 15)
+        consumer.subscribe(TOPIC, "*")
+        consumer.register_listener(
+            lambda msgs: received.extend(m.body for m in msgs) or ConsumeStatus.SUCCESS
+        )
+        consumer.start()
+        assert wait_for(lambda: set(sent[:60]) <= set(received), 30)
+        for body in sent[60:]:
+            assert producer.send(Message(TOPIC, body)).status is SendStatus.SEND_OK
+        assert wait_for(lambda: set(sent) <= set(received), 30)
+    finally:
+        shutdown_or_dump(consumer)
+        producer.shutdown()
+    served_by_slave = int(runtime_info(cluster.slave_addr)["msgGetTotalTodayNow"])
+    assert served_by_slave > 0

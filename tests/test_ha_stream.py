@@ -36,7 +36,13 @@ def replication(**options: Any) -> Any:
 class Pair:
     """A master store + replication and a slave store + replication."""
 
-    def __init__(self, tmp_path: Path, role: str = "ASYNC_MASTER", slave_opts: dict[str, Any] | None = None, **opts: Any):
+    def __init__(
+        self,
+        tmp_path: Path,
+        role: str = "ASYNC_MASTER",
+        slave_opts: dict[str, Any] | None = None,
+        **opts: Any,
+    ):
         self.tmp_path = tmp_path
         self.master_store = build_store("mmap", tmp_path / "m", store_options=OPTS, flush="async")
         assert self.master_store.load()
@@ -58,7 +64,9 @@ class Pair:
     def put(self, n: int, start: int = 0, size: int = 300) -> list[Any]:
         out = []
         for i in range(start, start + n):
-            r = self.master_store.put_message(message(body=b"m%05d" % i + bytes(size), queue_id=i % 2)).result(10)
+            r = self.master_store.put_message(
+                message(body=b"m%05d" % i + bytes(size), queue_id=i % 2)
+            ).result(10)
             assert r.ok
             out.append(r)
             self.master.wait_for_replicas(r.wrote_offset + r.wrote_bytes)
@@ -97,7 +105,9 @@ def bodies(store: Any, qid: int) -> list[bytes]:
 
 
 @pytest.mark.parametrize("compression", ["none", "lz4", "zstd"])
-def test_slave_copies_the_commit_log_and_builds_queues(pair_factory: Callable[..., Pair], compression: str) -> None:
+def test_slave_copies_the_commit_log_and_builds_queues(
+    pair_factory: Callable[..., Pair], compression: str
+) -> None:
     pair = pair_factory(compression=compression)
     pair.put(150)  # crosses commit-log files (64 KiB each)
     store, rep = pair.add_slave()
@@ -168,7 +178,9 @@ def test_sync_master_times_out_when_the_slave_cannot_keep_up(tmp_path: Path) -> 
             if int.from_bytes(head[8:], "big"):
                 break
         assert int.from_bytes(head[:8], "big") == 0 and int.from_bytes(head[8:], "big") == r.wrote_bytes
-        assert decode_message(stalled.recv(r.wrote_bytes, socket.MSG_WAITALL), check_crc=True).body == b"hello"
+        assert (
+            decode_message(stalled.recv(r.wrote_bytes, socket.MSG_WAITALL), check_crc=True).body == b"hello"
+        )
         stalled.close()
     finally:
         master.shutdown()
@@ -183,7 +195,7 @@ class CorruptingProxy:
         self.flip_at = flip_at
         self.flipped = False
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -249,3 +261,22 @@ def test_bad_options_are_one_line_config_errors() -> None:
         get_plugin_manager().create("replication", "master_slave", options={"compression": "snappy"})
     with pytest.raises(ConfigError, match="unknown key"):
         get_plugin_manager().create("replication", "master_slave", options={"sync_timeout": 1})
+
+
+def test_a_taken_ha_port_is_a_one_line_config_error(tmp_path: Path) -> None:
+    store = build_store("mmap", tmp_path / "m", store_options=OPTS, flush="async")
+    assert store.load()
+    store.start()
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1]
+    try:
+        rep = replication(listen=f"127.0.0.1:{port}")
+        with pytest.raises(ConfigError, match="cannot listen on HA port"):
+            rep.start(store, {"role": "ASYNC_MASTER"})
+        # The broker's port + 1 is the default HA port.
+        rep = replication()
+        with pytest.raises(ConfigError, match=f"127.0.0.1:{port}"):
+            rep.start(store, {"role": "SYNC_MASTER", "listen": f"127.0.0.1:{port - 1}"})
+    finally:
+        taken.close()
+        store.shutdown()

@@ -50,7 +50,7 @@ SCHEDULE_GROUP = "SCHEDULE_CONSUMER"
 DELAY_OFFSET_FILE = "delayOffset.json"
 
 #: Messages read per look at a level's queue.
-READ_BATCH = 64
+READ_BATCH = 256
 #: How long an idle level waits for an arrival before looking again anyway.
 IDLE_WAIT_S = 0.5
 #: Back-off after the store refused a delivery.

@@ -443,6 +443,7 @@ class PushConsumer:
                     log.warning("pull of %s at %d failed: %s", mq, offset, exc)
                     if addr is not None and isinstance(exc, RemotingError | OSError | TimeoutError):
                         self.instance.mark_down(addr)  # HA (issue 7): try the broker's other replica
+                    self._pull_from.pop(mq, None)  # HA (issue 7): after a failure, back to the master
                     await asyncio.sleep(self.pull_error_delay_s)
                 continue
             if pq.dropped:

@@ -13,15 +13,17 @@ import heapq
 import itertools
 import logging
 import socket
+import struct
 import threading
 import time
 from concurrent.futures import Future
 from typing import Any
 
 from .wire import (
+    CODECS,
+    DIGESTS,
     HELLO_MAGIC,
     REPORT,
-    DIGESTS,
     HAProtocolError,
     Session,
     choose,
@@ -29,10 +31,11 @@ from .wire import (
     encode_hello,
     read_hello_body,
     recv_exact,
-    CODECS,
 )
 
 log = logging.getLogger(__name__)
+
+_SIZE = struct.Struct(">i")
 
 
 class GroupTransfer:
@@ -44,7 +47,9 @@ class GroupTransfer:
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._stop = False
-        self._thread = threading.Thread(target=self._expire_loop, name="tidemq-ha-group-transfer", daemon=True)
+        self._thread = threading.Thread(
+            target=self._expire_loop, name="tidemq-ha-group-transfer", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -118,7 +123,9 @@ class HAConnection:
         self.bytes_sent = 0
         self.closed = threading.Event()
         self._reader = threading.Thread(target=self._read_loop, name=f"tidemq-ha-read-{address}", daemon=True)
-        self._writer = threading.Thread(target=self._write_loop, name=f"tidemq-ha-write-{address}", daemon=True)
+        self._writer = threading.Thread(
+            target=self._write_loop, name=f"tidemq-ha-write-{address}", daemon=True
+        )
 
     def start(self) -> None:
         self._reader.start()
@@ -196,7 +203,7 @@ class HAConnection:
                 data = store.get_commit_log_data(offset)
                 if data is not None and len(data) > 0:
                     with data:
-                        raw = bytes(data[: opts.transfer_batch])
+                        raw = bytes(data[: whole_records(data, opts.transfer_batch)])
                     self.sock.sendall(b"".join(encode_frame(self.session, offset, raw)))
                     offset += len(raw)
                     self.sent_offset = offset
@@ -216,6 +223,22 @@ class HAConnection:
             log.exception("HA stream to %s failed", self.address)
         finally:
             self.close()
+
+
+def whole_records(view: memoryview, limit: int) -> int:
+    """How many bytes of ``view`` to send: whole records up to ``limit`` (at least one record).
+
+    Commit-log records (and the BLANK filler ending a file) start with their 4-byte total size;
+    batches cut at record boundaries let the slave index each batch at once instead of holding a
+    split record until its tail arrives.  Unparseable bytes fall back to a plain ``limit`` cut.
+    """
+    pos, n = 0, len(view)
+    while pos + 4 <= n:
+        (size,) = _SIZE.unpack_from(view, pos)
+        if size <= 0 or pos + size > n or (pos and pos + size > limit):
+            break
+        pos += size
+    return pos or min(n, limit)
 
 
 class HAServer:
@@ -277,7 +300,12 @@ class HAServer:
 
     def shutdown(self) -> None:
         self._stop.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked in the other thread
+        except OSError:
+            pass
         self._sock.close()
+        self._thread.join(2)
         for conn in list(self.connections):
             conn.close()
         self.notify_data()

@@ -28,6 +28,8 @@ from .wire import (
 log = logging.getLogger(__name__)
 
 RECONNECT_DELAY_S = 1.0
+#: Frames above this are refused as corrupt (a batch holds at most one oversized record).
+MAX_RECORD_BATCH = 64 * 1024 * 1024
 
 
 class HAClient:
@@ -97,7 +99,9 @@ class HAClient:
                 raise HAProtocolError(f"master {address} did not answer the tidemq HA handshake")
             reply = read_hello_body(sock)
             self.session = Session(
-                extended=True, codec=str(reply.get("compression") or "none"), digest=str(reply.get("digest") or "")
+                extended=True,
+                codec=str(reply.get("compression") or "none"),
+                digest=str(reply.get("digest") or ""),
             )
         else:
             self.session = Session()
@@ -114,12 +118,16 @@ class HAClient:
             try:
                 self._sock = self._connect(address)
                 self.connected = True
-                log.info("HA slave connected to master %s at offset %d", address, self.store.get_max_phy_offset())
+                log.info(
+                    "HA slave connected to master %s at offset %d", address, self.store.get_max_phy_offset()
+                )
                 self._report()
                 self._receive(self._sock)
             except CorruptBatchError as exc:
                 self.corrupt_batches += 1
-                log.warning("HA batch refused, re-requesting from %d: %s", self.store.get_max_phy_offset(), exc)
+                log.warning(
+                    "HA batch refused, re-requesting from %d: %s", self.store.get_max_phy_offset(), exc
+                )
                 delay = 0.0
             except (OSError, ConnectionError, HAProtocolError, ValueError) as exc:
                 if not self._stop.is_set():
@@ -135,7 +143,8 @@ class HAClient:
 
     def _receive(self, sock: socket.socket) -> None:
         store = self.store
-        max_body = self.options.transfer_batch * 2 + 1024
+        # A batch is whole records, so one record (up to the largest message) may exceed the batch size.
+        max_body = max(self.options.transfer_batch * 2, MAX_RECORD_BATCH)
         while not self._stop.is_set():
             offset, raw = read_frame(sock, self.session, max_body)
             local = store.get_max_phy_offset()
@@ -160,4 +169,3 @@ class HAClient:
 def _empty(store: Any) -> bool:
     """An empty slave accepts the master's first offset (the start of the master's last file)."""
     return store.get_max_phy_offset() == 0
-

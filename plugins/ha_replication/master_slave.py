@@ -100,7 +100,13 @@ class MasterSlaveReplication:
             self.client.start()
             return
         host, port = self._listen_address(broker_config)
-        self.server = HAServer(store, self.options, host, port, self._on_ack)
+        try:
+            self.server = HAServer(store, self.options, host, port, self._on_ack)
+        except OSError as exc:
+            raise ConfigError(
+                f"[replication.master_slave] cannot listen on HA port {host}:{port}: {exc.strerror or exc}"
+                ' (set listen = "host:port")'
+            ) from exc
         self.server.start()
         if self.role == "SYNC_MASTER":
             self.transfer = GroupTransfer()
@@ -197,7 +203,13 @@ class MasterSlaveReplication:
                 continue
             end = self.store.get_max_phy_offset()
             for c in list(server.connections):
-                log.info("HA slave %s is %d bytes behind (acked %d of %d)", c.address, end - c.ack_offset, c.ack_offset, end)
+                log.info(
+                    "HA slave %s is %d bytes behind (acked %d of %d)",
+                    c.address,
+                    end - c.ack_offset,
+                    c.ack_offset,
+                    end,
+                )
 
 
 def _setting(config: Any, key: str, default: Any) -> Any:
@@ -207,4 +219,6 @@ def _setting(config: Any, key: str, default: Any) -> Any:
 
 
 def create(ctx: PluginContext) -> MasterSlaveReplication:
-    return MasterSlaveReplication(parse_options(MasterSlaveOptions, ctx.options, "[replication.master_slave]"))
+    return MasterSlaveReplication(
+        parse_options(MasterSlaveOptions, ctx.options, "[replication.master_slave]")
+    )

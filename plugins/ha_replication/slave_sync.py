@@ -151,9 +151,16 @@ class SlaveSynchronize:
         if data is None:
             self._no_delay_offsets = True  # the master has no schedule service: do not ask again
             return
-        from tidemq.jsonfile import write_json
+        schedule = getattr(self.broker, "schedule", None)
+        if schedule is not None and isinstance(getattr(schedule, "offsets", None), dict):
+            # The slave's schedule service owns delayOffset.json: update its table, let it write.
+            for level, offset in (data.get("offsetTable") or {}).items():
+                schedule.offsets[int(level)] = int(offset)
+            schedule.persist(force=True)
+        else:
+            from tidemq.jsonfile import write_json
 
-        write_json(self.broker.data_dir / "config" / DELAY_OFFSET_FILE, data)
+            write_json(self.broker.data_dir / "config" / DELAY_OFFSET_FILE, data)
         self.last_sync["delay_offsets"] = time.time()
 
     async def sync_groups(self) -> None:

@@ -138,7 +138,9 @@ def read_frame(sock: socket.socket, session: Session, max_body: int) -> tuple[in
     codec_id, raw_size, digest = EXT_HEAD.unpack(recv_exact(sock, EXT_HEAD.size))
     codec = CODEC_NAMES.get(codec_id)
     if codec is None or raw_size > max_body:
-        raise CorruptBatchError(f"HA frame at offset {offset} has a bad header (codec {codec_id}, {raw_size} bytes)")
+        raise CorruptBatchError(
+            f"HA frame at offset {offset} has a bad header (codec {codec_id}, {raw_size} bytes)"
+        )
     payload = recv_exact(sock, size)
     raw = decompress(codec, payload, raw_size)
     if len(raw) != raw_size:
