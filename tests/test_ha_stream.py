@@ -280,3 +280,27 @@ def test_a_taken_ha_port_is_a_one_line_config_error(tmp_path: Path) -> None:
     finally:
         taken.close()
         store.shutdown()
+
+
+def test_broker_with_a_taken_ha_port_exits_with_one_line_and_a_clean_store(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    taken = socket.create_server(("127.0.0.1", 0))
+    ha_port = taken.getsockname()[1]
+    data = tmp_path / "data"
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(
+        f'[broker]\nlisten = "127.0.0.1:0"\nnamesrv = []\ndata_dir = "{data}"\n'
+        f'[plugins]\nreplication = "master_slave"\n[replication.master_slave]\nlisten = "127.0.0.1:{ha_port}"\n'
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "tidemq", "broker", "-c", str(cfg)], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        taken.close()
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith("tidemq: error:") and str(ha_port) in out.stderr
+    # The store was shut down properly: no abort marker forcing crash recovery on the next start.
+    assert not (data / "abort").exists()

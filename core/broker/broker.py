@@ -124,7 +124,12 @@ class Broker:
         self.schedule.load()
         self.schedule.attach(loop)
         self.store.start()
-        self.replication.start(self.store, self.settings)
+        try:
+            self.replication.start(self.store, self.settings)
+        except BaseException:
+            # A taken HA port must not leave the store running (and its abort marker behind).
+            self.store.shutdown()
+            raise
         register_all(self)
         self.schedule.register()
         self.transactions.register()

@@ -264,6 +264,11 @@ class PushConsumer:
                 await asyncio.wait_for(self._rebalance_wakeup.wait(), interval)
             except TimeoutError:
                 pass
+            if not self._running:
+                # Found by the HA failover test (issue 7): CPython 3.11's wait_for can swallow a
+                # cancel that races with the wake-up event (gh-86296); without this the loop
+                # never ends and shutdown() hangs.
+                return
             self._rebalance_wakeup.clear()
             try:
                 await self.rebalance()
