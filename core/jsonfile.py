@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from tidemq.errors import CorruptDataError
+
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace ``path`` with ``data`` so a crash leaves either the old or the new file."""
@@ -41,4 +43,8 @@ def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         return default
-    return orjson.loads(data)
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        # Only disk damage gets here (writes are atomic): say which file, never start half-configured.
+        raise CorruptDataError(f"{path} is not valid JSON ({exc}); restore it or move it away") from exc

@@ -74,3 +74,15 @@ def test_port_in_use_is_a_clear_error(spawn):
     out = tidemq("namesrv", "--listen", server.addresses["namesrv"], timeout=30)
     assert out.returncode == 2
     assert out.stderr.startswith("tidemq: error:") and "address already in use" in out.stderr.lower()
+
+
+def test_corrupt_topic_table_is_a_one_line_error_naming_the_file(tmp_path):
+    data = tmp_path / "data"
+    (data / "config").mkdir(parents=True)
+    (data / "config" / "topics.json").write_text('{"topicConfigTable": {"orders": ')
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(f'[broker]\nlisten = "127.0.0.1:0"\nnamesrv = []\ndata_dir = "{data}"\n')
+    out = tidemq("broker", "-c", str(cfg))
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("tidemq: error:") and "topics.json is not valid JSON" in last

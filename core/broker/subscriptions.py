@@ -62,7 +62,7 @@ class SubscriptionGroupManager:
 
     def load(self) -> None:
         data = read_json(self.path) or {}
-        self.data_version = DataVersion.from_json(data.get("dataVersion"))
+        self.data_version = DataVersion.from_dict(data.get("dataVersion") or {})
         for name, cfg in (data.get("subscriptionGroupTable") or {}).items():
             self._table[name] = SubscriptionGroupConfig.from_json({"groupName": name, **cfg})
 
@@ -70,7 +70,7 @@ class SubscriptionGroupManager:
         with self._lock:
             data = {
                 "subscriptionGroupTable": {n: c.to_json() for n, c in self._table.items()},
-                "dataVersion": self.data_version.to_json(),
+                "dataVersion": self.data_version.to_dict(),
             }
         write_json(self.path, data)
 
@@ -88,7 +88,7 @@ class SubscriptionGroupManager:
             cfg = self._table.setdefault(
                 group, SubscriptionGroupConfig(group, retry_max_times=self.retry_max_times)
             )
-            self.data_version.next()
+            self.data_version = self.data_version.next_version()
         log.info("subscription group created: %s", group)
         self.persist()
         return cfg
@@ -96,12 +96,12 @@ class SubscriptionGroupManager:
     def update(self, cfg: SubscriptionGroupConfig) -> None:
         with self._lock:
             self._table[cfg.group_name] = cfg
-            self.data_version.next()
+            self.data_version = self.data_version.next_version()
         self.persist()
 
     def delete(self, group: str) -> bool:
         with self._lock:
             removed = self._table.pop(group, None)
-            self.data_version.next()
+            self.data_version = self.data_version.next_version()
         self.persist()
         return removed is not None

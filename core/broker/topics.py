@@ -4,77 +4,17 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import attrs
-
-from tidemq.broker.headers import DEFAULT_TOPIC, PERM_INHERIT, PERM_READ, PERM_WRITE, is_inherited
+from tidemq.broker.headers import DEFAULT_TOPIC, PERM_INHERIT, is_inherited
 from tidemq.jsonfile import read_json, write_json
+from tidemq.remoting.protocol import DataVersion, TopicConfig
+
+__all__ = ["DataVersion", "TopicConfig", "TopicConfigManager"]
 
 log = logging.getLogger(__name__)
-
-
-@attrs.define
-class DataVersion:
-    """Bumped on every change so NameServers and slaves can tell a table changed."""
-
-    timestamp: int = attrs.field(factory=lambda: int(time.time() * 1000))
-    counter: int = 0
-
-    def next(self) -> None:
-        self.timestamp = int(time.time() * 1000)
-        self.counter += 1
-
-    def to_json(self) -> dict[str, int]:
-        return {"timestamp": self.timestamp, "counter": self.counter}
-
-    @classmethod
-    def from_json(cls, data: Any) -> DataVersion:
-        data = data or {}
-        return cls(int(data.get("timestamp", 0)), int(data.get("counter", 0)))
-
-
-@attrs.define
-class TopicConfig:
-    """One topic on this broker (RocketMQ's TopicConfig)."""
-
-    topic_name: str
-    read_queue_nums: int = 16
-    write_queue_nums: int = 16
-    perm: int = PERM_READ | PERM_WRITE
-    topic_filter_type: str = "SINGLE_TAG"
-    topic_sys_flag: int = 0
-    order: bool = False
-
-    @property
-    def queue_count(self) -> int:
-        return max(self.read_queue_nums, self.write_queue_nums)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "topicName": self.topic_name,
-            "readQueueNums": self.read_queue_nums,
-            "writeQueueNums": self.write_queue_nums,
-            "perm": self.perm,
-            "topicFilterType": self.topic_filter_type,
-            "topicSysFlag": self.topic_sys_flag,
-            "order": self.order,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TopicConfig:
-        return cls(
-            topic_name=str(data["topicName"]),
-            read_queue_nums=int(data.get("readQueueNums", 16)),
-            write_queue_nums=int(data.get("writeQueueNums", 16)),
-            perm=int(data.get("perm", 6)),
-            topic_filter_type=str(data.get("topicFilterType", "SINGLE_TAG")),
-            topic_sys_flag=int(data.get("topicSysFlag", 0)),
-            order=bool(data.get("order", False)),
-        )
 
 
 class TopicConfigManager:
@@ -95,9 +35,9 @@ class TopicConfigManager:
     def load(self) -> None:
         data = read_json(self.path)
         if data:
-            self.data_version = DataVersion.from_json(data.get("dataVersion"))
+            self.data_version = DataVersion.from_dict(data.get("dataVersion") or {})
             for name, cfg in (data.get("topicConfigTable") or {}).items():
-                self._table[name] = TopicConfig.from_json({"topicName": name, **cfg})
+                self._table[name] = TopicConfig.from_dict({"topicName": name, **cfg})
         # The template topic a producer's first send names exists only when auto-creation is on,
         # and carries PERM_INHERIT so the topics made from it inherit its read/write permission.
         if self.auto_create_topic:
@@ -119,12 +59,12 @@ class TopicConfigManager:
     def serialize(self) -> dict[str, Any]:
         """RocketMQ's TopicConfigSerializeWrapper (also the REGISTER_BROKER body part)."""
         return {
-            "topicConfigTable": {name: cfg.to_json() for name, cfg in self._table.items()},
-            "dataVersion": self.data_version.to_json(),
+            "topicConfigTable": {name: cfg.to_dict() for name, cfg in self._table.items()},
+            "dataVersion": self.data_version.to_dict(),
         }
 
     def _changed(self) -> None:
-        self.data_version.next()
+        self.data_version = self.data_version.next_version()
         self.persist()
         try:
             self.on_change()

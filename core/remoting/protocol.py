@@ -122,6 +122,8 @@ class DataVersion(_Body):
 
 @attrs.define
 class TopicConfig(_Body):
+    """One topic on a broker (RocketMQ's TopicConfig): the broker's table and registration bodies."""
+
     topic_name: str
     read_queue_nums: int = 16
     write_queue_nums: int = 16
@@ -129,6 +131,10 @@ class TopicConfig(_Body):
     topic_filter_type: str = "SINGLE_TAG"
     topic_sys_flag: int = 0
     order: bool = False
+
+    @property
+    def queue_count(self) -> int:
+        return max(self.read_queue_nums, self.write_queue_nums)
 
     def to_dict(self) -> dict[str, Any]:
         return {

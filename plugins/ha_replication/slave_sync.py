@@ -98,12 +98,12 @@ class SlaveSynchronize:
         if data is None:
             return
         topics = self.broker.topics
-        version = DataVersion.from_json(data.get("dataVersion"))
-        if version.to_json() == topics.data_version.to_json():
+        version = DataVersion.from_dict(data.get("dataVersion") or {})
+        if version.to_dict() == topics.data_version.to_dict():
             self.last_sync["topics"] = time.time()
             return
         table = data.get("topicConfigTable") or {}
-        wanted = {name: TopicConfig.from_json({"topicName": name, **cfg}) for name, cfg in table.items()}
+        wanted = {name: TopicConfig.from_dict({"topicName": name, **cfg}) for name, cfg in table.items()}
         current = topics.all()
         for name, cfg in wanted.items():
             if current.get(name) != cfg:

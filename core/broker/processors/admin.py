@@ -112,7 +112,7 @@ class AdminProcessor:
         groups = self.broker.groups
         body = {
             "subscriptionGroupTable": {n: c.to_json() for n, c in groups.all().items()},
-            "dataVersion": groups.data_version.to_json(),
+            "dataVersion": groups.data_version.to_dict(),
         }
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(body))
 
