@@ -21,49 +21,20 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from benchutil import free_port, start, stop
+
 from tidemq.client import Message, Producer, PushConsumer
 
 
 def log(msg: str) -> None:
     print(f"[client_bench] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(args: list[str], cwd: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tidemq", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=open(cwd / f"{args[0]}.log", "wb"),
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode()
-    if "listening on" not in line:
-        proc.kill()
-        raise SystemExit(f"{args[0]} did not start (see {cwd / (args[0] + '.log')})")
-    return proc
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def rate(n: int, seconds: float, size: int) -> dict[str, float]:

@@ -22,13 +22,13 @@ import argparse
 import asyncio
 import json
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchutil import free_port, start, stop
 
 from tidemq.broker.schedule import parse_delay_levels
 from tidemq.client import Message, MessageExt, Producer, PullConsumer, PullStatus
@@ -36,41 +36,6 @@ from tidemq.client import Message, MessageExt, Producer, PullConsumer, PullStatu
 
 def log(msg: str) -> None:
     print(f"[delay_bench] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(args: list[str], cwd: Path, what: str) -> subprocess.Popen[bytes]:
-    logf = open(cwd / f"{what}.log", "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tidemq", "--log-level", "WARNING", *args],
-        stdout=subprocess.PIPE,
-        stderr=logf,
-        cwd=cwd,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline().decode()
-        if not line:
-            break
-        if " listening on " in line:
-            return proc
-    proc.kill()
-    raise RuntimeError(f"{what} did not start; see {cwd / (what + '.log')}")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def percentile(values: list[float], q: float) -> float:

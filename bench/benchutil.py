@@ -1,0 +1,50 @@
+"""Helpers shared by the benchmarks: free ports and ``tidemq`` server subprocesses."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(
+    args: list[str], cwd: Path, what: str | None = None, timeout: float = 30.0
+) -> subprocess.Popen[bytes]:
+    """Run ``python -m tidemq ARGS`` and return once it prints ``listening on`` (logs in CWD/WHAT.log)."""
+    what = what or args[0]
+    logf = open(cwd / f"{what}.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidemq", "--log-level", "WARNING", *args],
+        stdout=subprocess.PIPE,
+        stderr=logf,
+        cwd=cwd,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline().decode()
+        if not line:
+            break
+        if " listening on " in line:
+            return proc
+    proc.kill()
+    raise SystemExit(f"{what} did not start; see {cwd / (what + '.log')}")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 15 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
