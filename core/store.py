@@ -104,6 +104,28 @@ class GetResult:
         return sum(len(b) for b in self.buffers)
 
 
+def check_queue_offset(offset: int, min_offset: int, max_offset: int) -> GetResult | None:
+    """RocketMQ's answer for a pull offset outside ``[min_offset, max_offset)``, or ``None`` to read.
+
+    Shared by store plugins so every store tells clients the same thing about an empty queue, an
+    offset already cleaned (OFFSET_TOO_SMALL, moved to the minimum) or one past the end.
+    """
+    if max_offset == 0:
+        return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, min_offset, max_offset)
+    if offset < min_offset:
+        return GetResult(GetStatus.OFFSET_TOO_SMALL, min_offset, min_offset, max_offset)
+    if offset == max_offset:
+        return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
+    if offset > max_offset:
+        return GetResult(
+            GetStatus.OFFSET_OVERFLOW_BADLY,
+            min_offset if min_offset == 0 else max_offset,
+            min_offset,
+            max_offset,
+        )
+    return None
+
+
 @attrs.frozen
 class DispatchRequest:
     """One stored message as handed to dispatchers (ConsumeQueue builder, key index...)."""

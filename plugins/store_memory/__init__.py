@@ -42,6 +42,7 @@ from tidemq.store import (
     GetStatus,
     PutResult,
     PutStatus,
+    check_queue_offset,
     dispatch_messages,
 )
 
@@ -273,19 +274,9 @@ class MemoryMessageStore:
         with self._lock:
             base, entries, min_offset = q.base, q.entries[:], q.min_offset
         max_offset = base + len(entries)
-        if max_offset == 0:
-            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, min_offset, max_offset)
-        if offset < min_offset:
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, min_offset, min_offset, max_offset)
-        if offset == max_offset:
-            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
-        if offset > max_offset:
-            return GetResult(
-                GetStatus.OFFSET_OVERFLOW_BADLY,
-                min_offset if min_offset == 0 else max_offset,
-                min_offset,
-                max_offset,
-            )
+        outside = check_queue_offset(offset, min_offset, max_offset)
+        if outside is not None:
+            return outside
         status = GetStatus.NO_MATCHED_MESSAGE
         buffers: list[bytes] = []
         qoffsets: list[int] = []

@@ -55,6 +55,7 @@ from tidemq.store import (
     GetStatus,
     PutResult,
     PutStatus,
+    check_queue_offset,
     dispatch_messages,
 )
 
@@ -495,15 +496,9 @@ class MmapMessageStore:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
         min_offset = cq.min_offset_in_queue
         max_offset = cq.max_offset_in_queue
-        if max_offset == 0:
-            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, 0, min_offset, max_offset)
-        if offset < min_offset:
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, min_offset, min_offset, max_offset)
-        if offset == max_offset:
-            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
-        if offset > max_offset:
-            nxt = min_offset if min_offset == 0 else max_offset
-            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, nxt, min_offset, max_offset)
+        outside = check_queue_offset(offset, min_offset, max_offset)
+        if outside is not None:
+            return outside
         entries = cq.get_index_buffer(offset)
         if entries is None:
             return GetResult(GetStatus.OFFSET_FOUND_NULL, cq.roll_next_file(offset), min_offset, max_offset)
