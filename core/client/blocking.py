@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from tidemq.client.message import Message, PullResult, SendResult
 from tidemq.client.producer import MessageQueueSelector, Producer, select_by_hash
@@ -49,9 +49,29 @@ class LoopThread:
 
 
 class _Blocking:
+    """Lifecycle shared by the facades: ``_client`` is the wrapped asyncio producer or consumer."""
+
+    _client: Any
+
     def __init__(self, loop: LoopThread | None) -> None:
         self._own_loop = loop is None
         self._loop = loop or LoopThread()
+
+    def start(self) -> None:
+        self._loop.run(self._client.start())
+
+    def shutdown(self) -> None:
+        try:
+            self._loop.run(self._client.shutdown())
+        finally:
+            self._close_loop()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def _build(self, factory: Any, *args: Any, **kwargs: Any) -> Any:
         async def make() -> Any:
@@ -77,22 +97,7 @@ class BlockingProducer(_Blocking):
     ) -> None:
         super().__init__(loop)
         self.producer: Producer = self._build(Producer, group, namesrv, **options)
-
-    def start(self) -> None:
-        self._loop.run(self.producer.start())
-
-    def shutdown(self) -> None:
-        try:
-            self._loop.run(self.producer.shutdown())
-        finally:
-            self._close_loop()
-
-    def __enter__(self) -> BlockingProducer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+        self._client = self.producer
 
     def send(self, msg: Message, timeout: float | None = None) -> SendResult:
         return self._loop.run(self.producer.send(msg, timeout))
@@ -126,28 +131,13 @@ class BlockingPushConsumer(_Blocking):
     ) -> None:
         super().__init__(loop)
         self.consumer: PushConsumer = self._build(PushConsumer, group, namesrv, **options)
+        self._client = self.consumer
 
     def subscribe(self, topic: str, expression: str = "*", expression_type: str = "TAG") -> None:
         self.consumer.subscribe(topic, expression, expression_type)
 
     def register_listener(self, listener: Listener, *, orderly: bool = False) -> None:
         self.consumer.register_listener(listener, orderly=orderly)
-
-    def start(self) -> None:
-        self._loop.run(self.consumer.start())
-
-    def shutdown(self) -> None:
-        try:
-            self._loop.run(self.consumer.shutdown())
-        finally:
-            self._close_loop()
-
-    def __enter__(self) -> BlockingPushConsumer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
 
 
 class BlockingPullConsumer(_Blocking):
@@ -163,22 +153,7 @@ class BlockingPullConsumer(_Blocking):
     ) -> None:
         super().__init__(loop)
         self.consumer: PullConsumer = self._build(PullConsumer, group, namesrv, **options)
-
-    def start(self) -> None:
-        self._loop.run(self.consumer.start())
-
-    def shutdown(self) -> None:
-        try:
-            self._loop.run(self.consumer.shutdown())
-        finally:
-            self._close_loop()
-
-    def __enter__(self) -> BlockingPullConsumer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+        self._client = self.consumer
 
     def fetch_subscribe_queues(self, topic: str) -> list[MessageQueue]:
         return self._loop.run(self.consumer.fetch_subscribe_queues(topic))
