@@ -209,11 +209,14 @@ class MessageExt:
         return self.properties.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
 
 
-def encode_message(msg: MessageInner, max_size: int = 4 * 1024 * 1024) -> bytearray:
+def encode_message(
+    msg: MessageInner, max_size: int = 4 * 1024 * 1024, store_host: HostPort | None = None
+) -> bytearray:
     """Encode ``msg`` as a commit-log record with queue/physical offsets and store time zero.
 
-    Raises :class:`MessageTooLargeError` when the body is over ``max_size`` or the properties do
-    not fit RocketMQ's 2-byte length.
+    ``store_host`` overrides ``msg.store_host`` (the store knows its own address; copying the
+    message to set it would cost more than encoding it).  Raises :class:`MessageTooLargeError` when
+    the body is over ``max_size`` or the properties do not fit RocketMQ's 2-byte length.
     """
     if len(msg.body) > max_size:
         raise MessageTooLargeError(f"message body is {len(msg.body)} bytes, over the limit of {max_size}")
@@ -224,7 +227,7 @@ def encode_message(msg: MessageInner, max_size: int = 4 * 1024 * 1024) -> bytear
     if len(props) > 32767:
         raise MessageTooLargeError(f"properties are {len(props)} bytes, over the limit of 32767")
     born, born_v6 = _host_bytes(msg.born_host)
-    store, store_v6 = _host_bytes(msg.store_host)
+    store, store_v6 = _host_bytes(store_host or msg.store_host)
     sys_flag = msg.sys_flag & ~(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG)
     sys_flag |= (BORNHOST_V6_FLAG if born_v6 else 0) | (STOREHOSTADDRESS_V6_FLAG if store_v6 else 0)
     body = msg.body

@@ -329,8 +329,7 @@ class MmapMessageStore:
                     if len(m.body) >= self.options.compression_min_size:
                         body, bits = compress_body(m.body, self.options.compression)
                         m = attrs.evolve(m, body=body, sys_flag=m.sys_flag | bits)
-                m = m if m.store_host == self.store_host else attrs.evolve(m, store_host=self.store_host)
-                records.append(encode_message(m, self.max_message_size))
+                records.append(encode_message(m, self.max_message_size, self.store_host))
                 tags.append(_tags_code(m.properties.get(Prop.TAGS)))
         except MessageTooLargeError as exc:
             status = (
