@@ -10,15 +10,28 @@ Prints one JSON document on stdout (progress on stderr):
   and 16 KiB bodies, single puts (each awaited) and batches of 32 (``put_messages``), under
   ``async`` and ``sync`` flush; ``durable_mb_s`` includes the final flush;
 * ``read``: ``get_message`` pulls of 32 over what was appended (views into the mapped files);
-* ``sync_concurrent``: 32 threads each awaiting single puts under ``sync`` (group commit);
+* ``sync_concurrent``: 32 threads each awaiting single puts under ``sync`` (group commit), with
+  the batching (messages per fsync) and the time per flush round next to the bare fsync time;
+* ``sync_concurrent_asyncio``: the same 32 writers as asyncio tasks on one event loop (how the
+  broker serves 32 producers: each send awaits ``asyncio.wrap_future`` of its put);
+* ``ceilings``: what pure Python can do on this machine, measured in the same run: the bare
+  record encode loop (1 KiB, batches of 32, into a bytearray), the same bytes written into a fresh
+  file through a mapping and with ``pwrite`` (what the store does), each plus fdatasync, and the
+  CPU time of one single put;
 * ``ratios`` and ``targets``: async batched 1 KiB durable MB/s over raw disk MB/s (target ≥ 0.5),
   sync 32-writer msgs/s over fsync-per-message msgs/s (target ≥ 20).
+
+``raw_disk`` writes a fresh file with ``write`` + ``fdatasync``; on a virtual disk the host's
+cache absorbs most of it (its first run, on blocks never written, is usually several times slower
+than the other two): the median is what the ratio uses, ``runs_mb_s`` shows all three.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import mmap
 import os
 import platform
 import shutil
@@ -36,6 +49,7 @@ from tidemq.testing.store_contract import build_store
 BODY_SIZES = (128, 1024, 16384)
 BATCH = 32
 WRITERS = 32
+FILE_ALLOCATION = "sparse"  # the store's default; --file-allocation fallocate for comparison
 
 
 def progress(msg: str) -> None:
@@ -180,6 +194,7 @@ def sync_concurrent(store: Any, seconds: float, writers: int, size: int = 1024) 
 
     policy = store.flush_policy
     fsyncs0 = store.commitlog.queue.flush_calls()
+    cpu0 = time.process_time()
     rounds0 = policy.flush_rounds
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
     t0 = time.perf_counter()
@@ -190,6 +205,7 @@ def sync_concurrent(store: Any, seconds: float, writers: int, size: int = 1024) 
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
     total = sum(counts)
     fsyncs = store.commitlog.queue.flush_calls() - fsyncs0
     return {
@@ -200,16 +216,125 @@ def sync_concurrent(store: Any, seconds: float, writers: int, size: int = 1024) 
         "fsyncs": fsyncs,
         "messages_per_fsync": round(total / max(fsyncs, 1), 1),
         "flush_rounds": policy.flush_rounds - rounds0,
+        # A round is one fsync plus the Python work of its batch; compare with fsync_per_message.
+        "round_us": round(elapsed / max(fsyncs, 1) * 1e6, 1),
+        "process_cpu_us_per_msg": round(cpu / max(total, 1) * 1e6, 2),
         "failures": failures[:3],
     }
 
 
-def open_store(directory: Path, flush: str, file_size: int) -> Any:
+def sync_concurrent_asyncio(store: Any, seconds: float, writers: int, size: int = 1024) -> dict[str, Any]:
+    """``writers`` asyncio tasks on one loop, each awaiting its put (the broker's shape)."""
+    counts = [0] * writers
+    failures: list[str] = []
+
+    async def writer(w: int, stop_at: float) -> None:
+        msg = make_message(store, "BenchConcurrentAsync", size)
+        msg.queue_id = w % 8
+        while time.perf_counter() < stop_at:
+            res = await asyncio.wrap_future(store.put_message(msg))
+            if not res.ok:
+                failures.append(f"{res.status}")
+                return
+            counts[w] += 1
+
+    async def run() -> float:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(writer(w, t0 + seconds) for w in range(writers)))
+        return time.perf_counter() - t0
+
+    fsyncs0 = store.commitlog.queue.flush_calls()
+    elapsed = asyncio.run(run())
+    total = sum(counts)
+    fsyncs = store.commitlog.queue.flush_calls() - fsyncs0
+    return {
+        "writers": writers,
+        "body": size,
+        "messages": total,
+        "msgs_s": round(total / elapsed, 1),
+        "fsyncs": fsyncs,
+        "messages_per_fsync": round(total / max(fsyncs, 1), 1),
+        "round_us": round(elapsed / max(fsyncs, 1) * 1e6, 1),
+        "failures": failures[:3],
+    }
+
+
+def ceilings(directory: Path, seconds: float, size: int = 1024) -> dict[str, Any]:
+    """Pure-Python limits of this machine for the async batched 1 KiB case."""
+    from tidemq.message import RecordEncoder
+
+    encoder = RecordEncoder(("127.0.0.1", 10911))
+    msg = MessageInner(
+        topic="Bench",
+        body=os.urandom(size),
+        properties={"TAGS": "bench", "UNIQ_KEY": "0" * 32},
+        born_host=("127.0.0.1", 50000),
+    )
+    msgs = [msg] * BATCH
+    batch = encoder.prepare(msgs)
+    buf = bytearray(batch.total)
+    n = 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while time.perf_counter() < deadline:
+        b = encoder.prepare(msgs)
+        encoder.write_into(buf, 0, b, 0, 0, 0)
+        n += BATCH
+    encode_s = time.perf_counter() - t0
+    # The same bytes into a fresh file, then fdatasync: through the mapping (a page fault per
+    # fresh page) and with pwrite (what the store does).  The medium's own ceiling.
+    total = 256 << 20
+    data = bytes(buf)
+    medium: dict[str, float] = {}
+    for how in ("mmap", "pwrite"):
+        path = directory / f"ceiling-{how}.bin"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, total)
+            mm = mmap.mmap(fd, total)
+            t0 = time.perf_counter()
+            pos = 0
+            while pos + len(data) <= total:
+                if how == "mmap":
+                    mm[pos : pos + len(data)] = data
+                else:
+                    os.pwrite(fd, data, pos)
+                pos += len(data)
+            os.fdatasync(fd)
+            medium[how] = round(pos / (time.perf_counter() - t0) / 1e6, 1)
+            mm.close()
+        finally:
+            os.close(fd)
+            path.unlink()
+    return {
+        "encode_loop_msgs_s": round(n / encode_s, 1),
+        "encode_loop_mb_s": round(n * batch.total / BATCH / encode_s / 1e6, 1),
+        "mmap_copy_fdatasync_mb_s": medium["mmap"],
+        "pwrite_fdatasync_mb_s": medium["pwrite"],
+    }
+
+
+def put_cpu_us(store: Any, count: int = 20000, size: int = 1024) -> float:
+    """CPU time of one awaited single put (async flush): what bounds group-commit throughput."""
+    msg = make_message(store, "BenchCpu", size)
+    for _ in range(500):
+        store.put_message(msg).result(60)
+    t0 = time.thread_time()
+    for _ in range(count):
+        store.put_message(msg).result(60)
+    return round((time.thread_time() - t0) / count * 1e6, 2)
+
+
+def open_store(directory: Path, flush: str, file_size: int, allocation: str = FILE_ALLOCATION) -> Any:
     store = build_store(
         "mmap",
         directory,
         flush=flush,
-        store_options={"commitlog_file_size": file_size, "cq_flush_interval_ms": 1000},
+        store_options={
+            "commitlog_file_size": file_size,
+            "cq_flush_interval_ms": 1000,
+            "file_allocation": allocation,
+        },
     )
     if not store.load():
         raise RuntimeError("store did not load")
@@ -224,6 +349,7 @@ def main() -> None:
     ap.add_argument("--raw-mb", type=int, default=256, help="MiB written for the raw disk figure")
     ap.add_argument("--file-size", type=int, default=256 << 20, help="commit-log file size")
     ap.add_argument("--full", action="store_true", help="longer cases (5 s) and 1 GiB raw write, 1 GiB files")
+    ap.add_argument("--file-allocation", default=FILE_ALLOCATION, choices=("fallocate", "sparse"))
     args = ap.parse_args()
     if args.full:
         args.seconds, args.raw_mb, args.file_size = 5.0, 1024, 1 << 30
@@ -231,6 +357,7 @@ def main() -> None:
     out: dict[str, Any] = {
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "dir": str(base)},
         "seconds_per_case": args.seconds,
+        "file_allocation": args.file_allocation,
     }
     try:
         progress(f"raw sequential write of {args.raw_mb} MiB + fdatasync ...")
@@ -240,7 +367,7 @@ def main() -> None:
         appends: list[dict[str, Any]] = []
         reads: list[dict[str, Any]] = []
         for flush in ("async", "sync"):
-            store = open_store(base / flush, flush, args.file_size)
+            store = open_store(base / flush, flush, args.file_size, args.file_allocation)
             try:
                 cases = []
                 for size in BODY_SIZES:
@@ -251,14 +378,22 @@ def main() -> None:
                         progress(f"  {case['msgs_s']} msgs/s {case['mb_s']} MB/s")
                 for case in cases:
                     reads.append(read_case(store, case, min(args.seconds, 1.0)))
+                if flush == "async":
+                    progress("CPU time of one single put ...")
+                    cpu_us = put_cpu_us(store)
                 if flush == "sync":
-                    progress(f"sync flush, {WRITERS} concurrent writers ...")
+                    progress(f"sync flush, {WRITERS} concurrent writers (threads) ...")
                     out["sync_concurrent"] = sync_concurrent(store, args.seconds * 2, WRITERS)
                     progress(f"  {out['sync_concurrent']['msgs_s']} msgs/s")
+                    progress(f"sync flush, {WRITERS} concurrent writers (asyncio tasks) ...")
+                    out["sync_concurrent_asyncio"] = sync_concurrent_asyncio(store, args.seconds * 2, WRITERS)
+                    progress(f"  {out['sync_concurrent_asyncio']['msgs_s']} msgs/s")
                 appends.extend(cases)
             finally:
                 store.shutdown()
                 shutil.rmtree(base / flush, ignore_errors=True)
+        progress("pure-Python ceilings ...")
+        out["ceilings"] = {**ceilings(base, args.seconds), "single_put_cpu_us": cpu_us}
         for case in appends:
             case.pop("topic", None)
         out["append"] = appends
@@ -269,10 +404,28 @@ def main() -> None:
         )
         conc = out["sync_concurrent"]["msgs_s"]
         per_msg = out["fsync_per_message"]["msgs_s"]
+        ceil = out["ceilings"]
         out["ratios"] = {
             "async_batched_1k_durable_vs_raw_disk": round(async_batched["durable_mb_s"] / raw, 3),
             "async_batched_1k_acked_vs_raw_disk": round(async_batched["mb_s"] / raw, 3),
             "sync_32_writers_vs_fsync_per_message": round(conc / per_msg, 2),
+            "sync_32_asyncio_writers_vs_fsync_per_message": round(
+                out["sync_concurrent_asyncio"]["msgs_s"] / per_msg, 2
+            ),
+            # Where the limits are: the encode loop alone, and one put's CPU time, against the targets.
+            "encode_loop_ceiling_vs_raw_disk": round(ceil["encode_loop_mb_s"] / raw, 3),
+            "single_put_cpu_ceiling_vs_fsync_per_message": round(
+                1e6 / ceil["single_put_cpu_us"] / per_msg, 2
+            ),
+            # With one put in flight per writer a round is strictly: every writer's put (Python, one
+            # at a time under the GIL), then one fsync.  Even with free thread switches the best
+            # ratio is writers * fsync / (writers * put_cpu + fsync).
+            "group_commit_bound_vs_fsync_per_message": round(
+                WRITERS
+                * out["fsync_per_message"]["fsync_us"]
+                / (WRITERS * ceil["single_put_cpu_us"] + out["fsync_per_message"]["fsync_us"]),
+                2,
+            ),
         }
         out["targets"] = {
             "async_batched_1k_ge_50pct_raw": out["ratios"]["async_batched_1k_durable_vs_raw_disk"] >= 0.5,

@@ -42,14 +42,24 @@ class AdminError(TidemqError):
 class AdminClient:
     """Requests to NameServers and brokers for the admin commands."""
 
-    def __init__(self, namesrv: str, timeout: float = TIMEOUT_S):
+    def __init__(
+        self,
+        namesrv: str,
+        timeout: float = TIMEOUT_S,
+        credentials: Any = None,
+        transport_options: dict[str, Any] | None = None,
+    ):
         from tidemq.plugins import get_plugin_manager
+
+        #: tidemq.client.SessionCredentials: sign every request for brokers with ACL.
+        self.credentials = credentials
 
         self.namesrv = [a.strip() for a in namesrv.replace(",", ";").split(";") if a.strip()]
         if not self.namesrv:
             raise AdminError("no NameServer address given (-n host:port)")
         self.timeout = timeout
-        self.remoting = get_plugin_manager().create("transport", "tcp").client()
+        # transport_options: the tcp transport's keys (tls, tls_cafile...) for TLS clusters.
+        self.remoting = get_plugin_manager().create("transport", "tcp", options=transport_options).client()
 
     async def close(self) -> None:
         await self.remoting.close()
@@ -63,6 +73,8 @@ class AdminClient:
         ok: tuple[int, ...] = (0,),
     ) -> RemotingCommand:
         req = RemotingCommand.request(code, fields or {}, body)
+        if self.credentials is not None:
+            self.credentials.sign(req)
         try:
             resp = await self.remoting.invoke(addr, req, self.timeout)
         except Exception as exc:
@@ -123,9 +135,21 @@ def _run(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
     """Run an async command body with an AdminClient; errors become one line and exit code 1."""
 
     @functools.wraps(fn)
-    def wrapper(namesrv: str, **kwargs: Any) -> None:
+    def wrapper(
+        namesrv: str,
+        access_key: str | None,
+        secret_key: str | None,
+        tls_cafile: str | None,
+        tls_certfile: str | None,
+        tls_keyfile: str | None,
+        **kwargs: Any,
+    ) -> None:
         async def main() -> None:
-            client = AdminClient(namesrv)
+            client = AdminClient(
+                namesrv,
+                credentials=_credentials(access_key, secret_key),
+                transport_options=_tls_options(tls_cafile, tls_certfile, tls_keyfile),
+            )
             try:
                 await fn(client, **kwargs)
             finally:
@@ -137,6 +161,24 @@ def _run(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
             click.echo(f"tidemq admin: error: {exc}", err=True)
             sys.exit(1)
 
+    for flag, env, text in reversed(
+        [
+            ("--tls-cafile", "TIDEMQ_TLS_CAFILE", "Use TLS, trusting servers signed by this CA file"),
+            ("--tls-certfile", "TIDEMQ_TLS_CERTFILE", "Client certificate for mutual TLS"),
+            ("--tls-keyfile", "TIDEMQ_TLS_KEYFILE", "Key of --tls-certfile"),
+        ]
+    ):
+        wrapper = click.option(flag, envvar=env, help=f"{text} (or ${env}).")(wrapper)
+    wrapper = click.option(
+        "--secret-key",
+        envvar="TIDEMQ_SECRET_KEY",
+        help="ACL secret key (or $TIDEMQ_SECRET_KEY).",
+    )(wrapper)
+    wrapper = click.option(
+        "--access-key",
+        envvar="TIDEMQ_ACCESS_KEY",
+        help="ACL access key for brokers with access control (or $TIDEMQ_ACCESS_KEY).",
+    )(wrapper)
     return click.option(
         "-n",
         "--namesrv",
@@ -144,6 +186,28 @@ def _run(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
         show_default=True,
         help="NameServer address(es), 'host:port;host:port'.",
     )(wrapper)
+
+
+def _tls_options(cafile: str | None, certfile: str | None, keyfile: str | None) -> dict[str, Any]:
+    """The tcp transport's TLS options from the --tls-* flags (none: plaintext)."""
+    if not (cafile or certfile or keyfile):
+        return {}
+    opts: dict[str, Any] = {"tls": True}
+    for key, value in (("tls_cafile", cafile), ("tls_certfile", certfile), ("tls_keyfile", keyfile)):
+        if value:
+            opts[key] = value
+    return opts
+
+
+def _credentials(access_key: str | None, secret_key: str | None) -> Any:
+    """SessionCredentials from the --access-key/--secret-key flags, None without them."""
+    if not access_key and not secret_key:
+        return None
+    if not (access_key and secret_key):
+        raise AdminError("--access-key and --secret-key must be given together")
+    from tidemq.client.credentials import SessionCredentials
+
+    return SessionCredentials(access_key, secret_key)
 
 
 def _table(rows: list[list[Any]], header: list[str]) -> None:

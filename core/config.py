@@ -304,4 +304,19 @@ def compose(cfg: Config, manager: PluginManager | None = None) -> Components:
             )
         except ConfigError as exc:
             raise ConfigError(f"{cfg.source}: {exc}") from exc
+    # Access control (role ``acl``) is optional: without ``[plugins] acl`` (or with "none") the
+    # broker checks nothing, so a broker never depends on an ACL plugin being installed.
+    acl = cfg.plugins.get("acl", "none")
+    if acl != "none":
+        try:
+            built["acl"] = manager.create(
+                "acl",
+                acl,
+                options=cfg.plugin_options("acl"),
+                data_dir=data_dir,
+                components=built,
+                settings=settings,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{cfg.source}: {exc}") from exc
     return Components(config=cfg, instances=built, manager=manager)

@@ -121,6 +121,18 @@ def tidemq_register_queue_selectors(register: Register) -> None:
 
 
 @hookspec
+def tidemq_register_acl_validators(register: Register) -> None:
+    """Add access validator factories (role ``acl``: ``none``, ``plain``...).
+
+    Called once by the plugin manager at load time.  A factory returns a
+    :class:`tidemq.acl.AccessValidator`; the broker builds the one its config names
+    (``[plugins] acl = "plain"``, default none) after its other roles and calls its
+    ``validate(request, remote_addr)`` for every request before the request's processor, answering
+    NO_PERMISSION when it raises :class:`tidemq.acl.AccessDenied`.  Returns nothing.
+    """
+
+
+@hookspec
 def tidemq_add_commands(cli: click.Group) -> None:
     """Add sub-commands to the ``tidemq`` command line.
 

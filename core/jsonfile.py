@@ -16,10 +16,16 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError:
+        # Disk full and the like: the old file stays whole; do not leave a partial temp file
+        # holding the space a retry will need.
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, target)
     dir_fd = os.open(target.parent, os.O_RDONLY)
     try:

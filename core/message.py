@@ -17,14 +17,22 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import itertools
+import mmap
 import socket
 import struct
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import attrs
 
 from tidemq.errors import CorruptDataError, MessageTooLargeError
+
+try:  # zlib-ng's SIMD CRC32: same values as zlib's, about 6x faster on the store's hot path
+    from zlib_ng.zlib_ng import crc32 as _crc32
+except ImportError:  # pragma: no cover - the dependency is declared; stay correct without it
+    _crc32 = zlib.crc32
 
 MESSAGE_MAGIC_CODE = 0xDAA320A7  # -626843481 as a Java int
 BLANK_MAGIC_CODE = 0xCBD43194  # -875286124: end-of-file filler when a record does not fit
@@ -108,14 +116,24 @@ def tags_hash_code(tags: str | None) -> int:
     return java_string_hash(tags) if tags else 0
 
 
+#: Tags repeat across messages; Java's String.hashCode in Python costs microseconds per call.
+_cached_tags_code = functools.lru_cache(maxsize=65536)(tags_hash_code)
+
+
 def body_crc(body: bytes | memoryview) -> int:
     """CRC32 of the body masked to a non-negative Java int, as RocketMQ's ``UtilAll.crc32``."""
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return _crc32(body) & 0x7FFFFFFF
 
 
 def properties_to_string(props: Mapping[str, str]) -> str:
     """Encode properties as ``k\\x01v\\x02`` pairs (RocketMQ's messageProperties2String)."""
-    return "".join(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items())
+    if not props:
+        return ""
+    # map over C-level str.join: about 3x faster than a generator of f-strings (store hot path).
+    try:
+        return PROPERTY_SEPARATOR.join(map(NAME_VALUE_SEPARATOR.join, props.items())) + PROPERTY_SEPARATOR
+    except TypeError:  # a non-str value: format it as the Java side would print it
+        return "".join(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items())
 
 
 def string_to_properties(s: str) -> dict[str, str]:
@@ -280,6 +298,224 @@ def patch_record(
     _I64.pack_into(buf, store_timestamp_pos(sys_flag), store_timestamp)
 
 
+#: Everything before the body, by (born host IPv6, store host IPv6): TOTALSIZE .. BODYLENGTH.
+_RECORD_HEADS = {
+    (bv6, sv6): struct.Struct(f">iIiiiqqiq{20 if bv6 else 8}sq{20 if sv6 else 8}siqi")
+    for bv6 in (False, True)
+    for sv6 in (False, True)
+}
+_PROPS_LEN = struct.Struct(">h")
+#: Batches at least this long are packed with one Struct for the whole batch.
+_BATCH_STRUCT_MIN = 4
+
+
+@attrs.define(slots=True)
+class PreparedBatch:
+    """Records validated and sized by :meth:`RecordEncoder.prepare`, waiting for their offsets."""
+
+    sizes: list[int]
+    #: ConsumeQueue tag code of each record (Java String.hashCode of TAGS, 0 without).
+    tags_codes: list[int]
+    #: Per record: (head Struct, crc, queue id, flag, sysFlag, born ts, born host, reconsume,
+    #: prepared offset, body, topic+properties tail).
+    parts: list[tuple]
+    total: int
+    #: (head layout, body length, tail length) per record: keys the batch-wide Struct cache.
+    shape: tuple[int, ...] = ()
+
+
+class RecordEncoder:
+    """Encodes commit-log records straight into the store's buffer (the write hot path).
+
+    :meth:`prepare` does everything that can fail (size limits, host parsing, body CRC, the
+    properties string) outside the store lock; :meth:`write_into` then packs each record once,
+    with its queue offset, physical offset and store time, where it is stored, so no record is
+    built twice or patched.  Per-batch constants (topic, store host, a shared properties dict)
+    are encoded once.  Same bytes as :func:`encode_message` + :func:`patch_record`.
+    """
+
+    def __init__(self, store_host: HostPort, max_size: int = 4 * 1024 * 1024):
+        self.store_host_bytes, self.store_v6 = _host_bytes(tuple(store_host))
+        self.max_size = max_size
+        self.id_prefix = self.store_host_bytes.hex().upper()
+        self._batch_structs: dict[tuple[int, ...], struct.Struct] = {}
+
+    def message_id(self, commit_log_offset: int) -> str:
+        """Same as :func:`create_message_id` for this store host, without re-packing the host."""
+        return f"{self.id_prefix}{commit_log_offset & 0xFFFFFFFFFFFFFFFF:016X}"
+
+    def prepare(self, msgs: Sequence[MessageInner]) -> PreparedBatch:
+        """Validate and size ``msgs``; :class:`MessageTooLargeError` / ``ValueError`` when invalid."""
+        max_size = self.max_size
+        store_v6 = self.store_v6
+        v6_bits = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+        crc32 = _crc32
+        sizes: list[int] = []
+        tags_codes: list[int] = []
+        parts: list[tuple] = []
+        shape: list[int] = []
+        last_props: object = None
+        last_topic: object = None
+        last_born: object = None
+        tail = b""
+        tags_code = 0
+        topic = b""
+        born, born_v6 = b"", False
+        total = 0
+        for m in msgs:
+            body = m.body
+            blen = len(body)
+            if blen > max_size:
+                raise MessageTooLargeError(f"message body is {blen} bytes, over the limit of {max_size}")
+            if m.topic is not last_topic or m.properties is not last_props:
+                if m.topic is not last_topic:
+                    topic = m.topic.encode()
+                    if len(topic) > 127:
+                        raise MessageTooLargeError(f"topic name is {len(topic)} bytes, over the limit of 127")
+                    last_topic = m.topic
+                props = properties_to_string(m.properties).encode()
+                if len(props) > 32767:
+                    raise MessageTooLargeError(f"properties are {len(props)} bytes, over the limit of 32767")
+                tail = bytes((len(topic),)) + topic + _PROPS_LEN.pack(len(props)) + props
+                tags_code = _cached_tags_code(m.properties.get(Prop.TAGS))
+                last_props = m.properties
+            if m.born_host is not last_born:
+                born, born_v6 = _host_bytes(m.born_host)
+                last_born = m.born_host
+            head = _RECORD_HEADS[(born_v6, store_v6)]
+            size = head.size + blen + len(tail)
+            if size > max_size + 64 * 1024:
+                raise MessageTooLargeError(f"encoded message is {size} bytes, over the limit")
+            sys_flag = m.sys_flag & ~v6_bits
+            if born_v6:
+                sys_flag |= BORNHOST_V6_FLAG
+            if store_v6:
+                sys_flag |= STOREHOSTADDRESS_V6_FLAG
+            sizes.append(size)
+            tags_codes.append(tags_code)
+            shape += (born_v6, blen, len(tail))
+            parts.append(
+                (
+                    head,
+                    crc32(body) & 0x7FFFFFFF,
+                    m.queue_id,
+                    m.flag,
+                    sys_flag,
+                    m.born_timestamp,
+                    born,
+                    m.reconsume_times,
+                    m.prepared_transaction_offset,
+                    body,
+                    tail,
+                )
+            )
+            total += size
+        return PreparedBatch(sizes, tags_codes, parts, total, tuple(shape))
+
+    def write_into(
+        self,
+        target: bytearray | memoryview | mmap.mmap,
+        pos: int,
+        batch: PreparedBatch,
+        queue_offset: int,
+        physical_offset: int,
+        store_timestamp: int,
+        queue_offset_step: int = 1,
+    ) -> list[int]:
+        """Pack the records at ``target[pos:]``; returns each record's physical offset.
+
+        ``queue_offset_step`` 0 gives every record ``queue_offset`` (records with no queue entry).
+        Batches of :data:`_BATCH_STRUCT_MIN` records or more are packed by one ``Struct`` for the
+        whole batch (cached by the batch's shape): one C call instead of three per record.
+        """
+        store = self.store_host_bytes
+        if len(batch.sizes) >= _BATCH_STRUCT_MIN:
+            packer = self._batch_structs.get(batch.shape)
+            if packer is None:
+                if len(self._batch_structs) >= 256:
+                    self._batch_structs.clear()  # varied shapes: compiling costs about what it saves
+                packer = self._batch_structs[batch.shape] = struct.Struct(
+                    ">" + "".join(f"{p[0].format[1:]}{len(p[9])}s{len(p[10])}s" for p in batch.parts)
+                )
+            args: list[Any] = []
+            extend = args.extend
+            phys = physical_offset
+            qoff = queue_offset
+            magic = MESSAGE_MAGIC_CODE
+            for size, (
+                _head,
+                crc,
+                qid,
+                flag,
+                sys_flag,
+                born_ts,
+                born,
+                reconsume,
+                prepared,
+                body,
+                tail,
+            ) in zip(batch.sizes, batch.parts, strict=True):
+                extend(
+                    (
+                        size,
+                        magic,
+                        crc,
+                        qid,
+                        flag,
+                        qoff,
+                        phys,
+                        sys_flag,
+                        born_ts,
+                        born,
+                        store_timestamp,
+                        store,
+                        reconsume,
+                        prepared,
+                        len(body),
+                        body,
+                        tail,
+                    )
+                )
+                phys += size
+                qoff += queue_offset_step
+            packer.pack_into(target, pos, *args)
+            return list(itertools.accumulate(batch.sizes[:-1], initial=physical_offset))
+        offsets: list[int] = []
+        phys = physical_offset
+        qoff = queue_offset
+        for size, (head, crc, qid, flag, sys_flag, born_ts, born, reconsume, prepared, body, tail) in zip(
+            batch.sizes, batch.parts, strict=True
+        ):
+            head.pack_into(
+                target,
+                pos,
+                size,
+                MESSAGE_MAGIC_CODE,
+                crc,
+                qid,
+                flag,
+                qoff,
+                phys,
+                sys_flag,
+                born_ts,
+                born,
+                store_timestamp,
+                store,
+                reconsume,
+                prepared,
+                len(body),
+            )
+            p = pos + head.size
+            q = p + len(body)
+            target[p:q] = body
+            target[q : pos + size] = tail
+            offsets.append(phys)
+            pos += size
+            phys += size
+            qoff += queue_offset_step
+        return offsets
+
+
 def decode_message(
     buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = False, with_body: bool = True
 ) -> MessageExt:
@@ -337,6 +573,32 @@ def decode_message(
         body_crc=crc,
         store_size=total,
     )
+
+
+_CRC_AND_SYSFLAG = struct.Struct(">I24xi")  # BODYCRC at 8, SYSFLAG at 36
+_IPV4_BODY_POS = 84  # BODYLENGTH's offset when both hosts are IPv4
+_V6_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+
+
+def record_crc_ok(record: bytes | memoryview) -> bool:
+    """Whether a stored record's body still matches its BODYCRC (cheap: no full decode).
+
+    The store checks every record it serves with this, so a byte damaged on disk after recovery
+    ran is reported instead of reaching a consumer.
+    """
+    try:
+        crc, sys_flag = _CRC_AND_SYSFLAG.unpack_from(record, POS_BODYCRC)
+        if sys_flag & _V6_FLAGS:
+            p = store_timestamp_pos(sys_flag) + 8 + (20 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 8) + 12
+        else:
+            p = _IPV4_BODY_POS
+        (body_len,) = _I32.unpack_from(record, p)
+    except struct.error:
+        return False
+    p += 4
+    if body_len < 0 or p + body_len > len(record):
+        return False
+    return _crc32(record[p : p + body_len]) & 0x7FFFFFFF == crc
 
 
 def iter_messages(buf: bytes | memoryview, *, check_crc: bool = False) -> Iterator[MessageExt]:

@@ -35,6 +35,7 @@ ROLE_HOOKS: dict[str, str] = {
     "replication": "tidemq_register_replications",
     "allocate": "tidemq_register_allocate_strategies",
     "select": "tidemq_register_queue_selectors",
+    "acl": "tidemq_register_acl_validators",
 }
 ROLES: tuple[str, ...] = tuple(ROLE_HOOKS)
 #: The order in which the composer builds roles; later factories see earlier instances.

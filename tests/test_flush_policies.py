@@ -211,3 +211,30 @@ def test_policies_flush_everything_on_shutdown(tmp_path: Path) -> None:
         res = store.put_message(message(body=b"last words")).result(10)
         store.shutdown()
         assert store.commitlog.flushed_where == res.wrote_offset + res.wrote_bytes
+
+
+def test_group_commit_submit_resolves_the_callers_future_with_its_values(tmp_path: Path) -> None:
+    """The store's fast path: the policy resolves the caller's future itself, or times it out."""
+    store = build_store("mmap", tmp_path / "a", flush="sync")
+    assert store.load()
+    store.start()
+    try:
+        policy = store.flush_policy
+        res = store.put_message(message(body=b"x")).result(10)
+        assert res.ok and store.commitlog.flushed_where >= res.wrote_offset + res.wrote_bytes
+        fut: Future[str] = Future()
+        policy.submit(0, fut, "durable", lambda: "late")  # already flushed: resolved at once
+        assert fut.done() and fut.result() == "durable"
+    finally:
+        store.shutdown()
+    release = threading.Event()
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=200))
+    stuck = StuckDisk(build_store("mmap", tmp_path / "b", flush="async").commitlog, release)
+    policy.start(stuck)
+    try:
+        fut = Future()
+        policy.submit(1 << 40, fut, "durable", lambda: "late")
+        assert fut.result(5) == "late"
+    finally:
+        release.set()
+        policy.shutdown()

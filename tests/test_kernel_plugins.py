@@ -101,6 +101,7 @@ BUILT_INS = {
     "replication": {"none"},
     "allocate": {"averagely", "averagely_by_circle", "consistent_hash"},
     "select": {"round_robin", "latency_fault"},
+    "acl": {"none", "plain"},
 }
 
 

@@ -15,6 +15,7 @@ from tidemq.message import (
     STOREHOSTADDRESS_V6_FLAG,
     BatchItem,
     MessageInner,
+    RecordEncoder,
     create_message_id,
     decode_batch,
     decode_message,
@@ -179,3 +180,65 @@ def test_message_id_round_trip():
     assert decode_message_id(mid) == (("127.0.0.1", 10911), 123456789)
     with pytest.raises(ValueError):
         decode_message_id("ABCD")
+
+
+@pytest.mark.parametrize("store_host", [("10.0.0.1", 10911), ("fe80::1", 10911)])
+@pytest.mark.parametrize("born_host", [("1.2.3.4", 5), ("::1", 9)])
+def test_record_encoder_writes_the_same_bytes_as_encode_and_patch(store_host, born_host):
+    """The store's in-place batch encoder is byte-for-byte the reference encoder."""
+    shared = {"TAGS": "a", "KEYS": "k1 k2"}
+    msgs = [
+        MessageInner(
+            topic="Topic",
+            body=bytes([i]) * (10 + i),
+            queue_id=3,
+            flag=i,
+            properties=shared if i < 2 else {"TAGS": f"t{i}", "UNIQ_KEY": f"u{i}"},
+            sys_flag=0,
+            born_timestamp=1000 + i,
+            born_host=born_host,
+            reconsume_times=i,
+            prepared_transaction_offset=7 * i,
+        )
+        for i in range(4)
+    ]
+    encoder = RecordEncoder(store_host)
+    batch = encoder.prepare(msgs)
+    buf = bytearray(8 + batch.total)
+    offsets = encoder.write_into(buf, 8, batch, queue_offset=40, physical_offset=5000, store_timestamp=123)
+    expected = []
+    phys = 5000
+    for i, m in enumerate(msgs):
+        rec = encode_message(m, store_host=store_host)
+        patch_record(rec, 40 + i, phys, 123)
+        expected.append(bytes(rec))
+        phys += len(rec)
+    assert bytes(buf[8:]) == b"".join(expected)
+    assert offsets == [5000 + sum(len(r) for r in expected[:i]) for i in range(4)]
+    assert batch.sizes == [len(r) for r in expected]
+    assert batch.tags_codes == [tags_hash_code(m.properties.get("TAGS")) for m in msgs]
+    assert [encoder.message_id(o) for o in offsets] == [create_message_id(store_host, o) for o in offsets]
+    # One record at a time takes the per-record path: same bytes.
+    for i, m in enumerate(msgs):
+        one = encoder.prepare([m])
+        out = bytearray(one.total)
+        assert encoder.write_into(out, 0, one, 40 + i, offsets[i], 123) == [offsets[i]]
+        assert bytes(out) == expected[i]
+    # Again with the cached batch layout (same shape), other offsets.
+    again = bytearray(batch.total)
+    encoder.write_into(again, 0, encoder.prepare(msgs), 40, 5000, 123)
+    assert bytes(again) == b"".join(expected)
+
+
+def test_record_encoder_refuses_what_encode_message_refuses():
+    encoder = RecordEncoder(("127.0.0.1", 1), max_size=10)
+    with pytest.raises(MessageTooLargeError, match="body"):
+        encoder.prepare([MessageInner(topic="t", body=b"x" * 11)])
+    with pytest.raises(MessageTooLargeError, match="topic"):
+        encoder.prepare([MessageInner(topic="t" * 128, body=b"")])
+    with pytest.raises(MessageTooLargeError, match="properties"):
+        RecordEncoder(("127.0.0.1", 1)).prepare(
+            [MessageInner(topic="t", body=b"", properties={"k": "v" * 40000})]
+        )
+    with pytest.raises(ValueError):
+        encoder.prepare([MessageInner(topic="t", body=b"", born_host=("not-an-ip", 1))])

@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from tidemq.acl import ACCESS_KEY, AccessDenied
 from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
 from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
@@ -54,6 +55,9 @@ class Broker:
         self.store = components["store"]
         self.index = components.instances.get("index")
         self.replication = components["replication"]
+        acl = components.instances.get("acl")
+        #: The access validator (role ``acl``), None when access control is off.
+        self.acl: Any = acl if acl is not None and getattr(acl, "enforcing", True) else None
         self.data_dir = self.settings.store_path
         config_dir = self.data_dir / "config"
         self.topics = TopicConfigManager(
@@ -209,6 +213,10 @@ class Broker:
 
     async def handle(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
         """The transport's request handler: one processor per code, errors become responses."""
+        if self.acl is not None:
+            refused = self._check_access(conn, request)
+            if refused is not None:
+                return None if request.is_oneway else refused
         handler = self._handlers.get(request.code)
         if handler is None:
             log.info("request code %s from %s is not supported", request.code, _remote(conn))
@@ -232,6 +240,29 @@ class Broker:
         if request.is_oneway:
             return None
         return response
+
+    def _check_access(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
+        """Run the access validator; the NO_PERMISSION answer when it refuses, else None."""
+        remote = _remote(conn)
+        try:
+            self.acl.validate(request, remote)
+            return None
+        except AccessDenied as exc:
+            reason = exc.reason
+        except Exception as exc:  # a validator bug must refuse (fail closed), not let requests in
+            log.exception("access validator failed on %s from %s", request_name(request.code), remote)
+            reason = f"access check failed: {type(exc).__name__}: {exc}"
+        access_key = (request.ext_fields or {}).get(ACCESS_KEY)
+        # Never log the signature or any secret: the access key names the account.
+        log.warning(
+            "refused %s (code %s) from %s, access key %r: %s",
+            request_name(request.code),
+            request.code,
+            remote,
+            access_key,
+            reason,
+        )
+        return request.reply(ResponseCode.NO_PERMISSION, f"no permission: {reason}")
 
     # ------------------------------------------------------------------ helpers for processors
     def spawn(self, coro: Awaitable[Any]) -> None:

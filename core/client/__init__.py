@@ -15,6 +15,7 @@ selection (``selector=``) and rebalance (``allocate=``) are plugins of the ``sel
 """
 
 from tidemq.client.blocking import BlockingProducer, BlockingPullConsumer, BlockingPushConsumer, LoopThread
+from tidemq.client.credentials import SessionCredentials
 from tidemq.client.errors import BrokerError, ClientError, NoRouteError, SendFailedError, SendRefusedError
 from tidemq.client.instance import ClientInstance
 from tidemq.client.message import Message, PullResult, PullStatus, SendResult, SendStatus, new_message_id
@@ -60,6 +61,7 @@ __all__ = [
     "TransactionProducer",
     "TransactionSendResult",
     "SendStatus",
+    "SessionCredentials",
     "new_message_id",
     "select_by_hash",
 ]

@@ -12,10 +12,11 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from tidemq.client.api import ClientAPI
+from tidemq.client.credentials import SessionCredentials, SigningRemoting, make_credentials
 from tidemq.client.errors import ClientError
 from tidemq.client.route import TopicRoute
 from tidemq.errors import CorruptDataError
@@ -75,8 +76,16 @@ class ClientInstance:
         heartbeat_s: float = 30.0,
         manager: PluginManager | None = None,
         ip: str | None = None,
+        credentials: SessionCredentials | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        transport_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.manager = manager or get_plugin_manager()
+        #: ACL credentials: when set, every request is signed (RocketMQ's AclClientRPCHook).
+        self.credentials = make_credentials(credentials, access_key, secret_key)
+        #: Options of the transport plugin (its ``[transport.<name>]`` keys: tls, tls_cafile...).
+        self.transport_options = dict(transport_options or {})
         self.ip = ip or local_ip()
         #: Whether the name was chosen by the user (stable across restarts, unlike the pid default).
         self.named = bool(instance_name)
@@ -108,8 +117,10 @@ class ClientInstance:
         self._users += 1
         if self.started:
             return
-        transport = self.manager.create("transport", self._transport_name)
+        transport = self.manager.create("transport", self._transport_name, options=self.transport_options)
         self._remoting = transport.client(handler=self._handle_server_request)
+        if self.credentials is not None:
+            self._remoting = SigningRemoting(self._remoting, self.credentials)
         self.api = ClientAPI(self._remoting, self._namesrv, self._timeout)
         self._tasks = [
             asyncio.create_task(run_every(self.route_refresh_s, self.refresh_routes, "route refresh")),

@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
+from typing import Any
 
 import attrs
 
@@ -36,13 +38,24 @@ class SyncFlushOptions:
     #: (0: flush at once).  The wait ends as soon as a yield brings no new request, so a lone
     #: writer pays one thread switch, not the whole window.
     batch_wait_us: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
+    #: ... and the wait ends once no writer has joined for this long (a put takes tens of µs; one
+    #: thread switch is not enough: a writer inside a GIL-releasing ``pwrite`` looks idle).
+    batch_idle_us: int = attrs.field(default=100, validator=attrs.validators.ge(0))
 
 
-def _resolve(fut: Future[bool], value: bool) -> None:
+def _resolve(fut: Future[Any], value: Any) -> None:
     try:
         fut.set_result(value)
     except InvalidStateError:  # the reaper or the flusher got there first
         pass
+
+
+def _false() -> bool:
+    return False
+
+
+#: A waiting writer: (end offset, deadline, future, value when durable, value on timeout).
+_Waiter = tuple[int, float, Future[Any], Any, Callable[[], Any]]
 
 
 class GroupCommitFlush:
@@ -52,14 +65,15 @@ class GroupCommitFlush:
         self.options = options or SyncFlushOptions()
         self._timeout = self.options.timeout_ms / 1000
         self._cond = threading.Condition()
-        self._pending: list[tuple[int, float, Future[bool]]] = []
-        self._inflight: list[tuple[int, float, Future[bool]]] = []
+        self._pending: list[_Waiter] = []
+        self._inflight: list[_Waiter] = []
         self._target: Flushable | None = None
         self._stop = False
         self._threads: list[threading.Thread] = []
         #: Flush rounds that wrote something, and requests served: their ratio is the batching.
         self.flush_rounds = 0
         self.requests = 0
+        self._last_batch = 0  # requests served by the last flush round
 
     def start(self, target: Flushable) -> None:
         self._target = target
@@ -71,20 +85,27 @@ class GroupCommitFlush:
 
     def request(self, end_offset: int) -> Future[bool]:
         fut: Future[bool] = Future()
+        self.submit(end_offset, fut, True, _false)
+        return fut
+
+    def submit(self, end_offset: int, fut: Future[Any], value: Any, on_timeout: Callable[[], Any]) -> None:
+        """Resolve ``fut`` with ``value`` once ``end_offset`` is flushed, ``on_timeout()`` if not in time.
+
+        The store's fast path: its own future is resolved here, no second future per put.
+        """
         target = self._target
         if target is None:
             raise RuntimeError("flush policy used before start()")
         self.requests += 1
         if end_offset <= target.flushed_where:
-            fut.set_result(True)
-            return fut
+            fut.set_result(value)
+            return
         with self._cond:
             if self._stop:
-                fut.set_result(end_offset <= target.flushed_where)
-                return fut
-            self._pending.append((end_offset, time.monotonic() + self._timeout, fut))
+                fut.set_result(value if end_offset <= target.flushed_where else on_timeout())
+                return
+            self._pending.append((end_offset, time.monotonic() + self._timeout, fut, value, on_timeout))
             self._cond.notify()
-        return fut
 
     def _run(self) -> None:
         target = self._target
@@ -99,7 +120,8 @@ class GroupCommitFlush:
             with self._cond:
                 batch, self._pending = self._pending, []
                 self._inflight = batch
-            max_end = max(e for e, _, _ in batch)
+            self._last_batch = len(batch)
+            max_end = max(w[0] for w in batch)
             flushed = target.flushed_where
             try:
                 # Two rounds at most: a batch may end in the file after the one being flushed.
@@ -113,13 +135,15 @@ class GroupCommitFlush:
                 log.exception("flush failed")
             now = time.monotonic()
             retry = []
-            for end, deadline, fut in batch:
+            for waiter in batch:
+                end, deadline, fut, value, on_timeout = waiter
                 if flushed >= end:
-                    _resolve(fut, True)
+                    _resolve(fut, value)
                 elif now >= deadline:
-                    _resolve(fut, False)
+                    if not fut.done():
+                        _resolve(fut, on_timeout())
                 else:
-                    retry.append((end, deadline, fut))
+                    retry.append(waiter)
             with self._cond:
                 self._inflight = []
                 if retry:
@@ -128,18 +152,29 @@ class GroupCommitFlush:
                 time.sleep(0.001)  # the flush did not advance: do not spin
 
     def _gather(self) -> None:
-        """Yield the GIL while runnable writers keep adding requests (bounded by batch_wait_us)."""
+        """Yield the GIL while writers keep adding requests (bounded by batch_wait_us).
+
+        Stops once no request has arrived for ``batch_idle_us``: every writer that was running
+        has joined, and the ones still waiting for their previous flush cannot.
+        """
         window = self.options.batch_wait_us / 1e6
         if window <= 0:
             return
-        deadline = time.monotonic() + window
+        start = time.monotonic()
+        deadline = start + window
+        # A lone writer (the last round served one request) gets one yield, not the idle wait.
+        idle = self.options.batch_idle_us / 1e6 if self._last_batch > 1 else 0.0
         seen = len(self._pending)
-        while time.monotonic() < deadline:
-            time.sleep(0)
-            now = len(self._pending)
-            if now == seen:
+        last_new = start
+        while True:
+            # idle 0: one yield, done at the first quiet one (a lone writer pays one thread switch).
+            time.sleep(idle / 2)
+            now = time.monotonic()
+            count = len(self._pending)
+            if count != seen:
+                seen, last_new = count, now
+            elif now - last_new >= idle or now >= deadline:
                 return
-            seen = now
 
     def _reap(self) -> None:
         step = min(0.1, self._timeout / 10)
@@ -148,10 +183,10 @@ class GroupCommitFlush:
             now = time.monotonic()
             with self._cond:
                 waiting = self._pending + self._inflight
-            for _, deadline, fut in waiting:
+            for _, deadline, fut, _value, on_timeout in waiting:
                 if now >= deadline and not fut.done():
                     log.warning("flush did not finish within %d ms", self.options.timeout_ms)
-                    _resolve(fut, False)
+                    _resolve(fut, on_timeout())
 
     def shutdown(self) -> None:
         with self._cond:

@@ -300,6 +300,36 @@ class IndexFile:
                     break
         return heads
 
+    def truncate_to(self, phy_end: int) -> int:
+        """Drop the entries pointing at or past ``phy_end``; returns how many were dropped.
+
+        Entries are appended in commit-log order, so the dropped ones are the newest; slots that
+        pointed at them are walked back by :meth:`repair` and the shorter header made durable.
+        """
+        h = self.header
+        count = h.index_count
+        keep = count
+        while keep > 1:
+            _hash, phy, _diff, _prev = _ENTRY.unpack_from(
+                self._mm, self._entry_base + (keep - 1) * ENTRY_SIZE
+            )
+            if phy < phy_end:
+                break
+            keep -= 1
+        if keep == count:
+            return 0
+        h.index_count = keep
+        if keep > 1:
+            _hash, phy, diff, _prev = _ENTRY.unpack_from(self._mm, self._entry_base + (keep - 1) * ENTRY_SIZE)
+            h.end_phy_offset = phy
+            h.end_timestamp = h.begin_timestamp + diff * 1000
+        else:
+            h.end_phy_offset = h.begin_phy_offset = min(h.begin_phy_offset, phy_end)
+            h.end_timestamp = h.begin_timestamp
+        self.write_header(h.pack())
+        self.repair()
+        return count - keep
+
     # ------------------------------------------------------------------ close
     def close(self) -> None:
         if self.closed:

@@ -89,6 +89,7 @@ class HashIndex:
         self._closed = False
         self._covered_ts = 0  # store time of the last message dispatched
         self._indexed_upto = -1  # commit-log offset of the last message whose keys are all indexed
+        self._damaged = False  # an unreadable file was skipped at load
 
     # ------------------------------------------------------------------ lifecycle
     def load(self, last_exit_ok: bool, checkpoint_timestamp_ms: int) -> None:
@@ -103,8 +104,10 @@ class HashIndex:
                 try:
                     f = IndexFile.open(path)
                 except (CorruptDataError, OSError) as exc:
-                    # Kept on disk for inspection; its keys are simply not found.
+                    # Kept on disk for inspection; the store re-dispatches the records after the
+                    # last readable file (rebuild_from), so a damaged newest file is rebuilt.
                     log.error("skipping unreadable index file %s: %s", path, exc)
+                    self._damaged = True
                     continue
                 if not last_exit_ok:
                     # A file after one whose durable header is not full was begun after that
@@ -262,6 +265,39 @@ class HashIndex:
                     "deleting expired index file %s (ends at offset %d)", f.name, f.header.end_phy_offset
                 )
                 f.destroy()
+
+    def rebuild_from(self) -> int | None:
+        """Where the store must re-dispatch from after unreadable files were skipped at load."""
+        return self._indexed_upto + 1 if self._damaged else None
+
+    def truncate(self, phy_end: int) -> None:
+        """Forget entries of records at or past ``phy_end``, the commit log's recovered end.
+
+        Called by the store after recovery: a crash that lost the log's tail would otherwise leave
+        keys pointing into offsets that new records reuse, and keep those new records from being
+        indexed (dispatch skips offsets up to the last one indexed).
+        """
+        with self._flush_lock, self._lock:
+            if not self._loaded or self._closed:
+                return
+            dropped = 0
+            while self._files and self._files[-1].header.end_phy_offset >= phy_end:
+                f = self._files[-1]
+                dropped += f.truncate_to(phy_end)
+                if f.is_empty and len(self._files) > 1:
+                    self._files.pop()
+                    self._dirty.pop(f.name, None)
+                    f.destroy()
+                    continue
+                break
+            if self._indexed_upto >= phy_end:
+                # Whatever is kept now ends before phy_end; records from there on get indexed again.
+                kept = [f.header.end_phy_offset for f in self._files if not f.is_empty]
+                self._indexed_upto = max(kept, default=-1)
+            if dropped:
+                log.warning(
+                    "hash index: dropped %d entries past the recovered commit-log end %d", dropped, phy_end
+                )
 
     # ------------------------------------------------------------------ introspection
     def file_names(self) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import logging
 import queue
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,19 +22,15 @@ import attrs
 
 from tidemq import hookimpl
 from tidemq.config import parse_options
-from tidemq.errors import CorruptDataError, MessageTooLargeError
+from tidemq.errors import ConfigError, CorruptDataError, MessageTooLargeError
 from tidemq.filter import MessageFilter
 from tidemq.message import (
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
     MessageInner,
-    Prop,
-    create_message_id,
+    RecordEncoder,
     decode_message,
-    encode_message,
-    patch_record,
-    tags_hash_code,
 )
 from tidemq.plugins import PluginContext, Register
 from tidemq.store import (
@@ -88,7 +85,12 @@ class MemoryMessageStore:
             settings.get("max_message_size", 4 * 1024 * 1024)
         )
         host, _, port = options.store_host.rpartition(":")
-        self.store_host = (host, int(port or 0))
+        try:
+            self.store_host = (host, int(port or 0))
+        except ValueError as exc:
+            raise ConfigError(
+                f"[store.memory] store_host = {options.store_host!r} is not ip:port ({exc})"
+            ) from None
         self._lock = threading.Lock()
         self._offsets: list[int] = []  # commit-log offsets in order
         self._records: dict[int, bytes] = {}
@@ -133,6 +135,16 @@ class MemoryMessageStore:
     def add_arrival_listener(self, listener: Callable[[str, int, int], None]) -> None:
         self._listeners.append(listener)
 
+    @property
+    def store_host(self) -> tuple[str, int]:
+        """STOREHOSTADDRESS of new records (the broker sets it once its port is bound)."""
+        return self._store_host
+
+    @store_host.setter
+    def store_host(self, host: tuple[str, int]) -> None:
+        self._encoder = RecordEncoder(host, self.max_message_size)
+        self._store_host = host
+
     # ------------------------------------------------------------------ writes
     def put_message(self, msg: MessageInner) -> Future[PutResult]:
         return self.put_messages((msg,))
@@ -150,16 +162,11 @@ class MemoryMessageStore:
         topic, queue_id = msgs[0].topic, msgs[0].queue_id
         if not topic or queue_id < 0:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, error=f"bad topic {topic!r} or queue id {queue_id}")
-        records: list[bytearray] = []
+        for m in msgs:
+            if m.topic != topic or m.queue_id != queue_id:
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, error="a batch must go to one topic and queue")
         try:
-            for m in msgs:
-                if m.topic != topic or m.queue_id != queue_id:
-                    return PutResult(
-                        PutStatus.MESSAGE_ILLEGAL, error="a batch must go to one topic and queue"
-                    )
-                records.append(
-                    encode_message(attrs.evolve(m, store_host=self.store_host), self.max_message_size)
-                )
+            batch = self._encoder.prepare(msgs)
         except MessageTooLargeError as exc:
             status = (
                 PutStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc) else PutStatus.MESSAGE_ILLEGAL
@@ -167,7 +174,8 @@ class MemoryMessageStore:
             return PutResult(status, error=str(exc))
         except ValueError as exc:
             return PutResult(PutStatus.MESSAGE_ILLEGAL, error=f"cannot encode the message: {exc}")
-        tags = [tags_hash_code(m.properties.get(Prop.TAGS)) for m in msgs]
+        tags = batch.tags_codes
+        sizes = batch.sizes
         consumable = msgs[0].sys_flag & TRANSACTION_TYPE_MASK not in (
             TRANSACTION_PREPARED_TYPE,
             TRANSACTION_ROLLBACK_TYPE,
@@ -176,20 +184,24 @@ class MemoryMessageStore:
             q = self._queues.setdefault(topic, {}).setdefault(queue_id, _Queue()) if consumable else None
             qoff = q.max_offset if q is not None else 0
             ts = time.time_ns() // 1_000_000
-            base = phys = self._phys_end
-            offsets = []
-            for i, rec in enumerate(records):
-                patch_record(rec, qoff + i if q is not None else 0, phys, ts)
-                self._records[phys] = bytes(rec)
+            base = self._phys_end
+            buf = bytearray(batch.total)
+            try:
+                offsets = self._encoder.write_into(buf, 0, batch, qoff, base, ts, 1 if q is not None else 0)
+            except (struct.error, TypeError, OverflowError) as exc:
+                return PutResult(PutStatus.MESSAGE_ILLEGAL, error=f"cannot encode the message: {exc}")
+            pos = 0
+            for i, phys in enumerate(offsets):
+                size = sizes[i]
+                self._records[phys] = bytes(buf[pos : pos + size])
                 self._offsets.append(phys)
-                offsets.append(phys)
                 if q is not None:
-                    q.entries.append((phys, len(rec), tags[i]))
-                phys += len(rec)
-                self._bytes += len(rec)
-            self._phys_end = phys
+                    q.entries.append((phys, size, tags[i]))
+                pos += size
+            self._bytes += batch.total
+            self._phys_end = base + batch.total
             self._evict()
-            item = (msgs, offsets, [len(r) for r in records], tags, ts, qoff if q is not None else -1)
+            item = (msgs, offsets, sizes, tags, ts, qoff if q is not None else -1)
             if self._dispatchers:
                 # In the lock: commit-log order, and done before the put resolves (key queries see it).
                 self._dispatch(*item)
@@ -198,11 +210,11 @@ class MemoryMessageStore:
         return PutResult(
             PutStatus.PUT_OK,
             wrote_offset=base,
-            wrote_bytes=phys - base,
+            wrote_bytes=batch.total,
             queue_offset=qoff,
-            msg_ids=tuple(create_message_id(self.store_host, o) for o in offsets),
+            msg_ids=tuple([self._encoder.message_id(o) for o in offsets]),
             store_timestamp=ts,
-            message_count=len(records),
+            message_count=len(offsets),
         )
 
     def _evict(self) -> None:

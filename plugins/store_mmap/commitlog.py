@@ -38,9 +38,15 @@ class CommitLog:
     """Appends and reads records; it is the :class:`tidemq.flush.Flushable` the flush policy drives."""
 
     def __init__(
-        self, directory: Path, file_size: int, allocator: AllocateService | None, *, transient: bool
+        self,
+        directory: Path,
+        file_size: int,
+        allocator: AllocateService | None,
+        *,
+        transient: bool,
+        allocate: str = "fallocate",
     ):
-        self.queue = MappedFileQueue(directory, file_size, allocator, transient=transient)
+        self.queue = MappedFileQueue(directory, file_size, allocator, transient=transient, allocate=allocate)
         self.file_size = file_size
 
     # ------------------------------------------------------------------ Flushable

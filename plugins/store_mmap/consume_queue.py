@@ -23,11 +23,14 @@ _BLANK_ENTRY = CQ_ENTRY.pack(0, 0x7FFFFFFF, 0)
 class ConsumeQueue:
     """One queue's entries; written by the store under its lock, read lock-free."""
 
-    def __init__(self, topic: str, queue_id: int, root: Path, entries_per_file: int):
+    def __init__(
+        self, topic: str, queue_id: int, root: Path, entries_per_file: int, allocate: str = "sparse"
+    ):
         self.topic = topic
         self.queue_id = queue_id
         self.mapped_file_size = entries_per_file * CQ_STORE_UNIT_SIZE
-        self.queue = MappedFileQueue(root / topic / str(queue_id), self.mapped_file_size)
+        # Entries are written with pwrite (MappedFile.append): a full disk is an OSError, not SIGBUS.
+        self.queue = MappedFileQueue(root / topic / str(queue_id), self.mapped_file_size, allocate=allocate)
         self.min_logic_offset = 0  # bytes
         self.max_physic_offset = -1  # end (offset + size) of the last record indexed
 
@@ -112,6 +115,22 @@ class ConsumeQueue:
         mf.append(CQ_ENTRY.pack(offset, size, tags_code))
         self.max_physic_offset = offset + size
         return True
+
+    def put_packed(self, data: bytes, first_cq_offset: int) -> None:
+        """Write consecutive entries already packed with :data:`CQ_ENTRY` (the batch write path)."""
+        expect = first_cq_offset * CQ_STORE_UNIT_SIZE
+        last = self.queue.last
+        first_phy, first_size, _ = CQ_ENTRY.unpack_from(data, 0)
+        if (
+            last is not None
+            and last.file_from_offset + last.wrote_position == expect
+            and first_phy + first_size > self.max_physic_offset
+            and last.append(data)
+        ):
+            phy, size, _ = CQ_ENTRY.unpack_from(data, len(data) - CQ_STORE_UNIT_SIZE)
+            self.max_physic_offset = phy + size
+            return
+        self.put_many(list(CQ_ENTRY.iter_unpack(data)), first_cq_offset)
 
     def put_many(self, entries: list[tuple[int, int, int]], first_cq_offset: int) -> None:
         """Write consecutive entries with one copy when they fit the current file (batches)."""

@@ -40,15 +40,22 @@ class MmapStoreOptions:
     store_host: str = ""
     #: Check body CRCs while recovering (checkCRCOnRecover).
     check_crc_on_recover: bool = True
+    #: Check the body CRC of every record served; a damaged one is logged and skipped, never served.
+    check_crc_on_read: bool = True
     #: Compress bodies at rest ("none" by default: RocketMQ 4.x clients only understand zlib).
     compression: str = attrs.field(default="none", metadata={"choices": ("none", "lz4", "zstd")})
     #: Bodies at least this large are compressed (compressMsgBodyOverHowmuch).
     compression_min_size: int = attrs.field(default=4096, validator=_positive)
     #: Create the next commit-log file in the background (AllocateMappedFileService).
     preallocate: bool = True
-    #: fallocate new commit-log files so a full disk fails file creation (CREATE_MAPPED_FILE_FAILED)
-    #: instead of a write; off by default because flushing into fallocated extents is ~2x slower.
-    #: Without it the disk-ratio cleanup is what keeps the disk from filling, as in RocketMQ.
+    #: How a new store file gets its blocks.  Nothing is written through the mapping where blocks
+    #: are not reserved (pwrite elsewhere), so a full disk is an ENOSPC error the put reports,
+    #: never a SIGBUS, either way: "sparse" (default) takes space as the file fills, reserving
+    #: 4 MiB ahead at a time; "fallocate" reserves the whole file when it is created (in the
+    #: background for the commit log), so a full disk fails the creation early
+    #: (CREATE_MAPPED_FILE_FAILED), at the cost of the file's full size up front.
+    file_allocation: str = attrs.field(default="sparse", metadata={"choices": ("fallocate", "sparse")})
+    #: Older switch: true forces file_allocation = "fallocate".
     reserve_blocks: bool = False
     #: Touch every page of a new commit-log file before use (warmMapedFileEnable).
     warm_up: bool = False

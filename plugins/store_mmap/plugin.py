@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tidemq import hookimpl
 from tidemq.config import parse_options
 from tidemq.errors import ConfigError
@@ -23,3 +25,11 @@ def create(ctx: PluginContext) -> MmapMessageStore:
 @hookimpl
 def tidemq_register_stores(register: Register) -> None:
     register.add("mmap", create, "RocketMQ-layout CommitLog and ConsumeQueues on memory-mapped files")
+
+
+@hookimpl
+def tidemq_add_commands(cli: Any) -> None:
+    """``tidemq store verify <data-dir>``: the offline store verifier (verify.py)."""
+    from .verify import store_command
+
+    cli.add_command(store_command())

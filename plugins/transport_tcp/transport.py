@@ -61,6 +61,8 @@ class Connection(asyncio.Protocol):
         self._draining = False
         self._last_activity = self._loop.time()
         self._idle_handle: asyncio.TimerHandle | None = None
+        self._out: list[bytes | memoryview] | None = None  # frames waiting for the end of this loop turn
+        self._out_bytes = 0
         self.lost: asyncio.Future[None] = self._loop.create_future()
         self.remote_address = ""
         self.local_address = ""
@@ -196,6 +198,7 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         """Close after flushing what is already written."""
         if self._transport is not None and not self._transport.is_closing():
+            self._flush_out()
             self._transport.close()
 
     def abort(self) -> None:
@@ -256,11 +259,34 @@ class Connection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             raise RemotingSendError(f"connection {self.remote_address} is closed")
         chunks = encode(cmd)
-        if len(chunks) == 1:
+        if self._options.coalesce_writes:
+            # Frames written in one loop iteration leave in one writev at its end: with many
+            # requests in flight a send() per response was the broker's largest single cost.
+            pending = self._out
+            if pending is None:
+                self._out = chunks
+                self._loop.call_soon(self._flush_out)
+            else:
+                pending += chunks
+            self._out_bytes += sum(len(c) if type(c) is bytes else _nbytes(c) for c in chunks)
+            if self._out_bytes >= self._options.write_high_water:
+                self._flush_out()  # a big backlog goes now, so the transport can push back at once
+        elif len(chunks) == 1:
             transport.write(chunks[0])
         else:
             transport.writelines(chunks)
         self._last_activity = self._loop.time()
+
+    def _flush_out(self) -> None:
+        chunks, self._out = self._out, None
+        self._out_bytes = 0
+        transport = self._transport
+        if not chunks or transport is None or transport.is_closing():
+            return
+        if len(chunks) == 1:
+            transport.write(chunks[0])
+        else:
+            transport.writelines(chunks)
 
     async def _wait_drain(self) -> None:
         fut: asyncio.Future[None] = self._loop.create_future()
@@ -272,7 +298,21 @@ class Connection(asyncio.Protocol):
             if not cmd.flag & FLAG_ONEWAY and not self._closed:
                 self._write(cmd.reply(ResponseCode.SYSTEM_BUSY, remark="server is shutting down"))
             return
-        task = self._loop.create_task(self._serve(cmd))
+        coro = self._serve(cmd)
+        # Eager only while the peer reads what we write: otherwise a Task, which max_in_flight counts.
+        if self._options.eager_requests and not self._write_paused:
+            # Run the handler right here up to its first real wait: most requests (a send with
+            # async flush, a pull that finds messages) finish without one, and skip a Task.
+            try:
+                yielded = coro.send(None)
+            except StopIteration:
+                return
+            except BaseException:  # _serve answers handler errors itself; this is a bug in it
+                log.exception("request %s from %s failed", cmd.code, self.remote_address)
+                return
+            task = self._loop.create_task(_resume(coro, yielded))
+        else:
+            task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         if self.server_side and len(self._tasks) >= self._options.max_in_flight:
@@ -353,6 +393,36 @@ class Connection(asyncio.Protocol):
     def __repr__(self) -> str:
         side = "server" if self.server_side else "client"
         return f"<Connection {side} {self.local_address}<->{self.remote_address}{' closed' if self._closed else ''}>"
+
+
+async def _resume(coro: Any, yielded: Any) -> None:
+    """Finish a coroutine started outside a Task: wait for what it yielded, step it, repeat.
+
+    ``await fut`` in the coroutine yields ``fut`` and, once resumed, reads ``fut.result()``
+    itself, so a failed future reaches it as its own exception.
+    """
+    while True:
+        throw: BaseException | None = None
+        if yielded is None:  # a bare yield (asyncio.sleep(0))
+            await asyncio.sleep(0)
+        else:
+            # As a Task does: the yield marked the future "blocking"; awaiting it again needs it unmarked.
+            yielded._asyncio_future_blocking = False
+            try:
+                await yielded
+            except asyncio.CancelledError:
+                if not yielded.cancelled():  # this task was cancelled, not the awaited future
+                    throw = asyncio.CancelledError()
+            except BaseException:
+                pass  # the coroutine sees the future's exception when it reads the result
+        try:
+            yielded = coro.send(None) if throw is None else coro.throw(throw)
+        except StopIteration:
+            return
+
+
+def _nbytes(chunk: bytes | memoryview) -> int:
+    return chunk.nbytes if type(chunk) is memoryview else len(chunk)
 
 
 def _expire(fut: asyncio.Future[RemotingCommand], code: int, address: str, timeout: float) -> None:

@@ -120,6 +120,10 @@ class PullProcessor:
             b.offsets.commit(group, topic, queue_id, commit_offset)
             b.stats.on_commit(group, topic, queue_id)
 
+        # A "*" subscription matches every record: give the store no filter, so it does not decode
+        # each record's properties to ask (that decode was most of a pull's cost).
+        store_filter = None if getattr(message_filter, "matches_all", False) else message_filter
+
         ctx = ConsumeContext(
             consumer_group=group,
             topic=topic,
@@ -135,7 +139,7 @@ class PullProcessor:
         if has_suspend and not b.settings.long_polling:
             deadline = time.monotonic() + b.settings.short_polling_ms / 1000.0
         while True:
-            result: GetResult = b.store.get_message(group, topic, queue_id, offset, max_nums, message_filter)
+            result: GetResult = b.store.get_message(group, topic, queue_id, offset, max_nums, store_filter)
             code = _pull_code(result, offset)
             remaining = deadline - time.monotonic()
             if code != ResponseCode.PULL_NOT_FOUND or remaining <= 0 or not has_suspend:
@@ -147,7 +151,7 @@ class PullProcessor:
             else:
                 await asyncio.sleep(remaining)
             if not b._running:
-                result = b.store.get_message(group, topic, queue_id, offset, max_nums, message_filter)
+                result = b.store.get_message(group, topic, queue_id, offset, max_nums, store_filter)
                 code = _pull_code(result, offset)
                 break
 

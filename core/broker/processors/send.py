@@ -109,6 +109,17 @@ def parse_host(address: str) -> tuple[str, int]:
         return "127.0.0.1", 0
 
 
+def born_host(conn: Any) -> tuple[str, int]:
+    """The producer's address, parsed once per connection (it is the same for every send)."""
+    context = getattr(conn, "context", None)
+    if context is None:
+        return parse_host(conn.remote_address)
+    host = context.get("born_host")
+    if host is None:
+        host = context["born_host"] = parse_host(conn.remote_address)
+    return host
+
+
 class SendProcessor:
     def __init__(self, broker: Any):
         self.broker = broker
@@ -205,7 +216,7 @@ class SendProcessor:
             properties=properties,
             sys_flag=sys_flag,
             born_timestamp=h.int("bornTimestamp", 0),
-            born_host=parse_host(conn.remote_address),
+            born_host=born_host(conn),
             store_host=b.store_host,
             reconsume_times=reconsume_times,
         )
@@ -267,7 +278,7 @@ class SendProcessor:
         if not items:
             return request.reply(ResponseCode.MESSAGE_ILLEGAL, "the batch holds no message")
         born_ts = h.int("bornTimestamp", 0)
-        born_host = parse_host(conn.remote_address)
+        peer = born_host(conn)
         msgs = [
             MessageInner(
                 topic=topic,
@@ -277,7 +288,7 @@ class SendProcessor:
                 properties=item.properties,
                 sys_flag=sys_flag,
                 born_timestamp=born_ts,
-                born_host=born_host,
+                born_host=peer,
                 store_host=b.store_host,
                 reconsume_times=h.int("reconsumeTimes", 0),
             )
@@ -299,22 +310,27 @@ class SendProcessor:
         b = self.broker
         first = msgs[0]
         reply_queue_id = first.queue_id
-        ctx = SendContext(
-            producer_group=group,
-            topic=first.topic,
-            queue_id=first.queue_id,
-            properties=first.properties,
-            body_size=sum(len(m.body) for m in msgs),
-            client_address=conn.remote_address,
-            broker_address=b.address,
-        )
-        if batch:
-            ctx.extra["batch_size"] = len(msgs)
-        veto = b.hooks.tidemq_before_send(context=ctx)
-        if veto is not None:
-            ctx.status = "NO_PERMISSION"
-            b.hooks.tidemq_after_send(context=ctx)
-            return request.reply(ResponseCode.NO_PERMISSION, str(veto))
+        hooks = b.hooks
+        # A context and two hook calls per send cost ~5 % of a send: build them only when a plugin
+        # listens (checked per send, so a plugin registered at run time is seen at once).
+        ctx: SendContext | None = None
+        if hooks.tidemq_before_send.get_hookimpls() or hooks.tidemq_after_send.get_hookimpls():
+            ctx = SendContext(
+                producer_group=group,
+                topic=first.topic,
+                queue_id=first.queue_id,
+                properties=first.properties,
+                body_size=sum(len(m.body) for m in msgs),
+                client_address=conn.remote_address,
+                broker_address=b.address,
+            )
+            if batch:
+                ctx.extra["batch_size"] = len(msgs)
+            veto = hooks.tidemq_before_send(context=ctx)
+            if veto is not None:
+                ctx.status = "NO_PERMISSION"
+                hooks.tidemq_after_send(context=ctx)
+                return request.reply(ResponseCode.NO_PERMISSION, str(veto))
         if special:
             # Issue 10: a transaction's half message goes to RMQ_SYS_TRANS_HALF_TOPIC, a delayed one
             # to SCHEDULE_TOPIC_XXXX (after the hooks, so they judge the topic the producer named).
@@ -328,8 +344,9 @@ class SendProcessor:
             result: PutResult = await resolved(future)
         except Exception as exc:
             log.exception("store refused a message for %s", first.topic)
-            ctx.status, ctx.elapsed_ms = "SYSTEM_ERROR", (time.perf_counter() - start) * 1000
-            b.hooks.tidemq_after_send(context=ctx)
+            if ctx is not None:
+                ctx.status, ctx.elapsed_ms = "SYSTEM_ERROR", (time.perf_counter() - start) * 1000
+                hooks.tidemq_after_send(context=ctx)
             return request.reply(ResponseCode.SYSTEM_ERROR, f"store error: {exc}")
         code, remark = _PUT_CODES.get(result.status, (ResponseCode.SYSTEM_ERROR, result.status.value))
         if result.error:
@@ -342,11 +359,12 @@ class SendProcessor:
             code = _REPLICA_CODES.get(replica, ResponseCode.SYSTEM_ERROR)
             if code == ResponseCode.SYSTEM_ERROR:
                 remark = f"replication answered {replica}"
-        ctx.status = ResponseCode(code).name
-        ctx.msg_id = result.msg_id
-        ctx.queue_offset = result.queue_offset
-        ctx.elapsed_ms = (time.perf_counter() - start) * 1000
-        b.hooks.tidemq_after_send(context=ctx)
+        if ctx is not None:
+            ctx.status = ResponseCode(code).name
+            ctx.msg_id = result.msg_id
+            ctx.queue_offset = result.queue_offset
+            ctx.elapsed_ms = (time.perf_counter() - start) * 1000
+            hooks.tidemq_after_send(context=ctx)
         if result.status is not PutStatus.PUT_OK and code in (ResponseCode.SUCCESS,):
             code = ResponseCode.SYSTEM_ERROR
         fields = None

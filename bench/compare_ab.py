@@ -1,0 +1,102 @@
+"""A/B two tidemq configurations under one compare.py workload, alternating, in one run.
+
+    python bench/compare_ab.py --b '[transport.tcp]
+    coalesce_writes = false' [--a TOML] [--workload produce_1k_single] [--rounds 3] [--flush async]
+
+Each round starts a fresh broker per configuration (A then B, order swapped every round so drift
+on a shared machine hits both) and drives it with the compare.py generators.  Prints JSON: each
+round's msgs/s, p50/p99 and CPU for A and B, and the median ratio A / B.  Use it for before/after
+figures: put the old behaviour in B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import compare_systems as systems  # noqa: E402
+from compare import Bench  # noqa: E402
+
+
+def one(work: Path, flush: str, toml: str, args: argparse.Namespace) -> dict[str, Any]:
+    server = systems.start_tidemq(work, flush, toml)
+    try:
+        bench = Bench(
+            argparse.Namespace(procs=args.procs, inflight=args.inflight, messages=args.messages), server
+        )
+        bench.setup()
+        if args.workload == "consume_1k":
+            bench.produce(1024, 32, args.messages * 2)
+            r = bench.consume()
+        else:
+            size = 1024 if "1k" in args.workload else 128
+            batch = 32 if args.workload.endswith("batch") else 1
+            r = bench.produce(size, batch, args.messages * (2 if batch > 1 else 1))
+        r.pop("_hists", None)
+        r.pop("_rss", None)
+        return r
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--a", default="", help="TOML appended to A's config (default: none)")
+    p.add_argument("--b", default="", help="TOML appended to B's config")
+    p.add_argument("--workload", default="produce_1k_single")
+    p.add_argument("--flush", default="async", choices=["async", "sync"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--messages", type=int, default=40_000)
+    p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--inflight", type=int, default=64)
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tidemq-ab-"))
+    rounds = []
+    try:
+        for i in range(args.rounds):
+            order = [("a", args.a), ("b", args.b)]
+            if i % 2:
+                order.reverse()
+            row: dict[str, Any] = {}
+            for name, toml in order:
+                row[name] = one(work / f"{name}{i}", args.flush, toml, args)
+                print(f"[compare_ab] round {i} {name}: {row[name]['msgs_per_s']:.0f} msg/s", file=sys.stderr)
+            rounds.append(row)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ratios = [r["a"]["msgs_per_s"] / r["b"]["msgs_per_s"] for r in rounds if r["b"]["msgs_per_s"]]
+    eff = [
+        r["a"]["msgs_per_server_cpu_s"] / r["b"]["msgs_per_server_cpu_s"]
+        for r in rounds
+        if r["a"].get("msgs_per_server_cpu_s") and r["b"].get("msgs_per_server_cpu_s")
+    ]
+    print(
+        json.dumps(
+            {
+                "workload": args.workload,
+                "flush": args.flush,
+                "a": args.a,
+                "b": args.b,
+                "rounds": rounds,
+                "a_over_b_msgs_per_s": [round(x, 3) for x in ratios],
+                "median_a_over_b": round(statistics.median(ratios), 3) if ratios else None,
+                # msgs per server CPU-second: what a shared, oversubscribed machine cannot blur
+                "a_over_b_msgs_per_server_cpu_s": [round(x, 3) for x in eff],
+                "median_a_over_b_per_cpu": round(statistics.median(eff), 3) if eff else None,
+            },
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Entry point of the acl plugin: registers access validators ``plain`` and ``none``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tidemq import hookimpl
+from tidemq.acl import AllowAll
+from tidemq.config import parse_options
+from tidemq.plugins import PluginContext, Register
+from tidemq_acl.validator import PlainAccessValidator, PlainAclOptions
+
+
+def create_plain(ctx: PluginContext) -> PlainAccessValidator:
+    opts = parse_options(PlainAclOptions, ctx.options, "[acl.plain]")
+    path = Path(opts.file).expanduser()
+    if not path.is_absolute():
+        path = ctx.data_dir / path
+    return PlainAccessValidator(
+        path, reload_check_s=opts.reload_check_s, extra_admin_codes=frozenset(opts.extra_admin_codes)
+    )
+
+
+def create_none(ctx: PluginContext) -> AllowAll:
+    return AllowAll()
+
+
+@hookimpl
+def tidemq_register_acl_validators(register: Register) -> None:
+    register.add("plain", create_plain, "RocketMQ 4.x plain ACL: plain_acl.yml accounts, HmacSHA1 signatures")
+    register.add("none", create_none, "no access control (the default)")

@@ -1,0 +1,153 @@
+"""The ``plain`` access validator (RocketMQ's PlainAccessValidator + PlainPermissionManager).
+
+Order of checks, as RocketMQ 4.x: a global white address passes everything; otherwise the
+request must name a known ``AccessKey``; the account's own white address passes without a
+signature; otherwise the signature must match and every resource the request needs must be
+granted (admin request codes need ``admin: true``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from tidemq.acl import ACCESS_KEY, SIGNATURE, AccessDenied, verify_signature
+from tidemq.remoting.codes import RequestCode
+from tidemq_acl.accounts import AclConfigError, PlainAcl, load_plain_acl
+from tidemq_acl.address import host_of
+from tidemq_acl.permission import ADMIN_CODES, check_permission, perm_name
+from tidemq_acl.resources import ResourceParseError, describe, is_group_key, needed_resources
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define
+class PlainAclOptions:
+    """``[acl.plain]``."""
+
+    #: plain_acl.yml; relative paths are under the broker's data directory.
+    file: str = "plain_acl.yml"
+    #: How often (at most) the file's modification is looked for; 0 = only at start.
+    reload_check_s: float = 0.5
+    #: Request codes that need an admin account besides RocketMQ's five (UPDATE_AND_CREATE_TOPIC...).
+    extra_admin_codes: list[int] = attrs.field(factory=list)
+
+    def __attrs_post_init__(self) -> None:
+        if self.reload_check_s < 0:
+            raise ValueError(f"reload_check_s = {self.reload_check_s} must not be negative")
+        for code in self.extra_admin_codes:
+            if not isinstance(code, int) or isinstance(code, bool):
+                raise ValueError(f"extra_admin_codes holds {code!r}, not a request code number")
+
+
+def _code_name(code: int) -> str:
+    try:
+        return RequestCode(code).name
+    except ValueError:
+        return str(code)
+
+
+class PlainAccessValidator:
+    """Validates requests against ``plain_acl.yml``, reloading it when it changes."""
+
+    enforcing = True
+
+    def __init__(
+        self, path: Path, *, reload_check_s: float = 0.5, extra_admin_codes: frozenset[int] = frozenset()
+    ):
+        self.path = path
+        self.reload_check_s = reload_check_s
+        self.admin_codes = ADMIN_CODES | extra_admin_codes
+        self._lock = threading.Lock()
+        self._stamp = self._file_stamp()
+        self.acl: PlainAcl = load_plain_acl(path)  # a broken file at start is a config error
+        self._next_check = time.monotonic() + reload_check_s
+        log.info("plain ACL loaded from %s: %d account(s)", path, len(self.acl.accounts))
+
+    # ------------------------------------------------------------------ reload
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def maybe_reload(self, now: float | None = None) -> bool:
+        """Reload when the file changed (checked at most every ``reload_check_s``); True if reloaded.
+
+        A file that became invalid is logged and the accounts in force stay: a typo while editing
+        must not lock every client out (nor let everyone in).
+        """
+        now = time.monotonic() if now is None else now
+        if self.reload_check_s <= 0 or now < self._next_check:
+            return False
+        with self._lock:
+            if now < self._next_check:
+                return False
+            self._next_check = now + self.reload_check_s
+            stamp = self._file_stamp()
+            if stamp == self._stamp:
+                return False
+            self._stamp = stamp
+            try:
+                acl = load_plain_acl(self.path)
+            except AclConfigError as exc:
+                log.error("plain ACL not reloaded, the previous accounts stay in force: %s", exc)
+                return False
+            self.acl = acl
+        log.info("plain ACL reloaded from %s: %d account(s)", self.path, len(acl.accounts))
+        return True
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, request: Any, remote_addr: str) -> None:
+        self.maybe_reload()
+        acl = self.acl
+        host = host_of(remote_addr)
+        for white in acl.global_white:
+            if white(host):
+                return
+        fields = request.ext_fields or {}
+        access_key = fields.get(ACCESS_KEY)
+        if access_key is None:
+            raise AccessDenied(f"{_code_name(request.code)} carries no AccessKey (unsigned request)")
+        account = acl.accounts.get(access_key)
+        if account is None:
+            raise AccessDenied(f"no ACL account for accessKey {access_key}", access_key)
+        if account.white_address(host):
+            return
+        if SIGNATURE not in fields or not verify_signature(request, account.secret_key):
+            raise AccessDenied(f"signature check failed for accessKey {access_key}", access_key)
+        code = request.code
+        if code in self.admin_codes and not account.admin:
+            raise AccessDenied(
+                f"request code {code} ({_code_name(code)}) needs an admin account; accessKey {access_key} is not",
+                access_key,
+            )
+        try:
+            needed = needed_resources(request)
+        except ResourceParseError as exc:
+            raise AccessDenied(f"{_code_name(code)}: {exc}", access_key) from None
+        if not needed or (account.admin and not account.perms):
+            return  # an admin without resource rules may do anything (as RocketMQ)
+        for resource, perm in needed.items():
+            owned = account.perms.get(resource)
+            if owned is None:
+                owned = account.default_group_perm if is_group_key(resource) else account.default_topic_perm
+                if not check_permission(perm, owned):
+                    raise AccessDenied(
+                        f"no default permission for {describe(resource)} (accessKey {access_key} "
+                        f"needs {perm_name(perm)})",
+                        access_key,
+                    )
+            elif not check_permission(perm, owned):
+                raise AccessDenied(
+                    f"no permission for {describe(resource)} (accessKey {access_key} has "
+                    f"{perm_name(owned)}, needs {perm_name(perm)})",
+                    access_key,
+                )
