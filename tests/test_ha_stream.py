@@ -296,7 +296,10 @@ def test_broker_with_a_taken_ha_port_exits_with_one_line_and_a_clean_store(tmp_p
     )
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "tidemq", "broker", "-c", str(cfg)], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "tidemq", "broker", "-c", str(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     finally:
         taken.close()
