@@ -317,7 +317,7 @@ def test_files_keep_their_layout_when_options_change(tmp_path: Path) -> None:
     assert newest.stat().st_size == HEADER_SIZE + 1000 * 4 + 3000 * ENTRY_SIZE
 
 
-def test_unreadable_file_is_skipped_and_kept(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_unreadable_file_is_moved_aside_and_kept(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "index").mkdir()
     junk = tmp_path / "index" / "20260101000000000"
     junk.write_bytes(b"not an index file")
@@ -327,7 +327,9 @@ def test_unreadable_file_is_skipped_and_kept(tmp_path: Path, caplog: pytest.LogC
     assert "20260101000000000" in caplog.text
     index.dispatch(request(0, T0, keys="a"))
     assert offsets(index, "a") == (0,)
-    assert junk.read_bytes() == b"not an index file"
+    # Kept for inspection under a name load() never reads again.
+    assert junk.with_name(junk.name + ".damaged").read_bytes() == b"not an index file"
+    assert index.rebuild_from() is not None
 
 
 def test_misuse_is_a_clear_error(tmp_path: Path) -> None:

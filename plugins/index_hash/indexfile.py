@@ -21,6 +21,14 @@ Two departures from RocketMQ, both internal to tidemq's files:
 The header in the file is written only by :meth:`IndexFile.write_header`, after the entries it
 counts are on disk, so after a crash the on-disk header always describes whole, durable entries;
 :meth:`IndexFile.repair` drops whatever was written after it.
+
+Full disk.  Files are sparse (a default file is 420 MB, of which a few pages are touched), and a
+store through a mapping into a page the filesystem cannot allocate is a SIGBUS that kills the
+broker.  So nothing is written through the mapping where the blocks are not known to be
+allocated: the slot table is reserved with ``posix_fallocate`` in 64 KiB chunks as keys first land
+in them, and the entry area in 256 KiB windows ahead of the next entry.  A reservation that fails
+raises ``OSError`` (ENOSPC) before anything is written.  Reads of a slot in a chunk not reserved
+by this process go through ``pread``: on tmpfs even a read fault on a hole allocates a page.
 """
 
 from __future__ import annotations
@@ -46,6 +54,12 @@ SLOT_SIZE = 4
 ENTRY_SIZE = 20
 INVALID_INDEX = 0
 _INT_MAX = 0x7FFFFFFF
+
+#: Slot-table reservation unit: small, so a file stays sparse while keys spread over its slots.
+SLOT_CHUNK = 64 * 1024
+_SLOT_CHUNK_SHIFT = 16
+#: Entry-area reservation window ahead of the next entry (one fallocate per ~13 000 entries).
+ENTRY_WINDOW = 256 * 1024
 
 _HEADER = struct.Struct(">qqqqii")
 _SLOT = struct.Struct(">i")
@@ -104,6 +118,12 @@ class IndexFile:
         self.slot_num = header.hash_slot_count
         self.index_num = index_num
         self._entry_base = HEADER_SIZE + self.slot_num * SLOT_SIZE
+        self._size = self._entry_base + index_num * ENTRY_SIZE
+        # Chunks of [0, entry_base) known to be allocated (chunk 0 holds the header), and the end
+        # of the entry area known to be allocated; both start unknown, even for an existing file
+        # (re-reserving allocated blocks costs a syscall, not space).
+        self._slot_chunks = bytearray((self._entry_base + SLOT_CHUNK - 1) // SLOT_CHUNK)
+        self._reserved_end = self._entry_base
         self.closed = False
 
     # ------------------------------------------------------------------ open / create
@@ -115,7 +135,7 @@ class IndexFile:
         size = file_size(slot_num, index_num)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.ftruncate(fd, size)  # sparse: pages are allocated as entries arrive
+            os.ftruncate(fd, size)  # sparse: pages are reserved as keys and entries arrive
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.close(fd)
@@ -123,8 +143,12 @@ class IndexFile:
             raise
         header = IndexHeader(prev_end_ts, prev_end_ts, prev_end_phy, prev_end_phy, slot_num, 1)
         f = cls(path, mm, fd, header, index_num)
-        # A durable header from the start: load() can then size every file it finds.
-        f.write_header(header.pack())
+        try:
+            # A durable header from the start: load() can then size every file it finds.
+            f.write_header(header.pack())
+        except BaseException:
+            f.destroy()  # no space even for the header: leave no file a restart would trip on
+            raise
         return f
 
     @classmethod
@@ -173,15 +197,60 @@ class IndexFile:
         """Whether ``[begin, end]`` overlaps the file's store-time span."""
         return self.header.begin_timestamp <= end and self.header.end_timestamp >= begin
 
+    # ------------------------------------------------------------------ reservation
+    def _reserve_chunk(self, chunk: int) -> None:
+        start = chunk * SLOT_CHUNK
+        os.posix_fallocate(self._fd, start, min(start + SLOT_CHUNK, self._entry_base) - start)
+        self._slot_chunks[chunk] = 1
+
+    def _reserve_entries(self, end: int) -> None:
+        """Make the entry area allocated up to byte ``end`` (and a window beyond)."""
+        new_end = min(self._size, max(end, self._reserved_end) + ENTRY_WINDOW)
+        os.posix_fallocate(self._fd, self._reserved_end, new_end - self._reserved_end)
+        self._reserved_end = new_end
+
+    def reserve(self, key_hashes: Iterable[int]) -> None:
+        """Allocate the slots and entries the next puts of ``key_hashes`` write.
+
+        Raises ``OSError`` (ENOSPC on a full disk) with nothing written, so a message is either
+        indexed whole or not at all (within this file).
+        """
+        n = 0
+        for h in key_hashes:
+            n += 1
+            chunk = (HEADER_SIZE + (h % self.slot_num) * SLOT_SIZE) >> _SLOT_CHUNK_SHIFT
+            if not self._slot_chunks[chunk]:
+                self._reserve_chunk(chunk)
+        end = self._entry_base + min(self.header.index_count + n, self.index_num) * ENTRY_SIZE
+        if end > self._reserved_end:
+            self._reserve_entries(end)
+
+    def _read_slot(self, slot_pos: int) -> int:
+        if self._slot_chunks[slot_pos >> _SLOT_CHUNK_SHIFT]:
+            return _SLOT.unpack_from(self._mm, slot_pos)[0]
+        return _SLOT.unpack(os.pread(self._fd, SLOT_SIZE, slot_pos))[0]
+
+    def _read_entry(self, idx: int) -> tuple[int, int, int, int]:
+        """Entry ``idx`` via ``pread``: safe on a hole (repair walks entries past the header)."""
+        return _ENTRY.unpack(os.pread(self._fd, ENTRY_SIZE, self._entry_base + idx * ENTRY_SIZE))
+
     # ------------------------------------------------------------------ write
     def put_key(self, key_hash_value: int, phy_offset: int, store_timestamp: int) -> bool:
-        """Append one entry; ``False`` when the file is full."""
+        """Append one entry; ``False`` when the file is full.
+
+        Raises ``OSError`` when its blocks cannot be reserved (disk full), with nothing written.
+        """
         h = self.header
         count = h.index_count
         if count >= self.index_num:
             return False
         mm = self._mm
         slot_pos = HEADER_SIZE + (key_hash_value % self.slot_num) * SLOT_SIZE
+        if not self._slot_chunks[slot_pos >> _SLOT_CHUNK_SHIFT]:
+            self._reserve_chunk(slot_pos >> _SLOT_CHUNK_SHIFT)
+        entry_pos = self._entry_base + count * ENTRY_SIZE
+        if entry_pos + ENTRY_SIZE > self._reserved_end:
+            self._reserve_entries(entry_pos + ENTRY_SIZE)
         (prev,) = _SLOT.unpack_from(mm, slot_pos)
         if prev <= INVALID_INDEX or prev >= count:
             prev = INVALID_INDEX
@@ -191,7 +260,7 @@ class IndexFile:
         # Seconds keep the entry at 20 bytes; clamp as RocketMQ does for clocks that step back.
         diff = (store_timestamp - h.begin_timestamp) // 1000
         diff = 0 if diff < 0 else min(diff, _INT_MAX)
-        _ENTRY.pack_into(mm, self._entry_base + count * ENTRY_SIZE, key_hash_value, phy_offset, diff, prev)
+        _ENTRY.pack_into(mm, entry_pos, key_hash_value, phy_offset, diff, prev)
         _SLOT.pack_into(mm, slot_pos, count)
         h.index_count = count + 1
         h.end_timestamp = store_timestamp
@@ -212,7 +281,7 @@ class IndexFile:
         if count <= 1:
             return
         mm = self._mm
-        (idx,) = _SLOT.unpack_from(mm, HEADER_SIZE + (key_hash_value % self.slot_num) * SLOT_SIZE)
+        idx = self._read_slot(HEADER_SIZE + (key_hash_value % self.slot_num) * SLOT_SIZE)
         base_ts = self.header.begin_timestamp
         entry_base = self._entry_base
         steps = 0
@@ -242,6 +311,8 @@ class IndexFile:
         """Store a header snapshot in the file and make it durable."""
         if self.closed:
             return
+        if not self._slot_chunks[0]:
+            self._reserve_chunk(0)
         self._mm[0:HEADER_SIZE] = packed
         self._mm.flush(0, mmap.PAGESIZE if len(self._mm) >= mmap.PAGESIZE else len(self._mm))
 
@@ -254,7 +325,8 @@ class IndexFile:
         """
         count = self.header.index_count
         slots = array.array("i")
-        slots.frombytes(self._mm[HEADER_SIZE : self._entry_base])
+        # pread, not the mapping: the slot table is mostly holes (see the module docstring).
+        slots.frombytes(os.pread(self._fd, self._entry_base - HEADER_SIZE, HEADER_SIZE))
         if sys.byteorder == "little":
             slots.byteswap()
         bad = [i for i, v in enumerate(slots) if v < INVALID_INDEX or v >= count]
@@ -270,23 +342,27 @@ class IndexFile:
                     break
                 if not INVALID_INDEX < idx < self.index_num:
                     break
-                stored_hash, _phy, _diff, prev = _ENTRY.unpack_from(
-                    self._mm, self._entry_base + idx * ENTRY_SIZE
-                )
+                stored_hash, _phy, _diff, prev = self._read_entry(idx)
                 if stored_hash % self.slot_num != slot or not INVALID_INDEX <= prev < idx:
                     break
                 idx = prev
             if fixed is None:
                 unresolved.add(slot)
             else:
-                _SLOT.pack_into(self._mm, HEADER_SIZE + slot * SLOT_SIZE, fixed)
+                self._write_slot(slot, fixed)
         if unresolved:
             heads = self._scan_heads(unresolved, count)
             for slot in unresolved:
-                _SLOT.pack_into(self._mm, HEADER_SIZE + slot * SLOT_SIZE, heads.get(slot, INVALID_INDEX))
+                self._write_slot(slot, heads.get(slot, INVALID_INDEX))
         self._mm.flush()
         log.warning("index file %s: repaired %d slots past entry %d", self.name, len(bad), count)
         return len(bad)
+
+    def _write_slot(self, slot: int, value: int) -> None:
+        pos = HEADER_SIZE + slot * SLOT_SIZE
+        if not self._slot_chunks[pos >> _SLOT_CHUNK_SHIFT]:
+            self._reserve_chunk(pos >> _SLOT_CHUNK_SHIFT)
+        _SLOT.pack_into(self._mm, pos, value)
 
     def _scan_heads(self, slots: Iterable[int], count: int) -> dict[int, int]:
         wanted = set(slots)

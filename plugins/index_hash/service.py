@@ -15,6 +15,19 @@ header; RocketMQ deletes that file too, which loses its older keys unless the wh
 re-dispatched.  Re-dispatched messages at or below the newest kept header's end offset are
 skipped, so nothing is indexed twice.
 
+Full disk (or any failure to create or reserve index space).  The put never fails because of the
+index: :class:`IndexFile` reserves blocks before writing through its mapping, and when that fails
+the index stalls: it logs once, keeps the keys of the messages that arrive meanwhile in a bounded
+backlog (hashes and offsets only) and retries every 0.5 s (on dispatch and on flush), indexing the
+backlog in commit-log order once space returns.  The checkpoint time it reports stays before the
+first unindexed message, so an abnormal stop re-dispatches them.  When the backlog overflows the
+index stops at that offset until a restart: a ``rebuild_from`` marker file (written as soon as the
+disk allows) makes the next start re-dispatch from there through the store's recovery.
+
+Damaged files.  A file that cannot be opened (bad header, truncated) is moved aside to
+``<name>.damaged`` at load; it and every later file (their order cannot absorb the missing range)
+are rebuilt from the commit log: :meth:`HashIndex.rebuild_from` tells the store where to start.
+
 Thread safety: dispatch (the store's thread), query (the broker's threads), flush and
 delete_expired (the store's service threads) may run concurrently; one lock guards the file list
 and the mappings, and the msync of a flush runs outside it so dispatch is not held up by the disk.
@@ -22,6 +35,8 @@ and the mappings, and the msync of a flush runs outside it so dispatch is not he
 
 from __future__ import annotations
 
+import collections
+import errno
 import logging
 import re
 import threading
@@ -32,6 +47,7 @@ import attrs
 
 from tidemq.errors import CorruptDataError, StoreError
 from tidemq.index import QueryResult
+from tidemq.jsonfile import atomic_write_bytes
 from tidemq.message import TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from tidemq.store import DispatchRequest
 from tidemq_index_hash.indexfile import IndexFile, key_hash
@@ -40,6 +56,15 @@ log = logging.getLogger(__name__)
 
 _INT32_MAX = 0x7FFFFFFF
 _FILE_NAME = re.compile(r"^\d{17}$")
+#: Marker written when the index stopped short (backlog overflow): the next load rebuilds.
+REBUILD_MARKER = "rebuild_from"
+#: Messages kept while the index cannot write; past this it stops until a restart rebuilds it.
+MAX_BACKLOG = 100_000
+#: How often a stalled index tries to reserve space again (the store re-checks the disk as often).
+RETRY_INTERVAL_S = 0.5
+
+# One message waiting to be indexed: commit-log offset, store time, key hashes.
+_Pending = tuple[int, int, list[int]]
 
 
 def _slot_num_ok(_inst: object, attr: attrs.Attribute[int], value: int) -> None:
@@ -89,7 +114,12 @@ class HashIndex:
         self._closed = False
         self._covered_ts = 0  # store time of the last message dispatched
         self._indexed_upto = -1  # commit-log offset of the last message whose keys are all indexed
-        self._damaged = False  # an unreadable file was skipped at load
+        self._damaged = False  # an unreadable file was moved aside at load: rebuild after it
+        self._backlog: collections.deque[_Pending] = collections.deque()
+        self._stopped_at: int | None = None  # backlog overflowed: nothing indexed from here on
+        self._marker_written = False
+        self._marker_loaded = False  # the last run stopped short; cleared once rebuilt and flushed
+        self._retry_at = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def load(self, last_exit_ok: bool, checkpoint_timestamp_ms: int) -> None:
@@ -98,16 +128,31 @@ class HashIndex:
             if self._loaded:
                 raise StoreError("the hash index is already loaded")
             self.store_path.mkdir(parents=True, exist_ok=True)
+            marker = self.store_path / REBUILD_MARKER
+            if marker.exists():
+                log.warning("the hash index stopped short in the last run (%s): rebuilding it", marker)
+                self._marker_loaded = self._damaged = True
+            damage_seen = False
             for path in sorted(self.store_path.iterdir()):
                 if not path.is_file() or not _FILE_NAME.match(path.name):
+                    continue
+                if damage_seen:
+                    # After a damaged file: entries must stay in commit-log order, so the later
+                    # files are rebuilt too (derived data, re-dispatched from the commit log).
+                    log.warning("deleting index file %s: it follows a damaged one and is rebuilt", path.name)
+                    path.unlink()
                     continue
                 try:
                     f = IndexFile.open(path)
                 except (CorruptDataError, OSError) as exc:
-                    # Kept on disk for inspection; the store re-dispatches the records after the
-                    # last readable file (rebuild_from), so a damaged newest file is rebuilt.
-                    log.error("skipping unreadable index file %s: %s", path, exc)
-                    self._damaged = True
+                    # Moved aside for inspection; the store re-dispatches the records after the
+                    # last readable file before it (rebuild_from), which rebuilds its range.
+                    aside = path.with_name(f"{path.name}.damaged")
+                    path.rename(aside)
+                    log.error(
+                        "index file %s is damaged (%s): moved to %s and rebuilt", path.name, exc, aside.name
+                    )
+                    self._damaged = damage_seen = True
                     continue
                 if not last_exit_ok:
                     # A file after one whose durable header is not full was begun after that
@@ -161,33 +206,101 @@ class HashIndex:
             # A rolled-back message's PREPARED record is indexed already (as RocketMQ).
             rolled_back = (request.sys_flag & TRANSACTION_TYPE_MASK) == TRANSACTION_ROLLBACK_TYPE
             # Offsets up to _indexed_upto come back when the store re-dispatches after a crash.
-            if request.commit_log_offset > self._indexed_upto and not rolled_back:
-                topic = request.topic
-                for key in index_keys(request):
-                    if not self._put(key_hash(build_key(topic, key)), request):
-                        return  # not covered: the checkpoint stays before it, so a restart retries it
-                self._indexed_upto = request.commit_log_offset
-            if request.store_timestamp > self._covered_ts:
-                self._covered_ts = request.store_timestamp
+            if request.commit_log_offset <= self._indexed_upto or rolled_back:
+                if not self._stalled and request.store_timestamp > self._covered_ts:
+                    self._covered_ts = request.store_timestamp
+                return
+            topic = request.topic
+            pending = (
+                request.commit_log_offset,
+                request.store_timestamp,
+                [key_hash(build_key(topic, key)) for key in index_keys(request)],
+            )
+            if self._stalled and not self._resume():
+                self._hold(pending)
+                return
+            if not self._index(pending):
+                self._hold(pending)
 
-    def _put(self, h: int, request: DispatchRequest) -> bool:
-        f = self._files[-1] if self._files else None
-        for _ in range(2):
-            if f is None or f.is_full:
-                try:
+    @property
+    def _stalled(self) -> bool:
+        return bool(self._backlog) or self._stopped_at is not None
+
+    def _index(self, pending: _Pending) -> bool:
+        """Index one message whole; ``False`` (logged once per stall) when space is missing."""
+        offset, ts, hashes = pending
+        if hashes:
+            f = self._files[-1] if self._files else None
+            try:
+                if f is None or f.is_full:
                     f = self._roll(f)
-                except OSError as exc:
+                # Reserve the message's slots and entries first: indexed whole or not at all.
+                f.reserve(hashes)
+                for h in hashes:
+                    if not f.put_key(h, offset, ts):
+                        self._dirty[f.name] = f
+                        f = self._roll(f)
+                        f.reserve([h])
+                        f.put_key(h, offset, ts)
+            except OSError as exc:
+                self._retry_at = time.monotonic() + RETRY_INTERVAL_S
+                if not self._stalled:
+                    what = "the disk is full" if exc.errno == errno.ENOSPC else "cannot create an index file"
                     log.error(
-                        "cannot create an index file in %s (%s); message at %d is not indexed",
+                        "hash index: %s in %s (%s); indexing from offset %d waits for space "
+                        "(puts are not affected)",
+                        what,
                         self.store_path,
                         exc,
-                        request.commit_log_offset,
+                        offset,
                     )
-                    return False
-            if f.put_key(h, request.commit_log_offset, request.store_timestamp):
-                self._dirty[f.name] = f
-                return True
-        return False
+                return False
+            self._dirty[f.name] = f
+        self._indexed_upto = offset
+        if ts > self._covered_ts:
+            self._covered_ts = ts
+        return True
+
+    def _hold(self, pending: _Pending) -> None:
+        """Keep a message the index could not write, or stop indexing when too many wait."""
+        if self._stopped_at is not None:
+            return
+        if len(self._backlog) < MAX_BACKLOG:
+            self._backlog.append(pending)
+            return
+        self._stopped_at = self._backlog[0][0]
+        self._backlog.clear()
+        log.error(
+            "hash index: more than %d messages could not be indexed; indexing stopped at offset %d "
+            "until a restart rebuilds the index from the commit log",
+            MAX_BACKLOG,
+            self._stopped_at,
+        )
+        self._write_marker()
+
+    def _resume(self) -> bool:
+        """Retry the backlog (at most every RETRY_INTERVAL_S); True once it is all indexed."""
+        if self._stopped_at is not None:
+            if not self._marker_written and time.monotonic() >= self._retry_at:
+                self._retry_at = time.monotonic() + RETRY_INTERVAL_S
+                self._write_marker()
+            return False
+        if time.monotonic() < self._retry_at:
+            return False
+        while self._backlog:
+            if not self._index(self._backlog[0]):
+                return False
+            self._backlog.popleft()
+        log.warning("hash index: space is back, indexing resumed at offset %d", self._indexed_upto)
+        return True
+
+    def _write_marker(self) -> None:
+        try:
+            atomic_write_bytes(self.store_path / REBUILD_MARKER, b"%d\n" % (self._indexed_upto + 1))
+        except OSError as exc:
+            log.debug("cannot write the index rebuild marker yet: %s", exc)
+            return
+        self._marker_written = True
 
     def _roll(self, prev: IndexFile | None) -> IndexFile:
         path = self.store_path / self._next_name()
@@ -240,7 +353,10 @@ class HashIndex:
             with self._lock:
                 if self._closed or not self._loaded:
                     return self._covered_ts
+                if self._stalled:
+                    self._resume()  # space may have come back while no message arrived
                 covered = self._covered_ts
+                clear_marker = self._marker_loaded and not self._stalled
                 snapshot = [(f, f.header.pack()) for f in self._dirty.values()]
                 self._dirty.clear()
             # Entries first, then the header that counts them: a crash in between leaves the old
@@ -248,6 +364,10 @@ class HashIndex:
             for f, packed in snapshot:
                 f.sync_data()
                 f.write_header(packed)
+            if clear_marker:
+                # The re-dispatch of the load that found the marker is durable now.
+                (self.store_path / REBUILD_MARKER).unlink(missing_ok=True)
+                self._marker_loaded = False
             return covered
 
     def delete_expired(self, min_phy_offset: int) -> None:
@@ -267,8 +387,12 @@ class HashIndex:
                 f.destroy()
 
     def rebuild_from(self) -> int | None:
-        """Where the store must re-dispatch from after unreadable files were skipped at load."""
-        return self._indexed_upto + 1 if self._damaged else None
+        """Where the store must re-dispatch from after unreadable files were skipped at load.
+
+        The start of the last record indexed whole (a record boundary the store can scan from;
+        dispatch skips that record itself), or 0 when nothing readable is left.
+        """
+        return max(self._indexed_upto, 0) if self._damaged else None
 
     def truncate(self, phy_end: int) -> None:
         """Forget entries of records at or past ``phy_end``, the commit log's recovered end.

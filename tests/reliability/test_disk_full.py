@@ -218,10 +218,8 @@ def test_broker_answers_a_clear_error_on_a_full_disk_and_sends_again_after(
         "disk_space_warning_ratio = 95\n"
         "clean_interval_ms = 3600000\n"
         "cq_flush_interval_ms = 200\n"
-        # The hash index maps sparse files by design (tests/test_index_hash.py): on a full disk a
-        # write into one of its untouched pages is a SIGBUS this test is not about (reported).
-        "[plugins]\n"
-        'index = "none"\n'
+        # The default hash index is on: its sparse files take blocks only as keys arrive, reserved
+        # before any write through the mapping (a full disk stalls indexing, never SIGBUS).
     )
     broker = spawn("broker", "-c", str(config))
     addr = broker.addresses["broker"]
@@ -291,3 +289,115 @@ def test_broker_answers_a_clear_error_on_a_full_disk_and_sends_again_after(
 
     asyncio.run(main())
     assert broker.stop() == 0, broker.log_path.read_text()[-3000:]
+
+
+# ---------------------------------------------------------------------------- the hash index
+
+
+def open_hash_index(data: Path) -> Any:
+    # A 4 MB slot table (62 chunks of 64 KiB) and a 20 MB entry area, sparse, on a 24 MiB disk:
+    # every key that lands in a slot chunk not yet reserved needs a block a full disk cannot give.
+    options = {"max_hash_slot_num": 1_000_000, "max_index_num": 1_000_000}
+    index = get_plugin_manager().create("index", "hash", options=options, data_dir=data)
+    index.load(True, 0)
+    return index
+
+
+def test_hash_index_waits_for_space_without_sigbus_and_catches_up(
+    mount_tmpfs: Callable[[int], Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    from tidemq.testing.index_contract import T0, request
+
+    disk = mount_tmpfs(24)
+    index = open_hash_index(disk / "data")
+    try:
+        for i in range(20):
+            index.dispatch(request(i * 100, T0 + i, keys=f"before-{i}"))
+        index.flush()
+        filler = fill(disk)
+        with caplog.at_level("ERROR"):
+            # Keys spread over the slot table: each new 64 KiB chunk needs a block.  This
+            # process would die of SIGBUS if any of them were written through the mapping.
+            for i in range(20, 3200):
+                index.dispatch(request(i * 100, T0 + i, keys=f"during-{i}"))
+            covered = index.flush()
+        assert "disk is full" in caplog.text
+        assert caplog.text.count("disk is full") == 1, "one stall is logged once, not per message"
+        # The checkpoint time stays before the first message not indexed, so a crash now
+        # re-dispatches it; what was indexed before the disk filled is still found.
+        assert covered < T0 + 3199
+        assert index.query("TopicTest", "before-7", 4, 0, 2**62).phy_offsets == (700,)
+
+        filler.unlink()
+        time.sleep(0.6)  # past the retry interval
+        index.flush()  # a stalled index retries on flush too, with no new message arriving
+        index.dispatch(request(3200 * 100, T0 + 3200, keys="after"))
+        for i in (0, 19, 20, 1777, 3199):
+            key = f"before-{i}" if i < 20 else f"during-{i}"
+            assert index.query("TopicTest", key, 4, 0, 2**62).phy_offsets == (i * 100,), key
+        assert index.query("TopicTest", "after", 4, 0, 2**62).phy_offsets == (320000,)
+        assert index.flush() >= T0 + 3200
+    finally:
+        index.shutdown()
+
+
+def test_hash_index_backlog_overflow_is_rebuilt_by_the_next_start(
+    mount_tmpfs: Callable[[int], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tidemq_index_hash.service as service
+    from tidemq.index import query_messages
+
+    monkeypatch.setattr(service, "MAX_BACKLOG", 50)
+    disk = mount_tmpfs(16)
+    data = disk / "store"
+
+    def compose() -> tuple[Any, Any]:
+        index = open_index_unloaded(data)
+        store = build_store(
+            "mmap",
+            data,
+            flush="sync",
+            index=index,
+            # Fallocated commit-log files: the log has its space while the index has none.
+            store_options={"commitlog_file_size": 4 * MiB, "file_allocation": "fallocate"},
+        )
+        assert store.load()
+        store.start()
+        return store, index
+
+    def keyed(i: int) -> MessageInner:
+        return MessageInner(topic="Keys", body=b"k%d" % i, queue_id=0, properties={"KEYS": f"key-{i}"})
+
+    store, index = compose()
+    try:
+        for i in range(20):
+            assert store.put_message(keyed(i)).result(10).ok
+        filler = fill(disk)
+        for i in range(20, 400):  # the index backlog (50) overflows; the log still has room
+            assert store.put_message(keyed(i)).result(10).ok, i
+        deadline = time.monotonic() + 10
+        while index._stopped_at is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert index._stopped_at is not None, "the index never stopped on a full disk"
+        filler.unlink()
+        deadline = time.monotonic() + 10
+        while not (data / "index" / service.REBUILD_MARKER).exists() and time.monotonic() < deadline:
+            store.put_message(keyed(400)).result(10)  # dispatch retries the marker write
+            time.sleep(0.2)
+        assert (data / "index" / service.REBUILD_MARKER).exists()
+    finally:
+        store.shutdown()
+
+    store, index = compose()  # the marker makes this start re-dispatch the missing range
+    try:
+        for i in (0, 19, 20, 200, 399):
+            found, _ = query_messages(index, store, "Keys", f"key-{i}", 4, 0, 2**62)
+            assert [m.body for m in found] == [b"k%d" % i], i
+        index.flush()
+        assert not (data / "index" / service.REBUILD_MARKER).exists(), "rebuilt: the marker goes"
+    finally:
+        store.shutdown()
+
+
+def open_index_unloaded(data: Path) -> Any:
+    return get_plugin_manager().create("index", "hash", data_dir=data)
