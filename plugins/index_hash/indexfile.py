@@ -303,9 +303,14 @@ class IndexFile:
 
     # ------------------------------------------------------------------ durability
     def sync_data(self) -> None:
-        """msync slots and entries (the kernel writes only dirty pages)."""
+        """Make slots and entries durable (the kernel writes only dirty pages).
+
+        ``fdatasync`` of the file, not ``mmap.flush``: a shared mapping's pages are the file's page
+        cache, so it writes them too, and unlike ``mmap.flush`` (msync under the GIL) it lets the
+        broker's event loop run meanwhile.
+        """
         if not self.closed:
-            self._mm.flush()
+            os.fdatasync(self._fd)
 
     def write_header(self, packed: bytes) -> None:
         """Store a header snapshot in the file and make it durable."""
@@ -314,7 +319,7 @@ class IndexFile:
         if not self._slot_chunks[0]:
             self._reserve_chunk(0)
         self._mm[0:HEADER_SIZE] = packed
-        self._mm.flush(0, mmap.PAGESIZE if len(self._mm) >= mmap.PAGESIZE else len(self._mm))
+        os.fdatasync(self._fd)  # after sync_data only the header page is dirty
 
     def repair(self) -> int:
         """Forget what was written after the on-disk header (after an abnormal stop).
@@ -354,7 +359,7 @@ class IndexFile:
             heads = self._scan_heads(unresolved, count)
             for slot in unresolved:
                 self._write_slot(slot, heads.get(slot, INVALID_INDEX))
-        self._mm.flush()
+        os.fdatasync(self._fd)
         log.warning("index file %s: repaired %d slots past entry %d", self.name, len(bad), count)
         return len(bad)
 

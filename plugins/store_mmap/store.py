@@ -20,7 +20,6 @@ import errno
 import functools
 import logging
 import os
-import queue
 import shutil
 import struct
 import threading
@@ -71,6 +70,8 @@ log = logging.getLogger(__name__)
 _I32 = struct.Struct(">i")
 #: ConsumeQueue bytes scanned per pull at most (RocketMQ's maxFilterMessageCount).
 MAX_FILTER_BYTES = 16000
+#: Shortest time between two rounds of arrival listeners (long-polling wake-ups) under load.
+ARRIVAL_ROUND_S = 0.001
 _MIN = -(1 << 63)
 _NOT_CONSUMABLE = (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
 #: A single record up to this size is packed in place through the mapping (see _append).
@@ -174,7 +175,10 @@ class MmapMessageStore:
         self._lock = threading.Lock()
         self._dispatchers: list[Dispatcher] = []
         self._listeners: list[Callable[[str, int, int], None]] = []
-        self._dispatch_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Arrivals for the listeners: (topic, queue id) -> readable max offset, written under
+        # _lock; the dispatch thread swaps the dict out once per round.
+        self._arrivals: dict[tuple[str, int], int] = {}
+        self._arrival_event = threading.Event()
         self._needs_dispatch = False
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -312,7 +316,7 @@ class MmapMessageStore:
         with self._lock:  # no put is half-way through once we hold it
             pass
         self._stop.set()
-        self._dispatch_q.put(None)
+        self._arrival_event.set()
         for t in self._threads:
             t.join(timeout=30)
         self._threads = []
@@ -491,8 +495,8 @@ class MmapMessageStore:
                     # In the lock: dispatchers see commit-log order, and a key is queryable by the
                     # time the put resolves.  Under the GIL a separate thread would only add a handoff.
                     self._dispatch_entry(msgs, offsets, sizes, tags, ts, qoff)
-                if self._listeners:
-                    self._dispatch_q.put((topic, queue_id, qoff + len(msgs) if qoff >= 0 else -1))
+                if self._listeners and qoff >= 0:
+                    self._arrived(topic, queue_id, qoff + len(msgs))
         prefix = self._encoder.id_prefix
         return PutResult(
             PutStatus.PUT_OK,
@@ -557,33 +561,40 @@ class MmapMessageStore:
         return cq
 
     # ------------------------------------------------------------------ dispatch
+    def _arrived(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """Note that ``topic``/``queue_id`` is readable up to ``max_offset`` (``_lock`` held).
+
+        Wakes the dispatch thread only when it has nothing pending: under load many puts share
+        one wake-up instead of one GIL handoff each.
+        """
+        if not self._arrivals:
+            self._arrival_event.set()
+        self._arrivals[(topic, queue_id)] = max_offset
+
     def _dispatch_loop(self) -> None:
-        """Arrival listeners run here, on the store's own thread, coalesced per queue."""
-        q = self._dispatch_q
+        """Arrival listeners run here, on the store's own thread, coalesced per queue.
+
+        Rounds start at most every ARRIVAL_ROUND_S (RocketMQ's reput service also sleeps 1 ms a
+        round): a long-polling pull waits at most that much longer, and a busy store wakes this
+        thread a thousand times a second at most rather than once per put.
+        """
+        last_round = 0.0
         while True:
-            item = q.get()
-            batch = [item]
-            try:
-                while len(batch) < 1024:
-                    batch.append(q.get_nowait())
-            except queue.Empty:
-                pass
-            arrived: dict[tuple[str, int], int] = {}
-            stop = False
-            for entry in batch:
-                if entry is None:
-                    stop = True
-                    continue
-                topic, qid, max_offset = entry
-                if max_offset >= 0:
-                    arrived[(topic, qid)] = max_offset
+            self._arrival_event.wait()
+            pause = last_round + ARRIVAL_ROUND_S - time.monotonic()
+            if pause > 0 and not self._stop.is_set():
+                time.sleep(pause)
+            with self._lock:
+                arrived, self._arrivals = self._arrivals, {}
+                self._arrival_event.clear()
             for (topic, qid), max_offset in arrived.items():
                 for listener in self._listeners:
                     try:
                         listener(topic, qid, max_offset)
                     except Exception:
                         log.exception("arrival listener %r failed", listener)
-            if stop:
+            last_round = time.monotonic()
+            if self._stop.is_set():
                 return
 
     def _dispatch_entry(
@@ -827,7 +838,7 @@ class MmapMessageStore:
                     [msg], [offset], [msg.store_size], [tags], msg.store_timestamp, msg.queue_offset
                 )
             if self._listeners and self._consumable(msg.sys_flag):
-                self._dispatch_q.put((msg.topic, msg.queue_id, msg.queue_offset + 1))
+                self._arrived(msg.topic, msg.queue_id, msg.queue_offset + 1)
             self._reput_from = offset + msg.store_size
         # A BLANK at the end of a file moves the reput offset to the next file.
         mf = self.commitlog.queue.find_mapped_file_by_offset(self._reput_from)
