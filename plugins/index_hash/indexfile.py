@@ -203,6 +203,12 @@ class IndexFile:
         os.posix_fallocate(self._fd, start, min(start + SLOT_CHUNK, self._entry_base) - start)
         self._slot_chunks[chunk] = 1
 
+    def _reserve_at(self, pos: int) -> None:
+        """Make sure the chunk holding byte ``pos`` of the header/slot area is allocated."""
+        chunk = pos >> _SLOT_CHUNK_SHIFT
+        if not self._slot_chunks[chunk]:
+            self._reserve_chunk(chunk)
+
     def _reserve_entries(self, end: int) -> None:
         """Make the entry area allocated up to byte ``end`` (and a window beyond)."""
         new_end = min(self._size, max(end, self._reserved_end) + ENTRY_WINDOW)
@@ -218,9 +224,7 @@ class IndexFile:
         n = 0
         for h in key_hashes:
             n += 1
-            chunk = (HEADER_SIZE + (h % self.slot_num) * SLOT_SIZE) >> _SLOT_CHUNK_SHIFT
-            if not self._slot_chunks[chunk]:
-                self._reserve_chunk(chunk)
+            self._reserve_at(HEADER_SIZE + (h % self.slot_num) * SLOT_SIZE)
         end = self._entry_base + min(self.header.index_count + n, self.index_num) * ENTRY_SIZE
         if end > self._reserved_end:
             self._reserve_entries(end)
@@ -246,8 +250,7 @@ class IndexFile:
             return False
         mm = self._mm
         slot_pos = HEADER_SIZE + (key_hash_value % self.slot_num) * SLOT_SIZE
-        if not self._slot_chunks[slot_pos >> _SLOT_CHUNK_SHIFT]:
-            self._reserve_chunk(slot_pos >> _SLOT_CHUNK_SHIFT)
+        self._reserve_at(slot_pos)
         entry_pos = self._entry_base + count * ENTRY_SIZE
         if entry_pos + ENTRY_SIZE > self._reserved_end:
             self._reserve_entries(entry_pos + ENTRY_SIZE)
@@ -316,8 +319,7 @@ class IndexFile:
         """Store a header snapshot in the file and make it durable."""
         if self.closed:
             return
-        if not self._slot_chunks[0]:
-            self._reserve_chunk(0)
+        self._reserve_at(0)
         self._mm[0:HEADER_SIZE] = packed
         os.fdatasync(self._fd)  # after sync_data only the header page is dirty
 
@@ -365,8 +367,7 @@ class IndexFile:
 
     def _write_slot(self, slot: int, value: int) -> None:
         pos = HEADER_SIZE + slot * SLOT_SIZE
-        if not self._slot_chunks[pos >> _SLOT_CHUNK_SHIFT]:
-            self._reserve_chunk(pos >> _SLOT_CHUNK_SHIFT)
+        self._reserve_at(pos)
         _SLOT.pack_into(self._mm, pos, value)
 
     def _scan_heads(self, slots: Iterable[int], count: int) -> dict[int, int]:
