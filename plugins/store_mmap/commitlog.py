@@ -21,6 +21,7 @@ from tidemq.message import (
 )
 
 from .mapped_file import AllocateService, MappedFile, MappedFileQueue
+from .transient_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,10 @@ class CommitLog:
         file_size: int,
         allocator: AllocateService | None,
         *,
-        transient: bool,
+        pool: TransientStorePool | None = None,
         allocate: str = "fallocate",
     ):
-        self.queue = MappedFileQueue(directory, file_size, allocator, transient=transient, allocate=allocate)
+        self.queue = MappedFileQueue(directory, file_size, allocator, pool=pool, allocate=allocate)
         self.file_size = file_size
 
     # ------------------------------------------------------------------ Flushable
@@ -78,7 +79,11 @@ class CommitLog:
             raise StoreError("cannot create a commit-log file")
         free = mf.free_space
         if size + END_FILE_MIN_BLANK_LENGTH > free:
-            mf.write_at(mf.wrote_position, _BLANK.pack(free, BLANK_MAGIC_CODE))
+            blank = _BLANK.pack(free, BLANK_MAGIC_CODE)
+            if mf.transient:
+                # The pool's buffer holds an older file's bytes past the marker: commit zeros.
+                blank += bytes(free - len(blank))
+            mf.write_at(mf.wrote_position, blank)
             mf.wrote_position = self.file_size
             if not mf.transient:
                 mf.committed_position = self.file_size

@@ -26,6 +26,8 @@ from pathlib import Path
 
 from tidemq.errors import StoreError
 
+from .transient_pool import TransientStorePool
+
 log = logging.getLogger(__name__)
 
 PAGE_SIZE = mmap.PAGESIZE
@@ -102,7 +104,7 @@ class MappedFile:
         path: Path,
         file_size: int,
         *,
-        transient: bool = False,
+        pool: TransientStorePool | None = None,
         reserve_blocks: bool = False,
         allocate: str = "sparse",
     ):
@@ -135,8 +137,10 @@ class MappedFile:
         #: Bytes from the start whose blocks are known to be allocated: a write below this may go
         #: through the mapping (no SIGBUS possible there); -1 when the filesystem cannot fallocate.
         self.reserved = file_size if allocate == "fallocate" and size < file_size else 0
-        # The off-map write buffer (transient store pool): anonymous memory, zeroed lazily.
-        self._buffer: mmap.mmap | None = mmap.mmap(-1, file_size) if transient else None
+        # The off-map write buffer lent by the transient store pool (None: write the file directly).
+        # It holds an older file's bytes past wrote_position: nothing there is read or committed.
+        self._pool = pool
+        self._buffer: mmap.mmap | None = pool.borrow() if pool is not None else None
         self.wrote_position = 0
         self.committed_position = 0
         self.flushed_position = 0
@@ -263,9 +267,14 @@ class MappedFile:
             self.pwrite(start, src[start:wrote])
         self.committed_position = wrote
         if wrote >= self.file_size:
-            # Fully committed: readers now use the mapping; views already handed out keep the buffer.
-            self._buffer = None
+            # Fully committed: readers now use the mapping, and the buffer serves the next file.
+            self._release_buffer()
         return wrote
+
+    def _release_buffer(self) -> None:
+        buf, self._buffer = self._buffer, None
+        if buf is not None and self._pool is not None:
+            self._pool.give_back(buf)
 
     def flush(self, least_pages: int = 0) -> int:
         """fdatasync when at least ``least_pages`` pages are dirty (0: whenever any byte is)."""
@@ -291,11 +300,19 @@ class MappedFile:
         """A view of ``size`` bytes at ``pos``; ``None`` when beyond what was written."""
         if pos < 0 or size < 0 or pos + size > self.wrote_position:
             return None
-        src = self._buffer if self._buffer is not None and pos + size > self.committed_position else self.mm
-        if src is None or self._closed:
+        buf = self._buffer
+        if buf is not None and pos + size > self.committed_position:
+            # A copy: the buffer goes back to the pool once committed and is then reused, which
+            # would change the bytes under a view a reader still holds.  Only the newest records
+            # (up to one commit interval) are read from here.
+            try:
+                return memoryview(buf[pos : pos + size])
+            except ValueError:  # closed by a concurrent shutdown
+                return None
+        if self._closed:
             return None
         try:
-            return memoryview(src)[pos : pos + size]
+            return memoryview(self.mm)[pos : pos + size]
         except ValueError:  # closed by a concurrent cleanup: the data is gone
             return None
 
@@ -336,15 +353,12 @@ class MappedFile:
         if self._closed:
             return
         self._closed = True
-        for m in (self.mm, self._buffer):
-            if m is None:
-                continue
-            try:
-                m.close()
-            except BufferError:
-                # A reader still holds a view: the mapping is released when the last view goes.
-                pass
-        self._buffer = None
+        self._release_buffer()  # the pool owns it (and frees it when the store shuts down)
+        try:
+            self.mm.close()
+        except BufferError:
+            # A reader still holds a view: the mapping is released when the last view goes.
+            pass
         os.close(self.fd)
 
     def destroy(self) -> None:
@@ -369,12 +383,12 @@ class AllocateService:
     def __init__(
         self,
         *,
-        transient: bool = False,
+        pool: TransientStorePool | None = None,
         reserve_blocks: bool = False,
         warm_up: bool = False,
         allocate: str = "fallocate",
     ):
-        self.transient = transient
+        self.pool = pool
         self.reserve_blocks = reserve_blocks
         self.allocate = allocate
         self.warm = warm_up
@@ -383,7 +397,7 @@ class AllocateService:
 
     def _create(self, path: Path, size: int) -> MappedFile:
         mf = MappedFile(
-            path, size, transient=self.transient, reserve_blocks=self.reserve_blocks, allocate=self.allocate
+            path, size, pool=self.pool, reserve_blocks=self.reserve_blocks, allocate=self.allocate
         )
         if self.warm:
             mf.warm_up()
@@ -435,13 +449,13 @@ class MappedFileQueue:
         file_size: int,
         allocator: AllocateService | None = None,
         *,
-        transient: bool = False,
+        pool: TransientStorePool | None = None,
         allocate: str = "sparse",
     ):
         self.directory = Path(directory)
         self.file_size = file_size
         self.allocator = allocator
-        self.transient = transient
+        self.pool = pool
         self.allocate = allocate  # for files created here, without the allocator
         self.files: list[MappedFile] = []
         self.flushed_where = 0
@@ -507,7 +521,7 @@ class MappedFileQueue:
             nxt = self.directory / file_name(create_offset + self.file_size)
             mf = self.allocator.get(path, nxt, self.file_size)
         else:
-            mf = MappedFile(path, self.file_size, transient=self.transient, allocate=self.allocate)
+            mf = MappedFile(path, self.file_size, pool=self.pool, allocate=self.allocate)
         with self._files_lock:
             if not self.files:
                 self.flushed_where = self.committed_where = create_offset

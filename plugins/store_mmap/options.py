@@ -61,6 +61,8 @@ class MmapStoreOptions:
     warm_up: bool = False
     #: Write into an off-map buffer, commit it into the mapping, then flush (transientStorePoolEnable).
     transient_store_pool: bool = False
+    #: Buffers in the pool, each ``commitlog_file_size`` bytes, resident (transientStorePoolSize).
+    transient_store_pool_size: int = attrs.field(default=5, validator=_positive)
     #: Keep commit-log files this long after their last write (fileReservedTime).
     file_reserved_hours: float = attrs.field(default=72.0, validator=_positive)
     #: Hours of the day when expired files are deleted (deleteWhen).

@@ -64,6 +64,7 @@ from .commitlog import CommitLog, CommitLogFullError
 from .consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE, ConsumeQueue
 from .mapped_file import AllocateService
 from .options import MmapStoreOptions
+from .transient_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +153,10 @@ class MmapMessageStore:
         )
         self.store_host = parse_host(str(address))
         self._wbuf = bytearray(1 << 20)  # records of one append, packed before their pwrite (lock held)
+        self.transient_pool = self._transient_pool(options)
         self.allocator = (
             AllocateService(
-                transient=options.transient_store_pool,
+                pool=self.transient_pool,
                 reserve_blocks=options.reserve_blocks,
                 warm_up=options.warm_up,
                 allocate=options.file_allocation,
@@ -166,7 +168,7 @@ class MmapMessageStore:
             self.root / "commitlog",
             options.commitlog_file_size,
             self.allocator,
-            transient=options.transient_store_pool,
+            pool=self.transient_pool,
             allocate=options.file_allocation,
         )
         self.checkpoint: StoreCheckpoint | None = None
@@ -190,6 +192,21 @@ class MmapMessageStore:
         self._rebuild_queues = False  # a damaged consume queue was set aside at load
         if index is not None:
             self.add_dispatcher(index)
+
+    @staticmethod
+    def _transient_pool(options: MmapStoreOptions) -> TransientStorePool | None:
+        if not options.transient_store_pool:
+            return None
+        need = options.transient_store_pool_size * options.commitlog_file_size
+        memory = _physical_memory()
+        if memory and need > memory // 2:
+            raise StoreError(
+                f"the transient store pool needs transient_store_pool_size "
+                f"{options.transient_store_pool_size} x commitlog_file_size {options.commitlog_file_size} "
+                f"= {need >> 20} MiB of resident memory, over half of this machine's {memory >> 20} MiB: "
+                f"lower one of them or set transient_store_pool = false"
+            )
+        return TransientStorePool(options.transient_store_pool_size, options.commitlog_file_size)
 
     @property
     def store_host(self) -> tuple[str, int]:
@@ -300,6 +317,8 @@ class MmapMessageStore:
             raise StoreError("store.start() called before a successful load()")
         self.abort_file.touch()
         self.check_disk()
+        if self.transient_pool is not None:
+            self.transient_pool.init()
         self.flush_policy.start(self.commitlog)
         self._stop.clear()
         self._running = True
@@ -340,6 +359,8 @@ class MmapMessageStore:
         self.commitlog.queue.shutdown()
         for cq in self._all_cqs():
             cq.shutdown()
+        if self.transient_pool is not None:
+            self.transient_pool.destroy()
         if clean:
             self.abort_file.unlink(missing_ok=True)
 
