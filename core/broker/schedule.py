@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 
 from tidemq.errors import ConfigError, CorruptDataError
+from tidemq.futures import resolved
 from tidemq.jsonfile import read_json, write_json
 from tidemq.message import (
     TRANSACTION_COMMIT_TYPE,
@@ -270,7 +271,7 @@ class ScheduleMessageService:
             next_offset = max(next_offset, res.next_begin_offset)
         if due:
             futures = [self.store.put_message(self._real_message(ext)) for _, ext in due]
-            results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
+            results = await asyncio.gather(*(resolved(f) for f in futures), return_exceptions=True)
             for (qoff, ext), result in zip(due, results, strict=True):
                 if isinstance(result, BaseException) or not result.ok:
                     # Keep the failed one (and everything after it) for the next attempt.

@@ -32,6 +32,7 @@ from typing import Any
 
 from tidemq.broker.headers import Header
 from tidemq.errors import CorruptDataError
+from tidemq.futures import resolved
 from tidemq.message import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
@@ -158,7 +159,7 @@ class TransactionalMessageService:
             if kind == TRANSACTION_COMMIT_TYPE:
                 real = self._real_message(half, commit_log_offset)
                 b.schedule.rewrite(real)
-                result: PutResult = await asyncio.wrap_future(self.store.put_message(real))
+                result: PutResult = await resolved(self.store.put_message(real))
                 if not result.ok:
                     return request.reply(
                         ResponseCode.SYSTEM_ERROR,
@@ -223,7 +224,7 @@ class TransactionalMessageService:
             born_host=self.broker.store_host,
             store_host=self.broker.store_host,
         )
-        result = await asyncio.wrap_future(self.store.put_message(op))
+        result = await resolved(self.store.put_message(op))
         if not result.ok:
             # The half message stays unresolved; the check service asks the producer again.
             log.warning("cannot record the end of transaction %s: %s", tran_id, result.status.value)
@@ -352,7 +353,7 @@ class TransactionalMessageService:
             store_host=half.store_host,
             reconsume_times=half.reconsume_times,
         )
-        result: PutResult = await asyncio.wrap_future(self.store.put_message(copy))
+        result: PutResult = await resolved(self.store.put_message(copy))
         if not result.ok:
             log.warning("cannot re-append half message %s: %s", half.uniq_key, result.status.value)
             return False

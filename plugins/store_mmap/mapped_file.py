@@ -306,9 +306,12 @@ class MappedFile:
             # would change the bytes under a view a reader still holds.  Only the newest records
             # (up to one commit interval) are read from here.
             try:
-                return memoryview(buf[pos : pos + size])
+                data = buf[pos : pos + size]
             except ValueError:  # closed by a concurrent shutdown
                 return None
+            if self.committed_position < pos + size:
+                return memoryview(data)
+            # Committed meanwhile: the buffer may already hold another file's bytes, the file has these.
         if self._closed:
             return None
         try:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
-from concurrent.futures import Future
 from typing import Any
 
 from tidemq.broker.headers import (
@@ -23,6 +21,7 @@ from tidemq.broker.headers import (
 )
 from tidemq.broker.transaction import is_half_request
 from tidemq.errors import CorruptDataError
+from tidemq.futures import resolved
 from tidemq.message import (
     MessageInner,
     Prop,
@@ -84,13 +83,6 @@ _REPLICA_CODES = {
     "FLUSH_SLAVE_TIMEOUT": ResponseCode.FLUSH_SLAVE_TIMEOUT,
     "SLAVE_NOT_AVAILABLE": ResponseCode.SLAVE_NOT_AVAILABLE,
 }
-
-
-async def resolved(future: Future[Any]) -> Any:
-    """The result of a concurrent future; no event-loop hop when it is already done (the usual case)."""
-    if future.done():
-        return future.result()
-    return await asyncio.wrap_future(future)
 
 
 def send_header(request: RemotingCommand) -> Header:

@@ -1,0 +1,71 @@
+"""Awaiting store futures from the event loop: results, errors, cancellation, one wake-up per burst."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+
+import pytest
+
+from tidemq.futures import resolved
+
+
+def test_a_burst_of_results_from_another_thread_reaches_every_task_in_few_wake_ups() -> None:
+    async def main() -> tuple[list[int], int]:
+        loop = asyncio.get_running_loop()
+        wakes = 0
+        real = loop.call_soon_threadsafe
+
+        def counting(*args, **kwargs):
+            nonlocal wakes
+            wakes += 1
+            return real(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        futures: list[Future[int]] = [Future() for _ in range(32)]
+        tasks = [asyncio.ensure_future(resolved(f)) for f in futures]
+        await asyncio.sleep(0)  # every task is now waiting
+
+        def flusher() -> None:  # the group-commit thread acknowledging one flush round
+            for i, f in enumerate(futures):
+                f.set_result(i)
+
+        t = threading.Thread(target=flusher)
+        t.start()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        t.join()
+        return results, wakes
+
+    results, wakes = asyncio.run(main())
+    assert results == list(range(32))
+    assert 1 <= wakes <= 4  # wrap_future would wake the loop 32 times
+
+
+def test_errors_and_done_futures_and_cancelled_waiters() -> None:
+    async def main() -> None:
+        done: Future[str] = Future()
+        done.set_result("at once")
+        assert await resolved(done) == "at once"
+
+        failing: Future[str] = Future()
+        abandoned: Future[str] = Future()
+        fine: Future[str] = Future()
+        t_fail = asyncio.ensure_future(resolved(failing))
+        t_abandoned = asyncio.ensure_future(resolved(abandoned))
+        t_fine = asyncio.ensure_future(resolved(fine))
+        await asyncio.sleep(0)
+        t_abandoned.cancel()  # a client went away while its put was being flushed
+
+        def resolve() -> None:
+            failing.set_exception(OSError("disk gone"))
+            abandoned.set_result("nobody listens")
+            fine.set_result("ok")
+
+        threading.Thread(target=resolve).start()
+        with pytest.raises(OSError, match="disk gone"):
+            await asyncio.wait_for(t_fail, 10)
+        assert await asyncio.wait_for(t_fine, 10) == "ok"
+        assert t_abandoned.cancelled()
+
+    asyncio.run(main())
