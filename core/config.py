@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from tidemq.delay import DEFAULT_DELAY_LEVELS
 from tidemq.errors import ConfigError, PluginError
 from tidemq.plugins import BUILD_ORDER, ROLES, PluginManager, get_plugin_manager
 
@@ -118,7 +119,7 @@ class BrokerSettings:
     long_polling: bool = True
     short_polling_ms: int = 1000
     max_reconsume_times: int = 16
-    delay_levels: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    delay_levels: str = DEFAULT_DELAY_LEVELS
     consumer_housekeeping_s: float = 120.0
     max_frame_size: int = 16 * 1024 * 1024
     slave_read_enable: bool = False

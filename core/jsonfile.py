@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from tidemq.errors import CorruptDataError
+
+#: A string literal (kept as is) or a bare integer object key such as fastjson writes for a
+#: ``Map<Integer, Long>``: ``{"offsetTable":{"T@g":{0:250,1:250}}}`` in RocketMQ's
+#: consumerOffset.json and delayOffset.json.
+_STRING_OR_BARE_INT_KEY = re.compile(rb'"(?:[^"\\]|\\.)*"|(?<=[{,])(\s*)(-?\d+)(?=\s*:)')
+
+
+def _quote_bare_keys(data: bytes) -> bytes:
+    def sub(m: re.Match[bytes]) -> bytes:
+        if m.group(2) is None:
+            return m.group(0)
+        return m.group(1) + b'"' + m.group(2) + b'"'
+
+    return _STRING_OR_BARE_INT_KEY.sub(sub, data)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -51,6 +66,11 @@ def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:
         return default
     try:
         return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        # A file RocketMQ (fastjson) wrote: integer keys without quotes.
+        return orjson.loads(_quote_bare_keys(data))
     except orjson.JSONDecodeError as exc:
         # Only disk damage gets here (writes are atomic): say which file, never start half-configured.
         raise CorruptDataError(f"{path} is not valid JSON ({exc}); restore it or move it away") from exc

@@ -50,6 +50,8 @@ STOREHOSTADDRESS_V6_FLAG = 1 << 5
 # RocketMQ 5 marks the compression algorithm in bits 8-10 next to COMPRESSED_FLAG.
 COMPRESSION_TYPE_MASK = 7 << 8
 COMPRESSION_ZLIB = 0  # 4.x clients know only zlib (type bits 0)
+#: RocketMQ 5 producers mark zlib explicitly (CompressionType.ZLIB = 3); 0 and 3 both read as zlib.
+COMPRESSION_ZLIB_V5 = 3 << 8
 COMPRESSION_LZ4 = 1 << 8
 COMPRESSION_ZSTD = 2 << 8
 
@@ -153,6 +155,8 @@ HostPort = tuple[str, int]
 def _host_bytes(host: HostPort) -> tuple[bytes, bool]:
     # Cached: parsing the address dominated the store's encode path; hosts repeat.
     ip = ipaddress.ip_address(host[0])
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # Java's InetAddress turns ::ffff:a.b.c.d into an Inet4Address
     return ip.packed + _I32.pack(host[1]), ip.version == 6
 
 
@@ -599,6 +603,41 @@ def record_crc_ok(record: bytes | memoryview) -> bool:
     if body_len < 0 or p + body_len > len(record):
         return False
     return _crc32(record[p : p + body_len]) & 0x7FFFFFFF == crc
+
+
+_ENTRY_HEAD = struct.Struct(">iI4xi4xq8xi")  # TOTALSIZE, MAGIC, QUEUEID, QUEUEOFFSET, SYSFLAG
+
+
+def record_mismatch(
+    record: bytes | memoryview, size: int, topic: bytes, queue_id: int, queue_offset: int
+) -> str | None:
+    """Why ``record`` is not the one a ConsumeQueue entry (size, topic, queue, offset) names; None if it is.
+
+    A cheap check the store runs on every record it serves: a damaged queue entry (or zeroed
+    commit-log bytes) must not hand a consumer another queue's message, a duplicate or garbage.
+    """
+    try:
+        total, magic, qid, qoff, sys_flag = _ENTRY_HEAD.unpack_from(record, 0)
+    except struct.error:
+        return f"only {len(record)} bytes"
+    if magic != MESSAGE_MAGIC_CODE:
+        return f"no record (magic code {magic:#x})"
+    if total != size:
+        return f"a {total}-byte record where the entry says {size}"
+    if qid != queue_id or qoff != queue_offset:
+        return f"the record of queue {qid} offset {qoff}"
+    p = _IPV4_BODY_POS
+    if sys_flag & _V6_FLAGS:
+        p = store_timestamp_pos(sys_flag) + 8 + (20 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 8) + 12
+    try:
+        (body_len,) = _I32.unpack_from(record, p)
+        p += 4 + body_len
+        n = record[p]
+    except (struct.error, IndexError):
+        return "a record with a bad body length"
+    if record[p + 1 : p + 1 + n] != topic:
+        return f"a record of topic {bytes(record[p + 1 : p + 1 + n]).decode(errors='replace')!r}"
+    return None
 
 
 def iter_messages(buf: bytes | memoryview, *, check_crc: bool = False) -> Iterator[MessageExt]:

@@ -16,8 +16,8 @@ import orjson
 import pytest
 from conftest import free_port
 
-from tidemq.broker.schedule import parse_delay_levels
 from tidemq.client import ConsumeFrom, ConsumeStatus, Message, MessageExt, Producer, PushConsumer
+from tidemq.delay import parse_delay_levels
 from tidemq.errors import ConfigError
 from tidemq.message import Prop
 from tidemq.plugins import get_plugin_manager

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tidemq.errors import CorruptDataError
 from tidemq.jsonfile import read_json, write_json
 
 TOPIC_GROUP_SEPARATOR = "@"
@@ -25,9 +26,18 @@ class ConsumerOffsetManager:
         self._dirty = False
 
     def load(self) -> None:
-        data = read_json(self.path) or {}
-        for key, queues in (data.get("offsetTable") or {}).items():
-            self._table[key] = {int(q): int(o) for q, o in queues.items()}
+        data = read_json(self.path, {})
+        table = data.get("offsetTable") if isinstance(data, dict) else data
+        try:
+            if not isinstance(table, dict) and table is not None:
+                raise TypeError(f"offsetTable is a {type(table).__name__}")
+            for key, queues in (table or {}).items():
+                self._table[key] = {int(q): int(o) for q, o in queues.items()}
+        except (TypeError, ValueError, AttributeError) as exc:
+            # Saving over it would lose every group's progress: refuse, naming the file.
+            raise CorruptDataError(
+                f"{self.path} does not hold consumer offsets ({exc}); restore it or move it away"
+            ) from exc
 
     def serialize(self) -> dict[str, Any]:
         with self._lock:

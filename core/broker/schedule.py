@@ -5,10 +5,12 @@ topic and queue in the REAL_TOPIC / REAL_QID properties, and one timer task per 
 the real topic when due.  Every message of one level waits the same time, so a level's queue is
 ordered by delivery time and its task only ever looks at the head.
 
-RocketMQ stores the delivery timestamp as the ConsumeQueue tags code.  tidemq's stores compute the
-tags code themselves (from TAGS), so the service derives the delivery time from the record instead:
-``store timestamp + delay of the level`` -- the same value RocketMQ computes at put time.  Changing
-``delay_levels`` therefore also moves messages already waiting (RocketMQ would keep the old time).
+RocketMQ stores the delivery timestamp as the ConsumeQueue tags code, and so does the mmap store
+(:func:`tidemq.delay.schedule_tags_code`: a RocketMQ broker opening the data directory schedules the
+waiting messages right).  The store contract does not expose tags codes, so this service derives
+the delivery time from the record, ``store timestamp + delay of the level``: the same value.
+Changing ``delay_levels`` therefore also moves messages already waiting (RocketMQ would keep the
+old time).
 
 Progress per level is kept in ``config/delayOffset.json`` (``{"offsetTable": {"<level>": offset}}``,
 as RocketMQ's ``delayOffset.json``) and served to slaves through GET_ALL_DELAY_OFFSET.  Delivery is
@@ -20,14 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from tidemq.errors import ConfigError, CorruptDataError
+from tidemq.delay import (
+    SCHEDULE_TOPIC,
+    delay_level_in,
+    parse_delay_levels,
+)
+from tidemq.errors import CorruptDataError
 from tidemq.futures import resolved
 from tidemq.jsonfile import read_json, write_json
 from tidemq.message import (
@@ -45,7 +51,6 @@ from tidemq.store import GetStatus
 
 log = logging.getLogger(__name__)
 
-SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 #: The consumer group name the service reads its queues with (store statistics only).
 SCHEDULE_GROUP = "SCHEDULE_CONSUMER"
 DELAY_OFFSET_FILE = "delayOffset.json"
@@ -59,34 +64,10 @@ RETRY_AFTER_FAILURE_S = 1.0
 #: How often changed delay offsets are written.
 PERSIST_INTERVAL_S = 1.0
 
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_LEVEL_RE = re.compile(r"^(\d+)(ms|s|m|h|d)$")
-
-
-def parse_delay_levels(spec: str) -> list[int]:
-    """``"1s 5s 10s 30s 1m ... 2h"`` -> delay in milliseconds per level (level 1 first).
-
-    Raises :class:`ConfigError` naming the bad item.
-    """
-    levels = []
-    for item in spec.split():
-        m = _LEVEL_RE.match(item.strip().lower())
-        if m is None:
-            raise ConfigError(
-                f"[broker] delay_levels: {item!r} is not a delay like 1s, 5m, 2h (units ms s m h d)"
-            )
-        levels.append(int(m.group(1)) * _UNITS_MS[m.group(2)])
-    if not levels:
-        raise ConfigError("[broker] delay_levels: at least one level is needed")
-    return levels
-
 
 def delay_level_of(msg: MessageInner | MessageExt) -> int:
     """The DELAY property as an int (0 when absent or not a number)."""
-    try:
-        return int(msg.properties.get(Prop.DELAY_TIME_LEVEL, "0") or 0)
-    except ValueError:
-        return 0
+    return delay_level_in(msg.properties)
 
 
 class ScheduleMessageService:
@@ -132,9 +113,17 @@ class ScheduleMessageService:
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
-        data = read_json(self.path) or {}
-        for level, offset in (data.get("offsetTable") or {}).items():
-            self.offsets[int(level)] = int(offset)
+        data = read_json(self.path, {})
+        table = data.get("offsetTable") if isinstance(data, dict) else data
+        try:
+            if not isinstance(table, dict) and table is not None:
+                raise TypeError(f"offsetTable is a {type(table).__name__}")
+            for level, offset in (table or {}).items():
+                self.offsets[int(level)] = int(offset)
+        except (TypeError, ValueError) as exc:
+            raise CorruptDataError(
+                f"{self.path} does not hold delay offsets ({exc}); restore it or move it away"
+            ) from exc
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Listen for arrivals in the schedule queues (call before the store starts)."""

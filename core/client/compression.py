@@ -17,6 +17,7 @@ from tidemq.message import (
     COMPRESSION_LZ4,
     COMPRESSION_TYPE_MASK,
     COMPRESSION_ZLIB,
+    COMPRESSION_ZLIB_V5,
     COMPRESSION_ZSTD,
 )
 
@@ -42,7 +43,7 @@ def decompress(body: bytes, sys_flag: int) -> bytes:
         return body
     kind = sys_flag & COMPRESSION_TYPE_MASK
     try:
-        if kind == COMPRESSION_ZLIB:
+        if kind == COMPRESSION_ZLIB or kind == COMPRESSION_ZLIB_V5:
             return zlib.decompress(body)
         if kind == COMPRESSION_LZ4:
             return lz4.frame.decompress(body)

@@ -142,7 +142,13 @@ class CommitLog:
 
     # ------------------------------------------------------------------ recovery
     def check_record(self, view: memoryview, pos: int, check_crc: bool) -> tuple[str, int, MessageExt | None]:
-        """Classify the bytes at ``pos``: ``("msg", size, msg)``, ``("blank", size, None)`` or ``("end", 0, None)``."""
+        """Classify the bytes at ``pos``.
+
+        ``("msg", size, msg)``, ``("blank", size, None)``, ``("end", 0, None)``, or
+        ``("damaged", size, msg)``: a whole record whose body fails its CRC, followed by another
+        good record.  That is damage inside the log (a flipped bit), not a torn tail: the record
+        is skipped (reads never serve it) and the good records after it are kept.
+        """
         if pos + 8 > len(view):
             return "end", 0, None
         total, magic = _BLANK.unpack_from(view, pos)
@@ -153,9 +159,32 @@ class CommitLog:
         try:
             msg = decode_message(view, pos, check_crc=check_crc, with_body=False)
         except CorruptDataError as exc:
+            damaged = self._damaged_inside(view, pos, total) if check_crc else None
+            if damaged is not None:
+                return "damaged", total, damaged
             log.warning("commit log %s: %s; the log ends here", self.queue.directory, exc)
             return "end", 0, None
         return "msg", total, msg
+
+    def _damaged_inside(self, view: memoryview, pos: int, total: int) -> MessageExt | None:
+        """The record at ``pos`` when only its body CRC is bad and a good record follows it."""
+        try:
+            msg = decode_message(view, pos, check_crc=False, with_body=False)
+        except CorruptDataError:
+            return None
+        nxt = pos + total
+        if msg.store_size != total or nxt + 8 > len(view):
+            return None
+        after, magic = _BLANK.unpack_from(view, nxt)
+        if magic == BLANK_MAGIC_CODE and after == len(view) - nxt:
+            return msg
+        if magic != MESSAGE_MAGIC_CODE or after <= 0:
+            return None
+        try:
+            decode_message(view, nxt, check_crc=True, with_body=False)
+        except CorruptDataError:
+            return None
+        return msg
 
     def scan(
         self, start_file_index: int, check_crc: bool, on_message: Callable[[MessageExt], None] | None
@@ -173,6 +202,23 @@ class CommitLog:
             try:
                 while True:
                     kind, size, msg = self.check_record(view, pos, check_crc)
+                    if (
+                        kind == "damaged"
+                        and msg is not None
+                        and msg.commit_log_offset == mf.file_from_offset + pos
+                    ):
+                        log.error(
+                            "commit log: the record at offset %d (%s-%d queue offset %d) fails its body "
+                            "CRC; skipped, the records after it are kept",
+                            msg.commit_log_offset,
+                            msg.topic,
+                            msg.queue_id,
+                            msg.queue_offset,
+                        )
+                        pos += size
+                        continue
+                    if kind == "damaged":
+                        kind = "end"
                     if kind == "msg":
                         if msg is not None and msg.commit_log_offset != mf.file_from_offset + pos:
                             log.warning(
@@ -197,9 +243,11 @@ class CommitLog:
             break
         return process_offset
 
-    def recover_normally(self, check_crc: bool) -> int:
+    def recover_normally(
+        self, check_crc: bool, on_message: Callable[[MessageExt], None] | None = None
+    ) -> int:
         """Validate the last three files and cut everything after the last good record."""
-        end = self.scan(max(0, len(self.queue.files) - 3), check_crc, None)
+        end = self.scan(max(0, len(self.queue.files) - 3), check_crc, on_message)
         self._truncate(end)
         return end
 

@@ -476,6 +476,19 @@ class MappedFileQueue:
             p for p in self.directory.iterdir() if p.is_file() and p.name.isdigit() and len(p.name) == 20
         )
         for i, p in enumerate(names):
+            # A file's name is its first offset: a name off the file grid or a missing file in the
+            # sequence would put records at offsets they were not written for.  Refuse; never delete.
+            start = int(p.name)
+            if start % self.file_size:
+                raise StoreError(
+                    f"{p}: the name is not a multiple of the file size {self.file_size} "
+                    "(a stray file or a different file size setting); move it away"
+                )
+            if i and start != int(names[i - 1].name) + self.file_size:
+                raise StoreError(
+                    f"{p}: does not follow {names[i - 1].name} (a gap: "
+                    f"{(start - int(names[i - 1].name)) // self.file_size - 1} file(s) missing)"
+                )
             size = p.stat().st_size
             if size == 0:
                 # An allocation interrupted by a crash: nothing was ever written there, nor in the

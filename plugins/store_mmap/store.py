@@ -24,13 +24,14 @@ import shutil
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from tidemq.delay import DEFAULT_DELAY_LEVELS, SCHEDULE_TOPIC, parse_delay_levels, schedule_tags_code
 from tidemq.errors import CorruptDataError, MessageTooLargeError, StoreError
 from tidemq.filter import MessageFilter
 from tidemq.flush import FlushPolicy
@@ -47,6 +48,7 @@ from tidemq.message import (
     decode_message,
     local_ip,
     record_crc_ok,
+    record_mismatch,
     tags_hash_code,
 )
 from tidemq.store import (
@@ -152,6 +154,8 @@ class MmapMessageStore:
             options.store_host or settings.get("advertise") or settings.get("listen") or "127.0.0.1:10911"
         )
         self.store_host = parse_host(str(address))
+        #: Delay per level (ms): schedule-topic queue entries carry the delivery time as tags code.
+        self.delay_levels = parse_delay_levels(str(settings.get("delay_levels") or DEFAULT_DELAY_LEVELS))
         self._wbuf = bytearray(1 << 20)  # records of one append, packed before their pwrite (lock held)
         self.transient_pool = self._transient_pool(options)
         self.allocator = (
@@ -244,16 +248,37 @@ class MmapMessageStore:
         for cq in self._all_cqs():
             cq.recover()
         crc = self.options.check_crc_on_recover
+        # Per queue, what the recovery scan saw: [first queue offset, its log offset, last queue offset].
+        seen: dict[tuple[str, int], list[int]] = {}
+
+        def note(msg: MessageExt) -> None:
+            if self._consumable(msg.sys_flag):
+                first = seen.get((msg.topic, msg.queue_id))
+                if first is None:
+                    seen[(msg.topic, msg.queue_id)] = [
+                        msg.queue_offset,
+                        msg.commit_log_offset,
+                        msg.queue_offset,
+                    ]
+                else:
+                    first[2] = msg.queue_offset
+
         if last_exit_ok:
-            end = self.commitlog.recover_normally(crc)
+            end = self.commitlog.recover_normally(crc, note)
         else:
             log.warning("store %s did not exit cleanly: abnormal recovery", self.root)
             min_ts = self.checkpoint.min_timestamp(self.index is not None)
-            end = self.commitlog.recover_abnormally(min_ts, crc, self._redispatch)
+
+            def note_and_redispatch(msg: MessageExt) -> None:
+                note(msg)
+                self._redispatch(msg)
+
+            end = self.commitlog.recover_abnormally(min_ts, crc, note_and_redispatch)
         cl_min = self.commitlog.get_min_offset()
         for cq in self._all_cqs():
             cq.truncate_dirty(end)
             cq.correct_min_offset(cl_min)
+        queues_from = self._queues_behind(seen, end)
         # A crash that lost the log's tail (an uncommitted transient buffer) leaves index entries
         # for records that are gone and whose offsets new records will reuse: drop them.
         truncate_index = getattr(self.index, "truncate", None)
@@ -261,6 +286,8 @@ class MmapMessageStore:
             truncate_index(end)
         # Re-dispatch what the consume queues had not indexed yet (RocketMQ's reputFromOffset).
         reput_from = max([cl_min, *(cq.max_physic_offset for cq in self._all_cqs())])
+        if queues_from is not None:
+            reput_from = min(reput_from, max(cl_min, queues_from))
         if self._rebuild_queues:
             reput_from = cl_min  # re-dispatch is idempotent for the queues that are whole
         index_from = getattr(self.index, "rebuild_from", None)
@@ -279,6 +306,38 @@ class MmapMessageStore:
             len(list(self._all_cqs())),
         )
         return True
+
+    def _queues_behind(self, seen: dict[tuple[str, int], list[int]], end: int) -> int | None:
+        """Compare each queue with the records recovery saw of it; where re-dispatch must start.
+
+        The re-dispatch after load starts where the most advanced queue ends (RocketMQ's
+        reputFromOffset), which would leave a queue that lost its files or its last entries
+        behind for good, and hand its next message a queue offset already used.  Recovery has
+        just read the records of the last files: a queue holding fewer entries than they show is
+        caught up from its first record there, or rebuilt from the start of the log when it
+        lacks even that one.  Returns the log offset to re-dispatch from (None: no queue behind).
+        """
+        start: int | None = None
+        for (topic, queue_id), (first_qoff, first_phy, last_qoff) in seen.items():
+            if first_phy >= end:
+                continue  # cut with the tail
+            cq = self._find_cq(topic, queue_id)
+            have = cq.max_offset_in_queue if cq is not None else 0
+            if have > last_qoff:
+                continue
+            if have >= first_qoff:
+                start = first_phy if start is None else min(start, first_phy)
+                continue
+            log.error(
+                "consume queue %s-%d ends at offset %d but the commit log holds its record %d: "
+                "rebuilding the consume queues from the commit log",
+                topic,
+                queue_id,
+                have,
+                first_qoff,
+            )
+            self._rebuild_queues = True
+        return start
 
     def _load_consume_queues(self) -> None:
         if not self._cq_root.exists():
@@ -454,6 +513,8 @@ class MmapMessageStore:
             base = mf.file_from_offset + start
             ts = now_ms()
             step = 1 if cq is not None else 0
+            if topic == SCHEDULE_TOPIC and cq is not None:
+                tags = [self._schedule_tags(m.properties, ts, t) for m, t in zip(msgs, tags, strict=True)]
             try:
                 # One small record: packed in place through the mapping once its blocks are reserved
                 # (no syscall, no GIL hand-off between concurrent writers).  Batches: see below.
@@ -629,17 +690,28 @@ class MmapMessageStore:
     ) -> None:
         dispatch_messages(self._dispatchers, msgs, offsets, sizes, tags, ts, queue_offset)
 
+    def _schedule_tags(self, properties: Mapping[str, str], ts: int, tags: int) -> int:
+        """A SCHEDULE_TOPIC_XXXX entry's tags code: its delivery time, as RocketMQ stores it."""
+        code = schedule_tags_code(self.delay_levels, properties, ts)
+        return tags if code is None else code
+
+    def _record_tags(self, msg: MessageExt) -> int:
+        tags = _tags_code(msg.tags)
+        if msg.topic == SCHEDULE_TOPIC:
+            return self._schedule_tags(msg.properties, msg.store_timestamp, tags)
+        return tags
+
     def _redispatch_cq(self, msg: MessageExt) -> None:
         if self._consumable(msg.sys_flag):
             cq = self._cq_for_write(msg.topic, msg.queue_id)
-            cq.put(msg.commit_log_offset, msg.store_size, _tags_code(msg.tags), msg.queue_offset)
+            cq.put(msg.commit_log_offset, msg.store_size, self._record_tags(msg), msg.queue_offset)
             self._last_cq_ts = msg.store_timestamp
 
     def _redispatch(self, msg: MessageExt) -> None:
         """Rebuild the queue entry and re-index one recovered record (load time, single-threaded)."""
         self._redispatch_cq(msg)
         if self._dispatchers:
-            tags = _tags_code(msg.tags)
+            tags = self._record_tags(msg)
             self._dispatch_entry(
                 [msg],
                 [msg.commit_log_offset],
@@ -688,6 +760,7 @@ class MmapMessageStore:
         commitlog = self.commitlog
         entry_check = getattr(message_filter, "matches_queue_entry", None)
         check_crc = self.options.check_crc_on_read
+        topic_bytes = topic.encode()
         i = 0
         while i < limit:
             phy, size, tags_code = CQ_ENTRY.unpack_from(entries, i)
@@ -722,6 +795,20 @@ class MmapMessageStore:
                     continue
                 if not message_filter.matches_message(props):
                     continue
+            qoff = offset + (i - CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE
+            wrong = record_mismatch(data, size, topic_bytes, queue_id, qoff)
+            if wrong is not None:
+                # A damaged queue entry or zeroed log bytes: never serve another queue's record,
+                # a duplicate or garbage.  `tidemq verify` names the damage; reload rebuilds.
+                log.error(
+                    "consume queue %s-%d entry %d points at commit-log offset %d, which holds %s; skipped",
+                    topic,
+                    queue_id,
+                    qoff,
+                    phy,
+                    wrong,
+                )
+                continue
             if check_crc and not record_crc_ok(data):
                 # Damaged on disk after recovery checked it: report it, never serve it.
                 log.error(
@@ -729,11 +816,11 @@ class MmapMessageStore:
                     phy,
                     topic,
                     queue_id,
-                    offset + (i - CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE,
+                    qoff,
                 )
                 continue
             buffers.append(data)
-            qoffsets.append(offset + (i - CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE)
+            qoffsets.append(qoff)
             total += size
             status = GetStatus.FOUND
             next_phy_file_start = _MIN
@@ -854,7 +941,7 @@ class MmapMessageStore:
             if mf is not None:
                 mf.store_timestamp = msg.store_timestamp
             if self._dispatchers:
-                tags = _tags_code(msg.tags)
+                tags = self._record_tags(msg)
                 self._dispatch_entry(
                     [msg], [offset], [msg.store_size], [tags], msg.store_timestamp, msg.queue_offset
                 )

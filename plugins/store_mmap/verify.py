@@ -29,6 +29,7 @@ from typing import Any
 
 import attrs
 
+from tidemq.delay import SCHEDULE_TOPIC, delay_level_in
 from tidemq.errors import CorruptDataError
 from tidemq.message import (
     BLANK_MAGIC_CODE,
@@ -422,7 +423,11 @@ class StoreVerifier:
             r.error(f"{name} points at {offset}, not a valid record: {msg}")
             return
         want = (topic, queue_id, index, size, tags)
-        got = (msg.topic, msg.queue_id, msg.queue_offset, msg.store_size, tags_hash_code(msg.tags))
+        expected_tags = tags_hash_code(msg.tags)
+        if msg.topic == SCHEDULE_TOPIC and delay_level_in(msg.properties) > 0 and tags > msg.store_timestamp:
+            # The delivery time (store time + the level's delay, levels from the broker's config).
+            expected_tags = tags
+        got = (msg.topic, msg.queue_id, msg.queue_offset, msg.store_size, expected_tags)
         if want != got:
             r.error(
                 f"{name} (size {size}, tag hash {tags}) points at the record of {msg.topic}-{msg.queue_id} "
