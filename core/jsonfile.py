@@ -74,3 +74,20 @@ def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:
     except orjson.JSONDecodeError as exc:
         # Only disk damage gets here (writes are atomic): say which file, never start half-configured.
         raise CorruptDataError(f"{path} is not valid JSON ({exc}); restore it or move it away") from exc
+
+
+def read_offset_table(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """The ``offsetTable`` object of ``path`` (consumerOffset.json, delayOffset.json), ``{}`` if absent.
+
+    A file of another shape is a :class:`CorruptDataError` naming it: read as empty, the next
+    save would overwrite every recorded offset.
+    """
+    data = read_json(path, {})
+    table = data.get("offsetTable") if isinstance(data, dict) else data
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise CorruptDataError(
+            f"{path} does not hold {what} (offsetTable is a {type(table).__name__}); restore it or move it away"
+        )
+    return table

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tidemq.errors import CorruptDataError
-from tidemq.jsonfile import read_json, write_json
+from tidemq.jsonfile import read_offset_table, write_json
 
 TOPIC_GROUP_SEPARATOR = "@"
 
@@ -26,12 +26,9 @@ class ConsumerOffsetManager:
         self._dirty = False
 
     def load(self) -> None:
-        data = read_json(self.path, {})
-        table = data.get("offsetTable") if isinstance(data, dict) else data
+        table = read_offset_table(self.path, "consumer offsets")
         try:
-            if not isinstance(table, dict) and table is not None:
-                raise TypeError(f"offsetTable is a {type(table).__name__}")
-            for key, queues in (table or {}).items():
+            for key, queues in table.items():
                 self._table[key] = {int(q): int(o) for q, o in queues.items()}
         except (TypeError, ValueError, AttributeError) as exc:
             # Saving over it would lose every group's progress: refuse, naming the file.

@@ -35,7 +35,7 @@ from tidemq.delay import (
 )
 from tidemq.errors import CorruptDataError
 from tidemq.futures import resolved
-from tidemq.jsonfile import read_json, write_json
+from tidemq.jsonfile import read_offset_table, write_json
 from tidemq.message import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
@@ -113,12 +113,9 @@ class ScheduleMessageService:
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
-        data = read_json(self.path, {})
-        table = data.get("offsetTable") if isinstance(data, dict) else data
+        table = read_offset_table(self.path, "delay offsets")
         try:
-            if not isinstance(table, dict) and table is not None:
-                raise TypeError(f"offsetTable is a {type(table).__name__}")
-            for level, offset in (table or {}).items():
+            for level, offset in table.items():
                 self.offsets[int(level)] = int(offset)
         except (TypeError, ValueError) as exc:
             raise CorruptDataError(
