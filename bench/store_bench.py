@@ -121,19 +121,7 @@ def _store_write(directory: Path, total_mb: int, file_size: int, transient: bool
             )
             for i in range(BATCH)
         ]
-        goal = total_mb << 20
-        stored = n = 0
-        t0 = time.perf_counter()
-        while stored < goal:
-            res = store.put_messages(msgs).result(60)
-            if not res.ok:
-                raise RuntimeError(f"put failed: {res.status} {res.error}")
-            stored += res.wrote_bytes
-            n += res.message_count
-        acked = time.perf_counter() - t0
-        store.commitlog.commit(0)
-        store.commitlog.flush(0)
-        durable = time.perf_counter() - t0
+        n, stored, acked, durable = put_until_durable(store, msgs, goal_bytes=total_mb << 20)
         return {
             "messages": n,
             "bytes": stored,
@@ -213,19 +201,18 @@ def make_message(store: Any, topic: str, size: int) -> MessageInner:
     )
 
 
-def append_case(store: Any, flush: str, size: int, batch: int, seconds: float) -> dict[str, Any]:
-    topic = f"Bench-{flush}-{size}-{batch}"
-    msg = make_message(store, topic, size)
-    msgs = [msg] * batch
-    n = 0
-    stored = 0
+def put_until_durable(
+    store: Any, msgs: list[MessageInner], *, goal_bytes: int | None = None, seconds: float | None = None
+) -> tuple[int, int, float, float]:
+    """Put ``msgs`` (one put per batch) until ``goal_bytes`` are stored or ``seconds`` have passed,
+    then commit and flush; returns (messages, bytes, seconds to the last ack, seconds to durable)."""
+    n = stored = 0
     t0 = time.perf_counter()
-    deadline = t0 + seconds
-    while time.perf_counter() < deadline:
-        if batch == 1:
-            res = store.put_message(msg).result(60)
-        else:
-            res = store.put_messages(msgs).result(60)
+    deadline = t0 + seconds if seconds is not None else float("inf")
+    goal = goal_bytes if goal_bytes is not None else float("inf")
+    single = msgs[0] if len(msgs) == 1 else None
+    while stored < goal and time.perf_counter() < deadline:
+        res = (store.put_message(single) if single is not None else store.put_messages(msgs)).result(60)
         if not res.ok:
             raise RuntimeError(f"put failed: {res.status} {res.error}")
         n += res.message_count
@@ -233,7 +220,13 @@ def append_case(store: Any, flush: str, size: int, batch: int, seconds: float) -
     acked = time.perf_counter() - t0
     store.commitlog.commit(0)
     store.commitlog.flush(0)
-    durable = time.perf_counter() - t0
+    return n, stored, acked, time.perf_counter() - t0
+
+
+def append_case(store: Any, flush: str, size: int, batch: int, seconds: float) -> dict[str, Any]:
+    topic = f"Bench-{flush}-{size}-{batch}"
+    msg = make_message(store, topic, size)
+    n, stored, acked, durable = put_until_durable(store, [msg] * batch, seconds=seconds)
     return {
         "flush": flush,
         "body": size,
