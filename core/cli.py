@@ -14,7 +14,7 @@ import attrs
 import click
 
 from tidemq import __version__
-from tidemq.config import DEFAULT_HOME, Config, compose, load_config
+from tidemq.config import DEFAULT_HOME, Config, check_broker, load_config, parse_address
 from tidemq.errors import TidemqError
 from tidemq.plugins import ROLES, get_plugin_manager
 
@@ -69,14 +69,27 @@ async def serve_until_signalled(services: list[tuple[str, Any]]) -> None:
                 log.exception("error while stopping %s", what)
 
 
+def _listen_flag(value: str, flag: str) -> str:
+    """A HOST:PORT flag to listen on, checked like the config's ``listen`` but naming the flag."""
+    parse_address(value, flag, allow_port_zero=True)
+    return value
+
+
 def _apply_broker_overrides(
-    cfg: Config, listen: str | None, namesrv: str | None, data_dir: str | None
+    cfg: Config,
+    listen: str | None,
+    namesrv: str | None,
+    data_dir: str | None,
+    listen_flag: str = "--listen",
 ) -> Config:
     broker = cfg.broker
     if listen:
-        broker = attrs.evolve(broker, listen=listen)
+        broker = attrs.evolve(broker, listen=_listen_flag(listen, listen_flag))
     if namesrv:
-        broker = attrs.evolve(broker, namesrv=[a for a in namesrv.replace(",", ";").split(";") if a])
+        addresses = [a for a in namesrv.replace(",", ";").split(";") if a]
+        for address in addresses:
+            parse_address(address, "--namesrv")
+        broker = attrs.evolve(broker, namesrv=addresses)
     if data_dir:
         broker = attrs.evolve(broker, data_dir=data_dir)
     return attrs.evolve(cfg, broker=broker)
@@ -94,7 +107,8 @@ def _make_namesrv(cfg: Config) -> Any:
 def _make_broker(cfg: Config) -> Any:
     from tidemq.broker import Broker
 
-    return Broker(compose(cfg))
+    # The checks `tidemq check-config` runs, then the broker from the plugins they built.
+    return Broker(check_broker(cfg))
 
 
 class _PluginCommands(click.Group):
@@ -147,7 +161,9 @@ def namesrv(config_path: str | None, listen: str | None) -> None:
     async def main() -> None:
         cfg = load_config(config_path)
         if listen:
-            cfg = attrs.evolve(cfg, namesrv=attrs.evolve(cfg.namesrv, listen=listen))
+            cfg = attrs.evolve(
+                cfg, namesrv=attrs.evolve(cfg.namesrv, listen=_listen_flag(listen, "--listen"))
+            )
         await serve_until_signalled([("namesrv", _make_namesrv(cfg))])
 
     run_service(main)
@@ -185,14 +201,17 @@ def standalone(config_path: str | None, data_dir: str, namesrv_listen: str, brok
 
     async def main() -> None:
         cfg = load_config(config_path)
-        cfg = attrs.evolve(cfg, namesrv=attrs.evolve(cfg.namesrv, listen=namesrv_listen))
+        _listen_flag(broker_listen, "--broker-listen")  # before the NameServer starts
+        cfg = attrs.evolve(
+            cfg, namesrv=attrs.evolve(cfg.namesrv, listen=_listen_flag(namesrv_listen, "--namesrv-listen"))
+        )
         Path(data_dir).expanduser().mkdir(parents=True, exist_ok=True)
         ns = _make_namesrv(cfg)
         # The broker registers with the NameServer it runs beside, wherever that really listens.
         await ns.start()
         click.echo(f"tidemq namesrv listening on {ns.address}")
         try:
-            cfg = _apply_broker_overrides(cfg, broker_listen, ns.address, data_dir)
+            cfg = _apply_broker_overrides(cfg, broker_listen, ns.address, data_dir, "--broker-listen")
             click.echo(f"tidemq data directory {cfg.broker.store_path}")
             await serve_until_signalled([("broker", _make_broker(cfg))])
         finally:
@@ -224,9 +243,10 @@ def plugins() -> None:
 @cli.command("check-config")
 @click.argument("config_path", type=click.Path(dir_okay=False))
 def check_config(config_path: str) -> None:
-    """Validate a broker config file and print the plugins it selects."""
+    """Validate a broker config file as `tidemq broker` does, starting nothing; print the plugins it selects."""
     try:
         cfg = load_config(config_path)
+        check_broker(cfg)
     except TidemqError as exc:
         _fail(exc)
         return

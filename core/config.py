@@ -15,25 +15,30 @@ A broker file looks like::
     [store.mmap]         # options of the chosen plugin, checked by the plugin
     commitlog_file_size = 1073741824
 
-Every mistake (an unknown key, a wrong type, an unknown plugin name, a missing role) is a
+Every mistake (an unknown key, a wrong type, a number that is not finite or out of its range, an
+address that is not ``HOST:PORT``, an unknown plugin name, a missing role) is a
 :class:`~tidemq.errors.ConfigError` whose message is one line naming the key and the valid
-choices.
+choices.  :func:`check_broker` is what both ``tidemq check-config`` and ``tidemq broker`` run before
+anything starts.
 """
 
 from __future__ import annotations
 
 import difflib
+import ipaddress
+import math
 import os
+import re
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
 
-from tidemq.delay import DEFAULT_DELAY_LEVELS
+from tidemq.delay import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from tidemq.errors import ConfigError, PluginError
 from tidemq.plugins import BUILD_ORDER, ROLES, PluginManager, get_plugin_manager
 
@@ -58,7 +63,10 @@ def _type_ok(value: Any, tp: Any) -> bool:
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if origin in (list, tuple):
-        return isinstance(value, list | tuple)
+        if not isinstance(value, list | tuple):
+            return False
+        args = typing.get_args(tp)
+        return origin is tuple or not args or all(_type_ok(v, args[0]) for v in value)
     if origin is dict:
         return isinstance(value, dict)
     if isinstance(tp, type):
@@ -66,11 +74,19 @@ def _type_ok(value: Any, tp: Any) -> bool:
     return True
 
 
+def _takes_float(tp: Any) -> bool:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return any(_takes_float(a) for a in typing.get_args(tp))
+    return tp is float
+
+
 def parse_options(cls: type[T], values: Mapping[str, Any] | None, where: str) -> T:
     """Build the attrs class ``cls`` from a TOML table, with one-line errors naming the key.
 
     Plugins use this for their own ``[role.name]`` tables.  ``where`` names the table in errors
-    (``"[store.mmap]"``).
+    (``"[store.mmap]"``).  Every float must be finite (TOML has ``nan`` and ``inf``: a ``nan``
+    interval kills the loop that sleeps on it); per-field ranges are the fields' validators
+    (:func:`number`).
     """
     values = dict(values or {})
     fields = {f.name: f for f in attrs.fields(cls)}
@@ -83,7 +99,9 @@ def parse_options(cls: type[T], values: Mapping[str, Any] | None, where: str) ->
             )
         tp = hints.get(key)
         if tp is not None and not _type_ok(value, tp):
-            raise ConfigError(f"{where}: {key} = {value!r} should be of type {getattr(tp, '__name__', tp)}")
+            raise ConfigError(f"{where}: {key} = {value!r} should be of type {_type_name(tp)}")
+        if tp is not None and _takes_float(tp) and isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}: {key} = {value!r} must be a finite number")
         choices = fields[key].metadata.get("choices")
         if choices and value not in choices:
             raise ConfigError(
@@ -95,8 +113,142 @@ def parse_options(cls: type[T], values: Mapping[str, Any] | None, where: str) ->
         raise ConfigError(f"{where}: {exc}") from exc
 
 
+def _type_name(tp: Any) -> str:
+    return str(getattr(tp, "__name__", tp)) if typing.get_origin(tp) is None else str(tp)
+
+
 def _choice(*choices: str) -> dict[str, Any]:
     return {"choices": choices}
+
+
+# ---------------------------------------------------------------------------- number ranges
+#: The longest period a ``*_s`` interval may have: beyond a day a periodic service is off in all but name.
+DAY_S = 86_400.0
+INT32_MAX = 2**31 - 1
+
+
+def number(
+    default: float,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    le: float | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Any:
+    """An attrs field whose value must be a finite number within the given bounds.
+
+    The bounds are also kept in the field's metadata (``"range"``), for documentation and listings.
+    """
+
+    def show(v: float) -> str:
+        return str(int(v)) if float(v).is_integer() else f"{v:g}"
+
+    parts = [f"> {show(gt)}" if gt is not None else "", f">= {show(ge)}" if ge is not None else ""]
+    parts.append(f"<= {show(le)}" if le is not None else "")
+    text = " and ".join(p for p in parts if p)
+
+    def check(_inst: object, attribute: attrs.Attribute, value: float) -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{attribute.name} = {value!r} must be a finite number {text}")
+        if (
+            (gt is not None and not value > gt)
+            or (ge is not None and not value >= ge)
+            or (le is not None and not value <= le)
+        ):
+            raise ValueError(f"{attribute.name} = {value!r} must be {text}")
+
+    return attrs.field(default=default, validator=check, metadata={**(metadata or {}), "range": text})
+
+
+def interval(default: float) -> Any:
+    """A period or timeout in seconds: more than 0, at most a day."""
+    return number(default, gt=0, le=DAY_S)
+
+
+# ---------------------------------------------------------------------------- addresses
+_PORT = re.compile(r"[0-9]{1,5}")  # ASCII digits only: int() also takes "+80", "1_0" and full-width digits
+_HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?")  # a host name or an IPv4 address
+
+
+def parse_address(value: Any, key: str, *, allow_port_zero: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) -> ``(host, port)``; a one-line error naming ``key``.
+
+    ``key`` is the config key or the command-line flag the value came from.  Port 0 (any free
+    port) is for addresses to listen on only: an address to reach needs a real one.
+    """
+    lo = 0 if allow_port_zero else 1
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"{key} = {value!r} is not HOST:PORT ({why}); e.g. 127.0.0.1:10911 or [::1]:10911")
+
+    if not isinstance(value, str):
+        raise bad("not a string")
+    if value.startswith("["):
+        host, sep, port = value[1:].partition("]:")
+        if not sep:
+            raise bad("an IPv6 address in brackets needs :PORT after the ']'")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise bad(f"{host!r} is not an IPv6 address") from None
+    else:
+        host, sep, port = value.rpartition(":")
+        if not sep:
+            raise bad("a port alone, add the host" if _PORT.fullmatch(value) else "no port")
+        if ":" in host:
+            raise bad("write an IPv6 address in brackets")
+        if not host:
+            raise bad("no host")
+        if not _HOST.fullmatch(host):
+            raise bad(f"{host!r} is not a host name or address")
+    if not _PORT.fullmatch(port):
+        raise bad(f"port {port!r} is not a number")
+    if not lo <= int(port) <= 65535:
+        raise bad(f"port {int(port)} is outside {lo}..65535")
+    return host, int(port)
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _listen_address(_inst: object, attribute: attrs.Attribute, value: str) -> None:
+    try:
+        parse_address(value, attribute.name, allow_port_zero=True)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _reachable_address(_inst: object, attribute: attrs.Attribute, value: str) -> None:
+    if value:  # "" = not set
+        try:
+            parse_address(value, attribute.name)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+
+def _reachable_addresses(_inst: object, attribute: attrs.Attribute, value: list[str]) -> None:
+    for address in value:
+        try:
+            parse_address(address, attribute.name)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+
+def _delay_levels(_inst: object, attribute: attrs.Attribute, value: str) -> None:
+    try:
+        parse_delay_levels(value)
+    except ConfigError as exc:
+        raise ValueError(str(exc).removeprefix("[broker] ")) from None
+
+
+def _file_name(_inst: object, attribute: attrs.Attribute, value: str) -> None:
+    # The broker name is also the default data directory's name.
+    if not value or value.strip() != value or any(c in value for c in "/\\\0"):
+        raise ValueError(
+            f"{attribute.name} = {value!r} must be a non-empty name without '/' or spaces around it"
+        )
 
 
 @attrs.define
@@ -104,40 +256,49 @@ class BrokerSettings:
     """The ``[broker]`` table (names follow RocketMQ's BrokerConfig in snake case)."""
 
     cluster: str = "DefaultCluster"
-    name: str = "broker-a"
-    id: int = 0  # 0 = master, > 0 = slave
-    listen: str = "127.0.0.1:10911"
-    advertise: str = ""  # address registered with NameServers; defaults to `listen`
-    namesrv: list[str] = attrs.field(factory=lambda: ["127.0.0.1:9876"])
+    name: str = attrs.field(default="broker-a", validator=_file_name)
+    id: int = number(0, ge=0)  # 0 = master, > 0 = slave
+    #: HOST:PORT to listen on (port 0: any free port).
+    listen: str = attrs.field(default="127.0.0.1:10911", validator=_listen_address)
+    #: HOST:PORT registered with NameServers (what clients connect to); defaults to `listen`, and a
+    #: wildcard `listen` (0.0.0.0, ::) registers this machine's routable address (see registered_address).
+    advertise: str = attrs.field(default="", validator=_reachable_address)
+    namesrv: list[str] = attrs.field(factory=lambda: ["127.0.0.1:9876"], validator=_reachable_addresses)
     data_dir: str = ""  # defaults to ~/.tidemq/<name>
     role: str = attrs.field(default="ASYNC_MASTER", metadata=_choice("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"))
     auto_create_topic: bool = True
-    default_topic_queues: int = 4
-    default_perm: int = 6
-    max_message_size: int = 4 * 1024 * 1024
-    register_interval_s: float = 30.0
+    default_topic_queues: int = number(4, ge=1, le=1024)
+    default_perm: int = number(6, ge=0, le=7)  # PermName bits: 4 read, 2 write, 1 inherit
+    max_message_size: int = number(4 * 1024 * 1024, ge=1, le=INT32_MAX)
+    register_interval_s: float = interval(30.0)
     long_polling: bool = True
-    short_polling_ms: int = 1000
-    max_reconsume_times: int = 16
-    delay_levels: str = DEFAULT_DELAY_LEVELS
-    consumer_housekeeping_s: float = 120.0
-    max_frame_size: int = 16 * 1024 * 1024
+    short_polling_ms: int = number(1000, ge=1, le=DAY_S * 1000)
+    max_reconsume_times: int = number(16, ge=0, le=INT32_MAX)
+    delay_levels: str = attrs.field(default=DEFAULT_DELAY_LEVELS, validator=_delay_levels)
+    consumer_housekeeping_s: float = interval(120.0)
+    max_frame_size: int = number(16 * 1024 * 1024, ge=1024, le=INT32_MAX)
     slave_read_enable: bool = False
     auto_create_subscription_group: bool = True
-    consumer_offset_flush_s: float = 5.0  # how often committed consumer offsets are written
+    consumer_offset_flush_s: float = interval(5.0)  # how often committed consumer offsets are written
     # Transactional messages (issue 10): transactionCheckInterval / transactionTimeOut / transactionCheckMax.
-    transaction_check_interval_s: float = 60.0  # how often unresolved half messages are checked
-    transaction_timeout_s: float = 6.0  # a half message younger than this is not checked yet
-    transaction_check_max: int = 15  # checks before an unresolved half message is discarded
+    transaction_check_interval_s: float = interval(60.0)  # how often unresolved half messages are checked
+    transaction_timeout_s: float = number(6.0, ge=0, le=DAY_S)  # younger half messages are not checked yet
+    transaction_check_max: int = number(15, ge=1, le=INT32_MAX)  # checks before a half message is discarded
     enable_property_filter: bool = True  # enablePropertyFilter: refuse SQL92 (non-TAG) subscriptions when off
+    # Long polling: a pull asking to be held longer is held this long (clients ask 15-20 s).
+    max_suspend_ms: int = number(30_000, ge=0, le=DAY_S * 1000)
+    # Held pulls one connection may have; more are answered SYSTEM_BUSY (the client backs off).
+    max_held_pulls_per_connection: int = number(1024, ge=1, le=1 << 20)
+    # Messages in one SEND_BATCH_MESSAGE: decoding 100 000 tiny ones held the event loop ~1 s.
+    max_batch_messages: int = number(4096, ge=1, le=1 << 20)
 
     @property
     def host(self) -> str:
-        return self.listen.rsplit(":", 1)[0]
+        return parse_address(self.listen, "listen", allow_port_zero=True)[0]
 
     @property
     def port(self) -> int:
-        return int(self.listen.rsplit(":", 1)[1])
+        return parse_address(self.listen, "listen", allow_port_zero=True)[1]
 
     @property
     def address(self) -> str:
@@ -152,19 +313,21 @@ class BrokerSettings:
 class NamesrvSettings:
     """The ``[namesrv]`` table."""
 
-    listen: str = "127.0.0.1:9876"
-    broker_expire_s: float = 120.0
-    scan_interval_s: float = 10.0
+    listen: str = attrs.field(default="127.0.0.1:9876", validator=_listen_address)
+    #: A broker silent this long is dropped from the routes (also settable over the wire).
+    broker_expire_s: float = interval(120.0)
+    #: How often silent brokers are looked for (also settable over the wire).
+    scan_interval_s: float = interval(10.0)
     data_dir: str = ""
-    max_frame_size: int = 16 * 1024 * 1024
+    max_frame_size: int = number(16 * 1024 * 1024, ge=1024, le=INT32_MAX)
 
     @property
     def host(self) -> str:
-        return self.listen.rsplit(":", 1)[0]
+        return parse_address(self.listen, "listen", allow_port_zero=True)[0]
 
     @property
     def port(self) -> int:
-        return int(self.listen.rsplit(":", 1)[1])
+        return parse_address(self.listen, "listen", allow_port_zero=True)[1]
 
 
 #: What a broker runs when the config names no plugin for a role.
@@ -321,3 +484,75 @@ def compose(cfg: Config, manager: PluginManager | None = None) -> Components:
         except ConfigError as exc:
             raise ConfigError(f"{cfg.source}: {exc}") from exc
     return Components(config=cfg, instances=built, manager=manager)
+
+
+# ---------------------------------------------------------------------------- before starting
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def registered_address(
+    settings: BrokerSettings, host: str, port: int, local_ip: Callable[[], str] | None = None
+) -> str:
+    """The address a broker listening on ``host:port`` registers with NameServers.
+
+    ``advertise`` when set; otherwise the listen address, where a wildcard host (0.0.0.0, ::)
+    becomes this machine's routable address: a NameServer handing out 0.0.0.0 or 127.0.0.1 sends
+    every remote client to itself.  With no routable address to pick the broker must be told.
+    ``local_ip`` finds this machine's address (:func:`tidemq.message.local_ip`).
+    """
+    if settings.advertise:
+        return settings.advertise
+    if host in _WILDCARDS:
+        if local_ip is None:
+            from tidemq.message import local_ip
+        ip = local_ip()
+        if ipaddress.ip_address(ip).is_loopback:
+            raise ConfigError(
+                f"[broker] listen = {settings.listen!r} listens on every interface but this machine has no "
+                f'routable address to register with NameServers: set [broker] advertise = "HOST:PORT" '
+                "(the address clients connect to)"
+            )
+        host = ip
+    return format_address(host, port)
+
+
+def _refuse(conn: Any, request: Any) -> Any:  # the handler of a server that is never started
+    raise RuntimeError("not serving")
+
+
+def check_broker(cfg: Config, manager: PluginManager | None = None) -> Components:
+    """Everything ``tidemq broker`` checks before it starts, without starting anything.
+
+    ``tidemq check-config`` runs this and ``tidemq broker`` builds its broker from the result, so the
+    two accept the same files.  Beyond :func:`parse_config`: every plugin's own options (the
+    factories parse them; they create no file, directory, thread or buffer: stores and indexes do
+    that in ``load``/``start``), the ACL file (read by the ``plain`` validator's factory), the
+    filters' options, the listening server as the broker makes it (TLS files are loaded then; it is
+    not bound) and the address the broker would register.
+    """
+    manager = manager or get_plugin_manager()
+    components = compose(cfg, manager)
+    settings = attrs.asdict(cfg.broker)
+    # The broker builds these in start(); made here against the other plugins minus the store, so
+    # no throwaway filter attaches itself to anything.
+    spare = {role: inst for role, inst in components.instances.items() if role != "store"}
+    for name in manager.available("filter"):
+        try:
+            manager.create(
+                "filter",
+                name,
+                options=cfg.options.get("filter", {}).get(name),
+                data_dir=cfg.broker.store_path,
+                components=spare,
+                settings=settings,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{cfg.source}: {exc}") from exc
+    try:
+        components["transport"].server(
+            cfg.broker.host, cfg.broker.port, _refuse, max_frame_size=cfg.broker.max_frame_size
+        )
+        registered_address(cfg.broker, cfg.broker.host, cfg.broker.port)
+    except ConfigError as exc:
+        raise ConfigError(f"{cfg.source}: {exc}") from exc
+    return components

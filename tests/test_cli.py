@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import signal
 import subprocess
 import sys
 
+import pytest
 from conftest import free_port
 
 
@@ -86,3 +88,109 @@ def test_corrupt_topic_table_is_a_one_line_error_naming_the_file(tmp_path):
     assert out.returncode == 2
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("tidemq: error:") and "topics.json is not valid JSON" in last
+
+
+# ---------------------------------------------------------------------------- issue 20, item 10
+def one_error_line(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    lines = [ln for ln in out.stderr.strip().splitlines() if ln.startswith("tidemq: error:")]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    return lines[0]
+
+
+def refused_fast(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run a command that must refuse to start (one that starts is killed and fails the test)."""
+    try:
+        return tidemq(*args, timeout=20)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"tidemq {' '.join(args)} started instead of refusing") from exc
+
+
+HOSTILE_CONFIGS = {
+    "misspelt store option": ("[store.mmap]\ncommitlog_file_sise = 1048576\n", "commitlog_file_sise"),
+    "size with a unit": ('[store.mmap]\ncommitlog_file_size = "16MB"\n', "commitlog_file_size"),
+    "missing ACL file": (
+        '[plugins]\nacl = "plain"\n[acl.plain]\nfile = "/nonexistent/plain_acl.yml"\n',
+        "acl",
+    ),
+    "missing TLS files": (
+        '[transport.tcp]\ntls = true\ntls_certfile = "/nonexistent/c.pem"\ntls_keyfile = "/nonexistent/k.pem"\n',
+        "TLS",
+    ),
+    "port-less listen": ('[broker]\nlisten = "127.0.0.1"\n', "listen"),
+    "port out of range": ('[broker]\nlisten = "127.0.0.1:109211"\n', "listen"),
+    "nan interval": ("[broker]\nregister_interval_s = nan\n", "register_interval_s"),
+    "flush interval zero": ("[flush.async]\ninterval_ms = 0\n", "interval_ms"),
+    "sql92 option inf": ("[filter.SQL92]\nidle_expire_s = inf\n", "idle_expire_s"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_CONFIGS))
+def test_check_config_refuses_what_the_broker_refuses(tmp_path, case):
+    body, key = HOSTILE_CONFIGS[case]
+    data = tmp_path / "data"
+    cfg = tmp_path / "broker.toml"
+    if "[broker]" in body:
+        body = body.replace("[broker]\n", f'[broker]\nnamesrv = []\ndata_dir = "{data}"\n')
+    else:
+        body = f'[broker]\nnamesrv = []\nlisten = "127.0.0.1:0"\ndata_dir = "{data}"\n' + body
+    cfg.write_text(body)
+    checked = one_error_line(tidemq("check-config", str(cfg)))
+    assert key in checked, checked
+    assert not data.exists()  # checking writes nothing into the data directory
+    started = one_error_line(refused_fast("broker", "-c", str(cfg)))
+    assert key in started, started
+
+
+def test_check_config_accepts_a_startable_config_without_touching_the_data_dir(tmp_path):
+    data = tmp_path / "data"
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(
+        f'[broker]\nlisten = "127.0.0.1:0"\nnamesrv = []\ndata_dir = "{data}"\n'
+        "[store.mmap]\ncommitlog_file_size = 1048576\ntransient_store_pool = true\n"
+    )
+    out = tidemq("check-config", str(cfg))
+    assert out.returncode == 0, out.stderr
+    assert "store = mmap" in out.stdout
+    assert not data.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["standalone", "--broker-listen", "76447"], "--broker-listen"),
+        (["standalone", "--broker-listen", "10911"], "--broker-listen"),
+        (["standalone", "--namesrv-listen", "127.0.0.1:109211"], "--namesrv-listen"),
+        (["broker", "--listen", "127.0.0.1:109211"], "--listen"),
+        (["broker", "--namesrv", "127.0.0.1"], "--namesrv"),
+        (["namesrv", "--listen", "9876"], "--listen"),
+    ],
+)
+def test_bad_listen_flags_are_one_line_naming_the_flag(tmp_path, args, flag):
+    line = one_error_line(
+        refused_fast(*args, "--data-dir", str(tmp_path / "d"))
+        if args[0] != "namesrv"
+        else refused_fast(*args)
+    )
+    assert flag in line and "HOST:PORT" in line, line
+
+
+def test_wildcard_listen_never_registers_loopback(spawn, tmp_path):
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(f'[broker]\nlisten = "0.0.0.0:0"\nnamesrv = []\ndata_dir = "{tmp_path / "data"}"\n')
+    try:
+        server = spawn("broker", "-c", str(cfg))
+    except RuntimeError as exc:  # a machine with no routable address: refused, naming advertise
+        assert "advertise" in str(exc)
+        return
+    host = server.addresses["broker"].rsplit(":", 1)[0].strip("[]")
+    assert not ipaddress.ip_address(host).is_loopback and not ipaddress.ip_address(host).is_unspecified, host
+
+
+def test_wildcard_listen_registers_advertise(spawn, tmp_path):
+    cfg = tmp_path / "broker.toml"
+    cfg.write_text(
+        f'[broker]\nlisten = "0.0.0.0:0"\nadvertise = "203.0.113.7:10911"\nnamesrv = []\n'
+        f'data_dir = "{tmp_path / "data"}"\n'
+    )
+    assert spawn("broker", "-c", str(cfg)).addresses["broker"] == "203.0.113.7:10911"

@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from tidemq import hookimpl
-from tidemq.config import BrokerSettings, compose, load_config, parse_config, parse_options
+from tidemq.config import BrokerSettings, NamesrvSettings, compose, load_config, parse_config, parse_options
 from tidemq.errors import ConfigError
 from tidemq.plugins import PluginManager
 
@@ -134,3 +134,132 @@ def test_defaults_are_a_usable_broker():
     s = BrokerSettings()
     assert (s.host, s.port) == ("127.0.0.1", 10911)
     assert s.store_path.name == "broker-a"
+
+
+# ---------------------------------------------------------------------------- numbers (issue 20, item 5)
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "value"),
+    [
+        ("namesrv", "scan_interval_s", NAN),
+        ("namesrv", "scan_interval_s", INF),
+        ("namesrv", "broker_expire_s", INF),
+        ("namesrv", "broker_expire_s", -INF),
+        ("namesrv", "scan_interval_s", 0),
+        ("namesrv", "broker_expire_s", -1.0),
+        ("namesrv", "max_frame_size", 0),
+        ("broker", "register_interval_s", NAN),
+        ("broker", "consumer_offset_flush_s", 0.0),
+        ("broker", "consumer_housekeeping_s", INF),
+        ("broker", "transaction_check_interval_s", -5),
+        ("broker", "transaction_timeout_s", NAN),
+        ("broker", "default_topic_queues", 0),
+        ("broker", "max_message_size", -1),
+        ("broker", "short_polling_ms", 0),
+        ("broker", "id", -1),
+    ],
+)
+def test_non_finite_or_out_of_range_numbers_are_refused_naming_the_key(pm, table, key, value):
+    with pytest.raises(ConfigError) as err:
+        parse_config({table: {key: value}}, "b.toml", pm)
+    msg = one_line(err)
+    assert f"[{table}]" in msg and key in msg, msg
+
+
+def test_plugin_float_options_must_be_finite():
+    @attrs.define
+    class Opts:
+        idle_s: float = 1.0
+        ratio: float | None = None
+
+    for bad in (NAN, INF, -INF):
+        with pytest.raises(ConfigError, match=r"\[x.y\]: idle_s = .* must be a finite number"):
+            parse_options(Opts, {"idle_s": bad}, "[x.y]")
+        with pytest.raises(ConfigError, match="ratio"):
+            parse_options(Opts, {"ratio": bad}, "[x.y]")
+    assert parse_options(Opts, {"idle_s": 2}, "[x.y]").idle_s == 2
+
+
+def test_list_elements_are_type_checked(pm):
+    with pytest.raises(ConfigError, match=r"\[broker\]: namesrv"):
+        parse_config({"broker": {"namesrv": [9876]}}, "b.toml", pm)
+
+
+def test_namesrv_refuses_non_finite_runtime_updates():
+    from tidemq.namesrv import NameServer
+
+    ns = NameServer(NamesrvSettings(), transport=object())
+    for text in ("scan_interval_s=nan", "broker_expire_s=inf", "scan_interval_s=-inf", "broker_expire_s=0"):
+        err = ns.update_config_properties(text)
+        assert err is not None and "\n" not in err and text.split("=")[0] in err, (text, err)
+    assert (ns.settings.scan_interval_s, ns.settings.broker_expire_s) == (10.0, 120.0)
+    assert ns.update_config_properties("scan_interval_s=0.5\nbroker_expire_s=30") is None
+    assert (ns.settings.scan_interval_s, ns.settings.broker_expire_s) == (0.5, 30.0)
+
+
+# ---------------------------------------------------------------------------- listen addresses (item 10)
+@pytest.mark.parametrize(
+    "value",
+    [
+        "127.0.0.1:109211",  # served on 109211 % 65536 before
+        "127.0.0.1:65536",
+        "76447",
+        "10911",
+        "localhost",
+        "127.0.0.1:",
+        ":10911",
+        "::1:10911",  # IPv6 without brackets
+        "[::1]",
+        "[::1]:99999",
+        "[not-v6]:10911",
+        "127.0.0.1:+80",
+        "127.0.0.1:-1",
+        "127.0.0.1:1_0",
+        "127.0.0.1:\uff18\uff10",  # full-width digits: int() takes them
+        "127.0.0.1: 80",
+        "my host:80",
+        "",
+    ],
+)
+def test_bad_listen_addresses_are_refused_naming_the_key(pm, value):
+    for table in ("broker", "namesrv"):
+        with pytest.raises(ConfigError) as err:
+            parse_config({table: {"listen": value}}, "b.toml", pm)
+        msg = one_line(err)
+        assert f"[{table}]" in msg and "listen" in msg and "HOST:PORT" in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("value", "host", "port"),
+    [
+        ("127.0.0.1:10911", "127.0.0.1", 10911),
+        ("[::1]:10911", "::1", 10911),
+        ("localhost:0", "localhost", 0),
+        ("0.0.0.0:65535", "0.0.0.0", 65535),
+        ("broker-a.example.com:1", "broker-a.example.com", 1),
+    ],
+)
+def test_good_listen_addresses(pm, value, host, port):
+    s = parse_config({"broker": {"listen": value}, "namesrv": {"listen": value}}, "b.toml", pm)
+    assert (s.broker.host, s.broker.port) == (host, port)
+    assert (s.namesrv.host, s.namesrv.port) == (host, port)
+
+
+def test_advertise_and_namesrv_addresses_need_a_real_port(pm):
+    for broker in ({"advertise": "10.0.0.1:0"}, {"advertise": "10.0.0.1"}, {"namesrv": ["127.0.0.1:0"]}):
+        with pytest.raises(ConfigError) as err:
+            parse_config({"broker": broker}, "b.toml", pm)
+        assert next(iter(broker)) in one_line(err)
+    ok = parse_config({"broker": {"advertise": "10.0.0.1:10911"}}, "b.toml", pm)
+    assert ok.broker.address == "10.0.0.1:10911"
+
+
+def test_parse_address_names_the_flag():
+    from tidemq.config import parse_address
+
+    with pytest.raises(ConfigError) as err:
+        parse_address("10911", "--broker-listen")
+    assert one_line(err).startswith("--broker-listen = '10911'")
+    assert parse_address("[::1]:9876", "--listen") == ("::1", 9876)

@@ -10,6 +10,7 @@ import orjson
 
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.tasks import supervise
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ class NamesrvRegistrar:
         self.registered: dict[str, bool] = {}
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="tidemq-namesrv-registration")
+        self._task = supervise(self._loop, "tidemq-namesrv-registration")
 
     def request(self) -> None:
         """Register soon (coalesces bursts of topic changes into one round)."""

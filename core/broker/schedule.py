@@ -21,6 +21,7 @@ are delivered again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from pathlib import Path
@@ -48,6 +49,7 @@ from tidemq.message import (
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.store import GetStatus
+from tidemq.tasks import supervise
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +141,9 @@ class ScheduleMessageService:
             return
         for level in range(1, self.max_level + 1):
             self._tasks.append(
-                asyncio.create_task(self._run_level(level), name=f"tidemq-delay-level-{level}")
+                supervise(functools.partial(self._run_level, level), f"tidemq-delay-level-{level}")
             )
-        self._tasks.append(asyncio.create_task(self._persist_loop(), name="tidemq-delay-offset-flush"))
+        self._tasks.append(supervise(self._persist_loop, "tidemq-delay-offset-flush"))
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -49,6 +49,7 @@ from tidemq.message import (
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.store import GetStatus, PutResult
+from tidemq.tasks import supervise
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class TransactionalMessageService:
         self._op_read = self._progress(OP_TOPIC)
         self._read_ops()  # transactions resolved before a restart stay resolved
         if self.broker.is_master:
-            self._tasks.append(asyncio.create_task(self._check_loop(), name="tidemq-transaction-check"))
+            self._tasks.append(supervise(self._check_loop, "tidemq-transaction-check"))
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -9,10 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from tidemq.config import NamesrvSettings
 from tidemq.namesrv.kvconfig import KVConfigManager
 from tidemq.namesrv.processor import NamesrvProcessor
 from tidemq.namesrv.routeinfo import RouteInfoManager
+from tidemq.tasks import supervise
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +58,7 @@ class NameServer:
             max_frame_size=self.settings.max_frame_size,
         )
         await self._server.start()
-        self._scan_task = asyncio.get_running_loop().create_task(self._scan_loop())
+        self._scan_task = supervise(self._scan_loop, "tidemq-namesrv-expiry")
         log.info("NameServer listening on %s", self.address)
 
     @property
@@ -133,8 +136,12 @@ class NameServer:
                 updates[key] = _RUNTIME_KEYS[key](value.strip())
             except ValueError:
                 return f"{key} = {value.strip()!r} is not a number"
-            if updates[key] <= 0:
-                return f"{key} must be positive"
-        for key, value in updates.items():
-            setattr(self.settings, key, value)
+        try:
+            # The ranges of the [namesrv] table (finite, > 0...): "nan" parses as a float and a
+            # nan or inf interval would end the expiry of silent brokers.
+            checked = attrs.evolve(self.settings, **updates)
+        except ValueError as exc:
+            return str(exc)
+        for key in updates:
+            setattr(self.settings, key, getattr(checked, key))
         return None

@@ -26,13 +26,14 @@ Options (``[replication.master_slave]``)::
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from concurrent.futures import Future
 from typing import Any
 
 import attrs
 
-from tidemq.config import parse_options
+from tidemq.config import parse_address, parse_options
 from tidemq.errors import ConfigError
 from tidemq.plugins import PluginContext
 
@@ -43,15 +44,23 @@ log = logging.getLogger(__name__)
 
 
 def _positive(_inst: object, attribute: attrs.Attribute, value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be > 0, got {value}")
+    if not 0 < value < math.inf:  # also refuses nan
+        raise ValueError(f"{attribute.name} must be a finite number > 0, got {value}")
+
+
+def _address(_inst: object, attribute: attrs.Attribute, value: str) -> None:
+    if value:  # "" = derived (listen) or learnt from the NameServer (master addresses)
+        try:
+            parse_address(value, attribute.name, allow_port_zero=attribute.name == "listen")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
 
 
 @attrs.define
 class MasterSlaveOptions:
-    listen: str = ""
-    master_address: str = ""
-    master_broker_address: str = ""
+    listen: str = attrs.field(default="", validator=_address)
+    master_address: str = attrs.field(default="", validator=_address)
+    master_broker_address: str = attrs.field(default="", validator=_address)
     sync_timeout_s: float = attrs.field(default=3.0, validator=_positive)
     slave_fall_behind_max: int = attrs.field(default=256 * 1024 * 1024, validator=_positive)
     heartbeat_s: float = attrs.field(default=5.0, validator=_positive)
@@ -62,7 +71,7 @@ class MasterSlaveOptions:
     extended: bool = True
     metadata_sync_s: float = attrs.field(default=10.0, validator=_positive)
     group_sync_s: float = attrs.field(default=60.0, validator=_positive)
-    lag_log_s: float = 30.0
+    lag_log_s: float = attrs.field(default=30.0, validator=_positive)
 
 
 def _done(status: str) -> Future[str]:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import attrs
+
+from tidemq.config import INT32_MAX, number
 
 
 def _positive(_inst: object, attribute: attrs.Attribute, value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+    if not 0 < value < math.inf:  # also refuses nan
+        raise ValueError(f"{attribute.name} must be a finite number > 0, got {value!r}")
 
 
 def _ratio(_inst: object, attribute: attrs.Attribute, value: int) -> None:
@@ -31,11 +35,11 @@ class MmapStoreOptions:
     """Names follow RocketMQ's MessageStoreConfig in snake case."""
 
     #: Bytes per commit-log file (mappedFileSizeCommitLog).
-    commitlog_file_size: int = attrs.field(default=1024 * 1024 * 1024, validator=_positive)
+    commitlog_file_size: int = number(1024 * 1024 * 1024, ge=1, le=INT32_MAX)
     #: Entries per ConsumeQueue file (mappedFileSizeConsumeQueue / 20).
-    consumequeue_entries: int = attrs.field(default=300_000, validator=_positive)
+    consumequeue_entries: int = number(300_000, ge=1, le=INT32_MAX // 20)
     #: Largest body accepted; 0 takes the broker's ``max_message_size``.
-    max_message_size: int = 0
+    max_message_size: int = number(0, ge=0, le=INT32_MAX)
     #: ``ip:port`` written as STOREHOSTADDRESS (and into msgIds); "" takes the broker's address.
     store_host: str = ""
     #: Check body CRCs while recovering (checkCRCOnRecover).
