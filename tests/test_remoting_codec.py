@@ -13,6 +13,7 @@ from tidemq.remoting import (
     FrameDecoder,
     FrameError,
     HeaderError,
+    ProtocolError,
     RemotingCommand,
     RequestCode,
     ResponseCode,
@@ -248,3 +249,218 @@ def test_random_headers_in_valid_frames_raise_only_header_error(
     except HeaderError:
         return
     assert len(cmds) == 1 and cmds[0].payload() == body
+
+
+# --------------------------------------------------------------------------- hostile input (issue 20.8)
+
+
+def nested(depth: int) -> bytes:
+    """A JSON value nested ``depth`` arrays/objects deep."""
+    return (
+        b'{"a":' * (depth // 2)
+        + b"[" * (depth - depth // 2)
+        + b"]" * (depth - depth // 2)
+        + b"}" * (depth // 2)
+    )
+
+
+@pytest.mark.parametrize("depth", [255, 256, 300, 511, 1000, 1022])
+@pytest.mark.parametrize("where", ["extFields", "remark"])
+def test_deeply_nested_header_values_raise_header_error(depth: int, where: str) -> None:
+    # orjson.loads accepts 1024 levels but orjson.dumps only 254: the re-encoding of a nested value
+    # raised orjson's TypeError out of feed.
+    value = nested(depth)
+    if where == "extFields":
+        header = b'{"code":10,"opaque":31,"flag":0,"extFields":{"k":' + value + b"}}"
+    else:
+        header = b'{"code":10,"opaque":31,"flag":0,"remark":' + value + b"}"
+    good = RemotingCommand.request(10)
+    dec = FrameDecoder()
+    with pytest.raises(HeaderError, match="nested") as info:
+        dec.feed(frame(header))
+    assert (info.value.opaque, info.value.code) == (31, 10)  # answerable
+    assert dec.feed(encode_bytes(good)) == [good]
+
+
+def test_nesting_orjson_can_re_encode_is_kept_as_a_json_string() -> None:
+    header = b'{"code":10,"opaque":3,"extFields":{"k":' + nested(250) + b"}}"
+    cmd = decode_frame(frame(header))
+    assert orjson.loads(cmd.ext_fields["k"]) == orjson.loads(nested(250))
+
+
+def test_nesting_orjson_cannot_parse_is_an_unanswerable_header_error() -> None:
+    with pytest.raises(HeaderError, match="not valid JSON") as info:
+        FrameDecoder().feed(frame(b'{"code":10,"opaque":3,"extFields":{"k":' + nested(1100) + b"}}"))
+    assert info.value.opaque is None
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        struct.pack(">I", 2**31),  # over max_frame_size
+        struct.pack(">I", 2) + b"\x00\x00",  # too small
+        struct.pack(">II", 8, 7 << 24) + b"abcd",  # unknown serialize type
+        struct.pack(">II", 8, 100) + b"abcd",  # header longer than the frame
+    ],
+)
+def test_frame_error_after_good_frames_hands_the_good_ones_over_first(bad: bytes) -> None:
+    a, b = RemotingCommand.request(10, {"i": 1}), RemotingCommand.request(11, body=b"x" * 100)
+    dec = FrameDecoder()
+    assert dec.feed(encode_bytes(a) + encode_bytes(b) + bad) == [a, b]
+    assert dec.error_pending and dec.buffered == 0
+    with pytest.raises(FrameError):
+        dec.feed(b"")
+    with pytest.raises(FrameError):  # still broken
+        dec.feed(encode_bytes(a))
+
+
+def test_frame_error_after_a_buffered_partial_frame_hands_it_over_first() -> None:
+    a = encode_bytes(RemotingCommand.request(10, body=b"y" * 500))
+    dec = FrameDecoder()
+    assert dec.feed(a[:100]) == []
+    got = dec.feed(a[100:] + b"\xff" * 8)
+    assert [c.body for c in got] == [b"y" * 500] and dec.error_pending
+    with pytest.raises(FrameError, match="over max_frame_size"):
+        dec.feed(b"")
+
+
+def test_decode_frame_refuses_trailing_garbage() -> None:
+    with pytest.raises(FrameError):
+        decode_frame(encode_bytes(RemotingCommand.request(10)) + b"\xff" * 8)
+
+
+@pytest.mark.parametrize("field", ["opaque", "code", "flag", "version"])
+@pytest.mark.parametrize("value", [b'"99999999999999999999999"', b'"2147483648"', b'"-2147483649"'])
+def test_header_ints_outside_the_java_int_range_are_refused(field: str, value: bytes) -> None:
+    # RocketMQ's header fields are Java ints; a numeric string beyond them decoded to a Python int
+    # that the response (echoing the opaque) could not re-encode.
+    fields = {"code": b"10", "opaque": b"5", "flag": b"0", "version": b"1"}
+    fields[field] = value
+    header = b"{" + b",".join(b'"%s":%s' % (k.encode(), v) for k, v in fields.items()) + b"}"
+    with pytest.raises(HeaderError, match=field) as info:
+        FrameDecoder().feed(frame(header))
+    assert info.value.opaque == (None if field == "opaque" else 5)
+
+
+def test_encoding_errors_are_protocol_errors() -> None:
+    surrogate = RemotingCommand(code=0, flag=1, ext_fields={"k": "\ud800"})
+    with pytest.raises(ProtocolError):
+        encode(surrogate)
+    surrogate.serialize_type = SerializeType.ROCKETMQ
+    with pytest.raises(ProtocolError):
+        encode(surrogate)
+    long_key = RemotingCommand(code=0, ext_fields={"k" * 40000: "v"}, serialize_type=SerializeType.ROCKETMQ)
+    with pytest.raises(ProtocolError):
+        encode(long_key)
+    with pytest.raises(ProtocolError):
+        encode(RemotingCommand(code=0, opaque=2**70))
+
+
+def test_held_counts_the_allocation_of_a_partial_frame_and_drops_to_zero() -> None:
+    whole = encode_bytes(RemotingCommand.request(10, body=b"z" * 100_000))
+    dec = FrameDecoder()
+    assert dec.held == 0
+    dec.feed(whole[:10])
+    for i in range(10, len(whole) - 7000, 7000):
+        dec.feed(whole[i : i + 7000])
+        assert dec.held >= dec.buffered > 0
+    assert dec.feed(whole[dec.buffered :])[0].body == b"z" * 100_000
+    assert dec.held == 0 and dec.buffered == 0
+    dec.feed(whole[:50_000])
+    dec.close()  # a closed connection's decoder gives its memory back and refuses more
+    assert dec.held == 0
+    with pytest.raises(FrameError):
+        dec.feed(whole)
+
+
+_SEEDS = [
+    encode_bytes(
+        RemotingCommand.request(RequestCode.SEND_MESSAGE_V2, {"a": "g", "b": "T", "e": 1}, b"b" * 40)
+    ),
+    encode_bytes(RemotingCommand.request(10, {"k": "v"}, serialize_type=SerializeType.ROCKETMQ)),
+    frame(b'{"code":11,"opaque":9,"flag":0,"extFields":{"n":1,"o":{"p":[1,2]}},"remark":[1]}'),
+]
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@st.composite
+def hostile_frames(draw: st.DrawFn) -> bytes:
+    """Valid frames mutated: flipped bytes, cut or spliced frames, nested or odd header values."""
+    kind = draw(st.sampled_from(["flip", "cut", "splice", "nest", "fields"]))
+    data = bytearray(draw(st.sampled_from(_SEEDS)))
+    if kind == "flip":
+        for pos in draw(st.lists(st.integers(0, len(data) - 1), min_size=1, max_size=4)):
+            data[pos] = draw(st.integers(0, 255))
+    elif kind == "cut":
+        data = data[: draw(st.integers(0, len(data)))] + draw(st.sampled_from(_SEEDS))
+    elif kind == "splice":
+        data += draw(st.binary(max_size=40))
+    elif kind == "nest":
+        depth = draw(st.integers(200, 1100))
+        where = draw(st.sampled_from([b'"remark":', b'"extFields":{"k":', b'"code":']))
+        close = b"}" if where.endswith(b':{"k":') else b""
+        data = bytearray(frame(b'{"opaque":4,' + where + nested(depth) + close + b',"code":10}'))
+    else:
+        obj = {
+            k: draw(_json_values)
+            for k in draw(st.lists(st.sampled_from(["code", "opaque", "flag", "version", "language"])))
+        }
+        obj["extFields"] = draw(st.dictionaries(st.text(max_size=3), _json_values, max_size=3))
+        obj["remark"] = draw(_json_values | st.integers(-(2**80), 2**80).map(str))
+        try:
+            data = bytearray(frame(orjson.dumps(obj)))
+        except orjson.JSONEncodeError:
+            data = bytearray(frame(str(obj).encode()))
+    return bytes(data)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=hostile_frames(), cuts=st.lists(st.integers(0, 3000), max_size=4))
+def test_hostile_frames_raise_only_protocol_errors_and_decode_to_answerable_commands(
+    data: bytes, cuts: list[int]
+) -> None:
+    dec = FrameDecoder(max_frame_size=4096)
+    prev = 0
+    for p in [*sorted(c % (len(data) + 1) for c in cuts), len(data)]:
+        chunk, prev = data[prev:p], p
+        while True:
+            try:
+                cmds = dec.feed(chunk)
+            except HeaderError:
+                cmds = []
+            except FrameError:
+                return
+            for cmd in cmds:
+                # whatever decodes can be answered: the reply echoes the opaque and serialize type
+                encode(cmd.reply(ResponseCode.SYSTEM_ERROR, remark="x"))
+            if not dec.error_pending:
+                break
+            chunk = b""
+
+
+@pytest.mark.parametrize(
+    "error", [TypeError("t"), RecursionError("r"), struct.error("s"), OverflowError("o")]
+)
+def test_any_failure_of_a_header_decoder_leaves_feed_as_a_header_error(
+    error: Exception, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The guard behind the checks: whatever a header decoder still raises on input it did not foresee
+    # leaves feed as a HeaderError (no opaque: the connection is closed), and the stream stays usable.
+    import tidemq.remoting.codec as codec
+
+    def broken(header: bytes) -> RemotingCommand:
+        raise error
+
+    good = RemotingCommand.request(10)
+    monkeypatch.setattr(codec, "decode_json_header", broken)
+    dec = FrameDecoder()
+    assert dec.feed(encode_bytes(RemotingCommand.request(11, serialize_type=SerializeType.ROCKETMQ)))
+    with pytest.raises(HeaderError, match=type(error).__name__) as info:
+        dec.feed(encode_bytes(good))
+    assert info.value.opaque is None
+    monkeypatch.undo()
+    assert dec.feed(encode_bytes(good)) == [good]

@@ -21,6 +21,7 @@ from tidemq.remoting import (
     RemotingSendError,
     RemotingTimeoutError,
     ResponseCode,
+    SerializeType,
 )
 from tidemq.remoting.codec import FrameDecoder, encode_bytes
 from tidemq_transport_tcp import TcpTransport, new_event_loop, run
@@ -525,3 +526,229 @@ def test_body_parts_from_a_shared_buffer_arrive_intact(use_uvloop: bool) -> None
             await server.stop()
 
     arun(main(), use_uvloop)
+
+
+# ---------------------------------------------------------------------------- hostile bytes (issue 20.8)
+
+
+def raw_frame(header: bytes, body: bytes = b"") -> bytes:
+    return struct.pack(">II", 4 + len(header) + len(body), len(header)) + header + body
+
+
+async def read_until_closed(reader: asyncio.StreamReader, timeout: float = 5.0) -> tuple[list, bool]:
+    """The commands the server sends, and whether it closed the connection within ``timeout``."""
+    decoder = FrameDecoder()
+    got: list[RemotingCommand] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            chunk = await asyncio.wait_for(reader.read(65536), max(0.01, deadline - loop.time()))
+        except TimeoutError:
+            return got, False
+        except ConnectionError:
+            return got, True
+        if not chunk:
+            return got, True
+        got += decoder.feed(chunk)
+
+
+async def slow_echo(conn: Any, req: RemotingCommand) -> RemotingCommand:
+    if req.code == 12:
+        await asyncio.sleep(0.2)  # still running when the bad frame behind it is read
+    return await echo(conn, req)
+
+
+@pytest.mark.parametrize("use_uvloop", [True, False], ids=["uvloop", "asyncio"])
+def test_deeply_nested_header_is_answered_and_the_connection_survives(use_uvloop: bool) -> None:
+    async def main() -> None:
+        server = transport().server("127.0.0.1", 0, echo)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection(*server.address)
+            # The value's depth; with the header object and extFields around it, 1022 makes 1024.
+            for depth in (255, 600, 1022):
+                nested = b"[" * depth + b"]" * depth
+                bad = raw_frame(b'{"code":10,"opaque":77,"flag":0,"extFields":{"k":' + nested + b"}}")
+                good = RemotingCommand.request(10, {"i": depth})
+                writer.write(bad + encode_bytes(good))
+                decoder = FrameDecoder()
+                got: list[RemotingCommand] = []
+                while len(got) < 2:
+                    chunk = await asyncio.wait_for(reader.read(65536), 3)
+                    assert chunk, f"connection dropped at depth {depth}"
+                    got += decoder.feed(chunk)
+                by_opaque = {c.opaque: c for c in got}
+                assert by_opaque[77].code == ResponseCode.SYSTEM_ERROR
+                assert "nested" in (by_opaque[77].remark or "")
+                assert by_opaque[good.opaque].ext_fields["echo"] == str(depth)
+            writer.close()
+        finally:
+            await server.stop()
+
+    arun(main(), use_uvloop)
+
+
+@pytest.mark.parametrize("use_uvloop", [True, False], ids=["uvloop", "asyncio"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"\xff" * 8,  # oversize length
+        struct.pack(">II", 8, 9 << 24) + b"abcd",  # unknown serialize type
+        struct.pack(">I", 1) + b"\x00" * 4,  # length too small
+    ],
+    ids=["oversize", "stype", "tiny"],
+)
+def test_good_frames_before_a_broken_frame_are_answered_then_the_connection_closes(
+    use_uvloop: bool, bad: bytes
+) -> None:
+    async def main() -> None:
+        server = transport().server("127.0.0.1", 0, slow_echo)
+        await server.start()
+        client = transport().client()
+        try:
+            reader, writer = await asyncio.open_connection(*server.address)
+            goods = [RemotingCommand.request(12 if i == 1 else 10, {"i": i}) for i in range(3)]
+            writer.write(b"".join(encode_bytes(g) for g in goods) + bad)  # one write, one read
+            got, closed = await read_until_closed(reader)
+            assert sorted(c.opaque for c in got) == sorted(g.opaque for g in goods)
+            assert all(c.code == ResponseCode.SUCCESS for c in got)
+            assert closed
+            writer.close()
+            # other connections are untouched
+            assert (await client.invoke(addr_of(server), RemotingCommand.request(10), 2)).code == 0
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main(), use_uvloop)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"{not json", b"[1,2]", b'{"code":10,"opaque":"99999999999999999999","flag":0}'],
+    ids=["not-json", "array", "opaque-out-of-range"],
+)
+def test_undecodable_header_closes_the_connection_with_one_warning(
+    header: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    # RocketMQ's NettyDecoder closes the channel on any decode failure; a header whose opaque cannot be
+    # read cannot be answered either, so the connection is closed (after the frames before it).
+    async def main() -> None:
+        server = transport().server("127.0.0.1", 0, echo)
+        await server.start()
+        client = transport().client()
+        try:
+            assert (await client.invoke(addr_of(server), RemotingCommand.request(10), 2)).code == 0
+            reader, writer = await asyncio.open_connection(*server.address)
+            peer = "{}:{}".format(*writer.get_extra_info("sockname"))
+            good = RemotingCommand.request(10, {"i": "1"})
+            caplog.clear()
+            writer.write(encode_bytes(good) + raw_frame(header) + encode_bytes(RemotingCommand.request(10)))
+            got, closed = await read_until_closed(reader)
+            assert [c.opaque for c in got] == [good.opaque]  # the frame before it answered, none after
+            assert closed
+            warnings = [r for r in caplog.records if r.levelname == "WARNING" and peer in r.getMessage()]
+            assert len(warnings) == 1 and "header" in warnings[0].getMessage()
+            assert not [r for r in caplog.records if r.levelno >= 40]  # no ERROR, no traceback
+            writer.close()
+            assert (await client.invoke(addr_of(server), RemotingCommand.request(10), 2)).code == 0
+        finally:
+            await client.close()
+            await server.stop()
+
+    with caplog.at_level("INFO"):
+        arun(main())
+
+
+def test_response_that_cannot_be_encoded_is_replaced_and_the_connection_kept() -> None:
+    async def main() -> None:
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+            # echoes a value the JSON encoder refuses (a lone surrogate), or an opaque no header holds
+            if req.code == 11:
+                return req.reply(ext_fields={"echo": "\ud800"})
+            resp = req.reply()
+            resp.serialize_type = SerializeType.ROCKETMQ
+            resp.version = 2**40
+            return resp
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, handler)
+        await server.start()
+        client = t.client()
+        try:
+            for code in (11, 12):
+                resp = await client.invoke(addr_of(server), RemotingCommand.request(code), 2)
+                assert resp.code == ResponseCode.SYSTEM_ERROR and "cannot encode" in (resp.remark or "")
+            assert len(server.connections) == 1
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main())
+
+
+@pytest.mark.parametrize("use_uvloop", [True, False], ids=["uvloop", "asyncio"])
+def test_partial_frames_over_the_global_budget_close_the_oldest_stalled_holders(use_uvloop: bool) -> None:
+    frame_limit = 1024 * 1024
+    budget = 3 * frame_limit
+
+    async def main() -> None:
+        t = transport(max_frame_size=frame_limit, max_buffered_bytes=budget)
+        server = t.server("127.0.0.1", 0, echo)
+        await server.start()
+        client = t.client()
+        streams = []
+        try:
+            for i in range(10):  # 10 x ~900 KiB of frames that never complete: ~9 MiB against 3 MiB
+                reader, writer = await asyncio.open_connection(*server.address)
+                writer.write(struct.pack(">II", frame_limit - 8, 2) + b"{}" + bytes([i]) * (900 * 1024 + i))
+                await writer.drain()
+                streams.append((reader, writer))
+            outcomes = await asyncio.gather(*(read_until_closed(r, 2.0) for r, _ in streams))
+            closed = sum(1 for _, was_closed in outcomes if was_closed)
+            assert closed >= 6, f"only {closed} of 10 connections closed"
+            assert server.buffered_bytes <= budget
+            held = sum(c._decoder.held for c in server.connections)
+            assert held == server.buffered_bytes  # the account matches what the decoders hold
+            # The server serves others, and a whole frame near the limit still goes through.
+            big = RemotingCommand.request(10, {"i": "big"}, b"b" * (frame_limit - 4096))
+            resp = await client.invoke(addr_of(server), big, 5)
+            assert resp.body == big.body
+            for _, writer in streams:
+                writer.close()
+            await asyncio.sleep(0.2)
+            assert server.buffered_bytes == 0  # closed connections give their share back
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main(), use_uvloop)
+
+
+def test_buffer_budget_option_is_validated() -> None:
+    with pytest.raises(ConfigError, match="max_buffered_bytes"):
+        transport(max_buffered_bytes=0)
+    assert transport().options.max_buffered_bytes == 64 * 1024 * 1024
+
+
+def test_late_response_that_cannot_be_encoded_becomes_system_error() -> None:
+    async def main() -> None:
+        async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand | None:
+            # a held request answered later (as a long-polling pull is), with a value JSON cannot carry
+            asyncio.get_running_loop().call_soon(conn.send_response, req.reply(ext_fields={"x": "\ud800"}))
+            return None
+
+        t = transport()
+        server = t.server("127.0.0.1", 0, handler)
+        await server.start()
+        client = t.client()
+        try:
+            resp = await client.invoke(addr_of(server), RemotingCommand.request(10), 2)
+            assert resp.code == ResponseCode.SYSTEM_ERROR and "cannot encode" in (resp.remark or "")
+            assert (await client.invoke(addr_of(server), RemotingCommand.request(10), 2)).code
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main())

@@ -12,6 +12,9 @@ chunks are passed through untouched, so a transport can write them with ``writel
 :class:`FrameDecoder` turns a byte stream into commands, raising
 :class:`~tidemq.remoting.errors.FrameError` when the stream is broken and
 :class:`~tidemq.remoting.errors.HeaderError` for one well-framed but undecodable command.
+
+Every error leaving this module is a :class:`~tidemq.remoting.errors.ProtocolError`: hostile bytes
+must never surface as a TypeError or RecursionError in a transport's ``data_received``.
 """
 
 from __future__ import annotations
@@ -67,7 +70,10 @@ def encode_header(cmd: RemotingCommand) -> bytes:
             obj["remark"] = cmd.remark
         # Always an object: the C++ client builds a default response header from it.
         obj["extFields"] = _ext_for_wire(cmd.ext_fields) if cmd.ext_fields else {}
-        return orjson.dumps(obj)
+        try:
+            return orjson.dumps(obj)
+        except orjson.JSONEncodeError as exc:  # a TypeError: lone surrogates, ints beyond 64 bits
+            raise ProtocolError(f"cannot encode JSON header: {exc}") from None
     if cmd.serialize_type == _ROCKETMQ:
         return _encode_binary_header(cmd)
     raise ProtocolError(f"cannot encode serialize type {cmd.serialize_type!r}")
@@ -75,11 +81,15 @@ def encode_header(cmd: RemotingCommand) -> bytes:
 
 def _encode_binary_header(cmd: RemotingCommand) -> bytes:
     try:
-        fixed = _BIN_FIXED.pack(
-            cmd.code, _LANG_BY_NAME.get(cmd.language, LanguageCode.OTHER), cmd.version, cmd.opaque, cmd.flag
-        )
-    except struct.error as exc:
+        return _binary_header_bytes(cmd)
+    except (struct.error, UnicodeError) as exc:  # an out-of-range field, a key over 32 KiB, a surrogate
         raise ProtocolError(f"command does not fit the ROCKETMQ binary header: {exc}") from None
+
+
+def _binary_header_bytes(cmd: RemotingCommand) -> bytes:
+    fixed = _BIN_FIXED.pack(
+        cmd.code, _LANG_BY_NAME.get(cmd.language, LanguageCode.OTHER), cmd.version, cmd.opaque, cmd.flag
+    )
     parts = [fixed]
     if cmd.remark:
         remark = cmd.remark.encode()
@@ -131,23 +141,43 @@ def encode_bytes(cmd: RemotingCommand) -> bytes:
 # --------------------------------------------------------------------------- decoding
 
 
+_JAVA_INT_MIN = -(2**31)
+_JAVA_INT_MAX = 2**31 - 1
+
+
 def _int_field(obj: dict[str, Any], key: str, default: int | None) -> int | None:
     value = obj.get(key, default)
     if type(value) is int or value is None:
-        return value
+        return value  # orjson reads at most 64-bit integers, and writes back all it reads
     if type(value) is str:  # fastjson accepts numeric strings for int fields; so do we
         try:
-            return int(value)
+            number = int(value)
         except ValueError:
             pass
-    raise ValueError(f"header field {key!r} should be an integer, got {value!r}")
+        else:
+            # A string holds an integer of any size; fastjson refuses one beyond a Java int, and so do
+            # we: an echoed opaque that large could not be written back in the response.
+            if _JAVA_INT_MIN <= number <= _JAVA_INT_MAX:
+                return number
+            raise ValueError(f"header field {key!r} = {value[:40]!r} is out of the Java int range")
+    raise ValueError(f"header field {key!r} should be an integer, got {_short(value)}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if type(value) is not list and type(value) is not dict else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _ext_value(value: Any) -> str:
     if type(value) is str:
         return value
     if isinstance(value, dict | list):
-        return orjson.dumps(value).decode()
+        try:
+            return orjson.dumps(value).decode()
+        except orjson.JSONEncodeError:
+            # orjson.loads accepts 1024 levels of nesting, orjson.dumps only 254: a deeper value was
+            # read but cannot be carried on as the JSON string RocketMQ would make of it.
+            raise ValueError("header value is nested too deeply to re-encode") from None
     return stringify(value)
 
 
@@ -272,14 +302,22 @@ def decode_binary_header(header: bytes | memoryview) -> RemotingCommand:
     )
 
 
+#: What a header decoder could still raise on input its checks missed; ``feed`` turns any of it into a
+#: HeaderError so that only ProtocolErrors leave the codec (MemoryError is left alone).
+_UNEXPECTED = (ValueError, TypeError, ArithmeticError, LookupError, RecursionError, struct.error)
+_HEADER_FAILURES = (HeaderError, *_UNEXPECTED)
+
+
 class FrameDecoder:
     """Incremental decoder: feed it bytes as they arrive, get whole commands back.
 
-    ``feed`` returns the commands completed so far.  A :class:`FrameError` leaves the decoder
-    broken (every later ``feed`` raises again).  A :class:`HeaderError` is raised for exactly one
-    bad frame, after the commands that preceded it were returned: when ``feed`` stops at a bad
-    frame it returns the good ones first and ``error_pending`` becomes true; call ``feed(b"")``
-    to get the error, and again to continue with the frames behind it.
+    ``feed`` returns the commands completed so far and raises nothing but
+    :class:`~tidemq.remoting.errors.ProtocolError` subclasses.  A :class:`FrameError` leaves the
+    decoder broken (every later ``feed`` raises again).  A :class:`HeaderError` is raised for exactly
+    one bad frame.  Either error comes after the commands that preceded it were returned: when
+    ``feed`` stops at a bad frame it returns the good ones first and ``error_pending`` becomes true;
+    call ``feed(b"")`` to get the error, and (after a HeaderError) again to continue with the frames
+    behind it.
     """
 
     __slots__ = ("max_frame_size", "_buf", "_broken", "error_pending")
@@ -296,6 +334,18 @@ class FrameDecoder:
     def buffered(self) -> int:
         """Bytes received but not yet decoded."""
         return len(self._buf)
+
+    @property
+    def held(self) -> int:
+        """Bytes of memory the undecoded bytes occupy: a bytearray over-allocates as it grows."""
+        buf = self._buf
+        return buf.__alloc__() if buf else 0
+
+    def close(self, reason: str = "decoder closed") -> None:
+        """Drop what is buffered (a connection is going away); every later ``feed`` raises FrameError."""
+        self._buf = bytearray()
+        if self._broken is None:
+            self._broken = FrameError(reason)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[RemotingCommand]:
         if self._broken is not None:
@@ -342,11 +392,17 @@ class FrameDecoder:
                         cmd = decode_json_header(header)
                     else:
                         cmd = decode_binary_header(header)
-                except HeaderError as exc:
+                except _HEADER_FAILURES as exc:
                     if out:  # hand over the good commands first; the bad frame stays queued
                         self.error_pending = True
                         break
-                    header_error = exc
+                    header_error = (
+                        exc
+                        if isinstance(exc, HeaderError)
+                        else HeaderError(
+                            f"undecodable header: {type(exc).__name__}: {exc}", serialize_type=stype
+                        )
+                    )
                     pos = end
                     break
                 if hend < end:
@@ -355,6 +411,9 @@ class FrameDecoder:
                 pos = end
         if self._broken is not None:
             self._buf = bytearray()
+            if out:  # hand over the good commands before it; the next feed raises the error
+                self.error_pending = True
+                return out
             raise FrameError(str(self._broken))
         if src is buf:
             if pos:
@@ -372,6 +431,8 @@ def decode_frame(frame: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> 
     """Decode exactly one whole frame (with its length prefix)."""
     decoder = FrameDecoder(max_frame_size)
     cmds = decoder.feed(frame)
+    if decoder.error_pending:
+        decoder.feed(b"")  # raises the error behind the first frame
     if len(cmds) != 1 or decoder.buffered:
         raise FrameError(
             f"expected exactly one whole frame, got {len(cmds)} and {decoder.buffered} spare bytes"

@@ -6,7 +6,10 @@ from tidemq.errors import TidemqError
 
 
 class ProtocolError(TidemqError):
-    """Bytes on the wire do not follow the RocketMQ remoting protocol."""
+    """Bytes on the wire do not follow the RocketMQ remoting protocol.
+
+    The codec's one error type: encoding and decoding raise nothing else (a MemoryError aside).
+    """
 
 
 class FrameError(ProtocolError):

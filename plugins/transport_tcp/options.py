@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from tidemq.config import parse_options
+from tidemq.config import DAY_S, number, parse_options
 from tidemq.errors import ConfigError
 
 
@@ -16,16 +16,21 @@ class TcpOptions:
     """``[transport.tcp]``; server()/client() accept the same keys as keyword overrides."""
 
     max_frame_size: int = 16 * 1024 * 1024
+    #: Server side: bytes all connections of one server may hold in partial (not yet whole) frames
+    #: together.  A read that pushes the total over it closes the connection holding the largest
+    #: partial frame.  The server never budgets below one max_frame_size plus growth slack, so one
+    #: frame of the largest allowed size always fits (max_frame_size may come from [broker]).
+    max_buffered_bytes: int = 64 * 1024 * 1024
     #: Server side: close a connection that sent and received nothing for this long (0 = never).
-    idle_timeout_s: float = 120.0
-    connect_timeout_s: float = 3.0
+    idle_timeout_s: float = number(120.0, ge=0, le=DAY_S)
+    connect_timeout_s: float = number(3.0, gt=0, le=DAY_S)
     #: Stop reading a connection's requests while its unsent responses exceed this many bytes.
     write_high_water: int = 4 * 1024 * 1024
     write_low_water: int = 1024 * 1024
     #: Server side: stop reading a connection while this many of its requests are being handled
     #: (resumes at half); together with the write high-water mark this bounds a connection's memory.
     max_in_flight: int = 1024
-    backlog: int = 1024
+    backlog: int = number(1024, ge=1, le=65535)
     #: Gather the frames written during one event-loop turn into one writev (fewer syscalls under
     #: load; a lone frame waits only for the end of the current turn).
     coalesce_writes: bool = True
@@ -41,6 +46,8 @@ class TcpOptions:
     def __attrs_post_init__(self) -> None:
         if self.max_frame_size < 1024:
             raise ValueError(f"max_frame_size = {self.max_frame_size} is too small (minimum 1024)")
+        if self.max_buffered_bytes <= 0:
+            raise ValueError(f"max_buffered_bytes = {self.max_buffered_bytes} must be positive")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight = {self.max_in_flight} must be at least 1")
         if self.write_low_water > self.write_high_water:
