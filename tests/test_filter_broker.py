@@ -276,3 +276,54 @@ def test_tidemq_push_consumer_with_a_sql92_subscription(tmp_path: Path) -> None:
             await ns.stop()
 
     asyncio.run(main())
+
+
+# Issue 20, item 7: hostile SQL92 subscriptions must be refused in one line, at once, and never stall
+# the loop the other clients share.
+HUGE = " OR ".join(f"a{i} = {i}" for i in range(50_000))
+DEEP = "NOT (" * 3000 + "a = 1" + ")" * 3000
+
+
+def test_huge_and_deep_expressions_answer_parse_failed_at_once(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running(tmp_path) as (broker, client):
+            addr = broker.address
+            await send(client, addr, "T", b"x", {"a": "1"})
+            for expression in (HUGE, DEEP, "(" * 20_000):
+                start = time.perf_counter()
+                resp = await call(client, addr, RequestCode.PULL_MESSAGE, pull_fields("T", 0, expression))
+                took = time.perf_counter() - start
+                assert resp.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED, (resp.code, resp.remark[:300])
+                assert "\n" not in resp.remark
+                assert took < 0.5, f"answered in {took:.2f} s"
+                check = await call(client, addr, RequestCode.CHECK_CLIENT_CONFIG, {}, check_body(expression))
+                assert check.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED, (check.code, check.remark[:300])
+                assert "\n" not in check.remark and len(check.remark) < 1000
+            assert await pull_all(client, addr, "T", "a = 1") == [b"x"]
+
+    asyncio.run(main())
+
+
+def test_a_thousand_distinct_subscriptions_stay_exact_and_bounded(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with running(tmp_path) as (broker, client):
+            addr = broker.address
+            topic = "Many"
+            await send(client, addr, topic, b"first", {"n": "0"})
+            for i in range(1000):
+                resp = await call(
+                    client, addr, RequestCode.PULL_MESSAGE, pull_fields(topic, 0, f"n = {i} OR n > 100000")
+                )
+                assert resp.code in (ResponseCode.SUCCESS, ResponseCode.PULL_RETRY_IMMEDIATELY), resp.remark
+            precheck = broker.filters["SQL92"].precheck
+            registered = precheck.registered(topic)
+            assert 0 < len(registered) <= 64, len(registered)
+            for i in range(1, 40):
+                await send(client, addr, topic, b"%d" % i, {"n": str(i)})
+            assert precheck.drain(10.0)
+            # Registered or not, every subscription gets exactly its messages.
+            for i in (0, 1, 5, 39, 500, 999):
+                got = await pull_all(client, addr, topic, f"n = {i} OR n > 100000")
+                assert got == ([b"first"] if i == 0 else [b"%d" % i] if i < 40 else []), i
+
+    asyncio.run(main())

@@ -131,6 +131,15 @@ def test_filter_server_registers_and_serves_filtered_pulls(spawn: Any, tmp_path:
                 bad.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED
                 and "at the end of the expression" in bad.remark
             )
+            # Issue 20, item 7: a 50 000-term expression is refused in one line, at once.
+            huge = " OR ".join(f"n = {i}" for i in range(50_000))
+            start = time.perf_counter()
+            resp = await call(client, fs_addr, RequestCode.PULL_MESSAGE, pull_fields(0, huge, "SQL92"))
+            assert resp.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED, (
+                resp.code,
+                (resp.remark or "")[-300:],
+            )
+            assert "too long" in resp.remark and time.perf_counter() - start < 1.0
             unknown = await call(client, fs_addr, RequestCode.PULL_MESSAGE, pull_fields(0, "x", "GROOVY"))
             assert (
                 unknown.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED and "not installed" in unknown.remark

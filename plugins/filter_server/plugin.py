@@ -8,13 +8,13 @@ from typing import Any
 import attrs
 
 from tidemq import hookimpl
-from tidemq.config import parse_options
+from tidemq.config import number, parse_options
 from tidemq.errors import ConfigError
 from tidemq.filter import EXPRESSION_SQL92, EXPRESSION_TAG
 from tidemq.plugins import PluginContext, Register
 
 from .bitmap import FilterBitMap
-from .sql92 import Sql92FilterFactory
+from .sql92 import Sql92FilterFactory, Sql92Limits
 from .tag import TagFilterFactory
 
 log = logging.getLogger(__name__)
@@ -22,13 +22,21 @@ log = logging.getLogger(__name__)
 
 @attrs.define
 class Sql92Options:
-    """``[filter.SQL92]``: the dispatch-time bloom pre-check (RocketMQ's ConsumeQueueExt)."""
+    """``[filter.SQL92]``: expression bounds and the dispatch-time bloom pre-check (ConsumeQueueExt)."""
 
     bloom_precheck: bool = True  # RocketMQ's enableCalcFilterBitMap + enableConsumeQueueExt
     bloom_bits: int = 64
     bloom_hashes: int = 3
     max_entries_per_queue: int = 1 << 22
-    idle_expire_s: float = 3600.0  # a filter no pull used for this long stops being computed
+    # a filter no pull used for this long stops being computed
+    idle_expire_s: float = number(3600.0, gt=0, le=7 * 86400)
+    # each registration is evaluated for every message of its topic: beyond these, no pre-check
+    max_registrations_per_topic: int = number(32, ge=1, le=4096)
+    max_registrations: int = number(1024, ge=1, le=65536)
+    # an expression is compiled on the event loop: these bound what one compile can cost
+    max_expression_length: int = number(16384, ge=16, le=1 << 20)
+    max_expression_tokens: int = number(200, ge=8, le=10_000)
+    max_expression_depth: int = number(64, ge=4, le=200)
 
 
 def create_tag(ctx: PluginContext) -> TagFilterFactory:
@@ -39,6 +47,11 @@ def create_tag(ctx: PluginContext) -> TagFilterFactory:
 
 def create_sql92(ctx: PluginContext) -> Sql92FilterFactory:
     opts = parse_options(Sql92Options, ctx.options, "[filter.SQL92]")
+    limits = Sql92Limits(
+        max_length=opts.max_expression_length,
+        max_tokens=opts.max_expression_tokens,
+        max_depth=opts.max_expression_depth,
+    )
     store: Any = ctx.components.get("store")
     precheck = None
     if opts.bloom_precheck and store is not None and hasattr(store, "add_dispatcher"):
@@ -48,11 +61,13 @@ def create_sql92(ctx: PluginContext) -> Sql92FilterFactory:
                 hashes=opts.bloom_hashes,
                 max_entries_per_queue=opts.max_entries_per_queue,
                 idle_expire_s=opts.idle_expire_s,
+                max_registrations_per_topic=opts.max_registrations_per_topic,
+                max_registrations=opts.max_registrations,
             )
         except ValueError as exc:
             raise ConfigError(f"[filter.SQL92]: {exc}") from exc
         store.add_dispatcher(precheck)
-    return Sql92FilterFactory(precheck)
+    return Sql92FilterFactory(precheck, limits)
 
 
 @hookimpl

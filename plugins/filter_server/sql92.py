@@ -15,18 +15,29 @@ double) and a value that does not convert makes the evaluation fail, which Rocke
 "does not match" for the whole expression.  Ordering two strings converts both to double.
 
 Each expression is parsed once by a lark LALR parser and compiled into nested closures, so
-matching a message runs no tree walk and no parser.
+matching a message runs no tree walk and no parser.  The closures are built while parsing (lark's
+inline transformer: no tree, no recursion), ``AND`` / ``OR`` chains become one n-ary closure, and
+:class:`Sql92Limits` bounds the size and the nesting depth, so compiling never stalls the caller
+and evaluating never nears Python's recursion limit.  Every failure is an :class:`ExpressionError`
+(a :class:`ValueError`) with a one-line message.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.exceptions import (
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +114,6 @@ BLOCK_COMMENT: /\/\*(.|\n)*?\*\//
 %ignore BLOCK_COMMENT
 """
 
-# The basic lexer keeps keywords reserved everywhere, as JavaCC does (a contextual lexer would
-# read `a > AND` as a property named AND).
-_PARSER = Lark(GRAMMAR, parser="lalr", lexer="basic", maybe_placeholders=False)
-
 #: What a sub-expression evaluates to: True / False / None (SQL null), or a value (str, int, float).
 Fn = Callable[[Mapping[str, str]], Any]
 
@@ -134,6 +141,41 @@ class EvaluationError(Exception):
     """A comparison RocketMQ cannot make (a non-numeric string against a number): no match."""
 
 
+class ExpressionError(ValueError):
+    """An expression that does not compile (syntax, types, or over a :class:`Sql92Limits` bound)."""
+
+
+def _in_range(name: str, low: int, high: int) -> Callable[[Any, Any, int], None]:
+    def check(_inst: Any, _attr: Any, value: int) -> None:
+        if not low <= value <= high:
+            raise ValueError(f"{name} = {value} must be within {low}..{high}")
+
+    return check
+
+
+@attrs.frozen
+class Sql92Limits:
+    """Bounds on one expression, checked before (size) and while (depth) it is compiled.
+
+    Measured on this project's 2-core machine (best of 20): lark costs 15-20 us per token, an IN
+    list ~15 us per value (string and comma).  Commas are not counted and string literals count
+    half, so the default 200 tokens admit ~50 ``a = 1`` terms (4 ms) or an IN list of ~390 values
+    (6 ms); nothing accepted takes much more.  Depth counts nested operators (parentheses alone add
+    nothing); evaluating costs about one Python frame per level, so 200 stays far below the
+    recursion limit wherever the store evaluates.
+    """
+
+    #: characters, checked first (refusing a megabyte costs nothing)
+    max_length: int = attrs.field(default=16384, validator=_in_range("max_length", 16, 1 << 20))
+    #: lexical tokens, commas not counted and string literals counting half
+    max_tokens: int = attrs.field(default=200, validator=_in_range("max_tokens", 8, 10_000))
+    #: nested operators: NOT, unary minus, comparisons, AND / OR chains
+    max_depth: int = attrs.field(default=64, validator=_in_range("max_depth", 4, 200))
+
+
+DEFAULT_LIMITS = Sql92Limits()
+
+
 # --------------------------------------------------------------------------- value semantics
 
 
@@ -156,19 +198,47 @@ class _Prop:
 class _Bool:
     """Marks a compiled sub-expression whose value is boolean (comparison, logic)."""
 
-    __slots__ = ("fn",)
+    __slots__ = ("fn", "depth")
 
-    def __init__(self, fn: Fn):
+    def __init__(self, fn: Fn, *operands: Any):
         self.fn = fn
+        self.depth = _depth_over(operands)
 
 
 class _Value:
     """A compiled non-boolean sub-expression (negation of a property...)."""
 
-    __slots__ = ("fn",)
+    __slots__ = ("fn", "depth")
 
-    def __init__(self, fn: Fn):
+    def __init__(self, fn: Fn, *operands: Any):
         self.fn = fn
+        self.depth = _depth_over(operands)
+
+
+class _Chain:
+    """``a AND b AND c...`` (or ``OR``) as one n-ary node: its closure is built when first used.
+
+    A left-deep tree of two-term closures would cost one Python frame per term when evaluated;
+    one loop over the terms costs one, whatever the length of the chain.
+    """
+
+    __slots__ = ("op", "fns", "depth", "_fn")
+
+    def __init__(self, op: str, fns: list[Fn], depth: int):
+        self.op = op
+        self.fns = fns
+        self.depth = depth
+        self._fn: Fn | None = None
+
+    @property
+    def fn(self) -> Fn:
+        if self._fn is None:
+            self._fn = (_all if self.op == "AND" else _any)(tuple(self.fns))
+        return self._fn
+
+
+def _depth_over(operands: tuple[Any, ...]) -> int:
+    return 1 + max((getattr(o, "depth", 0) for o in operands), default=0)
 
 
 def _to_long(s: str) -> int:
@@ -223,7 +293,7 @@ def _order_values(lv: Any, rv: Any) -> int | None:
 
 def _truth(fn_or_node: Any) -> Fn:
     """A node used where a boolean is needed (RocketMQ's ``asBooleanExpression``)."""
-    if isinstance(fn_or_node, _Bool):
+    if isinstance(fn_or_node, (_Bool, _Chain)):
         return fn_or_node.fn
     if isinstance(fn_or_node, _Const):
         v = fn_or_node.value
@@ -263,13 +333,13 @@ def _describe(node: Any) -> str:
         return repr(v)
     if isinstance(node, _Prop):
         return node.name
-    return "a boolean expression" if isinstance(node, _Bool) else "an expression"
+    return "a boolean expression" if isinstance(node, (_Bool, _Chain)) else "an expression"
 
 
 def _check_orderable(node: Any, op: str) -> None:
     if isinstance(node, _Const) and type(node.value) not in (int, float):
         raise ValueError(f"value {_describe(node)} cannot be compared with {op!r}")
-    if isinstance(node, _Bool):
+    if isinstance(node, (_Bool, _Chain)):
         raise ValueError(f"a boolean expression cannot be compared with {op!r}")
 
 
@@ -388,6 +458,58 @@ def _or(lf: Fn, rf: Fn) -> Fn:
     return f
 
 
+def _all(fns: tuple[Fn, ...]) -> Fn:
+    """Three-valued AND of the terms, left to right, stopping at the first false one."""
+    if len(fns) == 2:
+        return _and(*fns)
+
+    def f(p: Mapping[str, str]) -> bool | None:
+        unknown = False
+        for fn in fns:
+            v = fn(p)
+            if v is False:
+                return False
+            if v is None:
+                unknown = True
+        return None if unknown else True
+
+    return f
+
+
+def _any(fns: tuple[Fn, ...]) -> Fn:
+    """Three-valued OR of the terms, left to right, stopping at the first true one."""
+    if len(fns) == 2:
+        return _or(*fns)
+
+    def f(p: Mapping[str, str]) -> bool | None:
+        unknown = False
+        for fn in fns:
+            v = fn(p)
+            if v is True:
+                return True
+            if v is None:
+                unknown = True
+        return None if unknown else False
+
+    return f
+
+
+def _chain(op: str, left: Any, right: Any) -> _Chain:
+    """Extend a chain of the same operator in place (each operand node is used once, so its list
+    can be taken over: a long chain costs linear time, not quadratic)."""
+    if isinstance(left, _Chain) and left.op == op:
+        fns, depth = left.fns, left.depth
+    else:
+        fns, depth = [_truth(left)], getattr(left, "depth", 0) + 1
+    if isinstance(right, _Chain) and right.op == op:
+        fns.extend(right.fns)
+        depth = max(depth, right.depth)
+    else:
+        fns.append(_truth(right))
+        depth = max(depth, getattr(right, "depth", 0) + 1)
+    return _Chain(op, fns, depth)
+
+
 def _string_literal(tok: Token) -> str:
     return str(tok)[1:-1].replace("''", "'")
 
@@ -410,15 +532,18 @@ def _string_test(
             return None
         return test(v, s) != negate
 
-    return _Bool(f)
+    return _Bool(f, node)
 
 
 @v_args(inline=True)
 class _Compiler(Transformer):  # type: ignore[type-arg]
     """Turns the parse tree into closures, checking what RocketMQ checks at parse time."""
 
-    def start(self, node: Any) -> Fn:
-        return _truth(node)
+    def start(self, node: Any) -> _Bool:
+        """The root, with its depth for :func:`compile_expression` to check."""
+        root = _Bool(_truth(node))
+        root.depth = getattr(node, "depth", 0)
+        return root
 
     # literals and properties
     def string(self, tok: Token) -> _Const:
@@ -465,17 +590,17 @@ class _Compiler(Transformer):  # type: ignore[type-arg]
                     return -_to_double(v)
             return -v
 
-        return _Value(negate)
+        return _Value(negate, node)
 
     def not_(self, _kw: Token, node: Any) -> _Bool:
-        return _Bool(_not(_truth(node)))
+        return _Bool(_not(_truth(node)), node)
 
     # logic
-    def and_(self, left: Any, _kw: Token, right: Any) -> _Bool:
-        return _Bool(_and(_truth(left), _truth(right)))
+    def and_(self, left: Any, _kw: Token, right: Any) -> _Chain:
+        return _chain("AND", left, right)
 
-    def or_(self, left: Any, _kw: Token, right: Any) -> _Bool:
-        return _Bool(_or(_truth(left), _truth(right)))
+    def or_(self, left: Any, _kw: Token, right: Any) -> _Chain:
+        return _chain("OR", left, right)
 
     # equality
     def eq(self, left: Any, right: Any) -> _Bool:
@@ -484,31 +609,32 @@ class _Compiler(Transformer):  # type: ignore[type-arg]
         if isinstance(left, _Const) and isinstance(right, _Const):
             if type(left.value) is bool and type(right.value) is not bool:
                 raise ValueError(f"{_describe(left)} cannot be compared with {_describe(right)}")
-        return _Bool(_equal(left, right))
+        return _Bool(_equal(left, right), left, right)
 
     def ne(self, left: Any, right: Any) -> _Bool:
-        return _Bool(_not(self.eq(left, right).fn))
+        equal = self.eq(left, right)
+        return _Bool(_not(equal.fn), equal)
 
     def is_null(self, node: Any, _is: Token, _null: Token) -> _Bool:
         fn = _value(node)
-        return _Bool(lambda p: fn(p) is None)
+        return _Bool(lambda p: fn(p) is None, node)
 
     def is_not_null(self, node: Any, _is: Token, _not_kw: Token, _null: Token) -> _Bool:
         fn = _value(node)
-        return _Bool(lambda p: fn(p) is not None)
+        return _Bool(lambda p: fn(p) is not None, node)
 
     # ordering
     def gt(self, left: Any, right: Any) -> _Bool:
-        return _Bool(_ordering(left, right, ">", lambda r: r > 0))
+        return _Bool(_ordering(left, right, ">", lambda r: r > 0), left, right)
 
     def ge(self, left: Any, right: Any) -> _Bool:
-        return _Bool(_ordering(left, right, ">=", lambda r: r >= 0))
+        return _Bool(_ordering(left, right, ">=", lambda r: r >= 0), left, right)
 
     def lt(self, left: Any, right: Any) -> _Bool:
-        return _Bool(_ordering(left, right, "<", lambda r: r < 0))
+        return _Bool(_ordering(left, right, "<", lambda r: r < 0), left, right)
 
     def le(self, left: Any, right: Any) -> _Bool:
-        return _Bool(_ordering(left, right, "<=", lambda r: r <= 0))
+        return _Bool(_ordering(left, right, "<=", lambda r: r <= 0), left, right)
 
     def between(self, value: Any, _kw: Token, low: Any, _and_kw: Token, high: Any) -> _Bool:
         if isinstance(low, _Const) and isinstance(high, _Const):
@@ -523,7 +649,10 @@ class _Compiler(Transformer):  # type: ignore[type-arg]
             _and(
                 _ordering(value, low, ">=", lambda r: r >= 0),
                 _ordering(value, high, "<=", lambda r: r <= 0),
-            )
+            ),
+            value,
+            low,
+            high,
         )
 
     def not_between(
@@ -533,7 +662,10 @@ class _Compiler(Transformer):  # type: ignore[type-arg]
             _or(
                 _ordering(value, low, "<", lambda r: r < 0),
                 _ordering(value, high, ">", lambda r: r > 0),
-            )
+            ),
+            value,
+            low,
+            high,
         )
 
     def string_list(self, *items: Token) -> frozenset[str]:
@@ -541,11 +673,11 @@ class _Compiler(Transformer):  # type: ignore[type-arg]
 
     def in_(self, node: Any, _kw: Token, values: frozenset[str]) -> _Bool:
         name = _require_prop(node, "IN")
-        return _Bool(lambda p: None if (v := p.get(name)) is None else v in values)
+        return _Bool(lambda p: None if (v := p.get(name)) is None else v in values, node)
 
     def not_in(self, node: Any, _not_kw: Token, _kw: Token, values: frozenset[str]) -> _Bool:
         name = _require_prop(node, "NOT IN")
-        return _Bool(lambda p: None if (v := p.get(name)) is None else v not in values)
+        return _Bool(lambda p: None if (v := p.get(name)) is None else v not in values, node)
 
     def contains(self, node: Any, _kw: Token, s: Token) -> _Bool:
         return _string_test(node, s, "CONTAINS", lambda v, x: x in v, False)
@@ -571,6 +703,12 @@ def _expected(names: set[str] | frozenset[str]) -> str:
     return ", ".join(shown[:12]) + (", ..." if len(shown) > 12 else "")
 
 
+def _shown(expression: str) -> str:
+    """The expression as error messages quote it: one line, at most ~100 characters."""
+    text = repr(expression[:100])
+    return text + f" (+{len(expression) - 100} characters)" if len(expression) > 100 else text
+
+
 def _syntax_message(expression: str, exc: UnexpectedInput) -> str:
     col = getattr(exc, "column", None)
     if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
@@ -579,31 +717,67 @@ def _syntax_message(expression: str, exc: UnexpectedInput) -> str:
     else:
         where = f"at column {col}" if col not in (None, -1) else "in the expression"
         if isinstance(exc, UnexpectedToken):
-            found = f": unexpected {str(exc.token)!r}"
+            found = f": unexpected {str(exc.token)[:40]!r}"
         elif isinstance(exc, UnexpectedCharacters):
             found = f": unexpected character {exc.char!r}"
         else:
             found = ""
     expected = getattr(exc, "expected", None) or getattr(exc, "allowed", None) or set()
     tail = f"; expected {_expected(expected)}" if expected else ""
-    return f"invalid SQL92 expression {expression!r} {where}{found}{tail}"
+    return f"invalid SQL92 expression {_shown(expression)} {where}{found}{tail}"
 
 
-def compile_expression(expression: str) -> Fn:
-    """Parse and compile ``expression``; :class:`ValueError` (one line) when it is invalid."""
+# The basic lexer keeps keywords reserved everywhere, as JavaCC does (a contextual lexer would
+# read `a > AND` as a property named AND).  The compiler runs as lark's inline transformer: the
+# closures are built at each reduction, with no parse tree and no recursive tree walk.
+_PARSER = Lark(GRAMMAR, parser="lalr", lexer="basic", maybe_placeholders=False, transformer=_Compiler())
+
+# An upper bound of lark's tokens, counted without lark (10-30x cheaper): string literals (even
+# unterminated), comments, words and numbers, two-character operators, then any other character.
+# Commas are left out: they only parse inside IN lists, one per string literal.
+_TOKEN_SCAN = re.compile(r"'(?:[^']|'')*'?|--[^\n\r]*|/\*.*?(?:\*/|\Z)|[A-Za-z0-9_$.]+|<>|>=|<=|[^\s,]", re.S)
+
+
+def _check_size(expression: str, limits: Sql92Limits) -> None:
+    if len(expression) > limits.max_length:
+        raise ExpressionError(
+            f"SQL92 expression is too long: {len(expression)} characters, longer than "
+            f"{limits.max_length} characters"
+        )
+    # A string literal costs lark about half what an operator does (no reduction follows it in an
+    # IN list), so it counts half: IN lists of some hundreds fit where 400 operators would not.
+    budget = 2 * limits.max_tokens
+    for m in itertools.islice(_TOKEN_SCAN.finditer(expression), budget + 1):
+        budget -= 1 if expression[m.start()] == "'" else 2
+        if budget < 0:
+            break
+    if budget < 0:
+        raise ExpressionError(
+            f"SQL92 expression is too long: more than {limits.max_tokens} tokens ({_shown(expression)})"
+        )
+
+
+def compile_expression(expression: str, limits: Sql92Limits = DEFAULT_LIMITS) -> Fn:
+    """Parse and compile ``expression``; :class:`ExpressionError` (one line) when it is invalid."""
     if expression is None or not expression.strip():
-        raise ValueError("SQL92 expression is empty")
+        raise ExpressionError("SQL92 expression is empty")
+    _check_size(expression, limits)
     try:
-        tree = _PARSER.parse(expression)
+        root = _PARSER.parse(expression)
     except UnexpectedInput as exc:
-        raise ValueError(_syntax_message(expression, exc)) from None
-    try:
-        return _Compiler().transform(tree)  # type: ignore[no-any-return]
-    except VisitError as exc:
-        inner = exc.orig_exc
-        if isinstance(inner, ValueError):
-            raise ValueError(f"invalid SQL92 expression {expression!r}: {inner}") from None
-        raise
+        raise ExpressionError(_syntax_message(expression, exc)) from None
+    except (ValueError, EvaluationError) as exc:  # a check of the compiler (types, BETWEEN bounds...)
+        raise ExpressionError(f"invalid SQL92 expression {_shown(expression)}: {exc}") from None
+    except Exception as exc:  # never expected within the limits (RecursionError, a lark error...)
+        log.warning("SQL92 expression %s failed to compile: %r", _shown(expression), exc)
+        raise ExpressionError(
+            f"invalid SQL92 expression {_shown(expression)}: {type(exc).__name__}"
+        ) from None
+    if root.depth > limits.max_depth:
+        raise ExpressionError(
+            f"SQL92 expression {_shown(expression)} is nested deeper than {limits.max_depth} levels"
+        )
+    return root.fn  # type: ignore[no-any-return]
 
 
 class SqlFilter:
@@ -650,9 +824,15 @@ class Sql92FilterFactory:
     answer :meth:`SqlFilter.matches_queue_entry` from the bits written at dispatch time.
     """
 
-    def __init__(self, precheck: Any = None):
+    def __init__(self, precheck: Any = None, limits: Sql92Limits = DEFAULT_LIMITS):
         self.precheck = precheck
+        self.limits = limits
+
+    def close(self) -> None:
+        """Stop the pre-check's worker thread (the broker has no hook calling this yet)."""
+        if self.precheck is not None:
+            self.precheck.close()
 
     def compile(self, expression: str) -> SqlFilter:
         expression = (expression or "").strip()
-        return SqlFilter(expression, compile_expression(expression), self.precheck)
+        return SqlFilter(expression, compile_expression(expression, self.limits), self.precheck)
