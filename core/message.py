@@ -673,13 +673,23 @@ def encode_batch(items: list[BatchItem]) -> bytes:
     return bytes(out)
 
 
-def decode_batch(buf: bytes | memoryview) -> list[BatchItem]:
-    """Decode a SEND_BATCH_MESSAGE body; :class:`CorruptDataError` when malformed."""
+class BatchLimitError(CorruptDataError):
+    """A batch holds more messages than the broker takes in one request."""
+
+
+def decode_batch(buf: bytes | memoryview, max_count: int | None = None) -> list[BatchItem]:
+    """Decode a SEND_BATCH_MESSAGE body; :class:`CorruptDataError` when malformed.
+
+    With ``max_count``, a batch of more messages is refused (:class:`BatchLimitError`) before
+    more than that many are decoded.
+    """
     view = memoryview(buf)
     items: list[BatchItem] = []
     pos = 0
     try:
         while pos < len(view):
+            if max_count is not None and len(items) >= max_count:
+                raise BatchLimitError(f"the batch holds more than {max_count} messages")
             size, _magic, _crc, flag, body_len = struct.unpack_from(">iiiii", view, pos)
             if size < 22 or pos + size > len(view) or body_len < 0:
                 raise CorruptDataError(f"bad batch entry size {size} at {pos}")
@@ -721,8 +731,26 @@ def decode_message_id(msg_id: str) -> tuple[HostPort, int]:
 
 
 def local_ip() -> str:
-    """A best-effort local IPv4 address for ids and broker registration (loopback fallback)."""
+    """This machine's routable IPv4 address for ids and broker registration; loopback when it has none.
+
+    The address of the interface a packet to a private address would leave by (a UDP ``connect``
+    sends nothing), else a non-loopback address the host name resolves to: on many systems the
+    host name alone resolves to 127.0.0.1 or 127.0.1.1, which no other machine can reach.
+    """
+    for probe in ("10.255.255.255", "192.0.2.255"):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((probe, 9))
+                ip = s.getsockname()[0]
+        except OSError:  # no route at all
+            continue
+        if not ipaddress.ip_address(ip).is_loopback and not ipaddress.ip_address(ip).is_unspecified:
+            return str(ip)
     try:
-        return socket.gethostbyname(socket.gethostname())
+        names = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
     except OSError:
-        return "127.0.0.1"
+        names = []
+    for *_, sockaddr in names:
+        if not ipaddress.ip_address(sockaddr[0]).is_loopback:
+            return str(sockaddr[0])
+    return "127.0.0.1"

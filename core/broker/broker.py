@@ -22,8 +22,10 @@ from tidemq.broker.subscriptions import SubscriptionGroupManager
 from tidemq.broker.topics import TopicConfigManager
 from tidemq.broker.transaction import TransactionalMessageService
 from tidemq.config import Components
+from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.errors import StoreError, TidemqError
 from tidemq.message import local_ip
+from tidemq.names import InvalidNameError
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 
@@ -88,6 +90,7 @@ class Broker:
         self._handlers: dict[int, Handler] = {}
         self._running = False
         self._background: set[asyncio.Task[Any]] = set()
+        self._dir_lock: DataDirLock | None = None
 
     # ------------------------------------------------------------------ identity
     @property
@@ -106,6 +109,15 @@ class Broker:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        # Before anything reads or writes the directory: a second process on it is refused here.
+        self._dir_lock = lock_data_dir(self.data_dir, f"tidemq broker {self.settings.name}")
+        try:
+            await self._start()
+        except BaseException:
+            self._dir_lock.release()
+            raise
+
+    async def _start(self) -> None:
         from tidemq.broker.processors import register_all
 
         loop = asyncio.get_running_loop()
@@ -149,12 +161,17 @@ class Broker:
             self.store.shutdown()
             raise
         host, port = self._server.address[:2]
-        if self.settings.advertise:
-            self._address = self.settings.advertise
-        else:
-            if host in ("0.0.0.0", "::", ""):
-                host = local_ip()
-            self._address = f"{host}:{port}"
+        from tidemq.config import registered_address  # the rule check_broker applies before start
+
+        try:
+            # advertise, else the bound address; a wildcard becomes this machine's routable address
+            # (refused when it has none: NameServers must not hand out 0.0.0.0 or 127.0.0.1).
+            self._address = registered_address(self.settings, host, port, local_ip)
+        except BaseException:
+            await self._server.stop()
+            self.replication.shutdown()
+            self.store.shutdown()
+            raise
         if hasattr(self.store, "store_host"):
             # The store derives message ids from the configured address; when the port was 0 it
             # only becomes known now, and ids must name the address clients can reach.
@@ -165,8 +182,10 @@ class Broker:
         self.transactions.start()
         await self.registrar.register_all()
         self.registrar.start()
-        self._tasks.append(asyncio.create_task(self._flush_offsets_loop(), name="tidemq-offset-flush"))
-        self._tasks.append(asyncio.create_task(self._housekeeping_loop(), name="tidemq-client-housekeeping"))
+        from tidemq.tasks import supervise  # a periodic loop that fails is logged and restarted
+
+        self._tasks.append(supervise(self._flush_offsets_loop, "tidemq-offset-flush"))
+        self._tasks.append(supervise(self._housekeeping_loop, "tidemq-client-housekeeping"))
         log.info("broker %s (%s) serving on %s", self.settings.name, self.settings.cluster, self._address)
         try:
             self.hooks.tidemq_broker_started(broker=self)
@@ -197,14 +216,25 @@ class Broker:
         if self.hold is not None:
             self.hold.stop()
         await self._server.stop()
+        for factory in self.filters.values():
+            close = getattr(factory, "close", None)  # a filter's own threads (the SQL92 bit map)
+            if close is not None:
+                close()
         for task in list(self._background):
             task.cancel()
         await self.schedule.stop()
         await self.transactions.stop()
         self.offsets.persist(force=True)
+        for table in (self.topics, self.groups):
+            try:
+                table.close()
+            except OSError as exc:  # a full disk must not stop the shutdown
+                log.error("cannot write %s: %s", table.path, exc)
         self.replication.shutdown()
         self.store.shutdown()
         await self.client.close()
+        if self._dir_lock is not None:
+            self._dir_lock.release()
         log.info("broker %s stopped", self.settings.name)
 
     # ------------------------------------------------------------------ dispatch
@@ -227,7 +257,9 @@ class Broker:
         else:
             try:
                 response = await handler(conn, request)
-            except HeaderFieldError as exc:
+            except (HeaderFieldError, InvalidNameError) as exc:
+                # A peer's mistake, answered with the reason; not logged per request (a flood of
+                # bad names must not become a flood of log lines).
                 response = request.reply(ResponseCode.SYSTEM_ERROR, str(exc))
             except (TidemqError, ValueError) as exc:
                 log.warning("%s from %s failed: %s", request_name(request.code), _remote(conn), exc)

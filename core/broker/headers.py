@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,8 +17,6 @@ DEFAULT_TOPIC = "TBW102"  # AUTO_CREATE_TOPIC_KEY_TOPIC: the template a producer
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 MASTER_ID = 0
-TOPIC_MAX_LENGTH = 127
-_TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 
 
 def is_readable(perm: int) -> bool:
@@ -40,17 +37,6 @@ def retry_topic(group: str) -> str:
 
 def dlq_topic(group: str) -> str:
     return DLQ_GROUP_TOPIC_PREFIX + group
-
-
-def check_topic_name(topic: str) -> str | None:
-    """Why ``topic`` is not a valid topic name, or None (RocketMQ's TopicValidator)."""
-    if not topic:
-        return "the topic name is blank"
-    if len(topic) > TOPIC_MAX_LENGTH:
-        return f"the topic name is longer than {TOPIC_MAX_LENGTH} characters"
-    if not _TOPIC_RE.match(topic):
-        return f"the topic name {topic!r} contains characters other than ^[%|a-zA-Z0-9_-]+$"
-    return None
 
 
 class HeaderFieldError(TidemqError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -22,20 +23,42 @@ class PullRequestHoldService:
         self._loop = loop
         self._max_offset = max_offset
         self._waiters: dict[Key, list[tuple[int, asyncio.Future[bool]]]] = {}
+        # Held pulls by connection: released when it closes (nobody is left to answer).
+        self._by_conn: dict[Any, set[asyncio.Future[bool]]] = {}
         self._stopped = False
 
     @property
     def waiting(self) -> int:
         return sum(len(v) for v in self._waiters.values())
 
-    async def wait(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
-        """Wait until the queue holds a message at ``offset`` or later; False on timeout."""
-        if self._stopped or timeout_s <= 0:
+    def held_by(self, conn: Any) -> int:
+        """Pulls of ``conn`` held right now."""
+        held = self._by_conn.get(conn)
+        return len(held) if held is not None else 0
+
+    def connection_closed(self, conn: Any) -> None:
+        """Release every pull ``conn`` has held (a close callback of the connection)."""
+        for fut in self._by_conn.pop(conn, ()):
+            if not fut.done():
+                fut.set_result(False)
+
+    async def wait(self, topic: str, queue_id: int, offset: int, timeout_s: float, conn: Any = None) -> bool:
+        """Wait until the queue holds a message at ``offset`` or later; False on timeout.
+
+        With ``conn``, the wait ends (False) as soon as that connection closes.
+        """
+        if self._stopped or timeout_s <= 0 or getattr(conn, "closed", False):
             return False
         key = (topic, queue_id)
         fut: asyncio.Future[bool] = self._loop.create_future()
         entry = (offset, fut)
         self._waiters.setdefault(key, []).append(entry)
+        if conn is not None:
+            held = self._by_conn.get(conn)
+            if held is None:
+                held = self._by_conn[conn] = set()
+                conn.add_close_callback(self.connection_closed)
+            held.add(fut)
         try:
             if self._max_offset(topic, queue_id) > offset:
                 return True
@@ -44,6 +67,12 @@ class PullRequestHoldService:
             except TimeoutError:
                 return False
         finally:
+            if conn is not None:
+                held = self._by_conn.get(conn)
+                if held is not None:
+                    held.discard(fut)
+                    # An empty set stays until the connection closes: its close callback is
+                    # registered once per connection, not once per held pull.
             waiters = self._waiters.get(key)
             if waiters is not None:
                 try:

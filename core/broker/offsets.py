@@ -6,12 +6,16 @@ so a crash loses at most the last interval (consumers then re-read a few message
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
 
 from tidemq.errors import CorruptDataError
 from tidemq.jsonfile import read_offset_table, write_json
+from tidemq.names import InvalidNameError, check_group_name, check_stored_topic_name
+
+log = logging.getLogger(__name__)
 
 TOPIC_GROUP_SEPARATOR = "@"
 
@@ -29,6 +33,11 @@ class ConsumerOffsetManager:
         table = read_offset_table(self.path, "consumer offsets")
         try:
             for key, queues in table.items():
+                topic, _, group = key.rpartition(TOPIC_GROUP_SEPARATOR)
+                problem = check_stored_topic_name(topic) or check_group_name(group)
+                if problem:
+                    log.error("%s: offsets of %r ignored: %s", self.path, key[:200], problem)
+                    continue
                 self._table[key] = {int(q): int(o) for q, o in queues.items()}
         except (TypeError, ValueError, AttributeError) as exc:
             # Saving over it would lose every group's progress: refuse, naming the file.
@@ -50,6 +59,10 @@ class ConsumerOffsetManager:
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         key = f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
+        if key not in self._table:  # a new key: names checked once, not on every commit
+            problem = check_stored_topic_name(topic) or check_group_name(group)
+            if problem:
+                raise InvalidNameError(problem)
         with self._lock:
             queues = self._table.setdefault(key, {})
             if queues.get(queue_id) != offset:

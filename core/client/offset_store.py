@@ -14,6 +14,7 @@ from typing import Protocol
 from tidemq.client.instance import ClientInstance
 from tidemq.client.message import queue_from_json, queue_to_json
 from tidemq.jsonfile import read_json, write_json
+from tidemq.names import require_group
 from tidemq.queues import MessageQueue
 from tidemq.remoting.errors import RemotingError
 
@@ -115,7 +116,8 @@ class LocalFileOffsetStore(_MemoryOffsets):
 
     def __init__(self, directory: Path | str, instance_name: str, group: str) -> None:
         super().__init__()
-        self.path = Path(directory).expanduser() / instance_name / group / "offsets.json"
+        # The group becomes a directory: RocketMQ's rules keep it one (InvalidNameError otherwise).
+        self.path = Path(directory).expanduser() / instance_name / require_group(group) / "offsets.json"
 
     async def load(self) -> None:
         data = read_json(self.path, default=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 
@@ -9,8 +10,11 @@ import attrs
 
 from tidemq.client.compression import decompress
 from tidemq.client.errors import ClientError
+from tidemq.errors import CorruptDataError
 from tidemq.filter import EXPRESSION_SQL92, EXPRESSION_TAG
 from tidemq.message import MessageExt, Prop, java_string_hash
+
+log = logging.getLogger(__name__)
 
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
@@ -77,7 +81,20 @@ def prepare(
     for m in messages:
         if sub is not None and not sub.accepts(m):
             continue
-        m.body = decompress(m.body, m.sys_flag)
+        try:
+            m.body = decompress(m.body, m.sys_flag)
+        except CorruptDataError as exc:
+            # A body that does not inflate (or inflates past the frame limit) is never handed
+            # to the application; the queue moves on past it.
+            log.error(
+                "message %s of %s-%d at offset %d skipped: %s",
+                m.msg_id,
+                m.topic,
+                m.queue_id,
+                m.queue_offset,
+                exc,
+            )
+            continue
         real = m.properties.get(Prop.RETRY_TOPIC)
         if real and group is not None and m.topic == retry_topic(group):
             m.topic = real

@@ -7,6 +7,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from tidemq.names import check_stored_topic_name
 from tidemq.remoting import RemotingCommand, RequestCode, ResponseCode
 from tidemq.remoting.errors import BodyError
 from tidemq.remoting.protocol import (
@@ -145,7 +146,8 @@ class NamesrvProcessor:
             wrapper = TopicConfigSerializeWrapper(data_version=DataVersion(0, 0))
             filters: list[str] = []
         elif req.ext_fields.get("compressed") == "true":
-            parsed = RegisterBrokerBody.decode_compressed(body)
+            # Inflated at most to the frame limit: a 1 MiB zlib bomb must not become 1 GiB.
+            parsed = RegisterBrokerBody.decode_compressed(body, self.namesrv.settings.max_frame_size)
             wrapper, filters = parsed.topic_config_serialize_wrapper, parsed.filter_server_list
         else:
             data = loads(body)
@@ -154,6 +156,10 @@ class NamesrvProcessor:
             else:
                 parsed = RegisterBrokerBody.from_dict(data)
                 wrapper, filters = parsed.topic_config_serialize_wrapper, parsed.filter_server_list
+        for topic in wrapper.topic_config_table:
+            problem = check_stored_topic_name(topic)
+            if problem:  # no broker of ours sends one: refuse the registration, naming it
+                raise RequestError(f"register of {broker_name} at {broker_addr} refused: {problem}")
         result = self.routes.register_broker(
             cluster, broker_addr, broker_name, broker_id, ha_addr, wrapper, filters, connection=conn
         )
@@ -218,7 +224,11 @@ class NamesrvProcessor:
 
     def register_topic(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
         route = TopicRouteData.decode(req.payload())
-        self.routes.register_topic(_field(req, "topic"), route.queue_datas)
+        topic = _field(req, "topic")
+        problem = check_stored_topic_name(topic)
+        if problem:
+            raise RequestError(problem)
+        self.routes.register_topic(topic, route.queue_datas)
         return req.reply()
 
     def get_topics_by_cluster(self, conn: Any, req: RemotingCommand) -> RemotingCommand:

@@ -17,6 +17,8 @@ from typing import Any
 import attrs
 import orjson
 
+from tidemq.compression import DEFAULT_INFLATE_LIMIT, inflate_zlib
+from tidemq.errors import CorruptDataError
 from tidemq.remoting.errors import BodyError
 
 MASTER_ID = 0
@@ -249,11 +251,12 @@ class RegisterBrokerBody(_Body):
         return zlib.compress(b"".join(out), 9)
 
     @classmethod
-    def decode_compressed(cls, data: bytes) -> RegisterBrokerBody:
+    def decode_compressed(cls, data: bytes, limit: int = DEFAULT_INFLATE_LIMIT) -> RegisterBrokerBody:
+        """Decode RocketMQ's ``compressed=true`` body; it may inflate to at most ``limit`` bytes."""
         try:
-            raw = zlib.decompress(data)
-        except zlib.error as exc:
-            raise BodyError(f"compressed register body does not inflate: {exc}") from None
+            raw = inflate_zlib(data, limit)
+        except CorruptDataError as exc:
+            raise BodyError(f"compressed register body refused: {exc}") from None
         pos = 0
 
         def take() -> bytes:

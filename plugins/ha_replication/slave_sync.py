@@ -14,10 +14,20 @@ from typing import Any
 
 import orjson
 
+from tidemq.names import check_group_name, check_stored_topic_name
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 
 log = logging.getLogger(__name__)
+
+
+def _valid(problem: str | None, what: str, name: str) -> bool:
+    """A name from the master is checked like any other: a bad one is skipped, never stored."""
+    if problem:
+        log.warning("slave sync skips %s %r from the master: %s", what, name[:200], problem)
+        return False
+    return True
+
 
 REQUEST_TIMEOUT_S = 3.0
 #: json files other plugins keep delay offsets in (the broker's schedule service), relative to config/.
@@ -103,7 +113,11 @@ class SlaveSynchronize:
             self.last_sync["topics"] = time.time()
             return
         table = data.get("topicConfigTable") or {}
-        wanted = {name: TopicConfig.from_dict({"topicName": name, **cfg}) for name, cfg in table.items()}
+        wanted = {
+            name: TopicConfig.from_dict({"topicName": name, **cfg})
+            for name, cfg in table.items()
+            if _valid(check_stored_topic_name(name), "topic", name)
+        }
         current = topics.all()
         for name, cfg in wanted.items():
             if current.get(name) != cfg:
@@ -134,7 +148,9 @@ class SlaveSynchronize:
         offsets = self.broker.offsets
         for key, queues in (data.get("offsetTable") or {}).items():
             topic, sep, group = key.partition("@")
-            if not sep:
+            if not sep or not _valid(
+                check_stored_topic_name(topic) or check_group_name(group), "offsets", key
+            ):
                 continue
             for qid, off in queues.items():
                 offsets.commit(group, topic, int(qid), int(off))
@@ -172,6 +188,8 @@ class SlaveSynchronize:
         groups = self.broker.groups
         current = groups.all()
         for name, cfg in (data.get("subscriptionGroupTable") or {}).items():
+            if not _valid(check_group_name(name), "group", name):
+                continue
             wanted = SubscriptionGroupConfig.from_json({"groupName": name, **cfg})
             if current.get(name) != wanted:
                 groups.update(wanted)

@@ -25,7 +25,8 @@ import lz4.block
 import orjson
 import zstandard
 
-from tidemq.errors import TidemqError
+from tidemq.compression import inflate_zstd
+from tidemq.errors import CorruptDataError, TidemqError
 
 #: First bytes of a tidemq handshake; as a big-endian offset it would be absurd, so never ambiguous.
 HELLO_MAGIC = b"TMHA\x00\x01\xff\xfe"
@@ -105,8 +106,10 @@ def decompress(codec: str, payload: bytes, raw_size: int) -> bytes:
         if codec == "lz4":
             return lz4.block.decompress(payload, uncompressed_size=raw_size)
         if codec == "zstd":
-            return zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_size)
-    except (lz4.block.LZ4BlockError, zstandard.ZstdError) as exc:
+            # Bounded by the size the header announced (itself checked against the frame limit):
+            # a frame claiming a larger content size is refused before anything is allocated.
+            return inflate_zstd(payload, raw_size)
+    except (lz4.block.LZ4BlockError, CorruptDataError) as exc:
         raise CorruptBatchError(f"{codec} batch cannot be decompressed: {exc}") from exc
     return payload
 

@@ -10,6 +10,8 @@ import logging
 import struct
 from pathlib import Path
 
+from tidemq.names import topic_dir
+
 from .mapped_file import MappedFile, MappedFileQueue
 
 log = logging.getLogger(__name__)
@@ -30,7 +32,10 @@ class ConsumeQueue:
         self.queue_id = queue_id
         self.mapped_file_size = entries_per_file * CQ_STORE_UNIT_SIZE
         # Entries are written with pwrite (MappedFile.append): a full disk is an OSError, not SIGBUS.
-        self.queue = MappedFileQueue(root / topic / str(queue_id), self.mapped_file_size, allocate=allocate)
+        # topic_dir refuses a name that is no topic or would leave ``root`` (InvalidNameError).
+        self.queue = MappedFileQueue(
+            topic_dir(root, topic) / str(queue_id), self.mapped_file_size, allocate=allocate
+        )
         self.min_logic_offset = 0  # bytes
         self.max_physic_offset = -1  # end (offset + size) of the last record indexed
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import attrs
 
+from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.delay import DEFAULT_DELAY_LEVELS, SCHEDULE_TOPIC, parse_delay_levels, schedule_tags_code
 from tidemq.errors import CorruptDataError, MessageTooLargeError, StoreError
 from tidemq.filter import MessageFilter
@@ -51,6 +52,7 @@ from tidemq.message import (
     record_mismatch,
     tags_hash_code,
 )
+from tidemq.names import InvalidNameError, check_stored_topic_name, topic_dir
 from tidemq.store import (
     Dispatcher,
     GetResult,
@@ -194,6 +196,8 @@ class MmapMessageStore:
         self._reput_from = 0  # replication: where indexing of appended raw bytes resumes
         self._disk_full = ""  # why writes are refused ("" while the disk has room)
         self._rebuild_queues = False  # a damaged consume queue was set aside at load
+        self._bad_topics: set[str] = set()  # logged once each: records whose topic is no name
+        self._dir_lock: DataDirLock | None = None
         if index is not None:
             self.add_dispatcher(index)
 
@@ -233,8 +237,24 @@ class MmapMessageStore:
         return self.root / "abort"
 
     def load(self) -> bool:
-        """Open files and recover; ``False`` (with the reason logged) when the data is unusable."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """Open files and recover; ``False`` (with the reason logged) when the data is unusable.
+
+        Raises :class:`~tidemq.datadir.DataDirInUseError` when another process has the directory.
+        """
+        if self._dir_lock is None:
+            # Before the abort file is read: a live store's abort file is not a crash.
+            self._dir_lock = lock_data_dir(self.root, "tidemq store")
+        if not self._load():
+            self._release_dir_lock()
+            return False
+        return True
+
+    def _release_dir_lock(self) -> None:
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+            self._dir_lock = None
+
+    def _load(self) -> bool:
         last_exit_ok = not self.abort_file.exists()
         self.checkpoint = StoreCheckpoint(self.root / "checkpoint")
         try:
@@ -343,14 +363,18 @@ class MmapMessageStore:
         if not self._cq_root.exists():
             return
         entries = self.options.consumequeue_entries
-        for topic_dir in sorted(self._cq_root.iterdir()):
-            if not topic_dir.is_dir():
+        for tdir in sorted(self._cq_root.iterdir()):
+            if not tdir.is_dir():
                 continue
-            for qdir in sorted(topic_dir.iterdir()):
+            problem = check_stored_topic_name(tdir.name)
+            if problem:
+                log.error("consume queue directory %s ignored: %s", tdir, problem)
+                continue
+            for qdir in sorted(tdir.iterdir()):
                 if not qdir.is_dir() or not qdir.name.lstrip("-").isdigit():
                     continue
                 cq = ConsumeQueue(
-                    topic_dir.name, int(qdir.name), self._cq_root, entries, self.options.file_allocation
+                    tdir.name, int(qdir.name), self._cq_root, entries, self.options.file_allocation
                 )
                 try:
                     cq.load()
@@ -362,14 +386,14 @@ class MmapMessageStore:
                     qdir.rename(aside)
                     log.error(
                         "consume queue %s-%s is damaged (%s); moved to %s and rebuilt",
-                        topic_dir.name,
+                        tdir.name,
                         qdir.name,
                         exc,
                         aside.name,
                     )
                     self._rebuild_queues = True
                     continue
-                self._cqs.setdefault(topic_dir.name, {})[int(qdir.name)] = cq
+                self._cqs.setdefault(tdir.name, {})[int(qdir.name)] = cq
 
     def start(self) -> None:
         if not self._loaded:
@@ -389,6 +413,7 @@ class MmapMessageStore:
     def shutdown(self) -> None:
         """Flush everything, stop the threads, close the files and mark a clean exit."""
         if not self._running:
+            self._release_dir_lock()
             return
         self._running = False
         with self._lock:  # no put is half-way through once we hold it
@@ -422,6 +447,7 @@ class MmapMessageStore:
             self.transient_pool.destroy()
         if clean:
             self.abort_file.unlink(missing_ok=True)
+        self._release_dir_lock()
 
     # ------------------------------------------------------------------ listeners
     def add_dispatcher(self, dispatcher: Dispatcher) -> None:
@@ -504,7 +530,7 @@ class MmapMessageStore:
             try:
                 cq = self._cq_for_write(topic, queue_id) if consumable else None
                 mf = self.commitlog.file_for(total)
-            except CommitLogFullError as exc:
+            except (CommitLogFullError, InvalidNameError) as exc:
                 return self._illegal(str(exc))
             except OSError as exc:
                 return self._create_failed(exc)
@@ -703,7 +729,15 @@ class MmapMessageStore:
 
     def _redispatch_cq(self, msg: MessageExt) -> None:
         if self._consumable(msg.sys_flag):
-            cq = self._cq_for_write(msg.topic, msg.queue_id)
+            try:
+                cq = self._cq_for_write(msg.topic, msg.queue_id)
+            except InvalidNameError as exc:
+                # A record no put could have made (replicated from a hostile or buggy master, or
+                # written by hand): it stays in the log, but gets no queue and no directory.
+                if msg.topic not in self._bad_topics:
+                    self._bad_topics.add(msg.topic)
+                    log.error("record at %d has no queue entry: %s", msg.commit_log_offset, exc)
+                return
             cq.put(msg.commit_log_offset, msg.store_size, self._record_tags(msg), msg.queue_offset)
             self._last_cq_ts = msg.store_timestamp
 
@@ -970,8 +1004,9 @@ class MmapMessageStore:
                 for cq in (queues or {}).values():
                     cq.destroy()
                 try:
-                    (self._cq_root / t).rmdir()
-                except OSError:
+                    # A name that is no topic has no directory here: nothing outside is touched.
+                    topic_dir(self._cq_root, t).rmdir()
+                except (OSError, InvalidNameError):
                     pass
 
     # ------------------------------------------------------------------ background service

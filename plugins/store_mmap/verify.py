@@ -29,6 +29,7 @@ from typing import Any
 
 import attrs
 
+from tidemq.datadir import holder
 from tidemq.delay import SCHEDULE_TOPIC, delay_level_in
 from tidemq.errors import CorruptDataError
 from tidemq.message import (
@@ -65,6 +66,8 @@ class VerifyReport:
 
     data_dir: str
     strict: bool
+    #: Who holds the directory's lock when the store is live (``"pid 12 (tidemq broker a)"``).
+    live: str | None = None
     commitlog_files: int = 0
     commitlog_min_offset: int = 0
     commitlog_end_offset: int = 0  # end of the last whole record
@@ -189,6 +192,8 @@ class StoreVerifier:
             raise VerifyError(f"{self.root} is not an mmap store directory (no commitlog/ in it)")
         crashed = (self.root / "abort").exists()
         self.report = VerifyReport(str(self.root), strict=(not crashed) if strict is None else strict)
+        # Read-only, so a live store may be walked; its newest records are in flight.
+        self.report.live = holder(self.root)
         self.check_index = check_index
         self.log_files = _Files(self.root / "commitlog")
         self._cqs: dict[tuple[str, int], _Files | None] = {}
@@ -540,6 +545,12 @@ def store_command() -> Any:
         except VerifyError as exc:
             click.echo(f"tidemq: error: {exc}", err=True)
             raise SystemExit(2) from None
+        if report.live:
+            click.echo(
+                f"tidemq: note: {report.data_dir} is live (in use by {report.live}): records being "
+                "written now may show as repairable",
+                err=True,
+            )
         if as_json:
             click.echo(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode())
         else:

@@ -206,3 +206,33 @@ class Cluster:
         if self.broker is not None:
             self.broker.stop()
         self.namesrv.stop()
+
+
+def report(name: str, **figures: object) -> None:
+    """One ``RELIABILITY <name> {...}`` line on stderr: the figures of the README's report."""
+    print(f"\nRELIABILITY {name} {figures}", file=sys.stderr)
+
+
+def assert_broker_serves(cluster: Cluster) -> None:
+    """The broker process is up and answers a well-formed request on a fresh connection."""
+    from tidemq.remoting.codes import ResponseCode
+
+    from .rawclient import runtime_info
+
+    assert cluster.broker is not None and cluster.broker.alive(), cluster.broker.log_text()[-3000:]
+    resp = runtime_info(cluster.broker_address)
+    assert resp is not None and resp.code == ResponseCode.SUCCESS
+
+
+def faults_cluster(root: Path, **config: Any) -> Cluster:
+    """A started async-flush broker with room for load (16 MiB files): the fault suites' target."""
+    config = {
+        "flush": "async",
+        "commitlog_file_size": 16 * 1024 * 1024,
+        "consumequeue_entries": 10000,
+        "index_entries": 100000,
+        **config,
+    }
+    cluster = Cluster(root, **config)
+    cluster.start_broker()
+    return cluster

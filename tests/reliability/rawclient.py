@@ -17,6 +17,7 @@ class RawConn:
         self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         self.decoder = FrameDecoder(64 * 1024 * 1024)
         self.closed_by_peer = False
+        self._ready: list[RemotingCommand] = []  # decoded, not yet returned (several per read)
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -26,6 +27,8 @@ class RawConn:
 
     def recv_cmd(self, timeout: float = 5.0) -> RemotingCommand | None:
         """The next command, or ``None`` when the peer closed the connection or nothing came."""
+        if self._ready:
+            return self._ready.pop(0)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -44,6 +47,7 @@ class RawConn:
                 return None
             cmds = self.decoder.feed(data)
             if cmds:
+                self._ready.extend(cmds[1:])
                 return cmds[0]
 
     def call(self, cmd: RemotingCommand, timeout: float = 5.0) -> RemotingCommand | None:

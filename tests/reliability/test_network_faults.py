@@ -12,7 +12,6 @@ import os
 import random
 import socket
 import struct
-import sys
 import time
 from collections.abc import Iterator
 
@@ -24,29 +23,20 @@ from tidemq.client import BlockingProducer, Message, SendStatus
 from tidemq.remoting import RemotingCommand
 from tidemq.remoting.codes import FLAG_ONEWAY, RequestCode, ResponseCode, SerializeType
 
-from .cluster import Cluster, rss_kib
-from .rawclient import RawConn, raise_nofile, runtime_info
+from .cluster import Cluster, assert_broker_serves, faults_cluster, report, rss_kib
+from .rawclient import RawConn, raise_nofile
 
 MAX_FRAME = 1024 * 1024  # the broker under test refuses frames over 1 MiB
 TOPIC = "NetTopic"
 
 
-def report(name: str, **figures: object) -> None:
-    print(f"\nRELIABILITY {name} {figures}", file=sys.stderr)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(
+    c = faults_cluster(
         tmp_path_factory.mktemp("net"),
-        flush="async",
-        commitlog_file_size=16 * 1024 * 1024,
-        consumequeue_entries=10000,
-        index_entries=100000,
         broker={"max_frame_size": MAX_FRAME},
         transport={"max_frame_size": MAX_FRAME},
     )
-    c.start_broker()
     with BlockingProducer("net-seed", c.namesrv.address) as p:
         body = os.urandom(8 * 1024)
         # ~8 MiB to pull: enough that a consumer that does not read fills every buffer on the way.
@@ -54,12 +44,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         assert all(f.result(30).status is SendStatus.SEND_OK for f in futs)
     yield c
     c.close()
-
-
-def assert_broker_serves(cluster: Cluster) -> None:
-    assert cluster.broker is not None and cluster.broker.alive(), cluster.broker.log_text()[-2000:]
-    resp = runtime_info(cluster.broker_address)
-    assert resp is not None and resp.code == ResponseCode.SUCCESS
 
 
 def pull_request(queue_id: int, offset: int = 0, group: str = "slow-cg") -> RemotingCommand:

@@ -7,14 +7,16 @@ Java's fastjson output, which is not valid JSON; tidemq sends the same fields as
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import orjson
 
 from tidemq import __version__
-from tidemq.broker.headers import DEFAULT_TOPIC, PERM_READ, PERM_WRITE, Header, check_topic_name, kv
+from tidemq.broker.headers import DEFAULT_TOPIC, PERM_READ, PERM_WRITE, Header, kv
 from tidemq.broker.topics import TopicConfig
+from tidemq.names import check_stored_topic_name, check_topic_name
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 
@@ -86,12 +88,16 @@ class AdminProcessor:
             h.bool("order", False),
         )
         b.topics.update(cfg)
+        await asyncio.to_thread(b.topics.persist)  # an operator's change is on disk when answered
         await b.registrar.register_all()
         return request.reply(ResponseCode.SUCCESS)
 
     async def delete_topic(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         topic = Header(request.ext_fields, "DELETE_TOPIC_IN_BROKER").str("topic")
+        problem = check_stored_topic_name(topic)
+        if problem:  # the name becomes a directory to remove: nothing else may be touched
+            return request.reply(ResponseCode.SYSTEM_ERROR, problem)
         if topic == DEFAULT_TOPIC:
             return request.reply(
                 ResponseCode.SYSTEM_ERROR, f"the topic[{topic}] is a system topic and cannot be deleted"
@@ -99,6 +105,7 @@ class AdminProcessor:
         b.topics.delete(topic)
         b.offsets.remove_topic(topic)
         b.store.delete_topics([topic])
+        await asyncio.to_thread(b.topics.persist)
         await b.registrar.register_all()
         return request.reply(ResponseCode.SUCCESS)
 
@@ -109,12 +116,7 @@ class AdminProcessor:
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(self.broker.offsets.serialize()))
 
     async def all_subscription_groups(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
-        groups = self.broker.groups
-        body = {
-            "subscriptionGroupTable": {n: c.to_json() for n, c in groups.all().items()},
-            "dataVersion": groups.data_version.to_dict(),
-        }
-        return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(body))
+        return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(self.broker.groups.serialize()))
 
     # ------------------------------------------------------------------ statistics
     async def runtime_info(self, conn: Any, request: RemotingCommand) -> RemotingCommand:

@@ -9,6 +9,7 @@ import orjson
 
 from tidemq.broker.clients import ClientChannel, SubscriptionData
 from tidemq.broker.headers import PERM_READ, PERM_WRITE, Header, retry_topic
+from tidemq.names import check_group_name, check_stored_topic_name
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 
@@ -23,28 +24,19 @@ class ClientManageProcessor:
         b = self.broker
         try:
             data = orjson.loads(request.payload() or b"{}")
-            if not isinstance(data, dict):
-                raise ValueError("the heartbeat body is not a JSON object")
+            consumers, producers = _heartbeat_entries(data)
         except (orjson.JSONDecodeError, ValueError) as exc:
             return request.reply(ResponseCode.SYSTEM_ERROR, f"malformed heartbeat body: {exc}")
         client_id = str(data.get("clientID", "") or conn.remote_address)
         channel = ClientChannel(conn, client_id, str(request.language), int(request.version or 0))
         b.watch_connection(conn)
-        for cd in data.get("consumerDataSet") or []:
-            group = str(cd.get("groupName", ""))
-            if not group:
-                continue
+        for cd, group, subs in consumers:
             group_cfg = b.groups.find_or_create(group)
             if group_cfg is not None:
                 # Consumers subscribe to their retry topic: it must exist in the route they look up.
                 b.topics.create_in_send_back(
                     retry_topic(group), group_cfg.retry_queue_nums, PERM_READ | PERM_WRITE
                 )
-            subs = [
-                SubscriptionData.from_json(s)
-                for s in cd.get("subscriptionDataSet") or []
-                if isinstance(s, dict)
-            ]
             changed = b.consumers.register(
                 group,
                 ClientChannel(conn, client_id, channel.language, channel.version),
@@ -58,10 +50,8 @@ class ClientManageProcessor:
                     "consumer group %s changed: %s joined from %s", group, client_id, conn.remote_address
                 )
                 b.notify_consumer_ids_changed(group)
-        for pd in data.get("producerDataSet") or []:
-            group = str(pd.get("groupName", ""))
-            if group:
-                b.producers.register(group, ClientChannel(conn, client_id, channel.language, channel.version))
+        for group in producers:
+            b.producers.register(group, ClientChannel(conn, client_id, channel.language, channel.version))
         return request.reply(ResponseCode.SUCCESS)
 
     async def unregister(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
@@ -104,6 +94,55 @@ class ClientManageProcessor:
         except ValueError as exc:
             return request.reply(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
         return request.reply(ResponseCode.SUCCESS)
+
+
+def _objects(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    items = data.get(key) or []
+    if not isinstance(items, list):
+        raise ValueError(f"{key} is a {type(items).__name__}, not a list")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ValueError(f"{key}[{i}] is a {type(item).__name__}, not an object")
+    return items
+
+
+def _heartbeat_entries(
+    data: Any,
+) -> tuple[list[tuple[dict[str, Any], str, list[SubscriptionData]]], list[str]]:
+    """The consumer entries (with their group and subscriptions) and producer groups of a HEART_BEAT.
+
+    Everything is checked before anything is registered: a body that is wrong anywhere changes
+    nothing, and the answer names the field (ValueError).
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"the body is a JSON {type(data).__name__}, not an object")
+    consumers = []
+    for i, cd in enumerate(_objects(data, "consumerDataSet")):
+        group = cd.get("groupName", "")
+        if group in ("", None):
+            continue
+        problem = check_group_name(group)
+        if problem:
+            raise ValueError(f"consumerDataSet[{i}]: {problem}")
+        try:
+            subs = [SubscriptionData.from_json(s) for s in _objects(cd, "subscriptionDataSet")]
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"consumerDataSet[{i}].subscriptionDataSet: {exc}") from None
+        for sub in subs:
+            problem = check_stored_topic_name(sub.topic)
+            if problem:
+                raise ValueError(f"consumerDataSet[{i}].subscriptionDataSet: {problem}")
+        consumers.append((cd, group, subs))
+    producers = []
+    for i, pd in enumerate(_objects(data, "producerDataSet")):
+        group = pd.get("groupName", "")
+        if group in ("", None):
+            continue
+        problem = check_group_name(group)
+        if problem:
+            raise ValueError(f"producerDataSet[{i}]: {problem}")
+        producers.append(group)
+    return consumers, producers
 
 
 def register(broker: Any) -> None:

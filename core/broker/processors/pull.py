@@ -50,7 +50,7 @@ class PullProcessor:
             self._filters[key] = flt
         return flt
 
-    async def pull(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def pull(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
         b = self.broker
         h = Header(request.ext_fields, "PULL_MESSAGE")
         group = h.str("consumerGroup")
@@ -60,7 +60,8 @@ class PullProcessor:
         max_nums = max(1, min(h.int("maxMsgNums", 32), 1024))
         sys_flag = h.int("sysFlag", 0)
         commit_offset = h.int("commitOffset", -1)
-        suspend_ms = h.int("suspendTimeoutMillis", 0)
+        # Capped: a peer asking for hours would pin its request (and its memory) that long.
+        suspend_ms = min(max(h.int("suspendTimeoutMillis", 0), 0), b.settings.max_suspend_ms)
         has_suspend = bool(sys_flag & FLAG_SUSPEND)
 
         group_cfg = b.groups.find_or_create(group)
@@ -110,9 +111,10 @@ class PullProcessor:
         try:
             message_filter = self.compile_filter(expression_type, expression)
         except (ValueError, LookupError) as exc:
-            return request.reply(
+            shown = expression if len(expression) <= 100 else expression[:97] + "..."
+            return request.reply(  # quoted short and on one line: it may be a megabyte of anything
                 ResponseCode.SUBSCRIPTION_PARSE_FAILED,
-                f"parse the consumer's subscription[{expression}] failed: {exc}",
+                f"parse the consumer's subscription[{shown!r}] failed: {exc}",
             )
 
         # Commit the offset the consumer reports before holding, so a held pull never delays it.
@@ -146,10 +148,19 @@ class PullProcessor:
                 break
             if b.store.get_max_offset_in_queue(topic, queue_id) > offset:
                 break  # indexed but not readable (removed data): answer now rather than spin on wake-ups
+            if b.hold.held_by(conn) >= b.settings.max_held_pulls_per_connection:
+                # RocketMQ's clients retry a SYSTEM_BUSY pull after a pause, not at once.
+                return request.reply(
+                    ResponseCode.SYSTEM_BUSY,
+                    f"[PULL_HOLD_LIMIT] {b.settings.max_held_pulls_per_connection} pulls of this "
+                    "connection are held already; try again later",
+                )
             if b.settings.long_polling:
-                await b.hold.wait(topic, queue_id, offset, remaining)
+                await b.hold.wait(topic, queue_id, offset, remaining, conn)
             else:
                 await asyncio.sleep(remaining)
+            if getattr(conn, "closed", False):
+                return None  # nobody to answer: the held pull ends with its connection
             if not b._running:
                 result = b.store.get_message(group, topic, queue_id, offset, max_nums, store_filter)
                 code = _pull_code(result, offset)

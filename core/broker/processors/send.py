@@ -13,7 +13,6 @@ from tidemq.broker.headers import (
     PERM_WRITE,
     RETRY_GROUP_TOPIC_PREFIX,
     Header,
-    check_topic_name,
     dlq_topic,
     is_writeable,
     kv,
@@ -23,12 +22,14 @@ from tidemq.broker.transaction import is_half_request
 from tidemq.errors import CorruptDataError
 from tidemq.futures import resolved
 from tidemq.message import (
+    BatchLimitError,
     MessageInner,
     Prop,
     decode_batch,
     decode_message,
     string_to_properties,
 )
+from tidemq.names import check_group_name, check_topic_name
 from tidemq.observe import SendContext
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
@@ -133,7 +134,10 @@ class SendProcessor:
                 ResponseCode.SERVICE_NOT_AVAILABLE,
                 f"the broker[{b.settings.name}] is a slave and takes no messages",
             )
-        problem = check_topic_name(topic)
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):  # %RETRY%<group>: the group's rules apply
+            problem = check_group_name(topic[len(RETRY_GROUP_TOPIC_PREFIX) :])
+        else:
+            problem = check_topic_name(topic)
         if problem:
             return None, request.reply(ResponseCode.SYSTEM_ERROR, problem)
         if topic == DEFAULT_TOPIC:
@@ -264,7 +268,9 @@ class SendProcessor:
         if queue_id < 0:
             queue_id = random.randrange(max(cfg.write_queue_nums, 1))
         try:
-            items = decode_batch(request.payload())
+            items = decode_batch(request.payload(), b.settings.max_batch_messages)
+        except BatchLimitError as exc:
+            return request.reply(ResponseCode.MESSAGE_ILLEGAL, f"{exc} (max_batch_messages)")
         except CorruptDataError as exc:
             return request.reply(ResponseCode.MESSAGE_ILLEGAL, f"malformed batch body: {exc}")
         if not items:
@@ -385,6 +391,9 @@ class SendProcessor:
         b = self.broker
         h = Header(request.ext_fields, "CONSUMER_SEND_MSG_BACK")
         group = h.str("group")
+        problem = check_group_name(group)
+        if problem:  # the group names the retry and dead-letter topics (and their directories)
+            return request.reply(ResponseCode.SYSTEM_ERROR, problem)
         offset = h.int("offset")
         delay_level = h.int("delayLevel", 0)
         group_cfg = b.groups.find_or_create(group)

@@ -1,0 +1,125 @@
+"""One process per data directory: an exclusive lock on ``<data dir>/lock``, as RocketMQ's store root has.
+
+A second broker started on a directory in use opened the live store, ran abnormal recovery on it
+and deleted the first broker's abort file.  :func:`lock_data_dir` takes ``flock(LOCK_EX)`` on the
+``lock`` file and writes the holder's pid and role into it; a second process is refused with one
+line naming the directory and that process.  The kernel releases the lock when the process ends,
+however it ends, so a SIGKILLed broker never leaves a stale lock behind.
+
+Within one process the lock is counted: the broker and its store both hold it on the same
+directory, and it is released when the last of them lets go.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+from pathlib import Path
+
+from tidemq.errors import TidemqError
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = "lock"
+
+_held: dict[Path, tuple[int, int]] = {}  # lock file -> (fd, holders in this process)
+_guard = threading.Lock()
+
+
+class DataDirInUseError(TidemqError):
+    """Another process holds the data directory's lock."""
+
+
+def _holder_text(fd: int) -> str:
+    try:
+        text = os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    return text or "another process"
+
+
+def holder(data_dir: str | os.PathLike[str]) -> str | None:
+    """Who holds ``data_dir``'s lock (``"pid 1234 (tidemq broker ...)"``), or None when nobody does.
+
+    Read-only tools (``tidemq store verify``) use this to say they look at a live store.
+    """
+    path = Path(data_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        with _guard:
+            if path.resolve() in _held:
+                return f"pid {os.getpid()} (this process)"
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder_text(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+class DataDirLock:
+    """A held lock; :meth:`release` once (or use it as a context manager)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._released = False
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        with _guard:
+            fd, count = _held[self.path]
+            if count > 1:
+                _held[self.path] = (fd, count - 1)
+                return
+            del _held[self.path]
+        os.close(fd)  # closing the last descriptor drops the flock
+
+    def __enter__(self) -> DataDirLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_data_dir(data_dir: str | os.PathLike[str], what: str = "tidemq") -> DataDirLock:
+    """Take ``data_dir``'s lock (creating the directory), or raise :class:`DataDirInUseError`."""
+    root = Path(data_dir).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    path = (root / LOCK_FILE).resolve()
+    with _guard:
+        held = _held.get(path)
+        if held is not None:
+            _held[path] = (held[0], held[1] + 1)
+            return DataDirLock(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = _holder_text(fd)
+            os.close(fd)
+            raise DataDirInUseError(
+                f"data directory {root} is in use by {who}; stop it or choose another data_dir"
+            ) from None
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            text = f"pid {os.getpid()} ({what})\n".encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, text, 0)
+        except OSError as exc:  # a full disk: the lock holds all the same, only the note is lost
+            log.warning("cannot write the holder into %s: %s", path, exc)
+        _held[path] = (fd, 1)
+    return DataDirLock(path)
+
+
+__all__ = ["LOCK_FILE", "DataDirInUseError", "DataDirLock", "holder", "lock_data_dir"]
