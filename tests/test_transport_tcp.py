@@ -752,3 +752,43 @@ def test_late_response_that_cannot_be_encoded_becomes_system_error() -> None:
             await server.stop()
 
     arun(main())
+
+
+@pytest.mark.parametrize("use_uvloop", [True, False], ids=["uvloop", "asyncio"])
+def test_a_pipelined_burst_does_not_make_other_connections_wait_for_all_of_it(use_uvloop: bool) -> None:
+    """2 000 requests in one write are served in turns: another peer's request is served in between."""
+    burst = 2000
+    served = {"burst": 0, "other_after": -1}
+
+    async def handler(conn: Any, req: RemotingCommand) -> RemotingCommand:
+        if req.code == 11:
+            served["burst"] += 1
+        else:
+            served["other_after"] = served["burst"]
+        return req.reply()
+
+    async def main() -> None:
+        server = transport().server("127.0.0.1", 0, handler)
+        await server.start()
+        client = transport().client()
+        try:
+            other = await client.connection(addr_of(server))  # connected before the burst
+            reader, writer = await asyncio.open_connection(*server.address)
+            writer.write(
+                b"".join(encode_bytes(RemotingCommand.request(11, {"i": str(i)})) for i in range(burst))
+            )
+            await writer.drain()
+            answer = await other.invoke(RemotingCommand.request(12), 10)
+            assert answer.code == ResponseCode.SUCCESS
+            decoder = FrameDecoder()
+            got = 0
+            while got < burst:
+                got += len(decoder.feed(await asyncio.wait_for(reader.read(1 << 20), 10)))
+            writer.close()
+        finally:
+            await client.close()
+            await server.stop()
+
+    arun(main(), use_uvloop)
+    assert served["burst"] == burst
+    assert 0 <= served["other_after"] < burst // 2, served

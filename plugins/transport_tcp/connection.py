@@ -15,6 +15,7 @@ share a memory budget (``max_buffered_bytes``, kept by the owner: :class:`TcpSer
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -45,6 +46,8 @@ log = logging.getLogger(__name__)
 #: A connection closed for bad input gets this long to answer the requests read before the bad bytes
 #: and to flush its answers; then it is aborted (a peer that does not read must not keep it open).
 CLOSE_GRACE_S = 5.0
+#: Server side: commands of one read served in one loop turn; the rest wait for the next turns.
+BURST = 64
 #: A read may carry this much past the frame it completes; uvloop and asyncio read at most 256 KiB.
 _READ_SLACK = 512 * 1024
 
@@ -80,6 +83,7 @@ class Connection(asyncio.Protocol):
         self._partial_since = 0.0  # when this connection last completed a frame while holding a partial one
         self._closing = False  # closing for bad input: reads stopped, answering what was read
         self._grace_handle: asyncio.TimerHandle | None = None
+        self._backlog: collections.deque[RemotingCommand] = collections.deque()  # decoded, not yet served
         self.lost: asyncio.Future[None] = self._loop.create_future()
         self.remote_address = ""
         self.local_address = ""
@@ -103,6 +107,9 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_activity = self._loop.time()
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
         decoder = self._decoder
         while True:
             try:
@@ -117,17 +124,15 @@ class Connection(asyncio.Protocol):
                 # over (and are being answered) on the previous turn of this loop.
                 self._close_after_answers(str(exc))
                 return
-            for cmd in commands:
-                if cmd.flag & FLAG_RESPONSE:
-                    fut = self._pending.pop(cmd.opaque, None)
-                    if fut is None:
-                        log.debug(
-                            "response %r from %s matches no request (timed out?)", cmd, self.remote_address
-                        )
-                    elif not fut.done():
-                        fut.set_result(cmd)
-                else:
-                    self._on_request(cmd)
+            if len(commands) > BURST and self.server_side:
+                # A pipelined burst (2 000 heartbeats in one write) is served BURST commands per
+                # loop turn, reads paused meanwhile: other connections' requests interleave instead
+                # of waiting behind the whole burst.  What follows a bad frame waits for the backlog.
+                self._backlog.extend(commands)
+                self._pause_reading()
+                self._drain_backlog()
+                break
+            self._dispatch(commands)
             if not decoder.error_pending:
                 break
             data = b""
@@ -135,6 +140,34 @@ class Connection(asyncio.Protocol):
         # case) skip this; ``_buf`` and not the ``buffered`` property: the call cost ~2% of such a read.
         if self._held or decoder._buf:
             self._account_buffer(bool(commands))
+
+    def _dispatch(self, commands: list[RemotingCommand]) -> None:
+        """Responses complete their waiting calls; requests are served (one loop per read: hot)."""
+        for cmd in commands:
+            if cmd.flag & FLAG_RESPONSE:
+                fut = self._pending.pop(cmd.opaque, None)
+                if fut is None:
+                    log.debug("response %r from %s matches no request (timed out?)", cmd, self.remote_address)
+                elif not fut.done():
+                    fut.set_result(cmd)
+            else:
+                self._on_request(cmd)
+
+    def _drain_backlog(self) -> None:
+        """Serve up to BURST commands of the backlog; come back on the next loop turn for more."""
+        backlog = self._backlog
+        if self._closed:
+            backlog.clear()
+            return
+        self._dispatch([backlog.popleft() for _ in range(min(BURST, len(backlog)))])
+        if backlog:
+            self._loop.call_soon(self._drain_backlog)
+            return
+        if self._closing:
+            return
+        if self._decoder.error_pending:
+            self._feed(b"")  # the frames behind a bad header, or the error itself
+        self._maybe_resume_reading()
 
     def eof_received(self) -> bool | None:
         return None  # close the transport
@@ -168,6 +201,7 @@ class Connection(asyncio.Protocol):
             and not self._write_paused
             and not self._draining
             and not self._closing
+            and not self._backlog
             and not self._closed
             and len(self._tasks) <= self._options.max_in_flight // 2
             and self._transport is not None
