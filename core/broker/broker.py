@@ -21,13 +21,14 @@ from tidemq.broker.stats import BrokerStats
 from tidemq.broker.subscriptions import SubscriptionGroupManager
 from tidemq.broker.topics import TopicConfigManager
 from tidemq.broker.transaction import TransactionalMessageService
-from tidemq.config import Components
+from tidemq.config import Components, registered_address
 from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.errors import StoreError, TidemqError
 from tidemq.message import local_ip
 from tidemq.names import InvalidNameError
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.tasks import supervise
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +162,6 @@ class Broker:
             self.store.shutdown()
             raise
         host, port = self._server.address[:2]
-        from tidemq.config import registered_address  # the rule check_broker applies before start
-
         try:
             # advertise, else the bound address; a wildcard becomes this machine's routable address
             # (refused when it has none: NameServers must not hand out 0.0.0.0 or 127.0.0.1).
@@ -182,8 +181,7 @@ class Broker:
         self.transactions.start()
         await self.registrar.register_all()
         self.registrar.start()
-        from tidemq.tasks import supervise  # a periodic loop that fails is logged and restarted
-
+        # Supervised: a periodic loop that fails is logged and restarted, never silently gone.
         self._tasks.append(supervise(self._flush_offsets_loop, "tidemq-offset-flush"))
         self._tasks.append(supervise(self._housekeeping_loop, "tidemq-client-housekeeping"))
         log.info("broker %s (%s) serving on %s", self.settings.name, self.settings.cluster, self._address)
