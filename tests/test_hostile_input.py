@@ -21,6 +21,7 @@ import pytest
 import zstandard
 from conftest import free_port
 from test_broker_processors import call, pull_fields, running, send_fields
+from test_namesrv_routes import with_namesrv
 
 from tidemq.compression import (
     DecompressionLimitError,
@@ -29,7 +30,6 @@ from tidemq.compression import (
     inflate_zlib,
     inflate_zstd,
 )
-from tidemq.config import NamesrvSettings
 from tidemq.datadir import DataDirInUseError, holder, lock_data_dir
 from tidemq.jsonfile import CoalescedJsonWriter
 from tidemq.message import (
@@ -225,20 +225,6 @@ def _register(topics: dict[str, int], *, compressed_body: bytes | None = None) -
     return RemotingCommand.request(RC.REGISTER_BROKER, fields, raw)
 
 
-def _with_namesrv(body: Any, **settings: Any) -> None:
-    async def main() -> None:
-        ns = NameServer(NamesrvSettings(listen="127.0.0.1:0", **settings), TcpTransport())
-        await ns.start()
-        client = TcpTransport().client()
-        try:
-            await body(ns, client, ns.address)
-        finally:
-            await client.close()
-            await ns.stop()
-
-    asyncio.run(main())
-
-
 def test_namesrv_refuses_registrations_naming_invalid_topics() -> None:
     async def body(ns: NameServer, client: Any, addr: str) -> None:
         r = await client.invoke(addr, _register({"Good": 4, "../evil": 4}), 3)
@@ -246,7 +232,7 @@ def test_namesrv_refuses_registrations_naming_invalid_topics() -> None:
         assert "Good" not in ns.route_info.topic_queue_table
         assert (await client.invoke(addr, _register({"Good": 4}), 3)).code == ResponseCode.SUCCESS
 
-    _with_namesrv(body)
+    with_namesrv(body)
 
 
 def test_namesrv_refuses_a_compressed_register_body_that_inflates_past_the_frame_limit() -> None:
@@ -257,7 +243,7 @@ def test_namesrv_refuses_a_compressed_register_body_that_inflates_past_the_frame
         assert r.code == ResponseCode.SYSTEM_ERROR and "inflates to more than" in (r.remark or ""), r.remark
         assert (await client.invoke(addr, _register({"T": 1}), 3)).code == ResponseCode.SUCCESS
 
-    _with_namesrv(body, max_frame_size=1 << 20)
+    with_namesrv(body, max_frame_size=1 << 20)
 
 
 # --------------------------------------------------------------------------- decompression

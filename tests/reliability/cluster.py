@@ -236,3 +236,25 @@ def faults_cluster(root: Path, **config: Any) -> Cluster:
     cluster = Cluster(root, **config)
     cluster.start_broker()
     return cluster
+
+
+#: What a broker log shows when bad input reached a crash path instead of a one-line refusal.
+CRASH_MARKERS = (
+    "Traceback",
+    "Fatal error",
+    "Exception in callback",
+    "never retrieved",
+    "handler failed",
+    "failed on request",
+    "Unhandled",
+    "RecursionError",
+)
+
+
+def assert_log_clean(cluster: Cluster, *extra: str) -> str:
+    """The broker's log holds no crash marker (nor any of ``extra``); returns the log text."""
+    assert cluster.broker is not None
+    text = cluster.broker.log_text()
+    for marker in (*CRASH_MARKERS, *extra):
+        assert marker not in text, marker
+    return text

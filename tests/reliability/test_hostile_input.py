@@ -31,7 +31,15 @@ from tidemq.remoting import RemotingCommand
 from tidemq.remoting.codes import FLAG_RESPONSE, RequestCode, ResponseCode
 from tidemq.remoting.protocol import DataVersion, RegisterBrokerBody, TopicConfig, TopicConfigSerializeWrapper
 
-from .cluster import Cluster, assert_broker_serves, faults_cluster, free_port, report, rss_kib
+from .cluster import (
+    Cluster,
+    assert_broker_serves,
+    assert_log_clean,
+    faults_cluster,
+    free_port,
+    report,
+    rss_kib,
+)
 from .rawclient import RawConn, raise_nofile, runtime_info
 
 RC = RequestCode
@@ -620,5 +628,4 @@ class TestHeartbeatBodies:
         report("heartbeat-fuzz", **counts)
 
     def test_broker_log_has_no_tracebacks(self, cluster: Cluster) -> None:
-        text = cluster.broker.log_text()
-        assert "Traceback" not in text and "Exception in callback" not in text
+        assert_log_clean(cluster)
