@@ -32,6 +32,7 @@ from tidemq.message import decode_message, local_ip, tags_hash_code
 from tidemq.plugins import PluginManager, get_plugin_manager
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.tasks import supervise
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ class FilterServer:
         self._address = f"{bound_host}:{bound_port}"
         self._client = self.transport.client()
         await self._register_once()
-        self._task = asyncio.create_task(self._register_loop(), name="tidemq-filtersrv-register")
+        self._task = supervise(self._register_loop, "tidemq-filtersrv-register")
         log.info(
             "filter server %s serving broker %s with filters: %s",
             self._address,

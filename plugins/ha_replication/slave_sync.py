@@ -17,6 +17,7 @@ import orjson
 from tidemq.names import check_group_name, check_stored_topic_name
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.tasks import supervise
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class SlaveSynchronize:
         self._no_delay_offsets = False
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="tidemq-slave-sync")
+        self._task = supervise(self._loop, "tidemq-slave-sync")
 
     async def stop(self) -> None:
         if self._task is not None:
