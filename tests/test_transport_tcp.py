@@ -792,3 +792,29 @@ def test_a_pipelined_burst_does_not_make_other_connections_wait_for_all_of_it(us
     arun(main(), use_uvloop)
     assert served["burst"] == burst
     assert 0 <= served["other_after"] < burst // 2, served
+
+
+def test_bad_headers_are_all_answered_but_a_flood_is_not_a_flood_of_warnings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        server = transport().server("127.0.0.1", 0, echo)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection(*server.address)
+            header = b'{"code":"not-a-number","opaque":77,"flag":0}'
+            bad = struct.pack(">II", 4 + len(header), len(header)) + header
+            writer.write(bad * 200)
+            decoder = FrameDecoder()
+            got: list[RemotingCommand] = []
+            while len(got) < 200:
+                got += decoder.feed(await asyncio.wait_for(reader.read(65536), 5))
+            assert all(c.code == ResponseCode.SYSTEM_ERROR for c in got)
+            writer.close()
+        finally:
+            await server.stop()
+
+    caplog.set_level("WARNING", logger="tidemq_transport_tcp")
+    arun(main())
+    warnings = [r for r in caplog.records if "bad command header" in r.getMessage()]
+    assert 1 <= len(warnings) <= 11, len(warnings)

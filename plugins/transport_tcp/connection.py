@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 #: A connection closed for bad input gets this long to answer the requests read before the bad bytes
 #: and to flush its answers; then it is aborted (a peer that does not read must not keep it open).
 CLOSE_GRACE_S = 5.0
+#: Bad headers of one connection logged at WARNING; the rest at DEBUG.
+BAD_HEADER_WARNINGS = 10
 #: Server side: commands of one read served in one loop turn; the rest wait for the next turns.
 BURST = 64
 #: A read may carry this much past the frame it completes; uvloop and asyncio read at most 256 KiB.
@@ -84,6 +86,7 @@ class Connection(asyncio.Protocol):
         self._closing = False  # closing for bad input: reads stopped, answering what was read
         self._grace_handle: asyncio.TimerHandle | None = None
         self._backlog: collections.deque[RemotingCommand] = collections.deque()  # decoded, not yet served
+        self._bad_headers = 0
         self.lost: asyncio.Future[None] = self._loop.create_future()
         self.remote_address = ""
         self.local_address = ""
@@ -447,7 +450,13 @@ class Connection(asyncio.Protocol):
         if exc.opaque is None:
             self._close_after_answers(f"undecodable command header: {exc}")
             return False
-        log.warning("bad command header from %s: %s", self.remote_address, exc)
+        self._bad_headers += 1
+        if self._bad_headers <= BAD_HEADER_WARNINGS:
+            log.warning("bad command header from %s: %s", self.remote_address, exc)
+            if self._bad_headers == BAD_HEADER_WARNINGS:
+                log.warning("further bad command headers from %s are logged at DEBUG", self.remote_address)
+        else:  # each is still answered; a flood of them must not become a flood of log lines
+            log.debug("bad command header from %s: %s", self.remote_address, exc)
         flag = exc.flag or 0
         if flag & FLAG_RESPONSE:
             fut = self._pending.pop(exc.opaque, None)
