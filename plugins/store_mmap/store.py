@@ -31,6 +31,7 @@ from typing import Any
 
 import attrs
 
+from tidemq.compression import compress
 from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.delay import DEFAULT_DELAY_LEVELS, SCHEDULE_TOPIC, parse_delay_levels, schedule_tags_code
 from tidemq.errors import CorruptDataError, MessageTooLargeError, StoreError
@@ -38,8 +39,6 @@ from tidemq.filter import MessageFilter
 from tidemq.flush import FlushPolicy
 from tidemq.message import (
     COMPRESSED_FLAG,
-    COMPRESSION_LZ4,
-    COMPRESSION_ZSTD,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
@@ -115,17 +114,6 @@ def parse_host(address: str) -> tuple[str, int]:
     except ValueError:
         host = local_ip()
     return host, int(port or 0)
-
-
-def compress_body(body: bytes, algorithm: str) -> tuple[bytes, int]:
-    """Compress with lz4 (frame) or zstd; returns the body and the sysFlag bits to set."""
-    if algorithm == "lz4":
-        import lz4.frame
-
-        return lz4.frame.compress(body), COMPRESSED_FLAG | COMPRESSION_LZ4
-    import zstandard
-
-    return zstandard.ZstdCompressor().compress(body), COMPRESSED_FLAG | COMPRESSION_ZSTD
 
 
 class MmapMessageStore:
@@ -619,7 +607,8 @@ class MmapMessageStore:
     def _compressed(self, m: MessageInner) -> MessageInner:
         if m.sys_flag & COMPRESSED_FLAG or len(m.body) < self.options.compression_min_size:
             return m
-        body, bits = compress_body(m.body, self.options.compression)
+        # zstd at its default level 3: the put path pays for it (clients compress at 5).
+        body, bits = compress(m.body, self.options.compression, level=3)
         return attrs.evolve(m, body=body, sys_flag=m.sys_flag | bits)
 
     def _write_failed(self, mf: Any, start: int, total: int, exc: OSError) -> PutResult:
