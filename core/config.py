@@ -166,7 +166,7 @@ def interval(default: float) -> Any:
 
 
 # ---------------------------------------------------------------------------- addresses
-_PORT = re.compile(r"[0-9]{1,5}")  # ASCII digits only: int() also takes "+80", "1_0" and full-width digits
+_PORT = re.compile(r"[0-9]{1,10}")  # ASCII digits only: int() also takes "+80", "1_0" and full-width digits
 _HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?")  # a host name or an IPv4 address
 
 
