@@ -464,3 +464,13 @@ def test_any_failure_of_a_header_decoder_leaves_feed_as_a_header_error(
     assert info.value.opaque is None
     monkeypatch.undo()
     assert dec.feed(encode_bytes(good)) == [good]
+
+
+def test_null_header_ints_take_their_defaults() -> None:
+    """``"flag": null`` must not decode to a command whose flag is None (the transport tests its bits)."""
+    from tidemq.remoting.codec import decode_json_header
+
+    cmd = decode_json_header(b'{"code":10,"flag":null,"opaque":null,"version":null,"extFields":{"a":1}}')
+    assert (cmd.code, cmd.flag, cmd.opaque, cmd.version) == (10, 0, 0, 0)
+    with pytest.raises(HeaderError, match="code"):
+        decode_json_header(b'{"code":null,"opaque":5}')

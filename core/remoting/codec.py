@@ -146,8 +146,10 @@ _JAVA_INT_MAX = 2**31 - 1
 
 
 def _int_field(obj: dict[str, Any], key: str, default: int | None) -> int | None:
-    value = obj.get(key, default)
-    if type(value) is int or value is None:
+    value = obj.get(key)
+    if value is None:  # absent or null: the default (fastjson reads null into an int field as 0)
+        return default
+    if type(value) is int:
         return value  # orjson reads at most 64-bit integers, and writes back all it reads
     if type(value) is str:  # fastjson accepts numeric strings for int fields; so do we
         try:
