@@ -126,14 +126,18 @@ class PullProcessor:
         # each record's properties to ask (that decode was most of a pull's cost).
         store_filter = None if getattr(message_filter, "matches_all", False) else message_filter
 
-        ctx = ConsumeContext(
-            consumer_group=group,
-            topic=topic,
-            queue_id=queue_id,
-            queue_offset=offset,
-            client_address=conn.remote_address,
-        )
-        b.hooks.tidemq_before_consume(context=ctx)
+        # As on the send path: a context and two hook calls only when a plugin listens.
+        hooks = b.hooks
+        ctx: ConsumeContext | None = None
+        if hooks.tidemq_before_consume.get_hookimpls() or hooks.tidemq_after_consume.get_hookimpls():
+            ctx = ConsumeContext(
+                consumer_group=group,
+                topic=topic,
+                queue_id=queue_id,
+                queue_offset=offset,
+                client_address=conn.remote_address,
+            )
+            hooks.tidemq_before_consume(context=ctx)
         start = time.perf_counter()
         deadline = time.monotonic() + (
             suspend_ms / 1000.0 if has_suspend and b.settings.long_polling else 0.0
@@ -166,10 +170,11 @@ class PullProcessor:
                 code = _pull_code(result, offset)
                 break
 
-        ctx.status = ResponseCode(code).name
-        ctx.message_count = result.message_count
-        ctx.elapsed_ms = (time.perf_counter() - start) * 1000
-        b.hooks.tidemq_after_consume(context=ctx)
+        if ctx is not None:
+            ctx.status = ResponseCode(code).name
+            ctx.message_count = result.message_count
+            ctx.elapsed_ms = (time.perf_counter() - start) * 1000
+            hooks.tidemq_after_consume(context=ctx)
         if result.message_count:
             b.stats.on_get(result.message_count, result.total_size)
         # RocketMQ's rule (issue 7): with slaveReadEnable a backlog beyond the memory ratio sends the
