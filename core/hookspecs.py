@@ -32,6 +32,7 @@ from tidemq import PROJECT
 if TYPE_CHECKING:
     import click
 
+    from tidemq.observe import ConsumeContext, SendContext
     from tidemq.plugins import Register
 
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -163,18 +164,19 @@ def tidemq_broker_stopping(broker: Any) -> None:
 
 
 @hookspec(firstresult=True)
-def tidemq_before_send(context: Any) -> str | None:
+def tidemq_before_send(context: SendContext) -> str | None:
     """Inspect, annotate or veto a message before it is stored (broker side) or sent (client side).
 
     Called by the broker's send processor (and tidemq's producer) for every message, with a
-    :class:`tidemq.observe.SendContext`.  Tracing plugins add properties and return ``None``.  A
+    :class:`tidemq.observe.SendContext` (``context.side``: ``"broker"`` or ``"client"``).  Tracing
+    plugins add properties and return ``None``.  A
     plugin that refuses the message (an ACL, a quota) returns the reason as a string; the first
     non-``None`` result wins, stops the remaining implementations and fails the send with it.
     """
 
 
 @hookspec
-def tidemq_after_send(context: Any) -> None:
+def tidemq_after_send(context: SendContext) -> None:
     """Observe the outcome of a send (``context.status``, ``context.elapsed``).
 
     Called by the broker's send processor (and tidemq's producer) after the store answered,
@@ -183,16 +185,17 @@ def tidemq_after_send(context: Any) -> None:
 
 
 @hookspec
-def tidemq_before_consume(context: Any) -> None:
+def tidemq_before_consume(context: ConsumeContext) -> None:
     """Observe a pull request before the store is read.
 
     Called by the broker's pull processor (and tidemq's consumers before they run the listener)
-    with a :class:`tidemq.observe.ConsumeContext`.  Returns nothing.
+    with a :class:`tidemq.observe.ConsumeContext` (``context.side``: ``"broker"`` or ``"client"``).
+    The broker builds the context only when some plugin implements a consume hook.  Returns nothing.
     """
 
 
 @hookspec
-def tidemq_after_consume(context: Any) -> None:
+def tidemq_after_consume(context: ConsumeContext) -> None:
     """Observe the messages found (``context.message_count``) or the consume outcome.
 
     Called by the broker's pull processor after the store answered (and by tidemq's consumers

@@ -23,6 +23,8 @@ class SendContext:
     queue_offset: int = -1
     elapsed_ms: float = 0.0
     extra: dict[str, Any] = attrs.field(factory=dict)
+    #: Who calls the hook: ``"broker"`` (its send processor) or ``"client"`` (tidemq's producer).
+    side: str = "broker"
 
 
 @attrs.define
@@ -38,3 +40,5 @@ class ConsumeContext:
     message_count: int = 0
     elapsed_ms: float = 0.0
     extra: dict[str, Any] = attrs.field(factory=dict)
+    #: Who calls the hook: ``"broker"`` (its pull processor) or ``"client"`` (tidemq's consumers).
+    side: str = "broker"

@@ -2,14 +2,22 @@
 
 Plugins are found through the ``tidemq`` entry-point group: built-ins and third-party
 distributions alike.  Each entry point names a module (or object) holding ``@tidemq.hookimpl``
-functions.  After loading, every registration hook is called once and the factories are kept by
+functions.  After loading, every registration hook is called once, through pluggy (so
+``specname``, ``tryfirst``/``trylast`` and hook tracing apply), and the factories are kept by
 role and name; :meth:`PluginManager.create` then builds the instance a config asks for.
+
+Environment switches, as pytest and datasette have them:
+
+* ``TIDEMQ_DISABLE_PLUGIN_AUTOLOAD=1``: load only tidemq's own plugins, none of a third party's;
+* ``TIDEMQ_BLOCK_PLUGINS=name,...``: never load the entry points of these names;
+* ``TIDEMQ_TRACE_HOOKS=1``: log every hook call and its result at DEBUG (logger ``tidemq.hooks``).
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
+import os
 from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
@@ -112,15 +120,26 @@ class PluginManager:
 
     # ------------------------------------------------------------------ loading
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
-        """Load every plugin advertised in the entry-point group, built-ins first."""
-        eps = list(metadata.entry_points(group=group))
+        """Load every plugin advertised in the entry-point group, built-ins first.
+
+        ``TIDEMQ_DISABLE_PLUGIN_AUTOLOAD`` keeps third-party plugins out and
+        ``TIDEMQ_BLOCK_PLUGINS`` names entry points never to load (see the module docstring).
+        """
+        for name in _env_list("TIDEMQ_BLOCK_PLUGINS"):
+            self.hook_manager.set_blocked(name)
+        own_only = os.environ.get("TIDEMQ_DISABLE_PLUGIN_AUTOLOAD", "") not in ("", "0")
+        eps = [
+            ep
+            for ep in metadata.entry_points(group=group)
+            if not (own_only and (ep.dist.name if ep.dist else "") != PROJECT)
+        ]
 
         def order(ep: metadata.EntryPoint) -> tuple[int, str, str]:
             dist = ep.dist.name if ep.dist else ""
             return (0 if dist == PROJECT else 1, dist, ep.name)
 
         for ep in sorted(eps, key=order):
-            if self.hook_manager.get_plugin(ep.name) is not None:
+            if self.hook_manager.get_plugin(ep.name) is not None or self.hook_manager.is_blocked(ep.name):
                 continue
             try:
                 obj = ep.load()
@@ -129,26 +148,57 @@ class PluginManager:
             self.register(obj, name=ep.name, distribution=ep.dist.name if ep.dist else "?")
 
     def register(self, plugin: object, name: str | None = None, distribution: str = "local") -> str:
-        """Register a plugin object or module directly (tests, embedding)."""
-        registered = self.hook_manager.register(plugin, name=name)
+        """Register a plugin object or module directly (tests, embedding).
+
+        A hook implementation whose arguments do not fit its spec, or that names a hook no spec
+        declares (``tidemq_register_store``), is a :class:`PluginError` naming the plugin, and
+        the plugin is left out whole.
+        """
+        try:
+            registered = self.hook_manager.register(plugin, name=name)
+        except pluggy.PluginValidationError as exc:
+            self._drop(plugin)
+            raise PluginError(f"plugin {name or plugin!r} does not fit tidemq's hooks: {exc}") from exc
         if registered is None:
             raise PluginError(f"plugin {name!r} is blocked or already registered")
+        try:
+            self.hook_manager.check_pending()
+        except pluggy.PluginValidationError as exc:
+            self._drop(plugin)
+            raise PluginError(f"plugin {registered!r} implements a hook tidemq does not have: {exc}") from exc
         self._distributions[registered] = distribution
         self._collected = False
         return registered
+
+    def _drop(self, plugin: object) -> None:
+        # pluggy keeps a plugin that failed validation in its name table: take it out again.
+        if self.hook_manager.is_registered(plugin):
+            self.hook_manager.unregister(plugin)
 
     def _collect(self) -> None:
         if self._collected:
             return
         self._registry = {role: {} for role in ROLES}
-        for plugin_name, plugin in self.hook_manager.list_name_plugin():
-            dist = self._distributions.get(plugin_name, "local")
-            for role, hook_name in ROLE_HOOKS.items():
-                impl = getattr(plugin, hook_name, None)
-                if impl is None:
-                    continue
-                impl(Register(role, plugin_name, dist, self._registry[role]))
+        for role, hook_name in ROLE_HOOKS.items():
+            # Through pluggy, so implementations named by ``specname`` count.  Registration order
+            # (not pluggy's last-first call order): a duplicate name blames the later plugin.
+            for impl in getattr(self.hook_manager.hook, hook_name).get_hookimpls():
+                dist = self._distributions.get(impl.plugin_name, "local")
+                impl.function(Register(role, impl.plugin_name, dist, self._registry[role]))
         self._collected = True
+
+    def trace_hooks(self) -> None:
+        """Log every hook call and its outcome at DEBUG on ``tidemq.hooks`` (``TIDEMQ_TRACE_HOOKS``)."""
+        hooks_log = logging.getLogger("tidemq.hooks")
+
+        def before(hook_name: str, impls: Any, kwargs: Mapping[str, Any]) -> None:
+            hooks_log.debug("%s(%s) -> %s", hook_name, ", ".join(kwargs), [i.plugin_name for i in impls])
+
+        def after(outcome: Any, hook_name: str, impls: Any, kwargs: Mapping[str, Any]) -> None:
+            exc = outcome.exception
+            hooks_log.debug("%s returned %r", hook_name, exc if exc is not None else outcome.get_result())
+
+        self.hook_manager.add_hookcall_monitoring(before, after)
 
     # ------------------------------------------------------------------ queries
     def available(self, role: str) -> dict[str, PluginInfo]:
@@ -212,6 +262,12 @@ def get_plugin_manager() -> PluginManager:
     global _default
     if _default is None:
         pm = PluginManager()
+        if os.environ.get("TIDEMQ_TRACE_HOOKS", "") not in ("", "0"):
+            pm.trace_hooks()
         pm.load_entry_points()
         _default = pm
     return _default
+
+
+def _env_list(variable: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(variable, "").split(",") if item.strip()]

@@ -460,11 +460,11 @@ class Veto:
 
     @hookimpl
     def tidemq_after_send(self, context: Any) -> None:
-        self.seen.append((context.topic, context.status))
+        self.seen.append((context.topic, context.status, context.side))
 
     @hookimpl
     def tidemq_after_consume(self, context: Any) -> None:
-        self.seen.append((context.topic, f"pulled {context.message_count}"))
+        self.seen.append((context.topic, f"pulled {context.message_count}", context.side))
 
 
 def test_send_hooks_observe_and_veto(tmp_path: Path, plugin_matrix: dict[str, str]) -> None:
@@ -483,7 +483,11 @@ def test_send_hooks_observe_and_veto(tmp_path: Path, plugin_matrix: dict[str, st
             assert broker.store.get_max_offset_in_queue("Forbidden", 0) == 0
 
     asyncio.run(main())
-    assert veto.seen == [("Forbidden", "NO_PERMISSION"), ("Allowed", "SUCCESS"), ("Allowed", "pulled 1")]
+    assert veto.seen == [
+        ("Forbidden", "NO_PERMISSION", "broker"),
+        ("Allowed", "SUCCESS", "broker"),
+        ("Allowed", "pulled 1", "broker"),
+    ]
 
 
 def heartbeat(client_id: str, group: str, topic: str) -> bytes:

@@ -574,17 +574,17 @@ class SendRecorder:
 
     @hookimpl
     def tidemq_before_send(self, context: Any) -> None:
-        if context.extra.get("side") == "client":
+        if context.side == "client":
             self.before.append(context.topic)
 
     @hookimpl
     def tidemq_after_send(self, context: Any) -> None:
-        if context.extra.get("side") == "client":
+        if context.side == "client":
             self.after.append((context.broker_address, context.status))
 
     @hookimpl
     def tidemq_after_consume(self, context: Any) -> None:
-        if context.extra.get("side") == "client":
+        if context.side == "client":
             self.consumed.append((context.topic, context.status))
 
 
@@ -633,7 +633,7 @@ class AttemptRecorder:
 
     @hookimpl
     def tidemq_after_send(self, context: Any) -> None:
-        if context.extra.get("side") == "client":
+        if context.side == "client":
             self.attempts.append((context.broker_address, context.status))
 
 
@@ -922,7 +922,7 @@ class Veto:
 
     @hookimpl
     def tidemq_before_send(self, context: Any) -> str | None:
-        if context.extra.get("side") == "client" and context.topic == self.topic:
+        if context.side == "client" and context.topic == self.topic:
             return "quota exceeded"
         return None
 

@@ -111,3 +111,74 @@ def test_built_in_plugins_register_through_the_entry_point_group(role):
     names = {info.name for info in catalogue[role]}
     assert BUILT_INS[role] <= names
     assert all(info.distribution == "tidemq" for info in catalogue[role] if info.name in BUILT_INS[role])
+
+
+def test_registration_goes_through_pluggy_so_specname_counts(tmp_path):
+    class Named:
+        @hookimpl(specname="tidemq_register_stores")
+        def add_my_store(self, register):
+            register.add("named", lambda ctx: "built by specname")
+
+    pm = PluginManager()
+    pm.register(Named(), name="named-plugin")
+    assert pm.create("store", "named", data_dir=tmp_path) == "built by specname"
+
+
+def test_a_misspelt_hook_is_an_error_naming_the_plugin():
+    class Misspelt:
+        @hookimpl
+        def tidemq_register_store(self, register):  # no such hook: the role is "stores"
+            register.add("lost", lambda ctx: None)
+
+    pm = PluginManager()
+    with pytest.raises(PluginError, match="'misspelt'.*tidemq_register_store"):
+        pm.register(Misspelt(), name="misspelt")
+    assert pm.hook_manager.get_plugin("misspelt") is None  # left out whole
+    assert "lost" not in pm.available("store")
+
+
+def test_a_hook_with_arguments_its_spec_lacks_is_an_error_naming_the_plugin():
+    class Wrong:
+        @hookimpl
+        def tidemq_register_stores(self, register, extra):
+            pass
+
+    pm = PluginManager()
+    with pytest.raises(PluginError, match="'wrong'"):
+        pm.register(Wrong(), name="wrong")
+    assert pm.hook_manager.get_plugin("wrong") is None
+    pm.register(make_plugin("tidemq_register_stores", "fine"), name="fine")
+    assert list(pm.available("store")) == ["fine"]
+
+
+def test_environment_switches_block_and_disable_autoload(monkeypatch):
+    monkeypatch.setenv("TIDEMQ_BLOCK_PLUGINS", "store_memory, acl")
+    pm = PluginManager()
+    pm.load_entry_points()
+    assert "memory" not in pm.available("store") and "mmap" in pm.available("store")
+    assert pm.available("acl") == {}
+
+    monkeypatch.delenv("TIDEMQ_BLOCK_PLUGINS")
+    monkeypatch.setenv("TIDEMQ_DISABLE_PLUGIN_AUTOLOAD", "1")
+    from importlib import metadata
+
+    real = metadata.entry_points
+
+    def with_a_third_party(group):
+        third = metadata.EntryPoint(name="third", value="tidemq_no_such_module_xyz", group="tidemq")
+        return [*real(group=group), third]  # would fail to import if it were loaded
+
+    monkeypatch.setattr(metadata, "entry_points", with_a_third_party)
+    pm = PluginManager()
+    pm.load_entry_points()
+    assert "mmap" in pm.available("store") and pm.hook_manager.get_plugin("third") is None
+
+
+def test_hook_calls_can_be_traced(caplog):
+    pm = PluginManager()
+    pm.trace_hooks()
+    pm.register(make_plugin("tidemq_register_stores", "traced"), name="traced-plugin")
+    caplog.set_level("DEBUG", logger="tidemq.hooks")
+    ctx = SendContext(producer_group="g", topic="t", queue_id=0, properties={}, body_size=1)
+    pm.hook.tidemq_after_send(context=ctx)
+    assert any("tidemq_after_send" in r.getMessage() for r in caplog.records if r.name == "tidemq.hooks")

@@ -210,6 +210,7 @@ class Producer:
             if addr is None:
                 raise ClientError(f"broker {mq.broker_name} has no master address")
         ctx = SendContext(
+            side="client",
             producer_group=self.group,
             topic=mq.topic,
             queue_id=mq.queue_id,
@@ -217,7 +218,6 @@ class Producer:
             body_size=len(body),
             client_address=self.instance.client_id,
             broker_address=addr,
-            extra={"side": "client"},
         )
         reason = self.manager.hook.tidemq_before_send(context=ctx)
         if reason is not None:

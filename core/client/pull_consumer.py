@@ -172,12 +172,12 @@ class PullConsumer:
         self._topics.add(mq.topic)
         sys_flag = PULL_FLAG_SUBSCRIPTION | (PULL_FLAG_SUSPEND if suspend > 0 else 0)
         ctx = ConsumeContext(
+            side="client",
             consumer_group=self.group,
             topic=mq.topic,
             queue_id=mq.queue_id,
             queue_offset=offset,
             client_address=self.instance.client_id,
-            extra={"side": "client"},
         )
         hook = self.instance.manager.hook
         hook.tidemq_before_consume(context=ctx)

@@ -490,13 +490,13 @@ class PushConsumer:
     async def _call_listener(self, mq: MessageQueue, msgs: list[MessageExt]) -> bool:
         assert self.listener is not None
         ctx = ConsumeContext(
+            side="client",
             consumer_group=self.group,
             topic=mq.topic,
             queue_id=mq.queue_id,
             queue_offset=msgs[0].queue_offset,
             client_address=self.instance.client_id,
             message_count=len(msgs),
-            extra={"side": "client"},
         )
         self.manager.hook.tidemq_before_consume(context=ctx)
         now_ms = str(int(time.time() * 1000))
