@@ -23,7 +23,7 @@ firstresult stop at the first implementation returning something other than ``No
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -32,6 +32,7 @@ from tidemq import PROJECT
 if TYPE_CHECKING:
     import click
 
+    from tidemq.broker.context import BrokerContext, ProcessorRegister
     from tidemq.observe import ConsumeContext, SendContext
     from tidemq.plugins import Register
 
@@ -134,6 +135,19 @@ def tidemq_register_acl_validators(register: Register) -> None:
 
 
 @hookspec
+def tidemq_register_processors(register: ProcessorRegister) -> None:
+    """Add (or wrap) the broker's request handlers, by request code.
+
+    Called by each broker as it starts, after its metadata and filters are loaded and before its
+    store loads (handlers run only once the server accepts connections), with a :class:`tidemq.broker.context.ProcessorRegister` whose ``context``
+    is the broker (a :class:`tidemq.broker.context.BrokerContext`).  ``register.add(code, handler)``
+    serves a code (a code taken twice is an error naming both plugins); ``register.wrap(code, fn)``
+    replaces a handler by ``fn(handler)`` once all are added.  The built-in processors register
+    here too.  Returns nothing.
+    """
+
+
+@hookspec
 def tidemq_add_commands(cli: click.Group) -> None:
     """Add sub-commands to the ``tidemq`` command line.
 
@@ -146,7 +160,7 @@ def tidemq_add_commands(cli: click.Group) -> None:
 
 
 @hookspec
-def tidemq_broker_started(broker: Any) -> None:
+def tidemq_broker_started(broker: BrokerContext) -> None:
     """Observe a broker that has started serving.
 
     Called by the broker once, after its store, replication and transport have started and it has
@@ -155,7 +169,7 @@ def tidemq_broker_started(broker: Any) -> None:
 
 
 @hookspec
-def tidemq_broker_stopping(broker: Any) -> None:
+def tidemq_broker_stopping(broker: BrokerContext) -> None:
     """Observe a broker that is about to stop.
 
     Called by the broker once at the start of shutdown, while the store is still open.

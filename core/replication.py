@@ -21,3 +21,31 @@ class Replication(Protocol):
         """The address slaves connect to ("" when not serving)."""
 
     def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class MetadataSink(Protocol):
+    """Where a slave writes the metadata it copies from its master (RocketMQ's SlaveSynchronize).
+
+    Each method takes the master's answer as RocketMQ's JSON body (the admin request named) and
+    applies it whole: names are checked like any other, bad entries skipped and logged, and the
+    table persisted.  A replication plugin gets this instead of the broker's managers.
+    """
+
+    def topic_data_version(self) -> dict[str, Any]:
+        """The slave's topic-table DataVersion (``{"timestamp", "counter"}``): unchanged tables are skipped."""
+
+    def apply_topic_configs(self, body: dict[str, Any]) -> int:
+        """GET_ALL_TOPIC_CONFIG's TopicConfigSerializeWrapper; returns how many topics it holds."""
+
+    def apply_consumer_offsets(self, body: dict[str, Any]) -> None:
+        """GET_ALL_CONSUMER_OFFSET's ``{"offsetTable": {"topic@group": {queueId: offset}}}``."""
+
+    def apply_delay_offsets(self, body: dict[str, Any]) -> None:
+        """GET_ALL_DELAY_OFFSET's ``{"offsetTable": {level: offset}}``."""
+
+    def apply_subscription_groups(self, body: dict[str, Any]) -> None:
+        """GET_ALL_SUBSCRIPTIONGROUP_CONFIG's SubscriptionGroupWrapper."""
+
+    def adopt_store_topics(self) -> list[str]:
+        """Give the topics the replicated log holds but the table lacks a config; returns them."""

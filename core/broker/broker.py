@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
 import attrs
 
 from tidemq.acl import ACCESS_KEY, AccessDenied
 from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
+from tidemq.broker.context import Handler, ProcessorRegister
 from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
+from tidemq.broker.metadata_sink import BrokerMetadataSink
 from tidemq.broker.offsets import ConsumerOffsetManager
+from tidemq.broker.processors.filter_server import FilterServerManager
 from tidemq.broker.registration import NamesrvRegistrar
 from tidemq.broker.schedule import ScheduleMessageService
 from tidemq.broker.stats import BrokerStats
@@ -28,11 +31,10 @@ from tidemq.message import local_ip
 from tidemq.names import InvalidNameError
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.replication import MetadataSink
 from tidemq.tasks import supervise
 
 log = logging.getLogger(__name__)
-
-Handler = Callable[[Any, RemotingCommand], Awaitable[RemotingCommand | None]]
 
 NOTIFY_TIMEOUT_S = 3.0
 HOUSEKEEPING_PERIOD_S = 10.0
@@ -84,6 +86,9 @@ class Broker:
         self.registrar = NamesrvRegistrar(self)
         self.schedule = ScheduleMessageService(self)  # delayed messages (issue 10)
         self.transactions = TransactionalMessageService(self)  # transactional messages (issue 10)
+        self.filter_servers = FilterServerManager(self)  # live `tidemq filtersrv` processes
+        #: Where a replication plugin writes the metadata a slave copies from its master.
+        self.metadata_sink: MetadataSink = BrokerMetadataSink(self)
         self.client: Any = None
         self._server: Any = None
         self._address = self.settings.address
@@ -105,6 +110,11 @@ class Broker:
         return host.strip("[]"), int(port)
 
     @property
+    def running(self) -> bool:
+        """Serving requests: from the end of :meth:`start` to the beginning of :meth:`stop`."""
+        return self._running
+
+    @property
     def is_master(self) -> bool:
         return self.settings.id == 0 and self.settings.role != "SLAVE"
 
@@ -119,8 +129,6 @@ class Broker:
             raise
 
     async def _start(self) -> None:
-        from tidemq.broker.processors import register_all
-
         loop = asyncio.get_running_loop()
         self.topics.load()
         self.offsets.load()
@@ -134,6 +142,8 @@ class Broker:
                 components=self.components.instances,
                 settings=attrs.asdict(self.settings),
             )
+        # Before the store loads: a plugin that cannot register fails the start before recovery runs.
+        self._handlers = self._collect_processors()
         if not self.store.load():
             raise StoreError(f"the store in {self.data_dir} could not be loaded")
         self.hold = PullRequestHoldService(loop, self.store.get_max_offset_in_queue)
@@ -147,9 +157,6 @@ class Broker:
             # A taken HA port must not leave the store running (and its abort marker behind).
             self.store.shutdown()
             raise
-        register_all(self)
-        self.schedule.register()
-        self.transactions.register()
         self.topics.on_change = self.registrar.request
         self._server = self.transport.server(
             self.settings.host, self.settings.port, self.handle, max_frame_size=self.settings.max_frame_size
@@ -236,8 +243,12 @@ class Broker:
         log.info("broker %s stopped", self.settings.name)
 
     # ------------------------------------------------------------------ dispatch
-    def register_handler(self, code: int, handler: Handler) -> None:
-        self._handlers[int(code)] = handler
+    def _collect_processors(self) -> dict[int, Handler]:
+        """Every plugin's request handlers (``tidemq_register_processors``), before the server starts."""
+        register = ProcessorRegister(self)
+        for impl in self.manager.hook_manager.hook.tidemq_register_processors.get_hookimpls():
+            impl.function(register._as(impl.plugin_name))  # registration order: built-ins first
+        return register.handlers()
 
     async def handle(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
         """The transport's request handler: one processor per code, errors become responses."""

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.tasks import supervise
+
+if TYPE_CHECKING:
+    from tidemq.broker.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +24,7 @@ RETRY_AFTER_FAILURE_S = 2.0
 class NamesrvRegistrar:
     """Registers the broker's topic table with all NameServers, periodically and on change."""
 
-    def __init__(self, broker: Any):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         self._wanted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -65,12 +68,11 @@ class NamesrvRegistrar:
     async def register_all(self) -> None:
         """One REGISTER_BROKER to each NameServer, in parallel; failures are logged."""
         b = self.broker
-        filter_servers = getattr(b, "filter_servers", None)
         body = orjson.dumps(
             {
                 "topicConfigSerializeWrapper": b.topics.serialize(),
                 # Live `tidemq filtersrv` processes (processors/filter_server.py).
-                "filterServerList": filter_servers.addresses() if filter_servers is not None else [],
+                "filterServerList": b.filter_servers.addresses(),
             },
             option=orjson.OPT_NON_STR_KEYS,
         )

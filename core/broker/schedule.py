@@ -25,7 +25,7 @@ import functools
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -46,10 +46,13 @@ from tidemq.message import (
     Prop,
     decode_message,
 )
-from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.remoting.codes import ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.store import GetStatus
 from tidemq.tasks import supervise
+
+if TYPE_CHECKING:
+    from tidemq.broker.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ def delay_level_of(msg: MessageInner | MessageExt) -> int:
 class ScheduleMessageService:
     """Swaps delayed messages into SCHEDULE_TOPIC_XXXX and delivers them when due."""
 
-    def __init__(self, broker: Any):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         self.store = broker.store
         self.levels = parse_delay_levels(broker.settings.delay_levels)
@@ -129,9 +132,6 @@ class ScheduleMessageService:
         self._loop = loop
         self._events = [asyncio.Event() for _ in self.levels]
         self.store.add_arrival_listener(self._on_arrival)
-
-    def register(self) -> None:
-        self.broker.register_handler(RequestCode.GET_ALL_DELAY_OFFSET, self.get_all_delay_offset)
 
     def start(self) -> None:
         """Start one delivery task per level (masters only: a slave takes no writes)."""

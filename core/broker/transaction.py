@@ -28,7 +28,7 @@ import collections
 import logging
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidemq.broker.headers import Header
 from tidemq.errors import CorruptDataError
@@ -50,6 +50,9 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.store import GetStatus, PutResult
 from tidemq.tasks import supervise
+
+if TYPE_CHECKING:
+    from tidemq.broker.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +79,7 @@ def is_half_request(properties: dict[str, str], sys_flag: int) -> bool:
 class TransactionalMessageService:
     """Half/op queues, END_TRANSACTION and the periodic check-back."""
 
-    def __init__(self, broker: Any):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         self.store = broker.store
         s = broker.settings
@@ -95,9 +98,6 @@ class TransactionalMessageService:
         self.discarded = 0
 
     # ------------------------------------------------------------------ lifecycle
-    def register(self) -> None:
-        self.broker.register_handler(RequestCode.END_TRANSACTION, self.end_transaction)
-
     def start(self) -> None:
         self._op_read = self._progress(OP_TOPIC)
         self._read_ops()  # transactions resolved before a restart stay resolved

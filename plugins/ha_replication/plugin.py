@@ -27,7 +27,7 @@ def tidemq_broker_started(broker: Any) -> None:
     if isinstance(replication, master_slave.MasterSlaveReplication) and replication.role == "SLAVE":
         from .slave_sync import SlaveSynchronize
 
-        sync = SlaveSynchronize(broker, replication)
+        sync = SlaveSynchronize(broker.metadata_sink, broker.client, replication)
         replication.slave_sync = sync
         sync.start()
 
@@ -35,5 +35,5 @@ def tidemq_broker_started(broker: Any) -> None:
 @hookimpl
 def tidemq_broker_stopping(broker: Any) -> None:
     sync = getattr(getattr(broker, "replication", None), "slave_sync", None)
-    if sync is not None and sync._task is not None:
-        sync._task.cancel()
+    if sync is not None:
+        sync.cancel()

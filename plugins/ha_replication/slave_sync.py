@@ -14,32 +14,24 @@ from typing import Any
 
 import orjson
 
-from tidemq.names import check_group_name, check_stored_topic_name
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.remoting.protocol import DataVersion
+from tidemq.replication import MetadataSink
 from tidemq.tasks import supervise
 
 log = logging.getLogger(__name__)
 
 
-def _valid(problem: str | None, what: str, name: str) -> bool:
-    """A name from the master is checked like any other: a bad one is skipped, never stored."""
-    if problem:
-        log.warning("slave sync skips %s %r from the master: %s", what, name[:200], problem)
-        return False
-    return True
-
-
 REQUEST_TIMEOUT_S = 3.0
-#: json files other plugins keep delay offsets in (the broker's schedule service), relative to config/.
-DELAY_OFFSET_FILE = "delayOffset.json"
 
 
 class SlaveSynchronize:
-    """Pulls the master's metadata into a slave broker."""
+    """Pulls the master's metadata into a slave broker, through the broker's :class:`MetadataSink`."""
 
-    def __init__(self, broker: Any, replication: Any):
-        self.broker = broker
+    def __init__(self, sink: MetadataSink, client: Any, replication: Any):
+        self.sink = sink
+        self.client = client  # the broker's transport client: admin requests to the master
         self.replication = replication
         self.last_sync: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
@@ -47,6 +39,11 @@ class SlaveSynchronize:
 
     def start(self) -> None:
         self._task = supervise(self._loop, "tidemq-slave-sync")
+
+    def cancel(self) -> None:
+        """Stop syncing (from a synchronous hook; :meth:`stop` also waits for the task)."""
+        if self._task is not None:
+            self._task.cancel()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -79,14 +76,16 @@ class SlaveSynchronize:
                 raise
             except Exception as exc:
                 log.info("slave metadata sync failed: %s", exc)
-                self.adopt_store_topics()
+                # Topics created on the master after the last sync: keep their messages readable.
+                for name in self.sink.adopt_store_topics():
+                    log.info("slave adopts topic %s from its replicated commit log", name)
             await asyncio.sleep(opts.metadata_sync_s)
 
     async def _get(self, code: int) -> dict[str, Any] | None:
         addr = self.master_address()
         if not addr:
             return None
-        resp = await self.broker.client.invoke(addr, RemotingCommand.request(code), REQUEST_TIMEOUT_S)
+        resp = await self.client.invoke(addr, RemotingCommand.request(code), REQUEST_TIMEOUT_S)
         if resp.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
             return None
         if resp.code != ResponseCode.SUCCESS:
@@ -103,59 +102,20 @@ class SlaveSynchronize:
             await self.sync_groups()
 
     async def sync_topics(self) -> None:
-        from tidemq.broker.topics import DataVersion, TopicConfig
-
         data = await self._get(RequestCode.GET_ALL_TOPIC_CONFIG)
         if data is None:
             return
-        topics = self.broker.topics
-        version = DataVersion.from_dict(data.get("dataVersion") or {})
-        if version.to_dict() == topics.data_version.to_dict():
-            self.last_sync["topics"] = time.time()
-            return
-        table = data.get("topicConfigTable") or {}
-        wanted = {
-            name: TopicConfig.from_dict({"topicName": name, **cfg})
-            for name, cfg in table.items()
-            if _valid(check_stored_topic_name(name), "topic", name)
-        }
-        current = topics.all()
-        for name, cfg in wanted.items():
-            if current.get(name) != cfg:
-                topics.update(cfg)
-        for name in set(current) - set(wanted):
-            topics.delete(name)
-        topics.data_version = version
-        topics.persist()
+        version = DataVersion.from_dict(data.get("dataVersion") or {}).to_dict()
+        if version != self.sink.topic_data_version():
+            count = self.sink.apply_topic_configs(data)
+            log.info("slave synced %d topic configs from %s", count, self.master_address())
         self.last_sync["topics"] = time.time()
-        log.info("slave synced %d topic configs from %s", len(wanted), self.master_address())
-
-    def adopt_store_topics(self) -> None:
-        """Topics the replicated commit log holds but the topic table lacks (created on the master
-        after the last sync): register them so their messages stay readable with the master gone."""
-        from tidemq.broker.topics import TopicConfig
-
-        topics = self.broker.topics
-        for name, queue_ids in self.broker.store.topics().items():
-            if topics.get(name) is None and queue_ids:
-                n = max(queue_ids) + 1
-                log.info("slave adopts topic %s (%d queues) from its replicated commit log", name, n)
-                topics.update(TopicConfig(name, n, n))
 
     async def sync_offsets(self) -> None:
         data = await self._get(RequestCode.GET_ALL_CONSUMER_OFFSET)
         if data is None:
             return
-        offsets = self.broker.offsets
-        for key, queues in (data.get("offsetTable") or {}).items():
-            topic, sep, group = key.partition("@")
-            if not sep or not _valid(
-                check_stored_topic_name(topic) or check_group_name(group), "offsets", key
-            ):
-                continue
-            for qid, off in queues.items():
-                offsets.commit(group, topic, int(qid), int(off))
-        offsets.persist()
+        self.sink.apply_consumer_offsets(data)
         self.last_sync["offsets"] = time.time()
 
     async def sync_delay_offsets(self) -> None:
@@ -168,30 +128,12 @@ class SlaveSynchronize:
         if data is None:
             self._no_delay_offsets = True  # the master has no schedule service: do not ask again
             return
-        schedule = getattr(self.broker, "schedule", None)
-        if schedule is not None and isinstance(getattr(schedule, "offsets", None), dict):
-            # The slave's schedule service owns delayOffset.json: update its table, let it write.
-            for level, offset in (data.get("offsetTable") or {}).items():
-                schedule.offsets[int(level)] = int(offset)
-            schedule.persist(force=True)
-        else:
-            from tidemq.jsonfile import write_json
-
-            write_json(self.broker.data_dir / "config" / DELAY_OFFSET_FILE, data)
+        self.sink.apply_delay_offsets(data)
         self.last_sync["delay_offsets"] = time.time()
 
     async def sync_groups(self) -> None:
-        from tidemq.broker.subscriptions import SubscriptionGroupConfig
-
         data = await self._get(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
         if data is None:
             return
-        groups = self.broker.groups
-        current = groups.all()
-        for name, cfg in (data.get("subscriptionGroupTable") or {}).items():
-            if not _valid(check_group_name(name), "group", name):
-                continue
-            wanted = SubscriptionGroupConfig.from_json({"groupName": name, **cfg})
-            if current.get(name) != wanted:
-                groups.update(wanted)
+        self.sink.apply_subscription_groups(data)
         self.last_sync["groups"] = time.time()

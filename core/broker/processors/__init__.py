@@ -1,21 +1,6 @@
-"""Request processors, one module per group of request codes (as RocketMQ's broker has them)."""
+"""Request processors, one module per group of request codes (as RocketMQ's broker has them).
 
-from __future__ import annotations
-
-from typing import Any
-
-
-def register_all(broker: Any) -> None:
-    """Install every processor's handlers on ``broker``."""
-    from tidemq.broker.processors import (
-        admin,
-        client_manage,
-        consumer_manage,
-        filter_server,
-        pull,
-        query,
-        send,
-    )
-
-    for module in (send, pull, client_manage, consumer_manage, query, admin, filter_server):
-        module.register(broker)
+Each module's ``register(register)`` adds its handlers to a
+:class:`~tidemq.broker.context.ProcessorRegister`; :mod:`tidemq.broker.processors.plugin` calls them
+from the ``tidemq_register_processors`` hook, through the same entry-point group a third party uses.
+"""

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from tidemq import __version__
+from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import DEFAULT_TOPIC, PERM_READ, PERM_WRITE, Header, kv
 from tidemq.broker.topics import TopicConfig
 from tidemq.names import check_stored_topic_name, check_topic_name
@@ -22,7 +23,7 @@ from tidemq.remoting.command import RemotingCommand
 
 
 class AdminProcessor:
-    def __init__(self, broker: Any):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
 
     # ------------------------------------------------------------------ offsets of queues
@@ -230,18 +231,18 @@ class AdminProcessor:
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(body))
 
 
-def register(broker: Any) -> None:
-    p = AdminProcessor(broker)
-    broker.register_handler(RequestCode.GET_MAX_OFFSET, p.max_offset)
-    broker.register_handler(RequestCode.GET_MIN_OFFSET, p.min_offset)
-    broker.register_handler(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, p.search_offset)
-    broker.register_handler(RequestCode.GET_EARLIEST_MSG_STORETIME, p.earliest_store_time)
-    broker.register_handler(RequestCode.UPDATE_AND_CREATE_TOPIC, p.update_topic)
-    broker.register_handler(RequestCode.DELETE_TOPIC_IN_BROKER, p.delete_topic)
-    broker.register_handler(RequestCode.GET_ALL_TOPIC_CONFIG, p.all_topic_config)
-    broker.register_handler(RequestCode.GET_ALL_CONSUMER_OFFSET, p.all_consumer_offset)
-    broker.register_handler(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, p.all_subscription_groups)
-    broker.register_handler(RequestCode.GET_BROKER_RUNTIME_INFO, p.runtime_info)
-    broker.register_handler(RequestCode.GET_TOPIC_STATS_INFO, p.topic_stats)
-    broker.register_handler(RequestCode.GET_CONSUME_STATS, p.consume_stats)
-    broker.register_handler(RequestCode.GET_CONSUMER_CONNECTION_LIST, p.consumer_connections)
+def register(register: ProcessorRegister) -> None:
+    p = AdminProcessor(register.context)
+    register.add(RequestCode.GET_MAX_OFFSET, p.max_offset)
+    register.add(RequestCode.GET_MIN_OFFSET, p.min_offset)
+    register.add(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, p.search_offset)
+    register.add(RequestCode.GET_EARLIEST_MSG_STORETIME, p.earliest_store_time)
+    register.add(RequestCode.UPDATE_AND_CREATE_TOPIC, p.update_topic)
+    register.add(RequestCode.DELETE_TOPIC_IN_BROKER, p.delete_topic)
+    register.add(RequestCode.GET_ALL_TOPIC_CONFIG, p.all_topic_config)
+    register.add(RequestCode.GET_ALL_CONSUMER_OFFSET, p.all_consumer_offset)
+    register.add(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, p.all_subscription_groups)
+    register.add(RequestCode.GET_BROKER_RUNTIME_INFO, p.runtime_info)
+    register.add(RequestCode.GET_TOPIC_STATS_INFO, p.topic_stats)
+    register.add(RequestCode.GET_CONSUME_STATS, p.consume_stats)
+    register.add(RequestCode.GET_CONSUMER_CONNECTION_LIST, p.consumer_connections)

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from tidemq.broker.clients import ClientChannel, SubscriptionData
+from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import PERM_READ, PERM_WRITE, Header, retry_topic
 from tidemq.names import check_group_name, check_stored_topic_name
 from tidemq.remoting.codes import RequestCode, ResponseCode
@@ -17,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 class ClientManageProcessor:
-    def __init__(self, broker: Any):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
 
     async def heartbeat(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
@@ -145,8 +146,8 @@ def _heartbeat_entries(
     return consumers, producers
 
 
-def register(broker: Any) -> None:
-    p = ClientManageProcessor(broker)
-    broker.register_handler(RequestCode.HEART_BEAT, p.heartbeat)
-    broker.register_handler(RequestCode.UNREGISTER_CLIENT, p.unregister)
-    broker.register_handler(RequestCode.CHECK_CLIENT_CONFIG, p.check_client_config)
+def register(register: ProcessorRegister) -> None:
+    p = ClientManageProcessor(register.context)
+    register.add(RequestCode.HEART_BEAT, p.heartbeat)
+    register.add(RequestCode.UNREGISTER_CLIENT, p.unregister)
+    register.add(RequestCode.CHECK_CLIENT_CONFIG, p.check_client_config)

@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 
+from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import Header, kv
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
@@ -23,7 +24,7 @@ def _parse_mqs(items: Any) -> list[MessageQueue]:
 
 
 class ConsumerManageProcessor:
-    def __init__(self, broker: Any):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
 
     async def consumer_list(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
@@ -86,10 +87,10 @@ class ConsumerManageProcessor:
         return request.reply(ResponseCode.SUCCESS)
 
 
-def register(broker: Any) -> None:
-    p = ConsumerManageProcessor(broker)
-    broker.register_handler(RequestCode.GET_CONSUMER_LIST_BY_GROUP, p.consumer_list)
-    broker.register_handler(RequestCode.QUERY_CONSUMER_OFFSET, p.query_offset)
-    broker.register_handler(RequestCode.UPDATE_CONSUMER_OFFSET, p.update_offset)
-    broker.register_handler(RequestCode.LOCK_BATCH_MQ, p.lock_batch)
-    broker.register_handler(RequestCode.UNLOCK_BATCH_MQ, p.unlock_batch)
+def register(register: ProcessorRegister) -> None:
+    p = ConsumerManageProcessor(register.context)
+    register.add(RequestCode.GET_CONSUMER_LIST_BY_GROUP, p.consumer_list)
+    register.add(RequestCode.QUERY_CONSUMER_OFFSET, p.query_offset)
+    register.add(RequestCode.UPDATE_CONSUMER_OFFSET, p.update_offset)
+    register.add(RequestCode.LOCK_BATCH_MQ, p.lock_batch)
+    register.add(RequestCode.UNLOCK_BATCH_MQ, p.unlock_batch)

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from tidemq.broker.context import ProcessorRegister
 from tidemq.broker.headers import Header, kv
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+
+if TYPE_CHECKING:
+    from tidemq.broker.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +28,7 @@ FILTER_SERVER_MAX_IDLE_S = 30.0  # RocketMQ's FILTER_SERVER_MAX_IDLE_TIME_MILLS
 class FilterServerManager:
     """Live filter servers of this broker, by connection."""
 
-    def __init__(self, broker: Any):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         self._table: dict[Any, tuple[str, float]] = {}
 
@@ -53,10 +57,9 @@ class FilterServerManager:
         entry = self._table.pop(conn, None)
         if entry is not None:
             log.info("filter server %s disconnected", entry[0])
-            if getattr(self.broker, "_running", False):
+            if self.broker.running:
                 self.broker.registrar.request()
 
 
-def register(broker: Any) -> None:
-    broker.filter_servers = FilterServerManager(broker)
-    broker.register_handler(RequestCode.REGISTER_FILTER_SERVER, broker.filter_servers.register)
+def register(register: ProcessorRegister) -> None:
+    register.add(RequestCode.REGISTER_FILTER_SERVER, register.context.filter_servers.register)

@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Any
 
+from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import Header, is_readable, kv
 from tidemq.filter import EXPRESSION_TAG
 from tidemq.observe import ConsumeContext
@@ -30,7 +31,7 @@ MAX_FILTER_CACHE = 1024
 
 
 class PullProcessor:
-    def __init__(self, broker: Any):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
         self._filters: dict[tuple[str, str], Any] = {}
 
@@ -165,7 +166,7 @@ class PullProcessor:
                 await asyncio.sleep(remaining)
             if getattr(conn, "closed", False):
                 return None  # nobody to answer: the held pull ends with its connection
-            if not b._running:
+            if not b.running:
                 result = b.store.get_message(group, topic, queue_id, offset, max_nums, store_filter)
                 code = _pull_code(result, offset)
                 break
@@ -214,5 +215,5 @@ def _pull_code(result: GetResult, offset: int) -> int:
     return ResponseCode.PULL_NOT_FOUND
 
 
-def register(broker: Any) -> None:
-    broker.register_handler(RequestCode.PULL_MESSAGE, PullProcessor(broker).pull)
+def register(register: ProcessorRegister) -> None:
+    register.add(RequestCode.PULL_MESSAGE, PullProcessor(register.context).pull)

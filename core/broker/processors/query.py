@@ -6,6 +6,7 @@ import logging
 import time
 from typing import Any
 
+from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import Header, kv
 from tidemq.errors import CorruptDataError
 from tidemq.message import decode_message
@@ -18,7 +19,7 @@ MAX_QUERY_NUM = 64  # defaultQueryMaxNum of RocketMQ's MessageStoreConfig
 
 
 class QueryProcessor:
-    def __init__(self, broker: Any):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
 
     async def query_message(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
@@ -67,7 +68,7 @@ class QueryProcessor:
         return request.reply(ResponseCode.SUCCESS, body=bytes(raw))
 
 
-def register(broker: Any) -> None:
-    p = QueryProcessor(broker)
-    broker.register_handler(RequestCode.QUERY_MESSAGE, p.query_message)
-    broker.register_handler(RequestCode.VIEW_MESSAGE_BY_ID, p.view_message)
+def register(register: ProcessorRegister) -> None:
+    p = QueryProcessor(register.context)
+    register.add(RequestCode.QUERY_MESSAGE, p.query_message)
+    register.add(RequestCode.VIEW_MESSAGE_BY_ID, p.view_message)

@@ -7,6 +7,7 @@ import random
 import time
 from typing import Any
 
+from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import (
     DEFAULT_TOPIC,
     PERM_READ,
@@ -114,7 +115,7 @@ def born_host(conn: Any) -> tuple[str, int]:
 
 
 class SendProcessor:
-    def __init__(self, broker: Any):
+    def __init__(self, broker: BrokerContext):
         self.broker = broker
 
     # ------------------------------------------------------------------ checks
@@ -449,9 +450,9 @@ class SendProcessor:
         return request.reply(ResponseCode.SUCCESS)
 
 
-def register(broker: Any) -> None:
-    p = SendProcessor(broker)
-    broker.register_handler(RequestCode.SEND_MESSAGE, p.send_message)
-    broker.register_handler(RequestCode.SEND_MESSAGE_V2, p.send_message)
-    broker.register_handler(RequestCode.SEND_BATCH_MESSAGE, p.send_batch)
-    broker.register_handler(RequestCode.CONSUMER_SEND_MSG_BACK, p.consumer_send_back)
+def register(register: ProcessorRegister) -> None:
+    p = SendProcessor(register.context)
+    register.add(RequestCode.SEND_MESSAGE, p.send_message)
+    register.add(RequestCode.SEND_MESSAGE_V2, p.send_message)
+    register.add(RequestCode.SEND_BATCH_MESSAGE, p.send_batch)
+    register.add(RequestCode.CONSUMER_SEND_MSG_BACK, p.consumer_send_back)

@@ -1,0 +1,18 @@
+"""The built-in request processors as a plugin (entry point ``broker_processors``)."""
+
+from __future__ import annotations
+
+from tidemq import hookimpl
+from tidemq.broker.context import ProcessorRegister
+from tidemq.broker.processors import admin, client_manage, consumer_manage, filter_server, pull, query, send
+from tidemq.remoting.codes import RequestCode
+
+
+@hookimpl
+def tidemq_register_processors(register: ProcessorRegister) -> None:
+    for module in (send, pull, client_manage, consumer_manage, query, admin, filter_server):
+        module.register(register)
+    broker = register.context
+    # Delayed and transactional messages (the broker's schedule and transaction services).
+    register.add(RequestCode.GET_ALL_DELAY_OFFSET, broker.schedule.get_all_delay_offset)
+    register.add(RequestCode.END_TRANSACTION, broker.transactions.end_transaction)
