@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ def _fail(exc: Exception) -> None:
     sys.exit(2)
 
 
-def run_service(main: Callable[[], Awaitable[None]]) -> None:
+def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run ``main`` on uvloop when it is installed, turning config mistakes into one-line errors."""
     try:
         import uvloop

@@ -89,7 +89,7 @@ def parse_options(cls: type[T], values: Mapping[str, Any] | None, where: str) ->
     (:func:`number`).
     """
     values = dict(values or {})
-    fields = {f.name: f for f in attrs.fields(cls)}
+    fields = {f.name: f for f in attrs.fields(cls)}  # type: ignore[arg-type]  # cls: an attrs class
     valid = sorted(fields)
     hints = typing.get_type_hints(cls)
     for key, value in values.items():
@@ -504,8 +504,10 @@ def registered_address(
         return settings.advertise
     if host in _WILDCARDS:
         if local_ip is None:
-            from tidemq.message import local_ip
-        ip = local_ip()
+            from tidemq.message import local_ip as find_local_ip
+        else:
+            find_local_ip = local_ip
+        ip = find_local_ip()
         if ipaddress.ip_address(ip).is_loopback:
             raise ConfigError(
                 f"[broker] listen = {settings.listen!r} listens on every interface but this machine has no "

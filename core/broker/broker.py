@@ -252,6 +252,7 @@ class Broker:
 
     async def handle(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
         """The transport's request handler: one processor per code, errors become responses."""
+        response: RemotingCommand | None
         if self.acl is not None:
             refused = self._check_access(conn, request)
             if refused is not None:

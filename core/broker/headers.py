@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,7 +65,7 @@ class Header:
             return default
         return value if isinstance(value, str) else str(value)
 
-    def int(self, name: str, default: Any = _MISSING) -> int:
+    def int(self, name: builtins.str, default: Any = _MISSING) -> builtins.int:
         value = self._fields.get(name)
         if value is None or value == "":
             if default is _MISSING:
@@ -77,7 +78,7 @@ class Header:
                 f"the {self._what} header field {name!r} = {value!r} is not an integer"
             ) from None
 
-    def bool(self, name: str, default: bool = False) -> bool:
+    def bool(self, name: builtins.str, default: builtins.bool = False) -> builtins.bool:
         value = self._fields.get(name)
         if value is None or value == "":
             return default

@@ -175,7 +175,7 @@ class ClientAPI:
             }
         )
         resp = await self.invoke(addr, RemotingCommand.request(RequestCode.PULL_MESSAGE, fields), timeout)
-        statuses = {
+        statuses: dict[int, PullStatus] = {
             ResponseCode.SUCCESS: PullStatus.FOUND,
             ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
             ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,

@@ -39,7 +39,7 @@ RETRY_CODES = frozenset(
         ResponseCode.NO_PERMISSION,
     }
 )
-_STATUS = {
+_STATUS: dict[int, SendStatus] = {
     ResponseCode.SUCCESS: SendStatus.SEND_OK,
     ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
     ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,

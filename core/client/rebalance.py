@@ -39,11 +39,11 @@ class Rebalancer:
             return []
         api = self.instance.require_api()
         # HA (issue 7): a broker without a live master answers from a slave.
-        addrs = {
-            bd.broker_name: self.instance.read_address(bd.broker_name) or bd.address()
-            for bd in route.broker_datas
-            if bd.address()
-        }
+        addrs: dict[str, str] = {}
+        for bd in route.broker_datas:
+            fallback = bd.address()
+            if fallback:
+                addrs[bd.broker_name] = self.instance.read_address(bd.broker_name) or fallback
         for name, addr in sorted(addrs.items()):
             try:
                 return sorted(await api.get_consumer_ids(addr, self.group))

@@ -139,7 +139,7 @@ class NameServer:
         try:
             # The ranges of the [namesrv] table (finite, > 0...): "nan" parses as a float and a
             # nan or inf interval would end the expiry of silent brokers.
-            checked = attrs.evolve(self.settings, **updates)
+            checked = attrs.evolve(self.settings, **updates)  # type: ignore[arg-type]  # keys from _RUNTIME_KEYS
         except ValueError as exc:
             return str(exc)
         for key in updates:

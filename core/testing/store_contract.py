@@ -186,7 +186,7 @@ class StoreContract:
         res = store.put_message(message(body=bytes(8 * 1024 * 1024 + 1))).result(10)
         assert res.status is PutStatus.MESSAGE_ILLEGAL
         assert "limit" in res.error or "does not fit" in res.error
-        res = store.put_message(message(body=b"x", **{"P": "v" * 40000})).result(10)
+        res = store.put_message(message(body=b"x", **{"P": "v" * 40000})).result(10)  # type: ignore[arg-type]
         assert res.status in (PutStatus.PROPERTIES_SIZE_EXCEEDED, PutStatus.MESSAGE_ILLEGAL) and res.error
         assert put(store, message(body=b"after")).queue_offset == 1
         got = store.get_message("g", "TopicA", 0, 0, 32)
@@ -306,7 +306,7 @@ class StoreContract:
                 == qid
             )
             assert offsets == list(range(n_threads * per_thread // 2))
-        bodies = set()
+        bodies: set[bytes] = set()
         for qid in (0, 1):
             offset = 0
             while True:

@@ -536,7 +536,7 @@ def _string_test(
 
 
 @v_args(inline=True)
-class _Compiler(Transformer):  # type: ignore[type-arg]
+class _Compiler(Transformer):
     """Turns the parse tree into closures, checking what RocketMQ checks at parse time."""
 
     def start(self, node: Any) -> _Bool:
@@ -773,11 +773,11 @@ def compile_expression(expression: str, limits: Sql92Limits = DEFAULT_LIMITS) ->
         raise ExpressionError(
             f"invalid SQL92 expression {_shown(expression)}: {type(exc).__name__}"
         ) from None
-    if root.depth > limits.max_depth:
+    if root.depth > limits.max_depth:  # type: ignore[attr-defined]  # the inline transformer's node
         raise ExpressionError(
             f"SQL92 expression {_shown(expression)} is nested deeper than {limits.max_depth} levels"
         )
-    return root.fn  # type: ignore[no-any-return]
+    return root.fn  # type: ignore[attr-defined]
 
 
 class SqlFilter:

@@ -61,7 +61,7 @@ try:  # PySpark >= 4.1: streaming sink fed with Arrow batches
 
     _STREAM_ARROW = True
 except ImportError:  # pragma: no cover
-    from pyspark.sql.datasource import DataSourceStreamWriter as _StreamWriterBase
+    from pyspark.sql.datasource import DataSourceStreamWriter as _StreamWriterBase  # type: ignore[assignment]
 
     _STREAM_ARROW = False
 
@@ -338,7 +338,9 @@ def check_sink_schema(schema: StructType, opts: SinkOptions) -> None:
             )
     props = fields.get("properties")
     if props is not None and not (
-        isinstance(props.dataType.keyType, StringType) and isinstance(props.dataType.valueType, StringType)
+        isinstance(props.dataType, MapType)
+        and isinstance(props.dataType.keyType, StringType)
+        and isinstance(props.dataType.valueType, StringType)
     ):
         raise TidemqSparkError(
             f"tidemq sink: column 'properties' is {props.dataType.simpleString()}, expected map<string,string>"

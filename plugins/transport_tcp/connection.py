@@ -100,7 +100,7 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("sockname")
         self.remote_address = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.local_address = f"{sock[0]}:{sock[1]}" if sock else "?"
-        transport.set_write_buffer_limits(
+        transport.set_write_buffer_limits(  # type: ignore[attr-defined]  # a WriteTransport here
             high=self._options.write_high_water, low=self._options.write_low_water
         )
         self._owner._connection_made(self)

@@ -126,7 +126,7 @@ class TcpServer:
             conn.close()
         waits = [conn.lost for conn in conns if not conn.lost.done()]
         if waits:
-            _done, slow = await asyncio.wait(waits, timeout=1.0)
+            _closed, slow = await asyncio.wait(waits, timeout=1.0)
             if slow:
                 for conn in conns:
                     if not conn.closed:

@@ -74,7 +74,8 @@ class ClientManageProcessor:
             return request.reply(ResponseCode.SYSTEM_ERROR, f"malformed body: {exc}")
         data = data if isinstance(data, dict) else {}
         # CheckClientRequestBody {clientId, group, subscriptionData{subString, expressionType...}}.
-        sub = data.get("subscriptionData") if isinstance(data.get("subscriptionData"), dict) else data
+        nested = data.get("subscriptionData")
+        sub: dict[str, Any] = nested if isinstance(nested, dict) else data
         expression_type = str(sub.get("expressionType") or "TAG")
         expression = str(sub.get("subString") or "")
         if expression_type == "TAG":

@@ -153,7 +153,9 @@ class PullProcessor:
                 break
             if b.store.get_max_offset_in_queue(topic, queue_id) > offset:
                 break  # indexed but not readable (removed data): answer now rather than spin on wake-ups
-            if b.hold.held_by(conn) >= b.settings.max_held_pulls_per_connection:
+            hold = b.hold
+            assert hold is not None  # created before the server starts: no pull arrives before it
+            if hold.held_by(conn) >= b.settings.max_held_pulls_per_connection:
                 # RocketMQ's clients retry a SYSTEM_BUSY pull after a pause, not at once.
                 return request.reply(
                     ResponseCode.SYSTEM_BUSY,
@@ -161,7 +163,7 @@ class PullProcessor:
                     "connection are held already; try again later",
                 )
             if b.settings.long_polling:
-                await b.hold.wait(topic, queue_id, offset, remaining, conn)
+                await hold.wait(topic, queue_id, offset, remaining, conn)
             else:
                 await asyncio.sleep(remaining)
             if getattr(conn, "closed", False):
