@@ -231,7 +231,11 @@ class PluginManager:
         components: Mapping[str, Any] | None = None,
         settings: Mapping[str, Any] | None = None,
     ) -> Any:
-        """Build the implementation of ``role`` called ``name``."""
+        """Build the implementation of ``role`` called ``name``.
+
+        The result must fit the role's contract (:func:`role_contract`): a factory returning
+        anything else is a :class:`PluginError` naming the plugin, not an AttributeError later.
+        """
         info = self.lookup(role, name)
         ctx = PluginContext(
             role=role,
@@ -242,7 +246,47 @@ class PluginManager:
             components=dict(components or {}),
             settings=dict(settings or {}),
         )
-        return info.factory(ctx)
+        instance = info.factory(ctx)
+        contract = role_contract(role)
+        if not isinstance(instance, contract):
+            missing = sorted(m for m in contract_members(contract) if not hasattr(instance, m))
+            raise PluginError(
+                f"{role} {name!r} of plugin {info.plugin!r} built a {type(instance).__name__}, which is no "
+                f"{contract.__module__}.{contract.__name__}"
+                + (f" (it lacks {', '.join(missing)})" if missing else "")
+            )
+        return instance
+
+
+def role_contract(role: str) -> type:
+    """The runtime-checkable Protocol a role's instances implement."""
+    from tidemq.acl import AccessValidator
+    from tidemq.filter import FilterFactory
+    from tidemq.flush import FlushPolicy
+    from tidemq.index import KeyIndex
+    from tidemq.queues import AllocateStrategy, QueueSelector
+    from tidemq.replication import Replication
+    from tidemq.store import MessageStore
+    from tidemq.transport import Transport
+
+    contracts: dict[str, type] = {
+        "transport": Transport,
+        "store": MessageStore,
+        "flush": FlushPolicy,
+        "index": KeyIndex,
+        "filter": FilterFactory,
+        "replication": Replication,
+        "allocate": AllocateStrategy,
+        "select": QueueSelector,
+        "acl": AccessValidator,
+    }
+    return contracts[role]
+
+
+def contract_members(contract: type) -> set[str]:
+    """The public methods and attributes a role's Protocol declares."""
+    members = {n for n in vars(contract) if not n.startswith("_")}
+    return members | set(getattr(contract, "__annotations__", {}))
 
 
 def unknown_choice(key: str, value: str, choices: Iterable[str]) -> str:

@@ -9,14 +9,31 @@ import pytest
 from tidemq import hookimpl
 from tidemq.errors import PluginError
 from tidemq.observe import SendContext
-from tidemq.plugins import ROLES, PluginManager, get_plugin_manager
+from tidemq.plugins import (
+    ROLE_HOOKS,
+    ROLES,
+    PluginManager,
+    contract_members,
+    get_plugin_manager,
+    role_contract,
+)
+
+
+def fitting(role: str, payload: object) -> object:
+    """An instance that fits ``role``'s contract (every member a no-op) carrying ``payload``."""
+    members = {m: (lambda *a, **k: None) for m in contract_members(role_contract(role))}
+    return type("Fitting", (), {**members, "payload": payload})()
 
 
 def make_plugin(role_hook: str, *names: str, factory=None) -> types.SimpleNamespace:
+    role = next(r for r, h in ROLE_HOOKS.items() if h == role_hook)
+
     def register(register):
         for name in names:
             register.add(
-                name, factory or (lambda ctx, n=name: ("built", n, dict(ctx.options))), f"{name} summary"
+                name,
+                factory or (lambda ctx, n=name: fitting(role, ("built", n, dict(ctx.options)))),
+                f"{name} summary",
             )
 
     return types.SimpleNamespace(**{role_hook: hookimpl(register)})
@@ -26,7 +43,7 @@ def test_registered_factory_is_built_with_its_options(tmp_path):
     pm = PluginManager()
     pm.register(make_plugin("tidemq_register_stores", "fancy"), name="fancy-store")
     built = pm.create("store", "fancy", options={"size": 3}, data_dir=tmp_path)
-    assert built == ("built", "fancy", {"size": 3})
+    assert built.payload == ("built", "fancy", {"size": 3})
     assert [p.name for p in pm.catalogue()["store"]] == ["fancy"]
     assert pm.catalogue()["store"][0].plugin == "fancy-store"
 
@@ -117,11 +134,11 @@ def test_registration_goes_through_pluggy_so_specname_counts(tmp_path):
     class Named:
         @hookimpl(specname="tidemq_register_stores")
         def add_my_store(self, register):
-            register.add("named", lambda ctx: "built by specname")
+            register.add("named", lambda ctx: fitting("store", "built by specname"))
 
     pm = PluginManager()
     pm.register(Named(), name="named-plugin")
-    assert pm.create("store", "named", data_dir=tmp_path) == "built by specname"
+    assert pm.create("store", "named", data_dir=tmp_path).payload == "built by specname"
 
 
 def test_a_misspelt_hook_is_an_error_naming_the_plugin():
@@ -182,3 +199,14 @@ def test_hook_calls_can_be_traced(caplog):
     ctx = SendContext(producer_group="g", topic="t", queue_id=0, properties={}, body_size=1)
     pm.hook.tidemq_after_send(context=ctx)
     assert any("tidemq_after_send" in r.getMessage() for r in caplog.records if r.name == "tidemq.hooks")
+
+
+def test_a_factory_whose_result_does_not_fit_its_role_is_named(tmp_path):
+    pm = PluginManager()
+    pm.register(
+        make_plugin("tidemq_register_stores", "hollow", factory=lambda ctx: object()), name="hollow-store"
+    )
+    with pytest.raises(
+        PluginError, match=r"store 'hollow' of plugin 'hollow-store' built a object.*MessageStore.*lacks"
+    ):
+        pm.create("store", "hollow", data_dir=tmp_path)
