@@ -44,6 +44,9 @@ class AccessDenied(TidemqError):
 class AccessValidator(Protocol):
     """What an ``acl`` factory returns; called by the broker for every request it receives."""
 
+    #: False for a validator that allows everything: the broker then skips the call entirely.
+    enforcing: bool
+
     def validate(self, request: Any, remote_addr: str) -> None:
         """Return when ``request`` (a RemotingCommand) from ``remote_addr`` (``host:port``) may
         run; raise :class:`AccessDenied` otherwise.  Must not block for long: it runs on the

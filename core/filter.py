@@ -19,11 +19,21 @@ class MessageFilter(Protocol):
     def matches_message(self, properties: Mapping[str, str]) -> bool:
         """Decide on the decoded properties (exact tag, SQL92 expression...)."""
 
-    # Optional, looked up with getattr by stores (not part of the runtime-checked protocol):
-    #   matches_queue_entry(topic, queue_id, queue_offset) -> bool
-    # asked after matches_tags_code; False skips the entry without reading the record (the
-    # SQL92 filter answers it from a bit map written at dispatch time, like RocketMQ's
-    # ConsumeQueueExt).  True means "maybe": matches_message still decides.
+
+@runtime_checkable
+class EntryPrefilter(Protocol):
+    """A filter that can also judge a queue entry by position (the SQL92 filter's bloom bit map,
+    like RocketMQ's ConsumeQueueExt): asked after ``matches_tags_code``; False skips the entry without
+    reading the record, True means "maybe" (``matches_message`` still decides)."""
+
+    def matches_queue_entry(self, topic: str, queue_id: int, queue_offset: int) -> bool: ...
+
+
+@runtime_checkable
+class SelectsEverything(Protocol):
+    """A filter that may know it matches every message (``*``): the store then reads no properties."""
+
+    matches_all: bool
 
 
 @runtime_checkable

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -31,3 +32,11 @@ class FlushPolicy(Protocol):
 
     def shutdown(self) -> None:
         """Flush everything and stop."""
+
+
+@runtime_checkable
+class SubmittingFlushPolicy(FlushPolicy, Protocol):
+    """A flush policy with the store's fast path (both built-ins have it): no second future per put."""
+
+    def submit(self, end_offset: int, future: Future[Any], value: Any, on_timeout: Callable[[], Any]) -> None:
+        """Resolve ``future`` with ``value`` once ``end_offset`` is durable, with ``on_timeout()`` if it never is."""

@@ -45,6 +45,17 @@ class KeyIndex(Protocol):
     def shutdown(self) -> None: ...
 
 
+@runtime_checkable
+class RecoverableIndex(KeyIndex, Protocol):
+    """An index the store can repair at load (the ``hash`` index is one)."""
+
+    def truncate(self, phy_end: int) -> None:
+        """Drop entries for records at or past ``phy_end`` (a crash lost the log's tail)."""
+
+    def rebuild_from(self) -> int | None:
+        """The log offset from which records must be indexed again (unreadable files), or None."""
+
+
 # --------------------------------------------------------------------------- broker helpers
 # Any index returns candidates; these turn them into the messages that really match, so a hash
 # collision (or a stale entry) never reaches a client whichever index plugin is configured.

@@ -24,6 +24,17 @@ class Replication(Protocol):
 
 
 @runtime_checkable
+class MasterAware(Protocol):
+    """A replication that learns its master from the NameServers' answer and reports its state."""
+
+    def update_master(self, ha_address: str, broker_address: str) -> None:
+        """The master's HA and broker addresses, from a REGISTER_BROKER answer."""
+
+    def runtime_info(self) -> dict[str, str]:
+        """Entries added to GET_BROKER_RUNTIME_INFO's table (role, slave lag...)."""
+
+
+@runtime_checkable
 class MetadataSink(Protocol):
     """Where a slave writes the metadata it copies from its master (RocketMQ's SlaveSynchronize).
 

@@ -191,6 +191,13 @@ def dispatch_messages(
 class MessageStore(Protocol):
     """The storage contract every store plugin implements."""
 
+    @property
+    def store_host(self) -> tuple[str, int]:
+        """STOREHOSTADDRESS of new records: the broker sets it once its port is bound."""
+
+    @store_host.setter
+    def store_host(self, host: tuple[str, int]) -> None: ...
+
     def load(self) -> bool:
         """Open existing files and recover; ``False`` when the data cannot be used."""
 
@@ -261,3 +268,18 @@ class MessageStore(Protocol):
 
     def delete_topics(self, topics: Sequence[str]) -> None:
         """Drop the consume queues of the topics (their commit-log records age out)."""
+
+
+@runtime_checkable
+class RawCommitLogStore(MessageStore, Protocol):
+    """A store whose commit log replication can stream and append as raw bytes (RocketMQ's HA)."""
+
+    @property
+    def commit_log_file_size(self) -> int:
+        """Bytes per commit-log file: a replicated batch never crosses a file boundary."""
+
+    def get_commit_log_data(self, offset: int) -> memoryview | None:
+        """Raw bytes from ``offset`` to the end of its file (None past the end)."""
+
+    def append_to_commit_log(self, start_offset: int, data: bytes | memoryview) -> bool:
+        """Append replicated bytes at the log's end; False (nothing written) when the offset is off."""

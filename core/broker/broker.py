@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from tidemq.acl import ACCESS_KEY, AccessDenied
+from tidemq.acl import ACCESS_KEY, AccessDenied, AccessValidator
 from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
 from tidemq.broker.context import Handler, ProcessorRegister
 from tidemq.broker.headers import HeaderFieldError
@@ -62,7 +62,7 @@ class Broker:
         self.replication = components["replication"]
         acl = components.instances.get("acl")
         #: The access validator (role ``acl``), None when access control is off.
-        self.acl: Any = acl if acl is not None and getattr(acl, "enforcing", True) else None
+        self.acl: AccessValidator | None = acl if acl is not None and acl.enforcing else None
         self.data_dir = self.settings.store_path
         config_dir = self.data_dir / "config"
         self.topics = TopicConfigManager(
@@ -178,10 +178,9 @@ class Broker:
             self.replication.shutdown()
             self.store.shutdown()
             raise
-        if hasattr(self.store, "store_host"):
-            # The store derives message ids from the configured address; when the port was 0 it
-            # only becomes known now, and ids must name the address clients can reach.
-            self.store.store_host = self.store_host
+        # The store derives message ids from the configured address; when the port was 0 it only
+        # becomes known now, and ids must name the address clients can reach.
+        self.store.store_host = self.store_host
         self.client = self.transport.client()
         self._running = True
         self.schedule.start()
@@ -254,7 +253,7 @@ class Broker:
         """The transport's request handler: one processor per code, errors become responses."""
         response: RemotingCommand | None
         if self.acl is not None:
-            refused = self._check_access(conn, request)
+            refused = self._check_access(self.acl, conn, request)
             if refused is not None:
                 return None if request.is_oneway else refused
         handler = self._handlers.get(request.code)
@@ -283,11 +282,13 @@ class Broker:
             return None
         return response
 
-    def _check_access(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
+    def _check_access(
+        self, acl: AccessValidator, conn: Any, request: RemotingCommand
+    ) -> RemotingCommand | None:
         """Run the access validator; the NO_PERMISSION answer when it refuses, else None."""
         remote = _remote(conn)
         try:
-            self.acl.validate(request, remote)
+            acl.validate(request, remote)
             return None
         except AccessDenied as exc:
             reason = exc.reason

@@ -10,6 +10,7 @@ import orjson
 
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.replication import MasterAware
 from tidemq.tasks import supervise
 
 if TYPE_CHECKING:
@@ -94,9 +95,10 @@ class NamesrvRegistrar:
                 log.info("registered with NameServer %s as %s", addr, b.address)
             self.registered[addr] = ok
             # HA (issue 7): a slave learns its master's addresses from the registration answer.
-            update_master = getattr(b.replication, "update_master", None)
-            if ok and update_master is not None and resp.ext_fields:
-                update_master(resp.ext_fields.get("haServerAddr", ""), resp.ext_fields.get("masterAddr", ""))
+            if ok and isinstance(b.replication, MasterAware) and resp.ext_fields:
+                b.replication.update_master(
+                    resp.ext_fields.get("haServerAddr", ""), resp.ext_fields.get("masterAddr", "")
+                )
 
         await asyncio.gather(*(one(a) for a in b.settings.namesrv))
 

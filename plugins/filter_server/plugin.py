@@ -54,7 +54,7 @@ def create_sql92(ctx: PluginContext) -> Sql92FilterFactory:
     )
     store: Any = ctx.components.get("store")
     precheck = None
-    if opts.bloom_precheck and store is not None and hasattr(store, "add_dispatcher"):
+    if opts.bloom_precheck and store is not None:  # add_dispatcher is part of every MessageStore
         try:
             precheck = FilterBitMap(
                 bits=opts.bloom_bits,

@@ -247,7 +247,7 @@ class HAServer:
     def __init__(self, store: Any, options: Any, host: str, port: int, on_ack: Any):
         self.store = store
         self.options = options
-        self.file_size = int(getattr(getattr(store, "commitlog", None), "file_size", 0) or 0)
+        self.file_size = store.commit_log_file_size  # a batch never crosses a file boundary
         self._on_ack = on_ack
         self.connections: list[HAConnection] = []
         self._lock = threading.Lock()

@@ -36,6 +36,7 @@ import attrs
 from tidemq.config import parse_address, parse_options
 from tidemq.errors import ConfigError
 from tidemq.plugins import PluginContext
+from tidemq.store import RawCommitLogStore
 
 from .ha_master import GroupTransfer, HAServer
 from .ha_slave import HAClient
@@ -97,7 +98,7 @@ class MasterSlaveReplication:
 
     # ------------------------------------------------------------------ contract
     def start(self, store: Any, broker_config: Any) -> None:
-        if not hasattr(store, "get_commit_log_data") or not hasattr(store, "append_to_commit_log"):
+        if not isinstance(store, RawCommitLogStore):
             raise ConfigError(
                 f"[replication.master_slave] needs a store with raw commit-log access; {type(store).__name__} has none"
             )

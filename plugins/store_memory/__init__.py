@@ -23,7 +23,7 @@ import attrs
 from tidemq import hookimpl
 from tidemq.config import parse_options
 from tidemq.errors import ConfigError, CorruptDataError, MessageTooLargeError
-from tidemq.filter import MessageFilter
+from tidemq.filter import EntryPrefilter, MessageFilter
 from tidemq.message import (
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
@@ -296,7 +296,9 @@ class MemoryMessageStore:
         limit = max(MAX_FILTER_ENTRIES, max_count)
         idx = offset - base
         end = min(len(entries), idx + limit)
-        entry_check = getattr(message_filter, "matches_queue_entry", None)
+        entry_check = (
+            message_filter.matches_queue_entry if isinstance(message_filter, EntryPrefilter) else None
+        )
         while idx < end:
             phys, size, tags_code = entries[idx]
             if buffers and (len(buffers) >= max_count or total + size > max_bytes):

@@ -35,8 +35,9 @@ from tidemq.compression import compress
 from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.delay import DEFAULT_DELAY_LEVELS, SCHEDULE_TOPIC, parse_delay_levels, schedule_tags_code
 from tidemq.errors import CorruptDataError, MessageTooLargeError, StoreError
-from tidemq.filter import MessageFilter
-from tidemq.flush import FlushPolicy
+from tidemq.filter import EntryPrefilter, MessageFilter
+from tidemq.flush import FlushPolicy, SubmittingFlushPolicy
+from tidemq.index import RecoverableIndex
 from tidemq.message import (
     COMPRESSED_FLAG,
     TRANSACTION_PREPARED_TYPE,
@@ -133,8 +134,8 @@ class MmapMessageStore:
         self.flush_policy = flush_policy
         #: Optional fast path of the built-in policies: ``submit(end, future, value, on_timeout)``
         #: resolves ``future`` with ``value`` once durable (``on_timeout()`` after the timeout).
-        self._flush_submit: Callable[[int, Future[Any], Any, Callable[[], Any]], None] | None = getattr(
-            flush_policy, "submit", None
+        self._flush_submit: Callable[[int, Future[Any], Any, Callable[[], Any]], None] | None = (
+            flush_policy.submit if isinstance(flush_policy, SubmittingFlushPolicy) else None
         )
         self.index = index
         self.max_message_size = options.max_message_size or int(
@@ -289,17 +290,15 @@ class MmapMessageStore:
         queues_from = self._queues_behind(seen, end)
         # A crash that lost the log's tail (an uncommitted transient buffer) leaves index entries
         # for records that are gone and whose offsets new records will reuse: drop them.
-        truncate_index = getattr(self.index, "truncate", None)
-        if truncate_index is not None:
-            truncate_index(end)
+        if isinstance(self.index, RecoverableIndex):
+            self.index.truncate(end)
         # Re-dispatch what the consume queues had not indexed yet (RocketMQ's reputFromOffset).
         reput_from = max([cl_min, *(cq.max_physic_offset for cq in self._all_cqs())])
         if queues_from is not None:
             reput_from = min(reput_from, max(cl_min, queues_from))
         if self._rebuild_queues:
             reput_from = cl_min  # re-dispatch is idempotent for the queues that are whole
-        index_from = getattr(self.index, "rebuild_from", None)
-        index_from = index_from() if index_from is not None else None
+        index_from = self.index.rebuild_from() if isinstance(self.index, RecoverableIndex) else None
         if index_from is not None:  # index files were unreadable: index their records again
             reput_from = min(reput_from, max(cl_min, index_from))
         for _, msg in self.commitlog.iter_records(reput_from):
@@ -781,7 +780,9 @@ class MmapMessageStore:
         limit = min(len(entries), max(MAX_FILTER_BYTES, max_count * CQ_STORE_UNIT_SIZE))
         limit -= limit % CQ_STORE_UNIT_SIZE
         commitlog = self.commitlog
-        entry_check = getattr(message_filter, "matches_queue_entry", None)
+        entry_check = (
+            message_filter.matches_queue_entry if isinstance(message_filter, EntryPrefilter) else None
+        )
         check_crc = self.options.check_crc_on_read
         topic_bytes = topic.encode()
         i = 0
@@ -916,6 +917,10 @@ class MmapMessageStore:
 
     def get_min_phy_offset(self) -> int:
         return self.commitlog.get_min_offset()
+
+    @property
+    def commit_log_file_size(self) -> int:
+        return self.commitlog.file_size
 
     def get_commit_log_data(self, offset: int) -> memoryview | None:
         """Raw commit-log bytes from ``offset`` to the end of its file (for replication)."""

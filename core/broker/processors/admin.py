@@ -20,6 +20,7 @@ from tidemq.broker.topics import TopicConfig
 from tidemq.names import check_stored_topic_name, check_topic_name
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.replication import MasterAware
 
 
 class AdminProcessor:
@@ -143,7 +144,8 @@ class AdminProcessor:
             "bootTimestamp": str(int(b.stats.started_at * 1000)),
         }
         # HA (issue 7): replication plugins may add their state (role, slave lag in bytes).
-        table.update(getattr(b.replication, "runtime_info", dict)())
+        if isinstance(b.replication, MasterAware):
+            table.update(b.replication.runtime_info())
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps({"table": table}))
 
     async def topic_stats(self, conn: Any, request: RemotingCommand) -> RemotingCommand:

@@ -13,7 +13,7 @@ from typing import Any
 
 from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import Header, is_readable, kv
-from tidemq.filter import EXPRESSION_TAG
+from tidemq.filter import EXPRESSION_TAG, SelectsEverything
 from tidemq.observe import ConsumeContext
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
@@ -125,7 +125,8 @@ class PullProcessor:
 
         # A "*" subscription matches every record: give the store no filter, so it does not decode
         # each record's properties to ask (that decode was most of a pull's cost).
-        store_filter = None if getattr(message_filter, "matches_all", False) else message_filter
+        selects_all = isinstance(message_filter, SelectsEverything) and message_filter.matches_all
+        store_filter = None if selects_all else message_filter
 
         # As on the send path: a context and two hook calls only when a plugin listens.
         hooks = b.hooks
