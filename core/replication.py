@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import enum
 from concurrent.futures import Future
 from typing import Any, Protocol, runtime_checkable
 
 BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+
+
+class ReplicaStatus(enum.StrEnum):
+    """How replication answers a put (RocketMQ's PutMessageStatus for HA); a str for old plugins."""
+
+    PUT_OK = "PUT_OK"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
 @runtime_checkable
@@ -14,8 +23,8 @@ class Replication(Protocol):
 
     def start(self, store: Any, broker_config: Any) -> None: ...
 
-    def wait_for_replicas(self, end_offset: int) -> Future[str]:
-        """Resolve with ``"PUT_OK"``, ``"FLUSH_SLAVE_TIMEOUT"`` or ``"SLAVE_NOT_AVAILABLE"``."""
+    def wait_for_replicas(self, end_offset: int) -> Future[ReplicaStatus]:
+        """Resolve once the bytes up to ``end_offset`` are replicated as the broker's role requires."""
 
     def ha_address(self) -> str:
         """The address slaves connect to ("" when not serving)."""

@@ -19,6 +19,8 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+from tidemq.replication import ReplicaStatus
+
 from .wire import (
     CODECS,
     DIGESTS,
@@ -43,7 +45,7 @@ class GroupTransfer:
 
     def __init__(self) -> None:
         self.acked = 0  # the highest offset any slave confirmed (push2SlaveMaxOffset)
-        self._heap: list[tuple[int, int, float, Future[str]]] = []
+        self._heap: list[tuple[int, int, float, Future[ReplicaStatus]]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._stop = False
@@ -56,18 +58,18 @@ class GroupTransfer:
     def waiting(self) -> int:
         return len(self._heap)
 
-    def wait(self, end_offset: int, timeout_s: float) -> Future[str]:
-        fut: Future[str] = Future()
+    def wait(self, end_offset: int, timeout_s: float) -> Future[ReplicaStatus]:
+        fut: Future[ReplicaStatus] = Future()
         with self._cond:
             if self.acked >= end_offset:
-                fut.set_result("PUT_OK")
+                fut.set_result(ReplicaStatus.PUT_OK)
                 return fut
             heapq.heappush(self._heap, (end_offset, next(self._seq), time.monotonic() + timeout_s, fut))
             self._cond.notify()
         return fut
 
     def ack(self, offset: int) -> None:
-        done: list[Future[str]] = []
+        done: list[Future[ReplicaStatus]] = []
         with self._cond:
             if offset <= self.acked:
                 return
@@ -76,11 +78,11 @@ class GroupTransfer:
                 done.append(heapq.heappop(self._heap)[3])
         for fut in done:
             if not fut.done():
-                fut.set_result("PUT_OK")
+                fut.set_result(ReplicaStatus.PUT_OK)
 
     def _expire_loop(self) -> None:
         while True:
-            expired: list[Future[str]] = []
+            expired: list[Future[ReplicaStatus]] = []
             with self._cond:
                 if self._stop:
                     pending = [e[3] for e in self._heap]
@@ -97,10 +99,10 @@ class GroupTransfer:
                 self._heap = keep
             for fut in expired:
                 if not fut.done():
-                    fut.set_result("FLUSH_SLAVE_TIMEOUT")
+                    fut.set_result(ReplicaStatus.FLUSH_SLAVE_TIMEOUT)
         for fut in pending:
             if not fut.done():
-                fut.set_result("SLAVE_NOT_AVAILABLE")
+                fut.set_result(ReplicaStatus.SLAVE_NOT_AVAILABLE)
 
     def shutdown(self) -> None:
         with self._cond:

@@ -36,6 +36,7 @@ import attrs
 from tidemq.config import parse_address, parse_options
 from tidemq.errors import ConfigError
 from tidemq.plugins import PluginContext
+from tidemq.replication import ReplicaStatus
 from tidemq.store import RawCommitLogStore
 
 from .ha_master import GroupTransfer, HAServer
@@ -75,8 +76,8 @@ class MasterSlaveOptions:
     lag_log_s: float = attrs.field(default=30.0, validator=_positive)
 
 
-def _done(status: str) -> Future[str]:
-    fut: Future[str] = Future()
+def _done(status: ReplicaStatus) -> Future[ReplicaStatus]:
+    fut: Future[ReplicaStatus] = Future()
     fut.set_result(status)
     return fut
 
@@ -136,16 +137,16 @@ class MasterSlaveReplication:
             port += 1  # RocketMQ's haListenPort default: the broker port + 1
         return host.strip("[]") or "0.0.0.0", port
 
-    def wait_for_replicas(self, end_offset: int) -> Future[str]:
+    def wait_for_replicas(self, end_offset: int) -> Future[ReplicaStatus]:
         server = self.server
         if server is not None:
             server.notify_data()
         if self.transfer is None or server is None:
-            return _done("PUT_OK")
+            return _done(ReplicaStatus.PUT_OK)
         if server.slave_count == 0:
-            return _done("SLAVE_NOT_AVAILABLE")
+            return _done(ReplicaStatus.SLAVE_NOT_AVAILABLE)
         if self.store.get_max_phy_offset() - self.transfer.acked > self.options.slave_fall_behind_max:
-            return _done("SLAVE_NOT_AVAILABLE")
+            return _done(ReplicaStatus.SLAVE_NOT_AVAILABLE)
         return self.transfer.wait(end_offset, self.options.sync_timeout_s)
 
     def ha_address(self) -> str:

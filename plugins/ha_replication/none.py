@@ -6,6 +6,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from tidemq.plugins import PluginContext
+from tidemq.replication import ReplicaStatus
 
 
 class NoReplication:
@@ -14,9 +15,9 @@ class NoReplication:
     def start(self, store: Any, broker_config: Any) -> None:
         return None
 
-    def wait_for_replicas(self, end_offset: int) -> Future[str]:
-        done: Future[str] = Future()
-        done.set_result("PUT_OK")
+    def wait_for_replicas(self, end_offset: int) -> Future[ReplicaStatus]:
+        done: Future[ReplicaStatus] = Future()
+        done.set_result(ReplicaStatus.PUT_OK)
         return done
 
     def ha_address(self) -> str:

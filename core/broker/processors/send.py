@@ -34,6 +34,7 @@ from tidemq.names import check_group_name, check_topic_name
 from tidemq.observe import SendContext
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.replication import ReplicaStatus
 from tidemq.store import PutResult, PutStatus
 
 log = logging.getLogger(__name__)
@@ -81,9 +82,9 @@ _PUT_CODES: dict[PutStatus, tuple[int, str | None]] = {
     PutStatus.UNKNOWN_ERROR: (ResponseCode.SYSTEM_ERROR, "UNKNOWN_ERROR"),
 }
 _REPLICA_CODES = {
-    "PUT_OK": ResponseCode.SUCCESS,
-    "FLUSH_SLAVE_TIMEOUT": ResponseCode.FLUSH_SLAVE_TIMEOUT,
-    "SLAVE_NOT_AVAILABLE": ResponseCode.SLAVE_NOT_AVAILABLE,
+    ReplicaStatus.PUT_OK: ResponseCode.SUCCESS,
+    ReplicaStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    ReplicaStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
 }
 
 
