@@ -7,10 +7,38 @@ and commands are :class:`tidemq.remoting.RemotingCommand` objects.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from tidemq.remoting.command import RemotingCommand
+
+
+@runtime_checkable
+class Connection(Protocol):
+    """One peer's connection as a request handler sees it (the server side of a transport)."""
+
+    #: ``host:port`` of the peer.
+    remote_address: str
+    #: Free slot for the application (the broker keeps a client's channel info here).
+    context: dict[str, Any]
+
+    @property
+    def closed(self) -> bool: ...
+
+    def add_close_callback(self, fn: Callable[[Any], Any]) -> None:
+        """Call ``fn(connection)`` once when the connection closes (soon, if it already has)."""
+
+    async def invoke(self, request: RemotingCommand, timeout: float) -> RemotingCommand:
+        """A request to the peer (the broker asks its clients: consumer ids changed, check a transaction)."""
+
+    async def invoke_oneway(self, request: RemotingCommand) -> None: ...
+
+    def send_response(self, response: RemotingCommand) -> None:
+        """Write a response outside the handler's return path."""
+
 
 #: ``handler(connection, request) -> response | None`` (None for oneway requests).
-RequestHandler = Callable[[Any, Any], Awaitable[Any]]
+RequestHandler = Callable[[Connection, "RemotingCommand"], Awaitable["RemotingCommand | None"]]
 
 
 @runtime_checkable

@@ -33,6 +33,7 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import MetadataSink
 from tidemq.tasks import supervise
+from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,7 @@ class Broker:
             impl.function(register._as(impl.plugin_name))  # registration order: built-ins first
         return register.handlers()
 
-    async def handle(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
+    async def handle(self, conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
         """The transport's request handler: one processor per code, errors become responses."""
         response: RemotingCommand | None
         if self.acl is not None:
@@ -283,7 +284,7 @@ class Broker:
         return response
 
     def _check_access(
-        self, acl: AccessValidator, conn: Any, request: RemotingCommand
+        self, acl: AccessValidator, conn: Connection, request: RemotingCommand
     ) -> RemotingCommand | None:
         """Run the access validator; the NO_PERMISSION answer when it refuses, else None."""
         remote = _remote(conn)
@@ -329,13 +330,13 @@ class Broker:
             req.mark_oneway()
             self.spawn(self._notify(conn, req, group))
 
-    async def _notify(self, conn: Any, req: RemotingCommand, group: str) -> None:
+    async def _notify(self, conn: Connection, req: RemotingCommand, group: str) -> None:
         try:
             await asyncio.wait_for(conn.invoke_oneway(req), NOTIFY_TIMEOUT_S)
         except Exception as exc:
             log.info("cannot notify %s of a change in group %s: %s", _remote(conn), group, exc)
 
-    def watch_connection(self, conn: Any) -> None:
+    def watch_connection(self, conn: Connection) -> None:
         """Drop a client's registrations when its connection closes (once per connection)."""
         context = getattr(conn, "context", None)
         if context is None:
@@ -345,7 +346,7 @@ class Broker:
         context["tidemq_broker_watched"] = True
         conn.add_close_callback(self._connection_closed)
 
-    def _connection_closed(self, conn: Any) -> None:
+    def _connection_closed(self, conn: Connection) -> None:
         self.producers.connection_closed(conn)
         for group in self.consumers.connection_closed(conn):
             log.info("consumer %s of group %s disconnected", _remote(conn), group)
@@ -378,5 +379,5 @@ class Broker:
         return int(time.time() * 1000)
 
 
-def _remote(conn: Any) -> str:
+def _remote(conn: Connection) -> str:
     return str(getattr(conn, "remote_address", "?"))

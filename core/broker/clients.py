@@ -13,13 +13,14 @@ from typing import Any
 import attrs
 
 from tidemq.queues import MessageQueue
+from tidemq.transport import Connection
 
 
 @attrs.define(eq=False)
 class ClientChannel:
     """One client connection (ClientChannelInfo)."""
 
-    conn: Any
+    conn: Connection
     client_id: str
     language: str = ""
     version: int = 0
@@ -116,7 +117,7 @@ class ConsumerManager:
         info.subscriptions = new_subs
         return changed
 
-    def unregister(self, group: str, conn: Any) -> bool:
+    def unregister(self, group: str, conn: Connection) -> bool:
         info = self.groups.get(group)
         if info is None or info.channels.pop(conn, None) is None:
             return False
@@ -124,7 +125,7 @@ class ConsumerManager:
             del self.groups[group]
         return True
 
-    def connection_closed(self, conn: Any) -> list[str]:
+    def connection_closed(self, conn: Connection) -> list[str]:
         """Drop ``conn`` from every group; returns the groups that lost a member."""
         affected = []
         for group in list(self.groups):
@@ -168,14 +169,14 @@ class ProducerManager:
         else:
             existing.last_update = time.monotonic()
 
-    def unregister(self, group: str, conn: Any) -> None:
+    def unregister(self, group: str, conn: Connection) -> None:
         channels = self.groups.get(group)
         if channels is not None:
             channels.pop(conn, None)
             if not channels:
                 del self.groups[group]
 
-    def connection_closed(self, conn: Any) -> None:
+    def connection_closed(self, conn: Connection) -> None:
         for group in list(self.groups):
             self.unregister(group, conn)
 

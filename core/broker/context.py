@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidemq.errors import PluginError
+from tidemq.transport import Connection
 
 if TYPE_CHECKING:
     from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
@@ -78,7 +79,7 @@ class BrokerContext(Protocol):
 
     def notify_consumer_ids_changed(self, group: str) -> None: ...
 
-    def watch_connection(self, conn: Any) -> None: ...
+    def watch_connection(self, conn: Connection) -> None: ...
 
 
 class ProcessorRegister:

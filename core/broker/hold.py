@@ -13,6 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from tidemq.transport import Connection
+
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
@@ -31,18 +33,20 @@ class PullRequestHoldService:
     def waiting(self) -> int:
         return sum(len(v) for v in self._waiters.values())
 
-    def held_by(self, conn: Any) -> int:
+    def held_by(self, conn: Connection) -> int:
         """Pulls of ``conn`` held right now."""
         held = self._by_conn.get(conn)
         return len(held) if held is not None else 0
 
-    def connection_closed(self, conn: Any) -> None:
+    def connection_closed(self, conn: Connection) -> None:
         """Release every pull ``conn`` has held (a close callback of the connection)."""
         for fut in self._by_conn.pop(conn, ()):
             if not fut.done():
                 fut.set_result(False)
 
-    async def wait(self, topic: str, queue_id: int, offset: int, timeout_s: float, conn: Any = None) -> bool:
+    async def wait(
+        self, topic: str, queue_id: int, offset: int, timeout_s: float, conn: Connection | None = None
+    ) -> bool:
         """Wait until the queue holds a message at ``offset`` or later; False on timeout.
 
         With ``conn``, the wait ends (False) as soon as that connection closes.

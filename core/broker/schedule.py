@@ -50,6 +50,7 @@ from tidemq.remoting.codes import ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.store import GetStatus
 from tidemq.tasks import supervise
+from tidemq.transport import Connection
 
 if TYPE_CHECKING:
     from tidemq.broker.context import BrokerContext
@@ -162,7 +163,7 @@ class ScheduleMessageService:
         return {"offsetTable": {str(level): off for level, off in sorted(self.offsets.items())}}
 
     # ------------------------------------------------------------------ requests
-    async def get_all_delay_offset(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def get_all_delay_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         """GET_ALL_DELAY_OFFSET: the delayOffset.json content, for slaves to copy."""
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(self.serialize()))
 

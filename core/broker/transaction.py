@@ -50,6 +50,7 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.store import GetStatus, PutResult
 from tidemq.tasks import supervise
+from tidemq.transport import Connection
 
 if TYPE_CHECKING:
     from tidemq.broker.context import BrokerContext
@@ -124,7 +125,7 @@ class TransactionalMessageService:
         msg.queue_id = 0
 
     # ------------------------------------------------------------------ END_TRANSACTION
-    async def end_transaction(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def end_transaction(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         if not b.is_master:
             return request.reply(
@@ -413,7 +414,7 @@ class TransactionalMessageService:
         request.mark_oneway()
         return request
 
-    async def _send_check(self, conn: Any, request: RemotingCommand, group: str) -> None:
+    async def _send_check(self, conn: Connection, request: RemotingCommand, group: str) -> None:
         try:
             await asyncio.wait_for(conn.invoke_oneway(request), CHECK_SEND_TIMEOUT_S)
         except Exception as exc:

@@ -24,6 +24,7 @@ from tidemq.message import Prop, decode_message, local_ip
 from tidemq.plugins import PluginManager, get_plugin_manager
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +279,7 @@ class ClientInstance:
         await asyncio.gather(*(one(a) for a in self.master_addresses()))
 
     # ------------------------------------------------------------------ broker -> client
-    def _check_transaction_state(self, conn: Any, request: RemotingCommand) -> None:
+    def _check_transaction_state(self, conn: Connection, request: RemotingCommand) -> None:
         """Hand a broker's transaction check to the producer of the message's group (oneway)."""
         try:
             msg = decode_message(request.body or b"")
@@ -294,7 +295,9 @@ class ClientInstance:
             return
         producer.check_transaction_state(str(conn.remote_address), dict(request.ext_fields or {}), msg)
 
-    async def _handle_server_request(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
+    async def _handle_server_request(
+        self, conn: Connection, request: RemotingCommand
+    ) -> RemotingCommand | None:
         if request.code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED:
             group = (request.ext_fields or {}).get("consumerGroup", "")
             consumer = self.consumers.get(group)

@@ -19,6 +19,7 @@ from tidemq.remoting.protocol import (
     TopicRouteData,
     loads,
 )
+from tidemq.transport import Connection
 
 if TYPE_CHECKING:
     from tidemq.namesrv.server import NameServer
@@ -86,7 +87,7 @@ class NamesrvProcessor:
             rc.UPDATE_NAMESRV_CONFIG: self.update_config,
         }
 
-    async def handle(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    async def handle(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         """The transport handler."""
         proc = self._table.get(req.code)
         if proc is None:
@@ -106,11 +107,11 @@ class NamesrvProcessor:
             return req.reply(ResponseCode.SYSTEM_ERROR, remark=str(exc))
 
     # ------------------------------------------------------------------ KV config
-    def put_kv_config(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def put_kv_config(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         self.kv.put(_field(req, "namespace"), _field(req, "key"), _field(req, "value"))
         return req.reply()
 
-    def get_kv_config(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def get_kv_config(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         ns, key = _field(req, "namespace"), _field(req, "key")
         value = self.kv.get(ns, key)
         if value is None:
@@ -119,11 +120,11 @@ class NamesrvProcessor:
             )
         return req.reply(ext_fields={"value": value})
 
-    def delete_kv_config(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def delete_kv_config(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         self.kv.delete(_field(req, "namespace"), _field(req, "key"))
         return req.reply()
 
-    def get_kv_list_by_namespace(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def get_kv_list_by_namespace(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         ns = _field(req, "namespace")
         table = self.kv.namespace(ns)
         if table is None:
@@ -131,7 +132,7 @@ class NamesrvProcessor:
         return req.reply(body=KVTable(table).encode())
 
     # ------------------------------------------------------------------ brokers
-    def register_broker(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def register_broker(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         broker_name = _field(req, "brokerName")
         broker_addr = _field(req, "brokerAddr")
         cluster = _field(req, "clusterName")
@@ -172,7 +173,7 @@ class NamesrvProcessor:
         order = self.kv.namespace(NAMESPACE_ORDER_TOPIC_CONFIG)
         return req.reply(ext_fields=ext, body=KVTable(order).encode() if order else None)
 
-    def unregister_broker(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def unregister_broker(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         self.routes.unregister_broker(
             _field(req, "clusterName"),
             _field(req, "brokerAddr"),
@@ -181,7 +182,7 @@ class NamesrvProcessor:
         )
         return req.reply()
 
-    def query_data_version(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def query_data_version(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         broker_addr = _field(req, "brokerAddr")
         version = DataVersion.decode(req.payload())
         changed = self.routes.is_broker_topic_config_changed(broker_addr, version)
@@ -190,16 +191,16 @@ class NamesrvProcessor:
         known = self.routes.query_broker_topic_config(broker_addr)
         return req.reply(ext_fields={"changed": changed}, body=known.encode() if known else None)
 
-    def wipe_write_perm_of_broker(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def wipe_write_perm_of_broker(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         count = self.routes.wipe_write_perm_of_broker(_field(req, "brokerName"))
         return req.reply(ext_fields={"wipeTopicCount": count})
 
-    def add_write_perm_of_broker(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def add_write_perm_of_broker(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         count = self.routes.add_write_perm_of_broker(_field(req, "brokerName"))
         return req.reply(ext_fields={"addTopicCount": count})
 
     # ------------------------------------------------------------------ routes and topics
-    def get_route_info_by_topic(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def get_route_info_by_topic(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         topic = _field(req, "topic")
         route = self.routes.pickup_topic_route_data(topic)
         if route is None:
@@ -212,17 +213,17 @@ class NamesrvProcessor:
             route.order_topic_conf = order_conf
         return req.reply(body=route.encode())
 
-    def get_broker_cluster_info(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def get_broker_cluster_info(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         return req.reply(body=self.routes.get_all_cluster_info().encode())
 
-    def get_all_topic_list(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def get_all_topic_list(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         return req.reply(body=self.routes.get_all_topic_list().encode())
 
-    def delete_topic(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def delete_topic(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         self.routes.delete_topic(_field(req, "topic"), req.ext_fields.get("clusterName") or None)
         return req.reply()
 
-    def register_topic(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def register_topic(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         route = TopicRouteData.decode(req.payload())
         topic = _field(req, "topic")
         problem = check_stored_topic_name(topic)
@@ -231,20 +232,20 @@ class NamesrvProcessor:
         self.routes.register_topic(topic, route.queue_datas)
         return req.reply()
 
-    def get_topics_by_cluster(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def get_topics_by_cluster(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         return req.reply(body=self.routes.get_topics_by_cluster(_field(req, "cluster")).encode())
 
-    def get_system_topic_list(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def get_system_topic_list(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         return req.reply(body=self.routes.get_system_topic_list().encode())
 
     def _unit_topics(self, req: RemotingCommand, kind: str) -> RemotingCommand:
         return req.reply(body=self.routes.get_unit_topics(kind).encode())
 
     # ------------------------------------------------------------------ NameServer config
-    def get_config(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def get_config(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         return req.reply(body=self.namesrv.config_properties().encode())
 
-    def update_config(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+    def update_config(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
         try:
             text = req.payload().decode()
         except UnicodeDecodeError:

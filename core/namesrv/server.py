@@ -16,6 +16,7 @@ from tidemq.namesrv.kvconfig import KVConfigManager
 from tidemq.namesrv.processor import NamesrvProcessor
 from tidemq.namesrv.routeinfo import RouteInfoManager
 from tidemq.tasks import supervise
+from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class NameServer:
                 live.connection.close()
         return len(expired)
 
-    def watch_connection(self, conn: Any) -> None:
+    def watch_connection(self, conn: Connection) -> None:
         """Remove the broker registered over ``conn`` when it closes (once per connection)."""
         if conn is None or not hasattr(conn, "add_close_callback") or id(conn) in self._watched:
             return

@@ -33,6 +33,7 @@ from tidemq.plugins import PluginManager, get_plugin_manager
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.tasks import supervise
+from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ class FilterServer:
             self._compiled[key] = flt
         return flt
 
-    async def handle(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
+    async def handle(self, conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
         try:
             if request.code == RequestCode.PULL_MESSAGE:
                 return await self.pull(request)

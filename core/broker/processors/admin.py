@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 import orjson
 
@@ -21,6 +20,7 @@ from tidemq.names import check_stored_topic_name, check_topic_name
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import MasterAware
+from tidemq.transport import Connection
 
 
 class AdminProcessor:
@@ -28,7 +28,7 @@ class AdminProcessor:
         self.broker = broker
 
     # ------------------------------------------------------------------ offsets of queues
-    async def max_offset(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def max_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         h = Header(request.ext_fields, "GET_MAX_OFFSET")
         return request.reply(
             ResponseCode.SUCCESS,
@@ -36,7 +36,7 @@ class AdminProcessor:
             kv(offset=self.broker.store.get_max_offset_in_queue(h.str("topic"), h.int("queueId"))),
         )
 
-    async def min_offset(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def min_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         h = Header(request.ext_fields, "GET_MIN_OFFSET")
         return request.reply(
             ResponseCode.SUCCESS,
@@ -44,12 +44,12 @@ class AdminProcessor:
             kv(offset=self.broker.store.get_min_offset_in_queue(h.str("topic"), h.int("queueId"))),
         )
 
-    async def search_offset(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def search_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         h = Header(request.ext_fields, "SEARCH_OFFSET_BY_TIMESTAMP")
         offset = self.broker.store.get_offset_by_time(h.str("topic"), h.int("queueId"), h.int("timestamp"))
         return request.reply(ResponseCode.SUCCESS, None, kv(offset=offset))
 
-    async def earliest_store_time(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def earliest_store_time(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         h = Header(request.ext_fields, "GET_EARLIEST_MSG_STORETIME")
         topic, queue_id = h.str("topic"), h.int("queueId")
         store = self.broker.store
@@ -57,7 +57,7 @@ class AdminProcessor:
         return request.reply(ResponseCode.SUCCESS, None, kv(timestamp=ts))
 
     # ------------------------------------------------------------------ topics
-    async def update_topic(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def update_topic(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         h = Header(request.ext_fields, "UPDATE_AND_CREATE_TOPIC")
         topic = h.str("topic")
@@ -94,7 +94,7 @@ class AdminProcessor:
         await b.registrar.register_all()
         return request.reply(ResponseCode.SUCCESS)
 
-    async def delete_topic(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def delete_topic(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         topic = Header(request.ext_fields, "DELETE_TOPIC_IN_BROKER").str("topic")
         problem = check_stored_topic_name(topic)
@@ -111,17 +111,17 @@ class AdminProcessor:
         await b.registrar.register_all()
         return request.reply(ResponseCode.SUCCESS)
 
-    async def all_topic_config(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def all_topic_config(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(self.broker.topics.serialize()))
 
-    async def all_consumer_offset(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def all_consumer_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(self.broker.offsets.serialize()))
 
-    async def all_subscription_groups(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def all_subscription_groups(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(self.broker.groups.serialize()))
 
     # ------------------------------------------------------------------ statistics
-    async def runtime_info(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def runtime_info(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         uptime = time.time() - b.stats.started_at
         table = {
@@ -148,7 +148,7 @@ class AdminProcessor:
             table.update(b.replication.runtime_info())
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps({"table": table}))
 
-    async def topic_stats(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def topic_stats(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         topic = Header(request.ext_fields, "GET_TOPIC_STATS_INFO").str("topic")
         cfg = b.topics.get(topic)
@@ -172,7 +172,7 @@ class AdminProcessor:
             )
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps({"offsetTable": rows}))
 
-    async def consume_stats(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def consume_stats(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         h = Header(request.ext_fields, "GET_CONSUME_STATS")
         group = h.str("consumerGroup")
@@ -209,7 +209,7 @@ class AdminProcessor:
             ResponseCode.SUCCESS, body=orjson.dumps({"offsetTable": rows, "consumeTps": 0.0})
         )
 
-    async def consumer_connections(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def consumer_connections(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         group = Header(request.ext_fields, "GET_CONSUMER_CONNECTION_LIST").str("consumerGroup")
         info = b.consumers.get(group)

@@ -13,6 +13,7 @@ from tidemq.broker.headers import PERM_READ, PERM_WRITE, Header, retry_topic
 from tidemq.names import check_group_name, check_stored_topic_name
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ class ClientManageProcessor:
     def __init__(self, broker: BrokerContext):
         self.broker = broker
 
-    async def heartbeat(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def heartbeat(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         try:
             data = orjson.loads(request.payload() or b"{}")
@@ -55,7 +56,7 @@ class ClientManageProcessor:
             b.producers.register(group, ClientChannel(conn, client_id, channel.language, channel.version))
         return request.reply(ResponseCode.SUCCESS)
 
-    async def unregister(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def unregister(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         h = Header(request.ext_fields, "UNREGISTER_CLIENT")
         producer_group = h.str("producerGroup", "")
@@ -67,7 +68,7 @@ class ClientManageProcessor:
             b.notify_consumer_ids_changed(consumer_group)
         return request.reply(ResponseCode.SUCCESS)
 
-    async def check_client_config(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def check_client_config(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         try:
             data = orjson.loads(request.payload() or b"{}")
         except orjson.JSONDecodeError as exc:

@@ -11,6 +11,7 @@ from tidemq.broker.headers import Header, kv
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.transport import Connection
 
 
 def _mq_json(mq: MessageQueue) -> dict[str, Any]:
@@ -27,14 +28,14 @@ class ConsumerManageProcessor:
     def __init__(self, broker: BrokerContext):
         self.broker = broker
 
-    async def consumer_list(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def consumer_list(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         group = Header(request.ext_fields, "GET_CONSUMER_LIST_BY_GROUP").str("consumerGroup")
         info = self.broker.consumers.get(group)
         if info is None or not info.channels:
             return request.reply(ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps({"consumerIdList": info.client_ids()}))
 
-    async def query_offset(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def query_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         h = Header(request.ext_fields, "QUERY_CONSUMER_OFFSET")
         group, topic, queue_id = h.str("consumerGroup"), h.str("topic"), h.int("queueId")
@@ -49,7 +50,7 @@ class ConsumerManageProcessor:
             ResponseCode.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first"
         )
 
-    async def update_offset(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def update_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         h = Header(request.ext_fields, "UPDATE_CONSUMER_OFFSET")
         group, topic, queue_id = h.str("consumerGroup"), h.str("topic"), h.int("queueId")
@@ -58,7 +59,7 @@ class ConsumerManageProcessor:
         b.stats.on_commit(group, topic, queue_id)
         return request.reply(ResponseCode.SUCCESS)
 
-    async def lock_batch(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def lock_batch(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         try:
             data = orjson.loads(request.payload() or b"{}")
             group, client_id, mqs = (
@@ -73,7 +74,7 @@ class ConsumerManageProcessor:
             ResponseCode.SUCCESS, body=orjson.dumps({"lockOKMQSet": [_mq_json(m) for m in locked]})
         )
 
-    async def unlock_batch(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def unlock_batch(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         try:
             data = orjson.loads(request.payload() or b"{}")
             group, client_id, mqs = (

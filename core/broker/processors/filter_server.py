@@ -16,6 +16,7 @@ from tidemq.broker.context import ProcessorRegister
 from tidemq.broker.headers import Header, kv
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.transport import Connection
 
 if TYPE_CHECKING:
     from tidemq.broker.context import BrokerContext
@@ -40,7 +41,7 @@ class FilterServerManager:
                 self._table.pop(conn, None)
         return sorted({addr for addr, _ in self._table.values()})
 
-    async def register(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def register(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         addr = Header(request.ext_fields, "REGISTER_FILTER_SERVER").str("filterServerAddr")
         known = conn in self._table and self._table[conn][0] == addr
@@ -53,7 +54,7 @@ class FilterServerManager:
             ResponseCode.SUCCESS, None, kv(brokerName=b.settings.name, brokerId=b.settings.id)
         )
 
-    def _closed(self, conn: Any) -> None:
+    def _closed(self, conn: Connection) -> None:
         entry = self._table.pop(conn, None)
         if entry is not None:
             log.info("filter server %s disconnected", entry[0])

@@ -18,6 +18,7 @@ from tidemq.observe import ConsumeContext
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.store import GetResult, GetStatus
+from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class PullProcessor:
             self._filters[key] = flt
         return flt
 
-    async def pull(self, conn: Any, request: RemotingCommand) -> RemotingCommand | None:
+    async def pull(self, conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
         b = self.broker
         h = Header(request.ext_fields, "PULL_MESSAGE")
         group = h.str("consumerGroup")

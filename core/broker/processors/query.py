@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import Header, kv
@@ -12,6 +11,7 @@ from tidemq.errors import CorruptDataError
 from tidemq.message import decode_message
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ class QueryProcessor:
     def __init__(self, broker: BrokerContext):
         self.broker = broker
 
-    async def query_message(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def query_message(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         h = Header(request.ext_fields, "QUERY_MESSAGE")
         topic, key = h.str("topic"), h.str("key")
@@ -60,7 +60,7 @@ class QueryProcessor:
             )
         return request.reply(ResponseCode.SUCCESS, None, fields, body_parts=tuple(parts))
 
-    async def view_message(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def view_message(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         offset = Header(request.ext_fields, "VIEW_MESSAGE_BY_ID").int("offset")
         raw = self.broker.store.look_message_by_offset(offset) if offset >= 0 else None
         if raw is None:

@@ -36,6 +36,7 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import ReplicaStatus
 from tidemq.store import PutResult, PutStatus
+from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def parse_host(address: str) -> tuple[str, int]:
         return "127.0.0.1", 0
 
 
-def born_host(conn: Any) -> tuple[str, int]:
+def born_host(conn: Connection) -> tuple[str, int]:
     """The producer's address, parsed once per connection (it is the same for every send)."""
     context = getattr(conn, "context", None)
     if context is None:
@@ -175,7 +176,7 @@ class SendProcessor:
         return cfg, None
 
     # ------------------------------------------------------------------ SEND_MESSAGE / V2
-    async def send_message(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def send_message(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         h = send_header(request)
         if h.bool("batch"):  # RocketMQ dispatches on the header's batch flag, whatever the code
@@ -246,7 +247,7 @@ class SendProcessor:
         return topic, queue_id
 
     # ------------------------------------------------------------------ SEND_BATCH_MESSAGE
-    async def send_batch(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def send_batch(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         h = send_header(request)
         group = h.str("producerGroup", "")
@@ -299,7 +300,7 @@ class SendProcessor:
     # ------------------------------------------------------------------ store + hooks
     async def _put(
         self,
-        conn: Any,
+        conn: Connection,
         request: RemotingCommand,
         group: str,
         msgs: list[MessageInner],
@@ -384,7 +385,7 @@ class SendProcessor:
         return request.reply(code, remark, fields)
 
     # ------------------------------------------------------------------ CONSUMER_SEND_MSG_BACK
-    async def consumer_send_back(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+    async def consumer_send_back(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         """A consumer failed a message: store a copy in %RETRY%group (or %DLQ%group when exhausted).
 
         The copy carries the DELAY property with a level that grows with each retry, as RocketMQ
