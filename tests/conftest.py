@@ -100,3 +100,12 @@ def matrix_plugins() -> dict[str, str]:
 @pytest.fixture
 def plugin_matrix() -> dict[str, str]:
     return matrix_plugins()
+
+
+def fitting(role: str, payload: object) -> object:
+    """A stand-in plugin instance that fits ``role``'s contract (every member a no-op), carrying
+    ``payload``: PluginManager.create refuses anything that does not fit."""
+    from tidemq.plugins import contract_members, role_contract
+
+    members = {m: (lambda *a, **k: None) for m in contract_members(role_contract(role))}
+    return type("Fitting", (), {**members, "payload": payload})()

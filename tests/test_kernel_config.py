@@ -6,6 +6,7 @@ import types
 
 import attrs
 import pytest
+from conftest import fitting
 
 from tidemq import hookimpl
 from tidemq.config import BrokerSettings, NamesrvSettings, compose, load_config, parse_config, parse_options
@@ -22,7 +23,11 @@ def pm() -> PluginManager:
     def reg(hook: str, *names: str):
         def register(register):
             for n in names:
-                register.add(n, lambda ctx, role=register.role, n=n: built.append(role) or (role, n, ctx), "")
+                register.add(
+                    n,
+                    lambda ctx, role=register.role, n=n: built.append(role) or fitting(role, (role, n, ctx)),
+                    "",
+                )
 
         return types.SimpleNamespace(**{hook: hookimpl(register)})
 
@@ -111,12 +116,12 @@ def test_compose_builds_selected_plugins_in_order_with_their_options(tmp_path, p
     )
     comps = compose(cfg, pm)
     assert pm.built == ["transport", "flush", "index", "store", "replication"]
-    role, name, ctx = comps["store"]
+    role, name, ctx = comps["store"].payload
     assert (role, name) == ("store", "memory")
     assert ctx.options == {"capacity": 10}  # only the chosen plugin's table
     assert ctx.data_dir == tmp_path
     assert set(ctx.components) == {"transport", "flush", "index"}  # built before the store
-    assert comps["flush"][1] == "sync"
+    assert comps["flush"].payload[1] == "sync"
 
 
 def test_parse_options_for_plugin_tables():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import types
 
 import pytest
+from conftest import fitting
 
 from tidemq import hookimpl
 from tidemq.errors import PluginError
@@ -13,16 +14,8 @@ from tidemq.plugins import (
     ROLE_HOOKS,
     ROLES,
     PluginManager,
-    contract_members,
     get_plugin_manager,
-    role_contract,
 )
-
-
-def fitting(role: str, payload: object) -> object:
-    """An instance that fits ``role``'s contract (every member a no-op) carrying ``payload``."""
-    members = {m: (lambda *a, **k: None) for m in contract_members(role_contract(role))}
-    return type("Fitting", (), {**members, "payload": payload})()
 
 
 def make_plugin(role_hook: str, *names: str, factory=None) -> types.SimpleNamespace:
