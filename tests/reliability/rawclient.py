@@ -5,6 +5,7 @@ from __future__ import annotations
 import resource
 import socket
 import time
+from typing import Any
 
 from tidemq.remoting import FrameDecoder, RemotingCommand
 from tidemq.remoting.codec import encode_bytes
@@ -93,3 +94,30 @@ def raise_nofile(want: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < want:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, hard), hard))
+
+
+def pull_fields(
+    topic: str,
+    *,
+    group: str,
+    queue_id: int = 0,
+    offset: int = 0,
+    expression: str = "*",
+    expression_type: str = "TAG",
+    suspend_ms: int = 0,
+    max_nums: int = 32,
+) -> dict[str, Any]:
+    """PULL_MESSAGE header fields with the subscription in the request (PULL_FLAG_SUBSCRIPTION)."""
+    return {
+        "consumerGroup": group,
+        "topic": topic,
+        "queueId": queue_id,
+        "queueOffset": offset,
+        "maxMsgNums": max_nums,
+        "sysFlag": 4 | (2 if suspend_ms else 0),  # subscription, and suspend when held
+        "commitOffset": 0,
+        "suspendTimeoutMillis": suspend_ms,
+        "subscription": expression,
+        "subVersion": 0,
+        "expressionType": expression_type,
+    }

@@ -26,7 +26,7 @@ from tidemq.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, RequestCode, Respo
 
 from .checker import Ack, check, read_topic
 from .cluster import Cluster, assert_broker_serves, assert_log_clean, digest, faults_cluster, report, rss_kib
-from .rawclient import RawConn
+from .rawclient import RawConn, pull_fields
 
 MAX_FRAME = 4 * 1024 * 1024  # the broker under test refuses frames over 4 MiB
 #: [transport.tcp] max_buffered_bytes is left at its default: 64 MiB of partial frames per server.
@@ -281,18 +281,7 @@ def _seed_commands() -> list[RemotingCommand]:
         "reconsumeTimes": 0,
         "unitMode": "false",
     }
-    pull = {
-        "consumerGroup": "fuzz-cg",
-        "topic": FUZZ_TOPIC,
-        "queueId": 0,
-        "queueOffset": 0,
-        "maxMsgNums": 4,
-        "sysFlag": 4,
-        "commitOffset": 0,
-        "suspendTimeoutMillis": 0,
-        "subscription": "*",
-        "subVersion": 0,
-    }
+    pull = pull_fields(FUZZ_TOPIC, group="fuzz-cg", max_nums=4)
     seeds = []
     for stype in SerializeType:
         seeds += [

@@ -40,7 +40,7 @@ from .cluster import (
     report,
     rss_kib,
 )
-from .rawclient import RawConn, raise_nofile, runtime_info
+from .rawclient import RawConn, pull_fields, raise_nofile, runtime_info
 
 RC = RequestCode
 VICTIM = "Victim"
@@ -203,7 +203,7 @@ class NamePeer:
             body = {"clientID": "fuzz", "consumerDataSet": [{"groupName": name, "subscriptionDataSet": []}]}
             cmd = RemotingCommand.request(RC.HEART_BEAT, {}, orjson.dumps(body))
         elif entry == "pull":
-            cmd = RemotingCommand.request(RC.PULL_MESSAGE, _pull_fields(VICTIM, name))
+            cmd = RemotingCommand.request(RC.PULL_MESSAGE, pull_fields(VICTIM, group=name))
         elif entry == "update_offset":
             cmd = RemotingCommand.request(
                 RC.UPDATE_CONSUMER_OFFSET,
@@ -254,22 +254,6 @@ def _send_fields(topic: str) -> dict[str, Any]:
         "bornTimestamp": int(time.time() * 1000),
         "flag": 0,
         "properties": "",
-    }
-
-
-def _pull_fields(topic: str, group: str, offset: int = 0, suspend_ms: int = 0) -> dict[str, Any]:
-    return {
-        "consumerGroup": group,
-        "topic": topic,
-        "queueId": 0,
-        "queueOffset": offset,
-        "maxMsgNums": 32,
-        "sysFlag": 4 | (2 if suspend_ms else 0),
-        "commitOffset": 0,
-        "suspendTimeoutMillis": suspend_ms,
-        "subscription": "*",
-        "subVersion": 0,
-        "expressionType": "TAG",
     }
 
 
@@ -445,7 +429,8 @@ class TestHeldPulls:
             for conn in conns:
                 for i in range(300):
                     cmd = RemotingCommand.request(
-                        RC.PULL_MESSAGE, _pull_fields("HeldTopic", f"held-{i % 4}", 1, 3_600_000)
+                        RC.PULL_MESSAGE,
+                        pull_fields("HeldTopic", group=f"held-{i % 4}", offset=1, suspend_ms=3_600_000),
                     )
                     conn.send_cmd(cmd)
             deadline = time.monotonic() + 20

@@ -27,7 +27,7 @@ from tidemq.remoting import RemotingCommand
 from tidemq.remoting.codes import RequestCode, ResponseCode
 
 from .cluster import Cluster, assert_broker_serves, assert_log_clean, faults_cluster, report, rss_kib
-from .rawclient import RawConn
+from .rawclient import RawConn, pull_fields
 
 TOPIC = "SqlHostile"
 QUEUES = 4
@@ -58,22 +58,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def pull_request(
     expression: str, queue_id: int = 0, offset: int = 0, expression_type: str = "SQL92", group: str = "sql-cg"
 ) -> RemotingCommand:
-    return RemotingCommand.request(
-        RequestCode.PULL_MESSAGE,
-        {
-            "consumerGroup": group,
-            "topic": TOPIC,
-            "queueId": str(queue_id),
-            "queueOffset": str(offset),
-            "maxMsgNums": "32",
-            "sysFlag": "4",  # PULL_FLAG_SUBSCRIPTION: the expression travels with the pull
-            "commitOffset": "0",
-            "suspendTimeoutMillis": "0",
-            "subscription": expression,
-            "subVersion": "0",
-            "expressionType": expression_type,
-        },
+    fields = pull_fields(
+        TOPIC,
+        group=group,
+        queue_id=queue_id,
+        offset=offset,
+        expression=expression,
+        expression_type=expression_type,
     )
+    return RemotingCommand.request(RequestCode.PULL_MESSAGE, fields)
 
 
 def check_request(expression: str) -> RemotingCommand:

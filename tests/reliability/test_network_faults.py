@@ -24,7 +24,7 @@ from tidemq.remoting import RemotingCommand
 from tidemq.remoting.codes import FLAG_ONEWAY, RequestCode, ResponseCode, SerializeType
 
 from .cluster import Cluster, assert_broker_serves, assert_log_clean, faults_cluster, report, rss_kib
-from .rawclient import RawConn, raise_nofile
+from .rawclient import RawConn, pull_fields, raise_nofile
 
 MAX_FRAME = 1024 * 1024  # the broker under test refuses frames over 1 MiB
 TOPIC = "NetTopic"
@@ -48,20 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def pull_request(queue_id: int, offset: int = 0, group: str = "slow-cg") -> RemotingCommand:
     return RemotingCommand.request(
-        RequestCode.PULL_MESSAGE,
-        {
-            "consumerGroup": group,
-            "topic": TOPIC,
-            "queueId": queue_id,
-            "queueOffset": offset,
-            "maxMsgNums": 32,
-            "sysFlag": 4,  # PULL_FLAG_SUBSCRIPTION: the subscription travels with the request
-            "commitOffset": 0,
-            "suspendTimeoutMillis": 0,
-            "subscription": "*",
-            "subVersion": 0,
-            "expressionType": "TAG",
-        },
+        RequestCode.PULL_MESSAGE, pull_fields(TOPIC, group=group, queue_id=queue_id, offset=offset)
     )
 
 
