@@ -47,6 +47,52 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+@dataclass(frozen=True)
+class CpuSample:
+    """A process's CPU so far, read two ways.
+
+    ``ticks_s`` (``/proc/<pid>/stat``) counts every thread, exited ones too, but in 10 ms ticks;
+    ``sched_ns`` sums ``/proc/<pid>/task/*/schedstat`` (nanoseconds) over the live threads only.
+    """
+
+    ticks_s: float
+    sched_ns: int
+    tids: frozenset[int]
+
+
+def cpu_sample(pid: int) -> CpuSample:
+    total, tids = 0, []
+    try:
+        names = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            with open(f"/proc/{pid}/task/{name}/schedstat") as f:
+                total += int(f.read().split()[0])
+            tids.append(int(name))
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended between listdir and open
+    return CpuSample(cpu_seconds(pid), total, frozenset(tids))
+
+
+#: Below this many CPU-seconds counted in ticks, a per-CPU figure is off by more than 1 %.
+MIN_TICK_CPU_S = 1.0
+
+
+def cpu_between(a: CpuSample, b: CpuSample) -> dict[str, Any]:
+    """Server CPU between two samples: nanosecond schedstat when no thread was lost in between,
+    else ticks; ``reliable`` is False when ticks had to serve for less than MIN_TICK_CPU_S."""
+    ticks = b.ticks_s - a.ticks_s
+    sched = (b.sched_ns - a.sched_ns) / 1e9
+    # A thread that ran and ended between the samples is missing from the schedstat sum; the tick
+    # count (which keeps it) then exceeds the sum by more than its own rounding (2 ticks/thread).
+    lost = not a.tids <= b.tids or ticks > sched + 0.02 * max(1, len(b.tids))
+    if not lost:
+        return {"cpu_s": sched, "method": "schedstat", "reliable": sched > 0}
+    return {"cpu_s": ticks, "method": "ticks", "reliable": ticks >= MIN_TICK_CPU_S}
+
+
 def wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -101,6 +147,9 @@ class Server:
 
     def cpu(self) -> float:
         return cpu_seconds(self.proc.pid) if self.proc is not None else 0.0
+
+    def cpu_sample(self) -> CpuSample:
+        return cpu_sample(self.proc.pid) if self.proc is not None else CpuSample(0.0, 0, frozenset())
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
@@ -359,3 +408,36 @@ def redis_lengths(server: Server, keys: list[str]) -> list[int]:
         return [int(r.xlen(k)) for k in keys]
     finally:
         r.close()
+
+
+_NATS_GEN: dict[str, Any] = {}
+
+
+def nats_generator(build_dir: Path) -> tuple[str | None, str]:
+    """Build ``bench/nats_gen`` (Go, nats.go from Debian's packages, GOPATH mode) once per run.
+
+    Returns (path, "") or (None, why not): without it NATS's produce is driven by compare_load.py
+    and flagged when generator-bound.
+    """
+    if "result" in _NATS_GEN:
+        return _NATS_GEN["result"]
+    src = Path(__file__).resolve().parent / "nats_gen" / "main.go"
+    gopath = "/usr/share/gocode"
+    result: tuple[str | None, str]
+    if shutil.which("go") is None:
+        result = (None, "go not found: apt-get install -y golang-go golang-github-nats-io-go-nats-dev")
+    elif not Path(gopath, "src/github.com/nats-io/nats.go").is_dir():
+        result = (None, "nats.go not found: apt-get install -y golang-github-nats-io-go-nats-dev")
+    else:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        out = build_dir / "nats_gen"
+        env = {**os.environ, "GOPATH": gopath, "GO111MODULE": "off", "GOCACHE": str(build_dir / "gocache")}
+        done = subprocess.run(
+            ["go", "build", "-o", str(out), str(src)], capture_output=True, text=True, env=env, timeout=600
+        )
+        if done.returncode != 0:
+            result = (None, f"go build failed: {done.stderr.strip()[-300:]}")
+        else:
+            result = (str(out), "")
+    _NATS_GEN["result"] = result
+    return result
