@@ -1,4 +1,4 @@
-"""Shared fixtures: free loopback ports and subprocess servers."""
+"""Shared fixtures: free loopback ports and subprocess servers; tidemq's own pytest plugin."""
 
 from __future__ import annotations
 
@@ -18,6 +18,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Load tidemq's pytest plugin (tidemq_plugins, tidemq_make_store, ...) unless its ``pytest11``
+    entry point already did: ``pytest_plugins = [...]`` would register the module a second time
+    under another name, which pytest refuses."""
+    import tidemq.testing.pytest_plugin as plugin
+
+    manager = config.pluginmanager
+    if not manager.is_registered(plugin) and not manager.is_blocked("tidemq"):
+        manager.register(plugin, "tidemq")
 
 
 @pytest.fixture

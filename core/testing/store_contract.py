@@ -35,7 +35,7 @@ from tidemq.message import (
     decode_message_id,
     tags_hash_code,
 )
-from tidemq.plugins import get_plugin_manager
+from tidemq.plugins import PluginManager, get_plugin_manager
 from tidemq.store import DispatchRequest, GetStatus, MessageStore, PutResult, PutStatus
 
 
@@ -48,9 +48,11 @@ def build_store(
     flush_options: Mapping[str, Any] | None = None,
     index: Any | None = None,
     settings: Mapping[str, Any] | None = None,
+    manager: PluginManager | None = None,
 ) -> MessageStore:
-    """Build store ``name`` through the plugin manager, the way the broker composes it."""
-    pm = get_plugin_manager()
+    """Build store ``name`` through the plugin manager (default: the process-wide one), the way
+    the broker composes it."""
+    pm = manager or get_plugin_manager()
     components: dict[str, Any] = {
         "flush": pm.create("flush", flush, options=flush_options, data_dir=data_dir)
     }
