@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import attrs
@@ -54,6 +55,46 @@ class RecoverableIndex(KeyIndex, Protocol):
 
     def rebuild_from(self) -> int | None:
         """The log offset from which records must be indexed again (unreadable files), or None."""
+
+
+@attrs.frozen
+class IndexFileInfo:
+    """One index file met by :meth:`VerifiableIndex.walk_files`, before its entries."""
+
+    name: str
+    #: Entries its header counts (for progress reports).
+    entry_count: int = 0
+    #: What is wrong with the file as a whole, each a full one-line message naming the file:
+    #: what the index's recovery repairs or rebuilds at the next load.
+    problems: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class IndexFileEntry:
+    """One entry read back from an index file by :meth:`VerifiableIndex.walk_files`."""
+
+    file: str
+    number: int
+    key_hash: int
+    phy_offset: int
+    #: What is wrong with the entry itself (a full one-line message), "" when nothing.
+    problem: str = ""
+
+
+@runtime_checkable
+class VerifiableIndex(KeyIndex, Protocol):
+    """An index whose files an offline verifier can check (``tidemq store verify``).
+
+    The index reads its own file layout; the verifier checks each entry against the commit log,
+    so no plugin needs another's private format.
+    """
+
+    def walk_files(self) -> Iterator[IndexFileInfo | IndexFileEntry]:
+        """Read the index files on disk read-only, without :meth:`load` (a live broker may be
+        writing them): each file's :class:`IndexFileInfo`, then its entries."""
+
+    def entry_matches(self, entry: IndexFileEntry, topic: str, keys: Sequence[str]) -> bool:
+        """Whether ``entry`` may index one of ``keys`` of a message of ``topic``."""
 
 
 # --------------------------------------------------------------------------- broker helpers

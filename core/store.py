@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Protocol, runtime_checkable
@@ -20,6 +22,9 @@ from tidemq.filter import MessageFilter
 from tidemq.message import MessageInner, Prop
 
 log = logging.getLogger(__name__)
+
+#: Shortest time between two rounds of arrival listeners (long-polling wake-ups) under load.
+ARRIVAL_ROUND_S = 0.001
 
 
 class PutStatus(enum.Enum):
@@ -185,6 +190,77 @@ def dispatch_messages(
                 d.dispatch(req)
             except Exception:
                 log.exception("dispatcher %r failed", d)
+
+
+class ArrivalNotifier:
+    """Runs arrival listeners on a thread of the store's own, coalesced per queue.
+
+    RocketMQ's ReputMessageService hands each dispatched message to its MessageArrivingListener
+    (the broker's long polling).  Here the writer notes ``(topic, queue id) -> readable max offset``
+    with :meth:`arrived` while it holds the store's lock, and this thread calls the listeners in
+    rounds: under load many puts share one wake-up instead of one GIL hand-off each.  Shared by
+    the store plugins so held pulls wake the same way whichever store is configured.
+    """
+
+    def __init__(self, lock: threading.Lock, name: str = "store-dispatch") -> None:
+        self.listeners: list[Callable[[str, int, int], None]] = []
+        # The store's lock: writers call arrived() with it held, so the swap below takes it too
+        # (no second lock on the put path).
+        self._lock = lock
+        self._name = name
+        self._arrivals: dict[tuple[str, int], int] = {}
+        self._event = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add_listener(self, listener: Callable[[str, int, int], None]) -> None:
+        self.listeners.append(listener)
+
+    def arrived(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """Note that ``topic``/``queue_id`` is readable up to ``max_offset`` (the store's lock held).
+
+        Wakes the thread only when it has nothing pending: under load many puts share one wake-up.
+        """
+        if not self._arrivals:
+            self._event.set()
+        self._arrivals[(topic, queue_id)] = max_offset
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30) -> None:
+        """Deliver what is pending, then end the thread."""
+        self._stop.set()
+        self._event.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        """Rounds start at most every ARRIVAL_ROUND_S (RocketMQ's reput service also sleeps 1 ms a
+        round): a long-polling pull waits at most that much longer, and a busy store wakes this
+        thread a thousand times a second at most rather than once per put.
+        """
+        last_round = 0.0
+        while True:
+            self._event.wait()
+            pause = last_round + ARRIVAL_ROUND_S - time.monotonic()
+            if pause > 0 and not self._stop.is_set():
+                time.sleep(pause)
+            with self._lock:
+                arrived, self._arrivals = self._arrivals, {}
+                self._event.clear()
+            for (topic, qid), max_offset in arrived.items():
+                for listener in self.listeners:
+                    try:
+                        listener(topic, qid, max_offset)
+                    except Exception:
+                        log.exception("arrival listener %r failed", listener)
+            last_round = time.monotonic()
+            if self._stop.is_set():
+                return
 
 
 @runtime_checkable

@@ -39,13 +39,14 @@ import mmap
 import os
 import struct
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import attrs
 import blake3
 
 from tidemq.errors import CorruptDataError
+from tidemq.index import IndexFileEntry, IndexFileInfo
 
 log = logging.getLogger(__name__)
 
@@ -424,3 +425,50 @@ class IndexFile:
         """Close and delete the file."""
         self.close()
         self.path.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------- offline walk
+def walk_file(path: Path) -> Iterator[IndexFileInfo | IndexFileEntry]:
+    """Read one index file read-only, for ``tidemq store verify`` (a live broker may write it).
+
+    Yields the file's :class:`IndexFileInfo` (a file whose header does not fit its size is
+    reported there and not walked: load sets it aside and rebuilds it), then every entry the
+    header counts.  Nothing is written, and no :class:`IndexFile` is opened.
+    """
+    name = path.name
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < HEADER_SIZE:
+            yield IndexFileInfo(
+                name, problems=(f"index file {name} is {size} bytes, shorter than its header",)
+            )
+            return
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+    try:
+        header = IndexHeader.unpack(mm)
+        slots = header.hash_slot_count
+        room = size - HEADER_SIZE - slots * SLOT_SIZE
+        if slots <= 0 or room <= 0 or room % ENTRY_SIZE:
+            yield IndexFileInfo(
+                name, problems=(f"index file {name}: {slots} slots do not fit its {size} bytes",)
+            )
+            return
+        count = header.index_count
+        if not 1 <= count <= room // ENTRY_SIZE:
+            yield IndexFileInfo(name, problems=(f"index file {name}: index count {count} out of range",))
+            return
+        # Slots pointing past the header's count: entries written after the last durable header
+        # (a crash); load walks them back (IndexFile.repair).
+        ahead = sum(
+            1 for s in range(slots) if not 0 <= _SLOT.unpack_from(mm, HEADER_SIZE + s * SLOT_SIZE)[0] < count
+        )
+        problems = (f"index file {name}: {ahead} slots point at entries past its header",) if ahead else ()
+        yield IndexFileInfo(name, count, problems)
+        base = HEADER_SIZE + slots * SLOT_SIZE
+        for idx in range(1, count):
+            h, phy, _diff, prev = _ENTRY.unpack_from(mm, base + idx * ENTRY_SIZE)
+            # A collision chain only goes back to older entries.
+            problem = "" if 0 <= prev < idx else f"index file {name}: entry {idx} chains to entry {prev}"
+            yield IndexFileEntry(name, idx, h, phy, problem)
+    finally:
+        mm.close()

@@ -41,16 +41,17 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import attrs
 
 from tidemq.errors import CorruptDataError, StoreError
-from tidemq.index import QueryResult
+from tidemq.index import IndexFileEntry, IndexFileInfo, QueryResult
 from tidemq.jsonfile import atomic_write_bytes
 from tidemq.message import TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from tidemq.store import DispatchRequest
-from tidemq_index_hash.indexfile import IndexFile, key_hash
+from tidemq_index_hash.indexfile import IndexFile, key_hash, walk_file
 
 log = logging.getLogger(__name__)
 
@@ -422,6 +423,17 @@ class HashIndex:
                 log.warning(
                     "hash index: dropped %d entries past the recovered commit-log end %d", dropped, phy_end
                 )
+
+    # ------------------------------------------------------------------ verification
+    def walk_files(self) -> Iterator[IndexFileInfo | IndexFileEntry]:
+        """:class:`tidemq.index.VerifiableIndex`: the files under the index directory, read-only."""
+        if not self.store_path.is_dir():
+            return
+        for path in sorted(p for p in self.store_path.iterdir() if p.is_file() and p.name.isdigit()):
+            yield from walk_file(path)
+
+    def entry_matches(self, entry: IndexFileEntry, topic: str, keys: Sequence[str]) -> bool:
+        return any(key_hash(build_key(topic, k)) == entry.key_hash for k in keys)
 
     # ------------------------------------------------------------------ introspection
     def file_names(self) -> list[str]:

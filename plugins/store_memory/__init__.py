@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import queue
 import struct
 import threading
 import time
@@ -34,6 +33,7 @@ from tidemq.message import (
 )
 from tidemq.plugins import PluginContext, Register
 from tidemq.store import (
+    ArrivalNotifier,
     Dispatcher,
     GetResult,
     GetStatus,
@@ -99,9 +99,9 @@ class MemoryMessageStore:
         self._bytes = 0
         self._queues: dict[str, dict[int, _Queue]] = {}
         self._dispatchers: list[Dispatcher] = []
-        self._listeners: list[Callable[[str, int, int], None]] = []
-        self._dispatch_q: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        # Arrival listeners run on the notifier's thread, coalesced per queue (as the mmap store).
+        self._notifier = ArrivalNotifier(self._lock, "memory-store-dispatch")
+        self._listeners = self._notifier.listeners
         self._running = False
         if index is not None:
             self.add_dispatcher(index)
@@ -115,16 +115,13 @@ class MemoryMessageStore:
 
     def start(self) -> None:
         self._running = True
-        self._thread = threading.Thread(target=self._dispatch_loop, name="memory-store-dispatch", daemon=True)
-        self._thread.start()
+        self._notifier.start()
 
     def shutdown(self) -> None:
         if not self._running:
             return
         self._running = False
-        self._dispatch_q.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout=30)
+        self._notifier.stop()
         if self.index is not None:
             self.index.flush()
             self.index.shutdown()
@@ -133,7 +130,7 @@ class MemoryMessageStore:
         self._dispatchers.append(dispatcher)
 
     def add_arrival_listener(self, listener: Callable[[str, int, int], None]) -> None:
-        self._listeners.append(listener)
+        self._notifier.add_listener(listener)
 
     @property
     def store_host(self) -> tuple[str, int]:
@@ -201,12 +198,13 @@ class MemoryMessageStore:
             self._bytes += batch.total
             self._phys_end = base + batch.total
             self._evict()
-            item = (msgs, offsets, sizes, tags, ts, qoff if q is not None else -1)
             if self._dispatchers:
                 # In the lock: commit-log order, and done before the put resolves (key queries see it).
-                self._dispatch(*item)
-            if self._listeners:
-                self._dispatch_q.put(item)
+                dispatch_messages(
+                    self._dispatchers, msgs, offsets, sizes, tags, ts, qoff if q is not None else -1
+                )
+            if self._listeners and q is not None:
+                self._notifier.arrived(topic, queue_id, qoff + len(msgs))
         return PutResult(
             PutStatus.PUT_OK,
             wrote_offset=base,
@@ -238,32 +236,6 @@ class MemoryMessageStore:
                     del q.entries[:drop]
                     q.base += drop
                 q.min_offset = q.base
-
-    def _dispatch(
-        self,
-        msgs: Sequence[Any],
-        offsets: list[int],
-        sizes: list[int],
-        tags: list[int],
-        ts: int,
-        qoff: int,
-    ) -> None:
-        dispatch_messages(self._dispatchers, msgs, offsets, sizes, tags, ts, qoff)
-
-    def _dispatch_loop(self) -> None:
-        """Arrival listeners run here, on the store's own thread."""
-        while True:
-            item = self._dispatch_q.get()
-            if item is None:
-                return
-            msgs, _offsets, _sizes, _tags, _ts, qoff = item
-            if qoff < 0:
-                continue
-            for listener in self._listeners:
-                try:
-                    listener(msgs[0].topic, msgs[0].queue_id, qoff + len(msgs))
-                except Exception:
-                    log.exception("arrival listener %r failed", listener)
 
     # ------------------------------------------------------------------ reads
     def _queue(self, topic: str, queue_id: int) -> _Queue | None:

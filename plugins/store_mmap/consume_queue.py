@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tidemq.names import topic_dir
 
-from .mapped_file import MappedFile, MappedFileQueue
+from .mapped_file import MappedFile
+from .mapped_file_queue import MappedFileQueue
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,22 @@ import math
 import attrs
 
 from tidemq.config import INT32_MAX, number
+from tidemq.message import local_ip
+
+
+def parse_host(address: str) -> tuple[str, int]:
+    """``ip:port`` for STOREHOSTADDRESS; a wildcard or name becomes this machine's IP."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        import ipaddress
+
+        ip = ipaddress.ip_address(host)
+        if ip.is_unspecified:
+            host = local_ip()
+    except ValueError:
+        host = local_ip()
+    return host, int(port or 0)
 
 
 def _positive(_inst: object, attribute: attrs.Attribute, value: float) -> None:

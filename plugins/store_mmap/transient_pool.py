@@ -17,9 +17,14 @@ import collections
 import ctypes
 import logging
 import mmap
+import os
 import sys
 import threading
 import time
+
+from tidemq.errors import StoreError
+
+from .options import MmapStoreOptions
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,29 @@ def populate(buf: mmap.mmap) -> bool:
         return madvise(address, len(buf), _MADV_POPULATE_WRITE) == 0
     except (OSError, AttributeError, ValueError):
         return False
+
+
+def physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def transient_pool_for(options: MmapStoreOptions) -> TransientStorePool | None:
+    """The pool ``[store.mmap]`` asks for; refused when it would pin over half of the memory."""
+    if not options.transient_store_pool:
+        return None
+    need = options.transient_store_pool_size * options.commitlog_file_size
+    memory = physical_memory()
+    if memory and need > memory // 2:
+        raise StoreError(
+            f"the transient store pool needs transient_store_pool_size "
+            f"{options.transient_store_pool_size} x commitlog_file_size {options.commitlog_file_size} "
+            f"= {need >> 20} MiB of resident memory, over half of this machine's {memory >> 20} MiB: "
+            f"lower one of them or set transient_store_pool = false"
+        )
+    return TransientStorePool(options.transient_store_pool_size, options.commitlog_file_size)
 
 
 class TransientStorePool:

@@ -7,7 +7,10 @@ It reads the files read-only (a running broker may keep writing) and checks that
   records carry consecutive queue offsets (a duplicated or skipped queue offset is an error);
 * every ConsumeQueue entry points at the start of a record of that topic and queue, with the
   record's size, queue offset and tag hash, and every consumable record has its entry;
-* every IndexFile entry (``hash`` index) points at a record one of whose keys hashes to it.
+* every entry of the key index points at a record one of whose keys it may index.  The index
+  reads its own files (:class:`tidemq.index.VerifiableIndex`, which the ``hash`` index
+  implements); it is the broker's default index plugin, built through the plugin manager, or the
+  one the caller passes.
 
 Findings come in two kinds.  *Errors* are inconsistencies in data a broker would serve.
 *Repairable* findings are what a crash leaves and the next load fixes (a torn record after the
@@ -29,9 +32,11 @@ from typing import Any
 
 import attrs
 
+from tidemq.config import DEFAULT_PLUGINS
 from tidemq.datadir import holder
 from tidemq.delay import SCHEDULE_TOPIC, delay_level_in
-from tidemq.errors import CorruptDataError
+from tidemq.errors import CorruptDataError, StoreError, TidemqError
+from tidemq.index import IndexFileInfo, VerifiableIndex
 from tidemq.message import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
@@ -56,7 +61,7 @@ TAIL_WINDOW = 4 * 1024 * 1024 + 128 * 1024
 _PROGRESS_EVERY_S = 5.0
 
 
-class VerifyError(Exception):
+class VerifyError(StoreError):
     """The directory is not a store this verifier can read."""
 
 
@@ -186,7 +191,14 @@ class _Files:
 class StoreVerifier:
     """Walks one store directory; :meth:`run` returns the :class:`VerifyReport`."""
 
-    def __init__(self, data_dir: Path | str, *, strict: bool | None = None, check_index: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path | str,
+        *,
+        strict: bool | None = None,
+        check_index: bool = True,
+        index: VerifiableIndex | None = None,
+    ) -> None:
         self.root = Path(data_dir)
         if not (self.root / "commitlog").is_dir():
             raise VerifyError(f"{self.root} is not an mmap store directory (no commitlog/ in it)")
@@ -195,6 +207,7 @@ class StoreVerifier:
         # Read-only, so a live store may be walked; its newest records are in flight.
         self.report.live = holder(self.root)
         self.check_index = check_index
+        self.index = index
         self.log_files = _Files(self.root / "commitlog")
         self._cqs: dict[tuple[str, int], _Files | None] = {}
 
@@ -440,81 +453,71 @@ class StoreVerifier:
             )
 
     # ------------------------------------------------------------------ key index
-    def _walk_index(self) -> None:
-        directory = self.root / "index"
-        if not directory.is_dir():
-            return
+    def _default_index(self) -> VerifiableIndex | None:
+        """The broker's default index plugin over this directory (never loaded: read-only)."""
+        from tidemq.plugins import get_plugin_manager
+
+        name = DEFAULT_PLUGINS["index"]
         try:
-            from tidemq_index_hash.indexfile import ENTRY_SIZE, HEADER_SIZE, SLOT_SIZE, IndexHeader, key_hash
-        except ImportError:
-            log.warning("verify: the hash index plugin is not installed; index files not checked")
+            index = get_plugin_manager().create("index", name, data_dir=self.root)
+        except TidemqError as exc:
+            log.warning("verify: no %r index plugin (%s); index files not checked", name, exc)
+            return None
+        if not isinstance(index, VerifiableIndex):
+            log.warning("verify: the %r index cannot be verified; index files not checked", name)
+            return None
+        return index
+
+    def _walk_index(self) -> None:
+        index = self.index if self.index is not None else self._default_index()
+        if index is None:
             return
         r = self.report
-        entry = struct.Struct(">iqii")
-        slot = struct.Struct(">i")
-        for path in sorted(p for p in directory.iterdir() if p.is_file() and p.name.isdigit()):
-            r.index_files += 1
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < HEADER_SIZE:
-                    r.repair(f"index file {path.name} is {size} bytes, shorter than its header")
-                    continue
-                mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
-            try:
-                header = IndexHeader.unpack(mm)
-                slots = header.hash_slot_count
-                room = size - HEADER_SIZE - slots * SLOT_SIZE
-                if slots <= 0 or room <= 0 or room % ENTRY_SIZE:
-                    r.repair(f"index file {path.name}: {slots} slots do not fit its {size} bytes")
-                    continue
-                count = header.index_count
-                if not 1 <= count <= room // ENTRY_SIZE:
-                    r.repair(f"index file {path.name}: index count {count} out of range")
-                    continue
-                base = HEADER_SIZE + slots * SLOT_SIZE
-                progress = _Progress(f"index file {path.name} entries", count)
-                ahead = sum(
-                    1
-                    for s in range(slots)
-                    if not 0 <= slot.unpack_from(mm, HEADER_SIZE + s * SLOT_SIZE)[0] < count
+        progress = _Progress("index entries", 0)
+        for item in index.walk_files():
+            if isinstance(item, IndexFileInfo):
+                r.index_files += 1
+                for problem in item.problems:
+                    r.repair(problem)
+                progress = _Progress(f"index file {item.name} entries", item.entry_count)
+                continue
+            idx, phy = item.number, item.phy_offset
+            r.index_entries += 1
+            if idx % 4096 == 0:
+                progress.tick(idx)
+            if item.problem:
+                r.error(item.problem)
+            if phy < r.commitlog_min_offset:
+                r.expired_entries += 1
+                continue
+            if phy >= r.commitlog_end_offset:
+                r.index_beyond_end += 1
+                r.repair(f"index file {item.file}: entry {idx} points past the end of the log ({phy})")
+                continue
+            msg = self.record_at(phy)
+            if isinstance(msg, str):
+                r.error(f"index file {item.file}: entry {idx} points at {phy}, not a record: {msg}")
+                continue
+            keys = [k for k in (msg.uniq_key, *msg.keys) if k]
+            if not index.entry_matches(item, msg.topic, keys):
+                r.error(
+                    f"index file {item.file}: entry {idx} (hash {item.key_hash}) points at the record at "
+                    f"{phy} whose keys {keys[:4]} hash otherwise"
                 )
-                if ahead:
-                    r.repair(f"index file {path.name}: {ahead} slots point at entries past its header")
-                for idx in range(1, count):
-                    h, phy, _diff, prev = entry.unpack_from(mm, base + idx * ENTRY_SIZE)
-                    r.index_entries += 1
-                    if idx % 4096 == 0:
-                        progress.tick(idx)
-                    if not 0 <= prev < idx:
-                        r.error(f"index file {path.name}: entry {idx} chains to entry {prev}")
-                    if phy < r.commitlog_min_offset:
-                        r.expired_entries += 1
-                        continue
-                    if phy >= r.commitlog_end_offset:
-                        r.index_beyond_end += 1
-                        r.repair(
-                            f"index file {path.name}: entry {idx} points past the end of the log ({phy})"
-                        )
-                        continue
-                    msg = self.record_at(phy)
-                    if isinstance(msg, str):
-                        r.error(f"index file {path.name}: entry {idx} points at {phy}, not a record: {msg}")
-                        continue
-                    keys = [k for k in (msg.uniq_key, *msg.keys) if k]
-                    if not any(key_hash(f"{msg.topic}#{k}") == h for k in keys):
-                        r.error(
-                            f"index file {path.name}: entry {idx} (hash {h}) points at the record at {phy} "
-                            f"whose keys {keys[:4]} hash otherwise"
-                        )
-            finally:
-                mm.close()
 
 
 def verify_store(
-    data_dir: Path | str, *, strict: bool | None = None, check_index: bool = True
+    data_dir: Path | str,
+    *,
+    strict: bool | None = None,
+    check_index: bool = True,
+    index: VerifiableIndex | None = None,
 ) -> VerifyReport:
-    """Verify the store in ``data_dir``; ``strict`` defaults to "the store was shut down cleanly"."""
-    return StoreVerifier(data_dir, strict=strict, check_index=check_index).run()
+    """Verify the store in ``data_dir``; ``strict`` defaults to "the store was shut down cleanly".
+
+    ``index``: the key index whose files to check (default: the broker's default index plugin).
+    """
+    return StoreVerifier(data_dir, strict=strict, check_index=check_index, index=index).run()
 
 
 # ---------------------------------------------------------------------------- command line
