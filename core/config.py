@@ -28,7 +28,6 @@ import difflib
 import ipaddress
 import math
 import os
-import re
 import tomllib
 import types
 import typing
@@ -38,6 +37,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from tidemq.address import format_address, parse_address
 from tidemq.delay import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from tidemq.errors import ConfigError, PluginError
 from tidemq.plugins import BUILD_ORDER, ROLES, PluginManager, get_plugin_manager
@@ -166,51 +166,7 @@ def interval(default: float) -> Any:
 
 
 # ---------------------------------------------------------------------------- addresses
-_PORT = re.compile(r"[0-9]{1,10}")  # ASCII digits only: int() also takes "+80", "1_0" and full-width digits
-_HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?")  # a host name or an IPv4 address
-
-
-def parse_address(value: Any, key: str, *, allow_port_zero: bool = False) -> tuple[str, int]:
-    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) -> ``(host, port)``; a one-line error naming ``key``.
-
-    ``key`` is the config key or the command-line flag the value came from.  Port 0 (any free
-    port) is for addresses to listen on only: an address to reach needs a real one.
-    """
-    lo = 0 if allow_port_zero else 1
-
-    def bad(why: str) -> ConfigError:
-        return ConfigError(f"{key} = {value!r} is not HOST:PORT ({why}); e.g. 127.0.0.1:10911 or [::1]:10911")
-
-    if not isinstance(value, str):
-        raise bad("not a string")
-    if value.startswith("["):
-        host, sep, port = value[1:].partition("]:")
-        if not sep:
-            raise bad("an IPv6 address in brackets needs :PORT after the ']'")
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise bad(f"{host!r} is not an IPv6 address") from None
-    else:
-        host, sep, port = value.rpartition(":")
-        if not sep:
-            raise bad("a port alone, add the host" if _PORT.fullmatch(value) else "no port")
-        if ":" in host:
-            raise bad("write an IPv6 address in brackets")
-        if not host:
-            raise bad("no host")
-        if not _HOST.fullmatch(host):
-            raise bad(f"{host!r} is not a host name or address")
-    if not _PORT.fullmatch(port):
-        raise bad(f"port {port!r} is not a number")
-    if not lo <= int(port) <= 65535:
-        raise bad(f"port {int(port)} is outside {lo}..65535")
-    return host, int(port)
-
-
-def format_address(host: str, port: int) -> str:
-    """``host:port``, an IPv6 host in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+# parse_address and format_address live in tidemq.address; importable from here as before.
 
 
 def _listen_address(_inst: object, attribute: attrs.Attribute, value: str) -> None:

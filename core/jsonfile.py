@@ -19,17 +19,26 @@ log = logging.getLogger(__name__)
 
 #: A string literal (kept as is) or a bare integer object key such as fastjson writes for a
 #: ``Map<Integer, Long>``: ``{"offsetTable":{"T@g":{0:250,1:250}}}`` in RocketMQ's
-#: consumerOffset.json and delayOffset.json.
-_STRING_OR_BARE_INT_KEY = re.compile(rb'"(?:[^"\\]|\\.)*"|(?<=[{,])(\s*)(-?\d+)(?=\s*:)')
+#: consumerOffset.json and delayOffset.json, or ``{"brokerAddrs":{0:"127.0.0.1:10911"}}`` in a
+#: route body.  The closing quote is optional: an unterminated string is one match, where a
+#: search again from every later quote made ``"\"\"\"...`` cost quadratic time (peers send these).
+_STRING_OR_BARE_INT_KEY = re.compile(rb'"(?:[^"\\]|\\.)*"?|(?<=[{,])(\s*)(-?\d+)(?=\s*:)')
 
 
-def _quote_bare_keys(data: bytes) -> bytes:
-    def sub(m: re.Match[bytes]) -> bytes:
-        if m.group(2) is None:
-            return m.group(0)
-        return m.group(1) + b'"' + m.group(2) + b'"'
+def _quote_key(m: re.Match[bytes]) -> bytes:
+    if m.group(2) is None:
+        return m.group(0)  # a string literal: ``{"topic":"a,1:b"}`` stays as it is
+    return m.group(1) + b'"' + m.group(2) + b'"'
 
-    return _STRING_OR_BARE_INT_KEY.sub(sub, data)
+
+def quote_bare_int_keys(data: bytes) -> bytes:
+    """fastjson's JSON with its bare integer object keys quoted (``{0:1}`` -> ``{"0":1}``).
+
+    The one fix for what Java brokers, NameServers and RocketMQ's files write; string contents
+    are never touched.  Used by :func:`read_json`, :func:`tidemq.remoting.protocol.loads` and
+    :func:`tidemq.client.route.loads_lenient` after a strict parse failed.
+    """
+    return _STRING_OR_BARE_INT_KEY.sub(_quote_key, data)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
@@ -76,7 +85,7 @@ def read_json(path: str | os.PathLike[str], default: Any = None) -> Any:
         pass
     try:
         # A file RocketMQ (fastjson) wrote: integer keys without quotes.
-        return orjson.loads(_quote_bare_keys(data))
+        return orjson.loads(quote_bare_int_keys(data))
     except orjson.JSONDecodeError as exc:
         # Only disk damage gets here (writes are atomic): say which file, never start half-configured.
         raise CorruptDataError(f"{path} is not valid JSON ({exc}); restore it or move it away") from exc

@@ -11,6 +11,7 @@ from typing import Any
 import attrs
 
 from tidemq.acl import ACCESS_KEY, AccessDenied, AccessValidator
+from tidemq.address import split_address
 from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
 from tidemq.broker.context import Handler, ProcessorRegister
 from tidemq.broker.headers import HeaderFieldError
@@ -107,8 +108,7 @@ class Broker:
 
     @property
     def store_host(self) -> tuple[str, int]:
-        host, _, port = self._address.rpartition(":")
-        return host.strip("[]"), int(port)
+        return split_address(self._address)
 
     @property
     def running(self) -> bool:

@@ -8,28 +8,19 @@ from typing import Any
 
 from tidemq.errors import TidemqError
 
-# PermName
-PERM_PRIORITY = 8
-PERM_READ = 4
-PERM_WRITE = 2
-PERM_INHERIT = 1
+# PermName: defined in tidemq.perm, importable from here as before.
+from tidemq.perm import PERM_INHERIT as PERM_INHERIT
+from tidemq.perm import PERM_PRIORITY as PERM_PRIORITY
+from tidemq.perm import PERM_READ as PERM_READ
+from tidemq.perm import PERM_WRITE as PERM_WRITE
+from tidemq.perm import is_inherited as is_inherited
+from tidemq.perm import is_readable as is_readable
+from tidemq.perm import is_writeable as is_writeable
 
 DEFAULT_TOPIC = "TBW102"  # AUTO_CREATE_TOPIC_KEY_TOPIC: the template a producer's first send names
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 MASTER_ID = 0
-
-
-def is_readable(perm: int) -> bool:
-    return bool(perm & PERM_READ)
-
-
-def is_writeable(perm: int) -> bool:
-    return bool(perm & PERM_WRITE)
-
-
-def is_inherited(perm: int) -> bool:
-    return bool(perm & PERM_INHERIT)
 
 
 def retry_topic(group: str) -> str:

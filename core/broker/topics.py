@@ -8,9 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tidemq.broker.headers import DEFAULT_TOPIC, PERM_INHERIT, is_inherited
+from tidemq.broker.headers import DEFAULT_TOPIC
 from tidemq.jsonfile import CoalescedJsonWriter, read_json
 from tidemq.names import InvalidNameError, check_stored_topic_name
+from tidemq.perm import PERM_INHERIT, is_inherited
 from tidemq.remoting.protocol import DataVersion, TopicConfig
 
 __all__ = ["DataVersion", "TopicConfig", "TopicConfigManager"]

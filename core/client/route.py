@@ -2,36 +2,40 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import orjson
 
+from tidemq.jsonfile import quote_bare_int_keys
+from tidemq.perm import PERM_READ, PERM_WRITE
 from tidemq.queues import MessageQueue
 
-PERM_READ = 1 << 2
-PERM_WRITE = 1 << 1
 MASTER_ID = 0
 #: The topic a broker with auto-creation registers; its route stands in for unknown topics.
 AUTO_CREATE_TOPIC = "TBW102"
 
-# fastjson (Java brokers/NameServers) writes integer map keys bare: {0:"127.0.0.1:10911"}.
-_BARE_INT_KEY = re.compile(rb"([{,])\s*(-?\d+)\s*:")
-
 
 def loads_lenient(data: bytes | str) -> Any:
-    """Parse JSON, accepting fastjson's bare integer keys."""
+    """Parse JSON, accepting fastjson's bare integer keys (``{0:"127.0.0.1:10911"}``)."""
     raw = data.encode() if isinstance(data, str) else bytes(data)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return orjson.loads(_BARE_INT_KEY.sub(rb'\1"\2":', raw))
+        return orjson.loads(quote_bare_int_keys(raw))
 
 
 @attrs.frozen
 class QueueData:
+    """One broker's queues of a topic, as a client keeps them.
+
+    The wire object of :class:`tidemq.remoting.protocol.QueueData`, kept apart on purpose: that one
+    is a mutable row of the NameServer's tables (WIPE_WRITE_PERM rewrites its ``perm`` in place);
+    this one is a frozen part of a :class:`TopicRoute` a client caches and shares between its
+    producers and consumers.
+    """
+
     broker_name: str
     read_queue_nums: int
     write_queue_nums: int
@@ -40,6 +44,8 @@ class QueueData:
 
 @attrs.frozen
 class BrokerData:
+    """A broker group's addresses, as a client keeps them (see :class:`QueueData` for why two classes)."""
+
     cluster: str
     broker_name: str
     broker_addrs: Mapping[int, str]

@@ -7,6 +7,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from tidemq.errors import TidemqError
 from tidemq.names import check_stored_topic_name
 from tidemq.remoting import RemotingCommand, RequestCode, ResponseCode
 from tidemq.remoting.errors import BodyError
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 Processor = Callable[[Any, RemotingCommand], RemotingCommand | Awaitable[RemotingCommand]]
 
 
-class RequestError(Exception):
+class RequestError(TidemqError):
     """A request is missing a field or carries a bad one: answered with SYSTEM_ERROR and the reason."""
 
 

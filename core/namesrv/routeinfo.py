@@ -21,9 +21,9 @@ from typing import Any
 
 import attrs
 
+from tidemq.perm import PERM_WRITE
 from tidemq.remoting.protocol import (
     MASTER_ID,
-    PERM_WRITE,
     BrokerData,
     ClusterInfo,
     DataVersion,

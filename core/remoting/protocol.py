@@ -8,7 +8,6 @@ the C++ client both read.
 
 from __future__ import annotations
 
-import re
 import struct
 import time
 import zlib
@@ -19,18 +18,13 @@ import orjson
 
 from tidemq.compression import DEFAULT_INFLATE_LIMIT, inflate_zlib
 from tidemq.errors import CorruptDataError
+from tidemq.jsonfile import quote_bare_int_keys
+from tidemq.perm import PERM_INHERIT, PERM_PRIORITY, PERM_READ, PERM_WRITE  # re-exported (__all__)
 from tidemq.remoting.errors import BodyError
 
 MASTER_ID = 0
-#: Topic permission bits (RocketMQ PermName).
-PERM_PRIORITY = 0x8
-PERM_READ = 0x4
-PERM_WRITE = 0x2
-PERM_INHERIT = 0x1
 #: KV namespace whose entries (topic -> "brokerName:queueNums;...") mark orderly topics.
 NAMESPACE_ORDER_TOPIC_CONFIG = "ORDER_TOPIC_CONFIG"
-
-_UNQUOTED_INT_KEY = re.compile(rb"([{,]\s*)(-?\d+)(\s*:)")
 
 
 def loads(data: bytes | bytearray | memoryview | str | None) -> Any:
@@ -41,7 +35,7 @@ def loads(data: bytes | bytearray | memoryview | str | None) -> Any:
         return orjson.loads(data)
     except orjson.JSONDecodeError as first:
         raw = data.encode() if isinstance(data, str) else bytes(data)
-        fixed = _UNQUOTED_INT_KEY.sub(rb'\1"\2"\3', raw)
+        fixed = quote_bare_int_keys(raw)
         if fixed != raw:
             try:
                 return orjson.loads(fixed)
@@ -295,6 +289,11 @@ class RegisterBrokerBody(_Body):
 
 @attrs.define
 class QueueData(_Body):
+    """One broker's queues of a topic: a row of the NameServer's topic table, edited in place.
+
+    Clients read routes into the frozen :class:`tidemq.client.route.QueueData` instead.
+    """
+
     broker_name: str
     read_queue_nums: int
     write_queue_nums: int
@@ -324,6 +323,11 @@ class QueueData(_Body):
 
 @attrs.define
 class BrokerData(_Body):
+    """A broker group's addresses: a row of the NameServer's broker table, edited in place.
+
+    Clients read routes into the frozen :class:`tidemq.client.route.BrokerData` instead.
+    """
+
     cluster: str
     broker_name: str
     broker_addrs: dict[int, str] = attrs.field(factory=dict)  # broker id (0 = master) -> "ip:port"

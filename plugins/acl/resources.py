@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from tidemq.errors import TidemqError
 from tidemq.remoting.codes import RequestCode
 from tidemq_acl.permission import PUB, SUB
 
@@ -34,8 +35,11 @@ def describe(resource: str) -> str:
     return f"topic:{resource}"
 
 
-class ResourceParseError(ValueError):
-    """A request whose resources cannot be read (a malformed heartbeat body...)."""
+class ResourceParseError(TidemqError, ValueError):
+    """A request whose resources cannot be read (a malformed heartbeat body...).
+
+    Still a ValueError, for callers written before it joined the TidemqError tree.
+    """
 
 
 def _send(needed: dict[str, int], topic: str | None, group: str | None) -> None:

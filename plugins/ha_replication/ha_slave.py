@@ -13,6 +13,8 @@ import socket
 import threading
 from typing import Any
 
+from tidemq.address import split_address
+
 from .wire import (
     HELLO_MAGIC,
     REPORT,
@@ -88,8 +90,7 @@ class HAClient:
                 self._drop()
 
     def _connect(self, address: str) -> socket.socket:
-        host, _, port = address.rpartition(":")
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=3.0)
+        sock = socket.create_connection(split_address(address), timeout=3.0)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         opts = self.options
         if opts.extended:

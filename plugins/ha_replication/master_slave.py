@@ -33,7 +33,8 @@ from typing import Any
 
 import attrs
 
-from tidemq.config import parse_address, parse_options
+from tidemq.address import parse_address, split_address
+from tidemq.config import parse_options
 from tidemq.errors import ConfigError
 from tidemq.plugins import PluginContext
 from tidemq.replication import ReplicaStatus
@@ -128,14 +129,13 @@ class MasterSlaveReplication:
 
     def _listen_address(self, broker_config: Any) -> tuple[str, int]:
         listen = self.options.listen or str(_setting(broker_config, "listen", "127.0.0.1:10911"))
-        host, _, port_s = listen.rpartition(":")
         try:
-            port = int(port_s)
+            host, port = split_address(listen)
         except ValueError as exc:
             raise ConfigError(f"[replication.master_slave] listen = {listen!r} is not host:port") from exc
         if not self.options.listen and port:
             port += 1  # RocketMQ's haListenPort default: the broker port + 1
-        return host.strip("[]") or "0.0.0.0", port
+        return host or "0.0.0.0", port
 
     def wait_for_replicas(self, end_offset: int) -> Future[ReplicaStatus]:
         server = self.server

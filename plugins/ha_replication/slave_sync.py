@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from tidemq.address import format_address, split_address
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.remoting.protocol import DataVersion
@@ -60,8 +61,8 @@ class SlaveSynchronize:
         # Last resort: the broker port is the HA port - 1 (RocketMQ's default layout).
         ha = self.replication.client.master_address if self.replication.client else ""
         if ha:
-            host, _, port = ha.rpartition(":")
-            return f"{host}:{int(port) - 1}"
+            host, port = split_address(ha)
+            return format_address(host, port - 1)
         return ""
 
     async def _loop(self) -> None:

@@ -12,6 +12,7 @@ import logging
 import ssl
 from typing import Any
 
+from tidemq.address import split_address
 from tidemq.remoting import RemotingCommand, RemotingConnectError, RemotingSendError
 from tidemq_transport_tcp.connection import _READ_SLACK, Connection, Handler
 from tidemq_transport_tcp.options import TcpOptions
@@ -20,10 +21,14 @@ log = logging.getLogger(__name__)
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    """An address to connect to: ``(host, port)``; RemotingConnectError when it is not one."""
+    try:
+        host, port = split_address(address)
+    except ValueError:
+        host, port = "", 0
+    if not host or not 0 < port < 65536:
         raise RemotingConnectError(f"bad address {address!r}; expected host:port")
-    return host.strip("[]"), int(port)
+    return host, port
 
 
 class TcpServer:

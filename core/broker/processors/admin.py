@@ -14,9 +14,10 @@ import orjson
 
 from tidemq import __version__
 from tidemq.broker.context import BrokerContext, ProcessorRegister
-from tidemq.broker.headers import DEFAULT_TOPIC, PERM_READ, PERM_WRITE, Header, kv
+from tidemq.broker.headers import DEFAULT_TOPIC, Header, kv
 from tidemq.broker.topics import TopicConfig
 from tidemq.names import check_stored_topic_name, check_topic_name
+from tidemq.perm import PERM_READ, PERM_WRITE
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import MasterAware

@@ -9,8 +9,9 @@ import orjson
 
 from tidemq.broker.clients import ClientChannel, SubscriptionData
 from tidemq.broker.context import BrokerContext, ProcessorRegister
-from tidemq.broker.headers import PERM_READ, PERM_WRITE, Header, retry_topic
+from tidemq.broker.headers import Header, retry_topic
 from tidemq.names import check_group_name, check_stored_topic_name
+from tidemq.perm import PERM_READ, PERM_WRITE
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.transport import Connection

@@ -12,9 +12,10 @@ import time
 from typing import Any
 
 from tidemq.broker.context import BrokerContext, ProcessorRegister
-from tidemq.broker.headers import Header, is_readable, kv
+from tidemq.broker.headers import Header, kv
 from tidemq.filter import EXPRESSION_TAG, SelectsEverything
 from tidemq.observe import ConsumeContext
+from tidemq.perm import is_readable
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.store import GetResult, GetStatus

@@ -7,15 +7,13 @@ import random
 import time
 from typing import Any
 
+from tidemq.address import split_address
 from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import (
     DEFAULT_TOPIC,
-    PERM_READ,
-    PERM_WRITE,
     RETRY_GROUP_TOPIC_PREFIX,
     Header,
     dlq_topic,
-    is_writeable,
     kv,
     retry_topic,
 )
@@ -32,6 +30,7 @@ from tidemq.message import (
 )
 from tidemq.names import check_group_name, check_topic_name
 from tidemq.observe import SendContext
+from tidemq.perm import PERM_READ, PERM_WRITE, is_writeable
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import ReplicaStatus
@@ -98,11 +97,12 @@ def send_header(request: RemotingCommand) -> Header:
 
 
 def parse_host(address: str) -> tuple[str, int]:
-    host, _, port = (address or "").rpartition(":")
+    """A peer's ``host:port`` as BORNHOST; ``("127.0.0.1", 0)`` when it is not one."""
     try:
-        return (host.strip("[]") or "127.0.0.1"), int(port)
+        host, port = split_address(address or "")
     except ValueError:
         return "127.0.0.1", 0
+    return host or "127.0.0.1", port
 
 
 def born_host(conn: Connection) -> tuple[str, int]:
