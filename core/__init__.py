@@ -3,7 +3,23 @@
 The kernel is small: :mod:`tidemq.hookspecs` names the hooks, :mod:`tidemq.plugins` loads plugins
 from the ``tidemq`` entry-point group and :mod:`tidemq.config` composes a broker from a TOML file
 that names the plugin serving each role.
+
+The plugin-facing API is ``tidemq.__all__``: ``hookimpl``, the plugin machinery
+(``PluginContext``, ``Register``...), option parsing, the errors and the role contracts (one
+Protocol per role, and what crosses them: messages, put/get results, dispatch requests...).  These
+names import lazily, so ``import tidemq`` stays as cheap as pluggy.  Besides them, these
+submodules are public through their own ``__all__``: ``tidemq.client`` (the client and its
+lower-level requests), ``tidemq.remoting`` (and its ``codes``, ``command``, ``codec``, ``errors``
+and ``protocol`` modules: the wire format), ``tidemq.cli`` (running a service from a plugin's
+command), ``tidemq.address``, ``tidemq.compression``, ``tidemq.datadir`` and ``tidemq.names``.
+Anything else a plugin imports is an internal it should not rely on: ``tests/test_public_api.py``
+keeps the built-in plugins to this surface and lists the exceptions, each with its reason.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -13,4 +29,166 @@ PROJECT = "tidemq"
 #: Mark plugin functions with ``@tidemq.hookimpl``.
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-__all__ = ["PROJECT", "__version__", "hookimpl"]
+__all__ = [
+    "PROJECT",
+    "__version__",
+    "hookimpl",
+    # plugin machinery and options
+    "PluginContext",
+    "PluginManager",
+    "Register",
+    "get_plugin_manager",
+    "number",
+    "parse_address",
+    "parse_options",
+    # errors
+    "AccessDenied",
+    "ConfigError",
+    "CorruptDataError",
+    "MessageTooLargeError",
+    "PluginError",
+    "StoreError",
+    "TidemqError",
+    # role contracts (runtime-checkable Protocols), by role
+    "Connection",  # transport
+    "RequestHandler",
+    "Transport",
+    "TransportClient",
+    "TransportServer",
+    "Flushable",  # flush
+    "FlushPolicy",
+    "SubmittingFlushPolicy",
+    "KeyIndex",  # index
+    "RecoverableIndex",
+    "Dispatcher",  # store
+    "MessageStore",
+    "RawCommitLogStore",
+    "EntryPrefilter",  # filter
+    "FilterFactory",
+    "MessageFilter",
+    "SelectsEverything",
+    "MasterAware",  # replication
+    "MetadataSink",
+    "Replication",
+    "AllocateStrategy",  # allocate, select
+    "QueueSelector",
+    "AccessValidator",  # acl
+    "AllowAll",
+    # what crosses the contracts
+    "EXPRESSION_SQL92",
+    "EXPRESSION_TAG",
+    "MessageExt",
+    "MessageInner",
+    "MessageQueue",
+    "Prop",
+    "DispatchRequest",
+    "GetResult",
+    "GetStatus",
+    "PutResult",
+    "PutStatus",
+    "ArrivalNotifier",  # helpers for store plugins
+    "check_queue_offset",
+    "dispatch_messages",
+    "QueryResult",
+    "ReplicaStatus",
+    "ConsumeContext",
+    "SendContext",
+]
+
+#: Where each name above (but the first three) is defined: imported on first use by __getattr__.
+_SOURCES: dict[str, tuple[str, ...]] = {
+    "tidemq.acl": ("AccessDenied", "AccessValidator", "AllowAll"),
+    "tidemq.config": ("number", "parse_address", "parse_options"),
+    "tidemq.errors": (
+        "ConfigError",
+        "CorruptDataError",
+        "MessageTooLargeError",
+        "PluginError",
+        "StoreError",
+        "TidemqError",
+    ),
+    "tidemq.filter": (
+        "EXPRESSION_SQL92",
+        "EXPRESSION_TAG",
+        "EntryPrefilter",
+        "FilterFactory",
+        "MessageFilter",
+        "SelectsEverything",
+    ),
+    "tidemq.flush": ("Flushable", "FlushPolicy", "SubmittingFlushPolicy"),
+    "tidemq.index": ("KeyIndex", "QueryResult", "RecoverableIndex"),
+    "tidemq.message": ("MessageExt", "MessageInner", "Prop"),
+    "tidemq.observe": ("ConsumeContext", "SendContext"),
+    "tidemq.plugins": ("PluginContext", "PluginManager", "Register", "get_plugin_manager"),
+    "tidemq.queues": ("AllocateStrategy", "MessageQueue", "QueueSelector"),
+    "tidemq.replication": ("MasterAware", "MetadataSink", "ReplicaStatus", "Replication"),
+    "tidemq.store": (
+        "ArrivalNotifier",
+        "Dispatcher",
+        "DispatchRequest",
+        "GetResult",
+        "GetStatus",
+        "MessageStore",
+        "PutResult",
+        "PutStatus",
+        "RawCommitLogStore",
+        "check_queue_offset",
+        "dispatch_messages",
+    ),
+    "tidemq.transport": ("Connection", "RequestHandler", "Transport", "TransportClient", "TransportServer"),
+}
+_LAZY = {name: module for module, names in _SOURCES.items() for name in names}
+
+if TYPE_CHECKING:  # the same names, for type checkers and editors
+    from tidemq.acl import AccessDenied, AccessValidator, AllowAll
+    from tidemq.config import number, parse_address, parse_options
+    from tidemq.errors import (
+        ConfigError,
+        CorruptDataError,
+        MessageTooLargeError,
+        PluginError,
+        StoreError,
+        TidemqError,
+    )
+    from tidemq.filter import (
+        EXPRESSION_SQL92,
+        EXPRESSION_TAG,
+        EntryPrefilter,
+        FilterFactory,
+        MessageFilter,
+        SelectsEverything,
+    )
+    from tidemq.flush import Flushable, FlushPolicy, SubmittingFlushPolicy
+    from tidemq.index import KeyIndex, QueryResult, RecoverableIndex
+    from tidemq.message import MessageExt, MessageInner, Prop
+    from tidemq.observe import ConsumeContext, SendContext
+    from tidemq.plugins import PluginContext, PluginManager, Register, get_plugin_manager
+    from tidemq.queues import AllocateStrategy, MessageQueue, QueueSelector
+    from tidemq.replication import MasterAware, MetadataSink, ReplicaStatus, Replication
+    from tidemq.store import (
+        ArrivalNotifier,
+        Dispatcher,
+        DispatchRequest,
+        GetResult,
+        GetStatus,
+        MessageStore,
+        PutResult,
+        PutStatus,
+        RawCommitLogStore,
+        check_queue_offset,
+        dispatch_messages,
+    )
+    from tidemq.transport import Connection, RequestHandler, Transport, TransportClient, TransportServer
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tidemq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,7 +1,8 @@
 """``tidemq admin``: the operator's first commands (RocketMQ's mqadmin), over the tcp transport.
 
 Every command takes ``-n/--namesrv`` (``host:port;host:port``, default ``$TIDEMQ_NAMESRV`` or
-``127.0.0.1:9876``).  Command names follow mqadmin: ``updateTopic``, ``topicList``...
+``127.0.0.1:9876``).  Command names follow mqadmin: ``updateTopic``, ``topicList``...  The requests
+themselves are :class:`tidemq.client.admin.AdminClient`'s (re-exported here).
 """
 
 from __future__ import annotations
@@ -17,118 +18,18 @@ from typing import Any
 import click
 import orjson
 
-from tidemq.client.route import TopicRoute, loads_lenient
+# The RPC client lives in tidemq.client.admin; these names stay importable from here.
+from tidemq.client.admin import TIMEOUT_S, AdminClient, AdminError
+from tidemq.client.route import loads_lenient
 from tidemq.errors import TidemqError
-from tidemq.message import (
-    MessageExt,
-    Prop,
-    decode_message_id,
-    iter_messages,
-    properties_to_string,
-)
+from tidemq.message import MessageExt, Prop, decode_message_id, iter_messages, properties_to_string
 from tidemq.remoting.codes import RequestCode, ResponseCode
-from tidemq.remoting.command import RemotingCommand
 
 DEFAULT_NAMESRV = os.environ.get("TIDEMQ_NAMESRV", "127.0.0.1:9876")
-TIMEOUT_S = 5.0
 TOOLS_GROUP = "TOOLS_CONSUMER"
 PRODUCER_GROUP = "TOOLS_PRODUCER"
 
-
-class AdminError(TidemqError):
-    """An admin request failed; the message names the server and its answer."""
-
-
-class AdminClient:
-    """Requests to NameServers and brokers for the admin commands."""
-
-    def __init__(
-        self,
-        namesrv: str,
-        timeout: float = TIMEOUT_S,
-        credentials: Any = None,
-        transport_options: dict[str, Any] | None = None,
-    ):
-        from tidemq.plugins import get_plugin_manager
-
-        #: tidemq.client.SessionCredentials: sign every request for brokers with ACL.
-        self.credentials = credentials
-
-        self.namesrv = [a.strip() for a in namesrv.replace(",", ";").split(";") if a.strip()]
-        if not self.namesrv:
-            raise AdminError("no NameServer address given (-n host:port)")
-        self.timeout = timeout
-        # transport_options: the tcp transport's keys (tls, tls_cafile...) for TLS clusters.
-        self.remoting = get_plugin_manager().create("transport", "tcp", options=transport_options).client()
-
-    async def close(self) -> None:
-        await self.remoting.close()
-
-    async def call(
-        self,
-        addr: str,
-        code: int,
-        fields: dict[str, Any] | None = None,
-        body: bytes | None = None,
-        ok: tuple[int, ...] = (0,),
-    ) -> RemotingCommand:
-        req = RemotingCommand.request(code, fields or {}, body)
-        if self.credentials is not None:
-            self.credentials.sign(req)
-        try:
-            resp = await self.remoting.invoke(addr, req, self.timeout)
-        except Exception as exc:
-            raise AdminError(f"{addr} did not answer {RequestCode(code).name}: {exc}") from exc
-        if resp.code not in ok:
-            raise AdminError(
-                f"{addr} answered {RequestCode(code).name} with code {_code_name(resp.code)}: {resp.remark or ''}"
-            )
-        return resp
-
-    async def namesrv_call(
-        self, code: int, fields: dict[str, Any] | None = None, ok: tuple[int, ...] = (0,)
-    ) -> RemotingCommand:
-        last: Exception | None = None
-        for addr in self.namesrv:
-            try:
-                return await self.call(addr, code, fields, ok=ok)
-            except AdminError as exc:
-                last = exc
-        raise AdminError(str(last))
-
-    async def route(self, topic: str) -> TopicRoute:
-        resp = await self.namesrv_call(
-            RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}, ok=(0, ResponseCode.TOPIC_NOT_EXIST)
-        )
-        if resp.code == ResponseCode.TOPIC_NOT_EXIST or not resp.body:
-            raise AdminError(f"no route for topic {topic!r}: {resp.remark or 'the topic does not exist'}")
-        return TopicRoute.from_json(topic, resp.body)
-
-    async def cluster_info(self) -> dict[str, Any]:
-        resp = await self.namesrv_call(RequestCode.GET_BROKER_CLUSTER_INFO)
-        return loads_lenient(resp.body or b"{}")
-
-    async def masters(self, cluster: str | None = None) -> dict[str, str]:
-        """broker name -> master address, of one cluster or all."""
-        info = await self.cluster_info()
-        names: set[str] | None = None
-        if cluster:
-            names = set((info.get("clusterAddrTable") or {}).get(cluster) or [])
-            if not names:
-                raise AdminError(f"cluster {cluster!r} is unknown to the NameServer")
-        out = {}
-        for name, bd in (info.get("brokerAddrTable") or {}).items():
-            addrs = {int(k): v for k, v in (bd.get("brokerAddrs") or {}).items()}
-            if 0 in addrs and (names is None or name in names):
-                out[name] = addrs[0]
-        return out
-
-
-def _code_name(code: int) -> str:
-    try:
-        return f"{ResponseCode(code).name}({code})"
-    except ValueError:
-        return str(code)
+__all__ = ["DEFAULT_NAMESRV", "TIMEOUT_S", "AdminClient", "AdminError", "admin"]
 
 
 def _run(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
@@ -424,24 +325,8 @@ async def consumer_progress(client: AdminClient, group: str, topic: str | None) 
 
 
 async def _query(client: AdminClient, topic: str, key: str, unique: bool) -> list[MessageExt]:
-    route = await client.route(topic)
-    out: list[MessageExt] = []
-    fields = {
-        "topic": topic,
-        "key": key,
-        "maxNum": 64,
-        "beginTimestamp": 0,
-        "endTimestamp": int(time.time() * 1000) + 60_000,
-    }
-    if unique:
-        fields["_UNIQUE_KEY_QUERY"] = True
-    for addr in route.addresses().values():
-        resp = await client.call(
-            addr, RequestCode.QUERY_MESSAGE, fields, ok=(0, ResponseCode.QUERY_NOT_FOUND)
-        )
-        if resp.code == ResponseCode.SUCCESS:
-            out.extend(iter_messages(resp.payload()))
-    return out
+    """Messages of ``topic`` with ``key`` (a unique id when ``unique``), from every broker."""
+    return await client.query_messages(topic, key, unique)
 
 
 @admin.command("queryMsgByKey")

@@ -1,4 +1,10 @@
-"""The ``tidemq`` command line: run a NameServer, a broker or both; list plugins; admin tools."""
+"""The ``tidemq`` command line: run a NameServer, a broker or both; list plugins; admin tools.
+
+Public for plugins that add a long-running command through ``tidemq_add_commands`` (``tidemq
+filtersrv`` does): :func:`run_service` runs the command's coroutine as ``tidemq broker`` does, and
+:func:`serve_until_signalled` starts services, prints their ``listening on`` lines and stops them
+on SIGINT/SIGTERM.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ from tidemq.errors import TidemqError
 from tidemq.plugins import ROLES, get_plugin_manager
 
 log = logging.getLogger("tidemq")
+
+__all__ = ["cli", "main", "run_service", "serve_until_signalled"]
 
 
 def _fail(exc: Exception) -> None:

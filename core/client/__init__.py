@@ -12,17 +12,34 @@ selection (``selector=``) and rebalance (``allocate=``) are plugins of the ``sel
     consumer.subscribe("TopicA", "TagA || TagB")
     consumer.register_listener(lambda msgs: ConsumeStatus.SUCCESS)  # or orderly=True
     await consumer.start()
+
+Also public, for tools that talk to brokers below the producer/consumer level (the Spark sources,
+``tidemq admin``): :class:`ClientAPI` (one typed call per request code) with the ``PULL_FLAG_*``
+bits, :class:`AdminClient`, :class:`TopicRoute`, :class:`Subscription` with :func:`prepare` (tag
+check, body inflation and retry-topic restore of pulled messages), :func:`split_namesrv` and
+:func:`decompress`.
 """
 
+from tidemq.client.admin import AdminClient, AdminError
+from tidemq.client.api import (
+    PULL_FLAG_CLASS_FILTER,
+    PULL_FLAG_COMMIT_OFFSET,
+    PULL_FLAG_SUBSCRIPTION,
+    PULL_FLAG_SUSPEND,
+    ClientAPI,
+)
 from tidemq.client.blocking import BlockingProducer, BlockingPullConsumer, BlockingPushConsumer, LoopThread
+from tidemq.client.compression import decompress
 from tidemq.client.credentials import SessionCredentials
 from tidemq.client.errors import BrokerError, ClientError, NoRouteError, SendFailedError, SendRefusedError
-from tidemq.client.instance import ClientInstance
+from tidemq.client.instance import ClientInstance, split_namesrv
 from tidemq.client.message import Message, PullResult, PullStatus, SendResult, SendStatus, new_message_id
 from tidemq.client.producer import Producer, select_by_hash
 from tidemq.client.pull_consumer import PullConsumer
 from tidemq.client.push_consumer import ConsumeFrom, ConsumeStatus, PushConsumer
 from tidemq.client.rebalance import BROADCASTING, CLUSTERING
+from tidemq.client.route import TopicRoute
+from tidemq.client.subscription import Subscription, prepare
 from tidemq.client.transaction import (
     LocalTransactionState,
     TransactionListener,
@@ -35,10 +52,17 @@ from tidemq.queues import MessageQueue
 __all__ = [
     "BROADCASTING",
     "CLUSTERING",
+    "PULL_FLAG_CLASS_FILTER",
+    "PULL_FLAG_COMMIT_OFFSET",
+    "PULL_FLAG_SUBSCRIPTION",
+    "PULL_FLAG_SUSPEND",
+    "AdminClient",
+    "AdminError",
     "BlockingProducer",
     "BlockingPullConsumer",
     "BlockingPushConsumer",
     "BrokerError",
+    "ClientAPI",
     "ClientError",
     "ClientInstance",
     "ConsumeFrom",
@@ -62,6 +86,11 @@ __all__ = [
     "TransactionSendResult",
     "SendStatus",
     "SessionCredentials",
+    "Subscription",
+    "TopicRoute",
+    "decompress",
     "new_message_id",
+    "prepare",
     "select_by_hash",
+    "split_namesrv",
 ]

@@ -5,6 +5,11 @@ queue's :class:`ProcessQueue` (pausing while over 1000 messages or 100 MiB are w
 messages to the listener: concurrently on a thread pool, or one at a time per queue for an
 orderly listener (which first locks the queue on the broker).  Offsets advance only to the lowest
 unfinished message; failed messages are sent back to the broker for a later retry.
+
+One class in one module on purpose, as RocketMQ's ``DefaultMQPushConsumerImpl`` (twice this size):
+rebalance, pull loops and both consume paths read and change the same state (the queue table, the
+offset store, the queue locks, the running flag), so separate services would only pass it around.
+What a queue holds is :mod:`tidemq.client.process_queue`; offsets are :mod:`tidemq.client.offset_store`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Spark calls data sources from plain threads of short-lived worker processes, so each
 :class:`TidemqSession` owns a private event loop driven with ``run_until_complete`` from the
 calling thread: no background thread, nothing left running when the session closes.  Requests
-go through :class:`tidemq.client.api.ClientAPI` (routes, offsets, PULL_MESSAGE with the
+go through :class:`tidemq.client.ClientAPI` (routes, offsets, PULL_MESSAGE with the
 subscription in the request, so no heartbeat or rebalance is involved).
 """
 
@@ -17,12 +17,17 @@ from typing import Any, TypeVar
 
 import orjson
 
-from tidemq.client.api import PULL_FLAG_SUBSCRIPTION, ClientAPI
-from tidemq.client.errors import BrokerError
-from tidemq.client.instance import split_namesrv
-from tidemq.client.message import PullResult, PullStatus
-from tidemq.client.route import TopicRoute
-from tidemq.client.subscription import Subscription, prepare
+from tidemq.client import (
+    PULL_FLAG_SUBSCRIPTION,
+    BrokerError,
+    ClientAPI,
+    PullResult,
+    PullStatus,
+    Subscription,
+    TopicRoute,
+    prepare,
+    split_namesrv,
+)
 from tidemq.message import MessageExt
 from tidemq.plugins import get_plugin_manager
 from tidemq.queues import MessageQueue
@@ -262,7 +267,7 @@ class BatchSender:
         max_in_flight: int = 4,
         timeout_s: float = 10.0,
     ) -> None:
-        from tidemq.client.producer import Producer
+        from tidemq.client import Producer
 
         self.loop = _new_loop()
         self.batch_size = batch_size

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from tidemq.client.compression import decompress
+from tidemq.client import decompress
 from tidemq.message import MessageExt, Prop, create_message_id
 
 #: Spark DDL of the rows both sources produce.

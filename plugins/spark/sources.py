@@ -357,7 +357,7 @@ class _Sink:
     columns: tuple[str, ...]
 
     def _write_batches(self, batches: Iterator[Any]) -> SentCount:
-        from tidemq.client.message import Message
+        from tidemq.client import Message
 
         o = self.opts
         sender = BatchSender(

@@ -1,0 +1,147 @@
+"""Admin requests to NameServers and brokers (the RPC side of RocketMQ's MQAdminExt).
+
+:class:`AdminClient` sends one request at a time, signed when credentials are given, and turns a
+refusal into an :class:`AdminError` naming the server and its answer.  The ``tidemq admin``
+commands (:mod:`tidemq.admin`) are built on it; scripts and benchmarks use it directly.
+
+    client = AdminClient("127.0.0.1:9876")
+    try:
+        masters = await client.masters()  # broker name -> master address
+        route = await client.route("TopicA")
+    finally:
+        await client.close()
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tidemq.client.credentials import SessionCredentials
+from tidemq.client.instance import split_namesrv
+from tidemq.client.route import TopicRoute, loads_lenient
+from tidemq.errors import TidemqError
+from tidemq.message import MessageExt, iter_messages
+from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.remoting.command import RemotingCommand
+
+TIMEOUT_S = 5.0
+
+__all__ = ["TIMEOUT_S", "AdminClient", "AdminError"]
+
+
+class AdminError(TidemqError):
+    """An admin request failed; the message names the server and its answer."""
+
+
+class AdminClient:
+    """Requests to NameServers and brokers for the admin commands."""
+
+    def __init__(
+        self,
+        namesrv: str,
+        timeout: float = TIMEOUT_S,
+        credentials: SessionCredentials | None = None,
+        transport_options: dict[str, Any] | None = None,
+    ):
+        from tidemq.plugins import get_plugin_manager
+
+        #: Sign every request for brokers with ACL.
+        self.credentials = credentials
+
+        self.namesrv = split_namesrv(namesrv)
+        if not self.namesrv:
+            raise AdminError("no NameServer address given (-n host:port)")
+        self.timeout = timeout
+        # transport_options: the tcp transport's keys (tls, tls_cafile...) for TLS clusters.
+        self.remoting = get_plugin_manager().create("transport", "tcp", options=transport_options).client()
+
+    async def close(self) -> None:
+        await self.remoting.close()
+
+    async def call(
+        self,
+        addr: str,
+        code: int,
+        fields: dict[str, Any] | None = None,
+        body: bytes | None = None,
+        ok: tuple[int, ...] = (0,),
+    ) -> RemotingCommand:
+        req = RemotingCommand.request(code, fields or {}, body)
+        if self.credentials is not None:
+            self.credentials.sign(req)
+        try:
+            resp = await self.remoting.invoke(addr, req, self.timeout)
+        except Exception as exc:
+            raise AdminError(f"{addr} did not answer {RequestCode(code).name}: {exc}") from exc
+        if resp.code not in ok:
+            raise AdminError(
+                f"{addr} answered {RequestCode(code).name} with code {_code_name(resp.code)}: {resp.remark or ''}"
+            )
+        return resp
+
+    async def namesrv_call(
+        self, code: int, fields: dict[str, Any] | None = None, ok: tuple[int, ...] = (0,)
+    ) -> RemotingCommand:
+        last: Exception | None = None
+        for addr in self.namesrv:
+            try:
+                return await self.call(addr, code, fields, ok=ok)
+            except AdminError as exc:
+                last = exc
+        raise AdminError(str(last))
+
+    async def route(self, topic: str) -> TopicRoute:
+        resp = await self.namesrv_call(
+            RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}, ok=(0, ResponseCode.TOPIC_NOT_EXIST)
+        )
+        if resp.code == ResponseCode.TOPIC_NOT_EXIST or not resp.body:
+            raise AdminError(f"no route for topic {topic!r}: {resp.remark or 'the topic does not exist'}")
+        return TopicRoute.from_json(topic, resp.body)
+
+    async def cluster_info(self) -> dict[str, Any]:
+        resp = await self.namesrv_call(RequestCode.GET_BROKER_CLUSTER_INFO)
+        return loads_lenient(resp.body or b"{}")
+
+    async def masters(self, cluster: str | None = None) -> dict[str, str]:
+        """broker name -> master address, of one cluster or all."""
+        info = await self.cluster_info()
+        names: set[str] | None = None
+        if cluster:
+            names = set((info.get("clusterAddrTable") or {}).get(cluster) or [])
+            if not names:
+                raise AdminError(f"cluster {cluster!r} is unknown to the NameServer")
+        out = {}
+        for name, bd in (info.get("brokerAddrTable") or {}).items():
+            addrs = {int(k): v for k, v in (bd.get("brokerAddrs") or {}).items()}
+            if 0 in addrs and (names is None or name in names):
+                out[name] = addrs[0]
+        return out
+
+    async def query_messages(self, topic: str, key: str, unique: bool = False) -> list[MessageExt]:
+        """QUERY_MESSAGE on every broker of ``topic``: messages with ``key`` (or that unique id)."""
+        route = await self.route(topic)
+        out: list[MessageExt] = []
+        fields = {
+            "topic": topic,
+            "key": key,
+            "maxNum": 64,
+            "beginTimestamp": 0,
+            "endTimestamp": int(time.time() * 1000) + 60_000,
+        }
+        if unique:
+            fields["_UNIQUE_KEY_QUERY"] = True
+        for addr in route.addresses().values():
+            resp = await self.call(
+                addr, RequestCode.QUERY_MESSAGE, fields, ok=(0, ResponseCode.QUERY_NOT_FOUND)
+            )
+            if resp.code == ResponseCode.SUCCESS:
+                out.extend(iter_messages(resp.payload()))
+        return out
+
+
+def _code_name(code: int) -> str:
+    try:
+        return f"{ResponseCode(code).name}({code})"
+    except ValueError:
+        return str(code)
