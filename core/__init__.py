@@ -60,6 +60,9 @@ __all__ = [
     "SubmittingFlushPolicy",
     "KeyIndex",  # index
     "RecoverableIndex",
+    "VerifiableIndex",
+    "IndexFileInfo",
+    "IndexFileEntry",
     "Dispatcher",  # store
     "MessageStore",
     "RawCommitLogStore",
@@ -116,7 +119,14 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "SelectsEverything",
     ),
     "tidemq.flush": ("Flushable", "FlushPolicy", "SubmittingFlushPolicy"),
-    "tidemq.index": ("KeyIndex", "QueryResult", "RecoverableIndex"),
+    "tidemq.index": (
+        "IndexFileEntry",
+        "IndexFileInfo",
+        "KeyIndex",
+        "QueryResult",
+        "RecoverableIndex",
+        "VerifiableIndex",
+    ),
     "tidemq.message": ("MessageExt", "MessageInner", "Prop"),
     "tidemq.observe": ("ConsumeContext", "SendContext"),
     "tidemq.plugins": ("PluginContext", "PluginManager", "Register", "get_plugin_manager"),
@@ -159,7 +169,14 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         SelectsEverything,
     )
     from tidemq.flush import Flushable, FlushPolicy, SubmittingFlushPolicy
-    from tidemq.index import KeyIndex, QueryResult, RecoverableIndex
+    from tidemq.index import (
+        IndexFileEntry,
+        IndexFileInfo,
+        KeyIndex,
+        QueryResult,
+        RecoverableIndex,
+        VerifiableIndex,
+    )
     from tidemq.message import MessageExt, MessageInner, Prop
     from tidemq.observe import ConsumeContext, SendContext
     from tidemq.plugins import PluginContext, PluginManager, Register, get_plugin_manager

@@ -70,12 +70,7 @@ ALLOWED_INTERNAL: frozenset[tuple[str, str]] = frozenset(
         # Bounds for tidemq.number() in option classes.
         ("tidemq.config", "DAY_S"),
         ("tidemq.config", "INT32_MAX"),
-        # The index verification contract the store split adds (the mmap verifier asks the
-        # configured index to read its own files): role contracts, so they belong in
-        # tidemq.__all__ once that work settles.  DEFAULT_PLUGINS: the verifier's default index.
-        ("tidemq.index", "IndexFileEntry"),
-        ("tidemq.index", "IndexFileInfo"),
-        ("tidemq.index", "VerifiableIndex"),
+        # The mmap verifier's default index when it is given only a data directory.
         ("tidemq.config", "DEFAULT_PLUGINS"),
         # Small kernel utilities: a crash-safe file write, a restarting background task.
         ("tidemq.jsonfile", "atomic_write_bytes"),

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from tidemq.address import split_address
 from tidemq.config import BrokerSettings
 from tidemq.replication import MasterAware, ReplicaStatus, Replication
 from tidemq.store import MessageStore
@@ -164,8 +165,8 @@ class ReplicationContract:
             address = master.ha_address()
             assert isinstance(address, str)
             if address or self.replicates:
-                host, _, port = address.rpartition(":")
-                assert host and port.isdigit() and 0 < int(port) < 65536, f"ha_address() is {address!r}"
+                host, port = split_address(address)
+                assert host and 0 < port < 65536, f"ha_address() is {address!r}"
             if isinstance(master, MasterAware):
                 master.update_master("", "")  # a master told nothing: no effect, no error
                 for _ in range(2):

@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from tidemq.address import split_address
 from tidemq.remoting import RemotingCommand, RemotingError, RemotingTimeoutError, ResponseCode
 from tidemq.transport import Connection, RequestHandler, Transport, TransportClient, TransportServer
 
@@ -173,9 +174,9 @@ class TransportContract:
                     await other.close()
                 first, second = handler.connections[0], handler.connections[1]
                 for conn in (first, second):
-                    host, _, port = conn.remote_address.rpartition(":")
-                    assert host.strip("[]") in (self.host, f"::ffff:{self.host}"), conn.remote_address
-                    assert port.isdigit() and 0 < int(port) < 65536 and int(port) != server.address[1]
+                    host, port = split_address(conn.remote_address)
+                    assert host in (self.host, f"::ffff:{self.host}"), conn.remote_address
+                    assert 0 < port < 65536 and port != server.address[1]
                 assert first.remote_address != second.remote_address
                 closed: list[Any] = []
                 first.add_close_callback(closed.append)

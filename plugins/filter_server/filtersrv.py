@@ -27,6 +27,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from tidemq.address import split_address
 from tidemq.errors import CorruptDataError, TidemqError
 from tidemq.message import decode_message, local_ip, tags_hash_code
 from tidemq.plugins import PluginManager, get_plugin_manager
@@ -78,8 +79,8 @@ class FilterServer:
         for name in self.manager.available("filter"):
             # Filter types run here without a store: no dispatch-time pre-check.
             self.factories[name] = self.manager.create("filter", name)
-        host, _, port = self.listen.rpartition(":")
-        self._server = self.transport.server(host, int(port), self.handle)
+        host, port = split_address(self.listen)
+        self._server = self.transport.server(host, port, self.handle)
         await self._server.start()
         bound_host, bound_port = self._server.address[:2]
         if bound_host in ("0.0.0.0", "::", ""):

@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 
 from tidemq import hookimpl
+from tidemq.address import split_address
 from tidemq.config import parse_options
 from tidemq.errors import ConfigError, CorruptDataError, MessageTooLargeError
 from tidemq.filter import EntryPrefilter, MessageFilter
@@ -84,9 +85,8 @@ class MemoryMessageStore:
         self.max_message_size = options.max_message_size or int(
             settings.get("max_message_size", 4 * 1024 * 1024)
         )
-        host, _, port = options.store_host.rpartition(":")
         try:
-            self.store_host = (host, int(port or 0))
+            self.store_host = split_address(options.store_host, default_port=0)
         except ValueError as exc:
             raise ConfigError(
                 f"[store.memory] store_host = {options.store_host!r} is not ip:port ({exc})"

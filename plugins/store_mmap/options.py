@@ -6,14 +6,14 @@ import math
 
 import attrs
 
+from tidemq.address import split_address
 from tidemq.config import INT32_MAX, number
 from tidemq.message import local_ip
 
 
 def parse_host(address: str) -> tuple[str, int]:
     """``ip:port`` for STOREHOSTADDRESS; a wildcard or name becomes this machine's IP."""
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
+    host, port = split_address(address, default_port=0)
     try:
         import ipaddress
 
@@ -22,7 +22,7 @@ def parse_host(address: str) -> tuple[str, int]:
             host = local_ip()
     except ValueError:
         host = local_ip()
-    return host, int(port or 0)
+    return host, port
 
 
 def _positive(_inst: object, attribute: attrs.Attribute, value: float) -> None:

@@ -464,7 +464,7 @@ class MmapMessageStore:
             wrong = record_mismatch(data, size, topic_bytes, queue_id, qoff)
             if wrong is not None:
                 # A damaged queue entry or zeroed log bytes: never serve another queue's record,
-                # a duplicate or garbage.  `tidemq verify` names the damage; reload rebuilds.
+                # a duplicate or garbage.  `tidemq store verify` names the damage; reload rebuilds.
                 log.error(
                     "consume queue %s-%d entry %d points at commit-log offset %d, which holds %s; skipped",
                     topic,
