@@ -67,6 +67,7 @@ __all__ = [
     "MessageStore",
     "RawCommitLogStore",
     "EntryPrefilter",  # filter
+    "DispatchingFilterFactory",
     "FilterFactory",
     "MessageFilter",
     "SelectsEverything",
@@ -113,6 +114,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     "tidemq.filter": (
         "EXPRESSION_SQL92",
         "EXPRESSION_TAG",
+        "DispatchingFilterFactory",
         "EntryPrefilter",
         "FilterFactory",
         "MessageFilter",
@@ -163,6 +165,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from tidemq.filter import (
         EXPRESSION_SQL92,
         EXPRESSION_TAG,
+        DispatchingFilterFactory,
         EntryPrefilter,
         FilterFactory,
         MessageFilter,

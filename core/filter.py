@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from tidemq.store import Dispatcher
 
 EXPRESSION_TAG = "TAG"
 EXPRESSION_SQL92 = "SQL92"
@@ -41,3 +44,20 @@ class FilterFactory(Protocol):
     """Compiles expressions of one type; :class:`ValueError` for an invalid expression."""
 
     def compile(self, expression: str) -> MessageFilter: ...
+
+
+@runtime_checkable
+class DispatchingFilterFactory(FilterFactory, Protocol):
+    """A filter type that must see every stored message (the SQL92 bloom bit map, RocketMQ's
+    CommitLogDispatcherCalcBitMap), and owns what it built for that.
+
+    The broker, as the composition root, attaches :meth:`dispatchers` to its store before the store
+    loads (so recovery's re-dispatch feeds them too), as RocketMQ's BrokerController does; the
+    factory itself never reaches for the store.  The broker calls :meth:`close` when it stops.
+    """
+
+    def dispatchers(self) -> Sequence[Dispatcher]:
+        """What the store must dispatch every stored message to (may be empty)."""
+
+    def close(self) -> None:
+        """Stop the threads the dispatchers run on."""

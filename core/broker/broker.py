@@ -28,6 +28,7 @@ from tidemq.broker.transaction import TransactionalMessageService
 from tidemq.config import Components, registered_address
 from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.errors import StoreError, TidemqError
+from tidemq.filter import DispatchingFilterFactory
 from tidemq.message import local_ip
 from tidemq.names import InvalidNameError
 from tidemq.remoting.codes import RequestCode, ResponseCode
@@ -143,6 +144,10 @@ class Broker:
                 components=self.components.instances,
                 settings=attrs.asdict(self.settings),
             )
+            # One way to attach a dispatcher besides the store's own index: here, before load.
+            if isinstance(self.filters[name], DispatchingFilterFactory):
+                for dispatcher in self.filters[name].dispatchers():
+                    self.store.add_dispatcher(dispatcher)
         # Before the store loads: a plugin that cannot register fails the start before recovery runs.
         self._handlers = self._collect_processors()
         if not self.store.load():
@@ -222,9 +227,8 @@ class Broker:
             self.hold.stop()
         await self._server.stop()
         for factory in self.filters.values():
-            close = getattr(factory, "close", None)  # a filter's own threads (the SQL92 bit map)
-            if close is not None:
-                close()
+            if isinstance(factory, DispatchingFilterFactory):  # its own threads (the SQL92 bit map)
+                factory.close()
         for task in list(self._background):
             task.cancel()
         await self.schedule.stop()

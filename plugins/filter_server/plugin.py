@@ -52,9 +52,10 @@ def create_sql92(ctx: PluginContext) -> Sql92FilterFactory:
         max_tokens=opts.max_expression_tokens,
         max_depth=opts.max_expression_depth,
     )
-    store: Any = ctx.components.get("store")
     precheck = None
-    if opts.bloom_precheck and store is not None:  # add_dispatcher is part of every MessageStore
+    # Only beside a store: the broker attaches the bit map to it (Sql92FilterFactory.dispatchers);
+    # a filter server or a check-config run has no store to feed one.
+    if opts.bloom_precheck and ctx.components.get("store") is not None:
         try:
             precheck = FilterBitMap(
                 bits=opts.bloom_bits,
@@ -66,7 +67,6 @@ def create_sql92(ctx: PluginContext) -> Sql92FilterFactory:
             )
         except ValueError as exc:
             raise ConfigError(f"[filter.SQL92]: {exc}") from exc
-        store.add_dispatcher(precheck)
     return Sql92FilterFactory(precheck, limits)
 
 

@@ -320,8 +320,12 @@ class Sql92FilterFactory:
         self.precheck = precheck
         self.limits = limits
 
+    def dispatchers(self) -> tuple[Any, ...]:
+        """The bit map the broker attaches to its store (a DispatchingFilterFactory)."""
+        return (self.precheck,) if self.precheck is not None else ()
+
     def close(self) -> None:
-        """Stop the pre-check's worker thread (the broker has no hook calling this yet)."""
+        """Stop the pre-check's worker thread (the broker calls this when it stops)."""
         if self.precheck is not None:
             self.precheck.close()
 
