@@ -42,6 +42,14 @@ from tidemq.delay import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from tidemq.errors import ConfigError, PluginError
 from tidemq.plugins import BUILD_ORDER, ROLES, PluginManager, get_plugin_manager
 
+if typing.TYPE_CHECKING:
+    from tidemq.acl import AccessValidator
+    from tidemq.flush import FlushPolicy
+    from tidemq.index import KeyIndex
+    from tidemq.replication import Replication
+    from tidemq.store import MessageStore
+    from tidemq.transport import Transport
+
 T = TypeVar("T")
 
 DEFAULT_HOME = Path(os.environ.get("TIDEMQ_HOME", "~/.tidemq")).expanduser()
@@ -394,7 +402,11 @@ def load_config(path: str | os.PathLike[str] | None, manager: PluginManager | No
 
 @attrs.define
 class Components:
-    """The plugin instances a broker is made of, by role."""
+    """The plugin instances a broker is made of, by role.
+
+    ``instances`` is what factories see as ``ctx.components``; the typed properties are how the
+    composition root reads them (each instance was checked against its role's contract when built).
+    """
 
     config: Config
     instances: dict[str, Any]
@@ -402,6 +414,31 @@ class Components:
 
     def __getitem__(self, role: str) -> Any:
         return self.instances[role]
+
+    @property
+    def transport(self) -> Transport:
+        return typing.cast("Transport", self.instances["transport"])
+
+    @property
+    def flush(self) -> FlushPolicy:
+        return typing.cast("FlushPolicy", self.instances["flush"])
+
+    @property
+    def index(self) -> KeyIndex | None:
+        return typing.cast("KeyIndex | None", self.instances.get("index"))
+
+    @property
+    def store(self) -> MessageStore:
+        return typing.cast("MessageStore", self.instances["store"])
+
+    @property
+    def replication(self) -> Replication:
+        return typing.cast("Replication", self.instances["replication"])
+
+    @property
+    def acl(self) -> AccessValidator | None:
+        """None when ``[plugins] acl`` is unset or "none": the broker then checks nothing."""
+        return typing.cast("AccessValidator | None", self.instances.get("acl"))
 
 
 def compose(cfg: Config, manager: PluginManager | None = None) -> Components:

@@ -59,11 +59,11 @@ class Broker:
         self.settings = components.config.broker
         self.manager = components.manager
         self.hooks = components.manager.hook
-        self.transport = components["transport"]
-        self.store = components["store"]
-        self.index = components.instances.get("index")
-        self.replication = components["replication"]
-        acl = components.instances.get("acl")
+        self.transport = components.transport
+        self.store = components.store
+        self.index = components.index
+        self.replication = components.replication
+        acl = components.acl
         #: The access validator (role ``acl``), None when access control is off.
         self.acl: AccessValidator | None = acl if acl is not None and acl.enforcing else None
         self.data_dir = self.settings.store_path
