@@ -328,7 +328,7 @@ class Broker:
         if info is None:
             return
         for conn in list(info.channels):
-            if getattr(conn, "closed", False):
+            if conn.closed:
                 continue
             req = RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group})
             req.mark_oneway()

@@ -28,7 +28,7 @@ class ClientChannel:
 
     @property
     def address(self) -> str:
-        return str(getattr(self.conn, "remote_address", ""))
+        return self.conn.remote_address
 
 
 @attrs.define

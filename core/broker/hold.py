@@ -51,7 +51,7 @@ class PullRequestHoldService:
 
         With ``conn``, the wait ends (False) as soon as that connection closes.
         """
-        if self._stopped or timeout_s <= 0 or getattr(conn, "closed", False):
+        if self._stopped or timeout_s <= 0 or (conn is not None and conn.closed):
             return False
         key = (topic, queue_id)
         fut: asyncio.Future[bool] = self._loop.create_future()

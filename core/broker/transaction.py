@@ -379,7 +379,7 @@ class TransactionalMessageService:
         channels = [
             ch.conn
             for ch in self.broker.producers.groups.get(group, {}).values()
-            if not getattr(ch.conn, "closed", False)
+            if not ch.conn.closed
         ]
         return random.choice(channels) if channels else None
 

@@ -36,7 +36,7 @@ class FilterServerManager:
     def addresses(self) -> list[str]:
         now = time.monotonic()
         for conn, (addr, seen) in list(self._table.items()):
-            if now - seen > FILTER_SERVER_MAX_IDLE_S or getattr(conn, "closed", False):
+            if now - seen > FILTER_SERVER_MAX_IDLE_S or conn.closed:
                 log.info("filter server %s expired", addr)
                 self._table.pop(conn, None)
         return sorted({addr for addr, _ in self._table.values()})

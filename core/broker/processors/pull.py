@@ -169,7 +169,7 @@ class PullProcessor:
                 await hold.wait(topic, queue_id, offset, remaining, conn)
             else:
                 await asyncio.sleep(remaining)
-            if getattr(conn, "closed", False):
+            if conn.closed:
                 return None  # nobody to answer: the held pull ends with its connection
             if not b.running:
                 result = b.store.get_message(group, topic, queue_id, offset, max_nums, store_filter)
