@@ -76,3 +76,124 @@ async def resolved(future: Future[T]) -> T:
     if waker is None:
         waker = _wakers[loop] = _LoopWaker(loop)
     return await waker.bridge(future)
+
+
+# --------------------------------------------------------------------------- light futures
+_STATE_LOCK = threading.Lock()  # one for all: taken only to add a callback or to resolve
+
+
+class StoreFuture(Future[T]):
+    """A :class:`concurrent.futures.Future` without a ``threading.Condition`` of its own.
+
+    The store hands one out per put, so the Condition (and the RLock inside it) that a plain Future
+    builds in ``__init__`` was a measurable share of a send.  This one keeps its state in slots,
+    takes one module-wide lock only to add a callback or to resolve, and makes an Event only when a
+    thread really blocks in :meth:`result` before it is done (tests; never the broker's event loop).
+    It is still a ``Future``: ``asyncio.wrap_future`` and :func:`resolved` accept it.
+    """
+
+    __slots__ = ("_sf_callbacks", "_sf_event", "_sf_exc", "_sf_result", "_sf_state")
+
+    def __init__(self) -> None:  # no super().__init__(): that builds the Condition
+        self._sf_state = 0  # 0 pending, 1 done, 2 cancelled
+        self._sf_result: Any = None
+        self._sf_exc: BaseException | None = None
+        self._sf_callbacks: list[Any] | None = None
+        self._sf_event: threading.Event | None = None
+
+    @classmethod
+    def completed(cls, value: T) -> StoreFuture[T]:
+        fut: StoreFuture[T] = cls()
+        fut._sf_result = value
+        fut._sf_state = 1
+        return fut
+
+    def __repr__(self) -> str:
+        return f"<StoreFuture {('pending', 'finished', 'cancelled')[self._sf_state]}>"
+
+    def done(self) -> bool:
+        return self._sf_state != 0
+
+    def cancelled(self) -> bool:
+        return self._sf_state == 2
+
+    def running(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return self._resolve(2, None, None)
+
+    def set_running_or_notify_cancel(self) -> bool:
+        return self._sf_state != 2
+
+    def set_result(self, result: T) -> None:
+        if not self._resolve(1, result, None):
+            from concurrent.futures import InvalidStateError
+
+            raise InvalidStateError(f"{self!r} is already resolved")
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        if not self._resolve(1, None, exception):
+            from concurrent.futures import InvalidStateError
+
+            raise InvalidStateError(f"{self!r} is already resolved")
+
+    def _resolve(self, state: int, result: Any, exc: BaseException | None) -> bool:
+        with _STATE_LOCK:
+            if self._sf_state != 0:
+                return False
+            self._sf_result, self._sf_exc, self._sf_state = result, exc, state
+            callbacks, self._sf_callbacks = self._sf_callbacks, None
+            event = self._sf_event
+        if event is not None:
+            event.set()
+        for fn in callbacks or ():
+            try:
+                fn(self)
+            except Exception:
+                import logging
+
+                logging.getLogger(__name__).exception("a future's callback failed")
+        return True
+
+    def add_done_callback(self, fn: Any) -> None:
+        if self._sf_state == 0:
+            with _STATE_LOCK:
+                if self._sf_state == 0:
+                    if self._sf_callbacks is None:
+                        self._sf_callbacks = []
+                    self._sf_callbacks.append(fn)
+                    return
+        fn(self)
+
+    def _wait(self, timeout: float | None) -> None:
+        if self._sf_state != 0:
+            return
+        with _STATE_LOCK:
+            if self._sf_state != 0:
+                return
+            if self._sf_event is None:
+                self._sf_event = threading.Event()
+            event = self._sf_event
+        if not event.wait(timeout):
+            from concurrent.futures import TimeoutError as FutureTimeout
+
+            raise FutureTimeout()
+
+    def result(self, timeout: float | None = None) -> T:
+        self._wait(timeout)
+        if self._sf_state == 2:
+            from concurrent.futures import CancelledError
+
+            raise CancelledError()
+        if self._sf_exc is not None:
+            raise self._sf_exc
+        return self._sf_result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        if self._sf_state == 2:
+            from concurrent.futures import CancelledError
+
+            raise CancelledError()
+        return self._sf_exc

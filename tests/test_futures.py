@@ -69,3 +69,68 @@ def test_errors_and_done_futures_and_cancelled_waiters() -> None:
         assert t_abandoned.cancelled()
 
     asyncio.run(main())
+
+
+# --------------------------------------------------------------------------- StoreFuture
+
+
+def test_store_future_blocks_until_another_thread_resolves_it() -> None:
+    import threading
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    from tidemq.futures import StoreFuture
+
+    fut: StoreFuture[int] = StoreFuture()
+    with pytest.raises(FutureTimeout):
+        fut.result(timeout=0.05)
+    threading.Timer(0.05, fut.set_result, (7,)).start()
+    assert fut.result(timeout=5) == 7
+    assert fut.done() and not fut.cancelled() and fut.exception() is None
+
+
+def test_store_future_callbacks_run_once_whether_added_before_or_after() -> None:
+    from concurrent.futures import InvalidStateError
+
+    from tidemq.futures import StoreFuture
+
+    seen: list[str] = []
+    fut: StoreFuture[str] = StoreFuture()
+    fut.add_done_callback(lambda f: seen.append("before:" + f.result()))
+    fut.set_result("x")
+    fut.add_done_callback(lambda f: seen.append("after:" + f.result()))
+    assert seen == ["before:x", "after:x"]
+    with pytest.raises(InvalidStateError):
+        fut.set_result("y")
+    assert fut.result() == "x"
+
+
+def test_store_future_carries_exceptions_and_cancellation() -> None:
+    from concurrent.futures import CancelledError
+
+    from tidemq.futures import StoreFuture
+
+    failed: StoreFuture[int] = StoreFuture()
+    failed.set_exception(OSError("disk"))
+    assert isinstance(failed.exception(), OSError)
+    with pytest.raises(OSError, match="disk"):
+        failed.result()
+    gone: StoreFuture[int] = StoreFuture()
+    assert gone.cancel() and gone.cancelled()
+    with pytest.raises(CancelledError):
+        gone.result()
+    assert not gone.cancel()
+
+
+def test_store_future_is_awaitable_like_a_concurrent_future() -> None:
+    import threading
+
+    from tidemq.futures import StoreFuture, resolved
+
+    async def main() -> list[int]:
+        a: StoreFuture[int] = StoreFuture()
+        threading.Timer(0.02, a.set_result, (1,)).start()
+        b: StoreFuture[int] = StoreFuture()
+        threading.Timer(0.02, b.set_result, (2,)).start()
+        return [await resolved(a), await asyncio.wrap_future(b), await resolved(StoreFuture.completed(3))]
+
+    assert asyncio.run(main()) == [1, 2, 3]

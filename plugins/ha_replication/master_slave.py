@@ -36,6 +36,7 @@ import attrs
 from tidemq.address import parse_address, split_address
 from tidemq.config import parse_options
 from tidemq.errors import ConfigError
+from tidemq.futures import StoreFuture
 from tidemq.plugins import PluginContext
 from tidemq.replication import ReplicaStatus
 from tidemq.store import RawCommitLogStore
@@ -77,10 +78,12 @@ class MasterSlaveOptions:
     lag_log_s: float = attrs.field(default=30.0, validator=_positive)
 
 
+#: Resolved futures never change: one per status serves every put.
+_DONE: dict[ReplicaStatus, Future[ReplicaStatus]] = {s: StoreFuture.completed(s) for s in ReplicaStatus}
+
+
 def _done(status: ReplicaStatus) -> Future[ReplicaStatus]:
-    fut: Future[ReplicaStatus] = Future()
-    fut.set_result(status)
-    return fut
+    return _DONE[status]
 
 
 class MasterSlaveReplication:

@@ -5,8 +5,12 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
+from tidemq.futures import StoreFuture
 from tidemq.plugins import PluginContext
 from tidemq.replication import ReplicaStatus
+
+#: One resolved future for every put: it never changes, so sharing it is safe (and free).
+_PUT_OK: Future[ReplicaStatus] = StoreFuture.completed(ReplicaStatus.PUT_OK)
 
 
 class NoReplication:
@@ -16,9 +20,7 @@ class NoReplication:
         return None
 
     def wait_for_replicas(self, end_offset: int) -> Future[ReplicaStatus]:
-        done: Future[ReplicaStatus] = Future()
-        done.set_result(ReplicaStatus.PUT_OK)
-        return done
+        return _PUT_OK
 
     def ha_address(self) -> str:
         return ""

@@ -24,6 +24,7 @@ from tidemq.address import split_address
 from tidemq.config import parse_options
 from tidemq.errors import ConfigError, CorruptDataError, MessageTooLargeError
 from tidemq.filter import EntryPrefilter, MessageFilter
+from tidemq.futures import StoreFuture
 from tidemq.message import (
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
@@ -147,7 +148,7 @@ class MemoryMessageStore:
         return self.put_messages((msg,))
 
     def put_messages(self, msgs: Sequence[MessageInner]) -> Future[PutResult]:
-        fut: Future[PutResult] = Future()
+        fut: Future[PutResult] = StoreFuture()
         fut.set_result(self._append(msgs))
         return fut
 

@@ -36,6 +36,7 @@ from tidemq.delay import DEFAULT_DELAY_LEVELS, SCHEDULE_TOPIC, parse_delay_level
 from tidemq.errors import CorruptDataError, MessageTooLargeError, StoreError
 from tidemq.filter import EntryPrefilter, MessageFilter
 from tidemq.flush import FlushPolicy, SubmittingFlushPolicy
+from tidemq.futures import StoreFuture
 from tidemq.message import (
     COMPRESSED_FLAG,
     TRANSACTION_TYPE_MASK,
@@ -255,7 +256,7 @@ class MmapMessageStore:
         return self.put_messages((msg,))
 
     def put_messages(self, msgs: Sequence[MessageInner]) -> Future[PutResult]:
-        fut: Future[PutResult] = Future()
+        fut: Future[PutResult] = StoreFuture()
         result = self._append(msgs)
         if result.status is not PutStatus.PUT_OK:
             fut.set_result(result)
