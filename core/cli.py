@@ -9,7 +9,9 @@ on SIGINT/SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -67,6 +69,7 @@ async def serve_until_signalled(services: list[tuple[str, Any]]) -> None:
             # The CLI's own output: tests and operators wait for this line.
             click.echo(f"tidemq {what} listening on {service.address}")
         sys.stdout.flush()
+        tune_gc()
         await stop.wait()
         log.info("signal received, shutting down")
     finally:
@@ -75,6 +78,30 @@ async def serve_until_signalled(services: list[tuple[str, Any]]) -> None:
                 await service.stop()
             except Exception:  # keep stopping the others
                 log.exception("error while stopping %s", what)
+
+
+#: Young-generation threshold of a serving process (CPython's default is 700); 0 leaves the
+#: collector as it is.  ``TIDEMQ_GC_GEN0`` overrides it.
+GC_GEN0 = 50_000
+
+
+def tune_gc() -> None:
+    """Once serving: freeze what start-up allocated and collect the young generation less often.
+
+    A broker allocates a few short-lived objects per request (headers, results, coroutines);
+    reference counting frees nearly all of them, yet every 700 allocations the collector walked
+    the young generation, and each full collection walked everything start-up built (plugins,
+    config, queue tables).  ``gc.freeze`` moves the latter out of the collector's sight;
+    a larger gen-0 threshold makes collections rarer (cycles still get collected).
+    """
+    gen0 = int(os.environ.get("TIDEMQ_GC_GEN0", GC_GEN0))
+    if gen0 <= 0:
+        return
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(gen0, gen1, gen2)
+    log.info("gc: %d start-up objects frozen, gen-0 threshold %d", gc.get_freeze_count(), gen0)
 
 
 def _listen_flag(value: str, flag: str) -> str:

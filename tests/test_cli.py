@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import signal
 import subprocess
 import sys
@@ -194,3 +195,24 @@ def test_wildcard_listen_registers_advertise(spawn, tmp_path):
         f'data_dir = "{tmp_path / "data"}"\n'
     )
     assert spawn("broker", "-c", str(cfg)).addresses["broker"] == "203.0.113.7:10911"
+
+
+def test_a_serving_process_freezes_start_up_objects_and_collects_gen0_less_often() -> None:
+    probe = (
+        "import gc; from tidemq.cli import tune_gc; tune_gc(); "
+        "print(gc.get_threshold()[0], gc.get_freeze_count() > 1000)"
+    )
+
+    def run(**env: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            check=True,
+        )
+        return out.stdout.strip()
+
+    assert run() == "50000 True"
+    assert run(TIDEMQ_GC_GEN0="20000") == "20000 True"
+    assert run(TIDEMQ_GC_GEN0="0") == "700 False"  # left as CPython has it
