@@ -1,13 +1,24 @@
-"""Maps the on-disk layout to import names.
+"""Maps the on-disk layout to import names, and builds the compiled codec.
 
 The kernel lives in ``core/`` and imports as ``tidemq``; each built-in plugin lives in
 ``plugins/<name>/`` and imports as ``tidemq_<name>``.  Nothing installs a bare ``core`` or
 ``plugins`` package.
+
+``core/_native/_codec.pyx`` is compiled to ``tidemq._native._codec`` with Cython (a build
+requirement, from PyPI) and the machine's C compiler.  Where that is not possible (no compiler,
+no Python headers, no Cython) the install still succeeds, with one warning, and tidemq runs its
+pure-Python codec: ``tidemq._native.DESCRIPTION`` (``tidemq --version``) says which one runs.
+``CFLAGS``/``LDFLAGS`` reach the compiler as usual (``tox -e fuzz-asan`` builds with
+AddressSanitizer that way).
 """
 
+import os
+import sys
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, CompileError, ExecError, LinkError, PlatformError
 
 ROOT = Path(__file__).parent
 package_dir = {"tidemq": "core"}
@@ -20,4 +31,73 @@ for top, src in package_dir.items():
     packages.append(top)
     packages.extend(f"{top}.{sub}" for sub in find_packages(src))
 
-setup(package_dir=package_dir, packages=packages, package_data={p: ["py.typed"] for p in package_dir})
+package_data = {p: ["py.typed"] for p in package_dir}
+package_data["tidemq._native"] = ["*.pyi", "*.pyx"]
+
+#: What a missing or failing compiler raises (spawn errors, a missing Python.h, a link failure).
+_BUILD_ERRORS = (CCompilerError, CompileError, ExecError, LinkError, PlatformError, OSError)
+_FALLBACK = "tidemq will run its pure-Python codec (tidemq._native.DESCRIPTION says so)"
+
+
+def _warn(message: str) -> None:
+    print(f"WARNING: {message}", file=sys.stderr)
+
+
+class OptionalBuildExt(build_ext):
+    """``build_ext`` that leaves the pure-Python codec in place when the C build fails.
+
+    One warning for the whole build, whatever failed; the install goes on without the module.
+    """
+
+    _warned = False
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except _BUILD_ERRORS as exc:
+            self._skip(exc)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except _BUILD_ERRORS as exc:
+            self._skip(exc)
+
+    def copy_extensions_to_source(self) -> None:
+        # Unlink, then copy: a new file rather than the loaded one rewritten in place, which would
+        # crash (SIGBUS) every running process that has the old module mapped.
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            inplace, regular = self._get_inplace_equivalent(build_py, ext)
+            if os.path.exists(regular) and os.path.exists(inplace):
+                os.unlink(inplace)
+        super().copy_extensions_to_source()
+
+    def _skip(self, exc: BaseException) -> None:
+        if not OptionalBuildExt._warned:
+            OptionalBuildExt._warned = True
+            _warn(f"the compiled codec (tidemq._native._codec) was not built: {exc}; {_FALLBACK}")
+
+
+def native_extensions() -> list[Extension]:
+    # optional: when it is not built, nothing is copied next to the sources (and nothing fails).
+    ext = Extension("tidemq._native._codec", ["core/_native/_codec.pyx"], optional=True)
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        _warn(f"Cython is not installed, so the compiled codec is not built; {_FALLBACK}")
+        return []
+    # Generated C goes under build/ (ignored); a .pyx newer than its .c is translated again.
+    extensions = cythonize([ext], build_dir="build/cython", quiet=True, language_level=3)
+    for built in extensions:  # cythonize's copies do not keep the flag
+        built.optional = True
+    return extensions
+
+
+setup(
+    package_dir=package_dir,
+    packages=packages,
+    package_data=package_data,
+    ext_modules=native_extensions(),
+    cmdclass={"build_ext": OptionalBuildExt},
+)
