@@ -11,7 +11,8 @@ names import lazily, so ``import tidemq`` stays as cheap as pluggy.  Besides the
 submodules are public through their own ``__all__``: ``tidemq.client`` (the client and its
 lower-level requests), ``tidemq.remoting`` (and its ``codes``, ``command``, ``codec``, ``errors``
 and ``protocol`` modules: the wire format), ``tidemq.cli`` (running a service from a plugin's
-command), ``tidemq.address``, ``tidemq.compression``, ``tidemq.datadir`` and ``tidemq.names``.
+command), ``tidemq.message`` (the message and commit-log record format), ``tidemq.address``,
+``tidemq.compression``, ``tidemq.datadir`` and ``tidemq.names``.
 Anything else a plugin imports is an internal it should not rely on: ``tests/test_public_api.py``
 keeps the built-in plugins to this surface and lists the exceptions, each with its reason.
 """
@@ -58,6 +59,7 @@ __all__ = [
     "Flushable",  # flush
     "FlushPolicy",
     "SubmittingFlushPolicy",
+    "StoreFuture",
     "KeyIndex",  # index
     "RecoverableIndex",
     "VerifiableIndex",
@@ -121,6 +123,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "SelectsEverything",
     ),
     "tidemq.flush": ("Flushable", "FlushPolicy", "SubmittingFlushPolicy"),
+    "tidemq.futures": ("StoreFuture",),
     "tidemq.index": (
         "IndexFileEntry",
         "IndexFileInfo",
@@ -172,6 +175,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         SelectsEverything,
     )
     from tidemq.flush import Flushable, FlushPolicy, SubmittingFlushPolicy
+    from tidemq.futures import StoreFuture
     from tidemq.index import (
         IndexFileEntry,
         IndexFileInfo,

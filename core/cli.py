@@ -21,7 +21,7 @@ from typing import Any
 import attrs
 import click
 
-from tidemq import __version__
+from tidemq import __version__, _native
 from tidemq.config import DEFAULT_HOME, Config, check_broker, load_config, parse_address
 from tidemq.errors import TidemqError
 from tidemq.plugins import ROLES, get_plugin_manager
@@ -172,7 +172,9 @@ class _PluginCommands(click.Group):
 
 
 @click.group(cls=_PluginCommands)
-@click.version_option(__version__, prog_name="tidemq")
+@click.version_option(
+    __version__, prog_name="tidemq", message=f"%(prog)s, version %(version)s\ncodec: {_native.DESCRIPTION}"
+)
 @click.option(
     "--log-level", default="INFO", show_default=True, help="Logging level (DEBUG, INFO, WARNING...)."
 )

@@ -352,6 +352,50 @@ _NATIVE_NAMES = frozenset(
 )
 
 
+#: The message and record format: what store plugins write and readers of stored bytes decode.
+__all__ = [
+    "BLANK_MAGIC_CODE",
+    "BatchItem",
+    "BatchLimitError",
+    "COMPRESSED_FLAG",
+    "COMPRESSION_TYPE_MASK",
+    "COMPRESSION_ZLIB",
+    "COMPRESSION_ZSTD",
+    "MESSAGE_MAGIC_CODE",
+    "MULTI_TAGS_FLAG",
+    "MessageExt",
+    "MessageInner",
+    "NAME_VALUE_SEPARATOR",
+    "PROPERTY_SEPARATOR",
+    "PreparedBatch",
+    "Prop",
+    "RecordEncoder",
+    "TRANSACTION_COMMIT_TYPE",
+    "TRANSACTION_NOT_TYPE",
+    "TRANSACTION_PREPARED_TYPE",
+    "TRANSACTION_ROLLBACK_TYPE",
+    "TRANSACTION_TYPE_MASK",
+    "body_crc",
+    "create_message_id",
+    "decode_batch",
+    "decode_message",
+    "decode_message_id",
+    "encode_batch",
+    "encode_message",
+    "iter_messages",
+    "java_string_hash",
+    "local_ip",
+    "pack_cq_entries",
+    "patch_record",
+    "properties_to_string",
+    "record_crc_ok",
+    "record_mismatch",
+    "store_timestamp_pos",
+    "string_to_properties",
+    "tags_hash_code",
+]
+
+
 def __getattr__(name: str) -> Any:
     """The record layer, imported on first use (PEP 562): ``tidemq.record`` imports this module."""
     if name not in _RECORD_NAMES:

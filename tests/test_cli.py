@@ -216,3 +216,20 @@ def test_a_serving_process_freezes_start_up_objects_and_collects_gen0_less_often
     assert run() == "50000 True"
     assert run(TIDEMQ_GC_GEN0="20000") == "20000 True"
     assert run(TIDEMQ_GC_GEN0="0") == "700 False"  # left as CPython has it
+
+
+def test_version_says_which_codec_runs() -> None:
+    def version(**env: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "tidemq", "--version"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+            check=True,
+        )
+        return out.stdout
+
+    assert "codec: pure Python (TIDEMQ_NO_EXTENSIONS=1)" in version(TIDEMQ_NO_EXTENSIONS="1")
+    from tidemq import _native
+
+    assert f"codec: {_native.DESCRIPTION}" in version(TIDEMQ_NO_EXTENSIONS="")

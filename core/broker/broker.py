@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from tidemq import _native
 from tidemq.acl import ACCESS_KEY, AccessDenied, AccessValidator
 from tidemq.address import split_address
 from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
@@ -196,7 +197,13 @@ class Broker:
         # Supervised: a periodic loop that fails is logged and restarted, never silently gone.
         self._tasks.append(supervise(self._flush_offsets_loop, "tidemq-offset-flush"))
         self._tasks.append(supervise(self._housekeeping_loop, "tidemq-client-housekeeping"))
-        log.info("broker %s (%s) serving on %s", self.settings.name, self.settings.cluster, self._address)
+        log.info(
+            "broker %s (%s) serving on %s; codec: %s",
+            self.settings.name,
+            self.settings.cluster,
+            self._address,
+            _native.DESCRIPTION,
+        )
         try:
             self.hooks.tidemq_broker_started(broker=self)
         except Exception:

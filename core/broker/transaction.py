@@ -377,9 +377,7 @@ class TransactionalMessageService:
 
     def _producer_connection(self, group: str) -> Any:
         channels = [
-            ch.conn
-            for ch in self.broker.producers.groups.get(group, {}).values()
-            if not ch.conn.closed
+            ch.conn for ch in self.broker.producers.groups.get(group, {}).values() if not ch.conn.closed
         ]
         return random.choice(channels) if channels else None
 

@@ -211,7 +211,7 @@ class MemoryMessageStore:
             wrote_offset=base,
             wrote_bytes=batch.total,
             queue_offset=qoff,
-            msg_ids=tuple([self._encoder.message_id(o) for o in offsets]),
+            msg_ids=self._encoder.message_ids(offsets),
             store_timestamp=ts,
             message_count=len(offsets),
         )

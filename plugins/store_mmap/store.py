@@ -44,6 +44,7 @@ from tidemq.message import (
     RecordEncoder,
     decode_message,
     local_ip,
+    pack_cq_entries,
     record_crc_ok,
     record_mismatch,
 )
@@ -349,7 +350,7 @@ class MmapMessageStore:
                     if len(offsets) == 1:
                         cq.put(base, total, tags[0], queue_offset)
                     else:
-                        cq.put_packed(b"".join(map(CQ_ENTRY.pack, offsets, sizes, tags)), queue_offset)
+                        cq.put_packed(pack_cq_entries(offsets, sizes, tags), queue_offset)
             except OSError as exc:
                 # A queue file could not be created: take the record back so no queue offset is
                 # used twice, and report it; the store stays up.
@@ -371,13 +372,12 @@ class MmapMessageStore:
                     reput.dispatch(msgs, offsets, sizes, tags, ts, queue_offset, True)
                 else:
                     reput.dispatch(msgs, offsets, sizes, tags, ts, -1, False)
-        prefix = self._encoder.id_prefix
         return PutResult(
             PutStatus.PUT_OK,
             wrote_offset=base,
             wrote_bytes=total,
             queue_offset=queue_offset,
-            msg_ids=tuple([f"{prefix}{o:016X}" for o in offsets]),
+            msg_ids=self._encoder.message_ids(offsets),
             store_timestamp=ts,
             message_count=len(offsets),
         )
