@@ -96,6 +96,7 @@ class Broker:
         self.client: Any = None
         self._server: Any = None
         self._address = self.settings.address
+        self._store_host: tuple[str, tuple[str, int]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._handlers: dict[int, Handler] = {}
         self._running = False
@@ -110,7 +111,11 @@ class Broker:
 
     @property
     def store_host(self) -> tuple[str, int]:
-        return split_address(self._address)
+        """``address`` split: read per send, so parsed once per address, not per request."""
+        cached = self._store_host
+        if cached is None or cached[0] != self._address:
+            cached = self._store_host = (self._address, split_address(self._address))
+        return cached[1]
 
     @property
     def running(self) -> bool:
