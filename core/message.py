@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # served by __getattr__ at run time: tidemq.record imports th
     from tidemq.record import PreparedBatch as PreparedBatch
     from tidemq.record import RecordEncoder as RecordEncoder
     from tidemq.record import decode_batch as decode_batch
+    from tidemq.record import decode_batch_messages as decode_batch_messages
     from tidemq.record import decode_message as decode_message
     from tidemq.record import encode_batch as encode_batch
     from tidemq.record import encode_message as encode_message
@@ -318,6 +319,7 @@ _RECORD_NAMES = frozenset(
         "PreparedBatch",
         "RecordEncoder",
         "decode_batch",
+        "decode_batch_messages",
         "decode_message",
         "encode_batch",
         "encode_message",
@@ -343,6 +345,7 @@ _NATIVE_NAMES = frozenset(
     {
         "RecordEncoder",
         "decode_batch",
+        "decode_batch_messages",
         "decode_message",
         "iter_messages",
         "pack_cq_entries",
@@ -378,6 +381,7 @@ __all__ = [
     "body_crc",
     "create_message_id",
     "decode_batch",
+    "decode_batch_messages",
     "decode_message",
     "decode_message_id",
     "encode_batch",

@@ -548,3 +548,33 @@ def decode_batch(buf: bytes | memoryview, max_count: int | None = None) -> list[
     except (struct.error, UnicodeDecodeError) as exc:
         raise CorruptDataError(f"malformed batch body at {pos}: {exc}") from exc
     return items
+
+
+def decode_batch_messages(
+    buf: bytes | memoryview,
+    max_count: int | None,
+    topic: str,
+    queue_id: int,
+    sys_flag: int,
+    born_timestamp: int,
+    born_host: HostPort,
+    store_host: HostPort,
+    reconsume_times: int,
+) -> list[MessageInner]:
+    """:func:`decode_batch` straight to the messages SEND_BATCH_MESSAGE stores: one per entry,
+    with the request header's fields on each (the compiled version builds no BatchItem)."""
+    return [
+        MessageInner(
+            topic,
+            item.body,
+            queue_id,
+            item.flag,
+            item.properties,
+            sys_flag,
+            born_timestamp,
+            born_host,
+            store_host,
+            reconsume_times,
+        )
+        for item in decode_batch(buf, max_count)
+    ]

@@ -295,6 +295,33 @@ def test_decode_batch_refuses_what_the_reference_refuses(
 
 
 @SETTINGS
+@given(
+    items=batch_items,
+    cut=st.integers(0, 10_000),
+    max_count=st.one_of(st.none(), st.integers(-1, 10)),
+    header=st.tuples(
+        st.sampled_from(["T", "Orders", "%RETRY%g"]),
+        st.integers(0, 2**31 - 1),
+        st.integers(0, 2**31 - 1),
+        st.integers(0, 2**63 - 1),
+        hosts,
+        hosts,
+        st.integers(0, 2**31 - 1),
+    ),
+)
+def test_decode_batch_messages_builds_the_messages_the_reference_builds(
+    C: ModuleType, items: list, cut: int, max_count: int | None, header: tuple
+) -> None:
+    """SEND_BATCH_MESSAGE's fused decode: body -> MessageInner, no BatchItem on the compiled path."""
+    body = ref.encode_batch(items)
+    body = body[: cut % (len(body) + 1)] if cut % 3 == 0 else body  # truncated bodies too
+    compiled = outcome(C.decode_batch_messages, body, max_count, *header)
+    assert compiled == outcome(ref.decode_batch_messages, body, max_count, *header)
+    if compiled[0] == "ok":
+        assert all(type(m) is ref.MessageInner for m in compiled[1])
+
+
+@SETTINGS
 @given(st.binary(max_size=300))
 def test_decode_batch_of_random_bytes(C: ModuleType, data: bytes) -> None:
     assert outcome(C.decode_batch, data) == outcome(ref.decode_batch, data)

@@ -178,6 +178,13 @@ def check(codec: ModuleType, rng: random.Random, data: bytes) -> dict[str, int]:
     max_count = rng.choice([None, None, 0, 1, 3, 64])
     batch = outcome(ref.decode_batch, shown, max_count)
     same("decode_batch", data, outcome(codec.decode_batch, shown, max_count), batch)
+    header = ("T", 1, 0, 1700000000000, ("10.0.0.1", 5555), ("10.0.0.2", 10911), 0)
+    same(
+        "decode_batch_messages",
+        data,
+        outcome(codec.decode_batch_messages, shown, max_count, *header),
+        outcome(ref.decode_batch_messages, shown, max_count, *header),
+    )
 
     pos = 0 if rng.random() < 0.7 else rng.randint(0, len(data))
     crc, body = rng.random() < 0.5, rng.random() < 0.8

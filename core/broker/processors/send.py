@@ -24,7 +24,7 @@ from tidemq.message import (
     BatchLimitError,
     MessageInner,
     Prop,
-    decode_batch,
+    decode_batch_messages,
     decode_message,
     string_to_properties,
 )
@@ -271,30 +271,23 @@ class SendProcessor:
         if queue_id < 0:
             queue_id = random.randrange(max(cfg.write_queue_nums, 1))
         try:
-            items = decode_batch(request.payload(), b.settings.max_batch_messages)
+            msgs = decode_batch_messages(
+                request.payload(),
+                b.settings.max_batch_messages,
+                topic,
+                queue_id,
+                sys_flag,
+                h.int("bornTimestamp", 0),
+                born_host(conn),
+                b.store_host,
+                h.int("reconsumeTimes", 0),
+            )
         except BatchLimitError as exc:
             return request.reply(ResponseCode.MESSAGE_ILLEGAL, f"{exc} (max_batch_messages)")
         except CorruptDataError as exc:
             return request.reply(ResponseCode.MESSAGE_ILLEGAL, f"malformed batch body: {exc}")
-        if not items:
+        if not msgs:
             return request.reply(ResponseCode.MESSAGE_ILLEGAL, "the batch holds no message")
-        born_ts = h.int("bornTimestamp", 0)
-        peer = born_host(conn)
-        msgs = [
-            MessageInner(
-                topic=topic,
-                body=item.body,
-                queue_id=queue_id,
-                flag=item.flag,
-                properties=item.properties,
-                sys_flag=sys_flag,
-                born_timestamp=born_ts,
-                born_host=peer,
-                store_host=b.store_host,
-                reconsume_times=h.int("reconsumeTimes", 0),
-            )
-            for item in items
-        ]
         return await self._put(conn, request, group, msgs, batch=True)
 
     # ------------------------------------------------------------------ store + hooks
