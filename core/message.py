@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # served by __getattr__ at run time: tidemq.record imports th
     from tidemq.record import POS_QUEUEOFFSET as POS_QUEUEOFFSET
     from tidemq.record import POS_SYSFLAG as POS_SYSFLAG
     from tidemq.record import POS_TOTALSIZE as POS_TOTALSIZE
+    from tidemq.record import SCAN_CAREFUL as SCAN_CAREFUL
+    from tidemq.record import SCAN_END as SCAN_END
+    from tidemq.record import SCAN_FULL as SCAN_FULL
     from tidemq.record import PreparedBatch as PreparedBatch
     from tidemq.record import RecordEncoder as RecordEncoder
     from tidemq.record import decode_batch as decode_batch
@@ -48,6 +51,7 @@ if TYPE_CHECKING:  # served by __getattr__ at run time: tidemq.record imports th
     from tidemq.record import patch_record as patch_record
     from tidemq.record import record_crc_ok as record_crc_ok
     from tidemq.record import record_mismatch as record_mismatch
+    from tidemq.record import scan_queue as scan_queue
     from tidemq.record import store_timestamp_pos as store_timestamp_pos
 
 try:  # zlib-ng's SIMD CRC32: same values as zlib's, about 6x faster on the store's hot path
@@ -328,6 +332,10 @@ _RECORD_NAMES = frozenset(
         "patch_record",
         "record_crc_ok",
         "record_mismatch",
+        "SCAN_CAREFUL",
+        "SCAN_END",
+        "SCAN_FULL",
+        "scan_queue",
         "store_timestamp_pos",
         # private, but importable from here before the split
         "_BATCH_STRUCT_MIN",
@@ -351,12 +359,16 @@ _NATIVE_NAMES = frozenset(
         "pack_cq_entries",
         "record_crc_ok",
         "record_mismatch",
+        "scan_queue",
     }
 )
 
 
 #: The message and record format: what store plugins write and readers of stored bytes decode.
 __all__ = [
+    "SCAN_CAREFUL",
+    "SCAN_END",
+    "SCAN_FULL",
     "BLANK_MAGIC_CODE",
     "BatchItem",
     "BatchLimitError",
@@ -394,6 +406,7 @@ __all__ = [
     "properties_to_string",
     "record_crc_ok",
     "record_mismatch",
+    "scan_queue",
     "store_timestamp_pos",
     "string_to_properties",
     "tags_hash_code",

@@ -490,6 +490,61 @@ def record_mismatch(
 
 _CQ_ENTRY = struct.Struct(">qiq")  # a ConsumeQueue entry: commit-log offset, size, tag code
 
+#: :func:`scan_queue` stopped: at ``limit``; full (the entry at the index is not taken); or the
+#: entry at the index needs the store's careful path (filler, other file, unreadable, damaged).
+SCAN_END, SCAN_FULL, SCAN_CAREFUL = 0, 1, 2
+
+
+def scan_queue(
+    entries: bytes | memoryview,
+    start: int,
+    limit: int,
+    file_view: memoryview,
+    file_from: int,
+    readable: int,
+    topic: bytes,
+    queue_id: int,
+    first_queue_offset: int,
+    max_count: int,
+    max_bytes: int,
+    check_crc: bool,
+    buffers: list[memoryview],
+    queue_offsets: list[int],
+    total: int,
+) -> tuple[int, int, int, int]:
+    """The pull path's walk of ConsumeQueue entries ``[start, limit)`` (bytes) whose records lie
+    whole in one mapped commit-log file (``file_view``, starting at log offset ``file_from``,
+    ``readable`` bytes servable from it): each record that is the entry's, and passes its CRC
+    when ``check_crc``, is appended to ``buffers`` (a view, no copy) and its queue offset to
+    ``queue_offsets``.  Anything else stops the walk for the store to handle that entry.
+
+    Returns ``(index, total bytes, last commit-log offset seen or -1, SCAN_*)``.
+    """
+    i = start
+    last_phy = -1
+    unit = _CQ_ENTRY.size
+    while i < limit:
+        phy, size, _tags = _CQ_ENTRY.unpack_from(entries, i)
+        last_phy = phy
+        if size == 0x7FFFFFFF:
+            return i, total, last_phy, SCAN_CAREFUL
+        if buffers and (len(buffers) >= max_count or total + size > max_bytes):
+            return i, total, last_phy, SCAN_FULL
+        pos = phy - file_from
+        if pos < 0 or size < 0 or pos + size > readable:
+            return i, total, last_phy, SCAN_CAREFUL
+        data = file_view[pos : pos + size]
+        qoff = first_queue_offset + i // unit
+        if record_mismatch(data, size, topic, queue_id, qoff) is not None:
+            return i, total, last_phy, SCAN_CAREFUL
+        if check_crc and not record_crc_ok(data):
+            return i, total, last_phy, SCAN_CAREFUL
+        buffers.append(data)
+        queue_offsets.append(qoff)
+        total += size
+        i += unit
+    return i, total, last_phy, SCAN_END
+
 
 def pack_cq_entries(offsets: Sequence[int], sizes: Sequence[int], tags_codes: Sequence[int]) -> bytes:
     """The ConsumeQueue entries of appended records (20 bytes each), back to back."""

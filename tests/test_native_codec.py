@@ -518,3 +518,97 @@ def test_short_fuzz_of_every_decoder(C: ModuleType) -> None:
     spec.loader.exec_module(fuzz)
     summary = fuzz.run(C, inputs=4000, seed=int.from_bytes(os.urandom(4), "big"))
     assert summary["outcome"] == "no difference, no crash"
+
+
+# ---------------------------------------------------------------------------- the pull path's walk
+
+
+@SETTINGS
+@given(
+    bodies=st.lists(st.binary(max_size=200), min_size=1, max_size=12),
+    other_topic=st.integers(0, 20),
+    first_qoff=st.integers(0, 2**40),
+    file_from=st.sampled_from([0, 1 << 30, 5 << 30]),
+    lead=st.integers(0, 64),
+    readable_cut=st.integers(0, 4000),
+    edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+    entry_edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=2),
+    start_entry=st.integers(0, 3),
+    max_count=st.integers(1, 16),
+    max_bytes=st.integers(1, 5000),
+    check_crc=st.booleans(),
+)
+def test_scan_queue_serves_what_the_reference_serves(
+    C: ModuleType,
+    bodies: list,
+    other_topic: int,
+    first_qoff: int,
+    file_from: int,
+    lead: int,
+    readable_cut: int,
+    edits: list,
+    entry_edits: list,
+    start_entry: int,
+    max_count: int,
+    max_bytes: int,
+    check_crc: bool,
+) -> None:
+    """Entries naming their records, damaged records and entries, a cut-off readable end, full
+    stops: the compiled walk takes the same records (same views' bytes) and stops where the
+    reference stops."""
+    topic = "Orders" if other_topic else "Other"  # sometimes the records are another topic's
+    msgs = [MessageInner(topic=topic, body=b, queue_id=3, properties={"TAGS": "t"}) for b in bodies]
+    enc = ref.RecordEncoder(("10.0.0.1", 10911))
+    batch = enc.prepare(msgs)
+    buf = bytearray(lead + batch.total)
+    offsets = enc.write_into(buf, lead, batch, first_qoff, file_from + lead, 1_700_000_000_000)
+    entries = bytearray(ref.pack_cq_entries(offsets, batch.sizes, batch.tags_codes))
+    for at, value in edits:
+        buf[at % len(buf)] = value
+    for at, value in entry_edits:
+        entries[at % len(entries)] = value
+    readable = len(buf) - readable_cut % (len(buf) + 1) if readable_cut % 2 else len(buf)
+    start = (start_entry % len(bodies)) * 20
+    out = []
+    for impl in (C, ref):
+        buffers: list = []
+        qoffsets: list = []
+        got = impl.scan_queue(
+            bytes(entries),
+            start,
+            len(entries),
+            memoryview(bytes(buf)),
+            file_from,
+            readable,
+            b"Orders",
+            3,
+            first_qoff,
+            max_count,
+            max_bytes,
+            check_crc,
+            buffers,
+            qoffsets,
+            0,
+        )
+        out.append((got, [bytes(b) for b in buffers], qoffsets))
+    assert out[0] == out[1]
+
+
+def test_scan_queue_takes_every_whole_record_of_an_intact_queue(C: ModuleType) -> None:
+    msgs = [MessageInner(topic="Orders", body=b"x" * n, queue_id=3) for n in (1, 100, 1000)]
+    enc = ref.RecordEncoder(("10.0.0.1", 10911))
+    batch = enc.prepare(msgs)
+    buf = bytearray(batch.total)
+    offsets = enc.write_into(buf, 0, batch, 7, 1 << 30, 1_700_000_000_000)
+    entries = ref.pack_cq_entries(offsets, batch.sizes, batch.tags_codes)
+    for impl in (C, ref):
+        buffers: list = []
+        qoffsets: list = []
+        args = (entries, 0, len(entries), memoryview(bytes(buf)), 1 << 30, len(buf), b"Orders", 3, 7)
+        got = impl.scan_queue(*args, 32, 1 << 20, True, buffers, qoffsets, 0)
+        assert got == (60, batch.total, offsets[-1], ref.SCAN_END)
+        assert qoffsets == [7, 8, 9] and b"".join(buffers) == bytes(buf)
+        # Full after two: the third entry is left for the next pull.
+        buffers, qoffsets = [], []
+        assert impl.scan_queue(*args, 2, 1 << 20, True, buffers, qoffsets, 0)[3] == ref.SCAN_FULL
+        assert qoffsets == [7, 8]

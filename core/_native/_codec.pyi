@@ -65,3 +65,21 @@ class RecordEncoder:
         store_timestamp: int,
         queue_offset_step: int = 1,
     ) -> list[int]: ...
+
+def scan_queue(
+    entries: bytes | memoryview,
+    start: int,
+    limit: int,
+    file_view: memoryview,
+    file_from: int,
+    readable: int,
+    topic: bytes,
+    queue_id: int,
+    first_queue_offset: int,
+    max_count: int,
+    max_bytes: int,
+    check_crc: bool,
+    buffers: list[memoryview],
+    queue_offsets: list[int],
+    total: int,
+) -> tuple[int, int, int, int]: ...

@@ -26,7 +26,7 @@ import); through the Python call when that symbol is not there.  :data:`CRC32_SO
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_CheckExact, PyDict_Next, PyDict_SetItem
-from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.list cimport PyList_GET_SIZE, PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_CheckExact, PyLong_FromLong, PyLong_FromLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject, PyTypeObject
@@ -993,6 +993,82 @@ def record_mismatch(record, size, topic, queue_id, queue_offset):
     if why is None:
         _disagreed()
     return why
+
+
+cdef inline bint _crc_ok_mem(const uint8_t *p, Py_ssize_t n) except? -1:
+    """record_crc_ok on raw bytes (same reads as the Python function)."""
+    cdef Py_ssize_t at
+    cdef int32_t body_len
+    if n < 40:
+        return False
+    at = _body_len_pos(tq_i32(p + 36))
+    if at + 4 > n:
+        return False
+    body_len = tq_i32(p + at)
+    at += 4
+    if body_len < 0 or body_len > n - at:
+        return False
+    return (_crc_mem(p + at, body_len) & 0x7FFFFFFF) == tq_u32(p + 8)
+
+
+def scan_queue(entries, Py_ssize_t start, Py_ssize_t limit, file_view, int64_t file_from,
+               int64_t readable, bytes topic, int64_t queue_id, int64_t first_queue_offset,
+               Py_ssize_t max_count, int64_t max_bytes, bint check_crc, list buffers,
+               list queue_offsets, int64_t total):
+    """The pull path's walk of ConsumeQueue entries (:func:`tidemq.record.scan_queue`)."""
+    cdef Py_buffer ev, fv
+    cdef const uint8_t *e
+    cdef const uint8_t *f
+    cdef Py_ssize_t i = start, en
+    cdef int64_t phy, pos, last_phy = -1, qoff
+    cdef int32_t size
+    cdef int stop = 0
+    if PyObject_GetBuffer(entries, &ev, PyBUF_SIMPLE) < 0:
+        raise TypeError("entries must be a bytes-like buffer")
+    try:
+        if PyObject_GetBuffer(file_view, &fv, PyBUF_SIMPLE) < 0:
+            raise TypeError("file_view must be a bytes-like buffer")
+        try:
+            e = <const uint8_t *>ev.buf
+            en = ev.len
+            f = <const uint8_t *>fv.buf
+            if limit > en - en % 20:
+                limit = en - en % 20
+            if readable > fv.len:
+                readable = fv.len
+            while i < limit:
+                phy = tq_i64(e + i)
+                size = tq_i32(e + i + 8)
+                last_phy = phy
+                if size == 0x7FFFFFFF:
+                    stop = 2
+                    break
+                if PyList_GET_SIZE(buffers) and (
+                    PyList_GET_SIZE(buffers) >= max_count or total + size > max_bytes
+                ):
+                    stop = 1
+                    break
+                pos = phy - file_from
+                if pos < 0 or size < 0 or pos + size > readable:
+                    stop = 2
+                    break
+                qoff = first_queue_offset + i // 20
+                if not _entry_matches(f + pos, size, size, queue_id, qoff,
+                                      <const uint8_t *>PyBytes_AS_STRING(topic), PyBytes_GET_SIZE(topic)):
+                    stop = 2
+                    break
+                if check_crc and not _crc_ok_mem(f + pos, size):
+                    stop = 2
+                    break
+                buffers.append(file_view[pos:pos + size])
+                queue_offsets.append(qoff)
+                total += size
+                i += 20
+        finally:
+            PyBuffer_Release(&fv)
+    finally:
+        PyBuffer_Release(&ev)
+    return i, total, last_phy, stop
 
 
 # ---------------------------------------------------------------------------- consume-queue entries

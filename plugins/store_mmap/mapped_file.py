@@ -307,6 +307,20 @@ class MappedFile:
         except ValueError:  # closed by a concurrent cleanup: the data is gone
             return None
 
+    def scan_window(self) -> tuple[memoryview, int] | None:
+        """The whole mapping and how many bytes from its start can be served from it as views (no
+        copy), for the pull path's walk (:func:`tidemq.message.scan_queue`); None once closed.
+
+        Under the transient pool only committed bytes qualify: :meth:`view` copies the newer ones.
+        """
+        readable = self.committed_position if self._buffer is not None else self.wrote_position
+        if self._closed:
+            return None
+        try:
+            return memoryview(self.mm), readable
+        except ValueError:  # closed by a concurrent cleanup
+            return None
+
     def view_from(self, pos: int) -> memoryview | None:
         """Everything readable from ``pos`` to the read position."""
         return self.view(pos, self.read_position - pos) if pos <= self.read_position else None

@@ -39,6 +39,7 @@ from tidemq.flush import FlushPolicy, SubmittingFlushPolicy
 from tidemq.futures import StoreFuture
 from tidemq.message import (
     COMPRESSED_FLAG,
+    SCAN_CAREFUL,
     TRANSACTION_TYPE_MASK,
     MessageInner,
     RecordEncoder,
@@ -47,6 +48,7 @@ from tidemq.message import (
     pack_cq_entries,
     record_crc_ok,
     record_mismatch,
+    scan_queue,
 )
 from tidemq.names import InvalidNameError
 from tidemq.store import (
@@ -427,8 +429,39 @@ class MmapMessageStore:
         )
         check_crc = self.options.check_crc_on_read
         topic_bytes = topic.encode()
+        # Unfiltered pulls (the common case) walk the entries in scan_queue (compiled when built):
+        # every entry whose record is whole in one mapped file and is the entry's is served as a
+        # view; the loop below takes any other entry (filler, removed file, damage) one at a time.
+        scan = message_filter is None and entry_check is None
         i = 0
         while i < limit:
+            if scan and next_phy_file_start == _MIN:
+                mf = commitlog.queue.find_mapped_file_by_offset(CQ_ENTRY.unpack_from(entries, i)[0])
+                window = mf.scan_window() if mf is not None else None
+                if window is not None:
+                    i, total, seen, stop = scan_queue(
+                        entries,
+                        i,
+                        limit,
+                        window[0],
+                        mf.file_from_offset,  # type: ignore[union-attr]
+                        window[1],
+                        topic_bytes,
+                        queue_id,
+                        offset,
+                        max_count,
+                        max_bytes,
+                        check_crc,
+                        buffers,
+                        qoffsets,
+                        total,
+                    )
+                    if seen >= 0:
+                        last_phy = seen
+                    if buffers:
+                        status = GetStatus.FOUND
+                    if stop != SCAN_CAREFUL:
+                        break
             phy, size, tags_code = CQ_ENTRY.unpack_from(entries, i)
             last_phy = phy
             i += CQ_STORE_UNIT_SIZE
