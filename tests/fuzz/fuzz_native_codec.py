@@ -27,6 +27,7 @@ import importlib.util
 import json
 import os
 import random
+import struct
 import sys
 import time
 from pathlib import Path
@@ -178,6 +179,39 @@ def check(codec: ModuleType, rng: random.Random, data: bytes) -> dict[str, int]:
     max_count = rng.choice([None, None, 0, 1, 3, 64])
     batch = outcome(ref.decode_batch, shown, max_count)
     same("decode_batch", data, outcome(codec.decode_batch, shown, max_count), batch)
+    # The pull path's walk over damaged store files: ``data`` as the mapped file, entries that
+    # point into it (random, or at offsets 0, 20, ...) with random sizes.
+    n_entries = rng.randint(0, 6)
+    entries = b"".join(
+        struct.pack(
+            ">qiq", rng.choice([0, rng.randint(-8, len(data) + 8)]), rng.randint(-4, len(data) + 4), 0
+        )
+        for _ in range(n_entries)
+    )
+    scans = []
+    for impl in (codec, ref):
+        bufs: list[Any] = []
+        qoffs: list[int] = []
+        got = outcome(
+            impl.scan_queue,
+            entries,
+            0,
+            len(entries),
+            memoryview(data),
+            0,
+            rng.randint(0, len(data)),
+            b"T",
+            1,
+            0,
+            rng.randint(1, 8),
+            rng.randint(1, 1 << 16),
+            rng.random() < 0.5,
+            bufs,
+            qoffs,
+            0,
+        )
+        scans.append((got, [bytes(b) for b in bufs], qoffs))
+    same("scan_queue", data, scans[0], scans[1])
     header = ("T", 1, 0, 1700000000000, ("10.0.0.1", 5555), ("10.0.0.2", 10911), 0)
     same(
         "decode_batch_messages",
