@@ -82,13 +82,15 @@ class OptionalBuildExt(build_ext):
 def native_extensions() -> list[Extension]:
     # optional: when it is not built, nothing is copied next to the sources (and nothing fails).
     ext = Extension("tidemq._native._codec", ["core/_native/_codec.pyx"], optional=True)
+    # The hash index's key hashing and IndexFile insertion (tidemq_index_hash.native loads it).
+    index = Extension("tidemq_index_hash._native", ["plugins/index_hash/_native.pyx"], optional=True)
     try:
         from Cython.Build import cythonize
     except ImportError:
         _warn(f"Cython is not installed, so the compiled codec is not built; {_FALLBACK}")
         return []
     # Generated C goes under build/ (ignored); a .pyx newer than its .c is translated again.
-    extensions = cythonize([ext], build_dir="build/cython", quiet=True, language_level=3)
+    extensions = cythonize([ext, index], build_dir="build/cython", quiet=True, language_level=3)
     for built in extensions:  # cythonize's copies do not keep the flag
         built.optional = True
     return extensions

@@ -12,9 +12,9 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
 import attrs
 
@@ -151,9 +151,66 @@ class DispatchRequest:
 
 @runtime_checkable
 class Dispatcher(Protocol):
-    """Something that wants to see every stored message, in commit-log order."""
+    """Something that wants to see every stored message, in commit-log order, one request each.
+
+    Called by the store (through :func:`dispatch_messages`) for every record it stores or
+    re-dispatches at recovery, with the store's lock held.  Dispatchers that also implement
+    :class:`BatchDispatcher` get :meth:`BatchDispatcher.dispatch_batch` instead.
+    """
 
     def dispatch(self, request: DispatchRequest) -> None: ...
+
+
+@runtime_checkable
+class BatchDispatcher(Protocol):
+    """A dispatcher that takes the records of one put at once, as columns: no object per message.
+
+    Who calls it, when: :func:`dispatch_messages`, which every store calls for each put (once per
+    batch, all records of one topic and queue, consecutive in the commit log) and for each record
+    re-dispatched at recovery or appended by replication; always with the store's lock held, so
+    calls arrive in commit-log order and never concurrently with each other.  A dispatcher that
+    implements this gets no :meth:`Dispatcher.dispatch` call for those records.
+
+    What it must not do: it runs on the put path under the store's lock, so every microsecond it
+    takes is taken from every producer.  No I/O, no waiting on other threads, no store call (the
+    lock is not re-entrant); work that is not trivial is queued and done on the dispatcher's own
+    thread (as the ``hash`` index does).  It may keep the columns it is given (the store does not
+    change them after the call, nor the messages' property mappings), but must not mutate them.
+    An exception is logged by :func:`dispatch_messages` and the put still succeeds.
+    """
+
+    def dispatch_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        properties: Sequence[Mapping[str, str]],
+        commit_log_offsets: Sequence[int],
+        sizes: Sequence[int],
+        tags_codes: Sequence[int],
+        store_timestamp: int,
+        queue_offset: int,
+        sys_flags: Sequence[int],
+    ) -> None:
+        """Records ``i = 0 .. len(commit_log_offsets) - 1`` of one put, all stored at ``store_timestamp``.
+
+        ``properties[i]`` is record i's property mapping (KEYS, UNIQ_KEY, TAGS...), ``sys_flags[i]``
+        its sys flag (transaction type bits included); the records' queue offsets are
+        ``queue_offset + i``, or ``queue_offset`` is -1 when they have no ConsumeQueue entry
+        (prepared and rolled-back transaction halves).
+        """
+
+
+#: Per dispatcher class: whether it implements :class:`BatchDispatcher` (isinstance on a
+#: runtime-checkable Protocol costs microseconds; dispatch_messages runs once per put).
+_BATCH_CAPABLE: dict[type, bool] = {}
+
+
+def _takes_batches(dispatcher: object) -> TypeGuard[BatchDispatcher]:
+    cls = type(dispatcher)
+    capable = _BATCH_CAPABLE.get(cls)
+    if capable is None:
+        capable = _BATCH_CAPABLE[cls] = isinstance(dispatcher, BatchDispatcher)
+    return capable
 
 
 def dispatch_messages(
@@ -165,11 +222,44 @@ def dispatch_messages(
     store_timestamp: int,
     queue_offset: int,
 ) -> None:
-    """Hand messages just appended (consecutive queue offsets) to every dispatcher.
+    """Hand messages just appended (one topic and queue, consecutive queue offsets) to every dispatcher.
 
-    Shared by store plugins so all of them describe a message to dispatchers the same way.  A
+    Shared by store plugins so all of them describe a message to dispatchers the same way; called
+    with the store's lock held.  A :class:`BatchDispatcher` gets one
+    :meth:`~BatchDispatcher.dispatch_batch` call for the whole batch; any other dispatcher one
+    :class:`DispatchRequest` per message, built only when such a dispatcher is attached.  A
     failing dispatcher is logged and skipped: the message is stored whatever an index thinks.
+    ``queue_offset`` is -1 for records without a ConsumeQueue entry.
     """
+    if not msgs:
+        return
+    per_request = False
+    properties: list[dict[str, str]] | None = None
+    sys_flags: list[int] = []
+    for d in dispatchers:
+        if not _takes_batches(d):
+            per_request = True
+            continue
+        if properties is None:
+            properties = [m.properties for m in msgs]
+            sys_flags = [m.sys_flag for m in msgs]
+        first = msgs[0]
+        try:
+            d.dispatch_batch(
+                first.topic,
+                first.queue_id,
+                properties,
+                offsets,
+                sizes,
+                tags_codes,
+                store_timestamp,
+                queue_offset,
+                sys_flags,
+            )
+        except Exception:
+            log.exception("dispatcher %r failed", d)
+    if not per_request:
+        return
     for i, m in enumerate(msgs):
         req = DispatchRequest(
             topic=m.topic,
@@ -186,6 +276,8 @@ def dispatch_messages(
             properties=m.properties,
         )
         for d in dispatchers:
+            if _takes_batches(d):
+                continue
             try:
                 d.dispatch(req)
             except Exception:

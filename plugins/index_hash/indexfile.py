@@ -18,6 +18,13 @@ Two departures from RocketMQ, both internal to tidemq's files:
   the slot or entry options change.
 * The key hash is :func:`key_hash` (blake3, not Java's ``String.hashCode``).
 
+Writes come in batches (:meth:`IndexFile.put_batch`, the keys of one put hashed by
+:data:`hash_batch`); both run compiled when ``tidemq_index_hash._native`` is built and
+``TIDEMQ_NO_EXTENSIONS`` is not set (:mod:`tidemq_index_hash.native`).  The Python versions here
+(:func:`py_key_hash`, :func:`py_hash_batch`, :meth:`IndexFile.py_put_batch`, built on
+:meth:`IndexFile.reserve` and :meth:`IndexFile.put_key`) are the reference: the compiled ones write
+the same bytes (``tests/test_native_index.py``).
+
 The header in the file is written only by :meth:`IndexFile.write_header`, after the entries it
 counts are on disk, so after a crash the on-disk header always describes whole, durable entries;
 :meth:`IndexFile.repair` drops whatever was written after it.
@@ -34,12 +41,13 @@ by this process go through ``pread``: on tmpfs even a read fault on a hole alloc
 from __future__ import annotations
 
 import array
+import errno
 import logging
 import mmap
 import os
 import struct
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -47,6 +55,8 @@ import blake3
 
 from tidemq.errors import CorruptDataError
 from tidemq.index import IndexFileEntry, IndexFileInfo
+from tidemq.message import TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK, Prop
+from tidemq_index_hash import native as _native
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +77,50 @@ _SLOT = struct.Struct(">i")
 _ENTRY = struct.Struct(">iqii")
 
 
-def key_hash(key: str) -> int:
+def py_key_hash(key: str) -> int:
     """The index hash of ``topic#key``: the first 4 bytes of its blake3 digest, as a 31-bit int.
 
     31 bits keep the value a non-negative Java int, so the layout stays RocketMQ's; blake3 spreads
     similar keys (``ORDER-1``, ``ORDER-2``...) evenly over the slots, which ``String.hashCode``
-    does not.
+    does not.  The reference; :data:`key_hash` is the compiled one when it is built.
     """
     return int.from_bytes(blake3.blake3(key.encode()).digest(4), "big") & _INT_MAX
+
+
+def py_hash_batch(
+    topic: str, properties: Sequence[Mapping[str, str]], sys_flags: Sequence[int], skip_before: int
+) -> tuple[array.array[int], array.array[int]]:
+    """The key hashes of a dispatched batch (the reference; :data:`hash_batch` is the compiled one).
+
+    For each message, in order, the hashes of ``topic#UNIQ_KEY`` (when set) and of each non-empty
+    ``KEYS`` entry (space-separated), as RocketMQ indexes them, all in one flat array; and per
+    message the number of its hashes, or -1 for a message the index skips: one before
+    ``skip_before`` (already indexed) or a rolled-back transaction half (its prepared record is).
+    """
+    prefix = f"{topic}#"
+    hashes = array.array("i")
+    counts = array.array("i")
+    for i, props in enumerate(properties):
+        if i < skip_before or (sys_flags[i] & TRANSACTION_TYPE_MASK) == TRANSACTION_ROLLBACK_TYPE:
+            counts.append(-1)
+            continue
+        n = len(hashes)
+        uniq = props.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+        if uniq:
+            hashes.append(py_key_hash(prefix + uniq))
+        keys = props.get(Prop.KEYS)
+        if keys:
+            hashes.extend([py_key_hash(prefix + k) for k in keys.split(" ") if k])
+        counts.append(len(hashes) - n)
+    return hashes, counts
+
+
+#: The index hash of a key (compiled when built, else :func:`py_key_hash`).
+key_hash: Callable[[str], int] = _native.impl.key_hash if _native.impl is not None else py_key_hash
+#: Key hashes of a dispatched batch (compiled when built, else :func:`py_hash_batch`).
+hash_batch: Callable[
+    [str, Sequence[Mapping[str, str]], Sequence[int], int], tuple[array.array[int], array.array[int]]
+] = _native.impl.hash_batch if _native.impl is not None else py_hash_batch
 
 
 def file_size(slot_num: int, index_num: int) -> int:
@@ -271,6 +317,62 @@ class IndexFile:
         h.end_phy_offset = phy_offset
         return True
 
+    def put_batch(
+        self,
+        hashes: array.array[int],
+        counts: array.array[int],
+        offsets: Sequence[int],
+        store_timestamp: int,
+        msg: int = 0,
+        hpos: int = 0,
+    ) -> tuple[int, int, int]:
+        """Append the entries of a batch from message ``msg`` (hash ``hpos`` of the flat array).
+
+        ``hashes`` and ``counts`` are :data:`hash_batch`'s; ``offsets[i]`` is message i's
+        commit-log offset, and every message has ``store_timestamp``.  Each message's blocks are
+        reserved before any of its entries is written (:meth:`reserve`), then its keys put in
+        order (:meth:`put_key`).  Returns where it stopped, ``(msg, hpos, errno)``: ``msg ==
+        len(counts)`` when all is written; else ``errno`` 0 when the file is full (the caller rolls
+        to a new file and calls again from there) or the error of a reservation that failed
+        (nothing of message ``msg`` from ``hpos`` on written).  Compiled when built.
+        """
+        return put_batch(self, hashes, counts, offsets, store_timestamp, msg, hpos)
+
+    def py_put_batch(
+        self,
+        hashes: array.array[int],
+        counts: array.array[int],
+        offsets: Sequence[int],
+        store_timestamp: int,
+        msg: int = 0,
+        hpos: int = 0,
+    ) -> tuple[int, int, int]:
+        """:meth:`put_batch` in Python: the reference the compiled one is tested against."""
+        n = len(counts)
+        p = sum(c for c in counts[:msg] if c > 0)  # where message msg's hashes start
+        while msg < n:
+            c = counts[msg]
+            if c <= 0:
+                msg += 1
+                continue
+            start, end = max(p, hpos), p + c
+            if self.is_full:
+                return msg, start, 0
+            try:
+                self.reserve(hashes[start:end])
+            except OSError as exc:
+                return msg, start, exc.errno or errno.EIO
+            offset = offsets[msg]
+            for k in range(start, end):
+                try:
+                    if not self.put_key(hashes[k], offset, store_timestamp):
+                        return msg, k, 0
+                except OSError as exc:
+                    return msg, k, exc.errno or errno.EIO
+            p = hpos = end
+            msg += 1
+        return msg, p, 0
+
     # ------------------------------------------------------------------ read
     def select_phy_offsets(
         self, key_hash_value: int, begin: int, end: int, limit: int, out: list[int], seen: set[int]
@@ -425,6 +527,13 @@ class IndexFile:
         """Close and delete the file."""
         self.close()
         self.path.unlink(missing_ok=True)
+
+
+#: :meth:`IndexFile.put_batch` as a function of the file (compiled when built, else
+#: :meth:`IndexFile.py_put_batch`): what the index calls per batch, without a method hop.
+put_batch: Callable[
+    [IndexFile, array.array[int], array.array[int], Sequence[int], int, int, int], tuple[int, int, int]
+] = _native.impl.put_batch if _native.impl is not None else IndexFile.py_put_batch
 
 
 # ---------------------------------------------------------------------------- offline walk

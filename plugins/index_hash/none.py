@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -29,6 +30,23 @@ class NoIndex:
         # Nothing to rebuild after a crash: every dispatched message counts as covered.
         with self._lock:
             self._covered_ts = max(self._covered_ts, request.store_timestamp)
+
+    def dispatch_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        properties: Sequence[Mapping[str, str]],
+        commit_log_offsets: Sequence[int],
+        sizes: Sequence[int],
+        tags_codes: Sequence[int],
+        store_timestamp: int,
+        queue_offset: int,
+        sys_flags: Sequence[int],
+    ) -> None:
+        """:class:`tidemq.store.BatchDispatcher`: one timestamp per put, no request per message."""
+        with self._lock:
+            if store_timestamp > self._covered_ts:
+                self._covered_ts = store_timestamp
 
     def query(self, topic: str, key: str, max_num: int, begin_ts: int, end_ts: int) -> QueryResult:
         return QueryResult(())

@@ -5,20 +5,34 @@ newest IndexFile under ``<data_dir>/index``; a full file rolls to a new one name
 time (``yyyyMMddHHmmssSSS``).  Queries walk the files newest first and return commit-log offsets
 of candidates; :func:`tidemq.index.query_messages` then drops hash collisions.
 
-Durability and recovery.  :meth:`HashIndex.flush` msyncs the files, then writes their headers,
-and returns the store timestamp of the last message dispatched before it began: every message
-stored up to then is indexed on disk.  The store keeps that value in its checkpoint and after an
-abnormal stop calls ``load(False, checkpoint)`` and re-dispatches the messages stored after it.
-``load`` then deletes the files begun after the checkpoint (and any file after one whose durable
-header is not full), and repairs the file that straddles the checkpoint back to its last flushed
-header; RocketMQ deletes that file too, which loses its older keys unless the whole file is
-re-dispatched.  Re-dispatched messages at or below the newest kept header's end offset are
-skipped, so nothing is indexed twice.
+Off the put path (RocketMQ builds the index in its reput service).  The store hands each put to
+:meth:`HashIndex.dispatch_batch` (:class:`tidemq.store.BatchDispatcher`) under its lock; that
+appends the batch's columns to an in-memory queue and returns, so the put path pays a deque
+append per batch and no lock (the store's lock serialises its calls).  The index thread (``hash-index``, started by the first batch)
+wakes at most every ``ROUND_S`` and indexes what is queued, in commit-log order, in chunks of
+``DRAIN_CHUNK`` messages: the key hashes and the IndexFile entries are computed in compiled code
+when it is built (:mod:`tidemq_index_hash.native`).  A query by key, ``flush``, ``truncate``,
+``rebuild_from``, ``stats`` and ``file_names`` first index whatever is still queued, under the
+index lock: a key is found as soon as the put that stored it is acknowledged (it was queued
+before the put returned), whatever the index thread's lag.  The queue is bounded: past
+``MAX_QUEUED`` messages a put indexes a chunk itself before returning (back-pressure instead of
+memory growing without limit).  :meth:`HashIndex.dispatch` (one request) indexes synchronously,
+after what is queued.  An abnormal stop loses the queue: the checkpoint never covers it (below).
+
+Durability and recovery.  :meth:`HashIndex.flush` indexes what is queued, msyncs the files, then
+writes their headers, and returns the store timestamp of the last message dispatched before it
+began: every message stored up to then is indexed on disk.  The store keeps that value in its
+checkpoint and after an abnormal stop calls ``load(False, checkpoint)`` and re-dispatches the
+messages stored after it.  ``load`` then deletes the files begun after the checkpoint (and any
+file after one whose durable header is not full), and repairs the file that straddles the
+checkpoint back to its last flushed header; RocketMQ deletes that file too, which loses its older
+keys unless the whole file is re-dispatched.  Re-dispatched messages at or below the newest kept
+header's end offset are skipped, so nothing is indexed twice.
 
 Full disk (or any failure to create or reserve index space).  The put never fails because of the
 index: :class:`IndexFile` reserves blocks before writing through its mapping, and when that fails
 the index stalls: it logs once, keeps the keys of the messages that arrive meanwhile in a bounded
-backlog (hashes and offsets only) and retries every 0.5 s (on dispatch and on flush), indexing the
+backlog (hashes and offsets only) and retries every 0.5 s (as batches come and on flush), indexing the
 backlog in commit-log order once space returns.  The checkpoint time it reports stays before the
 first unindexed message, so an abnormal stop re-dispatches them.  When the backlog overflows the
 index stops at that offset until a restart: a ``rebuild_from`` marker file (written as soon as the
@@ -28,20 +42,25 @@ Damaged files.  A file that cannot be opened (bad header, truncated) is moved as
 ``<name>.damaged`` at load; it and every later file (their order cannot absorb the missing range)
 are rebuilt from the commit log: :meth:`HashIndex.rebuild_from` tells the store where to start.
 
-Thread safety: dispatch (the store's thread), query (the broker's threads), flush and
-delete_expired (the store's service threads) may run concurrently; one lock guards the file list
-and the mappings, and the msync of a flush runs outside it so dispatch is not held up by the disk.
+Thread safety: dispatch_batch (the store's thread, under its lock), the index thread, query (the
+broker's threads), flush and delete_expired (the store's service threads) may run concurrently.
+The queue is a deque (atomic appends and pops); the index lock guards the file list and the
+mappings, and only its holder takes batches off the queue, so they are indexed in order.  The msync of a flush runs
+outside it so indexing is not held up by the disk.  Nothing holding the index lock waits for the
+store's lock, so a put that drains (back-pressure) cannot deadlock.
 """
 
 from __future__ import annotations
 
+import array
 import collections
 import errno
 import logging
+import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -49,9 +68,10 @@ import attrs
 from tidemq.errors import CorruptDataError, StoreError
 from tidemq.index import IndexFileEntry, IndexFileInfo, QueryResult
 from tidemq.jsonfile import atomic_write_bytes
-from tidemq.message import TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from tidemq.message import Prop
 from tidemq.store import DispatchRequest
-from tidemq_index_hash.indexfile import IndexFile, key_hash, walk_file
+from tidemq_index_hash import native
+from tidemq_index_hash.indexfile import IndexFile, hash_batch, key_hash, put_batch, walk_file
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +83,19 @@ REBUILD_MARKER = "rebuild_from"
 MAX_BACKLOG = 100_000
 #: How often a stalled index tries to reserve space again (the store re-checks the disk as often).
 RETRY_INTERVAL_S = 0.5
+#: Messages queued for the index thread before a put indexes a chunk itself (back-pressure).
+MAX_QUEUED = 16_384
+#: Messages the index thread indexes per hold of the index lock (a query waits at most that).
+DRAIN_CHUNK = 4_096
+#: The index thread's pace: at most one round of indexing per ROUND_S, so under load one wake-up
+#: serves many puts (a query never waits for it: it indexes what is queued itself).
+ROUND_S = 0.005
 
-# One message waiting to be indexed: commit-log offset, store time, key hashes.
+# One message waiting to be indexed (the full-disk backlog): commit-log offset, store time, key hashes.
 _Pending = tuple[int, int, list[int]]
+# One put waiting for the index thread: topic, property mappings, commit-log offsets, store time,
+# sys flags, and when it was queued (time.monotonic(), for the lag figures).
+_Queued = tuple[str, Sequence[Mapping[str, str]], Sequence[int], int, Sequence[int], float]
 
 
 def _slot_num_ok(_inst: object, attr: attrs.Attribute[int], value: int) -> None:
@@ -102,18 +132,19 @@ def build_key(topic: str, key: str) -> str:
 
 
 class HashIndex:
-    """IndexFile-based :class:`tidemq.index.KeyIndex`."""
+    """IndexFile-based :class:`tidemq.index.KeyIndex` and :class:`tidemq.store.BatchDispatcher`."""
 
     def __init__(self, store_path: Path, options: HashIndexOptions | None = None) -> None:
         self.store_path = Path(store_path)
         self.options = options or HashIndexOptions()
         self._files: list[IndexFile] = []
-        self._dirty: dict[str, IndexFile] = {}
+        # Files written since the last flush, in the order they were written (an ordered set).
+        self._dirty: dict[IndexFile, None] = {}
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()  # taken before _lock; keeps files open during an msync
         self._loaded = False
         self._closed = False
-        self._covered_ts = 0  # store time of the last message dispatched
+        self._covered_ts = 0  # store time of the last message indexed (or skipped)
         self._indexed_upto = -1  # commit-log offset of the last message whose keys are all indexed
         self._damaged = False  # an unreadable file was moved aside at load: rebuild after it
         self._backlog: collections.deque[_Pending] = collections.deque()
@@ -121,6 +152,19 @@ class HashIndex:
         self._marker_written = False
         self._marker_loaded = False  # the last run stopped short; cleared once rebuilt and flushed
         self._retry_at = 0.0
+        # The queue of the put path (dispatch_batch) and the index thread that empties it.
+        # dispatch_batch appends (its calls never overlap: the store's lock) and only the holder
+        # of the index lock pops; deque appends and pops are atomic, so the put path takes no lock.
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._enqueued = 0  # messages ever queued (written by dispatch_batch only)
+        self._dequeued = 0  # messages ever taken off the queue (index lock held)
+        self._wake = threading.Event()  # set when a put is queued; cleared by a drain that empties it
+        self._worker_lock = threading.Lock()  # guards _worker and _stopping
+        self._halt = threading.Event()  # set by shutdown: the index thread ends
+        self._worker: threading.Thread | None = None
+        self._stopping = False
+        self._lag_max_s = 0.0  # the oldest queued put's age when indexing began, at most
+        self._put_drains = 0  # puts that indexed a chunk themselves (back-pressure)
 
     # ------------------------------------------------------------------ lifecycle
     def load(self, last_exit_ok: bool, checkpoint_timestamp_ms: int) -> None:
@@ -174,14 +218,16 @@ class HashIndex:
                 self._indexed_upto = newest.header.end_phy_offset
             self._loaded = True
             log.info(
-                "hash index loaded %d files from %s (last exit %s)",
+                "hash index loaded %d files from %s (last exit %s; key hashing and insertion: %s)",
                 len(self._files),
                 self.store_path,
                 "ok" if last_exit_ok else "abnormal",
+                native.DESCRIPTION,
             )
 
     def shutdown(self) -> None:
-        """Flush every file and unmap it."""
+        """Stop the index thread, index what is queued, flush every file and unmap it."""
+        self._stop_worker()
         if self._closed or not self._loaded:
             self._closed = True
             return
@@ -199,68 +245,253 @@ class HashIndex:
         if not self._loaded:
             raise StoreError("the hash index is used before load()")
 
-    # ------------------------------------------------------------------ write
+    # ------------------------------------------------------------------ the put path
+    def dispatch_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        properties: Sequence[Mapping[str, str]],
+        commit_log_offsets: Sequence[int],
+        sizes: Sequence[int],
+        tags_codes: Sequence[int],
+        store_timestamp: int,
+        queue_offset: int,
+        sys_flags: Sequence[int],
+    ) -> None:
+        """:class:`tidemq.store.BatchDispatcher`: queue a put's keys for the index thread.
+
+        Runs under the store's lock: an append to a deque, nothing per message, no lock (the
+        store's serialises these calls).  Past ``MAX_QUEUED`` waiting messages it indexes a chunk
+        itself first (back-pressure).
+        """
+        if self._closed or not self._loaded:
+            self._check_open()
+        n = len(commit_log_offsets)
+        if not n:
+            return
+        self._queue.append(
+            (topic, properties, commit_log_offsets, store_timestamp, sys_flags, time.monotonic())
+        )
+        self._enqueued += n
+        if not self._wake.is_set():  # after the append: a drain that clears it looks again
+            if self._worker is None:
+                self._start_worker()
+            self._wake.set()
+        if self._enqueued - self._dequeued > MAX_QUEUED:
+            with self._lock:
+                if not self._closed:
+                    self._put_drains += 1
+                    self._drain(DRAIN_CHUNK)
+
+    def _start_worker(self) -> None:
+        with self._worker_lock:
+            if self._worker is None and not self._stopping:
+                self._worker = threading.Thread(target=self._run, name="hash-index", daemon=True)
+                self._worker.start()
+
     def dispatch(self, request: DispatchRequest) -> None:
-        """Index the UNIQ_KEY and KEYS of one stored message (skipping rolled-back ones)."""
+        """Index the UNIQ_KEY and KEYS of one stored message now, after what is queued.
+
+        The per-request :class:`tidemq.index.KeyIndex` contract (tools, tests, stores that do
+        not batch); rolled-back transaction halves are skipped (their PREPARED record is indexed).
+        """
+        props: dict[str, str] = {}
+        if request.uniq_key:
+            props[Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = request.uniq_key
+        if request.keys:
+            props[Prop.KEYS] = request.keys
         with self._lock:
             self._check_open()
-            # A rolled-back message's PREPARED record is indexed already (as RocketMQ).
-            rolled_back = (request.sys_flag & TRANSACTION_TYPE_MASK) == TRANSACTION_ROLLBACK_TYPE
-            # Offsets up to _indexed_upto come back when the store re-dispatches after a crash.
-            if request.commit_log_offset <= self._indexed_upto or rolled_back:
-                if not self._stalled and request.store_timestamp > self._covered_ts:
-                    self._covered_ts = request.store_timestamp
-                return
-            topic = request.topic
-            pending = (
-                request.commit_log_offset,
+            self._drain()
+            self._index_batch(
+                request.topic,
+                (props,),
+                (request.commit_log_offset,),
                 request.store_timestamp,
-                [key_hash(build_key(topic, key)) for key in index_keys(request)],
+                (request.sys_flag,),
             )
-            if self._stalled and not self._resume():
-                self._hold(pending)
-                return
-            if not self._index(pending):
-                self._hold(pending)
 
+    def pending(self) -> tuple[int, float]:
+        """Messages waiting for the index thread, and the age (s) of the oldest (the lag)."""
+        try:
+            oldest = self._queue[0][5]
+        except IndexError:
+            return 0, 0.0
+        return self._enqueued - self._dequeued, time.monotonic() - oldest
+
+    # ------------------------------------------------------------------ the index thread
+    def _run(self) -> None:
+        last_round = 0.0
+        while True:
+            self._wake.wait()
+            pause = last_round + ROUND_S - time.monotonic()
+            if pause > 0 and self._halt.wait(pause):
+                return  # shutdown() indexes the rest
+            more = True
+            while more and not self._stopping:
+                with self._lock:
+                    if self._closed:
+                        return
+                    try:
+                        more = self._drain(DRAIN_CHUNK)
+                    except Exception:  # a bug: readers and puts still index what is queued
+                        log.exception("hash index: the index thread failed; retrying next round")
+                        more = False
+            last_round = time.monotonic()
+            if self._stopping:
+                return  # shutdown() indexes the rest
+
+    def _stop_worker(self) -> None:
+        with self._worker_lock:
+            self._stopping = True
+            worker = self._worker
+        self._halt.set()
+        self._wake.set()
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout=30)
+
+    def _drain(self, limit: int | None = None) -> bool:
+        """Index queued puts, oldest first (the index lock held); True when more are queued.
+
+        ``limit`` bounds the messages taken (at least one put); ``None`` takes all that are queued
+        when it is called (a query, a flush: what was acknowledged before them).
+        """
+        queue = self._queue
+        items: list[_Queued] = []
+        taken = 0
+        count = len(queue) if limit is None else -1  # the puts acknowledged before a reader came
+        while queue and (taken < limit if limit is not None else len(items) < count):
+            item = queue.popleft()
+            items.append(item)
+            taken += len(item[2])
+        self._dequeued += taken
+        if not queue:
+            self._wake.clear()
+            if queue:  # a put came between the test and the clear: it did not set it again
+                self._wake.set()
+        if not items:
+            return False
+        lag = time.monotonic() - items[0][5]
+        if lag > self._lag_max_s:
+            self._lag_max_s = lag
+        for topic, properties, offsets, ts, sys_flags, _queued_at in items:
+            try:
+                self._index_batch(topic, properties, offsets, ts, sys_flags)
+            except Exception:
+                # A bug or input no put should carry (a store refuses properties it cannot
+                # encode): this put's keys are lost, the index goes on with the next.
+                log.exception(
+                    "hash index: cannot index %d messages of %s at offset %d", len(offsets), topic, offsets[0]
+                )
+        return bool(queue)
+
+    # ------------------------------------------------------------------ indexing (index lock held)
     @property
     def _stalled(self) -> bool:
         return bool(self._backlog) or self._stopped_at is not None
 
-    def _index(self, pending: _Pending) -> bool:
-        """Index one message whole; ``False`` (logged once per stall) when space is missing."""
-        offset, ts, hashes = pending
-        if hashes:
-            f = self._files[-1] if self._files else None
+    def _index_batch(
+        self,
+        topic: str,
+        properties: Sequence[Mapping[str, str]],
+        offsets: Sequence[int],
+        ts: int,
+        sys_flags: Sequence[int],
+    ) -> None:
+        """Index one put's messages whole, in order (skipping rolled-back ones)."""
+        skip = 0
+        upto = self._indexed_upto
+        if offsets[0] <= upto:
+            # Offsets up to _indexed_upto come back when the store re-dispatches after a crash.
+            n = len(offsets)
+            while skip < n and offsets[skip] <= upto:
+                skip += 1
+            if skip == n:
+                if not self._stalled and ts > self._covered_ts:
+                    self._covered_ts = ts
+                return
+        hashes, counts = hash_batch(topic, properties, sys_flags, skip)
+        if (self._backlog or self._stopped_at is not None) and not self._resume():
+            self._hold_from(hashes, counts, offsets, ts, 0, 0)
+            return
+        msg, hpos, failure = self._put(hashes, counts, offsets, ts)
+        if failure is not None:
+            self._failed(failure, offsets[msg])
+            self._hold_from(hashes, counts, offsets, ts, msg, hpos)
+
+    def _put(
+        self, hashes: array.array[int], counts: array.array[int], offsets: Sequence[int], ts: int
+    ) -> tuple[int, int, OSError | None]:
+        """Write the entries of messages in order, rolling to new files as they fill.
+
+        Returns where it stopped ``(msg, hpos, None)`` with ``msg == len(counts)``, or the error
+        that stopped it at message ``msg`` (nothing of it from hash ``hpos`` on written).
+        """
+        n = len(counts)
+        msg = hpos = 0
+        f = self._files[-1] if self._files else None
+        failure: OSError | None = None
+        while True:
+            if f is not None:
+                before = f.header.index_count
+                msg, hpos, err = put_batch(f, hashes, counts, offsets, ts, msg, hpos)
+                if f.header.index_count != before:
+                    self._dirty[f] = None
+                if msg >= n:
+                    break
+                if err:
+                    failure = OSError(err, os.strerror(err))
+                    break
+                self._dirty[f] = None  # full: its header is flushed, then a new file
+            elif hpos >= len(hashes):
+                msg = n  # no file yet, and no key left to write
+                break
             try:
-                if f is None or f.is_full:
-                    f = self._roll(f)
-                # Reserve the message's slots and entries first: indexed whole or not at all.
-                f.reserve(hashes)
-                for h in hashes:
-                    if not f.put_key(h, offset, ts):
-                        self._dirty[f.name] = f
-                        f = self._roll(f)
-                        f.reserve([h])
-                        f.put_key(h, offset, ts)
+                f = self._roll(f)
             except OSError as exc:
-                self._retry_at = time.monotonic() + RETRY_INTERVAL_S
-                if not self._stalled:
-                    what = "the disk is full" if exc.errno == errno.ENOSPC else "cannot create an index file"
-                    log.error(
-                        "hash index: %s in %s (%s); indexing from offset %d waits for space "
-                        "(puts are not affected)",
-                        what,
-                        self.store_path,
-                        exc,
-                        offset,
-                    )
-                return False
-            self._dirty[f.name] = f
-        self._indexed_upto = offset
-        if ts > self._covered_ts:
-            self._covered_ts = ts
-        return True
+                failure = exc
+                break
+        if msg:
+            last = msg - 1
+            while last >= 0 and counts[last] < 0:
+                last -= 1
+            if last >= 0:
+                self._indexed_upto = offsets[last]
+            if ts > self._covered_ts:
+                self._covered_ts = ts
+        return msg, hpos, failure
+
+    def _failed(self, exc: OSError, offset: int) -> None:
+        """Space is missing: retry later; logged once per stall."""
+        self._retry_at = time.monotonic() + RETRY_INTERVAL_S
+        if not self._stalled:
+            what = "the disk is full" if exc.errno == errno.ENOSPC else "cannot create an index file"
+            log.error(
+                "hash index: %s in %s (%s); indexing from offset %d waits for space (puts are not affected)",
+                what,
+                self.store_path,
+                exc,
+                offset,
+            )
+
+    def _hold_from(
+        self,
+        hashes: array.array[int],
+        counts: array.array[int],
+        offsets: Sequence[int],
+        ts: int,
+        msg: int,
+        hpos: int,
+    ) -> None:
+        """Keep the messages from ``msg`` on (hash ``hpos``) for when space returns."""
+        p = sum(c for c in counts[:msg] if c > 0)
+        for i in range(msg, len(counts)):
+            c = counts[i]
+            if c < 0:
+                continue  # skipped anyway
+            start, end = max(p, hpos), p + c
+            self._hold((offsets[i], ts, list(hashes[start:end])))
+            p = end
 
     def _hold(self, pending: _Pending) -> None:
         """Keep a message the index could not write, or stop indexing when too many wait."""
@@ -288,10 +519,17 @@ class HashIndex:
             return False
         if time.monotonic() < self._retry_at:
             return False
-        while self._backlog:
-            if not self._index(self._backlog[0]):
+        backlog = self._backlog
+        while backlog:
+            offset, ts, hashes = backlog[0]
+            _msg, hpos, failure = self._put(
+                array.array("i", hashes), array.array("i", [len(hashes)]), [offset], ts
+            )
+            if failure is not None:
+                self._failed(failure, offset)
+                backlog[0] = (offset, ts, hashes[hpos:])  # what is written stays written
                 return False
-            self._backlog.popleft()
+            backlog.popleft()
         log.warning("hash index: space is back, indexing resumed at offset %d", self._indexed_upto)
         return True
 
@@ -329,9 +567,13 @@ class HashIndex:
 
     # ------------------------------------------------------------------ read
     def query(self, topic: str, key: str, max_num: int, begin_ts: int, end_ts: int) -> QueryResult:
-        """Offsets, newest first, of messages whose ``topic#key`` hash matches in the time range."""
+        """Offsets, newest first, of messages whose ``topic#key`` hash matches in the time range.
+
+        Indexes what is queued first: every put acknowledged before the query is found.
+        """
         with self._lock:
             self._check_open()
+            self._drain()
             newest = self._files[-1] if self._files else None
             last_ts = newest.header.end_timestamp if newest else 0
             last_phy = newest.header.end_phy_offset if newest else 0
@@ -354,11 +596,12 @@ class HashIndex:
             with self._lock:
                 if self._closed or not self._loaded:
                     return self._covered_ts
+                self._drain()  # what was dispatched before the flush: indexed, then made durable
                 if self._stalled:
                     self._resume()  # space may have come back while no message arrived
                 covered = self._covered_ts
                 clear_marker = self._marker_loaded and not self._stalled
-                snapshot = [(f, f.header.pack()) for f in self._dirty.values()]
+                snapshot = [(f, f.header.pack()) for f in self._dirty]
                 self._dirty.clear()
             # Entries first, then the header that counts them: a crash in between leaves the old
             # header, which describes only durable entries.
@@ -374,14 +617,15 @@ class HashIndex:
     def delete_expired(self, min_phy_offset: int) -> None:
         """Delete files whose entries all point below the commit log's minimum offset.
 
-        The newest file is kept: it carries the offset and time the next file starts from.
+        The newest file is kept: it carries the offset and time the next file starts from (and
+        takes the keys still queued).
         """
         with self._flush_lock, self._lock:
             if not self._loaded or self._closed:
                 return
             while len(self._files) > 1 and self._files[0].header.end_phy_offset < min_phy_offset:
                 f = self._files.pop(0)
-                self._dirty.pop(f.name, None)
+                self._dirty.pop(f, None)
                 log.info(
                     "deleting expired index file %s (ends at offset %d)", f.name, f.header.end_phy_offset
                 )
@@ -393,7 +637,10 @@ class HashIndex:
         The start of the last record indexed whole (a record boundary the store can scan from;
         dispatch skips that record itself), or 0 when nothing readable is left.
         """
-        return max(self._indexed_upto, 0) if self._damaged else None
+        with self._lock:
+            if self._loaded and not self._closed:
+                self._drain()
+            return max(self._indexed_upto, 0) if self._damaged else None
 
     def truncate(self, phy_end: int) -> None:
         """Forget entries of records at or past ``phy_end``, the commit log's recovered end.
@@ -405,13 +652,14 @@ class HashIndex:
         with self._flush_lock, self._lock:
             if not self._loaded or self._closed:
                 return
+            self._drain()  # the records re-dispatched by the recovery first
             dropped = 0
             while self._files and self._files[-1].header.end_phy_offset >= phy_end:
                 f = self._files[-1]
                 dropped += f.truncate_to(phy_end)
                 if f.is_empty and len(self._files) > 1:
                     self._files.pop()
-                    self._dirty.pop(f.name, None)
+                    self._dirty.pop(f, None)
                     f.destroy()
                     continue
                 break
@@ -439,13 +687,19 @@ class HashIndex:
     def file_names(self) -> list[str]:
         """Names of the open index files, oldest first (admin tools, tests)."""
         with self._lock:
+            if self._loaded and not self._closed:
+                self._drain()
             return [f.name for f in self._files]
 
     def stats(self) -> dict[str, int]:
-        """File count and entries indexed, for monitoring."""
+        """File count, entries indexed and the index thread's lag, for monitoring."""
         with self._lock:
+            if self._loaded and not self._closed:
+                self._drain()
             return {
                 "files": len(self._files),
                 "entries": sum(f.header.index_count - 1 for f in self._files),
                 "covered_timestamp": self._covered_ts,
+                "lag_max_ms": round(self._lag_max_s * 1000),
+                "put_drains": self._put_drains,
             }

@@ -200,7 +200,9 @@ class MemoryMessageStore:
             self._phys_end = base + batch.total
             self._evict()
             if self._dispatchers:
-                # In the lock: commit-log order, and done before the put resolves (key queries see it).
+                # In the lock: commit-log order.  One call per put; a batch dispatcher (the hash
+                # index) only queues the keys, and its queries index what is queued first, so a
+                # key is found once the put resolves.
                 dispatch_messages(
                     self._dispatchers, msgs, offsets, sizes, tags, ts, qoff if q is not None else -1
                 )

@@ -146,9 +146,11 @@ class Reput:
     ) -> None:
         """Dispatch records of one queue (consecutive queue offsets), then note their arrival.
 
-        Called with the store's lock held: dispatchers see commit-log order, and a key is
-        queryable by the time the put resolves.  ``arrived``: the records are consumable (they
-        have queue entries), so a held pull may now find them.
+        Called with the store's lock held, once per put: dispatchers see commit-log order.  A
+        :class:`tidemq.store.BatchDispatcher` (the hash index) gets the whole batch in one call and
+        only queues it (its own thread indexes it; its queries index what is queued first, so a
+        key is queryable by the time the put resolves).  ``arrived``: the records are consumable
+        (they have queue entries), so a held pull may now find them.
         """
         if self.dispatchers:
             dispatch_messages(self.dispatchers, msgs, offsets, sizes, tags, ts, queue_offset)

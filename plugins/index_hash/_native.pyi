@@ -1,0 +1,25 @@
+"""Types of the compiled index module (``_native.pyx``); the reference is in ``indexfile``."""
+
+import array
+from collections.abc import Mapping, Sequence
+
+from tidemq_index_hash.indexfile import IndexFile
+
+HASH_SOURCE: str
+LAYOUT: dict[str, int]
+
+def bytes_hash(data: bytes | bytearray | memoryview) -> int: ...
+def key_hash(key: str) -> int: ...
+def package_key_hash(key: str) -> int: ...
+def hash_batch(
+    topic: str, properties: Sequence[Mapping[str, str]], sys_flags: Sequence[int], skip_before: int
+) -> tuple[array.array[int], array.array[int]]: ...
+def put_batch(
+    f: IndexFile,
+    hashes: array.array[int],
+    counts: array.array[int],
+    offsets: Sequence[int],
+    store_timestamp: int,
+    msg: int,
+    hpos: int,
+) -> tuple[int, int, int]: ...

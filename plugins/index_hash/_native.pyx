@@ -1,0 +1,496 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, auto_pickle=False, embedsignature=True
+"""Compiled per-key work of the ``hash`` index (issue 19): key hashing and IndexFile insertion.
+
+Same names, arguments and results as the pure-Python reference in
+:mod:`tidemq_index_hash.indexfile`: :func:`key_hash` (``py_key_hash``), :func:`hash_batch`
+(``py_hash_batch``) and :func:`put_batch` (``IndexFile.py_put_batch``).  The index files written
+are byte for byte the reference's (``tests/test_native_index.py`` checks it).
+:mod:`tidemq_index_hash.native` loads this module unless ``TIDEMQ_NO_EXTENSIONS`` is set.
+
+The hash.  The index hash of ``topic#key`` is the first 4 bytes of its BLAKE3 digest (read
+big-endian, 31 bits).  Keys are short, so their input is one BLAKE3 chunk (at most 1024 bytes),
+whose root output is its last block's compression: that case is computed here, in C, written from
+the BLAKE3 specification (no tree, no SIMD; 4-6x cheaper than calling the ``blake3`` package
+per key, ``bench/index_bench.py --sections hash``).  Longer inputs call the package (its
+``blake3`` callable, cached).  The C hash is compared with the package at import; a mismatch
+raises ImportError, so the loader falls back to the reference.
+
+Errors: inputs the fast path does not take (a property that is not a string, a string that does
+not encode to UTF-8, a sequence of another kind...) are handed to the reference, which raises
+its own exception or returns its result.
+"""
+
+from cpython.array cimport array, clone, resize, resize_smart
+from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.dict cimport PyDict_GetItemWithError
+from cpython.long cimport PyLong_AsLongAndOverflow
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from libc.errno cimport EINTR
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
+from libc.string cimport memcpy
+from posix.fcntl cimport posix_fallocate
+
+import array as _array
+
+import blake3 as _blake3
+
+cdef extern from "Python.h":
+    # Raw declarations: NULL is handled here, not turned into an exception by Cython.
+    const char *raw_as_utf8 "PyUnicode_AsUTF8AndSize"(object u, Py_ssize_t *size)
+    void PyErr_Clear()
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+
+    /* BLAKE3, one chunk (input of at most 1024 bytes), written from the specification:
+       https://github.com/BLAKE3-team/BLAKE3-specs (compression function, chunk chaining). */
+    #define TQI_CHUNK_LEN 1024
+    #define TQI_CHUNK_START 1u
+    #define TQI_CHUNK_END 2u
+    #define TQI_ROOT 8u
+
+    static const uint32_t tqi_iv[8] = {
+        0x6A09E667u, 0xBB67AE85u, 0x3C6EF372u, 0xA54FF53Au,
+        0x510E527Fu, 0x9B05688Cu, 0x1F83D9ABu, 0x5BE0CD19u,
+    };
+    /* Message word order of each of the 7 rounds: round r applies the permutation r times. */
+    static uint8_t tqi_order[7][16];
+
+    static void tqi_init(void) {
+        static const uint8_t permutation[16] = {2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8};
+        for (int i = 0; i < 16; i++) tqi_order[0][i] = (uint8_t)i;
+        for (int r = 1; r < 7; r++)
+            for (int i = 0; i < 16; i++) tqi_order[r][i] = tqi_order[r - 1][permutation[i]];
+    }
+
+    static inline uint32_t tqi_rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+    static inline uint32_t tqi_le32(const uint8_t *p) {
+        return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+    }
+
+    #define TQI_MIX(a, b, c, d, x, y) do {                               \
+            v[a] += v[b] + (x); v[d] = tqi_rotr(v[d] ^ v[a], 16);        \
+            v[c] += v[d];       v[b] = tqi_rotr(v[b] ^ v[c], 12);        \
+            v[a] += v[b] + (y); v[d] = tqi_rotr(v[d] ^ v[a], 8);         \
+            v[c] += v[d];       v[b] = tqi_rotr(v[b] ^ v[c], 7);         \
+        } while (0)
+
+    /* Compress one 64-byte block of chunk 0 into the chaining value cv (in place). */
+    static void tqi_compress(uint32_t cv[8], const uint8_t *block, uint32_t block_len, uint32_t flags) {
+        uint32_t m[16], v[16];
+        for (int i = 0; i < 16; i++) m[i] = tqi_le32(block + 4 * i);
+        for (int i = 0; i < 8; i++) v[i] = cv[i];
+        v[8] = tqi_iv[0]; v[9] = tqi_iv[1]; v[10] = tqi_iv[2]; v[11] = tqi_iv[3];
+        v[12] = 0; v[13] = 0;  /* the chunk counter: a single chunk is chunk 0 */
+        v[14] = block_len; v[15] = flags;
+        for (int r = 0; r < 7; r++) {
+            const uint8_t *s = tqi_order[r];
+            TQI_MIX(0, 4, 8, 12, m[s[0]], m[s[1]]);
+            TQI_MIX(1, 5, 9, 13, m[s[2]], m[s[3]]);
+            TQI_MIX(2, 6, 10, 14, m[s[4]], m[s[5]]);
+            TQI_MIX(3, 7, 11, 15, m[s[6]], m[s[7]]);
+            TQI_MIX(0, 5, 10, 15, m[s[8]], m[s[9]]);
+            TQI_MIX(1, 6, 11, 12, m[s[10]], m[s[11]]);
+            TQI_MIX(2, 7, 8, 13, m[s[12]], m[s[13]]);
+            TQI_MIX(3, 4, 9, 14, m[s[14]], m[s[15]]);
+        }
+        for (int i = 0; i < 8; i++) cv[i] = v[i] ^ v[i + 8];
+    }
+
+    /* The index hash of len <= TQI_CHUNK_LEN bytes: digest bytes 0..3 (the root output's first
+       word, little-endian) read as a big-endian int, top bit cleared. */
+    static int32_t tqi_hash(const uint8_t *data, size_t len) {
+        uint32_t cv[8];
+        uint8_t last[64];
+        size_t blocks = len ? (len + 63) / 64 : 1;
+        memcpy(cv, tqi_iv, sizeof cv);
+        for (size_t b = 0; b < blocks; b++) {
+            size_t off = b * 64, n = len - off;
+            uint32_t flags = (b == 0 ? TQI_CHUNK_START : 0) | (b + 1 == blocks ? TQI_CHUNK_END | TQI_ROOT : 0);
+            const uint8_t *block = data + off;
+            if (n >= 64) {
+                n = 64;
+            } else {  /* the last block, zero-padded */
+                memset(last, 0, sizeof last);
+                if (n) memcpy(last, data + off, n);
+                block = last;
+            }
+            tqi_compress(cv, block, (uint32_t)n, flags);
+        }
+        uint32_t w = cv[0];
+        uint32_t be = ((w & 0xFFu) << 24) | ((w & 0xFF00u) << 8) | ((w >> 8) & 0xFF00u) | (w >> 24);
+        return (int32_t)(be & 0x7FFFFFFFu);
+    }
+
+    /* Big-endian fields of the index file. */
+    static inline int32_t tqi_get32(const uint8_t *p) {
+        return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3]);
+    }
+    static inline void tqi_put32(uint8_t *p, uint32_t v) {
+        p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+    }
+    static inline void tqi_put64(uint8_t *p, uint64_t v) {
+        tqi_put32(p, (uint32_t)(v >> 32)); tqi_put32(p + 4, (uint32_t)v);
+    }
+    """
+    int TQI_CHUNK_LEN
+    void tqi_init()
+    int32_t tqi_hash(const uint8_t *data, size_t length) nogil
+    int32_t tqi_get32(const uint8_t *p) nogil
+    void tqi_put32(uint8_t *p, uint32_t v) nogil
+    void tqi_put64(uint8_t *p, unsigned long long v) nogil
+
+tqi_init()
+
+#: Where the hash is computed (``tidemq_index_hash.native.DESCRIPTION`` shows it).
+HASH_SOURCE = "blake3: one chunk in C, the blake3 package beyond 1024 bytes"
+
+cdef enum:
+    # The file layout (tidemq_index_hash.indexfile; tests/test_native_index.py checks they agree).
+    HEADER_SIZE = 40
+    SLOT_SIZE = 4
+    ENTRY_SIZE = 20
+    SLOT_CHUNK = 65536
+    SLOT_CHUNK_SHIFT = 16
+    ENTRY_WINDOW = 262144
+    INT_MAX = 0x7FFFFFFF
+    # tidemq.message's transaction type bits of the sys flag, and the rolled-back type.
+    TRANSACTION_TYPE_MASK = 0xC
+    TRANSACTION_ROLLBACK_TYPE = 0xC
+    SPACE = 32  # b" "
+    HASH_SIGN = 35  # b"#"
+
+#: The constants above, for the test that compares them with the reference's.
+LAYOUT = {
+    "HEADER_SIZE": HEADER_SIZE,
+    "SLOT_SIZE": SLOT_SIZE,
+    "ENTRY_SIZE": ENTRY_SIZE,
+    "SLOT_CHUNK": SLOT_CHUNK,
+    "ENTRY_WINDOW": ENTRY_WINDOW,
+    "TRANSACTION_TYPE_MASK": TRANSACTION_TYPE_MASK,
+    "TRANSACTION_ROLLBACK_TYPE": TRANSACTION_ROLLBACK_TYPE,
+}
+
+cdef object _package_blake3 = _blake3.blake3  # the cached callable, for inputs beyond one chunk
+cdef array _int_template = _array.array("i")
+cdef str _KEYS = "KEYS"
+cdef str _UNIQ_KEY = "UNIQ_KEY"
+
+
+cdef int32_t _package_hash(bytes data) except -1:
+    return int.from_bytes(_package_blake3(data).digest(4), "big") & INT_MAX
+
+
+cdef int32_t _hash2(const char *a, Py_ssize_t alen, const char *b, Py_ssize_t blen) except -1:
+    """The index hash of the bytes ``a + b`` (``topic#`` and a key)."""
+    cdef uint8_t buf[1024]
+    cdef Py_ssize_t n = alen + blen
+    cdef bytes joined
+    if n <= TQI_CHUNK_LEN:
+        if alen:
+            memcpy(buf, a, alen)
+        if blen:
+            memcpy(buf + alen, b, blen)
+        return tqi_hash(buf, n)
+    joined = PyBytes_FromStringAndSize(NULL, n)
+    if alen:
+        memcpy(PyBytes_AS_STRING(joined), a, alen)
+    if blen:
+        memcpy(PyBytes_AS_STRING(joined) + alen, b, blen)
+    return _package_hash(joined)
+
+
+def bytes_hash(const uint8_t[::1] data not None) -> int:
+    """The index hash of raw bytes (the digest prefix :func:`key_hash` uses)."""
+    if data.shape[0] <= TQI_CHUNK_LEN:
+        return tqi_hash(&data[0] if data.shape[0] else NULL, data.shape[0])
+    return _package_hash(bytes(data))
+
+
+def key_hash(str key not None) -> int:
+    """:func:`tidemq_index_hash.indexfile.py_key_hash`: the index hash of ``key`` (``topic#key``)."""
+    cdef Py_ssize_t n
+    cdef const char *p = raw_as_utf8(key, &n)
+    if p == NULL:  # lone surrogates: the reference raises its UnicodeEncodeError
+        PyErr_Clear()
+        return _reference().py_key_hash(key)
+    return _hash2(p, n, NULL, 0)
+
+
+def package_key_hash(str key not None) -> int:
+    """:func:`key_hash` through the ``blake3`` package, called from here (the benchmark's baseline)."""
+    return _package_hash(key.encode())
+
+
+def _reference():
+    from tidemq_index_hash import indexfile  # imported when needed: indexfile imports this module
+
+    return indexfile
+
+
+cdef int _append(array out, Py_ssize_t *used, int32_t value) except -1:
+    if used[0] == len(out):
+        resize_smart(out, 2 * used[0] + 16)
+    out.data.as_ints[used[0]] = value
+    used[0] += 1
+    return 0
+
+
+def hash_batch(str topic not None, properties, sys_flags, Py_ssize_t skip_before):
+    """:func:`tidemq_index_hash.indexfile.py_hash_batch`: key hashes of a batch, and their counts."""
+    cdef Py_ssize_t n, i, tlen, klen, start, j, used = 0
+    cdef const char *t
+    cdef const char *k
+    cdef int32_t c
+    cdef long flag
+    cdef int overflow
+    cdef PyObject *value
+    cdef bytes prefix
+    cdef array hashes, counts
+    if type(properties) is not list and type(properties) is not tuple:
+        return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
+    if type(sys_flags) is not list and type(sys_flags) is not tuple:
+        return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
+    n = len(properties)
+    if len(sys_flags) != n:
+        return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
+    t = raw_as_utf8(topic, &tlen)
+    if t == NULL:
+        PyErr_Clear()
+        return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
+    prefix = PyBytes_FromStringAndSize(NULL, tlen + 1)  # "topic#"
+    memcpy(PyBytes_AS_STRING(prefix), t, tlen)
+    PyBytes_AS_STRING(prefix)[tlen] = HASH_SIGN
+    t = PyBytes_AS_STRING(prefix)
+    tlen += 1
+    counts = clone(_int_template, n, False)
+    hashes = clone(_int_template, 2 * n, False)
+    for i in range(n):
+        props = properties[i]
+        flag_obj = sys_flags[i]
+        if type(props) is not dict or type(flag_obj) is not int:
+            return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
+        flag = PyLong_AsLongAndOverflow(flag_obj, &overflow)
+        if overflow:
+            return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
+        if i < skip_before or (flag & TRANSACTION_TYPE_MASK) == TRANSACTION_ROLLBACK_TYPE:
+            counts.data.as_ints[i] = -1
+            continue
+        c = 0
+        # Strong references (key_obj): the buffers read below must outlive a call into Python
+        # (the blake3 package, for a key beyond one chunk), whatever another thread does meanwhile.
+        value = PyDict_GetItemWithError(props, _UNIQ_KEY)
+        if value != NULL and <object>value is not None:
+            key_obj = <object>value
+            if type(key_obj) is not str:
+                return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
+            k = raw_as_utf8(key_obj, &klen)
+            if k == NULL:
+                PyErr_Clear()
+                return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
+            if klen:
+                _append(hashes, &used, _hash2(t, tlen, k, klen))
+                c += 1
+        value = PyDict_GetItemWithError(props, _KEYS)
+        if value != NULL and <object>value is not None:
+            key_obj = <object>value
+            if type(key_obj) is not str:
+                return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
+            k = raw_as_utf8(key_obj, &klen)
+            if k == NULL:
+                PyErr_Clear()
+                return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
+            # str.split(" "): a space byte never occurs inside a UTF-8 multi-byte sequence.
+            start = 0
+            for j in range(klen + 1):
+                if j == klen or k[j] == SPACE:
+                    if j > start:
+                        _append(hashes, &used, _hash2(t, tlen, k + start, j - start))
+                        c += 1
+                    start = j + 1
+        counts.data.as_ints[i] = c
+    resize(hashes, used)
+    return hashes, counts
+
+
+cdef int _reserve(int fd, int64_t start, int64_t length) noexcept nogil:
+    """posix_fallocate, retried on EINTR as ``os.posix_fallocate``; 0 or the error number."""
+    cdef int err
+    while True:
+        err = posix_fallocate(fd, start, length)
+        if err != EINTR:
+            return err
+
+
+def put_batch(
+    f,
+    array hashes_array not None,
+    array counts_array not None,
+    offsets,
+    long long store_timestamp,
+    Py_ssize_t msg,
+    Py_ssize_t hpos,
+):
+    """``IndexFile.put_batch`` (see ``IndexFile.py_put_batch``, the reference): write the entries
+    of messages ``msg..`` into ``f``; returns ``(msg, hpos, errno)`` where they stopped.
+
+    Everything that can run Python code (attribute reads, the offsets' conversion) happens before
+    the raw pointers into the arrays, the bytearray and the mapping are taken; from there to the
+    end no Python code runs, so nothing can resize or free what they point into.
+    """
+    if hashes_array.ob_descr.typecode != b"i" or counts_array.ob_descr.typecode != b"i":
+        raise TypeError("put_batch takes array('i') hashes and counts")
+    cdef Py_ssize_t n = len(counts_array), nhashes = len(hashes_array), i, k, start, end, p = 0
+    cdef int32_t c, prev, h
+    cdef int err = 0, fd = f._fd
+    cdef bint full = False
+    header = f.header
+    cdef int64_t count = header.index_count
+    cdef int64_t index_num = f.index_num, slot_num = f.slot_num
+    cdef int64_t entry_base = f._entry_base, size = f._size, reserved_end = f._reserved_end
+    cdef int64_t begin_ts = header.begin_timestamp, begin_phy = header.begin_phy_offset
+    cdef int64_t end_ts = header.end_timestamp, end_phy = header.end_phy_offset
+    cdef int64_t ts = store_timestamp, off, slot_pos, entry_pos, chunk_start, e, new_end, diff
+    mm_obj = f._mm
+    slot_chunks = f._slot_chunks
+    if type(slot_chunks) is not bytearray:
+        raise TypeError("IndexFile._slot_chunks is not a bytearray")
+    cdef unsigned char *chunks
+    cdef Py_ssize_t nchunks
+    cdef Py_buffer view
+    cdef uint8_t *mm
+    cdef int64_t offs_small[64]
+    cdef int64_t *offs = offs_small
+    cdef const int *hashes
+    cdef const int *counts
+    if n and (msg < 0 or msg > n or hpos < 0):
+        raise ValueError(f"put_batch: position ({msg}, {hpos}) outside the batch")
+    if n > 64:
+        offs = <int64_t *>PyMem_Malloc(n * sizeof(int64_t))
+        if offs == NULL:
+            raise MemoryError()
+    try:
+        for i in range(msg, n):
+            offs[i] = offsets[i]
+    except BaseException:
+        if offs != offs_small:
+            PyMem_Free(offs)
+        raise
+    # From here on no Python code runs until the finally clause below.
+    hashes = hashes_array.data.as_ints
+    counts = counts_array.data.as_ints
+    chunks = <unsigned char *>PyByteArray_AS_STRING(slot_chunks)
+    nchunks = PyByteArray_GET_SIZE(slot_chunks)
+    for i in range(msg):
+        if counts[i] > 0:
+            p += counts[i]
+    PyObject_GetBuffer(mm_obj, &view, PyBUF_WRITABLE)
+    mm = <uint8_t *>view.buf
+    try:
+        if view.len < size:
+            raise ValueError(f"put_batch: the mapping ({view.len} bytes) is shorter than the file ({size})")
+        while msg < n:
+            c = counts[msg]
+            if c <= 0:
+                msg += 1
+                continue
+            start = hpos if hpos > p else p
+            end = p + c
+            if end > nhashes:
+                raise ValueError("put_batch: counts add up to more than the hashes given")
+            if count >= index_num:  # full before this message: the caller rolls to a new file
+                hpos = start
+                break
+            # IndexFile.reserve: the message's slots and entries, before anything is written.
+            for k in range(start, end):
+                if hashes[k] < 0:  # hash_batch's are 31-bit: a slot outside the table otherwise
+                    raise ValueError(f"put_batch: hash {hashes[k]} is negative")
+                i = (HEADER_SIZE + (hashes[k] % slot_num) * SLOT_SIZE) >> SLOT_CHUNK_SHIFT
+                if i >= nchunks:
+                    raise ValueError(f"put_batch: slot chunk {i} outside the file's {nchunks}")
+                if not chunks[i]:
+                    chunk_start = i * SLOT_CHUNK
+                    err = _reserve(fd, chunk_start, min(chunk_start + SLOT_CHUNK, entry_base) - chunk_start)
+                    if err:
+                        break
+                    chunks[i] = 1
+            if not err:
+                e = entry_base + min(count + (end - start), index_num) * ENTRY_SIZE
+                if e > reserved_end:
+                    new_end = min(size, max(e, reserved_end) + ENTRY_WINDOW)
+                    err = _reserve(fd, reserved_end, new_end - reserved_end)
+                    if not err:
+                        reserved_end = new_end
+            if err:
+                hpos = start
+                break
+            off = offs[msg]
+            # IndexFile.put_key, for each key of the message.
+            for k in range(start, end):
+                if count >= index_num:
+                    full = True
+                    hpos = k
+                    break
+                h = hashes[k]
+                slot_pos = HEADER_SIZE + (h % slot_num) * SLOT_SIZE
+                entry_pos = entry_base + count * ENTRY_SIZE
+                if entry_pos + ENTRY_SIZE > reserved_end:
+                    new_end = min(size, max(entry_pos + ENTRY_SIZE, reserved_end) + ENTRY_WINDOW)
+                    err = _reserve(fd, reserved_end, new_end - reserved_end)
+                    if err:
+                        hpos = k
+                        break
+                    reserved_end = new_end
+                prev = tqi_get32(mm + slot_pos)
+                if prev <= 0 or prev >= count:
+                    prev = 0
+                if count == 1:
+                    begin_ts = ts
+                    begin_phy = off
+                diff = ts - begin_ts
+                diff = 0 if diff < 0 else min(diff // 1000, INT_MAX)
+                tqi_put32(mm + entry_pos, <uint32_t>h)
+                tqi_put64(mm + entry_pos + 4, <unsigned long long>off)
+                tqi_put32(mm + entry_pos + 12, <uint32_t>diff)
+                tqi_put32(mm + entry_pos + 16, <uint32_t>prev)
+                tqi_put32(mm + slot_pos, <uint32_t>count)
+                count += 1
+                end_ts = ts
+                end_phy = off
+            if full or err:
+                break
+            p = end
+            hpos = end
+            msg += 1
+    finally:
+        PyBuffer_Release(&view)
+        if offs != offs_small:
+            PyMem_Free(offs)
+        header.index_count = count
+        header.begin_timestamp = begin_ts
+        header.begin_phy_offset = begin_phy
+        header.end_timestamp = end_ts
+        header.end_phy_offset = end_phy
+        f._reserved_end = reserved_end
+    if msg >= n:
+        hpos = p
+    return msg, hpos, err
+
+
+def _self_check() -> None:
+    """The C hash against the blake3 package around every block boundary of a chunk."""
+    cdef bytes data = bytes(range(256)) * 5
+    for length in (0, 1, 3, 31, 32, 63, 64, 65, 127, 128, 129, 500, 1023, 1024):
+        sample = data[:length]
+        if bytes_hash(sample) != int.from_bytes(_package_blake3(sample).digest(4), "big") & INT_MAX:
+            raise ImportError(f"the compiled index hash disagrees with the blake3 package ({length} bytes)")
+
+
+_self_check()

@@ -1,0 +1,380 @@
+"""The batch dispatch contract and the ``hash`` index off the put path.
+
+:class:`tidemq.store.BatchDispatcher`: one call per put with the records as columns, per-request
+dispatchers unchanged beside it.  The hash index queues a put's keys and indexes them on its own
+thread; a query finds every key whose put was acknowledged, however far behind that thread is;
+the queue is bounded (a put indexes a chunk itself); ``flush`` covers only what is written;
+shutdown indexes what is queued; a process killed with keys still queued loses none of them
+(the store re-dispatches from the checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tidemq.store
+import tidemq_index_hash.service as service
+from tidemq.errors import StoreError
+from tidemq.index import IndexFileEntry, query_messages
+from tidemq.message import TRANSACTION_ROLLBACK_TYPE, MessageInner, Prop
+from tidemq.plugins import get_plugin_manager
+from tidemq.store import BatchDispatcher, Dispatcher, DispatchRequest, dispatch_messages
+from tidemq.testing.index_contract import T0
+from tidemq.testing.store_contract import build_store
+from tidemq_filter_server.bitmap import FilterBitMap
+from tidemq_index_hash.none import NoIndex
+from tidemq_index_hash.service import HashIndex, HashIndexOptions
+
+TOPIC = "TopicTest"
+FOREVER = 2**62
+
+
+def keyed(i: int, topic: str = TOPIC, sys_flag: int = 0) -> MessageInner:
+    props = {Prop.KEYS: f"k{i} shared", Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: f"U{i:08d}"}
+    return MessageInner(topic=topic, body=b"m%d" % i, queue_id=1, properties=props, sys_flag=sys_flag)
+
+
+class Columns:
+    """A BatchDispatcher that records its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def dispatch(self, request: DispatchRequest) -> None:
+        raise AssertionError("a batch dispatcher gets no per-request call")
+
+    def dispatch_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        properties: Sequence[Mapping[str, str]],
+        commit_log_offsets: Sequence[int],
+        sizes: Sequence[int],
+        tags_codes: Sequence[int],
+        store_timestamp: int,
+        queue_offset: int,
+        sys_flags: Sequence[int],
+    ) -> None:
+        self.calls.append(
+            (topic, queue_id, list(properties), list(commit_log_offsets), list(sizes), list(tags_codes))
+            + (store_timestamp, queue_offset, list(sys_flags))
+        )
+
+
+class Requests:
+    """A per-request dispatcher (third-party style)."""
+
+    def __init__(self) -> None:
+        self.requests: list[DispatchRequest] = []
+
+    def dispatch(self, request: DispatchRequest) -> None:
+        self.requests.append(request)
+
+
+# ---------------------------------------------------------------------------- the contract
+def test_protocols() -> None:
+    assert isinstance(Columns(), BatchDispatcher)
+    assert not isinstance(Requests(), BatchDispatcher) and isinstance(Requests(), Dispatcher)
+    for index in (HashIndex(Path("/nonexistent"), HashIndexOptions()), NoIndex()):
+        assert isinstance(index, BatchDispatcher) and isinstance(index, Dispatcher)
+    # The SQL92 bit map keeps the per-request contract.
+    assert not isinstance(FilterBitMap(), BatchDispatcher)
+
+
+def test_batch_and_per_request_dispatchers_side_by_side(caplog: pytest.LogCaptureFixture) -> None:
+    batch, requests = Columns(), Requests()
+
+    class Broken(Columns):
+        def dispatch_batch(self, *args: Any) -> None:
+            raise RuntimeError("broken dispatcher")
+
+    msgs = [keyed(i) for i in range(3)]
+    with caplog.at_level(logging.ERROR):
+        dispatch_messages([Broken(), batch, requests], msgs, [100, 200, 300], [10, 11, 12], [7, 8, 9], T0, 40)
+    assert "broken dispatcher" in caplog.text  # logged; the others still got the records
+    ((topic, qid, props, offsets, sizes, tags, ts, qoff, flags),) = batch.calls
+    assert (topic, qid, offsets, sizes, tags, ts, qoff, flags) == (
+        TOPIC,
+        1,
+        [100, 200, 300],
+        [10, 11, 12],
+        [7, 8, 9],
+        T0,
+        40,
+        [0, 0, 0],
+    )
+    assert props == [m.properties for m in msgs] and props[0] is msgs[0].properties
+    assert [(r.commit_log_offset, r.queue_offset, r.keys, r.uniq_key) for r in requests.requests] == [
+        (100, 40, "k0 shared", "U00000000"),
+        (200, 41, "k1 shared", "U00000001"),
+        (300, 42, "k2 shared", "U00000002"),
+    ]
+
+
+def test_no_request_objects_when_every_dispatcher_takes_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_requests(**_kw: Any) -> None:
+        raise AssertionError("a DispatchRequest was built")
+
+    monkeypatch.setattr(tidemq.store, "DispatchRequest", no_requests)
+    batch = Columns()
+    dispatch_messages([batch, NoIndex()], [keyed(1)], [5], [1], [0], T0, -1)
+    assert batch.calls[0][7] == -1  # no queue entry: -1 passed through
+
+
+# ---------------------------------------------------------------------------- the hash index
+@pytest.fixture
+def slow_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index thread waits an hour between rounds: only readers and back-pressure index."""
+    monkeypatch.setattr(service, "ROUND_S", 3600.0)
+
+
+def open_index(path: Path, **options: int) -> HashIndex:
+    index = HashIndex(path, HashIndexOptions(**options))
+    index.load(True, 0)
+    return index
+
+
+def dispatch(index: HashIndex, msgs: list[MessageInner], first_offset: int, ts: int) -> list[int]:
+    offsets = [first_offset + 100 * i for i in range(len(msgs))]
+    dispatch_messages([index], msgs, offsets, [100] * len(msgs), [0] * len(msgs), ts, 0)
+    return offsets
+
+
+def test_the_put_path_only_queues(tmp_path: Path, slow_thread: None) -> None:
+    index = open_index(tmp_path / "index", max_hash_slot_num=64, max_index_num=64)
+    try:
+        dispatch(index, [keyed(i) for i in range(5)], 0, T0)  # one put: the thread starts, waits
+        dispatch(index, [keyed(i) for i in range(5, 8)], 500, T0 + 1)
+        queued, age = index.pending()
+        assert queued == 8 and age >= 0
+        assert not list((tmp_path / "index").iterdir())  # nothing written yet
+        # A query indexes what is queued first: every acknowledged put is found.
+        assert index.query(TOPIC, "k7", 4, 0, FOREVER).phy_offsets == (700,)
+        assert index.query(TOPIC, "U00000003", 4, 0, FOREVER).phy_offsets == (300,)
+        assert index.pending() == (0, 0.0)
+        assert index.query(TOPIC, "shared", 64, 0, FOREVER).phy_offsets == tuple(range(700, -1, -100))
+    finally:
+        index.shutdown()
+
+
+def test_the_index_thread_catches_up_alone(tmp_path: Path) -> None:
+    index = open_index(tmp_path / "index", max_hash_slot_num=64, max_index_num=64)
+    try:
+        dispatch(index, [keyed(i) for i in range(10)], 0, T0)
+        deadline = threading.Event()
+        for _ in range(200):
+            if index.pending()[0] == 0 and list((tmp_path / "index").iterdir()):
+                break
+            deadline.wait(0.01)
+        assert index.pending() == (0, 0.0), "the index thread never indexed the queue"
+        assert index.stats()["entries"] == 30  # UNIQ_KEY and two KEYS each
+    finally:
+        index.shutdown()
+
+
+def test_back_pressure_bounds_the_queue(
+    tmp_path: Path, slow_thread: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service, "MAX_QUEUED", 64)
+    monkeypatch.setattr(service, "DRAIN_CHUNK", 32)
+    index = open_index(tmp_path / "index", max_hash_slot_num=64, max_index_num=4096)
+    try:
+        for b in range(40):
+            dispatch(index, [keyed(b * 8 + i) for i in range(8)], b * 800, T0 + b)
+            assert index.pending()[0] <= 64 + 8
+        assert index.stats()["put_drains"] > 0
+        assert index.stats()["entries"] == 40 * 8 * 3
+    finally:
+        index.shutdown()
+
+
+def test_flush_covers_only_what_is_written_and_keeps_order(tmp_path: Path, slow_thread: None) -> None:
+    index = open_index(tmp_path / "index", max_hash_slot_num=8, max_index_num=9)  # rolls every 8
+    try:
+        for b in range(6):
+            dispatch(index, [keyed(b * 4 + i) for i in range(4)], b * 400, T0 + b * 1000)
+        assert index.flush() == T0 + 5000  # what was dispatched before it: indexed, then durable
+        offsets = [e.phy_offset for e in index.walk_files() if isinstance(e, IndexFileEntry)]
+        assert offsets == sorted(offsets) and len(offsets) == 6 * 4 * 3  # commit-log order
+    finally:
+        index.shutdown()
+
+
+def test_rolled_back_halves_and_redispatched_records_are_skipped(tmp_path: Path, slow_thread: None) -> None:
+    index = open_index(tmp_path / "index", max_hash_slot_num=16, max_index_num=64)
+    try:
+        msgs = [keyed(0), keyed(1, sys_flag=TRANSACTION_ROLLBACK_TYPE), keyed(2)]
+        dispatch(index, msgs, 0, T0)
+        dispatch(index, [keyed(i) for i in range(3)], 0, T0)  # recovery re-dispatch: skipped
+        assert index.query(TOPIC, "k1", 4, 0, FOREVER).phy_offsets == ()
+        assert index.query(TOPIC, "shared", 8, 0, FOREVER).phy_offsets == (200, 0)
+        assert index.stats()["entries"] == 6
+    finally:
+        index.shutdown()
+
+
+def test_a_batch_that_cannot_be_indexed_is_logged_and_the_thread_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    index = open_index(tmp_path / "index", max_hash_slot_num=16, max_index_num=64)
+    try:
+        with caplog.at_level(logging.ERROR):
+            index.dispatch_batch(TOPIC, 0, [{Prop.KEYS: 5}], [0], [1], [0], T0, 0, [0])  # type: ignore[dict-item]
+            dispatch(index, [keyed(1)], 100, T0)
+            assert index.query(TOPIC, "k1", 4, 0, FOREVER).phy_offsets == (100,)
+        assert "cannot index 1 messages of TopicTest at offset 0" in caplog.text
+    finally:
+        index.shutdown()
+
+
+def test_misuse_is_a_clear_error(tmp_path: Path) -> None:
+    index = HashIndex(tmp_path / "index", HashIndexOptions(max_hash_slot_num=8, max_index_num=8))
+    with pytest.raises(StoreError, match="before load"):
+        index.dispatch_batch(TOPIC, 0, [{}], [0], [1], [0], T0, 0, [0])
+    index.load(True, 0)
+    index.shutdown()
+    with pytest.raises(StoreError, match="shut down"):
+        index.dispatch_batch(TOPIC, 0, [{}], [0], [1], [0], T0, 0, [0])
+
+
+def test_shutdown_indexes_what_is_queued(tmp_path: Path, slow_thread: None) -> None:
+    index = open_index(tmp_path / "index", max_hash_slot_num=16, max_index_num=64)
+    dispatch(index, [keyed(i) for i in range(6)], 0, T0)
+    assert index.pending()[0] == 6
+    index.shutdown()
+    again = open_index(tmp_path / "index", max_hash_slot_num=16, max_index_num=64)
+    try:
+        assert again.query(TOPIC, "k5", 4, 0, FOREVER).phy_offsets == (500,)
+    finally:
+        again.shutdown()
+
+
+def test_queries_and_puts_from_many_threads(tmp_path: Path) -> None:
+    index = open_index(tmp_path / "index", max_hash_slot_num=97, max_index_num=500)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        try:
+            while not done.is_set():
+                index.query(TOPIC, "shared", 4, 0, FOREVER)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    for t in readers:
+        t.start()
+    try:
+        for b in range(100):
+            offsets = dispatch(index, [keyed(b * 4 + i) for i in range(4)], b * 400, T0 + b)
+            if b % 10 == 0:  # found as soon as the put returned, whatever the thread is doing
+                assert index.query(TOPIC, f"k{b * 4 + 3}", 4, 0, FOREVER).phy_offsets == (offsets[-1],)
+    finally:
+        done.set()
+        for t in readers:
+            t.join()
+    assert not errors
+    try:
+        index.flush()
+        # Files roll every 499 entries: across them the entries stay in commit-log order.
+        offsets_seen = [e.phy_offset for e in index.walk_files() if isinstance(e, IndexFileEntry)]
+        assert offsets_seen == sorted(offsets_seen) and len(offsets_seen) == 100 * 4 * 3
+    finally:
+        index.shutdown()
+
+
+# ---------------------------------------------------------------------------- composed with stores
+@pytest.fixture(params=["mmap", "memory"])
+def store_and_index(request: pytest.FixtureRequest, tmp_path: Path, slow_thread: None) -> Iterator[Any]:
+    pm = get_plugin_manager()
+    if request.param not in pm.available("store"):
+        pytest.skip(f"the {request.param} store is not installed")
+    index = pm.create(
+        "index", "hash", options={"max_hash_slot_num": 97, "max_index_num": 400}, data_dir=tmp_path
+    )
+    store = build_store(request.param, tmp_path, flush="async", index=index)
+    assert store.load()
+    store.start()
+    try:
+        yield store, index
+    finally:
+        store.shutdown()
+
+
+def test_a_key_is_found_as_soon_as_its_put_is_acknowledged(store_and_index: Any) -> None:
+    store, index = store_and_index
+    for b in range(30):
+        res = store.put_messages([keyed(b * 4 + i) for i in range(4)]).result(30)
+        assert res.ok
+        assert index.pending()[0] > 0  # the index thread has not run (ROUND_S is an hour)
+        found, _ = query_messages(index, store, TOPIC, f"k{b * 4 + 3}", 4, 0, FOREVER)
+        assert [m.body for m in found] == [b"m%d" % (b * 4 + 3)]
+        assert index.pending() == (0, 0.0)
+    single = store.put_message(keyed(999)).result(30)
+    assert single.ok
+    found, _ = query_messages(index, store, TOPIC, "U00000999", 4, 0, FOREVER)
+    assert [m.body for m in found] == [b"m999"]
+
+
+_CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from pathlib import Path
+    import tidemq_index_hash.service as service
+    from tidemq.message import MessageInner
+    from tidemq.plugins import get_plugin_manager
+    from tidemq.testing.store_contract import build_store
+
+    service.ROUND_S = 3600.0  # the index thread never runs: keys stay queued
+    data = Path(sys.argv[1])
+    pm = get_plugin_manager()
+    index = pm.create("index", "hash", options={"max_hash_slot_num": 97, "max_index_num": 400}, data_dir=data)
+    store = build_store("mmap", data, flush="sync", index=index, store_options={"cq_flush_interval_ms": 50})
+    assert store.load()
+    store.start()
+    acked = []
+    for b in range(40):
+        msgs = [
+            MessageInner(topic="T", body=b"m%d" % (b * 5 + i), properties={"KEYS": "k%d" % (b * 5 + i)})
+            for i in range(5)
+        ]
+        res = store.put_messages(msgs).result(30)
+        assert res.ok
+        acked.append(b * 5 + 4)
+    queued = index.pending()[0]
+    print(json.dumps({"queued": queued, "acked": acked[-1]}), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_keys_still_queued_at_a_crash_are_indexed_after_recovery(tmp_path: Path) -> None:
+    if "mmap" not in get_plugin_manager().available("store"):
+        pytest.skip("the mmap store plugin is not installed")
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path)], capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()[-3000:]
+    child = json.loads(proc.stdout)
+    assert child["queued"] > 0  # the kill found keys not yet indexed
+    pm = get_plugin_manager()
+    index = pm.create(
+        "index", "hash", options={"max_hash_slot_num": 97, "max_index_num": 400}, data_dir=tmp_path
+    )
+    store = build_store("mmap", tmp_path, flush="sync", index=index)
+    assert store.load()  # abnormal: re-dispatch from the index checkpoint
+    store.start()
+    try:
+        for i in range(child["acked"] + 1):
+            found, _ = query_messages(index, store, "T", f"k{i}", 4, 0, FOREVER)
+            assert [m.body for m in found] == [b"m%d" % i], i
+    finally:
+        store.shutdown()
