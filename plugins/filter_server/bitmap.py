@@ -36,6 +36,7 @@ import logging
 import threading
 import time
 from array import array
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -203,6 +204,37 @@ class FilterBitMap:
         self._pending.append(request)
         if not self._wake.is_set():
             self._wake.set()
+
+    def dispatch_batch(
+        self,
+        topic: str,
+        queue_id: int,
+        properties: Sequence[Mapping[str, str]],
+        commit_log_offsets: Sequence[int],
+        sizes: Sequence[int],
+        tags_codes: Sequence[int],
+        store_timestamp: int,
+        queue_offset: int,
+        sys_flags: Sequence[int],
+    ) -> None:
+        """One put at once (a BatchDispatcher): nothing at all for a topic no SQL92 filter
+        watches (the usual put), else the same per-entry requests as :meth:`dispatch`."""
+        if topic not in self._active:
+            return
+        for i, offset in enumerate(commit_log_offsets):
+            self.dispatch(
+                DispatchRequest(
+                    topic=topic,
+                    queue_id=queue_id,
+                    commit_log_offset=offset,
+                    msg_size=sizes[i],
+                    tags_code=tags_codes[i],
+                    store_timestamp=store_timestamp,
+                    queue_offset=queue_offset + i if queue_offset >= 0 else 0,
+                    sys_flag=sys_flags[i],
+                    properties=dict(properties[i]),
+                )
+            )
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
