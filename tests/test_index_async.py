@@ -31,7 +31,6 @@ from tidemq.plugins import get_plugin_manager
 from tidemq.store import BatchDispatcher, Dispatcher, DispatchRequest, dispatch_messages
 from tidemq.testing.index_contract import T0
 from tidemq.testing.store_contract import build_store
-from tidemq_filter_server.bitmap import FilterBitMap
 from tidemq_index_hash.none import NoIndex
 from tidemq_index_hash.service import HashIndex, HashIndexOptions
 
@@ -87,8 +86,6 @@ def test_protocols() -> None:
     assert not isinstance(Requests(), BatchDispatcher) and isinstance(Requests(), Dispatcher)
     for index in (HashIndex(Path("/nonexistent"), HashIndexOptions()), NoIndex()):
         assert isinstance(index, BatchDispatcher) and isinstance(index, Dispatcher)
-    # The SQL92 bit map keeps the per-request contract.
-    assert not isinstance(FilterBitMap(), BatchDispatcher)
 
 
 def test_batch_and_per_request_dispatchers_side_by_side(caplog: pytest.LogCaptureFixture) -> None:

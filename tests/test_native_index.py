@@ -234,7 +234,7 @@ def test_put_batch_of_many_messages(C: ModuleType, tmp_path: Path, n: int) -> No
     counts = array.array("i", [(i % 4) - 1 for i in range(n)])
     hashes = array.array("i", [(i * 2654435761) % 2**31 for i in range(sum(c for c in counts if c > 0))])
     offsets = [i * 64 for i in range(n)]
-    files = [IndexFile.create(tmp_path / name, 31, 200) for name in ("reference", "compiled")]
+    files = [IndexFile.create(tmp_path / name, 31, 40) for name in ("reference", "compiled")]
     try:
         ref = files[0].py_put_batch(hashes, counts, offsets, T0, 3, 0)
         got = C.put_batch(files[1], hashes, counts, offsets, T0, 3, 0)

@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: language_level=3, boundscheck=True, wraparound=False, cdivision=True
 # cython: initializedcheck=False, auto_pickle=False, embedsignature=True
 """Compiled per-key work of the ``hash`` index (issue 19): key hashing and IndexFile insertion.
 
@@ -15,6 +15,10 @@ the BLAKE3 specification (no tree, no SIMD; 4-6x cheaper than calling the ``blak
 per key, ``bench/index_bench.py --sections hash``).  Longer inputs call the package (its
 ``blake3`` callable, cached).  The C hash is compared with the package at import; a mismatch
 raises ImportError, so the loader falls back to the reference.
+
+Bounds: the module is compiled with ``boundscheck=True``, so indexing a Python sequence out of
+range raises IndexError as in Python (the arrays and buffers are read through raw pointers within
+lengths checked beforehand).
 
 Errors: inputs the fast path does not take (a property that is not a string, a string that does
 not encode to UTF-8, a sequence of another kind...) are handed to the reference, which raises

@@ -119,14 +119,6 @@ class HashIndexOptions:
     max_index_num: int = attrs.field(default=20_000_000, validator=_index_num_ok)
 
 
-def index_keys(request: DispatchRequest) -> list[str]:
-    """The keys RocketMQ indexes for a message: its UNIQ_KEY, then each KEYS entry."""
-    keys = [request.uniq_key] if request.uniq_key else []
-    if request.keys:
-        keys.extend(k for k in request.keys.split(" ") if k)
-    return keys
-
-
 def build_key(topic: str, key: str) -> str:
     return f"{topic}#{key}"
 
