@@ -66,6 +66,9 @@ def main() -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--lines", action="store_true", help="aggregate by line instead of by function")
     p.add_argument("--out", help="keep the collapsed stacks here")
+    p.add_argument(
+        "--gil", action="store_true", help="sample only the thread holding the GIL (Python CPU, not waits)"
+    )
     args = p.parse_args()
     if shutil.which("py-spy") is None and not (Path(sys.executable).parent / "py-spy").exists():
         raise SystemExit("py-spy not found: pip install py-spy")
@@ -85,6 +88,7 @@ def main() -> None:
         rec = subprocess.Popen(
             [spy, "record", "--pid", str(server.pid), "--format", "raw", "--rate", "250"]
             + ([] if args.lines else ["--function"])
+            + (["--gil"] if args.gil else [])
             + ["--duration", str(int(args.seconds)), "--nonblocking", "--output", str(collapsed)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -296,6 +296,8 @@ class ArrivalNotifier:
 
     def __init__(self, lock: threading.Lock, name: str = "store-dispatch") -> None:
         self.listeners: list[Callable[[str, int, int], None]] = []
+        # Which queues some listener cares about; None once a listener cares about every queue.
+        self._interest: list[Callable[[str, int], bool]] | None = []
         # The store's lock: writers call arrived() with it held, so the swap below takes it too
         # (no second lock on the put path).
         self._lock = lock
@@ -305,14 +307,39 @@ class ArrivalNotifier:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def add_listener(self, listener: Callable[[str, int, int], None]) -> None:
+    def add_listener(
+        self,
+        listener: Callable[[str, int, int], None],
+        interested: Callable[[str, int], bool] | None = None,
+    ) -> None:
+        """Call ``listener`` after arrivals; with ``interested``, only for queues it answers True for.
+
+        ``interested(topic, queue_id)`` runs in the writer (the store's lock held), so it must be
+        cheap and must not block: a dict lookup.  The listener has to cope with a queue it became
+        interested in just after an arrival (the broker's long polling re-reads the max offset once
+        it has registered a held pull).
+        """
         self.listeners.append(listener)
+        if interested is None:
+            self._interest = None
+        elif self._interest is not None:
+            self._interest.append(interested)
 
     def arrived(self, topic: str, queue_id: int, max_offset: int) -> None:
         """Note that ``topic``/``queue_id`` is readable up to ``max_offset`` (the store's lock held).
 
         Wakes the thread only when it has nothing pending: under load many puts share one wake-up.
+        An arrival no listener is interested in is dropped here: a producer writing to queues no
+        pull waits on costs no wake-up of this thread at all (a profile of batched produce put 11 %
+        of the broker's CPU in these rounds, mostly thread switches).
         """
+        interest = self._interest
+        if interest is not None:
+            for wants in interest:
+                if wants(topic, queue_id):
+                    break
+            else:
+                return
         if not self._arrivals:
             self._event.set()
         self._arrivals[(topic, queue_id)] = max_offset
@@ -378,10 +405,16 @@ class MessageStore(Protocol):
     def add_dispatcher(self, dispatcher: Dispatcher) -> None:
         """Hand every stored message to ``dispatcher`` too (before :meth:`start`)."""
 
-    def add_arrival_listener(self, listener: Callable[[str, int, int], None]) -> None:
+    def add_arrival_listener(
+        self,
+        listener: Callable[[str, int, int], None],
+        interested: Callable[[str, int], bool] | None = None,
+    ) -> None:
         """Call ``listener(topic, queue_id, max_offset)`` after messages become readable.
 
         Called from the store's own thread; the broker's long polling wakes held pulls with it.
+        ``interested(topic, queue_id)``, when given, is asked in the writer first (cheap, never
+        blocking): arrivals it answers False for are not delivered (:class:`ArrivalNotifier`).
         """
 
     def put_message(self, msg: MessageInner) -> Future[PutResult]:

@@ -159,7 +159,7 @@ class Broker:
         if not self.store.load():
             raise StoreError(f"the store in {self.data_dir} could not be loaded")
         self.hold = PullRequestHoldService(loop, self.store.get_max_offset_in_queue)
-        self.store.add_arrival_listener(self.hold.notify_arrival)
+        self.store.add_arrival_listener(self.hold.notify_arrival, self.hold.is_waited_on)
         self.schedule.load()
         self.schedule.attach(loop)
         self.store.start()

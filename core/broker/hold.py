@@ -86,6 +86,14 @@ class PullRequestHoldService:
                 if not waiters:
                     self._waiters.pop(key, None)
 
+    def is_waited_on(self, topic: str, queue_id: int) -> bool:
+        """Whether a pull is held on the queue: the store's arrival filter (any thread; no lock).
+
+        A pull registers before it re-reads the max offset, so an arrival this answers False for
+        is seen by that re-read.
+        """
+        return (topic, queue_id) in self._waiters
+
     def notify_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
         """The store's arrival listener; safe to call from any thread."""
         if (topic, queue_id) not in self._waiters:  # a dict lookup is atomic; no waiter, no hop

@@ -132,7 +132,7 @@ class ScheduleMessageService:
         """Listen for arrivals in the schedule queues (call before the store starts)."""
         self._loop = loop
         self._events = [asyncio.Event() for _ in self.levels]
-        self.store.add_arrival_listener(self._on_arrival)
+        self.store.add_arrival_listener(self._on_arrival, _is_schedule_queue)
 
     def start(self) -> None:
         """Start one delivery task per level (masters only: a slave takes no writes)."""
@@ -312,3 +312,8 @@ class ScheduleMessageService:
                     await asyncio.to_thread(self.persist)
                 except Exception:
                     log.exception("cannot persist %s", self.path)
+
+
+def _is_schedule_queue(topic: str, queue_id: int) -> bool:
+    """Arrival filter: only the delay levels' queues wake the schedule service."""
+    return topic == SCHEDULE_TOPIC

@@ -277,6 +277,38 @@ class StoreContract:
         assert arrivals and arrivals[-1] == ("TopicA", 1, 3)
         assert all(a[2] > 0 for a in arrivals)
 
+    def test_arrival_listener_hears_only_the_queues_it_is_interested_in(
+        self, make_store: Callable[[], MessageStore]
+    ) -> None:
+        # The broker's long polling asks only for queues a pull waits on: a producer writing
+        # elsewhere must not wake the store's notifier (nor reach the listener) at all.
+        store = make_store()
+        heard: list[tuple[str, int, int]] = []
+        asked: list[tuple[str, int]] = []
+        got = threading.Event()
+
+        def interested(topic: str, queue_id: int) -> bool:
+            asked.append((topic, queue_id))
+            return queue_id == 2
+
+        def on_arrival(topic: str, queue_id: int, max_offset: int) -> None:
+            heard.append((topic, queue_id, max_offset))
+            got.set()
+
+        store.add_arrival_listener(on_arrival, interested)
+        assert store.load()
+        store.start()
+        try:
+            for _ in range(3):
+                put(store, message(queue_id=1))
+            put(store, message(queue_id=2))
+            assert got.wait(10)
+            time.sleep(0.05)  # a stray delivery for queue 1 would come within a round
+        finally:
+            store.shutdown()
+        assert ("TopicA", 1) in asked and ("TopicA", 2) in asked
+        assert heard == [("TopicA", 2, 1)]
+
     # ------------------------------------------------------------------ concurrency
     def test_concurrent_writers_get_unique_offsets(self, store: MessageStore) -> None:
         n_threads, per_thread = 8, 40

@@ -130,8 +130,12 @@ class MemoryMessageStore:
     def add_dispatcher(self, dispatcher: Dispatcher) -> None:
         self._dispatchers.append(dispatcher)
 
-    def add_arrival_listener(self, listener: Callable[[str, int, int], None]) -> None:
-        self._notifier.add_listener(listener)
+    def add_arrival_listener(
+        self,
+        listener: Callable[[str, int, int], None],
+        interested: Callable[[str, int], bool] | None = None,
+    ) -> None:
+        self._notifier.add_listener(listener, interested)
 
     @property
     def store_host(self) -> tuple[str, int]:

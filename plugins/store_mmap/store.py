@@ -250,8 +250,12 @@ class MmapMessageStore:
         self.reput.dispatchers.append(dispatcher)
         self._needs_dispatch = True
 
-    def add_arrival_listener(self, listener: Callable[[str, int, int], None]) -> None:
-        self.notifier.add_listener(listener)
+    def add_arrival_listener(
+        self,
+        listener: Callable[[str, int, int], None],
+        interested: Callable[[str, int], bool] | None = None,
+    ) -> None:
+        self.notifier.add_listener(listener, interested)
         self._needs_dispatch = True
 
     # ------------------------------------------------------------------ writes
