@@ -2,6 +2,11 @@
 
     python bench/compare_ab.py --b '[transport.tcp]
     coalesce_writes = false' [--a TOML] [--workload produce_1k_single] [--rounds 3] [--flush async]
+    python bench/compare_ab.py --b-tree /tmp/base_pkgs --workload consume_1k   # code before/after
+
+``--b-tree DIR`` runs B's broker with ``PYTHONPATH=DIR``: a directory whose ``tidemq`` and
+``tidemq_<plugin>`` entries (symlinks into a ``git worktree`` of the old commit, with its compiled
+modules built or copied in) import before this tree's, so B is the old code, A this one.
 
 Each round starts a fresh broker per configuration (A then B, order swapped every round so drift
 on a shared machine hits both) and drives it with the compare.py generators.  Prints JSON: each
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -26,8 +32,17 @@ import compare_systems as systems  # noqa: E402
 from compare import Bench  # noqa: E402
 
 
-def one(work: Path, flush: str, toml: str, args: argparse.Namespace) -> dict[str, Any]:
-    server = systems.start_tidemq(work, flush, toml)
+def one(work: Path, flush: str, toml: str, args: argparse.Namespace, tree: str = "") -> dict[str, Any]:
+    saved = os.environ.get("PYTHONPATH")
+    if tree:
+        os.environ["PYTHONPATH"] = tree  # the broker child imports the old packages first
+    try:
+        server = systems.start_tidemq(work, flush, toml)
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
     try:
         bench = Bench(
             argparse.Namespace(procs=args.procs, inflight=args.inflight, messages=args.messages), server
@@ -52,6 +67,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--a", default="", help="TOML appended to A's config (default: none)")
     p.add_argument("--b", default="", help="TOML appended to B's config")
+    p.add_argument("--b-tree", default="", help="PYTHONPATH for B's broker: the old code (see above)")
     p.add_argument("--workload", default="produce_1k_single")
     p.add_argument("--flush", default="async", choices=["async", "sync"])
     p.add_argument("--rounds", type=int, default=3)
@@ -63,12 +79,12 @@ def main() -> None:
     rounds = []
     try:
         for i in range(args.rounds):
-            order = [("a", args.a), ("b", args.b)]
+            order = [("a", args.a, ""), ("b", args.b, args.b_tree)]
             if i % 2:
                 order.reverse()
             row: dict[str, Any] = {}
-            for name, toml in order:
-                row[name] = one(work / f"{name}{i}", args.flush, toml, args)
+            for name, toml, tree in order:
+                row[name] = one(work / f"{name}{i}", args.flush, toml, args, tree)
                 print(f"[compare_ab] round {i} {name}: {row[name]['msgs_per_s']:.0f} msg/s", file=sys.stderr)
             rounds.append(row)
     finally:
@@ -86,6 +102,7 @@ def main() -> None:
                 "flush": args.flush,
                 "a": args.a,
                 "b": args.b,
+                "b_tree": args.b_tree,
                 "rounds": rounds,
                 "a_over_b_msgs_per_s": [round(x, 3) for x in ratios],
                 "median_a_over_b": round(statistics.median(ratios), 3) if ratios else None,

@@ -99,14 +99,22 @@ class GetResult:
     buffers: tuple[bytes | memoryview, ...] = ()
     queue_offsets: tuple[int, ...] = ()
     suggest_pulling_from_slave: bool = False
+    #: Optional: the same bytes as ``buffers`` in fewer chunks (records that lie back to back in
+    #: the store as one view), for the pull response; empty when the store does not merge them.
+    wire: tuple[bytes | memoryview, ...] = ()
 
     @property
     def message_count(self) -> int:
         return len(self.buffers)
 
     @property
+    def wire_parts(self) -> tuple[bytes | memoryview, ...]:
+        """The records as chunks to write, byte for byte ``b"".join(buffers)``."""
+        return self.wire or self.buffers
+
+    @property
     def total_size(self) -> int:
-        return sum(len(b) for b in self.buffers)
+        return sum(len(b) for b in self.wire_parts)
 
 
 def check_queue_offset(offset: int, min_offset: int, max_offset: int) -> GetResult | None:

@@ -20,7 +20,7 @@ from tidemq.message import (
     decode_message,
 )
 from tidemq.store import GetStatus, PutStatus
-from tidemq.testing.store_contract import build_store
+from tidemq.testing.store_contract import build_store, message
 
 
 def hand_message(body: bytes = b"ABC", reconsume: int = 3) -> MessageInner:
@@ -240,3 +240,25 @@ def test_out_of_range_field_is_refused_and_never_resurfaces_after_a_crash(tmp_pa
         assert [decode_message(b).body for b in got.buffers] == [b"good"]
     finally:
         reopened.shutdown()
+
+
+def test_a_batch_stored_back_to_back_is_pulled_as_one_chunk(tmp_path: Path) -> None:
+    # A pull writes GetResult.wire_parts: a producer's batch lies back to back in the log, so its
+    # records go out as one view of the mapping, byte for byte what the per-record buffers hold.
+    store = build_store("mmap", tmp_path)
+    assert store.load()
+    store.start()
+    try:
+        batch = [message(body=b"b%02d" % i + bytes(100), queue_id=1) for i in range(32)]
+        store.put_messages(batch).result(10)
+        for i in range(3):  # interleaved with another queue: no longer back to back
+            store.put_message(message(body=b"q1-%d" % i, queue_id=1)).result(10)
+            store.put_message(message(body=b"q2-%d" % i, queue_id=2)).result(10)
+        got = store.get_message("g", "TopicA", 1, 0, 32)
+        assert got.status is GetStatus.FOUND and len(got.buffers) == 32
+        assert len(got.wire) == 1 and bytes(got.wire[0]) == b"".join(got.buffers)
+        mixed = store.get_message("g", "TopicA", 1, 30, 32)
+        assert len(mixed.buffers) == 5
+        assert mixed.wire == () and mixed.wire_parts == mixed.buffers
+    finally:
+        store.shutdown()

@@ -438,11 +438,14 @@ class MmapMessageStore:
         # view; the loop below takes any other entry (filler, removed file, damage) one at a time.
         scan = message_filter is None and entry_check is None
         i = 0
+        run: memoryview | None = None  # the records of a first scan, when they lie back to back
         while i < limit:
             if scan and next_phy_file_start == _MIN:
-                mf = commitlog.queue.find_mapped_file_by_offset(CQ_ENTRY.unpack_from(entries, i)[0])
+                first_phy = CQ_ENTRY.unpack_from(entries, i)[0]
+                mf = commitlog.queue.find_mapped_file_by_offset(first_phy)
                 window = mf.scan_window() if mf is not None else None
                 if window is not None:
+                    i0, total0 = i, total
                     i, total, seen, stop = scan_queue(
                         entries,
                         i,
@@ -464,6 +467,14 @@ class MmapMessageStore:
                         last_phy = seen
                     if buffers:
                         status = GetStatus.FOUND
+                    if i > i0 and not total0:
+                        # A producer's batch lands in one queue back to back: then the response
+                        # body is one view instead of one per record (a chunk per record cost the
+                        # pull path ~15 % in sizes and iovecs).
+                        end_phy, end_size, _ = CQ_ENTRY.unpack_from(entries, i - CQ_STORE_UNIT_SIZE)
+                        if end_phy + end_size - first_phy == total:
+                            start = first_phy - mf.file_from_offset  # type: ignore[union-attr]
+                            run = window[0][start : start + total]
                     if stop != SCAN_CAREFUL:
                         break
             phy, size, tags_code = CQ_ENTRY.unpack_from(entries, i)
@@ -535,6 +546,7 @@ class MmapMessageStore:
             max_offset,
             buffers=tuple(buffers),
             queue_offsets=tuple(qoffsets),
+            wire=(run,) if run is not None and run.nbytes == total else (),
             # Reading this far behind the head means reading from disk: RocketMQ then suggests a slave.
             suggest_pulling_from_slave=max_phy - last_phy > _MEMORY_FOR_MESSAGES,
         )
