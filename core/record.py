@@ -511,6 +511,7 @@ def scan_queue(
     buffers: list[memoryview],
     queue_offsets: list[int],
     total: int,
+    runs: list[memoryview] | None = None,
 ) -> tuple[int, int, int, int]:
     """The pull path's walk of ConsumeQueue entries ``[start, limit)`` (bytes) whose records lie
     whole in one mapped commit-log file (``file_view``, starting at log offset ``file_from``,
@@ -518,32 +519,50 @@ def scan_queue(
     when ``check_crc``, is appended to ``buffers`` (a view, no copy) and its queue offset to
     ``queue_offsets``.  Anything else stops the walk for the store to handle that entry.
 
+    With ``runs``, the records taken are appended to it too, as maximal back-to-back runs: one
+    view per run of records that follow each other in the file (what a pull response writes).
+
     Returns ``(index, total bytes, last commit-log offset seen or -1, SCAN_*)``.
     """
     i = start
     last_phy = -1
     unit = _CQ_ENTRY.size
+    stop = SCAN_END
+    run_start = run_end = -1
     while i < limit:
         phy, size, _tags = _CQ_ENTRY.unpack_from(entries, i)
         last_phy = phy
         if size == 0x7FFFFFFF:
-            return i, total, last_phy, SCAN_CAREFUL
+            stop = SCAN_CAREFUL
+            break
         if buffers and (len(buffers) >= max_count or total + size > max_bytes):
-            return i, total, last_phy, SCAN_FULL
+            stop = SCAN_FULL
+            break
         pos = phy - file_from
         if pos < 0 or size < 0 or pos + size > readable:
-            return i, total, last_phy, SCAN_CAREFUL
+            stop = SCAN_CAREFUL
+            break
         data = file_view[pos : pos + size]
         qoff = first_queue_offset + i // unit
         if record_mismatch(data, size, topic, queue_id, qoff) is not None:
-            return i, total, last_phy, SCAN_CAREFUL
+            stop = SCAN_CAREFUL
+            break
         if check_crc and not record_crc_ok(data):
-            return i, total, last_phy, SCAN_CAREFUL
+            stop = SCAN_CAREFUL
+            break
         buffers.append(data)
         queue_offsets.append(qoff)
         total += size
         i += unit
-    return i, total, last_phy, SCAN_END
+        if runs is not None:
+            if pos != run_end:
+                if run_start >= 0:
+                    runs.append(file_view[run_start:run_end])
+                run_start = pos
+            run_end = pos + size
+    if runs is not None and run_start >= 0:
+        runs.append(file_view[run_start:run_end])
+    return i, total, last_phy, stop
 
 
 def pack_cq_entries(offsets: Sequence[int], sizes: Sequence[int], tags_codes: Sequence[int]) -> bytes:

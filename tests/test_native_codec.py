@@ -573,6 +573,7 @@ def test_scan_queue_serves_what_the_reference_serves(
     for impl in (C, ref):
         buffers: list = []
         qoffsets: list = []
+        runs: list = []
         got = impl.scan_queue(
             bytes(entries),
             start,
@@ -589,9 +590,46 @@ def test_scan_queue_serves_what_the_reference_serves(
             buffers,
             qoffsets,
             0,
+            runs,
         )
-        out.append((got, [bytes(b) for b in buffers], qoffsets))
+        assert b"".join(runs) == b"".join(buffers)
+        out.append((got, [bytes(b) for b in buffers], qoffsets, [bytes(r) for r in runs]))
     assert out[0] == out[1]
+
+
+@SETTINGS
+@given(
+    bodies=st.lists(st.binary(max_size=64), min_size=1, max_size=12),
+    gaps=st.lists(st.sampled_from([0, 0, 0, 1, 20]), min_size=12, max_size=12),
+    max_count=st.integers(1, 16),
+)
+def test_scan_queue_runs_join_back_to_back_records(
+    C: ModuleType, bodies: list, gaps: list, max_count: int
+) -> None:
+    """A pull writes the runs: records that follow each other in the file make one run, a gap
+    (another queue's record) starts the next; the runs hold exactly the records taken."""
+    enc = ref.RecordEncoder(("10.0.0.1", 10911))
+    buf = bytearray()
+    offsets, sizes, tags = [], [], []
+    for qoff, (body, gap) in enumerate(zip(bodies, gaps, strict=False)):
+        buf += bytes(gap)
+        batch = enc.prepare([MessageInner(topic="Orders", body=body, queue_id=3)])
+        record = bytearray(batch.total)
+        offsets += enc.write_into(record, 0, batch, qoff, len(buf), 1_700_000_000_000)
+        sizes += batch.sizes
+        tags += batch.tags_codes
+        buf += record
+    entries = ref.pack_cq_entries(offsets, sizes, tags)
+    expected = 1 + sum(1 for g in gaps[1 : min(len(bodies), max_count)] if g)
+    for impl in (C, ref):
+        buffers: list = []
+        runs: list = []
+        args = (entries, 0, len(entries), memoryview(bytes(buf)), 0, len(buf), b"Orders", 3, 0)
+        impl.scan_queue(*args, max_count, 1 << 20, True, buffers, [], 0, runs)
+        assert len(buffers) == min(len(bodies), max_count)
+        assert b"".join(runs) == b"".join(buffers) and len(runs) == expected
+        # Without a runs list the walk is what it always was.
+        assert impl.scan_queue(*args, max_count, 1 << 20, True, [], [], 0)[3] in (ref.SCAN_END, ref.SCAN_FULL)
 
 
 def test_scan_queue_takes_every_whole_record_of_an_intact_queue(C: ModuleType) -> None:

@@ -1014,13 +1014,13 @@ cdef inline bint _crc_ok_mem(const uint8_t *p, Py_ssize_t n) except? -1:
 def scan_queue(entries, Py_ssize_t start, Py_ssize_t limit, file_view, int64_t file_from,
                int64_t readable, bytes topic, int64_t queue_id, int64_t first_queue_offset,
                Py_ssize_t max_count, int64_t max_bytes, bint check_crc, list buffers,
-               list queue_offsets, int64_t total):
+               list queue_offsets, int64_t total, list runs=None):
     """The pull path's walk of ConsumeQueue entries (:func:`tidemq.record.scan_queue`)."""
     cdef Py_buffer ev, fv
     cdef const uint8_t *e
     cdef const uint8_t *f
     cdef Py_ssize_t i = start, en
-    cdef int64_t phy, pos, last_phy = -1, qoff
+    cdef int64_t phy, pos, last_phy = -1, qoff, run_start = -1, run_end = -1
     cdef int32_t size
     cdef int stop = 0
     if PyObject_GetBuffer(entries, &ev, PyBUF_SIMPLE) < 0:
@@ -1064,10 +1064,18 @@ def scan_queue(entries, Py_ssize_t start, Py_ssize_t limit, file_view, int64_t f
                 queue_offsets.append(qoff)
                 total += size
                 i += 20
+                if runs is not None:
+                    if pos != run_end:
+                        if run_start >= 0:
+                            runs.append(file_view[run_start:run_end])
+                        run_start = pos
+                    run_end = pos + size
         finally:
             PyBuffer_Release(&fv)
     finally:
         PyBuffer_Release(&ev)
+    if runs is not None and run_start >= 0:
+        runs.append(file_view[run_start:run_end])
     return i, total, last_phy, stop
 
 

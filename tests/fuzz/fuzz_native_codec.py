@@ -189,9 +189,13 @@ def check(codec: ModuleType, rng: random.Random, data: bytes) -> dict[str, int]:
         for _ in range(n_entries)
     )
     scans = []
+    # Drawn once: both walks get the same arguments.
+    readable, max_count, max_bytes = rng.randint(0, len(data)), rng.randint(1, 8), rng.randint(1, 1 << 16)
+    check_crc = rng.random() < 0.5
     for impl in (codec, ref):
         bufs: list[Any] = []
         qoffs: list[int] = []
+        runs: list[Any] = []
         got = outcome(
             impl.scan_queue,
             entries,
@@ -199,18 +203,21 @@ def check(codec: ModuleType, rng: random.Random, data: bytes) -> dict[str, int]:
             len(entries),
             memoryview(data),
             0,
-            rng.randint(0, len(data)),
+            readable,
             b"T",
             1,
             0,
-            rng.randint(1, 8),
-            rng.randint(1, 1 << 16),
-            rng.random() < 0.5,
+            max_count,
+            max_bytes,
+            check_crc,
             bufs,
             qoffs,
             0,
+            runs,
         )
-        scans.append((got, [bytes(b) for b in bufs], qoffs))
+        if b"".join(runs) != b"".join(bufs):
+            got = ("runs differ from the records taken", got)
+        scans.append((got, [bytes(b) for b in bufs], qoffs, [bytes(r) for r in runs]))
     same("scan_queue", data, scans[0], scans[1])
     header = ("T", 1, 0, 1700000000000, ("10.0.0.1", 5555), ("10.0.0.2", 10911), 0)
     same(
