@@ -23,7 +23,7 @@ from tidemq import hookimpl
 from tidemq.address import split_address
 from tidemq.config import parse_options
 from tidemq.errors import ConfigError, CorruptDataError, MessageTooLargeError
-from tidemq.filter import EntryPrefilter, MessageFilter
+from tidemq.filter import MessageFilter, queue_entry_check
 from tidemq.futures import StoreFuture
 from tidemq.message import (
     TRANSACTION_PREPARED_TYPE,
@@ -275,9 +275,7 @@ class MemoryMessageStore:
         limit = max(MAX_FILTER_ENTRIES, max_count)
         idx = offset - base
         end = min(len(entries), idx + limit)
-        entry_check = (
-            message_filter.matches_queue_entry if isinstance(message_filter, EntryPrefilter) else None
-        )
+        entry_check = queue_entry_check(message_filter)
         while idx < end:
             phys, size, tags_code = entries[idx]
             if buffers and (len(buffers) >= max_count or total + size > max_bytes):

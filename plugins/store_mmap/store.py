@@ -34,7 +34,7 @@ from tidemq.compression import compress
 from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.delay import DEFAULT_DELAY_LEVELS, SCHEDULE_TOPIC, parse_delay_levels
 from tidemq.errors import CorruptDataError, MessageTooLargeError, StoreError
-from tidemq.filter import EntryPrefilter, MessageFilter
+from tidemq.filter import MessageFilter, queue_entry_check
 from tidemq.flush import FlushPolicy, SubmittingFlushPolicy
 from tidemq.futures import StoreFuture
 from tidemq.message import (
@@ -428,9 +428,7 @@ class MmapMessageStore:
         limit = min(len(entries), max(MAX_FILTER_BYTES, max_count * CQ_STORE_UNIT_SIZE))
         limit -= limit % CQ_STORE_UNIT_SIZE
         commitlog = self.commitlog
-        entry_check = (
-            message_filter.matches_queue_entry if isinstance(message_filter, EntryPrefilter) else None
-        )
+        entry_check = queue_entry_check(message_filter)
         check_crc = self.options.check_crc_on_read
         topic_bytes = topic.encode()
         # Unfiltered pulls (the common case) walk the entries in scan_queue (compiled when built):
