@@ -73,6 +73,7 @@ __all__ = [
     "FilterFactory",
     "MessageFilter",
     "SelectsEverything",
+    "queue_entry_check",
     "MasterAware",  # replication
     "MetadataSink",
     "Replication",
@@ -121,6 +122,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "FilterFactory",
         "MessageFilter",
         "SelectsEverything",
+        "queue_entry_check",
     ),
     "tidemq.flush": ("Flushable", "FlushPolicy", "SubmittingFlushPolicy"),
     "tidemq.futures": ("StoreFuture",),
@@ -173,6 +175,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         FilterFactory,
         MessageFilter,
         SelectsEverything,
+        queue_entry_check,
     )
     from tidemq.flush import Flushable, FlushPolicy, SubmittingFlushPolicy
     from tidemq.futures import StoreFuture
