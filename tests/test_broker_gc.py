@@ -42,7 +42,10 @@ def send_frame(opaque: int, queue_id: int, batch: int = 1) -> bytes:
     if batch > 1:
         fields["i"] = "WAIT\x01true\x02"
         body = encode_batch(
-            [BatchItem(b"x" * 100, 0, {"UNIQ_KEY": f"U{opaque:08d}{i:04d}"}) for i in range(batch)]
+            [
+                BatchItem(b"x" * 100, 0, {"UNIQ_KEY": f"U{opaque:08d}{i:04d}", "TAGS": "TagA"})
+                for i in range(batch)
+            ]
         )
         code = RequestCode.SEND_BATCH_MESSAGE
     else:
@@ -107,5 +110,35 @@ def test_batch_sends_leave_no_cycles(tidemq_make_broker: MakeBroker) -> None:
         async with tidemq_make_broker(auto_create_topic=True) as broker:
             rounds = [[send_frame(2 + r * 10 + i, i % 4, batch=16) for i in range(10)] for r in range(6)]
             return await unreachable_after(broker, rounds)
+
+    assert asyncio.run(main()) < SLACK
+
+
+def pull_frame(opaque: int, queue_id: int, subscription: str = "*") -> bytes:
+    fields = {
+        "consumerGroup": "gc-consumer",
+        "topic": "GcTopic",
+        "queueId": str(queue_id),
+        "queueOffset": "0",
+        "maxMsgNums": "32",
+        "sysFlag": "4",  # FLAG_SUBSCRIPTION: the subscription travels with the pull
+        "commitOffset": "0",
+        "suspendTimeoutMillis": "0",
+        "subscription": subscription,
+        "subVersion": "0",
+        "expressionType": "TAG",
+    }
+    return b"".join(encode(RemotingCommand(RequestCode.PULL_MESSAGE, opaque=opaque, ext_fields=fields)))
+
+
+def test_pulls_leave_no_cycles(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> int:
+        async with tidemq_make_broker(auto_create_topic=True) as broker:
+            async with connected(broker.address) as (reader, writer):
+                sends = [send_frame(2 + i, i % 4, batch=16) for i in range(8)]
+                assert await exchange(reader, writer, sends) == [ResponseCode.SUCCESS] * 8
+            # Unfiltered and tag-filtered pulls (the filtered walk and the filter cache too).
+            pulls = [pull_frame(100 + i, i % 4, "*" if i % 2 else "TagA || TagB") for i in range(8)]
+            return await unreachable_after(broker, [pulls] * 5)
 
     assert asyncio.run(main()) < SLACK
