@@ -19,7 +19,7 @@ import click
 import orjson
 
 # The RPC client lives in tidemq.client.admin; these names stay importable from here.
-from tidemq.client.admin import TIMEOUT_S, AdminClient, AdminError
+from tidemq.client.admin import TIMEOUT_S, AdminClient, AdminError, NoRouteError
 from tidemq.client.route import loads_lenient
 from tidemq.errors import TidemqError
 from tidemq.message import MessageExt, Prop, decode_message_id, iter_messages, properties_to_string
@@ -347,6 +347,20 @@ async def query_msg_by_key(client: AdminClient, topic: str, msg_key: str) -> Non
     )
 
 
+async def _broker_addresses(client: AdminClient) -> set[str]:
+    """Registered broker addresses, also as IP:port (an offset id holds the store host's IP)."""
+    import socket
+
+    known = set(await client.broker_addresses())
+    for addr in list(known):
+        host, _, port = addr.rpartition(":")
+        try:
+            known.add(f"{socket.gethostbyname(host.strip('[]'))}:{port}")
+        except OSError:
+            pass
+    return known
+
+
 @admin.command("queryMsgById")
 @click.option("-i", "--msg-id", required=True, help="Offset message id, or a unique id with -t.")
 @click.option("-t", "--topic", help="Topic, needed to look up a producer's unique message id.")
@@ -367,11 +381,20 @@ async def query_msg_by_id(client: AdminClient, msg_id: str, topic: str | None) -
                     f"{msg_id!r} is not an offset message id; give -t TOPIC to look up a unique id"
                 ) from None
         else:
-            if 0 < port < 65536:
-                resp = await client.call(f"{host}:{port}", RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset})
+            # Only ask a broker the cluster has: a producer's id read as an offset id names some
+            # other machine (the official client's even a byte-swapped IP), and whatever answers
+            # there is no broker.
+            addr = f"{host}:{port}" if 0 < port < 65536 else ""
+            if addr and addr in await _broker_addresses(client):
+                resp = await client.call(addr, RequestCode.VIEW_MESSAGE_BY_ID, {"offset": offset})
                 msgs = list(iter_messages(resp.payload()))
             elif not topic:
-                raise AdminError(f"{msg_id!r} is not an offset message id (port {port}); give -t TOPIC")
+                raise AdminError(
+                    f"{msg_id} is not an offset message id of this cluster (read as one it names "
+                    f"{addr or f'port {port}'}, which is no broker the NameServer knows); a producer's "
+                    f"message id (the msg_id a send prints) needs its topic: "
+                    f"tidemq admin queryMsgById -i {msg_id} -t TOPIC"
+                )
     if not msgs:
         raise AdminError(f"message {msg_id} not found")
     for m in msgs:
@@ -400,8 +423,15 @@ async def send_message(
 
     try:
         route = await client.route(topic)
-    except AdminError:
-        route = await client.route("TBW102")  # the template brokers create new topics from
+    except NoRouteError:
+        try:
+            route = await client.route("TBW102")  # the template brokers create new topics from
+        except NoRouteError:
+            # No broker offers the template: every broker runs with auto_create_topic = false.
+            raise AdminError(
+                f"topic {topic!r} does not exist and the brokers do not create topics on first send "
+                f"([broker] auto_create_topic = false): create it with `tidemq admin updateTopic -t {topic}`"
+            ) from None
     queues = route.publish_queues(topic, 4)
     if broker_name:
         queues = [q for q in queues if q.broker_name == broker_name]

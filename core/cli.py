@@ -9,11 +9,13 @@ on SIGINT/SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import os
 import signal
 import sys
+import tomllib
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -31,13 +33,17 @@ log = logging.getLogger("tidemq")
 __all__ = ["cli", "main", "run_service", "serve_until_signalled"]
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception | str) -> None:
     click.echo(f"tidemq: error: {exc}", err=True)
     sys.exit(2)
 
 
-def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Run ``main`` on uvloop when it is installed, turning config mistakes into one-line errors."""
+def run_service(main: Callable[[], Coroutine[Any, Any, None]], *, listen_hint: str = "") -> None:
+    """Run ``main`` on uvloop when it is installed, turning config mistakes into one-line errors.
+
+    ``listen_hint`` names the flags or keys that choose the command's ports, for the error a
+    port already in use gets.
+    """
     try:
         import uvloop
 
@@ -50,9 +56,21 @@ def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     except TidemqError as exc:
         _fail(exc)
     except OSError as exc:  # a port already taken, a data directory we may not write...
+        if exc.errno == errno.EADDRINUSE:
+            _fail(_address_in_use(exc, listen_hint))
         _fail(exc)
     except KeyboardInterrupt:
         pass
+
+
+def _address_in_use(exc: OSError, listen_hint: str) -> str:
+    """One line for EADDRINUSE: which address, the likely cause, how to pick another port."""
+    what = exc.strerror or str(exc)
+    hint = f"; or choose another port with {listen_hint}" if listen_hint else "; or choose another port"
+    return (
+        f"{what}: another tidemq (or another program) is listening there, "
+        f"stop it (`ss -ltnp` shows which process){hint}"
+    )
 
 
 async def serve_until_signalled(services: list[tuple[str, Any]]) -> None:
@@ -171,9 +189,28 @@ class _PluginCommands(click.Group):
         return super().get_command(ctx, cmd_name)
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: the version and which compiled extensions run (a bug report's first lines)."""
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(f"tidemq, version {__version__}\ncodec: {_native.DESCRIPTION}")
+    try:  # the hash index plugin's own extension; a build without the plugin has none
+        from tidemq_index_hash import native as index_native
+
+        click.echo(f"hash index: {index_native.DESCRIPTION}")
+    except ImportError:
+        pass
+    ctx.exit()
+
+
 @click.group(cls=_PluginCommands)
-@click.version_option(
-    __version__, prog_name="tidemq", message=f"%(prog)s, version %(version)s\ncodec: {_native.DESCRIPTION}"
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and whether the compiled extensions are active, then exit.",
 )
 @click.option(
     "--log-level", default="INFO", show_default=True, help="Logging level (DEBUG, INFO, WARNING...)."
@@ -203,7 +240,7 @@ def namesrv(config_path: str | None, listen: str | None) -> None:
             )
         await serve_until_signalled([("namesrv", _make_namesrv(cfg))])
 
-    run_service(main)
+    run_service(main, listen_hint="--listen HOST:PORT (or [namesrv] listen)")
 
 
 @cli.command()
@@ -220,7 +257,7 @@ def broker(
         cfg = _apply_broker_overrides(load_config(config_path), listen, namesrv_addr, data_dir)
         await serve_until_signalled([("broker", _make_broker(cfg))])
 
-    run_service(main)
+    run_service(main, listen_hint="--listen HOST:PORT (or [broker] listen)")
 
 
 @cli.command()
@@ -254,7 +291,7 @@ def standalone(config_path: str | None, data_dir: str, namesrv_listen: str, brok
         finally:
             await ns.stop()
 
-    run_service(main)
+    run_service(main, listen_hint="--namesrv-listen HOST:PORT and --broker-listen HOST:PORT")
 
 
 @cli.command()
@@ -278,14 +315,27 @@ def plugins() -> None:
 
 
 @cli.command("check-config")
-@click.argument("config_path", type=click.Path(dir_okay=False))
-def check_config(config_path: str) -> None:
-    """Validate a broker config file as `tidemq broker` does, starting nothing; print the plugins it selects."""
+@click.argument("config_path", type=click.Path(dir_okay=False), required=False)
+@click.option(
+    "--show", is_flag=True, help="Also print the effective configuration: every key, defaults filled in."
+)
+def check_config(config_path: str | None, show: bool) -> None:
+    """Validate a broker config file as `tidemq broker` does, starting nothing; print the plugins it selects.
+
+    Without CONFIG_PATH the defaults are checked (and shown with --show).
+    """
+    from tidemq.config_reference import show as show_config
+
     try:
         cfg = load_config(config_path)
         check_broker(cfg)
+        given = tomllib.loads(Path(config_path).read_text()) if config_path else {}
+        text = show_config(cfg, given) if show else ""
     except TidemqError as exc:
         _fail(exc)
+        return
+    if text:
+        click.echo(text, nl=False)
         return
     for role, name in cfg.plugins.items():
         click.echo(f"{role} = {name}")

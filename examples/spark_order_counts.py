@@ -7,6 +7,7 @@ Reads topic ``OrderEvents`` (tags = event kind: Created / Paid / Shipped) with t
 Spark source, counts events per store-time minute and tag, writes the counts as JSON messages to
 ``OrderCounts`` and as Parquet to ``--out``, then reads the results topic back and prints it.
 Without ``--namesrv`` it starts a NameServer and broker in-process and produces sample orders.
+Needs the ``spark`` extra (``pip install -e '.[spark]'``) and Java 17; it checks both first.
 """
 
 from __future__ import annotations
@@ -97,6 +98,14 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="Parquet output directory")
     args = ap.parse_args()
 
+    # Before any work: without pyspark or Java the run used to start a cluster, send the orders,
+    # then fail and leave its data directory behind.
+    from tidemq_spark.environment import spark_problem
+
+    problem = spark_problem()
+    if problem is not None:
+        sys.exit(f"spark_order_counts.py: {problem}")
+
     tmp = Path(tempfile.mkdtemp(prefix="tidemq-example-"))
     out = args.out or str(tmp / "order-counts.parquet")
     loop = None
@@ -104,9 +113,20 @@ def main() -> None:
     if namesrv is None:
         loop, namesrv = start_cluster(tmp)
         print(f"started NameServer {namesrv} and broker-a in {tmp}", file=sys.stderr)
-    produce_orders(namesrv, args.orders)  # topics are auto-created by the broker
-    wait_route(namesrv, "OrderEvents")
+    try:
+        produce_orders(namesrv, args.orders)  # topics are auto-created by the broker
+        wait_route(namesrv, "OrderEvents")
+        run_pipeline(namesrv, out)
+    finally:
+        if loop is not None:  # a clean stop: no abort file left in the data directory
+            ns, broker = loop.cluster
+            loop.run(broker.stop())
+            loop.run(ns.stop())
+            loop.stop()
 
+
+def run_pipeline(namesrv: str, out: str) -> None:
+    """Count OrderEvents per minute and tag; write OrderCounts and Parquet; print the results."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -163,11 +183,6 @@ def main() -> None:
         print(f"Parquet: {out} ({spark.read.parquet(out).count()} rows)")
     finally:
         spark.stop()
-        if loop is not None:
-            ns, broker = loop.cluster
-            loop.run(broker.stop())
-            loop.run(ns.stop())
-            loop.stop()
 
 
 if __name__ == "__main__":

@@ -20,8 +20,12 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
+from tidemq_spark.environment import spark_problem
+
+# pyspark, pyarrow and Java 17: without one, skip with the one line that says which and how to fix.
+_PROBLEM = spark_problem()
+if _PROBLEM is not None:
+    pytest.skip(_PROBLEM, allow_module_level=True)
 
 from tidemq.client import BlockingProducer, LoopThread, Message  # noqa: E402
 from tidemq.plugins import get_plugin_manager  # noqa: E402

@@ -186,14 +186,49 @@ def test_real_hash_index_finds_keys_after_a_crash(tmp_path: Path) -> None:
         store.shutdown()
 
 
-def test_disk_pressure_deletes_before_expiry(tmp_path: Path) -> None:
+def disk_used_percent(path: Path) -> tuple[float, str]:
+    """The store's disk ratio for ``path`` (used / size, as the mmap store's cleanup computes it),
+    and a sentence with the figures beside df's ``Use%`` (used / (used + available)): the two differ
+    by the blocks reserved for root, often 5 % of the disk."""
     import shutil
 
+    usage = shutil.disk_usage(path)
+    ratio = usage.used / usage.total * 100
+    df = usage.used / ((usage.used + usage.free) or 1) * 100
+    gib = 1 << 30
+    text = (
+        f"the disk holding {path} is {ratio:.1f} % used as the store measures it (used / size = "
+        f"{usage.used / gib:.1f} / {usage.total / gib:.1f} GiB; df shows Use% {df:.0f} %)"
+    )
+    return ratio, text
+
+
+def skip_unless_disk_used_over(path: Path, percent: float) -> None:
+    """Skip, saying what was measured, when the disk is too empty for a ratio test.
+
+    The store's ratios go down to 10 %: a test that lowers one under the disk's real usage needs
+    the disk more than that full."""
     import pytest
 
-    usage = shutil.disk_usage(tmp_path)
-    if usage.used / usage.total * 100 <= 11:
-        pytest.skip("the disk is too empty to exceed the lowest allowed ratio")
+    ratio, text = disk_used_percent(path)
+    if ratio <= percent:
+        pytest.skip(
+            f"{text}: this test needs more than {percent:g} % (the lowest ratio an option takes is 10 %)"
+        )
+
+
+def test_skip_reason_says_what_the_disk_ratio_measured(tmp_path: Path) -> None:
+    import pytest
+
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        skip_unless_disk_used_over(tmp_path, 100)
+    reason = str(skipped.value)
+    assert str(tmp_path) in reason and "used / size" in reason and "df shows Use%" in reason
+    assert "needs more than 100 %" in reason
+
+
+def test_disk_pressure_deletes_before_expiry(tmp_path: Path) -> None:
+    skip_unless_disk_used_over(tmp_path, 11)
     opts = dict(OPTS, disk_max_used_space_ratio=10, disk_clean_forcibly_ratio=95, delete_files_batch_max=100)
     store = build_store("mmap", tmp_path, store_options=opts)
     assert store.load()
@@ -252,15 +287,9 @@ def test_abnormal_recovery_starts_at_the_checkpoint_file(tmp_path: Path, caplog)
 
 
 def test_full_disk_refuses_writes_until_space_returns(tmp_path: Path) -> None:
-    import shutil
-
-    import pytest
-
     from tidemq.store import PutStatus
 
-    usage = shutil.disk_usage(tmp_path)
-    if usage.used / usage.total * 100 <= 11:
-        pytest.skip("the disk is too empty to exceed the lowest allowed ratio")
+    skip_unless_disk_used_over(tmp_path, 11)
     store = build_store("mmap", tmp_path, store_options=dict(OPTS, disk_space_warning_ratio=95))
     assert store.load()
     store.start()

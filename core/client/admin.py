@@ -27,11 +27,15 @@ from tidemq.remoting.command import RemotingCommand
 
 TIMEOUT_S = 5.0
 
-__all__ = ["TIMEOUT_S", "AdminClient", "AdminError"]
+__all__ = ["TIMEOUT_S", "AdminClient", "AdminError", "NoRouteError"]
 
 
 class AdminError(TidemqError):
     """An admin request failed; the message names the server and its answer."""
+
+
+class NoRouteError(AdminError):
+    """The NameServers know no route for the topic (it does not exist, or no broker serves it)."""
 
 
 class AdminClient:
@@ -96,12 +100,21 @@ class AdminClient:
             RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": topic}, ok=(0, ResponseCode.TOPIC_NOT_EXIST)
         )
         if resp.code == ResponseCode.TOPIC_NOT_EXIST or not resp.body:
-            raise AdminError(f"no route for topic {topic!r}: {resp.remark or 'the topic does not exist'}")
+            raise NoRouteError(f"no route for topic {topic!r}: {resp.remark or 'the topic does not exist'}")
         return TopicRoute.from_json(topic, resp.body)
 
     async def cluster_info(self) -> dict[str, Any]:
         resp = await self.namesrv_call(RequestCode.GET_BROKER_CLUSTER_INFO)
         return loads_lenient(resp.body or b"{}")
+
+    async def broker_addresses(self) -> set[str]:
+        """Every broker address (masters and slaves) the NameServers know."""
+        info = await self.cluster_info()
+        return {
+            str(addr)
+            for bd in (info.get("brokerAddrTable") or {}).values()
+            for addr in (bd.get("brokerAddrs") or {}).values()
+        }
 
     async def masters(self, cluster: str | None = None) -> dict[str, str]:
         """broker name -> master address, of one cluster or all."""

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from tidemq.errors import TidemqError
+from tidemq.misdirected import UnsupportedRequests
 from tidemq.names import check_stored_topic_name
 from tidemq.remoting import RemotingCommand, RequestCode, ResponseCode
 from tidemq.remoting.errors import BodyError
@@ -63,6 +64,7 @@ class NamesrvProcessor:
         self.namesrv = namesrv
         self.routes = namesrv.route_info
         self.kv = namesrv.kv_config
+        self._unsupported = UnsupportedRequests("NameServer", log)
         rc = RequestCode
         self._table: dict[int, Processor] = {
             rc.PUT_KV_CONFIG: self.put_kv_config,
@@ -92,10 +94,8 @@ class NamesrvProcessor:
         """The transport handler."""
         proc = self._table.get(req.code)
         if proc is None:
-            log.debug("unsupported request code %s from %s", req.code, getattr(conn, "remote_address", "?"))
-            return req.reply(
-                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, remark=f" request type {req.code} not supported"
-            )
+            # Usually a client given the NameServer's port as a broker's: say so, once per peer.
+            return self._unsupported.answer(req, str(getattr(conn, "remote_address", "?")))
         try:
             result = proc(conn, req)
             if isinstance(result, Awaitable):

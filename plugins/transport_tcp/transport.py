@@ -8,11 +8,14 @@ per-connection protocol lives in :mod:`tidemq_transport_tcp.connection`.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import ssl
 from typing import Any
 
-from tidemq.address import split_address
+from tidemq.address import format_address, split_address
+from tidemq.errors import ConfigError
 from tidemq.remoting import RemotingCommand, RemotingConnectError, RemotingSendError
 from tidemq_transport_tcp.connection import _READ_SLACK, Connection, Handler
 from tidemq_transport_tcp.options import TcpOptions
@@ -55,14 +58,23 @@ class TcpServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: Connection(self, self._handler, self._options, server_side=True),
-            self._host,
-            self._port,
-            ssl=self._ssl,
-            backlog=self._options.backlog,
-            reuse_address=True,
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: Connection(self, self._handler, self._options, server_side=True),
+                self._host,
+                self._port,
+                ssl=self._ssl,
+                backlog=self._options.backlog,
+                reuse_address=True,
+            )
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            # asyncio and uvloop word it differently; the address is what the operator needs.
+            raise OSError(
+                errno.EADDRINUSE,
+                f"cannot listen on {format_address(self._host, self._port)}: address already in use",
+            ) from exc
         sockname = self._server.sockets[0].getsockname()
         self._address = (sockname[0], sockname[1])
         log.info("tcp transport listening on %s:%s%s", *self._address, " (TLS)" if self._ssl else "")
@@ -261,8 +273,43 @@ class TcpTransport:
 
     def server(self, host: str, port: int, handler: Handler, **options: Any) -> TcpServer:
         opts, ctx, given = self._resolve(dict(options), "transport.server()")
+        if not given:
+            check_tls_files(opts)
         return TcpServer(host, port, handler, opts, ctx if given else opts.server_ssl())
 
     def client(self, handler: Handler | None = None, **options: Any) -> TcpClient:
         opts, ctx, given = self._resolve(dict(options), "transport.client()")
+        if not given:
+            check_tls_files(opts)
         return TcpClient(handler, opts, ctx if given else opts.client_ssl())
+
+
+def check_tls_files(opts: TcpOptions) -> None:
+    """With TLS on, every file named must exist and be readable: one line naming the key and path.
+
+    ``ssl`` reports a missing file as a bare ``[Errno 2]`` without its name.
+    """
+    if not opts.tls:
+        return
+    for key, what in _TLS_FILES:
+        path = getattr(opts, key)
+        if not path:
+            continue
+        where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+        if not os.path.isfile(path):
+            raise ConfigError(
+                f"[transport.tcp] {key} = {path!r}: no such file{where}, the TLS {what}; "
+                "fix the path (absolute paths are safest) or set tls = false"
+            )
+        if not os.access(path, os.R_OK):
+            raise ConfigError(
+                f"[transport.tcp] {key} = {path!r}: not readable by this user{where}, the TLS {what}; "
+                "fix its permissions"
+            )
+
+
+_TLS_FILES = (
+    ("tls_certfile", "certificate"),
+    ("tls_keyfile", "private key"),
+    ("tls_cafile", "CA certificate"),
+)
