@@ -35,7 +35,9 @@ class FlushConsumeQueueService:
         self.index = index
         self.checkpoint: StoreCheckpoint | None = None  # opened by the store's load
 
-    def flush(self, thorough: bool) -> None:
+    def flush(self, thorough: bool, index: bool = True) -> None:
+        """Flush the queues (``thorough``: every dirty page), the index when ``index``, then the
+        checkpoint, which advances only the times of what was made durable."""
         logics_ts = self.cqs.last_entry_ts  # read before flushing: every entry up to it is then on disk
         for cq in self.cqs.all_queues():
             cq.flush(0 if thorough else 2)
@@ -46,7 +48,7 @@ class FlushConsumeQueueService:
             cp.physic_msg_timestamp = self.commitlog.store_timestamp
         if logics_ts and thorough:
             cp.logics_msg_timestamp = logics_ts
-        if self.index is not None:
+        if index and self.index is not None:
             ts = self.index.flush()
             if ts:
                 cp.index_msg_timestamp = ts
@@ -79,8 +81,10 @@ class CleanService:
     def run(self, stop: threading.Event) -> None:
         """The service loop, until ``stop`` is set."""
         flush_every = self.options.cq_flush_interval_ms / 1000
+        index_every = self.options.index_flush_interval_ms / 1000
         clean_every = self.options.clean_interval_ms / 1000
         next_flush = time.monotonic() + flush_every
+        next_index_flush = time.monotonic() + index_every
         next_clean = time.monotonic() + clean_every
         flush_failing = False
         while not stop.wait(min(flush_every, clean_every, 0.5)):
@@ -93,8 +97,11 @@ class CleanService:
                 log.error("cannot check the disk: %s", exc)
             if now >= next_flush:
                 next_flush = now + flush_every
+                with_index = now >= next_index_flush
+                if with_index:
+                    next_index_flush = now + index_every
                 try:
-                    self.flusher.flush(thorough=True)
+                    self.flusher.flush(thorough=True, index=with_index)
                     if flush_failing:
                         log.warning("store metadata flushed again")
                     flush_failing = False

@@ -97,5 +97,11 @@ class MmapStoreOptions:
     delete_files_batch_max: int = attrs.field(default=10, validator=_positive)
     #: How often the cleanup checks run.
     clean_interval_ms: int = attrs.field(default=10_000, validator=_positive)
-    #: How often the ConsumeQueues, the index and the checkpoint are flushed.
+    #: How often the ConsumeQueues and the checkpoint are flushed.
     cq_flush_interval_ms: int = attrs.field(default=1000, validator=_positive)
+    #: How often the key index's files are made durable and the checkpoint's index time advanced.
+    #: Between two, a crash costs only a longer re-dispatch of the commit log at restart (keys are
+    #: rebuilt from it); each flush writes back every slot page the keys touched, randomly spread,
+    #: which every second cost ~6 % of a loaded broker's CPU.  RocketMQ flushes an index file only
+    #: when it is full.
+    index_flush_interval_ms: int = attrs.field(default=10_000, validator=_positive)
