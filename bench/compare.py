@@ -481,6 +481,7 @@ def ratios(results: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
     disk = limits["disk_write_fdatasync"]["mb_per_s"]
     net = limits["loopback_tcp"]["mb_per_s"]
     fsync = limits["fsync_4k"]["p50_us"]
+    fsync_p99 = limits["fsync_4k"]["p99_us"]
     for pair in ("async", "sync"):
         me = results.get(f"tidemq_{pair}")
         if not me or "error" in me:
@@ -526,7 +527,12 @@ def ratios(results: dict[str, Any], limits: dict[str, Any]) -> dict[str, Any]:
                 entry["p99_vs_best_peer"] = round(mine / best[1], 2)
                 entry["best_peer"] = best[0]
             if pair == "sync":
+                # A send's p99 over the fsync's p50 (the first reading of its target) and
+                # over the fsync's own p99: a put that arrives during an fdatasync waits for the
+                # rest of it and its own, so even a perfect group commit has a p99 near or above
+                # the disk's fsync p99, several times its p50 on a shared virtual disk.
                 entry["p99_vs_one_fsync"] = round(mine / fsync, 2) if fsync else None
+                entry["p99_vs_one_fsync_p99"] = round(mine / fsync_p99, 2) if fsync_p99 else None
             row[wl] = entry
         out[pair] = row
     return out
@@ -550,9 +556,15 @@ def targets(results: dict[str, Any], rat: dict[str, Any]) -> dict[str, Any]:
         for wl, goal in PER_CPU_TARGETS.items():
             v = r.get(wl, {}).get("per_cpu_vs_best_peer")
             t[f"{wl}_{pair}_per_cpu_vs_best_peer>={goal}"] = {"value": v, "met": v is not None and v >= goal}
-    v = rat.get("sync", {}).get("latency_fixed", {}).get("p99_vs_one_fsync")
+    fixed = rat.get("sync", {}).get("latency_fixed", {})
+    v = fixed.get("p99_vs_one_fsync")
     if v is not None:
         t["sync_p99_at_fixed_rate_vs_one_fsync<=2.0"] = {"value": v, "met": v <= 2.0}
+    # The same target with like quantiles (send p99 over fsync p99): the one a system that waits
+    # for the disk can meet (redis appendfsync always: 1.9 on 2026-11-24, 7.9 over the p50).
+    v = fixed.get("p99_vs_one_fsync_p99")
+    if v is not None:
+        t["sync_p99_at_fixed_rate_vs_one_fsync_p99<=2.0"] = {"value": v, "met": v <= 2.0}
     return t
 
 

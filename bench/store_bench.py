@@ -16,6 +16,12 @@ Prints one JSON document on stdout (progress on stderr):
   broker serves 32 producers: each send awaits its put through ``tidemq.futures.resolved``);
 * ``async_concurrent_asyncio``: those 32 asyncio writers on the ``async`` store, where no put
   waits for a flush: the ceiling of any flush policy on this machine;
+* ``async_concurrent``: the 32 writer threads on the ``async`` store: the same ceiling for
+  ``sync_concurrent`` (a thread that waits for its flush costs a block and a wake-up per put);
+* ``sync_latency``: single 1 KiB puts at a fixed rate (``--latency-rate``, open loop, from an
+  asyncio loop as the broker makes them, spread over 8 queues, with the hash index) under
+  ``sync`` flush: p50/p99/p99.9 from put to the awaiting task's resumption, against one
+  ``pwrite`` + ``fdatasync`` of a 1 KiB record (p50/p99) measured just before;
 * ``sustained``: raw disk and the store (async, batches of 32 x 1 KiB, with and without the
   transient store pool) over the same volume, alternated, each until durable;
 * ``ceilings``: what pure Python can do on this machine, measured in the same run: the bare
@@ -23,7 +29,8 @@ Prints one JSON document on stdout (progress on stderr):
   file through a mapping and with ``pwrite`` (what the store does), each plus fdatasync, and the
   CPU time of one single put;
 * ``ratios`` and ``targets``: async batched 1 KiB durable MB/s over the disk's sustained MB/s
-  (target ≥ 0.5), sync 32-writer msgs/s over fsync-per-message msgs/s (target ≥ 20).
+  (target ≥ 0.5), sync 32-writer msgs/s over fsync-per-message msgs/s (target ≥ 20), and the sync
+  put p99 at a fixed rate over one fsync (the store's share of compare.py's latency target).
 
 ``raw_burst`` writes 256 MiB to a fresh file with ``write`` + ``fdatasync`` (median of three): on
 a virtual disk that is the burst the host absorbs at memory speed, not the disk; the ``*_burst``
@@ -49,6 +56,7 @@ from typing import Any
 
 from tidemq.futures import resolved
 from tidemq.message import MessageInner
+from tidemq.plugins import get_plugin_manager
 from tidemq.store import GetStatus
 from tidemq.testing.store_contract import build_store
 
@@ -173,20 +181,39 @@ def fsync_per_message(directory: Path, seconds: float, size: int = 1024) -> dict
     record = os.urandom(size)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     n = 0
+    samples: list[float] = []
     try:
         t0 = time.perf_counter()
         deadline = t0 + seconds
         pos = 0
-        while time.perf_counter() < deadline:
+        while True:
+            t = time.perf_counter()
+            if t >= deadline:
+                break
             os.pwrite(fd, record, pos)
             os.fdatasync(fd)
+            samples.append(time.perf_counter() - t)
             pos += size
             n += 1
         elapsed = time.perf_counter() - t0
     finally:
         os.close(fd)
         path.unlink()
-    return {"messages": n, "msgs_s": round(n / elapsed, 1), "fsync_us": round(elapsed / n * 1e6, 1)}
+    return {
+        "messages": n,
+        "msgs_s": round(n / elapsed, 1),
+        "fsync_us": round(elapsed / n * 1e6, 1),
+        "p50_us": percentile_us(samples, 0.5),
+        "p99_us": percentile_us(samples, 0.99),
+    }
+
+
+def percentile_us(samples: list[float], q: float) -> float:
+    """The ``q`` quantile of ``samples`` (seconds), in microseconds."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1e6, 1)
 
 
 def make_message(store: Any, topic: str, size: int) -> MessageInner:
@@ -355,6 +382,62 @@ def sync_concurrent_asyncio(store: Any, seconds: float, writers: int, size: int 
     }
 
 
+def sync_latency(store: Any, rate: float, seconds: float, size: int = 1024) -> dict[str, Any]:
+    """Single puts at ``rate`` per second (open loop) from an asyncio loop, each awaited as the broker
+    awaits a send (``resolved``); the latency of each from the put to its task's resumption.
+
+    Puts are started on a 1 ms tick (compare.py's generator does the same), spread over 8 queues
+    with a fresh key each (the key index sees new keys, as from a real producer).
+    """
+    lat: list[float] = []
+    failures: list[str] = []
+    base = make_message(store, "BenchLatency", size)
+
+    async def one(i: int) -> None:
+        msg = MessageInner(
+            topic=base.topic,
+            body=base.body,
+            queue_id=i % 8,
+            properties={"TAGS": "bench", "UNIQ_KEY": f"{i:032X}"},
+            born_timestamp=base.born_timestamp,
+            born_host=base.born_host,
+        )
+        t0 = time.perf_counter()
+        res = await resolved(store.put_message(msg))
+        lat.append(time.perf_counter() - t0)
+        if not res.ok:
+            failures.append(f"{res.status}")
+
+    async def run() -> None:
+        tasks: set[asyncio.Task[None]] = set()
+        t0 = time.perf_counter()
+        started = 0
+        while (now := time.perf_counter()) - t0 < seconds:
+            for _ in range(int((now - t0) * rate) - started):
+                task = asyncio.ensure_future(one(started))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                started += 1
+            await asyncio.sleep(0.001)
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    fsyncs0 = store.commitlog.queue.flush_calls()
+    asyncio.run(run())
+    fsyncs = store.commitlog.queue.flush_calls() - fsyncs0
+    return {
+        "rate": rate,
+        "seconds": seconds,
+        "messages": len(lat),
+        "fsyncs": fsyncs,
+        "p50_us": percentile_us(lat, 0.5),
+        "p90_us": percentile_us(lat, 0.9),
+        "p99_us": percentile_us(lat, 0.99),
+        "p999_us": percentile_us(lat, 0.999),
+        "failures": failures[:3],
+    }
+
+
 def ceilings(directory: Path, seconds: float, size: int = 1024) -> dict[str, Any]:
     """Pure-Python limits of this machine for the async batched 1 KiB case."""
     from tidemq.message import RecordEncoder
@@ -422,12 +505,21 @@ def put_cpu_us(store: Any, count: int = 20000, size: int = 1024) -> float:
 
 
 def open_store(
-    directory: Path, flush: str, file_size: int, allocation: str = FILE_ALLOCATION, *, transient: bool = False
+    directory: Path,
+    flush: str,
+    file_size: int,
+    allocation: str = FILE_ALLOCATION,
+    *,
+    transient: bool = False,
+    index: bool = False,
 ) -> Any:
+    """An mmap store as the broker composes it (``index``: with the ``hash`` key index)."""
+    key_index = get_plugin_manager().create("index", "hash", data_dir=directory) if index else None
     store = build_store(
         "mmap",
         directory,
         flush=flush,
+        index=key_index,
         store_options={
             "commitlog_file_size": file_size,
             "cq_flush_interval_ms": 1000,
@@ -451,6 +543,14 @@ def main() -> None:
     ap.add_argument("--file-allocation", default=FILE_ALLOCATION, choices=("fallocate", "sparse"))
     ap.add_argument("--sustained-mb", type=int, default=1024, help="MiB per sustained run (raw and store)")
     ap.add_argument("--sustained-repeats", type=int, default=3, help="alternated sustained runs of each")
+    ap.add_argument("--latency-rate", type=float, default=2000.0, help="puts/s of the sync_latency case")
+    ap.add_argument("--latency-seconds", type=float, default=10.0, help="duration of the sync_latency case")
+    ap.add_argument(
+        "--only",
+        choices=("all", "sync"),
+        default="all",
+        help="sync: only the sync-flush figures (fsync per message, 32 writers, latency) and their ceilings",
+    )
     args = ap.parse_args()
     if args.full:
         args.seconds, args.raw_mb, args.file_size, args.sustained_mb = 5.0, 1024, 1 << 30, 2048
@@ -461,17 +561,19 @@ def main() -> None:
         "file_allocation": args.file_allocation,
     }
     try:
-        progress(f"raw sequential write of {args.raw_mb} MiB + fdatasync ...")
-        out["raw_burst"] = raw_disk(base, args.raw_mb)
+        if args.only == "all":
+            progress(f"raw sequential write of {args.raw_mb} MiB + fdatasync ...")
+            out["raw_burst"] = raw_disk(base, args.raw_mb)
         progress("one fdatasync per 1 KiB message ...")
         out["fsync_per_message"] = fsync_per_message(base, args.seconds)
         appends: list[dict[str, Any]] = []
         reads: list[dict[str, Any]] = []
+        cpu_us = 0.0
         for flush in ("async", "sync"):
             store = open_store(base / flush, flush, args.file_size, args.file_allocation)
             try:
                 cases = []
-                for size in BODY_SIZES:
+                for size in BODY_SIZES if args.only == "all" else ():
                     for batch in (1, BATCH):
                         progress(f"append {flush} body={size} batch={batch} ...")
                         case = append_case(store, flush, size, batch, args.seconds)
@@ -482,6 +584,9 @@ def main() -> None:
                 if flush == "async":
                     progress("CPU time of one single put ...")
                     cpu_us = put_cpu_us(store)
+                    progress(f"async flush, {WRITERS} concurrent writers (threads): no flush to wait for ...")
+                    out["async_concurrent"] = sync_concurrent(store, args.seconds * 2, WRITERS)
+                    progress(f"  {out['async_concurrent']['msgs_s']} msgs/s")
                     progress(
                         f"async flush, {WRITERS} concurrent writers (asyncio tasks): no flush to wait for ..."
                     )
@@ -500,58 +605,79 @@ def main() -> None:
             finally:
                 store.shutdown()
                 shutil.rmtree(base / flush, ignore_errors=True)
-        progress("pure-Python ceilings ...")
-        out["ceilings"] = {**ceilings(base, args.seconds), "single_put_cpu_us": cpu_us}
-        for case in appends:
-            case.pop("topic", None)
-        out["append"] = appends
-        out["read"] = reads
-        out["sustained"] = sustained(base, args.sustained_mb, args.sustained_repeats, args.file_size)
-        sus = out["sustained"]
-        raw = out["raw_burst"]["mb_s"]
-        async_batched = next(
-            c for c in appends if c["flush"] == "async" and c["body"] == 1024 and c["batch"] == BATCH
+        progress(
+            f"sync flush, {args.latency_rate:.0f} single puts/s for {args.latency_seconds}s (latency) ..."
         )
-        conc = out["sync_concurrent"]["msgs_s"]
+        out["fsync_before_latency"] = fsync_per_message(base, min(args.seconds, 1.0))
+        store = open_store(base / "latency", "sync", args.file_size, args.file_allocation, index=True)
+        try:
+            out["sync_latency"] = sync_latency(store, args.latency_rate, args.latency_seconds)
+        finally:
+            store.shutdown()
+            shutil.rmtree(base / "latency", ignore_errors=True)
+        lat = out["sync_latency"]
+        progress(f"  p50 {lat['p50_us']} us, p99 {lat['p99_us']} us")
         per_msg = out["fsync_per_message"]["msgs_s"]
-        ceil = out["ceilings"]
-        out["ratios"] = {
-            # The target's figure: the disk's sustained bandwidth, same volume, alternated runs.
-            "async_batched_1k_durable_vs_raw_disk": sus["mapped_vs_raw"],
-            "async_batched_1k_transient_pool_durable_vs_raw_disk": sus["transient_pool_vs_raw"],
-            # Against the burst a rested virtual disk takes at memory speed (raw_disk): what the
-            # put path's CPU allows when the disk is not the limit.
-            "async_batched_1k_durable_vs_raw_burst": round(async_batched["durable_mb_s"] / raw, 3),
-            "async_batched_1k_acked_vs_raw_burst": round(async_batched["mb_s"] / raw, 3),
-            "sync_32_writers_vs_fsync_per_message": round(conc / per_msg, 2),
+        one_fsync = out["fsync_before_latency"]
+        ratios: dict[str, Any] = {
+            "sync_32_writers_vs_fsync_per_message": round(out["sync_concurrent"]["msgs_s"] / per_msg, 2),
             "sync_32_asyncio_writers_vs_fsync_per_message": round(
                 out["sync_concurrent_asyncio"]["msgs_s"] / per_msg, 2
             ),
-            # The same 32 asyncio writers with nothing to wait for (async flush): no flush policy
-            # can do better than this, so below 20 it bounds the sync target on this machine.
+            # The same writers with nothing to wait for (async flush): no flush policy can do better,
+            # so below 20 they bound the sync target on this machine.
+            "no_flush_32_writers_vs_fsync_per_message": round(out["async_concurrent"]["msgs_s"] / per_msg, 2),
             "no_flush_32_asyncio_writers_vs_fsync_per_message": round(
                 out["async_concurrent_asyncio"]["msgs_s"] / per_msg, 2
             ),
-            # Where the limits are: the encode loop alone, and one put's CPU time, against the targets.
-            "encode_loop_ceiling_vs_raw_burst": round(ceil["encode_loop_mb_s"] / raw, 3),
-            "single_put_cpu_ceiling_vs_fsync_per_message": round(
-                1e6 / ceil["single_put_cpu_us"] / per_msg, 2
+            # How close group commit comes to that ceiling (1.0: the flush costs the writers nothing).
+            "sync_vs_no_flush_32_writers": round(
+                out["sync_concurrent"]["msgs_s"] / out["async_concurrent"]["msgs_s"], 3
             ),
-            # With one put in flight per writer a round is strictly: every writer's put (Python, one
-            # at a time under the GIL), then one fsync.  Even with free thread switches the best
-            # ratio is writers * fsync / (writers * put_cpu + fsync).
-            "group_commit_bound_vs_fsync_per_message": round(
-                WRITERS
-                * out["fsync_per_message"]["fsync_us"]
-                / (WRITERS * ceil["single_put_cpu_us"] + out["fsync_per_message"]["fsync_us"]),
-                2,
+            "sync_vs_no_flush_32_asyncio_writers": round(
+                out["sync_concurrent_asyncio"]["msgs_s"] / out["async_concurrent_asyncio"]["msgs_s"], 3
             ),
+            "single_put_cpu_ceiling_vs_fsync_per_message": round(1e6 / cpu_us / per_msg, 2),
+            # A put waits for the rest of the fsync in progress and its own: a p99 under two fsync
+            # p99s is the disk's share; compare.py's target divides by the fsync p50.
+            "sync_latency_p99_vs_fsync_p50": round(lat["p99_us"] / one_fsync["p50_us"], 2),
+            "sync_latency_p99_vs_fsync_p99": round(lat["p99_us"] / one_fsync["p99_us"], 2),
+            "sync_latency_p50_vs_fsync_p50": round(lat["p50_us"] / one_fsync["p50_us"], 2),
         }
+        out["ratios"] = ratios
         out["targets"] = {
-            "async_batched_1k_ge_50pct_raw": out["ratios"]["async_batched_1k_durable_vs_raw_disk"] >= 0.5,
-            "sync_32_writers_ge_20x_fsync_per_message": out["ratios"]["sync_32_writers_vs_fsync_per_message"]
-            >= 20,
+            "sync_32_writers_ge_20x_fsync_per_message": ratios["sync_32_writers_vs_fsync_per_message"] >= 20,
         }
+        if args.only == "all":
+            progress("pure-Python ceilings ...")
+            out["ceilings"] = {**ceilings(base, args.seconds), "single_put_cpu_us": cpu_us}
+            for case in appends:
+                case.pop("topic", None)
+            out["append"] = appends
+            out["read"] = reads
+            out["sustained"] = sustained(base, args.sustained_mb, args.sustained_repeats, args.file_size)
+            sus = out["sustained"]
+            raw = out["raw_burst"]["mb_s"]
+            async_batched = next(
+                c for c in appends if c["flush"] == "async" and c["body"] == 1024 and c["batch"] == BATCH
+            )
+            ceil = out["ceilings"]
+            ratios.update(
+                {
+                    # The target's figure: the disk's sustained bandwidth, same volume, alternated runs.
+                    "async_batched_1k_durable_vs_raw_disk": sus["mapped_vs_raw"],
+                    "async_batched_1k_transient_pool_durable_vs_raw_disk": sus["transient_pool_vs_raw"],
+                    # Against the burst a rested virtual disk takes at memory speed (raw_disk): what
+                    # the put path's CPU allows when the disk is not the limit.
+                    "async_batched_1k_durable_vs_raw_burst": round(async_batched["durable_mb_s"] / raw, 3),
+                    "async_batched_1k_acked_vs_raw_burst": round(async_batched["mb_s"] / raw, 3),
+                    # Where the limits are: the encode loop alone against the disk.
+                    "encode_loop_ceiling_vs_raw_burst": round(ceil["encode_loop_mb_s"] / raw, 3),
+                }
+            )
+            out["targets"]["async_batched_1k_ge_50pct_raw"] = (
+                ratios["async_batched_1k_durable_vs_raw_disk"] >= 0.5
+            )
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print(json.dumps(out, indent=2))
