@@ -31,6 +31,7 @@ from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.errors import StoreError, TidemqError
 from tidemq.filter import DispatchingFilterFactory
 from tidemq.message import local_ip
+from tidemq.misdirected import UnsupportedRequests
 from tidemq.names import InvalidNameError
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
@@ -102,6 +103,7 @@ class Broker:
         self._running = False
         self._background: set[asyncio.Task[Any]] = set()
         self._dir_lock: DataDirLock | None = None
+        self._unsupported = UnsupportedRequests("broker", log)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -171,7 +173,10 @@ class Broker:
             raise
         self.topics.on_change = self.registrar.request
         self._server = self.transport.server(
-            self.settings.host, self.settings.port, self.handle, max_frame_size=self.settings.max_frame_size
+            self.settings.host,
+            self.settings.port,
+            RequestHandler(self),  # handle, and handle_many for the requests of one read
+            max_frame_size=self.settings.max_frame_size,
         )
         try:
             await self._server.start()
@@ -275,29 +280,74 @@ class Broker:
                 return None if request.is_oneway else refused
         handler = self._handlers.get(request.code)
         if handler is None:
-            log.info("request code %s from %s is not supported", request.code, _remote(conn))
-            response = request.reply(
-                ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
-                f"request type {request.code} not supported by tidemq broker",
-            )
+            # Usually a client given the broker's port as its NameServer: say so, once per peer.
+            response = self._unsupported.answer(request, _remote(conn), self._address)
         else:
             try:
                 response = await handler(conn, request)
-            except (HeaderFieldError, InvalidNameError) as exc:
-                # A peer's mistake, answered with the reason; not logged per request (a flood of
-                # bad names must not become a flood of log lines).
-                response = request.reply(ResponseCode.SYSTEM_ERROR, str(exc))
-            except (TidemqError, ValueError) as exc:
-                log.warning("%s from %s failed: %s", request_name(request.code), _remote(conn), exc)
-                response = request.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.exception("%s from %s failed", request_name(request.code), _remote(conn))
-                response = request.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+                response = self._failure(conn, request, exc)
         if request.is_oneway:
             return None
         return response
+
+    def handle_many(
+        self, conn: Connection, requests: list[RemotingCommand]
+    ) -> list[Awaitable[RemotingCommand | None]]:
+        """The requests of one read, one awaitable each, in order (the transport awaits them in turn).
+
+        Consecutive requests whose handler can take several at once (a ``many`` method: the send
+        handler, which coalesces their messages into one store append) reach it together, each
+        after its own ACL check; any other request, or a wrapped handler, is served by
+        :meth:`handle` alone.  Nothing runs before the first awaitable is awaited, and a run starts
+        when its first member is: requests keep the order they came in.
+        """
+        out: list[Awaitable[RemotingCommand | None]] = []
+        handlers = self._handlers
+        run: list[RemotingCommand] = []
+        run_handler: Any = None
+        for request in requests:
+            handler = handlers.get(request.code)
+            if run_handler is not None and handler is run_handler:
+                run.append(request)
+                continue
+            if run:
+                self._add_run(conn, run, run_handler, out)
+            if getattr(handler, "many", None) is not None:
+                run, run_handler = [request], handler
+            else:
+                run, run_handler = [], None
+                out.append(self.handle(conn, request))
+        if run:
+            self._add_run(conn, run, run_handler, out)
+        return out
+
+    def _add_run(
+        self,
+        conn: Connection,
+        run: list[RemotingCommand],
+        handler: Any,
+        out: list[Awaitable[RemotingCommand | None]],
+    ) -> None:
+        if len(run) == 1:
+            out.append(self.handle(conn, run[0]))
+        else:
+            coalesced = _CoalescedRun(self, conn, run, handler)
+            out.extend([coalesced.answer(i) for i in range(len(run))])
+
+    def _failure(self, conn: Connection, request: RemotingCommand, exc: Exception) -> RemotingCommand:
+        """The answer to a request whose handler raised ``exc``."""
+        if isinstance(exc, HeaderFieldError | InvalidNameError):
+            # A peer's mistake, answered with the reason; not logged per request (a flood of
+            # bad names must not become a flood of log lines).
+            return request.reply(ResponseCode.SYSTEM_ERROR, str(exc))
+        if isinstance(exc, TidemqError | ValueError):
+            log.warning("%s from %s failed: %s", request_name(request.code), _remote(conn), exc)
+        else:
+            log.error("%s from %s failed", request_name(request.code), _remote(conn), exc_info=exc)
+        return request.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
 
     def _check_access(
         self, acl: AccessValidator, conn: Connection, request: RemotingCommand
@@ -397,3 +447,81 @@ class Broker:
 
 def _remote(conn: Connection) -> str:
     return str(getattr(conn, "remote_address", "?"))
+
+
+class RequestHandler:
+    """What the broker hands its transport: ``handler(conn, request)`` serves one request, and
+    ``handler.handle_many(conn, requests)`` the requests of one read (:meth:`Broker.handle_many`)."""
+
+    __slots__ = ("_handle", "handle_many")
+
+    def __init__(self, broker: Broker) -> None:
+        self._handle = broker.handle
+        self.handle_many = broker.handle_many
+
+    def __call__(self, conn: Connection, request: RemotingCommand) -> Awaitable[RemotingCommand | None]:
+        return self._handle(conn, request)
+
+
+class _CoalescedRun:
+    """Consecutive requests of one read for one ``many`` handler, started when the first is awaited.
+
+    The ACL check runs per request, then the admitted ones go to ``handler.many(conn, requests,
+    failed)`` together, which returns per request its response or an awaitable of it, and answers
+    a request whose handling raised with ``failed(request, exc)``: the error mapping of
+    :meth:`Broker.handle`.
+    """
+
+    __slots__ = ("_broker", "_conn", "_handler", "_requests", "_works")
+
+    def __init__(self, broker: Broker, conn: Connection, requests: list[RemotingCommand], handler: Any):
+        self._broker = broker
+        self._conn = conn
+        self._requests = requests
+        self._handler = handler
+        self._works: list[Any] | None = None
+
+    def _start(self) -> list[Any]:
+        broker, conn, requests = self._broker, self._conn, self._requests
+        works: list[Any] = [None] * len(requests)
+        admitted: list[RemotingCommand] = []
+        places: list[int] = []
+        acl = broker.acl
+        for i, request in enumerate(requests):
+            if acl is not None:
+                refused = broker._check_access(acl, conn, request)
+                if refused is not None:
+                    works[i] = refused
+                    continue
+            admitted.append(request)
+            places.append(i)
+        if admitted:
+            try:
+                results = list(self._handler.many(conn, admitted, self._failed))
+                if len(results) != len(admitted):
+                    raise RuntimeError(
+                        f"{self._handler!r} answered {len(results)} of {len(admitted)} requests"
+                    )
+            except Exception as exc:  # a bug in the handler: each admitted request is answered with it
+                results = [broker._failure(conn, request, exc) for request in admitted]
+            for i, work in zip(places, results, strict=True):
+                works[i] = work
+        return works
+
+    def _failed(self, request: RemotingCommand, exc: Exception) -> RemotingCommand:
+        return self._broker._failure(self._conn, request, exc)
+
+    async def answer(self, i: int) -> RemotingCommand | None:
+        request = self._requests[i]
+        response: RemotingCommand | None
+        try:
+            works = self._works
+            if works is None:
+                works = self._works = self._start()
+            work = works[i]
+            response = work if type(work) is RemotingCommand else await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            response = self._broker._failure(self._conn, request, exc)
+        return None if request.is_oneway else response

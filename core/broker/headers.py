@@ -38,8 +38,44 @@ class HeaderFieldError(TidemqError):
 _MISSING: Any = object()
 
 
+def field_str(value: Any, name: str, what: str, default: Any = _MISSING) -> str:
+    """``value`` (a header field's raw value, None when absent) as a string; errors name the field."""
+    if value is None:
+        if default is _MISSING:
+            raise HeaderFieldError(f"the {what} header lacks the field {name!r}")
+        return default
+    return value if type(value) is str else str(value)
+
+
+def field_int(value: Any, name: str, what: str, default: Any = _MISSING) -> int:
+    """``value`` as an integer; absent or empty is ``default`` (an error when there is none)."""
+    if value is None or value == "":
+        if default is _MISSING:
+            raise HeaderFieldError(f"the {what} header lacks the field {name!r}")
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise HeaderFieldError(f"the {what} header field {name!r} = {value!r} is not an integer") from None
+
+
+def field_bool(value: Any, default: bool = False) -> bool:
+    """``value`` as Java's ``Boolean.parseBoolean`` reads it (``"1"`` too); absent or empty is ``default``."""
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        return value
+    return str(value).strip().lower() in ("true", "1")
+
+
 class Header:
-    """A request's extFields with typed getters; errors name the field and the request."""
+    """A request's extFields with typed getters; errors name the field and the request.
+
+    The getters are :func:`field_str`, :func:`field_int` and :func:`field_bool` over the named
+    field; a hot path that knows its fields calls those directly on ``ext_fields.get(...)``.
+    """
+
+    __slots__ = ("_fields", "_what")
 
     def __init__(self, fields: Mapping[str, Any] | None, what: str):
         self._fields = dict(fields or {})
@@ -49,33 +85,13 @@ class Header:
         return name in self._fields and self._fields[name] is not None
 
     def str(self, name: str, default: Any = _MISSING) -> str:
-        value = self._fields.get(name)
-        if value is None:
-            if default is _MISSING:
-                raise HeaderFieldError(f"the {self._what} header lacks the field {name!r}")
-            return default
-        return value if isinstance(value, str) else str(value)
+        return field_str(self._fields.get(name), name, self._what, default)
 
     def int(self, name: builtins.str, default: Any = _MISSING) -> builtins.int:
-        value = self._fields.get(name)
-        if value is None or value == "":
-            if default is _MISSING:
-                raise HeaderFieldError(f"the {self._what} header lacks the field {name!r}")
-            return default
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise HeaderFieldError(
-                f"the {self._what} header field {name!r} = {value!r} is not an integer"
-            ) from None
+        return field_int(self._fields.get(name), name, self._what, default)
 
     def bool(self, name: builtins.str, default: builtins.bool = False) -> builtins.bool:
-        value = self._fields.get(name)
-        if value is None or value == "":
-            return default
-        if isinstance(value, bool):
-            return value
-        return str(value).strip().lower() in ("true", "1")
+        return field_bool(self._fields.get(name), default)
 
 
 def kv(**values: Any) -> dict[str, str]:

@@ -364,7 +364,11 @@ class FrameDecoder:
         self.error_pending = False
         limit = self.max_frame_size
         header_error: HeaderError | None = None
-        with memoryview(src) as view:
+        # Bytes (what a socket read gives) are sliced as they are: a slice of bytes is the copy we
+        # keep anyway, without a view object per slice.  Anything else is read through a view,
+        # released before the buffer is resized below.
+        view: bytes | memoryview = src if type(src) is bytes else memoryview(src)
+        try:
             while n - pos >= 4:
                 (total,) = _U32.unpack_from(view, pos)
                 if total > limit:
@@ -411,6 +415,9 @@ class FrameDecoder:
                     cmd.body = bytes(view[hend:end])
                 out.append(cmd)
                 pos = end
+        finally:
+            if isinstance(view, memoryview):
+                view.release()
         if self._broken is not None:
             self._buf = bytearray()
             if out:  # hand over the good commands before it; the next feed raises the error

@@ -70,15 +70,34 @@ class RemotingCommand:
         body_parts: tuple[bytes | memoryview, ...] = (),
     ) -> RemotingCommand:
         """The response to this request: same opaque and serialize type, response flag set."""
+        # Positional: one per send, and attrs' __init__ binds positions faster than keywords.
         return RemotingCommand(
-            code=int(code),
-            opaque=self.opaque,
-            flag=FLAG_RESPONSE,
-            remark=remark,
-            ext_fields=stringify_fields(ext_fields) if ext_fields else {},
-            body=body,
-            body_parts=body_parts,
-            serialize_type=self.serialize_type,
+            int(code),
+            "PYTHON",
+            DEFAULT_VERSION,
+            self.opaque,
+            FLAG_RESPONSE,
+            remark,
+            stringify_fields(ext_fields) if ext_fields else {},
+            body,
+            body_parts,
+            self.serialize_type,
+        )
+
+    def reply_with(self, code: int, remark: str | None, ext_fields: dict[str, str]) -> RemotingCommand:
+        """:meth:`reply` for a hot path whose ``ext_fields`` is a new dict of strings: it becomes
+        the response's own, unchecked and uncopied (one per send)."""
+        return RemotingCommand(
+            int(code),
+            "PYTHON",
+            DEFAULT_VERSION,
+            self.opaque,
+            FLAG_RESPONSE,
+            remark,
+            ext_fields,
+            None,
+            (),
+            self.serialize_type,
         )
 
     # ------------------------------------------------------------------ flags
@@ -149,8 +168,15 @@ def stringify(value: Any) -> str:
 
 
 def stringify_fields(fields: dict[str, Any]) -> dict[str, str]:
-    """Ext fields with every value a string; ``None`` values are dropped (Java skips nulls)."""
-    return {str(k): stringify(v) for k, v in fields.items() if v is not None}
+    """Ext fields with every value a string; ``None`` values are dropped (Java skips nulls).
+
+    Always a new dict.  Fields that are all strings already (what processors build) are copied as
+    they are: the check costs less than converting each value.
+    """
+    for k, v in fields.items():
+        if type(v) is not str or type(k) is not str:
+            return {str(k): stringify(v) for k, v in fields.items() if v is not None}
+    return dict(fields)
 
 
 __all__ = ["DEFAULT_VERSION", "RemotingCommand", "next_opaque", "stringify", "stringify_fields"]

@@ -3,7 +3,8 @@
 Built on :class:`asyncio.Protocol` (no streams) for speed.  Each connection decodes frames with
 the sans-IO :class:`~tidemq.remoting.FrameDecoder`, matches responses to requests by opaque, and
 runs every incoming request as its own task so a slow handler (a held long-polling pull) never
-blocks the others on the same connection.
+blocks the others on the same connection.  A handler with ``handle_many`` gets the requests of one
+read together (the broker stores a read's sends with one append) and answers each on its own.
 
 Bad bytes are met deliberately.  A header whose opaque is known is answered with SYSTEM_ERROR and
 the connection kept; a header that cannot be read at all, or a broken frame, closes the connection
@@ -18,7 +19,7 @@ import asyncio
 import collections
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from tidemq.remoting import (
@@ -54,6 +55,10 @@ BURST = 64
 _READ_SLACK = 512 * 1024
 
 Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
+#: Optional ``handler.handle_many(conn, requests)``: the requests of one read at once, one awaitable
+#: (or response) per request in order, each served as the handler's own result would be.  What the
+#: application does with them is its business (the broker coalesces sends into one store append).
+ManyHandler = Callable[["Connection", list[RemotingCommand]], "list[Awaitable[RemotingCommand | None]]"]
 
 
 class Connection(asyncio.Protocol):
@@ -64,6 +69,7 @@ class Connection(asyncio.Protocol):
     ):
         self._owner = owner
         self._handler = handler
+        self._handle_many: ManyHandler | None = getattr(handler, "handle_many", None)
         self._options = options
         self.server_side = server_side
         self._decoder = FrameDecoder(options.max_frame_size)
@@ -146,6 +152,8 @@ class Connection(asyncio.Protocol):
 
     def _dispatch(self, commands: list[RemotingCommand]) -> None:
         """Responses complete their waiting calls; requests are served (one loop per read: hot)."""
+        many = self._handle_many
+        works = self._many(many, commands) if many is not None and len(commands) > 1 else None
         for cmd in commands:
             if cmd.flag & FLAG_RESPONSE:
                 fut = self._pending.pop(cmd.opaque, None)
@@ -153,8 +161,30 @@ class Connection(asyncio.Protocol):
                     log.debug("response %r from %s matches no request (timed out?)", cmd, self.remote_address)
                 elif not fut.done():
                     fut.set_result(cmd)
-            else:
+            elif works is None:
                 self._on_request(cmd)
+            else:
+                self._on_request(cmd, next(works))
+
+    def _many(self, many: ManyHandler, commands: list[RemotingCommand]) -> Iterator[Any] | None:
+        """What ``handle_many`` gives for each request of one read; None to serve them one by one."""
+        requests = [cmd for cmd in commands if not cmd.flag & FLAG_RESPONSE]
+        if len(requests) < 2 or self._draining:
+            return None
+        try:
+            works = many(self, requests)
+        except Exception:
+            log.exception("handle_many failed; serving %d requests one by one", len(requests))
+            return None
+        if len(works) == len(requests):
+            return iter(works)
+        log.error(
+            "handle_many answered %d of %d requests; serving them one by one", len(works), len(requests)
+        )
+        for work in works:  # a handler bug: no request is left unanswered
+            if inspect.iscoroutine(work):
+                work.close()
+        return None
 
     def _drain_backlog(self) -> None:
         """Serve up to BURST commands of the backlog; come back on the next loop turn for more."""
@@ -346,10 +376,12 @@ class Connection(asyncio.Protocol):
                 self._loop.call_soon(self._flush_out)
             else:
                 pending += chunks
-            self._out_bytes += sum(len(c) if type(c) is bytes else _nbytes(c) for c in chunks)
+            for c in chunks:
+                self._out_bytes += len(c) if type(c) is bytes else _nbytes(c)
             if self._out_bytes >= self._options.write_high_water:
                 self._flush_out()  # a big backlog goes now, so the transport can push back at once
-        elif len(chunks) == 1:
+            return  # the activity is noted when the frames leave (_flush_out): once per loop turn
+        if len(chunks) == 1:
             transport.write(chunks[0])
         else:
             transport.writelines(chunks)
@@ -361,6 +393,7 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         if not chunks or transport is None or transport.is_closing():
             return
+        self._last_activity = self._loop.time()
         if len(chunks) == 1:
             transport.write(chunks[0])
         else:
@@ -371,15 +404,18 @@ class Connection(asyncio.Protocol):
         self._drain_waiters.append(fut)
         await fut
 
-    def _on_request(self, cmd: RemotingCommand) -> None:
+    def _on_request(self, cmd: RemotingCommand, work: Any = None) -> None:
+        """Serve ``cmd``: with the handler, or by awaiting ``work`` (what ``handle_many`` gave for it)."""
         if self._draining:
+            if inspect.iscoroutine(work):
+                work.close()
             if not cmd.flag & FLAG_ONEWAY and not self._closed:
                 try:
                     self._write(cmd.reply(ResponseCode.SYSTEM_BUSY, remark="server is shutting down"))
                 except (RemotingSendError, ProtocolError):
                     pass
             return
-        coro = self._serve(cmd)
+        coro = self._serve(cmd, work)
         # Eager only while the peer reads what we write: otherwise a Task, which max_in_flight counts.
         if self._options.eager_requests and not self._write_paused:
             # Run the handler right here up to its first real wait: most requests (a send with
@@ -407,17 +443,18 @@ class Connection(asyncio.Protocol):
         elif self._reading_paused_by_us:
             self._maybe_resume_reading()
 
-    async def _serve(self, cmd: RemotingCommand) -> None:
+    async def _serve(self, cmd: RemotingCommand, work: Any = None) -> None:
         handler = self._handler
         response: RemotingCommand | None
-        if handler is None:
+        if handler is None and work is None:
             response = cmd.reply(
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED, remark=f"request code {cmd.code} not supported"
             )
         else:
             try:
-                result = handler(self, cmd)
-                response = await result if inspect.isawaitable(result) else result  # sync handlers work too
+                result = handler(self, cmd) if work is None else work  # type: ignore[misc]  # checked above
+                # Sync handlers work too: they return the response (or None) itself.
+                response = result if result is None or isinstance(result, RemotingCommand) else await result
             except Exception as exc:
                 log.exception("handler failed on request code %s from %s", cmd.code, self.remote_address)
                 response = cmd.reply(ResponseCode.SYSTEM_ERROR, remark=f"{type(exc).__name__}: {exc}")

@@ -1,10 +1,24 @@
-"""SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE and CONSUMER_SEND_MSG_BACK (SendMessageProcessor)."""
+"""SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE and CONSUMER_SEND_MSG_BACK (SendMessageProcessor).
+
+A send goes through three steps.  :meth:`SendProcessor._prepare` does everything before the
+store, synchronously: header, topic checks, retry routing, the ``tidemq_before_send`` hook and the
+transaction/delay rewrite.  :func:`~tidemq.broker.processors.send_put.store_group` puts a group of
+messages; :func:`~tidemq.broker.processors.send_put.finish` waits for the put and the replicas,
+calls ``tidemq_after_send`` and builds the response.
+
+Request coalescing: the sends of one read reach :meth:`SendHandler.many` together.  Each is
+prepared on its own, in order (its own checks, hooks and error), then the messages are stored one
+put per topic, queue and transaction type (one lock, one append, one consume-queue write), and each
+request is answered with its own message id and queue offset.  A put the store refuses for one bad
+message (too large, properties too long) refuses it whole, atomically: the group is then put in
+halves, in order, halving again where refused, so that message fails alone.
+"""
 
 from __future__ import annotations
 
 import logging
 import random
-import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from tidemq.address import split_address
@@ -14,13 +28,24 @@ from tidemq.broker.headers import (
     RETRY_GROUP_TOPIC_PREFIX,
     Header,
     dlq_topic,
-    kv,
+    field_bool,
+    field_int,
+    field_str,
     retry_topic,
+)
+from tidemq.broker.processors.send_put import (
+    GROUP_MAX_BYTES,
+    PendingSend,
+    PutGroup,
+    answer_now,
+    finish,
+    store_group,
 )
 from tidemq.broker.transaction import is_half_request
 from tidemq.errors import CorruptDataError
 from tidemq.futures import resolved
 from tidemq.message import (
+    TRANSACTION_TYPE_MASK,
     BatchLimitError,
     MessageInner,
     Prop,
@@ -33,8 +58,6 @@ from tidemq.observe import SendContext
 from tidemq.perm import PERM_READ, PERM_WRITE, is_writeable
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
-from tidemq.replication import ReplicaStatus
-from tidemq.store import PutResult, PutStatus
 from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -55,45 +78,47 @@ V2_NAMES = {
     "l": "maxReconsumeTimes",
     "m": "batch",
 }
+_V2_SHORT = frozenset(V2_NAMES)
+_V2_BY_LONG = {long: short for short, long in V2_NAMES.items()}
+#: The send header's fields, in the order a send reads them (which error a bad header gets).
+_FIELDS = (
+    "batch",
+    "producerGroup",
+    "topic",
+    "queueId",
+    "sysFlag",
+    "defaultTopic",
+    "defaultTopicQueueNums",
+    "properties",
+    "reconsumeTimes",
+    "maxReconsumeTimes",
+    "flag",
+    "bornTimestamp",
+)
+_V2_FIELDS = tuple(_V2_BY_LONG[name] for name in _FIELDS)
+_WHAT = "SEND_MESSAGE"
+#: ``failed(request, exc)``: the answer to a request whose handling raised ``exc``.
+Failed = Callable[[RemotingCommand, Exception], RemotingCommand]
+# Enum members as globals: an enum class attribute costs ~0.2 us a lookup.
+_SEND_MESSAGE_V2 = int(RequestCode.SEND_MESSAGE_V2)
+_SEND_BATCH_MESSAGE = int(RequestCode.SEND_BATCH_MESSAGE)
 
-_PUT_CODES: dict[PutStatus, tuple[int, str | None]] = {
-    PutStatus.PUT_OK: (ResponseCode.SUCCESS, None),
-    PutStatus.FLUSH_DISK_TIMEOUT: (ResponseCode.FLUSH_DISK_TIMEOUT, None),
-    PutStatus.FLUSH_SLAVE_TIMEOUT: (ResponseCode.FLUSH_SLAVE_TIMEOUT, None),
-    PutStatus.SLAVE_NOT_AVAILABLE: (ResponseCode.SLAVE_NOT_AVAILABLE, None),
-    PutStatus.SERVICE_NOT_AVAILABLE: (
-        ResponseCode.SERVICE_NOT_AVAILABLE,
-        "service not available now, maybe disk full or the broker is a slave",
-    ),
-    PutStatus.DISK_FULL: (ResponseCode.SERVICE_NOT_AVAILABLE, "service not available now: the disk is full"),
-    PutStatus.CREATE_MAPPED_FILE_FAILED: (
-        ResponseCode.SYSTEM_ERROR,
-        "create mapped file failed, server is busy or broken",
-    ),
-    PutStatus.MESSAGE_ILLEGAL: (ResponseCode.MESSAGE_ILLEGAL, "the message is illegal"),
-    PutStatus.PROPERTIES_SIZE_EXCEEDED: (
-        ResponseCode.MESSAGE_ILLEGAL,
-        "the message properties are too large",
-    ),
-    PutStatus.OS_PAGECACHE_BUSY: (
-        ResponseCode.SYSTEM_BUSY,
-        "[PC_SYNCHRONIZED]broker busy, start flow control for a while",
-    ),
-    PutStatus.UNKNOWN_ERROR: (ResponseCode.SYSTEM_ERROR, "UNKNOWN_ERROR"),
-}
-_REPLICA_CODES = {
-    ReplicaStatus.PUT_OK: ResponseCode.SUCCESS,
-    ReplicaStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
-    ReplicaStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
-}
+#: Topic names known to pass the name rules; a pure function of the name, so cached (bounded).
+_NAME_CACHE_MAX = 4096
 
 
-def send_header(request: RemotingCommand) -> Header:
-    """The send header with V2's one-letter names expanded."""
+def send_fields(request: RemotingCommand) -> tuple[Mapping[str, Any], tuple[str, ...]]:
+    """The send header's fields and the keys to read :data:`_FIELDS` by.
+
+    V2's one-letter names are read as they are, without a renamed copy per send; a header that
+    mixes in other names gets the renamed copy (of two names for one field, the later one wins).
+    """
     fields = request.ext_fields
-    if request.code == RequestCode.SEND_MESSAGE_V2 or ("b" in fields and "topic" not in fields):
+    if request.code == _SEND_MESSAGE_V2 or ("b" in fields and "topic" not in fields):
+        if fields.keys() <= _V2_SHORT:
+            return fields, _V2_FIELDS
         fields = {V2_NAMES.get(k, k): v for k, v in fields.items()}
-    return Header(fields, "SEND_MESSAGE")
+    return fields, _FIELDS
 
 
 def parse_host(address: str) -> tuple[str, int]:
@@ -116,9 +141,91 @@ def born_host(conn: Connection) -> tuple[str, int]:
     return host
 
 
+def _listened(hook: Any) -> bool:
+    """Whether a plugin implements ``hook``.
+
+    pluggy's ``get_hookimpls()`` copies its list on every call; the list it keeps (and changes in
+    place as plugins come and go) is read instead where this pluggy has it.
+    """
+    impls = getattr(hook, "_hookimpls", None)
+    if type(impls) is list:
+        return bool(impls)
+    return bool(hook.get_hookimpls())
+
+
+def _prepare_or_fail(
+    processor: SendProcessor, conn: Connection, request: RemotingCommand, failed: Failed
+) -> PendingSend | RemotingCommand:
+    """``_prepare``, or ``failed``'s answer to what it raised (a bad header).
+
+    The exception is answered here and dropped: kept in a list of the caller it would hold the
+    caller's frame through its traceback, and the frame the list (a cycle per bad request).
+    """
+    try:
+        return processor._prepare(conn, request)
+    except Exception as exc:
+        return failed(request, exc)
+
+
+class SendHandler:
+    """The handler of the send codes: one request (``__call__``) or the sends of one read (``many``)."""
+
+    __slots__ = ("_processor",)
+
+    def __init__(self, processor: SendProcessor) -> None:
+        self._processor = processor
+
+    def __call__(self, conn: Connection, request: RemotingCommand) -> Awaitable[RemotingCommand]:
+        return self._processor.send_message(conn, request)
+
+    def many(
+        self, conn: Connection, requests: list[RemotingCommand], failed: Failed
+    ) -> list[RemotingCommand | Awaitable[RemotingCommand]]:
+        """Prepare and store the sends of one read now; per request, in order, its response or an
+        awaitable of it.  ``failed(request, exc)`` answers a request whose handling raised ``exc``
+        (the broker's answer to a handler's exception).
+
+        Messages are grouped per (topic, queue, transaction type) of the final destination, in
+        request order; a batch send's messages stay together, in its place among them.
+        """
+        p = self._processor
+        prepared: list[PendingSend | RemotingCommand] = []
+        groups: dict[tuple[str, int, int], PutGroup] = {}
+        for request in requests:
+            send = _prepare_or_fail(p, conn, request, failed)  # a bad header fails this request alone
+            prepared.append(send)
+            if type(send) is not PendingSend:
+                continue
+            first = send.msgs[0]
+            key = (first.topic, first.queue_id, first.sys_flag & TRANSACTION_TYPE_MASK)
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = PutGroup()
+            group.add(send)
+            body = request.body
+            group.nbytes += len(body) if body else 0
+            if group.nbytes >= GROUP_MAX_BYTES:
+                del groups[key]
+                store_group(p.broker, group)
+        for group in groups.values():
+            store_group(p.broker, group)
+        out: list[RemotingCommand | Awaitable[RemotingCommand]] = []
+        for item in prepared:
+            if isinstance(item, PendingSend):
+                response = answer_now(p.broker, item)
+                out.append(finish(p.broker, item) if response is None else response)
+            else:
+                out.append(item)
+        return out
+
+
 class SendProcessor:
+    """Stores what producers send (SendMessageProcessor); see the module docstring for the steps."""
+
     def __init__(self, broker: BrokerContext):
         self.broker = broker
+        self.handler = SendHandler(self)
+        self._valid_topics: set[str] = set()
 
     # ------------------------------------------------------------------ checks
     def _check_topic(
@@ -137,12 +244,16 @@ class SendProcessor:
                 ResponseCode.SERVICE_NOT_AVAILABLE,
                 f"the broker[{b.settings.name}] is a slave and takes no messages",
             )
-        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):  # %RETRY%<group>: the group's rules apply
-            problem = check_group_name(topic[len(RETRY_GROUP_TOPIC_PREFIX) :])
-        else:
-            problem = check_topic_name(topic)
-        if problem:
-            return None, request.reply(ResponseCode.SYSTEM_ERROR, problem)
+        if topic not in self._valid_topics:
+            if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):  # %RETRY%<group>: the group's rules apply
+                problem = check_group_name(topic[len(RETRY_GROUP_TOPIC_PREFIX) :])
+            else:
+                problem = check_topic_name(topic)
+            if problem:
+                return None, request.reply(ResponseCode.SYSTEM_ERROR, problem)
+            if len(self._valid_topics) >= _NAME_CACHE_MAX:
+                self._valid_topics.clear()
+            self._valid_topics.add(topic)
         if topic == DEFAULT_TOPIC:
             return None, request.reply(
                 ResponseCode.SYSTEM_ERROR, f"the topic[{topic}] is conflict with system reserved words."
@@ -175,21 +286,37 @@ class SendProcessor:
             )
         return cfg, None
 
-    # ------------------------------------------------------------------ SEND_MESSAGE / V2
+    # ------------------------------------------------------------------ SEND_MESSAGE / V2 / BATCH
     async def send_message(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
+        """One send request of any of the three codes, on its own."""
+        send = self._prepare(conn, request)
+        if not isinstance(send, PendingSend):
+            return send
+        group = PutGroup()
+        group.add(send)
+        store_group(self.broker, group)
+        response = answer_now(self.broker, send)
+        return response if response is not None else await finish(self.broker, send)
+
+    send_batch = send_message  # the header's batch flag and the code choose; one entry point
+
+    def _prepare(self, conn: Connection, request: RemotingCommand) -> PendingSend | RemotingCommand:
+        """Everything before the store: the send to store, or the response that ends it here."""
+        fields, keys = send_fields(request)
+        get = fields.get
+        # RocketMQ dispatches on the header's batch flag, whatever the code.
+        if request.code == _SEND_BATCH_MESSAGE or field_bool(get(keys[0])):
+            return self._prepare_batch(conn, request, fields, keys)
         b = self.broker
-        h = send_header(request)
-        if h.bool("batch"):  # RocketMQ dispatches on the header's batch flag, whatever the code
-            return await self.send_batch(conn, request)
-        group = h.str("producerGroup", "")
-        topic = h.str("topic")
-        queue_id = h.int("queueId", -1)
-        sys_flag = h.int("sysFlag", 0)
+        group = field_str(get(keys[1]), "producerGroup", _WHAT, "")
+        topic = field_str(get(keys[2]), "topic", _WHAT)
+        queue_id = field_int(get(keys[3]), "queueId", _WHAT, -1)
+        sys_flag = field_int(get(keys[4]), "sysFlag", _WHAT, 0)
         cfg, error = self._check_topic(
             request,
             topic,
-            h.str("defaultTopic", DEFAULT_TOPIC),
-            h.int("defaultTopicQueueNums", 4),
+            field_str(get(keys[5]), "defaultTopic", _WHAT, DEFAULT_TOPIC),
+            field_int(get(keys[6]), "defaultTopicQueueNums", _WHAT, 4),
             queue_id,
             sys_flag,
         )
@@ -197,29 +324,41 @@ class SendProcessor:
             return error
         if queue_id < 0:
             queue_id = random.randrange(max(cfg.write_queue_nums, 1))
-        properties = string_to_properties(h.str("properties", ""))
-        reconsume_times = h.int("reconsumeTimes", 0)
-        body = request.payload()
+        properties = string_to_properties(field_str(get(keys[7]), "properties", _WHAT, ""))
+        reconsume_times = field_int(get(keys[8]), "reconsumeTimes", _WHAT, 0)
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             routed = self._route_retry(
-                request, topic, queue_id, reconsume_times, h.int("maxReconsumeTimes", -1), properties
+                request,
+                topic,
+                queue_id,
+                reconsume_times,
+                field_int(get(keys[9]), "maxReconsumeTimes", _WHAT, -1),
+                properties,
             )
             if isinstance(routed, RemotingCommand):
                 return routed
             topic, queue_id = routed
         msg = MessageInner(
-            topic=topic,
-            body=body,
-            queue_id=queue_id,
-            flag=h.int("flag", 0),
-            properties=properties,
-            sys_flag=sys_flag,
-            born_timestamp=h.int("bornTimestamp", 0),
-            born_host=born_host(conn),
-            store_host=b.store_host,
-            reconsume_times=reconsume_times,
+            topic,
+            request.payload(),
+            queue_id,
+            field_int(get(keys[10]), "flag", _WHAT, 0),
+            properties,
+            sys_flag,
+            field_int(get(keys[11]), "bornTimestamp", _WHAT, 0),
+            born_host(conn),
+            b.store_host,
+            reconsume_times,
         )
-        return await self._put(conn, request, group, [msg], batch=False, special=True)
+        send = self._hooked(conn, request, group, [msg], False)
+        if type(send) is PendingSend:
+            # A transaction's half message goes to RMQ_SYS_TRANS_HALF_TOPIC, a delayed one to
+            # SCHEDULE_TOPIC_XXXX: after the hooks, so they judge the topic the producer named.
+            if is_half_request(properties, sys_flag):
+                b.transactions.to_half(msg)
+            elif Prop.DELAY_TIME_LEVEL in properties:  # what rewrite acts on
+                b.schedule.rewrite(msg)
+        return send
 
     def _route_retry(
         self,
@@ -246,14 +385,16 @@ class SendProcessor:
             return dlq, 0
         return topic, queue_id
 
-    # ------------------------------------------------------------------ SEND_BATCH_MESSAGE
-    async def send_batch(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
+    def _prepare_batch(
+        self, conn: Connection, request: RemotingCommand, fields: Mapping[str, Any], keys: tuple[str, ...]
+    ) -> PendingSend | RemotingCommand:
+        """SEND_BATCH_MESSAGE: the batch body's messages, stored by one put."""
         b = self.broker
-        h = send_header(request)
-        group = h.str("producerGroup", "")
-        topic = h.str("topic")
-        queue_id = h.int("queueId", -1)
-        sys_flag = h.int("sysFlag", 0)
+        get = fields.get
+        group = field_str(get(keys[1]), "producerGroup", _WHAT, "")
+        topic = field_str(get(keys[2]), "topic", _WHAT)
+        queue_id = field_int(get(keys[3]), "queueId", _WHAT, -1)
+        sys_flag = field_int(get(keys[4]), "sysFlag", _WHAT, 0)
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             return request.reply(
                 ResponseCode.MESSAGE_ILLEGAL, "batch request does not support retry group " + topic
@@ -261,8 +402,8 @@ class SendProcessor:
         cfg, error = self._check_topic(
             request,
             topic,
-            h.str("defaultTopic", DEFAULT_TOPIC),
-            h.int("defaultTopicQueueNums", 4),
+            field_str(get(keys[5]), "defaultTopic", _WHAT, DEFAULT_TOPIC),
+            field_int(get(keys[6]), "defaultTopicQueueNums", _WHAT, 4),
             queue_id,
             sys_flag,
         )
@@ -277,10 +418,10 @@ class SendProcessor:
                 topic,
                 queue_id,
                 sys_flag,
-                h.int("bornTimestamp", 0),
+                field_int(get(keys[11]), "bornTimestamp", _WHAT, 0),
                 born_host(conn),
                 b.store_host,
-                h.int("reconsumeTimes", 0),
+                field_int(get(keys[8]), "reconsumeTimes", _WHAT, 0),
             )
         except BatchLimitError as exc:
             return request.reply(ResponseCode.MESSAGE_ILLEGAL, f"{exc} (max_batch_messages)")
@@ -288,27 +429,20 @@ class SendProcessor:
             return request.reply(ResponseCode.MESSAGE_ILLEGAL, f"malformed batch body: {exc}")
         if not msgs:
             return request.reply(ResponseCode.MESSAGE_ILLEGAL, "the batch holds no message")
-        return await self._put(conn, request, group, msgs, batch=True)
+        return self._hooked(conn, request, group, msgs, True)
 
-    # ------------------------------------------------------------------ store + hooks
-    async def _put(
-        self,
-        conn: Connection,
-        request: RemotingCommand,
-        group: str,
-        msgs: list[MessageInner],
-        *,
-        batch: bool,
-        special: bool = False,
-    ) -> RemotingCommand:
+    # ------------------------------------------------------------------ hooks, store, answer
+    def _hooked(
+        self, conn: Connection, request: RemotingCommand, group: str, msgs: list[MessageInner], batch: bool
+    ) -> PendingSend | RemotingCommand:
+        """``tidemq_before_send`` for one send: the send, or the response to its veto."""
         b = self.broker
         first = msgs[0]
-        reply_queue_id = first.queue_id
         hooks = b.hooks
         # A context and two hook calls per send cost ~5 % of a send: build them only when a plugin
         # listens (checked per send, so a plugin registered at run time is seen at once).
         ctx: SendContext | None = None
-        if hooks.tidemq_before_send.get_hookimpls() or hooks.tidemq_after_send.get_hookimpls():
+        if _listened(hooks.tidemq_before_send) or _listened(hooks.tidemq_after_send):
             ctx = SendContext(
                 producer_group=group,
                 topic=first.topic,
@@ -325,57 +459,7 @@ class SendProcessor:
                 ctx.status = "NO_PERMISSION"
                 hooks.tidemq_after_send(context=ctx)
                 return request.reply(ResponseCode.NO_PERMISSION, str(veto))
-        if special:
-            # Issue 10: a transaction's half message goes to RMQ_SYS_TRANS_HALF_TOPIC, a delayed one
-            # to SCHEDULE_TOPIC_XXXX (after the hooks, so they judge the topic the producer named).
-            if is_half_request(first.properties, first.sys_flag):
-                b.transactions.to_half(first)
-            else:
-                b.schedule.rewrite(first)
-        start = time.perf_counter()
-        try:
-            future = b.store.put_messages(msgs) if batch else b.store.put_message(first)
-            result: PutResult = await resolved(future)
-        except Exception as exc:
-            log.exception("store refused a message for %s", first.topic)
-            if ctx is not None:
-                ctx.status, ctx.elapsed_ms = "SYSTEM_ERROR", (time.perf_counter() - start) * 1000
-                hooks.tidemq_after_send(context=ctx)
-            return request.reply(ResponseCode.SYSTEM_ERROR, f"store error: {exc}")
-        code, remark = _PUT_CODES.get(result.status, (ResponseCode.SYSTEM_ERROR, result.status.value))
-        if result.error:
-            remark = f"{remark or result.status.value}: {result.error}"
-        if result.ok:
-            b.stats.on_put(result.message_count or len(msgs), result.wrote_bytes)
-            replica = await resolved(
-                b.replication.wait_for_replicas(result.wrote_offset + result.wrote_bytes)
-            )
-            code = _REPLICA_CODES.get(replica, ResponseCode.SYSTEM_ERROR)
-            if code == ResponseCode.SYSTEM_ERROR:
-                remark = f"replication answered {replica}"
-        if ctx is not None:
-            ctx.status = ResponseCode(code).name
-            ctx.msg_id = result.msg_id
-            ctx.queue_offset = result.queue_offset
-            ctx.elapsed_ms = (time.perf_counter() - start) * 1000
-            hooks.tidemq_after_send(context=ctx)
-        if result.status is not PutStatus.PUT_OK and code in (ResponseCode.SUCCESS,):
-            code = ResponseCode.SYSTEM_ERROR
-        fields = None
-        if code in (
-            ResponseCode.SUCCESS,
-            ResponseCode.FLUSH_DISK_TIMEOUT,
-            ResponseCode.FLUSH_SLAVE_TIMEOUT,
-            ResponseCode.SLAVE_NOT_AVAILABLE,
-        ):
-            fields = kv(
-                msgId=result.msg_id,
-                queueId=reply_queue_id,
-                queueOffset=result.queue_offset,
-                MSG_REGION=first.properties.get(Prop.MSG_REGION, "DefaultRegion"),
-                TRACE_ON=first.properties.get(Prop.TRACE_SWITCH, "true"),
-            )
-        return request.reply(code, remark, fields)
+        return PendingSend(request, group, msgs, batch, ctx, first.queue_id)
 
     # ------------------------------------------------------------------ CONSUMER_SEND_MSG_BACK
     async def consumer_send_back(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
@@ -447,7 +531,9 @@ class SendProcessor:
 
 def register(register: ProcessorRegister) -> None:
     p = SendProcessor(register.context)
-    register.add(RequestCode.SEND_MESSAGE, p.send_message)
-    register.add(RequestCode.SEND_MESSAGE_V2, p.send_message)
-    register.add(RequestCode.SEND_BATCH_MESSAGE, p.send_batch)
+    # One handler object for the three send codes: a read's sends of any of them are coalesced
+    # (a plugin that wraps one of the codes takes it out of coalescing, and its wrapper still runs).
+    register.add(RequestCode.SEND_MESSAGE, p.handler)
+    register.add(RequestCode.SEND_MESSAGE_V2, p.handler)
+    register.add(RequestCode.SEND_BATCH_MESSAGE, p.handler)
     register.add(RequestCode.CONSUMER_SEND_MSG_BACK, p.consumer_send_back)
