@@ -38,6 +38,12 @@ class Connection(Protocol):
 
 
 #: ``handler(connection, request) -> response | None`` (None for oneway requests).
+#:
+#: A handler object may also have ``handle_many(connection, requests)``: a transport that reads
+#: several requests at once (pipelined frames in one read) may hand them over together and gets
+#: one awaitable per request back, in order, which it awaits in turn (the broker coalesces sends of
+#: one read into one store put this way).  Without it, or from a transport that does not batch,
+#: each request goes to ``handler`` alone; the answers are the same either way.
 RequestHandler = Callable[[Connection, "RemotingCommand"], Awaitable["RemotingCommand | None"]]
 
 
