@@ -20,6 +20,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def runtime_info(addr: str) -> dict[str, str]:
+    """GET_BROKER_RUNTIME_INFO of the broker at ``addr``: its ``table`` (role, offsets, ...)."""
+    import asyncio
+
+    import orjson
+
+    from tidemq.plugins import get_plugin_manager
+    from tidemq.remoting.codes import RequestCode, ResponseCode
+    from tidemq.remoting.command import RemotingCommand
+
+    async def ask() -> dict[str, str]:
+        client = get_plugin_manager().create("transport", "tcp").client()
+        try:
+            resp = await client.invoke(
+                addr, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 3.0
+            )
+        finally:
+            await client.close()
+        assert resp.code == ResponseCode.SUCCESS
+        return dict(orjson.loads(resp.body)["table"])
+
+    return asyncio.run(ask())
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Load tidemq's pytest plugin (tidemq_plugins, tidemq_make_store, ...) unless its ``pytest11``
     entry point already did: ``pytest_plugins = [...]`` would register the module a second time

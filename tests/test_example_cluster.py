@@ -8,7 +8,6 @@ are read from the slave.
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import subprocess
 import sys
@@ -16,13 +15,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import orjson
 import pytest
+from conftest import runtime_info
 
 from tidemq.client import BlockingProducer, BlockingPullConsumer, Message, PullStatus, SendStatus
-from tidemq.plugins import get_plugin_manager
-from tidemq.remoting.codes import RequestCode, ResponseCode
-from tidemq.remoting.command import RemotingCommand
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "cluster" / "cluster.py"
@@ -62,21 +58,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
             pass
         time.sleep(0.2)
     return predicate()
-
-
-def runtime_info(addr: str) -> dict[str, str]:
-    async def ask() -> dict[str, str]:
-        client = get_plugin_manager().create("transport", "tcp").client()
-        try:
-            resp = await client.invoke(
-                addr, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 3.0
-            )
-        finally:
-            await client.close()
-        assert resp.code == ResponseCode.SUCCESS
-        return dict(orjson.loads(resp.body)["table"])
-
-    return asyncio.run(ask())
 
 
 class ExampleCluster:

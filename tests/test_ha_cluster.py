@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import free_port
+from conftest import free_port, runtime_info
 
 from tidemq.client import (
     BlockingProducer,
@@ -93,21 +93,6 @@ def broker_toml(
     cfg = path.with_suffix(".toml")
     cfg.write_text("\n".join(lines) + "\n")
     return cfg, listen
-
-
-def runtime_info(addr: str) -> dict[str, str]:
-    async def ask() -> dict[str, str]:
-        client = get_plugin_manager().create("transport", "tcp").client()
-        try:
-            resp = await client.invoke(
-                addr, RemotingCommand.request(RequestCode.GET_BROKER_RUNTIME_INFO), 3.0
-            )
-        finally:
-            await client.close()
-        assert resp.code == ResponseCode.SUCCESS
-        return dict(orjson.loads(resp.body)["table"])
-
-    return asyncio.run(ask())
 
 
 class HaCluster:
