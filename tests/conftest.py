@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, every: float = 0.1) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` passes (errors while polling count as not
+    yet: a process still starting); the last try's result, or its error, after the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return True
+        except Exception:
+            pass
+        time.sleep(every)
+    return predicate()
 
 
 def runtime_info(addr: str) -> dict[str, str]:

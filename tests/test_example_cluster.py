@@ -11,12 +11,11 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import runtime_info
+from conftest import runtime_info, wait_for
 
 from tidemq.client import BlockingProducer, BlockingPullConsumer, Message, PullStatus, SendStatus
 
@@ -46,18 +45,6 @@ def free_block(n: int) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError("no block of free ports")
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return True
-        except Exception:
-            pass
-        time.sleep(0.2)
-    return predicate()
 
 
 class ExampleCluster:
@@ -146,7 +133,7 @@ def test_example_cluster_serves_and_fails_over_to_slave_reads(cluster: ExampleCl
         consumer.shutdown()
 
     # The slave has everything before its master goes; then the master stops.
-    assert wait_for(lambda: runtime_info(cluster.master)["haSlaveFallBehind"] == "0"), runtime_info(
+    assert wait_for(lambda: runtime_info(cluster.master)["haSlaveFallBehind"] == "0", 30), runtime_info(
         cluster.master
     )
     stopped = cluster.run("stop", "broker-a-master")

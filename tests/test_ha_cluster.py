@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import free_port, runtime_info
+from conftest import free_port, runtime_info, wait_for
 
 from tidemq.client import (
     BlockingProducer,
@@ -36,18 +36,6 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 
 TOPIC = "HaTopic"
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, every: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return True
-        except Exception:
-            pass
-        time.sleep(every)
-    return predicate()
 
 
 def broker_toml(
