@@ -4,13 +4,41 @@ from __future__ import annotations
 
 from tidemq import hookimpl
 from tidemq.broker.context import ProcessorRegister
-from tidemq.broker.processors import admin, client_manage, consumer_manage, filter_server, pull, query, send
+from tidemq.broker.processors import (
+    admin,
+    broker_config,
+    client_manage,
+    consumer_control,
+    consumer_manage,
+    filter_server,
+    groups,
+    maintenance,
+    monitoring,
+    pull,
+    query,
+    queue_query,
+    send,
+)
 from tidemq.remoting.codes import RequestCode
 
 
 @hookimpl
 def tidemq_register_processors(register: ProcessorRegister) -> None:
-    for module in (send, pull, client_manage, consumer_manage, query, admin, filter_server):
+    for module in (
+        send,
+        pull,
+        client_manage,
+        consumer_manage,
+        query,
+        admin,
+        filter_server,
+        groups,
+        broker_config,
+        maintenance,
+        consumer_control,
+        monitoring,
+        queue_query,
+    ):
         module.register(register)
     broker = register.context
     # Delayed and transactional messages (the broker's schedule and transaction services).

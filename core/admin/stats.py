@@ -1,0 +1,1 @@
+"""mqadmin's statistics and queue commands: brokerStatus, statsAll, brokerConsumeStats, queryCq..."""
