@@ -1,0 +1,1 @@
+"""mqadmin's ACL commands: updateAclConfig, deleteAclConfig, clusterAclConfigVersion, updateGlobalWhiteAddr, getAclConfig."""

@@ -1,1 +1,0 @@
-"""mqadmin's subscription-group, broker-config, permission, KV and ACL commands."""

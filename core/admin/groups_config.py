@@ -1,0 +1,1 @@
+"""mqadmin's subscription-group, broker-config, maintenance and export commands."""

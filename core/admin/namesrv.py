@@ -1,0 +1,1 @@
+"""mqadmin's NameServer commands: KV and order config, NameServer config, broker write permission, topic clusters."""
