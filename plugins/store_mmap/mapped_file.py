@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from tidemq.errors import StoreError
+from tidemq.file_regions import register_mapping
 
 from .transient_pool import TransientStorePool
 
@@ -135,6 +136,8 @@ class MappedFile:
         self.store_timestamp = 0  # store time of the last record appended
         self.flush_calls = 0
         self._closed = False
+        # Registered as a sendfile source on the first pull from it (tidemq.file_regions).
+        self._region_source = False
 
     # ------------------------------------------------------------------ positions
     @property
@@ -316,6 +319,11 @@ class MappedFile:
         readable = self.committed_position if self._buffer is not None else self.wrote_position
         if self._closed:
             return None
+        if not self._region_source:
+            # Pull responses are views of this mapping: let the transport sendfile them.  Tried
+            # once; a mapping that cannot be registered is simply written as usual.
+            self._region_source = True
+            register_mapping(self.mm, self.fd)
         try:
             return memoryview(self.mm), readable
         except ValueError:  # closed by a concurrent cleanup

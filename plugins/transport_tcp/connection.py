@@ -19,9 +19,11 @@ import asyncio
 import collections
 import inspect
 import logging
+import socket
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from tidemq.file_regions import MIN_SENDFILE_BYTES
 from tidemq.remoting import (
     FrameDecoder,
     FrameError,
@@ -37,6 +39,7 @@ from tidemq.remoting import (
 )
 from tidemq.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE
 from tidemq.remoting.command import next_opaque
+from tidemq_transport_tcp.direct_write import write_direct
 from tidemq_transport_tcp.options import TcpOptions
 
 if TYPE_CHECKING:
@@ -87,6 +90,9 @@ class Connection(asyncio.Protocol):
         self._idle_handle: asyncio.TimerHandle | None = None
         self._out: list[bytes | memoryview] | None = None  # frames waiting for the end of this loop turn
         self._out_bytes = 0
+        self._out_file = False  # a pending chunk may be a mapped file's bytes (sendfile candidate)
+        self._direct_fd = -1  # the socket, when frames may be written to it directly (no TLS)
+        self._cork: Callable[[int], None] | None = None
         self._held = 0  # partial-frame bytes counted against the server's budget
         self._partial_since = 0.0  # when this connection last completed a frame while holding a partial one
         self._closing = False  # closing for bad input: reads stopped, answering what was read
@@ -109,6 +115,12 @@ class Connection(asyncio.Protocol):
         transport.set_write_buffer_limits(  # type: ignore[attr-defined]  # a WriteTransport here
             high=self._options.write_high_water, low=self._options.write_low_water
         )
+        tls = transport.get_extra_info("sslcontext") or transport.get_extra_info("ssl_object")
+        if self._options.sendfile and tls is None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                self._direct_fd = sock.fileno()
+                self._cork = _corker(sock)
         self._owner._connection_made(self)
         idle = self._options.idle_timeout_s
         if self.server_side and idle > 0:
@@ -377,7 +389,13 @@ class Connection(asyncio.Protocol):
             else:
                 pending += chunks
             for c in chunks:
-                self._out_bytes += len(c) if type(c) is bytes else _nbytes(c)
+                if type(c) is bytes:
+                    self._out_bytes += len(c)
+                else:
+                    size = _nbytes(c)
+                    self._out_bytes += size
+                    if size >= MIN_SENDFILE_BYTES:
+                        self._out_file = True
             if self._out_bytes >= self._options.write_high_water:
                 self._flush_out()  # a big backlog goes now, so the transport can push back at once
             return  # the activity is noted when the frames leave (_flush_out): once per loop turn
@@ -394,6 +412,14 @@ class Connection(asyncio.Protocol):
         if not chunks or transport is None or transport.is_closing():
             return
         self._last_activity = self._loop.time()
+        if self._out_file:
+            self._out_file = False
+            # Pull bodies from mapped store files: sendfile them while the transport holds nothing
+            # (so nothing is overtaken); what the socket does not take goes through the transport.
+            if self._direct_fd >= 0 and transport.get_write_buffer_size() == 0:
+                chunks = write_direct(self._direct_fd, chunks, self._cork)
+                if not chunks:
+                    return
         if len(chunks) == 1:
             transport.write(chunks[0])
         else:
@@ -594,6 +620,21 @@ async def _resume(coro: Any, yielded: Any) -> None:
             yielded = coro.send(None) if throw is None else coro.throw(throw)
         except StopIteration:
             return
+
+
+def _corker(sock: Any) -> Callable[[int], None] | None:
+    """``TCP_CORK`` on/off for ``sock`` (Linux), or None where it has none."""
+    option = getattr(socket, "TCP_CORK", None)
+    if option is None:
+        return None
+
+    def cork(on: int) -> None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, option, on)
+        except OSError:
+            pass
+
+    return cork
 
 
 def _nbytes(chunk: bytes | memoryview) -> int:

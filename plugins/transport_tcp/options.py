@@ -34,6 +34,11 @@ class TcpOptions:
     #: Gather the frames written during one event-loop turn into one writev (fewer syscalls under
     #: load; a lone frame waits only for the end of the current turn).
     coalesce_writes: bool = True
+    #: Send pull bodies read from mapped store files with sendfile (no copy in from user space),
+    #: written straight to the socket while the transport buffers nothing; never under TLS; needs
+    #: coalesce_writes.  Off by default: with RocketMQ's 32-message pulls of 1 KiB it cost more CPU
+    #: per message than one writev per loop turn (0.56-0.72x, bench/results/2026-11-24/ab_sendfile*.json).
+    sendfile: bool = False
     #: Start each request's handler inside data_received and make a Task only if it has to wait.
     eager_requests: bool = True
     #: TLS: a server needs certfile+keyfile; a client verifies the server against cafile when given.
