@@ -12,7 +12,10 @@ submodules are public through their own ``__all__``: ``tidemq.client`` (the clie
 lower-level requests), ``tidemq.remoting`` (and its ``codes``, ``command``, ``codec``, ``errors``
 and ``protocol`` modules: the wire format), ``tidemq.cli`` (running a service from a plugin's
 command), ``tidemq.message`` (the message and commit-log record format), ``tidemq.address``,
-``tidemq.compression``, ``tidemq.datadir`` and ``tidemq.names``.
+``tidemq.compression``, ``tidemq.datadir``, ``tidemq.file_regions`` (sendfile sources),
+``tidemq.logs`` (log handlers and progress reports of long tasks),
+``tidemq.metrics`` (the metrics role and its ``Buckets`` histogram), ``tidemq.mqjson``
+(fastjson's MessageQueue-keyed maps) and ``tidemq.names``.
 Anything else a plugin imports is an internal it should not rely on: ``tests/test_public_api.py``
 keeps the built-in plugins to this surface and lists the exceptions, each with its reason.
 """
@@ -81,6 +84,7 @@ __all__ = [
     "QueueSelector",
     "AccessValidator",  # acl
     "AllowAll",
+    "MetricsExporter",  # metrics
     # what crosses the contracts
     "EXPRESSION_SQL92",
     "EXPRESSION_TAG",
@@ -135,6 +139,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "VerifiableIndex",
     ),
     "tidemq.message": ("MessageExt", "MessageInner", "Prop"),
+    "tidemq.metrics": ("MetricsExporter",),
     "tidemq.observe": ("ConsumeContext", "SendContext"),
     "tidemq.plugins": ("PluginContext", "PluginManager", "Register", "get_plugin_manager"),
     "tidemq.queues": ("AllocateStrategy", "MessageQueue", "QueueSelector"),
@@ -188,6 +193,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         VerifiableIndex,
     )
     from tidemq.message import MessageExt, MessageInner, Prop
+    from tidemq.metrics import MetricsExporter
     from tidemq.observe import ConsumeContext, SendContext
     from tidemq.plugins import PluginContext, PluginManager, Register, get_plugin_manager
     from tidemq.queues import AllocateStrategy, MessageQueue, QueueSelector

@@ -46,6 +46,7 @@ if typing.TYPE_CHECKING:
     from tidemq.acl import AccessValidator
     from tidemq.flush import FlushPolicy
     from tidemq.index import KeyIndex
+    from tidemq.metrics import MetricsExporter
     from tidemq.replication import Replication
     from tidemq.store import MessageStore
     from tidemq.transport import Transport
@@ -255,6 +256,9 @@ class BrokerSettings:
     max_held_pulls_per_connection: int = number(1024, ge=1, le=1 << 20)
     # Messages in one SEND_BATCH_MESSAGE: decoding 100 000 tiny ones held the event loop ~1 s.
     max_batch_messages: int = number(4096, ge=1, le=1 << 20)
+    # The cluster-name and broker-name topics are readable and writable (mqadmin clusterRT, sendMsgStatus).
+    cluster_topic_enable: bool = True
+    broker_topic_enable: bool = True
 
     @property
     def host(self) -> str:
@@ -306,6 +310,8 @@ DEFAULT_PLUGINS: dict[str, str] = {
 }
 #: Roles a broker must have one plugin for (filters are all active at once; allocate/select are client roles).
 BROKER_ROLES: tuple[str, ...] = BUILD_ORDER
+#: Roles a broker may have a plugin for (``[plugins] acl = "plain"``, ``metrics = "prometheus"``).
+OPTIONAL_ROLES: tuple[str, ...] = ("acl", "metrics")
 
 
 @attrs.define
@@ -436,6 +442,11 @@ class Components:
         return typing.cast("Replication", self.instances["replication"])
 
     @property
+    def metrics(self) -> MetricsExporter | None:
+        """None when ``[plugins] metrics`` is unset or "none": no metrics endpoint."""
+        return typing.cast("MetricsExporter | None", self.instances.get("metrics"))
+
+    @property
     def acl(self) -> AccessValidator | None:
         """None when ``[plugins] acl`` is unset or "none": the broker then checks nothing."""
         return typing.cast("AccessValidator | None", self.instances.get("acl"))
@@ -461,15 +472,17 @@ def compose(cfg: Config, manager: PluginManager | None = None) -> Components:
             )
         except ConfigError as exc:
             raise ConfigError(f"{cfg.source}: {exc}") from exc
-    # Access control (role ``acl``) is optional: without ``[plugins] acl`` (or with "none") the
-    # broker checks nothing, so a broker never depends on an ACL plugin being installed.
-    acl = cfg.plugins.get("acl", "none")
-    if acl != "none":
+    # Access control (role ``acl``) and the metrics endpoint (role ``metrics``) are optional:
+    # without their [plugins] key (or with "none") a broker never depends on such a plugin.
+    for optional in OPTIONAL_ROLES:
+        name = cfg.plugins.get(optional, "none")
+        if name == "none":
+            continue
         try:
-            built["acl"] = manager.create(
-                "acl",
-                acl,
-                options=cfg.plugin_options("acl"),
+            built[optional] = manager.create(
+                optional,
+                name,
+                options=cfg.plugin_options(optional),
                 data_dir=data_dir,
                 components=built,
                 settings=settings,

@@ -26,7 +26,10 @@ start with one line naming the key.
 * `tidemq check-config --show broker.toml` also prints the effective configuration: every key of
   every table the broker would use, defaults filled in (values the file sets are marked).
 * *at run time*: `restart` means the value is read at start; `UPDATE_NAMESRV_CONFIG` means
-  `updateNamesrvConfig` (any RocketMQ admin tool) changes it on a running NameServer. The ACL file
+  `updateNamesrvConfig` (any RocketMQ admin tool) changes it on a running NameServer;
+  `UPDATE_BROKER_CONFIG` means `updateBrokerConfig -k <RocketMQ name>` changes it on a running
+  broker, which keeps the value in `<data_dir>/config/broker.runtime.properties` (read at start,
+  over this file). The ACL file
   named by `[acl.plain] file` is re-read when it changes, without a restart.
 * Command-line flags override the file: `tidemq broker --listen/--namesrv/--data-dir`,
   `tidemq namesrv --listen`, `tidemq standalone --namesrv-listen/--broker-listen/--data-dir`.
@@ -53,6 +56,7 @@ NO_OPTIONS: tuple[tuple[str, str], ...] = (
     ("filter", "TAG"),
     ("replication", "none"),
     ("acl", "none"),
+    ("metrics", "none"),
     ("select", "round_robin"),
     ("allocate", "averagely"),
     ("allocate", "averagely_by_circle"),
@@ -76,6 +80,22 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("TIDEMQ_UVLOOP", "`0`: the tcp transport's client loop does not use uvloop."),
     ("TIDEMQ_DISABLE_PLUGIN_AUTOLOAD", "`1`: load only tidemq's own plugins, none of a third party's."),
     ("TIDEMQ_TRACE_HOOKS", "`1`: log every hook call at DEBUG (logger `tidemq.hooks`)."),
+    ("TIDEMQ_LOG_LEVEL", "`tidemq --log-level` (default `INFO`)."),
+    (
+        "TIDEMQ_LOG_FILE",
+        "`tidemq --log-file`: a path, or `auto` for the command's default "
+        "(`<data dir>/logs/broker.log`, `standalone.log`, `namesrv.log`).",
+    ),
+    ("TIDEMQ_LOG_FORMAT", "`tidemq --log-format`: `text` (default) or `json` (one object per line)."),
+    (
+        "TIDEMQ_LOG_MAX_BYTES",
+        "`tidemq --log-max-bytes`: rotate the log file at this size (default `100MiB`).",
+    ),
+    ("TIDEMQ_LOG_BACKUPS", "`tidemq --log-backups`: rotated log files kept (default 5)."),
+    (
+        "TIDEMQ_PROGRESS_EVERY",
+        "Seconds between progress log lines of recovery and `tidemq store verify` (default 2).",
+    ),
 )
 
 _MS_REPL = "replication.master_slave"
@@ -100,6 +120,7 @@ NOTES: dict[str, dict[str, str]] = {
         "doc": 'Replication side (with `[plugins] replication = "master_slave"`).',
     },
     "broker.auto_create_topic": {
+        "runtime": "UPDATE_BROKER_CONFIG",
         "rocketmq": "autoCreateTopicEnable",
         "doc": "Create a topic on its first send (from the TBW102 template); off: `tidemq admin updateTopic` first.",
     },
@@ -117,10 +138,12 @@ NOTES: dict[str, dict[str, str]] = {
         "doc": "How often the broker registers with its NameServers.",
     },
     "broker.long_polling": {
+        "runtime": "UPDATE_BROKER_CONFIG",
         "rocketmq": "longPollingEnable",
         "doc": "Hold pulls that find nothing until a message arrives.",
     },
     "broker.short_polling_ms": {
+        "runtime": "UPDATE_BROKER_CONFIG",
         "rocketmq": "shortPollingTimeMills",
         "doc": "Hold time of a pull without long polling.",
     },
@@ -138,21 +161,36 @@ NOTES: dict[str, dict[str, str]] = {
         "doc": "Largest request frame the broker reads.",
     },
     "broker.slave_read_enable": {
+        "runtime": "UPDATE_BROKER_CONFIG",
         "rocketmq": "slaveReadEnable",
         "doc": "Masters may send consumers to read from a slave.",
     },
     "broker.auto_create_subscription_group": {
+        "runtime": "UPDATE_BROKER_CONFIG",
         "rocketmq": "autoCreateSubscriptionGroup",
         "doc": "Create a consumer group's config on its first heartbeat.",
     },
-    "broker.consumer_offset_flush_s": {"rocketmq": "flushConsumerOffsetInterval"},
+    "broker.consumer_offset_flush_s": {
+        "rocketmq": "flushConsumerOffsetInterval",
+        "runtime": "UPDATE_BROKER_CONFIG",
+    },
     "broker.transaction_check_interval_s": {
         "rocketmq": "transactionCheckInterval",
         "doc": "Transactional messages: how often unresolved half messages are checked back with their producer.",
     },
     "broker.transaction_timeout_s": {"rocketmq": "transactionTimeOut"},
     "broker.transaction_check_max": {"rocketmq": "transactionCheckMax"},
-    "broker.enable_property_filter": {"rocketmq": "enablePropertyFilter"},
+    "broker.enable_property_filter": {"rocketmq": "enablePropertyFilter", "runtime": "UPDATE_BROKER_CONFIG"},
+    "broker.cluster_topic_enable": {
+        "rocketmq": "clusterTopicEnable",
+        "doc": "The topic named after the cluster is readable and writable (else it only exists).",
+        "runtime": "UPDATE_BROKER_CONFIG",
+    },
+    "broker.broker_topic_enable": {
+        "rocketmq": "brokerTopicEnable",
+        "doc": "The topic named after the broker (1 queue) is readable and writable (else it only exists).",
+        "runtime": "UPDATE_BROKER_CONFIG",
+    },
     # ------------------------------------------------------------------ [namesrv]
     "namesrv.listen": {"rocketmq": "listenPort", "doc": "HOST:PORT to listen on (port 0: any free port)."},
     "namesrv.data_dir": {

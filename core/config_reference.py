@@ -75,6 +75,7 @@ TABLES: tuple[OptionTable, ...] = (
     OptionTable("filter.SQL92", "tidemq_filter_server.plugin:Sql92Options"),
     OptionTable("replication.master_slave", "tidemq_ha_replication.master_slave:MasterSlaveOptions"),
     OptionTable("acl.plain", "tidemq_acl.validator:PlainAclOptions"),
+    OptionTable("metrics.prometheus", "tidemq_metrics_prometheus.options:PrometheusOptions"),
     OptionTable("select.latency_fault", "tidemq_queue_select:LatencyFaultOptions"),
     OptionTable("allocate.consistent_hash", "tidemq_allocate:ConsistentHashOptions"),
     OptionTable("allocate.config", "tidemq_allocate:ByConfigOptions"),
@@ -241,7 +242,11 @@ def show(cfg: Config, given: Mapping[str, Any]) -> str:
     out += _table_lines("broker", attrs.asdict(cfg.broker), given.get("broker", {}), derived)
     out += _table_lines("namesrv", attrs.asdict(cfg.namesrv), given.get("namesrv", {}))
     out += _table_lines("plugins", cfg.plugins, given.get("plugins", {}))
-    selected = [(role, name) for role, name in cfg.plugins.items() if not (role == "acl" and name == "none")]
+    selected = [
+        (role, name)
+        for role, name in cfg.plugins.items()
+        if not (role in ("acl", "metrics") and name == "none")
+    ]
     selected += [("filter", name) for name in get_plugin_manager().available("filter")]
     for role, name in selected:
         table = f"{role}.{name}"

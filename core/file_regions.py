@@ -24,6 +24,8 @@ import weakref
 
 log = logging.getLogger(__name__)
 
+__all__ = ["MIN_SENDFILE_BYTES", "file_region", "register_mapping"]
+
 #: Chunks smaller than this are written as usual: below ~16 KiB one ``sendfile`` cost more CPU than
 #: one ``send`` of the same bytes (a loopback probe on 2026-11-24; at 32 KiB it cost 30 % less).
 MIN_SENDFILE_BYTES = 16 * 1024

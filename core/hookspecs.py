@@ -135,6 +135,18 @@ def tidemq_register_acl_validators(register: Register) -> None:
 
 
 @hookspec
+def tidemq_register_metrics_exporters(register: Register) -> None:
+    """Add metrics exporter factories (role ``metrics``: ``prometheus``...).
+
+    Called once by the plugin manager at load time.  A factory returns a
+    :class:`tidemq.metrics.MetricsExporter`; a broker (or NameServer) whose config names one
+    (``[plugins] metrics = "prometheus"``, default none; ``tidemq standalone`` defaults to
+    ``prometheus`` on loopback) builds it with its other roles and awaits ``start(service)`` once
+    it serves, ``stop()`` when it stops.  Returns nothing.
+    """
+
+
+@hookspec
 def tidemq_register_processors(register: ProcessorRegister) -> None:
     """Add (or wrap) the broker's request handlers, by request code.
 

@@ -44,6 +44,7 @@ ROLE_HOOKS: dict[str, str] = {
     "allocate": "tidemq_register_allocate_strategies",
     "select": "tidemq_register_queue_selectors",
     "acl": "tidemq_register_acl_validators",
+    "metrics": "tidemq_register_metrics_exporters",
 }
 ROLES: tuple[str, ...] = tuple(ROLE_HOOKS)
 #: The order in which the composer builds roles; later factories see earlier instances.
@@ -264,6 +265,7 @@ def role_contract(role: str) -> type:
     from tidemq.filter import FilterFactory
     from tidemq.flush import FlushPolicy
     from tidemq.index import KeyIndex
+    from tidemq.metrics import MetricsExporter
     from tidemq.queues import AllocateStrategy, QueueSelector
     from tidemq.replication import Replication
     from tidemq.store import MessageStore
@@ -279,6 +281,7 @@ def role_contract(role: str) -> type:
         "allocate": AllocateStrategy,
         "select": QueueSelector,
         "acl": AccessValidator,
+        "metrics": MetricsExporter,
     }
     return contracts[role]
 

@@ -112,6 +112,7 @@ BUILT_INS = {
     "allocate": {"averagely", "averagely_by_circle", "consistent_hash"},
     "select": {"round_robin", "latency_fault"},
     "acl": {"none", "plain"},
+    "metrics": {"none", "prometheus"},
 }
 
 

@@ -25,7 +25,11 @@ PUBLIC_SUBMODULES = (
     "tidemq.client",
     "tidemq.compression",
     "tidemq.datadir",
+    "tidemq.file_regions",
+    "tidemq.logs",
     "tidemq.message",
+    "tidemq.metrics",
+    "tidemq.mqjson",
     "tidemq.names",
     "tidemq.remoting",
     "tidemq.remoting.codec",
@@ -57,6 +61,8 @@ ALLOWED_INTERNAL: frozenset[tuple[str, str]] = frozenset(
         # Small kernel utilities: a crash-safe file write, a restarting background task.
         ("tidemq.jsonfile", "atomic_write_bytes"),
         ("tidemq.tasks", "supervise"),
+        # The metrics exporter's tidemq_build_info says whether the compiled codec runs.
+        ("tidemq._native", "ACTIVE"),
     }
 )
 

@@ -68,6 +68,14 @@ class Broker:
         acl = components.acl
         #: The access validator (role ``acl``), None when access control is off.
         self.acl: AccessValidator | None = acl if acl is not None and acl.enforcing else None
+        #: The metrics exporter (role ``metrics``), None when off; ``metrics_url`` once serving.
+        self.metrics = components.metrics
+        self.metrics_url = ""
+        #: Seconds the store took to load (recovery), and requests the access validator refused.
+        self.recovery_seconds = 0.0
+        self.acl_refusals = 0
+        #: Services of this process whose figures the exporter serves too (standalone's NameServer).
+        self.metrics_companions: list[Any] = []
         self.data_dir = self.settings.store_path
         config_dir = self.data_dir / "config"
         self.topics = TopicConfigManager(
@@ -158,8 +166,10 @@ class Broker:
                     self.store.add_dispatcher(dispatcher)
         # Before the store loads: a plugin that cannot register fails the start before recovery runs.
         self._handlers = self._collect_processors()
+        loading = time.monotonic()
         if not self.store.load():
             raise StoreError(f"the store in {self.data_dir} could not be loaded")
+        self.recovery_seconds = time.monotonic() - loading
         self.hold = PullRequestHoldService(loop, self.store.get_max_offset_in_queue)
         self.store.add_arrival_listener(self.hold.notify_arrival, self.hold.is_waited_on)
         self.schedule.load()
@@ -198,6 +208,14 @@ class Broker:
         # The store derives message ids from the configured address; when the port was 0 it only
         # becomes known now, and ids must name the address clients can reach.
         self.store.store_host = self.store_host
+        if self.metrics is not None:
+            try:
+                self.metrics_url = await self.metrics.start(self)
+            except BaseException:
+                await self._server.stop()
+                self.replication.shutdown()
+                self.store.shutdown()
+                raise
         self.client = self.transport.client()
         self._running = True
         self.schedule.start()
@@ -207,6 +225,7 @@ class Broker:
         # Supervised: a periodic loop that fails is logged and restarted, never silently gone.
         self._tasks.append(supervise(self._flush_offsets_loop, "tidemq-offset-flush"))
         self._tasks.append(supervise(self._housekeeping_loop, "tidemq-client-housekeeping"))
+        self._tasks.append(supervise(self.stats.sample_loop, "tidemq-stats-sampling"))
         log.info(
             "broker %s (%s) serving on %s; codec: %s",
             self.settings.name,
@@ -242,6 +261,8 @@ class Broker:
             pass
         if self.hold is not None:
             self.hold.stop()
+        if self.metrics is not None:
+            await self.metrics.stop()
         await self._server.stop()
         for factory in self.filters.values():
             if isinstance(factory, DispatchingFilterFactory):  # its own threads (the SQL92 bit map)
@@ -362,6 +383,7 @@ class Broker:
         except Exception as exc:  # a validator bug must refuse (fail closed), not let requests in
             log.exception("access validator failed on %s from %s", request_name(request.code), remote)
             reason = f"access check failed: {type(exc).__name__}: {exc}"
+        self.acl_refusals += 1
         access_key = (request.ext_fields or {}).get(ACCESS_KEY)
         # Never log the signature or any secret: the access key names the account.
         log.warning(

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from tidemq.flush import Flushable
+from tidemq.metrics import BATCH_BOUNDS, Buckets
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,9 @@ class GroupCommitFlush:
         #: Flush rounds that wrote something, and requests served: their ratio is the batching.
         self.flush_rounds = 0
         self.requests = 0
+        #: Seconds per flush round (commit + fdatasync) and puts per round (the group size).
+        self.flush_seconds = Buckets()
+        self.batch_sizes = Buckets(BATCH_BOUNDS)
         self._last_batch = 0  # requests served by the last flush round
 
     def start(self, target: Flushable) -> None:
@@ -154,6 +158,7 @@ class GroupCommitFlush:
         """One flush for ``batch``; resolves what it covered, returns the waiters it did not."""
         max_end = max(w[0] for w in batch)
         flushed = target.flushed_where
+        started = time.perf_counter()
         try:
             # Two rounds at most: a batch may end in the file after the one being flushed.
             for _ in range(2):
@@ -162,6 +167,8 @@ class GroupCommitFlush:
                 if flushed >= max_end:
                     break
             self.flush_rounds += 1
+            self.flush_seconds.observe(time.perf_counter() - started)
+            self.batch_sizes.observe(len(batch))
         except Exception:
             log.exception("flush failed")
         if flushed >= max_end:

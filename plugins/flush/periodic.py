@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from tidemq.flush import Flushable
+from tidemq.metrics import Buckets
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ class PeriodicFlush:
         self._done.set_result(True)
         self.flush_rounds = 0
         self.requests = 0
+        #: Seconds per flush that wrote something (fdatasync of the commit log).
+        self.flush_seconds = Buckets()
 
     def start(self, target: Flushable) -> None:
         self._target = target
@@ -95,8 +98,10 @@ class PeriodicFlush:
                     if thorough:
                         last_thorough_flush = now
                     before = target.flushed_where
+                    started = time.perf_counter()
                     if target.flush(0 if thorough else o.least_pages) != before:
                         self.flush_rounds += 1
+                        self.flush_seconds.observe(time.perf_counter() - started)
             except Exception:
                 log.exception("periodic flush failed")
 
