@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tidemq import hookimpl
+from tidemq import hookimpl, mqjson
 from tidemq.broker import Broker
 from tidemq.config import DEFAULT_PLUGINS, BrokerSettings, Config, compose
 from tidemq.message import (
@@ -642,18 +642,18 @@ def test_admin_statistics(tmp_path: Path, plugin_matrix: dict[str, str]) -> None
                 RequestCode.UPDATE_CONSUMER_OFFSET,
                 {"consumerGroup": "SG", "topic": "Stats", "queueId": 1, "commitOffset": 1},
             )
-            stats = orjson.loads(
+            # fastjson's MessageQueue-keyed maps (tidemq.mqjson reads them).
+            stats = mqjson.loads(
                 (await call(client, broker, RequestCode.GET_TOPIC_STATS_INFO, {"topic": "Stats"})).body
             )
-            assert [(r["queueId"], r["minOffset"], r["maxOffset"]) for r in stats["offsetTable"]] == [
-                (0, 0, 0),
-                (1, 0, 3),
-            ]
-            consume = orjson.loads(
+            rows = sorted(mqjson.mq_map(stats["offsetTable"]).items())
+            assert [(mq.queue_id, r["minOffset"], r["maxOffset"]) for mq, r in rows] == [(0, 0, 0), (1, 0, 3)]
+            consume = mqjson.loads(
                 (await call(client, broker, RequestCode.GET_CONSUME_STATS, {"consumerGroup": "SG"})).body
             )
             lag = {
-                r["queueId"]: r["brokerOffset"] - max(r["consumerOffset"], 0) for r in consume["offsetTable"]
+                mq.queue_id: r["brokerOffset"] - max(r["consumerOffset"], 0)
+                for mq, r in mqjson.mq_map(consume["offsetTable"]).items()
             }
             assert lag == {0: 0, 1: 2}
             info = orjson.loads((await call(client, broker, RequestCode.GET_BROKER_RUNTIME_INFO)).body)[

@@ -154,6 +154,23 @@ class ConsumerManager:
     def groups_of_topic(self, topic: str) -> list[str]:
         return [g for g, info in self.groups.items() if topic in info.subscriptions]
 
+    def find_channel(self, group: str, client_id: str) -> ClientChannel | None:
+        """The live connection of ``client_id`` in ``group`` (findChannel), None when offline."""
+        info = self.groups.get(group)
+        if info is None:
+            return None
+        for ch in info.channels.values():
+            if ch.client_id == client_id and not ch.conn.closed:
+                return ch
+        return None
+
+    def live_channels(self, group: str) -> list[ClientChannel]:
+        """The group's open connections, in client-id order."""
+        info = self.groups.get(group)
+        if info is None:
+            return []
+        return sorted((ch for ch in info.channels.values() if not ch.conn.closed), key=lambda c: c.client_id)
+
 
 class ProducerManager:
     """Producer groups by name (kept for transaction checks and admin tools)."""
@@ -179,6 +196,15 @@ class ProducerManager:
     def connection_closed(self, conn: Connection) -> None:
         for group in list(self.groups):
             self.unregister(group, conn)
+
+    def channels(self, group: str) -> list[ClientChannel] | None:
+        """The connections of producer ``group``, None when no producer of it is connected."""
+        channels = self.groups.get(group)
+        return None if channels is None else list(channels.values())
+
+    def table(self) -> dict[str, list[ClientChannel]]:
+        """Every producer group's connections (ProducerManager.getProducerTable)."""
+        return {group: list(channels.values()) for group, channels in self.groups.items()}
 
     def scan_not_active(self, timeout_s: float) -> list[Any]:
         now = time.monotonic()

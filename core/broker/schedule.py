@@ -274,7 +274,9 @@ class ScheduleMessageService:
                     self._set_offset(level, qoff)
                     return RETRY_AFTER_FAILURE_S
                 self.delivered += 1
-                self.broker.stats.on_put(1, result.wrote_bytes)
+                self.broker.stats.on_put(
+                    ext.properties.get(Prop.REAL_TOPIC, ext.topic), 1, result.wrote_bytes
+                )
         if next_offset != offset:
             self._set_offset(level, next_offset)
         if wait_ms:

@@ -1,25 +1,34 @@
 """Operator and client queries (AdminBrokerProcessor): topics, offsets, statistics.
 
-Deviation from RocketMQ: TopicStatsTable and ConsumeStats are keyed by MessageQueue objects in
-Java's fastjson output, which is not valid JSON; tidemq sends the same fields as a list of objects
-(``{"topic", "brokerName", "queueId", ...}``).
+TopicStatsTable and ConsumeStats are keyed by MessageQueue objects, written as fastjson does
+(:mod:`tidemq.mqjson`), so that Java's tools read them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import math
+import shutil
 import time
+from pathlib import Path
+from typing import Any
 
 import orjson
 
 from tidemq import __version__
+from tidemq.broker.clients import ClientChannel
 from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import DEFAULT_TOPIC, Header, kv
 from tidemq.broker.topics import TopicConfig
+from tidemq.errors import TidemqError
+from tidemq.message import iter_messages
+from tidemq.mqjson import dumps as mq_dumps
 from tidemq.names import check_stored_topic_name, check_topic_name
 from tidemq.perm import PERM_READ, PERM_WRITE
+from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
-from tidemq.remoting.command import RemotingCommand
+from tidemq.remoting.command import DEFAULT_VERSION, RemotingCommand
 from tidemq.replication import MasterAware
 from tidemq.transport import Connection
 
@@ -118,32 +127,10 @@ class AdminProcessor:
     async def all_consumer_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(self.broker.offsets.serialize()))
 
-    async def all_subscription_groups(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
-        return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(self.broker.groups.serialize()))
-
     # ------------------------------------------------------------------ statistics
     async def runtime_info(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
-        uptime = time.time() - b.stats.started_at
-        table = {
-            "brokerVersionDesc": f"tidemq {__version__}",
-            "brokerVersion": "399",
-            "brokerName": b.settings.name,
-            "brokerAddr": b.address,
-            "brokerRole": b.settings.role,
-            "runtime": f"[ {int(uptime // 86400)} days, {int(uptime % 86400 // 3600)} hours, {int(uptime % 3600 // 60)} minutes, {int(uptime % 60)} seconds ]",
-            "msgPutTotalTodayNow": str(b.stats.put_count),
-            "msgGetTotalTodayNow": str(b.stats.get_count),
-            "putTps": f"{b.stats.put_count / max(uptime, 1e-9):.2f}",
-            "getTransferedTps": f"{b.stats.get_count / max(uptime, 1e-9):.2f}",
-            "commitLogMaxOffset": str(b.store.get_max_phy_offset()),
-            "commitLogMinOffset": str(b.store.get_min_phy_offset()),
-            "topicCount": str(len(b.topics.all())),
-            "consumerGroupCount": str(len(b.consumers.groups)),
-            "producerGroupCount": str(len(b.producers.groups)),
-            "pullRequestsHeld": str(b.hold.waiting if b.hold else 0),
-            "bootTimestamp": str(int(b.stats.started_at * 1000)),
-        }
+        table = runtime_table(b)
         # HA (issue 7): replication plugins may add their state (role, slave lag in bytes).
         if isinstance(b.replication, MasterAware):
             table.update(b.replication.runtime_info())
@@ -156,58 +143,29 @@ class AdminProcessor:
         if cfg is None:
             return request.reply(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
         store = b.store
-        rows = []
+        table: dict[MessageQueue, dict[str, int]] = {}
         for qid in range(cfg.write_queue_nums):
-            max_off = store.get_max_offset_in_queue(topic, qid)
+            max_off = max(store.get_max_offset_in_queue(topic, qid), 0)
             min_off = max(store.get_min_offset_in_queue(topic, qid), 0)
             last = store.get_store_time(topic, qid, max_off - 1) if max_off > 0 else 0
-            rows.append(
-                {
-                    "topic": topic,
-                    "brokerName": b.settings.name,
-                    "queueId": qid,
-                    "minOffset": min_off,
-                    "maxOffset": max_off,
-                    "lastUpdateTimestamp": max(last, 0),
-                }
-            )
-        return request.reply(ResponseCode.SUCCESS, body=orjson.dumps({"offsetTable": rows}))
+            offsets = {"lastUpdateTimestamp": max(last, 0), "maxOffset": max_off, "minOffset": min_off}
+            table[MessageQueue(topic, b.settings.name, qid)] = offsets
+        # TopicStatsTable: fastjson's map keyed by the MessageQueue object (see tidemq.mqjson).
+        return request.reply(ResponseCode.SUCCESS, body=mq_dumps({"offsetTable": table}))
 
     async def consume_stats(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         h = Header(request.ext_fields, "GET_CONSUME_STATS")
         group = h.str("consumerGroup")
         only = h.str("topic", "")
-        topics = {only} if only else b.offsets.topics_of_group(group)
-        info = b.consumers.get(group)
-        if not only and info is not None:
-            topics |= set(info.subscriptions)
-        rows = []
-        for topic in sorted(topics):
-            cfg = b.topics.get(topic)
-            if cfg is None:
-                continue
-            committed = b.offsets.query_all(group, topic)
-            for qid in range(cfg.write_queue_nums):
-                broker_off = b.store.get_max_offset_in_queue(topic, qid)
-                consumer_off = committed.get(qid, -1)
-                last = 0
-                if consumer_off > 0:
-                    last = max(b.store.get_store_time(topic, qid, consumer_off - 1), 0)
-                rows.append(
-                    {
-                        "topic": topic,
-                        "brokerName": b.settings.name,
-                        "queueId": qid,
-                        "brokerOffset": broker_off,
-                        "consumerOffset": consumer_off,
-                        "lastTimestamp": last,
-                    }
-                )
-        if not rows:
-            return request.reply(ResponseCode.SYSTEM_ERROR, f"group {group} consumes no topic on this broker")
+        topics = [only] if only else sorted(b.offsets.topics_of_group(group))
+        stats = group_consume_stats(b, group, topics, read_queues=True)
+        table = {mq: offsets for s in stats for mq, offsets in s[1].items()}
+        tps = sum(s[2] for s in stats)
+        # An unknown group gets an empty table, as from RocketMQ (its tools say "not found").
         return request.reply(
-            ResponseCode.SUCCESS, body=orjson.dumps({"offsetTable": rows, "consumeTps": 0.0})
+            ResponseCode.SUCCESS,
+            body=mq_dumps({"consumeTps": tps, "offsetTable": table}),
         )
 
     async def consumer_connections(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
@@ -217,21 +175,181 @@ class AdminProcessor:
         if info is None:
             return request.reply(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
         body = {
-            "connectionSet": [
-                {
-                    "clientId": ch.client_id,
-                    "clientAddr": ch.address,
-                    "language": ch.language,
-                    "version": ch.version,
-                }
-                for ch in info.channels.values()
-            ],
+            "connectionSet": [connection_json(ch) for ch in info.channels.values()],
             "subscriptionTable": {t: s.to_json() for t, s in info.subscriptions.items()},
             "consumeType": info.consume_type,
             "messageModel": info.message_model,
             "consumeFromWhere": info.consume_from_where,
         }
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(body))
+
+
+# ---------------------------------------------------------------------- shared with monitoring.py
+def connection_json(ch: ClientChannel) -> dict[str, Any]:
+    """A client connection as RocketMQ's Connection body (language as the enum's name)."""
+    return {
+        "clientAddr": ch.address,
+        "clientId": ch.client_id,
+        "language": ch.language or "OTHER",
+        "version": ch.version,
+    }
+
+
+def group_consume_stats(
+    b: BrokerContext, group: str, topics: list[str], read_queues: bool
+) -> list[tuple[str, dict[MessageQueue, dict[str, int]], float, int]]:
+    """(topic, offset table, consume TPS, total diff) of ``group`` per topic it consumes here.
+
+    As AdminBrokerProcessor: a topic the broker lacks is skipped, and so is one the group does
+    not subscribe to while it has subscriptions (an online group); offsets below 0 count as 0.
+    GET_CONSUME_STATS walks the read queues, GET_BROKER_CONSUME_STATS the write queues.
+    """
+    info = b.consumers.get(group)
+    out = []
+    for topic in topics:
+        cfg = b.topics.get(topic)
+        if cfg is None:
+            continue
+        if info is not None and info.subscriptions and topic not in info.subscriptions:
+            continue
+        committed = b.offsets.query_all(group, topic)
+        table: dict[MessageQueue, dict[str, int]] = {}
+        diff = 0
+        nqueues = cfg.read_queue_nums if read_queues else cfg.write_queue_nums
+        for qid in range(nqueues):
+            broker_off = max(b.store.get_max_offset_in_queue(topic, qid), 0)
+            consumer_off = max(committed.get(qid, 0), 0)
+            last = 0
+            if consumer_off > 0:
+                last = max(b.store.get_store_time(topic, qid, consumer_off - 1), 0)
+            diff += broker_off - consumer_off
+            table[MessageQueue(topic, b.settings.name, qid)] = {
+                "brokerOffset": broker_off,
+                "consumerOffset": consumer_off,
+                "lastTimestamp": last,
+            }
+        out.append((topic, table, b.stats.group_get_tps(group, topic), diff))
+    return out
+
+
+def _human_bytes(n: int) -> str:
+    """MixAll.humanReadableByteCount(n, false): ``"12.3 GiB"``."""
+    if n < 1024:
+        return f"{n} B"
+    exp = min(int(math.log(n) / math.log(1024)), 6)
+    return f"{n / 1024**exp:.1f} {'KMGTPE'[exp - 1]}iB"
+
+
+def _disk_ratio(path: Path) -> str:
+    """Used fraction of the disk holding ``path`` (UtilAll.getDiskPartitionSpaceUsedPercent), -1 if absent."""
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return "-1.0"
+    return repr((usage.total - usage.free) / usage.total) if usage.total else "-1.0"
+
+
+def _earliest_message_time(b: BrokerContext) -> int:
+    """Store time of the first message of the commit log (getEarliestMessageTime), -1 if none."""
+    data = b.store.look_message_by_offset(b.store.get_min_phy_offset())
+    if not data:
+        return -1
+    try:
+        return next(iter_messages(data)).store_timestamp
+    except (StopIteration, ValueError, TidemqError):
+        return -1
+
+
+def _dispatch_behind(b: BrokerContext) -> int:
+    """Commit-log bytes not yet dispatched to the consume queues (0 for stores that do not say)."""
+    reput: Any = getattr(b.store, "reput", None)
+    done = getattr(reput, "reput_from", None)
+    return max(b.store.get_max_phy_offset() - done, 0) if isinstance(done, int) else 0
+
+
+def _unflushed(b: BrokerContext) -> int:
+    """Commit-log bytes written but not flushed yet (0 for stores that do not say)."""
+    commitlog: Any = getattr(b.store, "commitlog", None)
+    flushed = getattr(commitlog, "flushed_where", None)
+    return max(b.store.get_max_phy_offset() - flushed, 0) if isinstance(flushed, int) else 0
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("tidemq")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
+
+
+def runtime_table(b: BrokerContext) -> dict[str, str]:
+    """GET_BROKER_RUNTIME_INFO's table with RocketMQ 4.9's keys (prepareRuntimeInfo and the store's).
+
+    tidemq has one event loop where RocketMQ has thread pools: their queue sizes and head wait
+    times are 0.  Every key rocketmq-exporter parses is present (it fails on a missing one).
+    """
+    s = b.stats
+    uptime = int(time.time() - s.started_at)
+    days, rest = divmod(uptime, 86400)
+    put_calls = max(s.broker_put.calls, 1)
+    data_dir = Path(b.data_dir)
+    commitlog_dir = data_dir / "commitlog"
+    table = {
+        "brokerVersionDesc": f"tidemq {_package_version()}",
+        "brokerVersion": str(DEFAULT_VERSION),
+        "brokerName": b.settings.name,
+        "brokerAddr": b.address,
+        "brokerRole": b.settings.role,
+        "bootTimestamp": str(int(s.started_at * 1000)),
+        "runtime": f"[ {days} days, {rest // 3600} hours, {rest % 3600 // 60} minutes, {rest % 60} seconds ]",
+        "msgPutTotalYesterdayMorning": str(s.put_total_yesterday_morning),
+        "msgPutTotalTodayMorning": str(s.put_total_today_morning),
+        "msgPutTotalTodayNow": str(s.put_count),
+        "msgGetTotalYesterdayMorning": str(s.get_total_yesterday_morning),
+        "msgGetTotalTodayMorning": str(s.get_total_today_morning),
+        "msgGetTotalTodayNow": str(s.get_count),
+        "putMessageTimesTotal": str(put_calls),
+        "putMessageSizeTotal": str(s.put_bytes),
+        "putMessageAverageSize": repr(s.put_bytes / put_calls),
+        "putTps": s.broker_tps(1),
+        "getTransferedTps": s.broker_tps(2),
+        "getFoundTps": s.broker_tps(3),
+        "getMissTps": s.broker_tps(4),
+        "getTotalTps": s.broker_tps(3, 4),
+        "commitLogMinOffset": str(b.store.get_min_phy_offset()),
+        "commitLogMaxOffset": str(b.store.get_max_phy_offset()),
+        "commitLogDiskRatio": _disk_ratio(commitlog_dir if commitlog_dir.exists() else data_dir),
+        "consumeQueueDiskRatio": _disk_ratio(data_dir),
+        "earliestMessageTimeStamp": str(_earliest_message_time(b)),
+        "startAcceptSendRequestTimeStamp": "0",
+        "dispatchBehindBytes": str(_dispatch_behind(b)),
+        "remainHowManyDataToFlush": _human_bytes(_unflushed(b)),
+        # Not measured by tidemq (RocketMQ's values when nothing was recorded).
+        "putMessageDistributeTime": "null",
+        "putMessageEntireTimeMax": "0",
+        "getMessageEntireTimeMax": "0",
+        "dispatchMaxBuffer": "0",
+        "pageCacheLockTimeMills": "0",
+        "remainTransientStoreBufferNumbs": str(2**31 - 1),  # no transient store pool
+        "topicCount": str(len(b.topics.all())),
+        "consumerGroupCount": str(len(b.consumers.groups)),
+        "producerGroupCount": str(len(b.producers.groups)),
+        "pullRequestsHeld": str(b.hold.waiting if b.hold else 0),
+    }
+    for pool in ("send", "pull", "query"):
+        table[f"{pool}ThreadPoolQueueSize"] = "0"
+        table[f"{pool}ThreadPoolQueueCapacity"] = "0"
+        table[f"{pool}ThreadPoolQueueHeadWaitTimeMills"] = "0"
+    table["EndTransactionQueueSize"] = "0"
+    table["EndTransactionThreadPoolQueueCapacity"] = "0"
+    try:
+        usage = shutil.disk_usage(data_dir)
+    except OSError:
+        pass
+    else:
+        table["commitLogDirCapacity"] = (
+            f"Total : {_human_bytes(usage.total)}, Free : {_human_bytes(usage.free)}."
+        )
+    return table
 
 
 def register(register: ProcessorRegister) -> None:
@@ -244,7 +362,6 @@ def register(register: ProcessorRegister) -> None:
     register.add(RequestCode.DELETE_TOPIC_IN_BROKER, p.delete_topic)
     register.add(RequestCode.GET_ALL_TOPIC_CONFIG, p.all_topic_config)
     register.add(RequestCode.GET_ALL_CONSUMER_OFFSET, p.all_consumer_offset)
-    register.add(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, p.all_subscription_groups)
     register.add(RequestCode.GET_BROKER_RUNTIME_INFO, p.runtime_info)
     register.add(RequestCode.GET_TOPIC_STATS_INFO, p.topic_stats)
     register.add(RequestCode.GET_CONSUME_STATS, p.consume_stats)

@@ -183,8 +183,7 @@ class PullProcessor:
             ctx.message_count = result.message_count
             ctx.elapsed_ms = (time.perf_counter() - start) * 1000
             hooks.tidemq_after_consume(context=ctx)
-        if result.message_count:
-            b.stats.on_get(result.message_count, result.total_size)
+        b.stats.on_get(group, topic, result.message_count, result.total_size)
         # RocketMQ's rule (issue 7): with slaveReadEnable a backlog beyond the memory ratio sends the
         # group to whichBrokerWhenConsumeSlowly, otherwise to its brokerId; without it, the master.
         # A slave answers the same way, so consumers return to the master once it is back.

@@ -525,7 +525,7 @@ class SendProcessor:
         result = await resolved(b.store.put_message(msg))
         if not result.ok:
             return request.reply(ResponseCode.SYSTEM_ERROR, f"{result.status.value} {result.error}".strip())
-        b.stats.on_put(1, result.wrote_bytes)
+        b.stats.on_put(msg.topic, 1, result.wrote_bytes)
         return request.reply(ResponseCode.SUCCESS)
 
 

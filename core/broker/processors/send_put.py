@@ -207,7 +207,9 @@ def _replica_future(broker: BrokerContext, group: PutGroup, result: PutResult) -
     """Asked once per put, after counting it: the put's end must reach the replicas."""
     replica_future = group.replica
     if replica_future is None:
-        broker.stats.on_put(result.message_count or len(group.msgs), result.wrote_bytes)
+        stats = broker.stats
+        stats.on_put(group.msgs[0].topic, result.message_count or len(group.msgs), result.wrote_bytes)
+        stats.put_seconds.observe(time.perf_counter() - group.started)
         replica_future = group.replica = broker.replication.wait_for_replicas(
             result.wrote_offset + result.wrote_bytes
         )
