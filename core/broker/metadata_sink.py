@@ -82,6 +82,9 @@ class BrokerMetadataSink:
             wanted = SubscriptionGroupConfig.from_json({"groupName": name, **cfg})
             if current.get(name) != wanted:
                 groups.update(wanted)
+        # RocketMQ's slave replaces its table: a group deleted on the master goes here too.
+        for name in set(current) - set(body.get("subscriptionGroupTable") or {}):
+            groups.delete(name)
 
     def adopt_store_topics(self) -> list[str]:
         topics = self._broker.topics

@@ -97,3 +97,41 @@ class ConsumerOffsetManager:
             for key in [k for k in self._table if k.rpartition(TOPIC_GROUP_SEPARATOR)[0] == topic]:
                 del self._table[key]
                 self._dirty = True
+
+    def remove_group(self, group: str) -> None:
+        """Forget every offset of ``group`` (DELETE_SUBSCRIPTIONGROUP with ``removeOffset``)."""
+        with self._lock:
+            for key in [k for k in self._table if k.rpartition(TOPIC_GROUP_SEPARATOR)[2] == group]:
+                del self._table[key]
+                self._dirty = True
+
+    def clone_offset(self, src_group: str, dest_group: str, topic: str) -> bool:
+        """Copy ``topic``'s offsets of ``src_group`` to ``dest_group`` (cloneOffset); False when
+        the source has none."""
+        src = self._table.get(f"{topic}{TOPIC_GROUP_SEPARATOR}{src_group}")
+        if src is None:
+            return False
+        dest = f"{topic}{TOPIC_GROUP_SEPARATOR}{dest_group}"
+        if dest not in self._table:
+            problem = check_stored_topic_name(topic) or check_group_name(dest_group)
+            if problem:
+                raise InvalidNameError(problem)
+        with self._lock:
+            self._table[dest] = dict(src)
+            self._dirty = True
+        return True
+
+    def min_offset_in_all_groups(
+        self, topic: str, exclude_groups: set[str], min_offsets: dict[int, int]
+    ) -> dict[int, int]:
+        """Per queue, the lowest offset any group (but ``exclude_groups``) committed on ``topic``,
+        ignoring offsets below the queue's minimum (``min_offsets``): queryMinOffsetInAllGroup."""
+        out: dict[int, int] = {}
+        for key, queues in list(self._table.items()):
+            t, _, group = key.rpartition(TOPIC_GROUP_SEPARATOR)
+            if t != topic or group in exclude_groups:
+                continue
+            for qid, offset in list(queues.items()):
+                if offset >= min_offsets.get(qid, 0):
+                    out[qid] = min(offset, out.get(qid, offset))
+        return out

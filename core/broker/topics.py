@@ -8,13 +8,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from tidemq.broker.headers import DEFAULT_TOPIC
 from tidemq.jsonfile import CoalescedJsonWriter, read_json
 from tidemq.names import InvalidNameError, check_stored_topic_name
-from tidemq.perm import PERM_INHERIT, is_inherited
+from tidemq.perm import PERM_INHERIT, PERM_READ, PERM_WRITE, is_inherited
 from tidemq.remoting.protocol import DataVersion, TopicConfig
 
-__all__ = ["DataVersion", "TopicConfig", "TopicConfigManager"]
+__all__ = ["SYSTEM_TOPICS", "DataVersion", "TopicConfig", "TopicConfigManager"]
+
+#: RocketMQ 4.9's TopicValidator.SYSTEM_TOPIC_SET before a broker adds its own names.
+SYSTEM_TOPICS: frozenset[str] = frozenset(
+    {
+        DEFAULT_TOPIC,
+        "SCHEDULE_TOPIC_XXXX",
+        "BenchmarkTest",
+        "RMQ_SYS_TRANS_HALF_TOPIC",
+        "RMQ_SYS_TRACE_TOPIC",
+        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+        "TRANS_CHECK_MAX_TIME_TOPIC",
+        "SELF_TEST_TOPIC",
+        "OFFSET_MOVED_EVENT",
+    }
+)
+#: RocketMQ's MixAll.REPLY_TOPIC_POSTFIX: ``<cluster>_REPLY_TOPIC`` is a system topic too.
+REPLY_TOPIC_POSTFIX = "REPLY_TOPIC"
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +52,8 @@ class TopicConfigManager:
         #: called after a change; the broker re-registers with the NameServers.
         self.on_change: Callable[[], None] = lambda: None
         self._writer = CoalescedJsonWriter(path, self.serialize_locked)
+        #: The cluster and broker names once :meth:`add_system_topics` ran (system topics too).
+        self._own_names: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ persistence
     def load(self) -> None:
@@ -57,6 +78,62 @@ class TopicConfigManager:
                 )
         else:
             self._table.pop(DEFAULT_TOPIC, None)
+
+    def add_system_topics(
+        self, cluster: str, broker_name: str, *, cluster_topic_enable: bool, broker_topic_enable: bool
+    ) -> None:
+        """The cluster-name and broker-name topics (TopicConfigManager's constructor in RocketMQ 4.9).
+
+        Both always exist; they are readable and writable (mqadmin ``clusterRT`` and
+        ``sendMsgStatus`` send to them) when ``clusterTopicEnable`` / ``brokerTopicEnable`` are on,
+        else they carry PERM_INHERIT alone.  Called again when either switch changes at run time.
+        """
+        wanted = []
+        for topic, enabled, queues in (
+            (cluster, cluster_topic_enable, 16),
+            (broker_name, broker_topic_enable, 1),
+        ):
+            problem = check_stored_topic_name(topic)
+            if problem:  # a cluster name no topic may have: RocketMQ would accept it, we cannot store it
+                log.warning("no system topic for %r: %s", topic, problem)
+                continue
+            perm = PERM_INHERIT | (PERM_READ | PERM_WRITE if enabled else 0)
+            wanted.append(TopicConfig(topic, queues, queues, perm))
+        self._own_names = (cluster, broker_name, f"{cluster}_{REPLY_TOPIC_POSTFIX}")
+        changed = False
+        with self._lock:
+            for cfg in wanted:
+                old = self._table.get(cfg.topic_name)
+                if old is None or old.perm != cfg.perm:
+                    # Queue numbers an operator changed are kept; only the permission follows the switch.
+                    if old is not None:
+                        cfg = attrs.evolve(old, perm=cfg.perm)
+                    self._table[cfg.topic_name] = cfg
+                    changed = True
+        if changed:
+            self._changed()
+
+    def system_topics(self) -> set[str]:
+        """RocketMQ's TopicValidator.getSystemTopicSet as this broker has it (GET_SYSTEM_TOPIC_LIST_FROM_BROKER)."""
+        return set(SYSTEM_TOPICS) | set(self._own_names)
+
+    def set_auto_create_topic(self, enabled: bool) -> None:
+        """Add or remove the TBW102 template (``autoCreateTopicEnable`` changed at run time)."""
+        with self._lock:
+            self.auto_create_topic = enabled
+            present = DEFAULT_TOPIC in self._table
+            if enabled and not present:
+                self._table[DEFAULT_TOPIC] = TopicConfig(
+                    DEFAULT_TOPIC,
+                    self.default_queue_nums,
+                    self.default_queue_nums,
+                    PERM_INHERIT | self.default_perm,
+                )
+            elif not enabled and present:
+                del self._table[DEFAULT_TOPIC]
+            else:
+                return
+        self._changed()
 
     def persist(self) -> None:
         """Write the file now (blocking: not on the event loop)."""

@@ -43,6 +43,7 @@ from tidemq.message import (
     MessageInner,
     Prop,
     decode_message,
+    decode_message_id,
     encode_message,
     patch_record,
 )
@@ -167,7 +168,7 @@ class TransactionalMessageService:
                         ResponseCode.SYSTEM_ERROR,
                         f"commit failed: {result.status.value} {result.error}".strip(),
                     )
-                b.stats.on_put(1, result.wrote_bytes)
+                b.stats.on_put(real.topic, 1, result.wrote_bytes)
             await self._put_op(half, tran_id)
         finally:
             self._resolving.discard(qoff)
@@ -339,8 +340,9 @@ class TransactionalMessageService:
             op_offset = op_qoff + 1
         b.offsets.commit(SYS_GROUP, OP_TOPIC, 0, op_offset)
 
-    async def _check_one(self, half: MessageExt, checks: int) -> bool:
-        """Append the half message again with its check count and ask a producer about it."""
+    async def _append_half(self, half: MessageExt, checks: int) -> tuple[PutResult, MessageInner]:
+        """Append ``half`` to the half topic again, its check count set to ``checks``; the put's
+        result and the message appended."""
         props = dict(half.properties)
         props[Prop.TRANSACTION_CHECK_TIMES] = str(checks)
         copy = MessageInner(
@@ -356,10 +358,15 @@ class TransactionalMessageService:
             reconsume_times=half.reconsume_times,
         )
         result: PutResult = await resolved(self.store.put_message(copy))
+        return result, copy
+
+    async def _check_one(self, half: MessageExt, checks: int) -> bool:
+        """Append the half message again with its check count and ask a producer about it."""
+        result, copy = await self._append_half(half, checks)
         if not result.ok:
             log.warning("cannot re-append half message %s: %s", half.uniq_key, result.status.value)
             return False
-        group = props.get(Prop.PRODUCER_GROUP, "")
+        group = copy.properties.get(Prop.PRODUCER_GROUP, "")
         conn = self._producer_connection(group)
         if conn is None:
             log.info(
@@ -374,6 +381,34 @@ class TransactionalMessageService:
         request = self._check_request(copy, result)
         self.broker.spawn(self._send_check(conn, request, group))
         return True
+
+    async def resume_check(self, msg_id: str) -> str | None:
+        """RESUME_CHECK_HALF_MESSAGE: append the half message ``msg_id`` names again with its check
+        count at 0, so the check service asks its producer again; the error remark, None when done."""
+        try:
+            _host, offset = decode_message_id(msg_id)
+        except ValueError as exc:
+            return f"RESUME_CHECK_HALF_MESSAGE: {exc}"
+        raw = self.store.look_message_by_offset(offset)
+        if raw is None:
+            return f"RESUME_CHECK_HALF_MESSAGE: no message at commit-log offset {offset} (msgId {msg_id})"
+        try:
+            half = decode_message(raw)
+        except CorruptDataError as exc:
+            return f"RESUME_CHECK_HALF_MESSAGE: {exc}"
+        # RocketMQ re-appends whatever record the id names; only a half message makes sense here.
+        if half.topic != HALF_TOPIC:
+            return f"RESUME_CHECK_HALF_MESSAGE: message {msg_id} is in topic {half.topic}, not a half message"
+        result, _ = await self._append_half(half, 0)
+        if not result.ok:
+            log.error("cannot put half message %s back: %s", msg_id, result.status.value)
+            return "Put message back to RMQ_SYS_TRANS_HALF_TOPIC failed."
+        log.info(
+            "half message %s put back for checking (real topic %s)",
+            msg_id,
+            half.properties.get(Prop.REAL_TOPIC),
+        )
+        return None
 
     def _producer_connection(self, group: str) -> Any:
         channels = [

@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tidemq.delay import SCHEDULE_TOPIC
 from tidemq.store import PutResult, PutStatus
 
 from .checkpoint import StoreCheckpoint
 from .commitlog import CommitLog
+from .consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE, ConsumeQueue
 from .options import MmapStoreOptions
 from .reput import ConsumeQueueTable
 
@@ -205,3 +207,51 @@ class CleanService:
             cq.delete_expired(cl_min)
         if self.index is not None:
             self.index.delete_expired(cl_min)
+
+    def clean_expired_queues(self) -> int:
+        """Destroy the queues whose every entry points below the commit log's minimum offset.
+
+        RocketMQ's ``cleanExpiredConsumerQueue`` (CLEAN_EXPIRED_CONSUMEQUEUE): a queue all of whose
+        records were deleted with their commit-log files is dropped, files and all, so a topic that
+        is no longer written stops costing files and memory.  A queue that is written again
+        starts from offset 0, as in RocketMQ.  The delay queues are kept (their offsets are the
+        schedule's progress).  Returns the queues destroyed.
+        """
+        destroyed = 0
+        with self._lock:  # the write path creates and fills queues under it
+            cl_min = self.commitlog.get_min_offset()
+            for topic, queues in list(self.cqs.queues.items()):
+                if topic == SCHEDULE_TOPIC:
+                    continue
+                for queue_id, cq in list(queues.items()):
+                    end = _last_entry_end(cq)
+                    if end < 0:  # no entry yet: created just now
+                        continue
+                    if end <= cl_min:
+                        log.info(
+                            "clean expired queue %s/%d: its last record ends at %d, the commit log starts at %d",
+                            topic,
+                            queue_id,
+                            end,
+                            cl_min,
+                        )
+                        cq.destroy()
+                        del queues[queue_id]
+                        destroyed += 1
+                if not queues:
+                    self.cqs.delete_topics([topic])  # the empty directory too
+        return destroyed
+
+
+def _last_entry_end(cq: ConsumeQueue) -> int:
+    """Commit-log offset just past the queue's last record, -1 when it has none."""
+    files = cq.queue.files
+    if not files or files[-1].wrote_position < CQ_STORE_UNIT_SIZE:
+        return -1
+    mf = files[-1]
+    view = mf.raw_view()
+    try:
+        offset, size, _ = CQ_ENTRY.unpack_from(view, mf.wrote_position - CQ_STORE_UNIT_SIZE)
+    finally:
+        view.release()
+    return offset + size
