@@ -53,7 +53,7 @@ ADMIN = ["--access-key", "admin-ak", "--secret-key", "admin-secret"]
 class AclCluster:
     """A NameServer and a broker whose ACL file is ``acl_path``."""
 
-    def __init__(self, tmp: Path, acl_text: str = ACL) -> None:
+    def __init__(self, tmp: Path, acl_text: str = ACL, reload_check_s: float = 0.1) -> None:
         self.tmp = tmp
         self.acl_path = tmp / "plain_acl.yml"
         self.acl_path.write_text(acl_text)
@@ -69,7 +69,7 @@ class AclCluster:
             'acl = "plain"\n'
             "[acl.plain]\n"
             f'file = "{self.acl_path}"\n'
-            "reload_check_s = 0.1\n"
+            f"reload_check_s = {reload_check_s}\n"
         )
         self.broker_server = self._start("broker", "-c", str(tmp / "broker.toml"))
         self.broker = self.broker_server.addresses["broker"]

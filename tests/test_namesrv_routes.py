@@ -339,3 +339,57 @@ def test_namesrv_config_over_the_wire() -> None:
         assert (await client.invoke(addr, bad, 3)).code == ResponseCode.SYSTEM_ERROR
 
     with_namesrv(body)
+
+
+def test_add_write_perm_sets_read_write_as_rocketmq_does() -> None:
+    # RocketMQ's operateWritePermOfBroker sets PERM_READ|PERM_WRITE outright: a read-only topic
+    # (perm 4) and one with the priority bit (4|8) both come back as 6.
+    async def body(ns: NameServer, client: Any, addr: str) -> None:
+        cmd = register_cmd(topics={"ReadOnly": 2, "Priority": 2})
+        table = TopicConfigSerializeWrapper(
+            {
+                "ReadOnly": TopicConfig("ReadOnly", 2, 2, perm=4),
+                "Priority": TopicConfig("Priority", 2, 2, perm=12),
+            },
+            DataVersion(1000, 1),
+        )
+        cmd.body = RegisterBrokerBody(table).encode()
+        cmd.ext_fields["bodyCrc32"] = str(zlib.crc32(cmd.body) & 0x7FFFFFFF)
+        assert (await client.invoke(addr, cmd, 3)).code == ResponseCode.SUCCESS
+        added = await client.invoke(
+            addr, RemotingCommand.request(RC.ADD_WRITE_PERM_OF_BROKER, {"brokerName": "broker-a"}), 3
+        )
+        assert added.ext_fields["addTopicCount"] == "2"
+        for topic in ("ReadOnly", "Priority"):
+            assert TopicRouteData.decode((await route_of(client, addr, topic)).body).queue_datas[0].perm == 6
+
+    with_namesrv(body)
+
+
+def test_namesrv_config_speaks_rocketmq_names(tmp_path: Path) -> None:
+    async def body(ns: NameServer, client: Any, addr: str) -> None:
+        async def update(text: bytes) -> RemotingCommand:
+            return await client.invoke(addr, RemotingCommand.request(RC.UPDATE_NAMESRV_CONFIG, body=text), 3)
+
+        got = (await client.invoke(addr, RemotingCommand.request(RC.GET_NAMESRV_CONFIG), 3)).body.decode()
+        lines = dict(line.split("=", 1) for line in got.splitlines())
+        assert lines["listenPort"] == addr.rsplit(":", 1)[1]
+        assert lines["kvConfigPath"] == str(tmp_path / "kvConfig.json")
+        assert lines["orderMessageEnable"] == "true" and lines["scanNotActiveBrokerInterval"] == "10000"
+        # Java properties syntax: '=', ':' or a space; RocketMQ's key in ms.
+        assert (await update(b"# comment\nscanNotActiveBrokerInterval: 2500\nbroker_expire_s 45\n")).code == 0
+        assert (ns.settings.scan_interval_s, ns.settings.broker_expire_s) == (2.5, 45.0)
+        for key in (b"kvConfigPath", b"configStorePath"):
+            refused = await update(key + b"=/tmp/elsewhere\n")
+            assert (refused.code, refused.remark) == (
+                ResponseCode.NO_PERMISSION,
+                "Can not update config path",
+            )
+        unknown = await update(b"serverWorkerThreads=16\n")
+        assert unknown.code == ResponseCode.SYSTEM_ERROR and "serverWorkerThreads" in (unknown.remark or "")
+        # All or nothing: a bad line leaves the good one unapplied.
+        mixed = await update(b"broker_expire_s=60\nproductEnvName=x\n")
+        assert mixed.code == ResponseCode.SYSTEM_ERROR and ns.settings.broker_expire_s == 45.0
+        assert (await update(b"")).code == ResponseCode.SUCCESS
+
+    with_namesrv(body, tmp_path)

@@ -26,6 +26,9 @@ from tidemq.transport import Connection
 if TYPE_CHECKING:
     from tidemq.namesrv.server import NameServer
 
+#: UPDATE_NAMESRV_CONFIG's remark for kvConfigPath/configStorePath (answered NO_PERMISSION).
+PATH_REFUSAL = "Can not update config path"
+
 log = logging.getLogger(__name__)
 
 Processor = Callable[[Any, RemotingCommand], RemotingCommand | Awaitable[RemotingCommand]]
@@ -209,7 +212,10 @@ class NamesrvProcessor:
                 ResponseCode.TOPIC_NOT_EXIST,
                 remark=f"No topic route info in name server for the topic: {topic}",
             )
-        order_conf = self.kv.get(NAMESPACE_ORDER_TOPIC_CONFIG, topic)
+        # RocketMQ attaches the order conf only with orderMessageEnable (on by default in tidemq).
+        order_conf = (
+            self.kv.get(NAMESPACE_ORDER_TOPIC_CONFIG, topic) if self.namesrv.order_message_enable else None
+        )
         if order_conf:
             route.order_topic_conf = order_conf
         return req.reply(body=route.encode())
@@ -252,6 +258,9 @@ class NamesrvProcessor:
         except UnicodeDecodeError:
             raise RequestError("config body is not UTF-8") from None
         error = self.namesrv.update_config_properties(text)
+        if error == PATH_REFUSAL:
+            return req.reply(ResponseCode.NO_PERMISSION, remark=error)  # RocketMQ's answer
         if error:
             return req.reply(ResponseCode.SYSTEM_ERROR, remark=error)
+        log.info("NameServer config updated by %s: %s", getattr(conn, "remote_address", "?"), text.strip())
         return req.reply()

@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from tidemq.perm import PERM_WRITE
+from tidemq.perm import PERM_READ, PERM_WRITE
 from tidemq.remoting.protocol import (
     MASTER_ID,
     BrokerData,
@@ -333,7 +333,9 @@ class RouteInfoManager:
             for qds in self.topic_queue_table.values():
                 qd = qds.get(broker_name)
                 if qd is not None:
-                    qd.perm = qd.perm & ~PERM_WRITE if wipe else qd.perm | PERM_WRITE
+                    # RocketMQ's operateWritePermOfBroker: a wipe clears the write bit, an add
+                    # sets read+write outright (a read-only topic becomes writable too).
+                    qd.perm = qd.perm & ~PERM_WRITE if wipe else PERM_READ | PERM_WRITE
                     count += 1
         return count
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ import attrs
 
 from tidemq.config import NamesrvSettings
 from tidemq.namesrv.kvconfig import KVConfigManager
-from tidemq.namesrv.processor import NamesrvProcessor
+from tidemq.namesrv.processor import PATH_REFUSAL, NamesrvProcessor
 from tidemq.namesrv.routeinfo import RouteInfoManager
 from tidemq.tasks import supervise
 from tidemq.transport import Connection
@@ -22,6 +23,13 @@ log = logging.getLogger(__name__)
 
 #: NameServer settings a client may change at run time with UPDATE_NAMESRV_CONFIG.
 _RUNTIME_KEYS = {"broker_expire_s": float, "scan_interval_s": float}
+#: RocketMQ's NamesrvConfig keys UPDATE_NAMESRV_CONFIG takes too: the key -> (tidemq key, factor).
+#: ``scanNotActiveBrokerInterval`` is RocketMQ 5's name (4.9 scans every 10 s, fixed), in ms.
+_ROCKETMQ_KEYS = {"scanNotActiveBrokerInterval": ("scan_interval_s", 0.001)}
+#: RocketMQ refuses these with NO_PERMISSION and this remark.
+PATH_KEYS = ("kvConfigPath", "configStorePath")
+#: A Java properties line: the key ends at the first '=', ':' or white space.
+_PROPERTY = re.compile(r"([^=:\s]+)\s*(?:[=:]|\s)\s*(.*)")
 
 
 class NameServer:
@@ -49,6 +57,9 @@ class NameServer:
         self._server: Any = None
         self._scan_task: asyncio.Task[None] | None = None
         self._watched: set[int] = set()
+        #: NamesrvConfig.orderMessageEnable: routes carry the topic's ORDER_TOPIC_CONFIG entry.
+        #: On by default here (RocketMQ's default is off); UPDATE_NAMESRV_CONFIG can turn it off.
+        self.order_message_enable = True
 
     async def start(self) -> None:
         self.kv_config.load()
@@ -112,8 +123,17 @@ class NameServer:
 
     # ------------------------------------------------------------------ config over the wire
     def config_properties(self) -> str:
+        """GET_NAMESRV_CONFIG's body: ``key=value`` lines, RocketMQ's NamesrvConfig/NettyServerConfig
+        names for what tidemq has, then tidemq's own ``[namesrv]`` keys."""
         s = self.settings
+        kv_path = self.kv_config.path
         items = {
+            # RocketMQ's names (what mqadmin getNamesrvConfig and exportConfigs look for).
+            "kvConfigPath": str(kv_path) if kv_path is not None else "",
+            "orderMessageEnable": "true" if self.order_message_enable else "false",
+            "listenPort": self._port(),
+            "scanNotActiveBrokerInterval": int(s.scan_interval_s * 1000),
+            # tidemq's [namesrv] table.
             "listen": s.listen,
             "broker_expire_s": s.broker_expire_s,
             "scan_interval_s": s.scan_interval_s,
@@ -122,21 +142,35 @@ class NameServer:
         }
         return "".join(f"{k}={v}\n" for k, v in items.items())
 
+    def _port(self) -> int:
+        if self._server is not None:
+            return int(self._server.address[1])
+        return self.settings.port
+
     def update_config_properties(self, text: str) -> str | None:
-        """Apply ``key=value`` lines; returns an error message, or None when applied."""
+        """Apply ``key=value`` lines (Java properties: ``=``, ``:`` or a space between key and value);
+        returns an error message, or None when all were applied (all or nothing)."""
         updates: dict[str, float] = {}
-        for line in text.splitlines():
-            line = line.strip()
-            if not line or line.startswith("#"):
+        order: bool | None = None
+        updatable = ", ".join(sorted([*_RUNTIME_KEYS, *_ROCKETMQ_KEYS, "orderMessageEnable"]))
+        for raw in text.splitlines():
+            line = raw.strip()
+            if not line or line.startswith(("#", "!")):
                 continue
-            key, sep, value = line.partition("=")
-            key = key.strip()
-            if not sep or key not in _RUNTIME_KEYS:
-                return f"cannot update {key!r} at run time; updatable: {', '.join(sorted(_RUNTIME_KEYS))}"
+            match = _PROPERTY.match(line)
+            key, value = (match.group(1), match.group(2).strip()) if match else (line, "")
+            if key in PATH_KEYS:
+                return PATH_REFUSAL
+            if key == "orderMessageEnable":
+                order = value.lower() == "true"  # Boolean.parseBoolean
+                continue
+            target, factor = _ROCKETMQ_KEYS.get(key, (key, 1.0))
+            if target not in _RUNTIME_KEYS or not match:
+                return f"cannot update {key!r} at run time; updatable: {updatable}"
             try:
-                updates[key] = _RUNTIME_KEYS[key](value.strip())
+                updates[target] = _RUNTIME_KEYS[target](value) * factor
             except ValueError:
-                return f"{key} = {value.strip()!r} is not a number"
+                return f"{key} = {value!r} is not a number"
         try:
             # The ranges of the [namesrv] table (finite, > 0...): "nan" parses as a float and a
             # nan or inf interval would end the expiry of silent brokers.
@@ -145,4 +179,6 @@ class NameServer:
             return str(exc)
         for key in updates:
             setattr(self.settings, key, getattr(checked, key))
+        if order is not None:
+            self.order_message_enable = order
         return None

@@ -72,6 +72,8 @@ class PlainAcl:
 
     global_white: tuple[Matcher, ...]
     accounts: Mapping[str, Account]
+    #: ``dataVersion: [{counter, timestamp}]`` (RocketMQ's DataVersion); moved by every remote edit.
+    data_version: tuple[int, int] = (0, 0)
 
 
 _NULLS = ("", "~", "null", "Null", "NULL")
@@ -169,7 +171,20 @@ def parse_plain_acl(data: Any, source: str) -> PlainAcl:
         if account.access_key in accounts:
             raise AclConfigError(f"{source}: accessKey {account.access_key} appears twice")
         accounts[account.access_key] = account
-    return PlainAcl(global_white=matchers, accounts=accounts)
+    return PlainAcl(global_white=matchers, accounts=accounts, data_version=data_version_of(data))
+
+
+def data_version_of(data: dict[str, Any]) -> tuple[int, int]:
+    """(counter, timestamp) of ``dataVersion``; (0, 0) when absent or not numbers (it is bookkeeping,
+    not access control: a hand-edited stamp must not stop the broker)."""
+    raw = data.get("dataVersion")
+    first = raw[0] if isinstance(raw, list) and raw else None
+    if not isinstance(first, dict):
+        return (0, 0)
+    try:
+        return (int(first.get("counter", 0)), int(first.get("timestamp", 0)))
+    except (TypeError, ValueError):
+        return (0, 0)
 
 
 def load_plain_acl(path: Path) -> PlainAcl:

@@ -11,8 +11,8 @@ SUB = 1 << 3
 
 _BY_NAME = {"PUB": PUB, "SUB": SUB, "PUB|SUB": PUB | SUB, "SUB|PUB": PUB | SUB, "DENY": DENY}
 
-#: Request codes only an ``admin: true`` account may send (RocketMQ's Permission.ADMIN_CODE).
-ADMIN_CODES: frozenset[int] = frozenset(
+#: RocketMQ 4.9's Permission.ADMIN_CODE: the codes only an ``admin: true`` account may send.
+ROCKETMQ_ADMIN_CODES: frozenset[int] = frozenset(
     {
         RequestCode.UPDATE_AND_CREATE_TOPIC,
         RequestCode.UPDATE_BROKER_CONFIG,
@@ -21,6 +21,36 @@ ADMIN_CODES: frozenset[int] = frozenset(
         RequestCode.DELETE_SUBSCRIPTIONGROUP,
     }
 )
+#: The ACL administration codes.  RocketMQ 4.9 lets any signed account send them (so any account
+#: could make itself admin); RocketMQ 5.2 added 50-52 to ADMIN_CODE.  All five are admin-only here:
+#: 54 answers every secret key and 53 opens the broker to any address.
+ACL_ADMIN_CODES: frozenset[int] = frozenset(
+    {
+        RequestCode.UPDATE_AND_CREATE_ACL_CONFIG,
+        RequestCode.DELETE_ACL_CONFIG,
+        RequestCode.GET_BROKER_CLUSTER_ACL_INFO,
+        RequestCode.UPDATE_GLOBAL_WHITE_ADDRS_CONFIG,
+        RequestCode.GET_BROKER_CLUSTER_ACL_CONFIG,
+    }
+)
+#: The other operator codes of mqadmin that change a broker, move a group's offsets, push messages
+#: into a consumer or reveal the broker's configuration.  RocketMQ 4.9 checks only a signature for
+#: them; tidemq asks for an admin account, as it does for the five above.
+OPERATOR_ADMIN_CODES: frozenset[int] = frozenset(
+    {
+        RequestCode.GET_BROKER_CONFIG,
+        RequestCode.INVOKE_BROKER_TO_RESET_OFFSET,
+        RequestCode.CLONE_GROUP_OFFSET,
+        RequestCode.CONSUME_MESSAGE_DIRECTLY,
+        RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_BROKER,
+        RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE,
+        RequestCode.CLEAN_UNUSED_TOPIC,
+        RequestCode.DELETE_EXPIRED_COMMITLOG,
+        RequestCode.RESUME_CHECK_HALF_MESSAGE,
+    }
+)
+#: Every code that needs ``admin: true`` (``[acl.plain] extra_admin_codes`` adds more).
+ADMIN_CODES: frozenset[int] = ROCKETMQ_ADMIN_CODES | ACL_ADMIN_CODES | OPERATOR_ADMIN_CODES
 
 
 def parse_perm(text: object) -> int:

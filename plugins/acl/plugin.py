@@ -1,13 +1,16 @@
-"""Entry point of the acl plugin: registers access validators ``plain`` and ``none``."""
+"""Entry point of the acl plugin: registers access validators ``plain`` and ``none``, and the broker's
+ACL administration requests."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tidemq import hookimpl
 from tidemq.acl import AllowAll
 from tidemq.config import parse_options
 from tidemq.plugins import PluginContext, Register
+from tidemq_acl import admin
 from tidemq_acl.validator import PlainAccessValidator, PlainAclOptions
 
 
@@ -29,3 +32,9 @@ def create_none(ctx: PluginContext) -> AllowAll:
 def tidemq_register_acl_validators(register: Register) -> None:
     register.add("plain", create_plain, "RocketMQ 4.x plain ACL: plain_acl.yml accounts, HmacSHA1 signatures")
     register.add("none", create_none, "no access control (the default)")
+
+
+@hookimpl
+def tidemq_register_processors(register: Any) -> None:  # the broker's ProcessorRegister
+    # ACL administration (50-54): served on every broker, answered "not enabled" without the plain ACL.
+    admin.register(register)

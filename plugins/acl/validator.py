@@ -104,6 +104,18 @@ class PlainAccessValidator:
         log.info("plain ACL reloaded from %s: %d account(s)", self.path, len(acl.accounts))
         return True
 
+    def apply(self, acl: PlainAcl) -> None:
+        """Put ``acl``, just written to the file by a remote edit, in force at once (no reload wait)."""
+        with self._lock:
+            self.acl = acl
+            self._stamp = self._file_stamp()  # the edit's own write is not a change to reload
+        log.info(
+            "plain ACL updated remotely in %s: %d account(s), data version %d",
+            self.path,
+            len(acl.accounts),
+            acl.data_version[0],
+        )
+
     # ------------------------------------------------------------------ validation
     def validate(self, request: Any, remote_addr: str) -> None:
         self.maybe_reload()
