@@ -15,20 +15,36 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from tidemq import mqjson
 from tidemq.client.api import ClientAPI
 from tidemq.client.credentials import SessionCredentials, SigningRemoting, make_credentials
+from tidemq.client.diagnostics import version_desc
 from tidemq.client.errors import ClientError
 from tidemq.client.route import TopicRoute
 from tidemq.errors import CorruptDataError
 from tidemq.message import Prop, decode_message, local_ip
 from tidemq.plugins import PluginManager, get_plugin_manager
 from tidemq.remoting.codes import RequestCode, ResponseCode
-from tidemq.remoting.command import RemotingCommand
+from tidemq.remoting.command import DEFAULT_VERSION, RemotingCommand
 from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
 
 _instance_seq = itertools.count(1)
+
+#: Broker-relayed operator requests (RocketMQ's ClientRemotingProcessor), and those whose header
+#: names the group ``group`` rather than ``consumerGroup``.
+_OPERATOR_CODES = frozenset(
+    {
+        RequestCode.RESET_CONSUMER_CLIENT_OFFSET,
+        RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT,
+        RequestCode.GET_CONSUMER_RUNNING_INFO,
+        RequestCode.CONSUME_MESSAGE_DIRECTLY,
+    }
+)
+_GROUP_CODES = frozenset(
+    {RequestCode.RESET_CONSUMER_CLIENT_OFFSET, RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT}
+)
 
 
 class Member(Protocol):
@@ -295,6 +311,54 @@ class ClientInstance:
             return
         producer.check_transaction_state(str(conn.remote_address), dict(request.ext_fields or {}), msg)
 
+    async def _operator_request(self, request: RemotingCommand) -> RemotingCommand | None:
+        """220, 221, 307, 309: an operator's request the broker relays to this client's consumers.
+        Answered as rocketmq-client-java answers them; bad input gets SYSTEM_ERROR, never a crash."""
+        fields = request.ext_fields or {}
+        code = request.code
+        group = fields.get("group" if code in _GROUP_CODES else "consumerGroup", "")
+        consumer: Any = self.consumers.get(group)
+        try:
+            if code == RequestCode.RESET_CONSUMER_CLIENT_OFFSET:
+                table = mqjson.mq_map(mqjson.loads(request.body).get("offsetTable"), "offset")
+                table = {mq: int(v) for mq, v in table.items()}
+                if consumer is not None and hasattr(consumer, "reset_offset"):
+                    await consumer.reset_offset(fields.get("topic", ""), table)
+                else:
+                    log.info(
+                        "RESET_CONSUMER_CLIENT_OFFSET for group %r, which no consumer here serves", group
+                    )
+                return None if request.is_oneway else request.reply()
+            if consumer is None:
+                return request.reply(
+                    ResponseCode.SYSTEM_ERROR, f"The Consumer Group <{group}> not exist in this consumer"
+                )
+            if code == RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT:
+                status = consumer.consumer_status(fields.get("topic", ""))
+                body = mqjson.dumps({"consumerTable": {}, "messageQueueTable": status})
+                return request.reply(body=body)
+            if code == RequestCode.GET_CONSUMER_RUNNING_INFO:
+                info = consumer.running_info(str(fields.get("jstackEnable", "")).lower() == "true")
+                info["properties"].update(
+                    PROP_NAMESERVER_ADDR="".join(f"{a};" for a in self._namesrv),
+                    PROP_CONSUME_TYPE=consumer.heartbeat_data().get("consumeType", ""),
+                    PROP_CLIENT_VERSION=version_desc(DEFAULT_VERSION),
+                )
+                return request.reply(body=mqjson.dumps(info))
+            # CONSUME_MESSAGE_DIRECTLY: push consumers only, as in RocketMQ.
+            if not hasattr(consumer, "consume_message_directly"):
+                return request.reply(
+                    ResponseCode.SYSTEM_ERROR, f"The Consumer Group <{group}> not exist in this consumer"
+                )
+            msg = decode_message(request.body or b"")
+            result = await consumer.consume_message_directly(msg, fields.get("brokerName", ""))
+            return request.reply(body=mqjson.dumps(result))
+        except (mqjson.MQJsonError, CorruptDataError, ValueError, AttributeError) as exc:
+            log.warning("%s from the broker could not be served: %s", RequestCode(code).name, exc)
+            if request.is_oneway:
+                return None
+            return request.reply(ResponseCode.SYSTEM_ERROR, f"{RequestCode(code).name}: {exc}")
+
     async def _handle_server_request(
         self, conn: Connection, request: RemotingCommand
     ) -> RemotingCommand | None:
@@ -308,6 +372,8 @@ class ClientInstance:
         if request.code == RequestCode.CHECK_TRANSACTION_STATE:
             self._check_transaction_state(conn, request)
             return None
+        if request.code in _OPERATOR_CODES:
+            return await self._operator_request(request)
         if request.is_oneway:
             return None
         return request.reply(

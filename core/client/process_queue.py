@@ -26,6 +26,7 @@ class ProcessQueue:
         self.locked = False
         self.last_lock_time = 0.0
         self.last_pull_time = 0.0
+        self.last_consume_time = 0.0  # monotonic; shown to operators (ProcessQueueInfo)
         # orderly: messages handed to the listener but not committed yet
         self.consuming: dict[int, MessageExt] = {}
         self.wakeup = asyncio.Event()
@@ -47,6 +48,7 @@ class ProcessQueue:
 
     def remove(self, messages: list[MessageExt]) -> int:
         """Forget consumed messages; the offset safe to commit (lowest unfinished, else max + 1)."""
+        self.last_consume_time = time.monotonic()
         for m in messages:
             if self.msgs.pop(m.queue_offset, None) is not None:
                 self.msg_size -= len(m.body)
@@ -73,6 +75,7 @@ class ProcessQueue:
 
     def commit(self) -> int:
         """The batch in the consuming set is done; the offset to commit."""
+        self.last_consume_time = time.monotonic()
         for m in self.consuming.values():
             self.msg_size -= len(m.body)
         self.consuming.clear()

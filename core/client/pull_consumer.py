@@ -62,6 +62,7 @@ class PullConsumer:
         self._positions: dict[MessageQueue, int] = {}
         self._turn = itertools.count()
         self._started = False
+        self.started_at_ms = 0
 
     async def start(self) -> None:
         if self._started:
@@ -70,6 +71,7 @@ class PullConsumer:
         self.instance.register_consumer(self)
         await self.offset_store.load()
         self._started = True
+        self.started_at_ms = int(time.time() * 1000)
 
     async def shutdown(self) -> None:
         if not self._started:
@@ -274,3 +276,39 @@ class PullConsumer:
         for mq in self._assigned:
             self.offset_store.update(mq, self._positions[mq], increase_only=False)
         await self.offset_store.persist(self._assigned)
+
+    # ------------------------------------------------------------------ operators (via the broker)
+    async def reset_offset(self, topic: str, table: dict[MessageQueue, int]) -> None:
+        """RESET_CONSUMER_CLIENT_OFFSET: commit the given offsets; assigned queues continue there."""
+        mqs = [mq for mq in table if mq.topic == topic]
+        for mq in mqs:
+            self.offset_store.update(mq, table[mq], increase_only=False)
+        await self.offset_store.persist(mqs)
+        for mq in mqs:  # after the commit: whoever sees the new position finds it committed
+            if mq in self._positions:
+                self._positions[mq] = table[mq]
+        log.info("offsets of %s reset by an operator for %s", topic, self.group)
+
+    def consumer_status(self, topic: str) -> dict[MessageQueue, int]:
+        """GET_CONSUMER_STATUS_FROM_CLIENT: the offsets held for ``topic``."""
+        table: dict[MessageQueue, int] = self.offset_store.table  # type: ignore[attr-defined]
+        return {mq: off for mq, off in table.items() if mq.topic == topic}
+
+    def running_info(self, with_jstack: bool = False) -> dict[str, Any]:
+        """ConsumerRunningInfo (GET_CONSUMER_RUNNING_INFO): no process queues in a pull consumer."""
+        from tidemq.client import diagnostics
+
+        props = {
+            "consumerGroup": self.group,
+            "messageModel": self.message_model,
+            "instanceName": self.instance.instance_name,
+            "clientIP": self.instance.ip,
+            "PROP_CONSUMER_START_TIMESTAMP": self.started_at_ms,
+        }
+        return diagnostics.running_info(
+            properties=props,
+            subscriptions=[Subscription.build(t).to_json() for t in sorted(self._topics)],
+            mq_table={},
+            status_table={},
+            with_jstack=with_jstack,
+        )

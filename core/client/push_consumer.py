@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tidemq.client import diagnostics
 from tidemq.client.api import PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBSCRIPTION, PULL_FLAG_SUSPEND
 from tidemq.client.errors import ClientError
 from tidemq.client.instance import ClientInstance, run_every
@@ -162,6 +163,9 @@ class PushConsumer:
         self._stopping = asyncio.Event()
         self._short_of_wanted = False
         self._running = False
+        #: Pull/consume RT and TPS per topic, for operators (GET_CONSUMER_RUNNING_INFO).
+        self.stats = diagnostics.ConsumeStats()
+        self.started_at_ms = 0
 
     # ------------------------------------------------------------------ configuration
     def subscribe(self, topic: str, expression: str = "*", expression_type: str = "TAG") -> None:
@@ -207,6 +211,7 @@ class PushConsumer:
         self.instance.register_consumer(self)
         await self.offset_store.load()
         self._running = True
+        self.started_at_ms = int(time.time() * 1000)
         self._stopping.clear()
         for topic in self.subscriptions:
             try:
@@ -459,6 +464,7 @@ class PushConsumer:
             if pq.dropped:
                 return
             self._pull_from[mq] = result.suggest_broker_id  # HA (issue 7): RocketMQ's pullFromWhichNode
+            self.stats.pulled(mq.topic, len(result.messages), (time.monotonic() - pq.last_pull_time) * 1000)
             if result.status is PullStatus.FOUND:
                 msgs = prepare(result.messages, sub, self.group)
                 offset = result.next_begin_offset
@@ -518,6 +524,7 @@ class PushConsumer:
             log.exception("listener of %s failed on %d message(s) of %s", self.group, len(msgs), mq)
             ok = False
         ctx.elapsed_ms = (time.monotonic() - begin) * 1000
+        self.stats.consumed(mq.topic, len(msgs), ctx.elapsed_ms, ok)
         ctx.status = ConsumeStatus.SUCCESS.value if ok else ConsumeStatus.RECONSUME_LATER.value
         self.manager.hook.tidemq_after_consume(context=ctx)
         return ok
@@ -627,3 +634,69 @@ class PushConsumer:
 
     def assigned_queues(self) -> list[MessageQueue]:
         return sorted(self.process_queues)
+
+    # ------------------------------------------------------------------ operators (via the broker)
+    async def reset_offset(self, topic: str, table: dict[MessageQueue, int]) -> None:
+        """RESET_CONSUMER_CLIENT_OFFSET: drop the topic's queues (and what they cached), commit the
+        given offsets, then let the rebalance take the queues again from there."""
+        async with self._rebalance_lock:
+            for mq in [q for q in self.process_queues if q.topic == topic]:
+                pq = self.process_queues.pop(mq)
+                task = self._pull_tasks.pop(mq, None)
+                if task is not None:
+                    task.cancel()
+                pq.dropped = True
+                pq.wakeup.set()
+            mqs = [mq for mq in table if mq.topic == topic]
+            for mq in mqs:
+                self.offset_store.update(mq, table[mq], increase_only=False)
+            await self.offset_store.persist(mqs)
+            for mq in mqs:
+                self.offset_store.remove(mq)
+        log.info("offsets of %s reset by an operator for %s; rebalancing", topic, self.group)
+        self.request_rebalance()
+
+    def consumer_status(self, topic: str) -> dict[MessageQueue, int]:
+        """GET_CONSUMER_STATUS_FROM_CLIENT: the offsets held for ``topic`` (cloneOffsetTable)."""
+        table: dict[MessageQueue, int] = self.offset_store.table  # type: ignore[attr-defined]
+        return {mq: off for mq, off in table.items() if mq.topic == topic}
+
+    def running_info(self, with_jstack: bool = False) -> dict[str, Any]:
+        """ConsumerRunningInfo (GET_CONSUMER_RUNNING_INFO)."""
+        table: dict[MessageQueue, int] = self.offset_store.table  # type: ignore[attr-defined]
+        props = {
+            "consumerGroup": self.group,
+            "messageModel": self.message_model,
+            "consumeFromWhere": self.consume_from.value,
+            "consumeTimestamp": self.consume_timestamp_ms,
+            "pullBatchSize": self.pull_batch_size,
+            "consumeMessageBatchMaxSize": self.consume_batch_size,
+            "pullThresholdForQueue": self.pull_threshold_count,
+            "pullThresholdSizeForQueue": self.pull_threshold_size // (1024 * 1024),
+            "maxReconsumeTimes": self.max_reconsume_times,
+            "instanceName": self.instance.instance_name,
+            "clientIP": self.instance.ip,
+            "PROP_CONSUMEORDERLY": str(self.orderly).lower(),
+            "PROP_THREADPOOL_CORE_SIZE": self._executor._max_workers,
+            "PROP_CONSUMER_START_TIMESTAMP": self.started_at_ms,
+        }
+        return diagnostics.running_info(
+            properties=props,
+            subscriptions=[s.to_json() for s in self.subscriptions.values()],
+            mq_table={
+                mq: diagnostics.process_queue_info(table.get(mq, -1), pq)
+                for mq, pq in self.process_queues.items()
+            },
+            status_table={t: self.stats.status(t) for t in self.subscriptions},
+            with_jstack=with_jstack,
+        )
+
+    async def consume_message_directly(self, msg: MessageExt, broker_name: str) -> dict[str, Any]:
+        """CONSUME_MESSAGE_DIRECTLY: the listener gets ``msg`` now, outside any queue; no commit."""
+        assert self.listener is not None
+        prepare([msg], None, self.group)  # a retried message shows its original topic
+
+        def run_sync(fn: Callable[[list[MessageExt]], Any], msgs: list[MessageExt]) -> Any:
+            return asyncio.get_running_loop().run_in_executor(self._executor, fn, msgs)
+
+        return await diagnostics.consume_directly(self.listener, msg, orderly=self.orderly, run_sync=run_sync)

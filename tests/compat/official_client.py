@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
@@ -114,11 +115,14 @@ def push(args: argparse.Namespace) -> None:
             if len({r["body"] for r in received}) >= args.count:
                 enough.set()
 
+    # SIGUSR1 ends the linger early: a test done with the live consumer need not wait it out.
+    done_early = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: done_early.set())
     consumer.subscribe(args.topic, on_message, args.expression)
     consumer.start()
     print("ready", flush=True)
     enough.wait(args.timeout)
-    time.sleep(args.linger)  # catch duplicates or messages beyond the expected ones
+    done_early.wait(args.linger)  # catch duplicates or messages beyond the expected ones
     with lock:
         result = json.dumps({"received": received, "complete": enough.is_set()})
     # Report before shutdown: rocketmq-client-cpp sometimes aborts inside shutdown() with

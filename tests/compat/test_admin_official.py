@@ -1,0 +1,115 @@
+"""Operators' requests relayed by tidemq's broker to the official client (rocketmq==0.4.4).
+
+rocketmq-client-cpp answers GET_CONSUMER_RUNNING_INFO and RESET_CONSUMER_CLIENT_OFFSET (in its
+list-form body, ResetOffsetBodyForC); it never answers CONSUME_MESSAGE_DIRECTLY, so the broker
+must give up on it with CONSUME_MSG_TIMEOUT, as RocketMQ's does.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for
+from test_official_client import WORKER, Cluster, finished_ok
+
+pytest.importorskip("rocketmq.client", reason="the official client (rocketmq==0.4.4) is not installed")
+
+pytestmark = [pytest.mark.compat, pytest.mark.timeout(180)]
+
+
+def admin(cluster: Cluster, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(
+        [sys.executable, "-m", "tidemq", "admin", *args, "-n", cluster.namesrv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cluster.env,
+        cwd=cluster.tmp,
+    )
+    assert out.returncode == (0 if ok else 1), out.stderr
+    return out
+
+
+def committed(cluster: Cluster, group: str, topic: str) -> list[int]:
+    """The group's committed offsets per queue, as consumerProgress prints them."""
+    out = admin(cluster, "consumerProgress", "-g", group, "-t", topic, ok=True).stdout
+    rows = [line.split() for line in out.splitlines() if line.startswith(topic + " ")]
+    return [int(r[4]) for r in sorted(rows, key=lambda r: int(r[2]))]
+
+
+def test_broker_relays_to_the_official_consumer(spawn: Any, tmp_path: Path, port: int) -> None:
+    cluster = Cluster(spawn, tmp_path, port)
+    cluster.create_topic("OpsT", 2)
+    cluster.client("produce", "--topic", "OpsT", "--count", "6")
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER), "push", "--topic", "OpsT", "--group", "G_OPS", "--count", "6"]
+        + ["--timeout", "90", "--linger", "45", "--namesrv", cluster.namesrv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cluster.env,
+        cwd=cluster.tmp,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        # The C++ client commits every 5 s: wait until the broker holds all six.
+        assert wait_for(lambda: sum(committed(cluster, "G_OPS", "OpsT")) == 6, 40, every=1.0)
+
+        conn = admin(cluster, "consumerConnection", "-g", "G_OPS").stdout
+        cid = conn.splitlines()[1].split()[0]
+        assert conn.splitlines()[1].split()[2] == "CPP" and "OpsT" in conn
+
+        info = admin(cluster, "consumerStatus", "-g", "G_OPS", "-i", cid).stdout
+        assert "PROP_CONSUME_TYPE                       : CONSUME_PASSIVELY" in info
+        assert "ClassFilter: false    SubExpression: *" in info
+        offsets = [r.split() for r in info.split("#Consumer Offset#\n")[1].split("\n\n")[0].splitlines()[1:]]
+        assert sum(int(r[3]) for r in offsets if r[0] == "OpsT") == 6
+        assert "ProcessQueueInfo [commitOffset=" in info
+        everyone = admin(cluster, "consumerStatus", "-g", "G_OPS").stdout
+        assert everyone.splitlines()[1].split()[1] == cid
+
+        # Not answered by rocketmq-client-cpp: the relay gives up with CONSUME_MSG_TIMEOUT.
+        key = admin(cluster, "queryMsgByKey", "-t", "OpsT", "-k", "key-1").stdout
+        offset_id = key.splitlines()[1].split()[1]
+        began = time.monotonic()
+        direct = admin(cluster, "queryMsgById", "-i", offset_id, "-g", "G_OPS", "-d", cid, ok=False)
+        assert "CONSUME_MSG_TIMEOUT(207)" in direct.stderr and time.monotonic() - began < 30
+
+        # The broker commits nothing itself: offsets at 0 mean the client read the list-form body.
+        out = admin(cluster, "resetOffsetByTime", "-g", "G_OPS", "-t", "OpsT", "-s", "0").stdout
+        assert [line.split()[1:] for line in out.splitlines()[2:]] == [["0", "0"], ["1", "0"]]
+        assert wait_for(lambda: committed(cluster, "G_OPS", "OpsT") == [0, 0], 30, every=1.0)
+        proc.send_signal(signal.SIGUSR1)  # done with the live consumer: end its linger
+    finally:
+        out, err = proc.communicate(timeout=120)
+    assert finished_ok(proc.returncode, err), err[-3000:]
+    received = json.loads(out.strip().splitlines()[-1])["received"]
+    assert {r["body"] for r in received} == {f"msg-{i}" for i in range(6)}
+
+
+def test_reset_of_an_offline_official_group_falls_back(spawn: Any, tmp_path: Path, port: int) -> None:
+    cluster = Cluster(spawn, tmp_path, port)
+    cluster.create_topic("OffT", 2)
+    cluster.client("produce", "--topic", "OffT", "--count", "4")
+    got = cluster.client("push", "--topic", "OffT", "--group", "G_GONE", "--count", "4", "--timeout", "40")[
+        -1
+    ]
+    assert got["complete"]
+    assert sum(committed(cluster, "G_GONE", "OffT")) == 4  # committed at shutdown
+    out = admin(cluster, "skipAccumulatedMessage", "-g", "G_GONE", "-t", "OffT").stdout
+    assert out.splitlines()[0].split()[-1] == "#rollbackOffset"
+    out = admin(cluster, "resetOffsetByTime", "-g", "G_GONE", "-t", "OffT", "-s", "0").stdout
+    assert "consumerGroup[G_GONE]" in out.splitlines()[0]
+    assert committed(cluster, "G_GONE", "OffT") == [0, 0]
+    # The official consumer, started again, reads everything once more from there.
+    again = cluster.client("push", "--topic", "OffT", "--group", "G_GONE", "--count", "4", "--timeout", "40")[
+        -1
+    ]
+    assert again["complete"] and len(again["received"]) >= 4
