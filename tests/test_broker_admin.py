@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_admin
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -19,17 +18,7 @@ class Admin:
         self.namesrv, self.cwd = namesrv, cwd
 
     def __call__(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
-        out = subprocess.run(
-            [sys.executable, "-m", "tidemq", "admin", *args, "-n", self.namesrv],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            cwd=self.cwd,
-            env={**os.environ},
-        )
-        if ok:
-            assert out.returncode == 0, out.stderr
-        return out
+        return run_admin(self.namesrv, *args, cwd=self.cwd, ok=ok, timeout=30)
 
 
 @pytest.fixture

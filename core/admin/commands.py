@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Any
 
 import click
 import orjson
 
+from tidemq.admin import stats as stats_cmds
 from tidemq.admin._common import (
     PRODUCER_GROUP,
     TOOLS_GROUP,
@@ -19,17 +22,52 @@ from tidemq.admin._common import (
 from tidemq.client.admin import AdminClient, AdminError, NoRouteError
 from tidemq.client.route import loads_lenient
 from tidemq.message import MessageExt, Prop, decode_message_id, iter_messages, properties_to_string
+from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
 
 
 @admin.command("updateTopic")
-@click.option("-t", "--topic", required=True)
-@click.option("-b", "--broker-addr", help="Create on this broker only (host:port).")
-@click.option("-c", "--cluster", help="Create on every master of this cluster (default: every master).")
-@click.option("-r", "--read-queues", default=8, show_default=True, type=int)
-@click.option("-w", "--write-queues", default=8, show_default=True, type=int)
+@click.option("-t", "--topic", required=True, help="Topic name.")
+@click.option(
+    "-b", "--brokerAddr", "--broker-addr", "broker_addr", help="Create on this broker only (host:port)."
+)
+@click.option(
+    "-c",
+    "--clusterName",
+    "--cluster",
+    "cluster",
+    help="Create on every master of this cluster (default: every master).",
+)
+@click.option(
+    "-r",
+    "--readQueueNums",
+    "--read-queues",
+    "read_queues",
+    default=8,
+    show_default=True,
+    type=int,
+    help="Read queues per broker.",
+)
+@click.option(
+    "-w",
+    "--writeQueueNums",
+    "--write-queues",
+    "write_queues",
+    default=8,
+    show_default=True,
+    type=int,
+    help="Write queues per broker.",
+)
 @click.option("-p", "--perm", default=6, show_default=True, type=int, help="2 write, 4 read, 6 read+write.")
-@click.option("-o", "--order", is_flag=True, help="Mark the topic as ordered.")
+@click.option(
+    "-o",
+    "--order",
+    "order_flag",
+    help="true: an ordered topic; also writes its ORDER_TOPIC_CONFIG order conf "
+    "(brokerName:writeQueueNums;...) to the NameServers.",
+)
+@click.option("-u", "--unit", "unit_flag", help="true: a unit topic (topicSysFlag |= 1).")
+@click.option("-s", "--hasUnitSub", "unit_sub_flag", help="true: has unit subscriptions (topicSysFlag |= 2).")
 @_run
 async def update_topic(
     client: AdminClient,
@@ -39,10 +77,27 @@ async def update_topic(
     read_queues: int,
     write_queues: int,
     perm: int,
-    order: bool,
+    order_flag: str | None,
+    unit_flag: str | None,
+    unit_sub_flag: str | None,
 ) -> None:
     """Create a topic or change its queues and permission."""
-    targets = [broker_addr] if broker_addr else list((await client.masters(cluster)).values())
+    from tidemq.admin.namesrv import (
+        broker_name_of,
+        cluster_broker_names,
+        get_kv_config,
+        java_bool,
+        merge_order_conf,
+        put_kv_config,
+        topic_config_string,
+    )
+    from tidemq.remoting.protocol import NAMESPACE_ORDER_TOPIC_CONFIG
+
+    order = java_bool(order_flag)  # mqadmin's -o true|false (Boolean.parseBoolean)
+    # TopicSysFlag.buildSysFlag: bit 0 unit, bit 1 has-unit-sub.
+    sys_flag = (1 if java_bool(unit_flag) else 0) | (2 if java_bool(unit_sub_flag) else 0)
+    masters = {} if broker_addr else await client.masters(cluster)
+    targets = [broker_addr] if broker_addr else list(masters.values())
     if not targets:
         raise AdminError("no broker master is registered with the NameServer")
     fields = {
@@ -52,15 +107,26 @@ async def update_topic(
         "writeQueueNums": write_queues,
         "perm": perm,
         "topicFilterType": "SINGLE_TAG",
-        "topicSysFlag": 0,
+        "topicSysFlag": sys_flag,
         "order": order,
     }
     for addr in targets:
         await client.call(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, fields)
         click.echo(f"create topic to {addr} success.")
-    click.echo(
-        f"TopicConfig [topicName={topic}, readQueueNums={read_queues}, writeQueueNums={write_queues}, perm={perm}, order={order}]"
-    )
+    if order:
+        # As mqadmin: one broker merges its part into the conf, a cluster writes the whole conf.
+        if broker_addr:
+            entry = f"{await broker_name_of(client, broker_addr)}:{write_queues}"
+            old = await get_kv_config(client, NAMESPACE_ORDER_TOPIC_CONFIG, topic)
+            conf = merge_order_conf(old, entry)
+            scope = "broker"
+        else:
+            names = await cluster_broker_names(client, cluster) if cluster else sorted(masters)
+            conf = ";".join(f"{name}:{write_queues}" for name in names)
+            scope = "cluster"
+        await put_kv_config(client, NAMESPACE_ORDER_TOPIC_CONFIG, topic, conf)
+        click.echo(f"set {scope} orderConf. isOrder=true, orderConf=[{conf}]")
+    click.echo(topic_config_string(topic, read_queues, write_queues, perm, sys_flag, order))
 
 
 @admin.command("deleteTopic")
@@ -78,12 +144,43 @@ async def delete_topic(client: AdminClient, topic: str, cluster: str | None) -> 
 
 
 @admin.command("topicList")
+@click.option(
+    "-c",
+    "--clusterModel",
+    "cluster_model",
+    is_flag=True,
+    help="Also each topic's cluster and consumer groups.",
+)
 @_run
-async def topic_list(client: AdminClient) -> None:
-    """List every topic the NameServer knows."""
+@stats_cmds.readable
+async def topic_list(client: AdminClient, cluster_model: bool) -> None:
+    """List every topic the NameServer knows (-c: with its cluster and consumer groups)."""
     resp = await client.namesrv_call(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
-    for topic in sorted(loads_lenient(resp.body or b"{}").get("topicList") or []):
-        click.echo(topic)
+    topics = sorted(str(t) for t in loads_lenient(resp.body or b"{}").get("topicList") or [])
+    if not cluster_model:
+        for topic in topics:
+            click.echo(topic)
+        return
+    info = await client.cluster_info()
+    cluster_of = {
+        str(name): str(bd.get("cluster", "")) for name, bd in (info.get("brokerAddrTable") or {}).items()
+    }
+    rows: list[list[str]] = []
+    for topic in topics:
+        if topic.startswith(("%RETRY%", "%DLQ%")):
+            continue
+        cluster, groups = "", set()
+        try:
+            route = await client.route(topic)
+            names = sorted(route.addresses())
+            cluster = cluster_of.get(names[0], "") if names else ""
+            for addr in route.addresses().values():
+                groups.update(await stats_cmds.consumers_of(client, addr, topic))
+        except AdminError:
+            pass  # as mqadmin: a topic it cannot inspect is listed without cluster and groups
+        for group in sorted(groups) or [""]:
+            rows.append([cluster, topic, group])
+    _table(rows, ["#Cluster Name", "#Topic", "#Consumer Group"])
 
 
 @admin.command("topicRoute")
@@ -117,88 +214,229 @@ async def topic_route(client: AdminClient, topic: str) -> None:
 @admin.command("topicStatus")
 @click.option("-t", "--topic", required=True)
 @_run
+@stats_cmds.readable
 async def topic_status(client: AdminClient, topic: str) -> None:
     """Min/max offsets and last store time of each queue of a topic."""
     route = await client.route(topic)
     rows = []
-    for name, addr in sorted(route.addresses().items()):
+    for addr in sorted(route.addresses().values()):
         resp = await client.call(addr, RequestCode.GET_TOPIC_STATS_INFO, {"topic": topic})
-        for r in loads_lenient(resp.body or b"{}").get("offsetTable") or []:
+        body = stats_cmds.json_body(resp.body, "GET_TOPIC_STATS_INFO")
+        for r in stats_cmds.mq_rows(body.get("offsetTable"), "GET_TOPIC_STATS_INFO"):
             rows.append(
                 [
-                    name,
+                    r["brokerName"],
                     r["queueId"],
-                    r["minOffset"],
-                    r["maxOffset"],
-                    _fmt_ts(int(r.get("lastUpdateTimestamp", 0))),
+                    r.get("minOffset", 0),
+                    r.get("maxOffset", 0),
+                    _fmt_ts(int(r.get("lastUpdateTimestamp") or 0)),
                 ]
             )
     _table(rows, ["#Broker Name", "#QID", "#Min Offset", "#Max Offset", "#Last Updated"])
 
 
 @admin.command("clusterList")
+@click.option("-m", "--moreStats", "more", is_flag=True, help="Messages in and out yesterday and today.")
+@click.option("-i", "--interval", type=int, help="Print again every this many seconds, until interrupted.")
 @_run
-async def cluster_list(client: AdminClient) -> None:
-    """Clusters, their brokers and each broker's message counts."""
+@stats_cmds.readable
+async def cluster_list(client: AdminClient, more: bool, interval: int | None) -> None:
+    """Clusters and their brokers: version, TPS, disk use (-m: message totals per day)."""
+    while True:
+        if more:
+            await _cluster_more_stats(client)
+        else:
+            await _cluster_base_info(client)
+        if interval is None:
+            return
+        await asyncio.sleep(max(interval, 1))
+
+
+async def _cluster_brokers(client: AdminClient) -> list[tuple[str, str, int, str]]:
+    """(cluster, broker name, broker id, address) of every registered broker, sorted."""
     info = await client.cluster_info()
     brokers = info.get("brokerAddrTable") or {}
-    rows = []
+    out = []
     for cluster, names in sorted((info.get("clusterAddrTable") or {}).items()):
         for name in sorted(names):
-            for bid, addr in sorted(
-                ((int(k), v) for k, v in (brokers.get(name, {}).get("brokerAddrs") or {}).items())
-            ):
-                put = get = version = "-"
-                try:
-                    resp = await client.call(addr, RequestCode.GET_BROKER_RUNTIME_INFO)
-                    table = loads_lenient(resp.body or b"{}").get("table") or {}
-                    put, get = table.get("msgPutTotalTodayNow", "-"), table.get("msgGetTotalTodayNow", "-")
-                    version = table.get("brokerVersionDesc", "-")
-                except AdminError:
-                    pass
-                rows.append([cluster, name, bid, addr, version, put, get])
-    _table(rows, ["#Cluster Name", "#Broker Name", "#BID", "#Addr", "#Version", "#Put Total", "#Get Total"])
+            addrs = (brokers.get(name) or {}).get("brokerAddrs") or {}
+            for bid, addr in sorted((int(k), str(v)) for k, v in addrs.items()):
+                out.append((str(cluster), str(name), bid, addr))
+    return out
+
+
+async def _cluster_base_info(client: AdminClient) -> None:
+    rows = []
+    for cluster, name, bid, addr in await _cluster_brokers(client):
+        version, in_tps, out_tps, pc_wait, hours, space = "", "", "", "", "", ""
+        try:
+            t = await stats_cmds.runtime_info(client, addr)
+        except AdminError:
+            t = {}  # as mqadmin: a broker that does not answer keeps its row, with blanks
+        if t:
+            earliest = _num(t.get("earliestMessageTimeStamp"))
+            version = t.get("brokerVersionDesc", "")
+            in_tps = _load(t, "putTps", "send")
+            out_tps = _load(t, "getTransferedTps", "pull")
+            pc_wait = t.get("pageCacheLockTimeMills", "")
+            hours = f"{(time.time() * 1000 - earliest) / 3_600_000 if earliest > 0 else 0.0:.2f}"
+            space = f"{_num(t.get('commitLogDiskRatio')):.4f}"
+        rows.append([cluster, name, bid, addr, version, in_tps, out_tps, pc_wait, hours, space])
+    _table(
+        rows,
+        [
+            "#Cluster Name",
+            "#Broker Name",
+            "#BID",
+            "#Addr",
+            "#Version",
+            "#InTPS(LOAD)",
+            "#OutTPS(LOAD)",
+            "#PCWait(ms)",
+            "#Hour",
+            "#SPACE",
+        ],
+    )
+
+
+async def _cluster_more_stats(client: AdminClient) -> None:
+    rows: list[list[Any]] = []
+    for cluster, name, bid, addr in await _cluster_brokers(client):
+        if bid != 0:
+            continue  # as mqadmin: the masters' figures
+        try:
+            t = await stats_cmds.runtime_info(client, addr)
+            n = {k: int(t.get(k) or 0) for k in _DAY_KEYS}
+        except (AdminError, ValueError):
+            rows.append([cluster, name, "-", "-", "-", "-"])
+            continue
+        rows.append(
+            [
+                cluster,
+                name,
+                n["msgPutTotalTodayMorning"] - n["msgPutTotalYesterdayMorning"],
+                n["msgGetTotalTodayMorning"] - n["msgGetTotalYesterdayMorning"],
+                n["msgPutTotalTodayNow"] - n["msgPutTotalTodayMorning"],
+                n["msgGetTotalTodayNow"] - n["msgGetTotalTodayMorning"],
+            ]
+        )
+    _table(
+        rows,
+        ["#Cluster Name", "#Broker Name", "#InTotalYest", "#OutTotalYest", "#InTotalToday", "#OutTotalToday"],
+    )
+
+
+_DAY_KEYS = [
+    f"msg{d}Total{w}" for d in ("Put", "Get") for w in ("YesterdayMorning", "TodayMorning", "TodayNow")
+]
+
+
+def _num(value: str | None) -> float:
+    """A runtime-info number; 0 when absent or unreadable (mqadmin prints 0 then too)."""
+    try:
+        return float(value or 0)
+    except ValueError:
+        return 0.0
+
+
+def _load(table: dict[str, str], key: str, pool: str) -> str:
+    """mqadmin's ``TPS(queue size,head wait ms)``: the 10-second figure of a ``"t10 t60 t600"`` rate."""
+    parts = (table.get(key) or "").split()
+    tps = _num(parts[0]) if parts else 0.0
+    size = table.get(f"{pool}ThreadPoolQueueSize", "0")
+    wait = table.get(f"{pool}ThreadPoolQueueHeadWaitTimeMills", "0")
+    return f"{tps:.2f}({size},{wait}ms)"
 
 
 @admin.command("consumerProgress")
-@click.option("-g", "--group", required=True, help="Consumer group.")
+@click.option("-g", "--group", help="Consumer group (default: every group, one line each).")
 @click.option("-t", "--topic", help="Only this topic.")
+@click.option(
+    "-s", "--showClientIP", "show_ip", default="false", help="Show each queue's client IP [true|false]."
+)
 @_run
-async def consumer_progress(client: AdminClient, group: str, topic: str | None) -> None:
-    """Committed offset and lag of a consumer group, per queue."""
+async def consumer_progress(client: AdminClient, group: str | None, topic: str | None, show_ip: str) -> None:
+    """Committed offset and lag of a consumer group per queue, or a summary of every group."""
+    from tidemq.admin import consumers as c
+
+    if not group:
+        await _all_groups_progress(client)
+        return
     if topic:
-        targets = (await client.route(topic)).addresses()
+        addrs = list((await client.route(topic)).addresses().values())
     else:
-        targets = await client.masters()
+        addrs = await c.group_brokers(client, group)
+    table: dict[MessageQueue, Any] = {}
+    tps = 0.0
+    for addr in addrs:
+        stats = await c.consume_stats(client, addr, group, topic)
+        table.update(stats["offsetTable"])
+        tps += stats["consumeTps"]
+    if not table:
+        raise AdminError(f"no broker knows consumer group {group!r}")
+    owners: dict[MessageQueue, str] = {}
+    ips = show_ip.strip().lower() == "true"
+    if ips:
+        try:
+            cc = await c.consumer_connection(client, group)
+            for conn in cc.get("connectionSet") or []:
+                cid = str(conn.get("clientId"))
+                info = await c.running_info(client, group, cid)
+                for mq in c.mq_table(info.get("mqTable"), "GET_CONSUMER_RUNNING_INFO"):
+                    owners[mq] = cid.split("@")[0]
+        except AdminError:
+            pass  # offline group: every queue shows N/A, as mqadmin
     rows = []
     total = 0
-    for name, addr in sorted(targets.items()):
-        fields = {"consumerGroup": group, **({"topic": topic} if topic else {})}
+    for mq, w in sorted(table.items()):
+        broker_off, consumer_off = int(w["brokerOffset"]), int(w["consumerOffset"])
+        diff = broker_off - max(consumer_off, 0)
+        total += diff
+        last = int(w.get("lastTimestamp") or 0)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last / 1000)) if last else "N/A"
+        row = [mq.topic, mq.broker_name, mq.queue_id, broker_off, consumer_off]
+        rows.append([*row, owners.get(mq, "N/A"), diff, when] if ips else [*row, diff, when])
+    head = ["#Topic", "#Broker Name", "#QID", "#Broker Offset", "#Consumer Offset"]
+    _table(rows, [*head, "#Client IP", "#Diff", "#LastTime"] if ips else [*head, "#Diff", "#LastTime"])
+    click.echo(f"\nConsume TPS: {tps:.2f}")
+    click.echo(f"Diff Total: {total}")
+
+
+async def _all_groups_progress(client: AdminClient) -> None:
+    """mqadmin consumerProgress without -g: every group that has a retry topic, one line each."""
+    from tidemq.admin import consumers as c
+    from tidemq.client.diagnostics import version_desc
+
+    resp = await client.namesrv_call(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER)
+    topics = loads_lenient(resp.body or b"{}").get("topicList") or []
+    rows = []
+    for group in sorted(t[len(c.RETRY_PREFIX) :] for t in topics if t.startswith(c.RETRY_PREFIX)):
+        tps, diff = 0.0, 0
+        count, version, ctype, model = 0, "OFFLINE", "", ""
         try:
-            resp = await client.call(addr, RequestCode.GET_CONSUME_STATS, fields)
+            for addr in await c.group_brokers(client, group):
+                stats = await c.consume_stats(client, addr, group)
+                tps += stats["consumeTps"]
+                diff += sum(
+                    int(w["brokerOffset"]) - max(int(w["consumerOffset"]), 0)
+                    for w in stats["offsetTable"].values()
+                )
         except AdminError:
-            continue
-        for r in loads_lenient(resp.body or b"{}").get("offsetTable") or []:
-            consumer = int(r["consumerOffset"])
-            diff = int(r["brokerOffset"]) - max(consumer, 0)
-            total += diff
-            rows.append(
-                [
-                    r["topic"],
-                    name,
-                    r["queueId"],
-                    r["brokerOffset"],
-                    consumer,
-                    diff,
-                    _fmt_ts(int(r.get("lastTimestamp", 0))),
-                ]
+            pass
+        try:
+            cc = await c.consumer_connection(client, group)
+            conns = cc.get("connectionSet") or []
+            count = len(conns)
+            if conns:
+                version = version_desc(min(int(x.get("version") or 0) for x in conns))
+            ctype = {"CONSUME_ACTIVELY": "PULL", "CONSUME_PASSIVELY": "PUSH"}.get(
+                str(cc.get("consumeType")), ""
             )
-    if not rows:
-        raise AdminError(f"no broker knows consumer group {group!r}")
-    _table(
-        rows, ["#Topic", "#Broker Name", "#QID", "#Broker Offset", "#Consumer Offset", "#Diff", "#LastTime"]
-    )
-    click.echo(f"\nDiff Total: {total}")
+            model = str(cc.get("messageModel") or "")
+        except AdminError:
+            pass
+        rows.append([group, count, version, ctype, model, int(tps), diff])
+    _table(rows, ["#Group", "#Count", "#Version", "#Type", "#Model", "#TPS", "#Diff Total"])
 
 
 async def _query(client: AdminClient, topic: str, key: str, unique: bool) -> list[MessageExt]:
@@ -241,9 +479,60 @@ async def _broker_addresses(client: AdminClient) -> set[str]:
 @admin.command("queryMsgById")
 @click.option("-i", "--msg-id", required=True, help="Offset message id, or a unique id with -t.")
 @click.option("-t", "--topic", help="Topic, needed to look up a producer's unique message id.")
+@click.option(
+    "-g", "--consumerGroup", "group", help="With -d: have this group's client consume the message again."
+)
+@click.option("-d", "--clientId", "client_id", help="With -g: the consumer's client id.")
 @_run
-async def query_msg_by_id(client: AdminClient, msg_id: str, topic: str | None) -> None:
-    """Print one message, found by its offset id (or its unique id and topic)."""
+async def query_msg_by_id(
+    client: AdminClient, msg_id: str, topic: str | None, group: str | None, client_id: str | None
+) -> None:
+    """Print one message, found by its offset id (or its unique id and topic); with -g and -d, send
+    it to that consumer instead (CONSUME_MESSAGE_DIRECTLY) and print what the consumer answered."""
+    msgs = await _find_by_id(client, msg_id, topic)
+    if group and client_id:
+        await _resend(client, msgs[0], group, client_id)
+        return
+    for m in msgs:
+        _print_message(m)
+
+
+@admin.command("queryMsgByUniqueKey")
+@click.option("-i", "--msgId", "msg_id", required=True, help="The producer's (unique) message id.")
+@click.option("-t", "--topic", required=True)
+@click.option(
+    "-g", "--consumerGroup", "group", help="With -d: have this group's client consume the message again."
+)
+@click.option("-d", "--clientId", "client_id", help="With -g: the consumer's client id.")
+@click.option(
+    "-a", "--showAll", "show_all", is_flag=True, help="Print every message with this id, not only the first."
+)
+@_run
+async def query_msg_by_unique_key(
+    client: AdminClient, msg_id: str, topic: str, group: str | None, client_id: str | None, show_all: bool
+) -> None:
+    """Print a message found by its unique id (through the key index), or resend it with -g -d."""
+    msgs = [m for m in await _query(client, topic, msg_id, unique=True) if m.uniq_key == msg_id]
+    if not msgs:
+        raise AdminError(f"no message of topic {topic!r} has the unique id {msg_id}")
+    if group and client_id:
+        await _resend(client, msgs[0], group, client_id)
+        return
+    for m in msgs if show_all else msgs[:1]:
+        _print_message(m)
+
+
+async def _resend(client: AdminClient, msg: MessageExt, group: str, client_id: str) -> None:
+    """CONSUME_MESSAGE_DIRECTLY via the broker that stored ``msg``; prints the consumer's result."""
+    from tidemq.admin import consumers as c
+
+    store = f"{msg.store_host[0]}:{msg.store_host[1]}"
+    result = await c.consume_directly(client, store, group, client_id, msg.msg_id)
+    click.echo(c.direct_result_text(result))
+
+
+async def _find_by_id(client: AdminClient, msg_id: str, topic: str | None) -> list[MessageExt]:
+    """The messages with offset id ``msg_id``, or unique id with ``topic``; AdminError when none."""
     msgs: list[MessageExt] = []
     # Producer (unique) ids and offset ids can both be 16 bytes of hex: with a topic, ask the
     # key index first, then read the id as an offset id (RocketMQ's viewMessage does the same).
@@ -274,8 +563,7 @@ async def query_msg_by_id(client: AdminClient, msg_id: str, topic: str | None) -
                 )
     if not msgs:
         raise AdminError(f"message {msg_id} not found")
-    for m in msgs:
-        _print_message(m)
+    return msgs
 
 
 @admin.command("sendMessage")
@@ -353,56 +641,68 @@ async def send_message(
 
 @admin.command("consumeMessage")
 @click.option("-t", "--topic", required=True)
-@click.option("-g", "--group", default=TOOLS_GROUP, show_default=True)
+@click.option("-b", "--brokerName", "broker_name", help="Only this broker's queues.")
+@click.option("-i", "--queueId", "queue_id", type=int, help="Only this queue (needs -b).")
+@click.option("-o", "--offset", type=int, help="Start at this queue offset (needs -b and -i).")
+@click.option("-g", "--consumerGroup", "group", default=TOOLS_GROUP, show_default=True)
+@click.option("-s", "--beginTimestamp", "begin", help="From this store time: ms or yyyy-MM-dd#HH:mm:ss:SSS.")
+@click.option("-e", "--endTimestamp", "end", help="Until this store time: ms or yyyy-MM-dd#HH:mm:ss:SSS.")
 @click.option(
-    "-c", "--count", default=128, show_default=True, type=int, help="Stop after this many messages."
+    "-c", "--MessageNumber", "count", default=128, show_default=True, type=int, help="Stop after this many."
 )
-@click.option("-s", "--sub", "expression", default="*", show_default=True, help="Tag expression.")
+@click.option(
+    "--tags", "--sub", "expression", default="*", show_default=True, help="Tag expression (TagA || TagB)."
+)
 @_run
-async def consume_message(client: AdminClient, topic: str, group: str, count: int, expression: str) -> None:
-    """Print messages of a topic from the start of each queue (commits nothing)."""
+@stats_cmds.readable
+async def consume_message(
+    client: AdminClient,
+    topic: str,
+    broker_name: str | None,
+    queue_id: int | None,
+    offset: int | None,
+    group: str,
+    begin: str | None,
+    end: str | None,
+    count: int,
+    expression: str,
+) -> None:
+    """Print messages of a topic from the oldest (or from -s / -o) on; commits nothing."""
+    if queue_id is not None and not broker_name:
+        raise AdminError("-i QUEUE_ID needs -b BROKER_NAME")
+    if offset is not None and queue_id is None:
+        raise AdminError("-o OFFSET needs -b BROKER_NAME and -i QUEUE_ID")
     route = await client.route(topic)
     addrs = route.addresses()
+    queues = [
+        mq
+        for mq in route.subscribe_queues()
+        if (not broker_name or mq.broker_name == broker_name)
+        and (queue_id is None or mq.queue_id == queue_id)
+    ]
+    if not queues:
+        raise AdminError(f"no readable queue of topic {topic!r} matches")
     printed = 0
-    for mq in route.subscribe_queues():
+    for mq in queues:
         addr = addrs.get(mq.broker_name)
-        if addr is None:
+        if addr is None or printed >= count:
             continue
-        offset = 0
-        while printed < count:
-            fields = {
-                "consumerGroup": group,
-                "topic": topic,
-                "queueId": mq.queue_id,
-                "queueOffset": offset,
-                "maxMsgNums": min(32, count - printed),
-                "sysFlag": 4,  # subscription carried in the request, no suspend, no commit
-                "commitOffset": 0,
-                "suspendTimeoutMillis": 0,
-                "subscription": expression,
-                "subVersion": 0,
-                "expressionType": "TAG",
-            }
-            resp = await client.call(
-                addr,
-                RequestCode.PULL_MESSAGE,
-                fields,
-                ok=(
-                    0,
-                    ResponseCode.PULL_NOT_FOUND,
-                    ResponseCode.PULL_RETRY_IMMEDIATELY,
-                    ResponseCode.PULL_OFFSET_MOVED,
-                ),
+        lo, hi = await stats_cmds.queue_range(client, addr, topic, mq.queue_id, begin, end)
+        if offset is not None:
+            lo = max(lo, offset)
+        while printed < count and lo < hi:
+            code, next_offset, msgs = await stats_cmds.pull(
+                client, addr, topic, mq.queue_id, lo, min(32, count - printed), expression, group
             )
-            next_offset = int(resp.ext_fields.get("nextBeginOffset", offset))
-            if resp.code == ResponseCode.SUCCESS:
-                for m in iter_messages(resp.payload()):
-                    click.echo(
-                        f"{mq.broker_name} q{m.queue_id}@{m.queue_offset} id={m.uniq_key or m.msg_id} "
-                        f"tags={m.tags or ''} keys={' '.join(m.keys)} body={m.body.decode('utf-8', 'replace')}"
-                    )
-                    printed += 1
-            elif resp.code == ResponseCode.PULL_NOT_FOUND or next_offset == offset:
+            for m in msgs:
+                if m.queue_offset >= hi or printed >= count:
+                    break
+                click.echo(
+                    f"{mq.broker_name} q{m.queue_id}@{m.queue_offset} id={m.uniq_key or m.msg_id} "
+                    f"tags={m.tags or ''} keys={' '.join(m.keys)} body={m.body.decode('utf-8', 'replace')}"
+                )
+                printed += 1
+            if next_offset <= lo or code not in (ResponseCode.SUCCESS, ResponseCode.PULL_RETRY_IMMEDIATELY):
                 break
-            offset = next_offset
+            lo = next_offset
     click.echo(f"{printed} message(s)")
