@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import click
 
-from tidemq import __version__, _native
+from tidemq import __version__, _native, logs
 from tidemq.config import DEFAULT_HOME, Config, check_broker, load_config, parse_address
 from tidemq.errors import TidemqError
 from tidemq.plugins import ROLES, get_plugin_manager
@@ -86,6 +86,9 @@ async def serve_until_signalled(services: list[tuple[str, Any]]) -> None:
             started.append((what, service))
             # The CLI's own output: tests and operators wait for this line.
             click.echo(f"tidemq {what} listening on {service.address}")
+            metrics_url = getattr(service, "metrics_url", "")
+            if metrics_url:
+                click.echo(f"tidemq {what} metrics on {metrics_url}")
         sys.stdout.flush()
         tune_gc()
         await stop.wait()
@@ -148,13 +151,55 @@ def _apply_broker_overrides(
     return attrs.evolve(cfg, broker=broker)
 
 
-def _make_namesrv(cfg: Config) -> Any:
+def _make_namesrv(cfg: Config, *, with_metrics: bool = True) -> Any:
     from tidemq.namesrv import NameServer
 
-    transport = get_plugin_manager().create(
-        "transport", cfg.plugins["transport"], options=cfg.plugin_options("transport")
-    )
-    return NameServer(cfg.namesrv, transport)
+    manager = get_plugin_manager()
+    transport = manager.create("transport", cfg.plugins["transport"], options=cfg.plugin_options("transport"))
+    namesrv = NameServer(cfg.namesrv, transport)
+    exporter = cfg.plugins.get("metrics", "none")
+    if not with_metrics or exporter == "none":
+        return namesrv
+    return _WithMetrics(namesrv, manager.create("metrics", exporter, options=cfg.plugin_options("metrics")))
+
+
+class _WithMetrics:
+    """A service and its metrics exporter (role ``metrics``): started after it, stopped before it."""
+
+    def __init__(self, service: Any, exporter: Any) -> None:
+        self.service = service
+        self.exporter = exporter
+        self.metrics_url = ""
+
+    @property
+    def address(self) -> str:
+        return str(self.service.address)
+
+    async def start(self) -> None:
+        await self.service.start()
+        try:
+            self.metrics_url = await self.exporter.start(self.service)
+        except BaseException:
+            await self.service.stop()
+            raise
+
+    async def stop(self) -> None:
+        await self.exporter.stop()
+        await self.service.stop()
+
+
+#: ``tidemq standalone``'s metrics endpoint when its config names none (a taken port only warns).
+STANDALONE_METRICS = {"listen": "127.0.0.1:5557", "required": False}
+
+
+def _standalone_metrics(cfg: Config) -> Config:
+    """Turn the Prometheus endpoint on, on loopback, unless the config chose (``metrics = "none"``)."""
+    if "metrics" in cfg.plugins:
+        return cfg
+    options = {role: dict(tables) for role, tables in cfg.options.items()}
+    table = options.setdefault("metrics", {})
+    table["prometheus"] = {**STANDALONE_METRICS, **table.get("prometheus", {})}
+    return attrs.evolve(cfg, plugins={**cfg.plugins, "metrics": "prometheus"}, options=options)
 
 
 def _make_broker(cfg: Config) -> Any:
@@ -186,7 +231,125 @@ class _PluginCommands(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         self._load()
-        return super().get_command(ctx, cmd_name)
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None:
+            _add_log_options(cmd)
+        return cmd
+
+
+# ---------------------------------------------------------------------------- logging set-up
+
+LOG_FILE_HELP = (
+    "Also log to this file, rotated (see --log-max-bytes, --log-backups); stderr then keeps WARNING "
+    "and above. 'auto' (or --log-file without a value after the sub-command) is the command's "
+    "default: <data dir>/logs/broker.log for broker, <data dir>/logs/standalone.log for "
+    "standalone, <[namesrv] data_dir or ~/.tidemq>/logs/namesrv.log for namesrv (or $TIDEMQ_LOG_FILE)."
+)
+
+
+def _check_level(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and not isinstance(logging.getLevelName(value.upper()), int):
+        raise click.BadParameter(f"{value!r} is not a level (DEBUG, INFO, WARNING, ERROR, CRITICAL)")
+    return value
+
+
+def _check_size(_ctx: click.Context, _param: click.Parameter, value: str | int | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return logs.parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _apply_log_settings(settings: logs.LogSettings) -> None:
+    try:
+        logs.configure(settings)
+    except (OSError, ValueError) as exc:  # a log directory we may not create or write
+        _fail(f"cannot log to {settings.file}: {exc}")
+
+
+def _override_log(field: str, check: Callable[..., Any] | None = None) -> Callable[..., None]:
+    """A sub-command's --log-* flag: replaces what the group's flag (or variable) chose."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is None:
+            return
+        if check is not None:
+            value = check(ctx, param, value)
+        _apply_log_settings(attrs.evolve(logs.settings(), **{field: value}))
+
+    return callback
+
+
+#: Commands with a default log location (``--log-file`` without a value after them).
+_SERVICES = ("namesrv", "broker", "standalone")
+
+
+def _log_options(service: bool) -> list[click.Option]:
+    """The group's --log-* flags again, for after a sub-command (values only when given)."""
+    file_help = (
+        "Log to PATH, rotated; without PATH, the command's default location (see tidemq --help)."
+        if service
+        else "Log to PATH, rotated."
+    )
+    return [
+        click.Option(
+            ["--log-level"],
+            expose_value=False,
+            callback=_override_log("level", _check_level),
+            help="Logging level (as before the sub-command).",
+        ),
+        click.Option(
+            ["--log-file"],
+            is_flag=False,
+            flag_value=logs.AUTO if service else None,
+            metavar="[PATH]" if service else "PATH",
+            expose_value=False,
+            callback=_override_log("file"),
+            help=file_help,
+        ),
+        click.Option(
+            ["--log-format"],
+            type=click.Choice(logs.FORMATS),
+            expose_value=False,
+            callback=_override_log("format"),
+            help="text or json (one object per line).",
+        ),
+        click.Option(
+            ["--log-max-bytes"],
+            expose_value=False,
+            callback=_override_log("max_bytes", _check_size),
+            help="Rotate the log file at this size.",
+        ),
+        click.Option(
+            ["--log-backups"],
+            type=click.IntRange(0),
+            expose_value=False,
+            callback=_override_log("backups"),
+            help="Rotated log files kept.",
+        ),
+    ]
+
+
+def _add_log_options(cmd: click.Command) -> None:
+    """Give ``cmd`` (and a group's sub-commands) the --log-* flags, once, unless it has its own."""
+    if getattr(cmd, "_tidemq_log_options", False):
+        return
+    cmd._tidemq_log_options = True  # type: ignore[attr-defined]
+    taken = {opt for param in cmd.params for opt in param.opts}
+    options = _log_options(cmd.name in _SERVICES)
+    cmd.params.extend(opt for opt in options if not taken.intersection(opt.opts))
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            _add_log_options(sub)
+
+
+def _default_log_file(directory: Path, name: str) -> None:
+    """``--log-file auto``: log to ``<directory>/logs/<name>``; say where on stdout."""
+    path = logs.use_default_file(directory.expanduser() / "logs" / name)
+    if path is not None and logs.settings().file == logs.AUTO:
+        click.echo(f"tidemq log file {path}")
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -213,15 +376,46 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     help="Show the version and whether the compiled extensions are active, then exit.",
 )
 @click.option(
-    "--log-level", default="INFO", show_default=True, help="Logging level (DEBUG, INFO, WARNING...)."
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    envvar="TIDEMQ_LOG_LEVEL",
+    callback=_check_level,
+    help="Logging level: DEBUG, INFO, WARNING, ERROR (or $TIDEMQ_LOG_LEVEL).",
 )
-def cli(log_level: str) -> None:
-    """tidemq: a RocketMQ-compatible message broker built from plugins."""
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+@click.option("--log-file", metavar="PATH|auto", envvar="TIDEMQ_LOG_FILE", help=LOG_FILE_HELP)
+@click.option(
+    "--log-format",
+    type=click.Choice(logs.FORMATS),
+    default="text",
+    show_default=True,
+    envvar="TIDEMQ_LOG_FORMAT",
+    help="text, or json: one object per line with time, level, logger, message, exception (or $TIDEMQ_LOG_FORMAT).",
+)
+@click.option(
+    "--log-max-bytes",
+    default="100MiB",
+    show_default=True,
+    envvar="TIDEMQ_LOG_MAX_BYTES",
+    callback=_check_size,
+    help="Rotate the log file at this size (64MiB, 1G...; 0 never rotates) (or $TIDEMQ_LOG_MAX_BYTES).",
+)
+@click.option(
+    "--log-backups",
+    type=click.IntRange(0),
+    default=logs.DEFAULT_BACKUPS,
+    show_default=True,
+    envvar="TIDEMQ_LOG_BACKUPS",
+    help="Rotated log files kept: FILE.1 ... FILE.N (or $TIDEMQ_LOG_BACKUPS).",
+)
+def cli(log_level: str, log_file: str | None, log_format: str, log_max_bytes: int, log_backups: int) -> None:
+    """tidemq: a RocketMQ-compatible message broker built from plugins.
+
+    The --log-* options may also follow the sub-command (tidemq broker --log-level DEBUG ...);
+    there they win over the ones before it.
+    """
+    settings = logs.LogSettings(log_level, log_file or None, log_format, log_max_bytes, log_backups)
+    _apply_log_settings(settings)
 
 
 @cli.command()
@@ -238,6 +432,7 @@ def namesrv(config_path: str | None, listen: str | None) -> None:
             cfg = attrs.evolve(
                 cfg, namesrv=attrs.evolve(cfg.namesrv, listen=_listen_flag(listen, "--listen"))
             )
+        _default_log_file(Path(cfg.namesrv.data_dir or DEFAULT_HOME), "namesrv.log")
         await serve_until_signalled([("namesrv", _make_namesrv(cfg))])
 
     run_service(main, listen_hint="--listen HOST:PORT (or [namesrv] listen)")
@@ -255,6 +450,7 @@ def broker(
 
     async def main() -> None:
         cfg = _apply_broker_overrides(load_config(config_path), listen, namesrv_addr, data_dir)
+        _default_log_file(cfg.broker.store_path, "broker.log")
         await serve_until_signalled([("broker", _make_broker(cfg))])
 
     run_service(main, listen_hint="--listen HOST:PORT (or [broker] listen)")
@@ -280,14 +476,19 @@ def standalone(config_path: str | None, data_dir: str, namesrv_listen: str, brok
             cfg, namesrv=attrs.evolve(cfg.namesrv, listen=_listen_flag(namesrv_listen, "--namesrv-listen"))
         )
         Path(data_dir).expanduser().mkdir(parents=True, exist_ok=True)
-        ns = _make_namesrv(cfg)
+        _default_log_file(Path(data_dir), "standalone.log")
+        cfg = _standalone_metrics(cfg)
+        # One metrics endpoint for the process: the broker's, with the NameServer's figures in it.
+        ns = _make_namesrv(cfg, with_metrics=False)
         # The broker registers with the NameServer it runs beside, wherever that really listens.
         await ns.start()
         click.echo(f"tidemq namesrv listening on {ns.address}")
         try:
             cfg = _apply_broker_overrides(cfg, broker_listen, ns.address, data_dir, "--broker-listen")
             click.echo(f"tidemq data directory {cfg.broker.store_path}")
-            await serve_until_signalled([("broker", _make_broker(cfg))])
+            broker = _make_broker(cfg)
+            broker.metrics_companions.append(ns)
+            await serve_until_signalled([("broker", broker)])
         finally:
             await ns.stop()
 

@@ -7,12 +7,16 @@ the file and the record goes to the next one, so a record never straddles two fi
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from tidemq.errors import CorruptDataError, StoreError
+from tidemq.logs import Progress
 from tidemq.message import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
@@ -36,6 +40,57 @@ _MAGIC_AT_4 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
 #: A single record up to this size is packed in place through the mapping (see append_records).
 IN_PLACE_MAX = 64 * 1024
+_PAGE = 4096
+_ZERO_PAGE = bytes(_PAGE)
+#: Records between two progress updates of a scan (an update reads the clock).
+_PROGRESS_RECORDS = 4096
+
+
+def written_extent(buf: memoryview | bytes | Any, start: int = 0, fd: int | None = None) -> int:
+    """End of the written bytes of a log file from ``start`` on: where its zero suffix begins.
+
+    A log file is written from its start and the rest stays zeros (preallocated or sparse), so a
+    binary search over pages finds the end (about 20 pages of 1 GiB).  With the file's ``fd``,
+    ``SEEK_HOLE`` first bounds the search to the extents holding data: the first read of an
+    unwritten extent costs tens of milliseconds.  ``start`` when everything from it is zeros.
+    An estimate when the written part itself holds a whole zero page (a body of zeros): good for
+    progress totals and for counting cut bytes.
+    """
+    size = len(buf)
+    if start >= size:
+        return size
+    first = start // _PAGE
+    limit = size
+    if fd is not None:
+        try:
+            hole = os.lseek(fd, start, os.SEEK_HOLE)
+            try:
+                os.lseek(fd, hole, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # only holes after it: the data ends there
+                    limit = min(size, hole)
+        except OSError:  # a file system without SEEK_HOLE: search the whole file
+            pass
+        if limit <= start:
+            return start
+
+    def zero(page: int) -> bool:
+        lo = max(start, page * _PAGE)
+        hi = min(size, (page + 1) * _PAGE)
+        return bytes(buf[lo:hi]) == _ZERO_PAGE[: hi - lo]
+
+    lo, hi = first, (limit + _PAGE - 1) // _PAGE  # pages lo.. may be written; pages hi.. are zeros
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if zero(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    if hi == first:
+        return start
+    page_start = max(start, (hi - 1) * _PAGE)
+    tail = bytes(buf[page_start : min(size, hi * _PAGE)])
+    return page_start + len(tail.rstrip(b"\0"))
 
 
 class CommitLogFullError(StoreError):
@@ -240,6 +295,9 @@ class CommitLog:
             return -1
 
     # ------------------------------------------------------------------ recovery
+    #: Bytes the last recovery cut after the last whole record (0 after a clean shutdown).
+    cut_bytes = 0
+
     def check_record(self, view: memoryview, pos: int, check_crc: bool) -> tuple[str, int, MessageExt | None]:
         """Classify the bytes at ``pos``.
 
@@ -286,14 +344,26 @@ class CommitLog:
         return msg
 
     def scan(
-        self, start_file_index: int, check_crc: bool, on_message: Callable[[MessageExt], None] | None
+        self,
+        start_file_index: int,
+        check_crc: bool,
+        on_message: Callable[[MessageExt], None] | None,
+        progress: Progress | None = None,
     ) -> int:
-        """Validate records from the file at ``start_file_index``; returns the end of the valid data."""
+        """Validate records from the file at ``start_file_index``; returns the end of the valid data.
+
+        ``progress`` counts the bytes checked against the bytes written from that file on (its
+        ``items``: records), updated every few thousand records.
+        """
         files = self.queue.files
         if not files:
             return 0
-        idx = max(0, min(start_file_index, len(files) - 1))
+        idx = first = max(0, min(start_file_index, len(files) - 1))
         process_offset = files[idx].file_from_offset
+        if progress is not None:
+            progress.add_total(self._written_from(idx))
+        checked = 0  # bytes of the files done
+        records = 0
         while idx < len(files):
             mf = files[idx]
             view = mf.raw_view()
@@ -330,6 +400,10 @@ class CommitLog:
                             if on_message is not None and msg is not None:
                                 on_message(msg)
                             pos += size
+                            records += 1
+                            if progress is not None and records % _PROGRESS_RECORDS == 0:
+                                progress.items = records
+                                progress.update(checked + pos)
                             continue
                     break
             finally:
@@ -337,21 +411,49 @@ class CommitLog:
             process_offset = mf.file_from_offset + pos
             if kind == "blank":
                 process_offset = mf.file_from_offset + self.file_size
+                checked += self.file_size
                 idx += 1
+                if progress is not None:
+                    progress.items = records
+                    progress.update(checked)
                 continue
+            checked += pos
             break
+        if progress is not None:
+            progress.items = records
+            progress.update(checked)
+            progress.files = min(idx + 1, len(files)) - first
         return process_offset
 
+    def _written_from(self, idx: int) -> int:
+        """Bytes written in the files from ``idx`` on: whole files, then the last one's written part."""
+        files = self.queue.files[idx:]
+        if not files:
+            return 0
+        view = files[-1].raw_view()
+        try:
+            last = written_extent(view, 0, files[-1].fd)
+        finally:
+            view.release()
+        return (len(files) - 1) * self.file_size + last
+
     def recover_normally(
-        self, check_crc: bool, on_message: Callable[[MessageExt], None] | None = None
+        self,
+        check_crc: bool,
+        on_message: Callable[[MessageExt], None] | None = None,
+        progress: Progress | None = None,
     ) -> int:
         """Validate the last three files and cut everything after the last good record."""
-        end = self.scan(max(0, len(self.queue.files) - 3), check_crc, on_message)
+        end = self.scan(max(0, len(self.queue.files) - 3), check_crc, on_message, progress)
         self._truncate(end)
         return end
 
     def recover_abnormally(
-        self, min_timestamp: int, check_crc: bool, on_message: Callable[[MessageExt], None]
+        self,
+        min_timestamp: int,
+        check_crc: bool,
+        on_message: Callable[[MessageExt], None],
+        progress: Progress | None = None,
     ) -> int:
         """Re-validate from the file holding the checkpoint, re-dispatching every record found."""
         files = self.queue.files
@@ -362,7 +464,7 @@ class CommitLog:
                 start = i
                 break
         log.info("abnormal recovery of the commit log from file %s", files[start].path.name if files else "-")
-        end = self.scan(start, check_crc, on_message)
+        end = self.scan(start, check_crc, on_message, progress)
         self._truncate(end)
         return end
 
@@ -380,8 +482,20 @@ class CommitLog:
             view.release()
 
     def _truncate(self, end: int) -> None:
-        if self.queue.files and end < self.queue.get_max_offset():
-            log.info("commit log: valid data ends at offset %d; the rest of the file is cut", end)
+        # After a clean shutdown the rest of the last file is the unwritten zeros: nothing is lost.
+        # Bytes written past the last whole record (a torn write at a crash, records after a
+        # damaged one) are lost data: say how many.
+        cut = self.bytes_after(end)
+        if cut:
+            self.cut_bytes = cut
+            log.warning(
+                "commit log: %d bytes after offset %d are not whole records (a write torn by a crash); "
+                "they are cut",
+                cut,
+                end,
+            )
+        elif self.queue.files and end < self.queue.get_max_offset():
+            log.debug("commit log: valid data ends at offset %d; the rest is unwritten", end)
         self.queue.truncate_dirty_files(end)
         if not self.queue.files and end > 0:
             # Every file was cut; resume where the log ended so offsets never go back.
@@ -389,6 +503,22 @@ class CommitLog:
             last = self.queue.last
             if last is not None:
                 last.set_positions(end - last.file_from_offset)
+
+    def bytes_after(self, end: int) -> int:
+        """How far written bytes reach past ``end`` (0: only zeros follow), across the files."""
+        reach = end
+        for mf in self.queue.files:
+            lo = max(end, mf.file_from_offset) - mf.file_from_offset
+            if lo >= self.file_size:
+                continue
+            view = mf.raw_view()
+            try:
+                extent = written_extent(view, lo, mf.fd)
+            finally:
+                view.release()
+            if extent > lo:
+                reach = max(reach, mf.file_from_offset + extent)
+        return reach - end
 
     def iter_records(self, start: int) -> Iterator[tuple[int, MessageExt]]:
         """Records from ``start`` to the end of the log (reput after recovery)."""

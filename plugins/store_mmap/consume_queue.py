@@ -44,12 +44,15 @@ class ConsumeQueue:
     def load(self) -> None:
         self.queue.load()
 
-    def recover(self) -> None:
-        """Keep the valid entries of the last three files; cut at the first empty or torn one."""
+    def recover(self) -> tuple[int, int]:
+        """Keep the valid entries of the last three files; cut at the first empty or torn one.
+
+        Returns the files and bytes of entries checked (for recovery's progress and summary).
+        """
         files = self.queue.files
         if not files:
-            return
-        idx = max(0, len(files) - 3)
+            return 0, 0
+        idx = first = max(0, len(files) - 3)
         process_offset = files[idx].file_from_offset
         max_phy = -1
         while idx < len(files):
@@ -73,6 +76,7 @@ class ConsumeQueue:
             break
         self.max_physic_offset = max_phy
         self.queue.truncate_dirty_files(process_offset)
+        return min(idx + 1, len(files)) - first, process_offset - files[first].file_from_offset
 
     def truncate_dirty(self, phy_end: int) -> None:
         """Drop entries that point at or past ``phy_end`` (the recovered end of the commit log)."""

@@ -16,6 +16,7 @@ from typing import Any
 
 from tidemq.errors import StoreError
 from tidemq.index import RecoverableIndex
+from tidemq.logs import Progress, human_bytes
 from tidemq.message import MessageExt
 from tidemq.names import check_stored_topic_name
 
@@ -53,7 +54,12 @@ class StoreRecovery:
         self._seen: dict[tuple[str, int], list[int]] = {}
 
     def run(self, last_exit_ok: bool) -> bool:
-        """``False`` (the reason logged) when the files cannot be used."""
+        """``False`` (the reason logged) when the files cannot be used.
+
+        Progress of each phase (consume queues, commit log, re-dispatch) is logged at INFO every
+        few seconds (:func:`tidemq.logs.progress_interval`) and one summary line at the end.
+        """
+        started = time.monotonic()
         try:
             self.commitlog.queue.load()
             self._load_consume_queues()
@@ -62,11 +68,20 @@ class StoreRecovery:
             return False
         if self.index is not None:
             self.index.load(last_exit_ok, self.checkpoint.index_msg_timestamp)
-        for cq in self.cqs.all_queues():
-            cq.recover()
+        queues = self.cqs.all_queues()
+        cq_progress = Progress("recovery: consume queues", len(queues), unit="queues", logger=log)
+        cq_progress.detail = lambda: f"{cq_progress.files} files, {human_bytes(cq_progress.items)} checked"
+        for n, cq in enumerate(queues, 1):
+            files, checked = cq.recover()
+            cq_progress.files += files
+            cq_progress.items += checked  # bytes of entries
+            cq_progress.update(n)
+        cq_progress.finish()
         crc = self.options.check_crc_on_recover
+        cl_progress = Progress("recovery: commit log", unit="bytes", logger=log)
+        cl_progress.detail = lambda: f"{cl_progress.items} records"
         if last_exit_ok:
-            end = self.commitlog.recover_normally(crc, self._note)
+            end = self.commitlog.recover_normally(crc, self._note, cl_progress)
         else:
             log.warning("store %s did not exit cleanly: abnormal recovery", self.root)
             min_ts = self.checkpoint.min_timestamp(self.index is not None)
@@ -76,7 +91,8 @@ class StoreRecovery:
                 self._note(msg)
                 redispatch(msg, msg.commit_log_offset)
 
-            end = self.commitlog.recover_abnormally(min_ts, crc, note_and_redispatch)
+            end = self.commitlog.recover_abnormally(min_ts, crc, note_and_redispatch, cl_progress)
+        cl_seconds = cl_progress.finish()
         cl_min = self.commitlog.get_min_offset()
         for cq in self.cqs.all_queues():
             cq.truncate_dirty(end)
@@ -87,15 +103,37 @@ class StoreRecovery:
         if isinstance(self.index, RecoverableIndex):
             self.index.truncate(end)
         reput_from = self._reput_from(cl_min, queues_from)
-        for _, msg in self.commitlog.iter_records(reput_from):
+        reput_to = self.commitlog.get_max_offset()
+        re_progress = Progress("recovery: re-dispatch", max(0, reput_to - reput_from), logger=log)
+        re_progress.detail = lambda: f"{re_progress.items} records"
+        for offset, msg in self.commitlog.iter_records(reput_from):
             self.reput.redispatch(msg, msg.commit_log_offset)
+            re_progress.items += 1
+            if re_progress.items % 4096 == 0:
+                re_progress.update(offset - reput_from)
+        if re_progress.items:
+            re_progress.update(re_progress.total)
+        re_progress.finish()
         self.reput.reput_from = self.commitlog.get_max_offset()
+        seconds = time.monotonic() - started
+        rate = cl_progress.done / cl_seconds if cl_seconds > 0 else 0.0
         log.info(
-            "store %s loaded: commit log [%d, %d), %d queues",
+            "store %s loaded in %.2f s (%s): commit log [%d, %d), %d files checked, %s, %d records "
+            "(%s/s)%s; %d consume queues, %d files, %s of entries; %d records re-dispatched",
             self.root,
+            seconds,
+            "clean shutdown" if last_exit_ok else "after a crash",
             cl_min,
             end,
-            len(self.cqs.all_queues()),
+            cl_progress.files,
+            human_bytes(cl_progress.done),
+            cl_progress.items,
+            human_bytes(rate),
+            f", {self.commitlog.cut_bytes} bytes cut" if self.commitlog.cut_bytes else "",
+            len(queues),
+            cq_progress.files,
+            human_bytes(cq_progress.items),
+            re_progress.items,
         )
         return True
 

@@ -37,6 +37,7 @@ from tidemq.datadir import holder
 from tidemq.delay import SCHEDULE_TOPIC, delay_level_in
 from tidemq.errors import CorruptDataError, StoreError, TidemqError
 from tidemq.index import IndexFileInfo, VerifiableIndex
+from tidemq.logs import Progress, ProgressFactory, human_bytes, log_progress
 from tidemq.message import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
@@ -48,6 +49,7 @@ from tidemq.message import (
     tags_hash_code,
 )
 
+from .commitlog import written_extent
 from .consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,8 @@ _BLANK_CQ_SIZE = 0x7FFFFFFF
 MAX_LISTED = 50
 #: How far past the end of the valid data a torn record is looked for (largest record + slack).
 TAIL_WINDOW = 4 * 1024 * 1024 + 128 * 1024
-_PROGRESS_EVERY_S = 5.0
+#: Records (or entries) between two progress updates.
+_PROGRESS_STEP = 4096
 
 
 class VerifyError(StoreError):
@@ -119,22 +122,6 @@ def _consumable(sys_flag: int) -> bool:
     return sys_flag & TRANSACTION_TYPE_MASK not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
 
 
-class _Progress:
-    """Logs how far a long walk got, at most every few seconds."""
-
-    def __init__(self, what: str, total: int) -> None:
-        self.what = what
-        self.total = total
-        self.next = time.monotonic() + _PROGRESS_EVERY_S
-
-    def tick(self, done: int) -> None:
-        now = time.monotonic()
-        if now >= self.next:
-            self.next = now + _PROGRESS_EVERY_S
-            pct = f" ({done * 100 // self.total}%)" if self.total else ""
-            log.info("verify: %s %d%s", self.what, done, pct)
-
-
 class _Files:
     """Read-only maps of files named by their 20-digit starting offset (commit log, one queue)."""
 
@@ -178,6 +165,11 @@ class _Files:
         pos = offset - self.starts[found]
         return (found, pos) if pos < self.size(found) else None
 
+    def written(self, i: int) -> int:
+        """Bytes written in file ``i`` (its allocated rest is zeros): what progress counts."""
+        with open(self.paths[i], "rb") as f:
+            return written_extent(self.raw(i), 0, f.fileno())
+
     def close(self) -> None:
         for m in self._maps.values():
             if isinstance(m, mmap.mmap):
@@ -198,6 +190,7 @@ class StoreVerifier:
         strict: bool | None = None,
         check_index: bool = True,
         index: VerifiableIndex | None = None,
+        progress: ProgressFactory | None = None,
     ) -> None:
         self.root = Path(data_dir)
         if not (self.root / "commitlog").is_dir():
@@ -210,6 +203,8 @@ class StoreVerifier:
         self.index = index
         self.log_files = _Files(self.root / "commitlog")
         self._cqs: dict[tuple[str, int], _Files | None] = {}
+        # Each phase's progress, measured in what the files hold (never their allocated size).
+        self.progress = progress or log_progress(log, "verify: ")
 
     # ------------------------------------------------------------------ public
     def run(self) -> VerifyReport:
@@ -265,13 +260,17 @@ class StoreVerifier:
         r.commitlog_min_offset = files.starts[0]
         end = files.starts[0]
         last_qoff: dict[tuple[str, int], int] = {}
-        progress = _Progress("commit-log bytes", files.starts[-1] + file_size - files.starts[0])
         # Files after the last one holding data were preallocated (AllocateService) before the
         # crash; recovery drops them, so the log's end is in the last file with data.
         data_last = 0
         for i in range(len(files.starts)):
             if files.size(i) >= 8 and files.raw(i)[:8] != bytes(8):
                 data_last = i
+        # Bytes present: whole files up to the last one holding data, then its written part.
+        present = data_last * file_size + files.written(data_last)
+        progress = self.progress("commit log", present, "bytes")
+        progress.detail = lambda: f"{r.records} records"
+        checked = 0  # bytes of the files done
         for i, start in enumerate(files.starts):
             if i > data_last:
                 break
@@ -329,9 +328,11 @@ class StoreVerifier:
                     last_qoff[key] = msg.queue_offset
                     self._check_cq_entry_of(msg, where)
                 pos += total
-                if r.records % 4096 == 0:
-                    progress.tick(where - files.starts[0])
+                if r.records % _PROGRESS_STEP == 0:
+                    progress.update(checked + pos)
             end = start + pos
+            checked += pos if last else size
+            progress.update(checked)
             if ended or pos < size:
                 if not last:
                     r.error(
@@ -347,6 +348,8 @@ class StoreVerifier:
                     r.repair(f"commit log: {torn} bytes of a torn record after offset {end}")
             view.release()
         r.commitlog_end_offset = end
+        progress.update(max(checked, present))  # the torn tail after the last record was read too
+        self._done(progress, f"{r.records} records")
 
     def _check_cq_entry_of(self, msg: MessageExt, where: int) -> None:
         """The queue entry at the record's queue offset must point back at it."""
@@ -395,14 +398,26 @@ class StoreVerifier:
                 if qdir.is_dir() and qdir.name.lstrip("-").isdigit():
                     yield topic_dir.name, int(qdir.name)
 
+    def _done(self, progress: Progress, what: str) -> None:
+        seconds = progress.finish()
+        log.info(
+            "verify: %s: %s checked, %s, in %.1f s",
+            progress.what,
+            human_bytes(progress.done) if progress.unit == "bytes" else f"{progress.done} {progress.unit}",
+            what,
+            seconds,
+        )
+
     def _walk_consume_queues(self) -> None:
         r = self.report
-        for topic, queue_id in self._queue_dirs():
-            files = self._cq_files(topic, queue_id)
-            if files is None:
-                continue
+        queues = [(key, f) for key in self._queue_dirs() if (f := self._cq_files(*key)) is not None]
+        # Bytes present: the written entries of each file (queue files are sparse or preallocated).
+        extents = {key: [f.written(i) for i in range(len(f.paths))] for key, f in queues}
+        progress = self.progress("consume queues", sum(sum(e) for e in extents.values()), "bytes")
+        progress.detail = lambda: f"{r.cq_entries} entries"
+        checked = 0
+        for (topic, queue_id), files in queues:
             r.queues += 1
-            progress = _Progress(f"consume queue {topic}-{queue_id} entries", 0)
             for i, start in enumerate(files.starts):
                 view = files.view(i)
                 pos = 0
@@ -418,11 +433,15 @@ class StoreVerifier:
                         continue
                     r.cq_entries += 1
                     self._check_cq_entry(topic, queue_id, index, offset, size, tags)
-                    if r.cq_entries % 4096 == 0:
-                        progress.tick(index)
+                    if r.cq_entries % _PROGRESS_STEP == 0:
+                        progress.update(checked + pos)
                 view.release()
+                checked += extents[(topic, queue_id)][i]
+                progress.update(checked)
                 if done:
+                    checked += sum(extents[(topic, queue_id)][i + 1 :])
                     break
+        self._done(progress, f"{r.cq_entries} entries in {r.queues} queues")
 
     def _check_cq_entry(
         self, topic: str, queue_id: int, index: int, offset: int, size: int, tags: int
@@ -473,18 +492,25 @@ class StoreVerifier:
         if index is None:
             return
         r = self.report
-        progress = _Progress("index entries", 0)
+        progress = self.progress("index", 0, "entries")
+        try:
+            self._walk_index_entries(index, progress)
+        finally:
+            self._done(progress, f"{r.index_files} files")
+
+    def _walk_index_entries(self, index: VerifiableIndex, progress: Progress) -> None:
+        r = self.report
         for item in index.walk_files():
             if isinstance(item, IndexFileInfo):
                 r.index_files += 1
                 for problem in item.problems:
                     r.repair(problem)
-                progress = _Progress(f"index file {item.name} entries", item.entry_count)
+                progress.add_total(item.entry_count)
                 continue
             idx, phy = item.number, item.phy_offset
             r.index_entries += 1
-            if idx % 4096 == 0:
-                progress.tick(idx)
+            if r.index_entries % _PROGRESS_STEP == 0:
+                progress.update(r.index_entries)
             if item.problem:
                 r.error(item.problem)
             if phy < r.commitlog_min_offset:
@@ -504,6 +530,7 @@ class StoreVerifier:
                     f"index file {item.file}: entry {idx} (hash {item.key_hash}) points at the record at "
                     f"{phy} whose keys {keys[:4]} hash otherwise"
                 )
+        progress.update(r.index_entries)
 
 
 def verify_store(
@@ -512,12 +539,15 @@ def verify_store(
     strict: bool | None = None,
     check_index: bool = True,
     index: VerifiableIndex | None = None,
+    progress: ProgressFactory | None = None,
 ) -> VerifyReport:
     """Verify the store in ``data_dir``; ``strict`` defaults to "the store was shut down cleanly".
 
     ``index``: the key index whose files to check (default: the broker's default index plugin).
+    ``progress``: how each phase reports progress (default: INFO lines every few seconds).
     """
-    return StoreVerifier(data_dir, strict=strict, check_index=check_index, index=index).run()
+    verifier = StoreVerifier(data_dir, strict=strict, check_index=check_index, index=index, progress=progress)
+    return verifier.run()
 
 
 # ---------------------------------------------------------------------------- command line
@@ -541,10 +571,29 @@ def store_command() -> Any:
     )
     @click.option("--no-index", is_flag=True, help="Skip the index files.")
     @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-    def verify(data_dir: str, strict: bool | None, no_index: bool, as_json: bool) -> None:
-        """Check CommitLog records, ConsumeQueues and the index of a store; exit 1 on errors."""
+    @click.option(
+        "--no-progress",
+        is_flag=True,
+        help="No progress bars (there are none either when stderr is not a terminal): "
+        "INFO log lines every 2 s ($TIDEMQ_PROGRESS_EVERY) instead.",
+    )
+    def verify(data_dir: str, strict: bool | None, no_index: bool, as_json: bool, no_progress: bool) -> None:
+        """Check CommitLog records, ConsumeQueues and the index of a store; exit 1 on errors.
+
+        Progress is measured in the bytes the files hold (not their allocated size), on stderr.
+        """
+        import sys
+
+        from tidemq.logs import RichBars
+
         try:
-            report = verify_store(data_dir, strict=strict, check_index=not no_index)
+            if no_progress or not sys.stderr.isatty():
+                report = verify_store(data_dir, strict=strict, check_index=not no_index)
+            else:
+                with RichBars() as bars:
+                    report = verify_store(
+                        data_dir, strict=strict, check_index=not no_index, progress=bars.factory()
+                    )
         except VerifyError as exc:
             click.echo(f"tidemq: error: {exc}", err=True)
             raise SystemExit(2) from None
