@@ -33,6 +33,7 @@ for top, src in package_dir.items():
 
 package_data = {p: ["py.typed"] for p in package_dir}
 package_data["tidemq._native"] = ["*.pyi", "*.pyx"]
+package_data["tidemq_console"] = ["py.typed", "templates/*.html", "static/*"]
 
 #: What a missing or failing compiler raises (spawn errors, a missing Python.h, a link failure).
 _BUILD_ERRORS = (CCompilerError, CompileError, ExecError, LinkError, PlatformError, OSError)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import socket
 import subprocess
@@ -32,6 +34,48 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, every: float 
             pass
         time.sleep(every)
     return predicate()
+
+
+def run_admin(
+    namesrv: str, *args: str, cwd: Path, ok: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``tidemq admin ARGS -n NAMESRV`` in a subprocess, as an operator runs it; with ``ok`` it must
+    exit 0 without a traceback."""
+    out = subprocess.run(
+        [sys.executable, "-m", "tidemq", "admin", *args, "-n", namesrv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ},
+    )
+    if ok:
+        assert out.returncode == 0, out.stderr
+        assert "Traceback" not in out.stderr, out.stderr
+    return out
+
+
+def commit_offset(namesrv: str, broker: str, group: str, topic: str, queue_id: int, offset: int) -> None:
+    """UPDATE_CONSUMER_OFFSET: ``group``'s committed offset on one queue, as a consumer commits it.
+
+    Sent from a thread of its own, so a test running an event loop (Playwright's) can call it.
+    """
+    from tidemq.client import AdminClient
+    from tidemq.remoting.codes import RequestCode
+
+    async def commit() -> None:
+        client = AdminClient(namesrv)
+        try:
+            await client.call(
+                broker,
+                RequestCode.UPDATE_CONSUMER_OFFSET,
+                {"consumerGroup": group, "topic": topic, "queueId": queue_id, "commitOffset": offset},
+            )
+        finally:
+            await client.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, commit()).result(30)
 
 
 def runtime_info(addr: str) -> dict[str, str]:
