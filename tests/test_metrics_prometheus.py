@@ -24,7 +24,7 @@ import pytest
 from conftest import commit_offset, free_port, wait_for
 
 from tidemq.client import BlockingProducer, Message, SendStatus
-from tidemq.client.admin import AdminClient
+from tidemq.client.admin import AdminClient, topic_fields
 from tidemq.remoting.codes import RequestCode
 
 pytestmark = pytest.mark.timeout(180)
@@ -79,20 +79,7 @@ def _create_topic(namesrv: str, broker: str) -> None:
     async def main() -> None:
         client = AdminClient(namesrv)
         try:
-            await client.call(
-                broker,
-                RequestCode.UPDATE_AND_CREATE_TOPIC,
-                {
-                    "topic": TOPIC,
-                    "defaultTopic": "TBW102",
-                    "readQueueNums": "1",
-                    "writeQueueNums": "1",
-                    "perm": "6",
-                    "topicFilterType": "SINGLE_TAG",
-                    "topicSysFlag": "0",
-                    "order": "false",
-                },
-            )
+            await client.call(broker, RequestCode.UPDATE_AND_CREATE_TOPIC, topic_fields(TOPIC, 1, 1, 6))
         finally:
             await client.close()
 

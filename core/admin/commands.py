@@ -19,7 +19,7 @@ from tidemq.admin._common import (
     _table,
     admin,
 )
-from tidemq.client.admin import AdminClient, AdminError, NoRouteError
+from tidemq.client.admin import AdminClient, AdminError, NoRouteError, topic_fields
 from tidemq.client.route import loads_lenient
 from tidemq.message import MessageExt, Prop, decode_message_id, iter_messages, properties_to_string
 from tidemq.queues import MessageQueue
@@ -100,16 +100,7 @@ async def update_topic(
     targets = [broker_addr] if broker_addr else list(masters.values())
     if not targets:
         raise AdminError("no broker master is registered with the NameServer")
-    fields = {
-        "topic": topic,
-        "defaultTopic": "TBW102",
-        "readQueueNums": read_queues,
-        "writeQueueNums": write_queues,
-        "perm": perm,
-        "topicFilterType": "SINGLE_TAG",
-        "topicSysFlag": sys_flag,
-        "order": order,
-    }
+    fields = topic_fields(topic, read_queues, write_queues, perm, sys_flag, order)
     for addr in targets:
         await client.call(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, fields)
         click.echo(f"create topic to {addr} success.")

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from tidemq.admin._common import _run, admin
-from tidemq.client.admin import AdminClient, AdminError, NoRouteError
+from tidemq.client.admin import AdminClient, AdminError, NoRouteError, topic_fields
 from tidemq.client.route import loads_lenient
 from tidemq.perm import PERM_READ, PERM_WRITE, is_inherited, is_readable, is_writeable
 from tidemq.remoting.codes import RequestCode, ResponseCode
@@ -288,16 +288,7 @@ async def update_topic_perm(
     sys_flag, old_perm = _num(first, "topicSynFlag"), _num(first, "perm")
     # mqadmin sends order=false; the route's orderTopicConf says whether the topic is ordered.
     order = bool(route.get("orderTopicConf"))
-    fields: dict[str, Any] = {
-        "topic": topic,
-        "defaultTopic": "TBW102",
-        "readQueueNums": read_queues,
-        "writeQueueNums": write_queues,
-        "perm": perm,
-        "topicFilterType": "SINGLE_TAG",
-        "topicSysFlag": sys_flag,
-        "order": order,
-    }
+    fields = topic_fields(topic, read_queues, write_queues, perm, sys_flag, order)
     shown = topic_config_string(topic, read_queues, write_queues, perm, sys_flag, order)
     if broker_addr:
         broker_addr = broker_addr.strip()

@@ -20,7 +20,7 @@ check, body inflation and retry-topic restore of pulled messages), :func:`split_
 :func:`decompress`.
 """
 
-from tidemq.client.admin import AdminClient, AdminError
+from tidemq.client.admin import AdminClient, AdminError, topic_fields
 from tidemq.client.api import (
     PULL_FLAG_CLASS_FILTER,
     PULL_FLAG_COMMIT_OFFSET,
@@ -57,6 +57,7 @@ __all__ = [
     "PULL_FLAG_SUBSCRIPTION",
     "PULL_FLAG_SUSPEND",
     "AdminClient",
+    "topic_fields",
     "AdminError",
     "BlockingProducer",
     "BlockingPullConsumer",

@@ -27,7 +27,23 @@ from tidemq.remoting.command import RemotingCommand
 
 TIMEOUT_S = 5.0
 
-__all__ = ["TIMEOUT_S", "AdminClient", "AdminError", "NoRouteError"]
+__all__ = ["TIMEOUT_S", "AdminClient", "AdminError", "NoRouteError", "topic_fields"]
+
+
+def topic_fields(
+    topic: str, read_queues: int, write_queues: int, perm: int, sys_flag: int = 0, order: bool = False
+) -> dict[str, Any]:
+    """UPDATE_AND_CREATE_TOPIC's header as mqadmin sends it (the TopicConfig's fields)."""
+    return {
+        "topic": topic,
+        "defaultTopic": "TBW102",
+        "readQueueNums": read_queues,
+        "writeQueueNums": write_queues,
+        "perm": perm,
+        "topicFilterType": "SINGLE_TAG",
+        "topicSysFlag": sys_flag,
+        "order": order,
+    }
 
 
 class AdminError(TidemqError):

@@ -10,7 +10,6 @@ from tidemq import hookimpl
 from tidemq.acl import AllowAll
 from tidemq.config import parse_options
 from tidemq.plugins import PluginContext, Register
-from tidemq_acl import admin
 from tidemq_acl.validator import PlainAccessValidator, PlainAclOptions
 
 
@@ -37,4 +36,8 @@ def tidemq_register_acl_validators(register: Register) -> None:
 @hookimpl
 def tidemq_register_processors(register: Any) -> None:  # the broker's ProcessorRegister
     # ACL administration (50-54): served on every broker, answered "not enabled" without the plain ACL.
+    # Imported here: it pulls in the broker's modules, which a CLI command that only loads plugins
+    # (tidemq admin ...) should not pay for.
+    from tidemq_acl import admin
+
     admin.register(register)

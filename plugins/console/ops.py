@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from tidemq.client import AdminClient, AdminError
+from tidemq.client import AdminClient, AdminError, topic_fields
 from tidemq.message import MessageExt, decode_message_id, iter_messages
 from tidemq.mqjson import loads as mq_loads
 from tidemq.queues import MessageQueue
@@ -151,16 +151,7 @@ class ClusterOps:
             await self.client.call(
                 addr,
                 RequestCode.UPDATE_AND_CREATE_TOPIC,
-                {
-                    "topic": topic,
-                    "defaultTopic": "TBW102",
-                    "readQueueNums": queues,
-                    "writeQueueNums": queues,
-                    "perm": perm,
-                    "topicFilterType": "SINGLE_TAG",
-                    "topicSysFlag": 0,
-                    "order": False,
-                },
+                topic_fields(topic, queues, queues, perm),
             )
         return sorted(masters)
 
