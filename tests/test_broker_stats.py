@@ -309,3 +309,34 @@ def test_queue_inspection_codes(tmp_path: Path, plugin_matrix: dict[str, str]) -
             assert missing.code == ResponseCode.TOPIC_NOT_EXIST
 
     asyncio.run(main())
+
+
+def test_deleting_a_topic_drops_its_figures(tmp_path: Path, plugin_matrix: dict[str, str]) -> None:
+    """DELETE_TOPIC_IN_BROKER forgets the topic's counters (RocketMQ's onTopicDeleted): a topic
+    created and deleted in a loop must not grow the broker's tables for ever."""
+
+    async def main() -> None:
+        async with running(tmp_path, plugin_matrix, cluster="CX") as (broker, client):
+            await _fill(client, broker)
+            stats = broker.stats
+            assert "Stats" in stats.topic_puts and "Stats@SG" in stats.group_gets
+            assert any(key[1] == "Stats" for key in stats.commit_times)
+            for round_ in range(3):
+                deleted = await call(client, broker, RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Stats"})
+                assert deleted.code == ResponseCode.SUCCESS
+                assert "Stats" not in stats.topic_puts and "Stats@SG" not in stats.group_gets
+                assert not any(key[1] == "Stats" for key in stats.commit_times)
+                missing = await call(
+                    client,
+                    broker,
+                    RequestCode.VIEW_BROKER_STATS_DATA,
+                    {"statsName": "TOPIC_PUT_NUMS", "statsKey": "Stats"},
+                )
+                assert missing.code == ResponseCode.SYSTEM_ERROR
+                if round_ < 2:
+                    await _fill(client, broker)
+            assert len(stats.topic_puts) == len([t for t in stats.topic_puts if t != "Stats"])
+            # The broker-wide totals keep counting what was stored (RocketMQ's BROKER_PUT_NUMS does too).
+            assert stats.put_count == 9
+
+    asyncio.run(main())

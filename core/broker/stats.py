@@ -157,6 +157,17 @@ class BrokerStats:
         b.nums += count
         b.size += size
 
+    def remove_topic(self, topic: str) -> None:
+        """Forget ``topic``'s figures (RocketMQ's onTopicDeleted): a deleted topic's counters would
+        otherwise stay for the broker's life, and topics created and deleted in a loop would grow
+        the tables without bound."""
+        self.topic_puts.pop(topic, None)
+        prefix = f"{topic}@"
+        for key in [k for k in self.group_gets if k.startswith(prefix)]:
+            del self.group_gets[key]
+        for key in [k for k in self.commit_times if k[1] == topic]:
+            del self.commit_times[key]
+
     def on_commit(self, group: str, topic: str, queue_id: int) -> None:
         self.commit_times[(group, topic, queue_id)] = _now_ms()
 

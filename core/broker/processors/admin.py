@@ -116,6 +116,7 @@ class AdminProcessor:
             )
         b.topics.delete(topic)
         b.offsets.remove_topic(topic)
+        b.stats.remove_topic(topic)
         b.store.delete_topics([topic])
         await asyncio.to_thread(b.topics.persist)
         await b.registrar.register_all()

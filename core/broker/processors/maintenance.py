@@ -65,6 +65,8 @@ class MaintenanceProcessor:
         log.warning("CLEAN_UNUSED_TOPIC from %s: dropping %s", _remote(conn), unused or "nothing")
         if unused:
             await asyncio.to_thread(b.store.delete_topics, unused)
+            for topic in unused:
+                b.stats.remove_topic(topic)
         return request.reply(ResponseCode.SUCCESS)
 
     async def clean_expired_queues(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
