@@ -165,8 +165,8 @@ class BrokerStats:
         prefix = f"{topic}@"
         for key in [k for k in self.group_gets if k.startswith(prefix)]:
             del self.group_gets[key]
-        for key in [k for k in self.commit_times if k[1] == topic]:
-            del self.commit_times[key]
+        for queue in [q for q in self.commit_times if q[1] == topic]:
+            del self.commit_times[queue]
 
     def on_commit(self, group: str, topic: str, queue_id: int) -> None:
         self.commit_times[(group, topic, queue_id)] = _now_ms()
