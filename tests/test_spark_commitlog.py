@@ -21,14 +21,9 @@ from tidemq.message import (
     patch_record,
 )
 from tidemq_spark.commitlog import CorruptRecordError, iter_file, list_files
-from tidemq_spark.options import (
-    QueueKey,
-    SinkOptions,
-    SourceOptions,
-    TidemqSparkError,
-    offsets_from_json,
-    offsets_to_json,
-)
+from tidemq_spark.options import QueueKey, TidemqSparkError, offsets_from_json, offsets_to_json
+from tidemq_spark.sink_options import SinkOptions
+from tidemq_spark.source_options import SourceOptions
 
 FILE_SIZE = 4096
 

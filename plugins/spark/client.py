@@ -18,14 +18,8 @@ from typing import Any, TypeVar
 import orjson
 
 from tidemq.client import (
-    PULL_FLAG_SUBSCRIPTION,
-    BrokerError,
     ClientAPI,
-    PullResult,
-    PullStatus,
-    Subscription,
     TopicRoute,
-    prepare,
     split_namesrv,
 )
 from tidemq.message import MessageExt
@@ -35,7 +29,8 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.remoting.errors import RemotingConnectError, RemotingError
 
-from .options import DataLossError, QueueKey, TidemqSparkError
+from .client_options import ClientOptions
+from .options import QueueKey, TidemqSparkError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,8 +54,9 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 class TidemqSession:
     """One transport client and event loop; use as a context manager."""
 
-    def __init__(self, namesrv: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, namesrv: str, timeout_s: float = 10.0, client: ClientOptions | None = None) -> None:
         self.timeout_s = timeout_s
+        self.client = client or ClientOptions()
         self.loop = _new_loop()
         transport = get_plugin_manager().create("transport", "tcp")
         self.remoting = transport.client()
@@ -167,87 +163,11 @@ class TidemqSession:
         self.run(self.api.update_consumer_offset(self.address(key), group, mq, offset))
 
     # ------------------------------------------------------------------ pulling
-    def _pull(
-        self, addr: str, key: QueueKey, group: str, offset: int, max_nums: int, sub: Subscription
-    ) -> PullResult:
-        return self.run(
-            self.api.pull(
-                addr,
-                group=group,
-                mq=MessageQueue(key.topic, key.broker, key.queue_id),
-                offset=offset,
-                max_nums=max_nums,
-                sys_flag=PULL_FLAG_SUBSCRIPTION,
-                commit_offset=0,
-                suspend_ms=0,
-                subscription=sub.expression,
-                sub_version=sub.version,
-                expression_type=sub.expression_type,
-                timeout=self.timeout_s,
-            )
-        )
+    def read_range(self, key: QueueKey, start: int, end: int, **kw: Any) -> Iterator[list[MessageExt]]:
+        """Messages of ``key`` with offsets in ``[start, end)``: see :func:`tidemq_spark.pull.read_range`."""
+        from .pull import read_range
 
-    def read_range(
-        self,
-        key: QueueKey,
-        start: int,
-        end: int,
-        *,
-        group: str,
-        expression: str = "*",
-        expression_type: str = "TAG",
-        batch: int = 256,
-        fail_on_data_loss: bool = True,
-        address: str | None = None,
-    ) -> Iterator[list[MessageExt]]:
-        """Messages of ``key`` with ConsumeQueue offsets in ``[start, end)``, pull by pull.
-
-        Offsets the broker already cleaned (or no longer has) raise :class:`DataLossError`, or are
-        skipped with a warning when ``fail_on_data_loss`` is false.
-        """
-        sub = Subscription.build(key.topic, expression, expression_type)
-        addr = address or self.address(key)
-        offset = start
-        retried = False
-        while offset < end:
-            try:
-                result = self._pull(addr, key, group, offset, min(batch, end - offset), sub)
-            except RemotingConnectError:
-                if retried:
-                    raise
-                retried = True  # the broker may have moved: ask the NameServer once
-                addr = self._refresh_address(key)
-                continue
-            except BrokerError as exc:
-                if exc.code == ResponseCode.SUBSCRIPTION_PARSE_FAILED:
-                    raise TidemqSparkError(
-                        f"the broker rejected filter {expression!r} ({expression_type}): {exc.remark}"
-                    ) from None
-                raise
-            status = result.status
-            if status is PullStatus.FOUND:
-                msgs = [m for m in prepare(result.messages, sub) if m.queue_offset < end]
-                if msgs:
-                    yield msgs
-                offset = max(result.next_begin_offset, offset + 1)
-            elif status is PullStatus.NO_MATCHED_MSG:
-                offset = max(result.next_begin_offset, offset + 1)
-            elif status is PullStatus.OFFSET_ILLEGAL:
-                lost_to = result.next_begin_offset if result.next_begin_offset > offset else result.min_offset
-                if lost_to <= offset:
-                    lost_to = end  # queue gone or reset: nothing more to read
-                self._data_loss(key, offset, min(lost_to, end), fail_on_data_loss)
-                offset = lost_to
-            else:  # NO_NEW_MSG before the end: the broker has less than it once said
-                self._data_loss(key, offset, end, fail_on_data_loss)
-                return
-
-    @staticmethod
-    def _data_loss(key: QueueKey, start: int, end: int, fail: bool) -> None:
-        what = f"offsets [{start}, {end}) of {key.topic} {key.name} are no longer on the broker"
-        if fail:
-            raise DataLossError(f"{what}; set failOnDataLoss=false to skip them with a warning")
-        log.warning("%s; skipped (failOnDataLoss=false)", what)
+        return read_range(self, key, start, end, **kw)
 
 
 class BatchSender:
@@ -266,9 +186,11 @@ class BatchSender:
         max_batch_bytes: int = 1024 * 1024,
         max_in_flight: int = 4,
         timeout_s: float = 10.0,
+        client: ClientOptions | None = None,
     ) -> None:
         from tidemq.client import Producer
 
+        self.client = client or ClientOptions()
         self.loop = _new_loop()
         self.batch_size = batch_size
         self.max_batch_bytes = max_batch_bytes
