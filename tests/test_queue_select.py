@@ -30,9 +30,21 @@ def test_plugins_are_registered_and_default_is_latency_fault() -> None:
 
 
 def test_round_robin_visits_every_queue_in_turn() -> None:
-    s = RoundRobinSelector()
+    s = RoundRobinSelector(start=0)
     picks = [s.select("T", QUEUES) for _ in range(8)]
     assert picks == QUEUES + QUEUES
+    # From wherever it starts, a selector deals every queue once per turn.
+    s = RoundRobinSelector()
+    picks = [s.select("T", QUEUES) for _ in range(8)]
+    assert sorted(picks[:4]) == sorted(QUEUES) and picks[4:] == picks[:4]
+
+
+@pytest.mark.parametrize("cls", [RoundRobinSelector, LatencyFaultSelector])
+def test_fresh_selectors_start_on_different_queues(cls: type[RoundRobinSelector]) -> None:
+    """Short-lived producers (a Spark task each) must not all begin on broker-a's queue 0."""
+    firsts = {cls().select("T", QUEUES) for _ in range(40)}
+    assert len(firsts) > 1
+    assert {mq.broker_name for mq in firsts} == {"broker-a", "broker-b"}
 
 
 def test_round_robin_avoids_the_broker_that_just_failed() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 
@@ -40,17 +41,24 @@ def _monotonic_clock() -> float:
 
 
 class RoundRobinSelector:
-    """Queues in turn per topic; after a failure the next pick avoids the failed broker."""
+    """Queues in turn per topic; after a failure the next pick avoids the failed broker.
+
+    Each topic's turn starts at a random queue, as RocketMQ's ``ThreadLocalIndex`` does: many
+    short-lived producers (one per Spark task, per CLI call...) would otherwise all begin on the
+    first broker's first queue.  ``start`` fixes the first turn (tests).
+    """
 
     name = "round_robin"
 
-    def __init__(self) -> None:
+    def __init__(self, start: int | None = None) -> None:
         self._counters: dict[str, itertools.count[int]] = {}
+        self._start = start
 
     def _next(self, topic: str) -> int:
         counter = self._counters.get(topic)
         if counter is None:
-            counter = self._counters[topic] = itertools.count()
+            first = self._start if self._start is not None else random.randrange(1 << 31)
+            counter = self._counters[topic] = itertools.count(first)
         return next(counter)
 
     def select(
@@ -90,8 +98,9 @@ class LatencyFaultSelector(RoundRobinSelector):
         latency_max_ms: Sequence[float] = LATENCY_MAX_MS,
         not_available_ms: Sequence[float] = NOT_AVAILABLE_MS,
         clock: Clock = _monotonic_clock,
+        start: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(start)
         if len(latency_max_ms) != len(not_available_ms) or not latency_max_ms:
             raise ValueError("latency_max_ms and not_available_ms must be non-empty and of the same length")
         if list(latency_max_ms) != sorted(latency_max_ms):
