@@ -33,6 +33,7 @@ for top, src in package_dir.items():
 
 package_data = {p: ["py.typed"] for p in package_dir}
 package_data["tidemq._native"] = ["*.pyi", "*.pyx"]
+package_data["tidemq_spark"] = ["py.typed", "*.pyi", "*.pyx"]
 package_data["tidemq_console"] = ["py.typed", "templates/*.html", "static/*"]
 
 #: What a missing or failing compiler raises (spawn errors, a missing Python.h, a link failure).
@@ -85,13 +86,15 @@ def native_extensions() -> list[Extension]:
     ext = Extension("tidemq._native._codec", ["core/_native/_codec.pyx"], optional=True)
     # The hash index's key hashing and IndexFile insertion (tidemq_index_hash.native loads it).
     index = Extension("tidemq_index_hash._native", ["plugins/index_hash/_native.pyx"], optional=True)
+    # The Spark sources' column builder (tidemq_spark.schema falls back to its Python reference).
+    spark = Extension("tidemq_spark._columns", ["plugins/spark/_columns.pyx"], optional=True)
     try:
         from Cython.Build import cythonize
     except ImportError:
         _warn(f"Cython is not installed, so the compiled codec is not built; {_FALLBACK}")
         return []
     # Generated C goes under build/ (ignored); a .pyx newer than its .c is translated again.
-    extensions = cythonize([ext, index], build_dir="build/cython", quiet=True, language_level=3)
+    extensions = cythonize([ext, index, spark], build_dir="build/cython", quiet=True, language_level=3)
     for built in extensions:  # cythonize's copies do not keep the flag
         built.optional = True
     return extensions

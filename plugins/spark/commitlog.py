@@ -15,6 +15,7 @@ import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -26,10 +27,12 @@ from tidemq.message import (
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
     MessageExt,
+    body_crc,
     decode_message,
 )
 
 from .options import TidemqSparkError
+from .schema import MODE_STORE, NEEDS_REFERENCE, BatchBuilder
 
 log = logging.getLogger(__name__)
 
@@ -91,44 +94,102 @@ def iter_file(
     with open(file.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         view = memoryview(mm)
         try:
-            yield from _iter_view(view, file, check_crc, skip_corrupt)
+            pos = 0
+            while pos >= 0:
+                msg, pos = _step(view, pos, file, check_crc, skip_corrupt)
+                if msg is not None:
+                    yield msg
         finally:
             view.release()
 
 
-def _iter_view(
-    view: memoryview, file: CommitLogFile, check_crc: bool, skip_corrupt: bool
-) -> Iterator[MessageExt]:
+def _step(
+    view: memoryview, pos: int, file: CommitLogFile, check_crc: bool, skip_corrupt: bool
+) -> tuple[MessageExt | None, int]:
+    """The record at ``pos``: ``(message or None when skipped, next position or -1 at the end)``."""
     end = len(view)
-    pos = 0
-    while pos + 8 <= end:
-        total, magic = _HEAD.unpack_from(view, pos)
-        if total == 0:
-            return  # the preallocated tail no record reached
-        if magic == BLANK_MAGIC_CODE:
-            return  # end-of-file filler
-        where = f"{file.path} at file position {pos} (commit-log offset {file.base_offset + pos})"
-        if magic != MESSAGE_MAGIC_CODE or total < 0 or pos + total > end:
-            problem = f"bad record header (size {total}, magic {magic:#x})"
-            if not skip_corrupt:
-                raise CorruptRecordError(f"corrupt CommitLog record in {where}: {problem}")
-            log.warning("corrupt CommitLog record in %s: %s; rest of the file skipped", where, problem)
-            return
-        problem = ""
+    if pos + 8 > end:
+        return None, -1
+    total, magic = _HEAD.unpack_from(view, pos)
+    if total == 0:
+        return None, -1  # the preallocated tail no record reached
+    if magic == BLANK_MAGIC_CODE:
+        return None, -1  # end-of-file filler
+    where = f"{file.path} at file position {pos} (commit-log offset {file.base_offset + pos})"
+    if magic != MESSAGE_MAGIC_CODE or total < 0 or pos + total > end:
+        problem = f"bad record header (size {total}, magic {magic:#x})"
+        if not skip_corrupt:
+            raise CorruptRecordError(f"corrupt CommitLog record in {where}: {problem}")
+        log.warning("corrupt CommitLog record in %s: %s; rest of the file skipped", where, problem)
+        return None, -1
+    problem = ""
+    try:
+        msg = decode_message(view, pos, check_crc=check_crc)
+    except CorruptDataError as exc:
+        problem = str(exc)
+    if problem:
+        # Raised outside the except block: the decoder's frames (holding views of the mapping)
+        # must not ride along as __context__, or the mapping cannot be closed.
+        if not skip_corrupt:
+            raise CorruptRecordError(f"corrupt CommitLog record in {where}: {problem}")
+        log.warning("corrupt CommitLog record in %s: %s; skipped", where, problem)
+        return None, pos + total
+    tx = msg.sys_flag & TRANSACTION_TYPE_MASK
+    if tx in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+        return None, pos + total
+    return msg, pos + total
+
+
+def read_batches(
+    file: CommitLogFile,
+    builder: BatchBuilder,
+    *,
+    rows: int,
+    check_crc: bool = False,
+    skip_corrupt: bool = False,
+    topics: frozenset[str] | None = None,
+) -> Iterator[Any]:
+    """The consumable records of one file (of ``topics``) as Arrow record batches of ``rows`` rows.
+
+    One pass over the mapped file: plain records go from the mapping into the column buffers
+    (the compiled builder); the others take :func:`_step` and ``BatchBuilder.add``, the reference,
+    with :func:`iter_file`'s errors and skips.  Bodies are decompressed; one that does not inflate
+    is a corrupt record.
+    """
+    if file.size == 0:
+        return
+    topic_keys = tuple(sorted(t.encode() for t in topics)) if topics is not None else None
+    crc = body_crc if check_crc else None
+    with open(file.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        if hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_SEQUENTIAL)  # one pass, front to back: read ahead generously
+        view = memoryview(mm)
         try:
-            msg = decode_message(view, pos, check_crc=check_crc)
-        except CorruptDataError as exc:
-            problem = str(exc)
-        if problem:
-            # Raised outside the except block: the decoder's frames (holding views of the mapping)
-            # must not ride along as __context__, or the mapping cannot be closed.
-            if not skip_corrupt:
-                raise CorruptRecordError(f"corrupt CommitLog record in {where}: {problem}")
-            log.warning("corrupt CommitLog record in %s: %s; skipped", where, problem)
-            pos += total
-            continue
-        pos += total
-        tx = msg.sys_flag & TRANSACTION_TYPE_MASK
-        if tx in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
-            continue
-        yield msg
+            pos = 0
+            while pos >= 0:
+                pos, code = builder.scan(
+                    view, pos, mode=MODE_STORE, topics=topic_keys, max_rows=rows - len(builder), crc=crc
+                )
+                if code == NEEDS_REFERENCE:
+                    msg, pos = _step(view, pos, file, check_crc, skip_corrupt)
+                    if msg is not None and (topics is None or msg.topic in topics):
+                        _add_stored(builder, msg, file, skip_corrupt)
+                elif pos >= len(view):
+                    pos = -1
+                if len(builder) >= rows or (pos < 0 and len(builder)):
+                    yield builder.flush()
+        finally:
+            view.release()
+
+
+def _add_stored(builder: BatchBuilder, msg: MessageExt, file: CommitLogFile, skip_corrupt: bool) -> None:
+    problem = ""
+    try:
+        builder.add(msg, decompressed=False)
+    except CorruptDataError as exc:
+        problem = str(exc)
+    if problem:
+        where = f"{file.path} (commit-log offset {msg.commit_log_offset})"
+        if not skip_corrupt:
+            raise CorruptRecordError(f"corrupt CommitLog record in {where}: {problem}")
+        log.warning("corrupt CommitLog record in %s: %s; skipped", where, problem)
