@@ -10,19 +10,21 @@ subscription in the request, so no heartbeat or rebalance is involved).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import re
-from collections.abc import Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from tidemq.client import (
+    BrokerError,
     ClientAPI,
+    SendFailedError,
     TopicRoute,
     split_namesrv,
 )
-from tidemq.message import MessageExt
 from tidemq.plugins import get_plugin_manager
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
@@ -32,6 +34,9 @@ from tidemq.remoting.errors import RemotingConnectError, RemotingError
 from .client_options import ClientOptions
 from .options import QueueKey, TidemqSparkError
 
+if TYPE_CHECKING:
+    from .pull import PulledRecords
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -40,6 +45,47 @@ _SYSTEM_TOPIC = re.compile(
     r"^(%RETRY%|%DLQ%|%SYS%|RMQ_SYS_|rmq_sys_).*|^(TBW102|SCHEDULE_TOPIC_XXXX|OFFSET_MOVED_EVENT|"
     r"SELF_TEST_TOPIC|BenchmarkTest|TRANS_CHECK_MAX_TIME_TOPIC)$"
 )
+
+
+def _denied(addr: str, code: int, remark: str | None, client: ClientOptions) -> TidemqSparkError:
+    """The one error for a request the broker's ACL refused (names the access key, never the secret)."""
+    try:
+        what = RequestCode(code).name
+    except ValueError:
+        what = f"request {code}"
+    return TidemqSparkError(
+        f"broker {addr} refused {what} ({client.describe()}): {remark or 'no permission'}; "
+        "check the accessKey/secretKey options and the account's permissions"
+    )
+
+
+class _SecuredRemoting:
+    """The session's transport client: signs each request when keys are given, and turns the
+    broker's NO_PERMISSION answer into one :class:`TidemqSparkError` whatever the request."""
+
+    def __init__(self, inner: Any, client: ClientOptions) -> None:
+        self._inner = inner
+        self._client = client
+        self._credentials = client.credentials
+
+    async def invoke(self, address: str, request: Any, timeout: float) -> Any:
+        if self._credentials is not None:
+            self._credentials.sign(request)
+        resp = await self._inner.invoke(address, request, timeout)
+        if resp is not None and resp.code == ResponseCode.NO_PERMISSION:
+            raise _denied(address, request.code, resp.remark, self._client)
+        return resp
+
+    async def invoke_oneway(self, address: str, request: Any) -> None:
+        if self._credentials is not None:
+            self._credentials.sign(request)
+        await self._inner.invoke_oneway(address, request)
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -58,8 +104,10 @@ class TidemqSession:
         self.timeout_s = timeout_s
         self.client = client or ClientOptions()
         self.loop = _new_loop()
-        transport = get_plugin_manager().create("transport", "tcp")
-        self.remoting = transport.client()
+        transport = get_plugin_manager().create(
+            "transport", "tcp", options=dict(self.client.transport_options)
+        )
+        self.remoting = _SecuredRemoting(transport.client(), self.client)
         self.api = ClientAPI(self.remoting, split_namesrv(namesrv), timeout_s)
         self.routes: dict[str, TopicRoute] = {}
 
@@ -163,18 +211,52 @@ class TidemqSession:
         self.run(self.api.update_consumer_offset(self.address(key), group, mq, offset))
 
     # ------------------------------------------------------------------ pulling
-    def read_range(self, key: QueueKey, start: int, end: int, **kw: Any) -> Iterator[list[MessageExt]]:
-        """Messages of ``key`` with offsets in ``[start, end)``: see :func:`tidemq_spark.pull.read_range`."""
+    def read_range(self, key: QueueKey, start: int, end: int, **kw: Any) -> Iterator[PulledRecords]:
+        """Pulls of ``key`` with offsets in ``[start, end)`` (each iterates as ``MessageExt`` s): see
+        :func:`tidemq_spark.pull.read_range`."""
         from .pull import read_range
 
         return read_range(self, key, start, end, **kw)
 
 
+#: The queue the sends of the current task must use (set per send task, read by _PinnedSelector).
+_PINNED: contextvars.ContextVar[MessageQueue | None] = contextvars.ContextVar(
+    "tidemq_spark_queue", default=None
+)
+
+
+class _PinnedSelector:
+    """The producer's queue selector, except inside a send for a chosen queue.
+
+    ``Producer.send_batch`` asks its selector for a queue; a batch whose rows picked one (by
+    ``key`` or ``partition``) runs in a task whose context names it, so the batch goes there.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def select(
+        self, topic: str, queues: Sequence[MessageQueue], last_broker: str | None = None
+    ) -> MessageQueue:
+        pinned = _PINNED.get()
+        if pinned is not None and pinned.topic == topic:
+            return pinned  # retries stay on the queue too: per-key order beats failover
+        return self.inner.select(topic, queues, last_broker)
+
+    def record(self, broker_name: str, latency_ms: float, failed: bool) -> None:
+        self.inner.record(broker_name, latency_ms, failed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 class BatchSender:
     """A tidemq :class:`~tidemq.client.Producer` on a private loop sending SEND_BATCH_MESSAGE batches.
 
-    Messages are grouped per topic into batches of at most ``batch_size`` messages and
-    ``max_batch_bytes`` body bytes; up to ``max_in_flight`` batches are awaited together.
+    Messages are grouped per topic and queue into batches of at most ``batch_size`` messages and
+    ``max_batch_bytes`` body bytes; up to ``max_in_flight`` batches are awaited together.  A batch
+    for a chosen queue (``add(msg, queue)``) goes to that queue only after the previous batch
+    for it was answered, so rows of one key keep their order.
     """
 
     def __init__(
@@ -197,11 +279,21 @@ class BatchSender:
         self.max_in_flight = max_in_flight
         self.timeout_s = timeout_s
         self.sent = 0
-        self._pending: dict[str, tuple[list[Any], int]] = {}
+        self._pending: dict[tuple[str, MessageQueue | None], tuple[list[Any], int]] = {}
         self._inflight: list[asyncio.Task[Any]] = []
+        #: The last send task of each chosen queue (the next one waits for it).
+        self._tails: dict[MessageQueue, asyncio.Task[Any]] = {}
+        self._queues: dict[str, list[MessageQueue]] = {}
 
         async def make() -> Producer:
-            producer = Producer(group, namesrv, send_timeout=timeout_s)
+            producer = Producer(
+                group,
+                namesrv,
+                send_timeout=timeout_s,
+                credentials=self.client.credentials,
+                transport_options=dict(self.client.transport_options),
+            )
+            producer.selector = _PinnedSelector(producer.selector)
             await producer.start()
             return producer
 
@@ -211,34 +303,65 @@ class BatchSender:
             self.loop.close()
             raise
 
-    def add(self, msg: Any) -> None:
-        """Queue ``msg`` (a :class:`tidemq.client.Message`); full batches go out."""
-        msgs, size = self._pending.get(msg.topic, ([], 0))
+    def write_queues(self, topic: str) -> list[MessageQueue]:
+        """Writable queues of ``topic`` in RocketMQ's order (by broker name, then queue id), cached."""
+        queues = self._queues.get(topic)
+        if queues is None:
+            queues = self._queues[topic] = list(
+                self.loop.run_until_complete(self.producer.publish_queues(topic))
+            )
+        return queues
+
+    def add(self, msg: Any, queue: MessageQueue | None = None) -> None:
+        """Queue ``msg`` (a :class:`tidemq.client.Message`) for ``queue`` (None: the producer picks); full batches go out."""
+        slot = (msg.topic, queue)
+        msgs, size = self._pending.get(slot, ([], 0))
         body = len(msg.body) + 64
         if msgs and (len(msgs) >= self.batch_size or size + body > self.max_batch_bytes):
-            self._send(msgs)
+            self._send(msgs, queue)
             msgs, size = [], 0
         msgs.append(msg)
-        self._pending[msg.topic] = (msgs, size + body)
+        self._pending[slot] = (msgs, size + body)
 
-    def _send(self, msgs: list[Any]) -> None:
-        task = self.loop.create_task(self.producer.send_batch(msgs, self.timeout_s))
+    def _send(self, msgs: list[Any], queue: MessageQueue | None) -> None:
+        if queue is None:
+            task = self.loop.create_task(self.producer.send_batch(msgs, self.timeout_s))
+        else:
+            ctx = contextvars.copy_context()
+            ctx.run(_PINNED.set, queue)
+            task = self.loop.create_task(self._send_after(self._tails.get(queue), msgs), context=ctx)
+            self._tails[queue] = task
         self._inflight.append(task)
         self.sent += len(msgs)
         if len(self._inflight) >= self.max_in_flight:
             self._drain()
 
+    async def _send_after(self, previous: asyncio.Task[Any] | None, msgs: list[Any]) -> Any:
+        if previous is not None:
+            await previous  # its failure fails this batch too: never overtake a lost batch
+        return await self.producer.send_batch(msgs, self.timeout_s)
+
     def _drain(self) -> None:
         tasks, self._inflight = self._inflight, []
-        if tasks:
+        self._tails.clear()
+        if not tasks:
+            return
+        try:
             # gather re-raises the first failure: the Spark task fails and is retried (at least once).
             self.loop.run_until_complete(asyncio.gather(*tasks))
+        except (BrokerError, SendFailedError) as exc:
+            denied = _denial(exc)
+            if denied is not None:
+                raise _denied(
+                    denied.broker or "?", RequestCode.SEND_BATCH_MESSAGE, denied.remark, self.client
+                ) from None
+            raise
 
     def flush(self) -> int:
         """Send every queued message and wait for all answers; the number of messages sent."""
-        for msgs, _ in self._pending.values():
+        for (_, queue), (msgs, _) in self._pending.items():
             if msgs:
-                self._send(msgs)
+                self._send(msgs, queue)
         self._pending.clear()
         self._drain()
         return self.sent
@@ -254,3 +377,14 @@ class BatchSender:
             self.loop.run_until_complete(self.producer.shutdown())
         finally:
             self.loop.close()
+
+
+def _denial(exc: BaseException) -> BrokerError | None:
+    """The broker's NO_PERMISSION answer behind a failed send, if that is what failed it."""
+    if isinstance(exc, BrokerError):
+        return exc if exc.code == ResponseCode.NO_PERMISSION else None
+    for inner in getattr(exc, "errors", None) or []:
+        found = _denial(inner)
+        if found is not None:
+            return found
+    return None

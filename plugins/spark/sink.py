@@ -7,8 +7,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import attrs
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
-from pyspark.sql.types import ArrayType, BinaryType, MapType, StringType, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    ByteType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+)
+
+from tidemq.client import Message, MessageQueue, select_by_hash
 
 from .client import BatchSender
 from .options import TidemqSparkError
@@ -25,22 +38,49 @@ except ImportError:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-
-_SINK_COLUMNS = {
+#: Column -> the Spark types it may have (Kafka's names where Kafka has the concept).
+_SINK_COLUMNS: dict[str, tuple[type, ...]] = {
     "topic": (StringType,),
     "tags": (StringType,),
     "keys": (StringType, ArrayType),
+    "key": (StringType, BinaryType),
+    "partition": (IntegerType, LongType, ShortType, ByteType),
+    "queueId": (IntegerType, LongType, ShortType, ByteType),
     "body": (BinaryType, StringType),
+    "value": (BinaryType, StringType),
     "properties": (MapType,),
+    "headers": (ArrayType,),
 }
+_HEADERS = "array<struct<key:string,value:binary>>"
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    return " or ".join(t.__name__.replace("Type", "").lower() for t in types)
+
+
+def _headers_ok(dt: Any) -> bool:
+    if not isinstance(dt, ArrayType) or not isinstance(dt.elementType, StructType):
+        return False
+    fields = {f.name: f.dataType for f in dt.elementType.fields}
+    return (
+        set(fields) == {"key", "value"}
+        and isinstance(fields["key"], StringType)
+        and isinstance(fields["value"], (BinaryType, StringType))
+    )
 
 
 def check_sink_schema(schema: StructType, opts: SinkOptions) -> None:
     """Raise a one-line error naming the first missing or mistyped column."""
     fields = {f.name: f for f in schema.fields}
     have = ", ".join(fields) or "none"
-    if "body" not in fields:
-        raise TidemqSparkError(f"tidemq sink: the DataFrame has no 'body' column (columns: {have})")
+    if "body" not in fields and "value" not in fields:
+        raise TidemqSparkError(
+            f"tidemq sink: the DataFrame has no 'body' column (nor Kafka's 'value'; columns: {have})"
+        )
+    if "body" in fields and "value" in fields:
+        raise TidemqSparkError("tidemq sink: give the message body as 'body' or as 'value', not both")
+    if "partition" in fields and "queueId" in fields:
+        raise TidemqSparkError("tidemq sink: give the queue as 'partition' or as 'queueId', not both")
     if "topic" not in fields and not opts.topic:
         raise TidemqSparkError(
             f"tidemq sink: the DataFrame has no 'topic' column and no 'topic' option was given (columns: {have})"
@@ -48,9 +88,9 @@ def check_sink_schema(schema: StructType, opts: SinkOptions) -> None:
     for name, types in _SINK_COLUMNS.items():
         f = fields.get(name)
         if f is not None and not isinstance(f.dataType, types):
-            allowed = " or ".join(t.__name__.replace("Type", "").lower() for t in types)
+            expected = _HEADERS if name == "headers" else _type_name(types)
             raise TidemqSparkError(
-                f"tidemq sink: column {name!r} is {f.dataType.simpleString()}, expected {allowed}"
+                f"tidemq sink: column {name!r} is {f.dataType.simpleString()}, expected {expected}"
             )
     props = fields.get("properties")
     if props is not None and not (
@@ -61,6 +101,11 @@ def check_sink_schema(schema: StructType, opts: SinkOptions) -> None:
         raise TidemqSparkError(
             f"tidemq sink: column 'properties' is {props.dataType.simpleString()}, expected map<string,string>"
         )
+    headers = fields.get("headers")
+    if headers is not None and not _headers_ok(headers.dataType):
+        raise TidemqSparkError(
+            f"tidemq sink: column 'headers' is {headers.dataType.simpleString()}, expected {_HEADERS}"
+        )
 
 
 @dataclass
@@ -68,19 +113,82 @@ class SentCount(WriterCommitMessage):
     messages: int
 
 
-def batch_messages(batch: Any, columns: tuple[str, ...], opts: SinkOptions) -> Iterator[Any]:
-    """The :class:`tidemq.client.Message` of each row of one Arrow record batch, in row order.
+@attrs.frozen
+class Outgoing:
+    """One row as it is sent: the message, and where it goes.
 
-    The sink's one place that turns rows into messages: the at-least-once and the
-    exactly-once writers both send what this yields.
+    ``queue_id`` (the ``partition`` column) indexes the topic's write queues; ``shard_key``
+    (the ``key`` column) picks a queue by RocketMQ's ``SelectMessageQueueByHash``.  With neither,
+    the producer picks (round robin over the brokers).
     """
-    from tidemq.client import Message
 
+    message: Message
+    queue_id: int | None = None
+    shard_key: str | None = None
+
+
+def choose_queue(outgoing: Outgoing, write_queues: list[MessageQueue]) -> MessageQueue | None:
+    """The queue ``outgoing`` must go to, or None for the producer's own selection.
+
+    ``write_queues`` are the topic's writable queues in RocketMQ's order (brokers by name, then
+    queue ids), as ``Producer.publish_queues`` and Java's TopicPublishInfo list them, so a key
+    lands on the queue a Java producer's ``SelectMessageQueueByHash`` picks for it:
+    ``abs(key.hashCode()) % len(write_queues)``.
+    """
+    if outgoing.queue_id is None and outgoing.shard_key is None:
+        return None
+    topic = outgoing.message.topic
+    if not write_queues:
+        raise TidemqSparkError(f"tidemq sink: topic {topic!r} has no writable queue")
+    if outgoing.queue_id is not None:
+        n = len(write_queues)
+        if not 0 <= outgoing.queue_id < n:
+            raise TidemqSparkError(
+                f"tidemq sink: partition {outgoing.queue_id} is out of range for topic {topic!r}, "
+                f"which has {n} write queues (partition 0..{n - 1})"
+            )
+        return write_queues[outgoing.queue_id]
+    return select_by_hash(write_queues, outgoing.message, outgoing.shard_key)
+
+
+def _text(value: Any, what: str) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode()
+    except UnicodeDecodeError:
+        raise TidemqSparkError(
+            f"tidemq sink: {what} is not UTF-8 (RocketMQ keys and properties are strings)"
+        ) from None
+
+
+def _properties(props: Any, headers: Any, topic: str) -> dict[str, str]:
+    """Kafka-style ``headers`` (values decoded as UTF-8) merged under the ``properties`` map."""
+    out: dict[str, str] = {}
+    for h in headers or ():
+        if h is None or h.get("key") is None or h.get("value") is None:
+            continue  # RocketMQ properties have no null values
+        out[h["key"]] = _text(h["value"], f"header {h['key']!r} of a row of topic {topic!r}")
+    if props:
+        out.update(props)
+    return out
+
+
+def batch_messages(batch: Any, columns: tuple[str, ...], opts: SinkOptions) -> Iterator[Outgoing]:
+    """The :class:`Outgoing` of each row of one Arrow record batch, in row order.
+
+    The sink's one place that turns rows into what is sent: the at-least-once and the
+    exactly-once writers both send what this yields (placed with :func:`choose_queue`).
+    The ``topic`` option overrides the ``topic`` column (Kafka's rule).
+    """
     cols = {n: batch.column(n).to_pylist() for n in columns if n in batch.schema.names}
     n = batch.num_rows
     none = [None] * n
-    topics, tags, keys = cols.get("topic", none), cols.get("tags", none), cols.get("keys", none)
-    bodies, props = cols["body"], cols.get("properties", none)
+    topics = none if opts.topic else cols.get("topic", none)
+    tags, keys, key_col = cols.get("tags", none), cols.get("keys", none), cols.get("key", none)
+    bodies = cols["body"] if "body" in cols else cols["value"]
+    props, headers = cols.get("properties", none), cols.get("headers", none)
+    queue_ids = cols.get("partition") or cols.get("queueId") or none
     for i in range(n):
         topic = topics[i] or opts.topic
         if not topic:
@@ -90,13 +198,20 @@ def batch_messages(batch: Any, columns: tuple[str, ...], opts: SinkOptions) -> I
             raise TidemqSparkError(f"tidemq sink: a row of topic {topic!r} has a null body")
         if isinstance(body, str):
             body = body.encode()
-        p = props[i]
-        yield Message(
-            topic,
-            body,
-            tags=tags[i] or None,
-            keys=keys[i] or None,
-            properties=dict(p) if p else {},
+        key = key_col[i]
+        if key is not None:
+            key = _text(key, f"the key of a row of topic {topic!r}")
+        p, h = props[i], headers[i]
+        yield Outgoing(
+            Message(
+                topic,
+                body,
+                tags=tags[i] or None,
+                keys=keys[i] or key or None,
+                properties=_properties(p, h, topic) if (p or h) else {},
+            ),
+            queue_ids[i],
+            key,
         )
 
 
@@ -122,8 +237,11 @@ class _Sink:
         )
         try:
             for batch in batches:
-                for msg in batch_messages(batch, self.columns, o):
-                    sender.add(msg)
+                for out in batch_messages(batch, self.columns, o):
+                    queue = None
+                    if out.queue_id is not None or out.shard_key is not None:
+                        queue = choose_queue(out, sender.write_queues(out.message.topic))
+                    sender.add(out.message, queue)
             return SentCount(sender.flush())
         finally:
             sender.close()
