@@ -286,13 +286,24 @@ def test_offsets_json_timestamp_and_tag_filter_pushdown(spark: Any, cluster: Clu
     )
     assert pattern.load().filter(f"topic = '{topic}'").count() == 40
 
-    # startingTimestamp after everything -> nothing; before everything -> all
-    assert read(spark, cluster, topic, startingTimestamp=str(int(time.time() * 1000) + 60_000)).count() == 0
+    # startingTimestamp after everything -> an error (Kafka's default strategy) or, with
+    # startingOffsetsByTimestampStrategy=latest, nothing; before everything -> all
+    future = str(int(time.time() * 1000) + 60_000)
+    with pytest.raises(
+        Exception, match=f"{topic} {BROKER}:[01] has no message at or after timestamp {future}"
+    ):
+        read(spark, cluster, topic, startingTimestamp=future).count()
+    assert (
+        read(
+            spark, cluster, topic, startingTimestamp=future, startingOffsetsByTimestampStrategy="latest"
+        ).count()
+        == 0
+    )
     assert read(spark, cluster, topic, startingTimestamp="0").count() == 40
 
     with pytest.raises(Exception, match="broker-nope:0"):
         read(spark, cluster, topic, startingOffsets=json.dumps({topic: {"broker-nope:0": 1}})).collect()
-    with pytest.raises(Exception, match="exactly one of the options 'topic' and 'topicPattern'"):
+    with pytest.raises(Exception, match="exactly one of the options 'subscribe' \\(alias 'topic'\\)"):
         spark.read.format("tidemq").option("namesrv", cluster.ns).load().collect()
 
 
@@ -502,3 +513,122 @@ def test_offsets_the_broker_does_not_have_fail_or_are_skipped(cluster: Cluster, 
         got = [m.queue_offset for b in s.read_range(key, 0, 9, group="g", fail_on_data_loss=False) for m in b]
         assert got == [0, 1, 2, 3, 4]
         assert "no longer on the broker" in caplog.text
+
+
+# ---------------------------------------------------------------------------- Kafka's options (issue 26)
+
+
+def test_kafka_names_assign_offsets_by_timestamp_and_min_partitions(spark: Any, cluster: Cluster) -> None:
+    topic = unique("SparkKafka")
+    cluster.create_topic(topic, queues=4)
+    cluster.produce(topic, 40)
+    time.sleep(0.05)
+    mid = int(time.time() * 1000)
+    time.sleep(0.05)
+    cluster.produce(topic, 40, start=40)
+    q = [f"{BROKER}:{i}" for i in range(4)]
+
+    def kafka(**options: str) -> Any:
+        return spark.read.format("tidemq").option("namesrv", cluster.ns).options(**options).load()
+
+    rows = kafka(subscribe=topic, minPartitions="8").collect()  # Kafka's name; minPartitions splits
+    assert len(rows) == 80
+    after = {(r.queue_id, r.queue_offset) for r in rows if int(r.properties["idx"]) >= 40}
+    first_after = {i: min(o for qid, o in after if qid == i) for i in range(4)}
+    per_queue = {i: sum(1 for r in rows if r.queue_id == i) for i in range(4)}
+    assert kafka(subscribe=topic, minPartitions="8").rdd.getNumPartitions() == 8  # 4 queues x 2
+    # maxRecordsPerPartition first, then minPartitions: 4 queues of ~20 in pieces of <= 5 -> >= 16
+    capped = kafka(subscribe=topic, maxRecordsPerPartition="5", minPartitions="2").rdd.getNumPartitions()
+    assert capped == sum(-(-n // 5) for n in per_queue.values())
+
+    # assign: only the named queues, by name or by queue id on every broker
+    got = kafka(assign=json.dumps({topic: [q[1], q[3]]})).select("queue_id").distinct().collect()
+    assert sorted(r.queue_id for r in got) == [1, 3]
+    assert kafka(assign=json.dumps({topic: [0]})).count() == per_queue[0]
+    with pytest.raises(
+        Exception, match=f"option assign names queue \\*:7 of topic '{topic}', which the topic route"
+    ):
+        kafka(assign=json.dumps({topic: [7]})).count()
+
+    # per-queue timestamps: queue 0 starts and queue 1 ends at `mid`; the others use the offsets options
+    by_ts = kafka(
+        subscribe=topic,
+        startingOffsetsByTimestamp=json.dumps({topic: {q[0]: mid}}),
+        endingOffsetsByTimestamp=json.dumps({topic: {q[1]: mid}}),
+        startingOffsets=json.dumps({topic: {q[2]: 1}}),
+    ).collect()
+    got_by_queue = {i: sorted(r.queue_offset for r in by_ts if r.queue_id == i) for i in range(4)}
+    assert got_by_queue[0] == list(range(first_after[0], per_queue[0]))
+    assert got_by_queue[1] == list(range(0, first_after[1]))
+    assert got_by_queue[2] == list(range(1, per_queue[2]))
+    assert got_by_queue[3] == list(range(0, per_queue[3]))
+    # the global startingTimestamp wins over the per-queue one (Kafka's precedence)
+    assert (
+        kafka(
+            subscribe=topic,
+            startingTimestamp="0",
+            startingOffsetsByTimestamp=json.dumps({topic: {q[0]: mid}}),
+        ).count()
+        == 80
+    )
+    # a timestamp after a queue's last message: error naming the queue, or that queue's latest offset
+    future = json.dumps({topic: {q[2]: mid + 3_600_000}})
+    with pytest.raises(Exception, match=f"{topic} {q[2]} has no message at or after timestamp"):
+        kafka(subscribe=topic, startingOffsetsByTimestamp=future).count()
+    latest = kafka(
+        subscribe=topic, startingOffsetsByTimestamp=future, startingOffsetsByTimestampStrategy="latest"
+    )
+    assert latest.count() == 80 - per_queue[2]
+
+
+def test_stream_reader_admission_control_and_latest_offset(cluster: Cluster) -> None:
+    """minOffsetsPerTrigger / maxTriggerDelay / maxOffsetsPerTrigger / AvailableNow on the driver's
+    stream reader against the broker (the calls Spark's engine makes, without a query)."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from tidemq_spark.source import ReadMinRows, TidemqStreamReader
+    from tidemq_spark.source_options import SourceOptions
+
+    topic = unique("SparkAdmit")
+    cluster.create_topic(topic, queues=2)
+
+    def reader(**options: str) -> TidemqStreamReader:
+        base = {"namesrv": cluster.ns, "subscribe": topic, "startingOffsets": "earliest"}
+        return TidemqStreamReader(SourceOptions.parse({**base, **options}, streaming=True))
+
+    def total(offsets: dict) -> int:
+        return sum(offsets[topic].values())
+
+    r = reader(minOffsetsPerTrigger="30", maxOffsetsPerTrigger="50", maxTriggerDelay="400ms")
+    try:
+        limit = r.getDefaultReadLimit()
+        if ReadMinRows is not None:  # PySpark >= 4.3 carries the minimum in the engine's limit
+            assert limit == ReadMinRows(30)
+        start = r.initialOffset()
+        cluster.produce(topic, 10)
+        assert r.latestOffset(start, limit) == start  # 10 < 30: wait for more
+        time.sleep(0.45)
+        end = r.latestOffset(start, limit)  # maxTriggerDelay passed: the 10 go
+        assert total(end) == 10
+        cluster.produce(topic, 100, start=10)
+        end2 = r.latestOffset(end, limit)  # 100 >= 30 at once, capped by maxOffsetsPerTrigger
+        assert total(end2) == 60
+        # the engine's ReadAllAvailable overrides the options; reportLatestOffset = the broker's max offsets
+        assert total(r.latestOffset(end2, ReadAllAvailable())) == 110
+        assert r.reportLatestOffset() == {topic: {f"{BROKER}:0": 55, f"{BROKER}:1": 55}}
+        # an engine-given ReadMaxRows alone is respected
+        assert 60 < total(r.latestOffset(end2, ReadMaxRows(7))) <= 67
+    finally:
+        r.stop()
+
+    # Trigger.AvailableNow ignores minOffsetsPerTrigger (it would wait forever) but keeps the max
+    r = reader(minOffsetsPerTrigger="100", maxOffsetsPerTrigger="100", maxTriggerDelay="1h")
+    try:
+        r.prepareForTriggerAvailableNow()
+        cluster.produce(topic, 5, start=110)  # after the target: not read
+        start = r.initialOffset()
+        end = r.latestOffset(start, r.getDefaultReadLimit())
+        assert total(end) == 100
+        assert total(r.latestOffset(end, r.getDefaultReadLimit())) == 110  # 10 < 100, yet no wait
+    finally:
+        r.stop()

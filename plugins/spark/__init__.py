@@ -16,7 +16,28 @@ from typing import Any
 from .options import DataLossError, TidemqSparkError
 from .schema import COLUMNS, SCHEMA_DDL
 
-__all__ = ["COLUMNS", "SCHEMA_DDL", "DataLossError", "TidemqSparkError", "register"]
+__all__ = [
+    "COLUMNS",
+    "SCHEMA_DDL",
+    "DataLossError",
+    "LagListener",
+    "TidemqSparkError",
+    "offsets_behind_latest",
+    "query_lag",
+    "register",
+]
+
+#: Names importing PySpark, loaded on first use so ``import tidemq_spark`` works without it.
+_LAZY = {"LagListener": "lag", "offsets_behind_latest": "lag", "query_lag": "lag"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tidemq_spark' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
 def register(spark: Any) -> None:

@@ -9,11 +9,15 @@ the range with tidemq's client API and yields Arrow record batches.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+
+from tidemq.client import ClientError
+from tidemq.remoting.errors import RemotingConnectError, RemotingTimeoutError
 
 from .client import TidemqSession
 from .options import (
@@ -43,10 +47,53 @@ except ImportError:  # pragma: no cover - older PySpark 4.x
         pass
 
 
+try:  # PySpark >= 4.3: minOffsetsPerTrigger as the engine's read limit
+    from pyspark.sql.streaming.datasource import ReadMinRows
+except ImportError:  # pragma: no cover - PySpark 4.0-4.2: the option alone carries it
+    ReadMinRows = None  # type: ignore[assignment,misc]
+
+
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Rows per Arrow batch handed to Spark.
 ARROW_BATCH_ROWS = 4096
+
+Range = tuple[QueueKey, int, int]
+
+
+def split_ranges(ranges: Sequence[Range], max_records: int | None, min_partitions: int | None) -> list[Range]:
+    """Kafka's partition planning: cut ranges at ``max_records``, then, while there are fewer than
+    ``min_partitions`` pieces, cut each piece into a share of ``min_partitions`` proportional to its size.
+    """
+    pieces: list[Range] = []
+    for key, start, end in ranges:
+        if end <= start:
+            continue
+        step = max_records or (end - start)
+        pieces.extend((key, s, min(s + step, end)) for s in range(start, end, step))
+    if not min_partitions or len(pieces) >= min_partitions:
+        return pieces
+    total = sum(e - s for _, s, e in pieces)
+    out: list[Range] = []
+    for key, start, end in pieces:
+        size = end - start
+        # round half up like Kafka; never more parts than offsets, never none
+        parts = min(size, max(1, int(size * min_partitions / total + 0.5)))
+        pos = start
+        for i in range(parts):
+            n = (end - pos) // (parts - i)  # the last part takes the rounding remainder
+            out.append((key, pos, pos + n))
+            pos += n
+    return out
+
+
+def _retryable(exc: BaseException) -> bool:
+    # ClientError itself (not its subclasses) is "no NameServer answered": a connect problem
+    return (
+        isinstance(exc, (RemotingConnectError, RemotingTimeoutError, TimeoutError))
+        or type(exc) is ClientError
+    )
 
 
 @dataclass(frozen=True)
@@ -72,7 +119,7 @@ class _RangeReader:
 
     def _read_range(self, part: QueueRange) -> Iterator[Any]:
         o = self.opts
-        builder = BatchBuilder(arrow_schema(), part.broker)
+        builder = BatchBuilder(arrow_schema(o.include_headers), part.broker)
         with TidemqSession(o.namesrv, o.timeout_s, o.client) as session:
             for msgs in session.read_range(
                 part.key,
@@ -91,15 +138,33 @@ class _RangeReader:
         if len(builder):
             yield builder.flush()
 
-    def _split(self, session: TidemqSession, key: QueueKey, start: int, end: int) -> list[QueueRange]:
-        if end <= start:
-            return []
-        addr = session.address(key)
-        step = self.opts.max_records_per_partition or (end - start)
-        return [
-            QueueRange(key.topic, key.broker, key.queue_id, addr, s, min(s + step, end))
-            for s in range(start, end, step)
-        ]
+    def _fetch(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (an offset or route lookup), retried on connect errors and timeouts
+        ``fetchOffset.numRetries`` times, ``fetchOffset.retryIntervalMs`` apart."""
+        retries = self.opts.fetch_offset_retries
+        attempt = 0
+        while True:
+            try:
+                return fn(*args)
+            except Exception as exc:
+                if not _retryable(exc):
+                    raise
+                attempt += 1
+                name = getattr(fn, "__name__", "lookup")
+                if attempt > retries:
+                    raise TidemqSparkError(
+                        f"{name} failed after {attempt} attempts (fetchOffset.numRetries = {retries}): {exc}"
+                    ) from exc
+                log.warning("%s failed (%s); retry %d of %d", name, exc, attempt, retries)
+                time.sleep(self.opts.fetch_offset_retry_interval_ms / 1000.0)
+
+    def _plan(self, session: TidemqSession, ranges: Sequence[Range]) -> list[QueueRange]:
+        o = self.opts
+        out = []
+        for key, start, end in split_ranges(ranges, o.max_records_per_partition, o.min_partitions):
+            addr = self._fetch(session.address, key)
+            out.append(QueueRange(key.topic, key.broker, key.queue_id, addr, start, end))
+        return out
 
     def _topics(self, session: TidemqSession) -> list[str]:
         topics = session.resolve_topics(self.opts.topics, self.opts.topic_pattern)
@@ -108,35 +173,77 @@ class _RangeReader:
         return topics
 
     def _all_queues(self, session: TidemqSession) -> list[QueueKey]:
-        return [q for t in self._topics(session) for q in session.queues(t)]
+        if self.opts.assign is None:
+            return [q for t in self._topics(session) for q in self._fetch(session.queues, t)]
+        out: set[QueueKey] = set()
+        for topic in self.opts.assigned_topics:
+            have = self._fetch(session.queues, topic)
+            for a in (a for a in self.opts.assign if a.topic == topic):
+                match = [k for k in have if k.queue_id == a.queue_id and a.broker in (None, k.broker)]
+                if not match:
+                    names = ", ".join(k.name for k in sorted(have)) or "none"
+                    raise TidemqSparkError(
+                        f"option assign names queue {a.broker or '*'}:{a.queue_id} of topic {topic!r}, "
+                        f"which the topic route does not have (it has {names})"
+                    )
+                out.update(match)
+        return sorted(out)
 
-    def _resolve(
-        self, session: TidemqSession, key: QueueKey, spec: str | Offsets, timestamp: int | None, default: int
-    ) -> int:
-        """A start/end spec for one queue as a concrete offset."""
-        if timestamp is not None:
-            return session.search_offset(key, timestamp)
+    def _resolve(self, session: TidemqSession, key: QueueKey, spec: str | Offsets, default: int) -> int:
+        """A start/end offsets spec for one queue as a concrete offset."""
         if spec == "committed":
-            committed = session.committed_offset(key, self.opts.consumer_group)
-            return committed if committed >= 0 else session.min_offset(key)
+            committed = self._fetch(session.committed_offset, key, self.opts.consumer_group)
+            return committed if committed >= 0 else self._fetch(session.min_offset, key)
         if isinstance(spec, dict):
             value = spec.get(key, default)
         else:
             value = EARLIEST if spec == "earliest" else LATEST
         if value == EARLIEST:
-            return session.min_offset(key)
+            return self._fetch(session.min_offset, key)
         if value == LATEST:
-            return session.max_offset(key)
+            return self._fetch(session.max_offset, key)
         return value
 
-    def _check_named(self, spec: str | Offsets, queues: Sequence[QueueKey], what: str) -> None:
-        if isinstance(spec, dict):
-            unknown = sorted(set(spec) - set(queues))
-            if unknown:
-                k = unknown[0]
-                raise TidemqSparkError(
-                    f"{what} names queue {k.name} of topic {k.topic!r}, which the topic route does not have"
-                )
+    def _start(self, session: TidemqSession, key: QueueKey) -> int:
+        """Kafka's precedence: startingTimestamp, then startingOffsetsByTimestamp, then startingOffsets."""
+        o = self.opts
+        ts = o.starting_timestamp if o.starting_timestamp is not None else o.starting_by_timestamp.get(key)
+        if ts is None:
+            return self._resolve(session, key, o.starting, EARLIEST)
+        # tidemq's broker answers the max offset for a timestamp after the queue's last message
+        found = self._fetch(session.search_offset, key, ts)
+        if o.timestamp_strategy == "error" and found >= self._fetch(session.max_offset, key):
+            raise TidemqSparkError(
+                f"{key.topic} {key.name} has no message at or after timestamp {ts}; "
+                "set startingOffsetsByTimestampStrategy=latest to start such queues at the latest offset"
+            )
+        return found
+
+    def _end(self, session: TidemqSession, key: QueueKey) -> int:
+        """endingTimestamp, then endingOffsetsByTimestamp, then endingOffsets; no match means latest (Kafka)."""
+        o = self.opts
+        ts = o.ending_timestamp if o.ending_timestamp is not None else o.ending_by_timestamp.get(key)
+        if ts is None:
+            return self._resolve(session, key, o.ending, LATEST)
+        return self._fetch(session.search_offset, key, ts)
+
+    def _check_named(self, queues: Sequence[QueueKey], *, ending: bool) -> None:
+        o = self.opts
+        named: list[tuple[str, Any]] = [
+            ("startingOffsets", o.starting),
+            ("startingOffsetsByTimestamp", o.starting_by_timestamp),
+        ]
+        if ending:
+            named += [("endingOffsets", o.ending), ("endingOffsetsByTimestamp", o.ending_by_timestamp)]
+        for what, spec in named:
+            if isinstance(spec, dict):
+                unknown = sorted(set(spec) - set(queues))
+                if unknown:
+                    k = unknown[0]
+                    raise TidemqSparkError(
+                        f"{what} names queue {k.name} of topic {k.topic!r}, which the query does not read "
+                        "(not in the topic route, or not assigned)"
+                    )
 
 
 class TidemqBatchReader(_RangeReader, DataSourceReader):
@@ -145,19 +252,19 @@ class TidemqBatchReader(_RangeReader, DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.opts
-        out: list[QueueRange] = []
+        ranges: list[Range] = []
         with TidemqSession(o.namesrv, o.timeout_s, o.client) as session:
             queues = self._all_queues(session)
-            self._check_named(o.starting, queues, "startingOffsets")
-            self._check_named(o.ending, queues, "endingOffsets")
+            self._check_named(queues, ending=True)
             for key in queues:
-                start = self._resolve(session, key, o.starting, o.starting_timestamp, EARLIEST)
-                end = self._resolve(session, key, o.ending, o.ending_timestamp, LATEST)
+                start = self._start(session, key)
+                end = self._end(session, key)
                 if end < start:
                     raise TidemqSparkError(
                         f"ending offset {end} of {key.topic} {key.name} is before its starting offset {start}"
                     )
-                out.extend(self._split(session, key, start, end))
+                ranges.append((key, start, end))
+            out = self._plan(session, ranges)
         log.info("tidemq batch read: %d partitions, %d offsets", len(out), sum(p.end - p.start for p in out))
         return out
 
@@ -175,6 +282,8 @@ class TidemqStreamReader(_RangeReader, DataSourceStreamReader, SupportsTriggerAv
         self._session: TidemqSession | None = None
         self._target: Offsets | None = None
         self._last_end: Offsets | None = None
+        self._reported: Offsets | None = None  # latest offsets seen by the last latestOffset()
+        self._last_trigger: float | None = None  # monotonic time of the last micro-batch (maxTriggerDelay)
 
     def __getstate__(self) -> dict[str, Any]:
         # The reader is pickled to executors for read(); the driver's connection stays behind.
@@ -189,21 +298,36 @@ class TidemqStreamReader(_RangeReader, DataSourceStreamReader, SupportsTriggerAv
         return self._session
 
     def _latest(self) -> Offsets:
-        return {k: self.session.max_offset(k) for k in self._all_queues(self.session)}
+        return {k: self._fetch(self.session.max_offset, k) for k in self._all_queues(self.session)}
 
     def initialOffset(self) -> dict:
-        o = self.opts
         queues = self._all_queues(self.session)
-        self._check_named(o.starting, queues, "startingOffsets")
-        start = {
-            k: self._resolve(self.session, k, o.starting, o.starting_timestamp, EARLIEST) for k in queues
-        }
-        return offsets_to_json(start)
+        self._check_named(queues, ending=False)
+        return offsets_to_json({k: self._start(self.session, k) for k in queues})
 
     def getDefaultReadLimit(self) -> Any:
-        if ReadMaxRows is not None and self.opts.max_offsets_per_trigger:
-            return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        """The engine's read limit: ReadMinRows (min), else ReadMaxRows (max), else ReadAllAvailable.
+
+        PySpark has no CompositeReadLimit, so when both options are set the limit carries the
+        minimum and ``latestOffset`` takes the maximum from the options (as Kafka's composite does).
+        """
+        o = self.opts
+        if ReadMinRows is not None and o.min_offsets_per_trigger:
+            return ReadMinRows(o.min_offsets_per_trigger)
+        if ReadMaxRows is not None and o.max_offsets_per_trigger:
+            return ReadMaxRows(o.max_offsets_per_trigger)
         return ReadAllAvailable() if ReadAllAvailable is not None else None
+
+    def _limits(self, limit: Any) -> tuple[int | None, int | None]:
+        """(min rows, max rows) for a read limit the engine passed to ``latestOffset``."""
+        o = self.opts
+        if limit is None or limit == self.getDefaultReadLimit():  # ours: every admission option applies
+            return o.min_offsets_per_trigger, o.max_offsets_per_trigger
+        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            return None, limit.max_rows
+        if ReadMinRows is not None and isinstance(limit, ReadMinRows):
+            return limit.min_rows, None
+        return None, None  # ReadAllAvailable (e.g. Trigger.Once): the options do not apply
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._latest()
@@ -215,28 +339,49 @@ class TidemqStreamReader(_RangeReader, DataSourceStreamReader, SupportsTriggerAv
                 if self._last_end is not None
                 else offsets_from_json(self.initialOffset(), "start")
             )
-            max_rows = self.opts.max_offsets_per_trigger
         else:
             begin = offsets_from_json(start, "start offset")
-            max_rows = limit.max_rows if ReadMaxRows is not None and isinstance(limit, ReadMaxRows) else None
+        min_rows, max_rows = self._limits(limit)
         latest = self._latest()
+        self._reported = latest
         if self._target is not None:
             latest = {k: min(v, self._target.get(k, begin.get(k, 0))) for k, v in latest.items()}
+            min_rows = None  # Trigger.AvailableNow ignores minOffsetsPerTrigger, as Kafka does
         end = dict(begin)
         for k, v in latest.items():
             end[k] = max(v, begin.get(k, 0))  # new queues start at 0; offsets never go back
+        if min_rows and self._wait_for_more(begin, end, min_rows):
+            return offsets_to_json(begin)
         if max_rows:
             end = rate_limit(begin, end, max_rows)
         return offsets_to_json(end)
+
+    def _wait_for_more(self, begin: Offsets, end: Offsets, min_rows: int) -> bool:
+        """True while fewer than ``min_rows`` offsets are new and ``maxTriggerDelay`` has not passed
+        since the last micro-batch (or the query's start)."""
+        now = time.monotonic()
+        if self._last_trigger is None:
+            self._last_trigger = now
+        new = sum(max(0, v - begin.get(k, 0)) for k, v in end.items())
+        waited_ms = (now - self._last_trigger) * 1000.0
+        if new == 0:  # no micro-batch either way; the clock keeps running from the last one
+            return False
+        if new < min_rows and waited_ms < self.opts.max_trigger_delay_ms:
+            log.debug("%d new offsets < minOffsetsPerTrigger %d; waited %.0f ms", new, min_rows, waited_ms)
+            return True
+        self._last_trigger = now
+        return False
+
+    def reportLatestOffset(self) -> dict | None:
+        """The latest offsets of every queue read (PySpark >= 4.2 shows them as the progress' latestOffset)."""
+        latest = self._reported if self._reported is not None else self._latest()
+        return offsets_to_json(latest)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         begin = offsets_from_json(start, "start offset")
         stop = offsets_from_json(end, "end offset")
         self._last_end = stop
-        out: list[QueueRange] = []
-        for key in sorted(stop):
-            out.extend(self._split(self.session, key, begin.get(key, 0), stop[key]))
-        return out
+        return self._plan(self.session, [(k, begin.get(k, 0), stop[k]) for k in sorted(stop)])
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, QueueRange):  # Spark reads one placeholder when planning found none
