@@ -106,3 +106,21 @@ def test_readme_names_only_files_that_exist() -> None:
     paths = set(re.findall(r"(?<![\w/.])((?:examples|docs)/[\w./-]+\.(?:py|md|toml))", readme))
     assert {"examples/official_client.py", "docs/configuration.md", "docs/operations.md"} <= paths
     assert [p for p in sorted(paths) if not (ROOT / p).exists()] == []
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_spark_exactly_once_example_survives_its_driver_kill(tmp_path: Path) -> None:
+    """The exactly-once pipeline: a windowed aggregation, its driver killed mid-way and restarted."""
+    from tidemq_spark.environment import spark_problem
+
+    problem = spark_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    script = ROOT / "examples" / "spark_exactly_once_orders.py"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYSPARK_PYTHON": sys.executable}
+    out = run_example(script, "--orders", "1500", env=env, timeout=840)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "killed the driver after" in out.stdout
+    assert "exactly once: every (window, region) total present once" in out.stdout

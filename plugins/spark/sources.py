@@ -12,8 +12,10 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
+from .options import TidemqSparkError, _bool
 from .schema import spark_schema
 from .sink import TidemqStreamWriter, TidemqWriter
+from .sink_exactly_once import EXACTLY_ONCE, ExactlyOnceStreamWriter, delivery_guarantee
 from .sink_options import SinkOptions
 from .source import TidemqBatchReader, TidemqStreamReader
 from .source_options import SourceOptions
@@ -34,7 +36,7 @@ class TidemqDataSource(DataSource):
         return "tidemq"
 
     def schema(self) -> StructType:
-        return spark_schema()
+        return spark_schema(_bool(self.options, "includeHeaders", False))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return TidemqBatchReader(SourceOptions.parse(self.options, streaming=False))
@@ -43,7 +45,15 @@ class TidemqDataSource(DataSource):
         return TidemqStreamReader(SourceOptions.parse(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> TidemqWriter:
+        if delivery_guarantee(self.options) == EXACTLY_ONCE:
+            raise TidemqSparkError(
+                "deliveryGuarantee = exactly-once is for streaming writes (writeStream); batch writes are "
+                "at-least-once, as Kafka's"
+            )
         return TidemqWriter(SinkOptions.parse(self.options), schema)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> TidemqStreamWriter:
-        return TidemqStreamWriter(SinkOptions.parse(self.options), schema)
+    def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
+        opts = SinkOptions.parse(self.options)
+        if delivery_guarantee(self.options) == EXACTLY_ONCE:
+            return ExactlyOnceStreamWriter(opts, schema, self.options)
+        return TidemqStreamWriter(opts, schema)
