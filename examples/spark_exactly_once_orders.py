@@ -34,45 +34,16 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from local_cluster import start_cluster, stop_cluster
+
 BASE_MS = 1_700_000_040_000  # a minute boundary: windows are [BASE + k min, BASE + (k+1) min)
 REGIONS = ("eu", "us", "apac")
-
-
-def start_cluster(data_dir: Path) -> tuple[Any, str]:
-    """An in-process NameServer + broker; returns (loop thread, NameServer address)."""
-    from tidemq.broker import Broker
-    from tidemq.client import LoopThread
-    from tidemq.config import NamesrvSettings, compose, parse_config
-    from tidemq.namesrv import NameServer
-    from tidemq.plugins import get_plugin_manager
-
-    loop = LoopThread("example-cluster")
-
-    async def start() -> str:
-        ns = NameServer(
-            NamesrvSettings(listen="127.0.0.1:0", data_dir=str(data_dir / "namesrv")),
-            get_plugin_manager().create("transport", "tcp"),
-        )
-        await ns.start()
-        cfg = parse_config(
-            {
-                "broker": {
-                    "name": "broker-a",
-                    "listen": "127.0.0.1:0",
-                    "namesrv": [ns.address],
-                    "data_dir": str(data_dir / "broker-a"),
-                    "transaction_check_interval_s": 2.0,
-                    "transaction_timeout_s": 2.0,
-                    "transaction_check_max": 500,
-                }
-            }
-        )
-        broker = Broker(compose(cfg))
-        await broker.start()
-        loop.cluster = (ns, broker)  # type: ignore[attr-defined]
-        return str(ns.address)
-
-    return loop, loop.run(start())
+#: Checks every 2 s, so the killed run's half messages are resolved while you watch.
+TRANSACTION_CHECKS = {
+    "transaction_check_interval_s": 2.0,
+    "transaction_timeout_s": 2.0,
+    "transaction_check_max": 500,
+}
 
 
 def produce_orders(namesrv: str, count: int) -> dict[tuple[int, str], tuple[int, int]]:
@@ -214,7 +185,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="tidemq-eo-example-"))
     checkpoint, log = tmp / "checkpoint", tmp / "driver.log"
-    loop, namesrv = (None, args.namesrv) if args.namesrv else start_cluster(tmp)
+    loop, namesrv = (None, args.namesrv) if args.namesrv else start_cluster(tmp, broker=TRANSACTION_CHECKS)
     print(f"NameServer {namesrv}; checkpoint and driver log in {tmp}")
     child = None
     try:
@@ -242,10 +213,7 @@ def main() -> None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
         if loop is not None:
-            ns, broker = loop.cluster  # type: ignore[attr-defined]
-            loop.run(broker.stop())
-            loop.run(ns.stop())
-            loop.stop()
+            stop_cluster(loop)
 
     seen = Counter((t["window"], t["region"]) for t in totals)
     got = {(t["window"], t["region"]): (t["orders"], t["amount"]) for t in totals}

@@ -19,42 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-
-def start_cluster(data_dir: Path) -> tuple[Any, str]:
-    """An in-process NameServer + broker; returns (loop thread, NameServer address)."""
-    from tidemq.broker import Broker
-    from tidemq.client import LoopThread
-    from tidemq.config import NamesrvSettings, compose, parse_config
-    from tidemq.namesrv import NameServer
-    from tidemq.plugins import get_plugin_manager
-
-    loop = LoopThread("example-cluster")
-
-    async def start() -> str:
-        ns = NameServer(
-            NamesrvSettings(listen="127.0.0.1:0", data_dir=str(data_dir / "namesrv")),
-            get_plugin_manager().create("transport", "tcp"),
-        )
-        await ns.start()
-        cfg = parse_config(
-            {
-                "broker": {
-                    "name": "broker-a",
-                    "listen": "127.0.0.1:0",
-                    "namesrv": [ns.address],
-                    "data_dir": str(data_dir / "broker-a"),
-                },
-                "store": {"mmap": {"commitlog_file_size": 16 * 1024 * 1024}},
-            }
-        )
-        broker = Broker(compose(cfg))
-        await broker.start()
-        loop.cluster = (ns, broker)  # type: ignore[attr-defined]
-        return ns.address
-
-    return loop, loop.run(start())
+from local_cluster import start_cluster, stop_cluster
 
 
 def produce_orders(namesrv: str, count: int) -> None:
@@ -111,18 +77,15 @@ def main() -> None:
     loop = None
     namesrv = args.namesrv
     if namesrv is None:
-        loop, namesrv = start_cluster(tmp)
+        loop, namesrv = start_cluster(tmp, store={"commitlog_file_size": 16 * 1024 * 1024})
         print(f"started NameServer {namesrv} and broker-a in {tmp}", file=sys.stderr)
     try:
         produce_orders(namesrv, args.orders)  # topics are auto-created by the broker
         wait_route(namesrv, "OrderEvents")
         run_pipeline(namesrv, out)
     finally:
-        if loop is not None:  # a clean stop: no abort file left in the data directory
-            ns, broker = loop.cluster
-            loop.run(broker.stop())
-            loop.run(ns.stop())
-            loop.stop()
+        if loop is not None:
+            stop_cluster(loop)
 
 
 def run_pipeline(namesrv: str, out: str) -> None:
