@@ -218,6 +218,8 @@ def test_spark_write_topic_precedence_both_ways(spark: Any, cluster: Cluster) ->
     assert [len(v) for v in read_back(cluster.ns, b).values()] == [5]
 
 
+# The default run covers the keyed path with BatchSender against the broker (no Spark).
+@pytest.mark.slow
 def test_spark_write_by_key_keeps_each_key_on_its_java_queue_in_order(spark: Any, cluster: Cluster) -> None:
     topic = unique("SinkKeyed")
     cluster.create_topic(topic, queues=4)

@@ -94,6 +94,8 @@ def test_broker_relays_to_the_official_consumer(spawn: Any, tmp_path: Path, port
     assert {r["body"] for r in received} == {f"msg-{i}" for i in range(6)}
 
 
+# The default run keeps the relay test above; this one (a fallback path) runs under -m slow.
+@pytest.mark.slow
 def test_reset_of_an_offline_official_group_falls_back(spawn: Any, tmp_path: Path, port: int) -> None:
     cluster = Cluster(spawn, tmp_path, port)
     cluster.create_topic("OffT", 2)
