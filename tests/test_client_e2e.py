@@ -214,7 +214,12 @@ def test_every_send_kind_is_pulled_back_intact(cluster: Cluster) -> None:
             ordered = await p.send_orderly(Message(topic, b"ordered", tags="TagO"), "order-42")
             again = await p.send_orderly(Message(topic, b"ordered-2", tags="TagO"), "order-42")
             assert ordered.queue == again.queue  # same sharding key, same queue
-            assert all(r.status is SendStatus.SEND_OK for r in [*results, batch, ordered])
+            queues = await p.publish_queues(topic)
+            pinned = await p.send_batch_to_queue(
+                [Message(topic, b"pinned-%d" % i) for i in range(3)], queues[2]
+            )
+            assert pinned.queue == queues[2]
+            assert all(r.status is SendStatus.SEND_OK for r in [*results, batch, ordered, pinned])
 
         async with PullConsumer(unique("CG"), cluster.ns) as c:
             queues = await c.fetch_subscribe_queues(topic)
@@ -234,7 +239,12 @@ def test_every_send_kind_is_pulled_back_intact(cluster: Cluster) -> None:
             b"ordered",
             b"ordered-2",
             *(b"batch-%d" % i for i in range(5)),
+            *(b"pinned-%d" % i for i in range(3)),
         }
+        # The batch sent to one queue is stored there, in order.
+        pinned_msgs = [by_body[b"pinned-%d" % i] for i in range(3)]
+        assert {m.queue_id for m in pinned_msgs} == {queues[2].queue_id}  # one broker here
+        assert [m.queue_offset for m in pinned_msgs] == sorted(m.queue_offset for m in pinned_msgs)
         sync = by_body[b"sync"]
         assert sync.tags == "TagA" and sync.keys == ["k1", "k2"] and sync.properties["color"] == "red"
         assert sync.uniq_key == results[0].msg_id

@@ -372,8 +372,8 @@ class Producer:
             oneway=True,
         )
 
-    async def send_batch(self, msgs: Sequence[Message], timeout: float | None = None) -> SendResult:
-        """Send messages of one topic in one request (SEND_BATCH_MESSAGE); msg_id joins their ids with commas."""
+    def _batch(self, msgs: Sequence[Message]) -> tuple[str, bytes, dict[str, str], str]:
+        """Topic, SEND_BATCH_MESSAGE body, request properties and joined msg ids of ``msgs``."""
         if not msgs:
             raise ClientError("a batch needs at least one message")
         topic = msgs[0].topic
@@ -395,12 +395,17 @@ class Producer:
                 f"batch is {len(body)} bytes, over the limit of {self.max_message_size}; split it"
             )
         props = {Prop.WAIT_STORE_MSG_OK: "true" if msgs[0].wait_store_msg_ok else "false"}
+        return topic, body, props, ",".join(ids)
+
+    async def send_batch(self, msgs: Sequence[Message], timeout: float | None = None) -> SendResult:
+        """Send messages of one topic in one request (SEND_BATCH_MESSAGE); msg_id joins their ids with commas."""
+        topic, body, props, ids = self._batch(msgs)
         result = await self._send_with_retries(
             topic,
             body,
             0,
             props,
-            ",".join(ids),
+            ids,
             0,
             batch=True,
             timeout=timeout,
@@ -409,20 +414,42 @@ class Producer:
         assert result is not None
         return result
 
+    async def send_batch_to_queue(
+        self, msgs: Sequence[Message], mq: MessageQueue, timeout: float | None = None
+    ) -> SendResult:
+        """A batch to one given queue (Java's ``send(Collection<Message>, MessageQueue)``): one attempt."""
+        topic, body, props, ids = self._batch(msgs)
+        if mq.topic != topic:
+            raise ClientError(f"queue {mq} is not of the batch's topic {topic!r}")
+        return await self._send_to(mq, self._header(topic, mq, 0, props), body, ids, True, timeout, props)
+
     async def send_to_queue(self, msg: Message, mq: MessageQueue, timeout: float | None = None) -> SendResult:
         """Send to one given queue: one attempt, no fault avoidance (ordering matters more)."""
         if mq.topic != msg.topic:
             raise ClientError(f"queue {mq} is not of the message's topic {msg.topic!r}")
         body, sys_flag, props = self._prepare(msg)
+        header = self._header(msg.topic, mq, sys_flag, props, msg.flag)
+        return await self._send_to(
+            mq, header, body, props[Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX], False, timeout, props
+        )
+
+    async def _send_to(
+        self,
+        mq: MessageQueue,
+        header: dict[str, Any],
+        body: bytes,
+        uniq: str,
+        batch: bool,
+        timeout: float | None,
+        props: dict[str, str],
+    ) -> SendResult:
         timeout = self.send_timeout if timeout is None else timeout
         if self.instance.broker_address(mq.broker_name) is None:
-            await self.publish_queues(msg.topic)
-        uniq = props[Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX]
-        header = self._header(msg.topic, mq, sys_flag, props, msg.flag)
+            await self.publish_queues(mq.topic)
         begin = time.monotonic()
         try:
             result = await self._attempt(
-                mq, header, body, uniq, batch=False, oneway=False, timeout=timeout, props=props
+                mq, header, body, uniq, batch=batch, oneway=False, timeout=timeout, props=props
             )
         except (RemotingError, BrokerError) as exc:
             self.selector.record(mq.broker_name, (time.monotonic() - begin) * 1000, True)

@@ -10,10 +10,9 @@ subscription in the request, so no heartbeat or rebalance is involved).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import re
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -219,37 +218,6 @@ class TidemqSession:
         return read_range(self, key, start, end, **kw)
 
 
-#: The queue the sends of the current task must use (set per send task, read by _PinnedSelector).
-_PINNED: contextvars.ContextVar[MessageQueue | None] = contextvars.ContextVar(
-    "tidemq_spark_queue", default=None
-)
-
-
-class _PinnedSelector:
-    """The producer's queue selector, except inside a send for a chosen queue.
-
-    ``Producer.send_batch`` asks its selector for a queue; a batch whose rows picked one (by
-    ``key`` or ``partition``) runs in a task whose context names it, so the batch goes there.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def select(
-        self, topic: str, queues: Sequence[MessageQueue], last_broker: str | None = None
-    ) -> MessageQueue:
-        pinned = _PINNED.get()
-        if pinned is not None and pinned.topic == topic:
-            return pinned  # retries stay on the queue too: per-key order beats failover
-        return self.inner.select(topic, queues, last_broker)
-
-    def record(self, broker_name: str, latency_ms: float, failed: bool) -> None:
-        self.inner.record(broker_name, latency_ms, failed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 class BatchSender:
     """A tidemq :class:`~tidemq.client.Producer` on a private loop sending SEND_BATCH_MESSAGE batches.
 
@@ -293,7 +261,6 @@ class BatchSender:
                 credentials=self.client.credentials,
                 transport_options=dict(self.client.transport_options),
             )
-            producer.selector = _PinnedSelector(producer.selector)
             await producer.start()
             return producer
 
@@ -327,19 +294,20 @@ class BatchSender:
         if queue is None:
             task = self.loop.create_task(self.producer.send_batch(msgs, self.timeout_s))
         else:
-            ctx = contextvars.copy_context()
-            ctx.run(_PINNED.set, queue)
-            task = self.loop.create_task(self._send_after(self._tails.get(queue), msgs), context=ctx)
+            task = self.loop.create_task(self._send_after(self._tails.get(queue), msgs, queue))
             self._tails[queue] = task
         self._inflight.append(task)
         self.sent += len(msgs)
         if len(self._inflight) >= self.max_in_flight:
             self._drain()
 
-    async def _send_after(self, previous: asyncio.Task[Any] | None, msgs: list[Any]) -> Any:
+    async def _send_after(
+        self, previous: asyncio.Task[Any] | None, msgs: list[Any], queue: MessageQueue
+    ) -> Any:
         if previous is not None:
             await previous  # its failure fails this batch too: never overtake a lost batch
-        return await self.producer.send_batch(msgs, self.timeout_s)
+        # One attempt, on the chosen queue: per-key order beats failover (the Spark task retries).
+        return await self.producer.send_batch_to_queue(msgs, queue, self.timeout_s)
 
     def _drain(self) -> None:
         tasks, self._inflight = self._inflight, []
