@@ -169,9 +169,12 @@ def test_rate_limit_caps_a_micro_batch_and_shares_it_by_backlog() -> None:
     end = {a: 100, b: 40, c: 5}
     capped = rate_limit(begin, end, 26)
     taken = {k: capped[k] - begin[k] for k in end}
-    assert sum(taken.values()) <= 26 and taken[c] == 0
+    assert sum(taken.values()) == 26 and taken[c] == 0  # the whole budget, nothing lost to rounding
     assert taken[a] > taken[b] > 0  # 100 behind vs 30 behind
     assert all(begin[k] <= capped[k] <= end[k] for k in end)
     assert rate_limit(begin, end, 1000) == end
+    # ReadMaxRows(7) over two equal backlogs: 7 rows, not 3 + 3.
+    two = rate_limit({a: 0, b: 0}, {a: 10, b: 10}, 7)
+    assert sum(two.values()) == 7 and sorted(two.values()) == [3, 4]
     new_queue = QueueKey("T", "b", 9)
     assert rate_limit(begin, {**end, new_queue: 3}, 1000)[new_queue] == 3  # unknown start counts from 0

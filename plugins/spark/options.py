@@ -93,13 +93,23 @@ def rate_limit(begin: Offsets, end: Offsets, max_rows: int) -> Offsets:
         return end
     out = dict(end)
     budget = max_rows
+    taken: dict[QueueKey, int] = {}
     for k in sorted(backlog):
         lag = backlog[k]
         if lag <= 0:
             continue
         take = min(lag, max(1, max_rows * lag // total), budget)
-        out[k] = begin.get(k, 0) + take
+        taken[k] = take
         budget -= take
+    # Rounding down leaves rows of the budget unused: hand them out, most backlog first.
+    for k in sorted(taken, key=lambda q: (taken[q] - backlog[q], q)):
+        if budget <= 0:
+            break
+        more = min(backlog[k] - taken[k], budget)
+        taken[k] += more
+        budget -= more
+    for k, take in taken.items():
+        out[k] = begin.get(k, 0) + take
     return out
 
 
