@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,7 @@ def test_the_put_path_only_queues(tmp_path: Path, slow_thread: None) -> None:
         dispatch(index, [keyed(i) for i in range(5, 8)], 500, T0 + 1)
         queued, age = index.pending()
         assert queued == 8 and age >= 0
+        time.sleep(0.3)  # time enough for a round the thread should not start yet
         assert not list((tmp_path / "index").iterdir())  # nothing written yet
         # A query indexes what is queued first: every acknowledged put is found.
         assert index.query(TOPIC, "k7", 4, 0, FOREVER).phy_offsets == (700,)

@@ -313,7 +313,9 @@ class HashIndex:
 
     # ------------------------------------------------------------------ the index thread
     def _run(self) -> None:
-        last_round = 0.0
+        # The first round keeps the pace too: 0.0 here let it run at once whenever the machine's
+        # monotonic clock (its uptime) was past ROUND_S, so the pace depended on the uptime.
+        last_round = time.monotonic()
         while True:
             self._wake.wait()
             pause = last_round + ROUND_S - time.monotonic()
