@@ -363,6 +363,12 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
         click.echo(f"hash index: {index_native.DESCRIPTION}")
     except ImportError:
         pass
+    try:  # the Spark sources' column builder (tidemq_spark), which a build may leave out too
+        from tidemq_spark.schema import native_description
+
+        click.echo(f"spark columns: {native_description()}")
+    except ImportError:
+        pass
     ctx.exit()
 
 

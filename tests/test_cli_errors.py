@@ -196,8 +196,10 @@ def test_version_names_the_version_and_each_compiled_extension() -> None:
     lines = out.stdout.splitlines()
     assert lines[0].startswith("tidemq, version ")
     assert lines[1].startswith("codec: ") and lines[2].startswith("hash index: ")
+    assert lines[3].startswith("spark columns: ")
     pure = tidemq("--version", env={"TIDEMQ_NO_EXTENSIONS": "1"}).stdout
     assert "codec: pure Python" in pure and "hash index: pure Python" in pure
+    assert "spark columns: pure Python (TIDEMQ_NO_EXTENSIONS=1)" in pure
 
 
 def test_check_config_show_prints_every_effective_value_as_toml(tmp_path: Path) -> None:
