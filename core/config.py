@@ -40,6 +40,7 @@ import attrs
 from tidemq.address import format_address, parse_address
 from tidemq.delay import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from tidemq.errors import ConfigError, PluginError
+from tidemq.names import check_topic_name
 from tidemq.plugins import BUILD_ORDER, ROLES, PluginManager, get_plugin_manager
 
 if typing.TYPE_CHECKING:
@@ -216,6 +217,12 @@ def _file_name(_inst: object, attribute: attrs.Attribute, value: str) -> None:
         )
 
 
+def _topic_name(_inst: object, attribute: attrs.Attribute, value: str) -> None:
+    problem = check_topic_name(value)
+    if problem:
+        raise ValueError(f"{attribute.name} = {value!r}: {problem}")
+
+
 @attrs.define
 class BrokerSettings:
     """The ``[broker]`` table (names follow RocketMQ's BrokerConfig in snake case)."""
@@ -259,6 +266,11 @@ class BrokerSettings:
     # The cluster-name and broker-name topics are readable and writable (mqadmin clusterRT, sendMsgStatus).
     cluster_topic_enable: bool = True
     broker_topic_enable: bool = True
+    # Message trace (RocketMQ 4.4+): the broker creates the trace topic (1 queue) at start.
+    trace_topic_enable: bool = False
+    msg_trace_topic_name: str = attrs.field(default="RMQ_SYS_TRACE_TOPIC", validator=_topic_name)
+    # Request-reply (RocketMQ 4.6+): a reply is also stored in its topic, besides being pushed.
+    store_reply_message_enable: bool = True
 
     @property
     def host(self) -> str:

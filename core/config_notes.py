@@ -191,6 +191,18 @@ NOTES: dict[str, dict[str, str]] = {
         "doc": "The topic named after the broker (1 queue) is readable and writable (else it only exists).",
         "runtime": "UPDATE_BROKER_CONFIG",
     },
+    "broker.trace_topic_enable": {
+        "rocketmq": "traceTopicEnable",
+        "doc": "Message trace: create the trace topic (`msg_trace_topic_name`, 1 queue) at start.",
+    },
+    "broker.msg_trace_topic_name": {
+        "rocketmq": "msgTraceTopicName",
+        "doc": "The topic clients write trace records to (RocketMQ's default `RMQ_SYS_TRACE_TOPIC`).",
+    },
+    "broker.store_reply_message_enable": {
+        "rocketmq": "storeReplyMessageEnable",
+        "doc": "Request-reply: a reply is also stored in its topic (`<cluster>_REPLY_TOPIC`), besides being pushed to the requester.",
+    },
     # ------------------------------------------------------------------ [namesrv]
     "namesrv.listen": {"rocketmq": "listenPort", "doc": "HOST:PORT to listen on (port 0: any free port)."},
     "namesrv.data_dir": {

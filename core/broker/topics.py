@@ -80,26 +80,37 @@ class TopicConfigManager:
             self._table.pop(DEFAULT_TOPIC, None)
 
     def add_system_topics(
-        self, cluster: str, broker_name: str, *, cluster_topic_enable: bool, broker_topic_enable: bool
+        self,
+        cluster: str,
+        broker_name: str,
+        *,
+        cluster_topic_enable: bool,
+        broker_topic_enable: bool,
+        trace_topic: str = "",
     ) -> None:
-        """The cluster-name and broker-name topics (TopicConfigManager's constructor in RocketMQ 4.9).
+        """The broker's own system topics (TopicConfigManager's constructor in RocketMQ 4.9).
 
-        Both always exist; they are readable and writable (mqadmin ``clusterRT`` and
-        ``sendMsgStatus`` send to them) when ``clusterTopicEnable`` / ``brokerTopicEnable`` are on,
-        else they carry PERM_INHERIT alone.  Called again when either switch changes at run time.
+        The cluster-name and broker-name topics always exist; they are readable and writable
+        (mqadmin ``clusterRT`` and ``sendMsgStatus`` send to them) when ``clusterTopicEnable`` /
+        ``brokerTopicEnable`` are on, else they carry PERM_INHERIT alone.  ``<cluster>_REPLY_TOPIC``
+        (request-reply) always exists with 1 queue, and ``trace_topic`` (``traceTopicEnable``'s
+        ``msgTraceTopicName``) with 1 queue when given.  Called again when a switch changes at run time.
         """
         wanted = []
-        for topic, enabled, queues in (
-            (cluster, cluster_topic_enable, 16),
-            (broker_name, broker_topic_enable, 1),
+        reply_topic = f"{cluster}_{REPLY_TOPIC_POSTFIX}"
+        for topic, enabled, queues, inherit in (
+            (cluster, cluster_topic_enable, 16, PERM_INHERIT),
+            (broker_name, broker_topic_enable, 1, PERM_INHERIT),
+            (reply_topic, True, 1, 0),
+            *(((trace_topic, True, 1, 0),) if trace_topic else ()),
         ):
             problem = check_stored_topic_name(topic)
             if problem:  # a cluster name no topic may have: RocketMQ would accept it, we cannot store it
                 log.warning("no system topic for %r: %s", topic, problem)
                 continue
-            perm = PERM_INHERIT | (PERM_READ | PERM_WRITE if enabled else 0)
+            perm = inherit | (PERM_READ | PERM_WRITE if enabled else 0)
             wanted.append(TopicConfig(topic, queues, queues, perm))
-        self._own_names = (cluster, broker_name, f"{cluster}_{REPLY_TOPIC_POSTFIX}")
+        self._own_names = (cluster, broker_name, reply_topic, *((trace_topic,) if trace_topic else ()))
         changed = False
         with self._lock:
             for cfg in wanted:

@@ -77,6 +77,9 @@ AT_START: dict[str, Key] = {
         Key("transactionCheckInterval", "transaction_check_interval_s", 1000),
         Key("transactionTimeOut", "transaction_timeout_s", 1000),
         Key("transactionCheckMax", "transaction_check_max"),
+        Key("traceTopicEnable", "trace_topic_enable"),
+        Key("msgTraceTopicName", "msg_trace_topic_name"),
+        Key("storeReplyMessageEnable", "store_reply_message_enable"),
     )
 }
 
@@ -167,6 +170,7 @@ class RuntimeConfig:
             s.name,
             cluster_topic_enable=s.cluster_topic_enable,
             broker_topic_enable=s.broker_topic_enable,
+            trace_topic=s.msg_trace_topic_name if s.trace_topic_enable else "",
         )
 
     # ------------------------------------------------------------------ the properties
