@@ -354,6 +354,11 @@ def test_system_topics_and_broker_name_topic(cluster: Cluster) -> None:
     topics = orjson.loads(cluster.rpc(RequestCode.GET_ALL_TOPIC_CONFIG).body)["topicConfigTable"]
     assert topics[BROKER]["perm"] == 7 and topics[BROKER]["writeQueueNums"] == 1
     assert topics[CLUSTER]["perm"] == 7
+    # Request-reply's topic exists from the start, 1 queue, readable and writable (RocketMQ 4.6+).
+    reply = topics[f"{CLUSTER}_REPLY_TOPIC"]
+    assert (reply["perm"], reply["readQueueNums"], reply["writeQueueNums"]) == (6, 1, 1)
+    # The trace topic is made only when traceTopicEnable is on (off by default).
+    assert "RMQ_SYS_TRACE_TOPIC" not in topics
     # mqadmin sendMsgStatus sends to the broker-name topic: the route exists and the send lands.
     assert wait_for(lambda: BROKER in cluster.admin("topicList").stdout.split(), 10)
     sent = cluster.admin("sendMessage", "-t", BROKER, "-p", "probe").stdout
