@@ -15,7 +15,9 @@ command), ``tidemq.message`` (the message and commit-log record format), ``tidem
 ``tidemq.compression``, ``tidemq.datadir``, ``tidemq.file_regions`` (sendfile sources),
 ``tidemq.logs`` (log handlers and progress reports of long tasks),
 ``tidemq.metrics`` (the metrics role and its ``Buckets`` histogram), ``tidemq.mqjson``
-(fastjson's MessageQueue-keyed maps) and ``tidemq.names``.
+(fastjson's MessageQueue-keyed maps), ``tidemq.names`` and ``tidemq.trace`` (message trace
+records in RocketMQ's format, and ``tidemq.trace.view``, the per-message view of them: what a trace
+exporter plugin reads).
 Anything else a plugin imports is an internal it should not rely on: ``tests/test_public_api.py``
 keeps the built-in plugins to this surface and lists the exceptions, each with its reason.
 """

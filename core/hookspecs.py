@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from tidemq.broker.context import BrokerContext, ProcessorRegister
     from tidemq.observe import ConsumeContext, SendContext
     from tidemq.plugins import Register
+    from tidemq.trace import TraceContext
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 
@@ -226,4 +227,16 @@ def tidemq_after_consume(context: ConsumeContext) -> None:
 
     Called by the broker's pull processor after the store answered (and by tidemq's consumers
     after the listener returned).  Returns nothing.
+    """
+
+
+@hookspec
+def tidemq_trace_dispatched(contexts: list[TraceContext]) -> None:
+    """Export message-trace records elsewhere (OpenTelemetry spans, logs, another store).
+
+    Called by the trace dispatcher of a tidemq client built with ``enable_msg_trace=True``, from
+    its background task, with each batch of :class:`tidemq.trace.TraceContext` (Pub, SubBefore,
+    SubAfter, EndTransaction) just before the batch is sent to the trace topic; the hook is
+    consulted per batch and only when some plugin implements it.  An error is logged, never
+    raised into the client.  Returns nothing.
     """

@@ -155,6 +155,8 @@ def test_send_pull_round_trip_keeps_bytes_and_properties(
             for m in msgs:
                 assert m.topic == "RoundTrip" and m.queue_id == 2
                 assert {k: m.properties[k] for k in props} == props
+                # The broker names its cluster on what it stores, as RocketMQ 4.6+ (request-reply needs it).
+                assert m.properties[Prop.CLUSTER] == broker.settings.cluster
             # The offset message id names this broker and the record's commit-log offset.
             (host, port), offset = decode_message_id(r1.ext_fields["msgId"])
             assert f"{host}:{port}" == broker.address and offset == msgs[0].commit_log_offset

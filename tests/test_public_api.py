@@ -37,6 +37,8 @@ PUBLIC_SUBMODULES = (
     "tidemq.remoting.command",
     "tidemq.remoting.errors",
     "tidemq.remoting.protocol",
+    "tidemq.trace",
+    "tidemq.trace.view",
 )
 
 #: (module, name) a built-in plugin imports although it is not public.  Started from the imports

@@ -38,6 +38,7 @@ from tidemq.client.producer import Producer, select_by_hash
 from tidemq.client.pull_consumer import PullConsumer
 from tidemq.client.push_consumer import ConsumeFrom, ConsumeStatus, PushConsumer
 from tidemq.client.rebalance import BROADCASTING, CLUSTERING
+from tidemq.client.request_reply import RequestTimeoutError, create_reply
 from tidemq.client.route import TopicRoute
 from tidemq.client.subscription import Subscription, prepare
 from tidemq.client.transaction import (
@@ -79,6 +80,7 @@ __all__ = [
     "PullResult",
     "PullStatus",
     "PushConsumer",
+    "RequestTimeoutError",
     "SendFailedError",
     "SendRefusedError",
     "SendResult",
@@ -89,6 +91,7 @@ __all__ = [
     "SessionCredentials",
     "Subscription",
     "TopicRoute",
+    "create_reply",
     "decompress",
     "new_message_id",
     "prepare",

@@ -16,7 +16,7 @@ import orjson
 from tidemq.client.errors import BrokerError, ClientError
 from tidemq.client.message import PullResult, PullStatus, queue_from_json, queue_to_json
 from tidemq.client.route import TopicRoute, loads_lenient
-from tidemq.message import iter_messages
+from tidemq.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, Prop, iter_messages
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
@@ -29,6 +29,8 @@ PULL_FLAG_COMMIT_OFFSET = 1 << 0
 PULL_FLAG_SUSPEND = 1 << 1
 PULL_FLAG_SUBSCRIPTION = 1 << 2
 PULL_FLAG_CLASS_FILTER = 1 << 3
+#: In a properties string, what marks a reply (MSG_TYPE=reply, MixAll.REPLY_MESSAGE_FLAG).
+_REPLY_MARK = f"{PROPERTY_SEPARATOR}{Prop.MESSAGE_TYPE}{NAME_VALUE_SEPARATOR}reply{PROPERTY_SEPARATOR}"
 
 
 def _fields(values: Mapping[str, Any]) -> dict[str, str]:
@@ -117,7 +119,13 @@ class ClientAPI:
             "l": header.get("maxReconsumeTimes"),
             "m": batch,
         }
-        code = RequestCode.SEND_BATCH_MESSAGE if batch else RequestCode.SEND_MESSAGE_V2
+        if batch:
+            code = RequestCode.SEND_BATCH_MESSAGE
+        elif _REPLY_MARK in v2["i"] or v2["i"].startswith(_REPLY_MARK[1:]):
+            # A reply (MSG_TYPE=reply) goes with the code RocketMQ's client sends it with.
+            code = RequestCode.SEND_REPLY_MESSAGE_V2
+        else:
+            code = RequestCode.SEND_MESSAGE_V2
         req = RemotingCommand.request(code, _fields(v2), body)
         if oneway:
             req.mark_oneway()

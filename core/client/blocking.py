@@ -117,6 +117,14 @@ class BlockingProducer(_Blocking):
     ) -> SendResult:
         return self._loop.run(self.producer.send_orderly(msg, sharding_key, selector))
 
+    def request(self, msg: Message, timeout: float = 3.0) -> MessageExt:
+        """Send a request and wait for its reply (``RequestTimeoutError`` after ``timeout`` s)."""
+        return self._loop.run(self.producer.request(msg, timeout))
+
+    def send_reply(self, reply: Message, timeout: float | None = None) -> SendResult:
+        """Send a reply made by ``create_reply`` (from a consumer's listener thread)."""
+        return self._loop.run(self.producer.send_reply(reply, timeout))
+
 
 class BlockingPushConsumer(_Blocking):
     """:class:`PushConsumer` with blocking start/shutdown; listeners run on its thread pool."""

@@ -20,6 +20,7 @@ from tidemq.client.api import ClientAPI
 from tidemq.client.credentials import SessionCredentials, SigningRemoting, make_credentials
 from tidemq.client.diagnostics import version_desc
 from tidemq.client.errors import ClientError
+from tidemq.client.request_reply import receive_reply
 from tidemq.client.route import TopicRoute
 from tidemq.errors import CorruptDataError
 from tidemq.message import Prop, decode_message, local_ip
@@ -374,6 +375,8 @@ class ClientInstance:
             return None
         if request.code in _OPERATOR_CODES:
             return await self._operator_request(request)
+        if request.code == RequestCode.PUSH_REPLY_MESSAGE_TO_CLIENT:
+            return receive_reply(request)  # a reply to one of this process's requests
         if request.is_oneway:
             return None
         return request.reply(

@@ -14,18 +14,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tidemq.client import request_reply
 from tidemq.client.compression import compress
 from tidemq.client.errors import BrokerError, ClientError, NoRouteError, SendFailedError, SendRefusedError
 from tidemq.client.instance import ClientInstance
 from tidemq.client.message import Message, SendResult, SendStatus, new_message_id
 from tidemq.client.route import AUTO_CREATE_TOPIC
 from tidemq.errors import MessageTooLargeError
-from tidemq.message import BatchItem, Prop, encode_batch, java_string_hash, properties_to_string
+from tidemq.message import BatchItem, MessageExt, Prop, encode_batch, java_string_hash, properties_to_string
 from tidemq.observe import SendContext
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.remoting.errors import RemotingError
+from tidemq.trace.hooks import Tracer, make_tracer
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,9 @@ class Producer:
         compression_level: int = 5,
         default_topic_queues: int = 4,
         instance: ClientInstance | None = None,
+        enable_msg_trace: bool = False,
+        trace_topic: str | None = None,
+        trace_queue_size: int = 2048,
         **instance_options: Any,
     ) -> None:
         if not group:
@@ -97,6 +102,10 @@ class Producer:
         self._publish: dict[str, list[MessageQueue]] = {}
         self._pending: set[asyncio.Task[Any]] = set()
         self._started = False
+        #: Message trace (docs/trace.md): ``None`` unless ``enable_msg_trace``.
+        self.tracer: Tracer | None = make_tracer(
+            group, "PRODUCE", self.instance, enable_msg_trace, trace_topic, trace_queue_size
+        )
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -104,6 +113,8 @@ class Producer:
             return
         await self.instance.start()
         self.instance.register_producer(self)
+        if self.tracer is not None:
+            await self.tracer.start()
         self._started = True
 
     async def shutdown(self) -> None:
@@ -112,6 +123,8 @@ class Producer:
             return
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
+        if self.tracer is not None:
+            await self.tracer.shutdown()
         self._started = False
         self.instance.unregister(self)
         await self.instance.unregister_everywhere(producer_group=self.group)
@@ -239,6 +252,8 @@ class Producer:
         else:
             ctx.status = "ONEWAY"
         self.manager.hook.tidemq_after_send(context=ctx)
+        if self.tracer is not None:
+            self.tracer.pub(mq.topic, props, len(body), addr, begin, result, batch)
         return result
 
     def _result(self, resp: RemotingCommand, mq: MessageQueue, uniq_id: str, addr: str) -> SendResult:
@@ -475,3 +490,44 @@ class Producer:
         raise NotImplementedError(
             "use tidemq.client.TransactionProducer(group, listener, ...) for transactions"
         )
+
+    # ------------------------------------------------------------------ request-reply (tidemq.client.request_reply)
+    async def request(
+        self,
+        msg: Message,
+        timeout: float = 3.0,
+        *,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+    ) -> MessageExt:
+        """Send ``msg`` as a request and await the reply; :class:`RequestTimeoutError` when none comes."""
+        return await request_reply.request(self, msg, timeout, selector=selector, arg=arg)
+
+    def request_async(
+        self,
+        msg: Message,
+        timeout: float = 3.0,
+        callback: request_reply.RequestCallback | None = None,
+        *,
+        selector: MessageQueueSelector | None = None,
+        arg: Any = None,
+    ) -> asyncio.Task[MessageExt]:
+        """:meth:`request` in the background; ``callback(reply, error)`` runs when it completes."""
+        task = asyncio.get_running_loop().create_task(
+            request_reply.request(self, msg, timeout, selector=selector, arg=arg, callback=callback)
+        )
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        if callback is not None:
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
+
+    async def request_to_queue(self, msg: Message, mq: MessageQueue, timeout: float = 3.0) -> MessageExt:
+        """A request to one given queue."""
+        if mq.topic != msg.topic:
+            raise ClientError(f"queue {mq} is not of the message's topic {msg.topic!r}")
+        return await request_reply.request(self, msg, timeout, mq=mq)
+
+    async def send_reply(self, reply: Message, timeout: float | None = None) -> SendResult:
+        """Send a reply made by :func:`~tidemq.client.create_reply` (SEND_REPLY_MESSAGE_V2)."""
+        return await request_reply.send_reply(self, reply, timeout)

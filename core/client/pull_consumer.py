@@ -25,6 +25,7 @@ from tidemq.message import MessageExt
 from tidemq.observe import ConsumeContext
 from tidemq.queues import MessageQueue
 from tidemq.remoting.errors import RemotingError
+from tidemq.trace.hooks import make_tracer
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ class PullConsumer:
         message_model: str = CLUSTERING,
         offset_dir: str | Path | None = None,
         instance: ClientInstance | None = None,
+        enable_msg_trace: bool = False,
+        trace_topic: str | None = None,
+        trace_queue_size: int = 2048,
         **instance_options: Any,
     ) -> None:
         if not group:
@@ -63,6 +67,10 @@ class PullConsumer:
         self._turn = itertools.count()
         self._started = False
         self.started_at_ms = 0
+        #: Message trace (docs/trace.md): ``None`` unless ``enable_msg_trace``; :meth:`poll` records.
+        self.tracer = make_tracer(
+            group, "CONSUME", self.instance, enable_msg_trace, trace_topic, trace_queue_size
+        )
 
     async def start(self) -> None:
         if self._started:
@@ -70,6 +78,8 @@ class PullConsumer:
         await self.instance.start()
         self.instance.register_consumer(self)
         await self.offset_store.load()
+        if self.tracer is not None:
+            await self.tracer.start()
         self._started = True
         self.started_at_ms = int(time.time() * 1000)
 
@@ -78,6 +88,8 @@ class PullConsumer:
             return
         await self.offset_store.persist(list(self.offset_store.table))  # type: ignore[attr-defined]
         self._started = False
+        if self.tracer is not None:
+            await self.tracer.shutdown()
         self.instance.unregister(self)
         await self.instance.unregister_everywhere(consumer_group=self.group)
         await self.instance.stop()
@@ -268,6 +280,9 @@ class PullConsumer:
             )
             self._positions[mq] = result.next_begin_offset
             if result.messages:
+                if self.tracer is not None:
+                    # As DefaultLitePullConsumer: a poll is its consume; handing the messages over is success.
+                    self.tracer.sub_after(self.tracer.sub_before(result.messages), len(result.messages), True)
                 return result.messages
         return []
 

@@ -38,6 +38,7 @@ from tidemq.message import MessageExt, Prop
 from tidemq.observe import ConsumeContext
 from tidemq.queues import MessageQueue
 from tidemq.remoting.errors import RemotingError
+from tidemq.trace.hooks import make_tracer
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,9 @@ class PushConsumer:
         pull_error_delay_s: float = 3.0,
         offset_dir: str | Path | None = None,
         instance: ClientInstance | None = None,
+        enable_msg_trace: bool = False,
+        trace_topic: str | None = None,
+        trace_queue_size: int = 2048,
         **instance_options: Any,
     ) -> None:
         if not group:
@@ -166,6 +170,10 @@ class PushConsumer:
         #: Pull/consume RT and TPS per topic, for operators (GET_CONSUMER_RUNNING_INFO).
         self.stats = diagnostics.ConsumeStats()
         self.started_at_ms = 0
+        #: Message trace (docs/trace.md): ``None`` unless ``enable_msg_trace``.
+        self.tracer = make_tracer(
+            group, "CONSUME", self.instance, enable_msg_trace, trace_topic, trace_queue_size
+        )
 
     # ------------------------------------------------------------------ configuration
     def subscribe(self, topic: str, expression: str = "*", expression_type: str = "TAG") -> None:
@@ -210,6 +218,8 @@ class PushConsumer:
         await self.instance.start()
         self.instance.register_consumer(self)
         await self.offset_store.load()
+        if self.tracer is not None:
+            await self.tracer.start()
         self._running = True
         self.started_at_ms = int(time.time() * 1000)
         self._stopping.clear()
@@ -248,6 +258,8 @@ class PushConsumer:
             pq.dropped = True
         self.process_queues.clear()
         self._pull_tasks.clear()
+        if self.tracer is not None:
+            await self.tracer.shutdown()
         self.instance.unregister(self)
         await self.instance.unregister_everywhere(consumer_group=self.group)
         await self.instance.stop()
@@ -510,6 +522,7 @@ class PushConsumer:
             message_count=len(msgs),
         )
         self.manager.hook.tidemq_before_consume(context=ctx)
+        before, raised = self.tracer.sub_before(msgs) if self.tracer is not None else None, False
         now_ms = str(int(time.time() * 1000))
         for m in msgs:
             m.properties[Prop.CONSUME_START_TIMESTAMP] = now_ms
@@ -522,7 +535,9 @@ class PushConsumer:
             ok = _ok(result)
         except Exception:
             log.exception("listener of %s failed on %d message(s) of %s", self.group, len(msgs), mq)
-            ok = False
+            ok, raised = False, True
+        if self.tracer is not None:
+            self.tracer.sub_after(before, len(msgs), ok, raised)
         ctx.elapsed_ms = (time.monotonic() - begin) * 1000
         self.stats.consumed(mq.topic, len(msgs), ctx.elapsed_ms, ok)
         ctx.status = ConsumeStatus.SUCCESS.value if ok else ConsumeStatus.RECONSUME_LATER.value

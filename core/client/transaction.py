@@ -151,6 +151,10 @@ class TransactionProducer(Producer):
         except Exception as exc:
             # The broker will ask through CHECK_TRANSACTION_STATE; nothing is lost.
             log.warning("END_TRANSACTION for %s failed: %s", result.msg_id, exc)
+        if self.tracer is not None:
+            self.tracer.end_transaction(
+                msg, result.msg_id, result.broker_address, state.value, result.msg_id, False
+            )
         return TransactionSendResult(result, state)
 
     async def _end(self, result: SendResult, state: LocalTransactionState) -> None:
@@ -190,6 +194,10 @@ class TransactionProducer(Producer):
             "msgId": msg.uniq_key or msg.msg_id,
             "transactionId": fields.get("transactionId", msg.uniq_key or ""),
         }
+        if self.tracer is not None:
+            self.tracer.end_transaction(
+                msg, answer["msgId"], broker_addr, state.value, answer["transactionId"], True
+            )
         try:
             await self._end_oneway(broker_addr, answer, f"checkLocalTransactionState: {state.value}")
         except Exception as exc:

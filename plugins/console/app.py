@@ -281,6 +281,14 @@ def create_app(config: ConsoleConfig) -> Starlette:
         origin = msg.properties.get(Prop.RETRY_TOPIC, "") if msg.topic.startswith("%DLQ%") else msg.topic
         return render(request, session, "message.html", msg=msg, origin=origin)
 
+    async def message_trace(request: Request, session: Session) -> Response:
+        msg_id = request.path_params["msg_id"].strip()
+        trace_topic = request.query_params.get("topic", "").strip()
+        if trace_topic:
+            check_topic_name(trace_topic)
+        trace = await (await ops_of(session)).trace(msg_id, trace_topic)
+        return render(request, session, "trace.html", msg_id=msg_id, trace=trace, trace_topic=trace_topic)
+
     async def message_resend(request: Request, session: Session) -> Response:
         form = await request.form()
         msg = await (await ops_of(session)).by_id(str(form.get("msg_id", "")))
@@ -345,6 +353,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/messages", page(messages)),
         Route("/messages/resend", page(message_resend), methods=["POST"]),
         Route("/messages/{msg_id}", page(message_view)),
+        Route("/messages/{msg_id}/trace", page(message_trace)),
         Route("/send", page(send), methods=["GET", "POST"]),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]

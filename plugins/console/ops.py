@@ -17,6 +17,8 @@ from tidemq.message import MessageExt, decode_message_id, iter_messages
 from tidemq.mqjson import loads as mq_loads
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.trace import DEFAULT_TRACE_TOPIC
+from tidemq.trace.view import MessageTrace, NoTraceTopicError, query_trace
 
 #: Topics RocketMQ creates for itself (hidden unless asked for).
 SYSTEM_PREFIXES = ("%RETRY%", "%DLQ%", "rmq_sys_", "RMQ_SYS_", "SCHEDULE_TOPIC", "TBW102", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC")  # fmt: skip
@@ -322,6 +324,13 @@ class ClusterOps:
         if resp.code != ResponseCode.SUCCESS:
             return []
         return list(iter_messages(resp.payload()))
+
+    async def trace(self, msg_id: str, trace_topic: str = "") -> MessageTrace | None:
+        """The message's trace (mqadmin queryMsgTraceById's view); None: no such trace topic."""
+        try:
+            return await query_trace(self.client, msg_id, trace_topic or DEFAULT_TRACE_TOPIC)
+        except NoTraceTopicError:
+            return None
 
     # ------------------------------------------------------------------ live figures
     async def live(self, also_group: str = "") -> dict[str, Any]:

@@ -17,6 +17,7 @@ from tidemq.broker.processors import (
     pull,
     query,
     queue_query,
+    reply,
     send,
 )
 from tidemq.remoting.codes import RequestCode
@@ -38,6 +39,7 @@ def tidemq_register_processors(register: ProcessorRegister) -> None:
         consumer_control,
         monitoring,
         queue_query,
+        reply,
     ):
         module.register(register)
     broker = register.context

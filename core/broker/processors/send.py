@@ -102,6 +102,7 @@ Failed = Callable[[RemotingCommand, Exception], RemotingCommand]
 # Enum members as globals: an enum class attribute costs ~0.2 us a lookup.
 _SEND_MESSAGE_V2 = int(RequestCode.SEND_MESSAGE_V2)
 _SEND_BATCH_MESSAGE = int(RequestCode.SEND_BATCH_MESSAGE)
+_CLUSTER = Prop.CLUSTER
 
 #: Topic names known to pass the name rules; a pure function of the name, so cached (bounded).
 _NAME_CACHE_MAX = 4096
@@ -325,6 +326,9 @@ class SendProcessor:
         if queue_id < 0:
             queue_id = random.randrange(max(cfg.write_queue_nums, 1))
         properties = string_to_properties(field_str(get(keys[7]), "properties", _WHAT, ""))
+        # As RocketMQ 4.6+: a stored message names its cluster (a request's responder replies to
+        # <CLUSTER>_REPLY_TOPIC through it).
+        properties[_CLUSTER] = b.settings.cluster
         reconsume_times = field_int(get(keys[8]), "reconsumeTimes", _WHAT, 0)
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             routed = self._route_retry(
