@@ -124,3 +124,16 @@ def test_spark_exactly_once_example_survives_its_driver_kill(tmp_path: Path) -> 
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "killed the driver after" in out.stdout
     assert "exactly once: every (window, region) total present once" in out.stdout
+
+
+def test_request_reply_traced_example_answers_and_prints_the_trace(tmp_path: Path) -> None:
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    out = run_example(ROOT / "examples" / "request_reply_traced.py", env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:3] == ["apple: 120 cents", "pear: 95 cents", "plum: 240 cents"]
+    # The request's trace as queryMsgTraceById prints it: the requester's send, the service's consume.
+    pub = next(line.split() for line in lines if line.startswith("Pub "))
+    sub = next(line.split() for line in lines if line.startswith("Sub "))
+    assert pub[1] == "shop" and pub[-2] == "success"
+    assert sub[1] == "quote-service" and sub[-1] == "success"
