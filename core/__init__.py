@@ -80,6 +80,7 @@ __all__ = [
     "SelectsEverything",
     "queue_entry_check",
     "MasterAware",  # replication
+    "RoleAware",
     "MetadataSink",
     "Replication",
     "AllocateStrategy",  # allocate, select
@@ -145,7 +146,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     "tidemq.observe": ("ConsumeContext", "SendContext"),
     "tidemq.plugins": ("PluginContext", "PluginManager", "Register", "get_plugin_manager"),
     "tidemq.queues": ("AllocateStrategy", "MessageQueue", "QueueSelector"),
-    "tidemq.replication": ("MasterAware", "MetadataSink", "ReplicaStatus", "Replication"),
+    "tidemq.replication": ("MasterAware", "MetadataSink", "ReplicaStatus", "Replication", "RoleAware"),
     "tidemq.store": (
         "ArrivalNotifier",
         "Dispatcher",
@@ -199,7 +200,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from tidemq.observe import ConsumeContext, SendContext
     from tidemq.plugins import PluginContext, PluginManager, Register, get_plugin_manager
     from tidemq.queues import AllocateStrategy, MessageQueue, QueueSelector
-    from tidemq.replication import MasterAware, MetadataSink, ReplicaStatus, Replication
+    from tidemq.replication import MasterAware, MetadataSink, ReplicaStatus, Replication, RoleAware
     from tidemq.store import (
         ArrivalNotifier,
         Dispatcher,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol, runtime_checkable
 
@@ -15,6 +16,9 @@ class ReplicaStatus(enum.StrEnum):
     PUT_OK = "PUT_OK"
     FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    #: The replication says this broker may not acknowledge now (fenced or deposed): the send path
+    #: answers SERVICE_NOT_AVAILABLE so clients retry another broker.
+    NOT_MASTER = "NOT_MASTER"
 
 
 @runtime_checkable
@@ -41,6 +45,28 @@ class MasterAware(Protocol):
 
     def runtime_info(self) -> dict[str, str]:
         """Entries added to GET_BROKER_RUNTIME_INFO's table (role, slave lag...)."""
+
+
+@runtime_checkable
+class RoleAware(Protocol):
+    """A replication that decides the broker's role at run time (controller mode).
+
+    The broker's ``[broker] role`` and ``id`` are then only the starting point: ``Broker.is_master``,
+    the id registered with the NameServers and the services that run on masters only follow
+    :meth:`current_role`, and change when the replication calls the bound listener.
+    """
+
+    def current_role(self) -> str:
+        """ "ASYNC_MASTER", "SYNC_MASTER" or "SLAVE", now."""
+
+    def current_broker_id(self) -> int:
+        """0 while master; this replica's non-zero id (its [broker] id, or 1 if that is 0) while slave."""
+
+    def current_epoch(self) -> int:
+        """The epoch this replica serves in (0: none yet)."""
+
+    def bind_role_listener(self, listener: Callable[[], None]) -> None:
+        """The broker hands a callback; the replication calls it (from any thread) after each role change."""
 
 
 @runtime_checkable

@@ -492,3 +492,10 @@ class RawCommitLogStore(MessageStore, Protocol):
 
     def append_to_commit_log(self, start_offset: int, data: bytes | memoryview) -> bool:
         """Append replicated bytes at the log's end; False (nothing written) when the offset is off."""
+
+    def truncate_commit_log(self, offset: int) -> int:
+        """Cut the commit log back to the last record boundary at or below ``offset``; returns the new end.
+
+        Consume queues and the key index follow, and readers never see the cut bytes.  Called while
+        nothing appends (the replication stopped its HA client; the broker takes no sends as a slave).
+        """

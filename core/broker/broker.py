@@ -21,6 +21,7 @@ from tidemq.broker.metadata_sink import BrokerMetadataSink
 from tidemq.broker.offsets import ConsumerOffsetManager
 from tidemq.broker.processors.filter_server import FilterServerManager
 from tidemq.broker.registration import NamesrvRegistrar
+from tidemq.broker.roles import RoleFollower
 from tidemq.broker.schedule import ScheduleMessageService
 from tidemq.broker.stats import BrokerStats
 from tidemq.broker.subscriptions import SubscriptionGroupManager
@@ -35,7 +36,7 @@ from tidemq.misdirected import UnsupportedRequests
 from tidemq.names import InvalidNameError
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
-from tidemq.replication import MetadataSink
+from tidemq.replication import MetadataSink, RoleAware
 from tidemq.tasks import supervise
 from tidemq.transport import Connection
 
@@ -65,6 +66,12 @@ class Broker:
         self.store = components.store
         self.index = components.index
         self.replication = components.replication
+        #: The replication when it decides the role at run time (controller mode), else None:
+        #: cached here because ``is_master`` is read per send.
+        self.role_aware: RoleAware | None = (
+            self.replication if isinstance(self.replication, RoleAware) else None
+        )
+        self._static_master = self.settings.id == 0 and self.settings.role != "SLAVE"
         acl = components.acl
         #: The access validator (role ``acl``), None when access control is off.
         self.acl: AccessValidator | None = acl if acl is not None and acl.enforcing else None
@@ -112,6 +119,8 @@ class Broker:
         self._background: set[asyncio.Task[Any]] = set()
         self._dir_lock: DataDirLock | None = None
         self._unsupported = UnsupportedRequests("broker", log)
+        #: Applies the role changes of a RoleAware replication (None otherwise).
+        self.roles = RoleFollower(self, self.role_aware) if self.role_aware is not None else None
 
     # ------------------------------------------------------------------ identity
     @property
@@ -134,7 +143,23 @@ class Broker:
 
     @property
     def is_master(self) -> bool:
-        return self.settings.id == 0 and self.settings.role != "SLAVE"
+        """Takes writes now: the configured role, or the replication's in controller mode."""
+        role_aware = self.role_aware
+        if role_aware is not None:
+            return role_aware.current_role() != "SLAVE"
+        return self._static_master
+
+    @property
+    def role(self) -> str:
+        """``ASYNC_MASTER``, ``SYNC_MASTER`` or ``SLAVE``, now (RocketMQ's brokerRole)."""
+        role_aware = self.role_aware
+        return role_aware.current_role() if role_aware is not None else self.settings.role
+
+    @property
+    def broker_id(self) -> int:
+        """The id registered with the NameServers now (0: master)."""
+        role_aware = self.role_aware
+        return role_aware.current_broker_id() if role_aware is not None else self.settings.id
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -175,6 +200,8 @@ class Broker:
         self.schedule.load()
         self.schedule.attach(loop)
         self.store.start()
+        if self.roles is not None:
+            self.roles.bind(loop)
         try:
             self.replication.start(self.store, self.settings)
         except BaseException:
@@ -218,6 +245,9 @@ class Broker:
                 raise
         self.client = self.transport.client()
         self._running = True
+        if self.roles is not None:
+            # Synchronous up to the registration: a role change reported meanwhile follows it.
+            self.roles.started()
         self.schedule.start()
         self.transactions.start()
         await self.registrar.register_all()

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from tidemq.broker.transaction import TransactionalMessageService
     from tidemq.config import BrokerSettings
     from tidemq.remoting.command import RemotingCommand
-    from tidemq.replication import Replication
+    from tidemq.replication import Replication, RoleAware
     from tidemq.store import MessageStore
 
 #: ``handler(conn, request)`` -> the response, or None (oneway requests, connections gone).
@@ -47,6 +47,7 @@ class BrokerContext(Protocol):
     store: MessageStore
     index: Any  # the key index (role ``index``), None when the broker has none
     replication: Replication
+    role_aware: RoleAware | None  # the replication when it decides the role at run time (controller mode)
     topics: TopicConfigManager
     groups: SubscriptionGroupManager
     offsets: ConsumerOffsetManager
@@ -71,6 +72,12 @@ class BrokerContext(Protocol):
 
     @property
     def is_master(self) -> bool: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def broker_id(self) -> int: ...
 
     @property
     def running(self) -> bool: ...

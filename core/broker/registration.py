@@ -62,7 +62,8 @@ class NamesrvRegistrar:
             "brokerAddr": b.address,
             "clusterName": b.settings.cluster,
             "haServerAddr": b.replication.ha_address() or "",
-            "brokerId": b.settings.id,
+            # Controller mode: 0 while elected master, the replica's own id while slave.
+            "brokerId": b.broker_id,
             "compressed": False,
         }
 

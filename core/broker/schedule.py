@@ -141,6 +141,18 @@ class ScheduleMessageService:
         if not self.broker.is_master:
             return
         for level in range(1, self.max_level + 1):
+            # A progress past the queue's end (this replica's log was cut back when it was
+            # deposed, issue 25) would skip the messages written there from now on.
+            top = self.store.get_max_offset_in_queue(SCHEDULE_TOPIC, level - 1)
+            if self.offsets.get(level, 0) > top:
+                log.warning(
+                    "delay level %d: progress %d past the queue's end %d, moved back",
+                    level,
+                    self.offsets[level],
+                    top,
+                )
+                self._set_offset(level, top)
+        for level in range(1, self.max_level + 1):
             self._tasks.append(
                 supervise(functools.partial(self._run_level, level), f"tidemq-delay-level-{level}")
             )
@@ -258,6 +270,8 @@ class ScheduleMessageService:
             due.append((qoff, ext))
         else:
             next_offset = max(next_offset, res.next_begin_offset)
+        if due and not self.broker.is_master:
+            return IDLE_WAIT_S  # demoted (issue 25): a slave writes nothing; the service is stopping
         if due:
             futures = [self.store.put_message(self._real_message(ext)) for _, ext in due]
             results = await asyncio.gather(*(resolved(f) for f in futures), return_exceptions=True)

@@ -114,6 +114,8 @@ class TransactionalMessageService:
 
     def _progress(self, topic: str) -> int:
         offset = self.broker.offsets.query(SYS_GROUP, topic, 0)
+        # Never past the queue's end: a deposed master's log was cut back (issue 25) under it.
+        offset = min(offset, self.store.get_max_offset_in_queue(topic, 0))
         return max(offset, self.store.get_min_offset_in_queue(topic, 0), 0)
 
     # ------------------------------------------------------------------ prepare
@@ -324,6 +326,8 @@ class TransactionalMessageService:
                 if start_ms - half.born_timestamp < wait_ms:
                     walking = False  # too young to ask about; younger ones follow
                     break
+                if not b.is_master:
+                    return  # demoted during the walk (issue 25): a slave appends nothing
                 if not await self._check_one(half, checks + 1):
                     walking = False
                     break

@@ -77,7 +77,7 @@ def _runtime(broker: Any) -> list[Metric]:
         "tidemq_build_info", "tidemq version and codec of this broker", ["version", "codec", "role"]
     )
     codec = "compiled" if COMPILED_CODEC else "python"
-    info.add_metric([__version__, codec, broker.settings.role], 1)
+    info.add_metric([__version__, codec, broker.role], 1)  # the role in force (controller mode changes it)
     up = _gauge("tidemq_uptime_seconds", "Seconds since the broker started")
     up.add_metric([], time.time() - stats.started_at)
     totals = []

@@ -78,15 +78,29 @@ class ConsumeQueue:
         self.queue.truncate_dirty_files(process_offset)
         return min(idx + 1, len(files)) - first, process_offset - files[first].file_from_offset
 
-    def truncate_dirty(self, phy_end: int) -> None:
-        """Drop entries that point at or past ``phy_end`` (the recovered end of the commit log)."""
+    def truncate_dirty(self, phy_end: int, *, trust_order: bool = False) -> None:
+        """Drop entries that point at or past ``phy_end`` (the recovered end of the commit log).
+
+        ``trust_order`` (a live truncation: the entries were written in log order and checked at
+        load) skips, unread, each file whose last entry ends in time.
+        """
         files = self.queue.files
         cut_at: int | None = None
         max_phy = -1
         for mf in files:
             view = mf.raw_view()
             try:
-                for pos in range(0, mf.wrote_position, CQ_STORE_UNIT_SIZE):
+                start = 0
+                if trust_order and mf.wrote_position >= CQ_STORE_UNIT_SIZE:
+                    # A cut near the end must not walk every older entry of a long queue: skip
+                    # the files that end in time, binary-search the first entry past the cut.
+                    offset, size, _ = CQ_ENTRY.unpack_from(view, mf.wrote_position - CQ_STORE_UNIT_SIZE)
+                    if size != 0x7FFFFFFF and offset + size <= phy_end:
+                        max_phy = offset + size
+                        continue
+                    start = _first_past(view, mf.wrote_position // CQ_STORE_UNIT_SIZE, phy_end)
+                    start = max(0, start - 1) * CQ_STORE_UNIT_SIZE  # the entry before: max_phy
+                for pos in range(start, mf.wrote_position, CQ_STORE_UNIT_SIZE):
                     offset, size, _ = CQ_ENTRY.unpack_from(view, pos)
                     if size == 0x7FFFFFFF:
                         continue
@@ -249,3 +263,17 @@ class ConsumeQueue:
         self.queue.destroy()
         self.min_logic_offset = 0
         self.max_physic_offset = -1
+
+
+def _first_past(view: memoryview, count: int, phy_end: int) -> int:
+    """Index of the first of ``count`` entries whose record ends past ``phy_end`` (log order;
+    fillers, which come first, count as in time)."""
+    lo, hi = 0, count
+    while lo < hi:
+        mid = (lo + hi) // 2
+        offset, size, _ = CQ_ENTRY.unpack_from(view, mid * CQ_STORE_UNIT_SIZE)
+        if size != 0x7FFFFFFF and offset + size > phy_end:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

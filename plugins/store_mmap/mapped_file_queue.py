@@ -195,7 +195,11 @@ class MappedFileQueue:
 
     # ------------------------------------------------------------------ truncation / deletion
     def truncate_dirty_files(self, offset: int) -> None:
-        """Drop everything at or past ``offset`` (recovery)."""
+        """Drop everything at or past ``offset`` (recovery, and truncation on a live store)."""
+        with self._flush_lock:  # a flush running meanwhile would move flushed_where past the cut
+            self._truncate_dirty_files(offset)
+
+    def _truncate_dirty_files(self, offset: int) -> None:
         keep: list[MappedFile] = []
         for mf in self.files:
             end = mf.file_from_offset + self.file_size

@@ -70,6 +70,7 @@ from .options import MmapStoreOptions, parse_host
 from .recovery import StoreRecovery
 from .reput import NOT_CONSUMABLE, ConsumeQueueTable, Reput
 from .transient_pool import physical_memory, transient_pool_for
+from .truncate import truncate_commit_log
 
 log = logging.getLogger(__name__)
 
@@ -623,6 +624,10 @@ class MmapMessageStore:
             end = self.commitlog.get_max_offset()
         self.flush_policy.request(end)
         return True
+
+    def truncate_commit_log(self, offset: int) -> int:
+        """Cut the log back to the last record boundary at or below ``offset``; the new end (:mod:`.truncate`)."""
+        return truncate_commit_log(self, offset)
 
     def topics(self) -> dict[str, list[int]]:
         return self.cqs.topics()

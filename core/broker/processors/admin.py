@@ -29,7 +29,7 @@ from tidemq.perm import PERM_READ, PERM_WRITE
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import DEFAULT_VERSION, RemotingCommand
-from tidemq.replication import MasterAware
+from tidemq.replication import MasterAware, RoleAware
 from tidemq.transport import Connection
 
 
@@ -135,6 +135,8 @@ class AdminProcessor:
         # HA (issue 7): replication plugins may add their state (role, slave lag in bytes).
         if isinstance(b.replication, MasterAware):
             table.update(b.replication.runtime_info())
+        if isinstance(b.replication, RoleAware):  # controller mode (issue 25): the epoch served in
+            table["controllerEpoch"] = str(b.replication.current_epoch())
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps({"table": table}))
 
     async def topic_stats(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
@@ -299,7 +301,7 @@ def runtime_table(b: BrokerContext) -> dict[str, str]:
         "brokerVersion": str(DEFAULT_VERSION),
         "brokerName": b.settings.name,
         "brokerAddr": b.address,
-        "brokerRole": b.settings.role,
+        "brokerRole": b.role,
         "bootTimestamp": str(int(s.started_at * 1000)),
         "runtime": f"[ {days} days, {rest // 3600} hours, {rest % 3600 // 60} minutes, {rest % 60} seconds ]",
         "msgPutTotalYesterdayMorning": str(s.put_total_yesterday_morning),

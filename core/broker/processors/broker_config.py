@@ -182,6 +182,9 @@ class RuntimeConfig:
         host, port = self.broker.address.rsplit(":", 1)  # the bound address (listen may say port 0)
         out["brokerIP1"] = host.strip("[]")
         out["listenPort"] = port
+        # Controller mode elects the role: report the one in force, not the configured start.
+        out["brokerId"] = str(self.broker.broker_id)
+        out["brokerRole"] = self.broker.role
         out.update(self._plugin_keys())
         return out
 

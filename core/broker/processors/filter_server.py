@@ -50,9 +50,7 @@ class FilterServerManager:
             log.info("filter server registered: %s", addr)
             conn.add_close_callback(self._closed)
             b.registrar.request()  # tell the NameServers now, not at the next periodic round
-        return request.reply(
-            ResponseCode.SUCCESS, None, kv(brokerName=b.settings.name, brokerId=b.settings.id)
-        )
+        return request.reply(ResponseCode.SUCCESS, None, kv(brokerName=b.settings.name, brokerId=b.broker_id))
 
     def _closed(self, conn: Connection) -> None:
         entry = self._table.pop(conn, None)

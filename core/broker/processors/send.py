@@ -241,9 +241,12 @@ class SendProcessor:
         """The topic config to write to, or the error response (msgCheck of RocketMQ)."""
         b = self.broker
         if not b.is_master:
+            # Controller mode: the epoch this replica follows, as on every send answer.
+            role_aware = b.role_aware
             return None, request.reply(
                 ResponseCode.SERVICE_NOT_AVAILABLE,
                 f"the broker[{b.settings.name}] is a slave and takes no messages",
+                {"epoch": str(role_aware.current_epoch())} if role_aware is not None else None,
             )
         if topic not in self._valid_topics:
             if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):  # %RETRY%<group>: the group's rules apply

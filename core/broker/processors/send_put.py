@@ -59,6 +59,8 @@ _REPLICA_CODES = {
     ReplicaStatus.PUT_OK: ResponseCode.SUCCESS,
     ReplicaStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
     ReplicaStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
+    # Fenced or deposed (controller mode): SERVICE_NOT_AVAILABLE makes clients retry another broker.
+    ReplicaStatus.NOT_MASTER: ResponseCode.SERVICE_NOT_AVAILABLE,
 }
 #: Codes whose response carries the message id and queue offset (SendMessageResponseHeader).
 _HEADER_CODES = frozenset(
@@ -74,6 +76,7 @@ _SUCCESS = ResponseCode.SUCCESS
 _SYSTEM_ERROR = ResponseCode.SYSTEM_ERROR
 _PUT_OK = PutStatus.PUT_OK
 _REPLICA_OK = ReplicaStatus.PUT_OK
+_NOT_MASTER = ReplicaStatus.NOT_MASTER
 #: Put statuses caused by one message: a coalesced put that gets one is retried message by message.
 _ONE_MESSAGE_STATUSES = frozenset((PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED))
 #: Transaction types the store gives no consume-queue entry (every record of a put shares offset 0).
@@ -243,6 +246,10 @@ def _respond(broker: BrokerContext, send: PendingSend, replica: Any) -> Remoting
         code = _SUCCESS if replica is _REPLICA_OK else _REPLICA_CODES.get(replica, _SYSTEM_ERROR)
         if code == _SYSTEM_ERROR:
             remark = f"replication answered {replica}"
+        elif replica is _NOT_MASTER:
+            remark = (
+                f"the broker[{broker.settings.name}] is not master (fenced): the message is not acknowledged"
+            )
     if group.nsends == 1:
         msg_ids = result.msg_ids
         msg_id = msg_ids[0] if len(msg_ids) == 1 else result.msg_id
@@ -264,17 +271,20 @@ def _respond(broker: BrokerContext, send: PendingSend, replica: Any) -> Remoting
         ctx.queue_offset = queue_offset
         ctx.elapsed_ms = (time.perf_counter() - group.started) * 1000
         broker.hooks.tidemq_after_send(context=ctx)
+    role_aware = broker.role_aware
     if code not in _HEADER_CODES:
+        if role_aware is not None:
+            return request.reply(code, remark, {"epoch": str(role_aware.current_epoch())})
         return request.reply(code, remark)
     properties = send.msgs[0].properties
-    return request.reply_with(
-        code,
-        remark,
-        {
-            "msgId": msg_id,
-            "queueId": str(send.reply_queue_id),
-            "queueOffset": str(queue_offset),
-            "MSG_REGION": properties.get(Prop.MSG_REGION, "DefaultRegion"),
-            "TRACE_ON": properties.get(Prop.TRACE_SWITCH, "true"),
-        },
-    )
+    fields = {
+        "msgId": msg_id,
+        "queueId": str(send.reply_queue_id),
+        "queueOffset": str(queue_offset),
+        "MSG_REGION": properties.get(Prop.MSG_REGION, "DefaultRegion"),
+        "TRACE_ON": properties.get(Prop.TRACE_SWITCH, "true"),
+    }
+    if role_aware is not None:
+        # Controller mode (issue 25): the epoch that acknowledged; RocketMQ clients ignore the key.
+        fields["epoch"] = str(role_aware.current_epoch())
+    return request.reply_with(code, remark, fields)
