@@ -48,6 +48,10 @@ TABLE_NOTES: dict[str, str] = {
     "allocate.consistent_hash": "A client role: read by `tidemq.client` consumers given this config.",
     "allocate.config": "A client role.",
     "allocate.machine_room": "A client role.",
+    "replication.controller": (
+        'Elected masters through etcd (`[plugins] replication = "controller"`): etcd, lease timing '
+        "and the lag bound, plus every `[replication.master_slave]` option; see plugins/controller/README.md."
+    ),
 }
 
 #: Installed built-in plugins that take no options (their table, if given, is an error).
@@ -404,3 +408,12 @@ NOTES: dict[str, dict[str, str]] = {
         "doc": "Rooms this consumer serves (broker names `room@name`).",
     },
 }
+
+# [replication.controller] inherits master_slave's HA options: the same notes.
+NOTES.update(
+    {
+        "replication.controller." + key.removeprefix(_MS_REPL + "."): note
+        for key, note in list(NOTES.items())
+        if key.startswith(_MS_REPL + ".")
+    }
+)

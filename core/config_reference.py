@@ -74,6 +74,7 @@ TABLES: tuple[OptionTable, ...] = (
     OptionTable("index.hash", "tidemq_index_hash.service:HashIndexOptions"),
     OptionTable("filter.SQL92", "tidemq_filter_server.plugin:Sql92Options"),
     OptionTable("replication.master_slave", "tidemq_ha_replication.master_slave:MasterSlaveOptions"),
+    OptionTable("replication.controller", "tidemq_controller.options:ControllerOptions"),
     OptionTable("acl.plain", "tidemq_acl.validator:PlainAclOptions"),
     OptionTable("metrics.prometheus", "tidemq_metrics_prometheus.options:PrometheusOptions"),
     OptionTable("select.latency_fault", "tidemq_queue_select:LatencyFaultOptions"),

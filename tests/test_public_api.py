@@ -73,6 +73,8 @@ ALLOWED_CROSS_PLUGIN: frozenset[tuple[str, str]] = frozenset(
     {
         # removed by the store split: the mmap verifier reads the hash index's file layout.
         ("store_mmap", "tidemq_index_hash"),
+        # controller mode is master/slave HA with elected roles: it builds on that plugin's HA stream.
+        ("controller", "tidemq_ha_replication"),
     }
 )
 

@@ -236,6 +236,9 @@ class Election:
     def _member_key(self, broker_id: int) -> bytes:
         return self.prefix + b"members/%d" % broker_id
 
+    def _history_key(self, epoch: int) -> bytes:
+        return self.prefix + b"history/%d" % epoch
+
     # -- life cycle
 
     async def start(self) -> None:
@@ -354,6 +357,20 @@ class Election:
         kvs, _ = await self.client.get(self.prefix + b"members/", prefix=True)
         return sorted((Member.from_json(kv.value) for kv in kvs), key=lambda m: m.broker_id)
 
+    async def history(self) -> list[tuple[int, int]]:
+        """Every election's ``(epoch, start offset)``, oldest first (written by each campaign)."""
+        kvs, _ = await self.client.get(self.prefix + b"history/", prefix=True)
+        entries = []
+        for kv in kvs:
+            raw = _record(kv)
+            try:
+                entries.append((int(raw["epoch"]), int(raw["startOffset"])))
+            except (KeyError, TypeError, ValueError):
+                raise ControllerError(
+                    f"unreadable history record {kv.key.decode(errors='replace')} in etcd"
+                ) from None
+        return sorted(entries)
+
     async def confirmed_offset(self) -> int:
         """The last master's confirmed offset (what a candidate must have caught up to)."""
         kvs, _ = await self.client.get(self._confirmed_key)
@@ -396,6 +413,8 @@ class Election:
             Put(self._epoch_key, record),
             Put(self._confirmed_key, orjson.dumps({"epoch": epoch, "offset": offset})),
             Put(self._member_key(me.broker_id), me.to_json(), self.lease),
+            # No lease, never deleted: the epoch history a returning replica truncates against.
+            Put(self._history_key(epoch), record),
         ]
         sent = time.monotonic()
         result = await self.client.txn(compare, success)

@@ -1,6 +1,62 @@
 """The ``controller`` plugin (entry point ``controller``): elected masters through etcd.
 
-Registers nothing yet: the ``controller`` replication is being wired (issue 25).
+Loaded by every tidemq process: nothing heavy at module level.  The replication module (and
+httpx) is imported only when a broker selects ``[plugins] replication = "controller"``.
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+from tidemq import hookimpl
+from tidemq.plugins import PluginContext, Register
+
+
+def create(ctx: PluginContext) -> Any:
+    """The ``controller`` replication, from ``[replication.controller]``."""
+    from tidemq.config import parse_options
+    from tidemq.errors import ConfigError
+
+    try:
+        import httpx  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "[plugins] replication = \"controller\" needs httpx: pip install 'tidemq[controller]'"
+        ) from None
+    from .options import ControllerOptions, check_broker_settings
+
+    options = parse_options(ControllerOptions, ctx.options, "[replication.controller]")
+    from .replication import ControllerReplication, election_config
+
+    if ctx.settings:  # a broker's: refuse what controller mode cannot run with before it starts
+        role = str(ctx.settings.get("role", ""))
+        check_broker_settings(role, int(ctx.settings.get("id", 0)))
+        election_config(options, role)
+
+    return ControllerReplication(options)
+
+
+@hookimpl
+def tidemq_register_replications(register: Register) -> None:
+    register.add(
+        "controller",
+        create,
+        "master_slave's HA stream with the master elected through etcd: automatic failover, epochs",
+    )
+
+
+@hookimpl
+def tidemq_broker_started(broker: Any) -> None:
+    """A controller replica copies its master's metadata while it is a slave."""
+    replication = getattr(broker, "replication", None)
+    attach = getattr(replication, "attach_broker", None)
+    if attach is not None and type(replication).__module__ == "tidemq_controller.replication":
+        attach(broker.metadata_sink, broker.client)
+
+
+@hookimpl
+def tidemq_add_commands(cli: Any) -> None:
+    """``tidemq admin controllerStatus``: each group's master, epoch, sync set and lag, from etcd."""
+    from .admin import add_admin_command
+
+    add_admin_command(cli)

@@ -1,0 +1,60 @@
+"""``[replication.controller]`` options: etcd, lease timing, the lag bound, and master_slave's HA options.
+
+Kept apart from :mod:`.replication` so the configuration reference can import it without httpx.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from tidemq.errors import ConfigError
+from tidemq_ha_replication.master_slave import MasterSlaveOptions
+
+
+def _endpoints(_inst: object, attribute: attrs.Attribute, value: list[str]) -> None:
+    if not value:
+        raise ValueError("etcd: give at least one URL such as http://127.0.0.1:2379")
+    for url in value:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"etcd endpoint {url!r}: expected http://host:port")
+
+
+def _non_negative(_inst: object, attribute: attrs.Attribute, value: float) -> None:
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value}")
+
+
+@attrs.define
+class ControllerOptions(MasterSlaveOptions):
+    #: etcd client URLs (its HTTP/JSON gateway); tried in turn.
+    etcd: list[str] = attrs.field(factory=lambda: ["http://127.0.0.1:2379"], validator=_endpoints)
+    #: lease TTL (s): how long a dead master keeps the leader key (etcd's minimum is 2).
+    ttl_s: int = 6
+    #: how often the lease is renewed (s).
+    keepalive_s: float = 1.0
+    #: a master that could not renew stops acknowledging this long before its lease can expire (s).
+    fence_margin_s: float = 2.0
+    #: a candidate further than this behind the confirmed offset may not win; -1: 0 under
+    #: SYNC_MASTER (every acknowledged byte is on the winner), 16 MiB under ASYNC_MASTER.
+    max_lag_bytes: int = attrs.field(default=-1, validator=attrs.validators.ge(-1))
+    #: timeout of one etcd request (s).
+    request_timeout_s: float = 1.0
+    #: whether a master cut off from etcd keeps acknowledging: "never" (the only choice so far):
+    #: it stops at the fencing deadline and resumes on the same epoch when etcd is back.
+    keep_serving_without_etcd: str = attrs.field(default="never", metadata={"choices": ("never",)})
+    #: how often a slave (and an ASYNC master) reports its offset to etcd (s), for lag and status.
+    report_s: float = attrs.field(default=1.0, validator=_non_negative)
+
+
+def check_broker_settings(role: str, broker_id: int) -> None:
+    """Controller mode's constraints on ``[broker]``: a master role to take when elected, an own id."""
+    if role not in ("SYNC_MASTER", "ASYNC_MASTER"):
+        raise ConfigError(
+            f'[replication.controller]: [broker] role = "{role}": give the role a replica takes when '
+            'elected, "SYNC_MASTER" or "ASYNC_MASTER" (etcd decides who is master)'
+        )
+    if broker_id < 1:
+        raise ConfigError(
+            "[replication.controller]: each replica needs its own non-zero [broker] id "
+            "(etcd elects the master, which then registers as brokerId 0)"
+        )

@@ -1,0 +1,513 @@
+"""The ``controller`` replication: master_slave's HA stream, with the master elected through etcd.
+
+Every replica of a group registers in etcd (:class:`~.election.Election`); when the group has no
+master, a replica campaigns with its commit-log end and the winner of epoch *E* records ``(E,
+end)`` in its :class:`~.epochs.EpochFile`, serves the HA port and becomes the broker's master
+(brokerId 0 at the NameServers through the role listener).  The others follow the leader's HA
+address as slaves, after truncating their log to the point where it agrees with the new master's
+(:func:`~.epochs.consistent_point` against the epoch history kept in etcd).
+
+Under SYNC_MASTER a send is acknowledged only when a slave has its bytes *and* the group's
+``confirmed`` offset in etcd covers them: a candidate must have reached ``confirmed`` (minus
+``max_lag_bytes``, 0 by default), so whoever wins holds every acknowledged message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from typing import Any
+
+from tidemq.errors import ConfigError
+from tidemq.replication import ReplicaStatus
+from tidemq.store import RawCommitLogStore
+from tidemq_ha_replication.ha_master import GroupTransfer, HAServer
+from tidemq_ha_replication.ha_slave import HAClient
+from tidemq_ha_replication.master_slave import MasterSlaveReplication, _done, _setting
+
+from .election import Election, ElectionConfig, FenceReason, MasterState, Member
+from .epochs import EpochEntry, EpochFile, EpochFileError, consistent_point
+from .etcd import ControllerError, EtcdClient
+from .options import ControllerOptions, check_broker_settings
+from .status import GroupStatus, cluster_status
+
+log = logging.getLogger(__name__)
+
+#: ReplicaStatus.NOT_MASTER (the broker's seam); SLAVE_NOT_AVAILABLE on a core without it.
+NOT_MASTER = getattr(ReplicaStatus, "NOT_MASTER", ReplicaStatus.SLAVE_NOT_AVAILABLE)
+_NOT_MASTER: Future[ReplicaStatus] = _done(NOT_MASTER)
+RETRY_S = 0.5  # pause before re-reading the group after a failed step
+
+
+class ControllerReplication(MasterSlaveReplication):
+    """One replica of an elected group; ``self.role`` is the role it takes when elected."""
+
+    def __init__(self, options: ControllerOptions) -> None:
+        super().__init__(options)
+        self.copts = options
+        self._role = "SLAVE"
+        self._epoch = 0
+        self._listener: Callable[[], None] | None = None
+        self.broker_id = 1
+        self.election: Election | None = None
+        self.etcd: EtcdClient | None = None
+        self.epochs: EpochFile | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._following: tuple[int, int, str] | None = None  # (epoch, master id, HA address)
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._reporter: asyncio.Task[None] | None = None
+        self._ack_event = asyncio.Event()
+        self._slave_acked = 0
+        self._status: GroupStatus | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self.metadata: tuple[Any, Any] | None = None  # (MetadataSink, transport client): slave sync
+        self.failovers = 0
+
+    # ------------------------------------------------------------------ RoleAware
+    def current_role(self) -> str:
+        return self._role
+
+    def current_broker_id(self) -> int:
+        return 0 if self._role != "SLAVE" else self.broker_id
+
+    def current_epoch(self) -> int:
+        return self._epoch
+
+    def bind_role_listener(self, listener: Callable[[], None]) -> None:
+        self._listener = listener
+
+    def _role_changed(self) -> None:
+        if self._listener is not None:
+            try:
+                self._listener()
+            except Exception:
+                log.exception("role listener failed")
+
+    # ------------------------------------------------------------------ contract
+    def start(self, store: Any, broker_config: Any) -> None:
+        if not isinstance(store, RawCommitLogStore) or not hasattr(store, "truncate_commit_log"):
+            raise ConfigError(
+                f"[replication.controller] needs a store with raw commit-log access and truncation; "
+                f"{type(store).__name__} has none"
+            )
+        role = str(_setting(broker_config, "role", "SYNC_MASTER"))
+        broker_id = int(_setting(broker_config, "id", 0))
+        check_broker_settings(role, broker_id)
+        self.store, self.role, self.broker_id = store, role, broker_id
+        config = election_config(self.copts, role)
+        store_path = _setting(broker_config, "store_path", None)
+        if store_path is None:
+            raise ConfigError("[replication.controller] needs the broker's data directory")
+        try:
+            self.epochs = EpochFile(store_path / "epoch")
+        except EpochFileError as exc:
+            raise ConfigError(str(exc)) from None
+        self._ha_listen = self._listen_address(broker_config)
+        host, port = self._ha_listen
+        addr = str(_setting(broker_config, "advertise", "") or _setting(broker_config, "listen", ""))
+        addr_host, _, addr_port = addr.rpartition(":")
+        wildcards = ("0.0.0.0", "::", "[::]", "")
+        if host in wildcards or addr_host in wildcards:
+            from tidemq.message import local_ip  # what the other replicas can reach
+
+            host = local_ip() if host in wildcards else host
+            addr = f"{local_ip()}:{addr_port}" if addr_host in wildcards else addr
+        me = Member(broker_id, addr, f"{host}:{port}", store.get_max_phy_offset(), self._last_epoch())
+        self.etcd = EtcdClient(self.copts.etcd, self.copts.request_timeout_s)
+        self.election = Election(
+            self.etcd,
+            str(_setting(broker_config, "cluster", "DefaultCluster")),
+            str(_setting(broker_config, "name", "broker-a")),
+            me,
+            config,
+            on_fenced=self._on_fenced,
+            on_resumed=self._on_resumed,
+        )
+        self.loop = asyncio.get_running_loop()
+        self._tasks.append(self.loop.create_task(self._run(), name="tidemq-controller"))
+        self._tasks.append(self.loop.create_task(self._report_loop(), name="tidemq-controller-report"))
+        log.info(
+            "controller replica %d of %s: joining the election at %s", broker_id, me.addr, self.copts.etcd
+        )
+
+    def _last_epoch(self) -> int:
+        last = self.epochs.last if self.epochs is not None else None
+        return last.epoch if last is not None else 0
+
+    def wait_for_replicas(self, end_offset: int) -> Future[ReplicaStatus]:
+        election = self.election
+        if self._role == "SLAVE" or election is None or not election.is_master or self.server is None:
+            return _NOT_MASTER
+        return super().wait_for_replicas(end_offset)
+
+    def update_master(self, ha_address: str, broker_address: str) -> None:
+        """Ignored: etcd, not the NameServer, says who the master is."""
+
+    def ha_address(self) -> str:
+        return super().ha_address() if self._role != "SLAVE" else ""
+
+    def runtime_info(self) -> dict[str, str]:
+        info = super().runtime_info()
+        info["haRole"] = self._role
+        info["controllerRole"] = self._role
+        info["controllerEpoch"] = str(self._epoch)
+        status = self._status
+        if status is not None:
+            info["controllerMaster"] = str(status.master.broker_id) if status.master else ""
+            info["controllerSyncSet"] = ",".join(map(str, status.sync_set))
+            info["controllerLag"] = ";".join(f"{m.member.broker_id}={m.lag}" for m in status.members)
+        return info
+
+    def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._reporter is not None:
+            self._reporter.cancel()
+        self._listener = None
+        election = self.election
+        if election is not None:
+            # What Election.close() does, synchronously: no renewal, no fence timer, not master.
+            if election._keepalive_task is not None:
+                election._keepalive_task.cancel()
+            if election._fence_timer is not None:
+                election._fence_timer.cancel()
+            election._master = False
+        self._role = "SLAVE"
+        self._stop_slave_sync()
+        super().shutdown()
+        if self.election is not None and self.election.lease:
+            # Revoke the lease so the group elects at once (not a TTL later); from a thread of
+            # its own, since the broker's loop is stopping.
+            lease = self.election.lease
+            thread = threading.Thread(target=_revoke, args=(self.copts.etcd, lease), daemon=True)
+            thread.start()
+            thread.join(self.copts.request_timeout_s * len(self.copts.etcd) + 0.5)
+
+    # ------------------------------------------------------------------ election
+    async def _run(self) -> None:
+        assert self.election is not None
+        while True:
+            try:
+                await self.election.start()
+                break
+            except ControllerError as exc:
+                log.warning("controller: cannot register in etcd (retrying): %s", exc)
+                await asyncio.sleep(RETRY_S)
+        while True:
+            try:
+                async for state in self.election.observe():
+                    await self._on_state(state)
+            except asyncio.CancelledError:
+                raise
+            except ControllerError as exc:
+                log.warning("controller: watching the group failed (retrying): %s", exc)
+            except Exception:
+                log.exception("controller: watching the group failed")
+            await asyncio.sleep(RETRY_S)
+
+    async def _on_state(self, state: MasterState) -> None:
+        assert self.election is not None
+        async with self._lock:
+            master = state.master
+            if master is None:
+                if not self.election.is_master:
+                    await self._campaign()
+            elif master.broker_id == self.broker_id:
+                pass  # ours (promoted already), or a dead lease of our previous run: it expires
+            else:
+                # The leader record carries the epoch it won; the epoch key may be one event late.
+                epoch = max(master.epoch, state.epoch)
+                if self._following != (epoch, master.broker_id, master.ha_addr):
+                    await self._follow(epoch, master)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` on the loop; finished tasks are dropped (retries may run for days)."""
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.ensure_future(coro))
+
+    def _retry_later(self) -> None:
+        """Re-read the group soon: a campaign lost for lag or etcd errors gets no watch event."""
+        if self._retry is not None or self.loop is None:
+            return
+
+        def fire() -> None:
+            self._retry = None
+            self._spawn(self._recheck())
+
+        self._retry = self.loop.call_later(max(RETRY_S, self.copts.keepalive_s), fire)
+
+    async def _recheck(self) -> None:
+        assert self.election is not None
+        try:
+            await self._on_state(await self.election.state())
+        except ControllerError as exc:
+            log.info("controller: reading the group failed: %s", exc)
+            self._retry_later()
+
+    async def _campaign(self) -> None:
+        assert self.election is not None
+        await self._stop_following()
+        try:
+            history = [EpochEntry(e, s) for e, s in await self.election.history()]
+            last = self.epochs.last if self.epochs is not None else None
+            if history and (last is None or last.epoch != history[-1].epoch):
+                # We never followed the newest master: what we hold past its start is not its
+                # data, whatever our offset says.  Cut it, then compete with what is left.
+                await self._reconcile(history, f"the log of epoch {history[-1].epoch}")
+            end = self.store.get_max_phy_offset()
+            result = await self.election.campaign(end)
+        except ControllerError as exc:
+            log.info("controller: campaign failed: %s", exc)
+            self._retry_later()
+            return
+        if not result.won:
+            log.info("controller: broker %d not elected: %s", self.broker_id, result.reason)
+            self._retry_later()
+            return
+        assert self.epochs is not None
+        # Entries past our end came from history we never received: the new epoch starts here.
+        self.epochs.truncate(end + 1)
+        self.epochs.record(result.epoch, end)
+        self._epoch = result.epoch
+        if not self.election.is_master:
+            return  # won, but the lease renewal was late: on_resumed serves, or we are deposed
+        await self._promote(result.epoch, end)
+
+    async def _promote(self, epoch: int, start: int) -> None:
+        assert self.election is not None
+        if not await self._serve(start):
+            await self.election.resign()
+            return
+        self._epoch = epoch
+        self.failovers += 1
+        log.warning(
+            "controller: broker %d is %s of epoch %d from offset %d", self.broker_id, self.role, epoch, start
+        )
+        self._role = self.role
+        self._role_changed()
+
+    async def _serve(self, start: int = 0) -> bool:
+        """Open the HA port (and the SYNC group transfer); sends end past ``start``."""
+        self._stop_slave_sync()
+        host, port = self._ha_listen
+        try:
+            server = await asyncio.to_thread(HAServer, self.store, self.options, host, port, self._on_ack)
+        except OSError as exc:
+            log.error("controller: cannot listen on HA port %s:%d: %s", host, port, exc)
+            return False
+        server.start()
+        self._slave_acked = 0
+        self.transfer = GroupTransfer() if self.role == "SYNC_MASTER" else None
+        if self.transfer is not None:
+            # Every new send ends past our start: without this, a log beyond slave_fall_behind_max
+            # would answer SLAVE_NOT_AVAILABLE until the first confirmation.
+            self.transfer.acked = start
+        self.server = server
+        self._reporter = asyncio.ensure_future(self._confirm_loop())
+        return True
+
+    def _on_resumed(self, epoch: int) -> None:
+        """etcd answers again and the leader key stayed ours: master again, same epoch."""
+        self._spawn(self._resume(epoch))
+
+    async def _resume(self, epoch: int) -> None:
+        async with self._lock:
+            if self.election is None or not self.election.is_master or self.server is not None:
+                return
+            if await self._serve(self.store.get_max_phy_offset()):
+                self._role = self.role
+                log.warning("controller: broker %d master again of epoch %d", self.broker_id, epoch)
+                self._role_changed()
+
+    def _on_fenced(self, reason: FenceReason) -> None:
+        """Deposed or cut off from etcd: refuse acknowledgements now, close the HA port next."""
+        self._role = "SLAVE"
+        log.warning("controller: broker %d stops acknowledging as master (%s)", self.broker_id, reason.value)
+        self._role_changed()
+        self._spawn(self._demote())
+
+    async def _demote(self) -> None:
+        server, transfer, reporter = self.server, self.transfer, self._reporter
+        self.server = self.transfer = self._reporter = None
+        if reporter is not None:
+            reporter.cancel()
+        if server is not None:
+            await asyncio.to_thread(server.shutdown)
+        if transfer is not None:
+            await asyncio.to_thread(transfer.shutdown)  # waiting sends fail (not acknowledged)
+
+    async def _stop_following(self) -> None:
+        client, self.client = self.client, None
+        self._following = None
+        self._stop_slave_sync()
+        if client is not None:
+            await asyncio.to_thread(client.shutdown)
+
+    async def _reconcile(self, history: list[EpochEntry], whose: str) -> None:
+        """Cut this log back to where it agrees with ``history`` (etcd's epochs), then adopt them."""
+        assert self.epochs is not None
+        end = self.store.get_max_phy_offset()
+        mine = self.epochs.entries
+        if mine:
+            # The master's end of its newest epoch is at least our end of it: we got it from it.
+            point = consistent_point(mine, end, history, max(end, history[-1].start_offset if history else 0))
+            point = 0 if point is None else point
+        else:
+            point = min(end, history[0].start_offset) if history else end
+        if point < end:
+            new_end = await asyncio.to_thread(self.store.truncate_commit_log, point)
+            log.warning(
+                "controller: broker %d truncated its commit log from %d to %d (not on %s)",
+                self.broker_id,
+                end,
+                new_end,
+                whose,
+            )
+            self.epochs.truncate(new_end + 1)
+        last = self.epochs.last
+        for entry in history:
+            if last is None or (entry.epoch > last.epoch and entry.start_offset >= last.start_offset):
+                self.epochs.record(entry.epoch, entry.start_offset)
+                last = entry
+
+    async def _follow(self, epoch: int, master: Member) -> None:
+        """Truncate to where this log agrees with the master of ``epoch``, then stream from it."""
+        assert self.election is not None and self.epochs is not None
+        if self.server is not None or self._role != "SLAVE":
+            self._role = "SLAVE"
+            self._role_changed()
+            await self._demote()
+        await self._stop_following()
+        try:
+            history = [EpochEntry(e, s) for e, s in await self.election.history() if e <= epoch]
+        except ControllerError as exc:
+            log.info("controller: reading the epoch history failed: %s", exc)
+            self._retry_later()
+            return
+        await self._reconcile(history, f"the master of epoch {epoch}")
+        self.client = HAClient(self.store, self.options, master.ha_addr)
+        self.client.start()
+        self.master_broker_address = master.addr
+        self._following = (epoch, master.broker_id, master.ha_addr)
+        changed = self._epoch != epoch
+        self._epoch = epoch
+        log.info(
+            "controller: broker %d follows broker %d (epoch %d) at %s",
+            self.broker_id,
+            master.broker_id,
+            epoch,
+            master.ha_addr,
+        )
+        self._start_slave_sync()
+        if changed:
+            self._role_changed()
+
+    # ------------------------------------------------------------------ confirmed offsets
+    def _on_ack(self, offset: int) -> None:
+        """A slave acknowledged ``offset`` (an HA reader thread): confirm it in etcd, then acknowledge."""
+        if offset > self._slave_acked:
+            self._slave_acked = offset
+            loop = self.loop
+            if loop is not None and self.transfer is not None:
+                loop.call_soon_threadsafe(self._ack_event.set)
+
+    async def _confirm_loop(self) -> None:
+        """SYNC master: move ``confirmed`` in etcd to what slaves hold before any send is acknowledged."""
+        assert self.election is not None
+        transfer, reported = self.transfer, 0
+        if transfer is None:
+            return
+        while True:
+            await self._ack_event.wait()
+            self._ack_event.clear()
+            offset = self._slave_acked
+            if offset <= reported:
+                continue
+            try:
+                await self.election.report(offset)
+            except ControllerError as exc:
+                log.debug("controller: confirming %d failed: %s", offset, exc)
+                await asyncio.sleep(0.05)
+                self._ack_event.set()
+                continue
+            if not self.election.is_master:
+                return  # deposed: report() fenced us; nothing more is acknowledged
+            reported = offset
+            transfer.ack(offset)
+
+    async def _report_loop(self) -> None:
+        """Slaves and ASYNC masters publish their offset; everyone refreshes the status cache."""
+        assert self.election is not None
+        while True:
+            await asyncio.sleep(self.copts.report_s or 1.0)
+            try:
+                if self.election.lease and (self._role == "SLAVE" or self.transfer is None):
+                    await self.election.report(self.store.get_max_phy_offset())
+                cluster, name = self.election.prefix.decode().strip("/").split("/")[1:3]
+                for group in await cluster_status(self.etcd, cluster, self.election.config.max_lag_bytes):  # type: ignore[arg-type]
+                    if group.broker_name == name:
+                        self._status = group
+            except ControllerError as exc:
+                log.debug("controller: report failed: %s", exc)
+            except Exception:
+                log.exception("controller: report failed")
+
+    # ------------------------------------------------------------------ slave metadata
+    def _start_slave_sync(self) -> None:
+        if self.metadata is None or self.slave_sync is not None:
+            return
+        from tidemq_ha_replication.slave_sync import SlaveSynchronize
+
+        sink, client = self.metadata
+        self.slave_sync = SlaveSynchronize(sink, client, self)
+        self.slave_sync.start()
+
+    def _stop_slave_sync(self) -> None:
+        sync, self.slave_sync = self.slave_sync, None
+        if sync is not None:
+            sync.cancel()
+
+    def attach_broker(self, sink: Any, client: Any) -> None:
+        """From the broker_started hook: what a slave needs to copy its master's metadata."""
+        self.metadata = (sink, client)
+        if self.client is not None:
+            self._start_slave_sync()
+
+
+def election_config(options: ControllerOptions, role: str) -> ElectionConfig:
+    """The election's timing and lag bound (``max_lag_bytes = -1``: 0 under SYNC, 16 MiB under ASYNC)."""
+    max_lag = options.max_lag_bytes
+    if max_lag < 0:
+        max_lag = 0 if role == "SYNC_MASTER" else 16 * 1024 * 1024
+    try:
+        return ElectionConfig(
+            ttl=options.ttl_s,
+            keepalive_interval=options.keepalive_s,
+            fence_margin=options.fence_margin_s,
+            max_lag_bytes=max_lag,
+            request_timeout=options.request_timeout_s,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"[replication.controller]: {exc}") from None
+
+
+def _revoke(endpoints: list[str], lease: int) -> None:
+    async def revoke() -> None:
+        client = EtcdClient(endpoints, 1.0)
+        try:
+            await client.revoke(lease)
+        except ControllerError as exc:
+            log.info("controller: revoking the lease failed (it expires by itself): %s", exc)
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(revoke())
+    except Exception:
+        log.exception("controller: revoking the lease failed")
