@@ -125,6 +125,11 @@ def _level(name: str) -> int:
     return value
 
 
+#: Libraries that log every request at INFO (the controller's etcd keepalive, once a second):
+#: they log at WARNING and above unless the level asked for is DEBUG.
+CHATTY_LOGGERS = ("httpx", "httpcore")
+
+
 def configure(settings: LogSettings, default_file: Path | None = None) -> Path | None:
     """Install the handlers ``settings`` ask for on the root logger, replacing ours from before.
 
@@ -166,6 +171,8 @@ def configure(settings: LogSettings, default_file: Path | None = None) -> Path |
     for handler in handlers:
         root.addHandler(handler)
     root.setLevel(level)
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if level <= logging.DEBUG else logging.WARNING)
     _settings = settings
     current_file = path
     return path

@@ -196,3 +196,27 @@ def test_sizes() -> None:
     assert parse_size("4096") == 4096
     with pytest.raises(ValueError, match="not a size"):
         parse_size("big")
+
+
+def test_http_client_request_lines_stay_out_of_the_log_unless_debug() -> None:
+    # The controller renews its etcd lease every second: httpx would log each request at INFO.
+    from tidemq.logs import LogSettings, configure
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        configure(LogSettings(level="INFO"))
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+        assert logging.getLogger("httpx").isEnabledFor(logging.WARNING)
+        assert logging.getLogger("tidemq").isEnabledFor(logging.INFO)
+        configure(LogSettings(level="DEBUG"))
+        assert logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    finally:
+        configure(LogSettings(level=logging.getLevelName(level)))
+        for h in list(root.handlers):
+            if h not in handlers:
+                root.removeHandler(h)
+        for h in handlers:
+            if h not in root.handlers:
+                root.addHandler(h)
+        root.setLevel(level)
