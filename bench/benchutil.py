@@ -48,3 +48,24 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def start_namesrv_and_broker(
+    work: Path, broker_toml: str
+) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str, str]:
+    """A NameServer and one broker on free loopback ports, the broker configured by ``broker_toml``
+    (written to WORK/broker.toml; data in WORK/data).  Returns (namesrv, broker, their addresses)."""
+    ns_addr, broker_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    (work / "broker.toml").write_text(broker_toml)
+    ns = start(["namesrv", "--listen", ns_addr], work, "namesrv")
+    try:
+        broker = start(
+            ["broker", "-c", str(work / "broker.toml"), "--listen", broker_addr, "--namesrv", ns_addr]
+            + ["--data-dir", str(work / "data")],
+            work,
+            "broker",
+        )
+    except BaseException:
+        stop(ns)
+        raise
+    return ns, broker, ns_addr, broker_addr

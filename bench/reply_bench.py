@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from benchutil import free_port, start, stop
+from benchutil import start_namesrv_and_broker, stop
 
 from tidemq.client import ConsumeStatus, Message, MessageExt, Producer, PushConsumer, create_reply
 from tidemq.remoting.codes import RequestCode, ResponseCode
@@ -235,14 +235,8 @@ def main() -> None:
         return
 
     tmp = Path(tempfile.mkdtemp(prefix="reply-bench-"))
-    ns_addr, broker_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    (tmp / "broker.toml").write_text('[broker]\nname = "bench-reply"\nregister_interval_s = 2.0\n')
-    ns = start(["namesrv", "--listen", ns_addr], tmp, "namesrv")
-    broker = start(
-        ["broker", "-c", str(tmp / "broker.toml"), "--listen", broker_addr, "--namesrv", ns_addr]
-        + ["--data-dir", str(tmp / "data")],
-        tmp,
-        "broker",
+    ns, broker, ns_addr, broker_addr = start_namesrv_and_broker(
+        tmp, '[broker]\nname = "bench-reply"\nregister_interval_s = 2.0\n'
     )
     resp_proc: subprocess.Popen[bytes] | None = None
     try:

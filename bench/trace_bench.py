@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchutil import free_port, start, stop
+from benchutil import start_namesrv_and_broker, stop
 from reply_bench import create_topic, fixed_rate, max_rate, summary
 
 from tidemq.client import Message, Producer
@@ -116,16 +116,8 @@ def main() -> None:
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="trace-bench-"))
-    ns_addr, broker_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    (tmp / "broker.toml").write_text(
-        '[broker]\nname = "bench-trace"\nregister_interval_s = 2.0\ntrace_topic_enable = true\n'
-    )
-    ns = start(["namesrv", "--listen", ns_addr], tmp, "namesrv")
-    broker = start(
-        ["broker", "-c", str(tmp / "broker.toml"), "--listen", broker_addr, "--namesrv", ns_addr]
-        + ["--data-dir", str(tmp / "data")],
-        tmp,
-        "broker",
+    ns, broker, ns_addr, broker_addr = start_namesrv_and_broker(
+        tmp, '[broker]\nname = "bench-trace"\nregister_interval_s = 2.0\ntrace_topic_enable = true\n'
     )
     try:
         log("cluster up")
