@@ -24,6 +24,11 @@ def _non_negative(_inst: object, attribute: attrs.Attribute, value: float) -> No
         raise ValueError(f"{attribute.name} must be a finite number >= 0, got {value}")
 
 
+def _positive(_inst: object, attribute: attrs.Attribute, value: float) -> None:
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{attribute.name} must be a finite number > 0, got {value}")
+
+
 @attrs.define
 class ControllerOptions(MasterSlaveOptions):
     #: etcd client URLs (its HTTP/JSON gateway); tried in turn.
@@ -44,6 +49,10 @@ class ControllerOptions(MasterSlaveOptions):
     keep_serving_without_etcd: str = attrs.field(default="never", metadata={"choices": ("never",)})
     #: how often a slave (and an ASYNC master) reports its offset to etcd (s), for lag and status.
     report_s: float = attrs.field(default=1.0, validator=_non_negative)
+    #: how often a slave copies its master's consumer offsets, topics and delay offsets (s).  1 s
+    #: here (master_slave: 10 s): after a failover, consumers that restart or rebalance re-read at
+    #: most what was consumed in about this long (plus their own commit interval).
+    metadata_sync_s: float = attrs.field(default=1.0, validator=_positive)
 
 
 def check_broker_settings(role: str, broker_id: int) -> None:
