@@ -45,3 +45,19 @@ async def _supervisor(factory: Callable[[], Awaitable[None]], name: str) -> None
             delay = RESTART_MIN_S
         await asyncio.sleep(delay)
         delay = min(delay * 2, RESTART_MAX_S)
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> bool:
+    """``event.wait()`` for at most ``timeout`` seconds; True when the event was set.
+
+    CPython 3.11's ``asyncio.wait_for`` swallows a cancellation that arrives while the event is
+    being set (it returns the result instead of raising), so a loop waiting that way outlives its
+    ``cancel()`` and a ``stop()`` gathering it never returns.  ``asyncio.timeout`` tells the two
+    apart: the cancellation always wins.
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

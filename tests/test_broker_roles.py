@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
+from conftest import wait_for
 
 from tidemq.broker import Broker
 from tidemq.broker.processors.broker_config import parse_properties
@@ -134,6 +135,13 @@ class Cluster:
     def master_services(self) -> tuple[bool, bool]:
         return bool(self.a.schedule._tasks), bool(self.a.transactions._tasks)
 
+    def wait_services(self, running: bool, timeout: float = 5.0) -> None:
+        """The broker re-registers first and then starts or stops its master-only services:
+        wait until both follow the role (a registration seen says nothing about them yet)."""
+        assert wait_for(lambda: self.master_services() == (running, running), timeout), (
+            f"master-only services {self.master_services()}, wanted both {running}"
+        )
+
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
@@ -190,7 +198,7 @@ def test_role_flips_reach_nameserver_send_path_and_services(
     c.wait_registered(1, within=5.0)
     refused = c.raw_send()
     assert refused.code == ResponseCode.SERVICE_NOT_AVAILABLE and "slave" in (refused.remark or "")
-    assert c.master_services() == (False, False)
+    c.wait_services(False)
     assert c.runtime()["brokerRole"] == "SLAVE" and c.runtime()["controllerEpoch"] == "0"
 
     # Progress copied from the old master past this replica's (cut back) schedule queue: the
@@ -207,7 +215,7 @@ def test_role_flips_reach_nameserver_send_path_and_services(
     assert info["brokerRole"] == "SYNC_MASTER" and info["controllerEpoch"] == "3"
     props = c.broker_config()  # what mqadmin getBrokerConfig shows: the role in force
     assert props["brokerRole"] == "SYNC_MASTER" and props["brokerId"] == "0"
-    assert c.master_services() == (True, True)
+    c.wait_services(True)
     # The schedule service works on the promoted slave: a 200 ms delayed message is delivered.
     delayed = c.raw_send(b"later", delay_level=1)
     assert delayed.code == ResponseCode.SUCCESS
@@ -224,7 +232,7 @@ def test_role_flips_reach_nameserver_send_path_and_services(
     c.wait_registered(1)
     refused = c.raw_send()
     assert refused.code == ResponseCode.SERVICE_NOT_AVAILABLE and refused.ext_fields["epoch"] == "4"
-    assert c.master_services() == (False, False)
+    c.wait_services(False)
     assert c.runtime()["brokerRole"] == "SLAVE" and c.runtime()["controllerEpoch"] == "4"
     assert c.broker_config()["brokerId"] == "1"
     time.sleep(0.5)  # past the 200 ms level

@@ -100,3 +100,25 @@ def test_namesrv_expiry_survives_a_bad_interval_and_runs_again(monkeypatch, capl
     with caplog.at_level(logging.ERROR):
         run(main())
     assert any(r.exc_info for r in caplog.records), "the failure was not logged"
+
+
+def test_wait_event_never_swallows_a_cancel_that_meets_the_event() -> None:
+    # CPython 3.11's wait_for returned the event's result instead of raising here, so a demoted
+    # broker's delay service outlived its cancel() and never stopped (issue 25's role test).
+    from tidemq.tasks import wait_event
+
+    async def main() -> None:
+        for _ in range(50):
+            event = asyncio.Event()
+            task = asyncio.get_running_loop().create_task(wait_event(event, 10.0))
+            await asyncio.sleep(0)  # waiting now
+            event.set()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        quiet = asyncio.Event()
+        assert await wait_event(quiet, 0.01) is False
+        quiet.set()
+        assert await wait_event(quiet, 0.01) is True
+
+    asyncio.run(main())

@@ -11,7 +11,7 @@ import orjson
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import MasterAware
-from tidemq.tasks import supervise
+from tidemq.tasks import supervise, wait_event
 
 if TYPE_CHECKING:
     from tidemq.broker.context import BrokerContext
@@ -43,10 +43,7 @@ class NamesrvRegistrar:
         while True:
             # A NameServer that could not be reached is retried soon, not a whole interval later.
             wait = interval if all(self.registered.values()) else min(interval, RETRY_AFTER_FAILURE_S)
-            try:
-                await asyncio.wait_for(self._wanted.wait(), wait)
-            except TimeoutError:
-                pass
+            await wait_event(self._wanted, wait)
             self._wanted.clear()
             try:
                 await self.register_all()

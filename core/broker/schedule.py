@@ -49,7 +49,7 @@ from tidemq.message import (
 from tidemq.remoting.codes import ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.store import GetStatus
-from tidemq.tasks import supervise
+from tidemq.tasks import supervise, wait_event
 from tidemq.transport import Connection
 
 if TYPE_CHECKING:
@@ -210,10 +210,7 @@ class ScheduleMessageService:
             if wait_s is None:
                 continue  # more may be due right now
             if wait_s == IDLE_WAIT_S:
-                try:
-                    await asyncio.wait_for(event.wait(), IDLE_WAIT_S)
-                except TimeoutError:
-                    pass
+                await wait_event(event, IDLE_WAIT_S)  # cancellable even as the event is set
             else:
                 await asyncio.sleep(wait_s)
 

@@ -38,6 +38,7 @@ from tidemq.message import MessageExt, Prop
 from tidemq.observe import ConsumeContext
 from tidemq.queues import MessageQueue
 from tidemq.remoting.errors import RemotingError
+from tidemq.tasks import wait_event
 from tidemq.trace.hooks import make_tracer
 
 log = logging.getLogger(__name__)
@@ -282,10 +283,7 @@ class PushConsumer:
                 if self.rebalancer.incomplete or self._short_of_wanted
                 else self.rebalance_interval_s
             )
-            try:
-                await asyncio.wait_for(self._rebalance_wakeup.wait(), interval)
-            except TimeoutError:
-                pass
+            await wait_event(self._rebalance_wakeup, interval)
             if not self._running:
                 # Found by the HA failover test (issue 7): CPython 3.11's wait_for can swallow a
                 # cancel that races with the wake-up event (gh-86296); without this the loop
@@ -566,11 +564,8 @@ class PushConsumer:
         if retry_locally:
             # The broker did not take them back: consume again here a little later (consumeMessageLater).
             async def later() -> None:
-                try:
-                    await asyncio.wait_for(self._stopping.wait(), 5.0)
+                if await wait_event(self._stopping, 5.0):
                     return  # shutting down: left uncommitted, so consumed again after a restart
-                except TimeoutError:
-                    pass
                 if not pq.dropped and self._running:
                     await self._consume_concurrently(mq, pq, retry_locally)
 
@@ -611,10 +606,7 @@ class PushConsumer:
         while self._running and not pq.dropped:
             if not pq.msgs:
                 pq.wakeup.clear()
-                try:
-                    await asyncio.wait_for(pq.wakeup.wait(), 1.0)
-                except TimeoutError:
-                    pass
+                await wait_event(pq.wakeup, 1.0)
                 continue
             if self.message_model == CLUSTERING and (not pq.locked or pq.lock_expired()):
                 await asyncio.sleep(0.1)
