@@ -5,6 +5,9 @@ going while the broker's event loop is busy.  Each slave connection has a reader
 the slave's 8-byte offset reports) and a writer (streams commit-log bytes from the offset the slave
 asked).  :class:`GroupTransfer` holds the sends waiting for a slave and resolves all of them with
 one acknowledgement, as group commit does for flushes.
+
+With an ``epoch`` (the ``controller`` replication) the master only serves slaves of its own epoch,
+knows which broker each connection is, and tells its owner of every slave's acknowledgement.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -25,12 +29,14 @@ from .wire import (
     CODECS,
     DIGESTS,
     HELLO_MAGIC,
+    MAX_ID,
     REPORT,
     HAProtocolError,
     Session,
     choose,
     encode_frame,
     encode_hello,
+    hello_int,
     read_hello_body,
     recv_exact,
 )
@@ -111,6 +117,10 @@ class GroupTransfer:
         self._thread.join(2)
 
 
+class SlaveRefused(HAProtocolError):
+    """The master refuses this slave (epoch, identity): logged as such, not as a lost connection."""
+
+
 class HAConnection:
     """One connected slave."""
 
@@ -119,11 +129,18 @@ class HAConnection:
         self.sock = sock
         self.address = address
         self.session = Session()
+        self.broker_id: int | None = None  # from the hello (epoch sessions only)
+        self.epoch = -1  # the epoch this connection serves, -1 without
         self.ack_offset = -1  # the slave's last reported commit-log end
         self.request_offset = -1  # where the slave asked the stream to start
         self.sent_offset = -1
         self.bytes_sent = 0
+        # RocketMQ 5's lastCaughtUpTime: when a report last reached the master's end as of the
+        # previous catch-up, so a slave that keeps up under steady writes still counts as caught up.
+        self.caught_up_at = 0.0
+        self.catchup_target = server.store.get_max_phy_offset()
         self.closed = threading.Event()
+        self._close_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read_loop, name=f"tidemq-ha-read-{address}", daemon=True)
         self._writer = threading.Thread(
             target=self._write_loop, name=f"tidemq-ha-write-{address}", daemon=True
@@ -133,9 +150,10 @@ class HAConnection:
         self._reader.start()
 
     def close(self) -> None:
-        if self.closed.is_set():
-            return
-        self.closed.set()
+        with self._close_lock:  # reader and writer may both close
+            if self.closed.is_set():
+                return
+            self.closed.set()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -150,28 +168,74 @@ class HAConnection:
             self.sock.settimeout(opts.housekeeping_s)
             first = recv_exact(self.sock, 8)
             if first == HELLO_MAGIC:
-                hello = read_hello_body(self.sock)
-                codec = choose(hello.get("compression"), opts.compression, CODECS) or "none"
-                digest = choose(hello.get("digest"), "blake3", DIGESTS) if opts.digest else ""
-                self.session = Session(extended=True, codec=codec, digest=digest)
-                self.sock.sendall(encode_hello({"compression": codec, "digest": digest}))
+                self._handshake(read_hello_body(self.sock))
                 first = recv_exact(self.sock, 8)
+            elif self.server.epoch is not None:
+                # The plain protocol has no way to say which election the slave follows.
+                raise SlaveRefused(
+                    f"plain RocketMQ slave refused: master of epoch {self.server.epoch} serves"
+                    " only slaves that name their epoch in the tidemq handshake"
+                )
             log.info(
-                "HA slave %s connected (%s, compression %s, digest %s)",
+                "HA slave %s connected (%s, compression %s, digest %s%s)",
                 self.address,
                 "tidemq" if self.session.extended else "plain",
                 self.session.codec,
                 self.session.digest or "none",
+                f", broker {self.broker_id}, epoch {self.epoch}" if self.epoch >= 0 else "",
             )
             self._on_report(REPORT.unpack(first)[0])
             self._writer.start()
             while not self.closed.is_set():
                 self._on_report(REPORT.unpack(recv_exact(self.sock, 8))[0])
+        except SlaveRefused as exc:
+            log.warning("HA slave %s refused: %s", self.address, exc)
         except (OSError, ConnectionError, HAProtocolError) as exc:
             if not self.closed.is_set():
                 log.info("HA slave %s disconnected: %s", self.address, exc)
+        except Exception:
+            log.exception("HA slave %s: reader failed", self.address)
         finally:
             self.close()
+            # After the last report, from this thread: the owner never sees an ack after the -1.
+            if self.broker_id is not None:
+                self.server.on_slave_ack(self.broker_id, -1)
+
+    def _handshake(self, hello: dict[str, Any]) -> None:
+        """Answer the slave's hello; with an epoch, refuse (answer, then raise) another epoch's slave."""
+        server = self.server
+        opts = server.options
+        codec = choose(hello.get("compression"), opts.compression, CODECS) or "none"
+        digest = choose(hello.get("digest"), "blake3", DIGESTS) if opts.digest else ""
+        answer: dict[str, Any] = {"compression": codec, "digest": digest}
+        if server.epoch is None:
+            self.session = Session(extended=True, codec=codec, digest=digest)
+            self.sock.sendall(encode_hello(answer))
+            return
+        answer["epoch"] = server.epoch
+        newer: int | None = None
+        try:
+            slave_epoch = hello_int(hello, "epoch")
+            broker_id = hello_int(hello, "brokerId")
+            if slave_epoch is None or broker_id is None:
+                raise HAProtocolError(
+                    f"master of epoch {server.epoch} needs the slave's epoch and brokerId in the handshake"
+                )
+            if slave_epoch != server.epoch:
+                newer = slave_epoch if slave_epoch > server.epoch else None
+                raise HAProtocolError(
+                    f"broker {broker_id} follows epoch {slave_epoch}, this master serves epoch {server.epoch}"
+                )
+        except HAProtocolError as exc:
+            if newer is not None:  # a newer election exists: the owner fences this master
+                server.newer_epoch(newer)
+            answer["error"] = str(exc)
+            self.sock.sendall(encode_hello(answer))
+            raise SlaveRefused(str(exc)) from None
+        self.broker_id = broker_id
+        self.epoch = server.epoch
+        self.session = Session(extended=True, codec=codec, digest=digest, epoch=server.epoch)
+        self.sock.sendall(encode_hello(answer))
 
     def _on_report(self, offset: int) -> None:
         if offset < 0:
@@ -179,7 +243,12 @@ class HAConnection:
         if self.request_offset < 0:
             self.request_offset = offset
         self.ack_offset = offset
+        if offset >= self.catchup_target:
+            self.caught_up_at = time.monotonic()
+            self.catchup_target = self.server.store.get_max_phy_offset()
         self.server.on_ack(offset)
+        if self.broker_id is not None:
+            self.server.on_slave_ack(self.broker_id, offset)
 
     # -------------------------------------------------------------- master -> slave
     def _start_offset(self) -> int:
@@ -244,13 +313,34 @@ def whole_records(view: memoryview, limit: int) -> int:
 
 
 class HAServer:
-    """Accepts slaves on the HA port and tracks what they acknowledged."""
+    """Accepts slaves on the HA port and tracks what they acknowledged.
 
-    def __init__(self, store: Any, options: Any, host: str, port: int, on_ack: Any):
+    ``epoch`` (None: none) makes it serve only slaves of that epoch; ``on_slave_ack(broker_id,
+    offset)`` hears each identified slave's reports (and ``-1`` when it leaves); ``on_newer_epoch``
+    hears of a slave following a newer epoch than this master's.  Both run on reader threads.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        options: Any,
+        host: str,
+        port: int,
+        on_ack: Any,
+        *,
+        epoch: int | None = None,
+        on_slave_ack: Callable[[int, int], None] | None = None,
+        on_newer_epoch: Callable[[int], None] | None = None,
+    ):
+        if epoch is not None and not 0 <= epoch <= MAX_ID:
+            raise ValueError(f"HA epoch {epoch} is not in 0..{MAX_ID}")
         self.store = store
         self.options = options
+        self.epoch = epoch
         self.file_size = store.commit_log_file_size  # a batch never crosses a file boundary
         self._on_ack = on_ack
+        self._on_slave_ack = on_slave_ack
+        self._on_newer_epoch = on_newer_epoch
         self.connections: list[HAConnection] = []
         self._lock = threading.Lock()
         self._data = threading.Condition()
@@ -284,6 +374,22 @@ class HAServer:
 
     def on_ack(self, offset: int) -> None:
         self._on_ack(offset)
+
+    def on_slave_ack(self, broker_id: int, offset: int) -> None:
+        if self._on_slave_ack is None:
+            return
+        try:
+            self._on_slave_ack(broker_id, offset)
+        except Exception:  # the owner's bug must not drop the slave's connection
+            log.exception("on_slave_ack(%d, %d) failed", broker_id, offset)
+
+    def newer_epoch(self, epoch: int) -> None:
+        if self._on_newer_epoch is None:
+            return
+        try:
+            self._on_newer_epoch(epoch)
+        except Exception:
+            log.exception("on_newer_epoch(%d) failed", epoch)
 
     def notify_data(self) -> None:
         """New commit-log bytes exist: wake the writers."""

@@ -4,6 +4,10 @@ The slave reports its commit-log end on connect, after each appended batch and e
 ``heartbeat_s``; the master streams from there.  A batch whose offset is not the local end, or that
 fails its digest, is never appended: the connection is dropped and re-opened, and the master
 restarts from the offset the slave reports again.
+
+With an ``epoch`` (the ``controller`` replication) the slave names its broker id and the epoch it
+follows in the handshake, and refuses a master that answers another epoch (or none), or a frame of
+another epoch: it never appends a byte from a master of another election.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from tidemq.address import split_address
 
 from .wire import (
     HELLO_MAGIC,
+    MAX_ID,
     REPORT,
     CorruptBatchError,
     HAProtocolError,
     Session,
+    StaleEpochError,
     encode_hello,
     read_frame,
     read_hello_body,
@@ -35,14 +41,40 @@ MAX_RECORD_BATCH = 64 * 1024 * 1024
 
 
 class HAClient:
-    """Keeps one connection to the master's HA port while running."""
+    """Keeps one connection to the master's HA port while running.
 
-    def __init__(self, store: Any, options: Any, master_address: str = ""):
+    ``epoch`` (None: none; needs ``options.extended``) is the election this slave follows, with
+    ``broker_id`` its identity towards the master; a master of another epoch is refused
+    (``epoch_refusals`` counts these) and tried again after the reconnect delay.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        options: Any,
+        master_address: str = "",
+        *,
+        broker_id: int | None = None,
+        epoch: int | None = None,
+    ):
+        if epoch is not None:
+            if not 0 <= epoch <= MAX_ID:
+                raise ValueError(f"HA epoch {epoch} is not in 0..{MAX_ID}")
+            if broker_id is None or not 0 <= broker_id <= MAX_ID:
+                raise ValueError(
+                    f"an HA slave with an epoch needs a broker_id in 0..{MAX_ID}, not {broker_id}"
+                )
+            if not options.extended:
+                # The plain protocol cannot name an epoch: an epoch master will close on this slave.
+                log.warning("HA slave epoch %d ignored: extended = false sends no handshake", epoch)
         self.store = store
         self.options = options
         self.master_address = master_address
+        self.broker_id = broker_id
+        self.epoch = epoch
         self.master_offset = 0  # the master's stream position as last seen (for lag)
         self.corrupt_batches = 0
+        self.epoch_refusals = 0
         self.bytes_received = 0
         self.connected = False
         self.session = Session()
@@ -91,18 +123,40 @@ class HAClient:
 
     def _connect(self, address: str) -> socket.socket:
         sock = socket.create_connection(split_address(address), timeout=3.0)
+        try:
+            return self._handshake(sock, address)
+        except BaseException:
+            sock.close()  # a refused master is retried every second: don't leak one socket each time
+            raise
+
+    def _handshake(self, sock: socket.socket, address: str) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         opts = self.options
         if opts.extended:
             offered = [opts.compression] if opts.compression != "none" else []
-            sock.sendall(encode_hello({"compression": offered, "digest": ["blake3"] if opts.digest else []}))
+            hello: dict[str, Any] = {"compression": offered, "digest": ["blake3"] if opts.digest else []}
+            if self.epoch is not None:
+                hello.update(brokerId=self.broker_id, epoch=self.epoch)
+            sock.sendall(encode_hello(hello))
             if recv_exact(sock, len(HELLO_MAGIC)) != HELLO_MAGIC:
                 raise HAProtocolError(f"master {address} did not answer the tidemq HA handshake")
             reply = read_hello_body(sock)
+            error = str(reply.get("error") or "")
+            if self.epoch is not None:
+                served = reply.get("epoch")
+                if type(served) is not int or served != self.epoch:
+                    said = "no epoch" if served is None else f"epoch {str(served)[:40]}"
+                    raise StaleEpochError(
+                        f"master {address} serves {said}, this slave follows epoch {self.epoch}"
+                        + (f" (master said: {error[:200]})" if error else "")
+                    )
+            if error:
+                raise HAProtocolError(f"master {address} refused this slave: {error[:200]}")
             self.session = Session(
                 extended=True,
                 codec=str(reply.get("compression") or "none"),
                 digest=str(reply.get("digest") or ""),
+                epoch=-1 if self.epoch is None else self.epoch,
             )
         else:
             self.session = Session()
@@ -124,6 +178,10 @@ class HAClient:
                 )
                 self._report()
                 self._receive(self._sock)
+            except StaleEpochError as exc:
+                # Never fatal: the owner learns the new master from etcd and replaces this client.
+                self.epoch_refusals += 1
+                log.warning("HA slave refuses its master: %s", exc)
             except CorruptBatchError as exc:
                 self.corrupt_batches += 1
                 log.warning(

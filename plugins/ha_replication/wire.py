@@ -11,6 +11,13 @@ way with the one codec and digest it picked).  Each master frame then carries, a
 ``<phyOffset 8><bodySize 4>``, an extension ``<codec 1><rawSize 4><digest 32>`` and ``bodySize``
 bytes of (possibly compressed) payload.  The digest is blake3 of the raw bytes, so a batch damaged
 on the wire (in the payload or the compressed stream) is detected and never appended.
+
+Epochs (the ``controller`` replication): the slave's hello adds ``"brokerId"`` and ``"epoch"`` (the
+election it follows); the master answers with ``"epoch"`` (the one it serves) and, when it refuses
+the slave, an ``"error"`` text before closing.  Both sides refuse a peer of another epoch.  On such
+a session every master frame (data and heartbeat) adds ``<epoch 8>`` (signed) after the extension
+head, and a frame of another epoch is refused (:class:`StaleEpochError`).  Without an epoch, frames
+are exactly the ones above.
 """
 
 from __future__ import annotations
@@ -33,7 +40,10 @@ HELLO_MAGIC = b"TMHA\x00\x01\xff\xfe"
 REPORT = struct.Struct(">q")
 FRAME_HEAD = struct.Struct(">qi")
 EXT_HEAD = struct.Struct(">BI32s")
+EPOCH = struct.Struct(">q")
 MAX_HELLO = 4096
+#: Epochs and broker ids travel as signed 8-byte integers: anything larger is refused.
+MAX_ID = 2**63 - 1
 
 CODECS = {"none": 0, "lz4": 1, "zstd": 2}
 CODEC_NAMES = {v: k for k, v in CODECS.items()}
@@ -49,13 +59,21 @@ class CorruptBatchError(HAProtocolError):
     """A transferred batch does not match its digest or cannot be decompressed."""
 
 
+class StaleEpochError(HAProtocolError):
+    """The peer serves (or a frame carries) another epoch than this side's: nothing is replicated."""
+
+
 @attrs.frozen
 class Session:
-    """What the handshake agreed: ``extended`` False means the plain RocketMQ protocol."""
+    """What the handshake agreed: ``extended`` False means the plain RocketMQ protocol.
+
+    ``epoch`` -1: no epoch on this connection (frames carry none); else the epoch every frame carries.
+    """
 
     extended: bool = False
     codec: str = "none"
     digest: str = ""
+    epoch: int = -1
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -85,6 +103,17 @@ def read_hello_body(sock: socket.socket) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise HAProtocolError("HA handshake is not a JSON object")
     return data
+
+
+def hello_int(hello: dict[str, Any], key: str) -> int | None:
+    """``hello[key]`` as an id/epoch: None when absent, :class:`HAProtocolError` when not one."""
+    value = hello.get(key)
+    if value is None:
+        return None
+    # bool is an int subclass in Python, and JSON true is no epoch.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+        raise HAProtocolError(f"HA handshake {key} {str(value)[:40]!r} is not an integer in 0..{MAX_ID}")
+    return value
 
 
 def choose(offered: Any, preferred: str, table: Any) -> str:
@@ -125,10 +154,10 @@ def encode_frame(session: Session, offset: int, raw: bytes) -> list[bytes]:
     else:
         codec = session.codec
     digest = blake3.blake3(raw).digest() if session.digest else NO_DIGEST
-    return [
-        FRAME_HEAD.pack(offset, len(payload)) + EXT_HEAD.pack(CODECS[codec], len(raw), digest),
-        payload,
-    ]
+    head = FRAME_HEAD.pack(offset, len(payload)) + EXT_HEAD.pack(CODECS[codec], len(raw), digest)
+    if session.epoch >= 0:
+        head += EPOCH.pack(session.epoch)
+    return [head, payload]
 
 
 def read_frame(sock: socket.socket, session: Session, max_body: int) -> tuple[int, bytes]:
@@ -144,6 +173,13 @@ def read_frame(sock: socket.socket, session: Session, max_body: int) -> tuple[in
         raise CorruptBatchError(
             f"HA frame at offset {offset} has a bad header (codec {codec_id}, {raw_size} bytes)"
         )
+    if session.epoch >= 0:
+        # Checked before the payload is read: a stale master's bytes are never even buffered.
+        (epoch,) = EPOCH.unpack(recv_exact(sock, EPOCH.size))
+        if epoch != session.epoch:
+            raise StaleEpochError(
+                f"HA frame at offset {offset} carries epoch {epoch}, the session's is {session.epoch}"
+            )
     payload = recv_exact(sock, size)
     raw = decompress(codec, payload, raw_size)
     if len(raw) != raw_size:
