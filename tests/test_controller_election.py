@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 from conftest import free_port
 
@@ -157,13 +158,15 @@ def group() -> str:
     return f"g{next(_group_counter)}-{os.getpid()}"
 
 
-async def _replica(url: str, name: str, broker_id: int, **callbacks) -> Election:
+async def _replica(
+    url: str, name: str, broker_id: int, config: ElectionConfig = CONFIG, **callbacks
+) -> Election:
     election = Election(
-        EtcdClient([url], timeout=CONFIG.request_timeout),
+        EtcdClient([url], timeout=config.request_timeout),
         "c",
         name,
         Member(broker_id, f"127.0.0.1:{10911 + broker_id}", f"127.0.0.1:{10912 + broker_id}"),
-        CONFIG,
+        config,
         **callbacks,
     )
     await election.start()
@@ -428,6 +431,68 @@ def test_without_etcd_no_election_happens_and_the_master_resumes_when_it_returns
         asyncio.run(main())
     finally:
         server.stop()
+
+
+SYNC = attrs.evolve(CONFIG, sync_set=True)
+
+
+def test_only_a_member_of_the_in_sync_set_wins_and_the_old_master_leaves_the_set(etcd: EtcdServer) -> None:
+    async def main() -> None:
+        name = group()
+        a, b, c = [await _replica(etcd.url, name, i, config=SYNC) for i in range(3)]
+        try:
+            first = await a.campaign(0)
+            assert first.won and first.sync_set == (0,)  # the first master starts alone
+            assert await a.update_sync_set((0, 1))  # broker 1 caught up; broker 2 did not
+            await b.report(5_000, confirm=False)
+            await c.client.revoke(a.lease)  # the master dies
+            outsider = await c.campaign(10**9)  # even far ahead: not in the set, not electable
+            assert not outsider.won and "not in the in-sync set [0, 1]" in outsider.reason
+            won = await b.campaign(5_000)
+            assert won.won and won.epoch == 2 and won.sync_set == (1,)
+            (status,) = [g for g in await cluster_status(b.client, "c") if g.broker_name == name]
+            assert (
+                status.sync_set == (1,) and status.in_sync_set is not None and status.in_sync_set.epoch == 2
+            )
+            # The deposed master cannot change the set any more (and learns it is deposed).
+            assert not await a.update_sync_set((0, 1, 2))
+            assert (await b.sync_set()).brokers == (1,)  # type: ignore[union-attr]
+        finally:
+            await _close(a, b, c)
+
+    asyncio.run(main())
+
+
+def test_a_sync_master_cut_off_from_etcd_serves_on_until_etcd_says_it_was_deposed(etcd: EtcdServer) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        proxy = BlackHoleProxy(etcd.client_port)
+        await proxy.start()
+        name = group()
+        fenced: list[FenceReason] = []
+        serving = attrs.evolve(SYNC, keep_serving=True)
+        a = await _replica(proxy.url, name, 0, config=serving, on_fenced=fenced.append)
+        b = await _replica(etcd.url, name, 1, config=serving)
+        try:
+            assert (await a.campaign(0)).won and await a.update_sync_set((0, 1))
+            proxy.cut = True
+            cut_at = loop.time()
+            # Past the fencing deadline and the lease itself: still master (its set keeps it honest).
+            while loop.time() - cut_at < CONFIG.ttl + 0.5:
+                await asyncio.sleep(0.1)
+            assert a.is_master and a.etcd_unconfirmed and fenced == []
+            with pytest.raises(ControllerError):
+                await a.update_sync_set((0,))  # the set cannot shrink without etcd
+            won = await b.campaign(0)  # a's lease expired: b, a member, may win
+            assert won.won and won.sync_set == (1,)
+            proxy.heal()
+            await _wait(lambda: bool(fenced), timeout=5)  # etcd's answer: the leader key is not ours
+            assert fenced == [FenceReason.LEASE_LOST] and not a.is_master
+        finally:
+            await _close(a, b)
+            await proxy.close()
+
+    asyncio.run(main())
 
 
 @pytest.mark.slow

@@ -8,21 +8,28 @@ Key layout under ``/tidemq/<cluster>/<brokerName>/`` (values are JSON):
 - ``leader``: the master, attached to the master's lease (the same one as its member key).
 - ``epoch``: ``{"epoch", "brokerId", "startOffset"}`` of the latest election; no lease, it is
   never deleted, so epochs only grow.
-- ``confirmed``: ``{"epoch", "offset"}``: the commit-log offset the current master reports as
-  acknowledged (on the synchronous replicas); no lease, so it outlives a dead master and tells
-  the candidates how far they must have caught up.
+- ``confirmed``: ``{"epoch", "offset"}``: the commit-log offset an ASYNC master reports as
+  replicated (and every campaign's start offset); no lease, so it outlives a dead master and
+  tells ASYNC candidates how far they must have caught up.
+- ``syncset``: ``{"epoch", "brokers"}``: the in-sync replica set of a SYNC group (RocketMQ 5's
+  SyncStateSet), master included.  Only the master writes it (guarded by its leader key); a
+  SYNC master acknowledges a send only when every other member holds it, so any member holds
+  every acknowledged message, and only a member may win a SYNC campaign.
 
-A campaign is one transaction: it succeeds only if no ``leader`` exists and ``epoch`` and
-``confirmed`` are unchanged since the candidate read them (mod revisions), and it writes the
-leader key and ``epoch + 1`` together: two winners cannot share an epoch, and a candidate
-cannot win on a stale view of how far the master had got.
+A campaign is one transaction: it succeeds only if no ``leader`` exists and ``epoch``,
+``confirmed`` and ``syncset`` are unchanged since the candidate read them (mod revisions), and it
+writes the leader key and ``epoch + 1`` together: two winners cannot share an epoch, and a
+candidate cannot win on a stale view of the group.
 
 Fencing: the lease is renewed every ``keepalive_interval``; after each successful renewal sent
 at time *t*, etcd will not expire the lease before *t + ttl*, and this side stops being master
 at *t + ttl - fence_margin* unless a later renewal succeeded.  :attr:`Election.is_master` checks
 that deadline itself (a monotonic clock comparison, cheap enough for every acknowledgement), and
 ``on_fenced`` is called from a timer at the deadline, so a master cut off from etcd stops before
-anyone else can be elected.
+anyone else can be elected.  With ``keep_serving`` (SYNC groups, ``keep_serving_without_etcd =
+"in_sync"``) a master that cannot renew is not fenced at the deadline: its in-sync set keeps it
+honest (a member stops following it before campaigning, and the set cannot shrink without etcd),
+and etcd's answer (lease gone, leader key not ours) still fences it.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ __all__ = [
     "FenceReason",
     "MasterState",
     "Member",
+    "SyncSet",
     "group_prefix",
 ]
 
@@ -79,6 +87,9 @@ class ElectionConfig:
     fence_margin: float = 2.0
     max_lag_bytes: int = 0
     request_timeout: float = 1.0
+    #: SYNC groups: elect only members of the in-sync set, and keep serving while etcd is away.
+    sync_set: bool = False
+    keep_serving: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.ttl < 1:
@@ -153,12 +164,40 @@ class MasterState:
 
 
 @attrs.frozen
+class SyncSet:
+    """The in-sync replica set written by the master of ``epoch`` (broker ids, master included)."""
+
+    epoch: int
+    brokers: tuple[int, ...]
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"epoch": self.epoch, "brokers": list(self.brokers)})
+
+    @classmethod
+    def from_kv(cls, kv: KeyValue | None) -> SyncSet | None:
+        if kv is None:
+            return None
+        raw = _record(kv)
+        try:
+            brokers = raw["brokers"]
+            if not isinstance(brokers, list) or not all(isinstance(b, int) for b in brokers):
+                raise TypeError
+            return cls(int(raw["epoch"]), tuple(sorted(set(brokers))))
+        except (KeyError, TypeError, ValueError):
+            raise ControllerError(f"unreadable in-sync set in etcd: {kv.value[:200]!r}") from None
+
+
+@attrs.frozen
 class CampaignResult:
-    """Whether the campaign won, the epoch it won (or the current one), and why it lost."""
+    """Whether the campaign won, the epoch it won (or the current one), and why it lost.
+
+    ``sync_set``: the in-sync set the winner starts with (SYNC groups; empty otherwise).
+    """
 
     won: bool
     epoch: int
     reason: str = ""
+    sync_set: tuple[int, ...] = ()
 
 
 def _fields(data: bytes, cls: type) -> dict[str, Any]:
@@ -233,6 +272,10 @@ class Election:
     def _confirmed_key(self) -> bytes:
         return self.prefix + b"confirmed"
 
+    @property
+    def _sync_set_key(self) -> bytes:
+        return self.prefix + b"syncset"
+
     def _member_key(self, broker_id: int) -> bytes:
         return self.prefix + b"members/%d" % broker_id
 
@@ -270,8 +313,32 @@ class Election:
 
     @property
     def is_master(self) -> bool:
-        """Master, and the lease certainly still alive on etcd's side (minus the margin)."""
-        return self._master and time.monotonic() < self._deadline
+        """Master, and the lease certainly still alive on etcd's side (minus the margin).
+
+        With ``keep_serving``, master until etcd says otherwise (the in-sync set fences instead).
+        """
+        return self._master and (self.config.keep_serving or time.monotonic() < self._deadline)
+
+    @property
+    def etcd_unconfirmed(self) -> bool:
+        """A master serving past its fencing deadline (``keep_serving``: etcd unreachable)."""
+        return self._master and time.monotonic() >= self._deadline
+
+    async def verify_leadership(self) -> bool:
+        """Ask etcd whether the leader key is still ours; fence (LEASE_LOST) when it is not.
+
+        For hints that arrive from outside etcd (a slave claiming a newer epoch on the HA port,
+        which anyone can reach): only etcd's answer deposes.  Raises :class:`ControllerError`
+        when etcd cannot be reached.
+        """
+        if not self._master:
+            return False
+        kvs, _ = await self.client.get(self._leader_key)
+        if bool(kvs) and kvs[0].create_revision == self._leader_revision and kvs[0].lease == self.lease:
+            return True
+        self._fenced_unreachable = False
+        self._fence(FenceReason.LEASE_LOST)
+        return False
 
     # -- lease renewal and fencing
 
@@ -285,6 +352,15 @@ class Election:
 
     def _fence_if_due(self) -> None:
         if time.monotonic() >= self._deadline:
+            if self.config.keep_serving:
+                if self._master:
+                    log.warning(
+                        "broker %d cannot renew its lease: serving on as master of epoch %d under its "
+                        "in-sync set until etcd answers",
+                        self.me.broker_id,
+                        self.epoch,
+                    )
+                return
             self._fence(FenceReason.ETCD_UNREACHABLE)
         else:  # the timer ran early (clock granularity): look again at the deadline
             delay = self._deadline - time.monotonic()
@@ -371,6 +447,29 @@ class Election:
                 ) from None
         return sorted(entries)
 
+    async def sync_set(self) -> SyncSet | None:
+        """The group's in-sync set in etcd (None: never written, e.g. before the first election)."""
+        kvs, _ = await self.client.get(self._sync_set_key)
+        return SyncSet.from_kv(kvs[0] if kvs else None)
+
+    async def update_sync_set(self, brokers: tuple[int, ...]) -> bool:
+        """As master, write the in-sync set; False (and fenced) when the leader key is not ours."""
+        if not self._leader_revision:
+            return False
+        record = SyncSet(self.epoch, tuple(sorted(set(brokers))))
+        held = Compare(self._leader_key, "CREATE", self._leader_revision)
+        result = await self.client.txn([held], [Put(self._sync_set_key, record.to_json())])
+        if not result.succeeded:
+            self._fence(FenceReason.LEASE_LOST)
+            return False
+        log.info(
+            "broker %d: in-sync set of epoch %d is now %s",
+            self.me.broker_id,
+            self.epoch,
+            list(record.brokers),
+        )
+        return True
+
     async def confirmed_offset(self) -> int:
         """The last master's confirmed offset (what a candidate must have caught up to)."""
         kvs, _ = await self.client.get(self._confirmed_key)
@@ -379,20 +478,37 @@ class Election:
     async def campaign(self, offset: int) -> CampaignResult:
         """Try to become master with the commit log confirmed up to ``offset``.
 
-        Loses when a master exists, when ``offset`` is more than ``max_lag_bytes`` behind the
-        last master's confirmed offset, or when another candidate's transaction got in first.
-        Raises :class:`ControllerError` when etcd cannot be reached (no election without it).
+        Loses when a master exists, when another candidate's transaction got in first, and:
+        with ``sync_set`` (SYNC groups) when this replica is not in the group's in-sync set
+        (once one exists); otherwise when ``offset`` is more than ``max_lag_bytes`` behind the
+        last master's confirmed offset.  The winner of a SYNC group starts with the old set
+        minus the old master.  Raises :class:`ControllerError` when etcd cannot be reached (no
+        election without it).
         """
         if not self.lease:
             raise ControllerError("campaign before start(): this replica is not registered")
         kvs, _ = await self.client.get(self.prefix, prefix=True)
         by_key = {kv.key: kv for kv in kvs}
         epoch_kv, confirmed_kv = by_key.get(self._epoch_key), by_key.get(self._confirmed_key)
+        sync_kv = by_key.get(self._sync_set_key)
         current = self._state(by_key.get(self._leader_key), epoch_kv)
         if current.master is not None:
             return CampaignResult(False, current.epoch, f"broker {current.master.broker_id} is master")
         confirmed = int(_record(confirmed_kv).get("offset", 0))
-        if confirmed - offset > self.config.max_lag_bytes:
+        in_sync = SyncSet.from_kv(sync_kv) if self.config.sync_set else None
+        new_set: tuple[int, ...] = ()
+        if in_sync is not None:
+            if self.me.broker_id not in in_sync.brokers:
+                return CampaignResult(
+                    False,
+                    current.epoch,
+                    f"not in the in-sync set {list(in_sync.brokers)} of epoch {in_sync.epoch}",
+                )
+            old_master = int(_record(epoch_kv).get("brokerId", -1))
+            new_set = tuple(b for b in in_sync.brokers if b != old_master or b == self.me.broker_id)
+        elif self.config.sync_set:
+            new_set = (self.me.broker_id,)
+        if in_sync is None and confirmed - offset > self.config.max_lag_bytes:
             return CampaignResult(
                 False,
                 current.epoch,
@@ -406,6 +522,7 @@ class Election:
             Compare(self._leader_key, "CREATE", 0),
             Compare(self._epoch_key, "MOD", epoch_kv.mod_revision if epoch_kv else 0),
             Compare(self._confirmed_key, "MOD", confirmed_kv.mod_revision if confirmed_kv else 0),
+            Compare(self._sync_set_key, "MOD", sync_kv.mod_revision if sync_kv else 0),
             Compare(self._member_key(me.broker_id), "VALUE", self.me.to_json()),  # still registered
         ]
         success = [
@@ -416,6 +533,8 @@ class Election:
             # No lease, never deleted: the epoch history a returning replica truncates against.
             Put(self._history_key(epoch), record),
         ]
+        if self.config.sync_set:
+            success.append(Put(self._sync_set_key, SyncSet(epoch, new_set).to_json()))
         sent = time.monotonic()
         result = await self.client.txn(compare, success)
         if not result.succeeded:
@@ -425,13 +544,13 @@ class Election:
         self._master = sent < self._deadline
         self._fenced_unreachable = not self._master  # resumes once a renewal gets through
         log.info("broker %d elected master of epoch %d at offset %d", me.broker_id, epoch, offset)
-        return CampaignResult(True, epoch)
+        return CampaignResult(True, epoch, sync_set=new_set)
 
-    async def report(self, offset: int) -> None:
-        """Publish this replica's confirmed offset (a master's also becomes the group's bound)."""
+    async def report(self, offset: int, confirm: bool = True) -> None:
+        """Publish this replica's offset; a master's also becomes the group's bound (``confirm``)."""
         me = attrs.evolve(self.me, offset=offset)
         member = Put(self._member_key(me.broker_id), me.to_json(), self.lease)
-        if self._master:
+        if self._master and confirm:
             confirmed = Put(self._confirmed_key, orjson.dumps({"epoch": self.epoch, "offset": offset}))
             # Only while the leader key is still ours: a deposed master cannot move the bound.
             held = Compare(self._leader_key, "CREATE", self._leader_revision)

@@ -39,15 +39,26 @@ class ControllerOptions(MasterSlaveOptions):
     keepalive_s: float = 1.0
     #: a master that could not renew stops acknowledging this long before its lease can expire (s).
     fence_margin_s: float = 2.0
-    #: a candidate further than this behind the confirmed offset may not win; -1: 0 under
-    #: SYNC_MASTER (every acknowledged byte is on the winner), 16 MiB under ASYNC_MASTER.
+    #: a candidate further than this behind the confirmed offset may not win (ASYNC groups, and
+    #: a SYNC group before its first in-sync set); -1: 0 under SYNC_MASTER, 16 MiB under ASYNC.
     max_lag_bytes: int = attrs.field(default=-1, validator=attrs.validators.ge(-1))
     #: timeout of one etcd request (s).
     request_timeout_s: float = 1.0
-    #: whether a master cut off from etcd keeps acknowledging: "never" (the only choice so far):
-    #: it stops at the fencing deadline and resumes on the same epoch when etcd is back.
-    keep_serving_without_etcd: str = attrs.field(default="never", metadata={"choices": ("never",)})
-    #: how often a slave (and an ASYNC master) reports its offset to etcd (s), for lag and status.
+    #: whether a SYNC master that cannot reach etcd keeps acknowledging: "in_sync" (while every
+    #: member of its in-sync set holds each send; safe, since the set cannot change without etcd)
+    #: or "never" (it stops at the fencing deadline and resumes on the same epoch when etcd is
+    #: back).  ASYNC masters always stop.
+    keep_serving_without_etcd: str = attrs.field(
+        default="in_sync", metadata={"choices": ("in_sync", "never")}
+    )
+    #: SYNC: acknowledge only while the in-sync set has at least this many members, master
+    #: included (2: every acknowledged message is on two replicas); the set never shrinks below it.
+    min_in_sync_replicas: int = attrs.field(default=2, validator=attrs.validators.ge(1))
+    #: SYNC: a member that has not caught up (or is disconnected) this long leaves the in-sync set
+    #: (RocketMQ 5's haMaxTimeSlaveNotCatchup); sends wait for it until then.
+    sync_set_timeout_s: float = attrs.field(default=3.0, validator=_positive)
+    #: how often each replica reports its offset to etcd (s), for lag and status (an ASYNC
+    #: master's report is also the group's confirmed offset).
     report_s: float = attrs.field(default=1.0, validator=_non_negative)
     #: how often a slave copies its master's consumer offsets, topics and delay offsets (s).  1 s
     #: here (master_slave: 10 s): after a failover, consumers that restart or rebalance re-read at

@@ -7,9 +7,12 @@ end)`` in its :class:`~.epochs.EpochFile`, serves the HA port and becomes the br
 address as slaves, after truncating their log to the point where it agrees with the new master's
 (:func:`~.epochs.consistent_point` against the epoch history kept in etcd).
 
-Under SYNC_MASTER a send is acknowledged only when a slave has its bytes *and* the group's
-``confirmed`` offset in etcd covers them: a candidate must have reached ``confirmed`` (minus
-``max_lag_bytes``, 0 by default), so whoever wins holds every acknowledged message.
+Under SYNC_MASTER the group keeps an in-sync set in etcd (RocketMQ 5's SyncStateSet, see
+:mod:`.sync_set`): a send is acknowledged only when every other member of the set holds its bytes,
+only members may be elected, and the set changes only through etcd, so whoever wins holds every
+acknowledged message, and no etcd write sits on the acknowledgement path.  The HA stream carries
+the epoch: a slave follows only the master of the epoch it knows, a master serves only slaves of
+its epoch, and a slave of a newer epoch fences it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from .epochs import EpochEntry, EpochFile, EpochFileError, consistent_point
 from .etcd import ControllerError, EtcdClient
 from .options import ControllerOptions, check_broker_settings
 from .status import GroupStatus, cluster_status
+from .sync_set import InSyncTracker
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +64,12 @@ class ControllerReplication(MasterSlaveReplication):
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[Any]] = []
         self._reporter: asyncio.Task[None] | None = None
-        self._ack_event = asyncio.Event()
-        self._slave_acked = 0
+        self.in_sync: InSyncTracker | None = None  # SYNC master: who must hold a send
         self._status: GroupStatus | None = None
         self._retry: asyncio.TimerHandle | None = None
         self.metadata: tuple[Any, Any] | None = None  # (MetadataSink, transport client): slave sync
         self.failovers = 0
+        self._won_sync_set: tuple[int, ...] = ()
 
     # ------------------------------------------------------------------ RoleAware
     def current_role(self) -> str:
@@ -97,6 +101,11 @@ class ControllerReplication(MasterSlaveReplication):
         role = str(_setting(broker_config, "role", "SYNC_MASTER"))
         broker_id = int(_setting(broker_config, "id", 0))
         check_broker_settings(role, broker_id)
+        if not self.copts.extended:
+            raise ConfigError(
+                "[replication.controller] extended = false: controller mode needs tidemq's HA handshake "
+                "(the epoch travels in it)"
+            )
         self.store, self.role, self.broker_id = store, role, broker_id
         config = election_config(self.copts, role)
         store_path = _setting(broker_config, "store_path", None)
@@ -139,10 +148,17 @@ class ControllerReplication(MasterSlaveReplication):
         return last.epoch if last is not None else 0
 
     def wait_for_replicas(self, end_offset: int) -> Future[ReplicaStatus]:
-        election = self.election
-        if self._role == "SLAVE" or election is None or not election.is_master or self.server is None:
+        election, server = self.election, self.server
+        if self._role == "SLAVE" or election is None or not election.is_master or server is None:
             return _NOT_MASTER
-        return super().wait_for_replicas(end_offset)
+        server.notify_data()
+        tracker, transfer = self.in_sync, self.transfer
+        if tracker is None or transfer is None:
+            return _done(ReplicaStatus.PUT_OK)  # ASYNC_MASTER
+        status = tracker.precheck(end_offset)
+        if status is not None:
+            return _done(status)
+        return transfer.wait(end_offset, self.options.sync_timeout_s)
 
     def update_master(self, ha_address: str, broker_address: str) -> None:
         """Ignored: etcd, not the NameServer, says who the master is."""
@@ -160,6 +176,13 @@ class ControllerReplication(MasterSlaveReplication):
             info["controllerMaster"] = str(status.master.broker_id) if status.master else ""
             info["controllerSyncSet"] = ",".join(map(str, status.sync_set))
             info["controllerLag"] = ";".join(f"{m.member.broker_id}={m.lag}" for m in status.members)
+        tracker = self.in_sync
+        if tracker is not None and self._role != "SLAVE":
+            info["controllerSyncSet"] = ",".join(map(str, tracker.written))
+            info["controllerSyncRequired"] = ",".join(map(str, tracker.required))
+        election = self.election
+        if election is not None and election.etcd_unconfirmed:
+            info["controllerEtcd"] = "unreachable"
         return info
 
     def shutdown(self) -> None:
@@ -275,6 +298,7 @@ class ControllerReplication(MasterSlaveReplication):
         self.epochs.truncate(end + 1)
         self.epochs.record(result.epoch, end)
         self._epoch = result.epoch
+        self._won_sync_set = result.sync_set
         if not self.election.is_master:
             return  # won, but the lease renewal was late: on_resumed serves, or we are deposed
         await self._promote(result.epoch, end)
@@ -293,24 +317,77 @@ class ControllerReplication(MasterSlaveReplication):
         self._role_changed()
 
     async def _serve(self, start: int = 0) -> bool:
-        """Open the HA port (and the SYNC group transfer); sends end past ``start``."""
+        """Open the HA port (and, under SYNC, the group transfer and the in-sync set)."""
+        assert self.election is not None
         self._stop_slave_sync()
         host, port = self._ha_listen
+        epoch = self._epoch
+        tracker: InSyncTracker | None = None
+        transfer: GroupTransfer | None = None
+        if self.role == "SYNC_MASTER":
+            transfer = GroupTransfer()
+            transfer.acked = start  # every new send ends past our start
+            members = self._won_sync_set
+            if not members:  # resumed after an outage: the set etcd holds (or just us)
+                try:
+                    current = await self.election.sync_set()
+                except ControllerError:
+                    current = None
+                members = current.brokers if current is not None and current.epoch == epoch else ()
+            tracker = InSyncTracker(
+                self.broker_id,
+                members or (self.broker_id,),
+                self.copts,
+                self.store,
+                transfer,
+            )
         try:
-            server = await asyncio.to_thread(HAServer, self.store, self.options, host, port, self._on_ack)
+            server = await asyncio.to_thread(
+                HAServer,
+                self.store,
+                self.options,
+                host,
+                port,
+                _ignore_ack,
+                epoch=epoch,
+                on_slave_ack=tracker.on_slave_ack if tracker is not None else None,
+                on_newer_epoch=self._on_newer_epoch,
+            )
         except OSError as exc:
             log.error("controller: cannot listen on HA port %s:%d: %s", host, port, exc)
+            if transfer is not None:
+                transfer.shutdown()
             return False
         server.start()
-        self._slave_acked = 0
-        self.transfer = GroupTransfer() if self.role == "SYNC_MASTER" else None
-        if self.transfer is not None:
-            # Every new send ends past our start: without this, a log beyond slave_fall_behind_max
-            # would answer SLAVE_NOT_AVAILABLE until the first confirmation.
-            self.transfer.acked = start
-        self.server = server
-        self._reporter = asyncio.ensure_future(self._confirm_loop())
+        self.transfer, self.in_sync, self.server = transfer, tracker, server
+        if tracker is not None:
+            tracker.server = server
+            self._reporter = asyncio.ensure_future(tracker.maintain(self.election))
         return True
+
+    def _on_newer_epoch(self, epoch: int) -> None:
+        """A slave says it follows a newer epoch than ours (an HA reader thread): ask etcd."""
+        loop = self.loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._spawn, self._check_deposed(epoch))
+
+    async def _check_deposed(self, epoch: int) -> None:
+        # The HA port is unauthenticated: a claimed epoch is a hint, etcd's answer decides.
+        election = self.election
+        if election is None or not election.is_master:
+            return
+        log.warning(
+            "controller: an HA slave follows epoch %d, newer than ours (%d): checking etcd",
+            epoch,
+            self._epoch,
+        )
+        try:
+            if await election.verify_leadership():
+                log.warning(
+                    "controller: etcd says broker %d is still master of epoch %d", self.broker_id, self._epoch
+                )
+        except ControllerError as exc:
+            log.warning("controller: cannot check the claim of epoch %d (etcd unreachable: %s)", epoch, exc)
 
     def _on_resumed(self, epoch: int) -> None:
         """etcd answers again and the leader key stayed ours: master again, same epoch."""
@@ -335,6 +412,8 @@ class ControllerReplication(MasterSlaveReplication):
     async def _demote(self) -> None:
         server, transfer, reporter = self.server, self.transfer, self._reporter
         self.server = self.transfer = self._reporter = None
+        self.in_sync = None
+        self._won_sync_set = ()
         if reporter is not None:
             reporter.cancel()
         if server is not None:
@@ -391,7 +470,9 @@ class ControllerReplication(MasterSlaveReplication):
             self._retry_later()
             return
         await self._reconcile(history, f"the master of epoch {epoch}")
-        self.client = HAClient(self.store, self.options, master.ha_addr)
+        self.client = HAClient(
+            self.store, self.options, master.ha_addr, broker_id=self.broker_id, epoch=epoch
+        )
         self.client.start()
         self.master_broker_address = master.addr
         self._following = (epoch, master.broker_id, master.ha_addr)
@@ -408,47 +489,18 @@ class ControllerReplication(MasterSlaveReplication):
         if changed:
             self._role_changed()
 
-    # ------------------------------------------------------------------ confirmed offsets
-    def _on_ack(self, offset: int) -> None:
-        """A slave acknowledged ``offset`` (an HA reader thread): confirm it in etcd, then acknowledge."""
-        if offset > self._slave_acked:
-            self._slave_acked = offset
-            loop = self.loop
-            if loop is not None and self.transfer is not None:
-                loop.call_soon_threadsafe(self._ack_event.set)
-
-    async def _confirm_loop(self) -> None:
-        """SYNC master: move ``confirmed`` in etcd to what slaves hold before any send is acknowledged."""
-        assert self.election is not None
-        transfer, reported = self.transfer, 0
-        if transfer is None:
-            return
-        while True:
-            await self._ack_event.wait()
-            self._ack_event.clear()
-            offset = self._slave_acked
-            if offset <= reported:
-                continue
-            try:
-                await self.election.report(offset)
-            except ControllerError as exc:
-                log.debug("controller: confirming %d failed: %s", offset, exc)
-                await asyncio.sleep(0.05)
-                self._ack_event.set()
-                continue
-            if not self.election.is_master:
-                return  # deposed: report() fenced us; nothing more is acknowledged
-            reported = offset
-            transfer.ack(offset)
-
+    # ------------------------------------------------------------------ status
     async def _report_loop(self) -> None:
-        """Slaves and ASYNC masters publish their offset; everyone refreshes the status cache."""
+        """Every replica publishes its offset (an ASYNC master's is the group's bound); everyone
+        refreshes the status cache."""
         assert self.election is not None
         while True:
             await asyncio.sleep(self.copts.report_s or 1.0)
             try:
-                if self.election.lease and (self._role == "SLAVE" or self.transfer is None):
-                    await self.election.report(self.store.get_max_phy_offset())
+                if self.election.lease:
+                    # A SYNC master's end is not confirmed anywhere: the in-sync set is the bound.
+                    confirm = self._role != "SLAVE" and self.transfer is None
+                    await self.election.report(self.store.get_max_phy_offset(), confirm=confirm)
                 cluster, name = self.election.prefix.decode().strip("/").split("/")[1:3]
                 for group in await cluster_status(self.etcd, cluster, self.election.config.max_lag_bytes):  # type: ignore[arg-type]
                     if group.broker_name == name:
@@ -480,8 +532,13 @@ class ControllerReplication(MasterSlaveReplication):
             self._start_slave_sync()
 
 
+def _ignore_ack(offset: int) -> None:
+    """HAServer's any-slave acknowledgement: unused here (the in-sync set names its slaves)."""
+
+
 def election_config(options: ControllerOptions, role: str) -> ElectionConfig:
-    """The election's timing and lag bound (``max_lag_bytes = -1``: 0 under SYNC, 16 MiB under ASYNC)."""
+    """The election's timing, lag bound (``max_lag_bytes = -1``: 0 under SYNC, 16 MiB under ASYNC)
+    and, under SYNC, the in-sync set (and serving on without etcd, unless ``"never"``)."""
     max_lag = options.max_lag_bytes
     if max_lag < 0:
         max_lag = 0 if role == "SYNC_MASTER" else 16 * 1024 * 1024
@@ -492,6 +549,8 @@ def election_config(options: ControllerOptions, role: str) -> ElectionConfig:
             fence_margin=options.fence_margin_s,
             max_lag_bytes=max_lag,
             request_timeout=options.request_timeout_s,
+            sync_set=role == "SYNC_MASTER",
+            keep_serving=role == "SYNC_MASTER" and options.keep_serving_without_etcd == "in_sync",
         )
     except ValueError as exc:
         raise ConfigError(f"[replication.controller]: {exc}") from None

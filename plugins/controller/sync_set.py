@@ -1,0 +1,205 @@
+"""A SYNC master's in-sync replica set (RocketMQ 5's SyncStateSet): who must hold a send, and its upkeep.
+
+The rule that makes failover lossless without an etcd write per acknowledgement:
+
+- a send is acknowledged only when **every** other member of the set has reported its end on the
+  HA stream (and only while the set has at least ``min_in_sync_replicas`` members);
+- only a member may win a campaign (:meth:`Election.campaign`), and a candidate stops following
+  its master before it campaigns, so a deposed master can no longer collect a full set of
+  acknowledgements;
+- the set changes only through etcd, in the safe order: a member is **removed** in etcd first and
+  only then stops being waited for; a member is **added** locally first (waited for at once) and
+  then written to etcd, and only once it holds everything acknowledged so far.
+
+So every member of the set in etcd holds every acknowledged message, whoever wins holds them all,
+and a master cut off from etcd keeps acknowledging only while its whole set follows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+from tidemq.replication import ReplicaStatus
+from tidemq_ha_replication.ha_master import GroupTransfer
+
+from .etcd import ControllerError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["InSyncTracker"]
+
+#: How often the set is looked after (s): removals wait sync_set_timeout_s anyway.
+TICK_S = 0.25
+
+
+class InSyncTracker:
+    """The in-sync set of the master ``me`` (broker ids, master included) for one mastership.
+
+    ``options`` gives ``min_in_sync_replicas``, ``sync_set_timeout_s`` and ``slave_fall_behind_max``;
+    ``transfer`` holds the sends waiting for the set.  ``server`` (the HA server, set once it
+    listens) lists the connected slaves with their broker id, acknowledged offset and the last time
+    they caught up.  HA reader threads call :meth:`on_slave_ack`; :meth:`maintain` runs on the loop.
+    """
+
+    def __init__(
+        self,
+        me: int,
+        members: tuple[int, ...],
+        options: Any,
+        store: Any,
+        transfer: GroupTransfer,
+    ) -> None:
+        self.me = me
+        self.options = options
+        self.store = store
+        self.transfer = transfer
+        self.server: Any = None
+        #: Members waited for (master included); :attr:`written` is what etcd holds.
+        self.required: tuple[int, ...] = tuple(sorted({*members, me}))
+        self.written: tuple[int, ...] = self.required
+        self._acks: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._since = time.monotonic()  # members of the starting set get a timeout to reconnect
+        self._seen: dict[int, float] = {}  # member -> last time it was caught up (or added)
+        self._failed_write = False
+
+    # ------------------------------------------------------------------ acknowledgements
+    def on_slave_ack(self, broker_id: int, offset: int) -> None:
+        """Slave ``broker_id`` holds the log up to ``offset`` (-1: its connection closed)."""
+        if offset < 0:
+            return  # what it acknowledged stays true; maintain() notices it is gone
+        with self._lock:
+            if offset <= self._acks.get(broker_id, -1):
+                return
+            self._acks[broker_id] = offset
+            self._ack_locked()
+
+    def _floor_locked(self) -> int | None:
+        """The offset every other member holds (None: a member has reported nothing yet)."""
+        others = [b for b in self.required if b != self.me]
+        if len(self.required) < self.options.min_in_sync_replicas or not others:
+            return None
+        floor = min(self._acks.get(b, -1) for b in others)
+        return floor if floor >= 0 else None
+
+    def _ack_locked(self) -> None:
+        # Under the lock: an addition decided meanwhile must not let an older floor through.
+        floor = self._floor_locked()
+        if floor is not None:
+            self.transfer.ack(floor)
+
+    def precheck(self, end_offset: int) -> ReplicaStatus | None:
+        """An answer without waiting (None: wait for the set to acknowledge ``end_offset``)."""
+        required = self.required
+        if len(required) < self.options.min_in_sync_replicas:
+            return ReplicaStatus.SLAVE_NOT_AVAILABLE
+        if len(required) == 1:
+            return ReplicaStatus.PUT_OK  # min_in_sync_replicas = 1 and nobody else in sync
+        now = time.monotonic()
+        live = self._live()
+        for b in required:
+            if b != self.me and b not in live and now - self._seen.get(b, self._since) > self._timeout:
+                return ReplicaStatus.SLAVE_NOT_AVAILABLE  # gone this long and still in the set
+        floor = min(self._acks.get(b, 0) for b in required if b != self.me)
+        if self.store.get_max_phy_offset() - floor > self.options.slave_fall_behind_max:
+            return ReplicaStatus.SLAVE_NOT_AVAILABLE
+        return None
+
+    # ------------------------------------------------------------------ upkeep
+    @property
+    def _timeout(self) -> float:
+        return float(self.options.sync_set_timeout_s)
+
+    def _live(self) -> dict[int, Any]:
+        """Connected slaves of this epoch by broker id (the freshest connection of each)."""
+        server = self.server
+        live: dict[int, Any] = {}
+        if server is None:
+            return live
+        for conn in list(server.connections):
+            bid = getattr(conn, "broker_id", None)
+            if bid is None or conn.closed.is_set():
+                continue
+            if bid not in live or conn.caught_up_at > live[bid].caught_up_at:
+                live[bid] = conn
+        return live
+
+    def _plan(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Apply additions locally; return (members to remove, the set to write)."""
+        now = time.monotonic()
+        live = self._live()
+        with self._lock:
+            end = self.store.get_max_phy_offset()
+            for bid, conn in live.items():
+                # Caught up: at our end now (an idle slave reports only every heartbeat), or it
+                # reached the end we had when it last caught up (a busy one never sits at the end).
+                seen = now if conn.ack_offset >= end else conn.caught_up_at
+                if seen:
+                    self._seen[bid] = max(self._seen.get(bid, 0.0), seen)
+            acked = self.transfer.acked
+            for bid in sorted(live):
+                if bid in self.required or bid == self.me:
+                    continue
+                # Holds everything acknowledged so far and keeps pace: waited for from now on.
+                if self._acks.get(bid, -1) >= acked and now - self._seen.get(bid, 0.0) < self._timeout:
+                    self.required = tuple(sorted({*self.required, bid}))
+                    self._seen[bid] = now
+                    log.info(
+                        "in-sync set: broker %d caught up (at %d); now waiting for %s",
+                        bid,
+                        acked,
+                        self.required,
+                    )
+            lagging = sorted(
+                (self._seen.get(b, self._since), b)
+                for b in self.required
+                if b != self.me and now - max(self._seen.get(b, 0.0), self._since) > self._timeout
+            )
+            room = len(self.required) - self.options.min_in_sync_replicas
+            remove = tuple(b for _, b in lagging[: max(0, room)])
+            target = tuple(b for b in self.required if b not in remove)
+        return remove, target
+
+    async def step(self, election: Any) -> None:
+        """One round: add caught-up slaves, drop members lagging past the timeout, sync etcd."""
+        remove, target = self._plan()
+        if target == self.written:
+            return
+        try:
+            ok = await election.update_sync_set(target)
+        except ControllerError as exc:
+            if not self._failed_write:
+                log.warning(
+                    "in-sync set %s not written (etcd unreachable: %s); unchanged until it is", target, exc
+                )
+            self._failed_write = True
+            return
+        self._failed_write = False
+        if not ok:
+            return  # deposed: update_sync_set fenced us
+        self.written = target
+        if remove:
+            with self._lock:
+                self.required = tuple(b for b in self.required if b not in remove)
+                self._ack_locked()
+            log.warning(
+                "in-sync set: brokers %s fell behind for %.1f s; set is now %s",
+                list(remove),
+                self._timeout,
+                target,
+            )
+
+    async def maintain(self, election: Any) -> None:
+        """Run :meth:`step` every :data:`TICK_S` until cancelled (at demotion)."""
+        while True:
+            try:
+                await self.step(election)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("in-sync set upkeep failed")
+            await asyncio.sleep(TICK_S)
