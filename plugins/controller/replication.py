@@ -313,8 +313,20 @@ class ControllerReplication(MasterSlaveReplication):
         log.warning(
             "controller: broker %d is %s of epoch %d from offset %d", self.broker_id, self.role, epoch, start
         )
+        self._adopt_store_topics()
         self._role = self.role
         self._role_changed()
+
+    def _adopt_store_topics(self) -> None:
+        """Before registering as master: topics the old master created after our last metadata
+        sync (up to ``metadata_sync_s`` before it died) but whose messages we hold."""
+        if self.metadata is None:
+            return
+        try:
+            for name in self.metadata[0].adopt_store_topics():
+                log.warning("controller: new master adopts topic %s from its replicated commit log", name)
+        except Exception:
+            log.exception("controller: adopting topics from the commit log failed")
 
     async def _serve(self, start: int = 0) -> bool:
         """Open the HA port (and, under SYNC, the group transfer and the in-sync set)."""
