@@ -29,6 +29,7 @@ from tidemq_controller.options import ControllerOptions  # noqa: E402
 from tidemq_controller.replication import ControllerReplication  # noqa: E402
 from tidemq_ha_replication.ha_slave import HAClient  # noqa: E402
 from tidemq_ha_replication.wire import HELLO_MAGIC, encode_hello, read_hello_body, recv_exact  # noqa: E402
+from tidemq_metrics_prometheus.broker_metrics import controller_families  # noqa: E402
 
 STORE = {"commitlog_file_size": 256 * 1024, "consumequeue_entries": 256}
 
@@ -160,6 +161,19 @@ def test_a_sync_master_waits_for_its_whole_set_and_changes_it_only_through_etcd(
         gone.client.start()
         await until(lambda: gone.broker_id in tracker.written)
         assert gone.broker_id in (await syncset()).brokers  # type: ignore[union-attr]
+
+        # The metrics plugin exports the set, the epoch and the role from the same runtime info.
+        await until(lambda: "controllerLag" in master.runtime_info())
+        samples = {
+            (m.name, tuple(s.labels.items())): s.value
+            for m in controller_families(master.runtime_info())
+            for s in m.samples
+        }
+        assert samples[("tidemq_controller_epoch", ())] == master.current_epoch()
+        assert samples[("tidemq_controller_master", ())] == 1
+        assert samples[("tidemq_controller_in_sync_replicas", ())] == len(tracker.written)
+        assert samples[("tidemq_controller_etcd_reachable", ())] == 1
+        assert ("tidemq_controller_replica_lag_bytes", (("broker_id", str(kept.broker_id)),)) in samples
 
         # A claim of a newer epoch on the (unauthenticated) HA port is checked in etcd: no effect.
         host, port = master.ha_address().rsplit(":", 1)

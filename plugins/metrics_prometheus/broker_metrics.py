@@ -340,3 +340,39 @@ def _service(broker: Any, out: list[Metric]) -> None:
         )
         family.add_metric([], int(behind))
         out.append(family)
+    out += controller_families(info)
+
+
+def controller_families(info: dict[str, str]) -> list[Metric]:
+    """Controller mode's figures from the replication's runtime info (none without ``controllerRole``).
+
+    ``tidemq_controller_epoch``, ``tidemq_controller_master`` (1 on the elected master),
+    ``tidemq_controller_in_sync_replicas`` (the in-sync set's size as etcd holds it),
+    ``tidemq_controller_replica_lag_bytes{broker_id}`` and ``tidemq_controller_etcd_reachable``.
+    """
+    role = info.get("controllerRole")
+    if role is None:
+        return []
+    epoch = _gauge("tidemq_controller_epoch", "The election epoch this replica serves or follows")
+    epoch.add_metric([], int(info.get("controllerEpoch", "0") or 0))
+    master = _gauge("tidemq_controller_master", "1 on the group's elected master, 0 on a slave")
+    master.add_metric([], 0 if role == "SLAVE" else 1)
+    etcd = _gauge("tidemq_controller_etcd_reachable", "0 while a master serves without reaching etcd")
+    etcd.add_metric([], 0 if info.get("controllerEtcd") == "unreachable" else 1)
+    out: list[Metric] = [epoch, master, etcd]
+    members = [m for m in info.get("controllerSyncSet", "").split(",") if m]
+    if members:
+        in_sync = _gauge("tidemq_controller_in_sync_replicas", "Members of the group's in-sync set")
+        in_sync.add_metric([], len(members))
+        out.append(in_sync)
+    lags = [part.split("=", 1) for part in info.get("controllerLag", "").split(";") if "=" in part]
+    if lags:
+        lag = _gauge(
+            "tidemq_controller_replica_lag_bytes",
+            "Each replica's lag behind the master (etcd reports)",
+            ["broker_id"],
+        )
+        for broker_id, value in lags:
+            lag.add_metric([broker_id], int(value))
+        out.append(lag)
+    return out
