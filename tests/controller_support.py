@@ -1,21 +1,26 @@
-"""Shared helpers of the controller tests with real processes: a three-replica group, a load producer.
+"""Shared helpers of the controller tests with real processes: a three-replica group, a load
+producer, network namespaces joined by veth pairs (to cut replicas off like a pulled cable).
 
-Used by ``test_controller_failover.py`` and ``test_controller_consumers.py`` (issue 25).
+Used by ``test_controller_failover.py``, ``test_controller_consumers.py`` and
+``test_controller_partition.py`` (issue 25).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from conftest import free_port, runtime_info, wait_for
 from test_controller_election import EtcdServer
 
@@ -139,7 +144,11 @@ class Replica:
             return ""
 
     def log(self) -> str:
-        return self.server.log_path.read_text()[-4000:] if self.server is not None else ""
+        """The end of its log (for assertion messages)."""
+        return self.full_log()[-4000:]
+
+    def full_log(self) -> str:
+        return self.server.log_path.read_text() if self.server is not None else ""
 
 
 class ControllerCluster:
@@ -160,6 +169,7 @@ class ControllerCluster:
         """``hosts``/``netns``: replica id -> its listen address / network namespace; ``host``: the
         NameServer's; ``start=False``: the caller starts the replicas."""
         self.spawn, self.tmp, self.etcd_url, self.role = spawn, tmp, etcd.url, role
+        self.etcd_server: EtcdServer | None = None  # its own etcd, stopped with the group (stop_group)
         self.name = f"fo{uuid.uuid4().hex[:8]}"  # etcd is shared by the module's tests
         self.namesrv = spawn("namesrv", "--listen", f"{host}:{free_port()}")
         self.ns = self.namesrv.addresses["namesrv"]
@@ -216,6 +226,7 @@ class LoadProducer:
         self.ack_times: list[tuple[float, int]] = []  # (monotonic, store port)
         self.errors = 0
         self.statuses: dict[str, int] = {}
+        self.answers: list[tuple[float, str]] = []  # (monotonic, status or "ERROR") of every send
         self._stop = threading.Event()
         self.producer = BlockingProducer("fo-pg", ns, retry_times=0, send_timeout=3.0, route_refresh_s=0.5)
         self.producer.start()
@@ -231,8 +242,10 @@ class LoadProducer:
                 r = self.producer.send(Message(TOPIC, body))
             except Exception:
                 self.errors += 1
+                self.answers.append((time.monotonic(), "ERROR"))
                 time.sleep(0.02)
                 continue
+            self.answers.append((time.monotonic(), r.status.value))
             self.statuses[r.status.value] = self.statuses.get(r.status.value, 0) + 1
             if r.status is SendStatus.SEND_OK:
                 self.acked[r.msg_id] = body
@@ -241,6 +254,14 @@ class LoadProducer:
     def acked_by(self, port: int, after: float) -> float | None:
         """When the first send acknowledged by the broker on ``port`` after ``after`` came back."""
         return next((t for t, p in list(self.ack_times) if t > after and p == port), None)
+
+    def statuses_between(self, after: float, before: float) -> dict[str, int]:
+        """Answers (statuses, and ERROR for exceptions) that came back between two instants."""
+        counts: dict[str, int] = {}
+        for t, status in list(self.answers):
+            if after < t <= before:
+                counts[status] = counts.get(status, 0) + 1
+        return counts
 
     def stop(self) -> None:
         self._stop.set()
@@ -269,10 +290,15 @@ def read_all(ns: str) -> dict[str, list[bytes]]:
 
 
 def check_no_loss(load: LoadProducer, ns: str) -> None:
+    check_acked(load.acked, ns)
+
+
+def check_acked(acked: dict[str, bytes], ns: str) -> None:
+    """Every acknowledged message (UNIQ_KEY -> body) is readable with its body; no id has two bodies."""
     got = read_all(ns)
-    missing = [k for k in load.acked if k not in got]
-    assert not missing, f"{len(missing)} of {len(load.acked)} acknowledged messages lost, e.g. {missing[:3]}"
-    wrong = [k for k, body in load.acked.items() if any(b != body for b in got[k])]
+    missing = [k for k in acked if k not in got]
+    assert not missing, f"{len(missing)} of {len(acked)} acknowledged messages lost, e.g. {missing[:3]}"
+    wrong = [k for k, body in acked.items() if any(b != body for b in got[k])]
     assert not wrong, f"{len(wrong)} acknowledged ids read back with another body, e.g. {wrong[:3]}"
     mixed = [k for k, bodies in got.items() if len(set(bodies)) > 1]
     assert not mixed, f"{len(mixed)} ids read twice with different bodies, e.g. {mixed[:3]}"
@@ -296,3 +322,181 @@ def fail_over(cluster: ControllerCluster, load: LoadProducer) -> tuple[Replica, 
     first = load.acked_by(port, killed)
     assert first is not None
     return old, new, first - killed
+
+
+# ---------------------------------------------------------------------- network namespaces
+class Namespaces:
+    """Network namespaces joined to this one by veth pairs: namespace k has the address 10.N.k.2;
+    etcd, the NameServer and the replicas left here listen on 10.N.0.1.  ``cut(k)`` takes k's link
+    down: its packets are dropped (no RST), as a pulled cable would."""
+
+    def __init__(self, count: int) -> None:
+        self.tag = uuid.uuid4().hex[:4]
+        self.net = 100 + int(self.tag, 16) % 150
+        self.host = f"10.{self.net}.0.1"
+        self.names: dict[int, str] = {}
+        self._run("ip", "addr", "add", f"{self.host}/32", "dev", "lo")
+        for k in range(1, count + 1):
+            ns, h, n = f"tq{self.tag}n{k}", f"tq{self.tag}h{k}", f"tq{self.tag}p{k}"
+            self._run("ip", "netns", "add", ns)
+            self.names[k] = ns
+            self._run("ip", "link", "add", h, "type", "veth", "peer", "name", n)
+            self._run("ip", "link", "set", n, "netns", ns)
+            self._run("ip", "addr", "add", f"10.{self.net}.{k}.1/24", "dev", h)
+            self._run("ip", "link", "set", h, "up")
+            self._run("ip", "-n", ns, "addr", "add", f"{self.addr(k)}/24", "dev", n)
+            self._run("ip", "-n", ns, "link", "set", n, "up")
+            self._run("ip", "-n", ns, "link", "set", "lo", "up")
+            self._run("ip", "-n", ns, "route", "add", "default", "via", f"10.{self.net}.{k}.1")
+
+    @staticmethod
+    def _run(*cmd: str) -> None:
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}: {out.stderr.strip()}")
+
+    def addr(self, k: int) -> str:
+        return f"10.{self.net}.{k}.2"
+
+    def cut(self, k: int) -> None:
+        self._run("ip", "link", "set", f"tq{self.tag}h{k}", "down")
+
+    def heal(self, k: int) -> None:
+        self._run("ip", "link", "set", f"tq{self.tag}h{k}", "up")
+
+    def remove(self) -> None:
+        for ns in self.names.values():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # takes its veth pair along
+        subprocess.run(["ip", "addr", "del", f"{self.host}/32", "dev", "lo"], capture_output=True)
+
+
+@contextlib.contextmanager
+def network_namespaces() -> Iterator[Callable[[int], Namespaces]]:
+    """For a fixture: ``make(count)`` builds namespaces (skips the test where that needs root it
+    lacks); all are removed at the end."""
+    made: list[Namespaces] = []
+
+    def make(count: int) -> Namespaces:
+        try:
+            net = Namespaces(count)
+        except (RuntimeError, OSError) as exc:
+            pytest.skip(f"network namespaces are not available here (needs root and iproute2): {exc}")
+        made.append(net)
+        return net
+
+    try:
+        yield make
+    finally:
+        for net in made:
+            net.remove()
+
+
+def namespace_group(
+    spawn: Any,
+    tmp_path: Path,
+    net: Namespaces,
+    role: str,
+    replicas: int,
+    placed: dict[int, int],
+    options: dict[str, Any] | None = None,
+) -> ControllerCluster:
+    """etcd and the NameServer on ``net.host``; replica i runs in namespace ``placed[i]`` (the others
+    here, on ``net.host``).  Replica 1 starts first and is elected; then the others start."""
+    etcd = EtcdServer(tmp_path / "etcd-net")
+    etcd.directory.mkdir()
+    etcd.url, etcd.peer_url = f"http://{net.host}:{etcd.client_port}", f"http://{net.host}:{etcd.peer_port}"
+    etcd.initial_cluster = f"{etcd.name}={etcd.peer_url}"
+    etcd.start()
+    cluster = ControllerCluster(
+        spawn,
+        tmp_path,
+        etcd,
+        replicas=replicas,
+        role=role,
+        options=options,
+        hosts={i: net.addr(placed[i]) if i in placed else net.host for i in range(1, replicas + 1)},
+        netns={i: net.names[k] for i, k in placed.items()},
+        host=net.host,
+        start=False,
+    )
+    cluster.etcd_server = etcd
+    try:
+        first, *others = cluster.replicas
+        first.start()
+        assert cluster.wait_master() is first
+        threads = [threading.Thread(target=r.start) for r in others]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert wait_for(lambda: first.info().get("haConnectedSlaves") == str(replicas - 1), 20), first.log()
+    except BaseException:
+        stop_group(cluster)  # the processes in namespaces are not the spawn fixture's to stop
+        raise
+    return cluster
+
+
+def stop_group(cluster: ControllerCluster) -> None:
+    """Stop the replicas run in namespaces (before the namespaces go) and the group's etcd."""
+    for r in cluster.replicas:
+        if r.netns and r.server is not None:
+            r.server.stop()
+            r.server = None
+    if cluster.etcd_server is not None:
+        cluster.etcd_server.stop()
+
+
+# ---------------------------------------------------------------------- checks
+def commit_log(replica: Replica, end: int) -> bytes:
+    """The first ``end`` bytes of the replica's commit log (its fixed-size files, in order)."""
+    files = sorted((replica.dir / "commitlog").iterdir(), key=lambda f: int(f.name))
+    data = b"".join(f.read_bytes() for f in files if int(f.name) < end)
+    assert len(data) >= end, (replica.broker_id, len(data), end)
+    return data[:end]
+
+
+def verify_replicas(replicas: list[Replica]) -> None:
+    """Stop each replica and run ``tidemq store verify`` on its data directory: it must be clean."""
+    for r in replicas:
+        if r.server is not None:
+            r.server.stop()
+            r.server = None
+        out = subprocess.run(
+            [sys.executable, "-m", "tidemq", "store", "verify", str(r.dir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, (r.broker_id, out.stdout[-3000:], out.stderr[-3000:])
+
+
+def sync_set(master: Replica) -> set[int]:
+    """``controllerSyncSet``: the in-sync set as the master last wrote it to etcd."""
+    return {int(b) for b in master.info().get("controllerSyncSet", "").split(",") if b}
+
+
+def wait_in_sync(master: Replica, replicas: int, timeout: float = 20.0) -> None:
+    """Until every replica is in the master's in-sync set: only then does a SYNC master acknowledge
+    at once (a slave just connected is added once it caught up; until then sends answer
+    SLAVE_NOT_AVAILABLE when the set is below ``min_in_sync_replicas``)."""
+    assert wait_for(lambda: len(sync_set(master)) == replicas, timeout), (master.info(), master.log())
+
+
+def ack_spans(acks: list[tuple[float, int]]) -> dict[int, tuple[float, float]]:
+    """Per store port: (first, last) time a SEND_OK from that broker came back."""
+    spans: dict[int, tuple[float, float]] = {}
+    for t, port in acks:
+        first, last = spans.get(port, (t, t))
+        spans[port] = (min(first, t), max(last, t))
+    return spans
+
+
+def overlapping_masters(acks: list[tuple[float, int]]) -> list[tuple[int, int]]:
+    """Pairs of brokers whose acknowledging spans overlap (split brain, with one failover)."""
+    spans = sorted(ack_spans(acks).items(), key=lambda kv: kv[1][0])
+    return [
+        (a, b)
+        for i, (a, (_, last_a)) in enumerate(spans)
+        for b, (first_b, _) in spans[i + 1 :]
+        if first_b <= last_a
+    ]

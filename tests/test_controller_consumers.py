@@ -28,7 +28,18 @@ from conftest import wait_for
 
 pytest.importorskip("httpx", reason="httpx is not installed (pip install tidemq[controller])")
 
-from controller_support import TOPIC, ControllerCluster, LoadProducer, Replica, check_no_loss  # noqa: E402
+from controller_support import (  # noqa: E402
+    TOPIC,
+    ControllerCluster,
+    LoadProducer,
+    Namespaces,
+    Replica,
+    check_no_loss,
+    namespace_group,
+    network_namespaces,
+    stop_group,
+    sync_set,
+)
 from test_controller_election import EtcdServer  # noqa: E402
 
 from tidemq.client import BlockingPushConsumer  # noqa: E402
@@ -249,106 +260,23 @@ def test_consumers_keep_their_offsets_across_a_sigkilled_master(
 
 
 # ---------------------------------------------------------------------- partitioned slaves
-class Namespaces:
-    """Network namespaces joined to this one by veth pairs: replica k listens on 10.N.k.2 inside
-    namespace k; etcd, the NameServer and the master listen on 10.N.0.1 here.  ``cut(k)`` takes
-    k's link down: its packets are dropped (no RST), as a pulled cable would."""
-
-    def __init__(self, count: int) -> None:
-        self.tag = uuid.uuid4().hex[:4]
-        self.net = 100 + int(self.tag, 16) % 150
-        self.host = f"10.{self.net}.0.1"
-        self.names: dict[int, str] = {}
-        self._run("ip", "addr", "add", f"{self.host}/32", "dev", "lo")
-        for k in range(1, count + 1):
-            ns, h, n = f"tq{self.tag}n{k}", f"tq{self.tag}h{k}", f"tq{self.tag}p{k}"
-            self._run("ip", "netns", "add", ns)
-            self.names[k] = ns
-            self._run("ip", "link", "add", h, "type", "veth", "peer", "name", n)
-            self._run("ip", "link", "set", n, "netns", ns)
-            self._run("ip", "addr", "add", f"10.{self.net}.{k}.1/24", "dev", h)
-            self._run("ip", "link", "set", h, "up")
-            self._run("ip", "-n", ns, "addr", "add", f"{self.addr(k)}/24", "dev", n)
-            self._run("ip", "-n", ns, "link", "set", n, "up")
-            self._run("ip", "-n", ns, "link", "set", "lo", "up")
-            self._run("ip", "-n", ns, "route", "add", "default", "via", f"10.{self.net}.{k}.1")
-
-    @staticmethod
-    def _run(*cmd: str) -> None:
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        if out.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)}: {out.stderr.strip()}")
-
-    def addr(self, k: int) -> str:
-        return f"10.{self.net}.{k}.2"
-
-    def cut(self, k: int) -> None:
-        self._run("ip", "link", "set", f"tq{self.tag}h{k}", "down")
-
-    def heal(self, k: int) -> None:
-        self._run("ip", "link", "set", f"tq{self.tag}h{k}", "up")
-
-    def remove(self) -> None:
-        for ns in self.names.values():
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)  # takes its veth pair along
-        subprocess.run(["ip", "addr", "del", f"{self.host}/32", "dev", "lo"], capture_output=True)
-
-
 @pytest.fixture
 def namespaces() -> Any:
-    made: list[Namespaces] = []
-
-    def make(count: int) -> Namespaces:
-        try:
-            net = Namespaces(count)
-        except (RuntimeError, OSError) as exc:
-            pytest.skip(f"network namespaces are not available here (needs root and iproute2): {exc}")
-        made.append(net)
-        return net
-
-    yield make
-    for net in made:
-        net.remove()
+    with network_namespaces() as make:
+        yield make
 
 
 def partitioned_group(
-    spawn: Any, tmp_path: Path, net: Namespaces, role: str, slaves: int
+    spawn: Any,
+    tmp_path: Path,
+    net: Namespaces,
+    role: str,
+    slaves: int,
+    options: dict[str, Any] | None = None,
 ) -> ControllerCluster:
     """Replica 1 (here) is elected first; then the slaves start, each in its own namespace."""
-    etcd = EtcdServer(tmp_path / "etcd-net")
-    etcd.directory.mkdir()
-    etcd.url, etcd.peer_url = f"http://{net.host}:{etcd.client_port}", f"http://{net.host}:{etcd.peer_port}"
-    etcd.initial_cluster = f"{etcd.name}={etcd.peer_url}"
-    etcd.start()
-    cluster = ControllerCluster(
-        spawn,
-        tmp_path,
-        etcd,
-        replicas=slaves + 1,
-        role=role,
-        hosts={1: net.host, **{k + 1: net.addr(k) for k in range(1, slaves + 1)}},
-        netns={k + 1: net.names[k] for k in range(1, slaves + 1)},
-        host=net.host,
-        start=False,
-    )
-    cluster.etcd_server = etcd  # type: ignore[attr-defined]
-    first, *others = cluster.replicas
-    first.start()
-    assert cluster.wait_master() is first
-    threads = [threading.Thread(target=r.start) for r in others]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert wait_for(lambda: first.info().get("haConnectedSlaves") == str(slaves), 20), first.log()
-    return cluster
-
-
-def stop_group(cluster: ControllerCluster) -> None:
-    for r in cluster.replicas:
-        if r.netns and r.server is not None:
-            r.server.stop()
-    cluster.etcd_server.stop()  # type: ignore[attr-defined]
+    placed = {k + 1: k for k in range(1, slaves + 1)}
+    return namespace_group(spawn, tmp_path, net, role, slaves + 1, placed, options)
 
 
 def acks_after(load: LoadProducer, t: float) -> int:
@@ -360,14 +288,34 @@ def caught_up(master: Replica, slaves: list[Replica]) -> bool:
     return all(s.info()["commitLogMaxOffset"] == end for s in slaves)
 
 
+#: ``sync_set_timeout_s`` (the default): how long an in-sync slave may lag before it is dropped.
+SYNC_SET_TIMEOUT_S = ControllerOptions().sync_set_timeout_s
+#: ``sync_timeout_s`` of the test groups (controller_support): how long a send waits for its slaves.
+SYNC_TIMEOUT_S = 2.0
+
+
+def refused(load: LoadProducer) -> int:
+    return load.statuses.get("FLUSH_SLAVE_TIMEOUT", 0) + load.statuses.get("SLAVE_NOT_AVAILABLE", 0)
+
+
+def longest_stall(load: LoadProducer, after: float, acks: int) -> float:
+    """The longest gap between acknowledgements, from the last one before ``after`` through the
+    ``acks``-th one after it."""
+    times = sorted(t for t, _ in list(load.ack_times))
+    before = [t for t in times if t <= after][-1:]
+    window = before + [t for t in times if t > after][:acks]
+    return max(b - a for a, b in zip(window, window[1:], strict=False))
+
+
 @pytest.mark.slow
-def test_a_sync_master_acknowledges_through_the_slave_left_and_refuses_without_any(
+def test_a_sync_master_shrinks_its_in_sync_set_to_the_slave_left_and_refuses_below_two(
     spawn: Any, tmp_path: Path, namespaces: Any
 ) -> None:
-    """SYNC_MASTER, two slaves: one cut, the master goes on through the other (the synchronous set
-    shrinks); both cut, it answers FLUSH_SLAVE_TIMEOUT while the dead connections are open, then
-    SLAVE_NOT_AVAILABLE once the HA housekeeping drops them; healed, the slaves catch up and no
-    acknowledged message is lost."""
+    """SYNC_MASTER, two slaves.  One cut: sends wait for every member of the in-sync set, so they
+    stall until the cut slave is dropped from it (``sync_set_timeout_s``), then go on; healed and
+    caught up, it is added back.  Both cut: the set stops at two members (``min_in_sync_replicas``),
+    sends answer FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE and none is acknowledged; healed, every
+    acknowledged message is there."""
     net = namespaces(2)
     cluster = partitioned_group(spawn, tmp_path, net, "SYNC_MASTER", 2)
     master, s2, s3 = cluster.replicas
@@ -375,22 +323,38 @@ def test_a_sync_master_acknowledges_through_the_slave_left_and_refuses_without_a
     try:
         load = LoadProducer(cluster.ns)
         assert wait_for(lambda: len(load.acked) >= 50, 20), (load.statuses, load.errors)
-        net.cut(1)  # replica 2 (its lease ends: it leaves the synchronous set)
+        assert wait_for(lambda: sync_set(master) == {1, 2, 3}, 20), master.info()
+        net.cut(1)  # replica 2
         cut1 = time.monotonic()
-        assert wait_for(lambda: acks_after(load, cut1 + 1.0) >= 100, 20), (load.statuses, load.errors)
-        # Its lease ends: etcd drops it from the group (the candidates and the lag table).
-        members = lambda: {e.split("=")[0] for e in master.info().get("controllerLag", "").split(";")}  # noqa: E731
-        assert wait_for(lambda: members() == {"1", "3"}, 15), master.info().get("controllerLag")
-        net.cut(2)  # replica 3: no slave left
+        assert wait_for(lambda: sync_set(master) == {1, 3}, SYNC_SET_TIMEOUT_S + 10), master.info()
+        shrunk = time.monotonic() - cut1
+        assert wait_for(lambda: acks_after(load, cut1) >= 100, 20), (load.statuses, load.errors)
+        stall1 = longest_stall(load, cut1, 100)
+        one_cut = load.statuses_between(cut1, time.monotonic())
+        # Every member of the set must hold a send: none is acknowledged until replica 2 is dropped.
+        assert SYNC_SET_TIMEOUT_S / 2 <= stall1 <= SYNC_SET_TIMEOUT_S + SYNC_TIMEOUT_S + SLACK_S, stall1
+        net.heal(1)
+        healed = time.monotonic()
+        assert wait_for(lambda: sync_set(master) == {1, 2, 3}, 30), master.info()
+        rejoined = time.monotonic() - healed
+        assert wait_for(lambda: acks_after(load, healed) >= 50, 20), (load.statuses, load.errors)
+        net.cut(1)
+        net.cut(2)  # no slave left
         cut2 = time.monotonic()
-        timeouts = load.statuses.get("FLUSH_SLAVE_TIMEOUT", 0)
-        assert wait_for(lambda: load.statuses.get("FLUSH_SLAVE_TIMEOUT", 0) > timeouts, 15), load.statuses
-        assert wait_for(lambda: load.statuses.get("SLAVE_NOT_AVAILABLE", 0) > 0, 20), load.statuses
+        before = refused(load)
+        sizes = []
+        while time.monotonic() < cut2 + 2 * SYNC_SET_TIMEOUT_S + SYNC_TIMEOUT_S:
+            sizes.append(len(sync_set(master)))
+            time.sleep(0.25)
+        assert min(sizes) >= 2, sizes  # min_in_sync_replicas: the master counted
+        assert refused(load) > before, load.statuses
         assert acks_after(load, cut2 + 0.5) == 0, "acknowledged with every slave cut off"
+        both = load.statuses_between(cut2, time.monotonic())
         net.heal(1)
         net.heal(2)
         healed = time.monotonic()
         assert wait_for(lambda: acks_after(load, healed) >= 100, 30), (load.statuses, load.errors)
+        assert wait_for(lambda: sync_set(master) == {1, 2, 3}, 30), master.info()
         assert master.role() == "SYNC_MASTER"
     finally:
         if load is not None:
@@ -399,7 +363,12 @@ def test_a_sync_master_acknowledges_through_the_slave_left_and_refuses_without_a
         assert wait_for(lambda: caught_up(master, [s2, s3]), 30), [
             r.info()["commitLogMaxOffset"] for r in (master, s2, s3)
         ]
-        print(f"statuses {load.statuses}, errors {load.errors}")
+        print(
+            f"one slave cut: dropped from the in-sync set after {shrunk:.2f} s, sends stalled "
+            f"{stall1:.2f} s (answers meanwhile {one_cut}); healed: back in the set after "
+            f"{rejoined:.2f} s; both cut: set sizes "
+            f"{sorted(set(sizes))}, statuses {both}; in all {load.statuses}, errors {load.errors}"
+        )
         check_no_loss(load, cluster.ns)
     finally:
         stop_group(cluster)

@@ -29,8 +29,12 @@ from controller_support import (  # noqa: E402
     ControllerCluster,
     LoadProducer,
     Replica,
+    ack_spans,
     check_no_loss,
+    commit_log,
     fail_over,
+    overlapping_masters,
+    wait_in_sync,
 )
 from test_controller_election import BlackHoleProxy, EtcdServer  # noqa: E402
 
@@ -91,17 +95,11 @@ def test_a_deposed_master_truncates_its_unacknowledged_tail(
 ) -> None:
     cluster = ControllerCluster(spawn, tmp_path, etcd)
     master = cluster.wait_master()
-    assert wait_for(lambda: master.info().get("haConnectedSlaves") == "2", 20), master.log()
+    wait_in_sync(master, 3)
     with BlockingProducer("fo-acked", cluster.ns, retry_times=0) as producer:
         for i in range(20):
             assert producer.send(Message(TOPIC, b"acknowledged-%d" % i)).status is SendStatus.SEND_OK
     deposed_master_truncates_its_unacknowledged_tail(cluster)
-
-
-def commit_log(replica: Replica, end: int) -> bytes:
-    data = (replica.dir / "commitlog" / "00000000000000000000").read_bytes()
-    assert len(data) >= end
-    return data[:end]
 
 
 def deposed_master_truncates_its_unacknowledged_tail(cluster: ControllerCluster) -> None:
@@ -185,7 +183,10 @@ def test_without_etcd_the_master_stops_acknowledging_nobody_is_elected_and_it_re
     own.directory.mkdir()
     own.start()
     try:
-        cluster = ControllerCluster(spawn, tmp_path, own, replicas=2)
+        # The old behaviour, still a choice: the default ("in_sync") keeps acknowledging instead
+        # (test_controller_partition.py).
+        options = {"keep_serving_without_etcd": "never"}
+        cluster = ControllerCluster(spawn, tmp_path, own, replicas=2, options=options)
         master = cluster.wait_master()
         slave = next(r for r in cluster.replicas if r is not master)
         epoch = master.info()["controllerEpoch"]
@@ -256,31 +257,52 @@ def log_time(replica: Replica, needle: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("keep_serving", ["never", "in_sync"])
 def test_a_master_cut_off_from_etcd_stops_before_another_is_elected_and_rejoins_as_slave(
-    spawn: Any, tmp_path: Path, etcd: EtcdServer
+    spawn: Any, tmp_path: Path, etcd: EtcdServer, keep_serving: str
 ) -> None:
+    """Only etcd is cut off (through a black-hole proxy): the slaves still reach the master.
+    "never": it stops acknowledging at its fencing deadline, before the lease can end.  "in_sync":
+    it serves on under its in-sync set, until the slaves, seeing its lease end in etcd, stop
+    following it; then it acknowledges nothing and one of them is elected.  Either way, no send
+    is acknowledged by the old master once the new one acknowledges."""
     proxies = Proxies(etcd.client_port, [1, 2, 3])
     try:
         urls = {i: p.url for i, p in proxies.by_id.items()}
-        cluster = ControllerCluster(spawn, tmp_path, etcd, etcd_urls=urls)
+        options = {"keep_serving_without_etcd": keep_serving}
+        cluster = ControllerCluster(spawn, tmp_path, etcd, etcd_urls=urls, options=options)
         master = cluster.wait_master()
+        others = [r for r in cluster.replicas if r is not master]
         assert wait_for(lambda: master.info().get("haConnectedSlaves") == "2", 20), master.log()
         load = LoadProducer(cluster.ns)
         try:
             assert wait_for(lambda: len(load.acked) >= 50, 20), (load.statuses, load.errors)
             proxies.cut(master.broker_id)
-            assert wait_for(lambda: cluster.master() not in (None, master), 15), master.log()
-            new = cluster.wait_master()
+            cut = time.monotonic()
+            # The old master, cut off from etcd only, may still report its role ("in_sync").
+            assert wait_for(lambda: any(r.role() == "SYNC_MASTER" for r in others), 15), master.log()
+            new = next(r for r in others if r.role() == "SYNC_MASTER")
             port = int(new.addr.rsplit(":", 1)[1])
             count = len(load.acked)
             assert wait_for(lambda: len(load.acked) >= count + 50, 20), (load.statuses, load.errors)
-            # No split brain: the cut-off master stopped acknowledging before the other was elected.
-            fenced = log_time(master, "stops acknowledging as master")
             elected = log_time(new, f"broker {new.broker_id} elected master of epoch")
-            assert fenced < elected, (fenced, elected)
-            assert load.acked_by(port, 0) is not None
+            if keep_serving == "never":
+                # No split brain: the cut-off master stopped acknowledging before the other was elected.
+                fenced = log_time(master, "stops acknowledging as master")
+                assert fenced < elected, (fenced, elected)
+            else:
+                log_time(master, "serving on as master")
+            # Never two masters acknowledging at overlapping times.
+            spans = ack_spans(load.ack_times)
+            assert not overlapping_masters(load.ack_times), spans
+            old_port = int(master.addr.rsplit(":", 1)[1])
+            print(
+                f"{keep_serving}: old master's last acknowledgement {spans[old_port][1] - cut:.2f} s after "
+                f"the cut, the new master's first {spans[port][0] - cut:.2f} s after; {load.statuses}"
+            )
+            print(f"answers while cut: {load.statuses_between(cut, time.monotonic())}")
             proxies.heal(master.broker_id)
-            # Healed: the old master re-registers, follows the new one (truncating if it must).
+            # Healed: the old master learns it was deposed, follows the new one (truncating if it must).
             assert wait_for(
                 lambda: master.role() == "SLAVE" and master.info().get("haMasterConnected") == "true", 20
             ), master.log()
