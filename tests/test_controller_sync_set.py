@@ -19,7 +19,7 @@ from conftest import free_port
 
 pytest.importorskip("httpx", reason="httpx is not installed (the controller extra)")
 
-from test_controller_election import EtcdServer, etcd  # noqa: E402,F401  (the etcd fixture)
+from test_controller_election import BlackHoleProxy, EtcdServer, etcd  # noqa: E402,F401  (the etcd fixture)
 
 from tidemq.replication import ReplicaStatus  # noqa: E402
 from tidemq.testing.store_contract import build_store, message  # noqa: E402
@@ -37,7 +37,7 @@ STORE = {"commitlog_file_size": 256 * 1024, "consumequeue_entries": 256}
 class Group:
     """Three replicas of one SYNC group (ids 1..3) on one event loop."""
 
-    def __init__(self, tmp: Path, etcd_url: str, name: str) -> None:
+    def __init__(self, tmp: Path, etcd_url: str, name: str, urls: dict[int, str] | None = None) -> None:
         self.name = name
         self.replicas: dict[int, ControllerReplication] = {}
         self.stores: dict[int, Any] = {}
@@ -47,7 +47,7 @@ class Group:
             store.start()
             self.stores[i] = store
             opts = ControllerOptions(
-                etcd=[etcd_url],
+                etcd=[(urls or {}).get(i, etcd_url)],
                 ttl_s=2,
                 keepalive_s=0.4,
                 fence_margin_s=0.6,
@@ -72,9 +72,9 @@ class Group:
             "name": self.name,
         }
 
-    def start(self) -> None:
-        for i, rep in self.replicas.items():
-            rep.start(self.stores[i], self.config[i])
+    def start(self, ids: tuple[int, ...] = (1, 2, 3)) -> None:
+        for i in ids:
+            self.replicas[i].start(self.stores[i], self.config[i])
 
     def master(self) -> ControllerReplication | None:
         found = [
@@ -188,3 +188,45 @@ def test_a_sync_master_waits_for_its_whole_set_and_changes_it_only_through_etcd(
         asyncio.run(main())
     finally:
         group.close()
+
+
+def test_a_master_without_etcd_steps_down_once_its_set_is_gone_before_another_is_elected(
+    tmp_path: Path,
+    etcd: EtcdServer,  # noqa: F811
+) -> None:
+    """Cut off from etcd *and* its slaves, a master serving on under its in-sync set could
+    acknowledge nothing and would stay registered as master: it steps down instead."""
+    name = f"g{time.monotonic_ns()}"
+
+    async def main() -> None:
+        proxy = BlackHoleProxy(etcd.client_port)
+        await proxy.start()
+        group = Group(tmp_path, etcd.url, name, urls={1: proxy.url})
+        try:
+            group.start((1,))  # alone: replica 1 (behind the proxy) wins the first election
+            await until(lambda: group.master() is group.replicas[1])
+            group.start((2, 3))
+            master = group.replicas[1]
+            await until(lambda: master.in_sync is not None and len(master.in_sync.written) == 3)
+            # Its slaves stop following it (as if partitioned), and etcd goes out of its reach.
+            for i in (2, 3):
+                client = group.replicas[i].client
+                assert client is not None
+                await asyncio.to_thread(client.shutdown)
+            proxy.cut = True
+            await until(lambda: master.current_role() == "SLAVE", timeout=8)
+            stepped_down = time.monotonic()
+            assert all(r.current_role() == "SLAVE" for r in group.replicas.values())
+            # The others elect one of them once its lease is gone: never two masters at once.
+            await until(lambda: group.master() is not None, timeout=15)
+            elected = group.master()
+            assert elected is not None and elected is not master and time.monotonic() > stepped_down
+            proxy.heal()
+            # Back in touch with etcd: deposed for certain, it follows the new master.
+            await until(lambda: master._following is not None and master._following[1] == elected.broker_id)
+            assert master.current_epoch() == elected.current_epoch() >= 2
+        finally:
+            group.close()
+            await proxy.close()
+
+    asyncio.run(main())

@@ -324,6 +324,12 @@ class Election:
         """A master serving past its fencing deadline (``keep_serving``: etcd unreachable)."""
         return self._master and time.monotonic() >= self._deadline
 
+    def stand_down(self) -> None:
+        """Stop being master as if fenced for an unreachable etcd (mastership resumes when etcd
+        answers and the leader key is still ours): for a master serving without etcd that lost
+        what made that safe."""
+        self._fence(FenceReason.ETCD_UNREACHABLE)
+
     async def verify_leadership(self) -> bool:
         """Ask etcd whether the leader key is still ours; fence (LEASE_LOST) when it is not.
 

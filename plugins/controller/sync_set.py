@@ -97,17 +97,27 @@ class InSyncTracker:
         required = self.required
         if len(required) < self.options.min_in_sync_replicas:
             return ReplicaStatus.SLAVE_NOT_AVAILABLE
-        if len(required) == 1:
-            return ReplicaStatus.PUT_OK  # min_in_sync_replicas = 1 and nobody else in sync
-        now = time.monotonic()
-        live = self._live()
-        for b in required:
-            if b != self.me and b not in live and now - self._seen.get(b, self._since) > self._timeout:
-                return ReplicaStatus.SLAVE_NOT_AVAILABLE  # gone this long and still in the set
+        if len(required) == 1:  # min_in_sync_replicas = 1 and nobody else in sync
+            with self._lock:
+                if len(self.required) == 1:
+                    # Recorded as acknowledged: a slave joining later must hold it too.
+                    self.transfer.ack(end_offset)
+                    return ReplicaStatus.PUT_OK
+        if self.unsatisfiable():
+            return ReplicaStatus.SLAVE_NOT_AVAILABLE  # a member gone this long is still in the set
         floor = min(self._acks.get(b, 0) for b in required if b != self.me)
         if self.store.get_max_phy_offset() - floor > self.options.slave_fall_behind_max:
             return ReplicaStatus.SLAVE_NOT_AVAILABLE
         return None
+
+    def unsatisfiable(self) -> bool:
+        """A member of the set has been disconnected longer than the timeout (sends cannot succeed)."""
+        now = time.monotonic()
+        live = self._live()
+        return any(
+            b != self.me and b not in live and now - max(self._seen.get(b, 0.0), self._since) > self._timeout
+            for b in self.required
+        )
 
     # ------------------------------------------------------------------ upkeep
     @property
@@ -165,7 +175,19 @@ class InSyncTracker:
         return remove, target
 
     async def step(self, election: Any) -> None:
-        """One round: add caught-up slaves, drop members lagging past the timeout, sync etcd."""
+        """One round: add caught-up slaves, drop members lagging past the timeout, sync etcd.
+
+        A master serving without etcd whose set has lost a member for the timeout steps down
+        until etcd answers: it can acknowledge nothing, and it would stay registered as the
+        group's master beside the one the others may have elected meanwhile.
+        """
+        if election.etcd_unconfirmed and self.unsatisfiable():
+            log.warning(
+                "in-sync set %s has lost a member and etcd is unreachable: stepping down until etcd answers",
+                self.required,
+            )
+            election.stand_down()
+            return
         remove, target = self._plan()
         if target == self.written:
             return
