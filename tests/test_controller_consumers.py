@@ -186,6 +186,9 @@ def test_the_controller_syncs_consumer_offsets_every_second_by_default() -> None
     assert ControllerOptions().metadata_sync_s == SYNC_S
 
 
+# Under -m slow for the default suite's time budget (~12 s); the slow five-failover test below
+# covers the same and more; test_controller_failover's default test keeps a SIGKILL failover.
+@pytest.mark.slow
 def test_consumers_keep_their_offsets_across_a_sigkilled_master(
     spawn: Any, tmp_path: Path, etcd: EtcdServer
 ) -> None:

@@ -383,6 +383,9 @@ def test_a_revoked_lease_fences_the_master_and_the_next_candidate_wins(etcd: Etc
     asyncio.run(main())
 
 
+# keep_serving_without_etcd = "never": under -m slow for the default suite's time budget; the
+# default run keeps the in_sync mode's etcd-cut test above.
+@pytest.mark.slow
 def test_without_etcd_no_election_happens_and_the_master_resumes_when_it_returns(tmp_path: Path) -> None:
     server = EtcdServer(tmp_path)
     server.start()
