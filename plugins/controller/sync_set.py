@@ -66,6 +66,9 @@ class InSyncTracker:
         self._since = time.monotonic()  # members of the starting set get a timeout to reconnect
         self._seen: dict[int, float] = {}  # member -> last time it was caught up (or added)
         self._failed_write = False
+        #: A member gone longer than the timeout is still in the set (refreshed every tick, so
+        #: the send path reads a flag instead of walking the connections).
+        self.blocked = False
 
     # ------------------------------------------------------------------ acknowledgements
     def on_slave_ack(self, broker_id: int, offset: int) -> None:
@@ -103,7 +106,7 @@ class InSyncTracker:
                     # Recorded as acknowledged: a slave joining later must hold it too.
                     self.transfer.ack(end_offset)
                     return ReplicaStatus.PUT_OK
-        if self.unsatisfiable():
+        if self.blocked:
             return ReplicaStatus.SLAVE_NOT_AVAILABLE  # a member gone this long is still in the set
         floor = min(self._acks.get(b, 0) for b in required if b != self.me)
         if self.store.get_max_phy_offset() - floor > self.options.slave_fall_behind_max:
@@ -181,7 +184,8 @@ class InSyncTracker:
         until etcd answers: it can acknowledge nothing, and it would stay registered as the
         group's master beside the one the others may have elected meanwhile.
         """
-        if election.etcd_unconfirmed and self.unsatisfiable():
+        self.blocked = self.unsatisfiable()
+        if self.blocked and election.etcd_unconfirmed:
             log.warning(
                 "in-sync set %s has lost a member and etcd is unreachable: stepping down until etcd answers",
                 self.required,
@@ -201,6 +205,9 @@ class InSyncTracker:
             self._failed_write = True
             return
         self._failed_write = False
+        #: A member gone longer than the timeout is still in the set (refreshed every tick, so
+        #: the send path reads a flag instead of walking the connections).
+        self.blocked = False
         if not ok:
             return  # deposed: update_sync_set fenced us
         self.written = target
