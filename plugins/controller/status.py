@@ -13,8 +13,8 @@ from collections import defaultdict
 
 import attrs
 
-from tidemq_controller.election import Member, SyncSet, _record, group_prefix
 from tidemq_controller.etcd import EtcdClient, KeyValue
+from tidemq_controller.records import Member, SyncSet, _record, group_prefix
 
 __all__ = ["GroupStatus", "MemberStatus", "cluster_status"]
 
