@@ -382,6 +382,11 @@ NOTES: dict[str, dict[str, str]] = {
     },
     f"{_MS_REPL}.group_sync_s": {"doc": "Slave: copy subscription groups this often.", "valid": "> 0"},
     f"{_MS_REPL}.lag_log_s": {"doc": "Master: log each slave's lag this often.", "valid": "> 0"},
+    f"{_MS_REPL}.secret_file": {
+        "doc": "File holding the HA shared secret (one trailing newline stripped); both sides prove it"
+        ' with a blake3 MAC over fresh nonces before anything streams. `""` = no authentication.',
+        "valid": '`""` or a readable file of 16..4096 bytes; needs extended = true',
+    },
     # ------------------------------------------------------------------ [acl.plain]
     "acl.plain.file": {"rocketmq": "rocketmq.acl.plain.file"},
     "acl.plain.reload_check_s": {"valid": ">= 0"},

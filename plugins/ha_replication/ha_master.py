@@ -8,6 +8,9 @@ one acknowledgement, as group commit does for flushes.
 
 With an ``epoch`` (the ``controller`` replication) the master only serves slaves of its own epoch,
 knows which broker each connection is, and tells its owner of every slave's acknowledgement.
+
+With a shared secret (``secret_file``) the master serves only slaves that prove they hold it (see
+:mod:`.wire`): a slave without the proof never gets a byte and never counts as acknowledging.
 """
 
 from __future__ import annotations
@@ -26,17 +29,27 @@ from typing import Any
 from tidemq.replication import ReplicaStatus
 
 from .wire import (
+    AUTH_REQUIRED,
+    AUTH_SCHEME,
     CODECS,
     DIGESTS,
     HELLO_MAGIC,
+    MAC_SIZE,
     MAX_ID,
+    NONCE_SIZE,
     REPORT,
+    HAAuthError,
     HAProtocolError,
     Session,
+    auth_mac,
     choose,
     encode_frame,
     encode_hello,
+    hello_bytes,
     hello_int,
+    load_key,
+    mac_ok,
+    new_nonce,
     read_hello_body,
     recv_exact,
 )
@@ -170,6 +183,10 @@ class HAConnection:
             if first == HELLO_MAGIC:
                 self._handshake(read_hello_body(self.sock))
                 first = recv_exact(self.sock, 8)
+            elif self.server.key is not None:
+                # The plain protocol cannot carry a proof (nor an answer a plain slave would read).
+                self.server.auth_failed()
+                raise SlaveRefused(f"plain RocketMQ slave refused: {AUTH_REQUIRED}")
             elif self.server.epoch is not None:
                 # The plain protocol has no way to say which election the slave follows.
                 raise SlaveRefused(
@@ -202,15 +219,30 @@ class HAConnection:
                 self.server.on_slave_ack(self.broker_id, -1)
 
     def _handshake(self, hello: dict[str, Any]) -> None:
-        """Answer the slave's hello; with an epoch, refuse (answer, then raise) another epoch's slave."""
+        """Answer the slave's hello; with an epoch, refuse (answer, then raise) another epoch's slave.
+
+        With a secret, refuse a slave that does not ask for authentication, and check its proof
+        before the session (and the broker id its acknowledgements are counted for) is set.
+        """
         server = self.server
         opts = server.options
         codec = choose(hello.get("compression"), opts.compression, CODECS) or "none"
         digest = choose(hello.get("digest"), "blake3", DIGESTS) if opts.digest else ""
         answer: dict[str, Any] = {"compression": codec, "digest": digest}
+        slave_nonce = b""
+        if server.key is not None:
+            try:
+                if hello.get("auth") != AUTH_SCHEME:
+                    raise HAAuthError(AUTH_REQUIRED)
+                slave_nonce = hello_bytes(hello, "nonce", NONCE_SIZE)
+            except HAAuthError as exc:
+                server.auth_failed()
+                answer["error"] = str(exc)
+                self.sock.sendall(encode_hello(answer))
+                raise SlaveRefused(str(exc)) from None
         if server.epoch is None:
+            self._authenticate(answer, slave_nonce, -1, -1)
             self.session = Session(extended=True, codec=codec, digest=digest)
-            self.sock.sendall(encode_hello(answer))
             return
         answer["epoch"] = server.epoch
         newer: int | None = None
@@ -232,10 +264,32 @@ class HAConnection:
             answer["error"] = str(exc)
             self.sock.sendall(encode_hello(answer))
             raise SlaveRefused(str(exc)) from None
+        self._authenticate(answer, slave_nonce, server.epoch, broker_id)
         self.broker_id = broker_id
         self.epoch = server.epoch
         self.session = Session(extended=True, codec=codec, digest=digest, epoch=server.epoch)
+
+    def _authenticate(self, answer: dict[str, Any], slave_nonce: bytes, epoch: int, broker_id: int) -> None:
+        """Send the answer (with the master's nonce and proof when a secret is set), then check the slave's MAC."""
+        key = self.server.key
+        if key is None:
+            self.sock.sendall(encode_hello(answer))
+            return
+        master_nonce = new_nonce()
+        answer["nonce"] = master_nonce.hex()
+        answer["proof"] = auth_mac(key, b"master", slave_nonce, master_nonce, epoch, broker_id).hex()
         self.sock.sendall(encode_hello(answer))
+        try:
+            given = recv_exact(self.sock, MAC_SIZE)
+        except ConnectionError:
+            # What a slave with another secret does: it refuses this master's proof and hangs up.
+            self.server.auth_failed()
+            raise SlaveRefused(
+                "it closed the connection during HA authentication (another secret?)"
+            ) from None
+        if not mac_ok(auth_mac(key, b"slave", slave_nonce, master_nonce, epoch, broker_id), given):
+            self.server.auth_failed()
+            raise SlaveRefused("it failed HA authentication (no or another shared secret)")
 
     def _on_report(self, offset: int) -> None:
         if offset < 0:
@@ -338,6 +392,8 @@ class HAServer:
         self.options = options
         self.epoch = epoch
         self.file_size = store.commit_log_file_size  # a batch never crosses a file boundary
+        self.key = load_key(options)  # None: no secret, slaves are not authenticated
+        self.auth_failures = 0  # slaves refused for a wrong or missing proof
         self._on_ack = on_ack
         self._on_slave_ack = on_slave_ack
         self._on_newer_epoch = on_newer_epoch
@@ -374,6 +430,10 @@ class HAServer:
 
     def on_ack(self, offset: int) -> None:
         self._on_ack(offset)
+
+    def auth_failed(self) -> None:
+        with self._lock:  # reader threads of several connections count at once
+            self.auth_failures += 1
 
     def on_slave_ack(self, broker_id: int, offset: int) -> None:
         if self._on_slave_ack is None:

@@ -8,6 +8,10 @@ restarts from the offset the slave reports again.
 With an ``epoch`` (the ``controller`` replication) the slave names its broker id and the epoch it
 follows in the handshake, and refuses a master that answers another epoch (or none), or a frame of
 another epoch: it never appends a byte from a master of another election.
+
+With a shared secret (``secret_file``) the slave asks for authentication, refuses a master that
+does not prove it holds the secret (``auth_refusals`` counts these), and proves its own before its
+first report (see :mod:`.wire`).
 """
 
 from __future__ import annotations
@@ -18,16 +22,26 @@ import threading
 from typing import Any
 
 from tidemq.address import split_address
+from tidemq.errors import ConfigError
 
 from .wire import (
+    AUTH_SCHEME,
     HELLO_MAGIC,
+    MAC_SIZE,
     MAX_ID,
+    NONCE_SIZE,
     REPORT,
     CorruptBatchError,
+    HAAuthError,
     HAProtocolError,
     Session,
     StaleEpochError,
+    auth_mac,
     encode_hello,
+    hello_bytes,
+    load_key,
+    mac_ok,
+    new_nonce,
     read_frame,
     read_hello_body,
     recv_exact,
@@ -67,6 +81,11 @@ class HAClient:
             if not options.extended:
                 # The plain protocol cannot name an epoch: an epoch master will close on this slave.
                 log.warning("HA slave epoch %d ignored: extended = false sends no handshake", epoch)
+        self.key = load_key(options)  # None: no secret, the master is not authenticated
+        if self.key is not None and not options.extended:
+            raise ConfigError(
+                "secret_file needs extended = true: the plain RocketMQ HA protocol cannot authenticate"
+            )
         self.store = store
         self.options = options
         self.master_address = master_address
@@ -75,6 +94,7 @@ class HAClient:
         self.master_offset = 0  # the master's stream position as last seen (for lag)
         self.corrupt_batches = 0
         self.epoch_refusals = 0
+        self.auth_refusals = 0  # masters refused for a missing or wrong proof
         self.bytes_received = 0
         self.connected = False
         self.session = Session()
@@ -137,6 +157,9 @@ class HAClient:
             hello: dict[str, Any] = {"compression": offered, "digest": ["blake3"] if opts.digest else []}
             if self.epoch is not None:
                 hello.update(brokerId=self.broker_id, epoch=self.epoch)
+            slave_nonce = new_nonce()
+            if self.key is not None:
+                hello.update(auth=AUTH_SCHEME, nonce=slave_nonce.hex())
             sock.sendall(encode_hello(hello))
             if recv_exact(sock, len(HELLO_MAGIC)) != HELLO_MAGIC:
                 raise HAProtocolError(f"master {address} did not answer the tidemq HA handshake")
@@ -152,6 +175,8 @@ class HAClient:
                     )
             if error:
                 raise HAProtocolError(f"master {address} refused this slave: {error[:200]}")
+            if self.key is not None:
+                self._authenticate(self.key, sock, address, reply, slave_nonce)
             self.session = Session(
                 extended=True,
                 codec=str(reply.get("compression") or "none"),
@@ -162,6 +187,22 @@ class HAClient:
             self.session = Session()
         sock.settimeout(opts.housekeeping_s)
         return sock
+
+    def _authenticate(
+        self, key: bytes, sock: socket.socket, address: str, reply: dict[str, Any], slave_nonce: bytes
+    ) -> None:
+        """Check the master's proof (:class:`HAAuthError` if absent or wrong), then send this slave's."""
+        epoch = -1 if self.epoch is None else self.epoch
+        broker_id = -1 if self.epoch is None or self.broker_id is None else self.broker_id
+        try:
+            master_nonce = hello_bytes(reply, "nonce", NONCE_SIZE)
+            proof = hello_bytes(reply, "proof", MAC_SIZE)
+        except HAAuthError as exc:
+            raise HAAuthError(f"master {address} did not prove the shared secret: {exc}") from None
+        expected = auth_mac(key, b"master", slave_nonce, master_nonce, epoch, broker_id)
+        if not mac_ok(expected, proof):
+            raise HAAuthError(f"master {address} failed HA authentication (no or another shared secret)")
+        sock.sendall(auth_mac(key, b"slave", slave_nonce, master_nonce, epoch, broker_id))
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -181,6 +222,9 @@ class HAClient:
             except StaleEpochError as exc:
                 # Never fatal: the owner learns the new master from etcd and replaces this client.
                 self.epoch_refusals += 1
+                log.warning("HA slave refuses its master: %s", exc)
+            except HAAuthError as exc:
+                self.auth_refusals += 1
                 log.warning("HA slave refuses its master: %s", exc)
             except CorruptBatchError as exc:
                 self.corrupt_batches += 1

@@ -21,6 +21,7 @@ Options (``[replication.master_slave]``)::
     metadata_sync_s = 10.0        # slave: topic config, offsets, delay offsets
     group_sync_s = 60.0           # slave: subscription groups
     lag_log_s = 30.0              # master: log each slave's lag this often (0: never)
+    secret_file = ""              # file holding the HA shared secret (>= 16 bytes); "" = no authentication
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from tidemq.store import RawCommitLogStore
 
 from .ha_master import GroupTransfer, HAServer
 from .ha_slave import HAClient
+from .wire import read_secret
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,19 @@ def _address(_inst: object, attribute: attrs.Attribute, value: str) -> None:
     if value:  # "" = derived (listen) or learnt from the NameServer (master addresses)
         try:
             parse_address(value, attribute.name, allow_port_zero=attribute.name == "listen")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+
+def _secret_file(inst: Any, attribute: attrs.Attribute, value: str) -> None:
+    # Read here too, so `tidemq check-config` reports a bad file; HAServer/HAClient read it at start.
+    if value:
+        if not inst.extended:
+            raise ValueError(
+                "secret_file needs extended = true: the plain RocketMQ HA protocol cannot authenticate"
+            )
+        try:
+            read_secret(value, attribute.name)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
 
@@ -76,6 +91,7 @@ class MasterSlaveOptions:
     metadata_sync_s: float = attrs.field(default=10.0, validator=_positive)
     group_sync_s: float = attrs.field(default=60.0, validator=_positive)
     lag_log_s: float = attrs.field(default=30.0, validator=_positive)
+    secret_file: str = attrs.field(default="", validator=_secret_file)
 
 
 #: Resolved futures never change: one per status serves every put.
@@ -201,6 +217,7 @@ class MasterSlaveReplication:
             info["haSlaves"] = ";".join(f"{c.address}={max(0, end - c.ack_offset)}" for c in conns)
             if self.transfer is not None:
                 info["haSyncWaiting"] = str(self.transfer.waiting)
+            info["haAuthFailures"] = str(self.server.auth_failures)
         if self.client is not None:
             info["haMasterAddress"] = self.client.master_address
             info["haMasterConnected"] = str(self.client.connected).lower()
@@ -208,6 +225,7 @@ class MasterSlaveReplication:
             info["haSlaveFallBehind"] = str(self.client.fall_behind)
             info["haCorruptBatches"] = str(self.client.corrupt_batches)
             info["haCompression"] = self.client.session.codec
+            info["haAuthRefusals"] = str(self.client.auth_refusals)
         return info
 
     def _lag_loop(self) -> None:

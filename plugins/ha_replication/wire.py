@@ -18,10 +18,22 @@ the slave, an ``"error"`` text before closing.  Both sides refuse a peer of anot
 a session every master frame (data and heartbeat) adds ``<epoch 8>`` (signed) after the extension
 head, and a frame of another epoch is refused (:class:`StaleEpochError`).  Without an epoch, frames
 are exactly the ones above.
+
+Authentication (``secret_file``): both sides derive a 32-byte key from the shared secret (blake3's
+``derive_key`` mode, context :data:`KEY_CONTEXT`) and prove it with blake3 keyed hashes (a MAC).
+The slave's hello adds ``"auth": "blake3-keyed"`` and ``"nonce"`` (32 random bytes, hex); the
+master's answer adds its own ``"nonce"`` and ``"proof"`` = ``MAC("master" | slave nonce | master
+nonce | epoch | brokerId)`` (hex); the slave checks it and sends, before its first report, the raw
+32 bytes ``MAC("slave" | slave nonce | master nonce | epoch | brokerId)``, which the master checks
+before streaming anything.  Epoch and brokerId are signed 8-byte big-endian, -1 when the session
+has none.  Fresh nonces on both sides make a recorded proof useless on another connection.  The
+stream itself is not encrypted nor MACed per frame: that needs a private network or a TLS tunnel.
 """
 
 from __future__ import annotations
 
+import hmac
+import os
 import socket
 import struct
 from typing import Any
@@ -33,7 +45,7 @@ import orjson
 import zstandard
 
 from tidemq.compression import inflate_zstd
-from tidemq.errors import CorruptDataError, TidemqError
+from tidemq.errors import ConfigError, CorruptDataError, TidemqError
 
 #: First bytes of a tidemq handshake; as a big-endian offset it would be absurd, so never ambiguous.
 HELLO_MAGIC = b"TMHA\x00\x01\xff\xfe"
@@ -50,6 +62,15 @@ CODEC_NAMES = {v: k for k, v in CODECS.items()}
 DIGESTS = ("blake3",)
 NO_DIGEST = bytes(32)
 
+AUTH_SCHEME = "blake3-keyed"
+KEY_CONTEXT = "tidemq 2026-11 HA handshake shared-secret key v1"
+NONCE_SIZE = MAC_SIZE = 32
+MIN_SECRET = 16
+#: A secret file larger than this is a mistake (a log, a device): refused before it is read whole.
+MAX_SECRET = 4096
+AUTH_REQUIRED = "this master requires HA authentication"
+_IDS = struct.Struct(">qq")
+
 
 class HAProtocolError(TidemqError):
     """The peer broke the HA protocol (bad handshake, frame, digest): the connection is dropped."""
@@ -61,6 +82,10 @@ class CorruptBatchError(HAProtocolError):
 
 class StaleEpochError(HAProtocolError):
     """The peer serves (or a frame carries) another epoch than this side's: nothing is replicated."""
+
+
+class HAAuthError(HAProtocolError):
+    """The peer did not prove it holds the shared secret: nothing is replicated."""
 
 
 @attrs.frozen
@@ -187,3 +212,67 @@ def read_frame(sock: socket.socket, session: Session, max_body: int) -> tuple[in
     if session.digest and blake3.blake3(raw).digest() != digest:
         raise CorruptBatchError(f"HA batch at offset {offset} ({raw_size} bytes) fails its blake3 digest")
     return offset, raw
+
+
+# ------------------------------------------------------------------ authentication
+def read_secret(path: str, option: str = "secret_file") -> bytes:
+    """The shared secret in the file ``path`` (one trailing newline stripped), or a one-line ConfigError."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SECRET + 1)
+    except OSError as exc:
+        raise ConfigError(f"{option} = {path!r}: cannot read the HA secret: {exc.strerror or exc}") from None
+    if len(data) > MAX_SECRET:
+        raise ConfigError(f"{option} = {path!r}: an HA secret file holds at most {MAX_SECRET} bytes")
+    if data.endswith(b"\r\n"):
+        data = data[:-2]
+    elif data.endswith(b"\n"):
+        data = data[:-1]
+    if not data:
+        raise ConfigError(f"{option} = {path!r}: the HA secret file is empty")
+    if len(data) < MIN_SECRET:
+        raise ConfigError(
+            f"{option} = {path!r}: the HA secret is {len(data)} bytes, it needs at least {MIN_SECRET}"
+        )
+    return data
+
+
+def load_key(options: Any) -> bytes | None:
+    """The MAC key from ``options.secret_file`` (None without one): read once, by HAServer/HAClient."""
+    path = str(getattr(options, "secret_file", "") or "")
+    if not path:
+        return None
+    return blake3.blake3(read_secret(path), derive_key_context=KEY_CONTEXT).digest()
+
+
+def new_nonce() -> bytes:
+    return os.urandom(NONCE_SIZE)
+
+
+def auth_mac(
+    key: bytes, label: bytes, slave_nonce: bytes, master_nonce: bytes, epoch: int, broker_id: int
+) -> bytes:
+    """``MAC(key, label | slave_nonce | master_nonce | epoch | brokerId)``; label is b"master" or b"slave".
+
+    The nonces are fixed-size and the labels differ in length, so no two inputs collide.
+    """
+    data = label + slave_nonce + master_nonce + _IDS.pack(epoch, broker_id)
+    return blake3.blake3(data, key=key).digest()
+
+
+def mac_ok(expected: bytes, given: bytes) -> bool:
+    return hmac.compare_digest(expected, given)
+
+
+def hello_bytes(hello: dict[str, Any], key: str, size: int) -> bytes:
+    """``hello[key]``: hex of exactly ``size`` bytes, else :class:`HAAuthError` (never another error)."""
+    value = hello.get(key)
+    if not isinstance(value, str) or len(value) != 2 * size:
+        raise HAAuthError(f"HA handshake {key} is missing or not {size} bytes of hex")
+    try:
+        data = bytes.fromhex(value)
+    except ValueError:
+        raise HAAuthError(f"HA handshake {key} is not hex") from None
+    if len(data) != size:  # fromhex skips whitespace
+        raise HAAuthError(f"HA handshake {key} is not {size} bytes of hex")
+    return data
