@@ -365,8 +365,8 @@ class ControllerReplication(MasterSlaveReplication):
                 on_slave_ack=tracker.on_slave_ack if tracker is not None else None,
                 on_newer_epoch=self._on_newer_epoch,
             )
-        except OSError as exc:
-            log.error("controller: cannot listen on HA port %s:%d: %s", host, port, exc)
+        except (OSError, ConfigError) as exc:  # ConfigError: the HA secret file went bad since start
+            log.error("controller: cannot serve the HA port %s:%d: %s", host, port, exc)
             if transfer is not None:
                 transfer.shutdown()
             return False
@@ -482,9 +482,14 @@ class ControllerReplication(MasterSlaveReplication):
             self._retry_later()
             return
         await self._reconcile(history, f"the master of epoch {epoch}")
-        self.client = HAClient(
-            self.store, self.options, master.ha_addr, broker_id=self.broker_id, epoch=epoch
-        )
+        try:
+            self.client = HAClient(
+                self.store, self.options, master.ha_addr, broker_id=self.broker_id, epoch=epoch
+            )
+        except ConfigError as exc:  # the HA secret file went bad since start
+            log.error("controller: cannot follow broker %d: %s", master.broker_id, exc)
+            self._retry_later()
+            return
         self.client.start()
         self.master_broker_address = master.addr
         self._following = (epoch, master.broker_id, master.ha_addr)
