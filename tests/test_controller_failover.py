@@ -34,6 +34,7 @@ from controller_support import (  # noqa: E402
     commit_log,
     fail_over,
     overlapping_masters,
+    verify_replicas,
     wait_in_sync,
 )
 from test_controller_election import BlackHoleProxy, EtcdServer  # noqa: E402
@@ -163,16 +164,7 @@ def test_twenty_successive_failovers_lose_nothing_and_leave_every_replica_verifi
     for r in cluster.replicas:
         assert wait_for(lambda r=r: r.info()["commitLogMaxOffset"] == end, 20), (r.broker_id, r.info())
     check_no_loss(load, cluster.ns)
-    for r in cluster.replicas:
-        r.server.stop()
-        r.server = None
-        out = subprocess.run(
-            [sys.executable, "-m", "tidemq", "store", "verify", str(r.dir)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert out.returncode == 0, (r.broker_id, out.stdout[-3000:], out.stderr[-3000:])
+    verify_replicas(cluster.replicas)
 
 
 @pytest.mark.slow

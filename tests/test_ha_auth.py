@@ -19,13 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_ha_epoch_wire import Recorder, closed_by_peer, ha_options, log_bytes, put, raw_hello, wait_for
+from test_ha_epoch_wire import Rig as AuthRig
+from test_ha_epoch_wire import closed_by_peer, log_bytes, put, raw_hello, wait_for
 
 from tidemq.config import check_broker, load_config
 from tidemq.errors import ConfigError
-from tidemq.testing.store_contract import build_store
-from tidemq_ha_replication.ha_master import HAServer
-from tidemq_ha_replication.ha_slave import HAClient
 from tidemq_ha_replication.wire import (
     AUTH_REQUIRED,
     AUTH_SCHEME,
@@ -41,53 +39,6 @@ from tidemq_ha_replication.wire import (
 OPTS = {"commitlog_file_size": 64 * 1024, "consumequeue_entries": 64}
 E = 7
 SECRET = b"correct horse battery staple 2026"
-
-
-class AuthRig:
-    """Stores, HA servers and clients of one test (each side with its own options), all shut down at its end."""
-
-    def __init__(self, tmp_path: Path):
-        self.tmp_path = tmp_path
-        self._closers: list[Callable[[], None]] = []
-
-    def secret(self, value: bytes) -> str:
-        path = self.tmp_path / f"secret{len(self._closers)}"
-        path.write_bytes(value + b"\n")
-        return str(path)
-
-    def store(self, name: str) -> Any:
-        store = build_store("mmap", self.tmp_path / name, store_options=OPTS, flush="async")
-        assert store.load()
-        store.start()
-        self._closers.append(store.shutdown)
-        return store
-
-    def master(
-        self, epoch: int | None, n: int = 0, secret: bytes | None = None
-    ) -> tuple[Any, HAServer, Recorder]:
-        store = self.store(f"m{len(self._closers)}")
-        rec = Recorder()
-        opts = ha_options(secret_file=self.secret(secret) if secret else "")
-        server = HAServer(store, opts, "127.0.0.1", 0, rec.on_ack, epoch=epoch, on_slave_ack=rec.on_slave_ack)
-        server.start()
-        self._closers.append(server.shutdown)
-        put(store, server, n)
-        return store, server, rec
-
-    def slave(
-        self, address: Any, *, epoch: int | None, broker_id: int | None = 1, secret: bytes | None = None
-    ) -> tuple[Any, HAClient]:
-        store = self.store(f"s{len(self._closers)}")
-        opts = ha_options(secret_file=self.secret(secret) if secret else "")
-        host, port = address[:2]
-        client = HAClient(store, opts, f"{host}:{port}", broker_id=broker_id, epoch=epoch)
-        client.start()
-        self._closers.append(client.shutdown)
-        return store, client
-
-    def close(self) -> None:
-        for close in reversed(self._closers):
-            close()
 
 
 @pytest.fixture

@@ -86,12 +86,23 @@ class Rig:
         self._closers.append(store.shutdown)
         return store
 
-    def master(self, epoch: int | None, n: int = 0) -> tuple[Any, HAServer, Recorder]:
+    def secret(self, value: bytes) -> str:
+        """A secret file holding ``value`` (for the HA authentication tests)."""
+        path = self.tmp_path / f"secret{len(self._closers)}"
+        path.write_bytes(value + b"\n")
+        return str(path)
+
+    def _options(self, secret: bytes | None) -> MasterSlaveOptions:
+        return ha_options(secret_file=self.secret(secret) if secret else "")
+
+    def master(
+        self, epoch: int | None, n: int = 0, secret: bytes | None = None
+    ) -> tuple[Any, HAServer, Recorder]:
         store = self.store(f"m{len(self._closers)}")
         rec = Recorder()
         server = HAServer(
             store,
-            ha_options(),
+            self._options(secret),
             "127.0.0.1",
             0,
             rec.on_ack,
@@ -105,11 +116,16 @@ class Rig:
         return store, server, rec
 
     def slave(
-        self, server_address: Any, *, epoch: int | None, broker_id: int | None = 1
+        self,
+        server_address: Any,
+        *,
+        epoch: int | None,
+        broker_id: int | None = 1,
+        secret: bytes | None = None,
     ) -> tuple[Any, HAClient]:
         store = self.store(f"s{len(self._closers)}")
-        host, port = server_address
-        client = HAClient(store, ha_options(), f"{host}:{port}", broker_id=broker_id, epoch=epoch)
+        host, port = server_address[:2]
+        client = HAClient(store, self._options(secret), f"{host}:{port}", broker_id=broker_id, epoch=epoch)
         client.start()
         self._closers.append(client.shutdown)
         return store, client
