@@ -91,13 +91,6 @@ def test_broker_relays_to_the_official_consumer(spawn: Any, tmp_path: Path, port
         everyone = admin(cluster, "consumerStatus", "-g", "G_OPS").stdout
         assert everyone.splitlines()[1].split()[1] == cid
 
-        # Not answered by rocketmq-client-cpp: the relay gives up with CONSUME_MSG_TIMEOUT.
-        key = admin(cluster, "queryMsgByKey", "-t", "OpsT", "-k", "key-1").stdout
-        offset_id = key.splitlines()[1].split()[1]
-        began = time.monotonic()
-        direct = admin(cluster, "queryMsgById", "-i", offset_id, "-g", "G_OPS", "-d", cid, ok=False)
-        assert "CONSUME_MSG_TIMEOUT(207)" in direct.stderr and time.monotonic() - began < 30
-
         # The broker commits nothing itself: the client commits 0 only if it read the list-form body.
         # That commit is all the broker can see, and only for a moment: the client's long pull, still
         # suspended at the reset, answers NO_NEW_MSG later and rocketmq-client-cpp then puts its old
@@ -136,3 +129,36 @@ def test_reset_of_an_offline_official_group_falls_back(spawn: Any, tmp_path: Pat
         -1
     ]
     assert again["complete"] and len(again["received"]) >= 4
+
+
+# Under -m slow for the default suite's time budget: the relay waits out the broker's client call.
+@pytest.mark.slow
+def test_consume_message_directly_to_the_official_consumer_times_out(
+    spawn: Any, tmp_path: Path, port: int
+) -> None:
+    """Not answered by rocketmq-client-cpp: the relay gives up with CONSUME_MSG_TIMEOUT, as RocketMQ's does."""
+    cluster = Cluster(spawn, tmp_path, port)
+    cluster.create_topic("DirT", 1)
+    cluster.client("produce", "--topic", "DirT", "--count", "2")
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER), "push", "--topic", "DirT", "--group", "G_DIR", "--count", "2"]
+        + ["--timeout", "90", "--linger", "45", "--namesrv", cluster.namesrv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cluster.env,
+        cwd=cluster.tmp,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        conn = admin(cluster, "consumerConnection", "-g", "G_DIR").stdout
+        cid = conn.splitlines()[1].split()[0]
+        key = admin(cluster, "queryMsgByKey", "-t", "DirT", "-k", "key-1").stdout
+        offset_id = key.splitlines()[1].split()[1]
+        began = time.monotonic()
+        direct = admin(cluster, "queryMsgById", "-i", offset_id, "-g", "G_DIR", "-d", cid, ok=False)
+        assert "CONSUME_MSG_TIMEOUT(207)" in direct.stderr and time.monotonic() - began < 30
+        proc.send_signal(signal.SIGUSR1)
+    finally:
+        out, err = proc.communicate(timeout=120)
+    assert finished_ok(proc.returncode, err), err[-3000:]

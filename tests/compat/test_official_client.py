@@ -225,6 +225,9 @@ def test_broadcasting_consumers_each_receive_everything(cluster: Cluster) -> Non
         assert_intact(got["received"], "CompatBroadcast", range(10))
 
 
+# Under -m slow for the default suite's time budget (~10 s); by default test_admin_official checks
+# the official consumer's commits reach the broker, and tidemq's clients' resume tests run.
+@pytest.mark.slow
 def test_restarted_consumer_resumes_from_its_committed_offset(cluster: Cluster) -> None:
     cluster.create_topic("CompatResume")
     cluster.client("produce", "--topic", "CompatResume", "--count", "10")
@@ -240,6 +243,9 @@ def test_restarted_consumer_resumes_from_its_committed_offset(cluster: Cluster) 
     assert_intact(second["received"], "CompatResume", range(10, 15))  # nothing consumed before comes back
 
 
+# Under -m slow for the default suite's time budget (~13 s); tidemq's own clients' retry tests
+# (test_delay_schedule, test_client_e2e) run by default.
+@pytest.mark.slow
 def test_failed_message_is_redelivered_through_the_retry_topic(cluster: Cluster) -> None:
     cluster.create_topic("CompatRetry")
     cluster.create_topic("%RETRY%G_RETRY", queues=1)  # so the consumer finds its retry route at start
