@@ -269,13 +269,13 @@ class LoadProducer:
         self.producer.shutdown()
 
 
-def read_all(ns: str) -> dict[str, list[bytes]]:
-    """Every message of the topic through the route (the master), by UNIQ_KEY."""
+def read_all(ns: str, topic: str = TOPIC) -> dict[str, list[bytes]]:
+    """Every message of ``topic`` through the route (the master), by UNIQ_KEY."""
     got: dict[str, list[bytes]] = {}
     consumer = BlockingPullConsumer(f"fo-check-{uuid.uuid4().hex[:6]}", ns)
     consumer.start()
     try:
-        for mq in consumer.fetch_subscribe_queues(TOPIC):
+        for mq in consumer.fetch_subscribe_queues(topic):
             offset = 0
             while True:
                 res = consumer.pull(mq, "*", offset, 64)

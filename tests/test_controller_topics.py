@@ -7,7 +7,6 @@ topics from its commit log before it registers as master, so producers and consu
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,43 +15,19 @@ from conftest import run_admin, wait_for
 
 pytest.importorskip("httpx", reason="httpx is not installed (pip install tidemq[controller])")
 
-from controller_support import ControllerCluster  # noqa: E402
-from test_controller_election import EtcdServer  # noqa: E402
+from controller_support import ControllerCluster, read_all  # noqa: E402
+from test_controller_election import EtcdServer, etcd  # noqa: E402,F401  (the etcd fixture)
 
-from tidemq.client import BlockingProducer, BlockingPullConsumer, Message, PullStatus, SendStatus  # noqa: E402
+from tidemq.client import BlockingProducer, Message, SendStatus  # noqa: E402
 
 FRESH = "FreshTopic"
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
-    server.start()
-    yield server
-    server.stop()
-
-
-def read_topic(ns: str, topic: str) -> list[bytes]:
-    consumer = BlockingPullConsumer(f"fresh-check-{uuid.uuid4().hex[:6]}", ns)
-    consumer.start()
-    got: list[bytes] = []
-    try:
-        for mq in consumer.fetch_subscribe_queues(topic):
-            offset = 0
-            while True:
-                res = consumer.pull(mq, "*", offset, 64)
-                if res.status is not PullStatus.FOUND:
-                    break
-                got.extend(m.body for m in res.messages)
-                offset = res.next_begin_offset
-    finally:
-        consumer.shutdown()
-    return got
-
-
 @pytest.mark.slow
 def test_a_topic_created_after_the_last_metadata_sync_is_served_by_the_new_master(
-    spawn: Any, tmp_path: Path, etcd: EtcdServer
+    spawn: Any,
+    tmp_path: Path,
+    etcd: EtcdServer,  # noqa: F811
 ) -> None:
     # Slaves copy topic configs at start only (the next copy is a minute away).
     cluster = ControllerCluster(spawn, tmp_path, etcd, options={"metadata_sync_s": 60.0})
@@ -74,4 +49,7 @@ def test_a_topic_created_after_the_last_metadata_sync_is_served_by_the_new_maste
     assert new is not master
     assert "adopts topic FreshTopic" in new.full_log()
     # The route names the new master for the topic, and every acknowledged message is readable.
-    assert wait_for(lambda: sorted(read_topic(cluster.ns, FRESH)) == sorted(acked), 20)
+    assert wait_for(
+        lambda: sorted(b for bodies in read_all(cluster.ns, FRESH).values() for b in bodies) == sorted(acked),
+        20,
+    )

@@ -60,12 +60,10 @@ def reset_commits(log: str, topic: str) -> set[int]:
     return {int(m.group(1)) for m in pattern.finditer(log)}
 
 
-def test_broker_relays_to_the_official_consumer(spawn: Any, tmp_path: Path, port: int) -> None:
-    cluster = Cluster(spawn, tmp_path, port)
-    cluster.create_topic("OpsT", 2)
-    cluster.client("produce", "--topic", "OpsT", "--count", "6")
-    proc = subprocess.Popen(
-        [sys.executable, str(WORKER), "push", "--topic", "OpsT", "--group", "G_OPS", "--count", "6"]
+def live_consumer(cluster: Cluster, topic: str, group: str, count: int) -> subprocess.Popen[str]:
+    """The official PushConsumer in a worker process that stays online (SIGUSR1 ends it)."""
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), "push", "--topic", topic, "--group", group, "--count", str(count)]
         + ["--timeout", "90", "--linger", "45", "--namesrv", cluster.namesrv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -73,6 +71,13 @@ def test_broker_relays_to_the_official_consumer(spawn: Any, tmp_path: Path, port
         env=cluster.env,
         cwd=cluster.tmp,
     )
+
+
+def test_broker_relays_to_the_official_consumer(spawn: Any, tmp_path: Path, port: int) -> None:
+    cluster = Cluster(spawn, tmp_path, port)
+    cluster.create_topic("OpsT", 2)
+    cluster.client("produce", "--topic", "OpsT", "--count", "6")
+    proc = live_consumer(cluster, "OpsT", "G_OPS", 6)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         # The C++ client commits every 5 s: wait until the broker holds all six.
@@ -140,15 +145,7 @@ def test_consume_message_directly_to_the_official_consumer_times_out(
     cluster = Cluster(spawn, tmp_path, port)
     cluster.create_topic("DirT", 1)
     cluster.client("produce", "--topic", "DirT", "--count", "2")
-    proc = subprocess.Popen(
-        [sys.executable, str(WORKER), "push", "--topic", "DirT", "--group", "G_DIR", "--count", "2"]
-        + ["--timeout", "90", "--linger", "45", "--namesrv", cluster.namesrv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=cluster.env,
-        cwd=cluster.tmp,
-    )
+    proc = live_consumer(cluster, "DirT", "G_DIR", 2)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         conn = admin(cluster, "consumerConnection", "-g", "G_DIR").stdout
