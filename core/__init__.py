@@ -81,6 +81,7 @@ __all__ = [
     "queue_entry_check",
     "MasterAware",  # replication
     "RoleAware",
+    "MetadataFollower",
     "MetadataSink",
     "Replication",
     "AllocateStrategy",  # allocate, select
@@ -146,7 +147,14 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     "tidemq.observe": ("ConsumeContext", "SendContext"),
     "tidemq.plugins": ("PluginContext", "PluginManager", "Register", "get_plugin_manager"),
     "tidemq.queues": ("AllocateStrategy", "MessageQueue", "QueueSelector"),
-    "tidemq.replication": ("MasterAware", "MetadataSink", "ReplicaStatus", "Replication", "RoleAware"),
+    "tidemq.replication": (
+        "MasterAware",
+        "MetadataFollower",
+        "MetadataSink",
+        "ReplicaStatus",
+        "Replication",
+        "RoleAware",
+    ),
     "tidemq.store": (
         "ArrivalNotifier",
         "Dispatcher",
@@ -200,7 +208,14 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from tidemq.observe import ConsumeContext, SendContext
     from tidemq.plugins import PluginContext, PluginManager, Register, get_plugin_manager
     from tidemq.queues import AllocateStrategy, MessageQueue, QueueSelector
-    from tidemq.replication import MasterAware, MetadataSink, ReplicaStatus, Replication, RoleAware
+    from tidemq.replication import (
+        MasterAware,
+        MetadataFollower,
+        MetadataSink,
+        ReplicaStatus,
+        Replication,
+        RoleAware,
+    )
     from tidemq.store import (
         ArrivalNotifier,
         Dispatcher,

@@ -70,6 +70,21 @@ class RoleAware(Protocol):
 
 
 @runtime_checkable
+class MetadataFollower(Protocol):
+    """A replication whose slaves copy their master's metadata (RocketMQ's SlaveSynchronize).
+
+    Called by the broker's composition root once, after the broker's server, client and replication
+    are started and before it registers with the NameServers (and before ``tidemq_broker_started``).
+    The replication keeps ``sink`` and ``client``, copies while (or whenever) it is a slave, and
+    stops copying in :meth:`Replication.shutdown`.  Returns nothing.
+    """
+
+    def follow_metadata(self, sink: MetadataSink, client: Any) -> None:
+        """``sink``: where copied metadata goes; ``client``: the broker's transport client
+        (a :class:`tidemq.transport.TransportClient`), for requests to the master."""
+
+
+@runtime_checkable
 class MetadataSink(Protocol):
     """Where a slave writes the metadata it copies from its master (RocketMQ's SlaveSynchronize).
 

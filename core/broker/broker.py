@@ -36,7 +36,7 @@ from tidemq.misdirected import UnsupportedRequests
 from tidemq.names import InvalidNameError
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
-from tidemq.replication import MetadataSink, RoleAware
+from tidemq.replication import MetadataFollower, MetadataSink, RoleAware
 from tidemq.tasks import supervise
 from tidemq.transport import Connection
 
@@ -244,6 +244,9 @@ class Broker:
                 self.store.shutdown()
                 raise
         self.client = self.transport.client()
+        if isinstance(self.replication, MetadataFollower):
+            # handed here, not fished out of the broker by a hook: a slave copies its master's metadata
+            self.replication.follow_metadata(self.metadata_sink, self.client)
         self._running = True
         if self.roles is not None:
             # Synchronous up to the registration: a role change reported meanwhile follows it.
