@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 import struct
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tidemq.index import QueryResult
 from tidemq.message import decode_message
@@ -186,72 +193,6 @@ def test_real_hash_index_finds_keys_after_a_crash(tmp_path: Path) -> None:
         store.shutdown()
 
 
-def disk_used_percent(path: Path) -> tuple[float, str]:
-    """The store's disk ratio for ``path`` (used / size, as the mmap store's cleanup computes it),
-    and a sentence with the figures beside df's ``Use%`` (used / (used + available)): the two differ
-    by the blocks reserved for root, often 5 % of the disk."""
-    import shutil
-
-    usage = shutil.disk_usage(path)
-    ratio = usage.used / usage.total * 100
-    df = usage.used / ((usage.used + usage.free) or 1) * 100
-    gib = 1 << 30
-    text = (
-        f"the disk holding {path} is {ratio:.1f} % used as the store measures it (used / size = "
-        f"{usage.used / gib:.1f} / {usage.total / gib:.1f} GiB; df shows Use% {df:.0f} %)"
-    )
-    return ratio, text
-
-
-def skip_unless_disk_used_over(path: Path, percent: float) -> None:
-    """Skip, saying what was measured, when the disk is too empty for a ratio test.
-
-    The store's ratios go down to 10 %: a test that lowers one under the disk's real usage needs
-    the disk more than that full."""
-    import pytest
-
-    ratio, text = disk_used_percent(path)
-    if ratio <= percent:
-        pytest.skip(
-            f"{text}: this test needs more than {percent:g} % (the lowest ratio an option takes is 10 %)"
-        )
-
-
-def test_skip_reason_says_what_the_disk_ratio_measured(tmp_path: Path) -> None:
-    import pytest
-
-    with pytest.raises(pytest.skip.Exception) as skipped:
-        skip_unless_disk_used_over(tmp_path, 100)
-    reason = str(skipped.value)
-    assert str(tmp_path) in reason and "used / size" in reason and "df shows Use%" in reason
-    assert "needs more than 100 %" in reason
-
-
-def test_disk_pressure_deletes_before_expiry(tmp_path: Path) -> None:
-    skip_unless_disk_used_over(tmp_path, 11)
-    opts = dict(OPTS, disk_max_used_space_ratio=10, disk_clean_forcibly_ratio=95, delete_files_batch_max=100)
-    store = build_store("mmap", tmp_path, store_options=opts)
-    assert store.load()
-    store.start()
-    try:
-        for _ in range(40):
-            store.put_message(message(body=bytes(300))).result(10)
-        # The files in use (the directory may also hold the next file, created ahead).
-        files = [m.path for m in store.commitlog.queue.files]
-        assert len(files) >= 4
-        age(files[0], 2)
-        # Past disk_max_used_space_ratio: expired files go at any hour.
-        assert store.clean_expired() == 1
-        store.options.disk_clean_forcibly_ratio = 10
-        # Past disk_clean_forcibly_ratio: young files go too, but never the active one.
-        assert store.clean_expired() == len(files) - 2
-        assert [m.path for m in store.commitlog.queue.files] == files[-1:]
-        assert all(not f.exists() for f in files[:-1])
-        assert store.put_message(message(body=b"still writable")).result(10).ok
-    finally:
-        store.shutdown()
-
-
 def test_abnormal_recovery_starts_at_the_checkpoint_file(tmp_path: Path, caplog) -> None:
     import logging
 
@@ -286,21 +227,185 @@ def test_abnormal_recovery_starts_at_the_checkpoint_file(tmp_path: Path, caplog)
         store.shutdown()
 
 
-def test_full_disk_refuses_writes_until_space_returns(tmp_path: Path) -> None:
-    from tidemq.store import PutStatus
+# ---------------------------------------------------------------------- a disk of the test's own
+#: The size of the file system the disk-ratio tests fill for real: small, so filling it is fast.
+SMALL_DISK_BYTES = 2 << 20
+#: Store options for it: 64 KiB commit-log files (each 1/32 of the disk, reserved in full when
+#: made), one consume-queue file per queue, and no cleanup round but the ones a test calls.
+SMALL_DISK_STORE = {
+    "commitlog_file_size": 64 << 10,
+    "consumequeue_entries": 1024,
+    "file_reserved_hours": 1.0,
+    "delete_when": "04",
+    "clean_interval_ms": 3_600_000,
+    "cq_flush_interval_ms": 100,  # the service thread's tick, when it also checks the disk
+}
 
-    skip_unless_disk_used_over(tmp_path, 11)
-    store = build_store("mmap", tmp_path, store_options=dict(OPTS, disk_space_warning_ratio=95))
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs of the test's own on ``tmp_path / "disk"``, unmounted at teardown (failed test or not).
+
+    Mounting needs root, as CI runs; anyone else skips, saying so.  A roomy disk never skips: the
+    test fills this one."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a 2 MiB tmpfs to fill (CI runs as root)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK_BYTES},mode=0700", "tidemq-test-disk", str(disk)],
+        capture_output=True,
+        text=True,
+    )
+    assert mounted.returncode == 0, f"cannot mount a tmpfs on {disk} as root: {mounted.stderr.strip()}"
+    try:
+        assert shutil.disk_usage(disk).total == SMALL_DISK_BYTES
+        yield disk
+    finally:
+        if subprocess.run(["umount", str(disk)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "--lazy", str(disk)], check=True)  # a file still open: detach now
+
+
+def fill_until(store: Any, percent: float, body: bytes = bytes(2000)) -> list[Any]:
+    """Put messages until the disk is more than ``percent`` full (as the store measures it)."""
+    results = []
+    while store.check_disk() <= percent:
+        results.append(store.put_message(message(body=body)).result(10))
+        assert results[-1].ok, results[-1]
+    return results
+
+
+def test_disk_pressure_deletes_before_expiry(small_disk: Path) -> None:
+    """How a filling disk is cleaned (RocketMQ's CleanCommitLogService), on a real 2 MiB disk.
+
+    Below ``disk_max_used_space_ratio`` an expired commit-log file waits for a ``delete_when``
+    hour.  Past it, expired files go at any hour and young ones stay.  Past
+    ``disk_clean_forcibly_ratio`` every file but the one being written goes, expired or not (up
+    to ``delete_files_batch_max`` a round): those messages are lost to consumers, who are moved
+    on to the oldest kept offset.  Writes go on throughout (``disk_space_warning_ratio`` is not
+    reached).  The test calls the cleanup rounds (``delete_when`` is twelve hours away); the
+    broker runs them every ``clean_interval_ms``."""
+    opts = dict(
+        SMALL_DISK_STORE,
+        delete_when=f"{(time.localtime().tm_hour + 12) % 24:02d}",
+        disk_max_used_space_ratio=40,
+        disk_clean_forcibly_ratio=70,
+        disk_space_warning_ratio=95,
+        delete_files_batch_max=100,
+    )
+    store = build_store("mmap", small_disk, store_options=opts)
     assert store.load()
     store.start()
     try:
-        assert store.put_message(message(body=b"before")).result(10).ok
-        store.options.disk_space_warning_ratio = 10
-        store.check_disk()
-        res = store.put_message(message(body=b"refused")).result(10)
-        assert res.status is PutStatus.DISK_FULL and "full" in res.error
-        store.options.disk_space_warning_ratio = 95
-        store.check_disk()
-        assert store.put_message(message(body=b"after")).result(10).queue_offset == 1
+        results = fill_until(store, 25)
+        files = [m.path for m in store.commitlog.queue.files]
+        age(files[0], 2)  # past file_reserved_hours
+        assert store.clean_expired() == 0  # not the hour, not full enough: kept
+        assert files[0].exists()
+
+        results += fill_until(store, 40)
+        assert store.check_disk() <= 70
+        assert store.clean_expired() == 1  # past disk_max_used_space_ratio: the expired file
+        assert not files[0].exists() and all(f.exists() for f in files[1:])
+
+        results += fill_until(store, 70)
+        files = [m.path for m in store.commitlog.queue.files]
+        assert store.clean_expired() == len(files) - 1  # past disk_clean_forcibly_ratio
+        assert [m.path for m in store.commitlog.queue.files] == files[-1:]
+        assert store.check_disk() < 40
+
+        first_kept = next(i for i, r in enumerate(results) if r.wrote_offset >= int(files[-1].name))
+        got = store.get_message("g", "TopicA", 0, 0, 32)
+        assert got.status is GetStatus.OFFSET_TOO_SMALL and got.next_begin_offset == first_kept
+        got = store.get_message("g", "TopicA", 0, first_kept, 1000)
+        assert got.status is GetStatus.FOUND and len(got.buffers) == len(results) - first_kept
+        assert store.put_message(message(body=b"still writable")).result(10).queue_offset == len(results)
     finally:
         store.shutdown()
+
+
+def test_full_disk_refuses_writes_until_space_returns(small_disk: Path) -> None:
+    """A broker whose disk fills up, through real sends and pulls on loopback.
+
+    When another process fills the disk past ``disk_space_warning_ratio`` (90 % here; room is
+    left on it), the broker notices within one tick of its store's service thread and answers
+    every send with SERVICE_NOT_AVAILABLE, remark "service not available now: the disk is full:
+    ..." (RocketMQ's clients retry that on another broker).  Refusing deletes nothing: every message accepted
+    before is still pulled, bodies intact (freeing space by deleting old commit-log files is the
+    cleanup rounds' work, the test above; none runs here).  Once space returns, sends succeed
+    again within a tick, queue offsets going on from where they stopped (no gap)."""
+    from tidemq.client.api import PULL_FLAG_SUBSCRIPTION, ClientAPI
+    from tidemq.plugins import get_plugin_manager
+    from tidemq.queues import MessageQueue
+    from tidemq.remoting.codes import ResponseCode
+    from tidemq.testing.pytest_plugin import running_broker
+
+    store_opts = dict(SMALL_DISK_STORE, disk_space_warning_ratio=90)
+
+    async def main() -> None:
+        async with running_broker(
+            small_disk, {"store": "mmap", "index": "none"}, options={"store": {"mmap": store_opts}}
+        ) as broker:
+            addr = broker.address
+            remoting = get_plugin_manager().create("transport", "tcp").client()
+            api = ClientAPI(remoting, [addr])
+            try:
+
+                async def send(body: bytes) -> Any:
+                    header = {"producerGroup": "pg", "topic": "Full", "queueId": 0, "bornTimestamp": 1}
+                    return await api.send(addr, header, body, timeout=5)
+
+                async def pull_bodies() -> list[bytes]:
+                    got = await api.pull(
+                        addr,
+                        group="cg",
+                        mq=MessageQueue("Full", "", 0),
+                        offset=0,
+                        max_nums=100,
+                        sys_flag=PULL_FLAG_SUBSCRIPTION,  # the subscription travels with the pull
+                        commit_offset=0,
+                        suspend_ms=0,
+                        subscription="*",
+                        sub_version=0,
+                        expression_type="TAG",
+                        timeout=5,
+                    )
+                    return [m.body for m in got.messages]
+
+                async def send_until(body: bytes, code: int) -> Any:
+                    deadline = time.monotonic() + 5  # many ticks of the disk check
+                    while (resp := await send(body)).code != code and time.monotonic() < deadline:
+                        if resp.code == ResponseCode.SUCCESS:
+                            accepted.append(body)
+                        await asyncio.sleep(0.02)
+                    return resp
+
+                accepted = [b"before-%d" % i for i in range(3)]
+                for body in accepted:
+                    assert (await send(body)).code == ResponseCode.SUCCESS
+
+                # Another process's file takes the disk past 90 %, leaving room: the refusal is
+                # the ratio's (full-disk ENOSPC is tests/reliability/test_disk_full.py's).
+                ballast = small_disk / "ballast"
+                try:
+                    with ballast.open("wb") as f:
+                        while shutil.disk_usage(small_disk).used <= 0.93 * SMALL_DISK_BYTES:
+                            f.write(bytes(16 << 10))
+                            f.flush()
+                    assert shutil.disk_usage(small_disk).free > 64 << 10
+
+                    refused = await send_until(b"while full", ResponseCode.SERVICE_NOT_AVAILABLE)
+                    assert refused.code == ResponseCode.SERVICE_NOT_AVAILABLE, refused
+                    assert refused.remark.startswith("service not available now: the disk is full: ")
+                    assert (await send(b"still full")).code == ResponseCode.SERVICE_NOT_AVAILABLE
+                    assert await pull_bodies() == accepted
+                finally:
+                    ballast.unlink()  # space returns
+                resumed = await send_until(b"after", ResponseCode.SUCCESS)
+                assert resumed.code == ResponseCode.SUCCESS, resumed
+                assert int(resumed.ext_fields["queueOffset"]) == len(accepted)
+                assert await pull_bodies() == [*accepted, b"after"]
+            finally:
+                await remoting.close()
+
+    asyncio.run(main())
