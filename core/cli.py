@@ -529,13 +529,22 @@ def plugins() -> None:
 def check_config(config_path: str | None, show: bool) -> None:
     """Validate a broker config file as `tidemq broker` does, starting nothing; print the plugins it selects.
 
-    Without CONFIG_PATH the defaults are checked (and shown with --show).
+    Without CONFIG_PATH the defaults are checked (and shown with --show).  Protected mode is
+    checked for the broker, its HA port and the [namesrv] table: an open listener beyond loopback
+    is an error, and one left open with ``insecure = true`` is printed as a ``warning:`` line.
     """
     from tidemq.config_reference import show as show_config
+    from tidemq.namesrv.auth import load_namesrv_auth
+    from tidemq.protected import check_namesrv_settings, issued_warnings
 
     try:
         cfg = load_config(config_path)
         check_broker(cfg)
+        # The [namesrv] table too: protected mode and its credentials file (defaults pass).
+        if cfg.namesrv.credentials_file:
+            load_namesrv_auth(cfg.namesrv.credentials_file)
+        check_namesrv_settings(cfg.namesrv)
+        warnings = issued_warnings()
         given = tomllib.loads(Path(config_path).read_text()) if config_path else {}
         text = show_config(cfg, given) if show else ""
     except TidemqError as exc:
@@ -543,9 +552,11 @@ def check_config(config_path: str | None, show: bool) -> None:
         return
     if text:
         click.echo(text, nl=False)
-        return
-    for role, name in cfg.plugins.items():
-        click.echo(f"{role} = {name}")
+    else:
+        for role, name in cfg.plugins.items():
+            click.echo(f"{role} = {name}")
+    for line in warnings:  # listeners left open on purpose (insecure = true)
+        click.echo(f"warning: {line}")
 
 
 def main() -> None:

@@ -271,6 +271,12 @@ class BrokerSettings:
     msg_trace_topic_name: str = attrs.field(default="RMQ_SYS_TRACE_TOPIC", validator=_topic_name)
     # Request-reply (RocketMQ 4.6+): a reply is also stored in its topic, besides being pushed.
     store_reply_message_enable: bool = True
+    #: Protected mode (tidemq.protected): listen beyond loopback without an ACL (RocketMQ's open broker).
+    insecure: bool = False
+    #: Access key signing this broker's NameServer writes (REGISTER/UNREGISTER_BROKER); "" = unsigned.
+    namesrv_access_key: str = ""
+    #: File holding that key's secret (mode 0600); needed with namesrv_access_key.
+    namesrv_secret_file: str = ""
 
     @property
     def host(self) -> str:
@@ -300,6 +306,10 @@ class NamesrvSettings:
     scan_interval_s: float = interval(10.0)
     data_dir: str = ""
     max_frame_size: int = number(16 * 1024 * 1024, ge=1024, le=INT32_MAX)
+    #: plain_acl.yml-style accounts (mode 0600); writes need a signature of an `admin: true` one.
+    credentials_file: str = ""
+    #: Protected mode (tidemq.protected): listen beyond loopback without credentials_file.
+    insecure: bool = False
 
     @property
     def host(self) -> str:
@@ -573,6 +583,9 @@ def check_broker(cfg: Config, manager: PluginManager | None = None) -> Component
             cfg.broker.host, cfg.broker.port, _refuse, max_frame_size=cfg.broker.max_frame_size
         )
         registered_address(cfg.broker, cfg.broker.host, cfg.broker.port)
+        from tidemq.protected import check_broker_settings  # protected mode, NameServer credentials
+
+        check_broker_settings(cfg.broker, components.acl)
     except ConfigError as exc:
         raise ConfigError(f"{cfg.source}: {exc}") from exc
     return components

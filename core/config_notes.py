@@ -385,7 +385,11 @@ NOTES: dict[str, dict[str, str]] = {
     f"{_MS_REPL}.secret_file": {
         "doc": "File holding the HA shared secret (one trailing newline stripped); both sides prove it"
         ' with a blake3 MAC over fresh nonces before anything streams. `""` = no authentication.',
-        "valid": '`""` or a readable file of 16..4096 bytes; needs extended = true',
+        "valid": '`""` or a readable file of 16..4096 bytes, mode 0600 (no group/other bits); needs extended = true',
+    },
+    f"{_MS_REPL}.insecure": {
+        "doc": "Protected mode: true lets a master's HA port listen beyond loopback without secret_file"
+        " (anyone reaching it could read every message and forge SYNC acknowledgements).",
     },
     # ------------------------------------------------------------------ [acl.plain]
     "acl.plain.file": {"rocketmq": "rocketmq.acl.plain.file"},
