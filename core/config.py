@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import attrs
 
 from tidemq.address import format_address, parse_address
+from tidemq.datadir import check_dir_mode
 from tidemq.delay import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from tidemq.errors import ConfigError, PluginError
 from tidemq.names import check_topic_name
@@ -237,6 +238,8 @@ class BrokerSettings:
     advertise: str = attrs.field(default="", validator=_reachable_address)
     namesrv: list[str] = attrs.field(factory=lambda: ["127.0.0.1:9876"], validator=_reachable_addresses)
     data_dir: str = ""  # defaults to ~/.tidemq/<name>
+    #: Mode of the data directory (narrowed at start); `tidemq broker` creates files without more (0600).
+    data_dir_mode: int = attrs.field(default=0o700, validator=lambda _i, _a, v: check_dir_mode(v))
     role: str = attrs.field(default="ASYNC_MASTER", metadata=_choice("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"))
     auto_create_topic: bool = True
     default_topic_queues: int = number(4, ge=1, le=1024)

@@ -114,6 +114,9 @@ NOTES: dict[str, dict[str, str]] = {
     "broker.id": {"rocketmq": "brokerId", "doc": "0 = master, > 0 = slave."},
     "broker.listen": {"rocketmq": "listenPort (+ brokerIP1)"},
     "broker.advertise": {"rocketmq": "brokerIP1"},
+    "broker.data_dir_mode": {
+        "valid": "0o700..0o777 with owner rwx; TOML octal: `0o700` (448), `0o750` gives group read (0640 files)"
+    },
     "broker.namesrv": {"rocketmq": "namesrvAddr", "doc": "NameServers to register with (all of them)."},
     "broker.data_dir": {
         "rocketmq": "storePathRootDir",

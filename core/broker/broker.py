@@ -164,7 +164,9 @@ class Broker:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         # Before anything reads or writes the directory: a second process on it is refused here.
-        self._dir_lock = lock_data_dir(self.data_dir, f"tidemq broker {self.settings.name}")
+        self._dir_lock = lock_data_dir(
+            self.data_dir, f"tidemq broker {self.settings.name}", mode=self.settings.data_dir_mode
+        )
         try:
             await self._start()
         except BaseException:
