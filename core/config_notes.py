@@ -253,7 +253,8 @@ NOTES: dict[str, dict[str, str]] = {
         "doc": "CA to verify peers with; on a server it also asks clients for a certificate (mutual TLS).",
     },
     "transport.tcp.tls_check_hostname": {
-        "doc": "Client side: check the server certificate's host name (with tls_cafile)."
+        "doc": "Client side, with tls_cafile: the server certificate must name the address dialled"
+        " (IP or DNS subjectAltName). On by default; false is logged as a warning."
     },
     # ------------------------------------------------------------------ [store.mmap]
     "store.mmap.commitlog_file_size": {"rocketmq": "mappedFileSizeCommitLog"},
