@@ -276,10 +276,11 @@ class BrokerSettings:
     store_reply_message_enable: bool = True
     #: Protected mode (tidemq.protected): listen beyond loopback without an ACL (RocketMQ's open broker).
     insecure: bool = False
-    #: Access key signing this broker's NameServer writes (REGISTER/UNREGISTER_BROKER); "" = unsigned.
-    namesrv_access_key: str = ""
-    #: File holding that key's secret (mode 0600); needed with namesrv_access_key.
-    namesrv_secret_file: str = ""
+    #: The account this broker signs its own requests with (RocketMQ's ACL signature): registrations
+    #: with NameServers that check them, a slave's metadata copies from an ACL master; "" = unsigned.
+    access_key: str = ""
+    #: File holding that account's secret key (mode 0600); needed with access_key.
+    secret_key_file: str = ""
 
     @property
     def host(self) -> str:

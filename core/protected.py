@@ -114,7 +114,7 @@ def issued_warnings() -> list[str]:
 # ------------------------------------------------------------------ the kernel's listeners
 def check_broker_settings(settings: Any, acl: Any) -> None:
     """The broker's remoting listener (``[broker]``, ``acl`` the validator or None) and its
-    NameServer credentials: raise ConfigError, or return (a warning logged when left open)."""
+    own account: raise ConfigError, or return (a warning logged when left open)."""
     enforcing = acl is not None and bool(getattr(acl, "enforcing", False))
     check(
         Listener(
@@ -126,20 +126,20 @@ def check_broker_settings(settings: Any, acl: Any) -> None:
             insecure=settings.insecure,
         )
     )
-    broker_namesrv_credentials(settings)
+    broker_credentials(settings)
 
 
-def broker_namesrv_credentials(settings: Any) -> tuple[str, str] | None:
-    """(access key, secret) signing the broker's NameServer writes, None when not configured."""
-    key, path = settings.namesrv_access_key, settings.namesrv_secret_file
+def broker_credentials(settings: Any) -> tuple[str, str] | None:
+    """(access key, secret key) the broker signs its own requests with, None when not configured."""
+    key, path = settings.access_key, settings.secret_key_file
     if not key and not path:
         return None
     if not key or not path:
         raise ConfigError(
-            "[broker] namesrv_access_key and namesrv_secret_file go together: "
-            "the NameServers check the signature of that account"
+            "[broker] access_key and secret_key_file go together: the account this broker signs "
+            "its registrations (and a slave's metadata copies) with"
         )
-    return key, read_secret_file(path, "[broker] namesrv_secret_file")
+    return key, read_secret_file(path, "[broker] secret_key_file")
 
 
 def check_namesrv_settings(settings: Any) -> None:
@@ -150,7 +150,7 @@ def check_namesrv_settings(settings: Any) -> None:
             host=settings.host,
             authenticated=bool(settings.credentials_file),
             fix="set [namesrv] credentials_file to a plain_acl.yml of the accounts allowed to write "
-            "(brokers sign with [broker] namesrv_access_key)",
+            "(brokers sign with [broker] access_key)",
             insecure_option="[namesrv] insecure",
             insecure=settings.insecure,
         )
@@ -174,7 +174,7 @@ def check_ha_listener(broker: str, host: str, secret_file: str, insecure: bool, 
 
 __all__ = [
     "Listener",
-    "broker_namesrv_credentials",
+    "broker_credentials",
     "check",
     "check_broker_settings",
     "check_ha_listener",

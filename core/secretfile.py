@@ -43,7 +43,7 @@ def private_mode_problem(path: str | os.PathLike[str], what: str = "secret file"
 def read_secret_file(path: str | os.PathLike[str], option: str, *, min_length: int = 1) -> str:
     """The text of the secret file ``path`` (one trailing newline stripped), or a one-line ConfigError.
 
-    ``option`` names the setting in errors (``"[broker] namesrv_secret_file"``).  The file must be
+    ``option`` names the setting in errors (``"[broker] secret_key_file"``).  The file must be
     private (:func:`private_mode_problem`), UTF-8, not empty and at least ``min_length`` characters.
     """
     p = Path(path).expanduser()

@@ -169,9 +169,7 @@ def test_broker_signs_its_registration_for_an_authenticated_namesrv(spawn: Any, 
         )
         return spawn("broker", "-c", str(cfg))
 
-    signed = broker(
-        "broker-signed", 'namesrv_access_key = "broker-ns-key"', f'namesrv_secret_file = "{secret}"'
-    )
+    signed = broker("broker-signed", 'access_key = "broker-ns-key"', f'secret_key_file = "{secret}"')
     unsigned = broker("broker-unsigned")
 
     def clusters() -> str:

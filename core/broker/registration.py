@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tidemq.acl import sign_request
-from tidemq.protected import broker_namesrv_credentials
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import MasterAware
@@ -32,14 +30,6 @@ class NamesrvRegistrar:
         self._wanted = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.registered: dict[str, bool] = {}
-        #: (access key, secret) signing REGISTER/UNREGISTER_BROKER for NameServers that check them
-        #: ([namesrv] credentials_file); None: sent unsigned.
-        self.credentials = broker_namesrv_credentials(broker.settings)
-
-    def _signed(self, req: RemotingCommand) -> RemotingCommand:
-        if self.credentials is not None:
-            sign_request(req, *self.credentials)
-        return req
 
     def start(self) -> None:
         self._task = supervise(self._loop, "tidemq-namesrv-registration")
@@ -88,7 +78,7 @@ class NamesrvRegistrar:
         header = self._header()
 
         async def one(addr: str) -> None:
-            req = self._signed(RemotingCommand.request(RequestCode.REGISTER_BROKER, header, body))
+            req = RemotingCommand.request(RequestCode.REGISTER_BROKER, header, body)
             try:
                 resp = await b.client.invoke(addr, req, REGISTER_TIMEOUT_S)
             except Exception as exc:
@@ -119,7 +109,7 @@ class NamesrvRegistrar:
         }
 
         async def one(addr: str) -> None:
-            req = self._signed(RemotingCommand.request(RequestCode.UNREGISTER_BROKER, header))
+            req = RemotingCommand.request(RequestCode.UNREGISTER_BROKER, header)
             try:
                 await b.client.invoke(addr, req, 3.0)
             except Exception as exc:

@@ -69,8 +69,8 @@ def test_official_client_through_an_authenticated_namesrv(spawn: Any, tmp_path: 
         f'listen = "127.0.0.1:{free_port()}"\n'
         f'namesrv = ["{namesrv}"]\n'
         f'data_dir = "{tmp_path / "data"}"\n'
-        'namesrv_access_key = "compat-admin"\n'
-        f'namesrv_secret_file = "{secret}"\n'
+        'access_key = "compat-admin"\n'
+        f'secret_key_file = "{secret}"\n'
         '[plugins]\nacl = "plain"\n'
         f'[acl.plain]\nfile = "{acl}"\n'
     )
