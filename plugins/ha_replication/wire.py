@@ -218,11 +218,11 @@ def read_frame(sock: socket.socket, session: Session, max_body: int) -> tuple[in
 # ------------------------------------------------------------------ authentication
 def read_secret(path: str, option: str = "secret_file") -> bytes:
     """The shared secret in the file ``path`` (one trailing newline stripped), or a one-line ConfigError."""
-    problem = private_mode_problem(path, "HA secret file")  # refused when others may read it, as ssh
+    problem = private_mode_problem(os.path.expanduser(path), "HA secret file")  # refused as ssh would
     if problem:
         raise ConfigError(f"{option}: {problem}")
     try:
-        with open(path, "rb") as f:
+        with open(os.path.expanduser(path), "rb") as f:
             data = f.read(MAX_SECRET + 1)
     except OSError as exc:
         raise ConfigError(f"{option} = {path!r}: cannot read the HA secret: {exc.strerror or exc}") from None
