@@ -238,7 +238,7 @@ class BrokerSettings:
     advertise: str = attrs.field(default="", validator=_reachable_address)
     namesrv: list[str] = attrs.field(factory=lambda: ["127.0.0.1:9876"], validator=_reachable_addresses)
     data_dir: str = ""  # defaults to ~/.tidemq/<name>
-    #: Mode of the data directory (narrowed at start); `tidemq broker` creates files without more (0600).
+    #: Mode a new data directory gets (a wider existing one is warned about); files get no more (0600).
     data_dir_mode: int = attrs.field(default=0o700, validator=lambda _i, _a, v: check_dir_mode(v))
     role: str = attrs.field(default="ASYNC_MASTER", metadata=_choice("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"))
     auto_create_topic: bool = True

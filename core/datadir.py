@@ -9,8 +9,8 @@ however it ends, so a SIGKILLed broker never leaves a stale lock behind.
 Within one process the lock is counted: the broker and its store both hold it on the same
 directory, and it is released when the last of them lets go.
 
-The directory holds every message: it is made private to its owner (``0700``, ``[broker]
-data_dir_mode``) when locked, and a serving ``tidemq`` process creates its files without group or
+The directory holds every message: it is created private to its owner (``0700``, ``[broker]
+data_dir_mode``) when locked (a wider one holding files is logged with the fix), and a serving ``tidemq`` process creates its files without group or
 other bits (:func:`files_umask`: ``0600`` files under ``0700``), as PostgreSQL and Redis do.
 Under the usual umask (022) the commit log was readable by every local user.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -112,13 +113,28 @@ def files_umask(dir_mode: int = DATA_DIR_MODE) -> int:
 
 
 def make_private(root: Path, mode: int = DATA_DIR_MODE) -> None:
-    """Create ``root`` with ``mode``, or narrow an existing one that grants more (never widens)."""
+    """Create ``root`` with ``mode``, or narrow an existing one that grants more (never widens).
+
+    Only an empty directory is narrowed; one already holding files gets a warning naming the
+    ``chmod`` to run: a ``data_dir`` mistakenly naming ``/var/lib`` must not be chmodded.
+    """
     root.mkdir(parents=True, exist_ok=True, mode=mode)
     try:
-        current = root.stat().st_mode & 0o777
-        if current & ~mode:
+        st = root.stat()
+        current = st.st_mode & 0o777
+        if not current & ~mode:
+            return
+        if not any(root.iterdir()) and not st.st_mode & stat.S_ISVTX and st.st_uid == os.getuid():
             os.chmod(root, current & mode)
             log.info("data directory %s: mode %04o narrowed to %04o", root, current, current & mode)
+            return
+        log.warning(
+            "data directory %s is mode %04o: other users may read what is stored there; chmod %04o %s",
+            root,
+            current,
+            current & mode,
+            root,
+        )
     except OSError as exc:  # not ours to change (a shared mount): the lock still protects it
         log.warning("cannot make data directory %s private: %s", root, exc)
 

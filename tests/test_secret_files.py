@@ -120,6 +120,12 @@ def test_locked_data_directory_is_private(tmp_path: Path) -> None:
     wider = tmp_path / "wider"
     with lock_data_dir(wider, "test", mode=0o750):
         assert mode(wider) == 0o750
+    shared = tmp_path / "shared"  # a data_dir naming a directory of other things: warned, not changed
+    shared.mkdir()
+    shared.chmod(0o755)
+    (shared / "someone-else.txt").write_text("x")
+    with lock_data_dir(shared, "test"):
+        assert mode(shared) == 0o755
 
 
 def test_a_broker_writes_its_data_for_its_owner_only(spawn: Any, tmp_path: Path, port: int) -> None:
