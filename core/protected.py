@@ -19,6 +19,9 @@ HA port (master)     ``secret_file`` is set in                     ``insecure = 
 ``localhost``): a wildcard (``0.0.0.0``, ``::``), a routable address or a host name.  Refusal is a
 :class:`~tidemq.errors.ConfigError` of one line naming the fix; ``tidemq check-config`` runs the
 same checks and prints the warning of each listener left open with ``insecure = true``.
+
+:func:`broker_credentials` reads the broker's own account (``[broker] access_key`` and
+``secret_key_file``), which signs its registrations for NameServers that check them.
 """
 
 from __future__ import annotations

@@ -71,14 +71,4 @@ def read_secret_file(path: str | os.PathLike[str], option: str, *, min_length: i
     return text
 
 
-def write_private_file(path: str | os.PathLike[str], data: bytes) -> None:
-    """Create (or replace) ``path`` with mode 0600 from the start, whatever the umask."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
-__all__ = ["GROUP_OTHER", "private_mode_problem", "read_secret_file", "write_private_file"]
+__all__ = ["GROUP_OTHER", "private_mode_problem", "read_secret_file"]
