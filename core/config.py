@@ -586,10 +586,10 @@ def check_broker(cfg: Config, manager: PluginManager | None = None) -> Component
         components["transport"].server(
             cfg.broker.host, cfg.broker.port, _refuse, max_frame_size=cfg.broker.max_frame_size
         )
-        registered_address(cfg.broker, cfg.broker.host, cfg.broker.port)
-        from tidemq.protected import check_broker_settings  # protected mode, NameServer credentials
+        from tidemq.protected import check_broker_settings  # protected mode, the broker's own account
 
         check_broker_settings(cfg.broker, components.acl)
+        registered_address(cfg.broker, cfg.broker.host, cfg.broker.port)
     except ConfigError as exc:
         raise ConfigError(f"{cfg.source}: {exc}") from exc
     return components

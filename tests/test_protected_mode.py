@@ -187,3 +187,17 @@ def test_broker_signs_its_registration_for_an_authenticated_namesrv(spawn: Any, 
     log = unsigned.log_path.read_text()
     assert f"NameServer {namesrv} refused registration: 16" in log and "needs a signature" in log
     assert "refused" not in signed.log_path.read_text()
+
+
+def test_standalone_broker_beyond_loopback_without_acl_refuses(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tidemq", "standalone", "--data-dir", str(tmp_path / "sa"),
+         "--namesrv-listen", "127.0.0.1:0", "--broker-listen", "0.0.0.0:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert (
+        "protected mode: the broker broker-a would listen on 0.0.0.0" in out.stderr.strip().splitlines()[-1]
+    )
