@@ -25,6 +25,7 @@ import click
 
 from tidemq import __version__, _native, logs
 from tidemq.config import DEFAULT_HOME, Config, check_broker, load_config, parse_address
+from tidemq.datadir import files_umask, make_private
 from tidemq.errors import TidemqError
 from tidemq.plugins import ROLES, get_plugin_manager
 
@@ -438,6 +439,7 @@ def namesrv(config_path: str | None, listen: str | None) -> None:
             cfg = attrs.evolve(
                 cfg, namesrv=attrs.evolve(cfg.namesrv, listen=_listen_flag(listen, "--listen"))
             )
+        os.umask(files_umask())  # kvConfig.json and the log: 0600 (tidemq.datadir)
         _default_log_file(Path(cfg.namesrv.data_dir or DEFAULT_HOME), "namesrv.log")
         await serve_until_signalled([("namesrv", _make_namesrv(cfg))])
 
@@ -456,6 +458,7 @@ def broker(
 
     async def main() -> None:
         cfg = _apply_broker_overrides(load_config(config_path), listen, namesrv_addr, data_dir)
+        os.umask(files_umask(cfg.broker.data_dir_mode))  # store files 0600 under a 0700 directory
         _default_log_file(cfg.broker.store_path, "broker.log")
         await serve_until_signalled([("broker", _make_broker(cfg))])
 
@@ -481,7 +484,8 @@ def standalone(config_path: str | None, data_dir: str, namesrv_listen: str, brok
         cfg = attrs.evolve(
             cfg, namesrv=attrs.evolve(cfg.namesrv, listen=_listen_flag(namesrv_listen, "--namesrv-listen"))
         )
-        Path(data_dir).expanduser().mkdir(parents=True, exist_ok=True)
+        os.umask(files_umask(cfg.broker.data_dir_mode))  # store files 0600 under a 0700 directory
+        make_private(Path(data_dir).expanduser(), cfg.broker.data_dir_mode)
         _default_log_file(Path(data_dir), "standalone.log")
         cfg = _standalone_metrics(cfg)
         # One metrics endpoint for the process: the broker's, with the NameServer's figures in it.
@@ -529,13 +533,22 @@ def plugins() -> None:
 def check_config(config_path: str | None, show: bool) -> None:
     """Validate a broker config file as `tidemq broker` does, starting nothing; print the plugins it selects.
 
-    Without CONFIG_PATH the defaults are checked (and shown with --show).
+    Without CONFIG_PATH the defaults are checked (and shown with --show).  Protected mode is
+    checked for the broker, its HA port and the [namesrv] table: an open listener beyond loopback
+    is an error, and one left open with ``insecure = true`` is printed as a ``warning:`` line.
     """
     from tidemq.config_reference import show as show_config
+    from tidemq.namesrv.auth import load_namesrv_auth
+    from tidemq.protected import check_namesrv_settings, issued_warnings
 
     try:
         cfg = load_config(config_path)
         check_broker(cfg)
+        # The [namesrv] table too: protected mode and its credentials file (defaults pass).
+        if cfg.namesrv.credentials_file:
+            load_namesrv_auth(cfg.namesrv.credentials_file)
+        check_namesrv_settings(cfg.namesrv)
+        warnings = issued_warnings()
         given = tomllib.loads(Path(config_path).read_text()) if config_path else {}
         text = show_config(cfg, given) if show else ""
     except TidemqError as exc:
@@ -543,9 +556,11 @@ def check_config(config_path: str | None, show: bool) -> None:
         return
     if text:
         click.echo(text, nl=False)
-        return
-    for role, name in cfg.plugins.items():
-        click.echo(f"{role} = {name}")
+    else:
+        for role, name in cfg.plugins.items():
+            click.echo(f"{role} = {name}")
+    for line in warnings:  # listeners left open on purpose (insecure = true)
+        click.echo(f"warning: {line}")
 
 
 def main() -> None:

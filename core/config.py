@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import attrs
 
 from tidemq.address import format_address, parse_address
+from tidemq.datadir import check_dir_mode
 from tidemq.delay import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from tidemq.errors import ConfigError, PluginError
 from tidemq.names import check_topic_name
@@ -237,6 +238,8 @@ class BrokerSettings:
     advertise: str = attrs.field(default="", validator=_reachable_address)
     namesrv: list[str] = attrs.field(factory=lambda: ["127.0.0.1:9876"], validator=_reachable_addresses)
     data_dir: str = ""  # defaults to ~/.tidemq/<name>
+    #: Mode a new data directory gets (a wider existing one is warned about); files get no more (0600).
+    data_dir_mode: int = attrs.field(default=0o700, validator=lambda _i, _a, v: check_dir_mode(v))
     role: str = attrs.field(default="ASYNC_MASTER", metadata=_choice("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"))
     auto_create_topic: bool = True
     default_topic_queues: int = number(4, ge=1, le=1024)
@@ -271,6 +274,13 @@ class BrokerSettings:
     msg_trace_topic_name: str = attrs.field(default="RMQ_SYS_TRACE_TOPIC", validator=_topic_name)
     # Request-reply (RocketMQ 4.6+): a reply is also stored in its topic, besides being pushed.
     store_reply_message_enable: bool = True
+    #: Protected mode (tidemq.protected): listen beyond loopback without an ACL (RocketMQ's open broker).
+    insecure: bool = False
+    #: The account this broker signs its own requests with (RocketMQ's ACL signature): registrations
+    #: with NameServers that check them, a slave's metadata copies from an ACL master; "" = unsigned.
+    access_key: str = ""
+    #: File holding that account's secret key (mode 0600); needed with access_key.
+    secret_key_file: str = ""
 
     @property
     def host(self) -> str:
@@ -300,6 +310,10 @@ class NamesrvSettings:
     scan_interval_s: float = interval(10.0)
     data_dir: str = ""
     max_frame_size: int = number(16 * 1024 * 1024, ge=1024, le=INT32_MAX)
+    #: plain_acl.yml-style accounts (mode 0600); writes need a signature of an `admin: true` one.
+    credentials_file: str = ""
+    #: Protected mode (tidemq.protected): listen beyond loopback without credentials_file.
+    insecure: bool = False
 
     @property
     def host(self) -> str:
@@ -572,6 +586,9 @@ def check_broker(cfg: Config, manager: PluginManager | None = None) -> Component
         components["transport"].server(
             cfg.broker.host, cfg.broker.port, _refuse, max_frame_size=cfg.broker.max_frame_size
         )
+        from tidemq.protected import check_broker_settings  # protected mode, the broker's own account
+
+        check_broker_settings(cfg.broker, components.acl)
         registered_address(cfg.broker, cfg.broker.host, cfg.broker.port)
     except ConfigError as exc:
         raise ConfigError(f"{cfg.source}: {exc}") from exc

@@ -114,6 +114,9 @@ NOTES: dict[str, dict[str, str]] = {
     "broker.id": {"rocketmq": "brokerId", "doc": "0 = master, > 0 = slave."},
     "broker.listen": {"rocketmq": "listenPort (+ brokerIP1)"},
     "broker.advertise": {"rocketmq": "brokerIP1"},
+    "broker.data_dir_mode": {
+        "valid": "0o700..0o777 with owner rwx; TOML octal: `0o700` (448), `0o750` gives group read (0640 files)"
+    },
     "broker.namesrv": {"rocketmq": "namesrvAddr", "doc": "NameServers to register with (all of them)."},
     "broker.data_dir": {
         "rocketmq": "storePathRootDir",
@@ -250,7 +253,8 @@ NOTES: dict[str, dict[str, str]] = {
         "doc": "CA to verify peers with; on a server it also asks clients for a certificate (mutual TLS).",
     },
     "transport.tcp.tls_check_hostname": {
-        "doc": "Client side: check the server certificate's host name (with tls_cafile)."
+        "doc": "Client side, with tls_cafile: the server certificate must name the address dialled"
+        " (IP or DNS subjectAltName). On by default; false is logged as a warning."
     },
     # ------------------------------------------------------------------ [store.mmap]
     "store.mmap.commitlog_file_size": {"rocketmq": "mappedFileSizeCommitLog"},
@@ -385,7 +389,11 @@ NOTES: dict[str, dict[str, str]] = {
     f"{_MS_REPL}.secret_file": {
         "doc": "File holding the HA shared secret (one trailing newline stripped); both sides prove it"
         ' with a blake3 MAC over fresh nonces before anything streams. `""` = no authentication.',
-        "valid": '`""` or a readable file of 16..4096 bytes; needs extended = true',
+        "valid": '`""` or a readable file of 16..4096 bytes, mode 0600 (no group/other bits); needs extended = true',
+    },
+    f"{_MS_REPL}.insecure": {
+        "doc": "Protected mode: true lets a master's HA port listen beyond loopback without secret_file"
+        " (anyone reaching it could read every message and forge SYNC acknowledgements).",
     },
     # ------------------------------------------------------------------ [acl.plain]
     "acl.plain.file": {"rocketmq": "rocketmq.acl.plain.file"},

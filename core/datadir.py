@@ -8,6 +8,11 @@ however it ends, so a SIGKILLed broker never leaves a stale lock behind.
 
 Within one process the lock is counted: the broker and its store both hold it on the same
 directory, and it is released when the last of them lets go.
+
+The directory holds every message: it is created private to its owner (``0700``, ``[broker]
+data_dir_mode``) when locked (a wider one holding files is logged with the fix), and a serving ``tidemq`` process creates its files without group or
+other bits (:func:`files_umask`: ``0600`` files under ``0700``), as PostgreSQL and Redis do.
+Under the usual umask (022) the commit log was readable by every local user.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -23,6 +29,8 @@ from tidemq.errors import TidemqError
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "lock"
+#: The data directory's default mode: only its owner may enter it.
+DATA_DIR_MODE = 0o700
 
 _held: dict[Path, tuple[int, int]] = {}  # lock file -> (fd, holders in this process)
 _guard = threading.Lock()
@@ -90,17 +98,60 @@ class DataDirLock:
         self.release()
 
 
-def lock_data_dir(data_dir: str | os.PathLike[str], what: str = "tidemq") -> DataDirLock:
-    """Take ``data_dir``'s lock (creating the directory), or raise :class:`DataDirInUseError`."""
+def check_dir_mode(mode: int, option: str = "[broker] data_dir_mode") -> None:
+    """ValueError unless ``mode`` is a directory mode its owner can use (0o700..0o777)."""
+    if not 0 <= mode <= 0o777 or mode & 0o700 != 0o700:
+        raise ValueError(
+            f"{option} = {mode:#o} must give the owner rwx, within 0o700..0o777 (e.g. 0o700, 0o750)"
+        )
+
+
+def files_umask(dir_mode: int = DATA_DIR_MODE) -> int:
+    """The umask that creates directories with ``dir_mode`` and files without more: 0o077 for 0o700
+    (0600 files), 0o027 for 0o750 (0640 files)."""
+    return 0o777 & ~dir_mode
+
+
+def make_private(root: Path, mode: int = DATA_DIR_MODE) -> None:
+    """Create ``root`` with ``mode``, or narrow an existing one that grants more (never widens).
+
+    Only an empty directory is narrowed; one already holding files gets a warning naming the
+    ``chmod`` to run: a ``data_dir`` mistakenly naming ``/var/lib`` must not be chmodded.
+    """
+    root.mkdir(parents=True, exist_ok=True, mode=mode)
+    try:
+        st = root.stat()
+        current = st.st_mode & 0o777
+        if not current & ~mode:
+            return
+        if not any(root.iterdir()) and not st.st_mode & stat.S_ISVTX and st.st_uid == os.getuid():
+            os.chmod(root, current & mode)
+            log.info("data directory %s: mode %04o narrowed to %04o", root, current, current & mode)
+            return
+        log.warning(
+            "data directory %s is mode %04o: other users may read what is stored there; chmod %04o %s",
+            root,
+            current,
+            current & mode,
+            root,
+        )
+    except OSError as exc:  # not ours to change (a shared mount): the lock still protects it
+        log.warning("cannot make data directory %s private: %s", root, exc)
+
+
+def lock_data_dir(
+    data_dir: str | os.PathLike[str], what: str = "tidemq", *, mode: int = DATA_DIR_MODE
+) -> DataDirLock:
+    """Take ``data_dir``'s lock (creating the directory with ``mode``), or raise :class:`DataDirInUseError`."""
     root = Path(data_dir).expanduser()
-    root.mkdir(parents=True, exist_ok=True)
+    make_private(root, mode)
     path = (root / LOCK_FILE).resolve()
     with _guard:
         held = _held.get(path)
         if held is not None:
             _held[path] = (held[0], held[1] + 1)
             return DataDirLock(path)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -122,4 +173,14 @@ def lock_data_dir(data_dir: str | os.PathLike[str], what: str = "tidemq") -> Dat
     return DataDirLock(path)
 
 
-__all__ = ["LOCK_FILE", "DataDirInUseError", "DataDirLock", "holder", "lock_data_dir"]
+__all__ = [
+    "DATA_DIR_MODE",
+    "LOCK_FILE",
+    "DataDirInUseError",
+    "DataDirLock",
+    "check_dir_mode",
+    "files_umask",
+    "holder",
+    "lock_data_dir",
+    "make_private",
+]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -41,13 +42,24 @@ def quote_bare_int_keys(data: bytes) -> bytes:
     return _STRING_OR_BARE_INT_KEY.sub(_quote_key, data)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves either the old or the new file."""
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, mode: int | None = None) -> None:
+    """Replace ``path`` with ``data`` so a crash leaves either the old or the new file.
+
+    The file keeps its mode across the replacement (a 0600 ACL file stays 0600, whatever the
+    umask); a new file gets ``mode`` (default: 0666 less the umask).
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
     try:
-        with open(tmp, "wb") as fh:
+        keep: int | None = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        keep = mode
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if keep is not None else 0o666)
+        with open(fd, "wb") as fh:
+            if keep is not None:
+                os.fchmod(fh.fileno(), keep)
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())

@@ -178,7 +178,9 @@ def test_bad_listen_flags_are_one_line_naming_the_flag(tmp_path, args, flag):
 
 def test_wildcard_listen_never_registers_loopback(spawn, tmp_path):
     cfg = tmp_path / "broker.toml"
-    cfg.write_text(f'[broker]\nlisten = "0.0.0.0:0"\nnamesrv = []\ndata_dir = "{tmp_path / "data"}"\n')
+    cfg.write_text(
+        f'[broker]\nlisten = "0.0.0.0:0"\ninsecure = true\nnamesrv = []\ndata_dir = "{tmp_path / "data"}"\n'
+    )
     try:
         server = spawn("broker", "-c", str(cfg))
     except RuntimeError as exc:  # a machine with no routable address: refused, naming advertise
@@ -191,7 +193,7 @@ def test_wildcard_listen_never_registers_loopback(spawn, tmp_path):
 def test_wildcard_listen_registers_advertise(spawn, tmp_path):
     cfg = tmp_path / "broker.toml"
     cfg.write_text(
-        f'[broker]\nlisten = "0.0.0.0:0"\nadvertise = "203.0.113.7:10911"\nnamesrv = []\n'
+        f'[broker]\nlisten = "0.0.0.0:0"\ninsecure = true\nadvertise = "203.0.113.7:10911"\nnamesrv = []\n'
         f'data_dir = "{tmp_path / "data"}"\n'
     )
     assert spawn("broker", "-c", str(cfg)).addresses["broker"] == "203.0.113.7:10911"

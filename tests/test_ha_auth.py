@@ -251,6 +251,8 @@ def test_check_config_refuses_a_missing_empty_or_short_secret_file(tmp_path: Pat
     empty.write_bytes(b"\n")
     short.write_bytes(b"fifteen bytes!!\n")
     good.write_bytes(b"sixteen bytes!!!\n")
+    for path in (empty, short, good):
+        path.chmod(0o600)  # a secret file others may read is refused
     for table in ("master_slave", "controller"):
         for path, why in ((empty, "is empty"), (short, "is 15 bytes, it needs at least 16")):
             with pytest.raises(

@@ -90,6 +90,7 @@ class Rig:
         """A secret file holding ``value`` (for the HA authentication tests)."""
         path = self.tmp_path / f"secret{len(self._closers)}"
         path.write_bytes(value + b"\n")
+        path.chmod(0o600)  # a secret file others may read is refused
         return str(path)
 
     def _options(self, secret: bytes | None) -> MasterSlaveOptions:

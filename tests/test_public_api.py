@@ -51,6 +51,10 @@ ALLOWED_INTERNAL: frozenset[tuple[str, str]] = frozenset(
         ("tidemq.delay", "delay_level_in"),
         ("tidemq.delay", "parse_delay_levels"),
         ("tidemq.delay", "schedule_tags_code"),
+        # Protected mode and secret files (issue 41): the HA plugins check their port and secret file
+        # as the kernel checks its own listeners and secret files.
+        ("tidemq.protected", "check_ha_listener"),
+        ("tidemq.secretfile", "private_mode_problem"),
         # Request signing: the acl plugin checks what the kernel's clients sign.
         ("tidemq.acl", "ACCESS_KEY"),
         ("tidemq.acl", "SIGNATURE"),

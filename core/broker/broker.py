@@ -27,6 +27,7 @@ from tidemq.broker.stats import BrokerStats
 from tidemq.broker.subscriptions import SubscriptionGroupManager
 from tidemq.broker.topics import TopicConfigManager
 from tidemq.broker.transaction import TransactionalMessageService
+from tidemq.client.credentials import SessionCredentials, SigningRemoting
 from tidemq.config import Components, registered_address
 from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.errors import StoreError, TidemqError
@@ -34,6 +35,7 @@ from tidemq.filter import DispatchingFilterFactory
 from tidemq.message import local_ip
 from tidemq.misdirected import UnsupportedRequests
 from tidemq.names import InvalidNameError
+from tidemq.protected import broker_credentials
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import MetadataFollower, MetadataSink, RoleAware
@@ -164,7 +166,9 @@ class Broker:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         # Before anything reads or writes the directory: a second process on it is refused here.
-        self._dir_lock = lock_data_dir(self.data_dir, f"tidemq broker {self.settings.name}")
+        self._dir_lock = lock_data_dir(
+            self.data_dir, f"tidemq broker {self.settings.name}", mode=self.settings.data_dir_mode
+        )
         try:
             await self._start()
         except BaseException:
@@ -244,6 +248,9 @@ class Broker:
                 self.store.shutdown()
                 raise
         self.client = self.transport.client()
+        own = broker_credentials(self.settings)  # [broker] access_key: registrations, a slave's copies
+        if own is not None:
+            self.client = SigningRemoting(self.client, SessionCredentials(*own))
         if isinstance(self.replication, MetadataFollower):
             # handed here, not fished out of the broker by a hook: a slave copies its master's metadata
             self.replication.follow_metadata(self.metadata_sink, self.client)

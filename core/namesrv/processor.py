@@ -7,7 +7,8 @@ import zlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from tidemq.errors import TidemqError
+from tidemq.address import parse_address
+from tidemq.errors import ConfigError, TidemqError
 from tidemq.misdirected import UnsupportedRequests
 from tidemq.names import check_stored_topic_name
 from tidemq.remoting import RemotingCommand, RequestCode, ResponseCode
@@ -57,6 +58,59 @@ def _int_field(req: RemotingCommand, name: str, default: int | None = None) -> i
         raise RequestError(f"the custom field <{name}> = {raw!r} is not an integer") from None
 
 
+#: The most queues a topic may have on one broker: what the broker's UPDATE_AND_CREATE_TOPIC
+#: accepts.  A registration claiming 10^8 made every client build 10^8 queue objects.
+MAX_QUEUE_NUMS = 1024
+#: PermName bits: 8 priority, 4 read, 2 write, 1 inherit.
+MAX_PERM = 15
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def check_queue_numbers(where: str, read: int, write: int, perm: int, sys_flag: int) -> None:
+    """RequestError naming ``where`` when a topic's numbers are out of range (negative, huge...)."""
+    for name, value in (("readQueueNums", read), ("writeQueueNums", write)):
+        if not 0 <= value <= MAX_QUEUE_NUMS:
+            raise RequestError(f"{where}: {name} = {value} is out of range (0..{MAX_QUEUE_NUMS})")
+    if not 0 <= perm <= MAX_PERM:
+        raise RequestError(f"{where}: perm = {perm} is out of range (0..{MAX_PERM})")
+    if not 0 <= sys_flag <= INT32_MAX:
+        raise RequestError(f"{where}: topicSysFlag = {sys_flag} is out of range (0..{INT32_MAX})")
+
+
+def _check_registration(
+    broker_name: str,
+    broker_addr: str,
+    broker_id: int,
+    ha_addr: str,
+    wrapper: TopicConfigSerializeWrapper,
+    filters: list[str],
+) -> None:
+    who = f"register of {broker_name} at {broker_addr} refused"
+    for key, value in (
+        ("brokerAddr", broker_addr),
+        ("haServerAddr", ha_addr),
+        *(("filterServerList", f) for f in filters),
+    ):
+        if value or key == "brokerAddr":
+            try:
+                parse_address(value, key)
+            except ConfigError as exc:
+                raise RequestError(f"{who}: {exc}") from None
+    if not 0 <= broker_id <= INT64_MAX:
+        raise RequestError(f"{who}: brokerId = {broker_id} is out of range (0..{INT64_MAX})")
+    version = wrapper.data_version
+    if not (0 <= version.counter <= INT64_MAX and 0 <= version.timestamp <= INT64_MAX):
+        raise RequestError(f"{who}: dataVersion {version.counter}/{version.timestamp} is out of range")
+    for topic, tc in wrapper.topic_config_table.items():
+        problem = check_stored_topic_name(topic)
+        if problem:  # no broker of ours sends one: refuse the registration, naming it
+            raise RequestError(f"{who}: {problem}")
+        check_queue_numbers(
+            f"{who}: topic {topic}", tc.read_queue_nums, tc.write_queue_nums, tc.perm, tc.topic_sys_flag
+        )
+
+
 def java_crc32(data: bytes) -> int:
     """RocketMQ's ``UtilAll.crc32``: CRC-32 masked to a positive Java int."""
     return zlib.crc32(data) & 0x7FFFFFFF
@@ -68,6 +122,7 @@ class NamesrvProcessor:
         self.routes = namesrv.route_info
         self.kv = namesrv.kv_config
         self._unsupported = UnsupportedRequests("NameServer", log)
+        self._refusals_logged: set[tuple[str, int]] = set()
         rc = RequestCode
         self._table: dict[int, Processor] = {
             rc.PUT_KV_CONFIG: self.put_kv_config,
@@ -99,6 +154,12 @@ class NamesrvProcessor:
         if proc is None:
             # Usually a client given the NameServer's port as a broker's: say so, once per peer.
             return self._unsupported.answer(req, str(getattr(conn, "remote_address", "?")))
+        auth = self.namesrv.auth
+        if auth is not None:
+            refused = auth.refusal(req)
+            if refused is not None:
+                self._refused(conn, req, refused)
+                return req.reply(ResponseCode.NO_PERMISSION, remark=refused)
         try:
             result = proc(conn, req)
             if isinstance(result, Awaitable):
@@ -109,6 +170,16 @@ class NamesrvProcessor:
                 "bad request code %s from %s: %s", req.code, getattr(conn, "remote_address", "?"), exc
             )
             return req.reply(ResponseCode.SYSTEM_ERROR, remark=str(exc))
+
+    def _refused(self, conn: Connection, req: RemotingCommand, reason: str) -> None:
+        # One WARNING per peer and code, then DEBUG: a peer retrying must not flood the log.
+        peer = str(getattr(conn, "remote_address", "?"))
+        key = (peer.rpartition(":")[0] or peer, req.code)
+        if key in self._refusals_logged or len(self._refusals_logged) > 10_000:
+            log.debug("refused request code %s from %s: %s", req.code, peer, reason)
+            return
+        self._refusals_logged.add(key)
+        log.warning("refused request code %s from %s: %s", req.code, peer, reason)
 
     # ------------------------------------------------------------------ KV config
     def put_kv_config(self, conn: Connection, req: RemotingCommand) -> RemotingCommand:
@@ -161,10 +232,7 @@ class NamesrvProcessor:
             else:
                 parsed = RegisterBrokerBody.from_dict(data)
                 wrapper, filters = parsed.topic_config_serialize_wrapper, parsed.filter_server_list
-        for topic in wrapper.topic_config_table:
-            problem = check_stored_topic_name(topic)
-            if problem:  # no broker of ours sends one: refuse the registration, naming it
-                raise RequestError(f"register of {broker_name} at {broker_addr} refused: {problem}")
+        _check_registration(broker_name, broker_addr, broker_id, ha_addr, wrapper, filters)
         result = self.routes.register_broker(
             cluster, broker_addr, broker_name, broker_id, ha_addr, wrapper, filters, connection=conn
         )
@@ -236,6 +304,14 @@ class NamesrvProcessor:
         problem = check_stored_topic_name(topic)
         if problem:
             raise RequestError(problem)
+        for qd in route.queue_datas:
+            check_queue_numbers(
+                f"topic {topic} on {qd.broker_name}",
+                qd.read_queue_nums,
+                qd.write_queue_nums,
+                qd.perm,
+                qd.topic_syn_flag,
+            )
         self.routes.register_topic(topic, route.queue_datas)
         return req.reply()
 

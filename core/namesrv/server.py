@@ -13,9 +13,11 @@ from typing import Any
 import attrs
 
 from tidemq.config import NamesrvSettings
+from tidemq.namesrv.auth import NamesrvAuth, load_namesrv_auth
 from tidemq.namesrv.kvconfig import KVConfigManager
 from tidemq.namesrv.processor import PATH_REFUSAL, NamesrvProcessor
 from tidemq.namesrv.routeinfo import RouteInfoManager
+from tidemq.protected import check_namesrv_settings
 from tidemq.tasks import supervise
 from tidemq.transport import Connection
 
@@ -26,6 +28,8 @@ _RUNTIME_KEYS = {"broker_expire_s": float, "scan_interval_s": float}
 #: RocketMQ's NamesrvConfig keys UPDATE_NAMESRV_CONFIG takes too: the key -> (tidemq key, factor).
 #: ``scanNotActiveBrokerInterval`` is RocketMQ 5's name (4.9 scans every 10 s, fixed), in ms.
 _ROCKETMQ_KEYS = {"scanNotActiveBrokerInterval": ("scan_interval_s", 0.001)}
+#: The shortest broker expiry UPDATE_NAMESRV_CONFIG may set (the [namesrv] table may go lower, for tests).
+MIN_WIRE_EXPIRE_S = 10.0
 #: RocketMQ refuses these with NO_PERMISSION and this remark.
 PATH_KEYS = ("kvConfigPath", "configStorePath")
 #: A Java properties line: the key ends at the first '=', ':' or white space.
@@ -53,6 +57,10 @@ class NameServer:
             Path(self.settings.data_dir).expanduser() / "kvConfig.json" if self.settings.data_dir else None
         )
         self.kv_config = KVConfigManager(kv_path)
+        #: The accounts trusted to write (``[namesrv] credentials_file``); None: writes are open.
+        self.auth: NamesrvAuth | None = (
+            load_namesrv_auth(self.settings.credentials_file) if self.settings.credentials_file else None
+        )
         self.processor = NamesrvProcessor(self)
         self._server: Any = None
         self._scan_task: asyncio.Task[None] | None = None
@@ -62,6 +70,7 @@ class NameServer:
         self.order_message_enable = True
 
     async def start(self) -> None:
+        check_namesrv_settings(self.settings)  # protected mode: refuses an open non-loopback listener
         self.kv_config.load()
         self._server = self.transport.server(
             self.settings.host,
@@ -171,6 +180,13 @@ class NameServer:
                 updates[target] = _RUNTIME_KEYS[target](value) * factor
             except ValueError:
                 return f"{key} = {value!r} is not a number"
+        expire = updates.get("broker_expire_s")
+        if expire is not None and expire < MIN_WIRE_EXPIRE_S:
+            # 0.001 expired every live broker between two registrations: routes stayed empty.
+            return (
+                f"broker_expire_s = {expire:g} is below {MIN_WIRE_EXPIRE_S:g} s (RocketMQ's shortest "
+                "registration period) over the wire: live brokers would expire between registrations"
+            )
         try:
             # The ranges of the [namesrv] table (finite, > 0...): "nan" parses as a float and a
             # nan or inf interval would end the expiry of silent brokers.

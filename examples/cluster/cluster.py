@@ -10,17 +10,33 @@ Each member runs ``python -m tidemq <namesrv|broker> -c <member>.toml`` in the b
 their data in ``<data-root>/<member>`` (``--data-root``, default ``~/.tidemq/cluster``: the
 ``data_dir`` the files name).  ``--base-port N`` moves every port (NameServers N and N+1, broker-a
 N+2 with its HA port N+3, the slave N+4, broker-b N+5), for a second cluster beside the first.
+
+``start --secure`` runs the same cluster with every listener authenticated, as it must be once it
+listens beyond loopback (tidemq refuses to start an open listener there: protected mode).  It
+makes ``<data-root>/secrets/`` once (mode 0700, files 0600, random secrets):
+
+* ``plain_acl.yml``: ``cluster-admin`` (admin: tools, and the brokers' own account) and
+  ``cluster-app`` (send and consume); the brokers' ACL and the NameServers' ``credentials_file``;
+* ``admin.secret``: cluster-admin's secret key, the brokers' ``[broker] secret_key_file``;
+* ``ha.secret``: the HA shared secret of broker-a's master and slave.
+
+and runs each member from ``<data-root>/conf/<member>.toml``: its TOML file plus those settings.
+``python examples/cluster/cluster.py secrets`` makes (or shows the paths of) the secrets alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,8 +53,79 @@ MEMBERS: tuple[tuple[str, str, int, int], ...] = (
 START_TIMEOUT_S = 60.0
 
 
-def command(member: str, kind: str, offset: int, data_root: Path, base_port: int | None) -> list[str]:
-    args = [sys.executable, "-m", "tidemq", "--log-level", "INFO", kind, "-c", str(HERE / f"{member}.toml")]
+ADMIN, APP = "cluster-admin", "cluster-app"
+
+
+def make_secrets(data_root: Path) -> Path:
+    """``<data-root>/secrets``, made once: the ACL accounts, the admin's secret, the HA secret."""
+    root = data_root / "secrets"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    files = {
+        "admin.secret": lambda: secrets.token_urlsafe(24),
+        "app.secret": lambda: secrets.token_urlsafe(24),
+        "ha.secret": lambda: secrets.token_urlsafe(32),
+    }
+    for name, make in files.items():
+        path = root / name
+        if not path.exists():
+            _write_private(path, make() + "\n")
+    admin_sk, app_sk = ((root / n).read_text().strip() for n in ("admin.secret", "app.secret"))
+    acl = root / "plain_acl.yml"
+    if not acl.exists():
+        _write_private(
+            acl,
+            "accounts:\n"
+            f"  - accessKey: {ADMIN}\n    secretKey: {admin_sk}\n    admin: true\n"
+            f"  - accessKey: {APP}\n    secretKey: {app_sk}\n    admin: false\n"
+            "    defaultTopicPerm: PUB|SUB\n    defaultGroupPerm: PUB|SUB\n",
+        )
+    return root
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with open(fd, "w") as f:
+        f.write(text)
+
+
+def secure_config(member: str, kind: str, data_root: Path) -> Path:
+    """``<data-root>/conf/<member>.toml``: the member's file plus authentication on every listener."""
+    cfg: dict[str, Any] = tomllib.loads((HERE / f"{member}.toml").read_text())
+    root = make_secrets(data_root)
+    if kind == "namesrv":
+        cfg.setdefault("namesrv", {})["credentials_file"] = str(root / "plain_acl.yml")
+    else:
+        cfg["broker"].update(access_key=ADMIN, secret_key_file=str(root / "admin.secret"))
+        cfg.setdefault("plugins", {})["acl"] = "plain"
+        cfg.setdefault("acl", {})["plain"] = {"file": str(root / "plain_acl.yml")}
+        if cfg["plugins"].get("replication") == "master_slave":
+            table = cfg.setdefault("replication", {}).setdefault("master_slave", {})
+            table["secret_file"] = str(root / "ha.secret")
+    out = data_root / "conf" / f"{member}.toml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(_toml(cfg))
+    return out
+
+
+def _toml(doc: dict[str, Any], prefix: str = "") -> str:
+    """A TOML document of tables of strings, numbers, booleans and lists (what these files hold)."""
+    lines, tables = [], []
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            tables.append((key, value))
+        else:
+            lines.append(f"{key} = {json.dumps(value)}")  # JSON strings, numbers, lists are TOML
+    out = (f"[{prefix}]\n" if prefix and lines else "") + "".join(f"{line}\n" for line in lines)
+    for key, value in tables:
+        out += _toml(value, f"{prefix}.{key}" if prefix else key)
+    return out
+
+
+def command(
+    member: str, kind: str, offset: int, data_root: Path, base_port: int | None, secure: bool = False
+) -> list[str]:
+    config = secure_config(member, kind, data_root) if secure else HERE / f"{member}.toml"
+    args = [sys.executable, "-m", "tidemq", "--log-level", "INFO", kind, "-c", str(config)]
     if kind == "broker":
         args += ["--data-dir", str(data_root / member)]
     if base_port is not None:
@@ -79,7 +166,7 @@ def _listening(log: Path, kind: str) -> str | None:
     return None
 
 
-def start(data_root: Path, base_port: int | None, names: list[str]) -> int:
+def start(data_root: Path, base_port: int | None, names: list[str], secure: bool = False) -> int:
     (data_root / "logs").mkdir(parents=True, exist_ok=True)
     (data_root / "run").mkdir(parents=True, exist_ok=True)
     started: list[str] = []
@@ -95,7 +182,7 @@ def start(data_root: Path, base_port: int | None, names: list[str]) -> int:
             log = data_root / "logs" / f"{member}.log"
             with open(log, "wb") as out:  # the child keeps its own copy of the descriptor
                 proc = subprocess.Popen(
-                    command(member, kind, offset, data_root, base_port),
+                    command(member, kind, offset, data_root, base_port, secure),
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -158,10 +245,15 @@ def status(data_root: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("action", choices=("start", "stop", "status"))
+    ap.add_argument("action", choices=("start", "stop", "status", "secrets"))
     ap.add_argument("members", nargs="*", help="only these members (default: all)")
     ap.add_argument("--data-root", default="~/.tidemq/cluster", help="data, logs and pid files")
     ap.add_argument("--base-port", type=int, help="move every port (see the module docstring)")
+    ap.add_argument(
+        "--secure",
+        action="store_true",
+        help="start: ACL, NameServer and HA authentication (<data-root>/secrets)",
+    )
     args = ap.parse_args(argv)
     known = [m for m, *_ in MEMBERS]
     unknown = set(args.members) - set(known)
@@ -169,7 +261,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown member(s) {', '.join(sorted(unknown))}; members: {', '.join(known)}")
     data_root = Path(args.data_root).expanduser()
     if args.action == "start":
-        return start(data_root, args.base_port, args.members)
+        return start(data_root, args.base_port, args.members, args.secure)
+    if args.action == "secrets":
+        root = make_secrets(data_root)
+        print(
+            f"secrets in {root}: plain_acl.yml ({ADMIN}: admin, {APP}: send/consume), admin.secret, ha.secret"
+        )
+        return 0
     if args.action == "stop":
         return stop(data_root, args.members)
     return status(data_root)

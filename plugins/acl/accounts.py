@@ -187,6 +187,15 @@ def data_version_of(data: dict[str, Any]) -> tuple[int, int]:
         return (0, 0)
 
 
+def yaml_where(exc: yaml.YAMLError) -> str:
+    """``" at line L, column C: <problem>"`` of a YAML error, without the text of the line."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    # Some problems quote what they found ("found undefined alias 'x'"): only quote-free ones are kept.
+    return f"{where}: {problem}" if isinstance(problem, str) and not set("'\"`") & set(problem) else where
+
+
 def load_plain_acl(path: Path) -> PlainAcl:
     """Read and validate the file; every problem is one :class:`AclConfigError` line."""
     try:
@@ -200,5 +209,6 @@ def load_plain_acl(path: Path) -> PlainAcl:
         # secret like 0123 or 1e10 must not turn into a number first.
         data = yaml.load(text, Loader=yaml.BaseLoader)
     except yaml.YAMLError as exc:
-        raise AclConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+        # Never str(exc): it quotes the offending line, which may hold a secretKey.
+        raise AclConfigError(f"{path}: not valid YAML{yaml_where(exc)}") from None
     return parse_plain_acl(data, str(path))

@@ -124,7 +124,7 @@ def _write(path: Path, doc: dict[str, Any]) -> PlainAcl:
     text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, default_flow_style=False)
     # Parse what will be on disk exactly as the broker will read it, before it is on disk.
     acl = parse_plain_acl(yaml.load(text, Loader=yaml.BaseLoader), str(path))
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"), mode=0o600)  # it holds secrets: 0600 when created
     return acl
 
 

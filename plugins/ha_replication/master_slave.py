@@ -21,7 +21,8 @@ Options (``[replication.master_slave]``)::
     metadata_sync_s = 10.0        # slave: topic config, offsets, delay offsets
     group_sync_s = 60.0           # slave: subscription groups
     lag_log_s = 30.0              # master: log each slave's lag this often (0: never)
-    secret_file = ""              # file holding the HA shared secret (>= 16 bytes); "" = no authentication
+    secret_file = ""              # file holding the HA shared secret (>= 16 bytes, mode 0600); "" = none
+    insecure = false              # true: a master's HA port may listen beyond loopback without secret_file
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from tidemq.config import parse_options
 from tidemq.errors import ConfigError
 from tidemq.futures import StoreFuture
 from tidemq.plugins import PluginContext
+from tidemq.protected import check_ha_listener
 from tidemq.replication import ReplicaStatus
 from tidemq.store import RawCommitLogStore
 
@@ -92,6 +94,8 @@ class MasterSlaveOptions:
     group_sync_s: float = attrs.field(default=60.0, validator=_positive)
     lag_log_s: float = attrs.field(default=30.0, validator=_positive)
     secret_file: str = attrs.field(default="", validator=_secret_file)
+    #: Protected mode (tidemq.protected): a master's HA port beyond loopback without secret_file.
+    insecure: bool = False
 
 
 #: Resolved futures never change: one per status serves every put.
@@ -250,7 +254,23 @@ def _setting(config: Any, key: str, default: Any) -> Any:
     return getattr(config, key, default)
 
 
-def create(ctx: PluginContext) -> MasterSlaveReplication:
-    return MasterSlaveReplication(
-        parse_options(MasterSlaveOptions, ctx.options, "[replication.master_slave]")
+def check_protected(options: MasterSlaveOptions, settings: Any, table: str, *, always: bool = False) -> None:
+    """Protected mode for the HA port a master (or, with ``always``, every replica) listens on."""
+    if not settings or not (
+        always or (_setting(settings, "role", "") != "SLAVE" and not _setting(settings, "id", 0))
+    ):
+        return
+    listen = options.listen or str(_setting(settings, "listen", "127.0.0.1:10911"))
+    check_ha_listener(
+        str(_setting(settings, "name", "")),
+        split_address(listen)[0],
+        options.secret_file,
+        options.insecure,
+        table,
     )
+
+
+def create(ctx: PluginContext) -> MasterSlaveReplication:
+    options = parse_options(MasterSlaveOptions, ctx.options, "[replication.master_slave]")
+    check_protected(options, ctx.settings, "[replication.master_slave]")
+    return MasterSlaveReplication(options)

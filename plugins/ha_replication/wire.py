@@ -46,6 +46,7 @@ import zstandard
 
 from tidemq.compression import inflate_zstd
 from tidemq.errors import ConfigError, CorruptDataError, TidemqError
+from tidemq.secretfile import private_mode_problem
 
 #: First bytes of a tidemq handshake; as a big-endian offset it would be absurd, so never ambiguous.
 HELLO_MAGIC = b"TMHA\x00\x01\xff\xfe"
@@ -217,8 +218,11 @@ def read_frame(sock: socket.socket, session: Session, max_body: int) -> tuple[in
 # ------------------------------------------------------------------ authentication
 def read_secret(path: str, option: str = "secret_file") -> bytes:
     """The shared secret in the file ``path`` (one trailing newline stripped), or a one-line ConfigError."""
+    problem = private_mode_problem(os.path.expanduser(path), "HA secret file")  # refused as ssh would
+    if problem:
+        raise ConfigError(f"{option}: {problem}")
     try:
-        with open(path, "rb") as f:
+        with open(os.path.expanduser(path), "rb") as f:
             data = f.read(MAX_SECRET + 1)
     except OSError as exc:
         raise ConfigError(f"{option} = {path!r}: cannot read the HA secret: {exc.strerror or exc}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import ssl
 from typing import Any
 
@@ -9,6 +10,8 @@ import attrs
 
 from tidemq.config import DAY_S, number, parse_options
 from tidemq.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @attrs.define
@@ -46,7 +49,9 @@ class TcpOptions:
     tls_certfile: str = ""
     tls_keyfile: str = ""
     tls_cafile: str = ""
-    tls_check_hostname: bool = False
+    #: Client side, with tls_cafile: the server's certificate must name the address dialled (on by
+    #: default: without it any certificate from the CA, CN=evil.example included, passes for any server).
+    tls_check_hostname: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.max_frame_size < 1024:
@@ -81,9 +86,18 @@ class TcpOptions:
             if self.tls_cafile:
                 ctx.load_verify_locations(self.tls_cafile)
                 ctx.check_hostname = self.tls_check_hostname
+                if not self.tls_check_hostname:
+                    _warn(
+                        "TLS client with tls_check_hostname = false: any certificate signed by "
+                        f"{self.tls_cafile} is accepted for any server, so one node can impersonate another"
+                    )
             else:  # no CA given: encrypt without verifying (RocketMQ's default client TLS mode)
                 ctx.check_hostname = False
                 ctx.verify_mode = ssl.CERT_NONE
+                _warn(
+                    "TLS client without tls_cafile: the server is not verified (encryption only; "
+                    "anyone in the path can pose as it); set [transport.tcp] tls_cafile (or --tls-cafile)"
+                )
             if self.tls_certfile and self.tls_keyfile:
                 ctx.load_cert_chain(self.tls_certfile, self.tls_keyfile)
         except (OSError, ssl.SSLError) as exc:
@@ -94,6 +108,11 @@ class TcpOptions:
         if not overrides:
             return self
         return parse_options(TcpOptions, {**attrs.asdict(self), **overrides}, where)
+
+
+def _warn(text: str) -> None:
+    """Once per client made (a process makes few: its broker, admin or producer clients)."""
+    log.warning("%s", text)
 
 
 def parse_tcp_options(values: dict[str, Any] | None, where: str = "[transport.tcp]") -> TcpOptions:
