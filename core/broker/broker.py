@@ -30,7 +30,7 @@ from tidemq.broker.transaction import TransactionalMessageService
 from tidemq.config import Components, registered_address
 from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.errors import StoreError, TidemqError
-from tidemq.filter import DispatchingFilterFactory
+from tidemq.filter import DispatchingFilterFactory, FilterFactory
 from tidemq.message import local_ip
 from tidemq.misdirected import UnsupportedRequests
 from tidemq.names import InvalidNameError
@@ -38,12 +38,28 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import MetadataFollower, MetadataSink, RoleAware
 from tidemq.tasks import supervise
-from tidemq.transport import Connection
+from tidemq.transport import Connection, TransportClient
 
 log = logging.getLogger(__name__)
 
 NOTIFY_TIMEOUT_S = 3.0
 HOUSEKEEPING_PERIOD_S = 10.0
+
+
+class _NotStartedClient:
+    """The broker's client before :meth:`Broker.start` made the transport's."""
+
+    async def invoke(self, address: str, request: Any, timeout: float) -> Any:
+        raise TidemqError("the broker has not started: it has no client yet")
+
+    async def invoke_oneway(self, address: str, request: Any) -> None:
+        raise TidemqError("the broker has not started: it has no client yet")
+
+    async def close(self) -> None:
+        return None
+
+
+_NOT_STARTED: TransportClient = _NotStartedClient()
 
 
 def request_name(code: int) -> str:
@@ -101,7 +117,7 @@ class Broker:
         self.producers = ProducerManager()
         self.locks = RebalanceLockManager()
         self.stats = BrokerStats()
-        self.filters: dict[str, Any] = {}
+        self.filters: dict[str, FilterFactory] = {}
         self.hold: PullRequestHoldService | None = None
         self.registrar = NamesrvRegistrar(self)
         self.schedule = ScheduleMessageService(self)  # delayed messages (issue 10)
@@ -109,7 +125,8 @@ class Broker:
         self.filter_servers = FilterServerManager(self)  # live `tidemq filtersrv` processes
         #: Where a replication plugin writes the metadata a slave copies from its master.
         self.metadata_sink: MetadataSink = BrokerMetadataSink(self)
-        self.client: Any = None
+        #: Made as the broker starts (its options are checked then); refuses requests before.
+        self.client: TransportClient = _NOT_STARTED
         self._server: Any = None
         self._address = self.settings.address
         self._store_host: tuple[str, tuple[str, int]] | None = None
@@ -177,7 +194,7 @@ class Broker:
         self.offsets.load()
         self.groups.load()
         for name in self.manager.available("filter"):
-            self.filters[name] = self.manager.create(
+            factory = self.filters[name] = self.manager.create(
                 "filter",
                 name,
                 options=self.config.options.get("filter", {}).get(name),  # [filter.<TYPE>] table
@@ -186,8 +203,8 @@ class Broker:
                 settings=attrs.asdict(self.settings),
             )
             # One way to attach a dispatcher besides the store's own index: here, before load.
-            if isinstance(self.filters[name], DispatchingFilterFactory):
-                for dispatcher in self.filters[name].dispatchers():
+            if isinstance(factory, DispatchingFilterFactory):
+                for dispatcher in factory.dispatchers():
                     self.store.add_dispatcher(dispatcher)
         # Before the store loads: a plugin that cannot register fails the start before recovery runs.
         self._handlers = self._collect_processors()
