@@ -362,6 +362,8 @@ class ScheduleService(Protocol):
     def serialize(self) -> dict[str, Any]:
         """``{"offsetTable": {level: offset}}`` (delayOffset.json)."""
 
+    def persist(self, force: bool = False) -> None: ...
+
     async def get_all_delay_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand: ...
 
 

@@ -8,35 +8,24 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
-import attrs
-
 from tidemq import _native
 from tidemq.acl import ACCESS_KEY, AccessDenied, AccessValidator
 from tidemq.address import split_address
-from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
+from tidemq.broker.composition import BrokerFigures, build_services
 from tidemq.broker.context import Handler, ProcessorRegister
 from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
-from tidemq.broker.metadata_sink import BrokerMetadataSink
-from tidemq.broker.offsets import ConsumerOffsetManager
-from tidemq.broker.processors.filter_server import FilterServerManager
-from tidemq.broker.registration import NamesrvRegistrar
 from tidemq.broker.roles import RoleFollower
-from tidemq.broker.schedule import ScheduleMessageService
-from tidemq.broker.stats import BrokerStats
-from tidemq.broker.subscriptions import SubscriptionGroupManager
-from tidemq.broker.topics import TopicConfigManager
-from tidemq.broker.transaction import TransactionalMessageService
 from tidemq.config import Components, registered_address
 from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.errors import StoreError, TidemqError
-from tidemq.filter import DispatchingFilterFactory, FilterFactory
+from tidemq.filter import DispatchingFilterFactory
 from tidemq.message import local_ip
 from tidemq.misdirected import UnsupportedRequests
 from tidemq.names import InvalidNameError
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
-from tidemq.replication import MetadataFollower, MetadataSink, RoleAware
+from tidemq.replication import MetadataFollower, RoleAware
 from tidemq.tasks import supervise
 from tidemq.transport import Connection, TransportClient
 
@@ -100,32 +89,27 @@ class Broker:
         #: Services of this process whose figures the exporter serves too (standalone's NameServer).
         self.metrics_companions: list[Any] = []
         self.data_dir = self.settings.store_path
-        config_dir = self.data_dir / "config"
-        self.topics = TopicConfigManager(
-            config_dir / "topics.json",
-            auto_create_topic=self.settings.auto_create_topic,
-            default_queue_nums=self.settings.default_topic_queues,
-            default_perm=self.settings.default_perm,
-        )
-        self.offsets = ConsumerOffsetManager(config_dir / "consumerOffset.json")
-        self.groups = SubscriptionGroupManager(
-            config_dir / "subscriptionGroup.json",
-            auto_create=self.settings.auto_create_subscription_group,
-            retry_max_times=self.settings.max_reconsume_times,
-        )
-        self.consumers = ConsumerManager()
-        self.producers = ProducerManager()
-        self.locks = RebalanceLockManager()
-        self.stats = BrokerStats()
-        self.filters: dict[str, FilterFactory] = {}
         self.hold: PullRequestHoldService | None = None
-        self.registrar = NamesrvRegistrar(self)
-        self.schedule = ScheduleMessageService(self)  # delayed messages (issue 10)
-        self.transactions = TransactionalMessageService(self)  # transactional messages (issue 10)
-        self.filter_servers = FilterServerManager(self)  # live `tidemq filtersrv` processes
+        # The composition root builds the rest (tidemq.broker.composition); plain attributes, as
+        # processors read them per request.
+        services = build_services(self, components)
+        self.topics = services.topics
+        self.offsets = services.offsets
+        self.groups = services.groups
+        self.consumers = services.consumers
+        self.producers = services.producers
+        self.locks = services.locks
+        self.stats = services.stats
+        self.filters = services.filters
+        self.registrar = services.registrar
+        self.schedule = services.schedule
+        self.transactions = services.transactions
+        self.filter_servers = services.filter_servers
         #: Where a replication plugin writes the metadata a slave copies from its master.
-        self.metadata_sink: MetadataSink = BrokerMetadataSink(self)
-        #: Made as the broker starts (its options are checked then); refuses requests before.
+        self.metadata_sink = services.metadata_sink
+        #: What the metrics exporter reads (read-only).
+        self.figures = BrokerFigures(self, self.metrics_companions)
+        #: Made as the broker starts (the transport's options are checked then); refuses before.
         self.client: TransportClient = _NOT_STARTED
         self._server: Any = None
         self._address = self.settings.address
@@ -193,19 +177,6 @@ class Broker:
         self.topics.load()
         self.offsets.load()
         self.groups.load()
-        for name in self.manager.available("filter"):
-            factory = self.filters[name] = self.manager.create(
-                "filter",
-                name,
-                options=self.config.options.get("filter", {}).get(name),  # [filter.<TYPE>] table
-                data_dir=self.data_dir,
-                components=self.components.instances,
-                settings=attrs.asdict(self.settings),
-            )
-            # One way to attach a dispatcher besides the store's own index: here, before load.
-            if isinstance(factory, DispatchingFilterFactory):
-                for dispatcher in factory.dispatchers():
-                    self.store.add_dispatcher(dispatcher)
         # Before the store loads: a plugin that cannot register fails the start before recovery runs.
         self._handlers = self._collect_processors()
         loading = time.monotonic()
@@ -254,7 +225,7 @@ class Broker:
         self.store.store_host = self.store_host
         if self.metrics is not None:
             try:
-                self.metrics_url = await self.metrics.start(self)
+                self.metrics_url = await self.metrics.start(self.figures)
             except BaseException:
                 await self._server.stop()
                 self.replication.shutdown()
