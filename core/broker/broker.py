@@ -27,7 +27,7 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import MetadataFollower, RoleAware
 from tidemq.tasks import supervise
-from tidemq.transport import Connection, TransportClient
+from tidemq.transport import Connection, TransportClient, TransportServer
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class Broker:
         self.figures = BrokerFigures(self, self.metrics_companions)
         #: Made as the broker starts (the transport's options are checked then); refuses before.
         self.client: TransportClient = _NOT_STARTED
-        self._server: Any = None
+        self._server: TransportServer | None = None
         self._address = self.settings.address
         self._store_host: tuple[str, tuple[str, int]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -197,26 +197,26 @@ class Broker:
             self.store.shutdown()
             raise
         self.topics.on_change = self.registrar.request
-        self._server = self.transport.server(
+        server = self._server = self.transport.server(
             self.settings.host,
             self.settings.port,
             RequestHandler(self),  # handle, and handle_many for the requests of one read
             max_frame_size=self.settings.max_frame_size,
         )
         try:
-            await self._server.start()
+            await server.start()
         except BaseException:
             # A taken port must not leave the store running (and its abort marker behind).
             self.replication.shutdown()
             self.store.shutdown()
             raise
-        host, port = self._server.address[:2]
+        host, port = server.address[:2]
         try:
             # advertise, else the bound address; a wildcard becomes this machine's routable address
             # (refused when it has none: NameServers must not hand out 0.0.0.0 or 127.0.0.1).
             self._address = registered_address(self.settings, host, port, local_ip)
         except BaseException:
-            await self._server.stop()
+            await server.stop()
             self.replication.shutdown()
             self.store.shutdown()
             raise
@@ -227,7 +227,7 @@ class Broker:
             try:
                 self.metrics_url = await self.metrics.start(self.figures)
             except BaseException:
-                await self._server.stop()
+                await server.stop()
                 self.replication.shutdown()
                 self.store.shutdown()
                 raise
@@ -284,7 +284,8 @@ class Broker:
             self.hold.stop()
         if self.metrics is not None:
             await self.metrics.stop()
-        await self._server.stop()
+        if self._server is not None:
+            await self._server.stop()
         for factory in self.filters.values():
             if isinstance(factory, DispatchingFilterFactory):  # its own threads (the SQL92 bit map)
                 factory.close()
