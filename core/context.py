@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from tidemq.broker.clients import ClientChannel, ConsumerGroupInfo, SubscriptionData
     from tidemq.broker.stats import Counter, StatsSnapshot
     from tidemq.broker.subscriptions import SubscriptionGroupConfig
-    from tidemq.config import BrokerSettings
+    from tidemq.config import BrokerSettings, Config
     from tidemq.filter import FilterFactory
     from tidemq.index import KeyIndex
     from tidemq.message import MessageInner
@@ -459,6 +459,10 @@ class BrokerContext(Protocol):
     Implemented by :class:`tidemq.broker.Broker`; handed to processors as
     ``ProcessorRegister.context`` and to the ``tidemq_broker_started``/``_stopping`` hooks.
     """
+
+    @property
+    def config(self) -> Config:
+        """The broker's whole file: ``plugins`` (the plugin chosen per role) and their options."""
 
     @property
     def settings(self) -> BrokerSettings: ...

@@ -177,7 +177,10 @@ def tidemq_broker_started(broker: BrokerContext) -> None:
     """Observe a broker that has started serving.
 
     Called by the broker once, after its store, replication and transport have started and it has
-    registered with the NameServers.  Returns nothing; an exception is logged, not raised.
+    registered with the NameServers, with the broker as a :class:`tidemq.context.BrokerContext`.
+    Returns nothing; an exception is logged, not raised.  A plugin that needs a part of the broker
+    to work gets it handed at start instead (a replication its metadata sink and client through
+    :class:`tidemq.replication.MetadataFollower`, a metrics exporter its figures view).
     """
 
 
