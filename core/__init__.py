@@ -125,6 +125,7 @@ __all__ = [
     "ArrivalNotifier",  # helpers for store plugins
     "check_queue_offset",
     "dispatch_messages",
+    "store_introspection",
     "QueryResult",
     "ReplicaStatus",
     "ConsumeContext",
@@ -209,6 +210,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "StoreIntrospection",
         "check_queue_offset",
         "dispatch_messages",
+        "store_introspection",
     ),
     "tidemq.transport": ("Connection", "RequestHandler", "Transport", "TransportClient", "TransportServer"),
 }
@@ -291,6 +293,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         StoreIntrospection,
         check_queue_offset,
         dispatch_messages,
+        store_introspection,
     )
     from tidemq.transport import Connection, RequestHandler, Transport, TransportClient, TransportServer
 

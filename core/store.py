@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Protocol, TypeGuard, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeGuard, cast, runtime_checkable
 
 import attrs
 
@@ -530,3 +530,17 @@ class StoreIntrospection(Protocol):
 
     def flush_statistics(self) -> FlushStatistics | None:
         """The flush policy's counters, None when it keeps none."""
+
+
+#: Per store class: whether it implements :class:`StoreIntrospection` (an isinstance check on a
+#: runtime-checkable Protocol costs microseconds; QUERY_CONSUME_QUEUE asks once per entry).
+_INTROSPECTABLE: dict[type, bool] = {}
+
+
+def store_introspection(store: object) -> StoreIntrospection | None:
+    """``store`` as a :class:`StoreIntrospection`, or None when its class does not implement it."""
+    cls = type(store)
+    capable = _INTROSPECTABLE.get(cls)
+    if capable is None:
+        capable = _INTROSPECTABLE[cls] = isinstance(store, StoreIntrospection)
+    return cast("StoreIntrospection", store) if capable else None

@@ -16,7 +16,7 @@ import pytest
 
 from tidemq.flush import FlushStatistics
 from tidemq.message import tags_hash_code
-from tidemq.store import MessageStore, StoreIntrospection
+from tidemq.store import MessageStore, StoreIntrospection, store_introspection
 from tidemq.testing.store_contract import build_store, message, put
 
 SMALL_MMAP = {"commitlog_file_size": 64 * 1024, "consumequeue_entries": 16}
@@ -34,6 +34,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MessageSto
 
 def test_both_stores_have_the_capability(store: MessageStore) -> None:
     assert isinstance(store, StoreIntrospection)
+    assert store_introspection(store) is store
+    assert store_introspection(object()) is None  # a store without it: the callers fall back
 
 
 def test_queue_entries_name_the_stored_records(store: MessageStore) -> None:

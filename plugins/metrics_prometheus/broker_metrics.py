@@ -34,7 +34,7 @@ from tidemq.context import BrokerFiguresView
 from tidemq.index import IndexBacklog
 from tidemq.metrics import Buckets
 from tidemq.replication import MasterAware
-from tidemq.store import StoreIntrospection
+from tidemq.store import store_introspection
 
 _RETRY = "%RETRY%"
 _DLQ = "%DLQ%"
@@ -267,7 +267,8 @@ def _store(broker: BrokerFiguresView, out: list[Metric]) -> None:
             disk.add_metric([kind], used)
             files.add_metric([kind], n)
     out += [disk, files]
-    flush = store.flush_statistics() if isinstance(store, StoreIntrospection) else None
+    introspection = store_introspection(store)
+    flush = introspection.flush_statistics() if introspection is not None else None
     if flush is not None:
         family = CounterMetricFamily("tidemq_flush_rounds", "Flushes (fdatasync rounds) of the commit log")
         family.add_metric([], flush.flush_rounds)

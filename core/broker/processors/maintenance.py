@@ -23,7 +23,7 @@ from tidemq.delay import SCHEDULE_TOPIC
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.remoting.protocol import TopicList
-from tidemq.store import StoreIntrospection
+from tidemq.store import store_introspection
 from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -64,8 +64,8 @@ class MaintenanceProcessor:
         return request.reply(ResponseCode.SUCCESS)
 
     async def clean_expired_queues(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
-        store = self.broker.store
-        if isinstance(store, StoreIntrospection):
+        store = store_introspection(self.broker.store)
+        if store is not None:
             dropped = await asyncio.to_thread(store.clean_expired_queues)
             log.warning("CLEAN_EXPIRED_CONSUMEQUEUE from %s: %d queue(s) dropped", _remote(conn), dropped)
         else:
