@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidemq.errors import PluginError
+from tidemq.transport import RequestHandler
 
 if TYPE_CHECKING:
     import pluggy
@@ -64,8 +65,9 @@ __all__ = [
     "TransactionService",
 ]
 
-#: ``handler(conn, request)`` -> the response, or None (oneway requests, connections gone).
-Handler = Callable[["Connection", "RemotingCommand"], Awaitable["RemotingCommand | None"]]
+#: ``handler(conn, request)`` -> the response, or None (oneway requests, connections gone): one
+#: type with the transport's :data:`tidemq.transport.RequestHandler` (published under that name).
+Handler = RequestHandler
 
 
 # --------------------------------------------------------------------------- metadata tables

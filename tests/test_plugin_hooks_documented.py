@@ -57,7 +57,8 @@ DOCUMENTED_TYPES = {name: (module, rest) for name, module, rest in TYPE_ROW.find
 PUBLISHED = sorted(
     name
     for name in tidemq.__all__
-    if getattr(getattr(tidemq, name, None), "_is_protocol", False) or name in {"ProcessorRegister", "Handler"}
+    if getattr(getattr(tidemq, name, None), "_is_protocol", False)
+    or name in {"ProcessorRegister", "RequestHandler"}
 )
 
 

@@ -18,11 +18,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tidemq.context import BrokerContext, Handler, ProcessorRegister
+from tidemq.context import BrokerContext, ProcessorRegister
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.remoting.protocol import dumps
-from tidemq.transport import Connection
+from tidemq.transport import Connection, RequestHandler
 from tidemq_acl.accounts import AclConfigError, PlainAcl
 from tidemq_acl.editor import (
     AccessConfig,
@@ -186,7 +186,7 @@ class AclAdminProcessor:
         return request.reply(body=dumps(body))
 
 
-def _answer_missing(handler: Handler) -> Handler:
+def _answer_missing(handler: RequestHandler) -> RequestHandler:
     async def run(conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
         try:
             return await handler(conn, request)
