@@ -12,11 +12,11 @@ from tidemq import _native
 from tidemq.acl import ACCESS_KEY, AccessDenied, AccessValidator
 from tidemq.address import split_address
 from tidemq.broker.composition import BrokerFigures, build_services
-from tidemq.broker.context import Handler, ProcessorRegister
 from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
 from tidemq.broker.roles import RoleFollower
 from tidemq.config import Components, registered_address
+from tidemq.context import Handler, ProcessorRegister
 from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.errors import StoreError, TidemqError
 from tidemq.filter import DispatchingFilterFactory

@@ -54,7 +54,7 @@ from tidemq.tasks import supervise
 from tidemq.transport import Connection
 
 if TYPE_CHECKING:
-    from tidemq.broker.context import BrokerContext
+    from tidemq.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
