@@ -121,7 +121,11 @@ class Broker:
         self._dir_lock: DataDirLock | None = None
         self._unsupported = UnsupportedRequests("broker", log)
         #: Applies the role changes of a RoleAware replication (None otherwise).
-        self.roles = RoleFollower(self, self.role_aware) if self.role_aware is not None else None
+        self.roles = (
+            RoleFollower(self, self.role_aware, (self.schedule, self.transactions))
+            if self.role_aware is not None
+            else None
+        )
 
     # ------------------------------------------------------------------ identity
     @property
