@@ -65,15 +65,18 @@ __all__ = [
     "Flushable",  # flush
     "FlushPolicy",
     "SubmittingFlushPolicy",
+    "FlushStatistics",
     "StoreFuture",
     "KeyIndex",  # index
     "RecoverableIndex",
     "VerifiableIndex",
+    "IndexBacklog",
     "IndexFileInfo",
     "IndexFileEntry",
     "Dispatcher",  # store
     "MessageStore",
     "RawCommitLogStore",
+    "StoreIntrospection",
     "EntryPrefilter",  # filter
     "DispatchingFilterFactory",
     "FilterFactory",
@@ -90,9 +93,6 @@ __all__ = [
     "AccessValidator",  # acl
     "AllowAll",
     "MetricsExporter",  # metrics
-    "FlushStatistics",
-    "IndexBacklog",
-    "StoreIntrospection",
     "BrokerContext",  # the broker as processors and plugins see it (tidemq.context)
     "BrokerFiguresView",
     "BrokerStatsService",
