@@ -1,8 +1,9 @@
-"""StoreIntrospection: the figures admin, runtime info and metrics read, from both built-in stores.
+"""The broker's seams (issue 35): what the composition root hands out, and what the kernel names.
 
-And the seam it belongs to: the kernel's hook contract and published context import nothing of
-the broker application (the import circle hookspecs -> broker.context -> broker services ->
-broker.context is gone).
+* StoreIntrospection: the figures admin, runtime info and metrics read, from both built-in stores;
+* the metrics exporter gets a read-only figures view, not the broker;
+* the kernel's hook contract and published context import nothing of the broker's services (the
+  import circle hookspecs -> broker.context -> broker services -> broker.context is gone).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tidemq.broker import Broker
+from tidemq.config import DEFAULT_PLUGINS, BrokerSettings, Config, compose
 from tidemq.flush import FlushStatistics
 from tidemq.message import tags_hash_code
 from tidemq.store import MessageStore, StoreIntrospection, store_introspection
@@ -102,3 +105,17 @@ def test_the_published_context_imports_no_broker_service() -> None:
     assert broker_modules <= {"tidemq.broker.clients", "tidemq.broker.stats", "tidemq.broker.subscriptions"}
     for module in broker_modules:
         assert not {m for m in _imports(module) if m in ("tidemq.context", "tidemq.broker.context")}
+
+
+def test_the_metrics_exporter_gets_a_read_only_view(tmp_path: Path) -> None:
+    settings = BrokerSettings(listen="127.0.0.1:0", namesrv=[], data_dir=str(tmp_path))
+    broker = Broker(compose(Config(broker=settings, plugins=dict(DEFAULT_PLUGINS))))
+    figures = broker.figures
+    assert figures.store is broker.store and figures.stats is broker.stats
+    assert figures.metrics_companions is broker.metrics_companions  # standalone adds its NameServer
+    broker.acl_refusals = 3
+    assert figures.acl_refusals == 3  # read through, not copied
+    for member in ("topics", "groups", "transactions", "spawn", "client"):
+        assert not hasattr(figures, member), member
+    with pytest.raises(AttributeError):
+        figures.store = broker.store  # type: ignore[misc]
