@@ -12,7 +12,8 @@ submodules are public through their own ``__all__``: ``tidemq.client`` (the clie
 lower-level requests), ``tidemq.remoting`` (and its ``codes``, ``command``, ``codec``, ``errors``
 and ``protocol`` modules: the wire format), ``tidemq.cli`` (running a service from a plugin's
 command), ``tidemq.message`` (the message and commit-log record format), ``tidemq.address``,
-``tidemq.compression``, ``tidemq.datadir``, ``tidemq.file_regions`` (sendfile sources),
+``tidemq.compression``, ``tidemq.context`` (the broker as processors see it: its service
+Protocols and ``ProcessorRegister``, also in ``__all__``), ``tidemq.datadir``, ``tidemq.file_regions`` (sendfile sources),
 ``tidemq.logs`` (log handlers and progress reports of long tasks),
 ``tidemq.metrics`` (the metrics role and its ``Buckets`` histogram), ``tidemq.mqjson``
 (fastjson's MessageQueue-keyed maps), ``tidemq.names`` and ``tidemq.trace`` (message trace
@@ -64,15 +65,18 @@ __all__ = [
     "Flushable",  # flush
     "FlushPolicy",
     "SubmittingFlushPolicy",
+    "FlushStatistics",
     "StoreFuture",
     "KeyIndex",  # index
     "RecoverableIndex",
     "VerifiableIndex",
+    "IndexBacklog",
     "IndexFileInfo",
     "IndexFileEntry",
     "Dispatcher",  # store
     "MessageStore",
     "RawCommitLogStore",
+    "StoreIntrospection",
     "EntryPrefilter",  # filter
     "DispatchingFilterFactory",
     "FilterFactory",
@@ -89,6 +93,22 @@ __all__ = [
     "AccessValidator",  # acl
     "AllowAll",
     "MetricsExporter",  # metrics
+    "BrokerContext",  # the broker as processors and plugins see it (tidemq.context)
+    "BrokerFiguresView",
+    "BrokerStatsService",
+    "BrokerStatsView",
+    "ConsumerOffsetTable",
+    "ConsumerRegistry",
+    "FilterServerTable",
+    "NamesrvRegistration",
+    "ProcessorRegister",
+    "ProducerRegistry",
+    "PullHoldService",
+    "RebalanceLocks",
+    "ScheduleService",
+    "SubscriptionGroupTable",
+    "TopicConfigTable",
+    "TransactionService",
     # what crosses the contracts
     "EXPRESSION_SQL92",
     "EXPRESSION_TAG",
@@ -104,6 +124,7 @@ __all__ = [
     "ArrivalNotifier",  # helpers for store plugins
     "check_queue_offset",
     "dispatch_messages",
+    "store_introspection",
     "QueryResult",
     "ReplicaStatus",
     "ConsumeContext",
@@ -114,6 +135,24 @@ __all__ = [
 _SOURCES: dict[str, tuple[str, ...]] = {
     "tidemq.acl": ("AccessDenied", "AccessValidator", "AllowAll"),
     "tidemq.config": ("number", "parse_address", "parse_options"),
+    "tidemq.context": (
+        "BrokerContext",
+        "BrokerFiguresView",
+        "BrokerStatsService",
+        "BrokerStatsView",
+        "ConsumerOffsetTable",
+        "ConsumerRegistry",
+        "FilterServerTable",
+        "NamesrvRegistration",
+        "ProcessorRegister",
+        "ProducerRegistry",
+        "PullHoldService",
+        "RebalanceLocks",
+        "ScheduleService",
+        "SubscriptionGroupTable",
+        "TopicConfigTable",
+        "TransactionService",
+    ),
     "tidemq.errors": (
         "ConfigError",
         "CorruptDataError",
@@ -132,9 +171,10 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "SelectsEverything",
         "queue_entry_check",
     ),
-    "tidemq.flush": ("Flushable", "FlushPolicy", "SubmittingFlushPolicy"),
+    "tidemq.flush": ("Flushable", "FlushPolicy", "FlushStatistics", "SubmittingFlushPolicy"),
     "tidemq.futures": ("StoreFuture",),
     "tidemq.index": (
+        "IndexBacklog",
         "IndexFileEntry",
         "IndexFileInfo",
         "KeyIndex",
@@ -165,8 +205,10 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "PutResult",
         "PutStatus",
         "RawCommitLogStore",
+        "StoreIntrospection",
         "check_queue_offset",
         "dispatch_messages",
+        "store_introspection",
     ),
     "tidemq.transport": ("Connection", "RequestHandler", "Transport", "TransportClient", "TransportServer"),
 }
@@ -175,6 +217,24 @@ _LAZY = {name: module for module, names in _SOURCES.items() for name in names}
 if TYPE_CHECKING:  # the same names, for type checkers and editors
     from tidemq.acl import AccessDenied, AccessValidator, AllowAll
     from tidemq.config import number, parse_address, parse_options
+    from tidemq.context import (
+        BrokerContext,
+        BrokerFiguresView,
+        BrokerStatsService,
+        BrokerStatsView,
+        ConsumerOffsetTable,
+        ConsumerRegistry,
+        FilterServerTable,
+        NamesrvRegistration,
+        ProcessorRegister,
+        ProducerRegistry,
+        PullHoldService,
+        RebalanceLocks,
+        ScheduleService,
+        SubscriptionGroupTable,
+        TopicConfigTable,
+        TransactionService,
+    )
     from tidemq.errors import (
         ConfigError,
         CorruptDataError,
@@ -193,9 +253,10 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         SelectsEverything,
         queue_entry_check,
     )
-    from tidemq.flush import Flushable, FlushPolicy, SubmittingFlushPolicy
+    from tidemq.flush import Flushable, FlushPolicy, FlushStatistics, SubmittingFlushPolicy
     from tidemq.futures import StoreFuture
     from tidemq.index import (
+        IndexBacklog,
         IndexFileEntry,
         IndexFileInfo,
         KeyIndex,
@@ -226,8 +287,10 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         PutResult,
         PutStatus,
         RawCommitLogStore,
+        StoreIntrospection,
         check_queue_offset,
         dispatch_messages,
+        store_introspection,
     )
     from tidemq.transport import Connection, RequestHandler, Transport, TransportClient, TransportServer
 

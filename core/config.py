@@ -46,6 +46,7 @@ from tidemq.plugins import BUILD_ORDER, ROLES, PluginManager, get_plugin_manager
 
 if typing.TYPE_CHECKING:
     from tidemq.acl import AccessValidator
+    from tidemq.filter import FilterFactory
     from tidemq.flush import FlushPolicy
     from tidemq.index import KeyIndex
     from tidemq.metrics import MetricsExporter
@@ -519,6 +520,30 @@ def compose(cfg: Config, manager: PluginManager | None = None) -> Components:
 
 
 # ---------------------------------------------------------------------------- before starting
+def build_filters(cfg: Config, manager: PluginManager, instances: dict[str, Any]) -> dict[str, FilterFactory]:
+    """Every registered filter type (role ``filter``: all live at once), built against ``instances``.
+
+    Called by the broker's composition root (:mod:`tidemq.broker.composition`), which attaches
+    their dispatchers to the store, and by :func:`check_broker`.  Options come from
+    ``[filter.<TYPE>]``; a bad one is a :class:`ConfigError` naming the file.
+    """
+    settings = attrs.asdict(cfg.broker)
+    filters: dict[str, FilterFactory] = {}
+    for name in manager.available("filter"):
+        try:
+            filters[name] = manager.create(
+                "filter",
+                name,
+                options=cfg.options.get("filter", {}).get(name),
+                data_dir=cfg.broker.store_path,
+                components=instances,
+                settings=settings,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{cfg.source}: {exc}") from exc
+    return filters
+
+
 _WILDCARDS = ("0.0.0.0", "::", "")
 
 
@@ -566,22 +591,10 @@ def check_broker(cfg: Config, manager: PluginManager | None = None) -> Component
     """
     manager = manager or get_plugin_manager()
     components = compose(cfg, manager)
-    settings = attrs.asdict(cfg.broker)
-    # The broker builds these in start(); made here against the other plugins minus the store, so
-    # no throwaway filter attaches itself to anything.
+    # The broker builds these when it is composed; made here against the other plugins minus the
+    # store, so no throwaway filter attaches itself to anything.
     spare = {role: inst for role, inst in components.instances.items() if role != "store"}
-    for name in manager.available("filter"):
-        try:
-            manager.create(
-                "filter",
-                name,
-                options=cfg.options.get("filter", {}).get(name),
-                data_dir=cfg.broker.store_path,
-                components=spare,
-                settings=settings,
-            )
-        except ConfigError as exc:
-            raise ConfigError(f"{cfg.source}: {exc}") from exc
+    build_filters(cfg, manager, spare)
     try:
         components["transport"].server(
             cfg.broker.host, cfg.broker.port, _refuse, max_frame_size=cfg.broker.max_frame_size

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from tidemq.metrics import Buckets
 
 
 @runtime_checkable
@@ -40,3 +43,29 @@ class SubmittingFlushPolicy(FlushPolicy, Protocol):
 
     def submit(self, end_offset: int, future: Future[Any], value: Any, on_timeout: Callable[[], Any]) -> None:
         """Resolve ``future`` with ``value`` once ``end_offset`` is durable, with ``on_timeout()`` if it never is."""
+
+
+@runtime_checkable
+class FlushStatistics(Protocol):
+    """A flush policy's counters (both built-ins keep them): read by metrics and runtime info.
+
+    Implemented by the ``sync`` and ``async`` policies of the ``flush`` plugin; read, through
+    :meth:`tidemq.store.StoreIntrospection.flush_statistics`, by the metrics exporter.  Plain
+    counters written by the flush thread: a reader may see one round late, never a torn value.
+    """
+
+    @property
+    def flush_rounds(self) -> int:
+        """Flushes (fdatasync rounds) that wrote something."""
+
+    @property
+    def requests(self) -> int:
+        """Puts that asked for durability (``rate(requests) / rate(flush_rounds)``: the batching)."""
+
+    @property
+    def flush_seconds(self) -> Buckets:
+        """Seconds per flush round."""
+
+    @property
+    def batch_sizes(self) -> Buckets | None:
+        """Puts made durable by one round (group commit), None when the policy does not batch."""

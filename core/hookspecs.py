@@ -32,10 +32,10 @@ from tidemq import PROJECT
 if TYPE_CHECKING:
     import click
 
-    from tidemq.broker.context import BrokerContext, ProcessorRegister
+    from tidemq.context import BrokerContext, ProcessorRegister
     from tidemq.observe import ConsumeContext, SendContext
     from tidemq.plugins import Register
-    from tidemq.trace import TraceContext
+    from tidemq.trace.format import TraceContext
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 
@@ -152,8 +152,8 @@ def tidemq_register_processors(register: ProcessorRegister) -> None:
     """Add (or wrap) the broker's request handlers, by request code.
 
     Called by each broker as it starts, after its metadata and filters are loaded and before its
-    store loads (handlers run only once the server accepts connections), with a :class:`tidemq.broker.context.ProcessorRegister` whose ``context``
-    is the broker (a :class:`tidemq.broker.context.BrokerContext`).  ``register.add(code, handler)``
+    store loads (handlers run only once the server accepts connections), with a :class:`tidemq.context.ProcessorRegister` whose ``context``
+    is the broker (a :class:`tidemq.context.BrokerContext`).  ``register.add(code, handler)``
     serves a code (a code taken twice is an error naming both plugins); ``register.wrap(code, fn)``
     replaces a handler by ``fn(handler)`` once all are added.  The built-in processors register
     here too.  Returns nothing.
@@ -177,7 +177,10 @@ def tidemq_broker_started(broker: BrokerContext) -> None:
     """Observe a broker that has started serving.
 
     Called by the broker once, after its store, replication and transport have started and it has
-    registered with the NameServers.  Returns nothing; an exception is logged, not raised.
+    registered with the NameServers, with the broker as a :class:`tidemq.context.BrokerContext`.
+    Returns nothing; an exception is logged, not raised.  A plugin that needs a part of the broker
+    to work gets it handed at start instead (a replication its metadata sink and client through
+    :class:`tidemq.replication.MetadataFollower`, a metrics exporter its figures view).
     """
 
 

@@ -199,3 +199,15 @@ def look_message_by_id(store: MessageStore, msg_id: str) -> MessageExt | None:
     except CorruptDataError:
         return None
     return msg if msg.commit_log_offset == offset else None
+
+
+@runtime_checkable
+class IndexBacklog(Protocol):
+    """An index that indexes on its own thread and can say how far behind it is.
+
+    Implemented by the ``hash`` index; read by the metrics exporter
+    (``tidemq_index_backlog_messages``, ``tidemq_index_lag_seconds``).
+    """
+
+    def pending(self) -> tuple[int, float]:
+        """Messages waiting for the index thread, and the age in seconds of the oldest."""

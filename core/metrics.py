@@ -18,8 +18,11 @@ class MetricsExporter(Protocol):
     """Built from the config with the other roles; started once the service serves."""
 
     async def start(self, service: Any) -> str:
-        """Serve ``service``'s metrics (a :class:`tidemq.broker.Broker` or a NameServer); returns
-        where, as a URL for the start-up line.  Raises ``OSError`` when it cannot listen."""
+        """Serve ``service``'s metrics; returns where, as a URL for the start-up line.
+
+        A broker hands its :class:`tidemq.context.BrokerFiguresView` (read-only), whose
+        ``metrics_companions`` lists other services of the process to serve too; a NameServer
+        hands itself.  Raises ``OSError`` when it cannot listen."""
 
     async def stop(self) -> None:
         """Stop serving; safe to call when never started."""

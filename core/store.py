@@ -14,12 +14,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Protocol, TypeGuard, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeGuard, cast, runtime_checkable
 
 import attrs
 
 from tidemq.filter import MessageFilter
 from tidemq.message import MessageInner, Prop
+
+if TYPE_CHECKING:
+    from tidemq.flush import FlushStatistics
 
 log = logging.getLogger(__name__)
 
@@ -499,3 +502,45 @@ class RawCommitLogStore(MessageStore, Protocol):
         Consume queues and the key index follow, and readers never see the cut bytes.  Called while
         nothing appends (the replication stopped its HA client; the broker takes no sends as a slave).
         """
+
+
+@runtime_checkable
+class StoreIntrospection(Protocol):
+    """The figures of a store that admin requests, runtime info and metrics read.
+
+    Implemented by both built-in stores (``mmap``, ``memory``); called by the broker's admin
+    processors (GET_BROKER_RUNTIME_INFO's dispatch and flush figures, QUERY_CONSUME_QUEUE,
+    CLEAN_EXPIRED_CONSUMEQUEUE) and the metrics exporter.  A store without it still serves; those
+    requests then answer with what :class:`MessageStore` alone tells.  The commit-log range and the
+    consume-queue ranges are :class:`MessageStore`'s ``get_min/max_phy_offset`` and
+    ``get_min/max_offset_in_queue``.  None of these runs on the per-message path.
+    """
+
+    def dispatched_offset(self) -> int:
+        """Commit-log offset up to which records are dispatched to consume queues and indexes (reput)."""
+
+    def flushed_offset(self) -> int:
+        """Commit-log offset up to which bytes are on disk."""
+
+    def queue_entry(self, topic: str, queue_id: int, index: int) -> tuple[int, int, int] | None:
+        """(commit-log offset, size, tags code) of consume-queue entry ``index``, None outside the queue."""
+
+    def clean_expired_queues(self) -> int:
+        """Drop the consume queues all of whose records are gone; returns how many were dropped."""
+
+    def flush_statistics(self) -> FlushStatistics | None:
+        """The flush policy's counters, None when it keeps none."""
+
+
+#: Per store class: whether it implements :class:`StoreIntrospection` (an isinstance check on a
+#: runtime-checkable Protocol costs microseconds; QUERY_CONSUME_QUEUE asks once per entry).
+_INTROSPECTABLE: dict[type, bool] = {}
+
+
+def store_introspection(store: object) -> StoreIntrospection | None:
+    """``store`` as a :class:`StoreIntrospection`, or None when its class does not implement it."""
+    cls = type(store)
+    capable = _INTROSPECTABLE.get(cls)
+    if capable is None:
+        capable = _INTROSPECTABLE[cls] = isinstance(store, StoreIntrospection)
+    return cast("StoreIntrospection", store) if capable else None

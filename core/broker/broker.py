@@ -8,27 +8,16 @@ import time
 from collections.abc import Awaitable
 from typing import Any
 
-import attrs
-
 from tidemq import _native
 from tidemq.acl import ACCESS_KEY, AccessDenied, AccessValidator
 from tidemq.address import split_address
-from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
-from tidemq.broker.context import Handler, ProcessorRegister
+from tidemq.broker.composition import BrokerFigures, build_services
 from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
-from tidemq.broker.metadata_sink import BrokerMetadataSink
-from tidemq.broker.offsets import ConsumerOffsetManager
-from tidemq.broker.processors.filter_server import FilterServerManager
-from tidemq.broker.registration import NamesrvRegistrar
 from tidemq.broker.roles import RoleFollower
-from tidemq.broker.schedule import ScheduleMessageService
-from tidemq.broker.stats import BrokerStats
-from tidemq.broker.subscriptions import SubscriptionGroupManager
-from tidemq.broker.topics import TopicConfigManager
-from tidemq.broker.transaction import TransactionalMessageService
 from tidemq.client.credentials import SessionCredentials, SigningRemoting
 from tidemq.config import Components, registered_address
+from tidemq.context import Handler, ProcessorRegister
 from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.errors import StoreError, TidemqError
 from tidemq.filter import DispatchingFilterFactory
@@ -38,14 +27,30 @@ from tidemq.names import InvalidNameError
 from tidemq.protected import broker_credentials
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
-from tidemq.replication import MetadataFollower, MetadataSink, RoleAware
+from tidemq.replication import MetadataFollower, RoleAware
 from tidemq.tasks import supervise
-from tidemq.transport import Connection
+from tidemq.transport import Connection, TransportClient, TransportServer
 
 log = logging.getLogger(__name__)
 
 NOTIFY_TIMEOUT_S = 3.0
 HOUSEKEEPING_PERIOD_S = 10.0
+
+
+class _NotStartedClient:
+    """The broker's client before :meth:`Broker.start` made the transport's."""
+
+    async def invoke(self, address: str, request: Any, timeout: float) -> Any:
+        raise TidemqError("the broker has not started: it has no client yet")
+
+    async def invoke_oneway(self, address: str, request: Any) -> None:
+        raise TidemqError("the broker has not started: it has no client yet")
+
+    async def close(self) -> None:
+        return None
+
+
+_NOT_STARTED: TransportClient = _NotStartedClient()
 
 
 def request_name(code: int) -> str:
@@ -86,33 +91,29 @@ class Broker:
         #: Services of this process whose figures the exporter serves too (standalone's NameServer).
         self.metrics_companions: list[Any] = []
         self.data_dir = self.settings.store_path
-        config_dir = self.data_dir / "config"
-        self.topics = TopicConfigManager(
-            config_dir / "topics.json",
-            auto_create_topic=self.settings.auto_create_topic,
-            default_queue_nums=self.settings.default_topic_queues,
-            default_perm=self.settings.default_perm,
-        )
-        self.offsets = ConsumerOffsetManager(config_dir / "consumerOffset.json")
-        self.groups = SubscriptionGroupManager(
-            config_dir / "subscriptionGroup.json",
-            auto_create=self.settings.auto_create_subscription_group,
-            retry_max_times=self.settings.max_reconsume_times,
-        )
-        self.consumers = ConsumerManager()
-        self.producers = ProducerManager()
-        self.locks = RebalanceLockManager()
-        self.stats = BrokerStats()
-        self.filters: dict[str, Any] = {}
         self.hold: PullRequestHoldService | None = None
-        self.registrar = NamesrvRegistrar(self)
-        self.schedule = ScheduleMessageService(self)  # delayed messages (issue 10)
-        self.transactions = TransactionalMessageService(self)  # transactional messages (issue 10)
-        self.filter_servers = FilterServerManager(self)  # live `tidemq filtersrv` processes
+        # The composition root builds the rest (tidemq.broker.composition); plain attributes, as
+        # processors read them per request.
+        services = build_services(self, components)
+        self.topics = services.topics
+        self.offsets = services.offsets
+        self.groups = services.groups
+        self.consumers = services.consumers
+        self.producers = services.producers
+        self.locks = services.locks
+        self.stats = services.stats
+        self.filters = services.filters
+        self.registrar = services.registrar
+        self.schedule = services.schedule
+        self.transactions = services.transactions
+        self.filter_servers = services.filter_servers
         #: Where a replication plugin writes the metadata a slave copies from its master.
-        self.metadata_sink: MetadataSink = BrokerMetadataSink(self)
-        self.client: Any = None
-        self._server: Any = None
+        self.metadata_sink = services.metadata_sink
+        #: What the metrics exporter reads (read-only).
+        self.figures = BrokerFigures(self, self.metrics_companions)
+        #: Made as the broker starts (the transport's options are checked then); refuses before.
+        self.client: TransportClient = _NOT_STARTED
+        self._server: TransportServer | None = None
         self._address = self.settings.address
         self._store_host: tuple[str, tuple[str, int]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -122,7 +123,11 @@ class Broker:
         self._dir_lock: DataDirLock | None = None
         self._unsupported = UnsupportedRequests("broker", log)
         #: Applies the role changes of a RoleAware replication (None otherwise).
-        self.roles = RoleFollower(self, self.role_aware) if self.role_aware is not None else None
+        self.roles = (
+            RoleFollower(self, self.role_aware, (self.schedule, self.transactions))
+            if self.role_aware is not None
+            else None
+        )
 
     # ------------------------------------------------------------------ identity
     @property
@@ -180,19 +185,6 @@ class Broker:
         self.topics.load()
         self.offsets.load()
         self.groups.load()
-        for name in self.manager.available("filter"):
-            self.filters[name] = self.manager.create(
-                "filter",
-                name,
-                options=self.config.options.get("filter", {}).get(name),  # [filter.<TYPE>] table
-                data_dir=self.data_dir,
-                components=self.components.instances,
-                settings=attrs.asdict(self.settings),
-            )
-            # One way to attach a dispatcher besides the store's own index: here, before load.
-            if isinstance(self.filters[name], DispatchingFilterFactory):
-                for dispatcher in self.filters[name].dispatchers():
-                    self.store.add_dispatcher(dispatcher)
         # Before the store loads: a plugin that cannot register fails the start before recovery runs.
         self._handlers = self._collect_processors()
         loading = time.monotonic()
@@ -213,26 +205,26 @@ class Broker:
             self.store.shutdown()
             raise
         self.topics.on_change = self.registrar.request
-        self._server = self.transport.server(
+        server = self._server = self.transport.server(
             self.settings.host,
             self.settings.port,
             RequestHandler(self),  # handle, and handle_many for the requests of one read
             max_frame_size=self.settings.max_frame_size,
         )
         try:
-            await self._server.start()
+            await server.start()
         except BaseException:
             # A taken port must not leave the store running (and its abort marker behind).
             self.replication.shutdown()
             self.store.shutdown()
             raise
-        host, port = self._server.address[:2]
+        host, port = server.address[:2]
         try:
             # advertise, else the bound address; a wildcard becomes this machine's routable address
             # (refused when it has none: NameServers must not hand out 0.0.0.0 or 127.0.0.1).
             self._address = registered_address(self.settings, host, port, local_ip)
         except BaseException:
-            await self._server.stop()
+            await server.stop()
             self.replication.shutdown()
             self.store.shutdown()
             raise
@@ -241,9 +233,9 @@ class Broker:
         self.store.store_host = self.store_host
         if self.metrics is not None:
             try:
-                self.metrics_url = await self.metrics.start(self)
+                self.metrics_url = await self.metrics.start(self.figures)
             except BaseException:
-                await self._server.stop()
+                await server.stop()
                 self.replication.shutdown()
                 self.store.shutdown()
                 raise
@@ -303,7 +295,8 @@ class Broker:
             self.hold.stop()
         if self.metrics is not None:
             await self.metrics.stop()
-        await self._server.stop()
+        if self._server is not None:
+            await self._server.stop()
         for factory in self.filters.values():
             if isinstance(factory, DispatchingFilterFactory):  # its own threads (the SQL92 bit map)
                 factory.close()

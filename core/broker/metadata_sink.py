@@ -16,7 +16,7 @@ from tidemq.names import check_group_name, check_stored_topic_name
 from tidemq.remoting.protocol import DataVersion, TopicConfig
 
 if TYPE_CHECKING:
-    from tidemq.broker.broker import Broker
+    from tidemq.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def _valid(problem: str | None, what: str, name: str) -> bool:
 class BrokerMetadataSink:
     """Applies the master's metadata to one broker's tables (each persisted)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: BrokerContext) -> None:
         self._broker = broker
 
     def topic_data_version(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from tidemq.replication import MasterAware
 from tidemq.tasks import supervise, wait_event
 
 if TYPE_CHECKING:
-    from tidemq.broker.context import BrokerContext
+    from tidemq.context import BrokerContext
 
 log = logging.getLogger(__name__)
 

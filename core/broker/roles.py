@@ -11,22 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from tidemq.replication import RoleAware
 
 if TYPE_CHECKING:
-    from tidemq.broker.broker import Broker
+    from tidemq.context import BrokerContext
 
 log = logging.getLogger(__name__)
+
+
+class MasterOnlyService(Protocol):
+    """A service only a master runs (delayed-message delivery, the transaction check)."""
+
+    def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 class RoleFollower:
     """Applies a :class:`~tidemq.replication.RoleAware` replication's role changes to one broker."""
 
-    def __init__(self, broker: Broker, role_aware: RoleAware) -> None:
+    def __init__(
+        self, broker: BrokerContext, role_aware: RoleAware, master_only: Sequence[MasterOnlyService]
+    ) -> None:
         self.broker = broker
         self.role_aware = role_aware
+        #: Started when the broker becomes master, stopped when it stops being one, in this order.
+        self.master_only = tuple(master_only)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = asyncio.Lock()
         # The role the master-only services were last started for, and the last role logged.
@@ -78,11 +91,11 @@ class RoleFollower:
             if master != self._services_master:
                 self._services_master = master
                 if master:
-                    b.schedule.start()
-                    b.transactions.start()
-                else:  # both also check is_master before each write they make
-                    await b.schedule.stop()
-                    await b.transactions.stop()
+                    for service in self.master_only:
+                        service.start()
+                else:  # each also checks is_master before each write it makes
+                    for service in self.master_only:
+                        await service.stop()
             try:
                 await registering
             except Exception:

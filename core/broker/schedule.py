@@ -53,7 +53,7 @@ from tidemq.tasks import supervise, wait_event
 from tidemq.transport import Connection
 
 if TYPE_CHECKING:
-    from tidemq.broker.context import BrokerContext
+    from tidemq.context import BrokerContext
 
 log = logging.getLogger(__name__)
 

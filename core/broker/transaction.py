@@ -54,7 +54,7 @@ from tidemq.tasks import supervise
 from tidemq.transport import Connection
 
 if TYPE_CHECKING:
-    from tidemq.broker.context import BrokerContext
+    from tidemq.context import BrokerContext
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,9 @@ class TransactionalMessageService:
         self.broker = broker
         self.store = broker.store
         s = broker.settings
-        self.check_interval_s = float(getattr(s, "transaction_check_interval_s", 60.0))
-        self.timeout_ms = int(float(getattr(s, "transaction_timeout_s", 6.0)) * 1000)
-        self.check_max = int(getattr(s, "transaction_check_max", 15))
+        self.check_interval_s = s.transaction_check_interval_s
+        self.timeout_ms = int(s.transaction_timeout_s * 1000)
+        self.check_max = s.transaction_check_max
         #: half queue offsets resolved by an op record (and not yet passed by the walk)
         self.done: set[int] = set()
         #: (op queue offset, half offset) in op order, to advance the op progress offset

@@ -18,10 +18,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tidemq.context import BrokerContext, ProcessorRegister
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.remoting.protocol import dumps
-from tidemq.transport import Connection
+from tidemq.transport import Connection, RequestHandler
 from tidemq_acl.accounts import AclConfigError, PlainAcl
 from tidemq_acl.editor import (
     AccessConfig,
@@ -72,13 +73,13 @@ def _version_json(acl: PlainAcl, path: Path) -> dict[str, int]:
 class AclAdminProcessor:
     """Handlers over the broker's :class:`PlainAccessValidator` (looked up per request)."""
 
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         # One edit at a time (RocketMQ's handlers are synchronized): read-modify-write of one file.
         self._edit_lock = threading.Lock()
 
     def _validator(self) -> PlainAccessValidator | None:
-        acl = getattr(self.broker, "acl", None)
+        acl = self.broker.acl
         return acl if isinstance(acl, PlainAccessValidator) else None
 
     async def _edit(self, validator: PlainAccessValidator, edit: Any, *args: Any) -> PlainAcl | None:
@@ -185,8 +186,8 @@ class AclAdminProcessor:
         return request.reply(body=dumps(body))
 
 
-def _answer_missing(handler: Any) -> Any:
-    async def run(conn: Connection, request: RemotingCommand) -> RemotingCommand:
+def _answer_missing(handler: RequestHandler) -> RequestHandler:
+    async def run(conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
         try:
             return await handler(conn, request)
         except _Missing as exc:
@@ -195,8 +196,8 @@ def _answer_missing(handler: Any) -> Any:
     return run
 
 
-def register(register: Any) -> None:
-    """Add the ACL administration handlers (``register``: the broker's ProcessorRegister)."""
+def register(register: ProcessorRegister) -> None:
+    """Add the ACL administration handlers."""
     processor = AclAdminProcessor(register.context)
     for code, handler in (
         (RequestCode.UPDATE_AND_CREATE_ACL_CONFIG, processor.update_and_create),

@@ -4,11 +4,11 @@ ACL administration requests."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from tidemq import hookimpl
 from tidemq.acl import AllowAll
 from tidemq.config import parse_options
+from tidemq.context import ProcessorRegister
 from tidemq.plugins import PluginContext, Register
 from tidemq_acl.validator import PlainAccessValidator, PlainAclOptions
 
@@ -34,7 +34,7 @@ def tidemq_register_acl_validators(register: Register) -> None:
 
 
 @hookimpl
-def tidemq_register_processors(register: Any) -> None:  # the broker's ProcessorRegister
+def tidemq_register_processors(register: ProcessorRegister) -> None:
     # ACL administration (50-54): served on every broker, answered "not enabled" without the plain ACL.
     # Imported here: it pulls in the broker's modules, which a CLI command that only loads plugins
     # (tidemq admin ...) should not pay for.

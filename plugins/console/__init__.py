@@ -12,7 +12,6 @@ Jinja2, uvicorn).
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import click
 
@@ -70,5 +69,5 @@ def console(
 
 
 @hookimpl
-def tidemq_add_commands(cli: Any) -> None:
+def tidemq_add_commands(cli: click.Group) -> None:
     cli.add_command(console)

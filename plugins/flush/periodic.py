@@ -59,6 +59,8 @@ class PeriodicFlush:
         self.requests = 0
         #: Seconds per flush that wrote something (fdatasync of the commit log).
         self.flush_seconds = Buckets()
+        #: No group commit here (FlushStatistics): every put is acknowledged before its flush.
+        self.batch_sizes: Buckets | None = None
 
     def start(self, target: Flushable) -> None:
         self._target = target

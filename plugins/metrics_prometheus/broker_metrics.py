@@ -24,13 +24,17 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from tidemq import __version__
 from tidemq._native import ACTIVE as COMPILED_CODEC
 from tidemq.address import split_address
+from tidemq.context import BrokerFiguresView
+from tidemq.index import IndexBacklog
+from tidemq.metrics import Buckets
+from tidemq.replication import MasterAware
+from tidemq.store import store_introspection
 
 _RETRY = "%RETRY%"
 _DLQ = "%DLQ%"
@@ -43,7 +47,7 @@ def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricF
     return GaugeMetricFamily(name, doc, labels=labels or [])
 
 
-def broker_families(broker: Any) -> list[Metric]:
+def broker_families(broker: BrokerFiguresView) -> list[Metric]:
     """Every metric family of ``broker`` (call on its event loop)."""
     out: list[Metric] = []
     out += _runtime(broker)
@@ -55,13 +59,13 @@ def broker_families(broker: Any) -> list[Metric]:
     return out
 
 
-def _ids(broker: Any) -> tuple[str, str, str]:
+def _ids(broker: BrokerFiguresView) -> tuple[str, str, str]:
     settings = broker.settings
     host = split_address(broker.address)[0]
     return settings.cluster, settings.name, host
 
 
-def _runtime(broker: Any) -> list[Metric]:
+def _runtime(broker: BrokerFiguresView) -> list[Metric]:
     cluster, name, host = _ids(broker)
     stats = broker.stats
     labels = [cluster, host, name, "", str(int(stats.started_at * 1000)), __version__]
@@ -128,7 +132,7 @@ def _runtime(broker: Any) -> list[Metric]:
     return runtime
 
 
-def _rates(broker: Any, out: list[Metric]) -> None:
+def _rates(broker: BrokerFiguresView, out: list[Metric]) -> None:
     """rocketmq-exporter's per-minute rates: RocketMQ's stats items (VIEW_BROKER_STATS_DATA)."""
     cluster, name, host = _ids(broker)
     stats = broker.stats
@@ -153,7 +157,7 @@ def _rates(broker: Any, out: list[Metric]) -> None:
     out += [broker_tps, broker_qps, producer_tps, producer_size, consumer_tps, consumer_size]
 
 
-def _topic_offsets(broker: Any, out: list[Metric]) -> dict[str, dict[int, int]]:
+def _topic_offsets(broker: BrokerFiguresView, out: list[Metric]) -> dict[str, dict[int, int]]:
     """rocketmq_producer_offset and friends; returns topic -> queue -> max offset."""
     cluster, name, _ = _ids(broker)
     store = broker.store
@@ -175,7 +179,9 @@ def _topic_offsets(broker: Any, out: list[Metric]) -> dict[str, dict[int, int]]:
     return max_offsets
 
 
-def _consumer_offsets(broker: Any, max_offsets: dict[str, dict[int, int]], out: list[Metric]) -> None:
+def _consumer_offsets(
+    broker: BrokerFiguresView, max_offsets: dict[str, dict[int, int]], out: list[Metric]
+) -> None:
     cluster, name, _ = _ids(broker)
     store = broker.store
     consumer = _gauge(
@@ -245,7 +251,7 @@ def _disk(root: Path) -> tuple[int, int]:
     return used, files
 
 
-def _store(broker: Any, out: list[Metric]) -> None:
+def _store(broker: BrokerFiguresView, out: list[Metric]) -> None:
     store = broker.store
     positions = _gauge("tidemq_commitlog_offset_bytes", "Commit-log positions", ["position"])
     positions.add_metric(["max"], store.get_max_phy_offset())
@@ -261,58 +267,58 @@ def _store(broker: Any, out: list[Metric]) -> None:
             disk.add_metric([kind], used)
             files.add_metric([kind], n)
     out += [disk, files]
-    flush = getattr(store, "flush_policy", None)
-    rounds = getattr(flush, "flush_rounds", None)
-    if rounds is not None:
+    introspection = store_introspection(store)
+    flush = introspection.flush_statistics() if introspection is not None else None
+    if flush is not None:
         family = CounterMetricFamily("tidemq_flush_rounds", "Flushes (fdatasync rounds) of the commit log")
-        family.add_metric([], rounds)
+        family.add_metric([], flush.flush_rounds)
         out.append(family)
-        requests = getattr(flush, "requests", None)
-        if requests is not None:
-            # rate(requests) / rate(rounds) is the group-commit batch size.
-            family = CounterMetricFamily("tidemq_flush_requests", "Puts that asked the flush policy to flush")
-            family.add_metric([], requests)
-            out.append(family)
-    for attr, metric, doc in (
-        ("flush_seconds", "tidemq_flush_latency_seconds", "Seconds per commit-log flush (fdatasync) round"),
-        (
-            "batch_sizes",
-            "tidemq_group_commit_batch_size",
-            "Puts made durable by one flush round (sync flush)",
-        ),
-    ):
-        buckets = getattr(flush, attr, None)
-        if buckets is not None:
-            out.append(_histogram(metric, doc, buckets))
-    pending = getattr(broker.index, "pending", None)
-    if pending is not None:
-        waiting, age = pending()
+        # rate(requests) / rate(rounds) is the group-commit batch size.
+        family = CounterMetricFamily("tidemq_flush_requests", "Puts that asked the flush policy to flush")
+        family.add_metric([], flush.requests)
+        out.append(family)
+        out.append(
+            _histogram(
+                "tidemq_flush_latency_seconds",
+                "Seconds per commit-log flush (fdatasync) round",
+                flush.flush_seconds,
+            )
+        )
+        if flush.batch_sizes is not None:
+            out.append(
+                _histogram(
+                    "tidemq_group_commit_batch_size",
+                    "Puts made durable by one flush round (sync flush)",
+                    flush.batch_sizes,
+                )
+            )
+    index = broker.index
+    if isinstance(index, IndexBacklog):
+        waiting, age = index.pending()
         backlog = _gauge("tidemq_index_backlog_messages", "Messages whose keys wait for the index thread")
         backlog.add_metric([], waiting)
         lag = _gauge("tidemq_index_lag_seconds", "Age of the oldest put waiting for the index thread")
         lag.add_metric([], age)
         out += [backlog, lag]
-    put_seconds = getattr(broker.stats, "put_seconds", None)
-    if put_seconds is not None:
-        out.append(
-            _histogram(
-                "tidemq_put_latency_seconds",
-                "Seconds from a send's put to the store's answer (flush included under sync flush)",
-                put_seconds,
-            )
+    out.append(
+        _histogram(
+            "tidemq_put_latency_seconds",
+            "Seconds from a send's put to the store's answer (flush included under sync flush)",
+            broker.stats.put_seconds,
         )
+    )
     recovery = _gauge("tidemq_recovery_seconds", "Seconds the store took to load (recover) at start-up")
     recovery.add_metric([], broker.recovery_seconds)
     out.append(recovery)
 
 
-def _histogram(name: str, doc: str, buckets: Any) -> HistogramMetricFamily:
+def _histogram(name: str, doc: str, buckets: Buckets) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, doc)
     family.add_metric([], buckets.cumulative(), sum_value=buckets.total)
     return family
 
 
-def _service(broker: Any, out: list[Metric]) -> None:
+def _service(broker: BrokerFiguresView, out: list[Metric]) -> None:
     held = _gauge("tidemq_pull_held", "Long-polling pulls waiting for messages")
     held.add_metric([], broker.hold.waiting if broker.hold is not None else 0)
     conns = _gauge("tidemq_client_connections", "Client connections by role", ["role"])
@@ -324,10 +330,10 @@ def _service(broker: Any, out: list[Metric]) -> None:
     refused = CounterMetricFamily("tidemq_acl_refusals", "Requests the access validator refused")
     refused.add_metric([], broker.acl_refusals)
     out += [held, conns, groups, refused]
-    runtime_info = getattr(broker.replication, "runtime_info", None)
-    if runtime_info is None:
+    replication = broker.replication
+    if not isinstance(replication, MasterAware):  # the runtime info of master-slave and controller
         return
-    info = runtime_info()
+    info = replication.runtime_info()
     slaves = info.get("haConnectedSlaves")
     if slaves is not None:
         family = _gauge("tidemq_replication_connected_slaves", "Slaves connected to this master")

@@ -24,6 +24,7 @@ from tidemq.address import split_address
 from tidemq.config import parse_options
 from tidemq.errors import ConfigError, CorruptDataError, MessageTooLargeError
 from tidemq.filter import MessageFilter, queue_entry_check
+from tidemq.flush import FlushStatistics
 from tidemq.futures import StoreFuture
 from tidemq.message import (
     TRANSACTION_PREPARED_TYPE,
@@ -359,6 +360,25 @@ class MemoryMessageStore:
         with self._lock:
             for t in topics:
                 self._queues.pop(t, None)
+
+    # ------------------------------------------------------------------ StoreIntrospection
+    def dispatched_offset(self) -> int:
+        """Records are in their queues once put: dispatch is never behind."""
+        return self._phys_end
+
+    def flushed_offset(self) -> int:
+        """Nothing is ever written to disk; nothing waits for a flush either."""
+        return self._phys_end
+
+    def queue_entry(self, topic: str, queue_id: int, index: int) -> tuple[int, int, int] | None:
+        return self._entry(topic, queue_id, index)
+
+    def clean_expired_queues(self) -> int:
+        """Queues keep their offsets when old records are evicted (as files would): none to drop."""
+        return 0
+
+    def flush_statistics(self) -> FlushStatistics | None:
+        return None
 
 
 def create(ctx: PluginContext) -> MemoryMessageStore:

@@ -66,6 +66,7 @@ from .checkpoint import StoreCheckpoint
 from .cleanup import CleanService, FlushConsumeQueueService
 from .commitlog import CommitLog, CommitLogFullError, RecordEncodeError
 from .consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE
+from .introspection import MmapIntrospection
 from .options import MmapStoreOptions, parse_host
 from .recovery import StoreRecovery
 from .reput import NOT_CONSUMABLE, ConsumeQueueTable, Reput
@@ -83,8 +84,8 @@ _MIN = -(1 << 63)
 _MEMORY_FOR_MESSAGES = physical_memory() * 40 // 100
 
 
-class MmapMessageStore:
-    """RocketMQ's DefaultMessageStore on memory-mapped files."""
+class MmapMessageStore(MmapIntrospection):
+    """RocketMQ's DefaultMessageStore on memory-mapped files (its figures: :class:`MmapIntrospection`)."""
 
     def __init__(
         self,

@@ -30,6 +30,7 @@ from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import DEFAULT_VERSION, RemotingCommand
 from tidemq.replication import MasterAware, RoleAware
+from tidemq.store import store_introspection
 from tidemq.transport import Connection
 
 
@@ -265,16 +266,14 @@ def _earliest_message_time(b: BrokerContext) -> int:
 
 def _dispatch_behind(b: BrokerContext) -> int:
     """Commit-log bytes not yet dispatched to the consume queues (0 for stores that do not say)."""
-    reput: Any = getattr(b.store, "reput", None)
-    done = getattr(reput, "reput_from", None)
-    return max(b.store.get_max_phy_offset() - done, 0) if isinstance(done, int) else 0
+    store = store_introspection(b.store)
+    return 0 if store is None else max(b.store.get_max_phy_offset() - store.dispatched_offset(), 0)
 
 
 def _unflushed(b: BrokerContext) -> int:
     """Commit-log bytes written but not flushed yet (0 for stores that do not say)."""
-    commitlog: Any = getattr(b.store, "commitlog", None)
-    flushed = getattr(commitlog, "flushed_where", None)
-    return max(b.store.get_max_phy_offset() - flushed, 0) if isinstance(flushed, int) else 0
+    store = store_introspection(b.store)
+    return 0 if store is None else max(b.store.get_max_phy_offset() - store.flushed_offset(), 0)
 
 
 def _package_version() -> str:

@@ -23,6 +23,7 @@ from tidemq.delay import SCHEDULE_TOPIC
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.remoting.protocol import TopicList
+from tidemq.store import store_introspection
 from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -41,13 +42,6 @@ class ManualCleanup(Protocol):
     """A store that deletes expired commit-log files on request (the ``mmap`` store)."""
 
     def clean_expired(self, *, manual: bool = False, now: float | None = None) -> int: ...
-
-
-@runtime_checkable
-class QueueCleanup(Protocol):
-    """The ``mmap`` store's cleaner: drops queues whose records are all gone."""
-
-    def clean_expired_queues(self) -> int: ...
 
 
 class MaintenanceProcessor:
@@ -70,9 +64,9 @@ class MaintenanceProcessor:
         return request.reply(ResponseCode.SUCCESS)
 
     async def clean_expired_queues(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
-        cleaner = getattr(self.broker.store, "cleaner", None)
-        if isinstance(cleaner, QueueCleanup):
-            dropped = await asyncio.to_thread(cleaner.clean_expired_queues)
+        store = store_introspection(self.broker.store)
+        if store is not None:
+            dropped = await asyncio.to_thread(store.clean_expired_queues)
             log.warning("CLEAN_EXPIRED_CONSUMEQUEUE from %s: %d queue(s) dropped", _remote(conn), dropped)
         else:
             log.info("CLEAN_EXPIRED_CONSUMEQUEUE from %s: this store keeps no queue files", _remote(conn))

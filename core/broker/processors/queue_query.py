@@ -18,6 +18,7 @@ from tidemq.mqjson import mq_to_json
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.store import store_introspection
 from tidemq.transport import Connection
 
 #: Entries one QUERY_CONSUME_QUEUE returns at most (RocketMQ stops at the end of the mapped file).
@@ -26,10 +27,9 @@ MAX_COUNT = 1000
 
 def cq_entry(b: BrokerContext, topic: str, queue_id: int, index: int) -> tuple[int, int, int] | None:
     """(commit-log offset, size, tags code) of a consume-queue entry; None outside the queue."""
-    table: Any = getattr(b.store, "cqs", None)  # the mmap store reads the entry as it is on disk
-    if table is not None and hasattr(table, "entry"):
-        entry = table.entry(topic, queue_id, index)
-        return None if entry is None else (int(entry[0]), int(entry[1]), int(entry[2]))
+    store = store_introspection(b.store)
+    if store is not None:  # the entry as the store holds it
+        return store.queue_entry(topic, queue_id, index)
     phy = b.store.get_commit_log_offset(topic, queue_id, index)
     if phy < 0:
         return None

@@ -1,0 +1,620 @@
+"""The broker as its request handlers and plugins see it: :class:`BrokerContext` and its services.
+
+:class:`BrokerContext` is made of small service Protocols, one per RocketMQ manager
+(``TopicConfigManager`` -> :class:`TopicConfigTable`, ``ConsumerOffsetManager`` ->
+:class:`ConsumerOffsetTable`...), so a processor, a plugin or a type checker sees what each part
+offers without the broker's concrete classes.  :class:`tidemq.broker.Broker` implements them all
+(its managers live in :mod:`tidemq.broker`); request processors and plugins call them.
+
+Request handlers are registered through the ``tidemq_register_processors`` hook with a
+:class:`ProcessorRegister`: built-in processors and third-party plugins alike add handlers by
+request code (a code taken twice is an error naming both plugins) and may wrap a handler, all
+before the broker's server starts.
+
+This module lives in the kernel and imports nothing of the broker's services at run time: the
+hook specifications name these types without depending on the broker application.  The value
+types some services return (a group's config, a client channel, a stats counter) are the
+broker's own data classes, named here for type checkers only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tidemq.errors import PluginError
+from tidemq.transport import RequestHandler
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from tidemq.acl import AccessValidator
+    from tidemq.broker.clients import ClientChannel, ConsumerGroupInfo, SubscriptionData
+    from tidemq.broker.stats import Counter, StatsSnapshot
+    from tidemq.broker.subscriptions import SubscriptionGroupConfig
+    from tidemq.config import BrokerSettings, Config
+    from tidemq.filter import FilterFactory
+    from tidemq.index import KeyIndex
+    from tidemq.message import MessageInner
+    from tidemq.metrics import Buckets
+    from tidemq.queues import MessageQueue
+    from tidemq.remoting.command import RemotingCommand
+    from tidemq.remoting.protocol import DataVersion, TopicConfig
+    from tidemq.replication import Replication, RoleAware
+    from tidemq.store import MessageStore
+    from tidemq.transport import Connection, TransportClient
+
+__all__ = [
+    "BrokerContext",
+    "BrokerStatsView",
+    "BrokerStatsService",
+    "BrokerFiguresView",
+    "ConsumerOffsetTable",
+    "ConsumerRegistry",
+    "FilterServerTable",
+    "Handler",
+    "NamesrvRegistration",
+    "ProcessorRegister",
+    "ProducerRegistry",
+    "PullHoldService",
+    "RebalanceLocks",
+    "ScheduleService",
+    "SubscriptionGroupTable",
+    "TopicConfigTable",
+    "TransactionService",
+]
+
+#: ``handler(conn, request)`` -> the response, or None (oneway requests, connections gone): one
+#: type with the transport's :data:`tidemq.transport.RequestHandler` (published under that name).
+Handler = RequestHandler
+
+
+# --------------------------------------------------------------------------- metadata tables
+
+
+class TopicConfigTable(Protocol):
+    """The topic table, ``topics.json`` (RocketMQ's TopicConfigManager).
+
+    Implemented by :class:`tidemq.broker.topics.TopicConfigManager`; called by the send, admin and
+    pull processors (topic checks and auto-creation) and by NameServer registration.
+    """
+
+    data_version: DataVersion
+    #: Called after any change (the broker re-registers with its NameServers).
+    on_change: Callable[[], None]
+
+    def get(self, topic: str) -> TopicConfig | None: ...
+
+    def all(self) -> dict[str, TopicConfig]: ...
+
+    def update(self, config: TopicConfig) -> None: ...
+
+    def delete(self, topic: str) -> bool: ...
+
+    def system_topics(self) -> set[str]: ...
+
+    def set_auto_create_topic(self, enabled: bool) -> None: ...
+
+    def create_in_send(
+        self, topic: str, default_topic: str, client_queue_nums: int, sys_flag: int = 0
+    ) -> TopicConfig | None:
+        """Auto-create ``topic`` from ``default_topic`` on a send (None when not allowed)."""
+
+    def create_in_send_back(self, topic: str, queue_nums: int, perm: int, sys_flag: int = 0) -> TopicConfig:
+        """The retry or dead-letter topic of a group, created when missing."""
+
+    def add_system_topics(
+        self,
+        cluster: str,
+        broker_name: str,
+        *,
+        cluster_topic_enable: bool,
+        broker_topic_enable: bool,
+        trace_topic: str = "",
+    ) -> None: ...
+
+    def serialize(self) -> dict[str, Any]:
+        """The table as TopicConfigSerializeWrapper JSON (GET_ALL_TOPIC_CONFIG, registration)."""
+
+    def persist(self) -> None: ...
+
+
+class SubscriptionGroupTable(Protocol):
+    """Consumer groups, ``subscriptionGroup.json`` (RocketMQ's SubscriptionGroupManager).
+
+    Implemented by :class:`tidemq.broker.subscriptions.SubscriptionGroupManager`; called by the
+    pull, heartbeat and admin processors.
+    """
+
+    data_version: DataVersion
+    auto_create: bool
+
+    def get(self, group: str) -> SubscriptionGroupConfig | None: ...
+
+    def all(self) -> dict[str, SubscriptionGroupConfig]: ...
+
+    def find_or_create(self, group: str) -> SubscriptionGroupConfig | None:
+        """The group's config, created with defaults when auto-creation is on (else None)."""
+
+    def update(self, cfg: SubscriptionGroupConfig) -> None: ...
+
+    def delete(self, group: str) -> bool: ...
+
+    def serialize(self) -> dict[str, Any]: ...
+
+    def persist(self) -> None: ...
+
+
+class ConsumerOffsetTable(Protocol):
+    """Committed consumer offsets, ``consumerOffset.json`` (RocketMQ's ConsumerOffsetManager).
+
+    Implemented by :class:`tidemq.broker.offsets.ConsumerOffsetManager`; called by the pull and
+    offset processors, admin requests and the metrics exporter.
+    """
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
+
+    def query(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, -1 when the group has none for the queue."""
+
+    def query_all(self, group: str, topic: str) -> dict[int, int]: ...
+
+    def topics_of_group(self, group: str) -> set[str]: ...
+
+    def groups_of_topic(self, topic: str) -> set[str]: ...
+
+    def remove_topic(self, topic: str) -> None: ...
+
+    def remove_group(self, group: str) -> None: ...
+
+    def clone_offset(self, src_group: str, dest_group: str, topic: str) -> bool: ...
+
+    def min_offset_in_all_groups(
+        self, topic: str, exclude_groups: set[str], min_offsets: dict[int, int]
+    ) -> dict[int, int]: ...
+
+    def serialize(self) -> dict[str, Any]:
+        """``{"offsetTable": {"topic@group": {queue id: offset}}}``."""
+
+    def persist(self, force: bool = False) -> bool: ...
+
+
+# --------------------------------------------------------------------------- clients
+
+
+class ConsumerRegistry(Protocol):
+    """Connected consumers by group (RocketMQ's ConsumerManager).
+
+    Implemented by :class:`tidemq.broker.clients.ConsumerManager`; called by the heartbeat, pull
+    and consumer-admin processors and the metrics exporter.
+    """
+
+    groups: dict[str, ConsumerGroupInfo]
+
+    def register(
+        self,
+        group: str,
+        channel: ClientChannel,
+        consume_type: str,
+        message_model: str,
+        consume_from_where: str,
+        subscriptions: Iterable[SubscriptionData],
+    ) -> bool:
+        """Record a heartbeat; True when the group's membership or subscriptions changed."""
+
+    def unregister(self, group: str, conn: Connection) -> bool: ...
+
+    def get(self, group: str) -> ConsumerGroupInfo | None: ...
+
+    def find_subscription(self, group: str, topic: str) -> SubscriptionData | None: ...
+
+    def groups_of_topic(self, topic: str) -> list[str]: ...
+
+    def find_channel(self, group: str, client_id: str) -> ClientChannel | None: ...
+
+    def live_channels(self, group: str) -> list[ClientChannel]: ...
+
+
+class ProducerRegistry(Protocol):
+    """Connected producers by group (RocketMQ's ProducerManager).
+
+    Implemented by :class:`tidemq.broker.clients.ProducerManager`; called by the heartbeat
+    processor, transaction checks and the metrics exporter.
+    """
+
+    groups: dict[str, dict[Any, ClientChannel]]
+
+    def register(self, group: str, channel: ClientChannel) -> None: ...
+
+    def unregister(self, group: str, conn: Connection) -> None: ...
+
+    def channels(self, group: str) -> list[ClientChannel] | None: ...
+
+    def table(self) -> dict[str, list[ClientChannel]]: ...
+
+
+class RebalanceLocks(Protocol):
+    """Queue locks of orderly consumers (RocketMQ's RebalanceLockManager).
+
+    Implemented by :class:`tidemq.broker.clients.RebalanceLockManager`; called by LOCK/UNLOCK_BATCH_MQ.
+    """
+
+    def try_lock_batch(
+        self, group: str, mqs: Iterable[MessageQueue], client_id: str
+    ) -> list[MessageQueue]: ...
+
+    def unlock_batch(self, group: str, mqs: Iterable[MessageQueue], client_id: str) -> None: ...
+
+    def owner(self, group: str, mq: MessageQueue) -> str | None: ...
+
+
+# --------------------------------------------------------------------------- figures
+
+
+class BrokerStatsView(Protocol):
+    """The broker's counters, read-only (RocketMQ's BrokerStatsManager as its readers see it).
+
+    Implemented by :class:`tidemq.broker.stats.BrokerStats`; read by the admin processors
+    (GET_BROKER_RUNTIME_INFO, VIEW_BROKER_STATS_DATA) and the metrics exporter.
+    """
+
+    cluster: str
+    started_at: float
+    topic_puts: dict[str, Counter]
+    group_gets: dict[str, Counter]
+    broker_put: Counter
+    broker_get: Counter
+    get_misses: int
+    put_seconds: Buckets
+    put_total_yesterday_morning: int
+    put_total_today_morning: int
+    get_total_yesterday_morning: int
+    get_total_today_morning: int
+
+    @property
+    def put_count(self) -> int: ...
+
+    @property
+    def put_bytes(self) -> int: ...
+
+    @property
+    def get_count(self) -> int: ...
+
+    @property
+    def get_bytes(self) -> int: ...
+
+    def snapshots(self, name: str, key: str) -> dict[str, StatsSnapshot] | None: ...
+
+    def group_get_tps(self, group: str, topic: str) -> float: ...
+
+    def broker_tps(self, *fields: int, now_ms: int | None = None) -> str:
+        """RocketMQ's "t10 t60 t600" rate text of the broker's put or get figures."""
+
+
+class BrokerStatsService(BrokerStatsView, Protocol):
+    """The counters with their writers: the send, pull and offset processors record into them."""
+
+    def on_put(self, topic: str, count: int, size: int) -> None: ...
+
+    def on_get(self, group: str, topic: str, count: int, size: int) -> None: ...
+
+    def on_commit(self, group: str, topic: str, queue_id: int) -> None: ...
+
+    def remove_topic(self, topic: str) -> None: ...
+
+
+# --------------------------------------------------------------------------- broker services
+
+
+class PullHoldService(Protocol):
+    """Long polling: pulls that found nothing wait here (RocketMQ's PullRequestHoldService).
+
+    Implemented by :class:`tidemq.broker.hold.PullRequestHoldService`; the pull processor waits on
+    it, the store's arrival listener wakes it.
+    """
+
+    @property
+    def waiting(self) -> int:
+        """Pulls held now."""
+
+    def held_by(self, conn: Connection) -> int: ...
+
+    def connection_closed(self, conn: Connection) -> None: ...
+
+    async def wait(
+        self, topic: str, queue_id: int, offset: int, timeout_s: float, conn: Connection | None = None
+    ) -> bool:
+        """Wait until the queue grows past ``offset`` (True) or ``timeout_s`` passes (False)."""
+
+
+class NamesrvRegistration(Protocol):
+    """Registration with the NameServers (RocketMQ's BrokerOuterAPI side of the broker).
+
+    Implemented by :class:`tidemq.broker.registration.NamesrvRegistrar`; called by admin
+    processors after a metadata change, and by the broker's start and stop.
+    """
+
+    registered: dict[str, bool]
+
+    def request(self) -> None:
+        """Register again soon (coalesced): the topic table or the role changed."""
+
+    async def register_all(self) -> None: ...
+
+    async def unregister_all(self) -> None: ...
+
+
+class ScheduleService(Protocol):
+    """Delayed messages (RocketMQ's ScheduleMessageService).
+
+    Implemented by :class:`tidemq.broker.schedule.ScheduleMessageService`; the send processor
+    rewrites delayed messages with it, admin requests read its offsets.
+    """
+
+    offsets: dict[int, int]
+    delivered: int
+
+    @property
+    def max_level(self) -> int: ...
+
+    def rewrite(self, msg: MessageInner) -> bool:
+        """Move a message with a delay level to the schedule topic; False when it has none."""
+
+    def serialize(self) -> dict[str, Any]:
+        """``{"offsetTable": {level: offset}}`` (delayOffset.json)."""
+
+    def persist(self, force: bool = False) -> None: ...
+
+    async def get_all_delay_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand: ...
+
+
+class TransactionService(Protocol):
+    """Transactional messages: half messages, commit/rollback, checks (TransactionalMessageService).
+
+    Implemented by :class:`tidemq.broker.transaction.TransactionalMessageService`; the send
+    processor stores halves through it, END_TRANSACTION and RESUME_CHECK_HALF_MESSAGE call it.
+    """
+
+    checks_sent: int
+    discarded: int
+
+    def to_half(self, msg: MessageInner) -> None:
+        """Rewrite a prepared message into the half topic."""
+
+    async def end_transaction(self, conn: Connection, request: RemotingCommand) -> RemotingCommand: ...
+
+    async def resume_check(self, msg_id: str) -> str | None:
+        """Check a half message again; the problem found, or None."""
+
+
+class FilterServerTable(Protocol):
+    """Live ``tidemq filtersrv`` processes of this broker (RocketMQ's FilterServerManager).
+
+    Implemented by :class:`tidemq.broker.processors.filter_server.FilterServerManager`; read by
+    NameServer registration and the filter-server processor.
+    """
+
+    def addresses(self) -> list[str]: ...
+
+    async def register(self, conn: Connection, request: RemotingCommand) -> RemotingCommand: ...
+
+
+# --------------------------------------------------------------------------- the broker
+
+
+class BrokerFiguresView(Protocol):
+    """What a metrics exporter reads of a broker, and nothing it could change.
+
+    Handed by the broker to its metrics exporter (``MetricsExporter.start(service)``); implemented
+    by :class:`tidemq.broker.Broker`.  Read on the broker's event loop at scrape time.
+    """
+
+    @property
+    def settings(self) -> BrokerSettings: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def store(self) -> MessageStore: ...
+
+    @property
+    def index(self) -> KeyIndex | None: ...
+
+    @property
+    def replication(self) -> Replication: ...
+
+    @property
+    def stats(self) -> BrokerStatsView: ...
+
+    @property
+    def offsets(self) -> ConsumerOffsetTable: ...
+
+    @property
+    def consumers(self) -> ConsumerRegistry: ...
+
+    @property
+    def producers(self) -> ProducerRegistry: ...
+
+    @property
+    def hold(self) -> PullHoldService | None: ...
+
+    @property
+    def recovery_seconds(self) -> float:
+        """Seconds the store took to load (recovery) at start-up."""
+
+    @property
+    def acl_refusals(self) -> int:
+        """Requests the access validator refused since start."""
+
+
+class BrokerContext(Protocol):
+    """The broker as its request processors and plugins see it.
+
+    Implemented by :class:`tidemq.broker.Broker`; handed to processors as
+    ``ProcessorRegister.context`` and to the ``tidemq_broker_started``/``_stopping`` hooks.
+    """
+
+    @property
+    def config(self) -> Config:
+        """The broker's whole file: ``plugins`` (the plugin chosen per role) and their options."""
+
+    @property
+    def settings(self) -> BrokerSettings: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    @property
+    def store(self) -> MessageStore: ...
+
+    @property
+    def index(self) -> KeyIndex | None:
+        """The key index (role ``index``), None when the broker has none."""
+
+    @property
+    def replication(self) -> Replication: ...
+
+    @property
+    def role_aware(self) -> RoleAware | None:
+        """The replication when it decides the role at run time (controller mode), else None."""
+
+    @property
+    def acl(self) -> AccessValidator | None:
+        """The access validator (role ``acl``) when it enforces, else None."""
+
+    @property
+    def topics(self) -> TopicConfigTable: ...
+
+    @property
+    def groups(self) -> SubscriptionGroupTable: ...
+
+    @property
+    def offsets(self) -> ConsumerOffsetTable: ...
+
+    @property
+    def consumers(self) -> ConsumerRegistry: ...
+
+    @property
+    def producers(self) -> ProducerRegistry: ...
+
+    @property
+    def locks(self) -> RebalanceLocks: ...
+
+    @property
+    def stats(self) -> BrokerStatsService: ...
+
+    @property
+    def filters(self) -> dict[str, FilterFactory]:
+        """Expression type -> its filter factory (every registered filter type, built at start)."""
+
+    @property
+    def filter_servers(self) -> FilterServerTable: ...
+
+    @property
+    def hold(self) -> PullHoldService | None:
+        """Long polling, None until the broker has started."""
+
+    @property
+    def registrar(self) -> NamesrvRegistration: ...
+
+    @property
+    def schedule(self) -> ScheduleService: ...
+
+    @property
+    def transactions(self) -> TransactionService: ...
+
+    @property
+    def hooks(self) -> pluggy.HookRelay:
+        """The pluggy hook relay (``hooks.tidemq_after_send(context=...)``)."""
+
+    @property
+    def client(self) -> TransportClient:
+        """The transport's client (requests to clients and NameServers); usable once the broker serves."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def store_host(self) -> tuple[str, int]: ...
+
+    @property
+    def is_master(self) -> bool: ...
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def broker_id(self) -> int: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def recovery_seconds(self) -> float: ...
+
+    @property
+    def acl_refusals(self) -> int: ...
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """Run a fire-and-forget coroutine, keeping a reference until it ends."""
+
+    def notify_consumer_ids_changed(self, group: str) -> None: ...
+
+    def watch_connection(self, conn: Connection) -> None:
+        """Drop a client's registrations when its connection closes."""
+
+
+class ProcessorRegister:
+    """Handed to ``tidemq_register_processors``: request code -> handler, for one broker.
+
+    Built by the broker as it starts; plugins call :meth:`add` and :meth:`wrap`.
+    """
+
+    def __init__(self, context: BrokerContext) -> None:
+        #: The broker the handlers serve; build processors around it.
+        self.context = context
+        self._handlers: dict[int, tuple[Handler, str]] = {}
+        self._wrappers: list[tuple[int, Callable[[Handler], Handler], str]] = []
+        self._plugin = "?"
+
+    def add(self, code: int, handler: Handler) -> None:
+        """Serve request ``code`` with ``handler``; a code may be taken by one plugin only.
+
+        A handler with a ``many(conn, requests, failed)`` method (the built-in send handler) also
+        gets consecutive requests of one read for its codes together, each already past the ACL
+        check, and returns one response or awaitable per request; ``failed(request, exc)`` answers
+        one that raised.  A code that :meth:`wrap` wraps is served one request at a time.
+        """
+        code = int(code)
+        existing = self._handlers.get(code)
+        if existing is not None:
+            raise PluginError(
+                f"request code {code} is registered twice: by plugin {existing[1]!r} and by plugin {self._plugin!r}"
+            )
+        self._handlers[code] = (handler, self._plugin)
+
+    def wrap(self, code: int, wrapper: Callable[[Handler], Handler]) -> None:
+        """Replace the handler of ``code`` by ``wrapper(handler)`` once every plugin has added its own
+        (RocketMQ's RPCHook role: time, trace or guard a request code)."""
+        self._wrappers.append((int(code), wrapper, self._plugin))
+
+    def handlers(self) -> dict[int, Handler]:
+        """The handlers by code, wrappers applied in registration order."""
+        out = {code: handler for code, (handler, _plugin) in self._handlers.items()}
+        for code, wrapper, plugin in self._wrappers:
+            if code not in out:
+                raise PluginError(f"plugin {plugin!r} wraps request code {code}, which no plugin serves")
+            out[code] = wrapper(out[code])
+        return out
+
+    def _as(self, plugin: str) -> ProcessorRegister:
+        self._plugin = plugin
+        return self
