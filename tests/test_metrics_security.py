@@ -155,3 +155,36 @@ def test_bad_auth_and_tls_options_are_one_line_errors(tmp_path: Path) -> None:
         make(tls_certfile=str(tmp_path / "missing.crt"))
     with pytest.raises(ConfigError, match="max_connections"):
         make(max_connections=0)
+
+
+def test_keep_alive_idle_and_bad_requests(spawn: Any, tmp_path: Path) -> None:
+    _, url = _standalone(spawn, tmp_path, "idle_timeout_s = 1.0\n")
+    host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+
+    def exchange(s: socket.socket, request: bytes) -> bytes:
+        s.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += s.recv(65536)
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(
+            next(h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")).split(b":")[1]
+        )
+        while len(body) < length:
+            body += s.recv(65536)
+        return head.split(b"\r\n")[0]
+
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        for _ in range(2):  # kept alive
+            assert exchange(s, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n") == b"HTTP/1.1 200 OK"
+        assert exchange(s, b"POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 405")
+        assert exchange(s, b"GET /secret HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 404")
+        start = time.monotonic()
+        assert s.recv(10) == b""  # idle_timeout_s without a request: closed
+        assert time.monotonic() - start < 3
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        big = b"GET /metrics HTTP/1.1\r\n" + b"X-Big: " + b"a" * 20000 + b"\r\n\r\n"
+        assert exchange(s, big).startswith(b"HTTP/1.1 431")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        body = b"GET /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
+        assert exchange(s, body).startswith(b"HTTP/1.1 400")

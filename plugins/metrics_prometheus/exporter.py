@@ -251,7 +251,8 @@ class MetricsServer:
                 return
             first = False
             keep_alive = await self._answer(head, writer)
-            await writer.drain()
+            # A scraper that does not read its answer is given idle_timeout_s, not for ever.
+            await asyncio.wait_for(writer.drain(), opts.idle_timeout_s)
             if not keep_alive:
                 return
 
@@ -267,7 +268,7 @@ class MetricsServer:
             name, sep, value = line.partition(":")
             if sep:
                 headers[name.strip().lower()] = value.strip()
-        if "content-length" in headers or "transfer-encoding" in headers:
+        if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
             # A scrape has no body; reading one would be a way to hold the connection.
             writer.write(_response("400 Bad Request", b"no request body expected\n", Connection="close"))
             return False
