@@ -16,12 +16,12 @@ import contextlib
 import datetime as dt
 import hashlib
 import hmac
-import html
 import logging
 import re
 import secrets
 import typing
 from collections.abc import AsyncIterator, Awaitable, Callable
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
                     response = await handler(request, session)
                 except (TidemqError, InvalidNameError, ValueError) as exc:
                     if known is None:  # nowhere to keep a message: show it now
-                        text = html.escape(str(exc))
+                        text = escape(str(exc))
                         response = HTMLResponse(f'<p>{text}</p><p><a href="/">back</a></p>', 502)
                     else:
                         session.flash.append(("error", str(exc)))
