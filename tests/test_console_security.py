@@ -177,10 +177,18 @@ def test_cookieless_requests_keep_no_state(spawn: Any, cluster: tuple[Any, str, 
     # Before: 300 cookie-less GETs made 300 sessions and AdminClients: +600 fds in the console
     # and +600 in the broker's process, never freed.
     c, namesrv, _ = cluster
-    console = spawn("console", "-n", namesrv, "--listen", f"127.0.0.1:{free_port()}")
+    console = spawn("console", "-n", namesrv, "--listen", f"127.0.0.1:{free_port()}", "--max-sessions", "1")
     base = console.addresses["console"].rstrip("/")
     for _ in range(3):
         assert _request(base, "GET", "/")[0] == 200
+    # One real session (a form post), the only one --max-sessions 1 keeps.
+    status, headers, page = _request(base, "GET", "/topics")
+    anonymous = _cookie(headers)
+    body = f"csrf={_csrf(page)}&topic=SessTopic&queues=1&perm=6"
+    status, headers, _ = _request(base, "POST", "/topics", body=body, cookie=anonymous)
+    assert status == 303
+    session = _cookie(headers)
+    assert session != anonymous
     before = _fds(console.proc.pid), _fds(c.proc.pid)
     cookies = set()
     for _ in range(300):
@@ -190,9 +198,9 @@ def test_cookieless_requests_keep_no_state(spawn: Any, cluster: tuple[Any, str, 
     after = _fds(console.proc.pid), _fds(c.proc.pid)
     assert after[0] - before[0] < 20, (before, after)
     assert after[1] - before[1] < 20, (before, after)
-    assert len(cookies) == 300  # each got a throw-away id, none a session:
-    status, headers, _ = _request(base, "POST", "/topics", body="csrf=x&topic=T", cookie=cookies.pop())
-    assert status == 403
+    assert len(cookies) == 300  # each got a throw-away id, and none took the one session's place:
+    status, _, page = _request(base, "GET", "/topics/SessTopic", cookie=session)
+    assert status == 200 and "topic SessTopic created" in page
 
 
 def test_slow_requests_are_dropped_and_connections_capped(spawn: Any, cluster: tuple[Any, str, str]) -> None:
