@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from test_acl_broker import AclCluster, produce, raw
+from test_acl_broker import AclCluster, _send_fields, produce, raw
 
 from tidemq.message import decode_message, decode_message_id
 from tidemq.remoting.codes import RequestCode, ResponseCode
@@ -43,16 +43,23 @@ accounts:
     defaultGroupPerm: DENY
     topicPerms:
       - LanTopic=PUB
+  - accessKey: other-user
+    secretKey: other-user-secret
+    defaultTopicPerm: DENY
+    defaultGroupPerm: DENY
+    topicPerms:
+      - OtherTopic=PUB|SUB
 """
 ADMIN = {"ak": "ops-admin", "sk": "ops-admin-secret"}
 APP = {"ak": "app-user", "sk": "app-user-secret"}
+OTHER = {"ak": "other-user", "sk": "other-user-secret"}
 ADMIN_ARGS = ["--access-key", "ops-admin", "--secret-key", "ops-admin-secret"]
 
 
 class Tenants:
     def __init__(self, cluster: AclCluster) -> None:
         self.c = cluster
-        for topic in ("PrivTopic", "AppTopic", "LanTopic"):
+        for topic in ("PrivTopic", "AppTopic", "LanTopic", "OtherTopic"):
             out = cluster.admin(
                 "updateTopic", "-t", topic, "-r", "1", "-w", "1", "-b", cluster.broker, *ADMIN_ARGS
             )
@@ -263,3 +270,25 @@ def test_filter_server_refuses_to_be_an_open_proxy(args: list[str], needle: str)
         timeout=60,
     )
     assert out.returncode == 2 and needle in out.stderr, out.stderr
+
+
+def test_end_transaction_needs_pub_on_the_half_messages_topic(tenants: Tenants) -> None:
+    # Before: app-user committed (or rolled back) other-user's pending transaction by offset.
+    b = tenants.c.broker
+    fields = {
+        **_send_fields("OtherTopic", group="tx-pg"),
+        "f": "4",
+        "i": "TRAN_MSG\x01true\x02PGROUP\x01tx-pg\x02",
+    }
+    half = raw(b, RequestCode.SEND_MESSAGE_V2, fields, b"pending payment", **OTHER)
+    assert half.code == ResponseCode.SUCCESS, half.remark
+    end = {
+        "producerGroup": "tx-pg",
+        "tranStateTableOffset": half.ext_fields["queueOffset"],
+        "commitLogOffset": str(decode_message_id(half.ext_fields["msgId"])[1]),
+        "commitOrRollback": "8",  # commit
+        "fromTransactionCheck": "false",
+    }
+    refused = raw(b, RequestCode.END_TRANSACTION, end, **APP)
+    assert refused.code == ResponseCode.NO_PERMISSION and "topic:OtherTopic" in refused.remark
+    assert raw(b, RequestCode.END_TRANSACTION, end, **OTHER).code == ResponseCode.SUCCESS

@@ -65,28 +65,32 @@ def _json_body(request: Any) -> dict[str, Any]:
 #: Finds the topic of the message stored at a commit-log offset (None when there is none there).
 StoredTopic = Callable[[int], "str | None"]
 
-#: Codes that name a stored message by its commit-log offset: the ACL checks that message's topic.
-STORED_MESSAGE_CODES = frozenset({RequestCode.VIEW_MESSAGE_BY_ID, RequestCode.CONSUMER_SEND_MSG_BACK})
+#: Codes that name a stored message by its commit-log offset -> (the offset's header field, the
+#: permission needed on that message's topic).  RocketMQ checks nothing (VIEW_MESSAGE_BY_ID,
+#: END_TRANSACTION) or only the header's group and origin topic (CONSUMER_SEND_MSG_BACK), so any
+#: signed account could read any topic by offset, or commit another producer's half message.
+STORED_MESSAGE_CODES: dict[int, tuple[str, int]] = {
+    RequestCode.VIEW_MESSAGE_BY_ID: ("offset", SUB),
+    RequestCode.CONSUMER_SEND_MSG_BACK: ("offset", SUB),
+    RequestCode.END_TRANSACTION: ("commitLogOffset", PUB),
+}
 
 
-def _stored(needed: dict[str, int], fields: Any, stored_topic: StoredTopic) -> None:
-    """SUB on the topic of the message at ``offset`` (a retry topic keys its group).
-
-    RocketMQ checks nothing (VIEW_MESSAGE_BY_ID) or only the header's group and origin topic
-    (CONSUMER_SEND_MSG_BACK): any signed account could read any topic by offset.
-    """
-    text = fields.get("offset")
+def _stored(needed: dict[str, int], code: int, fields: Any, stored_topic: StoredTopic) -> None:
+    """The permission on the topic of the message the request names (a retry topic keys its group)."""
+    field, perm = STORED_MESSAGE_CODES[code]
+    text = fields.get(field)
     if text is None:
         return  # the processor answers the missing field
     try:
         offset = int(text)
     except ValueError:
-        raise ResourceParseError(f"offset = {text!r} is not an integer") from None
+        raise ResourceParseError(f"{field} = {text!r} is not an integer") from None
     if offset < 0:
         return
     topic = stored_topic(offset)
     if topic is not None:
-        needed[topic] = needed.get(topic, 0) | SUB
+        needed[topic] = needed.get(topic, 0) | perm
 
 
 def _lock_batch(needed: dict[str, int], request: Any) -> None:
@@ -114,7 +118,7 @@ def needed_resources(request: Any, stored_topic: StoredTopic | None = None) -> d
     f = request.ext_fields or {}
     needed: dict[str, int] = {}
     if stored_topic is not None and code in STORED_MESSAGE_CODES:
-        _stored(needed, f, stored_topic)
+        _stored(needed, code, f, stored_topic)
     if code == RequestCode.SEND_MESSAGE:
         _send(needed, f.get("topic"), f.get("producerGroup"))
     elif code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):

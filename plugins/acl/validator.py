@@ -21,7 +21,7 @@ import attrs
 
 from tidemq.acl import ACCESS_KEY, SIGNATURE, AccessDenied, verify_signature
 from tidemq.errors import CorruptDataError
-from tidemq.message import decode_message
+from tidemq.message import Prop, decode_message
 from tidemq.remoting.codes import RequestCode
 from tidemq.store import MessageStore
 from tidemq_acl.accounts import AclConfigError, PlainAcl, load_plain_acl
@@ -36,6 +36,10 @@ from tidemq_acl.resources import (
 )
 
 log = logging.getLogger(__name__)
+
+#: RocketMQ's system topics holding messages for another topic (TopicValidator's names): a
+#: transaction's half messages and delayed messages.
+HOLDING_TOPICS = frozenset({"RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX"})
 
 
 @attrs.define
@@ -84,7 +88,7 @@ class PlainAccessValidator:
         self.store = store
         self.admin_codes = ADMIN_CODES | extra_admin_codes
         if store is None:
-            self.admin_codes |= STORED_MESSAGE_CODES
+            self.admin_codes |= frozenset(STORED_MESSAGE_CODES)
         self._lock = threading.Lock()
         self._stamp = self._file_stamp()
         self.acl: PlainAcl = load_plain_acl(path)  # a broken file at start is a config error
@@ -139,15 +143,22 @@ class PlainAccessValidator:
 
     # ------------------------------------------------------------------ validation
     def stored_topic(self, offset: int) -> str | None:
-        """The topic of the message stored at commit-log ``offset``; None when there is none."""
+        """The topic of the message stored at commit-log ``offset``; None when there is none.
+
+        A message held for later (a transaction's half message, a delayed message) belongs to
+        the topic it will be delivered to, which its REAL_TOPIC property names.
+        """
         assert self.store is not None
         raw = self.store.look_message_by_offset(offset)
         if raw is None:
             return None
         try:
-            return decode_message(raw, with_body=False).topic
+            msg = decode_message(raw, with_body=False)
         except CorruptDataError:
             raise ResourceParseError(f"the message at offset {offset} cannot be read") from None
+        if msg.topic in HOLDING_TOPICS:
+            return msg.properties.get(Prop.REAL_TOPIC) or msg.topic
+        return msg.topic
 
     def validate(self, request: Any, remote_addr: str) -> None:
         self.maybe_reload()
