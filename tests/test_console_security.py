@@ -334,5 +334,6 @@ def test_trusted_hosts() -> None:
     assert not loop.allows_origin("null") and not loop.allows_origin("http://evil.example:8080")
     wild = TrustedHosts("0.0.0.0", 8080)
     assert wild.allows("localhost:8080") and not wild.allows("10.1.2.3:8080")
+    assert TrustedHosts("127.0.0.1", 80).allows("127.0.0.1") and TrustedHosts("::1", 443).allows("[::1]")
     lan = TrustedHosts("10.1.2.3", 8080)
     assert lan.allows("10.1.2.3:8080") and not lan.allows("localhost:8080")

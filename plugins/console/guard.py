@@ -57,6 +57,8 @@ class TrustedHosts:
             names.add(public)
             if not _has_port(public):  # behind a proxy on 80/443, or reached on the bound port
                 names.add(format_address(public.strip("[]"), port).lower())
+        if port in (80, 443):  # a browser leaves the scheme's default port out of Host
+            names |= {name.rsplit(":", 1)[0] for name in names if _has_port(name)}
         self.names = frozenset(names)
 
     def allows(self, host: str) -> bool:
