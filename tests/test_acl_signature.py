@@ -17,6 +17,7 @@ from tidemq.acl import AccessDenied, calc_signature, sign_request, signature_con
 from tidemq.client.credentials import SessionCredentials
 from tidemq.remoting.codes import RequestCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.testing.store_contract import build_store, message, put
 from tidemq_acl.accounts import AclConfigError, load_plain_acl
 from tidemq_acl.address import AddressPatternError, compile_pattern, host_of
 from tidemq_acl.validator import PlainAccessValidator
@@ -262,10 +263,22 @@ def test_heartbeat_checks_every_group_and_subscribed_topic(tmp_path: Path) -> No
 
 
 def test_send_back_and_retry_topic_map_to_the_group(tmp_path: Path) -> None:
-    v = _validator(tmp_path)
-    back = {"group": "groupC", "originTopic": "topicB", "offset": "0", "delayLevel": "0"}
-    v.validate(_req(RequestCode.CONSUMER_SEND_MSG_BACK, back), "127.0.0.1:1")
-    assert "group:groupA" in _denied(v, _req(RequestCode.CONSUMER_SEND_MSG_BACK, {**back, "group": "groupA"}))
+    store = build_store("memory", tmp_path / "store")
+    store.start()
+    try:
+        offset = put(store, message("topicB")).wrote_offset
+        v = PlainAccessValidator(_write(tmp_path / "plain_acl.yml", ACL_YML), store=store)
+        back = {"group": "groupC", "originTopic": "topicB", "offset": str(offset), "delayLevel": "0"}
+        v.validate(_req(RequestCode.CONSUMER_SEND_MSG_BACK, back), "127.0.0.1:1")
+        assert "group:groupA" in _denied(
+            v, _req(RequestCode.CONSUMER_SEND_MSG_BACK, {**back, "group": "groupA"})
+        )
+        # Without a store to read the message's topic from, sending back is an admin's request.
+        assert "needs an admin account" in _denied(
+            _validator(tmp_path), _req(RequestCode.CONSUMER_SEND_MSG_BACK, back)
+        )
+    finally:
+        store.shutdown()
     # Sending to %RETRY%<group> needs SUB on the group, not PUB on the retry topic.
     v.validate(_send("%RETRY%groupC", group="groupC"), "127.0.0.1:1")
     assert "group:groupA" in _denied(v, _send("%RETRY%groupA", group="groupA"))

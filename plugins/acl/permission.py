@@ -47,10 +47,28 @@ OPERATOR_ADMIN_CODES: frozenset[int] = frozenset(
         RequestCode.CLEAN_UNUSED_TOPIC,
         RequestCode.DELETE_EXPIRED_COMMITLOG,
         RequestCode.RESUME_CHECK_HALF_MESSAGE,
+        # A filter server's address goes into the routes consumers follow: only an operator's
+        # account may put one there (RocketMQ: anyone, signed or not).
+        RequestCode.REGISTER_FILTER_SERVER,
+    }
+)
+#: Codes that read a whole broker's state at once, across tenants: every topic's configuration,
+#: every group's offsets and subscription settings, every producer's address, raw consume-queue
+#: entries.  RocketMQ 4.9 answers them to any signed account; here they need an admin account.
+READ_ALL_ADMIN_CODES: frozenset[int] = frozenset(
+    {
+        RequestCode.GET_ALL_TOPIC_CONFIG,
+        RequestCode.GET_ALL_CONSUMER_OFFSET,
+        RequestCode.GET_ALL_DELAY_OFFSET,
+        RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+        RequestCode.GET_ALL_PRODUCER_INFO,
+        RequestCode.QUERY_CONSUME_QUEUE,
     }
 )
 #: Every code that needs ``admin: true`` (``[acl.plain] extra_admin_codes`` adds more).
-ADMIN_CODES: frozenset[int] = ROCKETMQ_ADMIN_CODES | ACL_ADMIN_CODES | OPERATOR_ADMIN_CODES
+ADMIN_CODES: frozenset[int] = (
+    ROCKETMQ_ADMIN_CODES | ACL_ADMIN_CODES | OPERATOR_ADMIN_CODES | READ_ALL_ADMIN_CODES
+)
 
 
 def parse_perm(text: object) -> int:

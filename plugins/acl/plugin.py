@@ -19,7 +19,11 @@ def create_plain(ctx: PluginContext) -> PlainAccessValidator:
     if not path.is_absolute():
         path = ctx.data_dir / path
     return PlainAccessValidator(
-        path, reload_check_s=opts.reload_check_s, extra_admin_codes=frozenset(opts.extra_admin_codes)
+        path,
+        reload_check_s=opts.reload_check_s,
+        extra_admin_codes=frozenset(opts.extra_admin_codes),
+        # Built after the store (BUILD_ORDER): read to check the topic of a message named by offset.
+        store=ctx.components.get("store"),
     )
 
 

@@ -8,6 +8,7 @@ in the key.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -61,11 +62,63 @@ def _json_body(request: Any) -> dict[str, Any]:
     return data
 
 
-def needed_resources(request: Any) -> dict[str, int]:
-    """resource key -> permission the request needs (empty for requests on no resource)."""
+#: Finds the topic of the message stored at a commit-log offset (None when there is none there).
+StoredTopic = Callable[[int], "str | None"]
+
+#: Codes that name a stored message by its commit-log offset -> (the offset's header field, the
+#: permission needed on that message's topic).  RocketMQ checks nothing (VIEW_MESSAGE_BY_ID,
+#: END_TRANSACTION) or only the header's group and origin topic (CONSUMER_SEND_MSG_BACK), so any
+#: signed account could read any topic by offset, or commit another producer's half message.
+STORED_MESSAGE_CODES: dict[int, tuple[str, int]] = {
+    RequestCode.VIEW_MESSAGE_BY_ID: ("offset", SUB),
+    RequestCode.CONSUMER_SEND_MSG_BACK: ("offset", SUB),
+    RequestCode.END_TRANSACTION: ("commitLogOffset", PUB),
+}
+
+
+def _stored(needed: dict[str, int], code: int, fields: Any, stored_topic: StoredTopic) -> None:
+    """The permission on the topic of the message the request names (a retry topic keys its group)."""
+    field, perm = STORED_MESSAGE_CODES[code]
+    text = fields.get(field)
+    if text is None:
+        return  # the processor answers the missing field
+    try:
+        offset = int(text)
+    except ValueError:
+        raise ResourceParseError(f"{field} = {text!r} is not an integer") from None
+    if offset < 0:
+        return
+    topic = stored_topic(offset)
+    if topic is not None:
+        needed[topic] = needed.get(topic, 0) | perm
+
+
+def _lock_batch(needed: dict[str, int], request: Any) -> None:
+    data = _json_body(request)
+    group = data.get("consumerGroup")
+    if group is not None:
+        needed[retry_topic(str(group))] = SUB
+    mqs = data.get("mqSet") or []
+    if not isinstance(mqs, list):
+        raise ResourceParseError("mqSet is not a list")
+    for mq in mqs:
+        if not isinstance(mq, dict):
+            raise ResourceParseError("mqSet holds a non-object")
+        if mq.get("topic") is not None:
+            needed[str(mq["topic"])] = SUB
+
+
+def needed_resources(request: Any, stored_topic: StoredTopic | None = None) -> dict[str, int]:
+    """resource key -> permission the request needs (empty for requests on no resource).
+
+    ``stored_topic`` reads the stored message of :data:`STORED_MESSAGE_CODES`; without it those
+    requests are checked on their header only (the validator then asks for an admin account).
+    """
     code = request.code
     f = request.ext_fields or {}
     needed: dict[str, int] = {}
+    if stored_topic is not None and code in STORED_MESSAGE_CODES:
+        _stored(needed, code, f, stored_topic)
     if code == RequestCode.SEND_MESSAGE:
         _send(needed, f.get("topic"), f.get("producerGroup"))
     elif code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
@@ -75,9 +128,11 @@ def needed_resources(request: Any) -> dict[str, int]:
     elif code == RequestCode.CONSUMER_SEND_MSG_BACK:
         group = f.get("group")
         if group is not None:
-            needed[retry_topic(group)] = SUB
+            needed[retry_topic(group)] = needed.get(retry_topic(group), 0) | SUB
         if f.get("originTopic") is not None:
-            needed[f["originTopic"]] = PUB
+            needed[f["originTopic"]] = needed.get(f["originTopic"], 0) | PUB
+    elif code in (RequestCode.LOCK_BATCH_MQ, RequestCode.UNLOCK_BATCH_MQ):
+        _lock_batch(needed, request)
     elif code in (RequestCode.PULL_MESSAGE, RequestCode.LITE_PULL_MESSAGE):
         if f.get("topic") is not None:
             needed[f["topic"]] = SUB

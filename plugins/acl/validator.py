@@ -1,9 +1,11 @@
 """The ``plain`` access validator (RocketMQ's PlainAccessValidator + PlainPermissionManager).
 
 Order of checks, as RocketMQ 4.x: a global white address passes everything; otherwise the
-request must name a known ``AccessKey``; the account's own white address passes without a
-signature; otherwise the signature must match and every resource the request needs must be
-granted (admin request codes need ``admin: true``).
+request must name a known ``AccessKey``; the signature must match unless the peer is in the
+account's own white address; admin request codes need ``admin: true`` and every resource the
+request needs must be granted.  Unlike RocketMQ, the account's white address waives only the
+signature (RocketMQ lets it waive the admin rule and the resources too), and the requests that name
+a stored message by offset are checked against that message's topic (see ``README.md``).
 """
 
 from __future__ import annotations
@@ -18,13 +20,26 @@ from typing import Any
 import attrs
 
 from tidemq.acl import ACCESS_KEY, SIGNATURE, AccessDenied, verify_signature
+from tidemq.errors import CorruptDataError
+from tidemq.message import Prop, decode_message
 from tidemq.remoting.codes import RequestCode
+from tidemq.store import MessageStore
 from tidemq_acl.accounts import AclConfigError, PlainAcl, load_plain_acl
 from tidemq_acl.address import host_of
-from tidemq_acl.permission import ADMIN_CODES, check_permission, perm_name
-from tidemq_acl.resources import ResourceParseError, describe, is_group_key, needed_resources
+from tidemq_acl.permission import ADMIN_CODES, PUB, SUB, check_permission, perm_name
+from tidemq_acl.resources import (
+    STORED_MESSAGE_CODES,
+    ResourceParseError,
+    describe,
+    is_group_key,
+    needed_resources,
+)
 
 log = logging.getLogger(__name__)
+
+#: RocketMQ's system topics holding messages for another topic (TopicValidator's names): a
+#: transaction's half messages and delayed messages.
+HOLDING_TOPICS = frozenset({"RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX"})
 
 
 @attrs.define
@@ -35,7 +50,7 @@ class PlainAclOptions:
     file: str = "plain_acl.yml"
     #: How often (at most) the file's modification is looked for; 0 = only at start.
     reload_check_s: float = 0.5
-    #: Request codes that need an admin account besides RocketMQ's five (UPDATE_AND_CREATE_TOPIC...).
+    #: Request codes that need an admin account besides the built-in ones (plugins/acl/README.md).
     extra_admin_codes: list[int] = attrs.field(factory=list)
 
     def __attrs_post_init__(self) -> None:
@@ -59,11 +74,21 @@ class PlainAccessValidator:
     enforcing = True
 
     def __init__(
-        self, path: Path, *, reload_check_s: float = 0.5, extra_admin_codes: frozenset[int] = frozenset()
+        self,
+        path: Path,
+        *,
+        reload_check_s: float = 0.5,
+        extra_admin_codes: frozenset[int] = frozenset(),
+        store: MessageStore | None = None,
     ):
         self.path = path
         self.reload_check_s = reload_check_s
+        #: The broker's store, read (``look_message_by_offset``) for the topic of a message named by
+        #: offset.  Without one, those requests need an admin account.
+        self.store = store
         self.admin_codes = ADMIN_CODES | extra_admin_codes
+        if store is None:
+            self.admin_codes |= frozenset(STORED_MESSAGE_CODES)
         self._lock = threading.Lock()
         self._stamp = self._file_stamp()
         self.acl: PlainAcl = load_plain_acl(path)  # a broken file at start is a config error
@@ -117,6 +142,24 @@ class PlainAccessValidator:
         )
 
     # ------------------------------------------------------------------ validation
+    def stored_topic(self, offset: int) -> str | None:
+        """The topic of the message stored at commit-log ``offset``; None when there is none.
+
+        A message held for later (a transaction's half message, a delayed message) belongs to
+        the topic it will be delivered to, which its REAL_TOPIC property names.
+        """
+        assert self.store is not None
+        raw = self.store.look_message_by_offset(offset)
+        if raw is None:
+            return None
+        try:
+            msg = decode_message(raw, with_body=False)
+        except CorruptDataError:
+            raise ResourceParseError(f"the message at offset {offset} cannot be read") from None
+        if msg.topic in HOLDING_TOPICS:
+            return msg.properties.get(Prop.REAL_TOPIC) or msg.topic
+        return msg.topic
+
     def validate(self, request: Any, remote_addr: str) -> None:
         self.maybe_reload()
         acl = self.acl
@@ -131,9 +174,10 @@ class PlainAccessValidator:
         account = acl.accounts.get(access_key)
         if account is None:
             raise AccessDenied(f"no ACL account for accessKey {access_key}", access_key)
-        if account.white_address(host):
-            return
-        if SIGNATURE not in fields or not verify_signature(request, account.secret_key):
+        # The account's white address waives the signature only (RocketMQ: everything).
+        if not account.white_address(host) and (
+            SIGNATURE not in fields or not verify_signature(request, account.secret_key)
+        ):
             raise AccessDenied(f"signature check failed for accessKey {access_key}", access_key)
         code = request.code
         if code in self.admin_codes and not account.admin:
@@ -142,22 +186,25 @@ class PlainAccessValidator:
                 access_key,
             )
         try:
-            needed = needed_resources(request)
+            needed = needed_resources(request, self.stored_topic if self.store is not None else None)
         except ResourceParseError as exc:
             raise AccessDenied(f"{_code_name(code)}: {exc}", access_key) from None
         if not needed or (account.admin and not account.perms):
             return  # an admin without resource rules may do anything (as RocketMQ)
         for resource, perm in needed.items():
             owned = account.perms.get(resource)
+            default = owned is None
             if owned is None:
                 owned = account.default_group_perm if is_group_key(resource) else account.default_topic_perm
-                if not check_permission(perm, owned):
+            for bit in (PUB, SUB):  # a resource needed both ways needs both bits
+                if not perm & bit or check_permission(bit, owned):
+                    continue
+                if default:
                     raise AccessDenied(
                         f"no default permission for {describe(resource)} (accessKey {access_key} "
                         f"needs {perm_name(perm)})",
                         access_key,
                     )
-            elif not check_permission(perm, owned):
                 raise AccessDenied(
                     f"no permission for {describe(resource)} (accessKey {access_key} has "
                     f"{perm_name(owned)}, needs {perm_name(perm)})",

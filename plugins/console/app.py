@@ -1,17 +1,27 @@
 """The console's web application (Starlette + Jinja2): pages, forms and the live-figures API.
 
-Sessions live in this process's memory (a random cookie names one).  With ``acl=True`` every
-page asks for an admin account's keys first, and every request to the cluster is signed with
-them; the keys never leave the server.  Every form carries the session's CSRF token.
+Sessions live in this process's memory (a random cookie names one).  A session is made only by
+a login or a form post, never by a page view: a page seen without a session carries a CSRF token
+derived from a cookie that names no server-side state, so a flood of cookie-less requests costs
+nothing.  Sessions are capped and expire (:class:`tidemq_console.guard.SessionStore`); logging in
+always starts a new session id.  With ``acl=True`` every page asks for an admin account's keys
+first (failed logins are throttled), every request to the cluster is signed with them, and the
+keys never leave the server.  Without it, all sessions share one admin client and one producer.
+Every form carries the CSRF token.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
+import hmac
 import logging
+import re
 import secrets
+import typing
 from collections.abc import AsyncIterator, Awaitable, Callable
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -29,17 +39,18 @@ from tidemq.errors import TidemqError
 from tidemq.message import Prop
 from tidemq.names import InvalidNameError, check_topic_name
 from tidemq.remoting.codes import RequestCode
+from tidemq_console.guard import LoginThrottle, SessionStore
 from tidemq_console.ops import ClusterOps
 
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 COOKIE = "tidemq_console"
+_TOKEN = re.compile(r"[0-9a-f]{48}")
 
 
 @attrs.define
 class Session:
-    csrf: str
     ops: ClusterOps | None = None
     producer: Producer | None = None
     access_key: str = ""
@@ -54,6 +65,15 @@ class ConsoleConfig:
     #: Keys given on the command line (used for every session when ``acl`` is off).
     credentials: SessionCredentials | None = None
     transport_options: dict[str, Any] = attrs.field(factory=dict)
+    #: At most this many sessions; the least recently used is dropped to make room.
+    max_sessions: int = 64
+    #: A session unused this long (seconds) is dropped.
+    session_idle_s: float = 1800.0
+    #: A session is dropped this long (seconds) after its login, used or not.
+    session_lifetime_s: float = 12 * 3600.0
+    #: Failed logins allowed per client address, and in all, per minute (``acl`` mode).
+    login_failures_per_client: int = 5
+    login_failures_overall: int = 30
 
 
 def _fmt_ts(ms: int) -> str:
@@ -74,32 +94,53 @@ def create_app(config: ConsoleConfig) -> Starlette:
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
     env.filters["ts"] = _fmt_ts
     env.filters["body_text"] = _body_text
-    sessions: dict[str, Session] = {}
+    sessions: SessionStore[Session] = SessionStore(
+        config.max_sessions, config.session_idle_s, config.session_lifetime_s
+    )
+    throttle = LoginThrottle(config.login_failures_per_client, config.login_failures_overall)
+    csrf_key = secrets.token_bytes(32)
+    shared: dict[str, Any] = {}  # without acl: the one ClusterOps and Producer every session uses
 
-    def session_of(request: Request) -> tuple[Session, str | None]:
-        token = request.cookies.get(COOKIE)
-        if token and token in sessions:
-            return sessions[token], None
-        token = secrets.token_hex(24)
-        session = sessions[token] = Session(csrf=secrets.token_hex(16))
-        return session, token
+    def csrf_of(token: str) -> str:
+        """The CSRF token of a cookie value: nothing to store, nothing to guess."""
+        return hmac.new(csrf_key, token.encode(), hashlib.sha256).hexdigest()[:32]
+
+    async def release(session: Session) -> None:
+        if session.producer is not None:
+            await session.producer.shutdown()
+            session.producer = None
+        if session.ops is not None and config.acl:
+            await session.ops.client.close()
+        session.ops = None
+
+    async def reap() -> None:
+        for session in sessions.reap():
+            try:
+                await release(session)
+            except Exception:  # a broken connection while closing must not fail the request
+                log.debug("closing a dropped session failed", exc_info=True)
 
     async def ops_of(session: Session) -> ClusterOps:
-        if session.ops is None:
-            session.ops = ClusterOps(
+        if config.acl:
+            if session.ops is None:
+                raise ValueError("sign in first")
+            return session.ops
+        ops = shared.get("ops")
+        if ops is None:
+            ops = shared["ops"] = ClusterOps(
                 AdminClient(
                     config.namesrv,
                     credentials=config.credentials,
                     transport_options=config.transport_options or None,
                 )
             )
-        return session.ops
+        return typing.cast(ClusterOps, ops)
 
     def render(request: Request, session: Session, template: str, **context: Any) -> HTMLResponse:
         flash, session.flash = session.flash, []
         html = env.get_template(template).render(
             request=request,
-            csrf=session.csrf,
+            csrf=request.state.csrf,
             flash=flash,
             namesrv=config.namesrv,
             version=__version__,
@@ -115,58 +156,103 @@ def create_app(config: ConsoleConfig) -> Starlette:
         """Session, login and CSRF around a handler; cluster errors become a flash message."""
 
         async def endpoint(request: Request) -> Response:
-            session, new_token = session_of(request)
+            await reap()
+            cookie = request.cookies.get(COOKIE, "")
+            known = sessions.get(cookie) if _TOKEN.fullmatch(cookie) else None
+            token = cookie if known is not None or _TOKEN.fullmatch(cookie) else secrets.token_hex(24)
+            request.state.csrf = csrf_of(token)
+            # A page view without a session gets a throw-away one: nothing is kept for it.
+            session = known if known is not None else Session()
             response: Response
-            if config.acl and session.ops is None and request.url.path != "/login":
-                response = RedirectResponse("/login", status_code=303)
-            elif request.method == "POST" and (await request.form()).get("csrf") != session.csrf:
+            if request.method == "POST" and (
+                token != cookie
+                or not hmac.compare_digest(str((await request.form()).get("csrf", "")), request.state.csrf)
+            ):
                 response = HTMLResponse("CSRF token missing or wrong: reload the page", status_code=403)
+            elif config.acl and session.ops is None and request.url.path != "/login":
+                response = RedirectResponse("/login", status_code=303)
             else:
+                if known is None and request.method == "POST" and request.url.path != "/login":
+                    # A form post keeps its outcome (a flash message) for the next page: a session.
+                    token = secrets.token_hex(24)
+                    request.state.csrf = csrf_of(token)
+                    sessions.add(token, session)
+                    known = session
+                request.state.token = token
                 try:
                     response = await handler(request, session)
                 except (TidemqError, InvalidNameError, ValueError) as exc:
-                    session.flash.append(("error", str(exc)))
-                    back = request.headers.get("referer") or "/"
-                    response = RedirectResponse(
-                        back if back.startswith(str(request.base_url)) else "/", status_code=303
-                    )
-            if new_token:
-                response.set_cookie(COOKIE, new_token, httponly=True, samesite="strict")
+                    if known is None:  # nowhere to keep a message: show it now
+                        text = escape(str(exc))
+                        response = HTMLResponse(f'<p>{text}</p><p><a href="/">back</a></p>', 502)
+                    else:
+                        session.flash.append(("error", str(exc)))
+                        back = request.headers.get("referer") or "/"
+                        response = RedirectResponse(
+                            back if back.startswith(str(request.base_url)) else "/", status_code=303
+                        )
+                token = getattr(request.state, "token", token)
+            if token != cookie:
+                response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
+            await reap()
             return response
 
         return endpoint
 
     # ------------------------------------------------------------------ login
     async def login(request: Request, session: Session) -> Response:
-        if request.method == "GET":
+        if request.method == "GET" or not config.acl:
             return render(request, session, "login.html")
+        client_host = request.client.host if request.client else "?"
+        wait = throttle.retry_after(client_host)
+        if wait > 0:
+            session.flash.append(("error", f"too many failed logins: try again in {wait:.0f} s"))
+            response = render(request, session, "login.html")
+            response.status_code = 429
+            response.headers["Retry-After"] = str(int(wait) + 1)
+            return response
         form = await request.form()
         ak, sk = str(form.get("access_key", "")).strip(), str(form.get("secret_key", "")).strip()
-        if not ak or not sk:
-            raise ValueError("give an access key and a secret key")
-        client = AdminClient(
-            config.namesrv,
-            credentials=SessionCredentials(ak, sk),
-            transport_options=config.transport_options or None,
-        )
-        try:
-            # An admin-only request: a non-admin account (or wrong keys) is refused here.
-            masters = await client.masters()
-            for addr in masters.values():
-                await client.call(addr, RequestCode.GET_BROKER_CLUSTER_ACL_INFO)
-        except AdminError:
-            await client.close()
-            raise ValueError("these keys are not an admin account's on every broker") from None
-        session.ops = ClusterOps(client)
-        session.access_key = ak
-        session.flash.append(("ok", f"signed in as {ak}"))
+        problem = "" if ak and sk else "give an access key and a secret key"
+        client = None
+        if not problem:
+            client = AdminClient(
+                config.namesrv,
+                credentials=SessionCredentials(ak, sk),
+                transport_options=config.transport_options or None,
+            )
+            try:
+                # An admin-only request: a non-admin account (or wrong keys) is refused here.
+                masters = await client.masters()
+                for addr in masters.values():
+                    await client.call(addr, RequestCode.GET_BROKER_CLUSTER_ACL_INFO)
+            except AdminError:
+                await client.close()
+                client = None
+                problem = "these keys are not an admin account's on every broker"
+        if client is None:
+            throttle.failed(client_host)
+            log.warning("console: failed login from %s (access key %r)", client_host, ak)
+            session.flash.append(("error", problem))
+            response = render(request, session, "login.html")
+            response.status_code = 403
+            return response
+        # A new session id at every login: an id planted before it (cookies are not per port)
+        # never becomes a signed-in session.
+        old = request.cookies.get(COOKIE, "")
+        if sessions.get(old) is not None:
+            sessions.drop(old)
+        fresh = Session(ops=ClusterOps(client), access_key=ak)
+        fresh.flash.append(("ok", f"signed in as {ak}"))
+        token = secrets.token_hex(24)
+        sessions.add(token, fresh)
+        request.state.token = token
         return RedirectResponse("/", status_code=303)
 
     async def logout(request: Request, session: Session) -> Response:
-        if session.ops is not None and config.acl:
-            await session.ops.client.close()
-            session.ops = None
-            session.access_key = ""
+        cookie = request.cookies.get(COOKIE, "")
+        if sessions.get(cookie) is not None:
+            sessions.drop(cookie)
         return RedirectResponse("/login" if config.acl else "/", status_code=303)
 
     # ------------------------------------------------------------------ cluster
@@ -304,17 +390,22 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     # ------------------------------------------------------------------ send
     async def producer_of(session: Session) -> Producer:
-        if session.producer is None:
+        holder: Any = session if config.acl else None
+        current = session.producer if config.acl else shared.get("producer")
+        if current is None:
             client = (await ops_of(session)).client
-            producer = Producer(
+            current = Producer(
                 "CONSOLE_PRODUCER",
                 namesrv=config.namesrv,
                 credentials=client.credentials,
                 transport_options=config.transport_options or None,
             )
-            await producer.start()
-            session.producer = producer
-        return session.producer
+            await current.start()
+            if holder is not None:
+                holder.producer = current
+            else:
+                shared["producer"] = current
+        return typing.cast(Producer, current)
 
     async def send(request: Request, session: Session) -> Response:
         if request.method == "GET":
@@ -332,11 +423,13 @@ def create_app(config: ConsoleConfig) -> Starlette:
         return render(request, session, "send.html", result=result, form=form)
 
     async def shutdown() -> None:
-        for session in sessions.values():
-            if session.producer is not None:
-                await session.producer.shutdown()
-            if session.ops is not None:
-                await session.ops.client.close()
+        for session in sessions.all():
+            await release(session)
+        await reap()
+        if shared.get("producer") is not None:
+            await shared["producer"].shutdown()
+        if shared.get("ops") is not None:
+            await shared["ops"].client.close()
 
     routes = [
         Route("/", page(cluster)),

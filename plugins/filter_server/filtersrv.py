@@ -17,6 +17,13 @@ wire.  Instead the filter is chosen by name:
 
 REGISTER_MESSAGE_FILTER_CLASS (class upload) is refused with a one-line explanation.  Supported:
 PULL_MESSAGE only; heartbeats, offsets and sends go to the broker as usual.
+
+Access control (beside a broker with ``acl = "plain"``): given an access validator (``--acl-file``,
+the broker's ``plain_acl.yml``), every consumer pull is checked against it, signature, topic and
+group, before anything is forwarded; given credentials (``--access-key``), the filter server signs
+its registration and the pulls it forwards with its own account.  RocketMQ's filter server checks
+nothing and signs nothing, so deployments white-list it, which opens every topic to whoever
+reaches it.
 """
 
 from __future__ import annotations
@@ -27,6 +34,15 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
+from tidemq.acl import (
+    ACCESS_KEY,
+    ONS_CHANNEL,
+    SECURITY_TOKEN,
+    SIGNATURE,
+    AccessDenied,
+    AccessValidator,
+    sign_request,
+)
 from tidemq.address import split_address
 from tidemq.errors import CorruptDataError, TidemqError
 from tidemq.message import decode_message, local_ip, tags_hash_code
@@ -43,6 +59,7 @@ BROKER_TIMEOUT_S = 10.0
 MAX_EMPTY_PAGES = 8  # broker pages read per consumer pull before answering "no match, go on"
 PULL_FLAG_SUBSCRIPTION = 4
 _TOTAL = struct.Struct(">i")
+_CONSUMER_AUTH_FIELDS = frozenset({ACCESS_KEY, SIGNATURE, SECURITY_TOKEN, ONS_CHANNEL})
 
 
 class FilterServer:
@@ -56,8 +73,14 @@ class FilterServer:
         transport: Any = None,
         manager: PluginManager | None = None,
         register_interval_s: float = REGISTER_INTERVAL_S,
+        acl: AccessValidator | None = None,
+        credentials: tuple[str, str] | None = None,
     ):
         self.broker_addr = broker_addr
+        #: Checks each consumer's pull before it is forwarded (None: every pull is forwarded).
+        self.acl = acl if acl is not None and acl.enforcing else None
+        #: (access key, secret key) signing what this server sends its broker.
+        self.credentials = credentials
         self.listen = listen
         self.manager = manager or get_plugin_manager()
         self.transport = transport or self.manager.create("transport", "tcp")
@@ -108,9 +131,16 @@ class FilterServer:
         if self._client is not None:
             await self._client.close()
 
+    def _request(self, code: int, fields: dict[str, str]) -> RemotingCommand:
+        """A request to the broker, signed with this server's account when it has one."""
+        req = RemotingCommand.request(code, fields)
+        if self.credentials is not None:
+            sign_request(req, *self.credentials)
+        return req
+
     # ------------------------------------------------------------------ registration
     async def _register_once(self) -> None:
-        req = RemotingCommand.request(RequestCode.REGISTER_FILTER_SERVER, {"filterServerAddr": self._address})
+        req = self._request(RequestCode.REGISTER_FILTER_SERVER, {"filterServerAddr": self._address})
         try:
             resp = await self._client.invoke(self.broker_addr, req, BROKER_TIMEOUT_S)
         except Exception as exc:
@@ -148,6 +178,12 @@ class FilterServer:
         return flt
 
     async def handle(self, conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
+        if self.acl is not None:
+            try:
+                self.acl.validate(request, conn.remote_address)
+            except AccessDenied as exc:
+                log.warning("refused request %s from %s: %s", request.code, conn.remote_address, exc.reason)
+                return request.reply(ResponseCode.NO_PERMISSION, f"no permission: {exc.reason}")
         try:
             if request.code == RequestCode.PULL_MESSAGE:
                 return await self.pull(request)
@@ -176,7 +212,8 @@ class FilterServer:
                 ResponseCode.SUBSCRIPTION_PARSE_FAILED,
                 f"parse the consumer's subscription[{expression}] failed: {exc}",
             )
-        forward = dict(fields)
+        # The consumer's own signature fields are dropped: the pull is forwarded as this server's.
+        forward = {k: v for k, v in fields.items() if k not in _CONSUMER_AUTH_FIELDS}
         forward["subscription"] = "*"
         forward["expressionType"] = "TAG"
         try:
@@ -190,7 +227,7 @@ class FilterServer:
         for _ in range(MAX_EMPTY_PAGES):
             resp = await self._client.invoke(
                 self.broker_addr,
-                RemotingCommand.request(RequestCode.PULL_MESSAGE, forward),
+                self._request(RequestCode.PULL_MESSAGE, forward),
                 BROKER_TIMEOUT_S + suspend_ms / 1000.0,
             )
             if resp.code != ResponseCode.SUCCESS:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+from pathlib import Path
 from typing import Any
 
 import attrs
 
 from tidemq import hookimpl
+from tidemq.address import split_address
 from tidemq.config import number, parse_options
 from tidemq.errors import ConfigError
 from tidemq.filter import EXPRESSION_SQL92, EXPRESSION_TAG
-from tidemq.plugins import PluginContext, Register
+from tidemq.plugins import PluginContext, Register, get_plugin_manager
 
 from .bitmap import FilterBitMap
 from .sql92 import Sql92FilterFactory, Sql92Limits
@@ -80,17 +83,78 @@ def tidemq_add_commands(cli: Any) -> None:
     @click.option(
         "--register-interval", default=10.0, show_default=True, help="Seconds between registrations."
     )
-    def filtersrv(broker_addr: str, listen: str, register_interval: float) -> None:
+    @click.option(
+        "--acl-file",
+        default=None,
+        type=click.Path(dir_okay=False, exists=True),
+        help="The broker's plain_acl.yml: every consumer pull is checked against it before it is forwarded.",
+    )
+    @click.option(
+        "--access-key",
+        envvar="TIDEMQ_ACCESS_KEY",
+        default=None,
+        help="Account signing the registration and the forwarded pulls (an admin account). "
+        "[env: TIDEMQ_ACCESS_KEY]",
+    )
+    @click.option("--secret-key", envvar="TIDEMQ_SECRET_KEY", default=None, help="[env: TIDEMQ_SECRET_KEY]")
+    @click.option(
+        "--insecure",
+        is_flag=True,
+        help="Forward unchecked pulls: with credentials, or listening beyond loopback, without --acl-file.",
+    )
+    def filtersrv(
+        broker_addr: str,
+        listen: str,
+        register_interval: float,
+        acl_file: str | None,
+        access_key: str | None,
+        secret_key: str | None,
+        insecure: bool,
+    ) -> None:
         """Run a filter server: pulls from BROKER on consumers' behalf with installed filter plugins."""
         from tidemq.cli import run_service, serve_until_signalled
 
         from .filtersrv import FilterServer
 
+        if bool(access_key) != bool(secret_key):
+            raise click.UsageError("--access-key and --secret-key go together")
+        if acl_file is None and not insecure:
+            if access_key:
+                raise click.UsageError(
+                    "--access-key without --acl-file would forward anyone's pull with this account's "
+                    "rights: give --acl-file (the broker's plain_acl.yml), or --insecure"
+                )
+            if not _loopback(listen):
+                raise click.UsageError(
+                    f"--listen {listen} reaches beyond this machine and nothing checks the pulls: "
+                    "give --acl-file (the broker's plain_acl.yml), or --insecure on a trusted network"
+                )
+        acl = None
+        if acl_file is not None:
+            acl = get_plugin_manager().create("acl", "plain", options={"file": str(Path(acl_file).resolve())})
+        credentials = (access_key, secret_key) if access_key and secret_key else None
+
         async def main() -> None:
-            server = FilterServer(broker_addr, listen, register_interval_s=register_interval)
+            server = FilterServer(
+                broker_addr,
+                listen,
+                register_interval_s=register_interval,
+                acl=acl,
+                credentials=credentials,
+            )
             await serve_until_signalled([("filtersrv", server)])
 
         run_service(main)
+
+
+def _loopback(listen: str) -> bool:
+    host = split_address(listen, default_port=0)[0]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @hookimpl
