@@ -73,6 +73,7 @@ __all__ = [
     "Dispatcher",  # store
     "MessageStore",
     "RawCommitLogStore",
+    "TruncatableStore",
     "EntryPrefilter",  # filter
     "DispatchingFilterFactory",
     "FilterFactory",
@@ -165,6 +166,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "PutResult",
         "PutStatus",
         "RawCommitLogStore",
+        "TruncatableStore",
         "check_queue_offset",
         "dispatch_messages",
     ),
@@ -226,6 +228,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         PutResult,
         PutStatus,
         RawCommitLogStore,
+        TruncatableStore,
         check_queue_offset,
         dispatch_messages,
     )

@@ -18,7 +18,7 @@ from tidemq.errors import CorruptDataError
 from tidemq.index import query_messages
 from tidemq.message import MessageInner, decode_message
 from tidemq.plugins import get_plugin_manager
-from tidemq.store import GetStatus, PutResult, RawCommitLogStore
+from tidemq.store import GetStatus, PutResult, TruncatableStore
 
 TOPIC = "TruncTopic"
 FOREVER = 2**62
@@ -100,7 +100,7 @@ def test_truncate_then_append_and_restart(tmp_path: Path, inside: bool) -> None:
     store, index = compose(tmp_path)
     n, kept = 60, 23
     try:
-        assert isinstance(store, RawCommitLogStore)
+        assert isinstance(store, TruncatableStore)
         results = [store.put_message(message(i)).result(10) for i in range(n)]
         assert keys_found(index, store, n) == set(range(n))
         files_before = len(list((tmp_path / "commitlog").iterdir()))
