@@ -77,6 +77,7 @@ __all__ = [
     "MessageStore",
     "RawCommitLogStore",
     "StoreIntrospection",
+    "TruncatableStore",
     "EntryPrefilter",  # filter
     "DispatchingFilterFactory",
     "FilterFactory",
@@ -206,6 +207,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "PutStatus",
         "RawCommitLogStore",
         "StoreIntrospection",
+        "TruncatableStore",
         "check_queue_offset",
         "dispatch_messages",
         "store_introspection",
@@ -288,6 +290,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         PutStatus,
         RawCommitLogStore,
         StoreIntrospection,
+        TruncatableStore,
         check_queue_offset,
         dispatch_messages,
         store_introspection,

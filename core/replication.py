@@ -5,7 +5,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from tidemq.transport import TransportClient
 
 BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
 
@@ -79,7 +82,7 @@ class MetadataFollower(Protocol):
     stops copying in :meth:`Replication.shutdown`.  Returns nothing.
     """
 
-    def follow_metadata(self, sink: MetadataSink, client: Any) -> None:
+    def follow_metadata(self, sink: MetadataSink, client: TransportClient) -> None:
         """``sink``: where copied metadata goes; ``client``: the broker's transport client
         (a :class:`tidemq.transport.TransportClient`), for requests to the master."""
 

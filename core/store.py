@@ -496,6 +496,12 @@ class RawCommitLogStore(MessageStore, Protocol):
     def append_to_commit_log(self, start_offset: int, data: bytes | memoryview) -> bool:
         """Append replicated bytes at the log's end; False (nothing written) when the offset is off."""
 
+
+@runtime_checkable
+class TruncatableStore(RawCommitLogStore, Protocol):
+    """A raw commit-log store that can also cut its log back: what an elected replica (controller
+    mode) needs to drop what it holds past the point where it agrees with a new master."""
+
     def truncate_commit_log(self, offset: int) -> int:
         """Cut the commit log back to the last record boundary at or below ``offset``; returns the new end.
 

@@ -18,7 +18,7 @@ from tidemq.errors import CorruptDataError
 from tidemq.index import query_messages
 from tidemq.message import MessageInner, decode_message
 from tidemq.plugins import get_plugin_manager
-from tidemq.store import GetStatus, PutResult, RawCommitLogStore
+from tidemq.store import GetStatus, PutResult, TruncatableStore
 
 TOPIC = "TruncTopic"
 FOREVER = 2**62
@@ -100,7 +100,7 @@ def test_truncate_then_append_and_restart(tmp_path: Path, inside: bool) -> None:
     store, index = compose(tmp_path)
     n, kept = 60, 23
     try:
-        assert isinstance(store, RawCommitLogStore)
+        assert isinstance(store, TruncatableStore)
         results = [store.put_message(message(i)).result(10) for i in range(n)]
         assert keys_found(index, store, n) == set(range(n))
         files_before = len(list((tmp_path / "commitlog").iterdir()))
@@ -235,3 +235,22 @@ def test_readers_during_truncation_never_get_a_wrong_record(tmp_path: Path) -> N
     finally:
         stop.set()
         store.shutdown()
+
+
+def test_only_a_truncatable_store_runs_an_elected_replica(tmp_path: Path) -> None:
+    """The controller replication checks the store's capability (``TruncatableStore``), not a
+    member name: the memory store, with no raw commit log, is refused with a clear error."""
+    from tidemq.errors import ConfigError
+    from tidemq.store import RawCommitLogStore
+
+    pm = get_plugin_manager()
+    if "controller" not in pm.available("replication"):
+        pytest.skip("the controller plugin is not installed")
+    policy = pm.create("flush", "async", data_dir=tmp_path)
+    index = pm.create("index", "none", data_dir=tmp_path)
+    memory = pm.create("store", "memory", data_dir=tmp_path, components={"flush": policy, "index": index})
+    assert not isinstance(memory, RawCommitLogStore) and not isinstance(memory, TruncatableStore)
+    replica = pm.create("replication", "controller")
+    with pytest.raises(ConfigError, match="raw commit-log access and truncation; MemoryMessageStore"):
+        replica.start(memory, {"role": "SYNC_MASTER", "id": 1, "store_path": tmp_path})
+    replica.shutdown()

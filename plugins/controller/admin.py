@@ -8,9 +8,9 @@ from typing import Any
 import click
 
 
-def add_admin_command(cli: Any) -> None:
+def add_admin_command(cli: click.Group) -> None:
     """Add ``controllerStatus`` to ``tidemq admin`` (or to ``tidemq`` when there is no admin group)."""
-    group = getattr(cli, "commands", {}).get("admin")
+    group = cli.commands.get("admin")
     target = group if isinstance(group, click.Group) else cli
     target.add_command(controller_status)
 

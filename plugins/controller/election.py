@@ -195,14 +195,19 @@ class Election:
         await self.client.put(self._member_key(self.me.broker_id), self.me.to_json(), self.lease)
         self._registered = True
 
-    async def close(self, revoke: bool = True) -> None:
-        """Stop renewing; with ``revoke`` delete the registration (and the leader key) at once."""
+    def stop(self) -> None:
+        """Stop renewing and fencing, and stop being master, now (no etcd request: the lease expires,
+        or :meth:`close` revokes it)."""
         if self._keepalive_task is not None:
             self._keepalive_task.cancel()
             self._keepalive_task = None
         if self._fence_timer is not None:
             self._fence_timer.cancel()
         self._master = False
+
+    async def close(self, revoke: bool = True) -> None:
+        """Stop renewing; with ``revoke`` delete the registration (and the leader key) at once."""
+        self.stop()
         if revoke and self.lease:
             try:
                 await self.client.revoke(self.lease)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import attrs
 
 from tidemq.errors import ConfigError
-from tidemq_ha_replication.master_slave import MasterSlaveOptions
+from tidemq_ha_replication.api import MasterSlaveOptions
 
 
 def _endpoints(_inst: object, attribute: attrs.Attribute, value: list[str]) -> None:

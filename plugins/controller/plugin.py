@@ -1,18 +1,25 @@
 """The ``controller`` plugin (entry point ``controller``): elected masters through etcd.
 
 Loaded by every tidemq process: nothing heavy at module level.  The replication module (and
-httpx) is imported only when a broker selects ``[plugins] replication = "controller"``.
+httpx) is imported only when a broker selects ``[plugins] replication = "controller"``.  A
+replica's metadata copy needs no hook: the broker hands its sink and client to the replication
+(:meth:`~tidemq.replication.MetadataFollower.follow_metadata`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+import click
 
 from tidemq import hookimpl
 from tidemq.plugins import PluginContext, Register
 
+if TYPE_CHECKING:
+    from .replication import ControllerReplication
 
-def create(ctx: PluginContext) -> Any:
+
+def create(ctx: PluginContext) -> ControllerReplication:
     """The ``controller`` replication, from ``[replication.controller]``."""
     from tidemq.config import parse_options
     from tidemq.errors import ConfigError
@@ -49,16 +56,7 @@ def tidemq_register_replications(register: Register) -> None:
 
 
 @hookimpl
-def tidemq_broker_started(broker: Any) -> None:
-    """A controller replica copies its master's metadata while it is a slave."""
-    replication = getattr(broker, "replication", None)
-    attach = getattr(replication, "attach_broker", None)
-    if attach is not None and type(replication).__module__ == "tidemq_controller.replication":
-        attach(broker.metadata_sink, broker.client)
-
-
-@hookimpl
-def tidemq_add_commands(cli: Any) -> None:
+def tidemq_add_commands(cli: click.Group) -> None:
     """``tidemq admin controllerStatus``: each group's master, epoch, sync set and lag, from etcd."""
     from .admin import add_admin_command
 

@@ -13,6 +13,18 @@ only members may be elected, and the set changes only through etcd, so whoever w
 acknowledged message, and no etcd write sits on the acknowledgement path.  The HA stream carries
 the epoch: a slave follows only the master of the epoch it knows, a master serves only slaves of
 its epoch, and a slave of a newer epoch fences it.
+
+:class:`ControllerReplication` **subclasses** ha_replication's public
+:class:`~tidemq_ha_replication.api.MasterSlaveReplication` rather than wrapping one.  Controller
+mode *is* master_slave with an elected role: the same HA server, client and group transfer
+(swapped at run time as the election decides), the same options (``ControllerOptions`` extends
+``MasterSlaveOptions``), the same runtime-info keys, slave metadata copy and shutdown.  Composition
+would forward every contract method and still share that mutable state, so it would hide the
+coupling rather than remove it.  The base class declares its extension points (public attributes
+and methods, listed in :mod:`tidemq_ha_replication.master_slave`); this class uses only those and
+the names of :mod:`tidemq_ha_replication.api`, and inherits
+:meth:`~tidemq_ha_replication.api.MasterSlaveReplication.follow_metadata` (a replica copies its
+master's metadata while it follows one; :meth:`_serve` stops the copy when it is promoted).
 """
 
 from __future__ import annotations
@@ -26,10 +38,15 @@ from typing import Any
 
 from tidemq.errors import ConfigError
 from tidemq.replication import ReplicaStatus
-from tidemq.store import RawCommitLogStore
-from tidemq_ha_replication.ha_master import GroupTransfer, HAServer
-from tidemq_ha_replication.ha_slave import HAClient
-from tidemq_ha_replication.master_slave import MasterSlaveReplication, _done, _setting
+from tidemq.store import TruncatableStore
+from tidemq_ha_replication.api import (
+    GroupTransfer,
+    HAClient,
+    HAServer,
+    MasterSlaveReplication,
+    broker_setting,
+    completed,
+)
 
 from .election import Election, ElectionConfig, FenceReason, MasterState, Member
 from .epochs import EpochEntry, EpochFile, EpochFileError, consistent_point
@@ -40,9 +57,7 @@ from .sync_set import InSyncTracker
 
 log = logging.getLogger(__name__)
 
-#: ReplicaStatus.NOT_MASTER (the broker's seam); SLAVE_NOT_AVAILABLE on a core without it.
-NOT_MASTER = getattr(ReplicaStatus, "NOT_MASTER", ReplicaStatus.SLAVE_NOT_AVAILABLE)
-_NOT_MASTER: Future[ReplicaStatus] = _done(NOT_MASTER)
+_NOT_MASTER: Future[ReplicaStatus] = completed(ReplicaStatus.NOT_MASTER)
 RETRY_S = 0.5  # pause before re-reading the group after a failed step
 
 
@@ -67,7 +82,6 @@ class ControllerReplication(MasterSlaveReplication):
         self.in_sync: InSyncTracker | None = None  # SYNC master: who must hold a send
         self._status: GroupStatus | None = None
         self._retry: asyncio.TimerHandle | None = None
-        self.metadata: tuple[Any, Any] | None = None  # (MetadataSink, transport client): slave sync
         self.failovers = 0
         self._won_sync_set: tuple[int, ...] = ()
 
@@ -93,13 +107,13 @@ class ControllerReplication(MasterSlaveReplication):
 
     # ------------------------------------------------------------------ contract
     def start(self, store: Any, broker_config: Any) -> None:
-        if not isinstance(store, RawCommitLogStore) or not hasattr(store, "truncate_commit_log"):
+        if not isinstance(store, TruncatableStore):
             raise ConfigError(
                 f"[replication.controller] needs a store with raw commit-log access and truncation; "
                 f"{type(store).__name__} has none"
             )
-        role = str(_setting(broker_config, "role", "SYNC_MASTER"))
-        broker_id = int(_setting(broker_config, "id", 0))
+        role = str(broker_setting(broker_config, "role", "SYNC_MASTER"))
+        broker_id = int(broker_setting(broker_config, "id", 0))
         check_broker_settings(role, broker_id)
         if not self.copts.extended:
             raise ConfigError(
@@ -108,16 +122,18 @@ class ControllerReplication(MasterSlaveReplication):
             )
         self.store, self.role, self.broker_id = store, role, broker_id
         config = election_config(self.copts, role)
-        store_path = _setting(broker_config, "store_path", None)
+        store_path = broker_setting(broker_config, "store_path", None)
         if store_path is None:
             raise ConfigError("[replication.controller] needs the broker's data directory")
         try:
             self.epochs = EpochFile(store_path / "epoch")
         except EpochFileError as exc:
             raise ConfigError(str(exc)) from None
-        self._ha_listen = self._listen_address(broker_config)
+        self._ha_listen = self.listen_address(broker_config)
         host, port = self._ha_listen
-        addr = str(_setting(broker_config, "advertise", "") or _setting(broker_config, "listen", ""))
+        addr = str(
+            broker_setting(broker_config, "advertise", "") or broker_setting(broker_config, "listen", "")
+        )
         addr_host, _, addr_port = addr.rpartition(":")
         wildcards = ("0.0.0.0", "::", "[::]", "")
         if host in wildcards or addr_host in wildcards:
@@ -129,8 +145,8 @@ class ControllerReplication(MasterSlaveReplication):
         self.etcd = EtcdClient(self.copts.etcd, self.copts.request_timeout_s)
         self.election = Election(
             self.etcd,
-            str(_setting(broker_config, "cluster", "DefaultCluster")),
-            str(_setting(broker_config, "name", "broker-a")),
+            str(broker_setting(broker_config, "cluster", "DefaultCluster")),
+            str(broker_setting(broker_config, "name", "broker-a")),
             me,
             config,
             on_fenced=self._on_fenced,
@@ -154,10 +170,10 @@ class ControllerReplication(MasterSlaveReplication):
         server.notify_data()
         tracker, transfer = self.in_sync, self.transfer
         if tracker is None or transfer is None:
-            return _done(ReplicaStatus.PUT_OK)  # ASYNC_MASTER
+            return completed(ReplicaStatus.PUT_OK)  # ASYNC_MASTER
         status = tracker.precheck(end_offset)
         if status is not None:
-            return _done(status)
+            return completed(status)
         return transfer.wait(end_offset, self.options.sync_timeout_s)
 
     def update_master(self, ha_address: str, broker_address: str) -> None:
@@ -193,17 +209,10 @@ class ControllerReplication(MasterSlaveReplication):
         if self._reporter is not None:
             self._reporter.cancel()
         self._listener = None
-        election = self.election
-        if election is not None:
-            # What Election.close() does, synchronously: no renewal, no fence timer, not master.
-            if election._keepalive_task is not None:
-                election._keepalive_task.cancel()
-            if election._fence_timer is not None:
-                election._fence_timer.cancel()
-            election._master = False
+        if self.election is not None:
+            self.election.stop()  # no renewal, no fence timer, not master (the lease is revoked below)
         self._role = "SLAVE"
-        self._stop_slave_sync()
-        super().shutdown()
+        super().shutdown()  # also stops the slave metadata copy
         if self.election is not None and self.election.lease:
             # Revoke the lease so the group elects at once (not a TTL later); from a thread of
             # its own, since the broker's loop is stopping.
@@ -331,7 +340,7 @@ class ControllerReplication(MasterSlaveReplication):
     async def _serve(self, start: int = 0) -> bool:
         """Open the HA port (and, under SYNC, the group transfer and the in-sync set)."""
         assert self.election is not None
-        self._stop_slave_sync()
+        self.stop_slave_sync()
         host, port = self._ha_listen
         epoch = self._epoch
         tracker: InSyncTracker | None = None
@@ -436,7 +445,7 @@ class ControllerReplication(MasterSlaveReplication):
     async def _stop_following(self) -> None:
         client, self.client = self.client, None
         self._following = None
-        self._stop_slave_sync()
+        self.stop_slave_sync()
         if client is not None:
             await asyncio.to_thread(client.shutdown)
 
@@ -502,7 +511,7 @@ class ControllerReplication(MasterSlaveReplication):
             epoch,
             master.ha_addr,
         )
-        self._start_slave_sync()
+        self.start_slave_sync()
         if changed:
             self._role_changed()
 
@@ -526,27 +535,6 @@ class ControllerReplication(MasterSlaveReplication):
                 log.debug("controller: report failed: %s", exc)
             except Exception:
                 log.exception("controller: report failed")
-
-    # ------------------------------------------------------------------ slave metadata
-    def _start_slave_sync(self) -> None:
-        if self.metadata is None or self.slave_sync is not None:
-            return
-        from tidemq_ha_replication.slave_sync import SlaveSynchronize
-
-        sink, client = self.metadata
-        self.slave_sync = SlaveSynchronize(sink, client, self)
-        self.slave_sync.start()
-
-    def _stop_slave_sync(self) -> None:
-        sync, self.slave_sync = self.slave_sync, None
-        if sync is not None:
-            sync.cancel()
-
-    def attach_broker(self, sink: Any, client: Any) -> None:
-        """From the broker_started hook: what a slave needs to copy its master's metadata."""
-        self.metadata = (sink, client)
-        if self.client is not None:
-            self._start_slave_sync()
 
 
 def _ignore_ack(offset: int) -> None:

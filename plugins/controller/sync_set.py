@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from tidemq.replication import ReplicaStatus
-from tidemq_ha_replication.ha_master import GroupTransfer
+from tidemq_ha_replication.api import GroupTransfer, HAConnection, HAServer
 
 from .etcd import ControllerError
 
@@ -57,7 +57,7 @@ class InSyncTracker:
         self.options = options
         self.store = store
         self.transfer = transfer
-        self.server: Any = None
+        self.server: HAServer | None = None
         #: Members waited for (master included); :attr:`written` is what etcd holds.
         self.required: tuple[int, ...] = tuple(sorted({*members, me}))
         self.written: tuple[int, ...] = self.required
@@ -127,14 +127,14 @@ class InSyncTracker:
     def _timeout(self) -> float:
         return float(self.options.sync_set_timeout_s)
 
-    def _live(self) -> dict[int, Any]:
+    def _live(self) -> dict[int, HAConnection]:
         """Connected slaves of this epoch by broker id (the freshest connection of each)."""
         server = self.server
-        live: dict[int, Any] = {}
+        live: dict[int, HAConnection] = {}
         if server is None:
             return live
         for conn in list(server.connections):
-            bid = getattr(conn, "broker_id", None)
+            bid = conn.broker_id
             if bid is None or conn.closed.is_set():
                 continue
             if bid not in live or conn.caught_up_at > live[bid].caught_up_at:

@@ -23,6 +23,22 @@ Options (``[replication.master_slave]``)::
     lag_log_s = 30.0              # master: log each slave's lag this often (0: never)
     secret_file = ""              # file holding the HA shared secret (>= 16 bytes, mode 0600); "" = none
     insecure = false              # true: a master's HA port may listen beyond loopback without secret_file
+
+A slave also copies its master's metadata (:class:`~.slave_sync.SlaveSynchronize`): the broker
+hands the replication its metadata sink and client through
+:meth:`~tidemq.replication.MetadataFollower.follow_metadata`, and :meth:`MasterSlaveReplication.shutdown`
+stops the copy.
+
+:class:`MasterSlaveReplication` is public (:mod:`tidemq_ha_replication.api`) and meant to be
+subclassed by replications that run the same HA stream with another way of choosing the master
+(the ``controller`` plugin).  Its extension points are the public members: the attributes
+``options``, ``role``, ``store``, ``server``, ``client``, ``transfer``, ``master_broker_address``,
+``metadata`` and ``slave_sync`` (a subclass may swap ``server``/``client``/``transfer`` at run time,
+on the broker's loop), :meth:`~MasterSlaveReplication.listen_address`,
+:meth:`~MasterSlaveReplication.start_slave_sync` / :meth:`~MasterSlaveReplication.stop_slave_sync`,
+and every contract method (``start``, ``wait_for_replicas``, ``ha_address``, ``update_master``,
+``runtime_info``, ``follow_metadata``, ``shutdown``), which a subclass may override and extend
+through ``super()``.  Members starting with ``_`` are not part of it.
 """
 
 from __future__ import annotations
@@ -31,7 +47,7 @@ import logging
 import math
 import threading
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -41,12 +57,17 @@ from tidemq.errors import ConfigError
 from tidemq.futures import StoreFuture
 from tidemq.plugins import PluginContext
 from tidemq.protected import check_ha_listener
-from tidemq.replication import ReplicaStatus
+from tidemq.replication import MetadataSink, ReplicaStatus
 from tidemq.store import RawCommitLogStore
 
 from .ha_master import GroupTransfer, HAServer
 from .ha_slave import HAClient
 from .wire import read_secret
+
+if TYPE_CHECKING:
+    from tidemq.transport import TransportClient
+
+    from .slave_sync import SlaveSynchronize
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +123,15 @@ class MasterSlaveOptions:
 _DONE: dict[ReplicaStatus, Future[ReplicaStatus]] = {s: StoreFuture.completed(s) for s in ReplicaStatus}
 
 
-def _done(status: ReplicaStatus) -> Future[ReplicaStatus]:
+def completed(status: ReplicaStatus) -> Future[ReplicaStatus]:
+    """A resolved future holding ``status``: one shared per status, for answers known at once."""
     return _DONE[status]
 
 
 class MasterSlaveReplication:
-    """HA master or slave, by the broker's role."""
+    """HA master or slave, by the broker's role (a :class:`~tidemq.replication.MasterAware`
+    :class:`~tidemq.replication.MetadataFollower` replication); see the module docstring for what
+    a subclass may use."""
 
     def __init__(self, options: MasterSlaveOptions):
         self.options = options
@@ -119,7 +143,10 @@ class MasterSlaveReplication:
         self.master_broker_address = options.master_broker_address
         self._stop = threading.Event()
         self._lag_thread: threading.Thread | None = None
-        self.slave_sync: Any = None  # SlaveSynchronize, started by the broker_started hook
+        #: (the broker's metadata sink, its transport client), from :meth:`follow_metadata`.
+        self.metadata: tuple[MetadataSink, TransportClient] | None = None
+        #: The running metadata copy while this replica is a slave that follows metadata.
+        self.slave_sync: SlaveSynchronize | None = None
 
     # ------------------------------------------------------------------ contract
     def start(self, store: Any, broker_config: Any) -> None:
@@ -128,13 +155,13 @@ class MasterSlaveReplication:
                 f"[replication.master_slave] needs a store with raw commit-log access; {type(store).__name__} has none"
             )
         self.store = store
-        self.role = str(_setting(broker_config, "role", "ASYNC_MASTER"))
-        if self.role == "SLAVE" or int(_setting(broker_config, "id", 0)) != 0:
+        self.role = str(broker_setting(broker_config, "role", "ASYNC_MASTER"))
+        if self.role == "SLAVE" or int(broker_setting(broker_config, "id", 0)) != 0:
             self.role = "SLAVE"
             self.client = HAClient(store, self.options, self.options.master_address)
             self.client.start()
             return
-        host, port = self._listen_address(broker_config)
+        host, port = self.listen_address(broker_config)
         try:
             self.server = HAServer(store, self.options, host, port, self._on_ack)
         except OSError as exc:
@@ -150,8 +177,9 @@ class MasterSlaveReplication:
             self._lag_thread.start()
         log.info("HA %s listening on %s:%d", self.role, *self.server.address)
 
-    def _listen_address(self, broker_config: Any) -> tuple[str, int]:
-        listen = self.options.listen or str(_setting(broker_config, "listen", "127.0.0.1:10911"))
+    def listen_address(self, broker_config: Any) -> tuple[str, int]:
+        """The HA port's (host, port): ``listen``, else the broker's host and port + 1."""
+        listen = self.options.listen or str(broker_setting(broker_config, "listen", "127.0.0.1:10911"))
         try:
             host, port = split_address(listen)
         except ValueError as exc:
@@ -165,11 +193,11 @@ class MasterSlaveReplication:
         if server is not None:
             server.notify_data()
         if self.transfer is None or server is None:
-            return _done(ReplicaStatus.PUT_OK)
+            return completed(ReplicaStatus.PUT_OK)
         if server.slave_count == 0:
-            return _done(ReplicaStatus.SLAVE_NOT_AVAILABLE)
+            return completed(ReplicaStatus.SLAVE_NOT_AVAILABLE)
         if self.store.get_max_phy_offset() - self.transfer.acked > self.options.slave_fall_behind_max:
-            return _done(ReplicaStatus.SLAVE_NOT_AVAILABLE)
+            return completed(ReplicaStatus.SLAVE_NOT_AVAILABLE)
         return self.transfer.wait(end_offset, self.options.sync_timeout_s)
 
     def ha_address(self) -> str:
@@ -184,12 +212,37 @@ class MasterSlaveReplication:
 
     def shutdown(self) -> None:
         self._stop.set()
+        self.stop_slave_sync()
         if self.client is not None:
             self.client.shutdown()
         if self.server is not None:
             self.server.shutdown()
         if self.transfer is not None:
             self.transfer.shutdown()
+
+    # ------------------------------------------------------------------ slave metadata
+    def follow_metadata(self, sink: MetadataSink, client: TransportClient) -> None:
+        """:class:`~tidemq.replication.MetadataFollower`: keep ``sink`` and ``client``; a slave
+        starts copying its master's metadata now (on the broker's loop)."""
+        self.metadata = (sink, client)
+        if self.client is not None:  # following a master
+            self.start_slave_sync()
+
+    def start_slave_sync(self) -> None:
+        """Start copying the master's metadata, once the broker handed its sink (no-op if running)."""
+        if self.metadata is None or self.slave_sync is not None:
+            return
+        from .slave_sync import SlaveSynchronize
+
+        sink, client = self.metadata
+        self.slave_sync = SlaveSynchronize(sink, client, self)
+        self.slave_sync.start()
+
+    def stop_slave_sync(self) -> None:
+        """Stop copying (a promoted replica, or shutdown); safe when not running."""
+        sync, self.slave_sync = self.slave_sync, None
+        if sync is not None:
+            sync.cancel()
 
     # ------------------------------------------------------------------ HA state
     def _on_ack(self, offset: int) -> None:
@@ -200,10 +253,15 @@ class MasterSlaveReplication:
         """What the NameServer answered a slave's registration: its master's addresses."""
         if self.client is None:
             return
+        learnt = False
         if broker_address and not self.options.master_broker_address:
+            learnt = broker_address != self.master_broker_address
             self.master_broker_address = broker_address
         if ha_address and not self.options.master_address:
+            learnt = learnt or ha_address != self.client.master_address
             self.client.set_master(ha_address)
+        if learnt and self.slave_sync is not None:
+            self.slave_sync.wake()  # copy from it now, not a metadata_sync_s later
 
     def runtime_info(self) -> dict[str, str]:
         """HA fields for GET_BROKER_RUNTIME_INFO (lag in bytes: how far the slaves are behind)."""
@@ -248,7 +306,9 @@ class MasterSlaveReplication:
                 )
 
 
-def _setting(config: Any, key: str, default: Any) -> Any:
+def broker_setting(config: Any, key: str, default: Any) -> Any:
+    """``key`` of the broker settings :meth:`~tidemq.replication.Replication.start` receives (a
+    ``BrokerSettings``, or a plain dict in tests and tools), else ``default``."""
     if isinstance(config, dict):
         return config.get(key, default)
     return getattr(config, key, default)
@@ -257,12 +317,12 @@ def _setting(config: Any, key: str, default: Any) -> Any:
 def check_protected(options: MasterSlaveOptions, settings: Any, table: str, *, always: bool = False) -> None:
     """Protected mode for the HA port a master (or, with ``always``, every replica) listens on."""
     if not settings or not (
-        always or (_setting(settings, "role", "") != "SLAVE" and not _setting(settings, "id", 0))
+        always or (broker_setting(settings, "role", "") != "SLAVE" and not broker_setting(settings, "id", 0))
     ):
         return
-    listen = options.listen or str(_setting(settings, "listen", "127.0.0.1:10911"))
+    listen = options.listen or str(broker_setting(settings, "listen", "127.0.0.1:10911"))
     check_ha_listener(
-        str(_setting(settings, "name", "")),
+        str(broker_setting(settings, "name", "")),
         split_address(listen)[0],
         options.secret_file,
         options.insecure,

@@ -2,7 +2,9 @@
 
 Every ``metadata_sync_s`` a slave copies its master's topic config, consumer offsets and delay
 offsets (when the master serves them); every ``group_sync_s`` its subscription groups.  It uses
-the master broker's admin requests, so any RocketMQ-compatible master works.
+the master broker's admin requests, so any RocketMQ-compatible master works.  Until the master
+broker's address is known (configured, or learnt from the NameServers' answer to the slave's
+registration) no round runs; learning it wakes the loop at once.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -21,6 +23,11 @@ from tidemq.remoting.protocol import DataVersion
 from tidemq.replication import MetadataSink
 from tidemq.tasks import supervise
 
+if TYPE_CHECKING:
+    from tidemq.transport import TransportClient
+
+    from .master_slave import MasterSlaveReplication
+
 log = logging.getLogger(__name__)
 
 
@@ -30,16 +37,26 @@ REQUEST_TIMEOUT_S = 3.0
 class SlaveSynchronize:
     """Pulls the master's metadata into a slave broker, through the broker's :class:`MetadataSink`."""
 
-    def __init__(self, sink: MetadataSink, client: Any, replication: Any):
+    def __init__(self, sink: MetadataSink, client: TransportClient, replication: MasterSlaveReplication):
         self.sink = sink
         self.client = client  # the broker's transport client: admin requests to the master
-        self.replication = replication
+        self.replication = replication  # its options, and where its master is
         self.last_sync: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._no_delay_offsets = False
+        self._wake = asyncio.Event()
+        self._event_loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
+        """Start the loop on the running event loop (the broker's)."""
+        self._event_loop = asyncio.get_running_loop()
         self._task = supervise(self._loop, "tidemq-slave-sync")
+
+    def wake(self) -> None:
+        """Run the next round now (the master's address was just learnt); from any thread."""
+        loop = self._event_loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake.set)
 
     def cancel(self) -> None:
         """Stop syncing (from a synchronous hook; :meth:`stop` also waits for the task)."""
@@ -69,6 +86,11 @@ class SlaveSynchronize:
         opts = self.replication.options
         next_groups = 0.0
         while True:
+            if not self.master_address():
+                # Not known yet (the registration answer brings it): no round, which would
+                # otherwise take a silent master for one without delay offsets.
+                await self._pause(opts.metadata_sync_s)
+                continue
             try:
                 await self.sync_all(groups=time.monotonic() >= next_groups)
                 if time.monotonic() >= next_groups:
@@ -80,7 +102,16 @@ class SlaveSynchronize:
                 # Topics created on the master after the last sync: keep their messages readable.
                 for name in self.sink.adopt_store_topics():
                     log.info("slave adopts topic %s from its replicated commit log", name)
-            await asyncio.sleep(opts.metadata_sync_s)
+            await self._pause(opts.metadata_sync_s)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until :meth:`wake` (``asyncio.timeout``: a cancel always wins)."""
+        try:
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+        self._wake.clear()
 
     async def _get(self, code: int) -> dict[str, Any] | None:
         addr = self.master_address()

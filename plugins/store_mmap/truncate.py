@@ -62,7 +62,7 @@ def record_boundary(commitlog: CommitLog, offset: int) -> tuple[int, int]:
 
 
 def truncate_commit_log(store: MmapMessageStore, offset: int) -> int:
-    """:meth:`tidemq.store.RawCommitLogStore.truncate_commit_log` for the mmap store (its lock held)."""
+    """:meth:`tidemq.store.TruncatableStore.truncate_commit_log` for the mmap store (its lock held)."""
     if offset < 0:
         raise ValueError(f"cannot truncate the commit log to a negative offset ({offset})")
     commitlog = store.commitlog
