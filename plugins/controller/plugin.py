@@ -39,7 +39,7 @@ def create(ctx: PluginContext) -> ControllerReplication:
         role = str(ctx.settings.get("role", ""))
         check_broker_settings(role, int(ctx.settings.get("id", 0)))
         election_config(options, role)
-        from tidemq_ha_replication.master_slave import check_protected
+        from tidemq_ha_replication.api import check_protected
 
         check_protected(options, ctx.settings, "[replication.controller]", always=True)
 

@@ -14,14 +14,22 @@ anything else from here).
 - :class:`SlaveSynchronize`: a slave's copy of its master's metadata through a
   :class:`~tidemq.replication.MetadataSink`;
 - :func:`completed`: a shared resolved ``Future[ReplicaStatus]`` for answers known at once;
-  :func:`broker_setting`: one key of the broker settings ``Replication.start`` receives.
+  :func:`broker_setting`: one key of the broker settings ``Replication.start`` receives;
+  :func:`check_protected`: protected mode for the HA port (refuses a port beyond loopback
+  without ``secret_file`` unless ``insecure = true``).
 """
 
 from __future__ import annotations
 
 from .ha_master import GroupTransfer, HAConnection, HAServer
 from .ha_slave import HAClient
-from .master_slave import MasterSlaveOptions, MasterSlaveReplication, broker_setting, completed
+from .master_slave import (
+    MasterSlaveOptions,
+    MasterSlaveReplication,
+    broker_setting,
+    check_protected,
+    completed,
+)
 from .slave_sync import SlaveSynchronize
 
 __all__ = [
@@ -33,5 +41,6 @@ __all__ = [
     "MasterSlaveReplication",
     "SlaveSynchronize",
     "broker_setting",
+    "check_protected",
     "completed",
 ]
