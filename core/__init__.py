@@ -78,7 +78,11 @@ __all__ = [
     "FilterFactory",
     "MessageFilter",
     "SelectsEverything",
+    "SelectsByTag",
     "queue_entry_check",
+    "tag_selection",
+    "compiled_twin",  # extensions
+    "twins",
     "MasterAware",  # replication
     "RoleAware",
     "MetadataFollower",
@@ -130,8 +134,11 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "FilterFactory",
         "MessageFilter",
         "SelectsEverything",
+        "SelectsByTag",
         "queue_entry_check",
+        "tag_selection",
     ),
+    "tidemq.extensions": ("compiled_twin", "twins"),
     "tidemq.flush": ("Flushable", "FlushPolicy", "SubmittingFlushPolicy"),
     "tidemq.futures": ("StoreFuture",),
     "tidemq.index": (
@@ -183,6 +190,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         StoreError,
         TidemqError,
     )
+    from tidemq.extensions import compiled_twin, twins
     from tidemq.filter import (
         EXPRESSION_SQL92,
         EXPRESSION_TAG,
@@ -190,8 +198,10 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         EntryPrefilter,
         FilterFactory,
         MessageFilter,
+        SelectsByTag,
         SelectsEverything,
         queue_entry_check,
+        tag_selection,
     )
     from tidemq.flush import Flushable, FlushPolicy, SubmittingFlushPolicy
     from tidemq.futures import StoreFuture
