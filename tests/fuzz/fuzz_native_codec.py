@@ -200,12 +200,18 @@ def check(codec: ModuleType, rng: random.Random, data: bytes) -> dict[str, int]:
     # The pull path's walk over damaged store files: ``data`` as the mapped file, entries that
     # point into it (random, or at offsets 0, 20, ...) with random sizes.
     n_entries = rng.randint(0, 6)
+    # Tag codes: none, or those of a TAG subscription ("Aa" and "BB" collide) read in the same walk.
+    codes = [0, 2112, 116, 0x7FFFFFFF]
     entries = b"".join(
         struct.pack(
-            ">qiq", rng.choice([0, rng.randint(-8, len(data) + 8)]), rng.randint(-4, len(data) + 4), 0
+            ">qiq",
+            rng.choice([0, rng.randint(-8, len(data) + 8)]),
+            rng.randint(-4, len(data) + 4),
+            rng.choice(codes),
         )
         for _ in range(n_entries)
     )
+    tags = rng.choice([None, None, ((2112,), (b"Aa",)), ((116, 2112), (b"BB", b"t")), ((0,), (b"",))])
     scans = []
     # Drawn once: both walks get the same arguments.
     readable, max_count, max_bytes = rng.randint(0, len(data)), rng.randint(1, 8), rng.randint(1, 1 << 16)
@@ -232,6 +238,7 @@ def check(codec: ModuleType, rng: random.Random, data: bytes) -> dict[str, int]:
             qoffs,
             0,
             runs,
+            tags,
         )
         if b"".join(runs) != b"".join(bufs):
             got = ("runs differ from the records taken", got)
