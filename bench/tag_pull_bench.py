@@ -13,6 +13,10 @@ with the compiled TAG filter, following ``next_begin_offset``) for:
 
 Each case runs ``--repeats`` passes; the JSON gives the best, the median and the spread
 ((max - min) / median) of the passes, since the machine is shared.  Progress goes to stderr.
+
+``--careful`` also runs each TAG case through the store's per-entry loop (the same filter
+without ``selected_tags``: how every TAG pull ran before the walk took tags), its passes
+interleaved with the walk's, so both see the same load; ``walk_speedup`` is the ratio of medians.
 Run: ``.venv/bin/python bench/tag_pull_bench.py [--messages 100000] [--repeats 7]``.
 """
 
@@ -76,12 +80,38 @@ def consume(store: Any, flt: Any, max_nums: int) -> tuple[float, int]:
     return time.perf_counter() - start, matched
 
 
+class CarefulOnly:
+    """The same subscription, not a SelectsByTag: the store's per-entry loop decides."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def matches_tags_code(self, tags_code: int) -> bool:
+        return bool(self.inner.matches_tags_code(tags_code))
+
+    def matches_message(self, properties: Any) -> bool:
+        return bool(self.inner.matches_message(properties))
+
+
+def summary(times: list[float], expected: int, messages: int) -> dict[str, Any]:
+    med = statistics.median(times)
+    return {
+        "matched": expected,
+        "best_s": round(min(times), 4),
+        "median_s": round(med, 4),
+        "spread": round((max(times) - min(times)) / med, 3),
+        "scanned_per_s_best": round(messages / min(times)),
+        "scanned_per_s_median": round(messages / med),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--body-size", type=int, default=256)
     ap.add_argument("--max-nums", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--careful", action="store_true", help="also the per-entry loop, interleaved")
     args = ap.parse_args()
     factory = TagFilterFactory()
     cases: dict[str, tuple[Any, int]] = {
@@ -111,22 +141,23 @@ def main() -> None:
             progress(f"filled: {args.messages / t:.0f} msg/s")
             results: dict[str, Any] = {}
             for name, (flt, expected) in cases.items():
-                times = []
+                ways = {"": flt}
+                if args.careful and flt is not None:
+                    ways["_careful"] = CarefulOnly(flt)
+                times: dict[str, list[float]] = {w: [] for w in ways}
                 for _ in range(args.repeats):
-                    elapsed, matched = consume(store, flt, args.max_nums)
-                    if matched != expected:
-                        raise SystemExit(f"{name} matched {matched} messages, expected {expected}")
-                    times.append(elapsed)
-                med = statistics.median(times)
-                results[name] = {
-                    "matched": expected,
-                    "best_s": round(min(times), 4),
-                    "median_s": round(med, 4),
-                    "spread": round((max(times) - min(times)) / med, 3),
-                    "scanned_per_s_best": round(args.messages / min(times)),
-                    "scanned_per_s_median": round(args.messages / med),
-                }
-                progress(f"{name}: {results[name]}")
+                    for way, f in ways.items():
+                        elapsed, matched = consume(store, f, args.max_nums)
+                        if matched != expected:
+                            raise SystemExit(f"{name}{way} matched {matched} messages, expected {expected}")
+                        times[way].append(elapsed)
+                for way in ways:
+                    results[name + way] = summary(times[way], expected, args.messages)
+                    progress(f"{name + way}: {results[name + way]}")
+                if len(ways) > 1:
+                    results[name]["walk_speedup"] = round(
+                        results[name + "_careful"]["median_s"] / results[name]["median_s"], 2
+                    )
         finally:
             store.shutdown()
     out["consume"] = results
