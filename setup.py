@@ -4,8 +4,9 @@ The kernel lives in ``core/`` and imports as ``tidemq``; each built-in plugin li
 ``plugins/<name>/`` and imports as ``tidemq_<name>``.  Nothing installs a bare ``core`` or
 ``plugins`` package.
 
-``core/_native/_codec.pyx`` is compiled to ``tidemq._native._codec`` with Cython (a build
-requirement, from PyPI) and the machine's C compiler.  Where that is not possible (no compiler,
+``core/_native/_*.pyx`` are compiled to ``tidemq._native._*`` (one module per family of the record
+codec, see ``tidemq._native``) with Cython (a build requirement, from PyPI) and the machine's C
+compiler.  Where that is not possible (no compiler,
 no Python headers, no Cython) the install still succeeds, with one warning, and tidemq runs its
 pure-Python codec: ``tidemq._native.DESCRIPTION`` (``tidemq --version``) says which one runs.
 ``CFLAGS``/``LDFLAGS`` reach the compiler as usual (``tox -e fuzz-asan`` builds with
@@ -32,7 +33,7 @@ for top, src in package_dir.items():
     packages.extend(f"{top}.{sub}" for sub in find_packages(src))
 
 package_data = {p: ["py.typed"] for p in package_dir}
-package_data["tidemq._native"] = ["*.pyi", "*.pyx"]
+package_data["tidemq._native"] = ["*.pyi", "*.pyx", "*.pxi"]
 package_data["tidemq_spark"] = ["py.typed", "*.pyi", "*.pyx"]
 package_data["tidemq_console"] = ["py.typed", "templates/*.html", "static/*"]
 
@@ -78,12 +79,23 @@ class OptionalBuildExt(build_ext):
     def _skip(self, exc: BaseException) -> None:
         if not OptionalBuildExt._warned:
             OptionalBuildExt._warned = True
-            _warn(f"the compiled codec (tidemq._native._codec) was not built: {exc}; {_FALLBACK}")
+            _warn(f"the compiled codec (tidemq._native) was not built: {exc}; {_FALLBACK}")
 
 
 def native_extensions() -> list[Extension]:
     # optional: when it is not built, nothing is copied next to the sources (and nothing fails).
-    ext = Extension("tidemq._native._codec", ["core/_native/_codec.pyx"], optional=True)
+    # The record codec, one module per family (tidemq._native.MODULES); they include _*.pxi.
+    # Each includes every shared helper, used or not: no warning for the unused ones.
+    quiet = [] if sys.platform == "win32" else ["-Wno-unused-function"]
+    codec = [
+        Extension(
+            f"tidemq._native.{path.stem}",
+            [f"core/_native/{path.name}"],
+            optional=True,
+            extra_compile_args=quiet,
+        )
+        for path in sorted((ROOT / "core" / "_native").glob("_*.pyx"))
+    ]
     # The hash index's key hashing and IndexFile insertion (tidemq_index_hash.native loads it).
     index = Extension("tidemq_index_hash._native", ["plugins/index_hash/_native.pyx"], optional=True)
     # The Spark sources' column builder (tidemq_spark.schema falls back to its Python reference).
@@ -94,7 +106,7 @@ def native_extensions() -> list[Extension]:
         _warn(f"Cython is not installed, so the compiled codec is not built; {_FALLBACK}")
         return []
     # Generated C goes under build/ (ignored); a .pyx newer than its .c is translated again.
-    extensions = cythonize([ext, index, spark], build_dir="build/cython", quiet=True, language_level=3)
+    extensions = cythonize([*codec, index, spark], build_dir="build/cython", quiet=True, language_level=3)
     for built in extensions:  # cythonize's copies do not keep the flag
         built.optional = True
     return extensions

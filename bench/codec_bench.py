@@ -4,7 +4,7 @@ Prints one JSON object to stdout, e.g.
 ``{"send_request_json": {"encode_per_s": ..., "decode_per_s": ...}, ..., "record_codec": {...}}``.
 
 ``record_codec`` times each per-message operation of :mod:`tidemq.record` (the pure-Python
-reference) and of ``tidemq._native._codec`` (the compiled codec, whatever ``TIDEMQ_NO_EXTENSIONS``
+reference) and of the ``tidemq._native`` modules (the compiled codec, whatever ``TIDEMQ_NO_EXTENSIONS``
 says) in ns per message, best of ``--repeat`` runs, and their ratio: ``decode_batch`` of a
 SEND_BATCH_MESSAGE body, ``encode`` (``RecordEncoder.prepare`` + ``write_into``), ``iter_messages``
 over a pull response body with and without the CRC check, the store's per-record checks on the
@@ -20,7 +20,6 @@ Progress goes to stderr.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -28,7 +27,6 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from tidemq.remoting import FrameDecoder, RemotingCommand, RequestCode, SerializeType, encode
@@ -198,16 +196,15 @@ def bench_record_codec(budget_s: float, repeat: int) -> dict[str, Any]:
         def __getattr__(self, name: str) -> Any:
             return message.py_create_message_id if name == "create_message_id" else getattr(record, name)
 
-    compiled: ModuleType | None
-    try:
-        compiled = importlib.import_module("tidemq._native._codec")
-    except ImportError as exc:
-        print(f"the compiled codec is not built ({exc}): Python only", file=sys.stderr)
-        compiled = None
+    from tidemq import _native
+
+    compiled: Any = _native.load_all()
+    if compiled is None:
+        print("the compiled codec is not built: Python only", file=sys.stderr)
     out: dict[str, Any] = {
         "unit": "ns per message, best of runs",
         "batch_messages": BATCH,
-        "compiled": None if compiled is None else compiled.__name__,
+        "compiled": None if compiled is None else [m.__name__ for m in compiled.modules],
         "crc32": None if compiled is None else compiled.CRC32_SOURCE,
         "loadavg_at_start": list(os.getloadavg()),
     }

@@ -83,7 +83,11 @@ __all__ = [
     "FilterFactory",
     "MessageFilter",
     "SelectsEverything",
+    "SelectsByTag",
     "queue_entry_check",
+    "tag_selection",
+    "compiled_twin",  # extensions
+    "twins",
     "MasterAware",  # replication
     "RoleAware",
     "MetadataFollower",
@@ -170,8 +174,11 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "FilterFactory",
         "MessageFilter",
         "SelectsEverything",
+        "SelectsByTag",
         "queue_entry_check",
+        "tag_selection",
     ),
+    "tidemq.extensions": ("compiled_twin", "twins"),
     "tidemq.flush": ("Flushable", "FlushPolicy", "FlushStatistics", "SubmittingFlushPolicy"),
     "tidemq.futures": ("StoreFuture",),
     "tidemq.index": (
@@ -245,6 +252,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         StoreError,
         TidemqError,
     )
+    from tidemq.extensions import compiled_twin, twins
     from tidemq.filter import (
         EXPRESSION_SQL92,
         EXPRESSION_TAG,
@@ -252,8 +260,10 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         EntryPrefilter,
         FilterFactory,
         MessageFilter,
+        SelectsByTag,
         SelectsEverything,
         queue_entry_check,
+        tag_selection,
     )
     from tidemq.flush import Flushable, FlushPolicy, FlushStatistics, SubmittingFlushPolicy
     from tidemq.futures import StoreFuture

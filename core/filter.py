@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from tidemq.message_types import tags_hash_code
 
 if TYPE_CHECKING:
     from tidemq.store import Dispatcher
@@ -53,6 +56,49 @@ class SelectsEverything(Protocol):
     """A filter that may know it matches every message (``*``): the store then reads no properties."""
 
     matches_all: bool
+
+
+@runtime_checkable
+class SelectsByTag(Protocol):
+    """A TAG subscription that says so: a message matches exactly when its TAGS property is one
+    of :meth:`selected_tags` (and so ``matches_tags_code`` is "the code is one of their Java
+    hashes").  A store may then filter inside its queue walk, in one pass: the entry's code
+    first, then the TAGS property read from the record, no record decoded (:func:`tag_selection`).
+    """
+
+    def selected_tags(self) -> frozenset[str]:
+        """The subscribed tags (not empty: a filter matching everything says ``matches_all``)."""
+        ...
+
+
+_TAG_CAPABLE: dict[type, bool] = {}
+
+
+@functools.lru_cache(maxsize=1024)
+def _selection(tags: frozenset[str]) -> tuple[tuple[int, ...], tuple[bytes, ...]]:
+    codes, names = set(), set()
+    for tag in tags:
+        try:
+            codes.add(tags_hash_code(tag))
+            names.add(tag.encode())
+        except UnicodeEncodeError:  # a lone surrogate: no stored (UTF-8) tag can equal it
+            continue
+    return tuple(sorted(codes)), tuple(sorted(names))
+
+
+def tag_selection(message_filter: MessageFilter | None) -> tuple[tuple[int, ...], tuple[bytes, ...]] | None:
+    """``(tag codes, UTF-8 tags)`` of a :class:`SelectsByTag` filter, else None: the ``tags``
+    argument of :func:`tidemq.message.scan_queue`."""
+    if message_filter is None:
+        return None
+    cls = type(message_filter)
+    capable = _TAG_CAPABLE.get(cls)
+    if capable is None:
+        capable = _TAG_CAPABLE[cls] = isinstance(message_filter, SelectsByTag)
+    if not capable:
+        return None
+    tags = message_filter.selected_tags()  # type: ignore[attr-defined]
+    return _selection(frozenset(tags)) if tags else None
 
 
 @runtime_checkable

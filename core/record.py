@@ -12,10 +12,11 @@ Pull responses carry these records verbatim, so official clients decode what the
 The store encodes a record once with :func:`encode_message` and patches the three fields only it
 knows (queue offset, physical offset, store timestamp) with :func:`patch_record`.
 
-Import these names from :mod:`tidemq.message`: it hands out the compiled versions
-(``tidemq._native._codec``) of :class:`RecordEncoder`, :func:`decode_batch`,
-:func:`decode_message`, :func:`iter_messages`, :func:`record_crc_ok` and :func:`record_mismatch`
-when they are built and ``TIDEMQ_NO_EXTENSIONS`` is not set.  This module is always pure Python:
+Import these names from :mod:`tidemq.message`: it picks, at import, the compiled twins (the
+``tidemq._native`` modules) of :class:`RecordEncoder`, :func:`pack_cq_entries`,
+:func:`decode_batch`, :func:`decode_batch_messages`, :func:`decode_message`,
+:func:`iter_messages`, :func:`record_crc_ok`, :func:`record_mismatch` and :func:`scan_queue` when
+they are built and ``TIDEMQ_NO_EXTENSIONS`` is not set.  This module is always pure Python:
 the reference the compiled code is tested against byte for byte (``tests/test_native_codec.py``)
 and the fallback where no compiler was available.
 """
@@ -32,7 +33,7 @@ from typing import Any
 import attrs
 
 from tidemq.errors import CorruptDataError, MessageTooLargeError
-from tidemq.message import (
+from tidemq.message_types import (
     _I32,
     _I64,
     BORNHOST_V6_FLAG,
@@ -512,6 +513,7 @@ def scan_queue(
     queue_offsets: list[int],
     total: int,
     runs: list[memoryview] | None = None,
+    tags: tuple[tuple[int, ...], tuple[bytes, ...]] | None = None,
 ) -> tuple[int, int, int, int]:
     """The pull path's walk of ConsumeQueue entries ``[start, limit)`` (bytes) whose records lie
     whole in one mapped commit-log file (``file_view``, starting at log offset ``file_from``,
@@ -522,6 +524,11 @@ def scan_queue(
     With ``runs``, the records taken are appended to it too, as maximal back-to-back runs: one
     view per run of records that follow each other in the file (what a pull response writes).
 
+    With ``tags`` (``(tag codes, UTF-8 tags)`` of a TAG subscription), the walk filters in the
+    same pass: an entry whose tag code is not one of the codes is skipped unread; a record whose
+    TAGS property is not one of the tags (a code collision, or no TAGS) is skipped after its one
+    decode.  A record that does not decode stops the walk (the store's careful path logs it).
+
     Returns ``(index, total bytes, last commit-log offset seen or -1, SCAN_*)``.
     """
     i = start
@@ -529,8 +536,9 @@ def scan_queue(
     unit = _CQ_ENTRY.size
     stop = SCAN_END
     run_start = run_end = -1
+    codes, names = tags if tags is not None else ((), ())
     while i < limit:
-        phy, size, _tags = _CQ_ENTRY.unpack_from(entries, i)
+        phy, size, tags_code = _CQ_ENTRY.unpack_from(entries, i)
         last_phy = phy
         if size == 0x7FFFFFFF:
             stop = SCAN_CAREFUL
@@ -538,6 +546,9 @@ def scan_queue(
         if buffers and (len(buffers) >= max_count or total + size > max_bytes):
             stop = SCAN_FULL
             break
+        if tags is not None and tags_code not in codes:
+            i += unit  # another tag: skipped on the entry alone, the record unread
+            continue
         pos = phy - file_from
         if pos < 0 or size < 0 or pos + size > readable:
             stop = SCAN_CAREFUL
@@ -547,6 +558,15 @@ def scan_queue(
         if record_mismatch(data, size, topic, queue_id, qoff) is not None:
             stop = SCAN_CAREFUL
             break
+        if tags is not None:
+            try:
+                stored = decode_message(data, with_body=False).properties.get(Prop.TAGS)
+            except CorruptDataError:  # the careful path logs it and skips it
+                stop = SCAN_CAREFUL
+                break
+            if stored is None or stored.encode() not in names:
+                i += unit  # a colliding tag code: not this subscription's tag
+                continue
         if check_crc and not record_crc_ok(data):
             stop = SCAN_CAREFUL
             break

@@ -1,4 +1,4 @@
-"""The compiled codec (``tidemq._native._codec``) against the pure-Python reference (``tidemq.record``).
+"""The compiled codec (the ``tidemq._native`` modules) against the pure-Python reference (``tidemq.record``).
 
 Differential, property-based: for random valid inputs both produce the same bytes (records,
 offsets, message ids, consume-queue inputs) and the same decoded objects; for malformed or
@@ -23,15 +23,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import tidemq.record as ref
+from tidemq import _native
 from tidemq.message import BatchItem, MessageExt, MessageInner, py_create_message_id
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = os.environ.get("TIDEMQ_REQUIRE_EXTENSIONS", "") not in ("", "0")
-try:  # directly, whatever TIDEMQ_NO_EXTENSIONS selects for tidemq.message
-    _codec: ModuleType | None = importlib.import_module("tidemq._native._codec")
-    _missing = ""
-except ImportError as exc:
-    _codec, _missing = None, str(exc)
+# Directly, whatever TIDEMQ_NO_EXTENSIONS selects for tidemq.message: every compiled module's names.
+_codec: Any = _native.load_all()
+_missing = "" if _codec is not None else "a tidemq._native module does not import"
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -482,10 +481,11 @@ def test_objects_are_built_slot_by_slot_and_behave(C: ModuleType) -> None:
 def _selection(env: dict[str, str]) -> str:
     code = (
         "import tidemq._native as n, tidemq.message as m, tidemq.record as r\n"
-        "names = ['RecordEncoder', 'decode_batch', 'decode_message', 'iter_messages', 'pack_cq_entries',\n"
-        "         'record_crc_ok', 'record_mismatch']\n"
+        "names = ['RecordEncoder', 'decode_batch', 'decode_batch_messages', 'decode_message', 'iter_messages',\n"
+        "         'pack_cq_entries', 'record_crc_ok', 'record_mismatch', 'scan_queue']\n"
         "pure = all(getattr(m, x) is getattr(r, x) for x in names) and m.create_message_id is m.py_create_message_id\n"
-        "native = n.codec is not None and all(getattr(m, x) is getattr(n.codec, x) for x in names)\n"
+        "c = n.load_all()\n"
+        "native = c is not None and all(getattr(m, x) is getattr(c, x) for x in names + ['create_message_id'])\n"
         "print(n.ACTIVE, pure, native, n.DESCRIPTION, sep='|')\n"
     )
     base = {k: v for k, v in os.environ.items() if k != "TIDEMQ_NO_EXTENSIONS"}
@@ -505,7 +505,8 @@ def test_no_extensions_variable_selects_pure_python() -> None:
 def test_the_compiled_codec_is_selected_by_default(C: ModuleType) -> None:
     active, pure, native, description = _selection({}).split("|")
     assert (active, pure, native) == ("True", "False", "True")
-    assert description == f"compiled (tidemq._native._codec; crc32: {C.CRC32_SOURCE})"
+    modules = ", ".join(_native.MODULES)
+    assert description == f"compiled (tidemq._native: {modules}; crc32: {C.CRC32_SOURCE})"
 
 
 def test_short_fuzz_of_every_decoder(C: ModuleType) -> None:
@@ -650,3 +651,91 @@ def test_scan_queue_takes_every_whole_record_of_an_intact_queue(C: ModuleType) -
         buffers, qoffsets = [], []
         assert impl.scan_queue(*args, 2, 1 << 20, True, buffers, qoffsets, 0)[3] == ref.SCAN_FULL
         assert qoffsets == [7, 8]
+
+
+TAG_CHOICES = ["Aa", "BB", "t", "é", "x\x01y", "", None]  # "Aa" / "BB" share a Java hash; None: no TAGS
+
+
+@SETTINGS
+@given(
+    tags=st.lists(st.sampled_from(TAG_CHOICES), min_size=1, max_size=12),
+    extra=st.lists(prop_dicts, min_size=1, max_size=3),
+    subscribed=st.sets(st.sampled_from(["Aa", "t", "é", "x\x01y", "nothing"]), min_size=1),
+    edits=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3),
+    max_count=st.integers(1, 16),
+    check_crc=st.booleans(),
+)
+def test_scan_queue_filters_tags_as_the_reference(
+    C: ModuleType, tags: list, extra: list, subscribed: set, edits: list, max_count: int, check_crc: bool
+) -> None:
+    """A TAG subscription's walk: entries of other codes skipped unread, colliding and missing
+    TAGS skipped, unreadable records stopping the walk: the compiled walk and the reference take
+    the same records and stop at the same entry."""
+    from tidemq.filter import tag_selection
+    from tidemq_filter_server.tag import TagFilterFactory
+
+    msgs = []
+    for i, tag in enumerate(tags):
+        props = dict(extra[i % len(extra)])
+        props.pop("TAGS", None)
+        if tag is not None:
+            props["TAGS"] = tag
+        msgs.append(MessageInner(topic="Orders", body=b"b%d" % i, queue_id=3, properties=props))
+    enc = ref.RecordEncoder(("10.0.0.1", 10911))
+    batch = enc.prepare(msgs)
+    buf = bytearray(batch.total)
+    offsets = enc.write_into(buf, 0, batch, 0, 0, 1_700_000_000_000)
+    entries = ref.pack_cq_entries(offsets, batch.sizes, batch.tags_codes)
+    for at, value in edits:
+        buf[at % len(buf)] = value
+    selection = tag_selection(TagFilterFactory().compile("||".join(sorted(subscribed))))
+    out = []
+    for impl in (C, ref):
+        buffers: list = []
+        qoffsets: list = []
+        runs: list = []
+        got = impl.scan_queue(
+            entries, 0, len(entries), memoryview(bytes(buf)), 0, len(buf), b"Orders", 3, 0, max_count,
+            1 << 20, check_crc, buffers, qoffsets, 0, runs, selection,
+        )  # fmt: skip
+        out.append((got, [bytes(b) for b in buffers], qoffsets, [bytes(r) for r in runs]))
+    assert out[0] == out[1]
+
+
+def _twin_in_subprocess(env: dict[str, str], module: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='%(message)s')\n"
+        "from tidemq.extensions import compiled_twin, twins\n"
+        f"first = compiled_twin({module!r}); again = compiled_twin({module!r})\n"
+        "print('compiled' if first is not None else 'python', [t.reason for t in twins()][-1], sep='|')\n"
+    )
+    base = {
+        k: v for k, v in os.environ.items() if k not in ("TIDEMQ_NO_EXTENSIONS", "TIDEMQ_REQUIRE_EXTENSIONS")
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_missing_twin_runs_python_and_says_why_once() -> None:
+    proc = _twin_in_subprocess({}, "tidemq._native._no_such_module")
+    assert proc.returncode == 0, proc.stderr
+    logged, result = proc.stdout.strip().splitlines()
+    assert logged == (
+        "tidemq._native._no_such_module: running the pure-Python reference "
+        "(not built: no C compiler at install, or installed without it)"
+    )
+    assert result.startswith("python|not built")
+
+
+def test_require_extensions_refuses_a_missing_twin_unless_python_is_asked_for() -> None:
+    proc = _twin_in_subprocess({"TIDEMQ_REQUIRE_EXTENSIONS": "1"}, "tidemq._native._no_such_module")
+    assert proc.returncode != 0
+    assert (
+        "ImportError: TIDEMQ_REQUIRE_EXTENSIONS is set but the compiled tidemq._native._no_such_module"
+        in proc.stderr
+    )
+    both = {"TIDEMQ_REQUIRE_EXTENSIONS": "1", "TIDEMQ_NO_EXTENSIONS": "1"}
+    proc = _twin_in_subprocess(both, "tidemq._native._record_decode")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "python|TIDEMQ_NO_EXTENSIONS=1"

@@ -1,8 +1,12 @@
 """The ``TAG`` expression type: ``*`` or tags joined by ``||`` (RocketMQ's FilterAPI).
 
-The broker asks twice, as RocketMQ does: first with the tag code stored in the ConsumeQueue entry
-(the Java ``String.hashCode`` of the tag), which is cheap but may collide, then with the decoded
-properties to compare the exact tag.
+A :class:`TagFilter` decides on the tag code stored in the ConsumeQueue entry (the Java
+``String.hashCode`` of the tag), which is cheap but may collide, then on the stored TAGS property,
+exact.  RocketMQ's broker stops at the code (``ExpressionMessageFilter.isMatchedByCommitLog``
+returns true for TAG) and its client drops a colliding tag; tidemq's broker compares the tag as
+well, so a colliding tag is never served.  The filter is a :class:`tidemq.SelectsByTag`: a store
+that knows it walks the queue once, checking the code and then reading TAGS in place from the
+record, without decoding it to a message (the mmap store's pull walk).
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ class TagFilter:
         if not self.tags:
             return True
         return properties.get(Prop.TAGS) in self.tags
+
+    def selected_tags(self) -> frozenset[str]:
+        """:class:`tidemq.SelectsByTag`: exactly these tags (the store may filter in its walk)."""
+        return self.tags
 
 
 class TagFilterFactory:

@@ -4,8 +4,9 @@
 compiler is available) holds compiled versions of the key hash, the hashing of a dispatched batch
 and the insertion of its entries into an IndexFile; :mod:`tidemq_index_hash.indexfile` uses them
 in place of its Python ones (``py_key_hash``, ``py_hash_batch``, ``IndexFile.py_put_batch``), which
-stay as the reference.  The switch is the codec's (``tidemq._native.DISABLE_VARIABLE``): with
-``TIDEMQ_NO_EXTENSIONS=1`` both run pure Python.  Read once, at import.
+stay as the reference.  Picked once, at import, by the kernel's :func:`tidemq.compiled_twin` (one
+switch for every compiled module: ``TIDEMQ_NO_EXTENSIONS=1`` runs pure Python, and the reason is
+logged when the Python path is taken).
 
 ``impl`` is the compiled module or ``None``; ``DESCRIPTION`` is one line for logs and tools, e.g.
 ``compiled (tidemq_index_hash._native; blake3: one chunk in C, ...)``.
@@ -13,32 +14,20 @@ stay as the reference.  The switch is the codec's (``tidemq._native.DISABLE_VARI
 
 from __future__ import annotations
 
-import importlib
-import os
-import warnings
 from types import ModuleType
 
+from tidemq.extensions import compiled_twin, twins
+
 _MODULE = "tidemq_index_hash._native"
-#: The codec's switch, read the way ``tidemq._native`` reads it (one variable turns off every
-#: compiled module; tests/test_native_index.py checks they agree).  Named here because plugins may
-#: import only tidemq's public API, which ``tidemq._native`` is not.
+#: The kernel's switch (``tidemq.extensions.DISABLE_VARIABLE``; tests/test_native_index.py checks
+#: they agree), named here for the tests and tools that set it.
 DISABLE_VARIABLE = "TIDEMQ_NO_EXTENSIONS"
 
-impl: ModuleType | None = None
-if os.environ.get(DISABLE_VARIABLE, "") not in ("", "0"):
-    DESCRIPTION = f"pure Python ({DISABLE_VARIABLE}=1)"
+impl: ModuleType | None = compiled_twin(_MODULE)
+if impl is not None:
+    DESCRIPTION = f"compiled ({_MODULE}; {impl.HASH_SOURCE})"
 else:
-    try:
-        impl = importlib.import_module(_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name != _MODULE:
-            raise
-        DESCRIPTION = "pure Python (extension not built: no C compiler at install, or installed without it)"
-    except ImportError as exc:  # built, but does not load here (or its self-check failed)
-        warnings.warn(f"tidemq: the compiled index does not load, running pure Python: {exc}", stacklevel=2)
-        DESCRIPTION = f"pure Python (extension not loadable: {exc})"
-    else:
-        DESCRIPTION = f"compiled ({_MODULE}; {impl.HASH_SOURCE})"
+    DESCRIPTION = f"pure Python ({next(t.reason for t in twins() if t.module == _MODULE)})"
 
 #: Whether the compiled index code is in use.
 ACTIVE = impl is not None

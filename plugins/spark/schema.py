@@ -9,7 +9,6 @@ DataFrame read from one topic can be written to another without carrying stale s
 from __future__ import annotations
 
 import array
-import os
 import struct
 from collections.abc import Iterable
 from types import ModuleType
@@ -17,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from tidemq.client import decompress
 from tidemq.errors import CorruptDataError
+from tidemq.extensions import compiled_twin, twins
 from tidemq.message import MessageExt, Prop, create_message_id
 
 from .options import TidemqSparkError
@@ -75,19 +75,8 @@ def user_properties(props: dict[str, str]) -> list[tuple[str, str]]:
     return [(k, v) for k, v in props.items() if k not in SYSTEM_PROPERTIES]
 
 
-def _load_native() -> ModuleType | None:
-    """The compiled column builder, or None (not built, or ``TIDEMQ_NO_EXTENSIONS=1``)."""
-    if os.environ.get("TIDEMQ_NO_EXTENSIONS", "") not in ("", "0"):
-        return None
-    try:
-        from . import _columns
-    except ImportError:
-        return None
-    return _columns
-
-
 #: ``tidemq_spark._columns`` when it runs, else None (every record takes the Python reference).
-native: ModuleType | None = _load_native()
+native: ModuleType | None = compiled_twin("tidemq_spark._columns")
 
 #: What :meth:`BatchBuilder.scan` returns when the record at ``pos`` is the reference's to handle.
 NEEDS_REFERENCE = 1
@@ -336,5 +325,5 @@ def native_description() -> str:
     """Which column builder runs, for logs and the bench."""
     if native is not None:
         return f"compiled ({native.__name__})"
-    disabled = os.environ.get("TIDEMQ_NO_EXTENSIONS", "") not in ("", "0")
-    return "pure Python (TIDEMQ_NO_EXTENSIONS=1)" if disabled else "pure Python (extension not built)"
+    reason = next((t.reason for t in twins() if t.module == "tidemq_spark._columns"), "")
+    return f"pure Python ({reason})"

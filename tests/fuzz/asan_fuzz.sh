@@ -3,7 +3,7 @@
 #
 #   tests/fuzz/asan_fuzz.sh [fuzz_native_codec.py arguments, e.g. --inputs 1000000 --seed 7]
 #
-# Builds tidemq._native._codec with -fsanitize=address into build/asan (the in-place build the
+# Builds the tidemq._native modules with -fsanitize=address into build/asan (the in-place build the
 # editable install uses is left alone), then runs tests/fuzz/fuzz_native_codec.py on that build
 # with gcc's libasan preloaded.  PYTHONMALLOC=malloc gives every bytes object a malloc block of
 # its own, with red zones around it: pymalloc would pack small objects into shared arenas, where
@@ -17,8 +17,10 @@ out=build/asan
 rm -rf "$out"
 CFLAGS="-fsanitize=address -fno-omit-frame-pointer -O1 -g" LDFLAGS="-fsanitize=address" \
     "$PY" setup.py -q build_ext --build-lib "$out/lib" --build-temp "$out/tmp"
-so=$(ls "$out"/lib/tidemq/_native/_codec*.so 2>/dev/null || true)
-if [ -z "$so" ]; then
+native="$out/lib/tidemq/_native"
+so=$(ls "$native"/_*.so 2>/dev/null || true)
+expected=$(ls core/_native/_*.pyx | wc -l)
+if [ "$(echo "$so" | grep -c '\.so$')" -ne "$expected" ]; then
     echo "asan_fuzz: the AddressSanitizer build failed (see above)" >&2
     exit 2
 fi
@@ -27,7 +29,7 @@ if [ ! -e "$libasan" ]; then
     echo "asan_fuzz: $CC has no libasan.so" >&2
     exit 2
 fi
-echo "asan_fuzz: $so with $libasan" >&2
+echo "asan_fuzz: $(echo $so) with $libasan" >&2
 LD_PRELOAD="$libasan" PYTHONMALLOC=malloc \
     ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:detect_stack_use_after_return=1" \
-    "$PY" tests/fuzz/fuzz_native_codec.py --codec "$so" "$@"
+    "$PY" tests/fuzz/fuzz_native_codec.py --codec "$native" "$@"

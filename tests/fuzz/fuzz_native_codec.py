@@ -1,4 +1,4 @@
-"""Fuzz the compiled codec (``tidemq._native._codec``) against the pure-Python reference (``tidemq.record``).
+"""Fuzz the compiled codec (the ``tidemq._native`` modules) against the pure-Python reference (``tidemq.record``).
 
 Every input (random bytes, or valid SEND_BATCH_MESSAGE bodies and commit-log record buffers with
 1-4 mutations: bit flips, interesting values written over length fields, truncation, splices,
@@ -11,7 +11,7 @@ batch decodes, its messages also go through both record encoders (same bytes, sa
 Run::
 
     python tests/fuzz/fuzz_native_codec.py --inputs 1000000 [--seed 1] [--json out.json]
-    python tests/fuzz/fuzz_native_codec.py --codec build/asan/.../_codec.so  # a given build (ASan)
+    python tests/fuzz/fuzz_native_codec.py --codec build/asan/lib/tidemq/_native  # a given build (ASan)
 
 Progress goes to stderr, a JSON summary to stdout (and ``--json``).  Exit status 1 at the first
 difference, with the input saved under ``--crash-dir``.  ``tests/test_native_codec.py`` runs a
@@ -53,16 +53,25 @@ class Mismatch(AssertionError):
     """The compiled and reference decoders disagreed on an input."""
 
 
-def load_codec(path: str | None) -> ModuleType:
-    """The compiled codec: the installed one, or the build at ``path`` (before tidemq loads one)."""
+def load_codec(path: str | None) -> Any:
+    """The compiled codec's modules in one namespace (:func:`tidemq._native.load_all`): the
+    installed ones, or the builds in the directory ``path`` (loaded before tidemq imports any)."""
     if path:
-        spec = importlib.util.spec_from_file_location("tidemq._native._codec", path)
-        assert spec is not None and spec.loader is not None, path
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["tidemq._native._codec"] = module
-        spec.loader.exec_module(module)
-        return module
-    return importlib.import_module("tidemq._native._codec")
+        files = sorted(Path(path).glob("_*.so"))
+        assert files, f"no compiled module in {path}"
+        for file in files:
+            name = f"tidemq._native.{file.name.split('.')[0]}"
+            spec = importlib.util.spec_from_file_location(name, file)
+            assert spec is not None and spec.loader is not None, file
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+    from tidemq import _native
+
+    codec = _native.load_all()
+    if codec is None:
+        raise ImportError("the compiled codec is not built")
+    return codec
 
 
 # ---------------------------------------------------------------------------- seeds and mutations
@@ -191,12 +200,18 @@ def check(codec: ModuleType, rng: random.Random, data: bytes) -> dict[str, int]:
     # The pull path's walk over damaged store files: ``data`` as the mapped file, entries that
     # point into it (random, or at offsets 0, 20, ...) with random sizes.
     n_entries = rng.randint(0, 6)
+    # Tag codes: none, or those of a TAG subscription ("Aa" and "BB" collide) read in the same walk.
+    codes = [0, 2112, 116, 0x7FFFFFFF]
     entries = b"".join(
         struct.pack(
-            ">qiq", rng.choice([0, rng.randint(-8, len(data) + 8)]), rng.randint(-4, len(data) + 4), 0
+            ">qiq",
+            rng.choice([0, rng.randint(-8, len(data) + 8)]),
+            rng.randint(-4, len(data) + 4),
+            rng.choice(codes),
         )
         for _ in range(n_entries)
     )
+    tags = rng.choice([None, None, ((2112,), (b"Aa",)), ((116, 2112), (b"BB", b"t")), ((0,), (b"",))])
     scans = []
     # Drawn once: both walks get the same arguments.
     readable, max_count, max_bytes = rng.randint(0, len(data)), rng.randint(1, 8), rng.randint(1, 1 << 16)
@@ -223,6 +238,7 @@ def check(codec: ModuleType, rng: random.Random, data: bytes) -> dict[str, int]:
             qoffs,
             0,
             runs,
+            tags,
         )
         if b"".join(runs) != b"".join(bufs):
             got = ("runs differ from the records taken", got)
@@ -334,7 +350,7 @@ def run(
         "decoder_calls": dict(totals),
         "seconds": round(time.perf_counter() - started, 1),
         "outcome": "no difference, no crash",
-        "codec": getattr(codec, "__file__", "?"),
+        "codec": [getattr(m, "__file__", "?") for m in codec.modules],
         "crc32": codec.CRC32_SOURCE,
     }
 
@@ -343,12 +359,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inputs", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(4), "big"))
-    ap.add_argument("--codec", help="path of a _codec build to load (default: the installed one)")
+    ap.add_argument(
+        "--codec", help="directory of a build's tidemq._native modules (default: the installed ones)"
+    )
     ap.add_argument("--json", help="also write the summary here")
     ap.add_argument("--crash-dir", default="fuzz-crashes", help="where a differing input is saved")
     args = ap.parse_args()
     codec = load_codec(args.codec)
-    print(f"fuzzing {codec.__file__} with seed {args.seed}", file=sys.stderr)
+    print(f"fuzzing {[m.__file__ for m in codec.modules]} with seed {args.seed}", file=sys.stderr)
     try:
         summary = run(codec, args.inputs, args.seed, progress=True, crash_dir=Path(args.crash_dir))
     except Mismatch as exc:
