@@ -57,7 +57,10 @@ __all__ = [
     "TidemqError",
     # role contracts (runtime-checkable Protocols), by role
     "Connection",  # transport
+    "ConnectionState",
     "RequestHandler",
+    "BatchedRequestHandler",
+    "BatchedProcessor",
     "Transport",
     "TransportClient",
     "TransportServer",
@@ -168,7 +171,16 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "check_queue_offset",
         "dispatch_messages",
     ),
-    "tidemq.transport": ("Connection", "RequestHandler", "Transport", "TransportClient", "TransportServer"),
+    "tidemq.transport": (
+        "BatchedProcessor",
+        "BatchedRequestHandler",
+        "Connection",
+        "ConnectionState",
+        "RequestHandler",
+        "Transport",
+        "TransportClient",
+        "TransportServer",
+    ),
 }
 _LAZY = {name: module for module, names in _SOURCES.items() for name in names}
 
@@ -229,7 +241,16 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         check_queue_offset,
         dispatch_messages,
     )
-    from tidemq.transport import Connection, RequestHandler, Transport, TransportClient, TransportServer
+    from tidemq.transport import (
+        BatchedProcessor,
+        BatchedRequestHandler,
+        Connection,
+        ConnectionState,
+        RequestHandler,
+        Transport,
+        TransportClient,
+        TransportServer,
+    )
 
 
 def __getattr__(name: str) -> Any:
