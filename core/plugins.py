@@ -108,7 +108,7 @@ class PluginManager:
     """Loads plugins and answers which implementations each role has."""
 
     def __init__(self) -> None:
-        self.hook_manager = pluggy.PluginManager(PROJECT)
+        self.hook_manager = HookManager(PROJECT)
         self.hook_manager.add_hookspecs(hookspecs)
         self._registry: dict[str, dict[str, PluginInfo]] = {role: {} for role in ROLES}
         self._distributions: dict[str, str] = {}
@@ -328,17 +328,55 @@ def _hashable(obj: object) -> bool:
     return type(obj).__hash__ is not None
 
 
-def listened(*hooks: pluggy.HookCaller) -> bool:
-    """Whether any plugin implements one of ``hooks`` now: the one guard before building a hook's
-    context per message (``SendContext``, ``ConsumeContext``).
+#: Bumped whenever a plugin is registered or unregistered (:class:`HookManager`): what
+#: :class:`Listeners` caches its answer on.
+_generation = 0
 
-    Asked per call, through pluggy's public ``get_hookimpls`` (a copy of a short list, ~0.1 us), so
-    a plugin registered while the broker runs is seen at once.
+
+class HookManager(pluggy.PluginManager):
+    """pluggy's plugin manager, counting the plugins that come and go (for :class:`Listeners`).
+
+    Only pluggy's public methods are overridden; every registration, tidemq's or a direct
+    ``hook_manager.register``/``unregister``, goes through them.
     """
-    for hook in hooks:
-        if hook.get_hookimpls():
-            return True
-    return False
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        global _generation
+        try:
+            return super().register(plugin, name)
+        finally:
+            _generation += 1
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any | None:
+        global _generation
+        try:
+            return super().unregister(plugin, name)
+        finally:
+            _generation += 1
+
+
+class Listeners:
+    """Whether any plugin implements one of ``hooks`` now: the one guard before building a hook's
+    context per message (``SendContext``, ``ConsumeContext``), so unheard hooks cost nothing.
+
+    Asked per message, answered from a cache until a plugin is registered or unregistered (a
+    plugin added while the broker runs is seen by the next message), then from pluggy's public
+    ``get_hookimpls``.  ``hooks`` are hook callers of a :class:`PluginManager`'s relay.
+    """
+
+    __slots__ = ("_any", "_generation", "_hooks")
+
+    def __init__(self, *hooks: pluggy.HookCaller) -> None:
+        self._hooks = hooks
+        self._generation = -1
+        self._any = False
+
+    def __call__(self) -> bool:
+        if self._generation == _generation:
+            return self._any
+        self._generation = _generation
+        self._any = any(hook.get_hookimpls() for hook in self._hooks)
+        return self._any
 
 
 def unknown_choice(key: str, value: str, choices: Iterable[str]) -> str:

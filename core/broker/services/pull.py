@@ -20,7 +20,7 @@ from tidemq.broker.services.status import Outcome, Status
 from tidemq.filter import EXPRESSION_TAG, MessageFilter, SelectsEverything
 from tidemq.observe import ConsumeContext
 from tidemq.perm import is_readable
-from tidemq.plugins import listened
+from tidemq.plugins import Listeners
 from tidemq.store import GetResult, GetStatus
 from tidemq.transport import Connection
 
@@ -79,6 +79,8 @@ class PullService:
         # decode was most of a pull's cost).  Cached, isinstance included: against a runtime
         # Protocol it cost ~6 % of a pull.
         self._filters: dict[tuple[str, str], MessageFilter | None] = {}
+        hooks = broker.hooks
+        self._listened = Listeners(hooks.tidemq_before_consume, hooks.tidemq_after_consume)
 
     def store_filter(self, expression_type: str, expression: str) -> MessageFilter | None:
         """The compiled subscription for the store (cached: consumers repeat the same few)."""
@@ -182,7 +184,7 @@ class PullService:
         # As on the send path: a context and two hook calls only when a plugin listens.
         hooks = b.hooks
         ctx: ConsumeContext | None = None
-        if listened(hooks.tidemq_before_consume, hooks.tidemq_after_consume):
+        if self._listened():
             ctx = ConsumeContext(
                 consumer_group=group,
                 topic=topic,
