@@ -1,4 +1,5 @@
-"""GET_CONSUMER_LIST_BY_GROUP, QUERY/UPDATE_CONSUMER_OFFSET and LOCK/UNLOCK_BATCH_MQ."""
+"""GET_CONSUMER_LIST_BY_GROUP, QUERY/UPDATE_CONSUMER_OFFSET and LOCK/UNLOCK_BATCH_MQ: the remoting codec
+over the offset, client and admin services."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from tidemq.broker.context import BrokerContext, ProcessorRegister
+from tidemq.broker.context import ProcessorRegister
 from tidemq.broker.headers import Header, kv
 from tidemq.broker.processors.answers import answer
 from tidemq.broker.services import BrokerServices
@@ -28,10 +29,10 @@ def _parse_mqs(items: Any) -> list[MessageQueue]:
 
 
 class ConsumerManageProcessor:
-    def __init__(self, broker: BrokerContext, services: BrokerServices):
-        self.broker = broker
+    def __init__(self, services: BrokerServices):
         self.offsets = services.offsets
         self.admin = services.admin
+        self.clients = services.clients
 
     async def consumer_list(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         group = Header(request.ext_fields, "GET_CONSUMER_LIST_BY_GROUP").str("consumerGroup")
@@ -62,7 +63,7 @@ class ConsumerManageProcessor:
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             return request.reply(ResponseCode.SYSTEM_ERROR, f"malformed LOCK_BATCH_MQ body: {exc}")
-        locked = self.broker.locks.try_lock_batch(group, mqs, client_id)
+        locked = self.clients.lock_queues(group, client_id, mqs)
         return request.reply(
             ResponseCode.SUCCESS, body=orjson.dumps({"lockOKMQSet": [_mq_json(m) for m in locked]})
         )
@@ -77,12 +78,11 @@ class ConsumerManageProcessor:
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             return request.reply(ResponseCode.SYSTEM_ERROR, f"malformed UNLOCK_BATCH_MQ body: {exc}")
-        self.broker.locks.unlock_batch(group, mqs, client_id)
-        return request.reply(ResponseCode.SUCCESS)
+        return answer(request, self.clients.unlock_queues(group, client_id, mqs))
 
 
 def register(register: ProcessorRegister, services: BrokerServices) -> None:
-    p = ConsumerManageProcessor(register.context, services)
+    p = ConsumerManageProcessor(services)
     register.add(RequestCode.GET_CONSUMER_LIST_BY_GROUP, p.consumer_list)
     register.add(RequestCode.QUERY_CONSUMER_OFFSET, p.query_offset)
     register.add(RequestCode.UPDATE_CONSUMER_OFFSET, p.update_offset)

@@ -50,9 +50,9 @@ class MonitoringProcessor:
         """VIEW_BROKER_STATS_DATA: minute, hour and day figures of one stats item."""
         h = Header(request.ext_fields, "VIEW_BROKER_STATS_DATA")
         name, key = h.str("statsName"), h.str("statsKey")
-        snaps = self.broker.stats.snapshots(name, key)
-        if snaps is None:
-            return request.reply(ResponseCode.SYSTEM_ERROR, f"The stats <{name}> <{key}> not exist")
+        snaps = self.admin.stats_snapshots(name, key)
+        if isinstance(snaps, Outcome):
+            return answer(request, snaps)
         body = {
             "statsDay": snaps["day"].to_json(),
             "statsHour": snaps["hour"].to_json(),
@@ -89,7 +89,7 @@ class MonitoringProcessor:
 
     async def all_producers(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         """GET_ALL_PRODUCER_INFO (4.9.4): every producer group's connections."""
-        table = self.broker.producers.table()
+        table = self.admin.producers()
         body = {"data": {group: [producer_info(ch) for ch in chs] for group, chs in sorted(table.items())}}
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(body))
 

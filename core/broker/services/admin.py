@@ -12,6 +12,7 @@ import attrs
 from tidemq.broker.clients import ClientChannel, ConsumerGroupInfo
 from tidemq.broker.context import BrokerContext
 from tidemq.broker.services.status import Outcome, Status
+from tidemq.broker.stats import StatsSnapshot
 from tidemq.queues import MessageQueue
 
 
@@ -131,7 +132,18 @@ class AdminService:
             out.append(TopicConsumeStats(topic, table, b.stats.group_get_tps(group, topic), diff))
         return out
 
+    def stats_snapshots(self, name: str, key: str) -> dict[str, StatsSnapshot] | Outcome:
+        """Minute, hour and day figures of one stats item (VIEW_BROKER_STATS_DATA)."""
+        snaps = self.broker.stats.snapshots(name, key)
+        if snaps is None:
+            return Outcome(Status.SYSTEM_ERROR, f"The stats <{name}> <{key}> not exist")
+        return snaps
+
     # ------------------------------------------------------------------ clients
+    def producers(self) -> dict[str, list[ClientChannel]]:
+        """Every producer group's connections (GET_ALL_PRODUCER_INFO)."""
+        return self.broker.producers.table()
+
     def consumer_group(self, group: str) -> ConsumerGroupInfo | Outcome:
         """The online consumers of ``group`` (GET_CONSUMER_CONNECTION_LIST)."""
         info = self.broker.consumers.get(group)

@@ -1,5 +1,6 @@
-"""Client registrations: heartbeat and unregister (HEART_BEAT, UNREGISTER_CLIENT), and the check of a
-consumer's subscription (CHECK_CLIENT_CONFIG)."""
+"""Client registrations: heartbeat and unregister (HEART_BEAT, UNREGISTER_CLIENT), the queue locks of
+orderly consumers (LOCK/UNLOCK_BATCH_MQ) and the check of a consumer's subscription
+(CHECK_CLIENT_CONFIG)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tidemq.broker.context import BrokerContext
 from tidemq.broker.headers import retry_topic
 from tidemq.broker.services.status import DONE, Outcome, Status
 from tidemq.perm import PERM_READ, PERM_WRITE
+from tidemq.queues import MessageQueue
 from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,16 @@ class ClientService:
         if consumer_group and b.consumers.unregister(consumer_group, peer):
             log.info("consumer %s left group %s", client_id or peer.remote_address, consumer_group)
             b.notify_consumer_ids_changed(consumer_group)
+        return DONE
+
+    def lock_queues(self, group: str, client_id: str, queues: list[MessageQueue]) -> list[MessageQueue]:
+        """Lock (or renew) for an orderly consumer each queue still free or already its own; the
+        queues it holds (LOCK_BATCH_MQ)."""
+        return self.broker.locks.try_lock_batch(group, queues, client_id)
+
+    def unlock_queues(self, group: str, client_id: str, queues: list[MessageQueue]) -> Outcome:
+        """Release the client's locks on ``queues`` (UNLOCK_BATCH_MQ)."""
+        self.broker.locks.unlock_batch(group, queues, client_id)
         return DONE
 
     def check_subscription(self, expression_type: str, expression: str) -> Outcome:
