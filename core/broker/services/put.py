@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from concurrent.futures import Future
 
 from tidemq.broker.context import BrokerContext
 from tidemq.broker.services.status import Status
@@ -50,7 +50,7 @@ _PUT_STATUSES: dict[PutStatus, tuple[Status, str | None]] = {
     ),
     PutStatus.UNKNOWN_ERROR: (Status.SYSTEM_ERROR, "UNKNOWN_ERROR"),
 }
-_REPLICA_STATUSES = {
+_REPLICA_STATUSES: dict[ReplicaStatus | None, Status] = {
     ReplicaStatus.PUT_OK: Status.SUCCESS,
     ReplicaStatus.FLUSH_SLAVE_TIMEOUT: Status.FLUSH_SLAVE_TIMEOUT,
     ReplicaStatus.SLAVE_NOT_AVAILABLE: Status.SLAVE_NOT_AVAILABLE,
@@ -140,12 +140,12 @@ class PutGroup:
         self.nsends = 0
         self.msgs: list[MessageInner] = []
         self.nbytes = 0  # request bodies coalesced so far (what GROUP_MAX_BYTES bounds)
-        self.future: Any = None  # the store's concurrent Future[PutResult]
+        self.future: Future[PutResult] | None = None  # the store's answer to the put
         self.result: PutResult | None = None
         # What the store raised, as text: the exception itself would hold this frame's caller
         # through its traceback (a cycle for the collector).
         self.error: str | None = None
-        self.replica: Any = None  # Future[ReplicaStatus], asked once per put
+        self.replica: Future[ReplicaStatus] | None = None  # asked once per put
         self.started = 0.0
 
     def add(self, send: Send) -> None:
@@ -196,6 +196,7 @@ def settled(broker: BrokerContext, send: Send) -> bool:
     assert group is not None
     if group.result is None and group.error is None:
         future = group.future
+        assert future is not None  # put, or the store raised (then group.error is set)
         if not future.done() or future.exception() is not None:
             return False  # settle awaits it, or logs the failure
         group.result = future.result()
@@ -215,6 +216,7 @@ async def settle(broker: BrokerContext, send: Send) -> None:
     group = send.group
     assert group is not None
     if group.result is None and group.error is None:
+        assert group.future is not None
         try:
             group.result = await resolved(group.future)
         except Exception as exc:
@@ -228,7 +230,7 @@ async def settle(broker: BrokerContext, send: Send) -> None:
     _complete(broker, send, replica)
 
 
-def _replica_future(broker: BrokerContext, group: PutGroup, result: PutResult) -> Any:
+def _replica_future(broker: BrokerContext, group: PutGroup, result: PutResult) -> Future[ReplicaStatus]:
     """Asked once per put, after counting it: the put's end must reach the replicas."""
     replica_future = group.replica
     if replica_future is None:
@@ -241,7 +243,7 @@ def _replica_future(broker: BrokerContext, group: PutGroup, result: PutResult) -
     return replica_future
 
 
-def _complete(broker: BrokerContext, send: Send, replica: Any) -> None:
+def _complete(broker: BrokerContext, send: Send, replica: ReplicaStatus | None) -> None:
     """``send``'s outcome once its put (and, when it succeeded, its replicas) answered."""
     group = send.group
     assert group is not None
