@@ -57,8 +57,8 @@ class PullProcessor:
             sub_version,
             subscription,
         )
-        if type(result) is not PullResult:
-            return None if result is None else answer(request, result)  # type: ignore[arg-type]
+        if not isinstance(result, PullResult):
+            return None if result is None else answer(request, result)
         fields = kv(
             suggestWhichBrokerId=result.suggest_broker_id,
             nextBeginOffset=result.next_begin_offset,

@@ -160,10 +160,10 @@ class SendService:
         """One message: the send to store, or the refusal that ends it here."""
         b = self.broker
         cfg = self.check_topic(topic, default_topic, default_queue_nums, queue_id, sys_flag)
-        if isinstance(cfg, Outcome):
+        if type(cfg) is Outcome:  # not isinstance: a builtin call less per send
             return cfg
         if queue_id < 0:
-            queue_id = random.randrange(max(cfg.write_queue_nums, 1))
+            queue_id = random.randrange(max(cfg.write_queue_nums, 1))  # type: ignore[union-attr]
         props = string_to_properties(properties)
         # As RocketMQ 4.6+: a stored message names its cluster (a request's responder replies to
         # <CLUSTER>_REPLY_TOPIC through it).
