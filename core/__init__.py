@@ -58,7 +58,10 @@ __all__ = [
     "TidemqError",
     # role contracts (runtime-checkable Protocols), by role
     "Connection",  # transport
+    "ConnectionState",
     "RequestHandler",
+    "BatchedRequestHandler",
+    "BatchedProcessor",
     "Transport",
     "TransportClient",
     "TransportServer",
@@ -219,7 +222,16 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "dispatch_messages",
         "store_introspection",
     ),
-    "tidemq.transport": ("Connection", "RequestHandler", "Transport", "TransportClient", "TransportServer"),
+    "tidemq.transport": (
+        "BatchedProcessor",
+        "BatchedRequestHandler",
+        "Connection",
+        "ConnectionState",
+        "RequestHandler",
+        "Transport",
+        "TransportClient",
+        "TransportServer",
+    ),
 }
 _LAZY = {name: module for module, names in _SOURCES.items() for name in names}
 
@@ -305,7 +317,16 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         dispatch_messages,
         store_introspection,
     )
-    from tidemq.transport import Connection, RequestHandler, Transport, TransportClient, TransportServer
+    from tidemq.transport import (
+        BatchedProcessor,
+        BatchedRequestHandler,
+        Connection,
+        ConnectionState,
+        RequestHandler,
+        Transport,
+        TransportClient,
+        TransportServer,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -2,9 +2,9 @@
 
 Plugins are found through the ``tidemq`` entry-point group: built-ins and third-party
 distributions alike.  Each entry point names a module (or object) holding ``@tidemq.hookimpl``
-functions.  After loading, every registration hook is called once, through pluggy (so
-``specname``, ``tryfirst``/``trylast`` and hook tracing apply), and the factories are kept by
-role and name; :meth:`PluginManager.create` then builds the instance a config asks for.
+functions.  After loading, every registration hook is called once per plugin, in registration
+order, through pluggy's hook callers (so ``specname`` and hook tracing apply:
+:meth:`PluginManager.call_per_plugin`), and the factories are kept by role and name; :meth:`PluginManager.create` then builds the instance a config asks for.
 
 Environment switches, as pytest and datasette have them:
 
@@ -108,7 +108,7 @@ class PluginManager:
     """Loads plugins and answers which implementations each role has."""
 
     def __init__(self) -> None:
-        self.hook_manager = pluggy.PluginManager(PROJECT)
+        self.hook_manager = HookManager(PROJECT)
         self.hook_manager.add_hookspecs(hookspecs)
         self._registry: dict[str, dict[str, PluginInfo]] = {role: {} for role in ROLES}
         self._distributions: dict[str, str] = {}
@@ -181,12 +181,44 @@ class PluginManager:
             return
         self._registry = {role: {} for role in ROLES}
         for role, hook_name in ROLE_HOOKS.items():
-            # Through pluggy, so implementations named by ``specname`` count.  Registration order
-            # (not pluggy's last-first call order): a duplicate name blames the later plugin.
-            for impl in getattr(self.hook_manager.hook, hook_name).get_hookimpls():
-                dist = self._distributions.get(impl.plugin_name, "local")
-                impl.function(Register(role, impl.plugin_name, dist, self._registry[role]))
+            self.call_per_plugin(hook_name, self._registering(role))
         self._collected = True
+
+    def _registering(self, role: str) -> Callable[[str], Mapping[str, Any]]:
+        """What each plugin's registration hook of ``role`` gets: a :class:`Register` naming it."""
+        sink = self._registry[role]
+
+        def kwargs(plugin: str) -> Mapping[str, Any]:
+            return {"register": Register(role, plugin, self._distributions.get(plugin, "local"), sink)}
+
+        return kwargs
+
+    def call_per_plugin(self, hook_name: str, kwargs: Callable[[str], Mapping[str, Any]]) -> None:
+        """Call hook ``hook_name`` once per plugin implementing it, in registration order, with
+        ``kwargs(plugin_name)``: what each call gets knows its plugin (a name or request code
+        registered twice blames the later plugin, by name).
+
+        Each call goes through pluggy's hook caller (a subset caller holding that plugin alone),
+        so ``specname``, hook-call monitoring and ``TIDEMQ_TRACE_HOOKS`` see it; pluggy alone would
+        call the plugins last-registered first, in one call that cannot say whose turn it is.
+        """
+        hm = self.hook_manager
+        impls = getattr(hm.hook, hook_name).get_hookimpls()
+        plugins: list[tuple[object, str]] = []
+        for impl in impls:
+            if all(impl.plugin is not seen for seen, _name in plugins):
+                plugins.append((impl.plugin, impl.plugin_name))
+        # pluggy keeps the plugins to leave out in a set: with an unhashable plugin object (a
+        # SimpleNamespace) implementing the hook, the hook functions are called directly.
+        through_pluggy = all(_hashable(plugin) for plugin, _name in plugins)
+        for plugin, name in plugins:
+            if through_pluggy:
+                others = [other for other, _name in plugins if other is not plugin]
+                hm.subset_hook_caller(hook_name, others)(**kwargs(name))
+                continue
+            for impl in impls:
+                if impl.plugin is plugin:
+                    impl.function(**kwargs(name))
 
     def trace_hooks(self) -> None:
         """Log every hook call and its outcome at DEBUG on ``tidemq.hooks`` (``TIDEMQ_TRACE_HOOKS``)."""
@@ -290,6 +322,61 @@ def contract_members(contract: type) -> set[str]:
     """The public methods and attributes a role's Protocol declares."""
     members = {n for n in vars(contract) if not n.startswith("_")}
     return members | set(getattr(contract, "__annotations__", {}))
+
+
+def _hashable(obj: object) -> bool:
+    return type(obj).__hash__ is not None
+
+
+#: Bumped whenever a plugin is registered or unregistered (:class:`HookManager`): what
+#: :class:`Listeners` caches its answer on.
+_generation = 0
+
+
+class HookManager(pluggy.PluginManager):
+    """pluggy's plugin manager, counting the plugins that come and go (for :class:`Listeners`).
+
+    Only pluggy's public methods are overridden; every registration, tidemq's or a direct
+    ``hook_manager.register``/``unregister``, goes through them.
+    """
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        global _generation
+        try:
+            return super().register(plugin, name)
+        finally:
+            _generation += 1
+
+    def unregister(self, plugin: object | None = None, name: str | None = None) -> Any | None:
+        global _generation
+        try:
+            return super().unregister(plugin, name)
+        finally:
+            _generation += 1
+
+
+class Listeners:
+    """Whether any plugin implements one of ``hooks`` now: the one guard before building a hook's
+    context per message (``SendContext``, ``ConsumeContext``), so unheard hooks cost nothing.
+
+    Asked per message, answered from a cache until a plugin is registered or unregistered (a
+    plugin added while the broker runs is seen by the next message), then from pluggy's public
+    ``get_hookimpls``.  ``hooks`` are hook callers of a :class:`PluginManager`'s relay.
+    """
+
+    __slots__ = ("_any", "_generation", "_hooks")
+
+    def __init__(self, *hooks: pluggy.HookCaller) -> None:
+        self._hooks = hooks
+        self._generation = -1
+        self._any = False
+
+    def __call__(self) -> bool:
+        if self._generation == _generation:
+            return self._any
+        self._generation = _generation
+        self._any = any(hook.get_hookimpls() for hook in self._hooks)
+        return self._any
 
 
 def unknown_choice(key: str, value: str, choices: Iterable[str]) -> str:

@@ -2,6 +2,11 @@
 
 The codec (:mod:`tidemq.remoting`) is sans-IO; a transport plugin owns the sockets.  Handlers
 and commands are :class:`tidemq.remoting.RemotingCommand` objects.
+
+Batching is declared here, on both sides of the broker: a transport that reads several requests
+at once hands them to a :class:`BatchedRequestHandler` (``handle_many``), and the broker hands
+consecutive requests for one code to a :class:`BatchedProcessor` (``many``: the send processor
+stores a read's sends with one append).  Both are optional; the answers are the same either way.
 """
 
 from __future__ import annotations
@@ -9,8 +14,26 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import attrs
+
 if TYPE_CHECKING:
     from tidemq.remoting.command import RemotingCommand
+
+
+@attrs.define(slots=True)
+class ConnectionState:
+    """What the broker keeps per connection (:attr:`Connection.context`), one per connection.
+
+    A transport makes one, empty, with each server-side connection and never reads it; the broker
+    fills it as the peer's requests arrive.
+    """
+
+    #: The peer's ``host:port`` parsed as a message's BORNHOST, on its first send (parsed once:
+    #: it is the same for every send of the connection).
+    born_host: tuple[str, int] | None = None
+    #: The broker drops the peer's producer and consumer registrations when the connection closes
+    #: (set with the close callback, on its first heartbeat: the callback is added once).
+    watched: bool = False
 
 
 @runtime_checkable
@@ -19,8 +42,8 @@ class Connection(Protocol):
 
     #: ``host:port`` of the peer.
     remote_address: str
-    #: Free slot for the application (the broker keeps a client's channel info here).
-    context: dict[str, Any]
+    #: The broker's per-connection state (born host, watched), made empty by the transport.
+    context: ConnectionState
 
     @property
     def closed(self) -> bool: ...
@@ -38,13 +61,48 @@ class Connection(Protocol):
 
 
 #: ``handler(connection, request) -> response | None`` (None for oneway requests).
-#:
-#: A handler object may also have ``handle_many(connection, requests)``: a transport that reads
-#: several requests at once (pipelined frames in one read) may hand them over together and gets
-#: one awaitable per request back, in order, which it awaits in turn (the broker coalesces sends of
-#: one read into one store put this way).  Without it, or from a transport that does not batch,
-#: each request goes to ``handler`` alone; the answers are the same either way.
 RequestHandler = Callable[[Connection, "RemotingCommand"], Awaitable["RemotingCommand | None"]]
+
+
+@runtime_checkable
+class BatchedRequestHandler(Protocol):
+    """A request handler that also takes the requests of one read together (the broker's).
+
+    A transport that reads several requests at once (pipelined frames in one read) may call
+    :meth:`handle_many` and gets one awaitable per request back, in order, which it awaits in turn;
+    nothing runs before the first is awaited.  Without it, or from a transport that does not batch,
+    each request goes to the handler alone; the answers are the same either way.  A transport
+    checks for it once, when it is handed the handler, not per read.
+    """
+
+    def __call__(self, conn: Connection, request: RemotingCommand) -> Awaitable[RemotingCommand | None]: ...
+
+    def handle_many(
+        self, conn: Connection, requests: list[RemotingCommand]
+    ) -> list[Awaitable[RemotingCommand | None]]: ...
+
+
+#: ``failed(request, exc)``: the broker's answer to a request whose handling raised ``exc`` (its
+#: one error mapping, the same as for a request served alone).
+Failed = Callable[["RemotingCommand", Exception], "RemotingCommand"]
+
+
+@runtime_checkable
+class BatchedProcessor(Protocol):
+    """A request processor that also serves consecutive requests of one read together (``many``).
+
+    Registered like any handler (``ProcessorRegister.add``); the broker hands :meth:`many` the
+    run of consecutive requests of one read for its codes, each already past the access check,
+    and gets per request, in order, its response or an awaitable of it.  ``failed(request, exc)``
+    answers a request whose handling raised.  A code that a plugin wraps is served one request at
+    a time (through ``__call__``).
+    """
+
+    def __call__(self, conn: Connection, request: RemotingCommand) -> Awaitable[RemotingCommand | None]: ...
+
+    def many(
+        self, conn: Connection, requests: list[RemotingCommand], failed: Failed
+    ) -> list[RemotingCommand | Awaitable[RemotingCommand | None]]: ...
 
 
 @runtime_checkable

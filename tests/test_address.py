@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tidemq.address import format_address, parse_address, split_address
-from tidemq.broker.processors.send import parse_host
+from tidemq.broker.services.send import parse_host
 from tidemq.errors import ConfigError
 from tidemq.remoting import RemotingConnectError
 from tidemq_transport_tcp import parse_address as connect_address

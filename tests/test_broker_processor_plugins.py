@@ -144,3 +144,26 @@ def test_the_metadata_sink_applies_a_master_s_tables_and_checks_its_names(tmp_pa
             assert broker.schedule.offsets[3] == 42
 
     asyncio.run(main())
+
+
+def test_hook_tracing_sees_every_plugin_register_its_request_codes_and_roles(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TIDEMQ_TRACE_HOOKS logs registration too: one traced call per plugin, in registration order."""
+    echo = Echo()
+    pm = manager_with(echo)
+    pm.trace_hooks()  # what TIDEMQ_TRACE_HOOKS=1 turns on
+
+    async def main() -> None:
+        async with running(tmp_path, {}, manager=pm) as (broker, client):
+            r = await call(client, broker, CUSTOM_CODE, {"x": "traced"})
+            assert r.code == ResponseCode.SUCCESS  # registered through the traced call
+
+    with caplog.at_level("DEBUG", logger="tidemq.hooks"):
+        asyncio.run(main())
+    traced = [r.getMessage() for r in caplog.records if r.name == "tidemq.hooks"]
+    calls = [m for m in traced if m.startswith("tidemq_register_processors(register) -> ")]
+    # Built-ins first (the acl plugin among them), then the third party: each call names one plugin.
+    assert "tidemq_register_processors(register) -> ['broker_processors']" in calls[:-1], traced
+    assert calls[-1] == "tidemq_register_processors(register) -> ['third-party-0']", traced
+    assert any(m.startswith("tidemq_register_stores(register) -> ") for m in traced), traced

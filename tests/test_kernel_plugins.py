@@ -204,3 +204,25 @@ def test_a_factory_whose_result_does_not_fit_its_role_is_named(tmp_path):
         PluginError, match=r"store 'hollow' of plugin 'hollow-store' built a object.*MessageStore.*lacks"
     ):
         pm.create("store", "hollow", data_dir=tmp_path)
+
+
+def test_the_listener_guard_sees_plugins_come_and_go():
+    """The per-message guard is cached, yet a plugin registered (or removed) meanwhile is seen at once,
+    whichever way it was registered: through tidemq's manager or pluggy's directly."""
+    from tidemq.plugins import Listeners
+
+    pm = PluginManager()
+    listening = Listeners(pm.hook.tidemq_before_send, pm.hook.tidemq_after_send)
+    assert not listening()
+
+    class After:
+        @hookimpl
+        def tidemq_after_send(self, context):
+            return None
+
+    name = pm.register(After(), name="after")
+    assert listening()
+    pm.hook_manager.unregister(name=name)
+    assert not listening()
+    pm.hook_manager.register(After(), name="direct")
+    assert listening()

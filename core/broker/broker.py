@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from tidemq import _native
@@ -29,7 +29,7 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import MetadataFollower, RoleAware
 from tidemq.tasks import supervise
-from tidemq.transport import Connection, TransportClient, TransportServer
+from tidemq.transport import BatchedProcessor, Connection, TransportClient, TransportServer
 
 log = logging.getLogger(__name__)
 
@@ -318,31 +318,42 @@ class Broker:
         log.info("broker %s stopped", self.settings.name)
 
     # ------------------------------------------------------------------ dispatch
+    #: The handlers that also serve runs of requests (``many``), by code; filled with the handlers.
+    _batched: Mapping[int, BatchedProcessor] = {}
+
     def _collect_processors(self) -> dict[int, Handler]:
-        """Every plugin's request handlers (``tidemq_register_processors``), before the server starts."""
+        """Every plugin's request handlers (``tidemq_register_processors``), before the server starts.
+
+        Called once per plugin through pluggy's hook caller (hook tracing sees it), registration
+        order, built-ins first: a code taken twice names both plugins.
+        """
         register = ProcessorRegister(self)
-        for impl in self.manager.hook_manager.hook.tidemq_register_processors.get_hookimpls():
-            impl.function(register._as(impl.plugin_name))  # registration order: built-ins first
-        return register.handlers()
+        self.manager.call_per_plugin(
+            "tidemq_register_processors", lambda plugin: {"register": register._as(plugin)}
+        )
+        handlers = register.handlers()
+        # A wrapped code's handler is the wrapper: served one request at a time.
+        self._batched = {code: h for code, h in handlers.items() if isinstance(h, BatchedProcessor)}
+        return handlers
 
     async def handle(self, conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
         """The transport's request handler: one processor per code, errors become responses."""
         response: RemotingCommand | None
         if self.acl is not None:
-            refused = self._check_access(self.acl, conn, request)
+            refused = self.refused(conn, request)
             if refused is not None:
                 return None if request.is_oneway else refused
         handler = self._handlers.get(request.code)
         if handler is None:
             # Usually a client given the broker's port as its NameServer: say so, once per peer.
-            response = self._unsupported.answer(request, _remote(conn), self._address)
+            response = self._unsupported.answer(request, conn.remote_address, self._address)
         else:
             try:
                 response = await handler(conn, request)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                response = self._failure(conn, request, exc)
+                response = self.failed(conn, request, exc)
         if request.is_oneway:
             return None
         return response
@@ -352,62 +363,66 @@ class Broker:
     ) -> list[Awaitable[RemotingCommand | None]]:
         """The requests of one read, one awaitable each, in order (the transport awaits them in turn).
 
-        Consecutive requests whose handler can take several at once (a ``many`` method: the send
-        handler, which coalesces their messages into one store append) reach it together, each
-        after its own ACL check; any other request, or a wrapped handler, is served by
-        :meth:`handle` alone.  Nothing runs before the first awaitable is awaited, and a run starts
-        when its first member is: requests keep the order they came in.
+        Consecutive requests whose handler is a :class:`~tidemq.transport.BatchedProcessor` (the
+        send handler, which coalesces their messages into one store append) reach its ``many``
+        together, each past the same access check as :meth:`handle` and answered on failure with the
+        same :meth:`failed`; any other request, or a wrapped handler, is served by :meth:`handle`
+        alone.  Nothing runs before the first awaitable is awaited, and a run starts when its first
+        member is: requests keep the order they came in.
         """
         out: list[Awaitable[RemotingCommand | None]] = []
-        handlers = self._handlers
+        batched = self._batched
         run: list[RemotingCommand] = []
-        run_handler: Any = None
+        run_processor: BatchedProcessor | None = None
         for request in requests:
-            handler = handlers.get(request.code)
-            if run_handler is not None and handler is run_handler:
+            processor = batched.get(request.code)
+            if run_processor is not None and processor is run_processor:
                 run.append(request)
                 continue
-            if run:
-                self._add_run(conn, run, run_handler, out)
-            if getattr(handler, "many", None) is not None:
-                run, run_handler = [request], handler
+            if run_processor is not None:
+                self._add_run(conn, run, run_processor, out)
+            if processor is not None:
+                run, run_processor = [request], processor
             else:
-                run, run_handler = [], None
+                run, run_processor = [], None
                 out.append(self.handle(conn, request))
-        if run:
-            self._add_run(conn, run, run_handler, out)
+        if run_processor is not None:
+            self._add_run(conn, run, run_processor, out)
         return out
 
     def _add_run(
         self,
         conn: Connection,
         run: list[RemotingCommand],
-        handler: Any,
+        processor: BatchedProcessor,
         out: list[Awaitable[RemotingCommand | None]],
     ) -> None:
         if len(run) == 1:
             out.append(self.handle(conn, run[0]))
         else:
-            coalesced = _CoalescedRun(self, conn, run, handler)
+            coalesced = _CoalescedRun(self, conn, run, processor)
             out.extend([coalesced.answer(i) for i in range(len(run))])
 
-    def _failure(self, conn: Connection, request: RemotingCommand, exc: Exception) -> RemotingCommand:
-        """The answer to a request whose handler raised ``exc``."""
+    def failed(self, conn: Connection, request: RemotingCommand, exc: Exception) -> RemotingCommand:
+        """The answer to a request whose handling raised ``exc``: the one error mapping of the
+        broker, for a request served alone and for one of a coalesced run alike."""
         if isinstance(exc, HeaderFieldError | InvalidNameError):
             # A peer's mistake, answered with the reason; not logged per request (a flood of
             # bad names must not become a flood of log lines).
             return request.reply(ResponseCode.SYSTEM_ERROR, str(exc))
         if isinstance(exc, TidemqError | ValueError):
-            log.warning("%s from %s failed: %s", request_name(request.code), _remote(conn), exc)
+            log.warning("%s from %s failed: %s", request_name(request.code), conn.remote_address, exc)
         else:
-            log.error("%s from %s failed", request_name(request.code), _remote(conn), exc_info=exc)
+            log.error("%s from %s failed", request_name(request.code), conn.remote_address, exc_info=exc)
         return request.reply(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
 
-    def _check_access(
-        self, acl: AccessValidator, conn: Connection, request: RemotingCommand
-    ) -> RemotingCommand | None:
-        """Run the access validator; the NO_PERMISSION answer when it refuses, else None."""
-        remote = _remote(conn)
+    def refused(self, conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
+        """The one access check: the NO_PERMISSION answer when the validator refuses, else None
+        (also None when access control is off)."""
+        acl = self.acl
+        if acl is None:
+            return None
+        remote = conn.remote_address
         try:
             acl.validate(request, remote)
             return None
@@ -459,12 +474,10 @@ class Broker:
 
     def watch_connection(self, conn: Connection) -> None:
         """Drop a client's registrations when its connection closes (once per connection)."""
-        context = getattr(conn, "context", None)
-        if context is None:
-            context = {}
-        if context.get("tidemq_broker_watched"):
+        state = conn.context
+        if state.watched:
             return
-        context["tidemq_broker_watched"] = True
+        state.watched = True
         conn.add_close_callback(self._connection_closed)
 
     def _connection_closed(self, conn: Connection) -> None:
@@ -501,12 +514,13 @@ class Broker:
 
 
 def _remote(conn: Connection) -> str:
-    return str(getattr(conn, "remote_address", "?"))
+    return conn.remote_address
 
 
 class RequestHandler:
-    """What the broker hands its transport: ``handler(conn, request)`` serves one request, and
-    ``handler.handle_many(conn, requests)`` the requests of one read (:meth:`Broker.handle_many`)."""
+    """What the broker hands its transport, a :class:`~tidemq.transport.BatchedRequestHandler`:
+    ``handler(conn, request)`` serves one request, and ``handler.handle_many(conn, requests)`` the
+    requests of one read (:meth:`Broker.handle_many`)."""
 
     __slots__ = ("_handle", "handle_many")
 
@@ -519,52 +533,55 @@ class RequestHandler:
 
 
 class _CoalescedRun:
-    """Consecutive requests of one read for one ``many`` handler, started when the first is awaited.
+    """Consecutive requests of one read for one batched processor, started when the first is awaited.
 
-    The ACL check runs per request, then the admitted ones go to ``handler.many(conn, requests,
-    failed)`` together, which returns per request its response or an awaitable of it, and answers
-    a request whose handling raised with ``failed(request, exc)``: the error mapping of
-    :meth:`Broker.handle`.
+    The broker's access check (:meth:`Broker.refused`) runs per request, then the admitted ones go
+    to ``processor.many(conn, requests, failed)`` together, which returns per request its response
+    or an awaitable of it; a request whose handling raised is answered by :meth:`Broker.failed`,
+    inside ``many`` or here.
     """
 
-    __slots__ = ("_broker", "_conn", "_handler", "_requests", "_works")
+    __slots__ = ("_broker", "_conn", "_processor", "_requests", "_works")
 
-    def __init__(self, broker: Broker, conn: Connection, requests: list[RemotingCommand], handler: Any):
+    def __init__(
+        self, broker: Broker, conn: Connection, requests: list[RemotingCommand], processor: BatchedProcessor
+    ):
         self._broker = broker
         self._conn = conn
         self._requests = requests
-        self._handler = handler
-        self._works: list[Any] | None = None
+        self._processor = processor
+        self._works: list[RemotingCommand | Awaitable[RemotingCommand | None]] | None = None
 
-    def _start(self) -> list[Any]:
+    def _start(self) -> list[RemotingCommand | Awaitable[RemotingCommand | None]]:
         broker, conn, requests = self._broker, self._conn, self._requests
         works: list[Any] = [None] * len(requests)
         admitted: list[RemotingCommand] = []
         places: list[int] = []
-        acl = broker.acl
+        check = broker.acl is not None
         for i, request in enumerate(requests):
-            if acl is not None:
-                refused = broker._check_access(acl, conn, request)
+            if check:
+                refused = broker.refused(conn, request)
                 if refused is not None:
                     works[i] = refused
                     continue
             admitted.append(request)
             places.append(i)
         if admitted:
+            results: list[RemotingCommand | Awaitable[RemotingCommand | None]]
             try:
-                results = list(self._handler.many(conn, admitted, self._failed))
+                results = list(self._processor.many(conn, admitted, self._failed))
                 if len(results) != len(admitted):
                     raise RuntimeError(
-                        f"{self._handler!r} answered {len(results)} of {len(admitted)} requests"
+                        f"{self._processor!r} answered {len(results)} of {len(admitted)} requests"
                     )
-            except Exception as exc:  # a bug in the handler: each admitted request is answered with it
-                results = [broker._failure(conn, request, exc) for request in admitted]
+            except Exception as exc:  # a bug in the processor: each admitted request is answered with it
+                results = [broker.failed(conn, request, exc) for request in admitted]
             for i, work in zip(places, results, strict=True):
                 works[i] = work
         return works
 
     def _failed(self, request: RemotingCommand, exc: Exception) -> RemotingCommand:
-        return self._broker._failure(self._conn, request, exc)
+        return self._broker.failed(self._conn, request, exc)
 
     async def answer(self, i: int) -> RemotingCommand | None:
         request = self._requests[i]
@@ -574,9 +591,9 @@ class _CoalescedRun:
             if works is None:
                 works = self._works = self._start()
             work = works[i]
-            response = work if type(work) is RemotingCommand else await work
+            response = work if type(work) is RemotingCommand else await work  # type: ignore[misc]
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            response = self._broker._failure(self._conn, request, exc)
+            response = self._broker.failed(self._conn, request, exc)
         return None if request.is_oneway else response

@@ -30,7 +30,6 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
-from tidemq.broker.headers import Header
 from tidemq.errors import CorruptDataError
 from tidemq.futures import resolved
 from tidemq.message import (
@@ -47,7 +46,7 @@ from tidemq.message import (
     encode_message,
     patch_record,
 )
-from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.remoting.codes import RequestCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.store import GetStatus, PutResult
 from tidemq.tasks import supervise
@@ -128,37 +127,40 @@ class TransactionalMessageService:
         msg.queue_id = 0
 
     # ------------------------------------------------------------------ END_TRANSACTION
-    async def end_transaction(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
-        b = self.broker
-        if not b.is_master:
-            return request.reply(
-                ResponseCode.SLAVE_NOT_AVAILABLE, "the broker is a slave: end transaction is forbidden"
-            )
-        h = Header(request.ext_fields, "END_TRANSACTION")
-        kind = h.int("commitOrRollback")
-        from_check = h.bool("fromTransactionCheck")
+    async def end(
+        self,
+        peer_address: str,
+        producer_group: str,
+        tran_state_offset: int,
+        commit_log_offset: int,
+        kind: int,
+        from_check: bool,
+        transaction_id: str,
+    ) -> str | None:
+        """END_TRANSACTION (without the wire, for :mod:`tidemq.broker.services.transactions`):
+        commit or roll back the half message at ``commit_log_offset``; None when done (or when
+        ``kind`` is UNKNOWN: the check service asks again later), else why it was refused."""
         if kind not in (TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE):
-            # UNKNOWN: nothing to do, the check service asks again later.
             log.info(
                 "producer %s left transaction %s pending (from check: %s)",
-                conn.remote_address,
-                h.str("transactionId", ""),
+                peer_address,
+                transaction_id,
                 from_check,
             )
-            return request.reply(ResponseCode.SUCCESS)
-        commit_log_offset = h.int("commitLogOffset")
+            return None
+        b = self.broker
         self._read_ops()
-        half, error = self._find_half(h, commit_log_offset)
+        half, error = self._find_half(producer_group, tran_state_offset, commit_log_offset)
         if error is not None:
-            log.warning("END_TRANSACTION from %s refused: %s", conn.remote_address, error)
-            return request.reply(ResponseCode.SYSTEM_ERROR, error)
+            log.warning("END_TRANSACTION from %s refused: %s", peer_address, error)
+            return error
         assert half is not None
         qoff = half.queue_offset
-        tran_id = half.uniq_key or h.str("transactionId", "") or half.msg_id
+        tran_id = half.uniq_key or transaction_id or half.msg_id
         if qoff in self.done or qoff in self._resolving or tran_id in self._resolved:
             if qoff not in self.done and qoff not in self._resolving:
                 await self._put_op(half, tran_id)  # mark this copy resolved too
-            return request.reply(ResponseCode.SUCCESS)
+            return None
         self._resolving.add(qoff)
         try:
             if kind == TRANSACTION_COMMIT_TYPE:
@@ -166,10 +168,7 @@ class TransactionalMessageService:
                 b.schedule.rewrite(real)
                 result: PutResult = await resolved(self.store.put_message(real))
                 if not result.ok:
-                    return request.reply(
-                        ResponseCode.SYSTEM_ERROR,
-                        f"commit failed: {result.status.value} {result.error}".strip(),
-                    )
+                    return f"commit failed: {result.status.value} {result.error}".strip()
                 b.stats.on_put(real.topic, 1, result.wrote_bytes)
             await self._put_op(half, tran_id)
         finally:
@@ -177,9 +176,11 @@ class TransactionalMessageService:
         log.debug(
             "transaction %s %s", tran_id, "committed" if kind == TRANSACTION_COMMIT_TYPE else "rolled back"
         )
-        return request.reply(ResponseCode.SUCCESS)
+        return None
 
-    def _find_half(self, h: Header, commit_log_offset: int) -> tuple[MessageExt | None, str | None]:
+    def _find_half(
+        self, producer_group: str, tran_state_offset: int, commit_log_offset: int
+    ) -> tuple[MessageExt | None, str | None]:
         """The half message END_TRANSACTION names, checked as EndTransactionProcessor.checkPrepareMessage."""
         raw = self.store.look_message_by_offset(commit_log_offset)
         if raw is None:
@@ -190,9 +191,9 @@ class TransactionalMessageService:
             return None, f"find prepared transaction message failed: {exc}"
         if half.topic != HALF_TOPIC:
             return None, f"the record at offset {commit_log_offset} is not a half message"
-        if half.properties.get(Prop.PRODUCER_GROUP, "") != h.str("producerGroup"):
+        if half.properties.get(Prop.PRODUCER_GROUP, "") != producer_group:
             return None, "the producer group wrong"
-        if half.queue_offset != h.int("tranStateTableOffset"):
+        if half.queue_offset != tran_state_offset:
             return None, "the transaction state table offset wrong"
         return half, None
 

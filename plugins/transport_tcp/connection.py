@@ -3,8 +3,8 @@
 Built on :class:`asyncio.Protocol` (no streams) for speed.  Each connection decodes frames with
 the sans-IO :class:`~tidemq.remoting.FrameDecoder`, matches responses to requests by opaque, and
 runs every incoming request as its own task so a slow handler (a held long-polling pull) never
-blocks the others on the same connection.  A handler with ``handle_many`` gets the requests of one
-read together (the broker stores a read's sends with one append) and answers each on its own.
+blocks the others on the same connection.  A :class:`~tidemq.transport.BatchedRequestHandler`
+(``handle_many``) gets the requests of one read together (the broker stores a read's sends with one append) and answers each on its own.
 
 Bad bytes are met deliberately.  A header whose opaque is known is answered with SYSTEM_ERROR and
 the connection kept; a header that cannot be read at all, or a broken frame, closes the connection
@@ -39,6 +39,7 @@ from tidemq.remoting import (
 )
 from tidemq.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE
 from tidemq.remoting.command import next_opaque
+from tidemq.transport import BatchedRequestHandler, ConnectionState
 from tidemq_transport_tcp.direct_write import write_direct
 from tidemq_transport_tcp.options import TcpOptions
 
@@ -58,9 +59,10 @@ BURST = 64
 _READ_SLACK = 512 * 1024
 
 Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | None]]
-#: Optional ``handler.handle_many(conn, requests)``: the requests of one read at once, one awaitable
-#: (or response) per request in order, each served as the handler's own result would be.  What the
-#: application does with them is its business (the broker coalesces sends into one store append).
+#: ``handler.handle_many(conn, requests)`` of a :class:`~tidemq.transport.BatchedRequestHandler`:
+#: the requests of one read at once, one awaitable (or response) per request in order, each served
+#: as the handler's own result would be.  What the application does with them is its business (the
+#: broker coalesces sends into one store append).
 ManyHandler = Callable[["Connection", list[RemotingCommand]], "list[Awaitable[RemotingCommand | None]]"]
 
 
@@ -72,7 +74,10 @@ class Connection(asyncio.Protocol):
     ):
         self._owner = owner
         self._handler = handler
-        self._handle_many: ManyHandler | None = getattr(handler, "handle_many", None)
+        # Checked once per connection, not per read.
+        self._handle_many: ManyHandler | None = (
+            handler.handle_many if isinstance(handler, BatchedRequestHandler) else None
+        )
         self._options = options
         self.server_side = server_side
         self._decoder = FrameDecoder(options.max_frame_size)
@@ -102,8 +107,8 @@ class Connection(asyncio.Protocol):
         self.lost: asyncio.Future[None] = self._loop.create_future()
         self.remote_address = ""
         self.local_address = ""
-        #: Free slot for the application (the broker keeps its client-channel info here).
-        self.context: dict[str, Any] = {}
+        #: The application's per-connection state (the broker's born host and watched flag).
+        self.context = ConnectionState()
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -20,6 +20,10 @@ from tidemq import __version__
 from tidemq.broker.clients import ClientChannel
 from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import DEFAULT_TOPIC, Header, kv
+from tidemq.broker.processors.answers import answer
+from tidemq.broker.services import BrokerServices
+from tidemq.broker.services.admin import TopicConsumeStats
+from tidemq.broker.services.status import Outcome
 from tidemq.broker.topics import TopicConfig
 from tidemq.errors import TidemqError
 from tidemq.message import iter_messages
@@ -35,36 +39,31 @@ from tidemq.transport import Connection
 
 
 class AdminProcessor:
-    def __init__(self, broker: BrokerContext):
+    def __init__(self, broker: BrokerContext, services: BrokerServices):
         self.broker = broker
+        self.admin = services.admin
 
     # ------------------------------------------------------------------ offsets of queues
     async def max_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         h = Header(request.ext_fields, "GET_MAX_OFFSET")
         return request.reply(
-            ResponseCode.SUCCESS,
-            None,
-            kv(offset=self.broker.store.get_max_offset_in_queue(h.str("topic"), h.int("queueId"))),
+            ResponseCode.SUCCESS, None, kv(offset=self.admin.max_offset(h.str("topic"), h.int("queueId")))
         )
 
     async def min_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         h = Header(request.ext_fields, "GET_MIN_OFFSET")
         return request.reply(
-            ResponseCode.SUCCESS,
-            None,
-            kv(offset=self.broker.store.get_min_offset_in_queue(h.str("topic"), h.int("queueId"))),
+            ResponseCode.SUCCESS, None, kv(offset=self.admin.min_offset(h.str("topic"), h.int("queueId")))
         )
 
     async def search_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         h = Header(request.ext_fields, "SEARCH_OFFSET_BY_TIMESTAMP")
-        offset = self.broker.store.get_offset_by_time(h.str("topic"), h.int("queueId"), h.int("timestamp"))
+        offset = self.admin.offset_by_time(h.str("topic"), h.int("queueId"), h.int("timestamp"))
         return request.reply(ResponseCode.SUCCESS, None, kv(offset=offset))
 
     async def earliest_store_time(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         h = Header(request.ext_fields, "GET_EARLIEST_MSG_STORETIME")
-        topic, queue_id = h.str("topic"), h.int("queueId")
-        store = self.broker.store
-        ts = store.get_store_time(topic, queue_id, store.get_min_offset_in_queue(topic, queue_id))
+        ts = self.admin.earliest_store_time(h.str("topic"), h.int("queueId"))
         return request.reply(ResponseCode.SUCCESS, None, kv(timestamp=ts))
 
     # ------------------------------------------------------------------ topics
@@ -141,31 +140,26 @@ class AdminProcessor:
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps({"table": table}))
 
     async def topic_stats(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
-        b = self.broker
         topic = Header(request.ext_fields, "GET_TOPIC_STATS_INFO").str("topic")
-        cfg = b.topics.get(topic)
-        if cfg is None:
-            return request.reply(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
-        store = b.store
-        table: dict[MessageQueue, dict[str, int]] = {}
-        for qid in range(cfg.write_queue_nums):
-            max_off = max(store.get_max_offset_in_queue(topic, qid), 0)
-            min_off = max(store.get_min_offset_in_queue(topic, qid), 0)
-            last = store.get_store_time(topic, qid, max_off - 1) if max_off > 0 else 0
-            offsets = {"lastUpdateTimestamp": max(last, 0), "maxOffset": max_off, "minOffset": min_off}
-            table[MessageQueue(topic, b.settings.name, qid)] = offsets
+        stats = self.admin.topic_stats(topic)
+        if isinstance(stats, Outcome):
+            return answer(request, stats)
+        table = {
+            mq: {
+                "lastUpdateTimestamp": q.last_update_timestamp,
+                "maxOffset": q.max_offset,
+                "minOffset": q.min_offset,
+            }
+            for mq, q in stats.items()
+        }
         # TopicStatsTable: fastjson's map keyed by the MessageQueue object (see tidemq.mqjson).
         return request.reply(ResponseCode.SUCCESS, body=mq_dumps({"offsetTable": table}))
 
     async def consume_stats(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
-        b = self.broker
         h = Header(request.ext_fields, "GET_CONSUME_STATS")
-        group = h.str("consumerGroup")
-        only = h.str("topic", "")
-        topics = [only] if only else sorted(b.offsets.topics_of_group(group))
-        stats = group_consume_stats(b, group, topics, read_queues=True)
-        table = {mq: offsets for s in stats for mq, offsets in s[1].items()}
-        tps = sum(s[2] for s in stats)
+        stats = self.admin.consume_stats(h.str("consumerGroup"), h.str("topic", ""))
+        table = {mq: offsets for s in stats for mq, offsets in offset_table(s).items()}
+        tps = sum(s.tps for s in stats)
         # An unknown group gets an empty table, as from RocketMQ (its tools say "not found").
         return request.reply(
             ResponseCode.SUCCESS,
@@ -173,11 +167,10 @@ class AdminProcessor:
         )
 
     async def consumer_connections(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
-        b = self.broker
         group = Header(request.ext_fields, "GET_CONSUMER_CONNECTION_LIST").str("consumerGroup")
-        info = b.consumers.get(group)
-        if info is None:
-            return request.reply(ResponseCode.CONSUMER_NOT_ONLINE, f"the consumer group[{group}] not online")
+        info = self.admin.consumer_group(group)
+        if isinstance(info, Outcome):
+            return answer(request, info)
         body = {
             "connectionSet": [connection_json(ch) for ch in info.channels.values()],
             "subscriptionTable": {t: s.to_json() for t, s in info.subscriptions.items()},
@@ -199,41 +192,16 @@ def connection_json(ch: ClientChannel) -> dict[str, Any]:
     }
 
 
-def group_consume_stats(
-    b: BrokerContext, group: str, topics: list[str], read_queues: bool
-) -> list[tuple[str, dict[MessageQueue, dict[str, int]], float, int]]:
-    """(topic, offset table, consume TPS, total diff) of ``group`` per topic it consumes here.
-
-    As AdminBrokerProcessor: a topic the broker lacks is skipped, and so is one the group does
-    not subscribe to while it has subscriptions (an online group); offsets below 0 count as 0.
-    GET_CONSUME_STATS walks the read queues, GET_BROKER_CONSUME_STATS the write queues.
-    """
-    info = b.consumers.get(group)
-    out = []
-    for topic in topics:
-        cfg = b.topics.get(topic)
-        if cfg is None:
-            continue
-        if info is not None and info.subscriptions and topic not in info.subscriptions:
-            continue
-        committed = b.offsets.query_all(group, topic)
-        table: dict[MessageQueue, dict[str, int]] = {}
-        diff = 0
-        nqueues = cfg.read_queue_nums if read_queues else cfg.write_queue_nums
-        for qid in range(nqueues):
-            broker_off = max(b.store.get_max_offset_in_queue(topic, qid), 0)
-            consumer_off = max(committed.get(qid, 0), 0)
-            last = 0
-            if consumer_off > 0:
-                last = max(b.store.get_store_time(topic, qid, consumer_off - 1), 0)
-            diff += broker_off - consumer_off
-            table[MessageQueue(topic, b.settings.name, qid)] = {
-                "brokerOffset": broker_off,
-                "consumerOffset": consumer_off,
-                "lastTimestamp": last,
-            }
-        out.append((topic, table, b.stats.group_get_tps(group, topic), diff))
-    return out
+def offset_table(stats: TopicConsumeStats) -> dict[MessageQueue, dict[str, int]]:
+    """A topic's ConsumeStats offset table as RocketMQ's OffsetWrapper maps."""
+    return {
+        mq: {
+            "brokerOffset": q.broker_offset,
+            "consumerOffset": q.consumer_offset,
+            "lastTimestamp": q.last_timestamp,
+        }
+        for mq, q in stats.queues.items()
+    }
 
 
 def _human_bytes(n: int) -> str:
@@ -354,8 +322,8 @@ def runtime_table(b: BrokerContext) -> dict[str, str]:
     return table
 
 
-def register(register: ProcessorRegister) -> None:
-    p = AdminProcessor(register.context)
+def register(register: ProcessorRegister, services: BrokerServices) -> None:
+    p = AdminProcessor(register.context, services)
     register.add(RequestCode.GET_MAX_OFFSET, p.max_offset)
     register.add(RequestCode.GET_MIN_OFFSET, p.min_offset)
     register.add(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, p.search_offset)

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -28,6 +28,9 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.remoting.protocol import DataVersion, dumps
 from tidemq.transport import Connection
+
+if TYPE_CHECKING:
+    from tidemq.broker.services import BrokerServices
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +287,7 @@ class BrokerConfigProcessor:
             props = parse_properties(bytes(request.body).decode("utf-8"))
         except UnicodeDecodeError as exc:
             return request.reply(ResponseCode.SYSTEM_ERROR, f"string2Properties error: {exc}")
-        log.info("UPDATE_BROKER_CONFIG from %s: %s", getattr(conn, "remote_address", "?"), props)
+        log.info("UPDATE_BROKER_CONFIG from %s: %s", conn.remote_address, props)
         try:
             self.runtime.update(props)
         except ValueError as exc:
@@ -303,7 +306,7 @@ class BrokerConfigProcessor:
         return request.reply(ResponseCode.SUCCESS)
 
 
-def register(register: ProcessorRegister) -> None:
+def register(register: ProcessorRegister, services: BrokerServices) -> None:
     """Add this module's handlers; before the server starts, apply persisted changes and the system topics."""
     broker = register.context
     runtime = RuntimeConfig(broker)

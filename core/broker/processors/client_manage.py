@@ -1,4 +1,5 @@
-"""HEART_BEAT, UNREGISTER_CLIENT and CHECK_CLIENT_CONFIG (ClientManageProcessor)."""
+"""HEART_BEAT, UNREGISTER_CLIENT and CHECK_CLIENT_CONFIG (ClientManageProcessor): the remoting codec
+over :class:`~tidemq.broker.services.clients.ClientService` (the heartbeat body is read and checked here)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from typing import Any
 
 import orjson
 
-from tidemq.broker.clients import ClientChannel, SubscriptionData
-from tidemq.broker.context import BrokerContext, ProcessorRegister
-from tidemq.broker.headers import Header, retry_topic
+from tidemq.broker.clients import SubscriptionData
+from tidemq.broker.context import ProcessorRegister
+from tidemq.broker.headers import Header
+from tidemq.broker.processors.answers import answer
+from tidemq.broker.services import BrokerServices
+from tidemq.broker.services.clients import ClientService, ConsumerRegistration
 from tidemq.names import check_group_name, check_stored_topic_name
-from tidemq.perm import PERM_READ, PERM_WRITE
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.transport import Connection
@@ -20,54 +23,37 @@ log = logging.getLogger(__name__)
 
 
 class ClientManageProcessor:
-    def __init__(self, broker: BrokerContext):
-        self.broker = broker
+    def __init__(self, service: ClientService):
+        self.service = service
 
     async def heartbeat(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
-        b = self.broker
         try:
             data = orjson.loads(request.payload() or b"{}")
             consumers, producers = _heartbeat_entries(data)
         except (orjson.JSONDecodeError, ValueError) as exc:
             return request.reply(ResponseCode.SYSTEM_ERROR, f"malformed heartbeat body: {exc}")
         client_id = str(data.get("clientID", "") or conn.remote_address)
-        channel = ClientChannel(conn, client_id, str(request.language), int(request.version or 0))
-        b.watch_connection(conn)
-        for cd, group, subs in consumers:
-            group_cfg = b.groups.find_or_create(group)
-            if group_cfg is not None:
-                # Consumers subscribe to their retry topic: it must exist in the route they look up.
-                b.topics.create_in_send_back(
-                    retry_topic(group), group_cfg.retry_queue_nums, PERM_READ | PERM_WRITE
-                )
-            changed = b.consumers.register(
+        registrations = [
+            ConsumerRegistration(
                 group,
-                ClientChannel(conn, client_id, channel.language, channel.version),
                 str(cd.get("consumeType", "CONSUME_PASSIVELY")),
                 str(cd.get("messageModel", "CLUSTERING")),
                 str(cd.get("consumeFromWhere", "CONSUME_FROM_LAST_OFFSET")),
                 subs,
             )
-            if changed:
-                log.info(
-                    "consumer group %s changed: %s joined from %s", group, client_id, conn.remote_address
-                )
-                b.notify_consumer_ids_changed(group)
-        for group in producers:
-            b.producers.register(group, ClientChannel(conn, client_id, channel.language, channel.version))
-        return request.reply(ResponseCode.SUCCESS)
+            for cd, group, subs in consumers
+        ]
+        outcome = self.service.heartbeat(
+            conn, client_id, str(request.language), int(request.version or 0), registrations, producers
+        )
+        return answer(request, outcome)
 
     async def unregister(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
-        b = self.broker
         h = Header(request.ext_fields, "UNREGISTER_CLIENT")
-        producer_group = h.str("producerGroup", "")
-        consumer_group = h.str("consumerGroup", "")
-        if producer_group:
-            b.producers.unregister(producer_group, conn)
-        if consumer_group and b.consumers.unregister(consumer_group, conn):
-            log.info("consumer %s left group %s", h.str("clientID", conn.remote_address), consumer_group)
-            b.notify_consumer_ids_changed(consumer_group)
-        return request.reply(ResponseCode.SUCCESS)
+        outcome = self.service.unregister(
+            conn, h.str("clientID", ""), h.str("producerGroup", ""), h.str("consumerGroup", "")
+        )
+        return answer(request, outcome)
 
     async def check_client_config(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         try:
@@ -80,24 +66,7 @@ class ClientManageProcessor:
         sub: dict[str, Any] = nested if isinstance(nested, dict) else data
         expression_type = str(sub.get("expressionType") or "TAG")
         expression = str(sub.get("subString") or "")
-        if expression_type == "TAG":
-            return request.reply(ResponseCode.SUCCESS)
-        if not self.broker.settings.enable_property_filter:
-            return request.reply(
-                ResponseCode.SYSTEM_ERROR,
-                f"The broker does not support consumer to filter message by {expression_type}",
-            )
-        factory = self.broker.filters.get(expression_type)
-        if factory is None:
-            return request.reply(
-                ResponseCode.SYSTEM_ERROR,
-                f"expression type {expression_type} is not supported by this broker",
-            )
-        try:
-            factory.compile(expression)
-        except ValueError as exc:
-            return request.reply(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(exc))
-        return request.reply(ResponseCode.SUCCESS)
+        return answer(request, self.service.check_subscription(expression_type, expression))
 
 
 def _objects(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
@@ -149,8 +118,8 @@ def _heartbeat_entries(
     return consumers, producers
 
 
-def register(register: ProcessorRegister) -> None:
-    p = ClientManageProcessor(register.context)
+def register(register: ProcessorRegister, services: BrokerServices) -> None:
+    p = ClientManageProcessor(services.clients)
     register.add(RequestCode.HEART_BEAT, p.heartbeat)
     register.add(RequestCode.UNREGISTER_CLIENT, p.unregister)
     register.add(RequestCode.CHECK_CLIENT_CONFIG, p.check_client_config)

@@ -17,6 +17,9 @@ from tidemq import mqjson
 from tidemq.broker.clients import ClientChannel
 from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import Header
+from tidemq.broker.processors.answers import answer
+from tidemq.broker.services import BrokerServices
+from tidemq.broker.services.status import Outcome
 from tidemq.message import decode_message_id
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
@@ -44,51 +47,27 @@ def reset_body(table: dict[MessageQueue, int], for_cpp: bool) -> bytes:
 
 
 class ConsumerControlProcessor:
-    def __init__(self, broker: BrokerContext):
+    def __init__(self, broker: BrokerContext, services: BrokerServices):
         self.broker = broker
+        self.offsets = services.offsets
 
     # ------------------------------------------------------------------ 222
     async def reset_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         """INVOKE_BROKER_TO_RESET_OFFSET: offsets by time, pushed to every online client of the group."""
-        b = self.broker
         h = Header(request.ext_fields, "INVOKE_BROKER_TO_RESET_OFFSET")
         topic, group, timestamp = h.str("topic"), h.str("group"), h.int("timestamp")
         force = h.bool("isForce", False)
-        cfg = b.topics.get(topic)
-        if cfg is None:
-            return request.reply(
-                ResponseCode.SYSTEM_ERROR,
-                f"[reset-offset] reset offset failed, no topic in this broker. topic={topic}",
-            )
-        table: dict[MessageQueue, int] = {}
-        for qid in range(cfg.write_queue_nums):
-            committed = b.offsets.query(group, topic, qid)
-            if committed == -1:
-                return request.reply(
-                    ResponseCode.SYSTEM_ERROR,
-                    f"THe consumer group <{group}> not exist (no committed offset of {topic} queue {qid})",
-                )
-            if timestamp == -1:
-                target = b.store.get_max_offset_in_queue(topic, qid)
-            else:
-                target = b.store.get_offset_by_time(topic, qid, timestamp)
-            target = max(target, 0)
-            table[MessageQueue(topic, b.settings.name, qid)] = (
-                target if force or target < committed else committed
-            )
-        channels = b.consumers.live_channels(group)
-        if not channels:
-            return request.reply(
-                ResponseCode.CONSUMER_NOT_ONLINE,
-                f"Consumer not online, so can not reset offset, Group: {group} Topic: {topic} Timestamp: {timestamp}",
-            )
+        reset = self.offsets.reset(group, topic, timestamp, force)
+        if isinstance(reset, Outcome):
+            return answer(request, reset)
+        table = reset.table
         fields = {"topic": topic, "group": group, "timestamp": timestamp, "isForce": force}
         # RocketMQ picks the C++ body by the admin's language; a mixed group needs it per client.
         admin_cpp = request.language == "CPP"
         await asyncio.gather(
             *(
                 self._send_reset(ch, fields, reset_body(table, admin_cpp or ch.language == "CPP"))
-                for ch in channels
+                for ch in reset.consumers
             )
         )
         return request.reply(ResponseCode.SUCCESS, body=reset_body(table, False))
@@ -229,9 +208,9 @@ class ConsumerControlProcessor:
         return request.reply(resp.code, resp.remark, dict(resp.ext_fields or {}), resp.body)
 
 
-def register(register: ProcessorRegister) -> None:
+def register(register: ProcessorRegister, services: BrokerServices) -> None:
     """Add this module's handlers."""
-    p = ConsumerControlProcessor(register.context)
+    p = ConsumerControlProcessor(register.context, services)
     register.add(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, p.reset_offset)
     register.add(RequestCode.INVOKE_BROKER_TO_GET_CONSUMER_STATUS, p.consumer_status)
     register.add(RequestCode.CLONE_GROUP_OFFSET, p.clone_group_offset)

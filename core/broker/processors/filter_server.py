@@ -20,6 +20,7 @@ from tidemq.transport import Connection
 
 if TYPE_CHECKING:
     from tidemq.broker.context import BrokerContext
+    from tidemq.broker.services import BrokerServices
 
 log = logging.getLogger(__name__)
 
@@ -60,5 +61,5 @@ class FilterServerManager:
                 self.broker.registrar.request()
 
 
-def register(register: ProcessorRegister) -> None:
+def register(register: ProcessorRegister, services: BrokerServices) -> None:
     register.add(RequestCode.REGISTER_FILTER_SERVER, register.context.filter_servers.register)

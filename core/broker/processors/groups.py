@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import Header
@@ -20,6 +20,9 @@ from tidemq.remoting.command import RemotingCommand
 from tidemq.remoting.errors import BodyError
 from tidemq.remoting.protocol import dumps, loads
 from tidemq.transport import Connection
+
+if TYPE_CHECKING:
+    from tidemq.broker.services import BrokerServices
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,7 @@ class GroupsProcessor:
             cfg = parse_group_config(request.body)
         except BodyError as exc:
             return request.reply(ResponseCode.SYSTEM_ERROR, f"UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: {exc}")
-        log.info("subscription group updated by %s: %s", getattr(conn, "remote_address", "?"), cfg)
+        log.info("subscription group updated by %s: %s", conn.remote_address, cfg)
         b.groups.update(cfg)
         await asyncio.to_thread(b.groups.persist)  # on disk when answered
         return request.reply(ResponseCode.SUCCESS)
@@ -101,7 +104,7 @@ class GroupsProcessor:
         log.info(
             "subscription group %s deleted by %s (existed: %s)",
             group,
-            getattr(conn, "remote_address", "?"),
+            conn.remote_address,
             existed,
         )
         if h.bool("removeOffset"):
@@ -114,7 +117,7 @@ class GroupsProcessor:
         return request.reply(ResponseCode.SUCCESS, body=dumps(self.broker.groups.serialize()))
 
 
-def register(register: ProcessorRegister) -> None:
+def register(register: ProcessorRegister, services: BrokerServices) -> None:
     """Add this module's handlers."""
     p = GroupsProcessor(register.context)
     register.add(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, p.update_group)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import Header
@@ -25,6 +25,9 @@ from tidemq.remoting.command import RemotingCommand
 from tidemq.remoting.protocol import TopicList
 from tidemq.store import store_introspection
 from tidemq.transport import Connection
+
+if TYPE_CHECKING:
+    from tidemq.broker.services import BrokerServices
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +107,10 @@ def _manual_rounds(store: ManualCleanup) -> int:
 
 
 def _remote(conn: Connection) -> str:
-    return str(getattr(conn, "remote_address", "?"))
+    return str(conn.remote_address)
 
 
-def register(register: ProcessorRegister) -> None:
+def register(register: ProcessorRegister, services: BrokerServices) -> None:
     """Add this module's handlers."""
     p = MaintenanceProcessor(register.context)
     register.add(RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_BROKER, p.system_topics)

@@ -19,12 +19,17 @@ from tidemq.broker.processors import (
     queue_query,
     reply,
     send,
+    transaction,
 )
+from tidemq.broker.services import BrokerServices
 from tidemq.remoting.codes import RequestCode
 
 
 @hookimpl
 def tidemq_register_processors(register: ProcessorRegister) -> None:
+    # One set of services for every processor (the codecs over them); the composition root may
+    # build it once for every transport instead.
+    services = BrokerServices(register.context)
     for module in (
         send,
         pull,
@@ -40,9 +45,8 @@ def tidemq_register_processors(register: ProcessorRegister) -> None:
         monitoring,
         queue_query,
         reply,
+        transaction,
     ):
-        module.register(register)
-    broker = register.context
-    # Delayed and transactional messages (the broker's schedule and transaction services).
-    register.add(RequestCode.GET_ALL_DELAY_OFFSET, broker.schedule.get_all_delay_offset)
-    register.add(RequestCode.END_TRANSACTION, broker.transactions.end_transaction)
+        module.register(register, services)
+    # Delayed messages (the broker's schedule service).
+    register.add(RequestCode.GET_ALL_DELAY_OFFSET, register.context.schedule.get_all_delay_offset)

@@ -7,7 +7,7 @@ QueryConsumeTimeSpanBody); fastjson leaves out null fields, and so do these.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -20,6 +20,9 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.store import store_introspection
 from tidemq.transport import Connection
+
+if TYPE_CHECKING:
+    from tidemq.broker.services import BrokerServices
 
 #: Entries one QUERY_CONSUME_QUEUE returns at most (RocketMQ stops at the end of the mapped file).
 MAX_COUNT = 1000
@@ -125,7 +128,7 @@ class QueueQueryProcessor:
         return request.reply(ResponseCode.SUCCESS, body=orjson.dumps({"consumeTimeSpanSet": spans}))
 
 
-def register(register: ProcessorRegister) -> None:
+def register(register: ProcessorRegister, services: BrokerServices) -> None:
     """Add this module's handlers."""
     p = QueueQueryProcessor(register.context)
     register.add(RequestCode.QUERY_CONSUME_QUEUE, p.query_consume_queue)

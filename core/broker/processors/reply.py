@@ -16,16 +16,19 @@ the put statistics like any send.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from typing import Any
 
 from tidemq.broker.clients import ClientChannel
 from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import DEFAULT_TOPIC, HeaderFieldError, field_int, field_str
-from tidemq.broker.processors.send import SendProcessor, born_host, send_fields
-from tidemq.broker.processors.send_put import PendingSend, PutGroup, answer_now, finish, store_group
-from tidemq.message import MessageInner, Prop, properties_to_string, string_to_properties
+from tidemq.broker.processors.answers import answer
+from tidemq.broker.processors.send import send_fields
+from tidemq.broker.services import BrokerServices
+from tidemq.broker.services.put import STORED, Send
+from tidemq.broker.services.send import SendService, born_host
+from tidemq.broker.services.status import Outcome
+from tidemq.message import MessageInner, Prop, properties_to_string
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.transport import Connection
@@ -39,20 +42,12 @@ PUSH_TIMEOUT_S = 3.0
 #: A requester that cannot be reached is logged at most this often (with a count in between):
 #: a requester gone while responders still answer it must not flood the log.
 LOG_EVERY_S = 10.0
-_HEADER_CODES = frozenset(
-    (
-        ResponseCode.SUCCESS,
-        ResponseCode.FLUSH_DISK_TIMEOUT,
-        ResponseCode.FLUSH_SLAVE_TIMEOUT,
-        ResponseCode.SLAVE_NOT_AVAILABLE,
-    )
-)
 
 
 class ReplyProcessor:
     """Pushes replies to their requesters and stores them (see the module docstring)."""
 
-    def __init__(self, broker: BrokerContext, sends: SendProcessor) -> None:
+    def __init__(self, broker: BrokerContext, sends: SendService) -> None:
         self.broker = broker
         self.sends = sends  # its topic checks and send hooks, shared with SEND_MESSAGE
         #: client id -> (producer group, channel) found last time: a lookup is a scan otherwise.
@@ -103,15 +98,14 @@ class ReplyProcessor:
             return prepared
         send, fields = prepared
         msg = send.msgs[0]
+        stored: Send | None
         if self.broker.settings.store_reply_message_enable:
             # Stored while the push runs: both happen whatever the other's outcome.
-            group = PutGroup()
-            group.add(send)
-            store_group(self.broker, group)
+            self.sends.put_one(send)
             pushed, remark = await self._push(conn, msg, fields)
-            stored = answer_now(self.broker, send)
-            if stored is None:
-                stored = await finish(self.broker, send)
+            if not self.sends.settled(send):
+                await self.sends.settle(send)
+            stored = send
         else:
             pushed, remark = await self._push(conn, msg, fields)
             stored = None
@@ -122,9 +116,8 @@ class ReplyProcessor:
 
     def _prepare(
         self, conn: Connection, request: RemotingCommand
-    ) -> tuple[PendingSend, dict[str, Any]] | RemotingCommand:
+    ) -> tuple[Send, dict[str, Any]] | RemotingCommand:
         """The header read and checked, the reply to store: as SEND_MESSAGE checks a send."""
-        b = self.broker
         fields, keys = send_fields(request)
         get = fields.get
         group = field_str(get(keys[1]), "producerGroup", _WHAT)
@@ -137,36 +130,22 @@ class ReplyProcessor:
         reconsume_times = field_int(get(keys[8]), "reconsumeTimes", _WHAT, 0)
         flag = field_int(get(keys[10]), "flag", _WHAT)
         born_ts = field_int(get(keys[11]), "bornTimestamp", _WHAT)
-        body = request.payload()
-        if not body:
-            return request.reply(ResponseCode.MESSAGE_ILLEGAL, "the reply has no body")
-        if len(body) > b.settings.max_message_size:
-            return request.reply(
-                ResponseCode.MESSAGE_ILLEGAL,
-                f"the reply body is {len(body)} bytes, over max_message_size {b.settings.max_message_size}",
-            )
-        cfg, error = self.sends._check_topic(
-            request, topic, default_topic, default_queues, queue_id, sys_flag
-        )
-        if error is not None:
-            return error
-        if queue_id < 0:
-            queue_id = random.randrange(max(cfg.write_queue_nums, 1))
-        msg = MessageInner(
+        send = self.sends.prepare_reply(
+            conn,
+            group,
             topic,
-            bytes(body),
             queue_id,
-            flag,
-            string_to_properties(props_text),
             sys_flag,
-            born_ts,
-            born_host(conn),
-            b.store_host,
+            default_topic,
+            default_queues,
+            props_text,
             reconsume_times,
+            flag,
+            born_ts,
+            request.payload() or b"",
         )
-        send = self.sends._hooked(conn, request, group, [msg], False)
-        if not isinstance(send, PendingSend):
-            return send
+        if isinstance(send, Outcome):
+            return answer(request, send)
         push_fields = {
             "producerGroup": group,
             "topic": topic,
@@ -224,7 +203,7 @@ class ReplyProcessor:
         msg: MessageInner,
         pushed: bool,
         remark: str,
-        stored: RemotingCommand | None,
+        stored: Send | None,
     ) -> RemotingCommand:
         """The push decides the code; a stored reply's id and offset go in the header."""
         header = {
@@ -234,19 +213,18 @@ class ReplyProcessor:
             "MSG_REGION": msg.properties.get(Prop.MSG_REGION, "DefaultRegion"),
             "TRACE_ON": msg.properties.get(Prop.TRACE_SWITCH, "true"),
         }
-        stored_ok = stored is not None and stored.code in _HEADER_CODES
+        stored_ok = stored is not None and stored.status in STORED
         if stored is not None and stored_ok:
-            fields = stored.ext_fields or {}
-            header["msgId"] = fields.get("msgId", "0")
-            header["queueOffset"] = fields.get("queueOffset", "0")
+            header["msgId"] = stored.msg_id
+            header["queueOffset"] = str(stored.queue_offset)
         elif stored is not None:
-            log.debug("reply to %s not stored: %s %s", msg.topic, stored.code, stored.remark)
+            log.debug("reply to %s not stored: %s %s", msg.topic, stored.status, stored.remark)
         if not pushed:
             return request.reply_with(ResponseCode.SYSTEM_ERROR, remark, header if stored_ok else {})
         return request.reply_with(ResponseCode.SUCCESS, None, header)
 
 
-def register(register: ProcessorRegister) -> None:
-    p = ReplyProcessor(register.context, SendProcessor(register.context))
+def register(register: ProcessorRegister, services: BrokerServices) -> None:
+    p = ReplyProcessor(register.context, services.send)
     register.add(RequestCode.SEND_REPLY_MESSAGE, p.send_reply)
     register.add(RequestCode.SEND_REPLY_MESSAGE_V2, p.send_reply)

@@ -1,7 +1,7 @@
-"""The store side of a send: one put per :class:`PutGroup`, one response per :class:`PendingSend`.
+"""The store side of a send: one put per :class:`PutGroup`, one outcome per :class:`Send`.
 
 A group holds the messages of one send, or of several sends of one read coalesced into one put
-(:class:`tidemq.broker.processors.send.SendHandler`): all to one topic and queue, in request
+(:meth:`tidemq.broker.services.send.SendService.put`): all to one topic and queue, in request
 order.  The store answers a put with one :class:`~tidemq.store.PutResult`; a send whose ``n``
 messages start at ``index`` in the put reads its message ids at ``msg_ids[index:index + n]`` and
 its queue offset at ``queue_offset + index`` (the store gives a put consecutive offsets).
@@ -11,69 +11,59 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from concurrent.futures import Future
 
 from tidemq.broker.context import BrokerContext
+from tidemq.broker.services.status import Status
 from tidemq.futures import resolved
 from tidemq.message import (
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
     MessageInner,
-    Prop,
 )
 from tidemq.observe import SendContext
-from tidemq.remoting.codes import ResponseCode
-from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import ReplicaStatus
 from tidemq.store import PutResult, PutStatus
 
 log = logging.getLogger(__name__)
 
-_PUT_CODES: dict[PutStatus, tuple[int, str | None]] = {
-    PutStatus.PUT_OK: (ResponseCode.SUCCESS, None),
-    PutStatus.FLUSH_DISK_TIMEOUT: (ResponseCode.FLUSH_DISK_TIMEOUT, None),
-    PutStatus.FLUSH_SLAVE_TIMEOUT: (ResponseCode.FLUSH_SLAVE_TIMEOUT, None),
-    PutStatus.SLAVE_NOT_AVAILABLE: (ResponseCode.SLAVE_NOT_AVAILABLE, None),
+_PUT_STATUSES: dict[PutStatus, tuple[Status, str | None]] = {
+    PutStatus.PUT_OK: (Status.SUCCESS, None),
+    PutStatus.FLUSH_DISK_TIMEOUT: (Status.FLUSH_DISK_TIMEOUT, None),
+    PutStatus.FLUSH_SLAVE_TIMEOUT: (Status.FLUSH_SLAVE_TIMEOUT, None),
+    PutStatus.SLAVE_NOT_AVAILABLE: (Status.SLAVE_NOT_AVAILABLE, None),
     PutStatus.SERVICE_NOT_AVAILABLE: (
-        ResponseCode.SERVICE_NOT_AVAILABLE,
+        Status.SERVICE_NOT_AVAILABLE,
         "service not available now, maybe disk full or the broker is a slave",
     ),
-    PutStatus.DISK_FULL: (ResponseCode.SERVICE_NOT_AVAILABLE, "service not available now: the disk is full"),
+    PutStatus.DISK_FULL: (Status.SERVICE_NOT_AVAILABLE, "service not available now: the disk is full"),
     PutStatus.CREATE_MAPPED_FILE_FAILED: (
-        ResponseCode.SYSTEM_ERROR,
+        Status.SYSTEM_ERROR,
         "create mapped file failed, server is busy or broken",
     ),
-    PutStatus.MESSAGE_ILLEGAL: (ResponseCode.MESSAGE_ILLEGAL, "the message is illegal"),
-    PutStatus.PROPERTIES_SIZE_EXCEEDED: (
-        ResponseCode.MESSAGE_ILLEGAL,
-        "the message properties are too large",
-    ),
+    PutStatus.MESSAGE_ILLEGAL: (Status.MESSAGE_ILLEGAL, "the message is illegal"),
+    PutStatus.PROPERTIES_SIZE_EXCEEDED: (Status.MESSAGE_ILLEGAL, "the message properties are too large"),
     PutStatus.OS_PAGECACHE_BUSY: (
-        ResponseCode.SYSTEM_BUSY,
+        Status.SYSTEM_BUSY,
         "[PC_SYNCHRONIZED]broker busy, start flow control for a while",
     ),
-    PutStatus.UNKNOWN_ERROR: (ResponseCode.SYSTEM_ERROR, "UNKNOWN_ERROR"),
+    PutStatus.UNKNOWN_ERROR: (Status.SYSTEM_ERROR, "UNKNOWN_ERROR"),
 }
-_REPLICA_CODES = {
-    ReplicaStatus.PUT_OK: ResponseCode.SUCCESS,
-    ReplicaStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
-    ReplicaStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
+_REPLICA_STATUSES: dict[ReplicaStatus | None, Status] = {
+    ReplicaStatus.PUT_OK: Status.SUCCESS,
+    ReplicaStatus.FLUSH_SLAVE_TIMEOUT: Status.FLUSH_SLAVE_TIMEOUT,
+    ReplicaStatus.SLAVE_NOT_AVAILABLE: Status.SLAVE_NOT_AVAILABLE,
     # Fenced or deposed (controller mode): SERVICE_NOT_AVAILABLE makes clients retry another broker.
-    ReplicaStatus.NOT_MASTER: ResponseCode.SERVICE_NOT_AVAILABLE,
+    ReplicaStatus.NOT_MASTER: Status.SERVICE_NOT_AVAILABLE,
 }
-#: Codes whose response carries the message id and queue offset (SendMessageResponseHeader).
-_HEADER_CODES = frozenset(
-    (
-        ResponseCode.SUCCESS,
-        ResponseCode.FLUSH_DISK_TIMEOUT,
-        ResponseCode.FLUSH_SLAVE_TIMEOUT,
-        ResponseCode.SLAVE_NOT_AVAILABLE,
-    )
+#: Statuses of a stored send: its answer carries the message id and queue offset.
+STORED = frozenset(
+    (Status.SUCCESS, Status.FLUSH_DISK_TIMEOUT, Status.FLUSH_SLAVE_TIMEOUT, Status.SLAVE_NOT_AVAILABLE)
 )
 # Enum members as globals: an enum class attribute costs ~0.2 us a lookup, several per send.
-_SUCCESS = ResponseCode.SUCCESS
-_SYSTEM_ERROR = ResponseCode.SYSTEM_ERROR
+_SUCCESS = Status.SUCCESS
+_SYSTEM_ERROR = Status.SYSTEM_ERROR
 _PUT_OK = PutStatus.PUT_OK
 _REPLICA_OK = ReplicaStatus.PUT_OK
 _NOT_MASTER = ReplicaStatus.NOT_MASTER
@@ -85,26 +75,57 @@ _NOT_CONSUMABLE = (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
 GROUP_MAX_BYTES = 1024 * 1024
 
 
-class PendingSend:
-    """One send request between its steps: its messages, hook context and place in a put."""
+class Send:
+    """One send through :class:`~tidemq.broker.services.send.SendService`: its messages and hook
+    context, its place in a put, then its outcome.
 
-    __slots__ = ("batch", "ctx", "group", "index", "msgs", "producer_group", "reply_queue_id", "request")
+    The outcome fields (``status``, ``remark``, ``msg_id``, ``queue_offset``, ``epoch``) are set
+    once the send is settled.  A plain slotted class and not an attrs one: one is made per send
+    request on the hot path, and it is the result too (no second object per request).
+    """
+
+    __slots__ = (
+        "batch",
+        "ctx",
+        "epoch",
+        "group",
+        "index",
+        "msg_id",
+        "msgs",
+        "nbytes",
+        "producer_group",
+        "queue_id",
+        "queue_offset",
+        "remark",
+        "status",
+    )
+
+    #: How the send ended (set when settled).
+    status: Status
+    #: Why, when it did not succeed (or the put's error text); None otherwise.
+    remark: str | None
+    #: The message id (comma-separated ids for a batch) and the queue offset of the first message.
+    msg_id: str
+    queue_offset: int
+    #: Controller mode: the epoch that acknowledged (None otherwise).
+    epoch: int | None
 
     def __init__(
         self,
-        request: RemotingCommand,
         producer_group: str,
         msgs: list[MessageInner],
         batch: bool,
         ctx: SendContext | None,
-        reply_queue_id: int,
+        queue_id: int,
+        nbytes: int,
     ) -> None:
-        self.request = request
         self.producer_group = producer_group
         self.msgs = msgs
         self.batch = batch
         self.ctx = ctx
-        self.reply_queue_id = reply_queue_id
+        #: The queue the producer addressed (the answer's queueId, even when a delay moved it).
+        self.queue_id = queue_id
+        self.nbytes = nbytes  # body bytes of the request (what GROUP_MAX_BYTES bounds)
         self.group: PutGroup | None = None
         self.index = 0  # of its (first) message in the group's put
 
@@ -115,19 +136,19 @@ class PutGroup:
     __slots__ = ("error", "future", "msgs", "nbytes", "nsends", "replica", "result", "sends", "started")
 
     def __init__(self) -> None:
-        self.sends: list[PendingSend] = []  # until stored: sends point at their group, not back
+        self.sends: list[Send] = []  # until stored: sends point at their group, not back
         self.nsends = 0
         self.msgs: list[MessageInner] = []
         self.nbytes = 0  # request bodies coalesced so far (what GROUP_MAX_BYTES bounds)
-        self.future: Any = None  # the store's concurrent Future[PutResult]
+        self.future: Future[PutResult] | None = None  # the store's answer to the put
         self.result: PutResult | None = None
         # What the store raised, as text: the exception itself would hold this frame's caller
         # through its traceback (a cycle for the collector).
         self.error: str | None = None
-        self.replica: Any = None  # Future[ReplicaStatus], asked once per put
+        self.replica: Future[ReplicaStatus] | None = None  # asked once per put
         self.started = 0.0
 
-    def add(self, send: PendingSend) -> None:
+    def add(self, send: Send) -> None:
         send.group = self
         send.index = len(self.msgs)
         self.sends.append(send)
@@ -168,31 +189,34 @@ def store_group(broker: BrokerContext, group: PutGroup) -> None:
             store_group(broker, regroup)
 
 
-def answer_now(broker: BrokerContext, send: PendingSend) -> RemotingCommand | None:
-    """``send``'s response when its put and replicas are done already (async flush: nearly every
-    send), without a coroutine; None when it has to wait (:func:`finish`)."""
+def settled(broker: BrokerContext, send: Send) -> bool:
+    """Fill ``send``'s outcome when its put and replicas are done already (async flush: nearly
+    every send), without a coroutine; False when it has to wait (:func:`settle`)."""
     group = send.group
     assert group is not None
     if group.result is None and group.error is None:
         future = group.future
+        assert future is not None  # put, or the store raised (then group.error is set)
         if not future.done() or future.exception() is not None:
-            return None  # finish awaits it, or logs the failure
+            return False  # settle awaits it, or logs the failure
         group.result = future.result()
     replica = None
     result = group.result
     if result is not None and result.status is _PUT_OK:
         replica_future = _replica_future(broker, group, result)
         if not replica_future.done() or replica_future.exception() is not None:
-            return None
+            return False
         replica = replica_future.result()
-    return _respond(broker, send, replica)
+    _complete(broker, send, replica)
+    return True
 
 
-async def finish(broker: BrokerContext, send: PendingSend) -> RemotingCommand:
-    """Wait for ``send``'s put and replicas, tell the hooks, answer."""
+async def settle(broker: BrokerContext, send: Send) -> None:
+    """Wait for ``send``'s put and replicas, tell the hooks, fill its outcome."""
     group = send.group
     assert group is not None
     if group.result is None and group.error is None:
+        assert group.future is not None
         try:
             group.result = await resolved(group.future)
         except Exception as exc:
@@ -203,10 +227,10 @@ async def finish(broker: BrokerContext, send: PendingSend) -> RemotingCommand:
     result = group.result
     if result is not None and result.status is _PUT_OK:
         replica = await resolved(_replica_future(broker, group, result))
-    return _respond(broker, send, replica)
+    _complete(broker, send, replica)
 
 
-def _replica_future(broker: BrokerContext, group: PutGroup, result: PutResult) -> Any:
+def _replica_future(broker: BrokerContext, group: PutGroup, result: PutResult) -> Future[ReplicaStatus]:
     """Asked once per put, after counting it: the put's end must reach the replicas."""
     replica_future = group.replica
     if replica_future is None:
@@ -219,11 +243,10 @@ def _replica_future(broker: BrokerContext, group: PutGroup, result: PutResult) -
     return replica_future
 
 
-def _respond(broker: BrokerContext, send: PendingSend, replica: Any) -> RemotingCommand:
-    """The response to ``send`` once its put (and, when it succeeded, its replicas) answered."""
+def _complete(broker: BrokerContext, send: Send, replica: ReplicaStatus | None) -> None:
+    """``send``'s outcome once its put (and, when it succeeded, its replicas) answered."""
     group = send.group
     assert group is not None
-    request = send.request
     ctx = send.ctx
     result = group.result
     if result is None:  # the store raised
@@ -231,20 +254,24 @@ def _respond(broker: BrokerContext, send: PendingSend, replica: Any) -> Remoting
             ctx.status = "SYSTEM_ERROR"
             ctx.elapsed_ms = (time.perf_counter() - group.started) * 1000
             broker.hooks.tidemq_after_send(context=ctx)
-        return request.reply(_SYSTEM_ERROR, f"store error: {group.error}")
+        send.status, send.remark, send.epoch = _SYSTEM_ERROR, f"store error: {group.error}", None
+        send.msg_id, send.queue_offset = "", 0
+        return
+    role_aware = broker.role_aware
+    send.epoch = role_aware.current_epoch() if role_aware is not None else None
     status = result.status
-    code: int
+    code: Status
     remark: str | None
     if status is _PUT_OK:  # skips hashing the enum (a Python-level __hash__)
         code, remark = _SUCCESS, None
     else:
-        known = _PUT_CODES.get(status)
+        known = _PUT_STATUSES.get(status)
         code, remark = known if known is not None else (_SYSTEM_ERROR, status.value)
     if result.error:
         remark = f"{remark or status.value}: {result.error}"
     if status is _PUT_OK:
-        code = _SUCCESS if replica is _REPLICA_OK else _REPLICA_CODES.get(replica, _SYSTEM_ERROR)
-        if code == _SYSTEM_ERROR:
+        code = _SUCCESS if replica is _REPLICA_OK else _REPLICA_STATUSES.get(replica, _SYSTEM_ERROR)
+        if code is _SYSTEM_ERROR:
             remark = f"replication answered {replica}"
         elif replica is _NOT_MASTER:
             remark = (
@@ -265,26 +292,10 @@ def _respond(broker: BrokerContext, send: PendingSend, replica: Any) -> Remoting
         first = group.msgs[0]
         consumable = first.sys_flag & TRANSACTION_TYPE_MASK not in _NOT_CONSUMABLE
         queue_offset = result.queue_offset + index if consumable else result.queue_offset
+    send.status, send.remark, send.msg_id, send.queue_offset = code, remark, msg_id, queue_offset
     if ctx is not None:
-        ctx.status = ResponseCode(code).name
+        ctx.status = code.name
         ctx.msg_id = msg_id
         ctx.queue_offset = queue_offset
         ctx.elapsed_ms = (time.perf_counter() - group.started) * 1000
         broker.hooks.tidemq_after_send(context=ctx)
-    role_aware = broker.role_aware
-    if code not in _HEADER_CODES:
-        if role_aware is not None:
-            return request.reply(code, remark, {"epoch": str(role_aware.current_epoch())})
-        return request.reply(code, remark)
-    properties = send.msgs[0].properties
-    fields = {
-        "msgId": msg_id,
-        "queueId": str(send.reply_queue_id),
-        "queueOffset": str(queue_offset),
-        "MSG_REGION": properties.get(Prop.MSG_REGION, "DefaultRegion"),
-        "TRACE_ON": properties.get(Prop.TRACE_SWITCH, "true"),
-    }
-    if role_aware is not None:
-        # Controller mode (issue 25): the epoch that acknowledged; RocketMQ clients ignore the key.
-        fields["epoch"] = str(role_aware.current_epoch())
-    return request.reply_with(code, remark, fields)

@@ -1,0 +1,82 @@
+"""The broker's services: typed operations a transport calls with plain values.
+
+A transport (the remoting processors in :mod:`tidemq.broker.processors`, a gRPC service next)
+decodes its request, makes one call here and encodes what comes back.  Nothing here takes or
+returns a ``RemotingCommand``: arguments are plain values (and the peer's
+:class:`~tidemq.transport.Connection`, for its address and per-connection state), results are
+typed values with a :class:`Status` (whose values are RocketMQ's response codes, so the remoting
+codec passes them on).  RocketMQ 5 draws the same line between its proxy's transports and the
+broker (``MessagingProcessor``).
+
+One module per concept:
+
+* :mod:`~tidemq.broker.services.status`: :class:`Status`, :class:`Outcome`;
+* :mod:`~tidemq.broker.services.send`: single, batch and reply sends, a consumer's send-back
+  (:class:`SendService`), with :mod:`~tidemq.broker.services.put`, the store side of a send
+  (one put per destination, the settled :class:`Send`);
+* :mod:`~tidemq.broker.services.pull`: pulls with long polling (:class:`PullService`);
+* :mod:`~tidemq.broker.services.offsets`: consumer offsets: query, commit, reset
+  (:class:`OffsetService`);
+* :mod:`~tidemq.broker.services.clients`: heartbeat and unregister (:class:`ClientService`);
+* :mod:`~tidemq.broker.services.transactions`: end of a transaction (:class:`TransactionService`);
+* :mod:`~tidemq.broker.services.messages`: query by key, view by id (:class:`MessageService`);
+* :mod:`~tidemq.broker.services.admin`: the admin reads the remoting processors serve
+  (:class:`AdminService`).
+
+The seams for the compiled request lane (a store capability for SEND_MESSAGE_V2,
+SEND_BATCH_MESSAGE and PULL_MESSAGE) are :meth:`SendService.prepare`/``put``/``settled`` (one call
+per request or per read, messages as the list the store takes) and :meth:`PullService.pull` (the
+store's wire-ready buffers in :attr:`PullResult.body`).
+
+Room for the work to come (a module each, on the same terms; none exists yet):
+
+* ``pop.py``: POP consumption (pop, ack, change invisibility), beside :mod:`.pull` and
+  :mod:`.offsets` (its checkpoints are offsets of a revive queue);
+* ``timer.py``: timer messages (schedule, recall), next to the delay levels of
+  :mod:`tidemq.broker.schedule`;
+* ``dedup.py``: the duplicate window, asked by :meth:`SendService.prepare` after the topic checks
+  and before the hooks (a duplicate is answered with the first send's outcome).
+"""
+
+from __future__ import annotations
+
+from tidemq.broker.context import BrokerContext
+from tidemq.broker.services.admin import AdminService
+from tidemq.broker.services.clients import ClientService
+from tidemq.broker.services.messages import MessageService
+from tidemq.broker.services.offsets import OffsetService
+from tidemq.broker.services.pull import PullResult, PullService
+from tidemq.broker.services.put import Send
+from tidemq.broker.services.send import SendService
+from tidemq.broker.services.status import DONE, Outcome, Status
+from tidemq.broker.services.transactions import TransactionService
+
+__all__ = [
+    "DONE",
+    "AdminService",
+    "BrokerServices",
+    "ClientService",
+    "MessageService",
+    "OffsetService",
+    "Outcome",
+    "PullResult",
+    "PullService",
+    "Send",
+    "SendService",
+    "Status",
+    "TransactionService",
+]
+
+
+class BrokerServices:
+    """Every service of one broker, built once over its :class:`BrokerContext` and shared by the
+    transports (the remoting processors get it at registration)."""
+
+    def __init__(self, broker: BrokerContext) -> None:
+        self.send = SendService(broker)
+        self.pull = PullService(broker)
+        self.offsets = OffsetService(broker)
+        self.clients = ClientService(broker)
+        self.transactions = TransactionService(broker)
+        self.messages = MessageService(broker)
+        self.admin = AdminService(broker)

@@ -1,0 +1,70 @@
+"""Stored messages by key and by commit-log offset (QUERY_MESSAGE, VIEW_MESSAGE_BY_ID)."""
+
+from __future__ import annotations
+
+import attrs
+
+from tidemq.broker.context import BrokerContext
+from tidemq.broker.services.status import Outcome, Status
+from tidemq.errors import CorruptDataError
+from tidemq.message import decode_message
+
+MAX_QUERY_NUM = 64  # defaultQueryMaxNum of RocketMQ's MessageStoreConfig
+
+
+@attrs.frozen(slots=True)
+class KeyQueryResult:
+    """The records whose key (or unique key) matched, and how far the key index had got."""
+
+    status: Status  # SUCCESS, or QUERY_NOT_FOUND when no record matched
+    records: tuple[bytes, ...]
+    index_last_update_timestamp: int
+    index_last_update_phy_offset: int
+
+
+class MessageService:
+    """Finds stored messages for operators and clients."""
+
+    def __init__(self, broker: BrokerContext) -> None:
+        self.broker = broker
+
+    def query(
+        self, topic: str, key: str, max_num: int, begin: int, end: int, unique: bool
+    ) -> KeyQueryResult | Outcome:
+        """Up to ``max_num`` (at most :data:`MAX_QUERY_NUM`) records of ``topic`` stored between
+        ``begin`` and ``end`` (ms) whose key, or unique key, is ``key``."""
+        b = self.broker
+        if unique:
+            max_num = MAX_QUERY_NUM
+        max_num = max(1, min(max_num, MAX_QUERY_NUM))
+        if b.index is None:
+            return Outcome(Status.SYSTEM_ERROR, "this broker runs without a key index")
+        result = b.index.query(topic, key, max_num, begin, end)
+        parts: list[bytes] = []
+        for phy in result.phy_offsets:
+            raw = b.store.look_message_by_offset(phy)
+            if raw is None:
+                continue
+            try:
+                msg = decode_message(raw, with_body=False)
+            except CorruptDataError:
+                continue
+            # The index hashes keys, so candidates are re-checked against the real key.
+            if msg.topic != topic or (key not in msg.keys and msg.uniq_key != key):
+                continue
+            parts.append(bytes(raw))
+            if len(parts) >= max_num:
+                break
+        return KeyQueryResult(
+            Status.SUCCESS if parts else Status.QUERY_NOT_FOUND,
+            tuple(parts),
+            result.last_update_timestamp,
+            result.last_update_phy_offset,
+        )
+
+    def view(self, offset: int) -> bytes | Outcome:
+        """The record at commit-log ``offset``."""
+        raw = self.broker.store.look_message_by_offset(offset) if offset >= 0 else None
+        if raw is None:
+            return Outcome(Status.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
+        return bytes(raw)

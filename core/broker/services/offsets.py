@@ -1,0 +1,82 @@
+"""Consumer offsets: query, commit and reset (QUERY/UPDATE_CONSUMER_OFFSET, INVOKE_BROKER_TO_RESET_OFFSET)."""
+
+from __future__ import annotations
+
+import attrs
+
+from tidemq.broker.clients import ClientChannel
+from tidemq.broker.context import BrokerContext
+from tidemq.broker.services.status import DONE, Outcome, Status
+from tidemq.queues import MessageQueue
+
+
+@attrs.frozen(slots=True)
+class OffsetReset:
+    """The offsets a group is to restart from, per queue, and the live consumers to tell."""
+
+    table: dict[MessageQueue, int]
+    consumers: list[ClientChannel]
+
+
+class OffsetService:
+    """What a consumer group has consumed, per queue."""
+
+    def __init__(self, broker: BrokerContext) -> None:
+        self.broker = broker
+
+    def query(self, group: str, topic: str, queue_id: int) -> int | Outcome:
+        """The committed offset, or where a group's first start reads from; QUERY_NOT_FOUND when
+        the client is to pick its ConsumeFromWhere."""
+        b = self.broker
+        offset = b.offsets.query(group, topic, queue_id)
+        if offset >= 0:
+            return offset
+        # A group's first start: RocketMQ lets it read from 0 while the queue's head is still
+        # stored (no message was ever deleted); otherwise the client picks its ConsumeFromWhere.
+        if b.store.get_min_offset_in_queue(topic, queue_id) <= 0:
+            return 0
+        return Outcome(
+            Status.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first"
+        )
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int) -> Outcome:
+        """Record ``offset`` as ``group``'s progress in the queue."""
+        b = self.broker
+        b.offsets.commit(group, topic, queue_id, offset)
+        b.stats.on_commit(group, topic, queue_id)
+        return DONE
+
+    def reset(self, group: str, topic: str, timestamp: int, force: bool) -> OffsetReset | Outcome:
+        """Offsets by time (``-1``: the end of each queue) for every write queue of ``topic``; an
+        offset ahead of the committed one is kept unless ``force``.  The group's live consumers
+        are to be told (the transport's business); refused when none is online."""
+        b = self.broker
+        cfg = b.topics.get(topic)
+        if cfg is None:
+            return Outcome(
+                Status.SYSTEM_ERROR,
+                f"[reset-offset] reset offset failed, no topic in this broker. topic={topic}",
+            )
+        table: dict[MessageQueue, int] = {}
+        for qid in range(cfg.write_queue_nums):
+            committed = b.offsets.query(group, topic, qid)
+            if committed == -1:
+                return Outcome(
+                    Status.SYSTEM_ERROR,
+                    f"THe consumer group <{group}> not exist (no committed offset of {topic} queue {qid})",
+                )
+            if timestamp == -1:
+                target = b.store.get_max_offset_in_queue(topic, qid)
+            else:
+                target = b.store.get_offset_by_time(topic, qid, timestamp)
+            target = max(target, 0)
+            table[MessageQueue(topic, b.settings.name, qid)] = (
+                target if force or target < committed else committed
+            )
+        channels = b.consumers.live_channels(group)
+        if not channels:
+            return Outcome(
+                Status.CONSUMER_NOT_ONLINE,
+                f"Consumer not online, so can not reset offset, Group: {group} Topic: {topic} Timestamp: {timestamp}",
+            )
+        return OffsetReset(table, list(channels))
