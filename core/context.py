@@ -373,7 +373,7 @@ class TransactionService(Protocol):
     """Transactional messages: half messages, commit/rollback, checks (TransactionalMessageService).
 
     Implemented by :class:`tidemq.broker.transaction.TransactionalMessageService`; the send
-    processor stores halves through it, END_TRANSACTION and RESUME_CHECK_HALF_MESSAGE call it.
+    service stores halves through it, the transaction service and RESUME_CHECK_HALF_MESSAGE call it.
     """
 
     checks_sent: int
@@ -382,7 +382,18 @@ class TransactionService(Protocol):
     def to_half(self, msg: MessageInner) -> None:
         """Rewrite a prepared message into the half topic."""
 
-    async def end_transaction(self, conn: Connection, request: RemotingCommand) -> RemotingCommand: ...
+    async def end(
+        self,
+        peer_address: str,
+        producer_group: str,
+        tran_state_offset: int,
+        commit_log_offset: int,
+        kind: int,
+        from_check: bool,
+        transaction_id: str,
+    ) -> str | None:
+        """Commit or roll back the half message at ``commit_log_offset`` (END_TRANSACTION, without
+        the wire); None when done, else why it was refused."""
 
     async def resume_check(self, msg_id: str) -> str | None:
         """Check a half message again; the problem found, or None."""
