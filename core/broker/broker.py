@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from tidemq import _native
@@ -302,14 +302,16 @@ class Broker:
                 factory.close()
         for task in list(self._background):
             task.cancel()
-        await self.schedule.stop()
+        # A full disk must not stop the shutdown: a table that cannot be written is logged and the
+        # store below is still shut down and the data directory released.
+        try:
+            await self.schedule.stop()
+        except OSError as exc:
+            log.error("cannot write the delay offsets while stopping: %s", exc)
         await self.transactions.stop()
-        self.offsets.persist(force=True)
-        for table in (self.topics, self.groups):
-            try:
-                table.close()
-            except OSError as exc:  # a full disk must not stop the shutdown
-                log.error("cannot write %s: %s", table.path, exc)
+        _persisting("consumer offsets", lambda: self.offsets.persist(force=True))
+        _persisting("topic configs", self.topics.close)
+        _persisting("subscription groups", self.groups.close)
         self.replication.shutdown()
         self.store.shutdown()
         await self.client.close()
@@ -597,3 +599,11 @@ class _CoalescedRun:
         except Exception as exc:
             response = self._broker.failed(self._conn, request, exc)
         return None if request.is_oneway else response
+
+
+def _persisting(what: str, write: Callable[[], object]) -> None:
+    """One of :meth:`Broker.stop`'s table writes: an OSError (a full disk) is logged, and the stop goes on."""
+    try:
+        write()
+    except OSError as exc:
+        log.error("cannot write the %s while stopping: %s", what, exc)

@@ -291,6 +291,69 @@ def test_broker_answers_a_clear_error_on_a_full_disk_and_sends_again_after(
     assert broker.stop() == 0, broker.log_path.read_text()[-3000:]
 
 
+def test_broker_stops_cleanly_on_a_full_disk_and_restarts_with_everything(
+    mount_tmpfs: Callable[[int], Path], spawn: Any, tmp_path: Path
+) -> None:
+    """Stopping a broker while its disk is full: every table it cannot write (delay offsets,
+    consumer offsets, topics, groups) is logged and skipped, and the stop goes on to shut the
+    store down and release the data directory, exiting 0.  After space returns, a restart serves
+    every acknowledged message and the offsets committed before the disk filled."""
+    disk = mount_tmpfs(24)
+    config = tmp_path / "broker.toml"
+    config.write_text(
+        "[broker]\n"
+        'name = "broker-full-stop"\n'
+        'listen = "127.0.0.1:0"\n'
+        "namesrv = []\n"
+        f'data_dir = "{disk / "data"}"\n'
+        "default_topic_queues = 1\n"
+        "consumer_offset_flush_s = 0.2\n"
+        "[store.mmap]\n"
+        f"commitlog_file_size = {MiB}\n"
+        "consumequeue_entries = 1000\n"
+        "clean_interval_ms = 3600000\n"
+    )
+    body = b"z" * 1024
+    sent = 8
+
+    async def send_all(addr: str) -> None:
+        client = get_plugin_manager().create("transport", "tcp").client()
+        try:
+            for i in range(sent):
+                r = await _call(client, addr, RequestCode.SEND_MESSAGE, _send_fields("Full", i), body)
+                assert r.code == ResponseCode.SUCCESS, r.remark
+            fields = {"consumerGroup": "CG", "topic": "Full", "queueId": 0, "commitOffset": 5}
+            r = await _call(client, addr, RequestCode.UPDATE_CONSUMER_OFFSET, fields)
+            assert r.code == ResponseCode.SUCCESS, r.remark
+            await asyncio.sleep(0.6)  # a persist round writes it before the disk fills
+        finally:
+            await client.close()
+
+    broker = spawn("broker", "-c", str(config))
+    asyncio.run(send_all(broker.addresses["broker"]))
+    filler = fill(disk)
+    assert broker.stop() == 0, broker.log_path.read_text()[-3000:]
+    log = broker.log_path.read_text()
+    assert "cannot write" in log and "stopped" in log, log[-3000:]
+    filler.unlink()
+
+    again = spawn("broker", "-c", str(config))
+
+    async def check(addr: str) -> None:
+        client = get_plugin_manager().create("transport", "tcp").client()
+        try:
+            mx = await _call(client, addr, RequestCode.GET_MAX_OFFSET, {"topic": "Full", "queueId": 0})
+            assert int(mx.ext_fields["offset"]) == sent
+            fields = {"consumerGroup": "CG", "topic": "Full", "queueId": 0}
+            r = await _call(client, addr, RequestCode.QUERY_CONSUMER_OFFSET, fields)
+            assert r.code == ResponseCode.SUCCESS and int(r.ext_fields["offset"]) == 5, r
+        finally:
+            await client.close()
+
+    asyncio.run(check(again.addresses["broker"]))
+    assert again.stop() == 0
+
+
 # ---------------------------------------------------------------------------- the hash index
 
 
