@@ -90,7 +90,6 @@ def test_master_sigkilled_under_load_fails_over_without_losing_acknowledged_mess
     assert row[1] == str(new.broker_id) and row[2] == info["controllerEpoch"], out.stdout
 
 
-@pytest.mark.slow
 def test_a_deposed_master_truncates_its_unacknowledged_tail(
     spawn: Any, tmp_path: Path, etcd: EtcdServer
 ) -> None:
