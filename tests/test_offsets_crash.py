@@ -70,3 +70,26 @@ def test_a_sigkilled_broker_keeps_offsets_committed_one_persist_interval_earlier
         fields = {"consumerGroup": GROUP, "topic": TOPIC, "queueId": queue_id}
         resp = invoke(addr, RequestCode.QUERY_CONSUMER_OFFSET, fields)
         assert (resp.code, resp.ext_fields.get("offset")) == (ResponseCode.SUCCESS, str(offset)), resp.remark
+
+
+@pytest.mark.parametrize(
+    ("topic", "group"),
+    [("Durable", "bad/group"), ("Durable", "G" * 300), ("bad topic", "Keepers"), ("T" * 300, "Keepers")],
+)
+def test_a_commit_under_an_invalid_name_is_refused_and_never_saved(
+    tmp_path: Path, topic: str, group: str
+) -> None:
+    """UPDATE_CONSUMER_OFFSET names the file's keys: a bad topic or group is refused, every time."""
+    from test_send_edges import cluster
+
+    async def main() -> None:
+        async with cluster(tmp_path) as (client, broker, _):
+            for _ in range(2):  # the first commit of a key and any later one
+                fields = {"consumerGroup": group, "topic": topic, "queueId": 0, "commitOffset": 7}
+                resp = await client.invoke(
+                    broker, RemotingCommand.request(RequestCode.UPDATE_CONSUMER_OFFSET, fields), 5.0
+                )
+                assert resp.code == ResponseCode.SYSTEM_ERROR and resp.remark, resp.remark
+        assert committed(tmp_path / "broker") == {}
+
+    asyncio.run(main())
