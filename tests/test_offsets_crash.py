@@ -93,3 +93,39 @@ def test_a_commit_under_an_invalid_name_is_refused_and_never_saved(
         assert committed(tmp_path / "broker") == {}
 
     asyncio.run(main())
+
+
+def test_a_stored_offset_under_an_invalid_name_is_skipped_and_the_rest_load(tmp_path: Path) -> None:
+    """A consumerOffset.json edited by hand (or by an old tool): an entry whose topic or group is
+    invalid is ignored with a log line; every other group's progress still loads."""
+    from test_send_edges import cluster
+
+    config = tmp_path / "broker" / "config"
+    config.mkdir(parents=True)
+    table = {
+        "../etc@Keepers": {"0": 9},  # an invalid topic, valid group
+        "Durable@bad/group": {"0": 8},  # a valid topic, invalid group
+        "Durable@Keepers": {"0": 5, "1": 3},
+        "Other@Keepers": {"0": 4},
+    }
+    (config / "consumerOffset.json").write_bytes(orjson.dumps({"offsetTable": table}))
+
+    async def query(client: Any, broker: str, topic: str, group: str, queue_id: int) -> str | None:
+        fields = {"consumerGroup": group, "topic": topic, "queueId": queue_id}
+        resp = await client.invoke(
+            broker, RemotingCommand.request(RequestCode.QUERY_CONSUMER_OFFSET, fields), 5.0
+        )
+        return resp.ext_fields.get("offset") if resp.code == ResponseCode.SUCCESS else None
+
+    async def main() -> None:
+        async with cluster(tmp_path) as (client, broker, _):
+            got = [
+                await query(client, broker, "Durable", "Keepers", 0),
+                await query(client, broker, "Durable", "Keepers", 1),
+                await query(client, broker, "Other", "Keepers", 0),
+            ]
+            assert got == ["5", "3", "4"]
+        saved = committed(tmp_path / "broker")
+        assert saved == {"Durable@Keepers": {"0": 5, "1": 3}, "Other@Keepers": {"0": 4}}
+
+    asyncio.run(main())

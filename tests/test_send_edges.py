@@ -92,6 +92,7 @@ async def queued(client: Any, addr: str, topic: str) -> int:
 @pytest.mark.parametrize(
     ("reconsume_times", "max_reconsume", "to_dlq"),
     [
+        (0, 0, True),  # maxReconsumeTimes 0: no retry at all (only its absence means the group's)
         (1, 2, False),
         (2, 2, True),  # the limit itself: dead
         (3, 2, True),
@@ -110,6 +111,10 @@ def test_a_send_to_the_retry_topic_goes_to_the_dlq_once_its_retries_are_used_up(
             assert (await queued(client, broker, DLQ), await queued(client, broker, RETRY)) == (
                 (1, 0) if to_dlq else (0, 1)
             )
+            if to_dlq:  # as RocketMQ makes it: one queue, written to and never delivered
+                resp = await call(client, broker, RequestCode.GET_ALL_TOPIC_CONFIG, {})
+                dlq = orjson.loads(resp.body)["topicConfigTable"][DLQ]
+                assert (dlq["readQueueNums"], dlq["writeQueueNums"], dlq["perm"]) == (1, 1, 2)
 
     asyncio.run(main())
 
