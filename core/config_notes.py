@@ -434,7 +434,10 @@ NOTES.update(
 # RocketMQ 5's controller mode names for the in-sync set options.
 NOTES.update(
     {
-        "replication.controller.min_in_sync_replicas": {"rocketmq": "minInSyncReplicas (5.x)", "valid": ">= 1"},
+        "replication.controller.min_in_sync_replicas": {
+            "rocketmq": "minInSyncReplicas (5.x)",
+            "valid": ">= 1",
+        },
         "replication.controller.sync_set_timeout_s": {
             "rocketmq": "haMaxTimeSlaveNotCatchup (5.x)",
             "valid": "> 0",

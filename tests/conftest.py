@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -111,6 +112,21 @@ def pytest_configure(config: pytest.Config) -> None:
     manager = config.pluginmanager
     if not manager.is_registered(plugin) and not manager.is_blocked("tidemq"):
         manager.register(plugin, "tidemq")
+
+
+def require_server(*names: str, package: str) -> str:
+    """The path of the first of ``names`` found on PATH: a real server a test starts (etcd,
+    chromium, prometheus).  Missing, the test skips with one line naming the Debian package, or
+    fails when ``TIDEMQ_REQUIRE_SERVERS=1`` (``.ci/run`` sets it), so CI never turns a missing
+    server into a quiet skip."""
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    what = f"{names[0]} is not installed (Debian package {package}; .ci/install-servers installs it)"
+    if os.environ.get("TIDEMQ_REQUIRE_SERVERS", "") not in ("", "0"):
+        pytest.fail(f"TIDEMQ_REQUIRE_SERVERS is set but {what}", pytrace=False)
+    pytest.skip(what)
 
 
 @pytest.fixture

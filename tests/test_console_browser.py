@@ -11,7 +11,6 @@ test's temporary directory).  ``.ci/run`` installs chromium; elsewhere the test 
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import commit_offset, free_port
+from conftest import commit_offset, free_port, require_server
 
 from tidemq.client import BlockingProducer, BlockingPushConsumer, Message, SendStatus
 
@@ -30,13 +29,7 @@ GROUP = "console-group"
 
 
 def _chromium() -> str:
-    for name in ("chromium", "chromium-browser"):
-        found = shutil.which(name)
-        if found:
-            return found
-    if os.environ.get("TIDEMQ_REQUIRE_SERVERS") == "1":
-        pytest.fail("chromium is not installed (apt-get install chromium)")
-    pytest.skip("chromium is not installed (Debian package chromium; .ci/run installs it)")
+    return require_server("chromium", "chromium-browser", package="chromium")
 
 
 @pytest.fixture

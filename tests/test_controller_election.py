@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from conftest import free_port
+from conftest import free_port, require_server
 
 pytest.importorskip(
     "httpx", reason="httpx is not installed (the controller extra: pip install tidemq[controller])"
@@ -43,12 +42,7 @@ CONFIG = ElectionConfig(
 
 
 def _etcd_binary() -> str:
-    found = shutil.which("etcd")
-    if found is None:
-        if os.environ.get("TIDEMQ_REQUIRE_SERVERS") == "1":
-            pytest.fail("etcd is not installed (apt-get install etcd-server)")
-        pytest.skip("etcd is not installed (Debian package etcd-server; .ci/install-servers installs it)")
-    return found
+    return require_server("etcd", package="etcd-server")
 
 
 class EtcdServer:

@@ -90,7 +90,6 @@ def test_master_sigkilled_under_load_fails_over_without_losing_acknowledged_mess
     assert row[1] == str(new.broker_id) and row[2] == info["controllerEpoch"], out.stdout
 
 
-@pytest.mark.slow
 def test_a_deposed_master_truncates_its_unacknowledged_tail(
     spawn: Any, tmp_path: Path, etcd: EtcdServer
 ) -> None:
@@ -111,7 +110,7 @@ def deposed_master_truncates_its_unacknowledged_tail(cluster: ControllerCluster)
         s.kill()
     before = int(master.info()["commitLogMaxOffset"])
     with BlockingProducer("fo-tail", cluster.ns, retry_times=0, send_timeout=3.0) as producer:
-        for i in range(5):
+        for i in range(2):  # each waits out the sync timeout: two make a tail, more only cost time
             status = producer.send(Message(TOPIC, b"unacknowledged-%d" % i)).status
             assert status is not SendStatus.SEND_OK  # stored on the master alone: not acknowledged
     tail_end = int(master.info()["commitLogMaxOffset"])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -21,7 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import commit_offset, free_port, wait_for
+from conftest import commit_offset, free_port, require_server, wait_for
 
 from tidemq.client import BlockingProducer, Message, SendStatus
 from tidemq.client.admin import AdminClient, topic_fields
@@ -206,12 +205,7 @@ def test_a_taken_configured_port_is_a_one_line_error(spawn: Any, tmp_path: Path)
 
 
 def _prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found is None:
-        if os.environ.get("TIDEMQ_REQUIRE_SERVERS") == "1":
-            pytest.fail("prometheus is not installed (apt-get install prometheus)")
-        pytest.skip("prometheus is not installed (Debian package prometheus; .ci/run installs it)")
-    return found
+    return require_server("prometheus", package="prometheus")
 
 
 def _query(prom: str, expr: str) -> list[dict[str, Any]]:

@@ -211,6 +211,17 @@ class StoreContract:
         # Nothing matched, but the consumer moves past what was scanned.
         assert none.status is GetStatus.NO_MATCHED_MESSAGE and none.next_begin_offset == 14
 
+    def test_filter_selects_by_tag_within_a_batch(self, store: MessageStore) -> None:
+        # A batch put writes its queue entries in one go: each entry keeps its own message's tag.
+        batch = [message(body=b"%d" % i, TAGS="odd" if i % 2 else "even") for i in range(8)]
+        assert store.put_messages(batch).result(10).ok
+        got = store.get_message("g", "TopicA", 0, 0, 32, TagFilter("odd"))
+        assert got.status is GetStatus.FOUND
+        assert [decode_message(b).body for b in got.buffers] == [b"%d" % i for i in range(1, 8, 2)]
+        got = store.get_message("g", "TopicA", 0, 0, 32, TagFilter("even"))
+        assert [decode_message(b).body for b in got.buffers] == [b"%d" % i for i in range(0, 8, 2)]
+        assert got.next_begin_offset == 8
+
     # ------------------------------------------------------------------ time search
     def test_offset_by_time_finds_the_first_message_at_or_after(self, store: MessageStore) -> None:
         stamps = []

@@ -32,7 +32,7 @@ try:  # PySpark >= 4.1: streaming sink fed with Arrow batches
 
     _STREAM_ARROW = True
 except ImportError:  # pragma: no cover
-    from pyspark.sql.datasource import DataSourceStreamWriter as _StreamWriterBase  # type: ignore[assignment]
+    from pyspark.sql.datasource import DataSourceStreamWriter as _StreamWriterBase  # type: ignore[assignment,unused-ignore]
 
     _STREAM_ARROW = False
 

@@ -1,6 +1,6 @@
 """SIGKILL a loaded broker at random moments, restart it on the same data, check every ack.
 
-Fast subset: a few rounds per flush mode.  ``-m slow`` (tox -e reliability): 20+ rounds.
+Fast subset: a few rounds per flush mode, the default configuration among them.  ``-m slow`` (tox -e reliability): 20+ rounds.
 """
 
 from __future__ import annotations
@@ -74,9 +74,17 @@ def test_sync_flush_transient_pool_20_rounds(tmp_path: Path) -> None:
     assert_sync_run(run)
 
 
+def test_default_configuration_loses_nothing_on_sigkill(tmp_path: Path) -> None:
+    """The defaults (async flush, no transient pool): records go straight into the mapped files, so
+    a process kill leaves them in the page cache and every acknowledged message survives."""
+    run = run_crash_rounds(tmp_path, 3, flush="async", transient=False, seed=4)
+    report("crash-async-mapped-fast", run.summary())
+    assert_sync_run(run)
+
+
 @pytest.mark.slow
 def test_async_flush_without_transient_pool_loses_nothing_on_sigkill(tmp_path: Path) -> None:
-    """Records go straight into the mapped files: a process kill leaves them in the page cache."""
+    """The default configuration over 10 rounds."""
     run = run_crash_rounds(tmp_path, 10, flush="async", transient=False, seed=14)
     report("crash-async-mapped-10", run.summary())
     assert_sync_run(run)

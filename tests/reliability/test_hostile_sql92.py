@@ -327,5 +327,9 @@ def test_five_thousand_distinct_subscriptions_while_producing(cluster: Cluster) 
 
 
 def test_broker_log_has_no_tracebacks(cluster: Cluster) -> None:
-    """Hostile expressions are refused with one line; nothing reaches a handler's crash path."""
+    """Hostile expressions are refused with one line; nothing reaches a handler's crash path.
+
+    After the module's other tests, or alone (``-k``, xdist): a short fuzz of its own first, so the
+    log always holds hostile expressions to check."""
+    run_sql_fuzz(cluster, 40)
     assert_log_clean(cluster, "failed to compile")  # nor the catch-all of compile_expression

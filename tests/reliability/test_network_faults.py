@@ -246,6 +246,8 @@ _FIELDS = (
 # Codes that would stop the fuzz from testing anything: deleting the topic the final check uses.
 _AVOID = {RequestCode.DELETE_TOPIC_IN_BROKER} if hasattr(RequestCode, "DELETE_TOPIC_IN_BROKER") else set()
 
+_KNOWN = {int(c) for c in RequestCode}
+
 _values = st.one_of(
     st.text(max_size=40),
     st.integers(min_value=-(2**63), max_value=2**63 - 1).map(str),
@@ -277,6 +279,9 @@ class FuzzPeer:
         self.requests = 0
         self.answered = 0
         self.closed = 0
+        self.unanswered: list[str] = []  # two-way requests (not held pulls) the broker never answered
+        self.bad: list[str] = []  # answers that break the oracle of _judge
+        self.answer_codes: dict[int, int] = {}
 
     def send(self, req: dict) -> None:
         cmd = RemotingCommand.request(
@@ -290,13 +295,17 @@ class FuzzPeer:
         if req["oneway"]:
             cmd.flag |= FLAG_ONEWAY
         self.requests += 1
+        held = req["code"] == RequestCode.PULL_MESSAGE
         try:
             self.conn.send_cmd(cmd)
             if not req["oneway"]:
                 # Held pulls answer later: do not wait for them, only for the others.
-                resp = self.conn.recv_cmd(0.5 if req["code"] == RequestCode.PULL_MESSAGE else 5.0)
+                resp = self._answer_to(cmd.opaque, 0.5 if held else 5.0)
                 if resp is not None:
                     self.answered += 1
+                    self._judge(req, resp)
+                elif not held and not self.conn.closed_by_peer:
+                    self.unanswered.append(f"code {req['code']} fields {req['fields']!r}"[:300])
         except OSError:
             self.conn.closed_by_peer = True
         except Exception:  # an unencodable random command is the fuzzer's problem, not the broker's
@@ -305,6 +314,25 @@ class FuzzPeer:
             self.closed += 1
             self.conn.close()
             self.conn = RawConn(self.address)
+
+    def _answer_to(self, opaque: int, timeout: float) -> RemotingCommand | None:
+        """The response to request ``opaque`` (a held pull's late answer is passed over)."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            resp = self.conn.recv_cmd(left)
+            if resp is None or resp.opaque == opaque:
+                return resp
+        return None
+
+    def _judge(self, req: dict, resp: RemotingCommand) -> None:
+        """An answer is a response, names an unknown code as such, and says why it refuses."""
+        if not resp.is_response:
+            self.bad.append(f"code {req['code']}: answered with a request")
+        elif req["code"] not in _KNOWN and resp.code != ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+            self.bad.append(f"unknown code {req['code']} answered {resp.code} {resp.remark!r}")
+        elif resp.code == ResponseCode.SYSTEM_ERROR and not resp.remark:
+            self.bad.append(f"code {req['code']}: SYSTEM_ERROR without a remark")
+        self.answer_codes[resp.code] = self.answer_codes.get(resp.code, 0) + 1
 
 
 def run_processor_fuzz(cluster: Cluster, examples: int) -> dict:
@@ -333,10 +361,15 @@ def run_processor_fuzz(cluster: Cluster, examples: int) -> dict:
     figures = {
         "requests": peer.requests,
         "answered": peer.answered,
+        "unanswered": len(peer.unanswered),
         "connections_closed_by_broker": peer.closed,
+        "answer_codes": dict(sorted(peer.answer_codes.items())),
         "rss_before_kib": rss0,
         "rss_after_kib": rss_kib(cluster.broker.pid),
     }
+    # Every two-way request (but a held pull) gets its own answer: the broker never drops one.
+    assert peer.unanswered == [], peer.unanswered[:10]
+    assert peer.bad == [], peer.bad[:10]
     assert figures["rss_after_kib"] - rss0 < 128 * 1024
     return figures
 
@@ -351,5 +384,9 @@ def test_fuzzed_requests_to_every_processor_long(cluster: Cluster) -> None:
 
 
 def test_broker_log_has_no_unhandled_errors(cluster: Cluster) -> None:
-    """Bad input is refused with a one-line reason; nothing reaches the loop's crash handler."""
+    """Bad input is refused with a one-line reason; nothing reaches the loop's crash handler.
+
+    After the module's other tests, or alone (``-k``, xdist): a short fuzz of its own first, so the
+    log always holds hostile requests to check."""
+    run_processor_fuzz(cluster, 40)
     assert_log_clean(cluster)
