@@ -599,10 +599,10 @@ class ProcessorRegister:
     def add(self, code: int, handler: Handler) -> None:
         """Serve request ``code`` with ``handler``; a code may be taken by one plugin only.
 
-        A handler with a ``many(conn, requests, failed)`` method (the built-in send handler) also
-        gets consecutive requests of one read for its codes together, each already past the ACL
-        check, and returns one response or awaitable per request; ``failed(request, exc)`` answers
-        one that raised.  A code that :meth:`wrap` wraps is served one request at a time.
+        A handler that is also a :class:`tidemq.transport.BatchedProcessor` (the built-in send
+        handler) gets consecutive requests of one read for its codes together through ``many``,
+        each already past the ACL check.  A code that :meth:`wrap` wraps is served one request at
+        a time.
         """
         code = int(code)
         existing = self._handlers.get(code)

@@ -11,7 +11,7 @@ from typing import Any
 from tidemq import _native
 from tidemq.acl import ACCESS_KEY, AccessDenied, AccessValidator
 from tidemq.address import split_address
-from tidemq.broker.composition import BrokerFigures, build_services
+from tidemq.broker.composition import BrokerFigures, build_parts
 from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
 from tidemq.broker.roles import RoleFollower
@@ -94,21 +94,21 @@ class Broker:
         self.hold: PullRequestHoldService | None = None
         # The composition root builds the rest (tidemq.broker.composition); plain attributes, as
         # processors read them per request.
-        services = build_services(self, components)
-        self.topics = services.topics
-        self.offsets = services.offsets
-        self.groups = services.groups
-        self.consumers = services.consumers
-        self.producers = services.producers
-        self.locks = services.locks
-        self.stats = services.stats
-        self.filters = services.filters
-        self.registrar = services.registrar
-        self.schedule = services.schedule
-        self.transactions = services.transactions
-        self.filter_servers = services.filter_servers
+        parts = build_parts(self, components)
+        self.topics = parts.topics
+        self.offsets = parts.offsets
+        self.groups = parts.groups
+        self.consumers = parts.consumers
+        self.producers = parts.producers
+        self.locks = parts.locks
+        self.stats = parts.stats
+        self.filters = parts.filters
+        self.registrar = parts.registrar
+        self.schedule = parts.schedule
+        self.transactions = parts.transactions
+        self.filter_servers = parts.filter_servers
         #: Where a replication plugin writes the metadata a slave copies from its master.
-        self.metadata_sink = services.metadata_sink
+        self.metadata_sink = parts.metadata_sink
         #: What the metrics exporter reads (read-only).
         self.figures = BrokerFigures(self, self.metrics_companions)
         #: Made as the broker starts (the transport's options are checked then); refuses before.

@@ -1,7 +1,7 @@
 """The broker's composition root: every part of a broker built from its config, in one place.
 
 :func:`tidemq.config.compose` builds the plugin roles (transport, flush, index, store,
-replication, acl, metrics).  :func:`build_services` builds the rest over them: the metadata
+replication, acl, metrics).  :func:`build_parts` builds the rest over them: the metadata
 tables and client registries (RocketMQ's managers), the statistics, the filter types (their
 dispatchers attached to the store here, before it loads) and the services that work through the
 broker (registration, delayed and transactional messages, filter servers, the metadata sink a
@@ -54,8 +54,9 @@ if TYPE_CHECKING:
 
 
 @attrs.frozen
-class BrokerServices:
-    """The broker's own services, as :func:`build_services` made them."""
+class BrokerParts:
+    """The parts of a broker :func:`build_parts` makes over its plugins (its managers and services);
+    not to be confused with :class:`tidemq.broker.services.BrokerServices`, the operations a transport calls."""
 
     topics: TopicConfigManager
     groups: SubscriptionGroupManager
@@ -72,7 +73,7 @@ class BrokerServices:
     metadata_sink: MetadataSink
 
 
-def build_services(broker: BrokerContext, components: Components) -> BrokerServices:
+def build_parts(broker: BrokerContext, components: Components) -> BrokerParts:
     """The services of ``broker`` over ``components``; those that work through the broker keep it.
 
     Called once, by :class:`tidemq.broker.Broker` as it is made.  The filter types are built here
@@ -85,7 +86,7 @@ def build_services(broker: BrokerContext, components: Components) -> BrokerServi
         if isinstance(factory, DispatchingFilterFactory):
             for dispatcher in factory.dispatchers():
                 components.store.add_dispatcher(dispatcher)
-    return BrokerServices(
+    return BrokerParts(
         topics=TopicConfigManager(
             config_dir / "topics.json",
             auto_create_topic=settings.auto_create_topic,
