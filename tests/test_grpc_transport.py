@@ -1,0 +1,234 @@
+"""The gRPC endpoint (RocketMQ 5's MessagingService) of a real broker, driven over loopback gRPC.
+
+The official v5 client's scenarios are in tests/compat/test_grpc_official.py; these check the
+protocol answers a client relies on, fast, with tidemq's own protobuf module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import pytest
+
+grpc = pytest.importorskip("grpc")
+
+from tidemq.errors import ConfigError  # noqa: E402
+from tidemq.record import decode_message  # noqa: E402
+from tidemq_transport_grpc import plugin as grpc_plugin  # noqa: E402
+from tidemq_transport_grpc.proto import load  # noqa: E402
+
+pb = load()
+SERVICE = "/apache.rocketmq.v2.MessagingService/"
+MakeBroker = Callable[..., AbstractAsyncContextManager[Any]]
+META = (("x-mq-client-id", "test-client@1"),)
+
+
+def call(channel: Any, rpc: str, response: str) -> Any:
+    return channel.unary_unary(
+        SERVICE + rpc,
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=getattr(pb, response).FromString,
+    )
+
+
+@asynccontextmanager
+async def grpc_broker(make: MakeBroker, **grpc_options: Any) -> AsyncIterator[tuple[Any, Any]]:
+    options = {"transport": {"grpc": {"listen": "127.0.0.1:0", **grpc_options}}}
+    async with make(auto_create_topic=True, options=options) as broker:
+        server = grpc_plugin.server_of(broker)
+        assert server is not None
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            await asyncio.wait_for(channel.channel_ready(), 10)
+            yield broker, channel
+
+
+def test_query_route_hands_out_this_endpoint_and_the_queues(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            server = grpc_plugin.server_of(broker)
+            request = pb.QueryRouteRequest(topic=pb.Resource(name="RouteTopic"))
+            response = await call(channel, "QueryRoute", "QueryRouteResponse")(request, metadata=META)
+            assert response.status.code == pb.OK
+            queues = response.message_queues
+            assert [q.id for q in queues] == list(range(broker.settings.default_topic_queues))
+            assert {q.permission for q in queues} == {pb.READ_WRITE}
+            address = queues[0].broker.endpoints.addresses[0]
+            assert f"{address.host}:{address.port}" == server.address
+            assert queues[0].broker.endpoints.scheme == pb.IPv4
+            assert set(queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY}
+            bad = await call(channel, "QueryRoute", "QueryRouteResponse")(
+                pb.QueryRouteRequest(topic=pb.Resource(name="bad topic!")), metadata=META
+            )
+            assert bad.status.code == pb.ILLEGAL_TOPIC
+
+    asyncio.run(main())
+
+
+def test_telemetry_answers_a_producers_settings_with_the_broker_limits(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            heartbeat = await call(channel, "Heartbeat", "HeartbeatResponse")(
+                pb.HeartbeatRequest(client_type=pb.PRODUCER), metadata=META
+            )
+            assert heartbeat.status.code == pb.OK
+            no_id = await call(channel, "Heartbeat", "HeartbeatResponse")(pb.HeartbeatRequest())
+            assert no_id.status.code == pb.CLIENT_ID_REQUIRED
+            stream = channel.stream_stream(
+                SERVICE + "Telemetry",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.TelemetryCommand.FromString,
+            )(metadata=META)
+            settings = pb.Settings(
+                client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="T")])
+            )
+            await stream.write(pb.TelemetryCommand(settings=settings))
+            answer = await asyncio.wait_for(stream.read(), 10)
+            assert answer.status.code == pb.OK
+            assert answer.settings.publishing.max_body_size == broker.settings.max_message_size
+            assert answer.settings.backoff_policy.max_attempts >= 1
+            await stream.write(pb.TelemetryCommand(verify_message_result=pb.VerifyMessageResult(nonce="n")))
+            await stream.done_writing()
+            assert await asyncio.wait_for(stream.read(), 10) == grpc.aio.EOF
+            done = await call(channel, "NotifyClientTermination", "NotifyClientTerminationResponse")(
+                pb.NotifyClientTerminationRequest(), metadata=META
+            )
+            assert done.status.code == pb.OK
+
+    asyncio.run(main())
+
+
+def test_send_stores_the_message_with_the_clients_id_tag_keys_and_group(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            send = call(channel, "SendMessage", "SendMessageResponse")
+            message = pb.Message(
+                topic=pb.Resource(name="SendTopic"),
+                user_properties={"color": "blue"},
+                body=b"hello v5",
+                system_properties=pb.SystemProperties(
+                    tag="TagA",
+                    keys=["k1", "k2"],
+                    message_id="01ABCDEF0123456789ABCDEF0123456789",
+                    message_type=pb.FIFO,
+                    message_group="order-7",
+                    delivery_timestamp={"seconds": 2_000_000_000},
+                ),
+            )
+            response = await send(pb.SendMessageRequest(messages=[message]), metadata=META)
+            assert response.status.code == pb.OK, response.status
+            (entry,) = response.entries
+            assert entry.message_id == "01ABCDEF0123456789ABCDEF0123456789"
+            again = await send(pb.SendMessageRequest(messages=[message]), metadata=META)
+            assert again.entries[0].offset == entry.offset + 1  # one group, one queue
+            stored = []
+            for qid in range(broker.topics.get("SendTopic").write_queue_nums):
+                got = broker.store.get_message("g", "SendTopic", qid, 0, 32)
+                stored += [decode_message(bytes(b)) for b in got.buffers]
+            assert len(stored) == 2 and stored[0].queue_id == stored[1].queue_id
+            props = stored[0].properties
+            assert stored[0].body == b"hello v5"
+            assert props["UNIQ_KEY"] == "01ABCDEF0123456789ABCDEF0123456789"
+            assert (props["TAGS"], props["KEYS"], props["color"]) == ("TagA", "k1 k2", "blue")
+            assert props["__SHARDINGKEY"] == "order-7"
+            assert props["TIMER_DELIVER_MS"] == "2000000000000"
+
+            empty = await send(
+                pb.SendMessageRequest(messages=[pb.Message(topic=pb.Resource(name="SendTopic"))]),
+                metadata=META,
+            )
+            assert empty.status.code == pb.MESSAGE_BODY_EMPTY
+            tx = pb.Message(
+                topic=pb.Resource(name="SendTopic"),
+                body=b"x",
+                system_properties=pb.SystemProperties(message_id="01AA", message_type=pb.TRANSACTION),
+            )
+            refused = await send(pb.SendMessageRequest(messages=[tx]), metadata=META)
+            assert refused.status.code == pb.UNSUPPORTED and "EndTransaction" in refused.status.message
+
+    asyncio.run(main())
+
+
+def test_rpcs_without_an_engine_say_what_is_missing(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (_broker, channel):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(channel, "AckMessage", "AckMessageResponse")(pb.AckMessageRequest(), metadata=META)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "POP" in info.value.details()
+            receive = channel.unary_stream(
+                SERVICE + "ReceiveMessage",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.ReceiveMessageResponse.FromString,
+            )(pb.ReceiveMessageRequest(), metadata=META)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                async for _ in receive:
+                    pass
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+    asyncio.run(main())
+
+
+def test_bad_input_gets_grpc_statuses_and_the_broker_keeps_serving(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker, max_frame_bytes=64 * 1024) as (_broker, channel):
+            raw = channel.unary_unary(SERVICE + "SendMessage")  # bytes in, bytes out
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await raw(b"\xff\xff\xff\xff garbage", metadata=META)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "malformed apache.rocketmq.v2.SendMessageRequest" in info.value.details()
+            telemetry = channel.stream_stream(SERVICE + "Telemetry")(metadata=META)
+            await telemetry.write(b"\xff\xff\xff garbage")
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await telemetry.read()
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            unknown = channel.unary_unary("/apache.rocketmq.v2.MessagingService/NoSuchRpc")
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await unknown(b"", metadata=META)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            big = pb.Message(topic=pb.Resource(name="BigTopic"), body=b"x" * (128 * 1024))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(channel, "SendMessage", "SendMessageResponse")(
+                    pb.SendMessageRequest(messages=[big]), metadata=META
+                )
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            ok = await call(channel, "QueryRoute", "QueryRouteResponse")(
+                pb.QueryRouteRequest(topic=pb.Resource(name="StillUp")), metadata=META
+            )
+            assert ok.status.code == pb.OK
+
+    asyncio.run(main())
+
+
+def test_grpc_options_are_checked_and_selecting_it_as_the_transport_is_refused(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    async def start(**kwargs: Any) -> None:
+        async with tidemq_make_broker(**kwargs):
+            pass
+
+    with pytest.raises(ConfigError, match="listen"):
+        asyncio.run(start(options={"transport": {"grpc": {"listen": "nowhere"}}}))
+    with pytest.raises(ConfigError, match="unknown key"):
+        asyncio.run(start(options={"transport": {"grpc": {"lisen": "127.0.0.1:0"}}}))
+    with pytest.raises(ConfigError, match="beside the remoting transport"):
+        asyncio.run(start(plugins={"transport": "grpc"}))
+
+
+def test_a_missing_grpcio_is_named_when_the_endpoint_is_enabled() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['grpc'] = None\n"
+        "from tidemq_transport_grpc.proto import load\n"
+        "try:\n    load()\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert out.startswith("ConfigError") and "pip install 'tidemq[grpc]'" in out
