@@ -1,0 +1,159 @@
+"""The official RocketMQ 5 Python client (PyPI ``rocketmq-python-client==5.1.2``) against tidemq's
+gRPC endpoint, and a ``rocketmq==0.4.4`` consumer reading what it sent.
+
+The v5 client installs a top-level ``rocketmq`` package, as ``rocketmq==0.4.4`` does, so it lives
+in its own virtual environment: made once per machine under ``~/.cache/tidemq`` (keyed on the
+version; ``TIDEMQ_V5_VENV`` overrides the place) and reused after.  The test is skipped, saying
+why, when that environment cannot be made (no PyPI).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import free_port
+
+pytest.importorskip("grpc", reason="the grpc extra (grpcio) is not installed")
+pytest.importorskip("rocketmq.client", reason="the official client (rocketmq==0.4.4) is not installed")
+
+pytestmark = [pytest.mark.compat, pytest.mark.timeout(600)]
+
+V5_VERSION = "5.1.2"
+V5_WORKER = Path(__file__).with_name("v5_client.py")
+V4_WORKER = Path(__file__).with_name("official_client.py")
+
+
+def v5_venv() -> Path:
+    """The v5 client's virtual environment, made on first use (once per machine)."""
+    default = Path.home() / ".cache" / "tidemq" / f"venv-rocketmq5-{V5_VERSION}"
+    venv = Path(os.environ.get("TIDEMQ_V5_VENV", default))
+    python = venv / "bin" / "python"
+    marker = venv / ".tidemq-ready"
+    if marker.is_file() and python.is_file():
+        return python
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make the v5 client's venv: {made.stderr[-500:]}")
+    pip = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", f"rocketmq-python-client=={V5_VERSION}"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if pip.returncode != 0:
+        pytest.skip(f"cannot install rocketmq-python-client=={V5_VERSION}: {pip.stderr[-500:]}")
+    marker.write_text(V5_VERSION)
+    return python
+
+
+@pytest.fixture(scope="session")
+def v5_python() -> Path:
+    return v5_venv()
+
+
+def wait_listening(address: str, timeout: float = 20) -> None:
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"nothing listens on {address}")
+
+
+class GrpcCluster:
+    """``tidemq namesrv`` and a ``tidemq broker`` with ``[transport.grpc]``, as subprocesses."""
+
+    def __init__(self, spawn: Any, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.namesrv = spawn("namesrv", "--listen", "127.0.0.1:0").addresses["namesrv"]
+        self.grpc = f"127.0.0.1:{free_port()}"
+        (tmp_path / "broker.toml").write_text(
+            "[broker]\n"
+            'name = "broker-grpc"\n'
+            f'listen = "127.0.0.1:{free_port()}"\n'
+            f'namesrv = ["{self.namesrv}"]\n'
+            f'data_dir = "{tmp_path / "data"}"\n'
+            "[transport.grpc]\n"
+            f'listen = "{self.grpc}"\n'
+        )
+        self.broker = spawn("broker", "-c", str(tmp_path / "broker.toml")).addresses["broker"]
+        wait_listening(self.grpc)
+        self.env = {**os.environ, "HOME": str(tmp_path)}
+
+    def admin(self, *args: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "tidemq", "admin", *args, "-n", self.namesrv],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=self.env,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    def run(self, python: Path | str, worker: Path, *args: str, timeout: float = 120) -> list[Any]:
+        out = subprocess.run(
+            [str(python), str(worker), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            cwd=self.tmp,
+        )
+        ok = out.returncode == 0 or (out.returncode == -6 and "boost::thread_interrupted" in out.stderr)
+        assert ok, out.stderr[-3000:]
+        return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def test_v5_producer_sync_and_async_then_a_4x_consumer_reads_it(
+    v5_python: Path, spawn: Any, tmp_path: Path
+) -> None:
+    cluster = GrpcCluster(spawn, tmp_path)
+    cluster.admin("updateTopic", "-t", "V5Topic", "-r", "4", "-w", "4")
+    lines = cluster.run(
+        v5_python, V5_WORKER, "produce", "--endpoints", cluster.grpc, "--topic", "V5Topic", "--count", "20"
+    )
+    started, receipts = lines[0], lines[1:]
+    assert started["started_s"] < 10  # the client waits 10 s for the broker's settings
+    assert [r["i"] for r in receipts] == list(range(20))
+    assert {r["mode"] for r in receipts} == {"sync", "async"}
+    ids = {r["i"]: r["message_id"] for r in receipts}
+    assert len(set(ids.values())) == 20
+
+    got = cluster.run(
+        sys.executable,
+        V4_WORKER,
+        "pull",
+        "--namesrv",
+        cluster.namesrv,
+        "--topic",
+        "V5Topic",
+        "--group",
+        "G_V4_READS_V5",
+        "--count",
+        "20",
+        "--timeout",
+        "60",
+    )[-1]
+    assert got["complete"], got
+    by_body = {r["body"]: r for r in got["received"]}
+    assert sorted(by_body) == sorted(f"v5-{i}" for i in range(20))
+    for i in range(20):
+        record = by_body[f"v5-{i}"]
+        assert record["topic"] == "V5Topic"
+        assert record["tags"] == ("TagA" if i % 2 == 0 else "TagB")
+        assert record["keys"] == f"key-{i}"
+        assert record["props"] == {"idx": str(i), "color": "blue"}
+        assert record["id"] == ids[i]  # the v5 client's message id is the message's id for 4.x too

@@ -1,0 +1,74 @@
+"""Runs one scenario of the official RocketMQ 5 Python client (PyPI ``rocketmq-python-client``)
+and prints JSON lines.  It runs in the client's own virtual environment (its top-level
+``rocketmq`` package is not ``rocketmq==0.4.4``'s), started by tests/compat/test_grpc_official.py.
+
+    python v5_client.py produce --endpoints HOST:PORT --topic T --count N [--prefix P]
+
+``produce`` is written as the client's README shows a producer: ``Producer(config, (topic,))``,
+``startup()``, ``send`` (sync) for the first half, ``send_async`` for the rest, ``shutdown()``.
+Message i has body ``<prefix>-i``, tag ``TagA``/``TagB`` by parity, key ``key-i`` and properties
+``idx=i``, ``color=blue``; one JSON line per receipt (``{"i", "message_id", "offset"}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def produce(args: argparse.Namespace) -> None:
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+    config = ClientConfiguration(args.endpoints, Credentials())
+    producer = Producer(config, (args.topic,))
+    started = time.monotonic()
+    producer.startup()
+    print(json.dumps({"started_s": round(time.monotonic() - started, 3)}), flush=True)
+    try:
+        futures = []
+        for i in range(args.count):
+            msg = Message()
+            msg.topic = args.topic
+            msg.body = f"{args.prefix}-{i}".encode()
+            msg.tag = "TagA" if i % 2 == 0 else "TagB"
+            msg.keys = f"key-{i}"
+            msg.add_property("idx", str(i))
+            msg.add_property("color", "blue")
+            if i < args.count // 2:
+                receipt = producer.send(msg)
+                print(
+                    json.dumps(
+                        {"i": i, "mode": "sync", "message_id": receipt.message_id, "offset": receipt.offset}
+                    ),
+                    flush=True,
+                )
+            else:
+                futures.append((i, producer.send_async(msg)))
+        for i, future in futures:
+            receipt = future.result(timeout=30)
+            print(
+                json.dumps(
+                    {"i": i, "mode": "async", "message_id": receipt.message_id, "offset": receipt.offset}
+                ),
+                flush=True,
+            )
+    finally:
+        producer.shutdown()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario", choices=["produce"])
+    p.add_argument("--endpoints", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--count", type=int, default=10)
+    p.add_argument("--prefix", default="v5")
+    args = p.parse_args()
+    {"produce": produce}[args.scenario](args)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
