@@ -157,3 +157,18 @@ def test_v5_producer_sync_and_async_then_a_4x_consumer_reads_it(
         assert record["keys"] == f"key-{i}"
         assert record["props"] == {"idx": str(i), "color": "blue"}
         assert record["id"] == ids[i]  # the v5 client's message id is the message's id for 4.x too
+
+
+def test_the_v5_example_sends_sync_and_async(v5_python: Path, spawn: Any, tmp_path: Path) -> None:
+    cluster = GrpcCluster(spawn, tmp_path)
+    example = Path(__file__).resolve().parents[2] / "examples" / "v5_client.py"
+    out = subprocess.run(
+        [str(v5_python), str(example), "--endpoints", cluster.grpc, "--topic", "orders"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cluster.env,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("sync send: message id ") and lines[1].startswith("async send: message id ")
