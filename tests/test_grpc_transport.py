@@ -232,3 +232,75 @@ def test_a_missing_grpcio_is_named_when_the_endpoint_is_enabled() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.startswith("ConfigError") and "pip install 'tidemq[grpc]'" in out
+
+
+def test_pull_consumer_rpcs_read_offsets_and_messages_as_sent(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            send = call(channel, "SendMessage", "SendMessageResponse")
+            for i in range(3):
+                message = pb.Message(
+                    topic=pb.Resource(name="PullTopic"),
+                    user_properties={"idx": str(i)},
+                    body=f"m{i}".encode(),
+                    system_properties=pb.SystemProperties(
+                        tag="A" if i != 1 else "B", message_id=f"01{i:032X}", message_group="g1"
+                    ),
+                )
+                assert (
+                    await send(pb.SendMessageRequest(messages=[message]), metadata=META)
+                ).status.code == pb.OK
+            qid = next(q for q in range(4) if broker.store.get_max_offset_in_queue("PullTopic", q) == 3)
+            mq = pb.MessageQueue(topic=pb.Resource(name="PullTopic"), id=qid)
+            end = await call(channel, "QueryOffset", "QueryOffsetResponse")(
+                pb.QueryOffsetRequest(message_queue=mq, query_offset_policy=pb.END), metadata=META
+            )
+            assert (end.status.code, end.offset) == (pb.OK, 3)
+            pull = channel.unary_stream(
+                SERVICE + "PullMessage",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.PullMessageResponse.FromString,
+            )
+            request = pb.PullMessageRequest(
+                group=pb.Resource(name="G5"),
+                message_queue=mq,
+                offset=0,
+                batch_size=10,
+                filter_expression=pb.FilterExpression(type=pb.TAG, expression="A"),
+            )
+            answers = [r async for r in pull(request, metadata=META)]
+            assert answers[0].status.code == pb.OK
+            got = [a.message for a in answers if a.WhichOneof("content") == "message"]
+            assert [m.body for m in got] == [b"m0", b"m2"]  # tag B filtered out
+            assert [m.system_properties.message_id for m in got] == [f"01{0:032X}", f"01{2:032X}"]
+            assert got[0].user_properties["idx"] == "0" and got[0].system_properties.message_group == "g1"
+            assert answers[-1].next_offset == 3
+            none = [
+                r
+                async for r in pull(
+                    pb.PullMessageRequest(
+                        group=pb.Resource(name="G5"), message_queue=mq, offset=3, batch_size=10
+                    ),
+                    metadata=META,
+                )
+            ]
+            assert none[0].status.code == pb.MESSAGE_NOT_FOUND and none[-1].next_offset == 3
+
+            get = call(channel, "GetOffset", "GetOffsetResponse")
+            missing = await get(
+                pb.GetOffsetRequest(group=pb.Resource(name="G5"), message_queue=mq), metadata=META
+            )
+            assert missing.status.code == pb.OFFSET_NOT_FOUND
+            update = call(channel, "UpdateOffset", "UpdateOffsetResponse")
+            ok = await update(
+                pb.UpdateOffsetRequest(group=pb.Resource(name="G5"), message_queue=mq, offset=3),
+                metadata=META,
+            )
+            assert ok.status.code == pb.OK
+            assert broker.offsets.query("G5", "PullTopic", qid) == 3  # what a 4.x consumer of G5 resumes from
+            now = await get(
+                pb.GetOffsetRequest(group=pb.Resource(name="G5"), message_queue=mq), metadata=META
+            )
+            assert (now.status.code, now.offset) == (pb.OK, 3)
+
+    asyncio.run(main())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from types import ModuleType
 from typing import Any
 
@@ -14,7 +14,8 @@ from tidemq.context import BrokerContext
 from tidemq.errors import ConfigError
 
 from .options import GrpcOptions
-from .service import POP_RPCS, MessagingService, pop_missing, pull_missing
+from .pull import PullRpcs
+from .service import POP_RPCS, MessagingService, pop_missing
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,19 @@ def _checked(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     return unary
 
 
-def handlers(service: MessagingService, pb: ModuleType) -> grpc.GenericRpcHandler:
+def _checked_stream(
+    behavior: Callable[[Any, Any], AsyncIterator[Any]],
+) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+        if type(request) is Malformed:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.details())
+        async for response in behavior(request, context):
+            yield response
+
+    return stream
+
+
+def handlers(service: MessagingService, pulls: PullRpcs, pb: ModuleType) -> grpc.GenericRpcHandler:
     """The service's methods by name, each with its protobuf request and response types."""
 
     def kinds(rpc: str) -> tuple[Any, Any]:
@@ -79,9 +92,9 @@ def handlers(service: MessagingService, pb: ModuleType) -> grpc.GenericRpcHandle
     for rpc in _UNARY:
         table[rpc] = grpc.unary_unary_rpc_method_handler(_checked(getattr(service, rpc)), *kinds(rpc))
     for rpc in _PULL_UNARY:
-        table[rpc] = grpc.unary_unary_rpc_method_handler(pull_missing(rpc), *kinds(rpc))
+        table[rpc] = grpc.unary_unary_rpc_method_handler(_checked(getattr(pulls, rpc)), *kinds(rpc))
     table["PullMessage"] = grpc.unary_stream_rpc_method_handler(
-        pull_missing("PullMessage"), *kinds("PullMessage")
+        _checked_stream(pulls.PullMessage), *kinds("PullMessage")
     )
     for rpc in POP_RPCS:
         kind = (
@@ -122,7 +135,7 @@ class GrpcServer:
         self.host = host
         self.port = bound
         self.service = MessagingService(broker, pb, host, bound, broker.settings.max_message_size)
-        self.server.add_generic_rpc_handlers((handlers(self.service, pb),))
+        self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(broker, pb), pb),))
 
     @property
     def address(self) -> str:

@@ -248,13 +248,3 @@ def pop_missing(rpc: str) -> Any:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, _POP_MISSING.format(rpc=rpc))
 
     return missing
-
-
-def pull_missing(rpc: str) -> Any:
-    async def missing(request: Any, context: Any) -> Any:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            f"{rpc} (the v5 pull consumer) is not served yet; use a 4.x pull consumer meanwhile",
-        )
-
-    return missing
