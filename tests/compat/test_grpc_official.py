@@ -1,10 +1,8 @@
 """The official RocketMQ 5 Python client (PyPI ``rocketmq-python-client==5.1.2``) against tidemq's
 gRPC endpoint, and a ``rocketmq==0.4.4`` consumer reading what it sent.
 
-The v5 client installs a top-level ``rocketmq`` package, as ``rocketmq==0.4.4`` does, so it lives
-in its own virtual environment: made once per machine under ``~/.cache/tidemq`` (keyed on the
-version; ``TIDEMQ_V5_VENV`` overrides the place) and reused after.  The test is skipped, saying
-why, when that environment cannot be made (no PyPI).
+The v5 client lives in its own virtual environment (tests/compat/v5_venv.py: made once per
+machine, reused after); the tests are skipped, saying why, when it cannot be made (no PyPI).
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import v5_venv
 from conftest import free_port
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio) is not installed")
@@ -26,38 +25,16 @@ pytest.importorskip("rocketmq.client", reason="the official client (rocketmq==0.
 
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(600)]
 
-V5_VERSION = "5.1.2"
 V5_WORKER = Path(__file__).with_name("v5_client.py")
 V4_WORKER = Path(__file__).with_name("official_client.py")
 
 
-def v5_venv() -> Path:
-    """The v5 client's virtual environment, made on first use (once per machine)."""
-    default = Path.home() / ".cache" / "tidemq" / f"venv-rocketmq5-{V5_VERSION}"
-    venv = Path(os.environ.get("TIDEMQ_V5_VENV", default))
-    python = venv / "bin" / "python"
-    marker = venv / ".tidemq-ready"
-    if marker.is_file() and python.is_file():
-        return python
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot make the v5 client's venv: {made.stderr[-500:]}")
-    pip = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", f"rocketmq-python-client=={V5_VERSION}"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if pip.returncode != 0:
-        pytest.skip(f"cannot install rocketmq-python-client=={V5_VERSION}: {pip.stderr[-500:]}")
-    marker.write_text(V5_VERSION)
-    return python
-
-
 @pytest.fixture(scope="session")
 def v5_python() -> Path:
-    return v5_venv()
+    try:
+        return v5_venv.v5_python()
+    except v5_venv.Unavailable as exc:
+        pytest.skip(str(exc))
 
 
 def wait_listening(address: str, timeout: float = 20) -> None:

@@ -58,15 +58,43 @@ def produce(args: argparse.Namespace) -> None:
         producer.shutdown()
 
 
+def bench(args: argparse.Namespace) -> None:
+    """Send ``--count`` messages of ``--body`` bytes, sync, one at a time; print the totals."""
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+    producer = Producer(ClientConfiguration(args.endpoints, Credentials()), (args.topic,))
+    producer.startup()
+    body = b"x" * args.body
+    try:
+        print("ready", flush=True)
+        sys.stdin.readline()  # the benchmark reads the broker's CPU time, then says go
+        started = time.monotonic()
+        failed = 0
+        for _ in range(args.count):
+            msg = Message()
+            msg.topic = args.topic
+            msg.body = body
+            try:
+                producer.send(msg)
+            except Exception:
+                failed += 1
+        elapsed = time.monotonic() - started
+        print(json.dumps({"sent": args.count - failed, "failed": failed, "seconds": elapsed}), flush=True)
+        sys.stdin.readline()
+    finally:
+        producer.shutdown()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["produce"])
+    p.add_argument("scenario", choices=["produce", "bench"])
     p.add_argument("--endpoints", required=True)
     p.add_argument("--topic", required=True)
     p.add_argument("--count", type=int, default=10)
     p.add_argument("--prefix", default="v5")
+    p.add_argument("--body", type=int, default=1024)
     args = p.parse_args()
-    {"produce": produce}[args.scenario](args)
+    {"produce": produce, "bench": bench}[args.scenario](args)
     sys.stdout.flush()
 
 

@@ -1,0 +1,213 @@
+"""Broker CPU per send: RocketMQ 5 clients over gRPC vs 4.x clients over remoting, in one run.
+
+    .venv/bin/python bench/grpc_bench.py [--count 2000] [--repeats 3] [--body 1024] [--out FILE]
+
+``tidemq namesrv`` and one ``tidemq broker`` with ``[transport.grpc]`` run as subprocesses.  Each
+round sends ``--count`` messages of ``--body`` bytes, synchronously, one at a time, with
+
+* ``grpc``: the official ``rocketmq-python-client==5.1.2`` (its own venv, made once under
+  ``~/.cache/tidemq``, as tests/compat/test_grpc_official.py makes it), and
+* ``remoting``: the official ``rocketmq==0.4.4`` (C++ client, from tidemq's venv),
+
+the two alternating ``--repeats`` times (the machine is shared: compare the figures of one run).
+The broker's CPU time (user + system, every thread: grpcio's included) is read from /proc between
+the client's go and its end; the figure is messages per broker CPU-second, median of the rounds.
+One JSON document on stdout (and in ``--out``), progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "compat"))
+V5_WORKER = ROOT / "tests" / "compat" / "v5_client.py"
+TOPIC = "GrpcBench"
+
+V4_WORKER = """
+import json, sys, time
+from rocketmq.client import Message, Producer
+namesrv, topic, count, body = sys.argv[1], sys.argv[2], int(sys.argv[3]), b"x" * int(sys.argv[4])
+producer = Producer("grpc-bench", timeout=5000)
+producer.set_namesrv_addr(namesrv)
+producer.start()
+msg = Message(topic); msg.set_body(body); producer.send_sync(msg)  # route known before go
+print("ready", flush=True)
+sys.stdin.readline()
+started = time.monotonic(); failed = 0
+for _ in range(count):
+    msg = Message(topic); msg.set_body(body)
+    try:
+        if int(producer.send_sync(msg).status) != 0: failed += 1
+    except Exception:
+        failed += 1
+print(json.dumps({"sent": count - failed, "failed": failed, "seconds": time.monotonic() - started}), flush=True)
+sys.stdin.readline()
+producer.shutdown()
+"""
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start(args: list[str], cwd: Path) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidemq", "--log-level", "WARNING", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=cwd,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline().decode()
+        if " listening on " in line:
+            return proc, line.rsplit(" ", 1)[1].strip()
+    proc.kill()
+    raise RuntimeError(f"{args} did not start")
+
+
+def wait_listening(address: str) -> None:
+    host, port = address.rsplit(":", 1)
+    for _ in range(200):
+        try:
+            socket.create_connection((host, int(port)), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {address}")
+
+
+def one_round(cmd: list[str], broker_pid: int) -> dict[str, Any]:
+    client = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    assert client.stdin is not None and client.stdout is not None
+    try:
+        line = client.stdout.readline().strip()
+        if line != "ready":
+            raise RuntimeError(f"client did not start: {line!r}")
+        before = cpu_seconds(broker_pid)
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        result: dict[str, Any] = json.loads(client.stdout.readline())
+        result["broker_cpu_s"] = round(cpu_seconds(broker_pid) - before, 3)
+        client.stdin.write("done\n")
+        client.stdin.flush()
+        client.wait(60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    result["msgs_per_broker_cpu_s"] = round(result["sent"] / max(result["broker_cpu_s"], 1e-3), 1)
+    result["msgs_per_s"] = round(result["sent"] / max(result["seconds"], 1e-6), 1)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--count", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--body", type=int, default=1024)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+
+    import v5_venv  # tests/compat: the same venv the compat test makes
+
+    try:
+        v5_python = v5_venv.v5_python()
+    except v5_venv.Unavailable as exc:
+        sys.exit(f"grpc_bench.py: {exc}")
+    with tempfile.TemporaryDirectory(prefix="grpc-bench-") as tmp:
+        work = Path(tmp)
+        namesrv, namesrv_addr = start(["namesrv", "--listen", "127.0.0.1:0"], work)
+        grpc_addr = f"127.0.0.1:{free_port()}"
+        (work / "broker.toml").write_text(
+            f'[broker]\nname = "bench"\nlisten = "127.0.0.1:{free_port()}"\nnamesrv = ["{namesrv_addr}"]\n'
+            f'data_dir = "{work / "data"}"\n[transport.grpc]\nlisten = "{grpc_addr}"\n'
+        )
+        broker, _ = start(["broker", "-c", str(work / "broker.toml")], work)
+        try:
+            wait_listening(grpc_addr)
+            subprocess.run(
+                [sys.executable, "-m", "tidemq", "admin", "updateTopic", "-t", TOPIC, "-n", namesrv_addr],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
+            commands = {
+                "grpc": [
+                    str(v5_python),
+                    str(V5_WORKER),
+                    "bench",
+                    "--endpoints",
+                    grpc_addr,
+                    "--topic",
+                    TOPIC,
+                    "--count",
+                    str(args.count),
+                    "--body",
+                    str(args.body),
+                ],
+                "remoting": [
+                    sys.executable,
+                    "-c",
+                    V4_WORKER,
+                    namesrv_addr,
+                    TOPIC,
+                    str(args.count),
+                    str(args.body),
+                ],
+            }
+            rounds: dict[str, list[dict[str, Any]]] = {"grpc": [], "remoting": []}
+            for r in range(args.repeats):
+                for path, cmd in commands.items():
+                    progress(f"round {r + 1}/{args.repeats}: {path}, {args.count} sync sends")
+                    rounds[path].append(one_round(cmd, broker.pid))
+                    progress(f"  {rounds[path][-1]}")
+        finally:
+            broker.terminate()
+            namesrv.terminate()
+            broker.wait(30)
+            namesrv.wait(30)
+    median = {p: statistics.median(x["msgs_per_broker_cpu_s"] for x in rs) for p, rs in rounds.items()}
+    doc = {
+        "what": "messages per broker CPU-second, sync sends one at a time: v5 client over gRPC vs 0.4.4 over remoting",
+        "count": args.count,
+        "body": args.body,
+        "repeats": args.repeats,
+        "median_msgs_per_broker_cpu_s": median,
+        "grpc_vs_remoting": round(median["grpc"] / median["remoting"], 3),
+        "rounds": rounds,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},
+    }
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
