@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -207,7 +208,7 @@ def test_bad_input_gets_grpc_statuses_and_the_broker_keeps_serving(tidemq_make_b
 
 
 def test_grpc_options_are_checked_and_selecting_it_as_the_transport_is_refused(
-    tidemq_make_broker: MakeBroker,
+    tidemq_make_broker: MakeBroker, tmp_path: Path
 ) -> None:
     async def start(**kwargs: Any) -> None:
         async with tidemq_make_broker(**kwargs):
@@ -219,6 +220,12 @@ def test_grpc_options_are_checked_and_selecting_it_as_the_transport_is_refused(
         asyncio.run(start(options={"transport": {"grpc": {"lisen": "127.0.0.1:0"}}}))
     with pytest.raises(ConfigError, match="beside the remoting transport"):
         asyncio.run(start(plugins={"transport": "grpc"}))
+    # Unsigned gRPC requests must not get past an ACL: refused until the signature is checked.
+    acl = tmp_path / "acl.yml"
+    acl.write_text("accounts: [{accessKey: grpcTester, secretKey: grpcSecret123, admin: true}]\n")
+    options = {"transport": {"grpc": {"listen": "127.0.0.1:0"}}, "acl": {"plain": {"file": str(acl)}}}
+    with pytest.raises(ConfigError, match="bypass the ACL"):
+        asyncio.run(start(plugins={"acl": "plain"}, options=options))
 
 
 def test_a_missing_grpcio_is_named_when_the_endpoint_is_enabled() -> None:
