@@ -311,3 +311,27 @@ def test_pull_consumer_rpcs_read_offsets_and_messages_as_sent(tidemq_make_broker
             assert (now.status.code, now.offset) == (pb.OK, 3)
 
     asyncio.run(main())
+
+
+def test_a_broker_stopped_right_after_it_started_stops_its_endpoint_cleanly(tmp_path: Path) -> None:
+    # A grpc.aio server whose start was cancelled half-way and then stopped crashed the process
+    # (SIGSEGV): run in a subprocess so a crash is a failure here, not the end of the test run.
+    import subprocess
+    import sys
+
+    code = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from tidemq.testing.pytest_plugin import running_broker\n"
+        "async def main(i):\n"
+        "    options = {'transport': {'grpc': {'listen': '127.0.0.1:0'}}}\n"
+        "    async with running_broker(Path(sys.argv[1]) / str(i), options=options):\n"
+        "        pass\n"
+        "for i in range(3):\n"
+        "    asyncio.run(main(i))\n"
+        "print('clean')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "clean", out.stderr[-2000:]

@@ -76,7 +76,7 @@ def tidemq_register_processors(register: ProcessorRegister) -> None:
 def tidemq_broker_started(broker: BrokerContext) -> None:
     server = _SERVERS.get(id(broker))
     if server is not None:
-        broker.spawn(server.start())
+        server.begin()
 
 
 @hookimpl

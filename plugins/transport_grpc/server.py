@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from types import ModuleType
@@ -132,6 +133,7 @@ class GrpcServer:
         if not bound:
             raise ConfigError(f"[transport.grpc] listen = {options.listen!r}: cannot listen there")
         self.broker = broker
+        self._starting: asyncio.Task[None] | None = None
         self.host = host
         self.port = bound
         self.service = MessagingService(broker, pb, host, bound, broker.settings.max_message_size)
@@ -142,11 +144,24 @@ class GrpcServer:
         """Where clients connect (what QueryRoute hands out)."""
         return f"{self.host}:{self.port}"
 
-    async def start(self) -> None:
+    def begin(self) -> None:
+        """Start serving (from the broker's started hook, on its loop).
+
+        The start runs in a task of its own, not one the broker cancels when it stops: a grpc.aio
+        server cancelled half-way through its start and then stopped crashes the process."""
+        self._starting = asyncio.get_running_loop().create_task(self._start())
+
+    async def _start(self) -> None:
         if self.host in ("0.0.0.0", "::", ""):  # a wildcard: route clients to the broker's own host
             self.host = self.service.host = split_address(self.broker.address)[0]
         await self.server.start()
         log.info("gRPC (RocketMQ 5 clients) serving on %s", self.address)
 
     async def stop(self) -> None:
+        """Stop serving; waits for a start still under way first."""
+        if self._starting is not None:
+            try:
+                await asyncio.shield(self._starting)
+            except Exception:
+                log.exception("the gRPC endpoint did not start")
         await self.server.stop(self.options.stop_grace)
