@@ -12,6 +12,8 @@ round sends ``--count`` messages of ``--body`` bytes, synchronously, one at a ti
 the two alternating ``--repeats`` times (the machine is shared: compare the figures of one run).
 The broker's CPU time (user + system, every thread: grpcio's included) is read from /proc between
 the client's go and its end; the figure is messages per broker CPU-second, median of the rounds.
+For scale, ``grpc_aio_echo_floor`` is a bare ``grpc.aio`` server echoing the same bodies (no
+broker at all), measured the same way: what grpcio's asyncio server costs per call by itself.
 One JSON document on stdout (and in ``--out``), progress on stderr.
 """
 
@@ -56,6 +58,50 @@ print(json.dumps({"sent": count - failed, "failed": failed, "seconds": time.mono
 sys.stdin.readline()
 producer.shutdown()
 """
+
+
+#: grpcio's own floor: a grpc.aio server that echoes 1 KiB, nothing else (no broker), for scale.
+ECHO_SERVER = """
+import asyncio, grpc
+async def echo(request, context):
+    return request
+async def main():
+    server = grpc.aio.server()
+    table = {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", table),))
+    print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+    await server.start()
+    await server.wait_for_termination()
+asyncio.run(main())
+"""
+
+
+def echo_floor(count: int, body: int) -> dict[str, Any]:
+    """Calls per server CPU-second of a bare grpc.aio echo server, sync unary calls one at a time."""
+    import grpc
+
+    server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    try:
+        port = int(server.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            echo = channel.unary_unary("/bench.Echo/Echo")
+            payload = b"x" * body
+            for _ in range(100):
+                echo(payload)
+            before, started = cpu_seconds(server.pid), time.monotonic()
+            for _ in range(count):
+                echo(payload)
+            cpu, seconds = cpu_seconds(server.pid) - before, time.monotonic() - started
+    finally:
+        server.kill()
+        server.wait()
+    return {
+        "calls": count,
+        "server_cpu_s": round(cpu, 3),
+        "calls_per_server_cpu_s": round(count / max(cpu, 1e-3), 1),
+        "calls_per_s": round(count / seconds, 1),
+    }
 
 
 def progress(msg: str) -> None:
@@ -193,6 +239,9 @@ def main() -> None:
             broker.wait(30)
             namesrv.wait(30)
     median = {p: statistics.median(x["msgs_per_broker_cpu_s"] for x in rs) for p, rs in rounds.items()}
+    progress("grpcio's floor: a bare grpc.aio echo server")
+    floor = echo_floor(args.count, args.body)
+    progress(f"  {floor}")
     doc = {
         "what": "messages per broker CPU-second, sync sends one at a time: v5 client over gRPC vs 0.4.4 over remoting",
         "count": args.count,
@@ -200,6 +249,8 @@ def main() -> None:
         "repeats": args.repeats,
         "median_msgs_per_broker_cpu_s": median,
         "grpc_vs_remoting": round(median["grpc"] / median["remoting"], 3),
+        "grpc_aio_echo_floor": floor,
+        "echo_floor_vs_remoting": round(floor["calls_per_server_cpu_s"] / median["remoting"], 3),
         "rounds": rounds,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},
     }
