@@ -335,3 +335,39 @@ def test_a_broker_stopped_right_after_it_started_stops_its_endpoint_cleanly(tmp_
         [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0 and out.stdout.strip() == "clean", out.stderr[-2000:]
+
+
+def test_one_connection_gets_no_more_streams_than_max_concurrent_streams(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker, max_concurrent_streams=2) as (_broker, channel):
+            telemetry = channel.stream_stream(
+                SERVICE + "Telemetry",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.TelemetryCommand.FromString,
+            )
+            hello = pb.TelemetryCommand(
+                settings=pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing())
+            )
+            open_streams = []
+            for _ in range(2):
+                stream = telemetry(metadata=META)
+                await stream.write(hello)
+                assert (await asyncio.wait_for(stream.read(), 10)).status.code == pb.OK
+                open_streams.append(stream)
+            third = telemetry(metadata=META)
+
+            async def first_answer() -> Any:
+                await third.write(hello)
+                return await third.read()
+
+            answer = asyncio.ensure_future(first_answer())
+            await asyncio.sleep(0.5)
+            assert not answer.done()  # waits for a free stream, not served beside the two
+            open_streams[0].cancel()
+            assert (await asyncio.wait_for(answer, 10)).status.code == pb.OK
+            for stream in (open_streams[1], third):
+                stream.cancel()
+
+    asyncio.run(main())

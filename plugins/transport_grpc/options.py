@@ -24,6 +24,10 @@ class GrpcOptions:
     #: Largest request or response frame, bytes; larger ones get RESOURCE_EXHAUSTED.  Defaults to
     #: the broker's max_message_size plus room for the properties.
     max_frame_bytes: int = number(0, ge=0, le=2**31 - 1)
+    #: Calls (streams) one client connection may have open at once (HTTP/2's
+    #: SETTINGS_MAX_CONCURRENT_STREAMS): more wait for one to end, so one client cannot grow the
+    #: broker's memory with streams without bound.
+    max_concurrent_streams: int = number(100, ge=1, le=2**31 - 1)
     #: Seconds to let running calls finish when the broker stops.
     stop_grace: float = number(1.0, ge=0.0, le=60.0)
 

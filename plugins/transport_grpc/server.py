@@ -121,6 +121,7 @@ class GrpcServer:
                 ("grpc.max_receive_message_length", frame),
                 ("grpc.max_send_message_length", frame),
                 ("grpc.so_reuseport", 0),
+                ("grpc.max_concurrent_streams", options.max_concurrent_streams),
             ]
         )
         bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
