@@ -2,14 +2,17 @@
 
     .venv/bin/python bench/grpc_bench.py [--count 2000] [--repeats 3] [--body 1024] [--out FILE]
 
-``tidemq namesrv`` and one ``tidemq broker`` with ``[transport.grpc]`` run as subprocesses.  Each
-round sends ``--count`` messages of ``--body`` bytes, synchronously, one at a time, with
+``tidemq namesrv`` and a ``tidemq broker`` with ``[transport.grpc]`` run as subprocesses (and a
+second pair without it, below).  Each round sends ``--count`` messages of ``--body`` bytes, synchronously, one at a time, with
 
 * ``grpc``: the official ``rocketmq-python-client==5.1.2`` (its own venv, made once under
   ``~/.cache/tidemq``, as tests/compat/test_grpc_official.py makes it), and
-* ``remoting``: the official ``rocketmq==0.4.4`` (C++ client, from tidemq's venv),
+* ``remoting``: the official ``rocketmq==0.4.4`` (C++ client, from tidemq's venv), to the same
+  broker,
 
-the two alternating ``--repeats`` times (the machine is shared: compare the figures of one run).
+and, for the event loop's sake, ``remoting_no_grpc_endpoint``: the same 4.x sends to a second
+broker without the gRPC endpoint (does grpcio's poller thread slow a broker's remoting clients?),
+the three alternating ``--repeats`` times (the machine is shared: compare the figures of one run).
 The broker's CPU time (user + system, every thread: grpcio's included) is read from /proc between
 the client's go and its end; the figure is messages per broker CPU-second, median of the rounds.
 For scale, ``grpc_aio_echo_floor`` is a bare ``grpc.aio`` server echoing the same bodies (no
@@ -186,58 +189,58 @@ def main() -> None:
         v5_python = v5_venv.v5_python()
     except v5_venv.Unavailable as exc:
         sys.exit(f"grpc_bench.py: {exc}")
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def cluster(work: Path, name: str, with_grpc: bool) -> tuple[int, str, str]:
+        """A NameServer and a broker of its own: (broker pid, NameServer address, gRPC address)."""
+        namesrv, namesrv_addr = start(["namesrv", "--listen", "127.0.0.1:0"], work)
+        procs.append(namesrv)
+        grpc_addr = f"127.0.0.1:{free_port()}"
+        toml = (
+            f'[broker]\nname = "{name}"\nlisten = "127.0.0.1:{free_port()}"\nnamesrv = ["{namesrv_addr}"]\n'
+            f'data_dir = "{work / name}"\n'
+        )
+        if with_grpc:
+            toml += f'[transport.grpc]\nlisten = "{grpc_addr}"\n'
+        (work / f"{name}.toml").write_text(toml)
+        broker, _ = start(["broker", "-c", str(work / f"{name}.toml")], work)
+        procs.append(broker)
+        if with_grpc:
+            wait_listening(grpc_addr)
+        subprocess.run(
+            [sys.executable, "-m", "tidemq", "admin", "updateTopic", "-t", TOPIC, "-n", namesrv_addr],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        return broker.pid, namesrv_addr, grpc_addr
+
+    def v4(namesrv_addr: str) -> list[str]:
+        return [sys.executable, "-c", V4_WORKER, namesrv_addr, TOPIC, str(args.count), str(args.body)]
+
     with tempfile.TemporaryDirectory(prefix="grpc-bench-") as tmp:
         work = Path(tmp)
-        namesrv, namesrv_addr = start(["namesrv", "--listen", "127.0.0.1:0"], work)
-        grpc_addr = f"127.0.0.1:{free_port()}"
-        (work / "broker.toml").write_text(
-            f'[broker]\nname = "bench"\nlisten = "127.0.0.1:{free_port()}"\nnamesrv = ["{namesrv_addr}"]\n'
-            f'data_dir = "{work / "data"}"\n[transport.grpc]\nlisten = "{grpc_addr}"\n'
-        )
-        broker, _ = start(["broker", "-c", str(work / "broker.toml")], work)
         try:
-            wait_listening(grpc_addr)
-            subprocess.run(
-                [sys.executable, "-m", "tidemq", "admin", "updateTopic", "-t", TOPIC, "-n", namesrv_addr],
-                check=True,
-                capture_output=True,
-                timeout=30,
-            )
+            pid, namesrv_addr, grpc_addr = cluster(work, "with-grpc", True)
+            plain_pid, plain_namesrv, _ = cluster(work, "without-grpc", False)
+            v5 = [str(v5_python), str(V5_WORKER), "bench", "--endpoints", grpc_addr, "--topic", TOPIC]
             commands = {
-                "grpc": [
-                    str(v5_python),
-                    str(V5_WORKER),
-                    "bench",
-                    "--endpoints",
-                    grpc_addr,
-                    "--topic",
-                    TOPIC,
-                    "--count",
-                    str(args.count),
-                    "--body",
-                    str(args.body),
-                ],
-                "remoting": [
-                    sys.executable,
-                    "-c",
-                    V4_WORKER,
-                    namesrv_addr,
-                    TOPIC,
-                    str(args.count),
-                    str(args.body),
-                ],
+                "grpc": ([*v5, "--count", str(args.count), "--body", str(args.body)], pid),
+                "remoting": (v4(namesrv_addr), pid),
+                # The same 4.x sends to a broker without the gRPC endpoint: does grpcio's poller
+                # thread slow the event loop of a broker that serves remoting clients?
+                "remoting_no_grpc_endpoint": (v4(plain_namesrv), plain_pid),
             }
-            rounds: dict[str, list[dict[str, Any]]] = {"grpc": [], "remoting": []}
+            rounds: dict[str, list[dict[str, Any]]] = {path: [] for path in commands}
             for r in range(args.repeats):
-                for path, cmd in commands.items():
+                for path, (cmd, broker_pid) in commands.items():
                     progress(f"round {r + 1}/{args.repeats}: {path}, {args.count} sync sends")
-                    rounds[path].append(one_round(cmd, broker.pid))
+                    rounds[path].append(one_round(cmd, broker_pid))
                     progress(f"  {rounds[path][-1]}")
         finally:
-            broker.terminate()
-            namesrv.terminate()
-            broker.wait(30)
-            namesrv.wait(30)
+            for proc in reversed(procs):
+                proc.terminate()
+                proc.wait(30)
     median = {p: statistics.median(x["msgs_per_broker_cpu_s"] for x in rs) for p, rs in rounds.items()}
     progress("grpcio's floor: a bare grpc.aio echo server")
     floor = echo_floor(args.count, args.body)
@@ -249,6 +252,9 @@ def main() -> None:
         "repeats": args.repeats,
         "median_msgs_per_broker_cpu_s": median,
         "grpc_vs_remoting": round(median["grpc"] / median["remoting"], 3),
+        "remoting_with_vs_without_grpc_endpoint": round(
+            median["remoting"] / median["remoting_no_grpc_endpoint"], 3
+        ),
         "grpc_aio_echo_floor": floor,
         "echo_floor_vs_remoting": round(floor["calls_per_server_cpu_s"] / median["remoting"], 3),
         "rounds": rounds,
