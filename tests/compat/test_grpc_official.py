@@ -149,3 +149,46 @@ def test_the_v5_example_sends_sync_and_async(v5_python: Path, spawn: Any, tmp_pa
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert lines[0].startswith("sync send: message id ") and lines[1].startswith("async send: message id ")
+
+
+def test_v5_fifo_messages_of_one_group_reach_a_4x_consumer_in_order(
+    v5_python: Path, spawn: Any, tmp_path: Path
+) -> None:
+    cluster = GrpcCluster(spawn, tmp_path)
+    cluster.admin("updateTopic", "-t", "V5Fifo", "-r", "4", "-w", "4")
+    sent = cluster.run(
+        v5_python,
+        V5_WORKER,
+        "produce",
+        "--endpoints",
+        cluster.grpc,
+        "--topic",
+        "V5Fifo",
+        "--count",
+        "12",
+        "--message-group",
+        "order-42",
+    )[1:]
+    assert [s["mode"] for s in sent] == ["fifo"] * 12
+    assert [s["offset"] for s in sent] == list(range(12))  # one group, one queue, in send order
+    got = cluster.run(
+        sys.executable,
+        V4_WORKER,
+        "pull",
+        "--namesrv",
+        cluster.namesrv,
+        "--topic",
+        "V5Fifo",
+        "--group",
+        "G_V4_FIFO",
+        "--count",
+        "12",
+        "--timeout",
+        "60",
+    )[-1]
+    assert got["complete"], got
+    received = got["received"]
+    assert len({r["queue_id"] for r in received}) == 1
+    assert [r["body"] for r in sorted(received, key=lambda r: r["queue_offset"])] == [
+        f"v5-{i}" for i in range(12)
+    ]

@@ -2,7 +2,7 @@
 and prints JSON lines.  It runs in the client's own virtual environment (its top-level
 ``rocketmq`` package is not ``rocketmq==0.4.4``'s), started by tests/compat/test_grpc_official.py.
 
-    python v5_client.py produce --endpoints HOST:PORT --topic T --count N [--prefix P]
+    python v5_client.py produce --endpoints HOST:PORT --topic T --count N [--prefix P] [--message-group G]
 
 ``produce`` is written as the client's README shows a producer: ``Producer(config, (topic,))``,
 ``startup()``, ``send`` (sync) for the first half, ``send_async`` for the rest, ``shutdown()``.
@@ -36,7 +36,16 @@ def produce(args: argparse.Namespace) -> None:
             msg.keys = f"key-{i}"
             msg.add_property("idx", str(i))
             msg.add_property("color", "blue")
-            if i < args.count // 2:
+            if args.message_group:
+                msg.message_group = args.message_group  # a FIFO message: sent in order, sync
+                receipt = producer.send(msg)
+                print(
+                    json.dumps(
+                        {"i": i, "mode": "fifo", "message_id": receipt.message_id, "offset": receipt.offset}
+                    ),
+                    flush=True,
+                )
+            elif i < args.count // 2:
                 receipt = producer.send(msg)
                 print(
                     json.dumps(
@@ -93,6 +102,7 @@ def main() -> None:
     p.add_argument("--count", type=int, default=10)
     p.add_argument("--prefix", default="v5")
     p.add_argument("--body", type=int, default=1024)
+    p.add_argument("--message-group", default="", help="produce: FIFO messages of this group")
     args = p.parse_args()
     {"produce": produce, "bench": bench}[args.scenario](args)
     sys.stdout.flush()
