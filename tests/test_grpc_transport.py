@@ -371,3 +371,29 @@ def test_one_connection_gets_no_more_streams_than_max_concurrent_streams(
                 stream.cancel()
 
     asyncio.run(main())
+
+
+def test_the_born_host_a_client_reports_or_its_peer_address_is_kept_when_it_is_an_ip() -> None:
+    from tidemq_transport_grpc.broker_calls import born_address
+
+    assert born_address("192.168.1.5") == ("192.168.1.5", 0)
+    assert born_address("fe80::1") == ("fe80::1", 0)
+    assert born_address("ipv4:10.0.0.7:51234") == ("10.0.0.7", 51234)
+    assert born_address("ipv6:[::1]:51234") == ("::1", 51234)
+    assert born_address("not-an-ip") == ("127.0.0.1", 0)
+
+
+def test_a_client_on_ipv6_can_send(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            message = pb.Message(
+                topic=pb.Resource(name="V6Topic"),
+                body=b"from v6",
+                system_properties=pb.SystemProperties(message_id="01BB", born_host="fe80::1"),
+            )
+            response = await call(channel, "SendMessage", "SendMessageResponse")(
+                pb.SendMessageRequest(messages=[message]), metadata=META
+            )
+            assert response.status.code == pb.OK, response.status
+
+    asyncio.run(main())

@@ -8,6 +8,7 @@ send hooks, the duplicate window and transactions.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import random
 import time
@@ -60,14 +61,22 @@ def route_topic(broker: BrokerContext, topic: str) -> tuple[Any, str | None]:
     return cfg, None
 
 
-def _host(address: str) -> tuple[str, int]:
-    # born_host as the client reports it (an IP) or gRPC's peer ("ipv4:1.2.3.4:5678")
+def born_address(address: str) -> tuple[str, int]:
+    """The born host of a message: the client's report (an IP, no port) or gRPC's peer
+    (``ipv4:1.2.3.4:5678``, ``ipv6:[::1]:5678``); what is not an IP address becomes 127.0.0.1."""
     if address.startswith(("ipv4:", "ipv6:")):
         address = address[5:]
+    candidates = [(address.strip("[]"), 0)]
     host, _, port = address.rpartition(":")
-    if not host:
-        return address.strip("[]") or "127.0.0.1", 0
-    return host.strip("[]"), int(port) if port.isdigit() else 0
+    if host and port.isdigit():
+        candidates.append((host.strip("[]"), int(port)))
+    for host, port in candidates:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            continue
+        return host, port
+    return "127.0.0.1", 0
 
 
 async def send(
@@ -122,7 +131,7 @@ async def send(
         properties,
         0,
         born_ms or int(time.time() * 1000),
-        _host(born_host),
+        born_address(born_host),
         broker.store_host,
         0,
     )
