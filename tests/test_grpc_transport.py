@@ -397,3 +397,43 @@ def test_a_client_on_ipv6_can_send(tidemq_make_broker: MakeBroker) -> None:
             assert response.status.code == pb.OK, response.status
 
     asyncio.run(main())
+
+
+@pytest.mark.skipif(__import__("shutil").which("openssl") is None, reason="needs the openssl command")
+def test_tls_serves_clients_that_trust_its_ca_and_refuses_plain_ones(
+    tidemq_make_broker: MakeBroker, tmp_path: Path
+) -> None:
+    from test_tls_verification import make_certs
+
+    certs = make_certs(tmp_path)
+    tls = {"tls_certfile": str(certs["good"]), "tls_keyfile": str(certs["good_key"])}
+
+    async def main() -> None:
+        options = {"transport": {"grpc": {"listen": "127.0.0.1:0", **tls}}}
+        async with tidemq_make_broker(auto_create_topic=True, options=options) as broker:
+            server = grpc_plugin.server_of(broker)
+            assert server is not None
+            trusted = grpc.ssl_channel_credentials(root_certificates=certs["ca"].read_bytes())
+            request = pb.QueryRouteRequest(topic=pb.Resource(name="TlsTopic"))
+            async with grpc.aio.secure_channel(server.address, trusted) as channel:
+                answer = await call(channel, "QueryRoute", "QueryRouteResponse")(
+                    request, metadata=META, timeout=10
+                )
+                assert answer.status.code == pb.OK
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call(channel, "QueryRoute", "QueryRouteResponse")(request, metadata=META, timeout=5)
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    asyncio.run(main())
+
+    async def start(grpc_options: dict[str, str]) -> None:
+        async with tidemq_make_broker(
+            options={"transport": {"grpc": {"listen": "127.0.0.1:0", **grpc_options}}}
+        ):
+            pass
+
+    with pytest.raises(ConfigError, match="both tls_certfile and tls_keyfile"):
+        asyncio.run(start({"tls_certfile": str(certs["good"])}))
+    with pytest.raises(ConfigError, match="tls_keyfile = .*No such file"):
+        asyncio.run(start({**tls, "tls_keyfile": str(tmp_path / "missing.key")}))

@@ -14,7 +14,7 @@ from tidemq.address import split_address
 from tidemq.context import BrokerContext
 from tidemq.errors import ConfigError
 
-from .options import GrpcOptions
+from .options import GrpcOptions, server_credentials
 from .pull import PullRpcs
 from .service import POP_RPCS, MessagingService, pop_missing
 
@@ -125,8 +125,12 @@ class GrpcServer:
             ]
         )
         bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        credentials = server_credentials(options)
         try:
-            bound = self.server.add_insecure_port(bind)
+            if credentials is None:
+                bound = self.server.add_insecure_port(bind)
+            else:
+                bound = self.server.add_secure_port(bind, credentials)
         except RuntimeError as exc:
             raise ConfigError(
                 f"[transport.grpc] listen = {options.listen!r}: cannot listen there: {exc}"

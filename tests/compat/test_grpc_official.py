@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def wait_listening(address: str, timeout: float = 20) -> None:
 class GrpcCluster:
     """``tidemq namesrv`` and a ``tidemq broker`` with ``[transport.grpc]``, as subprocesses."""
 
-    def __init__(self, spawn: Any, tmp_path: Path) -> None:
+    def __init__(self, spawn: Any, tmp_path: Path, grpc_toml: str = "") -> None:
         self.tmp = tmp_path
         self.namesrv = spawn("namesrv", "--listen", "127.0.0.1:0").addresses["namesrv"]
         self.grpc = f"127.0.0.1:{free_port()}"
@@ -67,7 +68,7 @@ class GrpcCluster:
             f'namesrv = ["{self.namesrv}"]\n'
             f'data_dir = "{tmp_path / "data"}"\n'
             "[transport.grpc]\n"
-            f'listen = "{self.grpc}"\n'
+            f'listen = "{self.grpc}"\n' + grpc_toml
         )
         self.broker = spawn("broker", "-c", str(tmp_path / "broker.toml")).addresses["broker"]
         wait_listening(self.grpc)
@@ -196,3 +197,26 @@ def test_v5_fifo_messages_of_one_group_reach_a_4x_consumer_in_order(
     assert [r["body"] for r in sorted(received, key=lambda r: r["queue_offset"])] == [
         f"v5-{i}" for i in range(12)
     ]
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_v5_producer_over_tls(v5_python: Path, spawn: Any, tmp_path: Path) -> None:
+    from test_tls_verification import make_certs
+
+    certs = make_certs(tmp_path)
+    tls = f'tls_certfile = "{certs["good"]}"\ntls_keyfile = "{certs["good_key"]}"\n'
+    cluster = GrpcCluster(spawn, tmp_path, tls)
+    cluster.env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = str(certs["ca"])  # the client trusts our CA
+    lines = cluster.run(
+        v5_python,
+        V5_WORKER,
+        "produce",
+        "--endpoints",
+        cluster.grpc,
+        "--topic",
+        "V5Tls",
+        "--count",
+        "4",
+        "--tls",
+    )
+    assert [line["i"] for line in lines[1:]] == [0, 1, 2, 3]

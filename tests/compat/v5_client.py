@@ -22,7 +22,8 @@ def produce(args: argparse.Namespace) -> None:
     from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
     config = ClientConfiguration(args.endpoints, Credentials())
-    producer = Producer(config, (args.topic,))
+    # --tls: the client's tls_enable; it trusts the CA named by GRPC_DEFAULT_SSL_ROOTS_FILE_PATH.
+    producer = Producer(config, (args.topic,), tls_enable=args.tls)
     started = time.monotonic()
     producer.startup()
     print(json.dumps({"started_s": round(time.monotonic() - started, 3)}), flush=True)
@@ -102,6 +103,7 @@ def main() -> None:
     p.add_argument("--count", type=int, default=10)
     p.add_argument("--prefix", default="v5")
     p.add_argument("--body", type=int, default=1024)
+    p.add_argument("--tls", action="store_true", help="produce: connect with TLS")
     p.add_argument("--message-group", default="", help="produce: FIFO messages of this group")
     args = p.parse_args()
     {"produce": produce, "bench": bench}[args.scenario](args)
