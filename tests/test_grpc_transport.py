@@ -437,3 +437,47 @@ def test_tls_serves_clients_that_trust_its_ca_and_refuses_plain_ones(
         asyncio.run(start({"tls_certfile": str(certs["good"])}))
     with pytest.raises(ConfigError, match="tls_keyfile = .*No such file"):
         asyncio.run(start({**tls, "tls_keyfile": str(tmp_path / "missing.key")}))
+
+
+def test_a_pull_at_the_end_of_the_queue_waits_for_the_next_message(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            broker.topics.create_in_send("PollTopic", "TBW102", 1)
+            mq = pb.MessageQueue(topic=pb.Resource(name="PollTopic"), id=0)
+            pull = channel.unary_stream(
+                SERVICE + "PullMessage",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.PullMessageResponse.FromString,
+            )
+            request = pb.PullMessageRequest(
+                group=pb.Resource(name="GP"),
+                message_queue=mq,
+                offset=0,
+                batch_size=4,
+                long_polling_timeout={"seconds": 10},
+            )
+
+            async def pull_all() -> list[Any]:
+                return [r async for r in pull(request, metadata=META, timeout=15)]
+
+            waiting = asyncio.ensure_future(pull_all())
+            await asyncio.sleep(0.5)
+            assert not waiting.done()  # held: nothing to read yet
+            message = pb.Message(
+                topic=pb.Resource(name="PollTopic"),
+                body=b"late",
+                system_properties=pb.SystemProperties(message_id="01CC"),
+            )
+            sent = await call(channel, "SendMessage", "SendMessageResponse")(
+                pb.SendMessageRequest(messages=[message]), metadata=META
+            )
+            assert sent.status.code == pb.OK
+            answers = await asyncio.wait_for(waiting, 10)
+            assert answers[0].status.code == pb.OK and answers[1].message.body == b"late"
+            # Without long_polling_timeout a pull answers at once.
+            request.ClearField("long_polling_timeout")
+            request.offset = 1
+            empty = await asyncio.wait_for(pull_all(), 2)
+            assert empty[0].status.code == pb.MESSAGE_NOT_FOUND
+
+    asyncio.run(main())

@@ -1,8 +1,9 @@
 """The v5 pull consumer's RPCs: PullMessage, UpdateOffset, GetOffset, QueryOffset.
 
 Over the broker's published store and offset table (``BrokerContext.store``/``offsets``), no
-remoting frame.  A pull answers at once (no long polling yet): its status, the messages found,
-then the next offset, as RocketMQ's proxy streams them.  Messages are converted back to
+remoting frame.  A pull that finds nothing waits up to its ``long_polling_timeout`` (within its
+deadline) for a message; it answers its status, the messages found, then the next offset, as
+RocketMQ's proxy streams them.  Messages are converted back to
 ``apache.rocketmq.v2.Message`` with the v5 client's id (``UNIQ_KEY``) as their id.
 """
 
@@ -72,6 +73,14 @@ def _tags(pb: ModuleType, expression: Any) -> tuple[frozenset[str] | None, str |
     return frozenset(t.strip() for t in text.split("||") if t.strip()), None
 
 
+#: Get statuses of a pull that reached the end of the queue: long polling waits on them.
+_NOTHING_YET = frozenset(
+    ("OFFSET_OVERFLOW_ONE", "NO_MESSAGE_IN_QUEUE", "NO_MATCHED_LOGIC_QUEUE", "OFFSET_FOUND_NULL")
+)
+#: Longest a pull is held, seconds, whatever it asks.
+MAX_POLL_S = 30.0
+
+
 class PullRpcs:
     def __init__(self, broker: BrokerContext, pb: ModuleType) -> None:
         self.broker = broker
@@ -79,6 +88,17 @@ class PullRpcs:
 
     def _status(self, code: int, message: str = "") -> Any:
         return self.pb.Status(code=code, message=message or self.pb.Code.Name(code))
+
+    @staticmethod
+    def _poll_seconds(request: Any, context: Any) -> float:
+        """How long a pull may wait: its long_polling_timeout, within the call's deadline."""
+        if not request.HasField("long_polling_timeout"):
+            return 0.0
+        wait = min(request.long_polling_timeout.ToMilliseconds() / 1000, MAX_POLL_S)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait = min(wait, remaining - 0.2)  # answer before the client gives up
+        return wait
 
     async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         pb = self.pb
@@ -96,6 +116,13 @@ class PullRpcs:
             return
         batch = min(max(request.batch_size, 1), MAX_BATCH)
         got = self.broker.store.get_message(group, topic, qid, request.offset, batch)
+        hold = self.broker.hold
+        wait = self._poll_seconds(request, context)
+        if got.status.value in _NOTHING_YET and hold is not None and wait > 0:
+            # Long polling: a pull that found nothing waits for the queue to grow (or its time out,
+            # or the client's deadline: gRPC cancels the wait with the call).
+            if await hold.wait(topic, qid, request.offset, wait):
+                got = self.broker.store.get_message(group, topic, qid, request.offset, batch)
         messages = [decode_message(bytes(buf)) for buf in got.buffers]
         if tags is not None:
             messages = [m for m in messages if (m.tags or "") in tags]
