@@ -66,16 +66,16 @@ def born_address(address: str) -> tuple[str, int]:
     (``ipv4:1.2.3.4:5678``, ``ipv6:[::1]:5678``); what is not an IP address becomes 127.0.0.1."""
     if address.startswith(("ipv4:", "ipv6:")):
         address = address[5:]
-    candidates = [(address.strip("[]"), 0)]
+    candidates: list[tuple[str, int]] = [(address.strip("[]"), 0)]
     host, _, port = address.rpartition(":")
     if host and port.isdigit():
         candidates.append((host.strip("[]"), int(port)))
-    for host, port in candidates:
+    for ip, number in candidates:
         try:
-            ipaddress.ip_address(host)
+            ipaddress.ip_address(ip)
         except ValueError:
             continue
-        return host, port
+        return ip, number
     return "127.0.0.1", 0
 
 
