@@ -21,9 +21,10 @@ from .broker_calls import TIMER_DELIVER_MS
 
 #: What a pull of a v5 client may ask at most in one call (RocketMQ's proxy caps it the same way).
 MAX_BATCH = 32
+#: RocketMQ's own property keys (MessageConst): not handed to v5 clients as user properties.
 _SYSTEM_KEYS = frozenset(
-    (Prop.TAGS, Prop.KEYS, Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX, Prop.SHARDING_KEY, TIMER_DELIVER_MS)
-)
+    value for name, value in vars(Prop).items() if name.isupper() and isinstance(value, str)
+) | {TIMER_DELIVER_MS}
 
 
 def _host(host: tuple[str, int]) -> str:

@@ -220,3 +220,57 @@ def test_v5_producer_over_tls(v5_python: Path, spawn: Any, tmp_path: Path) -> No
         "--tls",
     )
     assert [line["i"] for line in lines[1:]] == [0, 1, 2, 3]
+
+
+def test_what_a_4x_producer_sent_is_pulled_over_grpc_with_its_id_tag_keys_and_properties(
+    spawn: Any, tmp_path: Path
+) -> None:
+    # The reverse direction, as far as the v5 clients can go without POP: the v5 pull RPC.
+    import asyncio
+
+    import grpc
+
+    from tidemq_transport_grpc.proto import load
+
+    pb = load()
+    cluster = GrpcCluster(spawn, tmp_path)
+    cluster.admin("updateTopic", "-t", "V4ToV5", "-r", "1", "-w", "1")
+    sent = cluster.run(
+        sys.executable,
+        V4_WORKER,
+        "produce",
+        "--namesrv",
+        cluster.namesrv,
+        "--topic",
+        "V4ToV5",
+        "--count",
+        "5",
+    )
+    assert [s["status"] for s in sent] == [0] * 5
+
+    async def pull() -> list[Any]:
+        async with grpc.aio.insecure_channel(cluster.grpc) as channel:
+            stream = channel.unary_stream(
+                "/apache.rocketmq.v2.MessagingService/PullMessage",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.PullMessageResponse.FromString,
+            )
+            request = pb.PullMessageRequest(
+                group=pb.Resource(name="G_V5_PULL"),
+                message_queue=pb.MessageQueue(topic=pb.Resource(name="V4ToV5"), id=0),
+                offset=0,
+                batch_size=32,
+            )
+            answers = [a async for a in stream(request, timeout=10)]
+            return [a.message for a in answers if a.WhichOneof("content") == "message"]
+
+    messages = asyncio.run(pull())
+    assert [m.body for m in messages] == [f"msg-{i}".encode() for i in range(5)]
+    for i, (message, receipt) in enumerate(zip(messages, sent, strict=True)):
+        system = message.system_properties
+        assert system.message_id == receipt["msg_id"]  # the 4.x client's id, as its consumers see it
+        assert system.tag == ("TagA" if i % 2 == 0 else "TagB")
+        assert list(system.keys) == [f"key-{i}", "shared"]
+        # RocketMQ's own properties (UNIQ_KEY, WAIT, CLUSTER, ...) are not user properties.
+        assert dict(message.user_properties) == {"idx": str(i), "color": "blue"}
+        assert system.queue_offset == i
