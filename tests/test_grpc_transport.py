@@ -474,6 +474,12 @@ def test_a_pull_at_the_end_of_the_queue_waits_for_the_next_message(tidemq_make_b
             assert sent.status.code == pb.OK
             answers = await asyncio.wait_for(waiting, 10)
             assert answers[0].status.code == pb.OK and answers[1].message.body == b"late"
+            # A deadline shorter than the poll: answered (nothing new) before the client gives up.
+            request.offset = 1
+            started = asyncio.get_running_loop().time()
+            held = [r async for r in pull(request, metadata=META, timeout=1.5)]
+            assert held[0].status.code == pb.MESSAGE_NOT_FOUND
+            assert 0.8 < asyncio.get_running_loop().time() - started < 1.5
             # Without long_polling_timeout a pull answers at once.
             request.ClearField("long_polling_timeout")
             request.offset = 1
