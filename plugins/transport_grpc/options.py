@@ -30,9 +30,10 @@ class GrpcOptions:
     #: SETTINGS_MAX_CONCURRENT_STREAMS): more wait for one to end, so one client cannot grow the
     #: broker's memory with streams without bound.
     max_concurrent_streams: int = number(100, ge=1, le=2**31 - 1)
-    #: TLS: the server's certificate chain and key (PEM), both or neither; the RocketMQ 5 clients
-    #: connect with ``tls_enable``.
+    #: TLS: the server's certificate chain (PEM), with tls_keyfile; the RocketMQ 5 clients connect
+    #: with ``tls_enable``.
     tls_certfile: str = ""
+    #: TLS: the key of tls_certfile (PEM); both or neither.
     tls_keyfile: str = ""
     #: With TLS: clients must show a certificate signed by this CA (mutual TLS).
     tls_cafile: str = ""
