@@ -19,6 +19,7 @@ from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 from setuptools.errors import CCompilerError, CompileError, ExecError, LinkError, PlatformError
 
 ROOT = Path(__file__).parent
@@ -112,10 +113,36 @@ def native_extensions() -> list[Extension]:
     return extensions
 
 
+# ---- gRPC stubs (tidemq_transport_grpc): generated at build time, never checked in -------------
+GRPC_PROTO = ROOT / "plugins" / "transport_grpc" / "tidemq_rocketmq_v2.proto"
+package_data["tidemq_transport_grpc"] = ["py.typed", "*.proto", "*.pyi"]
+
+
+class BuildPyWithGrpcStubs(build_py):
+    """``build_py`` that first runs grpcio-tools' protoc (a build requirement) over the gRPC
+    transport's ``.proto``, writing ``tidemq_rocketmq_v2_pb2.py``/``.pyi`` beside it.  Without
+    grpcio-tools the build goes on with one warning; the plugin then says so when selected."""
+
+    def run(self) -> None:
+        try:
+            from grpc_tools import protoc  # type: ignore[import-untyped]
+        except ImportError:
+            _warn("grpcio-tools is not installed: the gRPC transport's stubs are not generated")
+        else:
+            import importlib.resources
+
+            includes = str(importlib.resources.files("grpc_tools") / "_proto")
+            src = str(GRPC_PROTO.parent)
+            argv = ["protoc", f"-I{src}", f"-I{includes}", f"--python_out={src}", f"--pyi_out={src}"]
+            if protoc.main([*argv, str(GRPC_PROTO)]) != 0:
+                raise SystemExit(f"protoc failed on {GRPC_PROTO}")
+        super().run()
+
+
 setup(
     package_dir=package_dir,
     packages=packages,
     package_data=package_data,
     ext_modules=native_extensions(),
-    cmdclass={"build_ext": OptionalBuildExt},
+    cmdclass={"build_ext": OptionalBuildExt, "build_py": BuildPyWithGrpcStubs},
 )

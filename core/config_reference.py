@@ -67,6 +67,7 @@ TABLES: tuple[OptionTable, ...] = (
     OptionTable("broker", "tidemq.config:BrokerSettings"),
     OptionTable("namesrv", "tidemq.config:NamesrvSettings"),
     OptionTable("transport.tcp", "tidemq_transport_tcp.options:TcpOptions"),
+    OptionTable("transport.grpc", "tidemq_transport_grpc.options:GrpcOptions"),
     OptionTable("store.mmap", "tidemq_store_mmap.options:MmapStoreOptions"),
     OptionTable("store.memory", "tidemq_store_memory:MemoryStoreOptions"),
     OptionTable("flush.sync", "tidemq_flush.group_commit:SyncFlushOptions"),

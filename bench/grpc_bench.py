@@ -1,0 +1,270 @@
+"""Broker CPU per send: RocketMQ 5 clients over gRPC vs 4.x clients over remoting, in one run.
+
+    .venv/bin/python bench/grpc_bench.py [--count 2000] [--repeats 3] [--body 1024] [--out FILE]
+
+``tidemq namesrv`` and a ``tidemq broker`` with ``[transport.grpc]`` run as subprocesses (and a
+second pair without it, below).  Each round sends ``--count`` messages of ``--body`` bytes, synchronously, one at a time, with
+
+* ``grpc``: the official ``rocketmq-python-client==5.1.2`` (its own venv, made once under
+  ``~/.cache/tidemq``, as tests/compat/test_grpc_official.py makes it), and
+* ``remoting``: the official ``rocketmq==0.4.4`` (C++ client, from tidemq's venv), to the same
+  broker,
+
+and, for the event loop's sake, ``remoting_no_grpc_endpoint``: the same 4.x sends to a second
+broker without the gRPC endpoint (does grpcio's poller thread slow a broker's remoting clients?),
+the three alternating ``--repeats`` times (the machine is shared: compare the figures of one run).
+The broker's CPU time (user + system, every thread: grpcio's included) is read from /proc between
+the client's go and its end; the figure is messages per broker CPU-second, median of the rounds.
+For scale, ``grpc_aio_echo_floor`` is a bare ``grpc.aio`` server echoing the same bodies (no
+broker at all), measured the same way: what grpcio's asyncio server costs per call by itself.
+One JSON document on stdout (and in ``--out``), progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "compat"))
+V5_WORKER = ROOT / "tests" / "compat" / "v5_client.py"
+TOPIC = "GrpcBench"
+
+V4_WORKER = """
+import json, sys, time
+from rocketmq.client import Message, Producer
+namesrv, topic, count, body = sys.argv[1], sys.argv[2], int(sys.argv[3]), b"x" * int(sys.argv[4])
+producer = Producer("grpc-bench", timeout=5000)
+producer.set_namesrv_addr(namesrv)
+producer.start()
+msg = Message(topic); msg.set_body(body); producer.send_sync(msg)  # route known before go
+print("ready", flush=True)
+sys.stdin.readline()
+started = time.monotonic(); failed = 0
+for _ in range(count):
+    msg = Message(topic); msg.set_body(body)
+    try:
+        if int(producer.send_sync(msg).status) != 0: failed += 1
+    except Exception:
+        failed += 1
+print(json.dumps({"sent": count - failed, "failed": failed, "seconds": time.monotonic() - started}), flush=True)
+sys.stdin.readline()
+producer.shutdown()
+"""
+
+
+#: grpcio's own floor: a grpc.aio server that echoes 1 KiB, nothing else (no broker), for scale.
+ECHO_SERVER = """
+import asyncio, grpc
+async def echo(request, context):
+    return request
+async def main():
+    server = grpc.aio.server()
+    table = {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", table),))
+    print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+    await server.start()
+    await server.wait_for_termination()
+asyncio.run(main())
+"""
+
+
+def echo_floor(count: int, body: int) -> dict[str, Any]:
+    """Calls per server CPU-second of a bare grpc.aio echo server, sync unary calls one at a time."""
+    import grpc
+
+    server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    try:
+        port = int(server.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            echo = channel.unary_unary("/bench.Echo/Echo")
+            payload = b"x" * body
+            for _ in range(100):
+                echo(payload)
+            before, started = cpu_seconds(server.pid), time.monotonic()
+            for _ in range(count):
+                echo(payload)
+            cpu, seconds = cpu_seconds(server.pid) - before, time.monotonic() - started
+    finally:
+        server.kill()
+        server.wait()
+    return {
+        "calls": count,
+        "server_cpu_s": round(cpu, 3),
+        "calls_per_server_cpu_s": round(count / max(cpu, 1e-3), 1),
+        "calls_per_s": round(count / seconds, 1),
+    }
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start(args: list[str], cwd: Path) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tidemq", "--log-level", "WARNING", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd=cwd,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline().decode()
+        if " listening on " in line:
+            return proc, line.rsplit(" ", 1)[1].strip()
+    proc.kill()
+    raise RuntimeError(f"{args} did not start")
+
+
+def wait_listening(address: str) -> None:
+    host, port = address.rsplit(":", 1)
+    for _ in range(200):
+        try:
+            socket.create_connection((host, int(port)), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {address}")
+
+
+def one_round(cmd: list[str], broker_pid: int) -> dict[str, Any]:
+    client = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    assert client.stdin is not None and client.stdout is not None
+    try:
+        line = client.stdout.readline().strip()
+        if line != "ready":
+            raise RuntimeError(f"client did not start: {line!r}")
+        before = cpu_seconds(broker_pid)
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        result: dict[str, Any] = json.loads(client.stdout.readline())
+        result["broker_cpu_s"] = round(cpu_seconds(broker_pid) - before, 3)
+        client.stdin.write("done\n")
+        client.stdin.flush()
+        client.wait(60)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    result["msgs_per_broker_cpu_s"] = round(result["sent"] / max(result["broker_cpu_s"], 1e-3), 1)
+    result["msgs_per_s"] = round(result["sent"] / max(result["seconds"], 1e-6), 1)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--count", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--body", type=int, default=1024)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+
+    import v5_venv  # tests/compat: the same venv the compat test makes
+
+    try:
+        v5_python = v5_venv.v5_python()
+    except v5_venv.Unavailable as exc:
+        sys.exit(f"grpc_bench.py: {exc}")
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def cluster(work: Path, name: str, with_grpc: bool) -> tuple[int, str, str]:
+        """A NameServer and a broker of its own: (broker pid, NameServer address, gRPC address)."""
+        namesrv, namesrv_addr = start(["namesrv", "--listen", "127.0.0.1:0"], work)
+        procs.append(namesrv)
+        grpc_addr = f"127.0.0.1:{free_port()}"
+        toml = (
+            f'[broker]\nname = "{name}"\nlisten = "127.0.0.1:{free_port()}"\nnamesrv = ["{namesrv_addr}"]\n'
+            f'data_dir = "{work / name}"\n'
+        )
+        if with_grpc:
+            toml += f'[transport.grpc]\nlisten = "{grpc_addr}"\n'
+        (work / f"{name}.toml").write_text(toml)
+        broker, _ = start(["broker", "-c", str(work / f"{name}.toml")], work)
+        procs.append(broker)
+        if with_grpc:
+            wait_listening(grpc_addr)
+        subprocess.run(
+            [sys.executable, "-m", "tidemq", "admin", "updateTopic", "-t", TOPIC, "-n", namesrv_addr],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        return broker.pid, namesrv_addr, grpc_addr
+
+    def v4(namesrv_addr: str) -> list[str]:
+        return [sys.executable, "-c", V4_WORKER, namesrv_addr, TOPIC, str(args.count), str(args.body)]
+
+    with tempfile.TemporaryDirectory(prefix="grpc-bench-") as tmp:
+        work = Path(tmp)
+        try:
+            pid, namesrv_addr, grpc_addr = cluster(work, "with-grpc", True)
+            plain_pid, plain_namesrv, _ = cluster(work, "without-grpc", False)
+            v5 = [str(v5_python), str(V5_WORKER), "bench", "--endpoints", grpc_addr, "--topic", TOPIC]
+            commands = {
+                "grpc": ([*v5, "--count", str(args.count), "--body", str(args.body)], pid),
+                "remoting": (v4(namesrv_addr), pid),
+                # The same 4.x sends to a broker without the gRPC endpoint: does grpcio's poller
+                # thread slow the event loop of a broker that serves remoting clients?
+                "remoting_no_grpc_endpoint": (v4(plain_namesrv), plain_pid),
+            }
+            rounds: dict[str, list[dict[str, Any]]] = {path: [] for path in commands}
+            for r in range(args.repeats):
+                for path, (cmd, broker_pid) in commands.items():
+                    progress(f"round {r + 1}/{args.repeats}: {path}, {args.count} sync sends")
+                    rounds[path].append(one_round(cmd, broker_pid))
+                    progress(f"  {rounds[path][-1]}")
+        finally:
+            for proc in reversed(procs):
+                proc.terminate()
+                proc.wait(30)
+    median = {p: statistics.median(x["msgs_per_broker_cpu_s"] for x in rs) for p, rs in rounds.items()}
+    progress("grpcio's floor: a bare grpc.aio echo server")
+    floor = echo_floor(args.count, args.body)
+    progress(f"  {floor}")
+    doc = {
+        "what": "messages per broker CPU-second, sync sends one at a time: v5 client over gRPC vs 0.4.4 over remoting",
+        "count": args.count,
+        "body": args.body,
+        "repeats": args.repeats,
+        "median_msgs_per_broker_cpu_s": median,
+        "grpc_vs_remoting": round(median["grpc"] / median["remoting"], 3),
+        "remoting_with_vs_without_grpc_endpoint": round(
+            median["remoting"] / median["remoting_no_grpc_endpoint"], 3
+        ),
+        "grpc_aio_echo_floor": floor,
+        "echo_floor_vs_remoting": round(floor["calls_per_server_cpu_s"] / median["remoting"], 3),
+        "rounds": rounds,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},
+    }
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The ``[transport.grpc]`` table of a broker's TOML file."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from tidemq.address import parse_address
+from tidemq.config import number, parse_options
+from tidemq.errors import ConfigError
+
+
+def _listen(_instance: Any, _attribute: Any, value: str) -> None:
+    parse_address(value, "[transport.grpc] listen", allow_port_zero=True)
+
+
+@attrs.frozen
+class GrpcOptions:
+    #: host:port the gRPC service listens on (the RocketMQ proxy's default; port 0 picks one).
+    listen: str = attrs.field(
+        default="127.0.0.1:8081", validator=[attrs.validators.instance_of(str), _listen]
+    )
+    #: Largest request or response frame, bytes; larger ones get RESOURCE_EXHAUSTED.  Defaults to
+    #: the broker's max_message_size plus room for the properties.
+    max_frame_bytes: int = number(0, ge=0, le=2**31 - 1)
+    #: Calls (streams) one client connection may have open at once (HTTP/2's
+    #: SETTINGS_MAX_CONCURRENT_STREAMS): more wait for one to end, so one client cannot grow the
+    #: broker's memory with streams without bound.
+    max_concurrent_streams: int = number(100, ge=1, le=2**31 - 1)
+    #: TLS: the server's certificate chain (PEM), with tls_keyfile; the RocketMQ 5 clients connect
+    #: with ``tls_enable``.
+    tls_certfile: str = ""
+    #: TLS: the key of tls_certfile (PEM); both or neither.
+    tls_keyfile: str = ""
+    #: With TLS: clients must show a certificate signed by this CA (mutual TLS).
+    tls_cafile: str = ""
+    #: Seconds to let running calls finish when the broker stops.
+    stop_grace: float = number(1.0, ge=0.0, le=60.0)
+
+
+def grpc_options(values: Mapping[str, Any] | None) -> GrpcOptions:
+    options = parse_options(GrpcOptions, values, "[transport.grpc]")
+    if bool(options.tls_certfile) != bool(options.tls_keyfile):
+        raise ConfigError("[transport.grpc] TLS needs both tls_certfile and tls_keyfile")
+    if options.tls_cafile and not options.tls_certfile:
+        raise ConfigError("[transport.grpc] tls_cafile (mutual TLS) needs tls_certfile and tls_keyfile")
+    return options
+
+
+def server_credentials(options: GrpcOptions) -> Any:
+    """grpc's server credentials for ``options``' TLS files, or None without TLS."""
+    if not options.tls_certfile:
+        return None
+    import grpc
+
+    def read(key: str, path: str) -> bytes:
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"[transport.grpc] {key} = {path!r}: {exc.strerror or exc}") from exc
+
+    pair = (read("tls_keyfile", options.tls_keyfile), read("tls_certfile", options.tls_certfile))
+    ca = read("tls_cafile", options.tls_cafile) if options.tls_cafile else None
+    return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)

@@ -1,0 +1,172 @@
+"""The ``grpc.aio`` server on the broker's event loop, and the method table it serves."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from tidemq.address import split_address
+from tidemq.context import BrokerContext
+from tidemq.errors import ConfigError
+
+from .options import GrpcOptions, server_credentials
+from .pull import PullRpcs
+from .service import POP_RPCS, MessagingService, pop_missing
+
+log = logging.getLogger(__name__)
+
+SERVICE = "apache.rocketmq.v2.MessagingService"
+_UNARY = (
+    "QueryRoute",
+    "Heartbeat",
+    "SendMessage",
+    "EndTransaction",
+    "NotifyClientTermination",
+    "RecallMessage",
+)
+_PULL_UNARY = ("UpdateOffset", "GetOffset", "QueryOffset")
+#: Room for the properties and envelope above the broker's largest message body.
+_FRAME_OVERHEAD = 64 * 1024
+
+
+class Malformed:
+    """A request that did not parse: the handler answers INVALID_ARGUMENT (grpcio would log the
+    parser's traceback and answer UNKNOWN)."""
+
+    __slots__ = ("error", "kind")
+
+    def __init__(self, kind: str, error: Exception) -> None:
+        self.kind = kind
+        self.error = error
+
+    def details(self) -> str:
+        return f"malformed {self.kind}: {self.error}"
+
+
+def _parser(cls: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except Exception as exc:  # DecodeError, and whatever a hostile frame makes the parser raise
+            return Malformed(cls.DESCRIPTOR.full_name, exc)
+
+    return parse
+
+
+def _checked(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    async def unary(request: Any, context: Any) -> Any:
+        if type(request) is Malformed:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.details())
+        return await behavior(request, context)
+
+    return unary
+
+
+def _checked_stream(
+    behavior: Callable[[Any, Any], AsyncIterator[Any]],
+) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+        if type(request) is Malformed:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.details())
+        async for response in behavior(request, context):
+            yield response
+
+    return stream
+
+
+def handlers(service: MessagingService, pulls: PullRpcs, pb: ModuleType) -> grpc.GenericRpcHandler:
+    """The service's methods by name, each with its protobuf request and response types."""
+
+    def kinds(rpc: str) -> tuple[Any, Any]:
+        method = pb.DESCRIPTOR.services_by_name["MessagingService"].methods_by_name[rpc]
+        return (
+            _parser(getattr(pb, method.input_type.name)),
+            getattr(pb, method.output_type.name).SerializeToString,
+        )
+
+    table: dict[str, grpc.RpcMethodHandler] = {}
+    for rpc in _UNARY:
+        table[rpc] = grpc.unary_unary_rpc_method_handler(_checked(getattr(service, rpc)), *kinds(rpc))
+    for rpc in _PULL_UNARY:
+        table[rpc] = grpc.unary_unary_rpc_method_handler(_checked(getattr(pulls, rpc)), *kinds(rpc))
+    table["PullMessage"] = grpc.unary_stream_rpc_method_handler(
+        _checked_stream(pulls.PullMessage), *kinds("PullMessage")
+    )
+    for rpc in POP_RPCS:
+        kind = (
+            grpc.unary_stream_rpc_method_handler
+            if rpc == "ReceiveMessage"
+            else grpc.unary_unary_rpc_method_handler
+        )
+        table[rpc] = kind(pop_missing(rpc), *kinds(rpc))
+    table["Telemetry"] = grpc.stream_stream_rpc_method_handler(service.Telemetry, *kinds("Telemetry"))
+    return grpc.method_handlers_generic_handler(SERVICE, table)
+
+
+class GrpcServer:
+    """One broker's gRPC endpoint: bound when made (a busy port fails the broker's start), served
+    from :meth:`start` until :meth:`stop`."""
+
+    def __init__(self, broker: BrokerContext, options: GrpcOptions, pb: ModuleType) -> None:
+        self.options = options
+        host, port = split_address(options.listen)
+        frame = options.max_frame_bytes or broker.settings.max_message_size + _FRAME_OVERHEAD
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", frame),
+                ("grpc.max_send_message_length", frame),
+                ("grpc.so_reuseport", 0),
+                ("grpc.max_concurrent_streams", options.max_concurrent_streams),
+            ]
+        )
+        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        credentials = server_credentials(options)
+        try:
+            if credentials is None:
+                bound = self.server.add_insecure_port(bind)
+            else:
+                bound = self.server.add_secure_port(bind, credentials)
+        except RuntimeError as exc:
+            raise ConfigError(
+                f"[transport.grpc] listen = {options.listen!r}: cannot listen there: {exc}"
+            ) from exc
+        if not bound:
+            raise ConfigError(f"[transport.grpc] listen = {options.listen!r}: cannot listen there")
+        self.broker = broker
+        self._starting: asyncio.Task[None] | None = None
+        self.host = host
+        self.port = bound
+        self.service = MessagingService(broker, pb, host, bound, broker.settings.max_message_size)
+        self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(broker, pb), pb),))
+
+    @property
+    def address(self) -> str:
+        """Where clients connect (what QueryRoute hands out)."""
+        return f"{self.host}:{self.port}"
+
+    def begin(self) -> None:
+        """Start serving (from the broker's started hook, on its loop).
+
+        The start runs in a task of its own, not one the broker cancels when it stops: a grpc.aio
+        server cancelled half-way through its start and then stopped crashes the process."""
+        self._starting = asyncio.get_running_loop().create_task(self._start())
+
+    async def _start(self) -> None:
+        if self.host in ("0.0.0.0", "::", ""):  # a wildcard: route clients to the broker's own host
+            self.host = self.service.host = split_address(self.broker.address)[0]
+        await self.server.start()
+        log.info("gRPC (RocketMQ 5 clients) serving on %s", self.address)
+
+    async def stop(self) -> None:
+        """Stop serving; waits for a start still under way first."""
+        if self._starting is not None:
+            try:
+                await asyncio.shield(self._starting)
+            except Exception:
+                log.exception("the gRPC endpoint did not start")
+        await self.server.stop(self.options.stop_grace)

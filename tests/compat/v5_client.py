@@ -1,0 +1,114 @@
+"""Runs one scenario of the official RocketMQ 5 Python client (PyPI ``rocketmq-python-client``)
+and prints JSON lines.  It runs in the client's own virtual environment (its top-level
+``rocketmq`` package is not ``rocketmq==0.4.4``'s), started by tests/compat/test_grpc_official.py.
+
+    python v5_client.py produce --endpoints HOST:PORT --topic T --count N [--prefix P] [--message-group G]
+
+``produce`` is written as the client's README shows a producer: ``Producer(config, (topic,))``,
+``startup()``, ``send`` (sync) for the first half, ``send_async`` for the rest, ``shutdown()``.
+Message i has body ``<prefix>-i``, tag ``TagA``/``TagB`` by parity, key ``key-i`` and properties
+``idx=i``, ``color=blue``; one JSON line per receipt (``{"i", "message_id", "offset"}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def produce(args: argparse.Namespace) -> None:
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+    config = ClientConfiguration(args.endpoints, Credentials())
+    # --tls: the client's tls_enable; it trusts the CA named by GRPC_DEFAULT_SSL_ROOTS_FILE_PATH.
+    producer = Producer(config, (args.topic,), tls_enable=args.tls)
+    started = time.monotonic()
+    producer.startup()
+    print(json.dumps({"started_s": round(time.monotonic() - started, 3)}), flush=True)
+    try:
+        futures = []
+        for i in range(args.count):
+            msg = Message()
+            msg.topic = args.topic
+            msg.body = f"{args.prefix}-{i}".encode()
+            msg.tag = "TagA" if i % 2 == 0 else "TagB"
+            msg.keys = f"key-{i}"
+            msg.add_property("idx", str(i))
+            msg.add_property("color", "blue")
+            if args.message_group:
+                msg.message_group = args.message_group  # a FIFO message: sent in order, sync
+                receipt = producer.send(msg)
+                print(
+                    json.dumps(
+                        {"i": i, "mode": "fifo", "message_id": receipt.message_id, "offset": receipt.offset}
+                    ),
+                    flush=True,
+                )
+            elif i < args.count // 2:
+                receipt = producer.send(msg)
+                print(
+                    json.dumps(
+                        {"i": i, "mode": "sync", "message_id": receipt.message_id, "offset": receipt.offset}
+                    ),
+                    flush=True,
+                )
+            else:
+                futures.append((i, producer.send_async(msg)))
+        for i, future in futures:
+            receipt = future.result(timeout=30)
+            print(
+                json.dumps(
+                    {"i": i, "mode": "async", "message_id": receipt.message_id, "offset": receipt.offset}
+                ),
+                flush=True,
+            )
+    finally:
+        producer.shutdown()
+
+
+def bench(args: argparse.Namespace) -> None:
+    """Send ``--count`` messages of ``--body`` bytes, sync, one at a time; print the totals."""
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer
+
+    producer = Producer(ClientConfiguration(args.endpoints, Credentials()), (args.topic,))
+    producer.startup()
+    body = b"x" * args.body
+    try:
+        print("ready", flush=True)
+        sys.stdin.readline()  # the benchmark reads the broker's CPU time, then says go
+        started = time.monotonic()
+        failed = 0
+        for _ in range(args.count):
+            msg = Message()
+            msg.topic = args.topic
+            msg.body = body
+            try:
+                producer.send(msg)
+            except Exception:
+                failed += 1
+        elapsed = time.monotonic() - started
+        print(json.dumps({"sent": args.count - failed, "failed": failed, "seconds": elapsed}), flush=True)
+        sys.stdin.readline()
+    finally:
+        producer.shutdown()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario", choices=["produce", "bench"])
+    p.add_argument("--endpoints", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--count", type=int, default=10)
+    p.add_argument("--prefix", default="v5")
+    p.add_argument("--body", type=int, default=1024)
+    p.add_argument("--tls", action="store_true", help="produce: connect with TLS")
+    p.add_argument("--message-group", default="", help="produce: FIFO messages of this group")
+    args = p.parse_args()
+    {"produce": produce, "bench": bench}[args.scenario](args)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

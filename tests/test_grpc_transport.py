@@ -1,0 +1,489 @@
+"""The gRPC endpoint (RocketMQ 5's MessagingService) of a real broker, driven over loopback gRPC.
+
+The official v5 client's scenarios are in tests/compat/test_grpc_official.py; these check the
+protocol answers a client relies on, fast, with tidemq's own protobuf module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+grpc = pytest.importorskip("grpc")
+
+from tidemq.errors import ConfigError  # noqa: E402
+from tidemq.record import decode_message  # noqa: E402
+from tidemq_transport_grpc import plugin as grpc_plugin  # noqa: E402
+from tidemq_transport_grpc.proto import load  # noqa: E402
+
+pb = load()
+SERVICE = "/apache.rocketmq.v2.MessagingService/"
+MakeBroker = Callable[..., AbstractAsyncContextManager[Any]]
+META = (("x-mq-client-id", "test-client@1"),)
+
+
+def call(channel: Any, rpc: str, response: str) -> Any:
+    return channel.unary_unary(
+        SERVICE + rpc,
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=getattr(pb, response).FromString,
+    )
+
+
+@asynccontextmanager
+async def grpc_broker(make: MakeBroker, **grpc_options: Any) -> AsyncIterator[tuple[Any, Any]]:
+    options = {"transport": {"grpc": {"listen": "127.0.0.1:0", **grpc_options}}}
+    async with make(auto_create_topic=True, options=options) as broker:
+        server = grpc_plugin.server_of(broker)
+        assert server is not None
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            await asyncio.wait_for(channel.channel_ready(), 10)
+            yield broker, channel
+
+
+def test_query_route_hands_out_this_endpoint_and_the_queues(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            server = grpc_plugin.server_of(broker)
+            request = pb.QueryRouteRequest(topic=pb.Resource(name="RouteTopic"))
+            response = await call(channel, "QueryRoute", "QueryRouteResponse")(request, metadata=META)
+            assert response.status.code == pb.OK
+            queues = response.message_queues
+            assert [q.id for q in queues] == list(range(broker.settings.default_topic_queues))
+            assert {q.permission for q in queues} == {pb.READ_WRITE}
+            address = queues[0].broker.endpoints.addresses[0]
+            assert f"{address.host}:{address.port}" == server.address
+            assert queues[0].broker.endpoints.scheme == pb.IPv4
+            assert set(queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY}
+            bad = await call(channel, "QueryRoute", "QueryRouteResponse")(
+                pb.QueryRouteRequest(topic=pb.Resource(name="bad topic!")), metadata=META
+            )
+            assert bad.status.code == pb.ILLEGAL_TOPIC
+
+    asyncio.run(main())
+
+
+def test_telemetry_answers_a_producers_settings_with_the_broker_limits(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            heartbeat = await call(channel, "Heartbeat", "HeartbeatResponse")(
+                pb.HeartbeatRequest(client_type=pb.PRODUCER), metadata=META
+            )
+            assert heartbeat.status.code == pb.OK
+            no_id = await call(channel, "Heartbeat", "HeartbeatResponse")(pb.HeartbeatRequest())
+            assert no_id.status.code == pb.CLIENT_ID_REQUIRED
+            stream = channel.stream_stream(
+                SERVICE + "Telemetry",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.TelemetryCommand.FromString,
+            )(metadata=META)
+            settings = pb.Settings(
+                client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="T")])
+            )
+            await stream.write(pb.TelemetryCommand(settings=settings))
+            answer = await asyncio.wait_for(stream.read(), 10)
+            assert answer.status.code == pb.OK
+            assert answer.settings.publishing.max_body_size == broker.settings.max_message_size
+            assert answer.settings.backoff_policy.max_attempts >= 1
+            await stream.write(pb.TelemetryCommand(verify_message_result=pb.VerifyMessageResult(nonce="n")))
+            await stream.done_writing()
+            assert await asyncio.wait_for(stream.read(), 10) == grpc.aio.EOF
+            done = await call(channel, "NotifyClientTermination", "NotifyClientTerminationResponse")(
+                pb.NotifyClientTerminationRequest(), metadata=META
+            )
+            assert done.status.code == pb.OK
+
+    asyncio.run(main())
+
+
+def test_send_stores_the_message_with_the_clients_id_tag_keys_and_group(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            send = call(channel, "SendMessage", "SendMessageResponse")
+            message = pb.Message(
+                topic=pb.Resource(name="SendTopic"),
+                user_properties={"color": "blue"},
+                body=b"hello v5",
+                system_properties=pb.SystemProperties(
+                    tag="TagA",
+                    keys=["k1", "k2"],
+                    message_id="01ABCDEF0123456789ABCDEF0123456789",
+                    message_type=pb.FIFO,
+                    message_group="order-7",
+                    delivery_timestamp={"seconds": 2_000_000_000},
+                ),
+            )
+            response = await send(pb.SendMessageRequest(messages=[message]), metadata=META)
+            assert response.status.code == pb.OK, response.status
+            (entry,) = response.entries
+            assert entry.message_id == "01ABCDEF0123456789ABCDEF0123456789"
+            again = await send(pb.SendMessageRequest(messages=[message]), metadata=META)
+            assert again.entries[0].offset == entry.offset + 1  # one group, one queue
+            stored = []
+            for qid in range(broker.topics.get("SendTopic").write_queue_nums):
+                got = broker.store.get_message("g", "SendTopic", qid, 0, 32)
+                stored += [decode_message(bytes(b)) for b in got.buffers]
+            assert len(stored) == 2 and stored[0].queue_id == stored[1].queue_id
+            props = stored[0].properties
+            assert stored[0].body == b"hello v5"
+            assert props["UNIQ_KEY"] == "01ABCDEF0123456789ABCDEF0123456789"
+            assert (props["TAGS"], props["KEYS"], props["color"]) == ("TagA", "k1 k2", "blue")
+            assert props["__SHARDINGKEY"] == "order-7"
+            assert props["TIMER_DELIVER_MS"] == "2000000000000"
+
+            empty = await send(
+                pb.SendMessageRequest(messages=[pb.Message(topic=pb.Resource(name="SendTopic"))]),
+                metadata=META,
+            )
+            assert empty.status.code == pb.MESSAGE_BODY_EMPTY
+            tx = pb.Message(
+                topic=pb.Resource(name="SendTopic"),
+                body=b"x",
+                system_properties=pb.SystemProperties(message_id="01AA", message_type=pb.TRANSACTION),
+            )
+            refused = await send(pb.SendMessageRequest(messages=[tx]), metadata=META)
+            assert refused.status.code == pb.UNSUPPORTED and "EndTransaction" in refused.status.message
+
+    asyncio.run(main())
+
+
+def test_rpcs_without_an_engine_say_what_is_missing(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (_broker, channel):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(channel, "AckMessage", "AckMessageResponse")(pb.AckMessageRequest(), metadata=META)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "POP" in info.value.details()
+            receive = channel.unary_stream(
+                SERVICE + "ReceiveMessage",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.ReceiveMessageResponse.FromString,
+            )(pb.ReceiveMessageRequest(), metadata=META)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                async for _ in receive:
+                    pass
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+    asyncio.run(main())
+
+
+def test_bad_input_gets_grpc_statuses_and_the_broker_keeps_serving(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker, max_frame_bytes=64 * 1024) as (_broker, channel):
+            raw = channel.unary_unary(SERVICE + "SendMessage")  # bytes in, bytes out
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await raw(b"\xff\xff\xff\xff garbage", metadata=META)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "malformed apache.rocketmq.v2.SendMessageRequest" in info.value.details()
+            telemetry = channel.stream_stream(SERVICE + "Telemetry")(metadata=META)
+            await telemetry.write(b"\xff\xff\xff garbage")
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await telemetry.read()
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            unknown = channel.unary_unary("/apache.rocketmq.v2.MessagingService/NoSuchRpc")
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await unknown(b"", metadata=META)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            big = pb.Message(topic=pb.Resource(name="BigTopic"), body=b"x" * (128 * 1024))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await call(channel, "SendMessage", "SendMessageResponse")(
+                    pb.SendMessageRequest(messages=[big]), metadata=META
+                )
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            ok = await call(channel, "QueryRoute", "QueryRouteResponse")(
+                pb.QueryRouteRequest(topic=pb.Resource(name="StillUp")), metadata=META
+            )
+            assert ok.status.code == pb.OK
+
+    asyncio.run(main())
+
+
+def test_grpc_options_are_checked_and_selecting_it_as_the_transport_is_refused(
+    tidemq_make_broker: MakeBroker, tmp_path: Path
+) -> None:
+    async def start(**kwargs: Any) -> None:
+        async with tidemq_make_broker(**kwargs):
+            pass
+
+    with pytest.raises(ConfigError, match="listen"):
+        asyncio.run(start(options={"transport": {"grpc": {"listen": "nowhere"}}}))
+    with pytest.raises(ConfigError, match="unknown key"):
+        asyncio.run(start(options={"transport": {"grpc": {"lisen": "127.0.0.1:0"}}}))
+    with pytest.raises(ConfigError, match="beside the remoting transport"):
+        asyncio.run(start(plugins={"transport": "grpc"}))
+    # Unsigned gRPC requests must not get past an ACL: refused until the signature is checked.
+    acl = tmp_path / "acl.yml"
+    acl.write_text("accounts: [{accessKey: grpcTester, secretKey: grpcSecret123, admin: true}]\n")
+    options = {"transport": {"grpc": {"listen": "127.0.0.1:0"}}, "acl": {"plain": {"file": str(acl)}}}
+    with pytest.raises(ConfigError, match="bypass the ACL"):
+        asyncio.run(start(plugins={"acl": "plain"}, options=options))
+
+
+def test_a_missing_grpcio_is_named_when_the_endpoint_is_enabled() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['grpc'] = None\n"
+        "from tidemq_transport_grpc.proto import load\n"
+        "try:\n    load()\nexcept Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert out.startswith("ConfigError") and "pip install 'tidemq[grpc]'" in out
+
+
+def test_pull_consumer_rpcs_read_offsets_and_messages_as_sent(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            send = call(channel, "SendMessage", "SendMessageResponse")
+            for i in range(3):
+                message = pb.Message(
+                    topic=pb.Resource(name="PullTopic"),
+                    user_properties={"idx": str(i)},
+                    body=f"m{i}".encode(),
+                    system_properties=pb.SystemProperties(
+                        tag="A" if i != 1 else "B", message_id=f"01{i:032X}", message_group="g1"
+                    ),
+                )
+                assert (
+                    await send(pb.SendMessageRequest(messages=[message]), metadata=META)
+                ).status.code == pb.OK
+            qid = next(q for q in range(4) if broker.store.get_max_offset_in_queue("PullTopic", q) == 3)
+            mq = pb.MessageQueue(topic=pb.Resource(name="PullTopic"), id=qid)
+            end = await call(channel, "QueryOffset", "QueryOffsetResponse")(
+                pb.QueryOffsetRequest(message_queue=mq, query_offset_policy=pb.END), metadata=META
+            )
+            assert (end.status.code, end.offset) == (pb.OK, 3)
+            pull = channel.unary_stream(
+                SERVICE + "PullMessage",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.PullMessageResponse.FromString,
+            )
+            request = pb.PullMessageRequest(
+                group=pb.Resource(name="G5"),
+                message_queue=mq,
+                offset=0,
+                batch_size=10,
+                filter_expression=pb.FilterExpression(type=pb.TAG, expression="A"),
+            )
+            answers = [r async for r in pull(request, metadata=META)]
+            assert answers[0].status.code == pb.OK
+            got = [a.message for a in answers if a.WhichOneof("content") == "message"]
+            assert [m.body for m in got] == [b"m0", b"m2"]  # tag B filtered out
+            assert [m.system_properties.message_id for m in got] == [f"01{0:032X}", f"01{2:032X}"]
+            assert got[0].user_properties["idx"] == "0" and got[0].system_properties.message_group == "g1"
+            assert answers[-1].next_offset == 3
+            none = [
+                r
+                async for r in pull(
+                    pb.PullMessageRequest(
+                        group=pb.Resource(name="G5"), message_queue=mq, offset=3, batch_size=10
+                    ),
+                    metadata=META,
+                )
+            ]
+            assert none[0].status.code == pb.MESSAGE_NOT_FOUND and none[-1].next_offset == 3
+
+            get = call(channel, "GetOffset", "GetOffsetResponse")
+            missing = await get(
+                pb.GetOffsetRequest(group=pb.Resource(name="G5"), message_queue=mq), metadata=META
+            )
+            assert missing.status.code == pb.OFFSET_NOT_FOUND
+            update = call(channel, "UpdateOffset", "UpdateOffsetResponse")
+            ok = await update(
+                pb.UpdateOffsetRequest(group=pb.Resource(name="G5"), message_queue=mq, offset=3),
+                metadata=META,
+            )
+            assert ok.status.code == pb.OK
+            assert broker.offsets.query("G5", "PullTopic", qid) == 3  # what a 4.x consumer of G5 resumes from
+            now = await get(
+                pb.GetOffsetRequest(group=pb.Resource(name="G5"), message_queue=mq), metadata=META
+            )
+            assert (now.status.code, now.offset) == (pb.OK, 3)
+
+    asyncio.run(main())
+
+
+def test_a_broker_stopped_right_after_it_started_stops_its_endpoint_cleanly(tmp_path: Path) -> None:
+    # A grpc.aio server whose start was cancelled half-way and then stopped crashed the process
+    # (SIGSEGV): run in a subprocess so a crash is a failure here, not the end of the test run.
+    import subprocess
+    import sys
+
+    code = (
+        "import asyncio, sys\n"
+        "from pathlib import Path\n"
+        "from tidemq.testing.pytest_plugin import running_broker\n"
+        "async def main(i):\n"
+        "    options = {'transport': {'grpc': {'listen': '127.0.0.1:0'}}}\n"
+        "    async with running_broker(Path(sys.argv[1]) / str(i), options=options):\n"
+        "        pass\n"
+        "for i in range(3):\n"
+        "    asyncio.run(main(i))\n"
+        "print('clean')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "clean", out.stderr[-2000:]
+
+
+def test_one_connection_gets_no_more_streams_than_max_concurrent_streams(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker, max_concurrent_streams=2) as (_broker, channel):
+            telemetry = channel.stream_stream(
+                SERVICE + "Telemetry",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.TelemetryCommand.FromString,
+            )
+            hello = pb.TelemetryCommand(
+                settings=pb.Settings(client_type=pb.PRODUCER, publishing=pb.Publishing())
+            )
+            open_streams = []
+            for _ in range(2):
+                stream = telemetry(metadata=META)
+                await stream.write(hello)
+                assert (await asyncio.wait_for(stream.read(), 10)).status.code == pb.OK
+                open_streams.append(stream)
+            third = telemetry(metadata=META)
+
+            async def first_answer() -> Any:
+                await third.write(hello)
+                return await third.read()
+
+            answer = asyncio.ensure_future(first_answer())
+            await asyncio.sleep(0.5)
+            assert not answer.done()  # waits for a free stream, not served beside the two
+            open_streams[0].cancel()
+            assert (await asyncio.wait_for(answer, 10)).status.code == pb.OK
+            for stream in (open_streams[1], third):
+                stream.cancel()
+
+    asyncio.run(main())
+
+
+def test_the_born_host_a_client_reports_or_its_peer_address_is_kept_when_it_is_an_ip() -> None:
+    from tidemq_transport_grpc.broker_calls import born_address
+
+    assert born_address("192.168.1.5") == ("192.168.1.5", 0)
+    assert born_address("fe80::1") == ("fe80::1", 0)
+    assert born_address("ipv4:10.0.0.7:51234") == ("10.0.0.7", 51234)
+    assert born_address("ipv6:[::1]:51234") == ("::1", 51234)
+    assert born_address("not-an-ip") == ("127.0.0.1", 0)
+
+
+def test_a_client_on_ipv6_can_send(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            message = pb.Message(
+                topic=pb.Resource(name="V6Topic"),
+                body=b"from v6",
+                system_properties=pb.SystemProperties(message_id="01BB", born_host="fe80::1"),
+            )
+            response = await call(channel, "SendMessage", "SendMessageResponse")(
+                pb.SendMessageRequest(messages=[message]), metadata=META
+            )
+            assert response.status.code == pb.OK, response.status
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(__import__("shutil").which("openssl") is None, reason="needs the openssl command")
+def test_tls_serves_clients_that_trust_its_ca_and_refuses_plain_ones(
+    tidemq_make_broker: MakeBroker, tmp_path: Path
+) -> None:
+    from test_tls_verification import make_certs
+
+    certs = make_certs(tmp_path)
+    tls = {"tls_certfile": str(certs["good"]), "tls_keyfile": str(certs["good_key"])}
+
+    async def main() -> None:
+        options = {"transport": {"grpc": {"listen": "127.0.0.1:0", **tls}}}
+        async with tidemq_make_broker(auto_create_topic=True, options=options) as broker:
+            server = grpc_plugin.server_of(broker)
+            assert server is not None
+            trusted = grpc.ssl_channel_credentials(root_certificates=certs["ca"].read_bytes())
+            request = pb.QueryRouteRequest(topic=pb.Resource(name="TlsTopic"))
+            async with grpc.aio.secure_channel(server.address, trusted) as channel:
+                answer = await call(channel, "QueryRoute", "QueryRouteResponse")(
+                    request, metadata=META, timeout=10
+                )
+                assert answer.status.code == pb.OK
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call(channel, "QueryRoute", "QueryRouteResponse")(request, metadata=META, timeout=5)
+                assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    asyncio.run(main())
+
+    async def start(grpc_options: dict[str, str]) -> None:
+        async with tidemq_make_broker(
+            options={"transport": {"grpc": {"listen": "127.0.0.1:0", **grpc_options}}}
+        ):
+            pass
+
+    with pytest.raises(ConfigError, match="both tls_certfile and tls_keyfile"):
+        asyncio.run(start({"tls_certfile": str(certs["good"])}))
+    with pytest.raises(ConfigError, match="tls_keyfile = .*No such file"):
+        asyncio.run(start({**tls, "tls_keyfile": str(tmp_path / "missing.key")}))
+
+
+def test_a_pull_at_the_end_of_the_queue_waits_for_the_next_message(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            broker.topics.create_in_send("PollTopic", "TBW102", 1)
+            mq = pb.MessageQueue(topic=pb.Resource(name="PollTopic"), id=0)
+            pull = channel.unary_stream(
+                SERVICE + "PullMessage",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.PullMessageResponse.FromString,
+            )
+            request = pb.PullMessageRequest(
+                group=pb.Resource(name="GP"),
+                message_queue=mq,
+                offset=0,
+                batch_size=4,
+                long_polling_timeout={"seconds": 10},
+            )
+
+            async def pull_all() -> list[Any]:
+                return [r async for r in pull(request, metadata=META, timeout=15)]
+
+            waiting = asyncio.ensure_future(pull_all())
+            await asyncio.sleep(0.5)
+            assert not waiting.done()  # held: nothing to read yet
+            message = pb.Message(
+                topic=pb.Resource(name="PollTopic"),
+                body=b"late",
+                system_properties=pb.SystemProperties(message_id="01CC"),
+            )
+            sent = await call(channel, "SendMessage", "SendMessageResponse")(
+                pb.SendMessageRequest(messages=[message]), metadata=META
+            )
+            assert sent.status.code == pb.OK
+            answers = await asyncio.wait_for(waiting, 10)
+            assert answers[0].status.code == pb.OK and answers[1].message.body == b"late"
+            # A deadline shorter than the poll: answered (nothing new) before the client gives up.
+            request.offset = 1
+            started = asyncio.get_running_loop().time()
+            held = [r async for r in pull(request, metadata=META, timeout=1.5)]
+            assert held[0].status.code == pb.MESSAGE_NOT_FOUND
+            assert 0.8 < asyncio.get_running_loop().time() - started < 1.5
+            # Without long_polling_timeout a pull answers at once.
+            request.ClearField("long_polling_timeout")
+            request.offset = 1
+            empty = await asyncio.wait_for(pull_all(), 2)
+            assert empty[0].status.code == pb.MESSAGE_NOT_FOUND
+
+    asyncio.run(main())
