@@ -19,6 +19,7 @@ from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
 from tidemq.broker.metadata_sink import BrokerMetadataSink
 from tidemq.broker.offsets import ConsumerOffsetManager
+from tidemq.broker.pop import PopService
 from tidemq.broker.processors.filter_server import FilterServerManager
 from tidemq.broker.registration import NamesrvRegistrar
 from tidemq.broker.roles import RoleFollower
@@ -108,6 +109,7 @@ class Broker:
         self.registrar = NamesrvRegistrar(self)
         self.schedule = ScheduleMessageService(self)  # delayed messages (issue 10)
         self.transactions = TransactionalMessageService(self)  # transactional messages (issue 10)
+        self.pop = PopService(self)  # POP consumption (issue 39)
         self.filter_servers = FilterServerManager(self)  # live `tidemq filtersrv` processes
         #: Where a replication plugin writes the metadata a slave copies from its master.
         self.metadata_sink: MetadataSink = BrokerMetadataSink(self)
@@ -203,6 +205,7 @@ class Broker:
         self.store.add_arrival_listener(self.hold.notify_arrival, self.hold.is_waited_on)
         self.schedule.load()
         self.schedule.attach(loop)
+        self.pop.attach(loop)  # replays the POP journal; arrivals wake held pops
         self.store.start()
         if self.roles is not None:
             self.roles.bind(loop)
@@ -260,6 +263,7 @@ class Broker:
             self.roles.started()
         self.schedule.start()
         self.transactions.start()
+        self.pop.start()
         await self.registrar.register_all()
         self.registrar.start()
         # Supervised: a periodic loop that fails is logged and restarted, never silently gone.
@@ -311,6 +315,7 @@ class Broker:
             task.cancel()
         await self.schedule.stop()
         await self.transactions.stop()
+        await self.pop.stop()
         self.offsets.persist(force=True)
         for table in (self.topics, self.groups):
             try:

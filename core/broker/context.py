@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
     from tidemq.broker.hold import PullRequestHoldService
     from tidemq.broker.offsets import ConsumerOffsetManager
+    from tidemq.broker.pop import PopService
     from tidemq.broker.processors.filter_server import FilterServerManager
     from tidemq.broker.registration import NamesrvRegistrar
     from tidemq.broker.schedule import ScheduleMessageService
@@ -61,6 +62,7 @@ class BrokerContext(Protocol):
     registrar: NamesrvRegistrar
     schedule: ScheduleMessageService
     transactions: TransactionalMessageService
+    pop: PopService  # POP consumption (issue 39)
     hooks: Any  # the pluggy hook relay
     client: Any  # the transport client (requests to clients and NameServers)
 

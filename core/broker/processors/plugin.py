@@ -14,6 +14,7 @@ from tidemq.broker.processors import (
     groups,
     maintenance,
     monitoring,
+    pop,
     pull,
     query,
     queue_query,
@@ -42,6 +43,7 @@ def tidemq_register_processors(register: ProcessorRegister) -> None:
         reply,
     ):
         module.register(register)
+    pop.register(register)  # POP consumption (RocketMQ 5, issue 39)
     broker = register.context
     # Delayed and transactional messages (the broker's schedule and transaction services).
     register.add(RequestCode.GET_ALL_DELAY_OFFSET, broker.schedule.get_all_delay_offset)

@@ -1,0 +1,842 @@
+"""The POP engine: pop, ack, change invisibility, revive, FIFO order and long polling.
+
+Callable with plain values (the remoting codecs in :mod:`tidemq.broker.processors.pop` and, later,
+a gRPC front end sit on top).  State lives in the :class:`~tidemq.broker.pop.journal.Journal`; in
+memory there is one :class:`Checkpoint` per pop *batch* (its acks a bit mask), bounded by
+:data:`MAX_CHECKPOINTS`.
+
+* A pop reads a queue from the group's pop offset, writes a checkpoint, moves the offset past the
+  batch and answers; the messages are invisible until ``popTime + invisibleTime``.
+* An ack sets the message's bit; a handle that names no open checkpoint, another group, a
+  position already acknowledged or a different invisible time is refused.
+* The revive task wakes at the earliest deadline: every unacknowledged message of an expired
+  checkpoint is written to ``%RETRY%<group>_<topic>`` with its reconsume count + 1 (past the
+  group's ``retryMaxTimes``: to ``%DLQ%<group>``), then the checkpoint is retired.  A crash between
+  the two writes delivers those messages twice, never zero times.
+* FIFO (``consumeMessageOrderly`` groups, or ``order=true`` pops): a queue with an open, unexpired
+  checkpoint is skipped; once it expires, the next pop re-delivers its unacknowledged messages from
+  the same queue with the attempt count (RocketMQ's ConsumerOrderInfoManager), no retry topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import heapq
+import logging
+import random
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from tidemq.broker.pop.handle import (
+    ORDER_REVIVE_QUEUE,
+    RETRY_PREFIX,
+    AckHandle,
+    HandleError,
+    dlq_topic,
+    retry_mark,
+    retry_topic_v1,
+)
+from tidemq.broker.pop.journal import (
+    COMPACT_BYTES,
+    Checkpoint,
+    Journal,
+    ack_record,
+    done_record,
+    live_records,
+    offset_record,
+)
+from tidemq.errors import CorruptDataError
+from tidemq.filter import EXPRESSION_TAG, MessageFilter, SelectsEverything
+from tidemq.futures import resolved
+from tidemq.message import MessageInner, decode_message
+from tidemq.perm import PERM_READ, PERM_WRITE, is_readable
+from tidemq.remoting.codes import ResponseCode
+from tidemq.store import GetStatus
+from tidemq.tasks import supervise
+
+if TYPE_CHECKING:
+    from tidemq.broker.context import BrokerContext
+
+log = logging.getLogger(__name__)
+
+#: RocketMQ 5 response codes absent from 4.x (209/210 are 4.x ACL codes, hence not in ResponseCode).
+POLLING_FULL = 209
+POLLING_TIMEOUT = 210
+INVALID_PARAMETER = 29
+#: RocketMQ's ConsumeInitMode.
+INIT_MIN, INIT_MAX = 0, 1
+MAX_POP_NUMS = 32  # RocketMQ refuses more per pop
+MIN_INVISIBLE_MS = 100
+MAX_INVISIBLE_MS = 12 * 3600 * 1000  # the RocketMQ 5 proxy's maxInvisibleTime
+MAX_CHECKPOINTS = 500_000  # open pop batches per broker: the in-memory bound
+MAX_POLLERS = 100_000  # RocketMQ's maxPopPollingSize
+MAX_BATCH_ACK = 1024  # BatchAck entries in one BATCH_ACK_MESSAGE
+RETRY_FIRST_PERCENT = 20  # RocketMQ's popFromRetryProbability
+REVIVE_GROUP = "CID_RMQ_SYS_REVIVE"
+FIRST_POP_TIME = "1ST_POP_TIME"
+SYNC_INTERVAL_S = 1.0
+
+
+class PopError(Exception):
+    """A refusal with the RocketMQ response code and a remark for the client."""
+
+    def __init__(self, code: int, remark: str) -> None:
+        super().__init__(remark)
+        self.code = int(code)
+        self.remark = remark
+
+
+@attrs.define
+class PoppedBatch:
+    """Messages of one queue in a pop answer (one checkpoint)."""
+
+    topic: str  # the stored topic (retry topic for redeliveries)
+    queue_id: int
+    start: int  # the checkpoint's start offset (handles' ckQueueOffset)
+    offsets: tuple[int, ...]
+    buffers: tuple[Any, ...]  # stored records, as the store returned them
+    attempt: int = 0
+
+
+@attrs.define
+class PopResult:
+    pop_time: int
+    invisible_ms: int
+    revive_qid: int
+    rest_num: int
+    batches: list[PoppedBatch] = attrs.field(factory=list)
+
+    @property
+    def found(self) -> bool:
+        return bool(self.batches)
+
+    def handles(self, broker_name: str) -> list[str]:
+        """Each message's ack handle, in answer order (what a RocketMQ client computes)."""
+        return [
+            AckHandle(
+                b.start,
+                self.pop_time,
+                self.invisible_ms,
+                self.revive_qid,
+                retry_mark(b.topic),
+                broker_name,
+                b.queue_id,
+                o,
+            ).format()
+            for b in self.batches
+            for o in b.offsets
+        ]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class PopService:
+    """POP consumption for one broker; :meth:`attach` before the store starts, then :meth:`start`."""
+
+    def __init__(self, broker: BrokerContext) -> None:
+        self.broker = broker
+        self.journal = Journal(broker.data_dir / "pop" / "journal.log")
+        self._cks: dict[int, Checkpoint] = {}
+        self._by_key: dict[tuple[str, str, int, int, int], Checkpoint] = {}
+        self._heap: list[tuple[int, int]] = []
+        self._offsets: dict[tuple[str, str, int], int] = {}
+        self._order: dict[tuple[str, str, int], set[int]] = {}  # FIFO queue -> its open checkpoints
+        self._next_id = 1
+        self._waiters: dict[str, set[asyncio.Future[bool]]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._filters: dict[tuple[str, str], MessageFilter | None] = {}
+        self.revived = 0
+        self.dead_lettered = 0
+        self.revive_lag_ms = 0  # how late the last revive ran past its deadline
+
+    # ------------------------------------------------------------------ lifecycle
+    def load(self) -> None:
+        state = self.journal.replay()
+        self._offsets = state.offsets
+        self._next_id = state.last_id + 1
+        for ck in state.checkpoints.values():
+            self._register(ck)
+        if state.checkpoints:
+            log.info("pop: %d open checkpoints recovered from %s", len(state.checkpoints), self.journal.path)
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Replay the journal and listen for arrivals (before the store starts)."""
+        self._loop = loop
+        self.load()
+        self.broker.store.add_arrival_listener(self._on_arrival, self._is_waited_on)
+
+    def start(self) -> None:
+        self._tasks.append(supervise(self._revive_loop, "tidemq-pop-revive"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for futs in self._waiters.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result(False)
+        self.journal.close()
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _register(self, ck: Checkpoint) -> None:
+        self._cks[ck.id] = ck
+        self._by_key[(ck.group, ck.topic, ck.queue_id, ck.start, ck.pop_time)] = ck
+        heapq.heappush(self._heap, (ck.deadline, ck.id))
+        if ck.revive_qid == ORDER_REVIVE_QUEUE:
+            self._order.setdefault((ck.group, ck.topic, ck.queue_id), set()).add(ck.id)
+        if self._heap[0][1] == ck.id:
+            self._wake.set()
+
+    def _retire(self, ck: Checkpoint, record: bool = True) -> None:
+        if self._cks.pop(ck.id, None) is None:
+            return
+        self._by_key.pop((ck.group, ck.topic, ck.queue_id, ck.start, ck.pop_time), None)
+        if record:
+            self.journal.append(done_record(ck.id))
+        if ck.revive_qid == ORDER_REVIVE_QUEUE:
+            ids = self._order.get((ck.group, ck.topic, ck.queue_id))
+            if ids is not None:
+                ids.discard(ck.id)
+
+    def _offset(self, key: tuple[str, str, int], init_mode: int) -> int:
+        off = self._offsets.get(key)
+        if off is None:
+            group, topic, qid = key
+            off = self.broker.offsets.query(group, topic, qid)
+            if off < 0:
+                store = self.broker.store
+                if init_mode == INIT_MAX and not topic.startswith(RETRY_PREFIX):
+                    off = store.get_max_offset_in_queue(topic, qid)
+                else:
+                    off = store.get_min_offset_in_queue(topic, qid)
+            self._offsets[key] = off
+        return off
+
+    def _set_offset(self, key: tuple[str, str, int], off: int, journal: bool = True) -> None:
+        if self._offsets.get(key) == off:
+            return
+        self._offsets[key] = off
+        if journal:
+            self.journal.append(offset_record(*key, off))
+        try:
+            self.broker.offsets.commit(key[0], key[1], key[2], off)
+        except ValueError:
+            pass
+
+    def store_filter(self, expression_type: str, expression: str) -> MessageFilter | None:
+        key = (expression_type, expression)
+        if key in self._filters:
+            return self._filters[key]
+        factory = self.broker.filters.get(expression_type)
+        if factory is None:
+            raise LookupError(f"expression type {expression_type!r} is not installed")
+        flt: MessageFilter | None = factory.compile(expression)
+        if isinstance(flt, SelectsEverything) and flt.matches_all:
+            flt = None
+        if len(self._filters) > 1024:
+            self._filters.clear()
+        self._filters[key] = flt
+        return flt
+
+    # ------------------------------------------------------------------ checks
+    def check_group(self, group: str) -> Any:
+        cfg = self.broker.groups.find_or_create(group)
+        if cfg is None:
+            raise PopError(
+                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group [{group}] does not exist"
+            )
+        if not cfg.consume_enable:
+            raise PopError(ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}")
+        return cfg
+
+    def check_topic(self, topic: str, queue_id: int, *, any_queue: bool) -> Any:
+        cfg = self.broker.topics.get(topic)
+        if cfg is None:
+            raise PopError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+        if not is_readable(cfg.perm):
+            raise PopError(ResponseCode.NO_PERMISSION, f"the topic[{topic}] peeking message is forbidden")
+        if not (any_queue and queue_id == -1) and not 0 <= queue_id < cfg.read_queue_nums:
+            raise PopError(
+                INVALID_PARAMETER,
+                f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:[{cfg.read_queue_nums}]",
+            )
+        return cfg
+
+    @staticmethod
+    def _check_invisible(invisible_ms: int) -> None:
+        if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
+            raise PopError(
+                INVALID_PARAMETER,
+                f"invisibleTime {invisible_ms} ms is out of range [{MIN_INVISIBLE_MS}, {MAX_INVISIBLE_MS}]",
+            )
+
+    def is_orderly(self, group: str) -> bool:
+        cfg = self.broker.groups.get(group)
+        return bool(getattr(cfg, "consume_message_orderly", False))
+
+    # ------------------------------------------------------------------ pop
+    async def pop(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int = -1,
+        max_nums: int = 32,
+        invisible_ms: int = 30_000,
+        poll_ms: int = 0,
+        init_mode: int = INIT_MIN,
+        expression_type: str = EXPRESSION_TAG,
+        expression: str = "*",
+        order: bool = False,
+        closed: Any = None,
+    ) -> PopResult:
+        """Pop up to ``max_nums`` messages; waits up to ``poll_ms`` for one.  Raises :class:`PopError`.
+
+        ``closed()``, when given, ends a wait early (the client's connection went away).
+        """
+        b = self.broker
+        if not 1 <= max_nums <= MAX_POP_NUMS:
+            raise PopError(INVALID_PARAMETER, f"maxMsgNums {max_nums} is not in [1, {MAX_POP_NUMS}]")
+        self._check_invisible(invisible_ms)
+        group_cfg = self.check_group(group)
+        cfg = self.check_topic(topic, queue_id, any_queue=True)
+        if topic.startswith(RETRY_PREFIX):
+            raise PopError(INVALID_PARAMETER, f"pop the topic, not its retry topic {topic}")
+        expression_type = expression_type or EXPRESSION_TAG
+        if expression_type != EXPRESSION_TAG and not b.settings.enable_property_filter:
+            raise PopError(
+                ResponseCode.SYSTEM_ERROR,
+                f"The broker does not support consumer to filter message by {expression_type}",
+            )
+        try:
+            flt = self.store_filter(expression_type, expression or "*")
+        except (ValueError, LookupError) as exc:
+            raise PopError(
+                ResponseCode.SUBSCRIPTION_PARSE_FAILED, f"parse the consumer's subscription failed: {exc}"
+            ) from None
+        order = order or bool(getattr(group_cfg, "consume_message_orderly", False))
+        poll_ms = max(0, min(poll_ms, b.settings.max_suspend_ms))
+        deadline = time.monotonic() + poll_ms / 1000
+        queues = list(range(cfg.read_queue_nums)) if queue_id == -1 else [queue_id]
+        while True:
+            if len(self._cks) >= MAX_CHECKPOINTS:
+                raise PopError(
+                    ResponseCode.SYSTEM_BUSY, f"{MAX_CHECKPOINTS} pop batches are in flight; ack first"
+                )
+            result = await self._pop_once(
+                group, topic, queues, max_nums, invisible_ms, init_mode, flt, order, group_cfg
+            )
+            remaining = deadline - time.monotonic()
+            if result.found or remaining <= 0 or not b.running:
+                return result
+            if sum(len(v) for v in self._waiters.values()) >= MAX_POLLERS:
+                raise PopError(POLLING_FULL, "too many pops are waiting")
+            await self._wait(
+                [topic, retry_topic_v1(topic, group)], min(remaining, self._next_order_expiry(group, topic))
+            )
+            if closed is not None and closed():
+                return result
+
+    def _next_order_expiry(self, group: str, topic: str) -> float:
+        """Seconds until a FIFO checkpoint of the group's topic expires (a blocked queue frees up)."""
+        now = now_ms()
+        best = 3600.0
+        for (g, t, _q), ids in self._order.items():
+            if g == group and t == topic:
+                for i in ids:
+                    ck = self._cks.get(i)
+                    if ck is not None and not ck.done:
+                        best = min(best, max(ck.deadline - now, 0) / 1000 + 0.001)
+        return best
+
+    async def _pop_once(
+        self,
+        group: str,
+        topic: str,
+        queues: list[int],
+        max_nums: int,
+        invisible_ms: int,
+        init_mode: int,
+        flt: MessageFilter | None,
+        order: bool,
+        group_cfg: Any,
+    ) -> PopResult:
+        pop_time = now_ms()
+        result = PopResult(pop_time, invisible_ms, ORDER_REVIVE_QUEUE if order else 0, 0)
+        start = random.randrange(len(queues))
+        ring = queues[start:] + queues[:start]
+        sources: list[tuple[str, list[int]]] = [(topic, ring)]
+        retry = retry_topic_v1(topic, group)
+        rcfg = None if order else self.broker.topics.get(retry)
+        if rcfg is not None:
+            rq = list(range(rcfg.read_queue_nums))
+            if random.randrange(100) < RETRY_FIRST_PERCENT:
+                sources.insert(0, (retry, rq))
+            else:
+                sources.append((retry, rq))
+        want = max_nums
+        for src, qids in sources:
+            for qid in qids:
+                if want <= 0:
+                    break
+                batch = await self._pop_queue(group, src, qid, want, result, init_mode, flt, order, group_cfg)
+                if batch is not None:
+                    result.batches.append(batch)
+                    want -= len(batch.offsets)
+        store = self.broker.store
+        for qid in queues:
+            rest = store.get_max_offset_in_queue(topic, qid) - self._offsets.get((group, topic, qid), 0)
+            result.rest_num += max(rest, 0)
+        if result.found:
+            self.broker.stats.on_get(
+                group,
+                topic,
+                sum(len(b.offsets) for b in result.batches),
+                sum(len(x) for b in result.batches for x in b.buffers),
+            )
+        return result
+
+    async def _pop_queue(
+        self,
+        group: str,
+        topic: str,
+        qid: int,
+        want: int,
+        result: PopResult,
+        init_mode: int,
+        flt: MessageFilter | None,
+        order: bool,
+        group_cfg: Any,
+    ) -> PoppedBatch | None:
+        key = (group, topic, qid)
+        attempt = 0
+        redo: set[int] | None = None
+        old_end = -1
+        if order:
+            ids = self._order.get(key)
+            if ids:
+                open_cks = [self._cks[i] for i in ids if i in self._cks]
+                now = now_ms()
+                if any(not ck.done and ck.deadline > now for ck in open_cks):
+                    return None  # the previous batch is neither acknowledged nor expired
+                unacked = sorted(o for ck in open_cks for o in ck.unacked())
+                if unacked:
+                    attempt = max(ck.attempt for ck in open_cks) + 1
+                    old_end = self._offset(key, init_mode)
+                    redo = set(unacked)
+                    if attempt > group_cfg.retry_max_times:
+                        await self._dead_letter(group, topic, qid, unacked)
+                        redo = None
+                        attempt = 0
+                    else:
+                        self._set_offset(key, unacked[0])
+                for ck in open_cks:
+                    self._retire(ck)
+        offset = self._offset(key, init_mode)
+        store = self.broker.store
+        res = store.get_message(group, topic, qid, offset, want, flt)
+        if res.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY) or (
+            res.status is GetStatus.NO_MATCHED_MESSAGE and res.next_begin_offset > offset
+        ):
+            self._set_offset(key, res.next_begin_offset)
+            offset = res.next_begin_offset
+            res = store.get_message(group, topic, qid, offset, want, flt)
+        if not res.buffers:
+            if res.next_begin_offset > offset:
+                self._set_offset(key, res.next_begin_offset)
+            return None
+        buffers = list(res.buffers)
+        offsets = list(res.queue_offsets)
+        next_offset = res.next_begin_offset
+        if redo is not None:
+            keep = [i for i, o in enumerate(offsets) if o in redo or o >= old_end]
+            buffers = [buffers[i] for i in keep]
+            offsets = [offsets[i] for i in keep]
+            if next_offset < old_end and not any(o in redo and o >= next_offset for o in redo):
+                next_offset = max(next_offset, old_end)
+            if not offsets:
+                self._set_offset(key, next_offset)
+                return None
+        ck = Checkpoint(
+            self._next_id,
+            group,
+            topic,
+            qid,
+            result.pop_time,
+            result.invisible_ms,
+            result.revive_qid,
+            next_offset,
+            attempt,
+            tuple(offsets),
+        )
+        while (group, topic, qid, ck.start, ck.pop_time) in self._by_key:  # same start, same ms
+            ck.pop_time += 1
+        if ck.pop_time != result.pop_time:
+            # every batch of one answer shares the header's popTime: give up this queue this time
+            return None
+        self._next_id += 1
+        self.journal.append(ck.record())  # on disk before the answer leaves
+        self._register(ck)
+        self._offsets[key] = next_offset
+        try:
+            self.broker.offsets.commit(group, topic, qid, next_offset)
+        except ValueError:
+            pass
+        return PoppedBatch(topic, qid, ck.start, ck.offsets, tuple(buffers), attempt)
+
+    # ------------------------------------------------------------------ ack
+    def _find(
+        self, group: str, topic: str, queue_id: int, handle: AckHandle, offset: int
+    ) -> tuple[Checkpoint, int]:
+        if retry_mark(topic) != handle.retry:
+            raise PopError(
+                INVALID_PARAMETER, f"the handle names retry mark {handle.retry}, the request topic {topic}"
+            )
+        if handle.queue_id != queue_id or handle.offset != offset:
+            raise PopError(
+                INVALID_PARAMETER,
+                f"the handle names queue {handle.queue_id} offset {handle.offset}, the request queue {queue_id} offset {offset}",
+            )
+        ck = self._by_key.get((group, topic, queue_id, handle.ck_offset, handle.pop_time))
+        if ck is None or ck.invisible_ms != handle.invisible_time:
+            raise PopError(
+                ResponseCode.NO_MESSAGE,
+                f"no message in flight for this handle of group {group} ({topic}:{queue_id}@{offset}): "
+                "expired and redelivered with a new handle, acknowledged already, or never popped",
+            )
+        i = bisect.bisect_left(ck.offsets, offset)
+        if i >= len(ck.offsets) or ck.offsets[i] != offset:
+            raise PopError(ResponseCode.NO_MESSAGE, f"offset {offset} was not popped with this handle")
+        if ck.acked >> i & 1:
+            raise PopError(ResponseCode.NO_MESSAGE, f"{topic}:{queue_id}@{offset} is acknowledged already")
+        return ck, i
+
+    def _parse(self, extra_info: str) -> AckHandle:
+        try:
+            return AckHandle.parse(extra_info)
+        except HandleError as exc:
+            raise PopError(INVALID_PARAMETER, str(exc)) from None
+
+    def ack(self, group: str, topic: str, queue_id: int, offset: int, extra_info: str) -> None:
+        """Acknowledge one popped message (ACK_MESSAGE); ``topic`` is the stored (retry) topic."""
+        handle = self._parse(extra_info)
+        self.check_group(group)
+        self.check_topic(topic, queue_id, any_queue=False)
+        ck, i = self._find(group, topic, queue_id, handle, offset)
+        self._set_acked(ck, 1 << i)
+
+    def _set_acked(self, ck: Checkpoint, bits: int) -> None:
+        ck.acked |= bits
+        self.journal.append(ack_record(ck.id, bits))
+        if ck.done:
+            if ck.revive_qid == ORDER_REVIVE_QUEUE:
+                self._notify(ck.topic)  # the FIFO queue is free for the next batch
+                # kept until the next pop of the queue retires it (its offsets stay the queue's progress)
+                self._by_key.pop((ck.group, ck.topic, ck.queue_id, ck.start, ck.pop_time), None)
+            else:
+                self._retire(ck, record=False)  # a full mask retires it at replay too
+
+    def batch_ack(
+        self,
+        group: str,
+        topic: str,
+        retry: str,
+        queue_id: int,
+        start_offset: int,
+        pop_time: int,
+        invisible_ms: int,
+        revive_qid: int,
+        offsets: Sequence[int],
+    ) -> tuple[int, int]:
+        """One BatchAck entry: acknowledge ``offsets`` of a checkpoint; (acknowledged, refused)."""
+        from tidemq.broker.pop.handle import real_topic
+
+        try:
+            stored = real_topic(topic, group, retry)
+        except ValueError as exc:
+            raise PopError(INVALID_PARAMETER, str(exc)) from None
+        self.check_group(group)
+        self.check_topic(stored, queue_id, any_queue=False)
+        done = refused = 0
+        bits = 0
+        ck = None
+        for off in offsets:
+            handle = AckHandle(start_offset, pop_time, invisible_ms, revive_qid, retry, "", queue_id, off)
+            try:
+                ck, i = self._find(group, stored, queue_id, handle, off)
+            except PopError:
+                refused += 1
+                continue
+            if not bits >> i & 1:
+                bits |= 1 << i
+                done += 1
+        if ck is not None and bits:
+            self._set_acked(ck, bits)
+        return done, refused
+
+    def change_invisible(
+        self, group: str, topic: str, queue_id: int, offset: int, extra_info: str, invisible_ms: int
+    ) -> tuple[int, int, int]:
+        """Make a popped message invisible ``invisible_ms`` from now; (popTime, invisibleTime, reviveQid)
+        of its new handle (the old one is spent)."""
+        handle = self._parse(extra_info)
+        self._check_invisible(invisible_ms)
+        self.check_group(group)
+        self.check_topic(topic, queue_id, any_queue=False)
+        ck, i = self._find(group, topic, queue_id, handle, offset)
+        pop_time = now_ms()
+        while (group, topic, queue_id, offset, pop_time) in self._by_key:
+            pop_time += 1
+        new = Checkpoint(
+            self._next_id,
+            group,
+            topic,
+            queue_id,
+            pop_time,
+            invisible_ms,
+            ck.revive_qid,
+            -1,
+            ck.attempt,
+            (offset,),
+        )
+        self._next_id += 1
+        self.journal.append(new.record())  # the new one first: a crash in between redelivers, never loses
+        self._register(new)
+        self._set_acked(ck, 1 << i)
+        return pop_time, invisible_ms, ck.revive_qid
+
+    # ------------------------------------------------------------------ revive
+    async def _revive_loop(self) -> None:
+        last_sync = time.monotonic()
+        while True:
+            self._wake.clear()
+            now = now_ms()
+            while self._heap and self._heap[0][0] <= now:
+                deadline, ck_id = heapq.heappop(self._heap)
+                ck = self._cks.get(ck_id)
+                if ck is None or ck.done or ck.deadline != deadline:
+                    continue
+                if ck.revive_qid == ORDER_REVIVE_QUEUE:
+                    self._notify(ck.topic)  # expired: its queue's next pop re-delivers
+                    continue
+                if not self.broker.is_master:
+                    heapq.heappush(self._heap, (now + 1000, ck_id))
+                    break
+                try:
+                    await self._revive(ck)
+                except Exception:
+                    log.exception("pop: revive of checkpoint %d failed; retrying in 1 s", ck.id)
+                    heapq.heappush(self._heap, (now_ms() + 1000, ck_id))
+                    break
+                self.revive_lag_ms = max(now_ms() - deadline, 0)
+                now = now_ms()
+            if time.monotonic() - last_sync >= SYNC_INTERVAL_S:
+                last_sync = time.monotonic()
+                await asyncio.to_thread(self.journal.sync)
+                if self.journal.size > COMPACT_BYTES:
+                    self.compact()
+            wait = SYNC_INTERVAL_S
+            if self._heap:
+                wait = min(wait, max(self._heap[0][0] - now_ms(), 0) / 1000)
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait)
+            except TimeoutError:
+                pass
+
+    def compact(self) -> None:
+        """Rewrite the journal with the live state only."""
+        before = self.journal.size
+        self.journal.rewrite(live_records(self._offsets, list(self._cks.values())))
+        log.info("pop journal compacted: %d -> %d bytes", before, self.journal.size)
+
+    async def _revive(self, ck: Checkpoint) -> None:
+        b = self.broker
+        group_cfg = b.groups.get(ck.group)
+        max_times = group_cfg.retry_max_times if group_cfg is not None else b.settings.max_reconsume_times
+        target = ck.topic if ck.topic.startswith(RETRY_PREFIX) else retry_topic_v1(ck.topic, ck.group)
+        for off in ck.unacked():
+            ext = self._read(ck.topic, ck.queue_id, off)
+            if ext is None:
+                continue  # gone from the store (expired files): nothing left to deliver
+            times = ext.reconsume_times + 1
+            props = dict(ext.properties)
+            props.setdefault("ORIGIN_MESSAGE_ID", ext.msg_id)
+            props.setdefault(FIRST_POP_TIME, str(ck.pop_time))
+            if times > max_times:
+                topic = dlq_topic(ck.group)
+                b.topics.create_in_send_back(topic, 1, PERM_WRITE)
+                self.dead_lettered += 1
+            else:
+                topic = target
+                b.topics.create_in_send_back(topic, 1, PERM_READ | PERM_WRITE)
+            msg = MessageInner(
+                topic=topic,
+                body=ext.body,
+                queue_id=0,
+                flag=ext.flag,
+                properties=props,
+                sys_flag=ext.sys_flag,
+                born_timestamp=ext.born_timestamp,
+                born_host=ext.born_host,
+                store_host=b.store_host,
+                reconsume_times=times,
+            )
+            put = await resolved(b.store.put_message(msg))
+            if not put.ok:
+                raise RuntimeError(f"the store refused a revived message: {put.status.value}")
+            b.stats.on_put(topic, 1, put.wrote_bytes)
+            self.revived += 1
+        self._retire(ck)
+
+    async def _dead_letter(self, group: str, topic: str, qid: int, offsets: list[int]) -> None:
+        b = self.broker
+        dlq = dlq_topic(group)
+        b.topics.create_in_send_back(dlq, 1, PERM_WRITE)
+        for off in offsets:
+            ext = self._read(topic, qid, off)
+            if ext is None:
+                continue
+            msg = MessageInner(
+                topic=dlq,
+                body=ext.body,
+                flag=ext.flag,
+                properties={**ext.properties, "ORIGIN_MESSAGE_ID": ext.msg_id},
+                born_timestamp=ext.born_timestamp,
+                born_host=ext.born_host,
+                store_host=b.store_host,
+                reconsume_times=ext.reconsume_times,
+            )
+            put = await resolved(b.store.put_message(msg))
+            if put.ok:
+                self.dead_lettered += 1
+
+    def _read(self, topic: str, qid: int, off: int) -> Any:
+        res = self.broker.store.get_message(REVIVE_GROUP, topic, qid, off, 1)
+        if not res.buffers or res.queue_offsets[0] != off:
+            return None
+        try:
+            return decode_message(res.buffers[0])
+        except CorruptDataError as exc:
+            log.error("pop: unreadable record %s:%d@%d skipped: %s", topic, qid, off, exc)
+            return None
+
+    # ------------------------------------------------------------------ long polling
+    def _is_waited_on(self, topic: str, queue_id: int) -> bool:
+        return topic in self._waiters
+
+    def _on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        if topic not in self._waiters or self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._notify, topic)
+        except RuntimeError:
+            pass
+
+    def _notify(self, topic: str) -> None:
+        for fut in self._waiters.get(topic, ()):
+            if not fut.done():
+                fut.set_result(True)
+
+    async def _wait(self, topics: list[str], timeout_s: float) -> bool:
+        if timeout_s <= 0 or self._loop is None:
+            return False
+        fut: asyncio.Future[bool] = self._loop.create_future()
+        for t in topics:
+            self._waiters.setdefault(t, set()).add(fut)
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            for t in topics:
+                waiting = self._waiters.get(t)
+                if waiting is not None:
+                    waiting.discard(fut)
+                    if not waiting:
+                        del self._waiters[t]
+
+    def polling_num(self, topic: str) -> int:
+        """Pops and notifications waiting on ``topic`` (POLLING_INFO)."""
+        return len(self._waiters.get(topic, ()))
+
+    def has_message(self, group: str, topic: str, queue_id: int = -1) -> bool:
+        cfg = self.check_topic(topic, queue_id, any_queue=True)
+        store = self.broker.store
+        order = self.is_orderly(group)
+        qids = range(cfg.read_queue_nums) if queue_id == -1 else [queue_id]
+        now = now_ms()
+        for q in qids:
+            key = (group, topic, q)
+            if order and any(
+                (ck := self._cks.get(i)) is not None and not ck.done and ck.deadline > now
+                for i in self._order.get(key, ())
+            ):
+                continue
+            if store.get_max_offset_in_queue(topic, q) > self._offset(key, INIT_MIN):
+                return True
+        retry = retry_topic_v1(topic, group)
+        rcfg = None if order else self.broker.topics.get(retry)
+        if rcfg is not None:
+            for q in range(rcfg.read_queue_nums):
+                if store.get_max_offset_in_queue(retry, q) > self._offset((group, retry, q), INIT_MIN):
+                    return True
+        return False
+
+    async def notification(self, group: str, topic: str, queue_id: int = -1, poll_ms: int = 0) -> bool:
+        """Whether the group has a message to pop on ``topic`` (waits up to ``poll_ms`` for one)."""
+        self.check_group(group)
+        deadline = time.monotonic() + max(0, min(poll_ms, self.broker.settings.max_suspend_ms)) / 1000
+        while True:
+            if self.has_message(group, topic, queue_id):
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            await self._wait(
+                [topic, retry_topic_v1(topic, group)], min(remaining, self._next_order_expiry(group, topic))
+            )
+
+    # ------------------------------------------------------------------ figures
+    def in_flight(self, group: str | None = None, topic: str | None = None) -> int:
+        """Popped, unacknowledged messages (of one group / topic, retry topics included)."""
+        n = 0
+        for ck in self._cks.values():
+            if group is not None and ck.group != group:
+                continue
+            if topic is not None and ck.topic != topic and ck.topic != retry_topic_v1(topic, ck.group):
+                continue
+            n += len(ck.offsets) - ck.acked.bit_count()
+        return n
+
+    def revive_backlog_ms(self) -> int:
+        """How far past its deadline the oldest unrevived checkpoint is (0: revive is on time)."""
+        now = now_ms()
+        for deadline, ck_id in sorted(self._heap)[:64]:
+            ck = self._cks.get(ck_id)
+            if (
+                ck is not None
+                and not ck.done
+                and ck.deadline == deadline
+                and ck.revive_qid != ORDER_REVIVE_QUEUE
+            ):
+                return max(now - deadline, 0)
+        return 0
+
+    def figures(self) -> dict[str, int]:
+        return {
+            "popCheckpoints": len(self._cks),
+            "popInFlight": self.in_flight(),
+            "popRevived": self.revived,
+            "popDeadLettered": self.dead_lettered,
+            "popReviveLagMs": self.revive_backlog_ms(),
+            "popJournalBytes": self.journal.size,
+        }
