@@ -20,7 +20,7 @@ BROKER = "broker-pop"
 
 
 class PopEnv:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, extra: str = "") -> None:
         self.tmp = tmp
         self.servers: list[Server] = []
         ns = Server(["namesrv", "--listen", "127.0.0.1:0"], tmp)
@@ -29,7 +29,7 @@ class PopEnv:
         self.port = free_port()
         (tmp / "broker.toml").write_text(
             f'[broker]\nname = "{BROKER}"\nlisten = "127.0.0.1:{self.port}"\n'
-            f'namesrv = ["{self.namesrv}"]\ndata_dir = "{tmp / "data"}"\n'
+            f'namesrv = ["{self.namesrv}"]\ndata_dir = "{tmp / "data"}"\n{extra}'
         )
         self.broker_server = self._start_broker()
         self.broker = self.broker_server.addresses["broker"]

@@ -308,9 +308,9 @@ class PopService:
             raise PopError(INVALID_PARAMETER, f"maxMsgNums {max_nums} is not in [1, {MAX_POP_NUMS}]")
         self._check_invisible(invisible_ms)
         group_cfg = self.check_group(group)
-        cfg = self.check_topic(topic, queue_id, any_queue=True)
         if topic.startswith(RETRY_PREFIX):
             raise PopError(INVALID_PARAMETER, f"pop the topic, not its retry topic {topic}")
+        cfg = self.check_topic(topic, queue_id, any_queue=True)
         expression_type = expression_type or EXPRESSION_TAG
         if expression_type != EXPRESSION_TAG and not b.settings.enable_property_filter:
             raise PopError(
