@@ -219,6 +219,9 @@ def _write(path: Path, value: Any) -> None:
     "-w", "--whichBrokerWhenConsumeSlowly", "slow_broker", help="Broker id when consuming slowly (default 1)."
 )
 @click.option("-a", "--notifyConsumerIdsChanged", "notify", help="true/false: tell consumers of rebalances.")
+@click.option(
+    "-o", "--consumeMessageOrderly", "orderly", help="true/false: POP delivers each queue in order (FIFO)."
+)
 @_run
 async def update_sub_group(
     client: AdminClient,
@@ -233,6 +236,7 @@ async def update_sub_group(
     broker_id: str | None,
     slow_broker: str | None,
     notify: str | None,
+    orderly: str | None,
 ) -> None:
     """Create a consumer group or change its settings (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP)."""
     # mqadmin starts from SubscriptionGroupConfig's defaults but with broadcast and from-min off.
@@ -252,6 +256,7 @@ async def update_sub_group(
         ("consumeFromMinEnable", from_min),
         ("consumeBroadcastEnable", broadcast),
         ("notifyConsumerIdsChangedEnable", notify),
+        ("consumeMessageOrderly", orderly),
     ):
         if value is not None:
             cfg[key] = _bool(value)
