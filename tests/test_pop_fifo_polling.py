@@ -85,3 +85,54 @@ def test_tag_and_sql92_filters(env: PopEnv) -> None:
     s = env.consumer("GFILTSQL", "FiltT", "TAGS = 'TagA'", expression_type="SQL92")
     got = env.receive_all(s, 3)
     assert sorted(m.body for m in got) == [b"a-0", b"a-1", b"a-2"]
+
+
+def test_set_consume_mode_and_query_assignment(env: PopEnv) -> None:
+    import orjson
+
+    env.send("AssignT", 1, "q")
+    body = orjson.dumps({"topic": "AssignT", "consumerGroup": "GASSIGN", "clientId": "c1"})
+    resp = env.call(RequestCode.QUERY_ASSIGNMENT, {}, body)
+    assigned = orjson.loads(resp.body)["messageQueueAssignments"]
+    assert resp.code == 0 and {a["mode"] for a in assigned} == {"PULL"}
+    assert sorted(a["messageQueue"]["queueId"] for a in assigned) == [0, 1, 2, 3]
+    out = run_admin(
+        env.namesrv,
+        "setConsumeMode",
+        "-b",
+        env.broker,
+        "-t",
+        "AssignT",
+        "-g",
+        "GASSIGN",
+        "-m",
+        "POP",
+        cwd=env.tmp,
+    )
+    assert "success" in out.stdout
+    resp = env.call(RequestCode.QUERY_ASSIGNMENT, {}, body)
+    assigned = orjson.loads(resp.body)["messageQueueAssignments"]
+    assert [(a["mode"], a["messageQueue"]["queueId"]) for a in assigned] == [("POP", -1)]
+    bad = run_admin(
+        env.namesrv,
+        "setConsumeMode",
+        "-b",
+        env.broker,
+        "-t",
+        "AssignT",
+        "-g",
+        "GASSIGN",
+        "-m",
+        "PUSH",
+        cwd=env.tmp,
+        ok=False,
+    )
+    assert bad.returncode != 0 and "PULL or POP" in bad.stderr
+    resp = env.call(RequestCode.QUERY_ASSIGNMENT, {}, b"[1]")
+    assert resp.code == 29
+    resp = env.call(
+        RequestCode.SET_MESSAGE_REQUEST_MODE,
+        {},
+        orjson.dumps({"topic": "NoSuch", "consumerGroup": "G", "mode": "POP"}),
+    )
+    assert resp.code == 17

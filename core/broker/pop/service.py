@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from tidemq.broker.pop.assignment import RequestModeTable, allocate_averagely
 from tidemq.broker.pop.handle import (
     ORDER_REVIVE_QUEUE,
     RETRY_PREFIX,
@@ -142,6 +143,8 @@ class PopService:
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
         self.journal = Journal(broker.data_dir / "pop" / "journal.log")
+        #: Each group's request mode (SET_MESSAGE_REQUEST_MODE), for QUERY_ASSIGNMENT.
+        self.modes = RequestModeTable(broker.data_dir / "config" / "messageRequestMode.json")
         self._cks: dict[int, Checkpoint] = {}
         self._by_key: dict[tuple[str, str, int, int, int], Checkpoint] = {}
         self._heap: list[tuple[int, int]] = []
@@ -159,6 +162,7 @@ class PopService:
 
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
+        self.modes.load()
         state = self.journal.replay()
         self._offsets = state.offsets
         self._next_id = state.last_id + 1
@@ -804,6 +808,27 @@ class PopService:
             await self._wait(
                 [topic, retry_topic_v1(topic, group)], min(remaining, self._next_order_expiry(group, topic))
             )
+
+    # ------------------------------------------------------------------ assignment
+    def assignment(
+        self, topic: str, group: str, client_id: str, message_model: str = "CLUSTERING"
+    ) -> tuple[str, list[int]]:
+        """(mode, queue ids) QUERY_ASSIGNMENT hands ``client_id``: ``[-1]`` (every queue) in POP mode."""
+        if topic.startswith(RETRY_PREFIX):
+            raise PopError(INVALID_PARAMETER, f"query the assignment of the topic, not of {topic}")
+        cfg = self.check_topic(topic, -1, any_queue=True)
+        self.check_group(group)
+        mode = self.modes.mode(topic, group)
+        queues = list(range(cfg.read_queue_nums))
+        if message_model == "BROADCASTING":
+            return "PULL", queues
+        if mode == "POP":
+            return "POP", [-1]
+        info = self.broker.consumers.get(group)
+        cids = info.client_ids() if info is not None else []
+        if client_id not in cids:
+            cids = sorted([*cids, client_id])
+        return mode, allocate_averagely(queues, cids, client_id)
 
     # ------------------------------------------------------------------ figures
     def in_flight(self, group: str | None = None, topic: str | None = None) -> int:

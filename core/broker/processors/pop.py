@@ -2,7 +2,8 @@
 
 POP_MESSAGE, ACK_MESSAGE, BATCH_ACK_MESSAGE, CHANGE_MESSAGE_INVISIBLETIME, NOTIFICATION and
 POLLING_INFO with RocketMQ 5's header field names; the POP answer's body is the stored records, as
-a pull's.  QUERY_ASSIGNMENT and SET_MESSAGE_REQUEST_MODE live in :mod:`.pop_assignment`.
+a pull's.  QUERY_ASSIGNMENT and SET_MESSAGE_REQUEST_MODE
+(:mod:`tidemq.broker.pop.assignment`) too.
 """
 
 from __future__ import annotations
@@ -209,6 +210,55 @@ class PopProcessor:
             return request.reply(exc.code, exc.remark)
         return request.reply(ResponseCode.SUCCESS, None, kv(pollingNum=self.pop_service.polling_num(topic)))
 
+    async def query_assignment(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
+        try:
+            body = orjson.loads(request.payload() or b"null")
+            if not isinstance(body, dict):
+                raise ValueError("the body is not a JSON object")
+            topic, group = str(body["topic"]), str(body["consumerGroup"])
+            client_id = str(body.get("clientId") or "")
+            model = str(body.get("messageModel") or "CLUSTERING")
+        except (orjson.JSONDecodeError, KeyError, ValueError) as exc:
+            return request.reply(INVALID_PARAMETER, f"QUERY_ASSIGNMENT body: {exc}")
+        try:
+            mode, queues = self.pop_service.assignment(topic, group, client_id, model)
+        except PopError as exc:
+            return request.reply(exc.code, exc.remark)
+        name = self.broker.settings.name
+        out = {
+            "messageQueueAssignments": [
+                {
+                    "messageQueue": {"topic": topic, "brokerName": name, "queueId": q},
+                    "mode": mode,
+                    "attachments": {},
+                }
+                for q in queues
+            ]
+        }
+        return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(out))
+
+    async def set_request_mode(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
+        try:
+            body = orjson.loads(request.payload() or b"null")
+            if not isinstance(body, dict):
+                raise ValueError("the body is not a JSON object")
+            topic, group = str(body["topic"]), str(body["consumerGroup"])
+            mode = str(body.get("mode") or "PULL")
+            share = int(body.get("popShareQueueNum") or 0)
+        except (orjson.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
+            return request.reply(INVALID_PARAMETER, f"SET_MESSAGE_REQUEST_MODE body: {exc}")
+        if topic.startswith("%RETRY%"):
+            return request.reply(ResponseCode.NO_PERMISSION, "retry topic is not allowed to set mode")
+        try:
+            self.pop_service.check_topic(topic, -1, any_queue=True)
+            self.pop_service.check_group(group)
+            self.pop_service.modes.set(topic, group, mode, share)
+        except PopError as exc:
+            return request.reply(exc.code, exc.remark)
+        except ValueError as exc:
+            return request.reply(INVALID_PARAMETER, str(exc))
+        return request.reply(ResponseCode.SUCCESS)
+
 
 def _pick(entry: dict[str, Any], short: str, long: str) -> Any:
     """A BatchAck field by its JSON name or its alternate name (fastjson's alternateNames)."""
@@ -225,3 +275,5 @@ def register(register: ProcessorRegister) -> None:
     register.add(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, p.change_invisible)
     register.add(RequestCode.NOTIFICATION, p.notification)
     register.add(RequestCode.POLLING_INFO, p.polling_info)
+    register.add(RequestCode.QUERY_ASSIGNMENT, p.query_assignment)
+    register.add(RequestCode.SET_MESSAGE_REQUEST_MODE, p.set_request_mode)
