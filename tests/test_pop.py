@@ -127,3 +127,23 @@ def test_in_flight_messages_survive_a_restart_or_a_crash(env: PopEnv, sig: int) 
     back = env.receive_all(c, 15, invisible=10, timeout=20)
     assert bodies(back) == bodies(kept)
     assert env.receive(c, 32, 1.0, 0.5) == []
+
+
+def test_in_flight_counts_in_consume_stats_and_runtime_info(env: PopEnv) -> None:
+    import orjson
+
+    from tidemq.remoting.codes import RequestCode
+
+    env.call(
+        RequestCode.UPDATE_AND_CREATE_TOPIC,
+        {"topic": "PopT7", "readQueueNums": 1, "writeQueueNums": 1, "perm": 6},
+    )
+    env.send("PopT7", 5, "f")
+    c = env.consumer("GPOP7", "PopT7")
+    msgs = env.receive_all(c, 5, invisible=30)
+    env.ack(c, msgs[:2])
+    resp = env.call(RequestCode.GET_CONSUME_STATS, {"consumerGroup": "GPOP7", "topic": "PopT7"})
+    body = resp.body.decode()
+    assert '"pullOffset":5' in body and '"inflightMsgCount":3' in body, body
+    info = orjson.loads(env.call(RequestCode.GET_BROKER_RUNTIME_INFO, {}).body)["table"]
+    assert info["popInFlight"] == "3" and info["popReviveLagMs"] == "0"

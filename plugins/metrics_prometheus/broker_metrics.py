@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from tidemq import __version__
 from tidemq._native import ACTIVE as COMPILED_CODEC
 from tidemq.address import split_address
+from tidemq_metrics_prometheus.pop_metrics import pop_families
 
 _RETRY = "%RETRY%"
 _DLQ = "%DLQ%"
@@ -52,6 +53,7 @@ def broker_families(broker: Any) -> list[Metric]:
     _consumer_offsets(broker, max_offsets, out)
     _store(broker, out)
     _service(broker, out)
+    out += pop_families(broker)  # POP consumption (issue 39)
     return out
 
 

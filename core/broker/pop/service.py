@@ -842,6 +842,27 @@ class PopService:
             n += len(ck.offsets) - ck.acked.bit_count()
         return n
 
+    def in_flight_table(self) -> dict[tuple[str, str], int]:
+        """(group, stored topic) -> popped, unacknowledged messages."""
+        out: dict[tuple[str, str], int] = {}
+        for ck in self._cks.values():
+            n = len(ck.offsets) - ck.acked.bit_count()
+            if n:
+                key = (ck.group, ck.topic)
+                out[key] = out.get(key, 0) + n
+        return out
+
+    def queue_progress(self, group: str, topic: str, queue_id: int) -> tuple[int, int] | None:
+        """(pop offset, messages in flight) of a queue the group pops; None when it never popped it."""
+        pulled = self._offsets.get((group, topic, queue_id))
+        if pulled is None:
+            return None
+        n = 0
+        for ck in self._cks.values():
+            if ck.queue_id == queue_id and ck.group == group and ck.topic == topic:
+                n += len(ck.offsets) - ck.acked.bit_count()
+        return pulled, n
+
     def revive_backlog_ms(self) -> int:
         """How far past its deadline the oldest unrevived checkpoint is (0: revive is on time)."""
         now = now_ms()

@@ -132,6 +132,7 @@ class AdminProcessor:
     async def runtime_info(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         table = runtime_table(b)
+        table.update({k: str(v) for k, v in b.pop.figures().items()})  # POP (issue 39)
         # HA (issue 7): replication plugins may add their state (role, slave lag in bytes).
         if isinstance(b.replication, MasterAware):
             table.update(b.replication.runtime_info())
@@ -226,11 +227,14 @@ def group_consume_stats(
             if consumer_off > 0:
                 last = max(b.store.get_store_time(topic, qid, consumer_off - 1), 0)
             diff += broker_off - consumer_off
-            table[MessageQueue(topic, b.settings.name, qid)] = {
+            table[MessageQueue(topic, b.settings.name, qid)] = entry = {
                 "brokerOffset": broker_off,
                 "consumerOffset": consumer_off,
                 "lastTimestamp": last,
             }
+            popped = b.pop.queue_progress(group, topic, qid)  # POP groups (issue 39), RocketMQ 5's fields
+            if popped is not None:
+                entry["pullOffset"], entry["inflightMsgCount"] = popped
         out.append((topic, table, b.stats.group_get_tps(group, topic), diff))
     return out
 
