@@ -92,7 +92,11 @@ def test_pop_and_classic_groups_on_one_topic_are_independent(env: PopEnv) -> Non
 
     assert env.loop.run(pull_all()) == 8
     other = env.consumer("GPOP4B", "PopT4")
-    assert len(env.receive_all(other, 8)) == 8
+    got = env.receive_all(other, 8, invisible=1.0)
+    assert len(got) == 8
+    assert env.loop.run(other.ack_many(got)) == 8  # BATCH_ACK_MESSAGE
+    time.sleep(1.3)
+    assert env.receive(other, 32, 1.0, 0.3) == []
 
 
 def test_past_retry_max_times_a_message_goes_to_the_dlq(env: PopEnv) -> None:

@@ -13,12 +13,14 @@ invisibility.  A message not acknowledged in time is delivered again, to any con
 
 from __future__ import annotations
 
+import base64
 import itertools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import orjson
 
 from tidemq.client.errors import BrokerError, ClientError, NoRouteError
 from tidemq.client.instance import ClientInstance
@@ -238,6 +240,56 @@ class SimpleConsumer:
         resp = await api.invoke(message.broker_addr, RemotingCommand.request(RequestCode.ACK_MESSAGE, fields))
         if resp.code != ResponseCode.SUCCESS:
             raise BrokerError(resp.code, resp.remark, message.broker_addr)
+
+    async def ack_many(self, messages: Sequence[ReceivedMessage]) -> int:
+        """Acknowledge ``messages`` with one BATCH_ACK_MESSAGE per broker; how many the brokers took.
+
+        :class:`BrokerError` when a broker refused some (its remark counts them); the others are
+        acknowledged all the same.
+        """
+        by_broker: dict[str, dict[tuple[str, ...], list[ReceivedMessage]]] = {}
+        for m in messages:
+            p = m.handle.split(" ")
+            key = (m.stored_topic, p[0], p[1], p[2], p[3], p[4], str(m.queue_id))
+            by_broker.setdefault(m.broker_addr, {}).setdefault(key, []).append(m)
+        api = self.instance.require_api()
+        done = 0
+        for addr, groups in by_broker.items():
+            acks = []
+            for (_stored, start, pop_time, invisible, rqid, mark, qid), msgs in groups.items():
+                bits = 0
+                for m in msgs:
+                    bits |= 1 << (m.queue_offset - int(start))
+                acks.append(
+                    {
+                        "c": self.group,
+                        "t": msgs[0].topic,
+                        "r": mark,
+                        "q": int(qid),
+                        "so": int(start),
+                        "rq": int(rqid),
+                        "pt": int(pop_time),
+                        "it": int(invisible),
+                        "b": base64.b64encode(bits.to_bytes((bits.bit_length() + 7) // 8, "little")).decode(),
+                    }
+                )
+            for i in range(0, len(acks), 1024):
+                body = orjson.dumps(
+                    {
+                        "brokerName": groups and next(iter(groups.values()))[0].broker_name,
+                        "acks": acks[i : i + 1024],
+                    }
+                )
+                resp = await api.invoke(
+                    addr, RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body)
+                )
+                if resp.code != ResponseCode.SUCCESS:
+                    raise BrokerError(resp.code, resp.remark, addr)
+                done += sum(
+                    bin(int.from_bytes(base64.b64decode(a["b"]), "little")).count("1")
+                    for a in acks[i : i + 1024]
+                )
+        return done
 
     async def change_invisible_duration(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
         """Make ``message`` invisible ``seconds`` from now; returns it with its new handle (the old
