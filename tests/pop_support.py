@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from pathlib import Path
@@ -67,6 +68,11 @@ class PopEnv:
                         Message(topic, f"{prefix}-{i}".encode(), tags=tags, keys=f"{prefix}-{i}")
                     )
                     out.append(r.msg_id)
+                # The broker registers a topic it auto-created a moment later: wait for its route.
+                for _ in range(100):
+                    if await p.instance.get_route(topic, refresh=True) is not None:
+                        break
+                    await asyncio.sleep(0.1)
                 return out
 
         return self.loop.run(go(), 60)

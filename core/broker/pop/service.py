@@ -101,6 +101,8 @@ class PoppedBatch:
     offsets: tuple[int, ...]
     buffers: tuple[Any, ...]  # stored records, as the store returned them
     attempt: int = 0
+    #: The same bytes in fewer chunks (the store's ``wire``): what the answer writes.
+    wire: tuple[Any, ...] = ()
 
 
 @attrs.define
@@ -405,7 +407,7 @@ class PopService:
                 group,
                 topic,
                 sum(len(b.offsets) for b in result.batches),
-                sum(len(x) for b in result.batches for x in b.buffers),
+                sum(len(x) for b in result.batches for x in b.wire),
             )
         return result
 
@@ -461,7 +463,9 @@ class PopService:
         buffers = list(res.buffers)
         offsets = list(res.queue_offsets)
         next_offset = res.next_begin_offset
+        wire: tuple[Any, ...] = res.wire_parts
         if redo is not None:
+            wire = ()
             keep = [i for i, o in enumerate(offsets) if o in redo or o >= old_end]
             buffers = [buffers[i] for i in keep]
             offsets = [offsets[i] for i in keep]
@@ -495,7 +499,7 @@ class PopService:
             self.broker.offsets.commit(group, topic, qid, next_offset)
         except ValueError:
             pass
-        return PoppedBatch(topic, qid, ck.start, ck.offsets, tuple(buffers), attempt)
+        return PoppedBatch(topic, qid, ck.start, ck.offsets, tuple(buffers), attempt, wire or tuple(buffers))
 
     # ------------------------------------------------------------------ ack
     def _find(

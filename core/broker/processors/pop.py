@@ -102,7 +102,7 @@ class PopProcessor:
             fields["orderCountInfo"] = info_items(
                 (retry_mark(b.topic), b.queue_id, str(b.attempt)) for b in result.batches
             )
-        parts = tuple(buf for b in result.batches for buf in b.buffers)
+        parts = tuple(buf for b in result.batches for buf in b.wire)
         return request.reply(ResponseCode.SUCCESS, None, fields, body_parts=parts)
 
     async def ack(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
