@@ -33,6 +33,7 @@ import attrs
 
 from tidemq.broker.pop.assignment import RequestModeTable, allocate_averagely
 from tidemq.broker.pop.handle import (
+    DLQ_PREFIX,
     ORDER_REVIVE_QUEUE,
     RETRY_PREFIX,
     AckHandle,
@@ -80,6 +81,7 @@ RETRY_FIRST_PERCENT = 20  # RocketMQ's popFromRetryProbability
 REVIVE_GROUP = "CID_RMQ_SYS_REVIVE"
 FIRST_POP_TIME = "1ST_POP_TIME"
 SYNC_INTERVAL_S = 1.0
+REVIVE_BATCH = 256  # expired checkpoints revived together
 
 
 class PopError(Exception):
@@ -256,6 +258,9 @@ class PopService:
 
     # ------------------------------------------------------------------ checks
     def check_group(self, group: str) -> Any:
+        if not self.broker.is_master:
+            # the journal lives on the master alone: a slave's pops and acks would be lost on its return
+            raise PopError(ResponseCode.NO_PERMISSION, "POP is served by the master; this broker is a slave")
         cfg = self.broker.groups.find_or_create(group)
         if cfg is None:
             raise PopError(
@@ -574,22 +579,20 @@ class PopService:
             raise PopError(INVALID_PARAMETER, str(exc)) from None
         self.check_group(group)
         self.check_topic(stored, queue_id, any_queue=False)
-        done = refused = 0
+        if retry_mark(stored) != retry:
+            raise PopError(INVALID_PARAMETER, f"retry mark {retry} does not name {stored}")
+        ck = self._by_key.get((group, stored, queue_id, start_offset, pop_time))
+        if ck is None or ck.invisible_ms != invisible_ms:
+            return 0, len(offsets)
         bits = 0
-        ck = None
         for off in offsets:
-            handle = AckHandle(start_offset, pop_time, invisible_ms, revive_qid, retry, "", queue_id, off)
-            try:
-                ck, i = self._find(group, stored, queue_id, handle, off)
-            except PopError:
-                refused += 1
-                continue
-            if not bits >> i & 1:
+            i = bisect.bisect_left(ck.offsets, off)
+            if i < len(ck.offsets) and ck.offsets[i] == off and not ck.acked >> i & 1:
                 bits |= 1 << i
-                done += 1
-        if ck is not None and bits:
+        done = bits.bit_count()
+        if bits:
             self._set_acked(ck, bits)
-        return done, refused
+        return done, len(offsets) - done
 
     def change_invisible(
         self, group: str, topic: str, queue_id: int, offset: int, extra_info: str, invisible_ms: int
@@ -628,7 +631,8 @@ class PopService:
         while True:
             self._wake.clear()
             now = now_ms()
-            while self._heap and self._heap[0][0] <= now:
+            due: list[Checkpoint] = []
+            while self._heap and self._heap[0][0] <= now and len(due) < REVIVE_BATCH:
                 deadline, ck_id = heapq.heappop(self._heap)
                 ck = self._cks.get(ck_id)
                 if ck is None or ck.done or ck.deadline != deadline:
@@ -636,17 +640,14 @@ class PopService:
                 if ck.revive_qid == ORDER_REVIVE_QUEUE:
                     self._notify(ck.topic)  # expired: its queue's next pop re-delivers
                     continue
-                if not self.broker.is_master:
-                    heapq.heappush(self._heap, (now + 1000, ck_id))
-                    break
-                try:
-                    await self._revive(ck)
-                except Exception:
-                    log.exception("pop: revive of checkpoint %d failed; retrying in 1 s", ck.id)
-                    heapq.heappush(self._heap, (now_ms() + 1000, ck_id))
-                    break
-                self.revive_lag_ms = max(now_ms() - deadline, 0)
-                now = now_ms()
+                due.append(ck)
+            if due and not self.broker.is_master:
+                for ck in due:
+                    heapq.heappush(self._heap, (now + 1000, ck.id))
+            elif due:
+                await self._revive_many(due)
+                if self._heap and self._heap[0][0] <= now_ms():
+                    continue  # more are due: no sync, no wait
             if time.monotonic() - last_sync >= SYNC_INTERVAL_S:
                 last_sync = time.monotonic()
                 await asyncio.to_thread(self.journal.sync)
@@ -666,11 +667,48 @@ class PopService:
         self.journal.rewrite(live_records(self._offsets, list(self._cks.values())))
         log.info("pop journal compacted: %d -> %d bytes", before, self.journal.size)
 
-    async def _revive(self, ck: Checkpoint) -> None:
+    async def _revive_many(self, cks: list[Checkpoint]) -> None:
+        """Write the unacknowledged messages of expired checkpoints back (all puts in flight
+        together), then retire each checkpoint whose messages were all stored."""
+        b = self.broker
+        planned: list[tuple[Checkpoint, list[tuple[MessageInner, Any]]]] = []
+        for ck in cks:
+            try:
+                msgs = self._revived_messages(ck)
+            except Exception:
+                log.exception("pop: revive of checkpoint %d failed; retrying in 1 s", ck.id)
+                heapq.heappush(self._heap, (now_ms() + 1000, ck.id))
+                continue
+            planned.append((ck, [(m, b.store.put_message(m)) for m in msgs]))
+        for ck, puts in planned:
+            results = await asyncio.gather(*(resolved(f) for _, f in puts), return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException) or not r.ok]
+            if failed:
+                # Retried whole: the ones stored now are delivered twice, none is lost.
+                log.warning(
+                    "pop: revive of checkpoint %d: %d messages not stored (%s); retrying in 1 s",
+                    ck.id,
+                    len(failed),
+                    failed[0],
+                )
+                heapq.heappush(self._heap, (now_ms() + 1000, ck.id))
+                continue
+            for (m, _), r in zip(puts, results, strict=True):
+                assert not isinstance(r, BaseException)
+                b.stats.on_put(m.topic, 1, r.wrote_bytes)
+                if m.topic.startswith(DLQ_PREFIX):
+                    self.dead_lettered += 1
+                else:
+                    self.revived += 1
+            self.revive_lag_ms = max(now_ms() - ck.deadline, 0)
+            self._retire(ck)
+
+    def _revived_messages(self, ck: Checkpoint) -> list[MessageInner]:
         b = self.broker
         group_cfg = b.groups.get(ck.group)
         max_times = group_cfg.retry_max_times if group_cfg is not None else b.settings.max_reconsume_times
         target = ck.topic if ck.topic.startswith(RETRY_PREFIX) else retry_topic_v1(ck.topic, ck.group)
+        out = []
         for off in ck.unacked():
             ext = self._read(ck.topic, ck.queue_id, off)
             if ext is None:
@@ -682,28 +720,24 @@ class PopService:
             if times > max_times:
                 topic = dlq_topic(ck.group)
                 b.topics.create_in_send_back(topic, 1, PERM_WRITE)
-                self.dead_lettered += 1
             else:
                 topic = target
                 b.topics.create_in_send_back(topic, 1, PERM_READ | PERM_WRITE)
-            msg = MessageInner(
-                topic=topic,
-                body=ext.body,
-                queue_id=0,
-                flag=ext.flag,
-                properties=props,
-                sys_flag=ext.sys_flag,
-                born_timestamp=ext.born_timestamp,
-                born_host=ext.born_host,
-                store_host=b.store_host,
-                reconsume_times=times,
+            out.append(
+                MessageInner(
+                    topic=topic,
+                    body=ext.body,
+                    queue_id=0,
+                    flag=ext.flag,
+                    properties=props,
+                    sys_flag=ext.sys_flag,
+                    born_timestamp=ext.born_timestamp,
+                    born_host=ext.born_host,
+                    store_host=b.store_host,
+                    reconsume_times=times,
+                )
             )
-            put = await resolved(b.store.put_message(msg))
-            if not put.ok:
-                raise RuntimeError(f"the store refused a revived message: {put.status.value}")
-            b.stats.on_put(topic, 1, put.wrote_bytes)
-            self.revived += 1
-        self._retire(ck)
+        return out
 
     async def _dead_letter(self, group: str, topic: str, qid: int, offsets: list[int]) -> None:
         b = self.broker
