@@ -157,10 +157,13 @@ async def lateness(ns: str, n: int) -> dict[str, Any]:
         total = len(due)
         deadline = time.monotonic() + 30
         while len(late) < total and time.monotonic() < deadline:
-            for m in await c.receive(32, 60, 1.0):
+            got = await c.receive(32, 60, 1.0)
+            now = time.time() * 1000
+            for m in got:
                 if m.message_id in due:
-                    late.append(time.time() * 1000 - due.pop(m.message_id))
-                    await c.ack(m)
+                    late.append(now - due.pop(m.message_id))
+            if got:
+                await c.ack_many(got)
     late.sort()
     return {
         "messages": n,

@@ -154,6 +154,7 @@ class PopService:
         self._heap: list[tuple[int, int]] = []
         self._offsets: dict[tuple[str, str, int], int] = {}
         self._order: dict[tuple[str, str, int], set[int]] = {}  # FIFO queue -> its open checkpoints
+        self._inflight: dict[tuple[str, str, int], int] = {}  # queue -> unacknowledged popped messages
         self._next_id = 1
         self._waiters: dict[str, set[asyncio.Future[bool]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -196,8 +197,17 @@ class PopService:
         self.journal.close()
 
     # ------------------------------------------------------------------ bookkeeping
+    def _count(self, ck: Checkpoint, delta: int) -> None:
+        key = (ck.group, ck.topic, ck.queue_id)
+        n = self._inflight.get(key, 0) + delta
+        if n > 0:
+            self._inflight[key] = n
+        else:
+            self._inflight.pop(key, None)
+
     def _register(self, ck: Checkpoint) -> None:
         self._cks[ck.id] = ck
+        self._count(ck, len(ck.offsets) - ck.acked.bit_count())
         self._by_key[(ck.group, ck.topic, ck.queue_id, ck.start, ck.pop_time)] = ck
         heapq.heappush(self._heap, (ck.deadline, ck.id))
         if ck.revive_qid == ORDER_REVIVE_QUEUE:
@@ -208,6 +218,7 @@ class PopService:
     def _retire(self, ck: Checkpoint, record: bool = True) -> None:
         if self._cks.pop(ck.id, None) is None:
             return
+        self._count(ck, ck.acked.bit_count() - len(ck.offsets))
         self._by_key.pop((ck.group, ck.topic, ck.queue_id, ck.start, ck.pop_time), None)
         if record:
             self.journal.append(done_record(ck.id))
@@ -548,7 +559,9 @@ class PopService:
         self._set_acked(ck, 1 << i)
 
     def _set_acked(self, ck: Checkpoint, bits: int) -> None:
+        bits &= ~ck.acked
         ck.acked |= bits
+        self._count(ck, -bits.bit_count())
         self.journal.append(ack_record(ck.id, bits))
         if ck.done:
             if ck.revive_qid == ORDER_REVIVE_QUEUE:
@@ -872,22 +885,19 @@ class PopService:
     def in_flight(self, group: str | None = None, topic: str | None = None) -> int:
         """Popped, unacknowledged messages (of one group / topic, retry topics included)."""
         n = 0
-        for ck in self._cks.values():
-            if group is not None and ck.group != group:
+        for (g, t, _q), count in self._inflight.items():
+            if group is not None and g != group:
                 continue
-            if topic is not None and ck.topic != topic and ck.topic != retry_topic_v1(topic, ck.group):
+            if topic is not None and t != topic and t != retry_topic_v1(topic, g):
                 continue
-            n += len(ck.offsets) - ck.acked.bit_count()
+            n += count
         return n
 
     def in_flight_table(self) -> dict[tuple[str, str], int]:
         """(group, stored topic) -> popped, unacknowledged messages."""
         out: dict[tuple[str, str], int] = {}
-        for ck in self._cks.values():
-            n = len(ck.offsets) - ck.acked.bit_count()
-            if n:
-                key = (ck.group, ck.topic)
-                out[key] = out.get(key, 0) + n
+        for (g, t, _q), count in self._inflight.items():
+            out[(g, t)] = out.get((g, t), 0) + count
         return out
 
     def queue_progress(self, group: str, topic: str, queue_id: int) -> tuple[int, int] | None:
@@ -895,11 +905,7 @@ class PopService:
         pulled = self._offsets.get((group, topic, queue_id))
         if pulled is None:
             return None
-        n = 0
-        for ck in self._cks.values():
-            if ck.queue_id == queue_id and ck.group == group and ck.topic == topic:
-                n += len(ck.offsets) - ck.acked.bit_count()
-        return pulled, n
+        return pulled, self._inflight.get((group, topic, queue_id), 0)
 
     def revive_backlog_ms(self) -> int:
         """How far past its deadline the oldest unrevived checkpoint is (0: revive is on time)."""
