@@ -92,3 +92,25 @@ def test_batch_ack_bit_sets_are_javas_bitset_bytes() -> None:
         bitset_offsets(base64.b64encode(b"\x01" * 9000).decode(), 0)
     with pytest.raises(ValueError):
         bitset_offsets(12, 0)
+
+
+def test_acl_resources_of_pop_requests() -> None:
+    import orjson
+
+    from tidemq.remoting.codes import RequestCode
+    from tidemq.remoting.command import RemotingCommand
+    from tidemq_acl.permission import ADMIN_CODES, SUB
+    from tidemq_acl.resources import needed_resources
+
+    pop = RemotingCommand.request(RequestCode.POP_MESSAGE, {"consumerGroup": "G", "topic": "T"})
+    assert needed_resources(pop) == {"%RETRY%G": SUB, "T": SUB}
+    ack = RemotingCommand.request(RequestCode.ACK_MESSAGE, {"consumerGroup": "G", "topic": "%RETRY%G_T"})
+    assert needed_resources(ack) == {"%RETRY%G": SUB, "T": SUB}
+    body = orjson.dumps({"acks": [{"c": "G", "t": "T"}, {"c": "H", "t": "U"}]})
+    batch = RemotingCommand.request(RequestCode.BATCH_ACK_MESSAGE, {}, body)
+    assert needed_resources(batch) == {"%RETRY%G": SUB, "T": SUB, "%RETRY%H": SUB, "U": SUB}
+    assign = RemotingCommand.request(
+        RequestCode.QUERY_ASSIGNMENT, {}, orjson.dumps({"topic": "T", "consumerGroup": "G"})
+    )
+    assert needed_resources(assign) == {"%RETRY%G": SUB, "T": SUB}
+    assert RequestCode.SET_MESSAGE_REQUEST_MODE in ADMIN_CODES

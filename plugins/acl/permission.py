@@ -47,6 +47,7 @@ OPERATOR_ADMIN_CODES: frozenset[int] = frozenset(
         RequestCode.CLEAN_UNUSED_TOPIC,
         RequestCode.DELETE_EXPIRED_COMMITLOG,
         RequestCode.RESUME_CHECK_HALF_MESSAGE,
+        RequestCode.SET_MESSAGE_REQUEST_MODE,  # RocketMQ 5: mqadmin setConsumeMode
     }
 )
 #: Every code that needs ``admin: true`` (``[acl.plain] extra_admin_codes`` adds more).
