@@ -151,6 +151,10 @@ def test_in_flight_counts_in_consume_stats_and_runtime_info(env: PopEnv) -> None
     assert '"pullOffset":5' in body and '"inflightMsgCount":3' in body, body
     info = orjson.loads(env.call(RequestCode.GET_BROKER_RUNTIME_INFO, {}).body)["table"]
     assert info["popInFlight"] == "3" and info["popReviveLagMs"] == "0"
+    from conftest import run_admin
+
+    out = run_admin(env.namesrv, "consumerProgress", "-g", "GPOP7", cwd=env.tmp)
+    assert "PopT7" in out.stdout, out.stdout
 
 
 @pytest.mark.slow
