@@ -210,9 +210,14 @@ class PopService:
         self._count(ck, len(ck.offsets) - ck.acked.bit_count())
         self._by_key[(ck.group, ck.topic, ck.queue_id, ck.start, ck.pop_time)] = ck
         heapq.heappush(self._heap, (ck.deadline, ck.id))
+        if len(self._heap) > 2 * len(self._cks) + 4096:
+            # Acknowledged checkpoints leave their entries behind until their deadline: with long
+            # invisible times those would pile up, so the heap is rebuilt from the open ones.
+            self._heap = [(c.deadline, c.id) for c in self._cks.values() if not c.done]
+            heapq.heapify(self._heap)
         if ck.revive_qid == ORDER_REVIVE_QUEUE:
             self._order.setdefault((ck.group, ck.topic, ck.queue_id), set()).add(ck.id)
-        if self._heap[0][1] == ck.id:
+        if self._heap and self._heap[0][1] == ck.id:
             self._wake.set()
 
     def _retire(self, ck: Checkpoint, record: bool = True) -> None:
@@ -646,9 +651,9 @@ class PopService:
             now = now_ms()
             due: list[Checkpoint] = []
             while self._heap and self._heap[0][0] <= now and len(due) < REVIVE_BATCH:
-                deadline, ck_id = heapq.heappop(self._heap)
+                _, ck_id = heapq.heappop(self._heap)
                 ck = self._cks.get(ck_id)
-                if ck is None or ck.done or ck.deadline != deadline:
+                if ck is None or ck.done or any(c is ck for c in due):  # acked, revived, or twice here
                     continue
                 if ck.revive_qid == ORDER_REVIVE_QUEUE:
                     self._notify(ck.topic)  # expired: its queue's next pop re-delivers
@@ -910,15 +915,10 @@ class PopService:
     def revive_backlog_ms(self) -> int:
         """How far past its deadline the oldest unrevived checkpoint is (0: revive is on time)."""
         now = now_ms()
-        for deadline, ck_id in sorted(self._heap)[:64]:
+        for _, ck_id in heapq.nsmallest(64, self._heap):
             ck = self._cks.get(ck_id)
-            if (
-                ck is not None
-                and not ck.done
-                and ck.deadline == deadline
-                and ck.revive_qid != ORDER_REVIVE_QUEUE
-            ):
-                return max(now - deadline, 0)
+            if ck is not None and not ck.done and ck.revive_qid != ORDER_REVIVE_QUEUE:
+                return max(now - ck.deadline, 0)
         return 0
 
     def figures(self) -> dict[str, int]:
