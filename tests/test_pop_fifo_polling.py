@@ -136,3 +136,20 @@ def test_set_consume_mode_and_query_assignment(env: PopEnv) -> None:
         orjson.dumps({"topic": "NoSuch", "consumerGroup": "G", "mode": "POP"}),
     )
     assert resp.code == 17
+
+
+def test_peek_shows_what_a_pop_would_read_and_takes_nothing(env: PopEnv) -> None:
+    from tidemq.message import iter_messages
+
+    env.send("PeekT", 3, "p")
+    fields = {"consumerGroup": "GPEEK", "topic": "PeekT", "queueId": -1, "maxMsgNums": 32, "bornTime": 0}
+    for _ in range(2):  # twice: peeking moves nothing
+        resp = env.call(RequestCode.PEEK_MESSAGE, fields)
+        assert resp.code == 0, resp.remark
+        assert sorted(m.body for m in iter_messages(resp.body)) == [b"p-0", b"p-1", b"p-2"]
+        assert resp.ext_fields["restNum"] == "3"
+    c = env.consumer("GPEEK", "PeekT")
+    env.ack(c, env.receive_all(c, 3))
+    resp = env.call(RequestCode.PEEK_MESSAGE, fields)
+    assert resp.code == 19 and resp.ext_fields["restNum"] == "0"
+    assert env.call(RequestCode.PEEK_MESSAGE, dict(fields, maxMsgNums=0)).code == 29

@@ -522,6 +522,42 @@ class PopService:
             pass
         return PoppedBatch(topic, qid, ck.start, ck.offsets, tuple(buffers), attempt, wire or tuple(buffers))
 
+    def peek(self, group: str, topic: str, queue_id: int = -1, max_nums: int = 32) -> PopResult:
+        """PEEK_MESSAGE: what the group's next pops would read, taking nothing (no checkpoint, no
+        invisibility, no offset moved)."""
+        if not 1 <= max_nums <= MAX_POP_NUMS:
+            raise PopError(INVALID_PARAMETER, f"maxMsgNums {max_nums} is not in [1, {MAX_POP_NUMS}]")
+        self.check_group(group)
+        if topic.startswith(RETRY_PREFIX):
+            raise PopError(INVALID_PARAMETER, f"peek the topic, not its retry topic {topic}")
+        cfg = self.check_topic(topic, queue_id, any_queue=True)
+        result = PopResult(now_ms(), 0, 0, 0)
+        sources = [(topic, list(range(cfg.read_queue_nums)) if queue_id == -1 else [queue_id])]
+        rcfg = self.broker.topics.get(retry_topic_v1(topic, group))
+        if rcfg is not None:
+            sources.append((rcfg.topic_name, list(range(rcfg.read_queue_nums))))
+        want = max_nums
+        store = self.broker.store
+        for src, qids in sources:
+            for qid in qids:
+                off = self._offsets.get((group, src, qid))
+                if off is None:
+                    off = max(
+                        self.broker.offsets.query(group, src, qid), store.get_min_offset_in_queue(src, qid)
+                    )
+                rest = store.get_max_offset_in_queue(src, qid) - off
+                result.rest_num += max(rest, 0)
+                if want <= 0 or rest <= 0:
+                    continue
+                res = store.get_message(group, src, qid, off, want)
+                if res.buffers:
+                    offsets = tuple(res.queue_offsets)
+                    result.batches.append(
+                        PoppedBatch(src, qid, offsets[0], offsets, tuple(res.buffers), 0, res.wire_parts)
+                    )
+                    want -= len(offsets)
+        return result
+
     # ------------------------------------------------------------------ ack
     def _find(
         self, group: str, topic: str, queue_id: int, handle: AckHandle, offset: int

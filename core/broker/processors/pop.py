@@ -105,6 +105,22 @@ class PopProcessor:
         parts = tuple(buf for b in result.batches for buf in b.wire)
         return request.reply(ResponseCode.SUCCESS, None, fields, body_parts=parts)
 
+    async def peek(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
+        h = Header(request.ext_fields, "PEEK_MESSAGE")
+        try:
+            result = self.pop_service.peek(
+                h.str("consumerGroup"), h.str("topic"), h.int("queueId", -1), h.int("maxMsgNums", 32)
+            )
+        except HeaderFieldError as exc:
+            return request.reply(INVALID_PARAMETER, str(exc))
+        except PopError as exc:
+            return request.reply(exc.code, exc.remark)
+        fields = kv(popTime=result.pop_time, invisibleTime=0, reviveQid=0, restNum=result.rest_num)
+        if not result.found:
+            return request.reply(ResponseCode.PULL_NOT_FOUND, "NO_MESSAGE_IN_QUEUE", fields)
+        parts = tuple(buf for b in result.batches for buf in b.wire)
+        return request.reply(ResponseCode.SUCCESS, None, fields, body_parts=parts)
+
     async def ack(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         h = Header(request.ext_fields, "ACK_MESSAGE")
         try:
@@ -270,6 +286,7 @@ def _pick(entry: dict[str, Any], short: str, long: str) -> Any:
 def register(register: ProcessorRegister) -> None:
     p = PopProcessor(register.context)
     register.add(RequestCode.POP_MESSAGE, p.pop)
+    register.add(RequestCode.PEEK_MESSAGE, p.peek)
     register.add(RequestCode.ACK_MESSAGE, p.ack)
     register.add(RequestCode.BATCH_ACK_MESSAGE, p.batch_ack)
     register.add(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, p.change_invisible)
