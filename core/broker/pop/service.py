@@ -29,8 +29,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from tidemq.broker.pop.assignment import RequestModeTable, allocate_averagely
 from tidemq.broker.pop.handle import (
     DLQ_PREFIX,
@@ -38,7 +36,6 @@ from tidemq.broker.pop.handle import (
     RETRY_PREFIX,
     AckHandle,
     HandleError,
-    dlq_topic,
     retry_mark,
     retry_topic_v1,
 )
@@ -51,11 +48,30 @@ from tidemq.broker.pop.journal import (
     live_records,
     offset_record,
 )
-from tidemq.errors import CorruptDataError
+from tidemq.broker.pop.polling import PopWaiters
+from tidemq.broker.pop.results import (
+    INIT_MAX,
+    INIT_MIN,
+    INVALID_PARAMETER,
+    MAX_CHECKPOINTS,
+    MAX_INVISIBLE_MS,
+    MAX_POLLERS,
+    MAX_POP_NUMS,
+    MIN_INVISIBLE_MS,
+    POLLING_FULL,
+    RETRY_FIRST_PERCENT,
+    REVIVE_BATCH,
+    SYNC_INTERVAL_S,
+    PopError,
+    PoppedBatch,
+    PopResult,
+    now_ms,
+)
+from tidemq.broker.pop.revive import dead_letters, revived_messages
 from tidemq.filter import EXPRESSION_TAG, MessageFilter, SelectsEverything
 from tidemq.futures import resolved
-from tidemq.message import MessageInner, decode_message
-from tidemq.perm import PERM_READ, PERM_WRITE, is_readable
+from tidemq.message import MessageInner
+from tidemq.perm import is_readable
 from tidemq.remoting.codes import ResponseCode
 from tidemq.store import GetStatus
 from tidemq.tasks import supervise
@@ -64,81 +80,6 @@ if TYPE_CHECKING:
     from tidemq.broker.context import BrokerContext
 
 log = logging.getLogger(__name__)
-
-#: RocketMQ 5 response codes absent from 4.x (209/210 are 4.x ACL codes, hence not in ResponseCode).
-POLLING_FULL = 209
-POLLING_TIMEOUT = 210
-INVALID_PARAMETER = 29
-#: RocketMQ's ConsumeInitMode.
-INIT_MIN, INIT_MAX = 0, 1
-MAX_POP_NUMS = 32  # RocketMQ refuses more per pop
-MIN_INVISIBLE_MS = 100
-MAX_INVISIBLE_MS = 12 * 3600 * 1000  # the RocketMQ 5 proxy's maxInvisibleTime
-MAX_CHECKPOINTS = 500_000  # open pop batches per broker: the in-memory bound
-MAX_POLLERS = 100_000  # RocketMQ's maxPopPollingSize
-MAX_BATCH_ACK = 1024  # BatchAck entries in one BATCH_ACK_MESSAGE
-RETRY_FIRST_PERCENT = 20  # RocketMQ's popFromRetryProbability
-REVIVE_GROUP = "CID_RMQ_SYS_REVIVE"
-FIRST_POP_TIME = "1ST_POP_TIME"
-SYNC_INTERVAL_S = 1.0
-REVIVE_BATCH = 256  # expired checkpoints revived together
-
-
-class PopError(Exception):
-    """A refusal with the RocketMQ response code and a remark for the client."""
-
-    def __init__(self, code: int, remark: str) -> None:
-        super().__init__(remark)
-        self.code = int(code)
-        self.remark = remark
-
-
-@attrs.define
-class PoppedBatch:
-    """Messages of one queue in a pop answer (one checkpoint)."""
-
-    topic: str  # the stored topic (retry topic for redeliveries)
-    queue_id: int
-    start: int  # the checkpoint's start offset (handles' ckQueueOffset)
-    offsets: tuple[int, ...]
-    buffers: tuple[Any, ...]  # stored records, as the store returned them
-    attempt: int = 0
-    #: The same bytes in fewer chunks (the store's ``wire``): what the answer writes.
-    wire: tuple[Any, ...] = ()
-
-
-@attrs.define
-class PopResult:
-    pop_time: int
-    invisible_ms: int
-    revive_qid: int
-    rest_num: int
-    batches: list[PoppedBatch] = attrs.field(factory=list)
-
-    @property
-    def found(self) -> bool:
-        return bool(self.batches)
-
-    def handles(self, broker_name: str) -> list[str]:
-        """Each message's ack handle, in answer order (what a RocketMQ client computes)."""
-        return [
-            AckHandle(
-                b.start,
-                self.pop_time,
-                self.invisible_ms,
-                self.revive_qid,
-                retry_mark(b.topic),
-                broker_name,
-                b.queue_id,
-                o,
-            ).format()
-            for b in self.batches
-            for o in b.offsets
-        ]
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class PopService:
@@ -156,8 +97,7 @@ class PopService:
         self._order: dict[tuple[str, str, int], set[int]] = {}  # FIFO queue -> its open checkpoints
         self._inflight: dict[tuple[str, str, int], int] = {}  # queue -> unacknowledged popped messages
         self._next_id = 1
-        self._waiters: dict[str, set[asyncio.Future[bool]]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.waiters = PopWaiters()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._filters: dict[tuple[str, str], MessageFilter | None] = {}
@@ -178,9 +118,9 @@ class PopService:
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Replay the journal and listen for arrivals (before the store starts)."""
-        self._loop = loop
         self.load()
-        self.broker.store.add_arrival_listener(self._on_arrival, self._is_waited_on)
+        self.waiters.bind(loop)
+        self.broker.store.add_arrival_listener(self.waiters.on_arrival, self.waiters.is_waited_on)
 
     def start(self) -> None:
         self._tasks.append(supervise(self._revive_loop, "tidemq-pop-revive"))
@@ -190,10 +130,7 @@ class PopService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        for futs in self._waiters.values():
-            for fut in futs:
-                if not fut.done():
-                    fut.set_result(False)
+        self.waiters.release_all()
         self.journal.close()
 
     # ------------------------------------------------------------------ bookkeeping
@@ -365,9 +302,9 @@ class PopService:
             remaining = deadline - time.monotonic()
             if result.found or remaining <= 0 or not b.running:
                 return result
-            if sum(len(v) for v in self._waiters.values()) >= MAX_POLLERS:
+            if self.waiters.total >= MAX_POLLERS:
                 raise PopError(POLLING_FULL, "too many pops are waiting")
-            await self._wait(
+            await self.waiters.wait(
                 [topic, retry_topic_v1(topic, group)], min(remaining, self._next_order_expiry(group, topic))
             )
             if closed is not None and closed():
@@ -606,7 +543,7 @@ class PopService:
         self.journal.append(ack_record(ck.id, bits))
         if ck.done:
             if ck.revive_qid == ORDER_REVIVE_QUEUE:
-                self._notify(ck.topic)  # the FIFO queue is free for the next batch
+                self.waiters.notify(ck.topic)  # the FIFO queue is free for the next batch
                 # kept until the next pop of the queue retires it (its offsets stay the queue's progress)
                 self._by_key.pop((ck.group, ck.topic, ck.queue_id, ck.start, ck.pop_time), None)
             else:
@@ -692,7 +629,7 @@ class PopService:
                 if ck is None or ck.done or any(c is ck for c in due):  # acked, revived, or twice here
                     continue
                 if ck.revive_qid == ORDER_REVIVE_QUEUE:
-                    self._notify(ck.topic)  # expired: its queue's next pop re-delivers
+                    self.waiters.notify(ck.topic)  # expired: its queue's next pop re-delivers
                     continue
                 due.append(ck)
             if due and not self.broker.is_master:
@@ -728,7 +665,7 @@ class PopService:
         planned: list[tuple[Checkpoint, list[tuple[MessageInner, Any]]]] = []
         for ck in cks:
             try:
-                msgs = self._revived_messages(ck)
+                msgs = revived_messages(self.broker, ck)
             except Exception:
                 log.exception("pop: revive of checkpoint %d failed; retrying in 1 s", ck.id)
                 heapq.heappush(self._heap, (now_ms() + 1000, ck.id))
@@ -757,112 +694,15 @@ class PopService:
             self.revive_lag_ms = max(now_ms() - ck.deadline, 0)
             self._retire(ck)
 
-    def _revived_messages(self, ck: Checkpoint) -> list[MessageInner]:
-        b = self.broker
-        group_cfg = b.groups.get(ck.group)
-        max_times = group_cfg.retry_max_times if group_cfg is not None else b.settings.max_reconsume_times
-        target = ck.topic if ck.topic.startswith(RETRY_PREFIX) else retry_topic_v1(ck.topic, ck.group)
-        out = []
-        for off in ck.unacked():
-            ext = self._read(ck.topic, ck.queue_id, off)
-            if ext is None:
-                continue  # gone from the store (expired files): nothing left to deliver
-            times = ext.reconsume_times + 1
-            props = dict(ext.properties)
-            props.setdefault("ORIGIN_MESSAGE_ID", ext.msg_id)
-            props.setdefault(FIRST_POP_TIME, str(ck.pop_time))
-            if times > max_times:
-                topic = dlq_topic(ck.group)
-                b.topics.create_in_send_back(topic, 1, PERM_WRITE)
-            else:
-                topic = target
-                b.topics.create_in_send_back(topic, 1, PERM_READ | PERM_WRITE)
-            out.append(
-                MessageInner(
-                    topic=topic,
-                    body=ext.body,
-                    queue_id=0,
-                    flag=ext.flag,
-                    properties=props,
-                    sys_flag=ext.sys_flag,
-                    born_timestamp=ext.born_timestamp,
-                    born_host=ext.born_host,
-                    store_host=b.store_host,
-                    reconsume_times=times,
-                )
-            )
-        return out
-
     async def _dead_letter(self, group: str, topic: str, qid: int, offsets: list[int]) -> None:
-        b = self.broker
-        dlq = dlq_topic(group)
-        b.topics.create_in_send_back(dlq, 1, PERM_WRITE)
-        for off in offsets:
-            ext = self._read(topic, qid, off)
-            if ext is None:
-                continue
-            msg = MessageInner(
-                topic=dlq,
-                body=ext.body,
-                flag=ext.flag,
-                properties={**ext.properties, "ORIGIN_MESSAGE_ID": ext.msg_id},
-                born_timestamp=ext.born_timestamp,
-                born_host=ext.born_host,
-                store_host=b.store_host,
-                reconsume_times=ext.reconsume_times,
-            )
-            put = await resolved(b.store.put_message(msg))
+        for msg in dead_letters(self.broker, group, topic, qid, offsets):
+            put = await resolved(self.broker.store.put_message(msg))
             if put.ok:
                 self.dead_lettered += 1
 
-    def _read(self, topic: str, qid: int, off: int) -> Any:
-        res = self.broker.store.get_message(REVIVE_GROUP, topic, qid, off, 1)
-        if not res.buffers or res.queue_offsets[0] != off:
-            return None
-        try:
-            return decode_message(res.buffers[0])
-        except CorruptDataError as exc:
-            log.error("pop: unreadable record %s:%d@%d skipped: %s", topic, qid, off, exc)
-            return None
-
-    # ------------------------------------------------------------------ long polling
-    def _is_waited_on(self, topic: str, queue_id: int) -> bool:
-        return topic in self._waiters
-
-    def _on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
-        if topic not in self._waiters or self._loop is None:
-            return
-        try:
-            self._loop.call_soon_threadsafe(self._notify, topic)
-        except RuntimeError:
-            pass
-
-    def _notify(self, topic: str) -> None:
-        for fut in self._waiters.get(topic, ()):
-            if not fut.done():
-                fut.set_result(True)
-
-    async def _wait(self, topics: list[str], timeout_s: float) -> bool:
-        if timeout_s <= 0 or self._loop is None:
-            return False
-        fut: asyncio.Future[bool] = self._loop.create_future()
-        for t in topics:
-            self._waiters.setdefault(t, set()).add(fut)
-        try:
-            return await asyncio.wait_for(fut, timeout_s)
-        except TimeoutError:
-            return False
-        finally:
-            for t in topics:
-                waiting = self._waiters.get(t)
-                if waiting is not None:
-                    waiting.discard(fut)
-                    if not waiting:
-                        del self._waiters[t]
-
     def polling_num(self, topic: str) -> int:
         """Pops and notifications waiting on ``topic`` (POLLING_INFO)."""
-        return len(self._waiters.get(topic, ()))
+        return self.waiters.count(topic)
 
     def has_message(self, group: str, topic: str, queue_id: int = -1) -> bool:
         cfg = self.check_topic(topic, queue_id, any_queue=True)
@@ -897,7 +737,7 @@ class PopService:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            await self._wait(
+            await self.waiters.wait(
                 [topic, retry_topic_v1(topic, group)], min(remaining, self._next_order_expiry(group, topic))
             )
 

@@ -17,7 +17,8 @@ import orjson
 from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import Header, HeaderFieldError, kv
 from tidemq.broker.pop.handle import info_items, retry_mark
-from tidemq.broker.pop.service import INVALID_PARAMETER, MAX_BATCH_ACK, POLLING_TIMEOUT, PopError, PopService
+from tidemq.broker.pop.results import INVALID_PARAMETER, MAX_BATCH_ACK, POLLING_TIMEOUT, PopError
+from tidemq.broker.pop.service import PopService
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.transport import Connection
