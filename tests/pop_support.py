@@ -42,9 +42,12 @@ class PopEnv:
         self.servers.append(server)
         return server
 
-    def restart(self, sig: int = signal.SIGTERM) -> None:
-        """Stop the broker (SIGTERM: clean; SIGKILL: a crash) and start it again on its data."""
+    def restart(self, sig: int = signal.SIGTERM, between: Any = None) -> None:
+        """Stop the broker (SIGTERM: clean; SIGKILL: a crash) and start it again on its data
+        (``between()`` runs while it is down)."""
         self.broker_server.stop(sig)
+        if between is not None:
+            between()
         self.broker_server = self._start_broker()
         assert self.broker_server.addresses["broker"] == self.broker
 

@@ -71,7 +71,7 @@ from tidemq.broker.pop.revive import dead_letters, revived_messages
 from tidemq.filter import EXPRESSION_TAG, MessageFilter, SelectsEverything
 from tidemq.futures import resolved
 from tidemq.message import MessageInner
-from tidemq.perm import is_readable
+from tidemq.perm import PERM_READ, PERM_WRITE, is_readable
 from tidemq.remoting.codes import ResponseCode
 from tidemq.store import GetStatus
 from tidemq.tasks import supervise
@@ -244,6 +244,15 @@ class PopService:
                 f"invisibleTime {invisible_ms} ms is out of range [{MIN_INVISIBLE_MS}, {MAX_INVISIBLE_MS}]",
             )
 
+    def retry_config(self, group: str, topic: str) -> Any:
+        """The group's POP retry topic, None while it has none.  Made again when the store holds
+        messages for it but the table lost it (a crash before the topic table was written)."""
+        retry = retry_topic_v1(topic, group)
+        cfg = self.broker.topics.get(retry)
+        if cfg is None and self.broker.store.get_max_offset_in_queue(retry, 0) > 0:
+            cfg = self.broker.topics.create_in_send_back(retry, 1, PERM_READ | PERM_WRITE)
+        return cfg
+
     def is_orderly(self, group: str) -> bool:
         cfg = self.broker.groups.get(group)
         return bool(getattr(cfg, "consume_message_orderly", False))
@@ -339,9 +348,9 @@ class PopService:
         start = random.randrange(len(queues))
         ring = queues[start:] + queues[:start]
         sources: list[tuple[str, list[int]]] = [(topic, ring)]
-        retry = retry_topic_v1(topic, group)
-        rcfg = None if order else self.broker.topics.get(retry)
+        rcfg = None if order else self.retry_config(group, topic)
         if rcfg is not None:
+            retry = rcfg.topic_name
             rq = list(range(rcfg.read_queue_nums))
             if random.randrange(100) < RETRY_FIRST_PERCENT:
                 sources.insert(0, (retry, rq))
@@ -470,7 +479,7 @@ class PopService:
         cfg = self.check_topic(topic, queue_id, any_queue=True)
         result = PopResult(now_ms(), 0, 0, 0)
         sources = [(topic, list(range(cfg.read_queue_nums)) if queue_id == -1 else [queue_id])]
-        rcfg = self.broker.topics.get(retry_topic_v1(topic, group))
+        rcfg = self.retry_config(group, topic)
         if rcfg is not None:
             sources.append((rcfg.topic_name, list(range(rcfg.read_queue_nums))))
         want = max_nums
@@ -719,9 +728,9 @@ class PopService:
                 continue
             if store.get_max_offset_in_queue(topic, q) > self._offset(key, INIT_MIN):
                 return True
-        retry = retry_topic_v1(topic, group)
-        rcfg = None if order else self.broker.topics.get(retry)
+        rcfg = None if order else self.retry_config(group, topic)
         if rcfg is not None:
+            retry = rcfg.topic_name
             for q in range(rcfg.read_queue_nums):
                 if store.get_max_offset_in_queue(retry, q) > self._offset((group, retry, q), INIT_MIN):
                     return True
