@@ -547,9 +547,9 @@ class PopService:
 
     def _set_acked(self, ck: Checkpoint, bits: int) -> None:
         bits &= ~ck.acked
+        self.journal.append(ack_record(ck.id, bits))  # first: an ack the disk refused is not taken
         ck.acked |= bits
         self._count(ck, -bits.bit_count())
-        self.journal.append(ack_record(ck.id, bits))
         if ck.done:
             if ck.revive_qid == ORDER_REVIVE_QUEUE:
                 self.waiters.notify(ck.topic)  # the FIFO queue is free for the next batch
