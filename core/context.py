@@ -55,6 +55,7 @@ __all__ = [
     "FilterServerTable",
     "Handler",
     "NamesrvRegistration",
+    "PopFigures",
     "ProcessorRegister",
     "ProducerRegistry",
     "PullHoldService",
@@ -411,6 +412,25 @@ class FilterServerTable(Protocol):
     async def register(self, conn: Connection, request: RemotingCommand) -> RemotingCommand: ...
 
 
+class PopFigures(Protocol):
+    """POP consumption's figures (RocketMQ 5, issue 39), read-only.
+
+    Implemented by :class:`tidemq.broker.pop.service.PopService` (its operations are served through
+    :mod:`tidemq.broker.services.pop`); read by the admin service (consume stats, runtime info) and
+    the metrics exporter.
+    """
+
+    def queue_progress(self, group: str, topic: str, queue_id: int) -> tuple[int, int] | None:
+        """(pop offset, messages in flight) of a queue ``group`` pops; None when it never popped it."""
+
+    def in_flight_table(self) -> dict[tuple[str, str], int]:
+        """(group, stored topic) -> popped, unacknowledged messages."""
+
+    def figures(self) -> dict[str, int]:
+        """``popCheckpoints``, ``popInFlight``, ``popRevived``, ``popDeadLettered``,
+        ``popReviveLagMs``, ``popJournalBytes``."""
+
+
 # --------------------------------------------------------------------------- the broker
 
 
@@ -456,6 +476,9 @@ class BrokerFiguresView(Protocol):
 
     @property
     def hold(self) -> PullHoldService | None: ...
+
+    @property
+    def pop(self) -> PopFigures: ...
 
     @property
     def recovery_seconds(self) -> float:
@@ -541,6 +564,10 @@ class BrokerContext(Protocol):
 
     @property
     def transactions(self) -> TransactionService: ...
+
+    @property
+    def pop(self) -> PopFigures:
+        """POP consumption (RocketMQ 5); its operations: :mod:`tidemq.broker.services.pop`."""
 
     @property
     def hooks(self) -> pluggy.HookRelay:

@@ -219,6 +219,9 @@ def _write(path: Path, value: Any) -> None:
     "-w", "--whichBrokerWhenConsumeSlowly", "slow_broker", help="Broker id when consuming slowly (default 1)."
 )
 @click.option("-a", "--notifyConsumerIdsChanged", "notify", help="true/false: tell consumers of rebalances.")
+@click.option(
+    "-o", "--consumeMessageOrderly", "orderly", help="true/false: POP delivers each queue in order (FIFO)."
+)
 @_run
 async def update_sub_group(
     client: AdminClient,
@@ -233,6 +236,7 @@ async def update_sub_group(
     broker_id: str | None,
     slow_broker: str | None,
     notify: str | None,
+    orderly: str | None,
 ) -> None:
     """Create a consumer group or change its settings (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP)."""
     # mqadmin starts from SubscriptionGroupConfig's defaults but with broadcast and from-min off.
@@ -252,6 +256,7 @@ async def update_sub_group(
         ("consumeFromMinEnable", from_min),
         ("consumeBroadcastEnable", broadcast),
         ("notifyConsumerIdsChangedEnable", notify),
+        ("consumeMessageOrderly", orderly),
     ):
         if value is not None:
             cfg[key] = _bool(value)
@@ -269,6 +274,45 @@ async def update_sub_group(
         await client.call(addr, RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body)
         click.echo(f"create subscription group to {addr} success.")
     click.echo(_group_to_string(cfg))
+
+
+@admin.command("setConsumeMode")
+@click.option("-b", "--brokerAddr", "broker_addr", help="Set the mode on this broker.")
+@click.option("-c", "--clusterName", "cluster", help="Set the mode on every master of this cluster.")
+@click.option("-t", "--topicName", "topic", required=True, help="Topic name.")
+@click.option("-g", "--groupName", "group", required=True, help="Consumer group name.")
+@click.option("-m", "--mode", "mode", required=True, help="PULL or POP.")
+@click.option(
+    "-q", "--popShareQueueNum", "share", default="0", help="POP: queues shared per client (0: all)."
+)
+@_run
+async def set_consume_mode(
+    client: AdminClient,
+    broker_addr: str | None,
+    cluster: str | None,
+    topic: str,
+    group: str,
+    mode: str,
+    share: str,
+) -> None:
+    """Set a group's request mode on a topic, PULL or POP (SET_MESSAGE_REQUEST_MODE, RocketMQ 5)."""
+    mode = mode.strip().upper()
+    if mode not in ("PULL", "POP"):
+        raise AdminError(f"-m {mode!r}: choose PULL or POP")
+    body = orjson.dumps(
+        {
+            "topic": topic.strip(),
+            "consumerGroup": group.strip(),
+            "mode": mode,
+            "popShareQueueNum": _int(share, "-q"),
+        }
+    )
+    for addr in await _targets(client, broker_addr, cluster):
+        await client.call(addr, RequestCode.SET_MESSAGE_REQUEST_MODE, body=body)
+        click.echo(f"set consume mode to {addr} success.")
+    click.echo(
+        f"topic[{topic.strip()}] group[{group.strip()}] consume mode[{mode}] popShareQueueNum[{share}]"
+    )
 
 
 @admin.command("deleteSubGroup")

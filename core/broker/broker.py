@@ -107,6 +107,7 @@ class Broker:
         self.schedule = parts.schedule
         self.transactions = parts.transactions
         self.filter_servers = parts.filter_servers
+        self.pop = parts.pop  # POP consumption (issue 39)
         #: Where a replication plugin writes the metadata a slave copies from its master.
         self.metadata_sink = parts.metadata_sink
         #: What the metrics exporter reads (read-only).
@@ -195,6 +196,7 @@ class Broker:
         self.store.add_arrival_listener(self.hold.notify_arrival, self.hold.is_waited_on)
         self.schedule.load()
         self.schedule.attach(loop)
+        self.pop.attach(loop)  # replays the POP journal; arrivals wake held pops
         self.store.start()
         if self.roles is not None:
             self.roles.bind(loop)
@@ -252,6 +254,7 @@ class Broker:
             self.roles.started()
         self.schedule.start()
         self.transactions.start()
+        self.pop.start()
         await self.registrar.register_all()
         self.registrar.start()
         # Supervised: a periodic loop that fails is logged and restarted, never silently gone.
@@ -309,6 +312,7 @@ class Broker:
         except OSError as exc:
             log.error("cannot write the delay offsets while stopping: %s", exc)
         await self.transactions.stop()
+        await self.pop.stop()
         _persisting("consumer offsets", lambda: self.offsets.persist(force=True))
         _persisting("topic configs", self.topics.close)
         _persisting("subscription groups", self.groups.close)

@@ -4,8 +4,8 @@
 replication, acl, metrics).  :func:`build_parts` builds the rest over them: the metadata
 tables and client registries (RocketMQ's managers), the statistics, the filter types (their
 dispatchers attached to the store here, before it loads) and the services that work through the
-broker (registration, delayed and transactional messages, filter servers, the metadata sink a
-replication writes to).  ``Broker(compose(config))`` does both.  What a plugin gets is handed to
+broker (registration, delayed and transactional messages, filter servers, POP consumption, the
+metadata sink a replication writes to).  ``Broker(compose(config))`` does both.  What a plugin gets is handed to
 it as the broker starts (:class:`tidemq.broker.Broker` keeps only the start and stop order):
 
 * the store: ``load``/``start``; replication: ``start(store, settings)``, then a
@@ -28,6 +28,7 @@ import attrs
 from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
 from tidemq.broker.metadata_sink import BrokerMetadataSink
 from tidemq.broker.offsets import ConsumerOffsetManager
+from tidemq.broker.pop import PopService
 from tidemq.broker.processors.filter_server import FilterServerManager
 from tidemq.broker.registration import NamesrvRegistrar
 from tidemq.broker.schedule import ScheduleMessageService
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
         BrokerStatsView,
         ConsumerOffsetTable,
         ConsumerRegistry,
+        PopFigures,
         ProducerRegistry,
         PullHoldService,
     )
@@ -70,6 +72,7 @@ class BrokerParts:
     schedule: ScheduleMessageService
     transactions: TransactionalMessageService
     filter_servers: FilterServerManager
+    pop: PopService
     metadata_sink: MetadataSink
 
 
@@ -108,6 +111,7 @@ def build_parts(broker: BrokerContext, components: Components) -> BrokerParts:
         schedule=ScheduleMessageService(broker),  # delayed messages (issue 10)
         transactions=TransactionalMessageService(broker),  # transactional messages (issue 10)
         filter_servers=FilterServerManager(broker),  # live `tidemq filtersrv` processes
+        pop=PopService(broker),  # POP consumption (RocketMQ 5, issue 39)
         # Where a replication plugin writes the metadata a slave copies from its master.
         metadata_sink=BrokerMetadataSink(broker),
     )
@@ -174,6 +178,10 @@ class BrokerFigures:
     @property
     def hold(self) -> PullHoldService | None:
         return self._broker.hold
+
+    @property
+    def pop(self) -> PopFigures:
+        return self._broker.pop
 
     @property
     def recovery_seconds(self) -> float:

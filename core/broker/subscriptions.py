@@ -29,6 +29,9 @@ class SubscriptionGroupConfig:
     broker_id: int = 0
     which_broker_when_consume_slowly: int = 1
     notify_consumer_ids_changed_enable: bool = True
+    #: RocketMQ 5: POP delivers a queue's next messages only once the previous ones are acknowledged
+    #: (FIFO, issue 39).  Written only when true, so 4.x tools see the 4.x shape.
+    consume_message_orderly: bool = False
 
     _JSON = {
         "group_name": "groupName",
@@ -40,10 +43,14 @@ class SubscriptionGroupConfig:
         "broker_id": "brokerId",
         "which_broker_when_consume_slowly": "whichBrokerWhenConsumeSlowly",
         "notify_consumer_ids_changed_enable": "notifyConsumerIdsChangedEnable",
+        "consume_message_orderly": "consumeMessageOrderly",
     }
 
     def to_json(self) -> dict[str, Any]:
-        return {j: getattr(self, a) for a, j in self._JSON.items()}
+        out = {j: getattr(self, a) for a, j in self._JSON.items()}
+        if not self.consume_message_orderly:
+            del out["consumeMessageOrderly"]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SubscriptionGroupConfig:

@@ -50,6 +50,7 @@ OPERATOR_ADMIN_CODES: frozenset[int] = frozenset(
         # A filter server's address goes into the routes consumers follow: only an operator's
         # account may put one there (RocketMQ: anyone, signed or not).
         RequestCode.REGISTER_FILTER_SERVER,
+        RequestCode.SET_MESSAGE_REQUEST_MODE,  # RocketMQ 5: mqadmin setConsumeMode
     }
 )
 #: Codes that read a whole broker's state at once, across tenants: every topic's configuration,

@@ -52,6 +52,28 @@ def _send(needed: dict[str, int], topic: str | None, group: str | None) -> None:
         needed[topic] = PUB
 
 
+_POP_CODES = frozenset(
+    {
+        RequestCode.POP_MESSAGE,
+        RequestCode.ACK_MESSAGE,
+        RequestCode.CHANGE_MESSAGE_INVISIBLETIME,
+        RequestCode.NOTIFICATION,
+        RequestCode.POLLING_INFO,
+    }
+)
+
+
+def _pop(needed: dict[str, int], topic: Any, group: Any) -> None:
+    if group is not None:
+        needed[retry_topic(str(group))] = SUB
+        for sep in ("_", "+"):  # an ack names the POP retry topic %RETRY%<group>_<topic>: check <topic>
+            prefix = f"{retry_topic(str(group))}{sep}"
+            if topic is not None and str(topic).startswith(prefix):
+                topic = str(topic)[len(prefix) :]
+    if topic is not None:
+        needed[str(topic)] = SUB
+
+
 def _json_body(request: Any) -> dict[str, Any]:
     try:
         data = orjson.loads(request.payload() or b"{}")
@@ -141,6 +163,14 @@ def needed_resources(request: Any, stored_topic: StoredTopic | None = None) -> d
     elif code == RequestCode.QUERY_MESSAGE:
         if f.get("topic") is not None:
             needed[f["topic"]] = SUB
+    elif code in _POP_CODES:  # RocketMQ 5 POP (issue 39): the topic and the group's retry topic
+        _pop(needed, f.get("topic"), f.get("consumerGroup"))
+    elif code in (RequestCode.BATCH_ACK_MESSAGE, RequestCode.QUERY_ASSIGNMENT):
+        data = _json_body(request)
+        entries = data.get("acks") if code == RequestCode.BATCH_ACK_MESSAGE else [data]
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict):
+                _pop(needed, entry.get("t", entry.get("topic")), entry.get("c", entry.get("consumerGroup")))
     elif code == RequestCode.HEART_BEAT:
         data = _json_body(request)
         for consumer in data.get("consumerDataSet") or []:

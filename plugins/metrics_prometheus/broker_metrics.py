@@ -35,6 +35,7 @@ from tidemq.index import IndexBacklog
 from tidemq.metrics import Buckets
 from tidemq.replication import MasterAware
 from tidemq.store import store_introspection
+from tidemq_metrics_prometheus.pop_metrics import pop_families
 
 _RETRY = "%RETRY%"
 _DLQ = "%DLQ%"
@@ -56,6 +57,7 @@ def broker_families(broker: BrokerFiguresView) -> list[Metric]:
     _consumer_offsets(broker, max_offsets, out)
     _store(broker, out)
     _service(broker, out)
+    out += pop_families(broker)  # POP consumption (issue 39)
     return out
 
 

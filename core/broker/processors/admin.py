@@ -132,6 +132,7 @@ class AdminProcessor:
     async def runtime_info(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         b = self.broker
         table = runtime_table(b)
+        table.update({k: str(v) for k, v in self.admin.pop_figures().items()})  # POP (issue 39)
         # HA (issue 7): replication plugins may add their state (role, slave lag in bytes).
         if isinstance(b.replication, MasterAware):
             table.update(b.replication.runtime_info())
@@ -193,15 +194,19 @@ def connection_json(ch: ClientChannel) -> dict[str, Any]:
 
 
 def offset_table(stats: TopicConsumeStats) -> dict[MessageQueue, dict[str, int]]:
-    """A topic's ConsumeStats offset table as RocketMQ's OffsetWrapper maps."""
-    return {
-        mq: {
+    """A topic's ConsumeStats offset table as RocketMQ's OffsetWrapper maps (with RocketMQ 5's
+    ``pullOffset`` and ``inflightMsgCount`` for a queue the group pops, issue 39)."""
+    table: dict[MessageQueue, dict[str, int]] = {}
+    for mq, q in stats.queues.items():
+        table[mq] = entry = {
             "brokerOffset": q.broker_offset,
             "consumerOffset": q.consumer_offset,
             "lastTimestamp": q.last_timestamp,
         }
-        for mq, q in stats.queues.items()
-    }
+        if q.pull_offset is not None:
+            entry["pullOffset"] = q.pull_offset
+            entry["inflightMsgCount"] = q.inflight_msg_count
+    return table
 
 
 def _human_bytes(n: int) -> str:

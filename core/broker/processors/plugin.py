@@ -14,6 +14,7 @@ from tidemq.broker.processors import (
     groups,
     maintenance,
     monitoring,
+    pop,
     pull,
     query,
     queue_query,
@@ -46,6 +47,7 @@ def tidemq_register_processors(register: ProcessorRegister) -> None:
         queue_query,
         reply,
         transaction,
+        pop,  # POP consumption (RocketMQ 5, issue 39)
     ):
         module.register(register, services)
     # Delayed messages (the broker's schedule service).

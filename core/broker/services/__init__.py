@@ -21,7 +21,9 @@ One module per concept:
 * :mod:`~tidemq.broker.services.transactions`: end of a transaction (:class:`TransactionService`);
 * :mod:`~tidemq.broker.services.messages`: query by key, view by id (:class:`MessageService`);
 * :mod:`~tidemq.broker.services.admin`: the admin reads the remoting processors serve
-  (:class:`AdminService`).
+  (:class:`AdminService`);
+* :mod:`~tidemq.broker.services.pop`: POP consumption (pop, ack, change invisibility), beside
+  :mod:`.pull` and :mod:`.offsets` (:class:`PopService`, the engine of :mod:`tidemq.broker.pop`).
 
 The seams for the compiled request lane (a store capability for SEND_MESSAGE_V2,
 SEND_BATCH_MESSAGE and PULL_MESSAGE) are :meth:`SendService.prepare`/``put``/``settled`` (one call
@@ -30,8 +32,6 @@ store's wire-ready buffers in :attr:`PullResult.body`).
 
 Room for the work to come (a module each, on the same terms; none exists yet):
 
-* ``pop.py``: POP consumption (pop, ack, change invisibility), beside :mod:`.pull` and
-  :mod:`.offsets` (its checkpoints are offsets of a revive queue);
 * ``timer.py``: timer messages (schedule, recall), next to the delay levels of
   :mod:`tidemq.broker.schedule`;
 * ``dedup.py``: the duplicate window, asked by :meth:`SendService.prepare` after the topic checks
@@ -45,6 +45,7 @@ from tidemq.broker.services.admin import AdminService
 from tidemq.broker.services.clients import ClientService
 from tidemq.broker.services.messages import MessageService
 from tidemq.broker.services.offsets import OffsetService
+from tidemq.broker.services.pop import PopService, pop_service
 from tidemq.broker.services.pull import PullResult, PullService
 from tidemq.broker.services.put import Send
 from tidemq.broker.services.send import SendService
@@ -59,6 +60,7 @@ __all__ = [
     "MessageService",
     "OffsetService",
     "Outcome",
+    "PopService",
     "PullResult",
     "PullService",
     "Send",
@@ -80,3 +82,4 @@ class BrokerServices:
         self.transactions = TransactionService(broker)
         self.messages = MessageService(broker)
         self.admin = AdminService(broker)
+        self.pop: PopService = pop_service(broker)

@@ -32,6 +32,10 @@ class QueueConsumeStats:
     broker_offset: int
     consumer_offset: int
     last_timestamp: int
+    #: A queue the group pops (RocketMQ 5, issue 39): its pop offset, None when never popped.
+    pull_offset: int | None = None
+    #: Popped messages of the queue not yet acknowledged.
+    inflight_msg_count: int = 0
 
 
 @attrs.frozen(slots=True)
@@ -126,11 +130,17 @@ class AdminService:
                 if consumer_off > 0:
                     last = max(b.store.get_store_time(topic, qid, consumer_off - 1), 0)
                 diff += broker_off - consumer_off
+                popped = b.pop.queue_progress(group, topic, qid)  # POP groups (issue 39)
+                pulled, inflight = popped if popped is not None else (None, 0)
                 table[MessageQueue(topic, b.settings.name, qid)] = QueueConsumeStats(
-                    broker_off, consumer_off, last
+                    broker_off, consumer_off, last, pulled, inflight
                 )
             out.append(TopicConsumeStats(topic, table, b.stats.group_get_tps(group, topic), diff))
         return out
+
+    def pop_figures(self) -> dict[str, int]:
+        """POP consumption's figures for GET_BROKER_RUNTIME_INFO (``popInFlight``, ``popReviveLagMs``...)."""
+        return self.broker.pop.figures()
 
     def stats_snapshots(self, name: str, key: str) -> dict[str, StatsSnapshot] | Outcome:
         """Minute, hour and day figures of one stats item (VIEW_BROKER_STATS_DATA)."""

@@ -1,0 +1,132 @@
+"""RocketMQ 5's POP names and ack handles: retry topics (KeyBuilder) and ``extraInfo`` (ExtraInfoUtil).
+
+A RocketMQ 5 client builds each message's ack handle (the ``POP_CK`` property, sent back as the
+``extraInfo`` of ACK_MESSAGE and CHANGE_MESSAGE_INVISIBLETIME) from the POP response header::
+
+    ckQueueOffset popTime invisibleTime reviveQid retry brokerName queueId msgQueueOffset
+
+space separated; ``retry`` is ``0`` for the topic itself, ``1`` for the V1 retry topic
+``%RETRY%<group>_<topic>`` and ``2`` for the V2 one ``%RETRY%<group>+<topic>``.  The broker
+hands out the pieces in ``startOffsetInfo`` / ``msgOffsetInfo`` / ``orderCountInfo``:
+``retry queueId value`` items joined by ``;``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+#: RocketMQ's KeyBuilder.POP_ORDER_REVIVE_QUEUE: the reviveQid of an orderly (FIFO) pop.
+ORDER_REVIVE_QUEUE = 999
+NORMAL, RETRY_V1, RETRY_V2 = "0", "1", "2"
+
+
+def retry_topic_v1(topic: str, group: str) -> str:
+    """``%RETRY%<group>_<topic>``: the retry topic RocketMQ 5 POP uses by default."""
+    return f"{RETRY_PREFIX}{group}_{topic}"
+
+
+def retry_topic_v2(topic: str, group: str) -> str:
+    """``%RETRY%<group>+<topic>`` (RocketMQ's enableRetryTopicV2)."""
+    return f"{RETRY_PREFIX}{group}+{topic}"
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_PREFIX + group
+
+
+def retry_mark(topic: str) -> str:
+    """The ``retry`` item of a handle for messages read from ``topic``."""
+    if topic.startswith(RETRY_PREFIX):
+        return RETRY_V2 if "+" in topic else RETRY_V1
+    return NORMAL
+
+
+def real_topic(topic: str, group: str, mark: str) -> str:
+    """The stored topic a handle names: ``topic`` itself or one of the group's retry topics."""
+    if mark == NORMAL:
+        return topic
+    if mark == RETRY_V1:
+        return retry_topic_v1(topic, group)
+    if mark == RETRY_V2:
+        return retry_topic_v2(topic, group)
+    raise ValueError(f"retry mark {mark!r} is not 0, 1 or 2")
+
+
+class HandleError(ValueError):
+    """An ack handle that does not parse."""
+
+
+@attrs.frozen
+class AckHandle:
+    """One message's ack handle (RocketMQ's extraInfo), parsed."""
+
+    ck_offset: int
+    pop_time: int
+    invisible_time: int
+    revive_qid: int
+    retry: str
+    broker_name: str
+    queue_id: int
+    offset: int
+
+    @classmethod
+    def parse(cls, extra_info: str) -> AckHandle:
+        parts = extra_info.split(" ")
+        if len(parts) not in (7, 8):
+            raise HandleError(f"extraInfo {extra_info[:120]!r} has {len(parts)} items, not 8")
+        try:
+            ck, pop_time, invisible, rqid = int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3])
+            qid = int(parts[6])
+            offset = int(parts[7]) if len(parts) == 8 else ck
+        except ValueError:
+            raise HandleError(f"extraInfo {extra_info[:120]!r} holds a non-number") from None
+        if parts[4] not in (NORMAL, RETRY_V1, RETRY_V2):
+            raise HandleError(f"extraInfo {extra_info[:120]!r}: retry item {parts[4]!r} is not 0, 1 or 2")
+        return cls(ck, pop_time, invisible, rqid, parts[4], parts[5], qid, offset)
+
+    def format(self) -> str:
+        return build_extra_info(
+            self.ck_offset,
+            self.pop_time,
+            self.invisible_time,
+            self.revive_qid,
+            self.retry,
+            self.broker_name,
+            self.queue_id,
+            self.offset,
+        )
+
+
+def build_extra_info(
+    ck_offset: int,
+    pop_time: int,
+    invisible_time: int,
+    revive_qid: int,
+    retry: str,
+    broker_name: str,
+    queue_id: int,
+    offset: int,
+) -> str:
+    return f"{ck_offset} {pop_time} {invisible_time} {revive_qid} {retry} {broker_name} {queue_id} {offset}"
+
+
+def info_items(items: Iterable[tuple[str, int, str]]) -> str:
+    """``retry queueId value`` items joined by ``;`` (startOffsetInfo, msgOffsetInfo, orderCountInfo)."""
+    return ";".join(f"{mark} {qid} {value}" for mark, qid, value in items)
+
+
+def parse_info(info: str | None) -> dict[str, str]:
+    """``"<retry>@<queueId>" -> value`` of an info header (ExtraInfoUtil.parse*Info's keys)."""
+    out: dict[str, str] = {}
+    if not info:
+        return out
+    for item in info.split(";"):
+        parts = item.split(" ")
+        if len(parts) != 3:
+            raise HandleError(f"info item {item[:80]!r} is not 'retry queueId value'")
+        out[f"{parts[0]}@{parts[1]}"] = parts[2]
+    return out
