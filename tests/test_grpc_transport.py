@@ -16,7 +16,9 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 
+from tidemq import hookimpl  # noqa: E402
 from tidemq.errors import ConfigError  # noqa: E402
+from tidemq.plugins import get_plugin_manager  # noqa: E402
 from tidemq.record import decode_message  # noqa: E402
 from tidemq_transport_grpc import plugin as grpc_plugin  # noqa: E402
 from tidemq_transport_grpc.proto import load  # noqa: E402
@@ -59,7 +61,7 @@ def test_query_route_hands_out_this_endpoint_and_the_queues(tidemq_make_broker: 
             address = queues[0].broker.endpoints.addresses[0]
             assert f"{address.host}:{address.port}" == server.address
             assert queues[0].broker.endpoints.scheme == pb.IPv4
-            assert set(queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY}
+            assert set(queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
             bad = await call(channel, "QueryRoute", "QueryRouteResponse")(
                 pb.QueryRouteRequest(topic=pb.Resource(name="bad topic!")), metadata=META
             )
@@ -145,13 +147,9 @@ def test_send_stores_the_message_with_the_clients_id_tag_keys_and_group(
                 metadata=META,
             )
             assert empty.status.code == pb.MESSAGE_BODY_EMPTY
-            tx = pb.Message(
-                topic=pb.Resource(name="SendTopic"),
-                body=b"x",
-                system_properties=pb.SystemProperties(message_id="01AA", message_type=pb.TRANSACTION),
-            )
-            refused = await send(pb.SendMessageRequest(messages=[tx]), metadata=META)
-            assert refused.status.code == pb.UNSUPPORTED and "EndTransaction" in refused.status.message
+            bad_name = pb.Message(topic=pb.Resource(name="bad topic!"), body=b"x")
+            refused = await send(pb.SendMessageRequest(messages=[bad_name]), metadata=META)
+            assert refused.status.code == pb.ILLEGAL_TOPIC
 
     asyncio.run(main())
 
@@ -374,7 +372,7 @@ def test_one_connection_gets_no_more_streams_than_max_concurrent_streams(
 
 
 def test_the_born_host_a_client_reports_or_its_peer_address_is_kept_when_it_is_an_ip() -> None:
-    from tidemq_transport_grpc.broker_calls import born_address
+    from tidemq_transport_grpc.peer import born_address
 
     assert born_address("192.168.1.5") == ("192.168.1.5", 0)
     assert born_address("fe80::1") == ("fe80::1", 0)
@@ -487,3 +485,48 @@ def test_a_pull_at_the_end_of_the_queue_waits_for_the_next_message(tidemq_make_b
             assert empty[0].status.code == pb.MESSAGE_NOT_FOUND
 
     asyncio.run(main())
+
+
+class _SendWatch:
+    """A plugin vetoing sends to one topic and recording the sends it saw settle."""
+
+    def __init__(self, vetoed: str) -> None:
+        self.vetoed = vetoed
+        self.settled: list[tuple[str, str]] = []
+
+    @hookimpl
+    def tidemq_before_send(self, context: Any) -> str | None:
+        return "quota exceeded" if context.topic == self.vetoed else None
+
+    @hookimpl
+    def tidemq_after_send(self, context: Any) -> None:
+        self.settled.append((context.topic, context.status))
+
+
+def test_grpc_sends_go_through_the_send_hooks_as_remoting_sends_do(tidemq_make_broker: MakeBroker) -> None:
+    watch = _SendWatch("VetoedTopic")
+    pm = get_plugin_manager()
+    name = pm.register(watch, name="grpc-send-watch")
+
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (_broker, channel):
+            send = call(channel, "SendMessage", "SendMessageResponse")
+
+            def message(topic: str) -> Any:
+                return pb.Message(
+                    topic=pb.Resource(name=topic),
+                    body=b"b",
+                    system_properties=pb.SystemProperties(message_id="01CC"),
+                )
+
+            refused = await send(pb.SendMessageRequest(messages=[message("VetoedTopic")]), metadata=META)
+            assert refused.status.code == pb.FORBIDDEN and "quota exceeded" in refused.status.message
+            ok = await send(pb.SendMessageRequest(messages=[message("HookedTopic")]), metadata=META)
+            assert ok.status.code == pb.OK
+            assert ("HookedTopic", "SUCCESS") in watch.settled
+            assert ("VetoedTopic", "NO_PERMISSION") in watch.settled
+
+    try:
+        asyncio.run(main())
+    finally:
+        pm.hook_manager.unregister(name=name)
