@@ -530,3 +530,62 @@ def test_grpc_sends_go_through_the_send_hooks_as_remoting_sends_do(tidemq_make_b
         asyncio.run(main())
     finally:
         pm.hook_manager.unregister(name=name)
+
+
+def test_a_half_message_waits_for_end_transaction_and_a_bad_transaction_id_is_refused(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            send = call(channel, "SendMessage", "SendMessageResponse")
+            end = call(channel, "EndTransaction", "EndTransactionResponse")
+            half = pb.Message(
+                topic=pb.Resource(name="TxTopic"),
+                body=b"half",
+                system_properties=pb.SystemProperties(message_id="01DD", message_type=pb.TRANSACTION),
+            )
+            sent = await send(pb.SendMessageRequest(messages=[half]), metadata=META)
+            assert sent.status.code == pb.OK, sent.status
+            tx_id = sent.entries[0].transaction_id
+            assert tx_id
+
+            for qid in range(broker.topics.get("TxTopic").write_queue_nums):
+                assert not broker.store.get_message("g", "TxTopic", qid, 0, 32).buffers
+            for bad in ("", "nonsense", "not-an-id:7"):
+                refused = await end(
+                    pb.EndTransactionRequest(
+                        topic=pb.Resource(name="TxTopic"),
+                        message_id="01DD",
+                        transaction_id=bad,
+                        resolution=pb.COMMIT,
+                    ),
+                    metadata=META,
+                )
+                assert refused.status.code == pb.INVALID_TRANSACTION_ID, bad
+            wrong_topic = await end(
+                pb.EndTransactionRequest(
+                    topic=pb.Resource(name="Other"),
+                    message_id="01DD",
+                    transaction_id=tx_id,
+                    resolution=pb.COMMIT,
+                ),
+                metadata=META,
+            )
+            assert wrong_topic.status.code != pb.OK  # the half message's producer group is its topic's
+            done = await end(
+                pb.EndTransactionRequest(
+                    topic=pb.Resource(name="TxTopic"),
+                    message_id="01DD",
+                    transaction_id=tx_id,
+                    resolution=pb.COMMIT,
+                ),
+                metadata=META,
+            )
+            assert done.status.code == pb.OK, done.status
+            bodies = []
+            for qid in range(broker.topics.get("TxTopic").write_queue_nums):
+                got = broker.store.get_message("g", "TxTopic", qid, 0, 32)
+                bodies += [decode_message(bytes(b)).body for b in got.buffers]
+            assert bodies == [b"half"]
+
+    asyncio.run(main())
