@@ -38,9 +38,11 @@ def call(channel: Any, rpc: str, response: str) -> Any:
 
 
 @asynccontextmanager
-async def grpc_broker(make: MakeBroker, **grpc_options: Any) -> AsyncIterator[tuple[Any, Any]]:
+async def grpc_broker(
+    make: MakeBroker, broker_settings: dict[str, Any] | None = None, **grpc_options: Any
+) -> AsyncIterator[tuple[Any, Any]]:
     options = {"transport": {"grpc": {"listen": "127.0.0.1:0", **grpc_options}}}
-    async with make(auto_create_topic=True, options=options) as broker:
+    async with make(auto_create_topic=True, options=options, **(broker_settings or {})) as broker:
         server = grpc_plugin.server_of(broker)
         assert server is not None
         async with grpc.aio.insecure_channel(server.address) as channel:
@@ -587,5 +589,69 @@ def test_a_half_message_waits_for_end_transaction_and_a_bad_transaction_id_is_re
                 got = broker.store.get_message("g", "TxTopic", qid, 0, 32)
                 bodies += [decode_message(bytes(b)).body for b in got.buffers]
             assert bodies == [b"half"]
+
+    asyncio.run(main())
+
+
+def test_the_broker_s_transaction_check_reaches_the_producer_s_telemetry_stream(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    """A half message left unknown: the check service asks the producer over its Telemetry stream
+    (RecoverOrphanedTransactionCommand), whose EndTransaction from the check commits it; a stream
+    that ended is no longer asked."""
+    fast_checks = {"transaction_check_interval_s": 0.2, "transaction_timeout_s": 0.0}
+
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker, fast_checks) as (broker, channel):
+            telemetry = channel.stream_stream(
+                SERVICE + "Telemetry",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.TelemetryCommand.FromString,
+            )
+            stream = telemetry(metadata=META)
+            settings = pb.Settings(
+                client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="TxCheck")])
+            )
+            await stream.write(pb.TelemetryCommand(settings=settings))
+            assert (await asyncio.wait_for(stream.read(), 10)).status.code == pb.OK
+            half = pb.Message(
+                topic=pb.Resource(name="TxCheck"),
+                body=b"ask me",
+                system_properties=pb.SystemProperties(
+                    message_id="01EE", tag="T", keys=["k"], message_type=pb.TRANSACTION
+                ),
+            )
+            sent = await call(channel, "SendMessage", "SendMessageResponse")(
+                pb.SendMessageRequest(messages=[half]), metadata=META
+            )
+            assert sent.status.code == pb.OK, sent.status
+            command = await asyncio.wait_for(stream.read(), 10)
+            assert command.WhichOneof("command") == "recover_orphaned_transaction_command"
+            check = command.recover_orphaned_transaction_command
+            assert check.message.topic.name == "TxCheck" and check.message.body == b"ask me"
+            assert check.message.system_properties.message_id == "01EE"
+            assert check.message.system_properties.message_type == pb.TRANSACTION
+            assert check.transaction_id
+            done = await call(channel, "EndTransaction", "EndTransactionResponse")(
+                pb.EndTransactionRequest(
+                    topic=pb.Resource(name="TxCheck"),
+                    message_id="01EE",
+                    transaction_id=check.transaction_id,
+                    resolution=pb.COMMIT,
+                    source=pb.SOURCE_SERVER_CHECK,
+                ),
+                metadata=META,
+            )
+            assert done.status.code == pb.OK, done.status
+            bodies = []
+            for qid in range(broker.topics.get("TxCheck").write_queue_nums):
+                got = broker.store.get_message("g", "TxCheck", qid, 0, 32)
+                bodies += [decode_message(bytes(b)) for b in got.buffers]
+            assert [m.body for m in bodies] == [b"ask me"]
+            assert bodies[0].uniq_key == "01EE" and bodies[0].tags == "T"
+            await stream.done_writing()
+            assert await asyncio.wait_for(stream.read(), 10) == grpc.aio.EOF
+            await asyncio.sleep(0.1)
+            assert not broker.producers.groups.get("GRPC_PRODUCER_TxCheck")  # dropped with its stream
 
     asyncio.run(main())
