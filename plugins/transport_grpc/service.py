@@ -175,8 +175,7 @@ class MessagingService:
         VerifyMessage/PrintThreadStack commands are logged."""
         cid = client_id(context)
         peer = StreamPeer(context.peer(), cid, self.pb)
-        old = self.streams.get(cid)
-        self.streams[cid] = peer
+        self.streams[cid] = peer  # a client that reconnects: its newest stream
         reader = asyncio.get_running_loop().create_task(self._read_telemetry(requests, cid, peer))
         try:
             while True:
@@ -192,7 +191,6 @@ class MessagingService:
                 del self.streams[cid]
                 self.clients.pop(cid, None)
             peer.close()  # drops its producer registrations
-            del old
 
     async def _read_telemetry(self, requests: AsyncIterator[Any], cid: str, peer: StreamPeer) -> None:
         pb = self.pb
@@ -368,7 +366,7 @@ class MessagingService:
                 status=self.status(pb.INVALID_TRANSACTION_ID, f"no transaction {request.transaction_id!r}")
             )
         outcome = await self.services.transactions.end(
-            born_address_of(context),
+            CallPeer(context.peer()).remote_address,
             producer_group(request.topic.name),
             named[1],
             commit_log_offset,
@@ -388,10 +386,6 @@ class MessagingService:
             grpc.StatusCode.UNIMPLEMENTED,
             "RecallMessage needs timer messages, which tidemq does not have yet",
         )
-
-
-def born_address_of(context: Any) -> str:
-    return CallPeer(context.peer()).remote_address
 
 
 def pop_missing(rpc: str) -> Any:
