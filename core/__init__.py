@@ -18,7 +18,10 @@ Protocols and ``ProcessorRegister``, also in ``__all__``), ``tidemq.datadir``, `
 ``tidemq.metrics`` (the metrics role and its ``Buckets`` histogram), ``tidemq.mqjson``
 (fastjson's MessageQueue-keyed maps), ``tidemq.names`` and ``tidemq.trace`` (message trace
 records in RocketMQ's format, and ``tidemq.trace.view``, the per-message view of them: what a trace
-exporter plugin reads).
+exporter plugin reads).  ``tidemq.broker.services`` is the broker's operations for a transport
+plugin (send, pull, offsets, clients, transactions: plain values in, a typed outcome out, the
+services the remoting processors call), with ``tidemq.broker.services.transactions`` for the
+transaction check's seam (a producer connection that takes a check as a value).
 Anything else a plugin imports is an internal it should not rely on: ``tests/test_public_api.py``
 keeps the built-in plugins to this surface and lists the exceptions, each with its reason.
 """

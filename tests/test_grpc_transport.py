@@ -16,7 +16,9 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 
+from tidemq import hookimpl  # noqa: E402
 from tidemq.errors import ConfigError  # noqa: E402
+from tidemq.plugins import get_plugin_manager  # noqa: E402
 from tidemq.record import decode_message  # noqa: E402
 from tidemq_transport_grpc import plugin as grpc_plugin  # noqa: E402
 from tidemq_transport_grpc.proto import load  # noqa: E402
@@ -36,9 +38,11 @@ def call(channel: Any, rpc: str, response: str) -> Any:
 
 
 @asynccontextmanager
-async def grpc_broker(make: MakeBroker, **grpc_options: Any) -> AsyncIterator[tuple[Any, Any]]:
+async def grpc_broker(
+    make: MakeBroker, broker_settings: dict[str, Any] | None = None, **grpc_options: Any
+) -> AsyncIterator[tuple[Any, Any]]:
     options = {"transport": {"grpc": {"listen": "127.0.0.1:0", **grpc_options}}}
-    async with make(auto_create_topic=True, options=options) as broker:
+    async with make(auto_create_topic=True, options=options, **(broker_settings or {})) as broker:
         server = grpc_plugin.server_of(broker)
         assert server is not None
         async with grpc.aio.insecure_channel(server.address) as channel:
@@ -59,7 +63,7 @@ def test_query_route_hands_out_this_endpoint_and_the_queues(tidemq_make_broker: 
             address = queues[0].broker.endpoints.addresses[0]
             assert f"{address.host}:{address.port}" == server.address
             assert queues[0].broker.endpoints.scheme == pb.IPv4
-            assert set(queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY}
+            assert set(queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
             bad = await call(channel, "QueryRoute", "QueryRouteResponse")(
                 pb.QueryRouteRequest(topic=pb.Resource(name="bad topic!")), metadata=META
             )
@@ -145,13 +149,9 @@ def test_send_stores_the_message_with_the_clients_id_tag_keys_and_group(
                 metadata=META,
             )
             assert empty.status.code == pb.MESSAGE_BODY_EMPTY
-            tx = pb.Message(
-                topic=pb.Resource(name="SendTopic"),
-                body=b"x",
-                system_properties=pb.SystemProperties(message_id="01AA", message_type=pb.TRANSACTION),
-            )
-            refused = await send(pb.SendMessageRequest(messages=[tx]), metadata=META)
-            assert refused.status.code == pb.UNSUPPORTED and "EndTransaction" in refused.status.message
+            bad_name = pb.Message(topic=pb.Resource(name="bad topic!"), body=b"x")
+            refused = await send(pb.SendMessageRequest(messages=[bad_name]), metadata=META)
+            assert refused.status.code == pb.ILLEGAL_TOPIC
 
     asyncio.run(main())
 
@@ -374,7 +374,7 @@ def test_one_connection_gets_no_more_streams_than_max_concurrent_streams(
 
 
 def test_the_born_host_a_client_reports_or_its_peer_address_is_kept_when_it_is_an_ip() -> None:
-    from tidemq_transport_grpc.broker_calls import born_address
+    from tidemq_transport_grpc.peer import born_address
 
     assert born_address("192.168.1.5") == ("192.168.1.5", 0)
     assert born_address("fe80::1") == ("fe80::1", 0)
@@ -485,5 +485,173 @@ def test_a_pull_at_the_end_of_the_queue_waits_for_the_next_message(tidemq_make_b
             request.offset = 1
             empty = await asyncio.wait_for(pull_all(), 2)
             assert empty[0].status.code == pb.MESSAGE_NOT_FOUND
+
+    asyncio.run(main())
+
+
+class _SendWatch:
+    """A plugin vetoing sends to one topic and recording the sends it saw settle."""
+
+    def __init__(self, vetoed: str) -> None:
+        self.vetoed = vetoed
+        self.settled: list[tuple[str, str]] = []
+
+    @hookimpl
+    def tidemq_before_send(self, context: Any) -> str | None:
+        return "quota exceeded" if context.topic == self.vetoed else None
+
+    @hookimpl
+    def tidemq_after_send(self, context: Any) -> None:
+        self.settled.append((context.topic, context.status))
+
+
+def test_grpc_sends_go_through_the_send_hooks_as_remoting_sends_do(tidemq_make_broker: MakeBroker) -> None:
+    watch = _SendWatch("VetoedTopic")
+    pm = get_plugin_manager()
+    name = pm.register(watch, name="grpc-send-watch")
+
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (_broker, channel):
+            send = call(channel, "SendMessage", "SendMessageResponse")
+
+            def message(topic: str) -> Any:
+                return pb.Message(
+                    topic=pb.Resource(name=topic),
+                    body=b"b",
+                    system_properties=pb.SystemProperties(message_id="01CC"),
+                )
+
+            refused = await send(pb.SendMessageRequest(messages=[message("VetoedTopic")]), metadata=META)
+            assert refused.status.code == pb.FORBIDDEN and "quota exceeded" in refused.status.message
+            ok = await send(pb.SendMessageRequest(messages=[message("HookedTopic")]), metadata=META)
+            assert ok.status.code == pb.OK
+            assert ("HookedTopic", "SUCCESS") in watch.settled
+            assert ("VetoedTopic", "NO_PERMISSION") in watch.settled
+
+    try:
+        asyncio.run(main())
+    finally:
+        pm.hook_manager.unregister(name=name)
+
+
+def test_a_half_message_waits_for_end_transaction_and_a_bad_transaction_id_is_refused(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            send = call(channel, "SendMessage", "SendMessageResponse")
+            end = call(channel, "EndTransaction", "EndTransactionResponse")
+            half = pb.Message(
+                topic=pb.Resource(name="TxTopic"),
+                body=b"half",
+                system_properties=pb.SystemProperties(message_id="01DD", message_type=pb.TRANSACTION),
+            )
+            sent = await send(pb.SendMessageRequest(messages=[half]), metadata=META)
+            assert sent.status.code == pb.OK, sent.status
+            tx_id = sent.entries[0].transaction_id
+            assert tx_id
+
+            for qid in range(broker.topics.get("TxTopic").write_queue_nums):
+                assert not broker.store.get_message("g", "TxTopic", qid, 0, 32).buffers
+            for bad in ("", "nonsense", "not-an-id:7"):
+                refused = await end(
+                    pb.EndTransactionRequest(
+                        topic=pb.Resource(name="TxTopic"),
+                        message_id="01DD",
+                        transaction_id=bad,
+                        resolution=pb.COMMIT,
+                    ),
+                    metadata=META,
+                )
+                assert refused.status.code == pb.INVALID_TRANSACTION_ID, bad
+            wrong_topic = await end(
+                pb.EndTransactionRequest(
+                    topic=pb.Resource(name="Other"),
+                    message_id="01DD",
+                    transaction_id=tx_id,
+                    resolution=pb.COMMIT,
+                ),
+                metadata=META,
+            )
+            assert wrong_topic.status.code != pb.OK  # the half message's producer group is its topic's
+            done = await end(
+                pb.EndTransactionRequest(
+                    topic=pb.Resource(name="TxTopic"),
+                    message_id="01DD",
+                    transaction_id=tx_id,
+                    resolution=pb.COMMIT,
+                ),
+                metadata=META,
+            )
+            assert done.status.code == pb.OK, done.status
+            bodies = []
+            for qid in range(broker.topics.get("TxTopic").write_queue_nums):
+                got = broker.store.get_message("g", "TxTopic", qid, 0, 32)
+                bodies += [decode_message(bytes(b)).body for b in got.buffers]
+            assert bodies == [b"half"]
+
+    asyncio.run(main())
+
+
+def test_the_broker_s_transaction_check_reaches_the_producer_s_telemetry_stream(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    """A half message left unknown: the check service asks the producer over its Telemetry stream
+    (RecoverOrphanedTransactionCommand), whose EndTransaction from the check commits it; a stream
+    that ended is no longer asked."""
+    fast_checks = {"transaction_check_interval_s": 0.2, "transaction_timeout_s": 0.0}
+
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker, fast_checks) as (broker, channel):
+            telemetry = channel.stream_stream(
+                SERVICE + "Telemetry",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.TelemetryCommand.FromString,
+            )
+            stream = telemetry(metadata=META)
+            settings = pb.Settings(
+                client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="TxCheck")])
+            )
+            await stream.write(pb.TelemetryCommand(settings=settings))
+            assert (await asyncio.wait_for(stream.read(), 10)).status.code == pb.OK
+            half = pb.Message(
+                topic=pb.Resource(name="TxCheck"),
+                body=b"ask me",
+                system_properties=pb.SystemProperties(
+                    message_id="01EE", tag="T", keys=["k"], message_type=pb.TRANSACTION
+                ),
+            )
+            sent = await call(channel, "SendMessage", "SendMessageResponse")(
+                pb.SendMessageRequest(messages=[half]), metadata=META
+            )
+            assert sent.status.code == pb.OK, sent.status
+            command = await asyncio.wait_for(stream.read(), 10)
+            assert command.WhichOneof("command") == "recover_orphaned_transaction_command"
+            check = command.recover_orphaned_transaction_command
+            assert check.message.topic.name == "TxCheck" and check.message.body == b"ask me"
+            assert check.message.system_properties.message_id == "01EE"
+            assert check.message.system_properties.message_type == pb.TRANSACTION
+            assert check.transaction_id
+            done = await call(channel, "EndTransaction", "EndTransactionResponse")(
+                pb.EndTransactionRequest(
+                    topic=pb.Resource(name="TxCheck"),
+                    message_id="01EE",
+                    transaction_id=check.transaction_id,
+                    resolution=pb.COMMIT,
+                    source=pb.SOURCE_SERVER_CHECK,
+                ),
+                metadata=META,
+            )
+            assert done.status.code == pb.OK, done.status
+            bodies = []
+            for qid in range(broker.topics.get("TxCheck").write_queue_nums):
+                got = broker.store.get_message("g", "TxCheck", qid, 0, 32)
+                bodies += [decode_message(bytes(b)) for b in got.buffers]
+            assert [m.body for m in bodies] == [b"ask me"]
+            assert bodies[0].uniq_key == "01EE" and bodies[0].tags == "T"
+            await stream.done_writing()
+            assert await asyncio.wait_for(stream.read(), 10) == grpc.aio.EOF
+            await asyncio.sleep(0.1)
+            assert not broker.producers.groups.get("GRPC_PRODUCER_TxCheck")  # dropped with its stream
 
     asyncio.run(main())

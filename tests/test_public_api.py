@@ -27,6 +27,8 @@ PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 #: Submodules that are public through their own ``__all__`` (and named in ``tidemq.__doc__``).
 PUBLIC_SUBMODULES = (
     "tidemq.address",
+    "tidemq.broker.services",
+    "tidemq.broker.services.transactions",
     "tidemq.cli",
     "tidemq.client",
     "tidemq.compression",

@@ -28,7 +28,9 @@ import collections
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import attrs
 
 from tidemq.errors import CorruptDataError
 from tidemq.futures import resolved
@@ -67,6 +69,34 @@ READ_BATCH = 32
 CHECK_SEND_TIMEOUT_S = 3.0
 #: Transaction ids remembered as resolved (bounded: duplicates beyond it are RocketMQ's behaviour).
 RESOLVED_MEMORY = 100_000
+
+
+@attrs.frozen
+class TransactionCheck:
+    """A check of one pending transaction, as the broker asks its producer (CHECK_TRANSACTION_STATE
+    without the wire): the half message as the producer sent it (real topic and queue) and what
+    the producer's END_TRANSACTION names it by."""
+
+    producer_group: str
+    #: The message: its real topic and queue, the re-appended copy's offsets and store time.
+    message: MessageExt
+    #: Queue offset of the re-appended half message (``tranStateTableOffset``).
+    tran_state_offset: int
+    #: Its commit-log offset (``commitLogOffset``), and its offset message id.
+    commit_log_offset: int
+    offset_msg_id: str
+    #: The producer's id of the transaction (the message's UNIQ_KEY).
+    transaction_id: str
+
+
+@runtime_checkable
+class TransactionCheckTarget(Protocol):
+    """A producer connection that takes a check as a value (a gRPC producer's Telemetry stream)
+    instead of a CHECK_TRANSACTION_STATE request: the check service calls it when the connection
+    it picked for the group implements it."""
+
+    async def check_transaction(self, check: TransactionCheck) -> None:
+        """Hand ``check`` to the producer; the answer comes back as an end of transaction."""
 
 
 def is_half_request(properties: dict[str, str], sys_flag: int) -> bool:
@@ -384,7 +414,18 @@ class TransactionalMessageService:
             return True
         self.checks_sent += 1
         request = self._check_request(copy, result)
-        self.broker.spawn(self._send_check(conn, request, group))
+        if isinstance(conn, TransactionCheckTarget):
+            check = TransactionCheck(
+                group,
+                decode_message(request.body or b""),
+                result.queue_offset,
+                result.wrote_offset,
+                request.ext_fields.get("offsetMsgId", ""),
+                request.ext_fields.get("transactionId", ""),
+            )
+            self.broker.spawn(self._hand_check(conn, check))
+        else:
+            self.broker.spawn(self._send_check(conn, request, group))
         return True
 
     async def resume_check(self, msg_id: str) -> str | None:
@@ -459,6 +500,12 @@ class TransactionalMessageService:
             log.info(
                 "cannot ask producer %s of group %s about a transaction: %s", conn.remote_address, group, exc
             )
+
+    async def _hand_check(self, conn: TransactionCheckTarget, check: TransactionCheck) -> None:
+        try:
+            await asyncio.wait_for(conn.check_transaction(check), CHECK_SEND_TIMEOUT_S)
+        except Exception as exc:
+            log.info("cannot ask a producer of group %s about a transaction: %s", check.producer_group, exc)
 
 
 def _int(value: str | None, default: int) -> int:

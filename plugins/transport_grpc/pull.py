@@ -1,90 +1,49 @@
 """The v5 pull consumer's RPCs: PullMessage, UpdateOffset, GetOffset, QueryOffset.
 
-Over the broker's published store and offset table (``BrokerContext.store``/``offsets``), no
-remoting frame.  A pull that finds nothing waits up to its ``long_polling_timeout`` (within its
+Over the broker's :class:`~tidemq.broker.services.PullService` and
+:class:`~tidemq.broker.services.OffsetService`, the services the remoting PULL_MESSAGE and
+offset requests use: the same group and topic checks, filters, consume hooks, statistics and
+long polling.  A pull that finds nothing waits up to its ``long_polling_timeout`` (within its
 deadline) for a message; it answers its status, the messages found, then the next offset, as
-RocketMQ's proxy streams them.  Messages are converted back to
-``apache.rocketmq.v2.Message`` with the v5 client's id (``UNIQ_KEY``) as their id.
+RocketMQ's proxy streams them.  Messages are converted back to ``apache.rocketmq.v2.Message``
+with the v5 client's id (``UNIQ_KEY``) as their id.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
-from tidemq.context import BrokerContext
-from tidemq.message import MessageExt, Prop, decode_message
+from tidemq.broker.services import BrokerServices, Outcome, Status
+from tidemq.message import iter_messages
 
-from .broker_calls import TIMER_DELIVER_MS
+from .messages import code_of, to_v5
+from .peer import CallPeer
 
 #: What a pull of a v5 client may ask at most in one call (RocketMQ's proxy caps it the same way).
 MAX_BATCH = 32
-#: RocketMQ's own property keys (MessageConst): not handed to v5 clients as user properties.
-_SYSTEM_KEYS = frozenset(
-    value for name, value in vars(Prop).items() if name.isupper() and isinstance(value, str)
-) | {TIMER_DELIVER_MS}
-
-
-def _host(host: tuple[str, int]) -> str:
-    return f"{host[0]}:{host[1]}"
-
-
-def to_v5(pb: ModuleType, msg: MessageExt) -> Any:
-    """A stored message as the v5 clients see it."""
-    props = msg.properties
-    system = pb.SystemProperties(
-        keys=msg.keys,
-        message_id=msg.uniq_key or msg.msg_id,
-        body_digest=pb.Digest(type=pb.CRC32, checksum=f"{zlib.crc32(msg.body):08X}"),
-        body_encoding=pb.IDENTITY,
-        born_host=_host(msg.born_host),
-        store_host=_host(msg.store_host),
-        queue_id=msg.queue_id,
-        queue_offset=msg.queue_offset,
-        delivery_attempt=msg.reconsume_times + 1,
-    )
-    system.born_timestamp.FromMilliseconds(msg.born_timestamp)
-    system.store_timestamp.FromMilliseconds(msg.store_timestamp)
-    if msg.tags:
-        system.tag = msg.tags
-    group = props.get(Prop.SHARDING_KEY)
-    if group:
-        system.message_group = group
-        system.message_type = pb.FIFO
-    elif TIMER_DELIVER_MS in props:
-        system.message_type = pb.DELAY
-        system.delivery_timestamp.FromMilliseconds(int(props[TIMER_DELIVER_MS]))
-    else:
-        system.message_type = pb.NORMAL
-    user = {k: v for k, v in props.items() if k not in _SYSTEM_KEYS}
-    return pb.Message(
-        topic=pb.Resource(name=msg.topic), user_properties=user, system_properties=system, body=msg.body
-    )
-
-
-def _tags(pb: ModuleType, expression: Any) -> tuple[frozenset[str] | None, str | None]:
-    """The tags a filter expression accepts (None: all), or the problem with it."""
-    if expression.type == pb.SQL:
-        return None, "SQL92 filters are not served on gRPC pulls yet; filter by TAG"
-    text = expression.expression.strip()
-    if not text or text == "*":
-        return None, None
-    return frozenset(t.strip() for t in text.split("||") if t.strip()), None
-
-
-#: Get statuses of a pull that reached the end of the queue: long polling waits on them.
-_NOTHING_YET = frozenset(
-    ("OFFSET_OVERFLOW_ONE", "NO_MESSAGE_IN_QUEUE", "NO_MATCHED_LOGIC_QUEUE", "OFFSET_FOUND_NULL")
-)
 #: Longest a pull is held, seconds, whatever it asks.
 MAX_POLL_S = 30.0
+#: RocketMQ's PullSysFlag: hold the pull until a message arrives (or the suspend time passes).
+FLAG_SUSPEND = 2
+
+
+def _subscription(pb: ModuleType, expression: Any) -> tuple[tuple[str, str], frozenset[str] | None]:
+    """The (type, expression) the pull service filters by, and the exact tags a TAG filter
+    accepts (None: all; the store matches tags by hash code, as a 4.x client re-checks them)."""
+    text = expression.expression.strip() or "*"
+    if expression.type == pb.SQL:
+        return ("SQL92", text), None
+    if text == "*":
+        return ("TAG", "*"), None
+    return ("TAG", text), frozenset(t.strip() for t in text.split("||") if t.strip())
 
 
 class PullRpcs:
-    def __init__(self, broker: BrokerContext, pb: ModuleType) -> None:
-        self.broker = broker
+    def __init__(self, services: BrokerServices, pb: ModuleType) -> None:
+        self.services = services
+        self.broker = services.pull.broker
         self.pb = pb
 
     def _status(self, code: int, message: str = "") -> Any:
@@ -105,40 +64,47 @@ class PullRpcs:
         pb = self.pb
         queue = request.message_queue
         topic, qid, group = queue.topic.name, queue.id, request.group.name
-        tags, problem = _tags(pb, request.filter_expression)
-        if problem is not None:
-            yield pb.PullMessageResponse(status=self._status(pb.ILLEGAL_FILTER_EXPRESSION, problem))
-            return
         if not group:
             yield pb.PullMessageResponse(status=self._status(pb.ILLEGAL_CONSUMER_GROUP, "group is required"))
             return
-        if self.broker.topics.get(topic) is None:
-            yield pb.PullMessageResponse(status=self._status(pb.TOPIC_NOT_FOUND, f"topic {topic} not found"))
+        subscription, tags = _subscription(pb, request.filter_expression)
+        wait_ms = int(self._poll_seconds(request, context) * 1000)
+        peer = CallPeer(context.peer())
+        try:
+            result = await self.services.pull.pull(
+                peer,
+                group,
+                topic,
+                qid,
+                request.offset,
+                min(max(request.batch_size, 1), MAX_BATCH),
+                FLAG_SUSPEND if wait_ms > 0 else 0,
+                -1,
+                max(wait_ms, 0),
+                0,
+                subscription,
+            )
+        finally:
+            peer.close()
+        if result is None:  # the call ended while the pull was held: nobody to answer
             return
-        batch = min(max(request.batch_size, 1), MAX_BATCH)
-        got = self.broker.store.get_message(group, topic, qid, request.offset, batch)
-        hold = self.broker.hold
-        wait = self._poll_seconds(request, context)
-        if got.status.value in _NOTHING_YET and hold is not None and wait > 0:
-            # Long polling: a pull that found nothing waits for the queue to grow (or its time out,
-            # or the client's deadline: gRPC cancels the wait with the call).
-            if await hold.wait(topic, qid, request.offset, wait):
-                got = self.broker.store.get_message(group, topic, qid, request.offset, batch)
-        messages = [decode_message(bytes(buf)) for buf in got.buffers]
+        if isinstance(result, Outcome):
+            yield pb.PullMessageResponse(
+                status=self._status(code_of(pb, result.status, result.remark), result.remark or "")
+            )
+            return
+        messages = [m for part in result.body for m in iter_messages(part)]
         if tags is not None:
             messages = [m for m in messages if (m.tags or "") in tags]
-        status = got.status.value
         if messages:
             yield pb.PullMessageResponse(status=self._status(pb.OK))
-        elif status in ("OFFSET_OVERFLOW_BADLY", "OFFSET_TOO_SMALL"):
-            yield pb.PullMessageResponse(status=self._status(pb.ILLEGAL_OFFSET, status))
+        elif result.status is Status.PULL_OFFSET_MOVED:
+            yield pb.PullMessageResponse(status=self._status(pb.ILLEGAL_OFFSET, result.remark or ""))
         else:
             yield pb.PullMessageResponse(status=self._status(pb.MESSAGE_NOT_FOUND, "no new message"))
         for msg in messages:
             yield pb.PullMessageResponse(message=to_v5(pb, msg))
-        yield pb.PullMessageResponse(next_offset=got.next_begin_offset)
-        if messages:
-            self.broker.stats.on_get(group, topic, len(messages), sum(len(m.body) for m in messages))
+        yield pb.PullMessageResponse(next_offset=result.next_begin_offset)
 
     async def UpdateOffset(self, request: Any, context: Any) -> Any:
         pb = self.pb
@@ -149,12 +115,15 @@ class PullRpcs:
             )
         if request.offset < 0:
             return pb.UpdateOffsetResponse(status=self._status(pb.ILLEGAL_OFFSET, "offset must be >= 0"))
-        self.broker.offsets.commit(request.group.name, queue.topic.name, queue.id, request.offset)
-        return pb.UpdateOffsetResponse(status=self._status(pb.OK))
+        done = self.services.offsets.commit(request.group.name, queue.topic.name, queue.id, request.offset)
+        return pb.UpdateOffsetResponse(status=self._status(code_of(pb, done.status, done.remark)))
 
     async def GetOffset(self, request: Any, context: Any) -> Any:
         pb = self.pb
         queue = request.message_queue
+        # The committed offset only (RocketMQ 5's proxy asks with setZeroIfNotFound = false, not
+        # OffsetService.query's first-start rule): where a new group starts is the client's
+        # consume-from choice, made with QueryOffset.
         offset = self.broker.offsets.query(request.group.name, queue.topic.name, queue.id)
         if offset < 0:
             return pb.GetOffsetResponse(

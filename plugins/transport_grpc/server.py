@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from tidemq.address import split_address
+from tidemq.broker.services import BrokerServices
 from tidemq.context import BrokerContext
 from tidemq.errors import ConfigError
 
@@ -141,8 +142,11 @@ class GrpcServer:
         self._starting: asyncio.Task[None] | None = None
         self.host = host
         self.port = bound
-        self.service = MessagingService(broker, pb, host, bound, broker.settings.max_message_size)
-        self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(broker, pb), pb),))
+        # The broker's services, as the remoting processors have them (their own instance: the
+        # services keep only caches, the state is the broker's).
+        services = BrokerServices(broker)
+        self.service = MessagingService(services, pb, host, bound, broker.settings.max_message_size)
+        self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(services, pb), pb),))
 
     @property
     def address(self) -> str:

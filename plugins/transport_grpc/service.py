@@ -1,13 +1,18 @@
-"""``apache.rocketmq.v2.MessagingService`` over a broker: each RPC decodes, calls the broker, encodes.
+"""``apache.rocketmq.v2.MessagingService`` over a broker: each RPC decodes, calls the broker's
+services, encodes.
 
-Statuses are ``apache.rocketmq.v2.Code`` values in the response, as RocketMQ's proxy sends them;
-gRPC status errors are for what is not a RocketMQ answer (a malformed frame, an RPC that needs an
-engine tidemq does not have yet).  Sends go through :mod:`.broker_calls`, the one module that
-touches the broker.
+Sends go through :class:`~tidemq.broker.services.SendService` (the one send path of the remoting
+transport too: topic checks, the send hooks and trace, the put and replica wait, transactions'
+half messages), ends of transactions through
+:class:`~tidemq.broker.services.TransactionService`, a Telemetry stream's producers through
+:class:`~tidemq.broker.services.ClientService`.  Statuses are ``apache.rocketmq.v2.Code`` values
+in the response, as RocketMQ's proxy sends them; gRPC status errors are for what is not a
+RocketMQ answer (a malformed frame, an RPC that needs an engine tidemq does not have yet).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import zlib
 from collections.abc import AsyncIterator
@@ -16,12 +21,24 @@ from typing import Any
 
 import grpc
 
-from tidemq.context import BrokerContext
+from tidemq.broker.services import BrokerServices, Outcome
+from tidemq.message import TRANSACTION_PREPARED_TYPE, Prop, decode_message_id, properties_to_string
+from tidemq.names import check_topic_name
 
-from . import broker_calls
-from .broker_calls import PERM_READ, PERM_WRITE, SendOutcome
+from .messages import TIMER_DELIVER_MS, code_of, parse_transaction_id, producer_group, transaction_id
+from .peer import CallPeer, StreamPeer
 
 log = logging.getLogger(__name__)
+
+#: The template topic a 4.x producer's first send names (AUTO_CREATE_TOPIC_KEY_TOPIC): no one sends to it.
+DEFAULT_TOPIC = "TBW102"
+#: RocketMQ's permission bits of a topic (PermName).
+PERM_READ = 0x4
+PERM_WRITE = 0x2
+#: RocketMQ's transaction types of END_TRANSACTION (MessageSysFlag).
+_COMMIT = 0x8
+_ROLLBACK = 0xC
+_UNKNOWN = 0x0
 
 #: RPCs that need RocketMQ 5's POP engine (receive, invisibility, ack): answered UNIMPLEMENTED.
 POP_RPCS = (
@@ -49,13 +66,15 @@ def client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 class MessagingService:
     """The RPC implementations; :func:`tidemq_transport_grpc.server.handlers` binds them by name."""
 
-    def __init__(self, broker: BrokerContext, pb: ModuleType, host: str, port: int, max_body: int) -> None:
-        self.broker = broker
+    def __init__(self, services: BrokerServices, pb: ModuleType, host: str, port: int, max_body: int) -> None:
+        self.services = services
+        self.broker = services.send.broker
         self.pb = pb
         self.host = host
         self.port = port
         self.max_body = max_body
         self.clients: dict[str, Any] = {}  # client id -> its latest Settings (telemetry)
+        self.streams: dict[str, StreamPeer] = {}  # client id -> its Telemetry stream
 
     # ------------------------------------------------------------------ helpers
     def status(self, code: int, message: str = "") -> Any:
@@ -70,18 +89,40 @@ class MessagingService:
         )
         return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=self.host, port=self.port)])
 
+    def topic_config(self, topic: str, sys_flag: int = 0) -> Any:
+        """The topic's config (created as a 4.x producer's first send creates it, when the broker
+        allows it), or the refusal as ``(code, message)``.  The name is checked here, as RocketMQ
+        5's proxy validates it, so a bad one is ILLEGAL_TOPIC."""
+        pb = self.pb
+        problem = check_topic_name(topic)
+        if problem:
+            return pb.ILLEGAL_TOPIC, problem
+        if topic == DEFAULT_TOPIC:
+            return pb.ILLEGAL_TOPIC, f"the topic[{topic}] is conflict with system reserved words."
+        cfg = self.services.send.check_topic(
+            topic, DEFAULT_TOPIC, self.broker.settings.default_topic_queues, 0, sys_flag
+        )
+        if isinstance(cfg, Outcome):
+            return code_of(pb, cfg.status, cfg.remark), cfg.remark or ""
+        return cfg
+
     # ------------------------------------------------------------------ QueryRoute
     async def QueryRoute(self, request: Any, context: Any) -> Any:
         pb = self.pb
         topic = request.topic.name
-        cfg, problem = broker_calls.route_topic(self.broker, topic)
-        if cfg is None:
-            code = pb.TOPIC_NOT_FOUND if problem is None else pb.ILLEGAL_TOPIC
-            return pb.QueryRouteResponse(status=self.status(code, problem or f"topic {topic} not found"))
+        cfg = self.topic_config(topic)
+        if isinstance(cfg, tuple) and self.broker.is_master:
+            return pb.QueryRouteResponse(status=self.status(*cfg))
+        if isinstance(cfg, tuple):  # a slave routes the topics it has (it takes no sends)
+            cfg = self.broker.topics.get(topic)
+            if cfg is None:
+                return pb.QueryRouteResponse(
+                    status=self.status(pb.TOPIC_NOT_FOUND, f"topic {topic} not found")
+                )
         broker = pb.Broker(name=self.broker.settings.name, id=0, endpoints=self.endpoints())
         queues = []
         # Every type until topics carry RocketMQ 5's message.type attribute (a MIXED topic).
-        accept = [pb.NORMAL, pb.FIFO, pb.DELAY]
+        accept = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
         for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
             readable = qid < cfg.read_queue_nums and bool(cfg.perm & PERM_READ)
             writable = qid < cfg.write_queue_nums and bool(cfg.perm & PERM_WRITE)
@@ -108,36 +149,86 @@ class MessagingService:
     # ------------------------------------------------------------------ clients
     async def Heartbeat(self, request: Any, context: Any) -> Any:
         pb = self.pb
-        if not client_id(context):
+        cid = client_id(context)
+        if not cid:
             return pb.HeartbeatResponse(
                 status=self.status(pb.CLIENT_ID_REQUIRED, "x-mq-client-id is required")
             )
+        stream = self.streams.get(cid)
+        if stream is not None and stream.producer_groups:  # refresh its producer registrations
+            self.services.clients.heartbeat(stream, cid, "GRPC", 0, [], stream.producer_groups)
         return pb.HeartbeatResponse(status=self.status(pb.OK))
 
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
-        self.clients.pop(client_id(context), None)
+        cid = client_id(context)
+        self.clients.pop(cid, None)
+        stream = self.streams.pop(cid, None)
+        if stream is not None:
+            for group in stream.producer_groups:
+                self.services.clients.unregister(stream, cid, group, "")
+            stream.close()
         return self.pb.NotifyClientTerminationResponse(status=self.status(self.pb.OK))
 
     async def Telemetry(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        """The client's settings in, the broker's settings out (clients wait 10 s for them);
-        answers to VerifyMessage/PrintThreadStack commands are logged."""
-        pb = self.pb
+        """The client's settings in, the broker's settings out (clients wait 10 s for them), and
+        what the broker asks the client (transaction checks) out; answers to
+        VerifyMessage/PrintThreadStack commands are logged."""
         cid = client_id(context)
-        async for command in requests:
-            if not hasattr(command, "WhichOneof"):  # a frame that did not parse (server.Malformed)
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, command.details())
-            kind = command.WhichOneof("command")
-            if kind == "settings":
-                settings = self.settings_for(command.settings)
-                self.clients[cid] = settings
-                yield pb.TelemetryCommand(status=self.status(pb.OK), settings=settings)
-            elif kind in ("thread_stack_trace", "verify_message_result"):
-                log.info("client %s answered %s", cid, kind)
-            else:
-                yield pb.TelemetryCommand(
-                    status=self.status(pb.BAD_REQUEST, f"unexpected telemetry command {kind}")
-                )
-        self.clients.pop(cid, None)
+        peer = StreamPeer(context.peer(), cid, self.pb)
+        self.streams[cid] = peer  # a client that reconnects: its newest stream
+        reader = asyncio.get_running_loop().create_task(self._read_telemetry(requests, cid, peer))
+        try:
+            while True:
+                command = await peer.outbox.get()
+                if command is None:
+                    break
+                if not hasattr(command, "WhichOneof"):  # a frame that did not parse (server.Malformed)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, command.details())
+                yield command
+        finally:
+            reader.cancel()
+            if self.streams.get(cid) is peer:
+                del self.streams[cid]
+                self.clients.pop(cid, None)
+            peer.close()  # drops its producer registrations
+
+    async def _read_telemetry(self, requests: AsyncIterator[Any], cid: str, peer: StreamPeer) -> None:
+        pb = self.pb
+        out = peer.outbox
+        try:
+            async for command in requests:
+                if not hasattr(command, "WhichOneof"):
+                    out.put_nowait(command)
+                    return
+                kind = command.WhichOneof("command")
+                if kind == "settings":
+                    settings = self.settings_for(command.settings)
+                    self.clients[cid] = settings
+                    self._register_producer(peer, cid, command.settings)
+                    out.put_nowait(pb.TelemetryCommand(status=self.status(pb.OK), settings=settings))
+                elif kind in ("thread_stack_trace", "verify_message_result"):
+                    log.info("client %s answered %s", cid, kind)
+                else:
+                    out.put_nowait(
+                        pb.TelemetryCommand(
+                            status=self.status(pb.BAD_REQUEST, f"unexpected telemetry command {kind}")
+                        )
+                    )
+        except Exception as exc:  # the stream broke: end the writer too
+            log.debug("telemetry stream of %s ended: %s", cid, exc)
+        finally:
+            out.put_nowait(None)
+
+    def _register_producer(self, peer: StreamPeer, cid: str, settings: Any) -> None:
+        """A producer's stream is where the broker's transaction checks of its topics go: it is
+        registered as a producer of each topic's group (RocketMQ 5's proxy routes them by topic)."""
+        if settings.WhichOneof("pub_sub") != "publishing":
+            return
+        groups = [producer_group(topic.name) for topic in settings.publishing.topics if topic.name]
+        if not groups:
+            return
+        peer.producer_groups = groups
+        self.services.clients.heartbeat(peer, cid, "GRPC", 0, [], groups)
 
     def settings_for(self, client: Any) -> Any:
         """The settings a client gets back: its own, completed with the broker's limits."""
@@ -170,70 +261,126 @@ class MessagingService:
         if not request.messages:
             return pb.SendMessageResponse(status=self.status(pb.BAD_REQUEST, "no message to send"))
         entries = []
-        for message in request.messages:
-            outcome = await self.send_one(message, context)
-            entries.append(
-                pb.SendResultEntry(
-                    status=self.status(outcome.code, outcome.message),
-                    message_id=message.system_properties.message_id,
-                    offset=max(outcome.queue_offset, 0),
+        first_message = request.messages[0].system_properties
+        peer = CallPeer(context.peer(), first_message.born_host)
+        try:
+            for message in request.messages:
+                code, text, offset, tx_id = await self.send_one(message, peer)
+                entries.append(
+                    pb.SendResultEntry(
+                        status=self.status(code, text),
+                        message_id=message.system_properties.message_id,
+                        offset=max(offset, 0),
+                        transaction_id=tx_id,
+                    )
                 )
-            )
+        finally:
+            peer.close()
         first = entries[0].status
         if len(entries) > 1 and any(e.status.code != first.code for e in entries):
             first = self.status(pb.MULTIPLE_RESULTS, "the messages had different outcomes")
         return pb.SendMessageResponse(status=first, entries=entries)
 
-    async def send_one(self, message: Any, context: Any) -> SendOutcome:
+    async def send_one(self, message: Any, peer: CallPeer) -> tuple[int, str, int, str]:
+        """One message through the send service: ``(code, message, queue offset, transaction id)``."""
         pb = self.pb
         system = message.system_properties
         topic = message.topic.name
         if not message.body:
-            return SendOutcome(pb.MESSAGE_BODY_EMPTY, "message body is empty")
+            return pb.MESSAGE_BODY_EMPTY, "message body is empty", -1, ""
         if len(message.body) > self.max_body:
-            return SendOutcome(pb.MESSAGE_BODY_TOO_LARGE, f"message body is over {self.max_body} bytes")
-        if system.message_type == pb.TRANSACTION:
-            return SendOutcome(
-                pb.UNSUPPORTED,
-                "transactional messages over gRPC wait for EndTransaction, which needs the broker services "
-                "layer (issue 35); use a 4.x transactional producer meanwhile",
-            )
+            return pb.MESSAGE_BODY_TOO_LARGE, f"message body is over {self.max_body} bytes", -1, ""
         if system.body_encoding == pb.GZIP:
             try:
                 body = zlib.decompress(message.body, wbits=31)
             except zlib.error as exc:
-                return SendOutcome(pb.MESSAGE_CORRUPTED, f"GZIP body does not decompress: {exc}")
+                return pb.MESSAGE_CORRUPTED, f"GZIP body does not decompress: {exc}", -1, ""
         else:
             body = message.body
+        transactional = system.message_type == pb.TRANSACTION
+        sys_flag = TRANSACTION_PREPARED_TYPE if transactional else 0
+        cfg = self.topic_config(topic, sys_flag)
+        if isinstance(cfg, tuple):
+            return cfg[0], cfg[1], -1, ""
         properties = dict(message.user_properties)
-        tag = system.tag if system.HasField("tag") else None
-        group = system.message_group if system.HasField("message_group") else None
-        delivery_ms = None
+        queue_id = -1  # the send service picks one
+        group = ""
+        if system.HasField("message_group"):
+            # FIFO: one message group, one queue (stable across restarts and processes).
+            queue_id = zlib.crc32(system.message_group.encode()) % max(cfg.write_queue_nums, 1)
+            properties[Prop.SHARDING_KEY] = system.message_group
+        if system.HasField("tag") and system.tag:
+            properties[Prop.TAGS] = system.tag
+        if system.keys:
+            properties[Prop.KEYS] = " ".join(system.keys)
+        if system.message_id:
+            properties[Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = (
+                system.message_id
+            )  # the client's id is the message's
         if system.HasField("delivery_timestamp"):
-            delivery_ms = system.delivery_timestamp.ToMilliseconds()
-        return await broker_calls.send(
-            self.broker,
+            properties[TIMER_DELIVER_MS] = str(system.delivery_timestamp.ToMilliseconds())
+        if transactional:
+            group = producer_group(topic)
+            properties[Prop.TRANSACTION_PREPARED] = "true"
+            properties[Prop.PRODUCER_GROUP] = group
+        sends = self.services.send
+        send = sends.prepare(
+            peer,
+            group,
             topic,
+            queue_id,
+            sys_flag,
+            DEFAULT_TOPIC,
+            self.broker.settings.default_topic_queues,
+            properties_to_string(properties),
+            0,
+            -1,
+            0,
+            system.born_timestamp.ToMilliseconds(),
             body,
-            properties,
-            message_id=system.message_id,
-            tag=tag,
-            keys=list(system.keys),
-            message_group=group,
-            delivery_ms=delivery_ms,
-            born_ms=system.born_timestamp.ToMilliseconds(),
-            born_host=system.born_host or context.peer(),
-            codes=pb,
         )
+        if isinstance(send, Outcome):
+            return code_of(pb, send.status, send.remark), send.remark or "", -1, ""
+        sends.put_one(send)
+        if not sends.settled(send):
+            await sends.settle(send)
+        code = code_of(pb, send.status, send.remark)
+        tx_id = transaction_id(send.msg_id, send.queue_offset) if transactional and code == pb.OK else ""
+        return code, send.remark or "", send.queue_offset, tx_id
+
+    # ------------------------------------------------------------------ transactions
+    async def EndTransaction(self, request: Any, context: Any) -> Any:
+        """Commit or roll back a half message, named by the transaction id its send answered
+        (or the check handed out)."""
+        pb = self.pb
+        resolution = {pb.COMMIT: _COMMIT, pb.ROLLBACK: _ROLLBACK}.get(request.resolution, _UNKNOWN)
+        named = parse_transaction_id(request.transaction_id)
+        commit_log_offset = -1
+        if named is not None:
+            try:
+                commit_log_offset = decode_message_id(named[0])[1]
+            except ValueError:
+                named = None
+        if named is None:
+            return pb.EndTransactionResponse(
+                status=self.status(pb.INVALID_TRANSACTION_ID, f"no transaction {request.transaction_id!r}")
+            )
+        outcome = await self.services.transactions.end(
+            CallPeer(context.peer()).remote_address,
+            producer_group(request.topic.name),
+            named[1],
+            commit_log_offset,
+            resolution,
+            request.source == pb.SOURCE_SERVER_CHECK,
+            request.message_id,
+        )
+        if not outcome.ok:
+            return pb.EndTransactionResponse(
+                status=self.status(code_of(pb, outcome.status, outcome.remark), outcome.remark or "")
+            )
+        return pb.EndTransactionResponse(status=self.status(pb.OK))
 
     # ------------------------------------------------------------------ not yet
-    async def EndTransaction(self, request: Any, context: Any) -> Any:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "EndTransaction needs the broker services layer's typed transaction service (issue 35), "
-            "not on this broker yet",
-        )
-
     async def RecallMessage(self, request: Any, context: Any) -> Any:
         await context.abort(
             grpc.StatusCode.UNIMPLEMENTED,

@@ -57,7 +57,7 @@ def wait_listening(address: str, timeout: float = 20) -> None:
 class GrpcCluster:
     """``tidemq namesrv`` and a ``tidemq broker`` with ``[transport.grpc]``, as subprocesses."""
 
-    def __init__(self, spawn: Any, tmp_path: Path, grpc_toml: str = "") -> None:
+    def __init__(self, spawn: Any, tmp_path: Path, grpc_toml: str = "", broker_toml: str = "") -> None:
         self.tmp = tmp_path
         self.namesrv = spawn("namesrv", "--listen", "127.0.0.1:0").addresses["namesrv"]
         self.grpc = f"127.0.0.1:{free_port()}"
@@ -66,8 +66,7 @@ class GrpcCluster:
             'name = "broker-grpc"\n'
             f'listen = "127.0.0.1:{free_port()}"\n'
             f'namesrv = ["{self.namesrv}"]\n'
-            f'data_dir = "{tmp_path / "data"}"\n'
-            "[transport.grpc]\n"
+            f'data_dir = "{tmp_path / "data"}"\n' + broker_toml + "[transport.grpc]\n"
             f'listen = "{self.grpc}"\n' + grpc_toml
         )
         self.broker = spawn("broker", "-c", str(tmp_path / "broker.toml")).addresses["broker"]
@@ -274,3 +273,59 @@ def test_what_a_4x_producer_sent_is_pulled_over_grpc_with_its_id_tag_keys_and_pr
         # RocketMQ's own properties (UNIQ_KEY, WAIT, CLUSTER, ...) are not user properties.
         assert dict(message.user_properties) == {"idx": str(i), "color": "blue"}
         assert system.queue_offset == i
+
+
+def test_v5_transactions_commit_roll_back_and_are_checked_then_a_4x_consumer_reads_the_committed(
+    v5_python: Path, spawn: Any, tmp_path: Path
+) -> None:
+    # Checks every second, of half messages older than a second: the unknown one is checked soon.
+    cluster = GrpcCluster(
+        spawn, tmp_path, broker_toml="transaction_check_interval_s = 1.0\ntransaction_timeout_s = 1.0\n"
+    )
+    cluster.admin("updateTopic", "-t", "V5Tx", "-r", "1", "-w", "1")
+    lines = cluster.run(
+        v5_python,
+        V5_WORKER,
+        "transaction",
+        "--endpoints",
+        cluster.grpc,
+        "--topic",
+        "V5Tx",
+        "--actions",
+        "commit,rollback,unknown,commit",
+        "--wait",
+        "60",
+    )
+    sends = [line for line in lines if "action" in line]
+    checks = [line for line in lines if "checked" in line]
+    assert [s["action"] for s in sends] == ["commit", "rollback", "unknown", "commit"]
+    assert all(s["transaction_id"] for s in sends)
+    unknown = sends[2]
+    # The broker's check reached the producer's Telemetry stream, for the unknown one only.
+    assert {c["checked"] for c in checks} == {unknown["message_id"]}, lines
+    assert checks[0]["body"] == "v5-unknown-2"
+
+    got = cluster.run(
+        sys.executable,
+        V4_WORKER,
+        "pull",
+        "--namesrv",
+        cluster.namesrv,
+        "--topic",
+        "V5Tx",
+        "--group",
+        "G_V4_READS_V5_TX",
+        "--count",
+        "3",
+        "--timeout",
+        "60",
+    )[-1]
+    assert got["complete"], got
+    by_body = {r["body"]: r for r in got["received"]}
+    # Committed ones and the one committed on check; the rolled-back one never reaches consumers.
+    assert sorted(by_body) == ["v5-commit-0", "v5-commit-3", "v5-unknown-2"]
+    ids = {s["i"]: s["message_id"] for s in sends}
+    for i, body in ((0, "v5-commit-0"), (2, "v5-unknown-2"), (3, "v5-commit-3")):
+        record = by_body[body]
+        assert record["id"] == ids[i] and record["tags"] == "TxTag" and record["keys"] == f"key-{i}"
+        assert record["props"]["idx"] == str(i)

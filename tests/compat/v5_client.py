@@ -3,6 +3,7 @@ and prints JSON lines.  It runs in the client's own virtual environment (its top
 ``rocketmq`` package is not ``rocketmq==0.4.4``'s), started by tests/compat/test_grpc_official.py.
 
     python v5_client.py produce --endpoints HOST:PORT --topic T --count N [--prefix P] [--message-group G]
+    python v5_client.py transaction --endpoints HOST:PORT --topic T --actions commit,rollback,unknown
 
 ``produce`` is written as the client's README shows a producer: ``Producer(config, (topic,))``,
 ``startup()``, ``send`` (sync) for the first half, ``send_async`` for the rest, ``shutdown()``.
@@ -68,6 +69,63 @@ def produce(args: argparse.Namespace) -> None:
         producer.shutdown()
 
 
+def transaction(args: argparse.Namespace) -> None:
+    """One transaction per action, as the client's README shows them: ``begin_transaction()``,
+    ``send(msg, transaction)``, then ``commit()``, ``rollback()`` or nothing (``unknown``: the
+    broker's check asks the producer's checker, which commits).  One JSON line per send
+    (``{"i", "action", "message_id", "transaction_id"}``) and per check (``{"checked"}``); waits up
+    to ``--wait`` seconds for the checks of the unknown ones."""
+    import threading
+
+    from rocketmq import ClientConfiguration, Credentials, Message, Producer, TransactionChecker
+    from rocketmq import TransactionResolution as Resolution
+
+    actions = args.actions.split(",")
+    pending = actions.count("unknown")
+    checked: list[str] = []
+    all_checked = threading.Event()
+
+    class Checker(TransactionChecker):  # type: ignore[misc]
+        def check(self, message: Message) -> int:
+            checked.append(message.message_id)
+            print(json.dumps({"checked": message.message_id, "body": message.body.decode()}), flush=True)
+            if len(set(checked)) >= pending:
+                all_checked.set()
+            return Resolution.COMMIT
+
+    producer = Producer(ClientConfiguration(args.endpoints, Credentials()), (args.topic,), checker=Checker())
+    producer.startup()
+    try:
+        for i, action in enumerate(actions):
+            tx = producer.begin_transaction()
+            msg = Message()
+            msg.topic = args.topic
+            msg.body = f"{args.prefix}-{action}-{i}".encode()
+            msg.tag = "TxTag"
+            msg.keys = f"key-{i}"
+            msg.add_property("idx", str(i))
+            receipt = producer.send(msg, tx)
+            if action == "commit":
+                tx.commit()
+            elif action == "rollback":
+                tx.rollback()
+            print(
+                json.dumps(
+                    {
+                        "i": i,
+                        "action": action,
+                        "message_id": receipt.message_id,
+                        "transaction_id": receipt.transaction_id,
+                    }
+                ),
+                flush=True,
+            )
+        if pending:
+            all_checked.wait(args.wait)
+    finally:
+        producer.shutdown()
+
+
 def bench(args: argparse.Namespace) -> None:
     """Send ``--count`` messages of ``--body`` bytes, sync, one at a time; print the totals."""
     from rocketmq import ClientConfiguration, Credentials, Message, Producer
@@ -97,7 +155,7 @@ def bench(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["produce", "bench"])
+    p.add_argument("scenario", choices=["produce", "transaction", "bench"])
     p.add_argument("--endpoints", required=True)
     p.add_argument("--topic", required=True)
     p.add_argument("--count", type=int, default=10)
@@ -105,8 +163,12 @@ def main() -> None:
     p.add_argument("--body", type=int, default=1024)
     p.add_argument("--tls", action="store_true", help="produce: connect with TLS")
     p.add_argument("--message-group", default="", help="produce: FIFO messages of this group")
+    p.add_argument(
+        "--actions", default="commit", help="transaction: commit/rollback/unknown, comma-separated"
+    )
+    p.add_argument("--wait", type=float, default=60.0, help="transaction: seconds to wait for the checks")
     args = p.parse_args()
-    {"produce": produce, "bench": bench}[args.scenario](args)
+    {"produce": produce, "transaction": transaction, "bench": bench}[args.scenario](args)
     sys.stdout.flush()
 
 

@@ -1,9 +1,14 @@
-"""The end of a transaction (END_TRANSACTION): commit or roll back a half message."""
+"""The end of a transaction (END_TRANSACTION): commit or roll back a half message; and the seam
+through which the broker's transaction check reaches a producer that is not on a remoting
+connection (:class:`TransactionCheckTarget`, given a :class:`TransactionCheck`)."""
 
 from __future__ import annotations
 
 from tidemq.broker.context import BrokerContext
 from tidemq.broker.services.status import DONE, Outcome, Status
+from tidemq.broker.transaction import TransactionCheck, TransactionCheckTarget
+
+__all__ = ["TransactionCheck", "TransactionCheckTarget", "TransactionService"]
 
 
 class TransactionService:

@@ -1,0 +1,114 @@
+"""A gRPC client as the broker's services see a connection (:class:`tidemq.Connection`).
+
+A unary call or a pull gets a :class:`CallPeer` for its duration; a client's Telemetry stream is
+a :class:`StreamPeer` for its life: the producer groups of the client are registered on it (so
+the broker's transaction check finds it) and it takes the checks as values
+(:class:`~tidemq.broker.services.transactions.TransactionCheckTarget`), written to the stream as
+``RecoverOrphanedTransactionCommand``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from tidemq import ConnectionState
+from tidemq.broker.services.transactions import TransactionCheck
+from tidemq.remoting import RemotingCommand
+
+from .messages import to_v5, transaction_id
+
+log = logging.getLogger(__name__)
+
+
+def born_address(address: str) -> tuple[str, int]:
+    """The born host of a message: the client's report (an IP, no port) or gRPC's peer
+    (``ipv4:1.2.3.4:5678``, ``ipv6:[::1]:5678``); what is not an IP address becomes 127.0.0.1."""
+    if address.startswith(("ipv4:", "ipv6:")):
+        address = address[5:]
+    candidates: list[tuple[str, int]] = [(address.strip("[]"), 0)]
+    host, _, port = address.rpartition(":")
+    if host and port.isdigit():
+        candidates.append((host.strip("[]"), int(port)))
+    for ip, number in candidates:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            continue
+        return ip, number
+    return "127.0.0.1", 0
+
+
+def _joined(host: tuple[str, int]) -> str:
+    return f"[{host[0]}]:{host[1]}" if ":" in host[0] else f"{host[0]}:{host[1]}"
+
+
+class CallPeer:
+    """The client of one call (or stream): its address and born host; closed with the call."""
+
+    def __init__(self, peer: str, born: str = "") -> None:
+        address = born_address(peer)
+        self.remote_address = _joined(address)
+        self.context = ConnectionState(born_host=born_address(born) if born else address)
+        self._closed = False
+        self._callbacks: list[Callable[[Any], Any]] = []
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def add_close_callback(self, fn: Callable[[Any], Any]) -> None:
+        if self._closed:
+            asyncio.get_running_loop().call_soon(fn, self)
+        else:
+            self._callbacks.append(fn)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            try:
+                fn(self)
+            except Exception:
+                log.exception("a close callback of gRPC client %s failed", self.remote_address)
+
+    async def invoke(self, request: RemotingCommand, timeout: float) -> RemotingCommand:
+        raise ConnectionError(f"gRPC client {self.remote_address} takes no remoting request {request.code}")
+
+    async def invoke_oneway(self, request: RemotingCommand) -> None:
+        # Notifications meant for 4.x clients (consumer ids changed...): a v5 client has no use for them.
+        log.debug("remoting request %d not sent to gRPC client %s", request.code, self.remote_address)
+
+    def send_response(self, response: RemotingCommand) -> None:
+        raise ConnectionError(f"gRPC client {self.remote_address} takes no remoting response")
+
+
+class StreamPeer(CallPeer):
+    """A client's Telemetry stream: what the broker sends the client goes to :attr:`outbox`."""
+
+    def __init__(self, peer: str, client_id: str, pb: ModuleType) -> None:
+        super().__init__(peer)
+        self.client_id = client_id
+        self.pb = pb
+        #: TelemetryCommands for the client, in order; the stream's writer drains it.
+        self.outbox: asyncio.Queue[Any] = asyncio.Queue()
+        #: The producer groups registered on this stream (one per topic the client publishes).
+        self.producer_groups: list[str] = []
+
+    async def check_transaction(self, check: TransactionCheck) -> None:
+        """The broker's check of a pending transaction, as RocketMQ 5's proxy sends it."""
+        pb = self.pb
+        msg = check.message
+        command = pb.TelemetryCommand(
+            recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
+                message=to_v5(pb, msg),
+                transaction_id=transaction_id(check.offset_msg_id, check.tran_state_offset),
+            )
+        )
+        self.outbox.put_nowait(command)
