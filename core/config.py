@@ -271,6 +271,11 @@ class BrokerSettings:
     msg_trace_topic_name: str = attrs.field(default="RMQ_SYS_TRACE_TOPIC", validator=_topic_name)
     # Request-reply (RocketMQ 4.6+): a reply is also stored in its topic, besides being pushed.
     store_reply_message_enable: bool = True
+    # Timer messages (RocketMQ 5's TIMER_DELIVER_MS / TIMER_DELAY_SEC / TIMER_DELAY_MS; tidemq.broker.timer).
+    timer_wheel_enable: bool = True
+    timer_max_delay_sec: int = number(3 * 86_400, ge=1, le=400 * 86_400)
+    timer_precision_ms: int = number(1000, ge=10, le=60_000)
+    timer_flush_interval_ms: int = number(1000, ge=10, le=3_600_000)
 
     @property
     def host(self) -> str:

@@ -25,6 +25,7 @@ from tidemq.broker.roles import RoleFollower
 from tidemq.broker.schedule import ScheduleMessageService
 from tidemq.broker.stats import BrokerStats
 from tidemq.broker.subscriptions import SubscriptionGroupManager
+from tidemq.broker.timer import TimerMessageStore
 from tidemq.broker.topics import TopicConfigManager
 from tidemq.broker.transaction import TransactionalMessageService
 from tidemq.config import Components, registered_address
@@ -105,6 +106,7 @@ class Broker:
         self.hold: PullRequestHoldService | None = None
         self.registrar = NamesrvRegistrar(self)
         self.schedule = ScheduleMessageService(self)  # delayed messages (issue 10)
+        self.timers = TimerMessageStore(self)  # timer messages (issue 36)
         self.transactions = TransactionalMessageService(self)  # transactional messages (issue 10)
         self.filter_servers = FilterServerManager(self)  # live `tidemq filtersrv` processes
         #: Where a replication plugin writes the metadata a slave copies from its master.
@@ -199,6 +201,8 @@ class Broker:
         self.store.add_arrival_listener(self.hold.notify_arrival, self.hold.is_waited_on)
         self.schedule.load()
         self.schedule.attach(loop)
+        self.timers.load()
+        self.timers.attach(loop)
         self.store.start()
         if self.roles is not None:
             self.roles.bind(loop)
@@ -252,6 +256,7 @@ class Broker:
             # Synchronous up to the registration: a role change reported meanwhile follows it.
             self.roles.started()
         self.schedule.start()
+        self.timers.start()
         self.transactions.start()
         await self.registrar.register_all()
         self.registrar.start()
@@ -303,6 +308,7 @@ class Broker:
         for task in list(self._background):
             task.cancel()
         await self.schedule.stop()
+        await self.timers.stop()
         await self.transactions.stop()
         self.offsets.persist(force=True)
         for table in (self.topics, self.groups):
@@ -312,6 +318,7 @@ class Broker:
                 log.error("cannot write %s: %s", table.path, exc)
         self.replication.shutdown()
         self.store.shutdown()
+        self.timers.close()
         await self.client.close()
         if self._dir_lock is not None:
             self._dir_lock.release()

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tidemq.broker.schedule import ScheduleMessageService
     from tidemq.broker.stats import BrokerStats
     from tidemq.broker.subscriptions import SubscriptionGroupManager
+    from tidemq.broker.timer import TimerMessageStore
     from tidemq.broker.topics import TopicConfigManager
     from tidemq.broker.transaction import TransactionalMessageService
     from tidemq.config import BrokerSettings
@@ -60,6 +61,7 @@ class BrokerContext(Protocol):
     hold: PullRequestHoldService | None
     registrar: NamesrvRegistrar
     schedule: ScheduleMessageService
+    timers: TimerMessageStore  # timer messages (issue 36)
     transactions: TransactionalMessageService
     hooks: Any  # the pluggy hook relay
     client: Any  # the transport client (requests to clients and NameServers)

@@ -79,9 +79,11 @@ class RoleFollower:
                 self._services_master = master
                 if master:
                     b.schedule.start()
+                    b.timers.start()
                     b.transactions.start()
                 else:  # both also check is_master before each write they make
                     await b.schedule.stop()
+                    await b.timers.stop()
                     await b.transactions.stop()
             try:
                 await registering

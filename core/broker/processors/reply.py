@@ -25,6 +25,7 @@ from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import DEFAULT_TOPIC, HeaderFieldError, field_int, field_str
 from tidemq.broker.processors.send import SendProcessor, born_host, send_fields
 from tidemq.broker.processors.send_put import PendingSend, PutGroup, answer_now, finish, store_group
+from tidemq.broker.timer import TimerRefused
 from tidemq.message import MessageInner, Prop, properties_to_string, string_to_properties
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
@@ -167,6 +168,10 @@ class ReplyProcessor:
         send = self.sends._hooked(conn, request, group, [msg], False)
         if not isinstance(send, PendingSend):
             return send
+        try:  # a stored reply with a timer waits in rmq_sys_wheel_timer (the push goes now)
+            b.timers.rewrite(msg)
+        except TimerRefused as exc:
+            return request.reply(exc.code, exc.remark)
         push_fields = {
             "producerGroup": group,
             "topic": topic,

@@ -41,6 +41,7 @@ from tidemq.broker.processors.send_put import (
     finish,
     store_group,
 )
+from tidemq.broker.timer import TimerRefused
 from tidemq.broker.transaction import is_half_request
 from tidemq.errors import CorruptDataError
 from tidemq.futures import resolved
@@ -359,6 +360,10 @@ class SendProcessor:
         )
         send = self._hooked(conn, request, group, [msg], False)
         if type(send) is PendingSend:
+            try:  # a timer (TIMER_* properties) parks it in rmq_sys_wheel_timer; a half's is checked
+                b.timers.rewrite(msg)
+            except TimerRefused as exc:
+                return request.reply(exc.code, exc.remark)
             # A transaction's half message goes to RMQ_SYS_TRANS_HALF_TOPIC, a delayed one to
             # SCHEDULE_TOPIC_XXXX: after the hooks, so they judge the topic the producer named.
             if is_half_request(properties, sys_flag):
@@ -436,7 +441,13 @@ class SendProcessor:
             return request.reply(ResponseCode.MESSAGE_ILLEGAL, f"malformed batch body: {exc}")
         if not msgs:
             return request.reply(ResponseCode.MESSAGE_ILLEGAL, "the batch holds no message")
-        return self._hooked(conn, request, group, msgs, True)
+        send = self._hooked(conn, request, group, msgs, True)
+        try:  # a timer on any message parks the batch in rmq_sys_wheel_timer, each until its time
+            if type(send) is PendingSend:
+                b.timers.rewrite_batch(msgs)
+        except TimerRefused as exc:
+            return request.reply(exc.code, exc.remark)
+        return send
 
     # ------------------------------------------------------------------ hooks, store, answer
     def _hooked(

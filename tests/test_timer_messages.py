@@ -1,0 +1,266 @@
+"""Timer messages (RocketMQ 5's TIMER_DELIVER_MS / TIMER_DELAY_SEC / TIMER_DELAY_MS), issue 36.
+
+Real broker processes with a 100 ms ``timer_precision_ms`` so the tests stay fast.  Timing is
+judged on the broker's clock: a delivered message's store timestamp against its ``TIMER_OUT_MS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_delay_schedule import MQ, Collector
+
+from tidemq.broker.timer import TIMER_OUT_MS, TIMER_TOPIC
+from tidemq.broker.timer.timer_log import TimerLog
+from tidemq.broker.timer.timer_wheel import TimerWheel
+from tidemq.client import Message, MessageExt, Producer
+from tidemq.client.errors import BrokerError, SendFailedError
+from tidemq.message import Prop
+from tidemq.plugins import get_plugin_manager
+from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.remoting.command import RemotingCommand
+
+PRECISION_MS = 100
+#: Allowed lateness beyond the precision (a loaded CI machine, the consumer's pull).
+SLACK_MS = 1000
+TIMER = {"timer_precision_ms": PRECISION_MS, "timer_flush_interval_ms": 100}
+
+
+def run(coro: Any, timeout: float = 60) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def check_timing(m: MessageExt) -> int:
+    """Lateness of a delivered timer message (never early), on the broker's clock."""
+    due = int(m.properties[TIMER_OUT_MS])
+    late = m.store_timestamp - due
+    assert 0 <= late <= PRECISION_MS + SLACK_MS, (m.body, late)
+    return late
+
+
+async def queue_max(mq: MQ, topic: str, queue_id: int = 0) -> int:
+    client = get_plugin_manager().create("transport", "tcp").client()
+    try:
+        resp = await client.invoke(
+            mq.broker_addr,
+            RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": topic, "queueId": str(queue_id)}),
+            3,
+        )
+    finally:
+        await client.close()
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    return int(resp.ext_fields["offset"])
+
+
+# ---------------------------------------------------------------------------- files
+
+
+def test_log_and_wheel_files_round_trip(tmp_path: Path) -> None:
+    log = TimerLog(tmp_path / "log")
+    a = log.append(100, -1, 5_000, 1234, 0)
+    b = log.append(120, a, 5_050, 2234, 1)
+    wheel = TimerWheel(tmp_path / "wheel", 64)
+    assert wheel.fresh and wheel.get(50) is None
+    wheel.put(50, a, b, 2)
+    wheel.close()
+    log.close()
+    # Reopened: what was written is there, a torn record tail is cut away.
+    with open(tmp_path / "log", "ab") as fh:
+        fh.write(b"\x00" * 7)
+    log = TimerLog(tmp_path / "log")
+    assert log.end == 80
+    rec = log.read(b)
+    assert rec is not None and (rec.prev_pos, rec.deliver_ms, rec.phy_offset, rec.queue_offset) == (
+        a,
+        5050,
+        2234,
+        1,
+    )
+    wheel = TimerWheel(tmp_path / "wheel", 64)
+    slot = wheel.get(50 + 64)  # the same slot, a tick one turn later
+    assert (
+        not wheel.fresh
+        and slot is not None
+        and (slot.tick, slot.first_pos, slot.last_pos, slot.num) == (50, a, b, 2)
+    )
+    assert [r.queue_offset for r in log.scan(0)] == [0, 1]
+    assert TimerWheel(tmp_path / "wheel", 65).fresh  # another geometry: rebuilt from the log
+    log.close()
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def test_timer_properties_deliver_at_their_time_with_the_producers_message(spawn, tmp_path) -> None:
+    mq = MQ(spawn, tmp_path, **TIMER)
+    topic = "TimerTopic"
+
+    async def main() -> tuple[dict[bytes, MessageExt], dict[bytes, str], int, float]:
+        ids: dict[bytes, str] = {}
+        async with Producer("timer-pg", mq.ns) as producer:
+            sent_at = time.time()
+            cases = {
+                b"sec": {"TIMER_DELAY_SEC": "2"},
+                b"ms": {"TIMER_DELAY_MS": "1500"},
+                b"abs": {"TIMER_DELIVER_MS": str(now_ms() + 1000)},
+                b"past": {"TIMER_DELIVER_MS": str(now_ms() - 5000)},
+                b"plain": {},
+            }
+            for body, props in cases.items():
+                r = await producer.send(
+                    Message(
+                        topic, body, tags="TagT", keys=f"k-{body.decode()}", properties={"p": "v", **props}
+                    )
+                )
+                ids[body] = r.msg_id
+            parked = await queue_max(mq, TIMER_TOPIC)
+            collector = Collector(mq, "timer-cg", topic)
+            await collector.consumer.start()
+            try:
+                await collector.wait_for(2, 10)
+                early = time.time() - sent_at
+                seen_early = set(collector.bodies())
+                await collector.wait_for(5, 15)
+                await asyncio.sleep(0.5)
+            finally:
+                await collector.consumer.shutdown()
+        assert len(collector.got) == 5, collector.bodies()  # each once
+        if early < 0.9:
+            assert seen_early <= {b"past", b"plain"}, seen_early
+        return {m.body: m for _, m in collector.got}, ids, parked, early
+
+    got, ids, parked, _ = run(main())
+    assert parked == 3  # the three future ones waited in rmq_sys_wheel_timer
+    for body in (b"sec", b"ms", b"abs"):
+        m = got[body]
+        check_timing(m)
+        assert m.topic == "TimerTopic" and m.tags == "TagT" and m.keys == [f"k-{body.decode()}"]
+        assert m.properties["p"] == "v"
+        assert m.uniq_key == ids[body]  # the consumer sees the producer's message id
+        assert Prop.REAL_TOPIC not in m.properties
+    assert TIMER_OUT_MS not in got[b"past"].properties and TIMER_OUT_MS not in got[b"plain"].properties
+    assert int(got[b"sec"].properties[TIMER_OUT_MS]) - got[b"sec"].born_timestamp >= 2000 - 50
+
+
+BAD = [
+    ({"TIMER_DELAY_SEC": "-1"}, ResponseCode.MESSAGE_ILLEGAL, "negative"),
+    ({"TIMER_DELAY_MS": "soon"}, ResponseCode.MESSAGE_ILLEGAL, "not a whole number"),
+    ({"TIMER_DELAY_SEC": "99999999999999999999"}, ResponseCode.MESSAGE_ILLEGAL, "overflows"),
+    ({"TIMER_DELIVER_MS": str(2**63)}, ResponseCode.MESSAGE_ILLEGAL, "overflows"),
+    ({"TIMER_DELAY_SEC": str(4 * 86400)}, ResponseCode.MESSAGE_ILLEGAL, "max delay"),
+    ({"TIMER_DELAY_SEC": "2", "TIMER_DELAY_MS": "2000"}, ResponseCode.MESSAGE_ILLEGAL, "set together"),
+]
+
+
+def test_bad_timer_properties_are_refused_and_nothing_is_stored(spawn, tmp_path) -> None:
+    mq = MQ(spawn, tmp_path, **TIMER)
+    topic = "TimerBad"
+
+    async def main() -> None:
+        async with Producer("timer-bad-pg", mq.ns, retry_times=0) as producer:
+            await producer.send(Message(topic, b"first"))  # the topic exists; its queue 0..3 offsets known
+            before = [await queue_max(mq, topic, q) for q in range(4)]
+            for props, code, words in BAD:
+                with pytest.raises((BrokerError, SendFailedError)) as info:
+                    await producer.send(Message(topic, b"bad", properties=props))
+                err = info.value
+                if isinstance(err, SendFailedError):
+                    err = err.errors[-1]
+                assert isinstance(err, BrokerError) and err.code == code and words in (err.remark or ""), (
+                    props,
+                    err,
+                )
+                assert "\n" not in (err.remark or "")
+            assert [await queue_max(mq, topic, q) for q in range(4)] == before
+            assert await queue_max(mq, TIMER_TOPIC) == 0
+            # A delay level wins over a timer (as RocketMQ: the timer properties are dropped).
+            r = await producer.send(
+                Message(topic, b"level", delay_level=1, properties={"TIMER_DELAY_SEC": "30"})
+            )
+            assert r.queue.topic == topic
+            assert await queue_max(mq, TIMER_TOPIC) == 0
+
+    run(main())
+
+
+def test_timer_wheel_disabled_refuses_timer_messages(spawn, tmp_path) -> None:
+    mq = MQ(spawn, tmp_path, timer_wheel_enable=False)
+
+    async def main() -> None:
+        async with Producer("timer-off-pg", mq.ns, retry_times=0) as producer:
+            with pytest.raises((BrokerError, SendFailedError)) as info:
+                await producer.send(Message("TimerOff", b"x", properties={"TIMER_DELAY_SEC": "1"}))
+            err = info.value.errors[-1] if isinstance(info.value, SendFailedError) else info.value
+            assert isinstance(err, BrokerError) and err.code == ResponseCode.SYSTEM_ERROR
+            assert "timerWheelEnable is false" in (err.remark or "")
+            await producer.send(Message("TimerOff", b"plain"))  # everything else works
+
+    run(main())
+
+
+def test_batch_with_timers_waits_whole_each_until_its_time(spawn, tmp_path) -> None:
+    mq = MQ(spawn, tmp_path, **TIMER)
+    topic = "TimerBatch"
+
+    async def main() -> list[MessageExt]:
+        async with Producer("timer-batch-pg", mq.ns) as producer:
+            msgs = [
+                Message(topic, b"b0", properties={"TIMER_DELAY_MS": "1200"}),
+                Message(topic, b"b1"),
+                Message(topic, b"b2", properties={"TIMER_DELAY_MS": "600"}),
+            ]
+            await producer.send_batch(msgs)
+            collector = Collector(mq, "timer-batch-cg", topic)
+            await collector.consumer.start()
+            try:
+                await collector.wait_for(3, 15)
+                await asyncio.sleep(0.3)
+            finally:
+                await collector.consumer.shutdown()
+        return [m for _, m in collector.got]
+
+    got = {m.body: m for m in run(main())}
+    assert sorted(got) == [b"b0", b"b1", b"b2"]
+    for m in got.values():
+        check_timing(m)
+    assert got[b"b0"].store_timestamp >= got[b"b2"].store_timestamp >= got[b"b1"].store_timestamp
+
+
+def test_pending_timers_survive_a_restart(spawn, tmp_path) -> None:
+    mq = MQ(spawn, tmp_path, **TIMER)
+    topic = "TimerRestart"
+
+    async def send() -> None:
+        async with Producer("timer-rs-pg", mq.ns) as producer:
+            await producer.send(Message(topic, b"while-down", properties={"TIMER_DELAY_MS": "1000"}))
+            await producer.send(Message(topic, b"after", properties={"TIMER_DELAY_MS": "3500"}))
+
+    run(send())
+    mq.stop_broker()
+    time.sleep(1.5)
+    mq.start_broker()
+
+    async def consume() -> list[MessageExt]:
+        collector = Collector(mq, "timer-rs-cg", topic)
+        await collector.consumer.start()
+        try:
+            await collector.wait_for(2, 20)
+            await asyncio.sleep(1.0)
+        finally:
+            await collector.consumer.shutdown()
+        return [m for _, m in collector.got]
+
+    got = run(consume())
+    assert sorted(m.body for m in got) == [b"after", b"while-down"]  # each exactly once
+    late = {m.body: m.store_timestamp - int(m.properties[TIMER_OUT_MS]) for m in got}
+    assert late[b"while-down"] >= 0
+    check_timing(next(m for m in got if m.body == b"after"))
