@@ -264,3 +264,101 @@ def test_pending_timers_survive_a_restart(spawn, tmp_path) -> None:
     late = {m.body: m.store_timestamp - int(m.properties[TIMER_OUT_MS]) for m in got}
     assert late[b"while-down"] >= 0
     check_timing(next(m for m in got if m.body == b"after"))
+
+
+# ---------------------------------------------------------------------------- SIGKILL
+
+
+async def _send_until_killed(mq: MQ, topic: str, delays_ms: list[int], kill_after: int) -> dict[str, int]:
+    """Send with 8 senders in parallel; SIGKILL the broker once ``kill_after`` sends were acknowledged
+    (others in flight).  The acknowledged messages: uniq key -> due time asked for."""
+    acked: dict[str, int] = {}
+    todo = list(enumerate(delays_ms))
+    killed = asyncio.Event()
+
+    async with Producer("timer-kill-pg", mq.ns, retry_times=0, send_timeout=2.0) as producer:
+
+        async def sender() -> None:
+            while todo and not killed.is_set():
+                i, delay = todo.pop(0)
+                due = now_ms() + delay
+                try:
+                    r = await producer.send(
+                        Message(topic, f"m{i}".encode(), properties={"TIMER_DELIVER_MS": str(due)})
+                    )
+                except Exception:
+                    continue
+                acked[r.msg_id] = due
+                if len(acked) >= kill_after and not killed.is_set():
+                    killed.set()
+                    mq.broker.stop(signal.SIGKILL)
+
+        await asyncio.gather(*(sender() for _ in range(8)))
+    return acked
+
+
+async def _collect_all(mq: MQ, group: str, topic: str, want: set[str], timeout: float) -> list[MessageExt]:
+    collector = Collector(mq, group, topic)
+    await collector.consumer.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not want <= {m.uniq_key for _, m in collector.got}:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # late duplicates too
+    finally:
+        await collector.consumer.shutdown()
+    return [m for _, m in collector.got]
+
+
+def test_sigkill_while_scheduling_loses_no_acknowledged_timer(spawn, tmp_path) -> None:
+    mq = MQ(spawn, tmp_path, **TIMER)
+    topic = "TimerKillSched"
+    acked = run(_send_until_killed(mq, topic, [2500 + 5 * i for i in range(600)], kill_after=200))
+    assert 200 <= len(acked) < 600
+    mq.start_broker()
+    got = run(_collect_all(mq, "timer-ks-cg", topic, set(acked), 30))
+    keys = [m.uniq_key for m in got]
+    assert set(acked) <= set(keys), f"lost {len(set(acked) - set(keys))} of {len(acked)}"
+    for m in got:
+        assert m.store_timestamp >= int(m.properties[TIMER_OUT_MS]), m.body  # never early
+    # Killed before any was due: nothing had been delivered, so nothing is delivered twice.
+    assert len(keys) == len(set(keys))
+
+
+def test_sigkill_while_delivering_loses_none_and_repeats_only_the_last_interval(spawn, tmp_path) -> None:
+    mq = MQ(spawn, tmp_path, **TIMER)
+    topic = "TimerKillDeliver"
+
+    async def main() -> tuple[dict[str, int], int]:
+        async with Producer("timer-kd-pg", mq.ns) as producer:
+            acked: dict[str, int] = {}
+            base = now_ms() + 1500
+            for i in range(400):  # due over 2 s, 200 a second
+                due = base + 5 * i
+                r = await producer.send(
+                    Message(topic, f"d{i}".encode(), properties={"TIMER_DELIVER_MS": str(due)})
+                )
+                acked[r.msg_id] = due
+        # Kill once about half went out.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            delivered = sum([await queue_max(mq, topic, q) for q in range(4)])
+            if delivered >= 150:
+                break
+            await asyncio.sleep(0.02)
+        killed_at = now_ms()
+        mq.broker.stop(signal.SIGKILL)
+        assert 150 <= delivered < 400, delivered
+        return acked, killed_at
+
+    acked, killed_at = run(main())
+    mq.start_broker()
+    got = run(_collect_all(mq, "timer-kd-cg", topic, set(acked), 30))
+    keys = [m.uniq_key for m in got]
+    assert set(acked) <= set(keys), f"lost {len(set(acked) - set(keys))} of {len(acked)}"
+    dups = {k for k in keys if keys.count(k) > 1}
+    # The bound: only messages due within the last checkpoint interval + one tick (+ a loaded
+    # machine's slack) before the kill can be delivered twice.
+    window_ms = TIMER["timer_flush_interval_ms"] + PRECISION_MS + 700
+    assert all(acked[k] >= killed_at - window_ms for k in dups), sorted(killed_at - acked[k] for k in dups)
+    assert all(keys.count(k) <= 2 for k in dups)
