@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 from test_delay_schedule import MQ, Collector
+from test_transaction_messages import Listener
 
 from tidemq.broker.timer import TIMER_OUT_MS, TIMER_TOPIC
 from tidemq.broker.timer.timer_log import TimerLog
 from tidemq.broker.timer.timer_wheel import TimerWheel
-from tidemq.client import Message, MessageExt, Producer
+from tidemq.client import LocalTransactionState, Message, MessageExt, Producer, TransactionProducer
 from tidemq.client.errors import BrokerError, SendFailedError
 from tidemq.message import Prop
 from tidemq.plugins import get_plugin_manager
@@ -362,3 +363,44 @@ def test_sigkill_while_delivering_loses_none_and_repeats_only_the_last_interval(
     window_ms = TIMER["timer_flush_interval_ms"] + PRECISION_MS + 700
     assert all(acked[k] >= killed_at - window_ms for k in dups), sorted(killed_at - acked[k] for k in dups)
     assert all(keys.count(k) <= 2 for k in dups)
+
+
+# ---------------------------------------------------------------------------- transactions
+
+
+def test_transactional_timer_starts_at_the_commit_and_a_bad_one_is_refused_at_the_half(
+    spawn, tmp_path
+) -> None:
+    mq = MQ(spawn, tmp_path, **TIMER)
+    topic = "TimerTx"
+
+    async def main() -> tuple[MessageExt, str]:
+        listener = Listener(LocalTransactionState.COMMIT)
+        async with TransactionProducer("timer-tx-pg", listener, mq.ns, retry_times=0) as producer:
+            with pytest.raises((BrokerError, SendFailedError)) as info:
+                await producer.send_in_transaction(
+                    Message(topic, b"bad", properties={"TIMER_DELAY_MS": "-5"})
+                )
+            err = info.value.errors[-1] if isinstance(info.value, SendFailedError) else info.value
+            assert isinstance(err, BrokerError) and err.code == ResponseCode.MESSAGE_ILLEGAL
+            assert listener.executed == []  # refused before any local transaction ran
+            r = await producer.send_in_transaction(
+                Message(topic, b"tx", properties={"TIMER_DELAY_MS": "1500"})
+            )
+            committed_at = now_ms()
+            assert r.local_state is LocalTransactionState.COMMIT
+            collector = Collector(mq, "timer-tx-cg", topic)
+            await collector.consumer.start()
+            try:
+                await collector.wait_for(1, 15)
+                await asyncio.sleep(0.5)
+            finally:
+                await collector.consumer.shutdown()
+        assert collector.bodies() == [b"tx"]
+        m = collector.got[0][1]
+        assert m.store_timestamp >= committed_at + 1500 - 50  # counted from the commit
+        return m, r.send_result.msg_id
+
+    m, msg_id = run(main())
+    check_timing(m)
+    assert m.uniq_key == msg_id and m.properties[Prop.TRANSACTION_PREPARED] == "true"

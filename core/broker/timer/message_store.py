@@ -152,7 +152,10 @@ class TimerMessageStore:
         if msg.topic == TIMER_TOPIC or TIMER_OUT_MS in props:
             return False  # already rolled through the wheel once
         tran = msg.sys_flag & TRANSACTION_TYPE_MASK
-        half = tran == TRANSACTION_PREPARED_TYPE or props.get(Prop.TRANSACTION_PREPARED, "").lower() == "true"
+        # A committed message keeps TRAN_MSG=true; its sys flag says it is no longer a half.
+        half = tran == TRANSACTION_PREPARED_TYPE or (
+            tran == TRANSACTION_NOT_TYPE and props.get(Prop.TRANSACTION_PREPARED, "").lower() == "true"
+        )
         if not half and tran not in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
             return False
         now = _now_ms()
