@@ -223,6 +223,10 @@ NOTES: dict[str, dict[str, str]] = {
         "rocketmq": "timerFlushIntervalMs",
         "doc": "How often the timer log, wheel and checkpoint (`config/timercheck`) are flushed: after a crash, messages delivered in the last interval (plus one tick) may be delivered again.",
     },
+    "broker.timer_roll_window_slots": {
+        "rocketmq": "timerRollWindowSlots",
+        "doc": "A timer message due later than this many ticks is put back into `rmq_sys_wheel_timer` at the window's end (0: never), so its stored copy never outlives the commit log's `file_reserved_hours`.",
+    },
     # ------------------------------------------------------------------ [namesrv]
     "namesrv.listen": {"rocketmq": "listenPort", "doc": "HOST:PORT to listen on (port 0: any free port)."},
     "namesrv.data_dir": {

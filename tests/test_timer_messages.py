@@ -67,8 +67,8 @@ async def queue_max(mq: MQ, topic: str, queue_id: int = 0) -> int:
 
 def test_log_and_wheel_files_round_trip(tmp_path: Path) -> None:
     log = TimerLog(tmp_path / "log")
-    a = log.append(100, -1, 5_000, 1234, 0)
-    b = log.append(120, a, 5_050, 2234, 1)
+    a = log.append(100, -1, 5_000, 5_000, 1234, 0)
+    b = log.append(120, a, 5_050, 9_050, 2234, 1)
     wheel = TimerWheel(tmp_path / "wheel", 64)
     assert wheel.fresh and wheel.get(50) is None
     wheel.put(50, a, b, 2)
@@ -78,11 +78,13 @@ def test_log_and_wheel_files_round_trip(tmp_path: Path) -> None:
     with open(tmp_path / "log", "ab") as fh:
         fh.write(b"\x00" * 7)
     log = TimerLog(tmp_path / "log")
-    assert log.end == 80
+    assert log.end == 96
     rec = log.read(b)
-    assert rec is not None and (rec.prev_pos, rec.deliver_ms, rec.phy_offset, rec.queue_offset) == (
+    assert rec is not None
+    assert (rec.prev_pos, rec.due_ms, rec.deliver_ms, rec.phy_offset, rec.queue_offset) == (
         a,
         5050,
+        9050,
         2234,
         1,
     )
@@ -243,7 +245,7 @@ def test_pending_timers_survive_a_restart(spawn, tmp_path) -> None:
     async def send() -> None:
         async with Producer("timer-rs-pg", mq.ns) as producer:
             await producer.send(Message(topic, b"while-down", properties={"TIMER_DELAY_MS": "1000"}))
-            await producer.send(Message(topic, b"after", properties={"TIMER_DELAY_MS": "3500"}))
+            await producer.send(Message(topic, b"after", properties={"TIMER_DELAY_MS": "6000"}))
 
     run(send())
     mq.stop_broker()
@@ -404,3 +406,26 @@ def test_transactional_timer_starts_at_the_commit_and_a_bad_one_is_refused_at_th
     m, msg_id = run(main())
     check_timing(m)
     assert m.uniq_key == msg_id and m.properties[Prop.TRANSACTION_PREPARED] == "true"
+
+
+def test_a_timer_beyond_the_roll_window_is_rolled_and_delivered_once(spawn, tmp_path) -> None:
+    mq = MQ(spawn, tmp_path, **TIMER, timer_roll_window_slots=8)  # 0.8 s
+    topic = "TimerRoll"
+
+    async def main() -> tuple[list[MessageExt], int]:
+        async with Producer("timer-roll-pg", mq.ns) as producer:
+            r = await producer.send(Message(topic, b"far", properties={"TIMER_DELAY_MS": "2500"}))
+            collector = Collector(mq, "timer-roll-cg", topic)
+            await collector.consumer.start()
+            try:
+                await collector.wait_for(1, 15)
+                await asyncio.sleep(0.5)
+            finally:
+                await collector.consumer.shutdown()
+        assert collector.got[0][1].uniq_key == r.msg_id
+        return [m for _, m in collector.got], await queue_max(mq, TIMER_TOPIC)
+
+    got, parked = run(main())
+    assert [m.body for m in got] == [b"far"]
+    check_timing(got[0])
+    assert parked >= 3  # the send and at least two rolls (at 0.8 s and 1.6 s)

@@ -6,7 +6,7 @@ message with ``TIMER_DELIVER_MS``, ``TIMER_DELAY_SEC`` or ``TIMER_DELAY_MS`` is 
 ``rmq_sys_wheel_timer`` queue 0 like any message (so it is acknowledged only once stored, and
 replicated and queryable by key as any message is).
 
-Enqueue (a task): reads rmq_sys_wheel_timer queue 0 in order and appends one 40-byte record per
+Enqueue (a task): reads rmq_sys_wheel_timer queue 0 in order and appends one 48-byte record per
 message to the :class:`~tidemq.broker.timer.timer_log.TimerLog`, chained into the slot of its tick
 (``deliver_ms // timerPrecisionMs``) of the :class:`~tidemq.broker.timer.timer_wheel.TimerWheel`.
 A message whose tick is already being (or was) delivered is delivered at once by the enqueue.
@@ -98,6 +98,8 @@ class TimerMessageStore:
         self.precision_ms: int = s.timer_precision_ms
         self.max_delay_sec: int = s.timer_max_delay_sec
         self.flush_interval_s: float = s.timer_flush_interval_ms / 1000
+        #: A message due later than this is rolled (0: never).
+        self.roll_window_ms: int = s.timer_roll_window_slots * self.precision_ms
         # Twice the longest delay in ticks: a slot is reused only long after its tick was delivered.
         self.slots = -(-2 * self.max_delay_sec * 1000 // self.precision_ms) + 2
         if self.slots > MAX_SLOTS:
@@ -127,6 +129,7 @@ class TimerMessageStore:
         #: Records in the wheel whose tick is not delivered yet.
         self.pending = 0
         self.recovered_redeliveries = 0
+        self.rolled = 0
         self.lateness_ms: list[int] = []  # last deliveries' lateness, bounded (metrics)
         self._events: tuple[asyncio.Event, asyncio.Event] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -254,22 +257,27 @@ class TimerMessageStore:
             return slot.last_pos, slot.first_pos, slot.num, max(slot.tick, tick)
         return NO_RECORD, -1, 0, tick
 
-    def _link(self, rec_size: int, deliver_ms: int, phy: int, qoff: int) -> tuple[int, int]:
+    def _link(self, rec_size: int, deliver_ms: int, phy: int, qoff: int, now: int) -> tuple[int, int, int]:
         """Append a record, then chain it into its slot (in that order: a crash between the two
-        leaves a record recovery re-links); (its position, its tick)."""
+        leaves a record recovery re-links); (its position, its tick, when the wheel acts on it).
+
+        A message due beyond the roll window is chained at the window's end instead, where it is
+        put back into rmq_sys_wheel_timer (RocketMQ's roll): its commit-log copy stays younger
+        than the window, whatever the commit log's retention."""
         assert self.log is not None and self.wheel is not None
-        tick = deliver_ms // self.precision_ms
+        due_ms = min(deliver_ms, now + self.roll_window_ms) if self.roll_window_ms else deliver_ms
+        tick = due_ms // self.precision_ms
         prev, first, num, slot_tick = self._chain(tick)
-        pos = self.log.append(rec_size, prev, deliver_ms, phy, qoff)
+        pos = self.log.append(rec_size, prev, due_ms, deliver_ms, phy, qoff)
         self.wheel.put(slot_tick, first if num else pos, pos, num + 1)
-        return pos, tick
+        return pos, tick, due_ms
 
     def _recover_tail(self, settled_pos: int) -> None:
         """Records after the checkpoint: re-link the one whose slot update a crash cut off, find
         the enqueue progress, and keep those already due for re-delivery."""
         assert self.log is not None and self.wheel is not None
         for rec in self.log.scan(settled_pos):
-            tick = rec.deliver_ms // self.precision_ms
+            tick = rec.due_ms // self.precision_ms
             self.queue_offset = max(self.queue_offset, rec.queue_offset + 1)
             if tick < self.done_tick:
                 self._recover.append(rec)
@@ -290,7 +298,7 @@ class TimerMessageStore:
         self.wheel.clear()
         for rec in self.log.scan(0):
             self.queue_offset = max(self.queue_offset, rec.queue_offset + 1)
-            tick = rec.deliver_ms // self.precision_ms
+            tick = rec.due_ms // self.precision_ms
             if tick >= self.done_tick:
                 self._relink(rec, tick)
         log.warning(
@@ -407,6 +415,7 @@ class TimerMessageStore:
             return False
         direct: list[TimerLogRecord] = []
         assert self.log is not None
+        now = _now_ms()
         for buf, qoff in zip(res.buffers, res.queue_offsets, strict=True):
             try:
                 ext = decode_message(buf)
@@ -417,11 +426,11 @@ class TimerMessageStore:
             if ext.properties.get(Prop.REAL_TOPIC, TIMER_TOPIC) == TIMER_TOPIC:
                 log.warning("timer: message at queue offset %d has no real topic, dropped", qoff)
                 continue
-            pos, tick = self._link(ext.store_size, deliver, ext.commit_log_offset, qoff)
+            pos, tick, due = self._link(ext.store_size, deliver, ext.commit_log_offset, qoff, now)
             self.enqueued += 1
             if tick <= self.claimed_tick:  # its tick is being or was walked: delivered here
                 direct.append(
-                    TimerLogRecord(pos, ext.store_size, NO_RECORD, deliver, ext.commit_log_offset, qoff)
+                    TimerLogRecord(pos, ext.store_size, NO_RECORD, due, deliver, ext.commit_log_offset, qoff)
                 )
             else:
                 self.pending += 1
@@ -476,7 +485,7 @@ class TimerMessageStore:
                 )
                 break
             seen += 1
-            if rec.deliver_ms // self.precision_ms == tick:
+            if rec.due_ms // self.precision_ms == tick:
                 out.append(rec)
             pos = rec.prev_pos
         out.reverse()  # log order: a producer's order among messages due in one tick
@@ -504,7 +513,10 @@ class TimerMessageStore:
                         "timer: message at commit-log offset %d unreadable, skipped: %s", rec.phy_offset, exc
                     )
                     continue
-                msgs.append((rec, self._real_message(ext)))
+                if rec.deliver_ms > rec.due_ms:  # rolled: back into the wheel topic, a fresh copy
+                    msgs.append((rec, self._rolled_message(ext)))
+                else:
+                    msgs.append((rec, self._real_message(ext)))
             futures = [self.store.put_message(m) for _, m in msgs]
             results = await asyncio.gather(*(resolved(f) for f in futures), return_exceptions=True)
             now = _now_ms()
@@ -520,6 +532,9 @@ class TimerMessageStore:
                     )
                     continue
                 delivered += 1
+                if msg.topic == TIMER_TOPIC:
+                    self.rolled += 1
+                    continue
                 self.delivered += 1
                 self.broker.stats.on_put(msg.topic, 1, result.wrote_bytes)
                 lateness = now - rec.deliver_ms
@@ -529,6 +544,22 @@ class TimerMessageStore:
             if failed is not None and strict:
                 raise RuntimeError(f"a timer delivery failed: {failed}")
         return delivered
+
+    def _rolled_message(self, ext: MessageExt) -> MessageInner:
+        """The parked message again, as it is, for another turn of the wheel."""
+        return MessageInner(
+            topic=TIMER_TOPIC,
+            body=ext.body,
+            queue_id=0,
+            flag=ext.flag,
+            properties=dict(ext.properties),
+            sys_flag=ext.sys_flag,
+            born_timestamp=ext.born_timestamp,
+            born_host=ext.born_host,
+            store_host=self.broker.store_host,
+            reconsume_times=ext.reconsume_times,
+            prepared_transaction_offset=ext.prepared_transaction_offset,
+        )
 
     def _real_message(self, ext: MessageExt) -> MessageInner:
         """The message as its producer sent it, to its real topic and queue, TIMER_OUT_MS kept."""

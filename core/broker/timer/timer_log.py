@@ -4,12 +4,14 @@ One fixed-size record per message parked in ``rmq_sys_wheel_timer``, in the orde
 service read them.  A record chains to the previous record of its wheel slot (``prev_pos``), so a
 slot's messages are found by walking back from the slot's last record, never by a scan.
 
-Record layout (40 bytes, big-endian)::
+Record layout (48 bytes, big-endian)::
 
     magic       int32   RECORD_MAGIC
     size        int32   the message's record size in the commit log
     prev_pos    int64   the slot's previous record (-1: none)
-    deliver_ms  int64   when the message is due (epoch ms, TIMER_OUT_MS)
+    due_ms      int64   when the wheel acts on it (its slot's time)
+    deliver_ms  int64   when the message is due (epoch ms, TIMER_OUT_MS); later than ``due_ms``
+                        for a message rolled: put back into rmq_sys_wheel_timer at ``due_ms``
     phy_offset  int64   the message's commit-log offset
     queue_off   int64   its offset in rmq_sys_wheel_timer queue 0 (recovery finds its progress here)
 """
@@ -21,7 +23,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
-RECORD = struct.Struct(">iiqqqq")
+RECORD = struct.Struct(">iiqqqqq")
 RECORD_SIZE = RECORD.size
 RECORD_MAGIC = 0x54494D52  # "TIMR"
 #: ``prev_pos`` of a slot's first record.
@@ -31,14 +33,22 @@ NO_RECORD = -1
 class TimerLogRecord:
     """One decoded record (built only while walking a due slot or recovering)."""
 
-    __slots__ = ("deliver_ms", "phy_offset", "pos", "prev_pos", "queue_offset", "size")
+    __slots__ = ("deliver_ms", "due_ms", "phy_offset", "pos", "prev_pos", "queue_offset", "size")
 
     def __init__(
-        self, pos: int, size: int, prev_pos: int, deliver_ms: int, phy_offset: int, queue_offset: int
+        self,
+        pos: int,
+        size: int,
+        prev_pos: int,
+        due_ms: int,
+        deliver_ms: int,
+        phy_offset: int,
+        queue_offset: int,
     ) -> None:
         self.pos = pos
         self.size = size
         self.prev_pos = prev_pos
+        self.due_ms = due_ms
         self.deliver_ms = deliver_ms
         self.phy_offset = phy_offset
         self.queue_offset = queue_offset
@@ -57,10 +67,12 @@ class TimerLog:
             os.ftruncate(self._fd, whole)
         self.end = whole
 
-    def append(self, size: int, prev_pos: int, deliver_ms: int, phy_offset: int, queue_offset: int) -> int:
+    def append(
+        self, size: int, prev_pos: int, due_ms: int, deliver_ms: int, phy_offset: int, queue_offset: int
+    ) -> int:
         """Write one record at the end; its position."""
         pos = self.end
-        data = RECORD.pack(RECORD_MAGIC, size, prev_pos, deliver_ms, phy_offset, queue_offset)
+        data = RECORD.pack(RECORD_MAGIC, size, prev_pos, due_ms, deliver_ms, phy_offset, queue_offset)
         os.pwrite(self._fd, data, pos)  # one write(2): a SIGKILL leaves it whole or absent
         self.end = pos + RECORD_SIZE
         return pos
@@ -73,10 +85,10 @@ class TimerLog:
         data = os.pread(self._fd, RECORD_SIZE, pos)
         if len(data) < RECORD_SIZE:
             return None
-        magic, size, prev_pos, deliver_ms, phy, qoff = RECORD.unpack(data)
+        magic, size, prev_pos, due_ms, deliver_ms, phy, qoff = RECORD.unpack(data)
         if magic != RECORD_MAGIC:
             return None
-        return TimerLogRecord(pos, size, prev_pos, deliver_ms, phy, qoff)
+        return TimerLogRecord(pos, size, prev_pos, due_ms, deliver_ms, phy, qoff)
 
     def scan(self, start: int) -> Iterator[TimerLogRecord]:
         """Records from ``start`` to the end, in order (recovery: the tail after the checkpoint)."""
@@ -87,9 +99,9 @@ class TimerLog:
             if not data:
                 return
             for i in range(0, len(data) - RECORD_SIZE + 1, RECORD_SIZE):
-                magic, size, prev_pos, deliver_ms, phy, qoff = RECORD.unpack_from(data, i)
+                magic, size, prev_pos, due_ms, deliver_ms, phy, qoff = RECORD.unpack_from(data, i)
                 if magic == RECORD_MAGIC:
-                    yield TimerLogRecord(pos + i, size, prev_pos, deliver_ms, phy, qoff)
+                    yield TimerLogRecord(pos + i, size, prev_pos, due_ms, deliver_ms, phy, qoff)
             pos += len(data) - len(data) % RECORD_SIZE
 
     def flush(self) -> None:
