@@ -429,3 +429,52 @@ def test_a_timer_beyond_the_roll_window_is_rolled_and_delivered_once(spawn, tmp_
     assert [m.body for m in got] == [b"far"]
     check_timing(got[0])
     assert parked >= 3  # the send and at least two rolls (at 0.8 s and 1.6 s)
+
+
+# ---------------------------------------------------------------------------- operators
+
+
+async def _ask(mq: MQ, code: int) -> RemotingCommand:
+    client = get_plugin_manager().create("transport", "tcp").client()
+    try:
+        resp = await client.invoke(mq.broker_addr, RemotingCommand.request(code), 3)
+    finally:
+        await client.close()
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    return resp
+
+
+def test_checkpoint_metrics_and_runtime_info_show_the_schedule(spawn, tmp_path) -> None:
+    import struct
+
+    import orjson
+
+    mq = MQ(spawn, tmp_path, **TIMER)
+
+    async def main() -> None:
+        async with Producer("timer-ops-pg", mq.ns) as producer:
+            for i in range(3):
+                await producer.send(
+                    Message("TimerOps", f"o{i}".encode(), properties={"TIMER_DELAY_SEC": "30"})
+                )
+            await producer.send(Message("TimerOps2", b"p", properties={"TIMER_DELAY_SEC": "30"}))
+        await asyncio.sleep(0.6)  # enqueued, and a checkpoint written
+        metrics = orjson.loads((await _ask(mq, RequestCode.GET_TIMER_METRICS)).body)
+        assert {t: v["count"] for t, v in metrics["timingCount"].items()} == {"TimerOps": 3, "TimerOps2": 1}
+        body = (await _ask(mq, RequestCode.GET_TIMER_CHECK_POINT)).body
+        assert len(body) == 56
+        read_ms, _flush_pos, queue_offset, master_offset, *_version = struct.unpack(">7q", body)
+        assert queue_offset == master_offset == 4 and abs(read_ms - now_ms()) < 2000
+        table = orjson.loads((await _ask(mq, RequestCode.GET_BROKER_RUNTIME_INFO)).body)["table"]
+        assert table["timerCongestNum"] == "4" and table["timerOffsetBehind"] == "0"
+        assert table["timerReadBehind"] == "0" and float(table["timerEnqueueTps"]) >= 0
+
+    run(main())
+    mq.stop_broker()  # the counts survive a restart (kept with the checkpoint)
+    mq.start_broker()
+
+    async def after() -> None:
+        metrics = orjson.loads((await _ask(mq, RequestCode.GET_TIMER_METRICS)).body)
+        assert {t: v["count"] for t, v in metrics["timingCount"].items()} == {"TimerOps": 3, "TimerOps2": 1}
+
+    run(after())

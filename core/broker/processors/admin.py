@@ -352,6 +352,7 @@ def runtime_table(b: BrokerContext) -> dict[str, str]:
         table["commitLogDirCapacity"] = (
             f"Total : {_human_bytes(usage.total)}, Free : {_human_bytes(usage.free)}."
         )
+    table.update(b.timers.runtime_info())  # RocketMQ 5's timer keys (issue 36)
     return table
 
 

@@ -46,3 +46,5 @@ def tidemq_register_processors(register: ProcessorRegister) -> None:
     # Delayed and transactional messages (the broker's schedule and transaction services).
     register.add(RequestCode.GET_ALL_DELAY_OFFSET, broker.schedule.get_all_delay_offset)
     register.add(RequestCode.END_TRANSACTION, broker.transactions.end_transaction)
+    register.add(RequestCode.GET_TIMER_CHECK_POINT, broker.timers.get_timer_check_point)  # timer (issue 36)
+    register.add(RequestCode.GET_TIMER_METRICS, broker.timers.get_timer_metrics)

@@ -7,7 +7,8 @@ TimerLog and the wheel were flushed.  The keys are RocketMQ's:
 * ``lastTimerLogFlushPos``: every TimerLog record before it is settled (enqueued, and delivered
   when it was already due);
 * ``lastTimerQueueOffset``: rmq_sys_wheel_timer queue offsets before it are in the TimerLog;
-* ``precisionMs`` / ``slots``: the wheel's geometry (another one rebuilds the wheel from the log).
+* ``precisionMs`` / ``slots``: the wheel's geometry (another one rebuilds the wheel from the log);
+* ``timingCount``: messages waiting per real topic (GET_TIMER_METRICS).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class TimerCheckpoint:
     last_timer_queue_offset: int = 0
     precision_ms: int = 0
     slots: int = 0
+    #: real topic -> messages waiting (RocketMQ keeps it in ``timermetrics``).
+    timing_count: dict[str, int] = attrs.field(factory=dict)
 
     @classmethod
     def load(cls, path: Path) -> TimerCheckpoint | None:
@@ -46,6 +49,7 @@ class TimerCheckpoint:
                 int(data["lastTimerQueueOffset"]),
                 int(data.get("precisionMs", 0)),
                 int(data.get("slots", 0)),
+                {str(k): int(v) for k, v in dict(data.get("timingCount", {})).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptDataError(
@@ -60,6 +64,7 @@ class TimerCheckpoint:
             "masterTimerQueueOffset": self.last_timer_queue_offset,
             "precisionMs": self.precision_ms,
             "slots": self.slots,
+            "timingCount": self.timing_count,
         }
 
     def save(self, path: Path) -> None:

@@ -33,10 +33,14 @@ at least once; the duplicates after a crash are at most the messages delivered i
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import struct
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from tidemq.broker.timer.checkpoint import TimerCheckpoint
 from tidemq.broker.timer.properties import (
@@ -64,6 +68,7 @@ from tidemq.message import (
     decode_message,
 )
 from tidemq.remoting.codes import ResponseCode
+from tidemq.remoting.command import RemotingCommand
 from tidemq.store import GetStatus
 from tidemq.tasks import supervise, wait_event
 
@@ -77,6 +82,8 @@ TIMER_GROUP = "TIMER_CONSUMER"
 READ_BATCH = 256
 IDLE_WAIT_S = 0.5
 RETRY_AFTER_FAILURE_S = 1.0
+#: GET_TIMER_CHECK_POINT's body: TimerCheckpoint.encode, seven big-endian longs.
+_CHECKPOINT = struct.Struct(">7q")
 #: 32 bytes each: 1 GiB of wheel at most (3 days at 1 s is 518 402 slots, 16 MiB).
 MAX_SLOTS = 1 << 25
 #: Puts in flight at once while a tick is delivered.
@@ -128,6 +135,11 @@ class TimerMessageStore:
         self.refused = 0
         #: Records in the wheel whose tick is not delivered yet.
         self.pending = 0
+        #: Real topic -> messages waiting in the wheel (RocketMQ's timermetrics ``timingCount``),
+        #: kept in the checkpoint; approximate after a crash.
+        self.timing: dict[str, int] = {}
+        self.checkpoints_written = 0
+        self._samples: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=64)
         self.recovered_redeliveries = 0
         self.rolled = 0
         self.lateness_ms: list[int] = []  # last deliveries' lateness, bounded (metrics)
@@ -232,6 +244,7 @@ class TimerMessageStore:
             cp = TimerCheckpoint(now_tick * self.precision_ms, 0, 0, self.precision_ms, self.slots)
         self.done_tick = cp.last_read_time_ms // self.precision_ms
         self.queue_offset = cp.last_timer_queue_offset
+        self.timing = {topic: n for topic, n in cp.timing_count.items() if n > 0}
         if self.wheel.fresh or cp.precision_ms != self.precision_ms or cp.slots != self.slots:
             self._rebuild_wheel()
         else:
@@ -345,7 +358,9 @@ class TimerMessageStore:
 
     def checkpoint(self) -> TimerCheckpoint:
         pos, qoff = self._settled
-        return TimerCheckpoint(self.done_tick * self.precision_ms, pos, qoff, self.precision_ms, self.slots)
+        return TimerCheckpoint(
+            self.done_tick * self.precision_ms, pos, qoff, self.precision_ms, self.slots, dict(self.timing)
+        )
 
     def persist(self) -> None:
         """Flush the log and the wheel, then write the checkpoint (in that order: it claims them)."""
@@ -354,12 +369,69 @@ class TimerMessageStore:
         self.log.flush()
         self.wheel.flush()
         cp.save(self.checkpoint_path)
+        self.checkpoints_written += 1
 
     # ------------------------------------------------------------------ figures
     def backlog(self) -> int:
         """Messages parked and not yet delivered: in the wheel, or stored and not yet enqueued."""
         waiting = self.store.get_max_offset_in_queue(TIMER_TOPIC, 0) - self.queue_offset
         return self.pending + max(0, waiting)
+
+    def enqueue_behind(self) -> int:
+        """Messages in rmq_sys_wheel_timer not yet in the wheel (RocketMQ's timerOffsetBehind)."""
+        return max(0, self.store.get_max_offset_in_queue(TIMER_TOPIC, 0) - self.queue_offset)
+
+    def dequeue_behind_ms(self) -> int:
+        """How far the delivery lags the clock (0 when it keeps up; RocketMQ's timerReadBehind in ms)."""
+        return max(0, _now_ms() - (self.done_tick + 1) * self.precision_ms)
+
+    def tps(self) -> tuple[float, float]:
+        """(enqueued, delivered) per second over the last ~10 s of checkpoints."""
+        if len(self._samples) < 2:
+            return 0.0, 0.0
+        t1, e1, d1 = self._samples[-1]
+        t0, e0, d0 = next(s for s in self._samples if t1 - s[0] <= 10.0)
+        span = t1 - t0
+        return ((e1 - e0) / span, (d1 - d0) / span) if span > 0 else (0.0, 0.0)
+
+    def runtime_info(self) -> dict[str, str]:
+        """GET_BROKER_RUNTIME_INFO's timer keys, with RocketMQ 5's names."""
+        enq, deq = self.tps()
+        return {
+            "timerReadBehind": str(self.dequeue_behind_ms() // 1000),
+            "timerOffsetBehind": str(self.enqueue_behind()),
+            "timerCongestNum": str(self.pending),
+            "timerEnqueueTps": f"{enq:.2f}",
+            "timerDequeueTps": f"{deq:.2f}",
+        }
+
+    # ------------------------------------------------------------------ requests
+    async def get_timer_check_point(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+        """GET_TIMER_CHECK_POINT (60): RocketMQ's 56-byte TimerCheckpoint encoding (seven longs)."""
+        if self.log is None:
+            return request.reply(ResponseCode.SYSTEM_ERROR, "The checkpoint is null")
+        cp = self.checkpoint()
+        body = _CHECKPOINT.pack(
+            cp.last_read_time_ms,
+            cp.last_timer_log_flush_pos,
+            cp.last_timer_queue_offset,
+            cp.last_timer_queue_offset,  # masterTimerQueueOffset: this broker's own
+            0,  # dataVersion.stateVersion
+            _now_ms(),  # dataVersion.timestamp
+            self.checkpoints_written,  # dataVersion.counter
+        )
+        return request.reply(ResponseCode.SUCCESS, body=body)
+
+    async def get_timer_metrics(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+        """GET_TIMER_METRICS (61): RocketMQ's TimerMetricsSerializeWrapper (timing count per topic)."""
+        now = _now_ms()
+        body = {
+            "dataVersion": {"counter": self.checkpoints_written, "stateVersion": 0, "timestamp": now},
+            "timingCount": {
+                topic: {"count": n, "timeStamp": now} for topic, n in sorted(self.timing.items())
+            },
+        }
+        return request.reply(ResponseCode.SUCCESS, body=orjson.dumps(body))
 
     # ------------------------------------------------------------------ enqueue
     def _on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
@@ -434,6 +506,8 @@ class TimerMessageStore:
                 )
             else:
                 self.pending += 1
+                real = ext.properties[Prop.REAL_TOPIC]
+                self.timing[real] = self.timing.get(real, 0) + 1
         self.queue_offset = max(offset, res.next_begin_offset, res.queue_offsets[-1] + 1)
         if direct:
             await self._deliver_records(direct)
@@ -459,7 +533,7 @@ class TimerMessageStore:
             try:
                 records = self._due_records(tick)
                 if records:
-                    await self._deliver_records(records, strict=True)
+                    await self._deliver_records(records, strict=True, counted=True)
                     self.pending = max(0, self.pending - len(records))
             except asyncio.CancelledError:
                 raise
@@ -491,7 +565,9 @@ class TimerMessageStore:
         out.reverse()  # log order: a producer's order among messages due in one tick
         return out
 
-    async def _deliver_records(self, records: list[TimerLogRecord], strict: bool = False) -> int:
+    async def _deliver_records(
+        self, records: list[TimerLogRecord], strict: bool = False, counted: bool = False
+    ) -> int:
         """Put each record's message to its real topic; how many went.  ``strict``: a failed put
         raises (the tick is retried whole: at least once)."""
         delivered = 0
@@ -532,6 +608,13 @@ class TimerMessageStore:
                     )
                     continue
                 delivered += 1
+                if counted:
+                    real = msg.properties.get(Prop.REAL_TOPIC, msg.topic)
+                    left = self.timing.get(real, 0) - 1
+                    if left > 0:
+                        self.timing[real] = left
+                    else:
+                        self.timing.pop(real, None)
                 if msg.topic == TIMER_TOPIC:
                     self.rolled += 1
                     continue
@@ -594,6 +677,8 @@ class TimerMessageStore:
                 await asyncio.to_thread(self.log.flush)
                 await asyncio.to_thread(self.wheel.flush)
                 await asyncio.to_thread(cp.save, self.checkpoint_path)
+                self.checkpoints_written += 1
+                self._samples.append((time.monotonic(), self.enqueued, self.delivered))
             except Exception:
                 log.exception("cannot persist %s", self.checkpoint_path)
 
