@@ -478,3 +478,42 @@ def test_checkpoint_metrics_and_runtime_info_show_the_schedule(spawn, tmp_path) 
         assert {t: v["count"] for t, v in metrics["timingCount"].items()} == {"TimerOps": 3, "TimerOps2": 1}
 
     run(after())
+
+
+def test_a_stored_reply_with_a_timer_waits_and_a_bad_one_is_refused(spawn, tmp_path) -> None:
+    from tidemq.message import properties_to_string
+
+    mq = MQ(spawn, tmp_path, **TIMER)
+    reply_topic = "DefaultCluster_REPLY_TOPIC"
+
+    def reply(props: dict[str, str]) -> RemotingCommand:
+        header = {
+            "producerGroup": "timer-reply-pg",
+            "topic": reply_topic,
+            "defaultTopic": "TBW102",
+            "defaultTopicQueueNums": "4",
+            "queueId": "0",
+            "sysFlag": "0",
+            "bornTimestamp": str(now_ms()),
+            "flag": "0",
+            "properties": properties_to_string(props),
+            "reconsumeTimes": "0",
+        }
+        return RemotingCommand.request(RequestCode.SEND_REPLY_MESSAGE, header, b"the answer")
+
+    async def main() -> None:
+        client = get_plugin_manager().create("transport", "tcp").client()
+        try:
+            bad = await client.invoke(mq.broker_addr, reply({"TIMER_DELAY_MS": "x"}), 3)
+            assert bad.code == ResponseCode.MESSAGE_ILLEGAL and "TIMER_DELAY_MS" in (bad.remark or "")
+            # No requester to push to (SYSTEM_ERROR, as RocketMQ), but the reply is stored: in the wheel.
+            resp = await client.invoke(mq.broker_addr, reply({"TIMER_DELAY_MS": "1500"}), 3)
+            assert resp.code == ResponseCode.SYSTEM_ERROR
+        finally:
+            await client.close()
+        assert await queue_max(mq, TIMER_TOPIC) == 1
+        assert await queue_max(mq, reply_topic) == 0
+        await asyncio.sleep(2.5)
+        assert await queue_max(mq, reply_topic) == 1
+
+    run(main())
