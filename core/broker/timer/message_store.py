@@ -128,7 +128,11 @@ class TimerMessageStore:
         self.claimed_tick = -1
         #: (log position, queue offset) with every record before them settled.
         self._settled = (0, 0)
+        #: (log end, queue offset, direct deliveries in flight) per enqueued batch, in log order:
+        #: the settled point moves past a batch once its deliveries are done.
+        self._unsettled: collections.deque[tuple[int, int, asyncio.Future[None] | None]] = collections.deque()
         self._recover: list[TimerLogRecord] = []
+        self._stopped = False
         # Figures (runtime info, metrics).
         self.enqueued = 0
         self.delivered = 0
@@ -335,15 +339,22 @@ class TimerMessageStore:
             self.attach(asyncio.get_running_loop())
         if not self.broker.is_master or self._tasks or self.log is None:
             return
+        if self._stopped:  # master again in this process: what was unsettled goes out again
+            self._stopped = False
+            self._recover_tail(self._settled[0])
         self._tasks.append(supervise(self._enqueue_loop, "tidemq-timer-enqueue"))
         self._tasks.append(supervise(self._dequeue_loop, "tidemq-timer-dequeue"))
         self._tasks.append(supervise(self._checkpoint_loop, "tidemq-timer-checkpoint"))
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        # Direct deliveries still running stay unsettled: delivered again after the restart.
+        running = [f for _, _, f in self._unsettled if f is not None and not f.done()]
+        for task in [*self._tasks, *running]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *running, return_exceptions=True)
         self._tasks.clear()
+        self._unsettled.clear()
+        self._stopped = True
         if self.log is not None:
             try:
                 self.persist()
@@ -357,6 +368,7 @@ class TimerMessageStore:
             self.wheel.close()
 
     def checkpoint(self) -> TimerCheckpoint:
+        self._settle()
         pos, qoff = self._settled
         return TimerCheckpoint(
             self.done_tick * self.precision_ms, pos, qoff, self.precision_ms, self.slots, dict(self.timing)
@@ -509,17 +521,37 @@ class TimerMessageStore:
                 real = ext.properties[Prop.REAL_TOPIC]
                 self.timing[real] = self.timing.get(real, 0) + 1
         self.queue_offset = max(offset, res.next_begin_offset, res.queue_offsets[-1] + 1)
-        if direct:
-            await self._deliver_records(direct)
-        self._settled = (self.log.end, self.queue_offset)
+        delivering = asyncio.ensure_future(self._deliver_direct(direct)) if direct else None
+        self._unsettled.append((self.log.end, self.queue_offset, delivering))
+        self._settle()
         return True
+
+    def _settle(self) -> None:
+        while self._unsettled:
+            pos, qoff, delivering = self._unsettled[0]
+            if delivering is not None and not delivering.done():
+                return
+            self._unsettled.popleft()
+            self._settled = (pos, qoff)
+
+    async def _deliver_direct(self, records: list[TimerLogRecord]) -> None:
+        """Records of a tick being or already walked: each at its time, retried until stored."""
+        while True:
+            try:
+                await self._deliver_records(records, strict=True)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("timer: direct delivery failed, retried")
+                await asyncio.sleep(RETRY_AFTER_FAILURE_S)
 
     # ------------------------------------------------------------------ dequeue
     async def _dequeue_loop(self) -> None:
         walked = 0
         while True:
             tick = self.done_tick
-            wait_ms = (tick + 1) * self.precision_ms - _now_ms()
+            wait_ms = tick * self.precision_ms - _now_ms()
             if wait_ms > 0:
                 await asyncio.sleep(wait_ms / 1000)
                 continue
@@ -571,8 +603,19 @@ class TimerMessageStore:
         """Put each record's message to its real topic; how many went.  ``strict``: a failed put
         raises (the tick is retried whole: at least once)."""
         delivered = 0
-        for start in range(0, len(records), DELIVER_WINDOW):
-            window = records[start : start + DELIVER_WINDOW]
+        records = sorted(records, key=lambda r: (r.due_ms, r.pos))
+        start = 0
+        while start < len(records):
+            # Never before its time: wait for the next one, then take every one due by now.
+            wait_ms = records[start].due_ms - _now_ms()
+            if wait_ms > 0:
+                await asyncio.sleep(wait_ms / 1000)
+            now = _now_ms()
+            end = start
+            while end < len(records) and end - start < DELIVER_WINDOW and records[end].due_ms <= now:
+                end += 1
+            window = records[start:end]
+            start = end
             msgs: list[tuple[TimerLogRecord, MessageInner]] = []
             for rec in window:
                 raw = self.store.look_message_by_offset(rec.phy_offset, rec.size)
