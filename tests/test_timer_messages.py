@@ -517,3 +517,90 @@ def test_a_stored_reply_with_a_timer_waits_and_a_bad_one_is_refused(spawn, tmp_p
         assert await queue_max(mq, reply_topic) == 1
 
     run(main())
+
+
+# ---------------------------------------------------------------------------- recall
+
+
+def test_recall_cancels_a_pending_timer_and_answers_rocketmqs_codes(spawn, tmp_path) -> None:
+    from tidemq.broker.timer.recall import RecallHandle, decode_handle
+
+    mq = MQ(spawn, tmp_path, **TIMER)
+    topic = "TimerRecall"
+
+    async def send_raw(client: Any, body: bytes, props: dict[str, str]) -> RemotingCommand:
+        from tidemq.message import properties_to_string
+
+        header = {
+            "producerGroup": "timer-recall-pg",
+            "topic": topic,
+            "defaultTopic": "TBW102",
+            "defaultTopicQueueNums": "4",
+            "queueId": "0",
+            "sysFlag": "0",
+            "bornTimestamp": str(now_ms()),
+            "flag": "0",
+            "properties": properties_to_string({"UNIQ_KEY": f"U-{body.decode()}", **props}),
+            "reconsumeTimes": "0",
+        }
+        return await client.invoke(
+            mq.broker_addr, RemotingCommand.request(RequestCode.SEND_MESSAGE, header, body), 3
+        )
+
+    async def recall(client: Any, handle: str, on_topic: str = topic) -> RemotingCommand:
+        header = {"producerGroup": "timer-recall-pg", "topic": on_topic, "recallHandle": handle}
+        return await client.invoke(
+            mq.broker_addr, RemotingCommand.request(RequestCode.RECALL_MESSAGE, header), 3
+        )
+
+    async def main() -> list[MessageExt]:
+        client = get_plugin_manager().create("transport", "tcp").client()
+        try:
+            kept = await send_raw(client, b"kept", {"TIMER_DELAY_MS": "1500"})
+            gone = await send_raw(client, b"gone", {"TIMER_DELAY_MS": "1500"})
+            handle = gone.ext_fields["recallHandle"]
+            h = decode_handle(handle)
+            assert (h.topic, h.broker_name, h.message_id) == (topic, "broker-d", "U-gone")
+            assert "recallHandle" in kept.ext_fields
+            ok = await recall(client, handle)
+            assert ok.code == ResponseCode.SUCCESS and ok.ext_fields["msgId"] == "U-gone"
+            again = await recall(client, handle)  # already recalled: RocketMQ answers success too
+            assert again.code == ResponseCode.SUCCESS
+            for bad, code, words in (
+                ("not-a-handle!", ResponseCode.ILLEGAL_OPERATION, "recall handle is invalid"),
+                (
+                    RecallHandle("Other", "broker-d", h.timestamp, "x").encode(),
+                    ResponseCode.ILLEGAL_OPERATION,
+                    "topic not match",
+                ),
+                (
+                    RecallHandle(topic, "broker-z", h.timestamp, "x").encode(),
+                    ResponseCode.ILLEGAL_OPERATION,
+                    "not available",
+                ),
+                (
+                    RecallHandle(topic, "broker-d", str(now_ms() - 1), "x").encode(),
+                    ResponseCode.ILLEGAL_OPERATION,
+                    "timestamp invalid",
+                ),
+            ):
+                r = await recall(client, bad)
+                assert r.code == code and words in (r.remark or ""), (bad, r.code, r.remark)
+            r = await recall(client, handle, on_topic="NoSuchTopic")
+            assert r.code == ResponseCode.TOPIC_NOT_EXIST
+            collector = Collector(mq, "timer-recall-cg", topic)
+            await collector.consumer.start()
+            try:
+                await collector.wait_for(1, 15)
+                await asyncio.sleep(1.5)
+            finally:
+                await collector.consumer.shutdown()
+            # Delivered: a recall comes too late (RocketMQ's answer).
+            late = await recall(client, kept.ext_fields["recallHandle"])
+            assert late.code == ResponseCode.ILLEGAL_OPERATION and "timestamp invalid" in (late.remark or "")
+        finally:
+            await client.close()
+        return [m for _, m in collector.got]
+
+    got = run(main())
+    assert [m.body for m in got] == [b"kept"]

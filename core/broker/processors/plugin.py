@@ -48,3 +48,4 @@ def tidemq_register_processors(register: ProcessorRegister) -> None:
     register.add(RequestCode.END_TRANSACTION, broker.transactions.end_transaction)
     register.add(RequestCode.GET_TIMER_CHECK_POINT, broker.timers.get_timer_check_point)  # timer (issue 36)
     register.add(RequestCode.GET_TIMER_METRICS, broker.timers.get_timer_metrics)
+    register.add(RequestCode.RECALL_MESSAGE, broker.timers.recall_message)

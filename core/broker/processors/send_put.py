@@ -287,4 +287,8 @@ def _respond(broker: BrokerContext, send: PendingSend, replica: Any) -> Remoting
     if role_aware is not None:
         # Controller mode (issue 25): the epoch that acknowledged; RocketMQ clients ignore the key.
         fields["epoch"] = str(role_aware.current_epoch())
+    if not send.batch and "TIMER_OUT_MS" in properties:  # a parked timer message (issue 36)
+        handle = broker.timers.recall_handle(send.msgs[0])
+        if handle is not None:
+            fields["recallHandle"] = handle
     return request.reply_with(code, remark, fields)

@@ -14,6 +14,7 @@ TimerLog and the wheel were flushed.  The keys are RocketMQ's:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 import orjson
@@ -56,7 +57,7 @@ class TimerCheckpoint:
                 f"{path} is not a timer checkpoint ({exc}); restore it or move it away"
             ) from exc
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, Any]:
         return {
             "lastReadTimeMs": self.last_read_time_ms,
             "lastTimerLogFlushPos": self.last_timer_log_flush_pos,

@@ -52,6 +52,7 @@ from tidemq.broker.timer.properties import (
     deliver_ms_of,
     has_timer,
 )
+from tidemq.broker.timer.recall import RECALL_TAG, RecallHandle, decode_handle, delete_key
 from tidemq.broker.timer.timer_log import NO_RECORD, RECORD_SIZE, TimerLog, TimerLogRecord
 from tidemq.broker.timer.timer_wheel import TimerWheel
 from tidemq.delay import delay_level_in
@@ -146,6 +147,7 @@ class TimerMessageStore:
         self._samples: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=64)
         self.recovered_redeliveries = 0
         self.rolled = 0
+        self.recalled = 0
         self.lateness_ms: list[int] = []  # last deliveries' lateness, bounded (metrics)
         self._events: tuple[asyncio.Event, asyncio.Event] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -191,10 +193,25 @@ class TimerMessageStore:
                 raise
             log.warning("timer of a message to %s ignored, delivered now: %s", msg.topic, exc.remark)
             return False
+        if deliver <= now and TIMER_DEL_UNIQKEY in props:
+            self.refused += 1
+            raise TimerRefused(
+                ResponseCode.MESSAGE_ILLEGAL, "timer message illegal: a delete marker's time has passed"
+            )
         if half or deliver <= now:
             return False
         self._park(msg, deliver)
         return True
+
+    def recall_handle(self, msg: MessageInner) -> str | None:
+        """The recall handle of a parked message (None without a unique key)."""
+        props = msg.properties
+        uniq = props.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+        if msg.topic != TIMER_TOPIC or not uniq or TIMER_OUT_MS not in props:
+            return None
+        return RecallHandle(
+            props[Prop.REAL_TOPIC], self.broker.settings.name, props[TIMER_OUT_MS], uniq
+        ).encode()
 
     def rewrite_batch(self, msgs: Sequence[MessageInner]) -> bool:
         """A batch with a timer on any message: all its messages wait in the wheel, each until its
@@ -434,6 +451,66 @@ class TimerMessageStore:
         )
         return request.reply(ResponseCode.SUCCESS, body=body)
 
+    async def recall_message(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
+        """RECALL_MESSAGE (370, RocketMQ 5.5): park a delete marker due with the message it names.
+
+        Answers as RocketMQ's RecallMessageProcessor: ILLEGAL_OPERATION for a bad handle, another
+        topic or broker, or a time already passed (the message was delivered); SUCCESS otherwise,
+        also for a message already recalled or never sent (the marker then cancels nothing).
+        """
+        b = self.broker
+        fields = request.ext_fields or {}
+        topic = str(fields.get("topic", ""))
+        if not b.is_master:
+            return request.reply(
+                ResponseCode.SLAVE_NOT_AVAILABLE, "recall failed, broker service not available"
+            )
+        if b.topics.get(topic) is None:
+            return request.reply(ResponseCode.TOPIC_NOT_EXIST, f"recall failed, the topic[{topic}] not exist")
+        try:
+            handle = decode_handle(str(fields.get("recallHandle", "")))
+        except ValueError as exc:
+            return request.reply(ResponseCode.ILLEGAL_OPERATION, str(exc))
+        if handle.topic != topic:
+            return request.reply(ResponseCode.ILLEGAL_OPERATION, "recall failed, topic not match")
+        if handle.broker_name != b.settings.name:
+            return request.reply(
+                ResponseCode.ILLEGAL_OPERATION, "recall failed, broker service not available"
+            )
+        try:
+            left = int(handle.timestamp) - _now_ms()
+        except ValueError:
+            left = -1
+        if left <= 0 or left >= self.max_delay_sec * 1000:
+            return request.reply(ResponseCode.ILLEGAL_OPERATION, "recall failed, timestamp invalid")
+        now = _now_ms()
+        marker = MessageInner(
+            topic=topic,
+            body=b"0",
+            queue_id=0,
+            properties={
+                Prop.TAGS: RECALL_TAG,
+                TIMER_DEL_UNIQKEY: delete_key(topic, handle.message_id),
+                Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: handle.message_id,
+                "TIMER_DELIVER_MS": handle.timestamp,
+                Prop.PRODUCER_GROUP: str(fields.get("producerGroup", "")),
+            },
+            born_timestamp=now,
+            born_host=b.store_host,
+            store_host=b.store_host,
+        )
+        try:
+            parked = self.rewrite(marker)
+        except TimerRefused:
+            parked = False
+        if not parked:
+            return request.reply(ResponseCode.ILLEGAL_OPERATION, "recall failed, timestamp invalid")
+        result = await resolved(self.store.put_message(marker))
+        if not result.ok:
+            return request.reply(ResponseCode.SYSTEM_ERROR, "recall failed, execute error")
+        b.stats.on_put(TIMER_TOPIC, 1, result.wrote_bytes)
+        return request.reply_with(ResponseCode.SUCCESS, None, {"msgId": handle.message_id})
+
     async def get_timer_metrics(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
         """GET_TIMER_METRICS (61): RocketMQ's TimerMetricsSerializeWrapper (timing count per topic)."""
         now = _now_ms()
@@ -603,39 +680,43 @@ class TimerMessageStore:
         """Put each record's message to its real topic; how many went.  ``strict``: a failed put
         raises (the tick is retried whole: at least once)."""
         delivered = 0
-        records = sorted(records, key=lambda r: (r.due_ms, r.pos))
+        # Read them all first: a recall's delete marker cancels a message of the same tick.
+        loaded: list[tuple[TimerLogRecord, MessageExt]] = []
+        deleted: set[str] = set()
+        for rec in sorted(records, key=lambda r: (r.due_ms, r.pos)):
+            ext = self._read(rec)
+            if ext is None:
+                continue
+            loaded.append((rec, ext))
+            key = ext.properties.get(TIMER_DEL_UNIQKEY)
+            if key is not None and rec.deliver_ms <= rec.due_ms:
+                deleted.add(key)
         start = 0
-        while start < len(records):
+        while start < len(loaded):
             # Never before its time: wait for the next one, then take every one due by now.
-            wait_ms = records[start].due_ms - _now_ms()
+            wait_ms = loaded[start][0].due_ms - _now_ms()
             if wait_ms > 0:
                 await asyncio.sleep(wait_ms / 1000)
             now = _now_ms()
             end = start
-            while end < len(records) and end - start < DELIVER_WINDOW and records[end].due_ms <= now:
+            while end < len(loaded) and end - start < DELIVER_WINDOW and loaded[end][0].due_ms <= now:
                 end += 1
-            window = records[start:end]
+            window = loaded[start:end]
             start = end
             msgs: list[tuple[TimerLogRecord, MessageInner]] = []
-            for rec in window:
-                raw = self.store.look_message_by_offset(rec.phy_offset, rec.size)
-                if raw is None:
-                    log.error(
-                        "timer: message at commit-log offset %d is gone (cleaned up?), skipped",
-                        rec.phy_offset,
-                    )
-                    continue
-                try:
-                    ext = decode_message(raw)
-                except CorruptDataError as exc:
-                    log.error(
-                        "timer: message at commit-log offset %d unreadable, skipped: %s", rec.phy_offset, exc
-                    )
-                    continue
+            for rec, ext in window:
                 if rec.deliver_ms > rec.due_ms:  # rolled: back into the wheel topic, a fresh copy
                     msgs.append((rec, self._rolled_message(ext)))
-                else:
-                    msgs.append((rec, self._real_message(ext)))
+                    continue
+                props = ext.properties
+                if TIMER_DEL_UNIQKEY in props:  # a recall's marker: never delivered itself
+                    self._forget(props.get(Prop.REAL_TOPIC, ""), counted)
+                    continue
+                if deleted and delete_key(props.get(Prop.REAL_TOPIC, ""), ext.uniq_key or "") in deleted:
+                    self.recalled += 1
+                    self._forget(props.get(Prop.REAL_TOPIC, ""), counted)
+                    continue
+                msgs.append((rec, self._real_message(ext)))
             futures = [self.store.put_message(m) for _, m in msgs]
             results = await asyncio.gather(*(resolved(f) for f in futures), return_exceptions=True)
             now = _now_ms()
@@ -651,13 +732,7 @@ class TimerMessageStore:
                     )
                     continue
                 delivered += 1
-                if counted:
-                    real = msg.properties.get(Prop.REAL_TOPIC, msg.topic)
-                    left = self.timing.get(real, 0) - 1
-                    if left > 0:
-                        self.timing[real] = left
-                    else:
-                        self.timing.pop(real, None)
+                self._forget(msg.properties.get(Prop.REAL_TOPIC, msg.topic), counted)
                 if msg.topic == TIMER_TOPIC:
                     self.rolled += 1
                     continue
@@ -670,6 +745,27 @@ class TimerMessageStore:
             if failed is not None and strict:
                 raise RuntimeError(f"a timer delivery failed: {failed}")
         return delivered
+
+    def _read(self, rec: TimerLogRecord) -> MessageExt | None:
+        raw = self.store.look_message_by_offset(rec.phy_offset, rec.size)
+        if raw is None:
+            log.error("timer: message at commit-log offset %d is gone (cleaned up?), skipped", rec.phy_offset)
+            return None
+        try:
+            return decode_message(raw)
+        except CorruptDataError as exc:
+            log.error("timer: message at commit-log offset %d unreadable, skipped: %s", rec.phy_offset, exc)
+            return None
+
+    def _forget(self, topic: str, counted: bool) -> None:
+        """One message of ``topic`` left the wheel (the per-topic timing count)."""
+        if not counted:
+            return
+        left = self.timing.get(topic, 0) - 1
+        if left > 0:
+            self.timing[topic] = left
+        else:
+            self.timing.pop(topic, None)
 
     def _rolled_message(self, ext: MessageExt) -> MessageInner:
         """The parked message again, as it is, for another turn of the wheel."""
