@@ -604,3 +604,26 @@ def test_recall_cancels_a_pending_timer_and_answers_rocketmqs_codes(spawn, tmp_p
 
     got = run(main())
     assert [m.body for m in got] == [b"kept"]
+
+
+def test_prometheus_shows_timer_figures_under_rocketmqs_names(spawn, tmp_path) -> None:
+    pytest.importorskip("prometheus_client")
+    from conftest import free_port
+    from test_metrics_prometheus import _sample, _scrape, _standalone
+
+    from tidemq.client import BlockingProducer
+
+    server, url = _standalone(spawn, tmp_path, free_port())
+    with BlockingProducer("timer-prom-pg", server.addresses["namesrv"]) as producer:
+        for i in range(2):
+            producer.send(Message("TimerProm", b"p%d" % i, properties={"TIMER_DELAY_SEC": "60"}))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        samples = _scrape(url)
+        if _sample(samples, "rocketmq_timing_messages", topic="TimerProm") == 2:
+            break
+        time.sleep(0.2)
+    assert _sample(samples, "rocketmq_timing_messages", topic="TimerProm") == 2
+    assert _sample(samples, "rocketmq_timer_enqueue_total") == 2
+    assert _sample(samples, "rocketmq_timer_dequeue_total") == 0
+    assert _sample(samples, "rocketmq_timer_enqueue_lag") == 0

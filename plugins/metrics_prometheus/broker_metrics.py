@@ -52,6 +52,27 @@ def broker_families(broker: Any) -> list[Metric]:
     _consumer_offsets(broker, max_offsets, out)
     _store(broker, out)
     _service(broker, out)
+    out += _timer(broker.timers.metric_values())  # timer messages (issue 36)
+    return out
+
+
+def _timer(values: dict[str, Any]) -> list[Metric]:
+    """RocketMQ 5's timer metrics (tidemq.broker.timer.TimerMessageStore.metric_values)."""
+    out: list[Metric] = []
+    for name, value in values.items():
+        if isinstance(value, dict):
+            gauge = _gauge(name, "Timer messages waiting, per topic", ["topic"])
+            for topic, count in sorted(value.items()):
+                gauge.add_metric([topic], count)
+            out.append(gauge)
+        elif name.endswith("_total"):
+            counter = CounterMetricFamily(name[: -len("_total")], "Timer messages since start")
+            counter.add_metric([], value)
+            out.append(counter)
+        else:
+            gauge = _gauge(name, "Timer message service")
+            gauge.add_metric([], value)
+            out.append(gauge)
     return out
 
 

@@ -434,6 +434,18 @@ class TimerMessageStore:
             "timerDequeueTps": f"{deq:.2f}",
         }
 
+    def metric_values(self) -> dict[str, Any]:
+        """Figures for Prometheus, under RocketMQ 5's timer metric names (tidemq_ for its own)."""
+        late = sorted(self.lateness_ms)
+        return {
+            "rocketmq_timer_enqueue_lag": self.enqueue_behind(),
+            "rocketmq_timer_dequeue_latency": self.dequeue_behind_ms(),
+            "rocketmq_timer_enqueue_total": self.enqueued,
+            "rocketmq_timer_dequeue_total": self.delivered,
+            "rocketmq_timing_messages": dict(self.timing),
+            "tidemq_timer_lateness_p99_ms": late[min(len(late) - 1, len(late) * 99 // 100)] if late else 0,
+        }
+
     # ------------------------------------------------------------------ requests
     async def get_timer_check_point(self, conn: Any, request: RemotingCommand) -> RemotingCommand:
         """GET_TIMER_CHECK_POINT (60): RocketMQ's 56-byte TimerCheckpoint encoding (seven longs)."""
