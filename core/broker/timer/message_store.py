@@ -87,6 +87,10 @@ RETRY_AFTER_FAILURE_S = 1.0
 _CHECKPOINT = struct.Struct(">7q")
 #: 32 bytes each: 1 GiB of wheel at most (3 days at 1 s is 518 402 slots, 16 MiB).
 MAX_SLOTS = 1 << 25
+#: A slave's dequeue follows the clock this far behind: promoted by a failover, it delivers again
+#: what was due in this window before (the dead master may not have), so failovers faster than this
+#: lose nothing, and the duplicates they cause are the messages due in it.
+SLAVE_BEHIND_MS = 30_000
 #: Puts in flight at once while a tick is delivered.
 DELIVER_WINDOW = 512
 
@@ -351,14 +355,28 @@ class TimerMessageStore:
         self.store.add_arrival_listener(self._on_arrival, _is_timer_queue)
 
     def start(self) -> None:
-        """Start enqueue, dequeue and checkpoint tasks (masters only: a slave takes no writes)."""
+        """Start the enqueue, dequeue and checkpoint tasks.
+
+        On a slave the enqueue builds its own log and wheel from the replicated
+        rmq_sys_wheel_timer and the dequeue delivers nothing: it follows the clock
+        ``SLAVE_BEHIND_MS`` behind, so that a slave promoted by a failover delivers what was due
+        in that window again (the old master may not have) and everything due after it.
+        """
         if self._loop is None:
             self.attach(asyncio.get_running_loop())
-        if not self.broker.is_master or self._tasks or self.log is None:
+        if self._tasks or self.log is None:
             return
-        if self._stopped:  # master again in this process: what was unsettled goes out again
+        if self._stopped:  # started again in this process (a role change)
             self._stopped = False
             self._recover_tail(self._settled[0])
+            self.done_tick = max(self.done_tick, (_now_ms() - SLAVE_BEHIND_MS) // self.precision_ms)
+            self.claimed_tick = self.done_tick - 1
+            top = self.store.get_max_offset_in_queue(TIMER_TOPIC, 0)
+            if self.queue_offset > top:  # this replica's log was cut back when it was deposed
+                log.warning(
+                    "timer: queue offset %d past the queue's end %d, moved back", self.queue_offset, top
+                )
+                self.queue_offset = top
         self._tasks.append(supervise(self._enqueue_loop, "tidemq-timer-enqueue"))
         self._tasks.append(supervise(self._dequeue_loop, "tidemq-timer-dequeue"))
         self._tasks.append(supervise(self._checkpoint_loop, "tidemq-timer-checkpoint"))
@@ -589,6 +607,7 @@ class TimerMessageStore:
         direct: list[TimerLogRecord] = []
         assert self.log is not None
         now = _now_ms()
+        master = self.broker.is_master
         for buf, qoff in zip(res.buffers, res.queue_offsets, strict=True):
             try:
                 ext = decode_message(buf)
@@ -601,14 +620,15 @@ class TimerMessageStore:
                 continue
             pos, tick, due = self._link(ext.store_size, deliver, ext.commit_log_offset, qoff, now)
             self.enqueued += 1
-            if tick <= self.claimed_tick:  # its tick is being or was walked: delivered here
+            if tick <= self.claimed_tick and master:  # its tick is being or was walked: delivered here
                 direct.append(
                     TimerLogRecord(pos, ext.store_size, NO_RECORD, due, deliver, ext.commit_log_offset, qoff)
                 )
-            else:
+            elif tick > self.claimed_tick:
                 self.pending += 1
-                real = ext.properties[Prop.REAL_TOPIC]
-                self.timing[real] = self.timing.get(real, 0) + 1
+                if master:  # per-topic counts are the master's figure (a slave delivers nothing)
+                    real = ext.properties[Prop.REAL_TOPIC]
+                    self.timing[real] = self.timing.get(real, 0) + 1
         self.queue_offset = max(offset, res.next_begin_offset, res.queue_offsets[-1] + 1)
         delivering = asyncio.ensure_future(self._deliver_direct(direct)) if direct else None
         self._unsettled.append((self.log.end, self.queue_offset, delivering))
@@ -647,8 +667,13 @@ class TimerMessageStore:
             walked += 1
             if walked % 1024 == 0:
                 await asyncio.sleep(0)  # catching up after a downtime: let the loop breathe
-            if not self.broker.is_master:
-                await asyncio.sleep(IDLE_WAIT_S)
+            if not self.broker.is_master:  # a slave: follow the clock, deliver nothing
+                behind = (_now_ms() - SLAVE_BEHIND_MS) // self.precision_ms
+                if behind > self.done_tick:
+                    self.pending = max(0, self.pending - self._count_ticks(self.done_tick, behind))
+                    self.done_tick = behind
+                    self.claimed_tick = behind - 1
+                await asyncio.sleep(max(self.precision_ms / 1000, IDLE_WAIT_S))
                 continue
             self.claimed_tick = tick
             try:
@@ -663,6 +688,16 @@ class TimerMessageStore:
                 await asyncio.sleep(RETRY_AFTER_FAILURE_S)
                 continue
             self.done_tick = tick + 1
+
+    def _count_ticks(self, first: int, end: int) -> int:
+        """Records in the slots of ticks ``first`` .. ``end - 1`` (a slave skipping them)."""
+        assert self.wheel is not None
+        total = 0
+        for tick in range(first, min(end, first + self.slots)):
+            slot = self.wheel.get(tick)
+            if slot is not None and slot.num and slot.tick == tick:
+                total += slot.num
+        return total
 
     def _due_records(self, tick: int) -> list[TimerLogRecord]:
         assert self.log is not None and self.wheel is not None
