@@ -30,7 +30,7 @@ from tidemq.remoting.command import RemotingCommand
 PRECISION_MS = 100
 #: Allowed lateness beyond the precision (a loaded CI machine, the consumer's pull).
 SLACK_MS = 1000
-TIMER = {"timer_precision_ms": PRECISION_MS, "timer_flush_interval_ms": 100}
+TIMER = {"timer_precision_ms": PRECISION_MS, "timer_flush_interval_ms": 100, "timer_max_delay_sec": 3600}
 
 
 def run(coro: Any, timeout: float = 60) -> Any:
@@ -76,7 +76,7 @@ def test_log_and_wheel_files_round_trip(tmp_path: Path) -> None:
     wheel.close()
     log.close()
     # Reopened: what was written is there, a torn record tail is cut away.
-    with open(tmp_path / "log", "ab") as fh:
+    with open(tmp_path / "log" / "00000000000000000000", "ab") as fh:
         fh.write(b"\x00" * 7)
     log = TimerLog(tmp_path / "log")
     assert log.end == 96
@@ -99,6 +99,29 @@ def test_log_and_wheel_files_round_trip(tmp_path: Path) -> None:
     assert [r.queue_offset for r in log.scan(0)] == [0, 1]
     assert TimerWheel(tmp_path / "wheel", 65).fresh  # another geometry: rebuilt from the log
     log.close()
+
+
+def test_log_files_roll_over_and_delivered_ones_are_deleted(tmp_path: Path) -> None:
+    from tidemq.broker.timer.timer_log import RECORD_SIZE
+
+    log = TimerLog(tmp_path / "log", file_size=2 * RECORD_SIZE)
+    positions = [log.append(10, -1, 1000 + i, 1000 + i, i * 100, i) for i in range(5)]
+    assert positions == [i * RECORD_SIZE for i in range(5)]
+    assert sorted(p.name for p in (tmp_path / "log").iterdir()) == [
+        f"{i * 2 * RECORD_SIZE:020d}" for i in range(3)
+    ]
+    assert [r.queue_offset for r in log.scan(RECORD_SIZE)] == [1, 2, 3, 4]
+    # Files ending after the settled position, or written too recently, or being appended to stay.
+    assert log.delete_before(3 * RECORD_SIZE, older_than_s=time.time() + 60) == 1
+    assert log.delete_before(10 * RECORD_SIZE, older_than_s=time.time() - 60) == 0
+    assert log.delete_before(10 * RECORD_SIZE, older_than_s=time.time() + 60) == 1
+    assert log.start == 4 * RECORD_SIZE and log.read(0) is None and log.read(2 * RECORD_SIZE) is None
+    assert [r.queue_offset for r in log.scan(0)] == [4]
+    log.close()
+    reopened = TimerLog(tmp_path / "log", file_size=2 * RECORD_SIZE)
+    assert (reopened.start, reopened.end) == (4 * RECORD_SIZE, 5 * RECORD_SIZE)
+    assert reopened.append(10, -1, 2000, 2000, 900, 5) == 5 * RECORD_SIZE
+    reopened.close()
 
 
 # ---------------------------------------------------------------------------- processes
@@ -281,6 +304,10 @@ async def _send_until_killed(mq: MQ, topic: str, delays_ms: list[int], kill_afte
     killed = asyncio.Event()
 
     async with Producer("timer-kill-pg", mq.ns, retry_times=0, send_timeout=2.0) as producer:
+        # The topic's config on disk first: an auto-created topic's config written while the broker
+        # is SIGKILLed is lost with it (then no route leads to what the timer delivers).
+        await producer.send(Message(topic, b"warm-up"))
+        assert wait_for(lambda: topic in (mq.data / "config" / "topics.json").read_text(), 10)
 
         async def sender() -> None:
             while todo and not killed.is_set():
@@ -324,7 +351,8 @@ def test_sigkill_while_scheduling_loses_no_acknowledged_timer(spawn, tmp_path) -
     keys = [m.uniq_key for m in got]
     assert set(acked) <= set(keys), f"lost {len(set(acked) - set(keys))} of {len(acked)}"
     for m in got:
-        assert m.store_timestamp >= int(m.properties[TIMER_OUT_MS]), m.body  # never early
+        if m.body != b"warm-up":
+            assert m.store_timestamp >= int(m.properties[TIMER_OUT_MS]), m.body  # never early
     # Killed before any was due: nothing had been delivered, so nothing is delivered twice.
     assert len(keys) == len(set(keys))
 
@@ -335,6 +363,8 @@ def test_sigkill_while_delivering_loses_none_and_repeats_only_the_last_interval(
 
     async def main() -> tuple[dict[str, int], int]:
         async with Producer("timer-kd-pg", mq.ns) as producer:
+            await producer.send(Message(topic, b"warm-up"))  # the topic's config on disk first
+            assert wait_for(lambda: topic in (mq.data / "config" / "topics.json").read_text(), 10)
             acked: dict[str, int] = {}
             base = now_ms() + 1500
             for i in range(400):  # due over 2 s, 200 a second

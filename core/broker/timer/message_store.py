@@ -120,7 +120,7 @@ class TimerMessageStore:
                 f"the timer wheel would need {self.slots} slots (at most {MAX_SLOTS}); raise the precision"
             )
         data_dir = broker.data_dir
-        self.log_path = data_dir / "timerlog" / "00000000000000000000"
+        self.log_dir = data_dir / "timerlog"
         self.wheel_path = data_dir / "timerwheel"
         self.checkpoint_path = data_dir / "config" / "timercheck"
         self.log: TimerLog | None = None
@@ -252,7 +252,7 @@ class TimerMessageStore:
     # ------------------------------------------------------------------ lifecycle
     def load(self) -> None:
         """Open the files and recover from the checkpoint (before the store starts)."""
-        self.log = TimerLog(self.log_path)
+        self.log = TimerLog(self.log_dir)
         self.wheel = TimerWheel(self.wheel_path, self.slots)
         now_tick = _now_ms() // self.precision_ms
         cp = TimerCheckpoint.load(self.checkpoint_path)
@@ -710,9 +710,12 @@ class TimerMessageStore:
         while pos != NO_RECORD and seen < slot.num:
             rec = self.log.read(pos)
             if rec is None:
-                log.error(
-                    "timer: slot of tick %d points at %d, not a record; rest of the slot skipped", tick, pos
-                )
+                if pos >= self.log.start:  # below it: a deleted file, whose records all went out
+                    log.error(
+                        "timer: slot of tick %d points at %d, not a record; rest of the slot skipped",
+                        tick,
+                        pos,
+                    )
                 break
             seen += 1
             if rec.due_ms // self.precision_ms == tick:
@@ -854,6 +857,17 @@ class TimerMessageStore:
         )
 
     # ------------------------------------------------------------------ checkpoint
+    def _trim(self, cp: TimerCheckpoint) -> None:
+        """Delete the log files all of whose records were delivered: settled before the checkpoint
+        and written longer ago than any record's wait in the wheel (the roll window, or the
+        longest delay without rolls)."""
+        assert self.log is not None
+        horizon_ms = self.roll_window_ms or self.max_delay_sec * 1000
+        older_than_s = (cp.last_read_time_ms - horizon_ms - 2 * self.precision_ms) / 1000
+        deleted = self.log.delete_before(cp.last_timer_log_flush_pos, older_than_s)
+        if deleted:
+            log.info("timer: %d delivered timer log file(s) deleted", deleted)
+
     async def _checkpoint_loop(self) -> None:
         while True:
             await asyncio.sleep(self.flush_interval_s)
@@ -864,6 +878,7 @@ class TimerMessageStore:
                 await asyncio.to_thread(self.wheel.flush)
                 await asyncio.to_thread(cp.save, self.checkpoint_path)
                 self.checkpoints_written += 1
+                self._trim(cp)
                 self._samples.append((time.monotonic(), self.enqueued, self.delivered))
             except Exception:
                 log.exception("cannot persist %s", self.checkpoint_path)
