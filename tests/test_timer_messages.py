@@ -724,3 +724,69 @@ def test_scheduled_timers_are_delivered_after_a_failover(spawn, tmp_path) -> Non
     # SLAVE_BEHIND_MS window) at most once more.
     assert all(keys.count(k) <= 2 for k in keys)
     assert all(keys.count(k) == 1 for k, delay in acked.items() if delay > 1000)
+
+
+def test_recalls_racing_the_due_moment_either_cancel_or_say_too_late(spawn, tmp_path) -> None:
+    """Recalls sent around the moment their messages are due: a recall answered SUCCESS means the
+    message is never delivered, one answered ILLEGAL_OPERATION means it is (never both, never
+    neither)."""
+    from tidemq.message import properties_to_string
+
+    mq = MQ(spawn, tmp_path, **TIMER)
+    topic = "TimerRecallRace"
+    n = 24
+
+    async def main() -> tuple[dict[str, int], list[MessageExt]]:
+        client = get_plugin_manager().create("transport", "tcp").client()
+        try:
+            due = now_ms() + 2000
+            handles: dict[str, str] = {}
+            for i in range(n):
+                header = {
+                    "producerGroup": "timer-race-pg",
+                    "topic": topic,
+                    "defaultTopic": "TBW102",
+                    "defaultTopicQueueNums": "4",
+                    "queueId": "0",
+                    "sysFlag": "0",
+                    "bornTimestamp": str(now_ms()),
+                    "flag": "0",
+                    "properties": properties_to_string(
+                        {"UNIQ_KEY": f"R{i}", "TIMER_DELIVER_MS": str(due + 10 * i)}
+                    ),
+                    "reconsumeTimes": "0",
+                }
+                r = await client.invoke(
+                    mq.broker_addr,
+                    RemotingCommand.request(RequestCode.SEND_MESSAGE, header, f"r{i}".encode()),
+                    3,
+                )
+                assert r.code == ResponseCode.SUCCESS, r.remark
+                handles[f"R{i}"] = r.ext_fields["recallHandle"]
+            # Recall R<i> from 150 ms before its time to 80 ms after, 10 ms later each: the first ones
+            # before its tick, then within it, the last ones after it was delivered.
+            answers: dict[str, int] = {}
+            for i in range(n):
+                await asyncio.sleep(max(0.0, (due + 10 * i - 150 + 10 * i - now_ms()) / 1000))
+                header = {"producerGroup": "timer-race-pg", "topic": topic, "recallHandle": handles[f"R{i}"]}
+                r = await client.invoke(
+                    mq.broker_addr, RemotingCommand.request(RequestCode.RECALL_MESSAGE, header), 3
+                )
+                answers[f"R{i}"] = r.code
+        finally:
+            await client.close()
+        collector = Collector(mq, "timer-race-cg", topic)
+        await collector.consumer.start()
+        try:
+            await asyncio.sleep(3.0)
+        finally:
+            await collector.consumer.shutdown()
+        return answers, [m for _, m in collector.got]
+
+    answers, got = run(main())
+    delivered = {m.uniq_key for m in got}
+    assert set(answers.values()) <= {ResponseCode.SUCCESS, ResponseCode.ILLEGAL_OPERATION}
+    for key, code in answers.items():
+        assert (code == ResponseCode.SUCCESS) == (key not in delivered), (key, code, sorted(delivered))
+    assert answers["R0"] == ResponseCode.SUCCESS  # 150 ms ahead: in time
+    assert answers[f"R{n - 1}"] == ResponseCode.ILLEGAL_OPERATION  # 80 ms after: too late

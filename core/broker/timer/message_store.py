@@ -138,6 +138,8 @@ class TimerMessageStore:
         self._unsettled: collections.deque[tuple[int, int, asyncio.Future[None] | None]] = collections.deque()
         self._recover: list[TimerLogRecord] = []
         self._stopped = False
+        #: Recalls whose marker is not in the wheel yet: the next tick waits for them (a while).
+        self._recalls_in_flight = 0
         # Figures (runtime info, metrics).
         self.enqueued = 0
         self.delivered = 0
@@ -511,7 +513,9 @@ class TimerMessageStore:
             left = int(handle.timestamp) - _now_ms()
         except ValueError:
             left = -1
-        if left <= 0 or left >= self.max_delay_sec * 1000:
+        due_tick = int(handle.timestamp) // self.precision_ms if left > 0 else 0
+        if left <= 0 or left >= self.max_delay_sec * 1000 or due_tick <= self.claimed_tick:
+            # Its tick is being (or was) delivered: too late, as for a time already passed.
             return request.reply(ResponseCode.ILLEGAL_OPERATION, "recall failed, timestamp invalid")
         now = _now_ms()
         marker = MessageInner(
@@ -535,9 +539,17 @@ class TimerMessageStore:
             parked = False
         if not parked:
             return request.reply(ResponseCode.ILLEGAL_OPERATION, "recall failed, timestamp invalid")
-        result = await resolved(self.store.put_message(marker))
-        if not result.ok:
-            return request.reply(ResponseCode.SYSTEM_ERROR, "recall failed, execute error")
+        self._recalls_in_flight += 1
+        try:
+            result = await resolved(self.store.put_message(marker))
+            if not result.ok:
+                return request.reply(ResponseCode.SYSTEM_ERROR, "recall failed, execute error")
+            # Answer once the marker is in the wheel: a recall answered SUCCESS cancels for sure.
+            deadline = time.monotonic() + 2 * self.precision_ms / 1000
+            while self.queue_offset <= result.queue_offset and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+        finally:
+            self._recalls_in_flight -= 1
         b.stats.on_put(TIMER_TOPIC, 1, result.wrote_bytes)
         return request.reply_with(ResponseCode.SUCCESS, None, {"msgId": handle.message_id})
 
@@ -658,6 +670,7 @@ class TimerMessageStore:
     # ------------------------------------------------------------------ dequeue
     async def _dequeue_loop(self) -> None:
         walked = 0
+        lagging = 0
         while True:
             tick = self.done_tick
             wait_ms = tick * self.precision_ms - _now_ms()
@@ -675,6 +688,13 @@ class TimerMessageStore:
                     self.claimed_tick = behind - 1
                 await asyncio.sleep(max(self.precision_ms / 1000, IDLE_WAIT_S))
                 continue
+            if (self.enqueue_behind() or self._recalls_in_flight) and lagging < self.precision_ms // 10:
+                # Stored but not yet in the wheel: wait (up to one tick) so that what was stored
+                # before the tick began is walked with it (a recall's marker above all).
+                lagging += 1
+                await asyncio.sleep(0.01)
+                continue
+            lagging = 0
             self.claimed_tick = tick
             try:
                 records = self._due_records(tick)
