@@ -671,6 +671,7 @@ class TimerMessageStore:
     async def _dequeue_loop(self) -> None:
         walked = 0
         lagging = 0
+        stored = 0
         while True:
             tick = self.done_tick
             wait_ms = tick * self.precision_ms - _now_ms()
@@ -688,9 +689,11 @@ class TimerMessageStore:
                     self.claimed_tick = behind - 1
                 await asyncio.sleep(max(self.precision_ms / 1000, IDLE_WAIT_S))
                 continue
-            if (self.enqueue_behind() or self._recalls_in_flight) and lagging < self.precision_ms // 10:
-                # Stored but not yet in the wheel: wait (up to one tick) so that what was stored
-                # before the tick began is walked with it (a recall's marker above all).
+            if lagging == 0:
+                stored = self.store.get_max_offset_in_queue(TIMER_TOPIC, 0)
+            if (self.queue_offset < stored or self._recalls_in_flight) and lagging < self.precision_ms // 10:
+                # Stored before the tick began but not yet in the wheel: wait (up to one tick) so
+                # that it is walked with the tick (a recall's marker above all).
                 lagging += 1
                 await asyncio.sleep(0.01)
                 continue
