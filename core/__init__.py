@@ -116,6 +116,8 @@ __all__ = [
     "RebalanceLocks",
     "ScheduleService",
     "SubscriptionGroupTable",
+    "TimerFigures",
+    "TimerService",
     "TopicConfigTable",
     "TransactionService",
     # what crosses the contracts
@@ -160,6 +162,8 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "RebalanceLocks",
         "ScheduleService",
         "SubscriptionGroupTable",
+        "TimerFigures",
+        "TimerService",
         "TopicConfigTable",
         "TransactionService",
     ),
@@ -256,6 +260,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         RebalanceLocks,
         ScheduleService,
         SubscriptionGroupTable,
+        TimerFigures,
+        TimerService,
         TopicConfigTable,
         TransactionService,
     )
