@@ -119,6 +119,8 @@ __all__ = [
     "RebalanceLocks",
     "ScheduleService",
     "SubscriptionGroupTable",
+    "TimerFigures",
+    "TimerService",
     "TopicConfigTable",
     "TransactionService",
     # what crosses the contracts
@@ -163,6 +165,8 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "RebalanceLocks",
         "ScheduleService",
         "SubscriptionGroupTable",
+        "TimerFigures",
+        "TimerService",
         "TopicConfigTable",
         "TransactionService",
     ),
@@ -259,6 +263,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         RebalanceLocks,
         ScheduleService,
         SubscriptionGroupTable,
+        TimerFigures,
+        TimerService,
         TopicConfigTable,
         TransactionService,
     )

@@ -282,6 +282,12 @@ class BrokerSettings:
     access_key: str = ""
     #: File holding that account's secret key (mode 0600); needed with access_key.
     secret_key_file: str = ""
+    # Timer messages (RocketMQ 5's TIMER_DELIVER_MS / TIMER_DELAY_SEC / TIMER_DELAY_MS; tidemq.broker.timer).
+    timer_wheel_enable: bool = True
+    timer_max_delay_sec: int = number(3 * 86_400, ge=1, le=400 * 86_400)
+    timer_precision_ms: int = number(1000, ge=10, le=60_000)
+    timer_flush_interval_ms: int = number(1000, ge=10, le=3_600_000)
+    timer_roll_window_slots: int = number(2 * 86_400, ge=0, le=1 << 25)
 
     @property
     def host(self) -> str:

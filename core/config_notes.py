@@ -210,6 +210,26 @@ NOTES: dict[str, dict[str, str]] = {
         "rocketmq": "storeReplyMessageEnable",
         "doc": "Request-reply: a reply is also stored in its topic (`<cluster>_REPLY_TOPIC`), besides being pushed to the requester.",
     },
+    "broker.timer_wheel_enable": {
+        "rocketmq": "timerWheelEnable",
+        "doc": "Timer messages (`TIMER_DELIVER_MS`, `TIMER_DELAY_SEC`, `TIMER_DELAY_MS`) are taken; off: refused (SYSTEM_ERROR).",
+    },
+    "broker.timer_max_delay_sec": {
+        "rocketmq": "timerMaxDelaySec",
+        "doc": "Longest timer delay; a later delivery time is refused (MESSAGE_ILLEGAL).",
+    },
+    "broker.timer_precision_ms": {
+        "rocketmq": "timerPrecisionMs",
+        "doc": "Timer wheel tick: a timer message is delivered at most this long after its time, never before.",
+    },
+    "broker.timer_flush_interval_ms": {
+        "rocketmq": "timerFlushIntervalMs",
+        "doc": "How often the timer log, wheel and checkpoint (`config/timercheck`) are flushed: after a crash, messages delivered in the last interval (plus one tick) may be delivered again.",
+    },
+    "broker.timer_roll_window_slots": {
+        "rocketmq": "timerRollWindowSlots",
+        "doc": "A timer message due later than this many ticks is put back into `rmq_sys_wheel_timer` at the window's end (0: never), so its stored copy never outlives the commit log's `file_reserved_hours`.",
+    },
     # ------------------------------------------------------------------ [namesrv]
     "namesrv.listen": {"rocketmq": "listenPort", "doc": "HOST:PORT to listen on (port 0: any free port)."},
     "namesrv.data_dir": {

@@ -19,7 +19,7 @@ broker's own data classes, named here for type checkers only.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -62,6 +62,8 @@ __all__ = [
     "RebalanceLocks",
     "ScheduleService",
     "SubscriptionGroupTable",
+    "TimerFigures",
+    "TimerService",
     "TopicConfigTable",
     "TransactionService",
 ]
@@ -431,6 +433,44 @@ class PopFigures(Protocol):
         ``popReviveLagMs``, ``popJournalBytes``."""
 
 
+class TimerFigures(Protocol):
+    """Timer messages' figures (RocketMQ 5, issue 36), read-only.
+
+    Implemented by :class:`tidemq.broker.timer.TimerMessageStore` (its requests are served through
+    :mod:`tidemq.broker.services.timer`); read by the admin service (runtime info) and the metrics
+    exporter.
+    """
+
+    def runtime_info(self) -> dict[str, str]:
+        """GET_BROKER_RUNTIME_INFO's timer keys (``timerReadBehind``, ``timerOffsetBehind``,
+        ``timerCongestNum``, ``timerEnqueueTps``, ``timerDequeueTps``)."""
+
+    def metric_values(self) -> dict[str, Any]:
+        """Name -> value under RocketMQ 5's timer metric names (``*_total`` counters, a dict per
+        topic for ``rocketmq_timing_messages``, gauges otherwise)."""
+
+
+class TimerService(TimerFigures, Protocol):
+    """Timer messages as the send paths see them: a message with ``TIMER_DELIVER_MS``,
+    ``TIMER_DELAY_SEC`` or ``TIMER_DELAY_MS`` is parked in ``rmq_sys_wheel_timer`` until due.
+
+    Implemented by :class:`tidemq.broker.timer.TimerMessageStore`; the send service rewrites single,
+    batch and reply sends with it (after the send hooks), the transaction commit times a committed
+    message from its commit.  A bad timer raises :class:`tidemq.broker.timer.TimerRefused` (its
+    ``code`` and ``remark`` are the answer).
+    """
+
+    def rewrite(self, msg: MessageInner, strict: bool = True) -> bool:
+        """Park ``msg`` when a timer asks for a later delivery; False when it goes now.  Not
+        ``strict``: a bad timer is logged and the message goes now instead of raising."""
+
+    def rewrite_batch(self, msgs: Sequence[MessageInner]) -> bool:
+        """Park every message of a batch with a timer on any of them; False when none has one."""
+
+    def recall_handle(self, msg: MessageInner) -> str | None:
+        """The recall handle of a parked message (the send answer's ``recallHandle``), else None."""
+
+
 # --------------------------------------------------------------------------- the broker
 
 
@@ -479,6 +519,9 @@ class BrokerFiguresView(Protocol):
 
     @property
     def pop(self) -> PopFigures: ...
+
+    @property
+    def timers(self) -> TimerFigures: ...
 
     @property
     def recovery_seconds(self) -> float:
@@ -568,6 +611,10 @@ class BrokerContext(Protocol):
     @property
     def pop(self) -> PopFigures:
         """POP consumption (RocketMQ 5); its operations: :mod:`tidemq.broker.services.pop`."""
+
+    @property
+    def timers(self) -> TimerService:
+        """Timer messages (RocketMQ 5); its requests: :mod:`tidemq.broker.services.timer`."""
 
     @property
     def hooks(self) -> pluggy.HookRelay:

@@ -108,6 +108,7 @@ class Broker:
         self.transactions = parts.transactions
         self.filter_servers = parts.filter_servers
         self.pop = parts.pop  # POP consumption (issue 39)
+        self.timers = parts.timers  # timer messages (issue 36)
         #: Where a replication plugin writes the metadata a slave copies from its master.
         self.metadata_sink = parts.metadata_sink
         #: What the metrics exporter reads (read-only).
@@ -125,7 +126,7 @@ class Broker:
         self._unsupported = UnsupportedRequests("broker", log)
         #: Applies the role changes of a RoleAware replication (None otherwise).
         self.roles = (
-            RoleFollower(self, self.role_aware, (self.schedule, self.transactions))
+            RoleFollower(self, self.role_aware, (self.schedule, self.timers, self.transactions))
             if self.role_aware is not None
             else None
         )
@@ -197,6 +198,8 @@ class Broker:
         self.schedule.load()
         self.schedule.attach(loop)
         self.pop.attach(loop)  # replays the POP journal; arrivals wake held pops
+        self.timers.load()
+        self.timers.attach(loop)
         self.store.start()
         if self.roles is not None:
             self.roles.bind(loop)
@@ -253,6 +256,7 @@ class Broker:
             # Synchronous up to the registration: a role change reported meanwhile follows it.
             self.roles.started()
         self.schedule.start()
+        self.timers.start()
         self.transactions.start()
         self.pop.start()
         await self.registrar.register_all()
@@ -311,6 +315,7 @@ class Broker:
             await self.schedule.stop()
         except OSError as exc:
             log.error("cannot write the delay offsets while stopping: %s", exc)
+        await self.timers.stop()
         await self.transactions.stop()
         await self.pop.stop()
         _persisting("consumer offsets", lambda: self.offsets.persist(force=True))
@@ -318,6 +323,7 @@ class Broker:
         _persisting("subscription groups", self.groups.close)
         self.replication.shutdown()
         self.store.shutdown()
+        self.timers.close()
         await self.client.close()
         if self._dir_lock is not None:
             self._dir_lock.release()

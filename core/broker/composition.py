@@ -4,9 +4,10 @@
 replication, acl, metrics).  :func:`build_parts` builds the rest over them: the metadata
 tables and client registries (RocketMQ's managers), the statistics, the filter types (their
 dispatchers attached to the store here, before it loads) and the services that work through the
-broker (registration, delayed and transactional messages, filter servers, POP consumption, the
-metadata sink a replication writes to).  ``Broker(compose(config))`` does both.  What a plugin gets is handed to
-it as the broker starts (:class:`tidemq.broker.Broker` keeps only the start and stop order):
+broker (registration, delayed, timer and transactional messages, filter servers, POP
+consumption, the metadata sink a replication writes to).  ``Broker(compose(config))`` does
+both.  What a plugin gets is handed to it as the broker starts (:class:`tidemq.broker.Broker`
+keeps only the start and stop order):
 
 * the store: ``load``/``start``; replication: ``start(store, settings)``, then a
   :class:`~tidemq.replication.MetadataFollower` gets ``follow_metadata(sink, client)``;
@@ -34,6 +35,7 @@ from tidemq.broker.registration import NamesrvRegistrar
 from tidemq.broker.schedule import ScheduleMessageService
 from tidemq.broker.stats import BrokerStats
 from tidemq.broker.subscriptions import SubscriptionGroupManager
+from tidemq.broker.timer import TimerMessageStore
 from tidemq.broker.topics import TopicConfigManager
 from tidemq.broker.transaction import TransactionalMessageService
 from tidemq.config import Components, build_filters
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
         PopFigures,
         ProducerRegistry,
         PullHoldService,
+        TimerFigures,
     )
     from tidemq.index import KeyIndex
     from tidemq.replication import MetadataSink, Replication
@@ -70,6 +73,7 @@ class BrokerParts:
     filters: dict[str, FilterFactory]
     registrar: NamesrvRegistrar
     schedule: ScheduleMessageService
+    timers: TimerMessageStore
     transactions: TransactionalMessageService
     filter_servers: FilterServerManager
     pop: PopService
@@ -109,6 +113,7 @@ def build_parts(broker: BrokerContext, components: Components) -> BrokerParts:
         filters=filters,
         registrar=NamesrvRegistrar(broker),
         schedule=ScheduleMessageService(broker),  # delayed messages (issue 10)
+        timers=TimerMessageStore(broker),  # timer messages (RocketMQ 5, issue 36)
         transactions=TransactionalMessageService(broker),  # transactional messages (issue 10)
         filter_servers=FilterServerManager(broker),  # live `tidemq filtersrv` processes
         pop=PopService(broker),  # POP consumption (RocketMQ 5, issue 39)
@@ -182,6 +187,10 @@ class BrokerFigures:
     @property
     def pop(self) -> PopFigures:
         return self._broker.pop
+
+    @property
+    def timers(self) -> TimerFigures:
+        return self._broker.timers
 
     @property
     def recovery_seconds(self) -> float:

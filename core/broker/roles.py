@@ -2,9 +2,9 @@
 
 A :class:`~tidemq.replication.RoleAware` replication promotes or demotes the broker while it
 runs.  :class:`RoleFollower` hears each change (from any thread), hops to the broker's loop, logs
-the new role, starts or stops the services only a master runs (delayed-message delivery, the
-transaction check), and registers with every NameServer at once, so the new master is brokerId 0
-there within a round trip instead of a registration period.
+the new role, starts or stops the services only a master runs (delayed-message and timer
+delivery, the transaction check), and registers with every NameServer at once, so the new master
+is brokerId 0 there within a round trip instead of a registration period.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class MasterOnlyService(Protocol):
-    """A service only a master runs (delayed-message delivery, the transaction check)."""
+    """A service only a master runs (delayed-message and timer delivery, the transaction check)."""
 
     def start(self) -> None: ...
 

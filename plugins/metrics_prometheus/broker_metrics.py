@@ -36,6 +36,7 @@ from tidemq.metrics import Buckets
 from tidemq.replication import MasterAware
 from tidemq.store import store_introspection
 from tidemq_metrics_prometheus.pop_metrics import pop_families
+from tidemq_metrics_prometheus.timer_metrics import timer_families
 
 _RETRY = "%RETRY%"
 _DLQ = "%DLQ%"
@@ -58,6 +59,7 @@ def broker_families(broker: BrokerFiguresView) -> list[Metric]:
     _store(broker, out)
     _service(broker, out)
     out += pop_families(broker)  # POP consumption (issue 39)
+    out += timer_families(broker)  # timer messages (issue 36)
     return out
 
 

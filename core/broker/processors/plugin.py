@@ -52,3 +52,7 @@ def tidemq_register_processors(register: ProcessorRegister) -> None:
         module.register(register, services)
     # Delayed messages (the broker's schedule service).
     register.add(RequestCode.GET_ALL_DELAY_OFFSET, register.context.schedule.get_all_delay_offset)
+    # Timer messages (RocketMQ 5, issue 36): the timer engine answers these itself.
+    register.add(RequestCode.GET_TIMER_CHECK_POINT, services.timers.get_timer_check_point)
+    register.add(RequestCode.GET_TIMER_METRICS, services.timers.get_timer_metrics)
+    register.add(RequestCode.RECALL_MESSAGE, services.timers.recall_message)

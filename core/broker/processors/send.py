@@ -118,6 +118,8 @@ def send_response(request: RemotingCommand, send: Send) -> RemotingCommand:
     if epoch is not None:
         # Controller mode (issue 25): the epoch that acknowledged; RocketMQ clients ignore the key.
         fields["epoch"] = str(epoch)
+    if send.recall_handle is not None:  # a parked timer message (issue 36)
+        fields["recallHandle"] = send.recall_handle
     return request.reply_with(status, send.remark, fields)
 
 

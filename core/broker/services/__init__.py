@@ -23,7 +23,10 @@ One module per concept:
 * :mod:`~tidemq.broker.services.admin`: the admin reads the remoting processors serve
   (:class:`AdminService`);
 * :mod:`~tidemq.broker.services.pop`: POP consumption (pop, ack, change invisibility), beside
-  :mod:`.pull` and :mod:`.offsets` (:class:`PopService`, the engine of :mod:`tidemq.broker.pop`).
+  :mod:`.pull` and :mod:`.offsets` (:class:`PopService`, the engine of :mod:`tidemq.broker.pop`);
+* :mod:`~tidemq.broker.services.timer`: timer messages' requests (checkpoint, metrics, recall),
+  next to the delay levels of :mod:`tidemq.broker.schedule` (:class:`TimerMessageStore`, the
+  engine of :mod:`tidemq.broker.timer`); sends park timer messages in :class:`SendService`.
 
 The seams for the compiled request lane (a store capability for SEND_MESSAGE_V2,
 SEND_BATCH_MESSAGE and PULL_MESSAGE) are :meth:`SendService.prepare`/``put``/``settled`` (one call
@@ -32,8 +35,6 @@ store's wire-ready buffers in :attr:`PullResult.body`).
 
 Room for the work to come (a module each, on the same terms; none exists yet):
 
-* ``timer.py``: timer messages (schedule, recall), next to the delay levels of
-  :mod:`tidemq.broker.schedule`;
 * ``dedup.py``: the duplicate window, asked by :meth:`SendService.prepare` after the topic checks
   and before the hooks (a duplicate is answered with the first send's outcome).
 """
@@ -50,6 +51,7 @@ from tidemq.broker.services.pull import PullResult, PullService
 from tidemq.broker.services.put import Send
 from tidemq.broker.services.send import SendService
 from tidemq.broker.services.status import DONE, Outcome, Status
+from tidemq.broker.services.timer import TimerMessageStore, timer_service
 from tidemq.broker.services.transactions import TransactionService
 
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "Send",
     "SendService",
     "Status",
+    "TimerMessageStore",
     "TransactionService",
 ]
 
@@ -83,3 +86,4 @@ class BrokerServices:
         self.messages = MessageService(broker)
         self.admin = AdminService(broker)
         self.pop: PopService = pop_service(broker)
+        self.timers: TimerMessageStore = timer_service(broker)

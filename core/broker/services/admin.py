@@ -142,6 +142,11 @@ class AdminService:
         """POP consumption's figures for GET_BROKER_RUNTIME_INFO (``popInFlight``, ``popReviveLagMs``...)."""
         return self.broker.pop.figures()
 
+    def timer_figures(self) -> dict[str, str]:
+        """Timer messages' figures for GET_BROKER_RUNTIME_INFO (RocketMQ 5's ``timerReadBehind``,
+        ``timerOffsetBehind``, ``timerCongestNum``, ``timerEnqueueTps``, ``timerDequeueTps``)."""
+        return self.broker.timers.runtime_info()
+
     def stats_snapshots(self, name: str, key: str) -> dict[str, StatsSnapshot] | Outcome:
         """Minute, hour and day figures of one stats item (VIEW_BROKER_STATS_DATA)."""
         snaps = self.broker.stats.snapshots(name, key)

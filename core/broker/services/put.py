@@ -96,6 +96,7 @@ class Send:
         "producer_group",
         "queue_id",
         "queue_offset",
+        "recall_handle",
         "remark",
         "status",
     )
@@ -128,6 +129,8 @@ class Send:
         self.nbytes = nbytes  # body bytes of the request (what GROUP_MAX_BYTES bounds)
         self.group: PutGroup | None = None
         self.index = 0  # of its (first) message in the group's put
+        #: A parked timer message's recall handle (the answer's ``recallHandle``), else None.
+        self.recall_handle: str | None = None
 
 
 class PutGroup:

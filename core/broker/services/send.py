@@ -4,7 +4,7 @@ A send goes through three steps, each one call for the transport:
 
 1. :meth:`SendService.prepare` (or :meth:`~SendService.prepare_batch`,
    :meth:`~SendService.prepare_reply`) does everything before the store, synchronously: topic
-   checks, retry routing, the ``tidemq_before_send`` hook and the transaction/delay rewrite.  It
+   checks, retry routing, the ``tidemq_before_send`` hook and the transaction/delay/timer rewrite.  It
    gives a :class:`~tidemq.broker.services.put.Send` to store, or the :class:`Outcome` that ends
    the send here (a refusal).
 2. :meth:`SendService.put` stores the sends of one read, one put per topic, queue and transaction
@@ -33,6 +33,7 @@ from tidemq.broker.context import BrokerContext
 from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX, dlq_topic, retry_topic
 from tidemq.broker.services.put import GROUP_MAX_BYTES, PutGroup, Send, settle, settled, store_group
 from tidemq.broker.services.status import DONE, Outcome, Status
+from tidemq.broker.timer import TIMER_OUT_MS, TimerRefused
 from tidemq.broker.topics import TopicConfig
 from tidemq.broker.transaction import is_half_request
 from tidemq.errors import CorruptDataError
@@ -187,6 +188,12 @@ class SendService:
         )
         send = self._hooked(peer, producer_group, [msg], False, len(body))
         if type(send) is Send:
+            try:  # a timer (TIMER_* properties) parks it in rmq_sys_wheel_timer; a half's is checked
+                b.timers.rewrite(msg)
+            except TimerRefused as exc:
+                return Outcome(Status(exc.code), exc.remark)
+            if TIMER_OUT_MS in props:  # a parked timer message: its answer carries the recall handle
+                send.recall_handle = b.timers.recall_handle(msg)
             # A transaction's half message goes to RMQ_SYS_TRANS_HALF_TOPIC, a delayed one to
             # SCHEDULE_TOPIC_XXXX: after the hooks, so they judge the topic the producer named.
             if is_half_request(props, sys_flag):
@@ -252,7 +259,13 @@ class SendService:
             return Outcome(Status.MESSAGE_ILLEGAL, f"malformed batch body: {exc}")
         if not msgs:
             return Outcome(Status.MESSAGE_ILLEGAL, "the batch holds no message")
-        return self._hooked(peer, producer_group, msgs, True, len(body))
+        send = self._hooked(peer, producer_group, msgs, True, len(body))
+        if type(send) is Send:
+            try:  # a timer on any message parks the batch in rmq_sys_wheel_timer, each until its time
+                b.timers.rewrite_batch(msgs)
+            except TimerRefused as exc:
+                return Outcome(Status(exc.code), exc.remark)
+        return send
 
     def prepare_reply(
         self,
@@ -295,7 +308,13 @@ class SendService:
             b.store_host,
             reconsume_times,
         )
-        return self._hooked(peer, producer_group, [msg], False, len(body))
+        send = self._hooked(peer, producer_group, [msg], False, len(body))
+        if type(send) is Send:
+            try:  # a stored reply with a timer waits in rmq_sys_wheel_timer (the push goes now)
+                b.timers.rewrite(msg)
+            except TimerRefused as exc:
+                return Outcome(Status(exc.code), exc.remark)
+        return send
 
     def _hooked(
         self, peer: Connection, group: str, msgs: list[MessageInner], batch: bool, nbytes: int
