@@ -341,8 +341,12 @@ class TimerMessageStore:
             tick = rec.due_ms // self.precision_ms
             if tick >= self.done_tick:
                 self._relink(rec, tick)
-        log.warning(
-            "timer wheel rebuilt from the timer log (%d slots of %d ms)", self.slots, self.precision_ms
+        # A new data directory makes an empty wheel too: only a rebuild over records is news.
+        log.log(
+            logging.WARNING if self.log.end else logging.INFO,
+            "timer wheel rebuilt from the timer log (%d slots of %d ms)",
+            self.slots,
+            self.precision_ms,
         )
 
     def _count_pending(self) -> int:
