@@ -344,7 +344,11 @@ def test_full_disk_refuses_writes_until_space_returns(small_disk: Path) -> None:
 
     async def main() -> None:
         async with running_broker(
-            small_disk, {"store": "mmap", "index": "none"}, options={"store": {"mmap": store_opts}}
+            small_disk,
+            {"store": "mmap", "index": "none"},
+            options={"store": {"mmap": store_opts}},
+            # The default timer wheel (3 days of 1 s slots) reserves 16 MiB: more than this disk.
+            timer_max_delay_sec=600,
         ) as broker:
             addr = broker.address
             remoting = get_plugin_manager().create("transport", "tcp").client()

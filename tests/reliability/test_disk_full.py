@@ -354,6 +354,32 @@ def test_broker_stops_cleanly_on_a_full_disk_and_restarts_with_everything(
     assert again.stop() == 0
 
 
+def test_a_disk_without_room_for_the_timer_wheel_is_a_clear_refusal(
+    mount_tmpfs: Callable[[int], Path], spawn: Any, tmp_path: Path
+) -> None:
+    """The timer wheel (2 x timer_max_delay_sec / timer_precision_ms slots of 32 bytes: 16 MiB at
+    the defaults) is reserved before it is mapped: on a disk without room the broker refuses to
+    start with one line naming the options, instead of dying of SIGBUS on a write into the map."""
+    disk = mount_tmpfs(2)
+    config = tmp_path / "broker.toml"
+    config.write_text(
+        "[broker]\n"
+        'name = "broker-no-wheel"\n'
+        'listen = "127.0.0.1:0"\n'
+        "namesrv = []\n"
+        f'data_dir = "{disk / "data"}"\n'
+        "[plugins]\n"
+        'index = "none"\n'
+        "[store.mmap]\n"
+        f"commitlog_file_size = {MiB // 4}\n"
+        "consumequeue_entries = 1000\n"
+    )
+    with pytest.raises(RuntimeError, match="cannot reserve the timer wheel") as refused:
+        spawn("broker", "-c", str(config))
+    assert "timer_max_delay_sec" in str(refused.value)
+    assert "Bus error" not in str(refused.value)
+
+
 # ---------------------------------------------------------------------------- the hash index
 
 

@@ -92,7 +92,7 @@ class TimerLog:
         start = pos - pos % self.file_size
         fd = self._fds.get(start)
         if fd is None and create:
-            fd = self._fds[start] = os.open(self.directory / f"{start:020d}", os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._fds[start] = os.open(self.directory / f"{start:020d}", os.O_RDWR | os.O_CREAT, 0o600)
         return fd
 
     def append(

@@ -21,6 +21,8 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 
+from tidemq.errors import StoreError
+
 SLOT = struct.Struct(">qqqii")
 SLOT_SIZE = SLOT.size
 SLOT_MAGIC = 0x57484C53  # "WHLS"
@@ -44,13 +46,23 @@ class TimerWheel:
         self.slots = slots
         path.parent.mkdir(parents=True, exist_ok=True)
         size = slots * SLOT_SIZE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             #: False when the file was made now or had another geometry (the log rebuilds it).
             self.fresh = os.fstat(fd).st_size != size
             if self.fresh:
                 os.ftruncate(fd, 0)
-                os.ftruncate(fd, size)
+            # Every block reserved before the file is mapped: a write into a hole of a sparse
+            # mapping on a full disk is a SIGBUS that kills the process, not an error.
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot reserve the timer wheel {path} ({size} bytes, "
+                    f"{slots} slots): {exc.strerror or exc}; free disk space, or lower "
+                    "timer_max_delay_sec or raise timer_precision_ms (the wheel holds "
+                    "2 x timer_max_delay_sec / timer_precision_ms slots of 32 bytes)"
+                ) from None
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
