@@ -7,6 +7,7 @@ protocol answers a client relies on, fast, with tidemq's own protobuf module.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -123,7 +124,6 @@ def test_send_stores_the_message_with_the_clients_id_tag_keys_and_group(
                     message_id="01ABCDEF0123456789ABCDEF0123456789",
                     message_type=pb.FIFO,
                     message_group="order-7",
-                    delivery_timestamp={"seconds": 2_000_000_000},
                 ),
             )
             response = await send(pb.SendMessageRequest(messages=[message]), metadata=META)
@@ -142,7 +142,30 @@ def test_send_stores_the_message_with_the_clients_id_tag_keys_and_group(
             assert props["UNIQ_KEY"] == "01ABCDEF0123456789ABCDEF0123456789"
             assert (props["TAGS"], props["KEYS"], props["color"]) == ("TagA", "k1 k2", "blue")
             assert props["__SHARDINGKEY"] == "order-7"
-            assert props["TIMER_DELIVER_MS"] == "2000000000000"
+
+            # delivery_timestamp is a timer message: parked in the wheel's topic until its time,
+            # and a time beyond timerMaxDelaySec (3 days) is refused, as RocketMQ 5 refuses it.
+            due_ms = int(time.time() * 1000) + 60_000
+            timed = pb.Message(
+                topic=pb.Resource(name="SendTopic"),
+                body=b"later",
+                system_properties=pb.SystemProperties(
+                    message_id="01ABCDEF0123456789ABCDEF0123456790",
+                    message_type=pb.DELAY,
+                    delivery_timestamp={"seconds": due_ms // 1000, "nanos": due_ms % 1000 * 1_000_000},
+                ),
+            )
+            parked = await send(pb.SendMessageRequest(messages=[timed]), metadata=META)
+            assert parked.status.code == pb.OK, parked.status
+            wheel = broker.store.get_message("g", "rmq_sys_wheel_timer", 0, 0, 32)
+            (waiting,) = [decode_message(bytes(b)) for b in wheel.buffers]
+            assert waiting.body == b"later"
+            assert waiting.properties["TIMER_DELIVER_MS"] == str(due_ms)
+            assert waiting.properties["REAL_TOPIC"] == "SendTopic"
+            timed.system_properties.delivery_timestamp.FromMilliseconds(2_000_000_000_000)
+            too_late = await send(pb.SendMessageRequest(messages=[timed]), metadata=META)
+            assert too_late.status.code == pb.BAD_REQUEST, too_late.status
+            assert "timerMaxDelaySec" in too_late.status.message
 
             empty = await send(
                 pb.SendMessageRequest(messages=[pb.Message(topic=pb.Resource(name="SendTopic"))]),
