@@ -15,6 +15,7 @@ from tidemq.broker.services import BrokerServices
 from tidemq.context import BrokerContext
 from tidemq.errors import ConfigError
 
+from .backend import LocalBackend
 from .options import GrpcOptions, server_credentials
 from .pull import PullRpcs
 from .service import POP_RPCS, MessagingService, pop_missing
@@ -144,9 +145,9 @@ class GrpcServer:
         self.port = bound
         # The broker's services, as the remoting processors have them (their own instance: the
         # services keep only caches, the state is the broker's).
-        services = BrokerServices(broker)
-        self.service = MessagingService(services, pb, host, bound, broker.settings.max_message_size)
-        self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(services, pb), pb),))
+        backend = LocalBackend(BrokerServices(broker))
+        self.service = MessagingService(backend, pb, host, bound, broker.settings.max_message_size)
+        self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(backend, pb), pb),))
 
     @property
     def address(self) -> str:
