@@ -82,7 +82,7 @@ def tidemq_add_commands(cli: Any) -> None:
                 table["insecure"] = True
             options = proxy_options(table)
             pb = proto.load()
-            server = ProxyServer(options, pb, credentials=(access_key, secret_key) if access_key else None)
+            server = ProxyServer(options, pb, account=(access_key, secret_key) if access_key else None)
             await serve_until_signalled([("proxy", server)])
 
         run_service(main, listen_hint="--listen HOST:PORT (or [proxy] listen)")

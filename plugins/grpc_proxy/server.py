@@ -75,7 +75,7 @@ class ProxyServer:
     """``tidemq proxy``: bound when made (a busy port fails the start), served from :meth:`start`."""
 
     def __init__(
-        self, options: ProxyOptions, pb: ModuleType, credentials: tuple[str, str | None] | None = None
+        self, options: ProxyOptions, pb: ModuleType, account: tuple[str, str | None] | None = None
     ) -> None:
         self.options = options
         host, port = split_address(options.listen)
@@ -113,7 +113,7 @@ class ProxyServer:
             route_refresh_s=options.route_refresh_s,
             heartbeat_s=options.heartbeat_s,
             max_reconsume_times=options.max_reconsume_times,
-            credentials=credentials,
+            credentials=account,  # signs requests to brokers with an ACL
         )
         self.service = MessagingService(self.backend, pb, host, bound_port, options.max_message_size)
         self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(self.backend, pb), pb),))
