@@ -214,7 +214,7 @@ class ClusterBackend:
     def _is_down(self, broker_name: str) -> bool:
         return self._down.get(broker_name, 0.0) > time.monotonic()
 
-    def _mark_down(self, broker_name: str, addr: str) -> None:
+    def mark_down(self, broker_name: str, addr: str) -> None:
         self._down[broker_name] = time.monotonic() + DOWN_S
         self.instance.mark_down(addr, DOWN_S)
 
@@ -263,7 +263,7 @@ class ClusterBackend:
             try:
                 resp = await self.api.send(addr, header, message.body)
             except RemotingError as exc:
-                self._mark_down(mq.broker_name, addr)
+                self.mark_down(mq.broker_name, addr)
                 failures.append(f"{mq.broker_name} ({addr}): {exc}")
                 log.info(
                     "send to %s at %s failed, trying another broker group: %s", mq.broker_name, addr, exc
@@ -276,6 +276,7 @@ class ClusterBackend:
                     Outcome(_STORED[resp.code], resp.remark if resp.code else None),
                     fields.get("msgId", ""),
                     int(fields.get("queueOffset", -1)),
+                    fields.get("recallHandle", ""),
                 )
             last = Stored(Outcome(status_of(resp.code), resp.remark or f"code {resp.code}"))
             if resp.code not in _TRY_ELSEWHERE:
@@ -329,7 +330,7 @@ class ClusterBackend:
                 group.streams[id(peer)] = peer
                 peer.add_close_callback(lambda p, g=list(groups): self.unregister_producers(p, client_id, g))
         if added:  # learn the topics' brokers and tell them now, not at the next heartbeat
-            self._spawn(self._announce(added))
+            self.spawn(self._announce(added))
 
     async def _announce(self, groups: list[str]) -> None:
         for name in groups:
@@ -349,9 +350,9 @@ class ClusterBackend:
             if not group.streams:
                 del self.groups[name]
                 self.instance.unregister(group)
-                self._spawn(self.instance.unregister_everywhere(producer_group=name))
+                self.spawn(self.instance.unregister_everywhere(producer_group=name))
 
-    def _spawn(self, work: Awaitable[Any]) -> None:
+    def spawn(self, work: Awaitable[Any]) -> None:
         async def run() -> None:
             try:
                 await work
@@ -363,13 +364,30 @@ class ClusterBackend:
         task.add_done_callback(_BACKGROUND.discard)
 
     # ------------------------------------------------------------------ pulls and offsets
-    async def _address(self, topic: str, broker_name: str) -> str | Outcome:
-        addr = self.instance.read_address(broker_name)
+    async def topic_route(self, topic: str) -> TopicRoute | None:
+        """The topic's route (cached), None when no NameServer knows it."""
+        route = await self._route(topic)
+        return None if isinstance(route, Outcome) else route
+
+    async def address_of(self, topic: str, broker_name: str, *, master: bool = False) -> str | None:
+        """Where to reach ``broker_name`` for ``topic``: its master, else (for reads) a slave
+        while the master does not answer; None when the group serves no such topic."""
+
+        def known() -> str | None:
+            if master:
+                return self.instance.broker_address(broker_name)
+            return self.instance.read_address(broker_name)
+
+        addr = known()
         if addr is None:
             route = await self._route(topic, refresh=True)
             if isinstance(route, Outcome):
-                return route
-            addr = self.instance.read_address(broker_name)
+                return None
+            addr = known()
+        return addr
+
+    async def _address(self, topic: str, broker_name: str) -> str | Outcome:
+        addr = await self.address_of(topic, broker_name)
         if addr is None:
             return Outcome(Status.TOPIC_NOT_EXIST, f"no broker group {broker_name!r} serves topic {topic}")
         return addr
@@ -383,7 +401,7 @@ class ClusterBackend:
         except BrokerError as exc:
             return refusal(exc)
         except RemotingError as exc:
-            self._mark_down(broker_name, addr)
+            self.mark_down(broker_name, addr)
             raise BackendUnavailable(f"broker {broker_name} at {addr} is unreachable: {exc}") from exc
 
     async def pull(

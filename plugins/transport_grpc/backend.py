@@ -71,6 +71,8 @@ class Stored:
     #: The offset message id (where it is stored: the broker's address and commit-log offset).
     offset_msg_id: str = ""
     queue_offset: int = -1
+    #: A timer message's recall handle (RecallMessage names it), else empty.
+    recall_handle: str = ""
 
 
 @attrs.frozen
@@ -212,7 +214,9 @@ class LocalBackend:
         sends.put_one(send)
         if not sends.settled(send):
             await sends.settle(send)
-        return Stored(Outcome(send.status, send.remark), send.msg_id, send.queue_offset)
+        return Stored(
+            Outcome(send.status, send.remark), send.msg_id, send.queue_offset, send.recall_handle or ""
+        )
 
     async def end_transaction(
         self,
