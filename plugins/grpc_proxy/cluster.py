@@ -19,7 +19,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from tidemq.broker.services import DONE, Outcome, Status
@@ -352,16 +352,22 @@ class ClusterBackend:
                 self.instance.unregister(group)
                 self.spawn(self.instance.unregister_everywhere(producer_group=name))
 
-    def spawn(self, work: Awaitable[Any]) -> None:
+    def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run ``work`` in the background (registrations the client need not wait for)."""
+
         async def run() -> None:
             try:
                 await work
             except Exception as exc:
                 log.info("background registration work failed: %s", exc)
 
+        def done(task: asyncio.Task[None]) -> None:
+            _BACKGROUND.discard(task)
+            work.close()  # cancelled before it started (the proxy stopping): no "never awaited"
+
         task = asyncio.get_running_loop().create_task(run())
         _BACKGROUND.add(task)
-        task.add_done_callback(_BACKGROUND.discard)
+        task.add_done_callback(done)
 
     # ------------------------------------------------------------------ pulls and offsets
     async def topic_route(self, topic: str) -> TopicRoute | None:
