@@ -7,6 +7,7 @@ The official v5 client's scenarios through the proxy are in tests/compat/test_gr
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import subprocess
 import sys
@@ -199,6 +200,14 @@ def test_an_unreachable_namesrv_is_unavailable_to_clients_and_the_proxy_stays_up
                 )
             assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
 
+            # A frame that does not parse: INVALID_ARGUMENT, the proxy serves on.
+            garbage = channel.unary_unary(
+                SERVICE + "SendMessage", response_deserializer=pb.SendMessageResponse.FromString
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await garbage(b"\xff\xff\xff\xff", metadata=META, timeout=30)
+            assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
     asyncio.run(main())
     assert proxy.proc.poll() is None  # still serving
     assert "do not answer" in proxy.log_path.read_text()
@@ -251,3 +260,46 @@ def test_a_busy_port_is_a_one_line_error(tmp_path: Path) -> None:
         )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "cannot listen" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_the_proxy_serves_tls_and_mutual_tls(spawn: Any, tmp_path: Path) -> None:
+    from test_tls_verification import make_certs
+
+    certs = make_certs(tmp_path)
+    proxy = spawn(
+        "proxy",
+        "--namesrv",
+        f"127.0.0.1:{free_port()}",
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-certfile",
+        str(certs["good"]),
+        "--tls-keyfile",
+        str(certs["good_key"]),
+        "--tls-cafile",
+        str(certs["ca"]),
+    )
+    address = proxy.addresses["proxy"]
+    ca = certs["ca"].read_bytes()
+
+    # With a client certificate signed by the CA the call reaches the proxy (which has no
+    # NameServer here: UNAVAILABLE naming it); without one the handshake fails, no answer of its.
+    mutual = grpc.ssl_channel_credentials(ca, certs["good_key"].read_bytes(), certs["good"].read_bytes())
+    assert "NameServer" in proxy_answer(address, mutual)
+    assert "NameServer" not in proxy_answer(address, grpc.ssl_channel_credentials(ca))
+    assert proxy.proc.poll() is None
+
+
+def proxy_answer(address: str, credentials: Any) -> str:
+    async def ask() -> str:
+        async with grpc.aio.secure_channel(address, credentials) as channel:
+            try:
+                await call(channel, "QueryRoute", "QueryRouteResponse")(
+                    pb.QueryRouteRequest(topic=pb.Resource(name="T")), metadata=META, timeout=20
+                )
+            except grpc.aio.AioRpcError as exc:
+                return exc.details() or ""
+            return "answered"
+
+    return asyncio.run(ask())
