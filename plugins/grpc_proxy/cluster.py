@@ -24,30 +24,34 @@ from typing import Any, TypeVar
 
 from tidemq.broker.services import DONE, Outcome, Status
 from tidemq.broker.services.transactions import TransactionCheck
-from tidemq.client import ClientInstance
-from tidemq.client.api import PULL_FLAG_SUBSCRIPTION, PULL_FLAG_SUSPEND, ClientAPI
-from tidemq.client.errors import BrokerError, ClientError
-from tidemq.client.message import PullStatus
-from tidemq.client.route import TopicRoute
+from tidemq.client import (
+    PULL_FLAG_SUBSCRIPTION,
+    PULL_FLAG_SUSPEND,
+    BrokerError,
+    ClientAPI,
+    ClientError,
+    ClientInstance,
+    PullStatus,
+    TopicRoute,
+)
 from tidemq.message import MessageExt, create_message_id, decode_message_id, properties_to_string
-from tidemq.perm import PERM_WRITE
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.remoting.errors import RemotingError
 from tidemq.transport import Connection
-from tidemq_transport_grpc.backend import (
+from tidemq_transport_grpc.api import (
     DEFAULT_TOPIC,
+    PRODUCER_GROUP_PREFIX,
     BackendUnavailable,
     OffsetPolicy,
     Outgoing,
     Pulled,
     QueueLayout,
     Stored,
+    StreamPeer,
     fifo_queue,
 )
-from tidemq_transport_grpc.messages import PRODUCER_GROUP_PREFIX
-from tidemq_transport_grpc.peer import StreamPeer
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,8 @@ _PULLED = {
     PullStatus.NO_MATCHED_MSG: Status.PULL_RETRY_IMMEDIATELY,
     PullStatus.OFFSET_ILLEGAL: Status.PULL_OFFSET_MOVED,
 }
+#: RocketMQ's permission bit of writable queues (PermName).
+PERM_WRITE = 0x2
 #: Broker groups tried for one send (RocketMQ's producer: 1 + 2 retries).
 SEND_ATTEMPTS = 3
 #: How long a broker group that did not answer is passed over by sends, seconds.

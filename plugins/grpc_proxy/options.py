@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 
 from tidemq.address import parse_address
-from tidemq.client.instance import split_namesrv
+from tidemq.client import split_namesrv
 from tidemq.config import number, parse_options
 from tidemq.errors import ConfigError
 from tidemq.protected import Listener, check

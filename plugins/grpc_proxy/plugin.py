@@ -71,7 +71,7 @@ def tidemq_add_commands(cli: Any) -> None:
             raise click.UsageError("--access-key and --secret-key go together")
 
         async def main() -> None:
-            from tidemq_transport_grpc import proto
+            from tidemq_transport_grpc.api import load_protobuf
 
             from .options import proxy_options
             from .server import ProxyServer
@@ -81,7 +81,7 @@ def tidemq_add_commands(cli: Any) -> None:
             if insecure:
                 table["insecure"] = True
             options = proxy_options(table)
-            pb = proto.load()
+            pb = load_protobuf()
             server = ProxyServer(options, pb, account=(access_key, secret_key) if access_key else None)
             await serve_until_signalled([("proxy", server)])
 

@@ -11,14 +11,11 @@ from typing import Any
 import grpc
 
 from tidemq.address import split_address
-from tidemq.client.errors import ClientError
+from tidemq.client import ClientError
 from tidemq.errors import ConfigError
 from tidemq.message import local_ip
 from tidemq.remoting.errors import RemotingError
-from tidemq_transport_grpc.backend import BackendUnavailable
-from tidemq_transport_grpc.pull import PullRpcs
-from tidemq_transport_grpc.server import handlers
-from tidemq_transport_grpc.service import MessagingService
+from tidemq_transport_grpc.api import BackendUnavailable, MessagingService, PullRpcs, handlers
 
 from .cluster import ClusterBackend
 from .options import ProxyOptions, server_credentials

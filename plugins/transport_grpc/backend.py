@@ -20,7 +20,6 @@ from typing import Literal, Protocol
 import attrs
 
 from tidemq.broker.services import BrokerServices, Outcome, Status
-from tidemq.broker.topics import TopicConfig
 from tidemq.message import MessageExt, decode_message_id, iter_messages, properties_to_string
 from tidemq.transport import Connection
 
@@ -169,13 +168,10 @@ class LocalBackend:
         self.broker = services.send.broker
         self.max_reconsume_times = self.broker.settings.max_reconsume_times
 
-    def _check_topic(self, topic: str, sys_flag: int = 0) -> TopicConfig | Outcome:
-        return self.services.send.check_topic(
-            topic, DEFAULT_TOPIC, self.broker.settings.default_topic_queues, 0, sys_flag
-        )
-
     async def route(self, topic: str) -> list[QueueLayout] | Outcome:
-        checked = self._check_topic(topic)
+        checked = self.services.send.check_topic(
+            topic, DEFAULT_TOPIC, self.broker.settings.default_topic_queues, 0, 0
+        )
         if isinstance(checked, Outcome):
             if self.broker.is_master:
                 return checked
@@ -188,7 +184,9 @@ class LocalBackend:
 
     async def send(self, peer: Connection, message: Outgoing) -> Stored:
         sends = self.services.send
-        cfg = self._check_topic(message.topic, message.sys_flag)
+        cfg = sends.check_topic(
+            message.topic, DEFAULT_TOPIC, self.broker.settings.default_topic_queues, 0, message.sys_flag
+        )
         if isinstance(cfg, Outcome):
             return Stored(cfg)
         queue_id = -1  # the send service picks one
