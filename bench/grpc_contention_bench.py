@@ -10,8 +10,10 @@ round runs for ``--seconds``, with
 * ``grpc``: a gRPC loader (tidemq's protobuf module over ``grpc.aio``, ``--grpc-concurrency``
   SendMessage calls in flight), alone;
 * ``both``: the two at once, on the same broker;
+* ``both_via_proxy``: the two at once, the gRPC load through a ``tidemq proxy`` process in front of
+  the broker (RocketMQ 5's cluster mode: the broker sees remoting only);
 
-the three alternating ``--repeats`` times.  The broker's CPU time (every thread, grpcio's poller
+the four alternating ``--repeats`` times.  The broker's CPU time (every thread, grpcio's poller
 included) is read from /proc around each round.  From the rounds alone, the broker's CPU cost of
 one remoting message and of one gRPC message; in ``both``, the CPU the broker spent beyond what
 its messages cost alone (``interference``: 1.0 = none) and the remoting messages per broker
@@ -97,7 +99,7 @@ asyncio.run(main())
 """
 
 
-def one_round(loaders: dict[str, list[str]], broker_pid: int) -> dict[str, Any]:
+def one_round(loaders: dict[str, list[str]], broker_pid: int, proxy_pid: int) -> dict[str, Any]:
     procs = {
         name: subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
@@ -110,7 +112,7 @@ def one_round(loaders: dict[str, list[str]], broker_pid: int) -> dict[str, Any]:
             line = proc.stdout.readline().strip()
             if line != "ready":
                 raise RuntimeError(f"{name} loader did not start: {line!r}")
-        before = cpu_seconds(broker_pid)
+        before, proxy_before = cpu_seconds(broker_pid), cpu_seconds(proxy_pid)
         began = time.monotonic()
         for proc in procs.values():
             assert proc.stdin is not None
@@ -121,6 +123,7 @@ def one_round(loaders: dict[str, list[str]], broker_pid: int) -> dict[str, Any]:
             assert proc.stdout is not None
             result[name] = json.loads(proc.stdout.readline())
         result["broker_cpu_s"] = round(cpu_seconds(broker_pid) - before, 3)
+        result["proxy_cpu_s"] = round(cpu_seconds(proxy_pid) - proxy_before, 3)
         result["wall_s"] = round(time.monotonic() - began, 3)
         for proc in procs.values():
             assert proc.stdin is not None
@@ -157,6 +160,8 @@ def main() -> None:
             broker, _ = start(["broker", "-c", str(work / "broker.toml")], work)
             procs.append(broker)
             wait_listening(grpc_addr)
+            proxy, proxy_addr = start(["proxy", "--namesrv", namesrv_addr, "--listen", "127.0.0.1:0"], work)
+            procs.append(proxy)
             subprocess.run(
                 [sys.executable, "-m", "tidemq", "admin", "updateTopic", "-t", TOPIC, "-n", namesrv_addr],
                 check=True,
@@ -175,12 +180,18 @@ def main() -> None:
                 str(args.body),
                 str(args.grpc_concurrency),
             ]
-            kinds = {"remoting": {"remoting": v4}, "grpc": {"grpc": v5}, "both": {"remoting": v4, "grpc": v5}}
+            via_proxy = [*v5[:3], proxy_addr, *v5[4:]]
+            kinds = {
+                "remoting": {"remoting": v4},
+                "grpc": {"grpc": v5},
+                "both": {"remoting": v4, "grpc": v5},
+                "both_via_proxy": {"remoting": v4, "grpc": via_proxy},
+            }
             rounds: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
             for r in range(args.repeats):
                 for kind, loaders in kinds.items():
                     progress(f"round {r + 1}/{args.repeats}: {kind}, {args.seconds} s")
-                    rounds[kind].append(one_round(loaders, broker.pid))
+                    rounds[kind].append(one_round(loaders, broker.pid, proxy.pid))
                     progress(f"  {rounds[kind][-1]}")
         finally:
             for proc in reversed(procs):
@@ -219,7 +230,15 @@ def main() -> None:
             "remoting_beside_grpc": round(rate("both", "remoting"), 1),
             "grpc_alone": round(rate("grpc", "grpc"), 1),
             "grpc_beside_remoting": round(rate("both", "grpc"), 1),
+            "remoting_beside_grpc_via_proxy": round(rate("both_via_proxy", "remoting"), 1),
+            "grpc_via_proxy_beside_remoting": round(rate("both_via_proxy", "grpc"), 1),
         },
+        "remoting_msgs_per_broker_cpu_s_beside_grpc_via_proxy": round(
+            statistics.median(
+                x["remoting"]["sent"] / max(x["broker_cpu_s"], 1e-3) for x in rounds["both_via_proxy"]
+            ),
+            1,
+        ),
         "rounds": rounds,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},
     }
