@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Sends that a broker answered as stored (the replica or the disk may lag: the client is told).
-_STORED = {
+_STORED: dict[int, Status] = {
     ResponseCode.SUCCESS: Status.SUCCESS,
     ResponseCode.FLUSH_DISK_TIMEOUT: Status.FLUSH_DISK_TIMEOUT,
     ResponseCode.FLUSH_SLAVE_TIMEOUT: Status.FLUSH_SLAVE_TIMEOUT,
@@ -334,9 +334,15 @@ class ClusterBackend:
                 added.append(name)
             if id(peer) not in group.streams:
                 group.streams[id(peer)] = peer
-                peer.add_close_callback(lambda p, g=list(groups): self.unregister_producers(p, client_id, g))
+                peer.add_close_callback(self._on_close(client_id, list(groups)))
         if added:  # learn the topics' brokers and tell them now, not at the next heartbeat
             self.spawn(self._announce(added))
+
+    def _on_close(self, client_id: str, groups: list[str]) -> Callable[[Any], None]:
+        def closed(peer: Any) -> None:
+            self.unregister_producers(peer, client_id, groups)
+
+        return closed
 
     async def _announce(self, groups: list[str]) -> None:
         for name in groups:
