@@ -22,7 +22,8 @@ class ProxyCluster:
     ) -> None:
         self.tmp = tmp_path
         self.spawn = spawn
-        self.namesrv = spawn("namesrv", "--listen", "127.0.0.1:0").addresses["namesrv"]
+        self.namesrv_server = spawn("namesrv", "--listen", "127.0.0.1:0")
+        self.namesrv = self.namesrv_server.addresses["namesrv"]
         self.brokers: dict[str, Any] = {}
         self.addresses: dict[str, str] = {}
         for name in BROKERS:

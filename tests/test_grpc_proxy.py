@@ -152,6 +152,23 @@ def test_sends_land_on_both_groups_and_pulls_and_offsets_go_to_the_queues_group(
     assert {stored[b"m-%02d" % i] for i in range(20)} == set(BROKERS)  # spread over both groups
     assert len({stored[b"f-%d" % i] for i in range(6)}) == 1
 
+    # The NameServer goes away: the proxy's cached routes keep sends going.
+    cluster.namesrv_server.stop()
+
+    async def without_namesrv() -> list[int]:
+        async with grpc.aio.insecure_channel(cluster.proxy) as channel:
+            send = call(channel, "SendMessage", "SendMessageResponse")
+            return [
+                (
+                    await send(
+                        pb.SendMessageRequest(messages=[message("ProxySend", b"later-%d" % i)]), metadata=META
+                    )
+                ).status.code
+                for i in range(4)
+            ]
+
+    assert asyncio.run(without_namesrv()) == [pb.OK] * 4
+
 
 def test_a_broker_group_going_down_sends_go_to_the_other(spawn: Any, tmp_path: Path) -> None:
     cluster = ProxyCluster(spawn, tmp_path)
