@@ -347,6 +347,15 @@ def test_recall_cancels_a_timer_message_through_its_send_handle(tidemq_make_brok
             assert got[0].system_properties.delivery_timestamp.ToMilliseconds() == due_ms
             _, more = await receive(channel, "GR", "RecallTopic", poll_ms=1500)
             assert more == []
+            # A time in ms where seconds are due (what a v5 client sends for msg.delivery_timestamp
+            # set in ms) is out of protobuf's Timestamp range: refused, not an UNKNOWN error.
+            wild = pb.Message(topic=pb.Resource(name="RecallTopic"), body=b"x")
+            wild.system_properties.message_id = "01FF"
+            wild.system_properties.delivery_timestamp.seconds = due_ms
+            refused = await call(channel, "SendMessage", "SendMessageResponse")(
+                pb.SendMessageRequest(messages=[wild]), metadata=META
+            )
+            assert refused.status.code == pb.ILLEGAL_DELIVERY_TIME, refused.status
 
     asyncio.run(main())
 

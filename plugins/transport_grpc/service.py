@@ -326,8 +326,12 @@ class MessagingService:
             properties[Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = (
                 system.message_id
             )  # the client's id is the message's
-        if system.HasField("delivery_timestamp"):
-            properties[TIMER_DELIVER_MS] = str(system.delivery_timestamp.ToMilliseconds())
+        try:  # protobuf refuses a Timestamp out of its range (a time in ms given as seconds)
+            born_ms = system.born_timestamp.ToMilliseconds()
+            if system.HasField("delivery_timestamp"):
+                properties[TIMER_DELIVER_MS] = str(system.delivery_timestamp.ToMilliseconds())
+        except ValueError as exc:
+            return pb.ILLEGAL_DELIVERY_TIME, f"bad timestamp: {exc}", -1, "", ""
         if transactional:
             group = producer_group(topic)
             properties[Prop.TRANSACTION_PREPARED] = "true"
@@ -345,7 +349,7 @@ class MessagingService:
             0,
             -1,
             0,
-            system.born_timestamp.ToMilliseconds(),
+            born_ms,
             body,
         )
         if isinstance(send, Outcome):
