@@ -417,6 +417,37 @@ def test_consumer_settings_come_from_the_group_and_register_it_as_a_consumer(
     asyncio.run(main())
 
 
+def test_auto_renew_keeps_a_message_invisible_until_acked_with_its_first_handle(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    """A PushConsumer receives with auto_renew: the endpoint renews the message's invisibility
+    (each renewal spends the handle) and takes the client's ack with the handle it received."""
+
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker, **FAST) as (broker, channel):
+            renewals = grpc_plugin_service(broker).renewals
+            renewals.slice_ms, renewals.ahead_ms, renewals.period_s = 800, 500, 0.1
+            await send(channel, "RenewTopic", [b"long job", b"abandoned"])
+            _, got = await receive(channel, "GREN", "RenewTopic", invisible_ms=None, auto_renew=True)
+            assert sorted(m.body for m in got) == [b"abandoned", b"long job"]
+            assert all(m.system_properties.invisible_duration.ToMilliseconds() == 800 for m in got)
+            await asyncio.sleep(2.5)  # three slices: renewed, not redelivered
+            _, none = await receive(channel, "GREN", "RenewTopic", poll_ms=0)
+            assert none == []
+            job = next(m for m in got if m.body == b"long job")
+            done = await ack(channel, "GREN", "RenewTopic", [job])  # the handle it was first given
+            assert done.status.code == pb.OK, done.status
+            assert renewals.count() == 1
+            # Its client goes away: the other one comes back a second later, not a slice later.
+            await renewals.clear("test-client@1")
+            await asyncio.sleep(1.3)
+            _, back = await receive(channel, "GREN", "RenewTopic", poll_ms=2000)
+            assert [m.body for m in back] == [b"abandoned"]
+            assert broker.pop.in_flight("GREN") == 1
+
+    asyncio.run(main())
+
+
 def test_bad_consumer_input_gets_rocketmq_statuses_and_settles_nothing(
     tidemq_make_broker: MakeBroker,
 ) -> None:
@@ -544,7 +575,7 @@ def test_a_receive_stream_the_client_does_not_read_holds_one_batch_and_gives_it_
             again = [m for m in back if m.system_properties.delivery_attempt == 2]
             assert again, "the messages the stream could not write never came back"
             assert all(len(m.body) == len(body) for m in again)
-            assert not grpc_plugin_service(broker)._nacks
+            assert not grpc_plugin_service(broker).pending_tasks
 
     asyncio.run(main())
 

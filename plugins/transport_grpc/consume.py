@@ -25,6 +25,7 @@ from tidemq.names import check_group_name, check_topic_name
 from .consume_types import ConsumeBackend, ConsumeRefused, Delivered, GroupPolicy, ReceiptHandle, Subscribed
 from .messages import to_v5
 from .peer import StreamPeer
+from .renew import Renewals
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,6 @@ CONSUME_UNARY = (
 #: RocketMQ's proxy defaults (ProxyConfig).
 MAX_BATCH = 32  # MAX_MSG_NUMS_FOR_POP_REQUEST: a larger batch_size is cut to it
 MAX_INVISIBLE_MS = 12 * 3600 * 1000  # maxInvisibleTimeMills
-DEFAULT_INVISIBLE_MS = 60_000  # defaultInvisibleTimeMills: an auto_renew receive's invisibility
 MAX_POLLING_MS = 20_000  # grpcClientConsumerMaxLongPollingTimeoutMillis
 NACK_INVISIBLE_MS = 1_000  # a message the stream could not write comes back after this
 #: The POP engine's shortest invisibility: ChangeInvisibleDuration below it (0: "now") gets it.
@@ -87,7 +87,14 @@ class ConsumeRpcs:
         self.client_settings = client_settings
         self.limits = limits or ReceiveLimits()
         self.consumers: dict[str, _Consumer] = {}  # client id -> its registration
-        self._nacks: set[asyncio.Task[None]] = set()
+        #: Nacks and clears under way (held so that they are not garbage-collected).
+        self.pending_tasks: set[asyncio.Task[None]] = set()
+        #: What auto_renew receives handed out, kept invisible until settled (renew.py).
+        self.renewals = Renewals(backend)
+
+    def close(self) -> None:
+        """Stop renewing (the endpoint stops)."""
+        self.renewals.close()
 
     # ------------------------------------------------------------------ helpers
     def status(self, code: int | str, message: str = "") -> Any:
@@ -165,8 +172,9 @@ class ConsumeRpcs:
         await self.backend.register_consumer(peer, client_id, language, group, subscriptions)
 
     def _forget(self, client_id: str, consumer: _Consumer) -> None:
-        if self.consumers.get(client_id) is consumer:
+        if self.consumers.get(client_id) is consumer:  # gone, not replaced by a newer stream
             del self.consumers[client_id]
+            self._background(self.renewals.clear(client_id))
 
     async def heartbeat(self, client_id: str) -> None:
         """Refresh the client's consumer registration (a v5 client heartbeats every 10 s)."""
@@ -231,8 +239,8 @@ class ConsumeRpcs:
             if request.batch_size <= 0:
                 raise ConsumeRefused("BAD_REQUEST", f"batch_size {request.batch_size} must be positive")
             batch = min(request.batch_size, MAX_BATCH)
-            if request.auto_renew:
-                invisible = DEFAULT_INVISIBLE_MS
+            if request.auto_renew:  # kept invisible in slices until settled (renew.py)
+                invisible = self.renewals.slice_ms
             elif not request.HasField("invisible_duration"):
                 raise ConsumeRefused("ILLEGAL_INVISIBLE_TIME", "invisible_duration is required")
             else:
@@ -250,9 +258,20 @@ class ConsumeRpcs:
                 yield pb.ReceiveMessageResponse(status=self.status(pb.MESSAGE_NOT_FOUND, "no new message"))
             else:
                 yield pb.ReceiveMessageResponse(status=self.status(pb.OK))
+                cid = _client_id(context)
                 for d in delivered:
-                    yield pb.ReceiveMessageResponse(message=self._message(d))
+                    message = self._message(d)
+                    yield pb.ReceiveMessageResponse(message=message)
                     written += 1
+                    if request.auto_renew:
+                        self.renewals.hold(
+                            cid,
+                            group,
+                            topic,
+                            message.system_properties.message_id,
+                            d.receipt_handle,
+                            invisible,
+                        )
         except ConsumeRefused as exc:
             yield pb.ReceiveMessageResponse(status=self.status(exc.code, exc.message))
         finally:
@@ -301,9 +320,12 @@ class ConsumeRpcs:
                 except ConsumeRefused as exc:
                     log.debug("nack of an unwritten message failed: %s", exc)
 
-        task = asyncio.get_running_loop().create_task(nack())
-        self._nacks.add(task)
-        task.add_done_callback(self._nacks.discard)
+        self._background(nack())
+
+    def _background(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.pending_tasks.add(task)
+        task.add_done_callback(self.pending_tasks.discard)
 
     # ------------------------------------------------------------------ settle
     async def AckMessage(self, request: Any, context: Any) -> Any:
@@ -323,10 +345,12 @@ class ConsumeRpcs:
                 )
             )
         results = []
+        cid = _client_id(context)
         for entry in request.entries:
             try:
-                self._handle(entry.receipt_handle)
-                await self.backend.ack(group, topic, entry.receipt_handle)
+                handle = await self.renewals.take(cid, group, entry.message_id, entry.receipt_handle)
+                self._handle(handle)
+                await self.backend.ack(group, topic, handle)
                 status = self.status(pb.OK)
             except ConsumeRefused as exc:
                 status = self.status(exc.code, exc.message)
@@ -345,9 +369,12 @@ class ConsumeRpcs:
         group, topic = request.group.name, request.topic.name
         try:
             self._check_names(group, topic)
-            self._handle(request.receipt_handle)
             invisible = max(self._invisible(request.invisible_duration, 0), ENGINE_MIN_INVISIBLE_MS)
-            handle = await self.backend.change_invisible(group, topic, request.receipt_handle, invisible)
+            handle = await self.renewals.take(
+                _client_id(context), group, request.message_id, request.receipt_handle
+            )
+            self._handle(handle)
+            handle = await self.backend.change_invisible(group, topic, handle, invisible)
         except ConsumeRefused as exc:
             return pb.ChangeInvisibleDurationResponse(status=self.status(exc.code, exc.message))
         return pb.ChangeInvisibleDurationResponse(status=self.status(pb.OK), receipt_handle=handle)
@@ -357,9 +384,12 @@ class ConsumeRpcs:
         group, topic = request.group.name, request.topic.name
         try:
             self._check_names(group, topic)
-            self._handle(request.receipt_handle)
+            handle = await self.renewals.take(
+                _client_id(context), group, request.message_id, request.receipt_handle
+            )
+            self._handle(handle)
             await self.backend.forward_to_dlq(
-                group, topic, request.receipt_handle, request.message_id, request.max_delivery_attempts
+                group, topic, handle, request.message_id, request.max_delivery_attempts
             )
         except ConsumeRefused as exc:
             return pb.ForwardMessageToDeadLetterQueueResponse(status=self.status(exc.code, exc.message))

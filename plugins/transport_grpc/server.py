@@ -174,3 +174,4 @@ class GrpcServer:
             except Exception:
                 log.exception("the gRPC endpoint did not start")
         await self.server.stop(self.options.stop_grace)
+        self.service.consume.close()
