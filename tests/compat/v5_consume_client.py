@@ -94,6 +94,29 @@ def simple(args: argparse.Namespace) -> None:
         consumer.shutdown()
 
 
+def bench_receive(args: argparse.Namespace) -> None:
+    """bench/grpc_bench.py --workload receive: ready, go, receive and ack ``--count`` messages."""
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
+
+    config = ClientConfiguration(args.endpoints, Credentials())
+    consumer = SimpleConsumer(config, args.group, {args.topic: FilterExpression()}, await_duration=5)
+    consumer.startup()
+    try:
+        print("ready", flush=True)
+        sys.stdin.readline()
+        started, got, idle = time.monotonic(), 0, 0
+        while got < args.count and idle < 5:
+            msgs = consumer.receive(32, 30)
+            idle = 0 if msgs else idle + 1
+            for msg in msgs:
+                consumer.ack(msg)
+            got += len(msgs)
+        line(sent=got, failed=args.count - got, seconds=time.monotonic() - started)
+        sys.stdin.readline()
+    finally:
+        consumer.shutdown()
+
+
 def push(args: argparse.Namespace) -> None:
     from rocketmq import (
         ClientConfiguration,
@@ -190,7 +213,7 @@ def recall(args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["simple", "push", "produce", "recall"])
+    p.add_argument("scenario", choices=["simple", "push", "produce", "recall", "bench-receive"])
     p.add_argument("--endpoints", required=True)
     p.add_argument("--topic", required=True)
     p.add_argument("--group", default="")
@@ -207,7 +230,14 @@ def main() -> None:
     p.add_argument("--prefix", default="v5")
     p.add_argument("--delay", type=float, default=5.0, help="recall: seconds until the messages are due")
     args = p.parse_args()
-    {"simple": simple, "push": push, "produce": produce, "recall": recall}[args.scenario](args)
+    scenarios = {
+        "simple": simple,
+        "push": push,
+        "produce": produce,
+        "recall": recall,
+        "bench-receive": bench_receive,
+    }
+    scenarios[args.scenario](args)
     sys.stdout.flush()
 
 
