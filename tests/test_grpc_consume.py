@@ -635,3 +635,60 @@ def grpc_plugin_server(broker: Any) -> Any:
 
 def grpc_plugin_service(broker: Any) -> Any:
     return grpc_plugin_server(broker).service.consume
+
+
+def test_an_unknown_group_is_consumer_group_not_found_when_groups_are_not_created(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    async def main() -> None:
+        settings = {"auto_create_subscription_group": False}
+        async with grpc_broker(tidemq_make_broker, settings, **FAST) as (broker, channel):
+            await send(channel, "KnownTopic", [b"x"])
+            answers, got = await receive(channel, "NO_SUCH_GROUP", "KnownTopic")
+            assert got == [] and answers[0].status.code == pb.CONSUMER_GROUP_NOT_FOUND
+            query = await call(channel, "QueryAssignment", "QueryAssignmentResponse")(
+                pb.QueryAssignmentRequest(
+                    topic=pb.Resource(name="KnownTopic"), group=pb.Resource(name="NO_SUCH_GROUP")
+                ),
+                metadata=META,
+            )
+            assert query.status.code == pb.CONSUMER_GROUP_NOT_FOUND
+            handle = "0 1 60000 0 0 " + broker.settings.name + " 0 0 0"
+            refused = await call(channel, "AckMessage", "AckMessageResponse")(
+                pb.AckMessageRequest(
+                    group=pb.Resource(name="NO_SUCH_GROUP"),
+                    topic=pb.Resource(name="KnownTopic"),
+                    entries=[pb.AckMessageEntry(message_id="m", receipt_handle=handle)],
+                ),
+                metadata=META,
+            )
+            assert refused.entries[0].status.code == pb.INVALID_RECEIPT_HANDLE  # expired long ago
+            assert broker.groups.get("NO_SUCH_GROUP") is None
+
+    asyncio.run(main())
+
+
+def test_a_long_poll_the_client_cancels_takes_nothing(tidemq_make_broker: MakeBroker) -> None:
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker, **FAST) as (broker, channel):
+            await send(channel, "PollTopic", [b"first"])
+            _, (first,) = await receive(channel, "GP", "PollTopic")
+            assert (await ack(channel, "GP", "PollTopic", [first])).status.code == pb.OK
+            request = pb.ReceiveMessageRequest(
+                group=pb.Resource(name="GP"),
+                message_queue=pb.MessageQueue(topic=pb.Resource(name="PollTopic")),
+                batch_size=32,
+                invisible_duration={"seconds": 60},
+                long_polling_timeout={"seconds": 5},
+            )
+            for _ in range(5):  # held polls, each cancelled by its client
+                waiting = receive_stub(channel)(request, metadata=META, timeout=10)
+                await asyncio.sleep(0.3)
+                waiting.cancel()
+            await asyncio.sleep(0.3)
+            await send(channel, "PollTopic", [b"after"])
+            _, got = await receive(channel, "GP", "PollTopic", poll_ms=2000)
+            assert [m.body for m in got] == [b"after"]  # no cancelled poll took it
+            assert broker.pop.in_flight("GP") == 1
+
+    asyncio.run(main())
