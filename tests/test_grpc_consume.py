@@ -692,3 +692,39 @@ def test_a_long_poll_the_client_cancels_takes_nothing(tidemq_make_broker: MakeBr
             assert broker.pop.in_flight("GP") == 1
 
     asyncio.run(main())
+
+
+def test_a_fifo_message_forwarded_to_the_dead_letter_queue_frees_its_queue(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    """What a FIFO PushConsumer does with a message that failed all its local attempts."""
+
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker, **FAST) as (broker, channel):
+            import attrs
+
+            cfg = broker.groups.find_or_create("GFDLQ")
+            broker.groups.update(attrs.evolve(cfg, consume_message_orderly=True))
+            await send(channel, "FifoDlq", [b"bad", b"next"], message_group="g")
+            _, (bad,) = await receive(channel, "GFDLQ", "FifoDlq", batch=1, invisible_ms=30_000)
+            assert bad.body == b"bad"
+            forward = call(
+                channel, "ForwardMessageToDeadLetterQueue", "ForwardMessageToDeadLetterQueueResponse"
+            )
+            done = await forward(
+                pb.ForwardMessageToDeadLetterQueueRequest(
+                    group=pb.Resource(name="GFDLQ"),
+                    topic=pb.Resource(name="FifoDlq"),
+                    receipt_handle=bad.system_properties.receipt_handle,
+                    message_id=bad.system_properties.message_id,
+                    delivery_attempt=1,
+                    max_delivery_attempts=3,
+                ),
+                metadata=META,
+            )
+            assert done.status.code == pb.OK, done.status
+            assert len(broker.store.get_message("t", "%DLQ%GFDLQ", 0, 0, 32).buffers) == 1
+            _, (nxt,) = await receive(channel, "GFDLQ", "FifoDlq", batch=1, poll_ms=2000)
+            assert nxt.body == b"next"  # the queue moved on, without waiting 30 s
+
+    asyncio.run(main())
