@@ -17,9 +17,7 @@ BROKERS = ("broker-a", "broker-b")
 
 
 class ProxyCluster:
-    def __init__(
-        self, spawn: Any, tmp_path: Path, broker_toml: str = "", proxy_args: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, spawn: Any, tmp_path: Path, broker_toml: str = "", proxy_toml: str = "") -> None:
         self.tmp = tmp_path
         self.spawn = spawn
         self.namesrv_server = spawn("namesrv", "--listen", "127.0.0.1:0")
@@ -37,7 +35,10 @@ class ProxyCluster:
             )
             self.brokers[name] = spawn("broker", "-c", str(conf))
             self.addresses[name] = self.brokers[name].addresses["broker"]
-        self.proxy_server = spawn("proxy", "--namesrv", self.namesrv, "--listen", "127.0.0.1:0", *proxy_args)
+        (tmp_path / "proxy.toml").write_text("[proxy]\n" + proxy_toml)
+        self.proxy_server = spawn(
+            "proxy", "-c", str(tmp_path / "proxy.toml"), "--namesrv", self.namesrv, "--listen", "127.0.0.1:0"
+        )
         self.proxy = self.proxy_server.addresses["proxy"]
         self.env = {**os.environ, "HOME": str(tmp_path)}
 

@@ -47,6 +47,10 @@ class ProxyOptions:
     heartbeat_s: float = number(30.0, ge=0.1, le=3600.0)
     #: A consumer's attempts before its message goes to the dead-letter queue (clients' Settings).
     max_reconsume_times: int = number(16, ge=0, le=10_000)
+    #: ReceiveMessage: the shortest invisible_duration taken (RocketMQ's minInvisibleTimeMillsForRecv).
+    receive_min_invisible_ms: int = number(10_000, ge=0, le=12 * 3600 * 1000)
+    #: ReceiveMessage: the shortest long polling (RocketMQ's grpcClientConsumerMinLongPollingTimeoutMillis).
+    receive_min_polling_ms: int = number(5_000, ge=0, le=20_000)
     #: TLS: the server's certificate chain (PEM), with tls_keyfile.
     tls_certfile: str = ""
     tls_keyfile: str = ""

@@ -15,9 +15,16 @@ from tidemq.client import ClientError
 from tidemq.errors import ConfigError
 from tidemq.message import local_ip
 from tidemq.remoting.errors import RemotingError
-from tidemq_transport_grpc.api import BackendUnavailable, MessagingService, PullRpcs, handlers
+from tidemq_transport_grpc.api import (
+    BackendUnavailable,
+    MessagingService,
+    PullRpcs,
+    ReceiveLimits,
+    handlers,
+)
 
 from .cluster import ClusterBackend
+from .consume import RemotingConsumeBackend
 from .options import ProxyOptions, server_credentials
 
 log = logging.getLogger(__name__)
@@ -112,7 +119,16 @@ class ProxyServer:
             max_reconsume_times=options.max_reconsume_times,
             credentials=account,  # signs requests to brokers with an ACL
         )
-        self.service = MessagingService(self.backend, pb, host, bound_port, options.max_message_size)
+        limits = ReceiveLimits(options.receive_min_invisible_ms, options.receive_min_polling_ms)
+        self.service = MessagingService(
+            self.backend,
+            pb,
+            host,
+            bound_port,
+            options.max_message_size,
+            limits,
+            RemotingConsumeBackend(self.backend),
+        )
         self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(self.backend, pb), pb),))
         self.bound = bound
 

@@ -11,6 +11,12 @@ Everything in ``__all__`` is supported for import by other plugins; nothing else
   message group; :data:`DEFAULT_TOPIC`;
 - :class:`MessagingService` and :class:`PullRpcs` (the RPCs over a backend) and :func:`handlers`
   (the method table a ``grpc.aio`` server serves);
+- :class:`ConsumeBackend` (what the v5 consumer RPCs need of the brokers: receive, ack, change
+  invisibility, forward to the dead-letter queue, assignment, recall, group policy, consumer
+  registration), its values (:class:`Delivered`, :class:`Assigned`, :class:`GroupPolicy`,
+  :class:`ReceiptHandle`, :class:`Subscribed`), its refusal :class:`ConsumeRefused` with
+  :func:`refused` (a broker's response code as the v5 code) and :func:`retry_topic`;
+  :class:`ReceiveLimits`, the receive checks' minimums;
 - :class:`StreamPeer` (a client's Telemetry stream: ``check_transaction`` hands it a broker's
   transaction check), :data:`PRODUCER_GROUP_PREFIX` (the producer group of a topic's v5
   producers) and :func:`load_protobuf` (the generated protobuf module, or a clear error).
@@ -29,6 +35,18 @@ from .backend import (
     Stored,
     fifo_queue,
 )
+from .consume import ReceiveLimits
+from .consume_types import (
+    Assigned,
+    ConsumeBackend,
+    ConsumeRefused,
+    Delivered,
+    GroupPolicy,
+    ReceiptHandle,
+    Subscribed,
+    refused,
+    retry_topic,
+)
 from .messages import PRODUCER_GROUP_PREFIX
 from .peer import StreamPeer
 from .proto import load as load_protobuf
@@ -39,17 +57,27 @@ from .service import MessagingService
 __all__ = [
     "DEFAULT_TOPIC",
     "PRODUCER_GROUP_PREFIX",
+    "Assigned",
     "Backend",
     "BackendUnavailable",
+    "ConsumeBackend",
+    "ConsumeRefused",
+    "Delivered",
+    "GroupPolicy",
     "MessagingService",
     "OffsetPolicy",
     "Outgoing",
     "PullRpcs",
     "Pulled",
     "QueueLayout",
+    "ReceiptHandle",
+    "ReceiveLimits",
     "Stored",
     "StreamPeer",
+    "Subscribed",
     "fifo_queue",
     "handlers",
     "load_protobuf",
+    "refused",
+    "retry_topic",
 ]

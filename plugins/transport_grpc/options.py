@@ -37,6 +37,10 @@ class GrpcOptions:
     tls_keyfile: str = ""
     #: With TLS: clients must show a certificate signed by this CA (mutual TLS).
     tls_cafile: str = ""
+    #: ReceiveMessage: the shortest invisible_duration taken (RocketMQ's minInvisibleTimeMillsForRecv).
+    receive_min_invisible_ms: int = number(10_000, ge=0, le=12 * 3600 * 1000)
+    #: ReceiveMessage: the shortest long polling (RocketMQ's grpcClientConsumerMinLongPollingTimeoutMillis).
+    receive_min_polling_ms: int = number(5_000, ge=0, le=20_000)
     #: Seconds to let running calls finish when the broker stops.
     stop_grace: float = number(1.0, ge=0.0, le=60.0)
 

@@ -16,9 +16,11 @@ from tidemq.context import BrokerContext
 from tidemq.errors import ConfigError
 
 from .backend import LocalBackend
+from .consume import CONSUME_UNARY, ReceiveLimits
+from .consume_backend import BrokerConsumeBackend
 from .options import GrpcOptions, server_credentials
 from .pull import PullRpcs
-from .service import POP_RPCS, MessagingService, pop_missing
+from .service import MessagingService
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,6 @@ _UNARY = (
     "SendMessage",
     "EndTransaction",
     "NotifyClientTermination",
-    "RecallMessage",
 )
 _PULL_UNARY = ("UpdateOffset", "GetOffset", "QueryOffset")
 #: Room for the properties and envelope above the broker's largest message body.
@@ -99,13 +100,12 @@ def handlers(service: MessagingService, pulls: PullRpcs, pb: ModuleType) -> grpc
     table["PullMessage"] = grpc.unary_stream_rpc_method_handler(
         _checked_stream(pulls.PullMessage), *kinds("PullMessage")
     )
-    for rpc in POP_RPCS:
-        kind = (
-            grpc.unary_stream_rpc_method_handler
-            if rpc == "ReceiveMessage"
-            else grpc.unary_unary_rpc_method_handler
-        )
-        table[rpc] = kind(pop_missing(rpc), *kinds(rpc))
+    consume = service.consume
+    for rpc in CONSUME_UNARY:
+        table[rpc] = grpc.unary_unary_rpc_method_handler(_checked(getattr(consume, rpc)), *kinds(rpc))
+    table["ReceiveMessage"] = grpc.unary_stream_rpc_method_handler(
+        _checked_stream(consume.ReceiveMessage), *kinds("ReceiveMessage")
+    )
     table["Telemetry"] = grpc.stream_stream_rpc_method_handler(service.Telemetry, *kinds("Telemetry"))
     return grpc.method_handlers_generic_handler(SERVICE, table)
 
@@ -145,8 +145,12 @@ class GrpcServer:
         self.port = bound
         # The broker's services, as the remoting processors have them (their own instance: the
         # services keep only caches, the state is the broker's).
-        backend = LocalBackend(BrokerServices(broker))
-        self.service = MessagingService(backend, pb, host, bound, broker.settings.max_message_size)
+        services = BrokerServices(broker)
+        backend = LocalBackend(services)
+        limits = ReceiveLimits(options.receive_min_invisible_ms, options.receive_min_polling_ms)
+        self.service = MessagingService(
+            backend, pb, host, bound, broker.settings.max_message_size, limits, BrokerConsumeBackend(services)
+        )
         self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(backend, pb), pb),))
 
     @property
@@ -175,3 +179,4 @@ class GrpcServer:
             except Exception:
                 log.exception("the gRPC endpoint did not start")
         await self.server.stop(self.options.stop_grace)
+        self.service.consume.close()

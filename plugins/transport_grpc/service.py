@@ -27,8 +27,10 @@ from tidemq.message import TRANSACTION_PREPARED_TYPE, Prop, decode_message_id
 from tidemq.names import check_topic_name
 
 from .backend import DEFAULT_TOPIC, Backend, Outgoing
+from .consume import ConsumeRpcs, ReceiveLimits
+from .consume_types import ConsumeBackend
 from .messages import TIMER_DELIVER_MS, code_of, parse_transaction_id, producer_group, transaction_id
-from .peer import CallPeer, StreamPeer
+from .peer import OUTBOX_LIMIT, CallPeer, StreamPeer
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +42,6 @@ _COMMIT = 0x8
 _ROLLBACK = 0xC
 _UNKNOWN = 0x0
 
-#: RPCs that need RocketMQ 5's POP engine (receive, invisibility, ack): answered UNIMPLEMENTED.
-POP_RPCS = (
-    "QueryAssignment",
-    "ReceiveMessage",
-    "AckMessage",
-    "ChangeInvisibleDuration",
-    "ForwardMessageToDeadLetterQueue",
-)
-_POP_MISSING = (
-    "{rpc} needs the broker's POP consumption engine (pop, ack, change invisibility), "
-    "which tidemq does not have yet; use a 4.x push or pull consumer meanwhile"
-)
 #: Producer retry policy handed to clients in Settings (RocketMQ's producer defaults).
 _PRODUCER_ATTEMPTS = 3
 
@@ -66,7 +56,16 @@ def client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 class MessagingService:
     """The RPC implementations; :func:`tidemq_transport_grpc.server.handlers` binds them by name."""
 
-    def __init__(self, backend: Backend, pb: ModuleType, host: str, port: int, max_body: int) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        pb: ModuleType,
+        host: str,
+        port: int,
+        max_body: int,
+        limits: ReceiveLimits | None,
+        consume: ConsumeBackend,
+    ) -> None:
         self.backend = backend
         self.pb = pb
         self.host = host
@@ -74,6 +73,8 @@ class MessagingService:
         self.max_body = max_body
         self.clients: dict[str, Any] = {}  # client id -> its latest Settings (telemetry)
         self.streams: dict[str, StreamPeer] = {}  # client id -> its Telemetry stream
+        #: The consumer RPCs (consume.py), over ``consume`` (the broker's POP engine, or remoting).
+        self.consume = ConsumeRpcs(consume, pb, self.endpoints, self.clients.get, limits)
 
     # ------------------------------------------------------------------ helpers
     def status(self, code: int, message: str = "") -> Any:
@@ -151,6 +152,7 @@ class MessagingService:
         stream = self.streams.get(cid)
         if stream is not None and stream.producer_groups:  # refresh its producer registrations
             self.backend.register_producers(stream, cid, stream.producer_groups)
+        await self.consume.heartbeat(cid)  # and its consumer registration
         return pb.HeartbeatResponse(status=self.status(pb.OK))
 
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
@@ -196,12 +198,16 @@ class MessagingService:
                 kind = command.WhichOneof("command")
                 if kind == "settings":
                     settings = self.settings_for(command.settings)
+                    if command.settings.WhichOneof("pub_sub") == "subscription":
+                        await self.consume.settings(peer, cid, command.settings, settings)
                     self.clients[cid] = settings
                     self._register_producer(peer, cid, command.settings)
+                    await _room(out)
                     out.put_nowait(pb.TelemetryCommand(status=self.status(pb.OK), settings=settings))
                 elif kind in ("thread_stack_trace", "verify_message_result"):
                     log.info("client %s answered %s", cid, kind)
                 else:
+                    await _room(out)
                     out.put_nowait(
                         pb.TelemetryCommand(
                             status=self.status(pb.BAD_REQUEST, f"unexpected telemetry command {kind}")
@@ -258,13 +264,14 @@ class MessagingService:
         peer = CallPeer(context.peer(), first_message.born_host)
         try:
             for message in request.messages:
-                code, text, offset, tx_id = await self.send_one(message, peer)
+                code, text, offset, tx_id, recall = await self.send_one(message, peer)
                 entries.append(
                     pb.SendResultEntry(
                         status=self.status(code, text),
                         message_id=message.system_properties.message_id,
                         offset=max(offset, 0),
                         transaction_id=tx_id,
+                        recall_handle=recall,
                     )
                 )
         finally:
@@ -274,27 +281,28 @@ class MessagingService:
             first = self.status(pb.MULTIPLE_RESULTS, "the messages had different outcomes")
         return pb.SendMessageResponse(status=first, entries=entries)
 
-    async def send_one(self, message: Any, peer: CallPeer) -> tuple[int, str, int, str]:
-        """One message through the send service: ``(code, message, queue offset, transaction id)``."""
+    async def send_one(self, message: Any, peer: CallPeer) -> tuple[int, str, int, str, str]:
+        """One message through the send service: ``(code, message, queue offset, transaction id,
+        recall handle)`` (the last one for a timer message, else empty)."""
         pb = self.pb
         system = message.system_properties
         topic = message.topic.name
         if not message.body:
-            return pb.MESSAGE_BODY_EMPTY, "message body is empty", -1, ""
+            return pb.MESSAGE_BODY_EMPTY, "message body is empty", -1, "", ""
         if len(message.body) > self.max_body:
-            return pb.MESSAGE_BODY_TOO_LARGE, f"message body is over {self.max_body} bytes", -1, ""
+            return pb.MESSAGE_BODY_TOO_LARGE, f"message body is over {self.max_body} bytes", -1, "", ""
         if system.body_encoding == pb.GZIP:
             try:
                 body = zlib.decompress(message.body, wbits=31)
             except zlib.error as exc:
-                return pb.MESSAGE_CORRUPTED, f"GZIP body does not decompress: {exc}", -1, ""
+                return pb.MESSAGE_CORRUPTED, f"GZIP body does not decompress: {exc}", -1, "", ""
         else:
             body = message.body
         transactional = system.message_type == pb.TRANSACTION
         sys_flag = TRANSACTION_PREPARED_TYPE if transactional else 0
         problem = self.illegal_topic(topic)
         if problem:
-            return pb.ILLEGAL_TOPIC, problem, -1, ""
+            return pb.ILLEGAL_TOPIC, problem, -1, "", ""
         properties = dict(message.user_properties)
         message_group = None
         group = ""
@@ -310,23 +318,19 @@ class MessagingService:
             properties[Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = (
                 system.message_id
             )  # the client's id is the message's
-        if system.HasField("delivery_timestamp"):
-            properties[TIMER_DELIVER_MS] = str(system.delivery_timestamp.ToMilliseconds())
+        try:  # protobuf refuses a Timestamp out of its range (a time in ms given as seconds)
+            born_ms = system.born_timestamp.ToMilliseconds()
+            if system.HasField("delivery_timestamp"):
+                properties[TIMER_DELIVER_MS] = str(system.delivery_timestamp.ToMilliseconds())
+        except ValueError as exc:
+            return pb.ILLEGAL_DELIVERY_TIME, f"bad timestamp: {exc}", -1, "", ""
         if transactional:
             group = producer_group(topic)
             properties[Prop.TRANSACTION_PREPARED] = "true"
             properties[Prop.PRODUCER_GROUP] = group
         stored = await self.backend.send(
             peer,
-            Outgoing(
-                topic,
-                body,
-                properties,
-                sys_flag,
-                system.born_timestamp.ToMilliseconds(),
-                group,
-                message_group,
-            ),
+            Outgoing(topic, body, properties, sys_flag, born_ms, group, message_group),
         )
         outcome = stored.outcome
         code = code_of(pb, outcome.status, outcome.remark)
@@ -335,7 +339,8 @@ class MessagingService:
             if transactional and code == pb.OK
             else ""
         )
-        return code, outcome.remark or "", stored.queue_offset, tx_id
+        recall = stored.recall_handle if code == pb.OK else ""
+        return code, outcome.remark or "", stored.queue_offset, tx_id, recall
 
     # ------------------------------------------------------------------ transactions
     async def EndTransaction(self, request: Any, context: Any) -> Any:
@@ -366,18 +371,10 @@ class MessagingService:
             return pb.EndTransactionResponse(status=self.refusal(outcome))
         return pb.EndTransactionResponse(status=self.status(pb.OK))
 
-    # ------------------------------------------------------------------ not yet
-    async def RecallMessage(self, request: Any, context: Any) -> Any:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "RecallMessage needs timer messages, which tidemq does not have yet",
-        )
 
-
-def pop_missing(rpc: str) -> Any:
-    """A handler for an RPC over the POP engine: UNIMPLEMENTED naming what is missing."""
-
-    async def missing(request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, _POP_MISSING.format(rpc=rpc))
-
-    return missing
+async def _room(outbox: asyncio.Queue[Any]) -> None:
+    """Wait while a Telemetry stream's outbox is full: a client that stops reading its answers
+    stops being read (HTTP/2 flow control then holds its writes), so its stream's memory stays
+    bounded by :data:`~.peer.OUTBOX_LIMIT` answers."""
+    while outbox.qsize() >= OUTBOX_LIMIT:
+        await asyncio.sleep(0.05)

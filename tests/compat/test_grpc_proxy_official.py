@@ -20,6 +20,10 @@ pytest.importorskip("grpc", reason="the grpc extra (grpcio) is not installed")
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(600)]
 
 V5_WORKER = Path(__file__).with_name("v5_client.py")
+CONSUMER = Path(__file__).with_name("v5_consume_client.py")
+#: Invisible times and long polls down to 1 s (RocketMQ's proxy defaults, 10 s and 5 s, would only
+#: make the tests slower).
+FAST = "receive_min_invisible_ms = 1000\nreceive_min_polling_ms = 1000\n"
 
 
 @pytest.fixture(scope="session")
@@ -30,9 +34,11 @@ def v5_python() -> Path:
         pytest.skip(str(exc))
 
 
-def run(cluster: ProxyCluster, python: Path, *args: str, timeout: float = 180) -> list[Any]:
+def run(
+    cluster: ProxyCluster, python: Path, *args: str, timeout: float = 180, worker: Path = V5_WORKER
+) -> list[Any]:
     out = subprocess.run(
-        [str(python), str(V5_WORKER), *args],
+        [str(python), str(worker), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -119,3 +125,90 @@ def test_v5_transactions_through_the_proxy_end_and_are_checked_on_the_broker_hol
         assert time.monotonic() < deadline, sorted(stored)
         time.sleep(0.5)
     assert set(stored.values()) == set(BROKERS)  # half messages on both groups, each ended there
+
+
+def test_v5_simple_and_push_consumers_through_the_proxy_receive_from_both_groups(
+    v5_python: Path, spawn: Any, tmp_path: Path
+) -> None:
+    cluster = ProxyCluster(spawn, tmp_path, proxy_toml=FAST)
+    cluster.create_topic("ProxySimple")
+    cluster.create_topic("ProxyPush")
+    endpoints = ("--endpoints", cluster.proxy)
+    sent = run(
+        cluster, v5_python, "produce", "--topic", "ProxySimple", "--count", "12", *endpoints, worker=CONSUMER
+    )
+    assert set(drain(cluster.namesrv, "ProxySimple", "G_PEEK").values()) == set(BROKERS)
+
+    # SimpleConsumer: receive and ack, from both groups through the one endpoint.
+    args = ["simple", "--topic", "ProxySimple", "--group", "G_PROXY_SIMPLE", "--count", "12", "--pause"]
+    worker = subprocess.Popen(
+        [str(v5_python), str(CONSUMER), *args, *endpoints],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cluster.env,
+        cwd=cluster.tmp,
+    )
+    try:
+        assert worker.stdout is not None and worker.stdin is not None
+        lines = []
+        for raw in worker.stdout:
+            lines.append(json.loads(raw))
+            if "paused" in lines[-1]:
+                break
+        # The brokers know the group: the proxy registers the v5 consumer with them.
+        connection = cluster.admin("consumerConnection", "-g", "G_PROXY_SIMPLE")
+        assert "ProxySimple" in connection, connection
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+        out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err[-3000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    lines += [json.loads(raw) for raw in out.splitlines() if raw.startswith("{")]
+    got = [line for line in lines if "body" in line]
+    assert sorted(r["message_id"] for r in got) == sorted(s["message_id"] for s in sent)
+    assert all(r["attempt"] == 1 and r["topic"] == "ProxySimple" for r in got)
+    again = run(
+        cluster,
+        v5_python,
+        "simple",
+        "--topic",
+        "ProxySimple",
+        "--group",
+        "G_PROXY_SIMPLE",
+        "--wait",
+        "3",
+        *endpoints,
+        worker=CONSUMER,
+    )
+    assert [line for line in again if "body" in line] == []  # all acknowledged on both groups
+
+    # PushConsumer: all consumed; a failed one comes back, attempt 2.
+    sent = run(
+        cluster, v5_python, "produce", "--topic", "ProxyPush", "--count", "12", *endpoints, worker=CONSUMER
+    )
+    lines = run(
+        cluster,
+        v5_python,
+        "push",
+        "--topic",
+        "ProxyPush",
+        "--group",
+        "G_PROXY_PUSH",
+        "--count",
+        "12",
+        "--fail-first",
+        "--wait",
+        "60",
+        *endpoints,
+        worker=CONSUMER,
+    )
+    assert lines[-1] == {"complete": True, "succeeded": 12}, lines
+    successes = [x for x in lines if x.get("result") == "success"]
+    assert sorted(x["message_id"] for x in successes) == sorted(s["message_id"] for s in sent)
+    failure = next(x for x in lines if x.get("result") == "failure")
+    retried = next(x for x in successes if x["message_id"] == failure["message_id"])
+    assert (failure["attempt"], retried["attempt"]) == (1, 2)
