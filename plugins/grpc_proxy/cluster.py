@@ -270,6 +270,8 @@ class ClusterBackend:
                 resp = await self.api.send(addr, header, message.body)
             except RemotingError as exc:
                 self.mark_down(mq.broker_name, addr)
+                # The route may be stale (a group gone or moved): refresh it for the next sends.
+                self.spawn(self.instance.get_route(message.topic, refresh=True))
                 failures.append(f"{mq.broker_name} ({addr}): {exc}")
                 log.info(
                     "send to %s at %s failed, trying another broker group: %s", mq.broker_name, addr, exc
@@ -326,6 +328,7 @@ class ClusterBackend:
 
     def register_producers(self, peer: StreamPeer, client_id: str, groups: Sequence[str]) -> None:
         added = []
+        joined = False
         for name in groups:
             group = self.groups.get(name)
             if group is None:
@@ -334,7 +337,9 @@ class ClusterBackend:
                 added.append(name)
             if id(peer) not in group.streams:
                 group.streams[id(peer)] = peer
-                peer.add_close_callback(self._on_close(client_id, list(groups)))
+                joined = True
+        if joined:  # the stream's end takes it out of its groups
+            peer.add_close_callback(self._on_close(client_id, list(groups)))
         if added:  # learn the topics' brokers and tell them now, not at the next heartbeat
             self.spawn(self._announce(added))
 

@@ -418,9 +418,15 @@ class RemotingConsumeBackend:
             new = True
         consumer.streams[id(peer)] = (peer, list(subscriptions))
         if new:  # tell the brokers now, not at the next heartbeat
-            for s in subscriptions:
-                await self.cluster.topic_route(s.topic)
-            self.cluster.spawn(self.instance.send_heartbeats())
+            self.cluster.spawn(self._announce([s.topic for s in subscriptions]))
+
+    async def _announce(self, topics: list[str]) -> None:
+        for topic in topics:  # learn the topics' brokers first (a NameServer down: the next heartbeat)
+            try:
+                await self.cluster.topic_route(topic)
+            except BackendUnavailable as exc:
+                log.info("route of %s unavailable: %s", topic, exc)
+        await self.instance.send_heartbeats()
 
     def _drop(self, peer: Any, group: str) -> None:
         consumer = self.consumers.get(group)
