@@ -212,3 +212,80 @@ def test_v5_simple_and_push_consumers_through_the_proxy_receive_from_both_groups
     failure = next(x for x in lines if x.get("result") == "failure")
     retried = next(x for x in successes if x["message_id"] == failure["message_id"])
     assert (failure["attempt"], retried["attempt"]) == (1, 2)
+
+
+def test_v5_fifo_push_consumer_and_the_dead_letter_queue_through_the_proxy(
+    v5_python: Path, spawn: Any, tmp_path: Path
+) -> None:
+    cluster = ProxyCluster(spawn, tmp_path, proxy_toml=FAST)
+    cluster.create_topic("ProxyFifo")
+    cluster.create_topic("ProxyDlq", queues=1)
+    for name in BROKERS:  # the groups' settings, on every broker group
+        address = cluster.addresses[name]
+        cluster.admin("updateSubGroup", "-b", address, "-g", "G_PROXY_FIFO", "-o", "true")
+        cluster.admin("updateSubGroup", "-b", address, "-g", "G_PROXY_DLQ", "-r", "2")
+    endpoints = ("--endpoints", cluster.proxy)
+
+    # FIFO: three message groups, spread over the queues of both broker groups, each in order.
+    groups = "ga,gb,gc"
+    run(
+        cluster,
+        v5_python,
+        "produce",
+        "--topic",
+        "ProxyFifo",
+        "--count",
+        "24",
+        "--groups",
+        groups,
+        *endpoints,
+        worker=CONSUMER,
+    )
+    lines = run(
+        cluster,
+        v5_python,
+        "push",
+        "--topic",
+        "ProxyFifo",
+        "--group",
+        "G_PROXY_FIFO",
+        "--count",
+        "24",
+        "--slow",
+        "0.02",
+        "--wait",
+        "60",
+        *endpoints,
+        worker=CONSUMER,
+    )
+    assert lines[0] == {"started": True, "fifo": True}  # the group's consumeMessageOrderly, from the brokers
+    assert lines[-1] == {"complete": True, "succeeded": 24}, lines
+    got = [x for x in lines if x.get("result") == "success"]
+    for group in groups.split(","):
+        order = [x["body"] for x in got if x["group"] == group]
+        assert order == [f"{group}-{i}" for i in range(8)], order
+
+    # Never acknowledged: 3 deliveries (retryMaxTimes 2), then the dead-letter queue.
+    run(cluster, v5_python, "produce", "--topic", "ProxyDlq", "--count", "1", *endpoints, worker=CONSUMER)
+    lines = run(
+        cluster,
+        v5_python,
+        "simple",
+        "--mode",
+        "dlq",
+        "--topic",
+        "ProxyDlq",
+        "--group",
+        "G_PROXY_DLQ",
+        "--invisible",
+        "1",
+        "--wait",
+        "14",
+        *endpoints,
+        worker=CONSUMER,
+    )
+    deliveries = [x for x in lines if "body" in x]
+    assert [d["attempt"] for d in deliveries] == [1, 2, 3], deliveries
+    # %DLQ%G_PROXY_DLQ (write-only, as RocketMQ makes it) holds the one message.
+    status = cluster.admin("topicStatus", "-t", "%DLQ%G_PROXY_DLQ")
+    assert any(line.split()[-3:-2] == ["1"] for line in status.splitlines()[1:]), status
