@@ -289,3 +289,22 @@ def test_v5_fifo_push_consumer_and_the_dead_letter_queue_through_the_proxy(
     # %DLQ%G_PROXY_DLQ (write-only, as RocketMQ makes it) holds the one message.
     status = cluster.admin("topicStatus", "-t", "%DLQ%G_PROXY_DLQ")
     assert any(line.split()[-3:-2] == ["1"] for line in status.splitlines()[1:]), status
+
+
+def test_a_timer_message_sent_through_the_proxy_is_recalled_through_it(
+    v5_python: Path, spawn: Any, tmp_path: Path
+) -> None:
+    cluster = ProxyCluster(spawn, tmp_path, proxy_toml=FAST)
+    cluster.create_topic("ProxyRecall")
+    endpoints = ("--endpoints", cluster.proxy)
+    (answer,) = run(
+        cluster, v5_python, "recall", "--topic", "ProxyRecall", "--delay", "4", *endpoints, worker=CONSUMER
+    )
+    # The recall handle names the broker group holding the message: the recall went there.
+    assert answer["handle"] and answer["recalled_id"] == answer["recalled"]
+    deadline = time.monotonic() + 30
+    while b"kept" not in (got := drain(cluster.namesrv, "ProxyRecall", f"G_RECALL_{time.monotonic_ns()}")):
+        assert time.monotonic() < deadline, got
+        time.sleep(0.5)
+    time.sleep(1.0)  # both were due at the same second: the recalled one would be there by now
+    assert list(drain(cluster.namesrv, "ProxyRecall", "G_RECALL_LAST")) == [b"kept"]
