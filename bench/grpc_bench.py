@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -200,6 +201,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each of a process's threads, by thread name (threads of one name summed)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def start(args: list[str], cwd: Path) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "tidemq", "--log-level", "WARNING", *args],
@@ -228,7 +243,17 @@ def wait_listening(address: str) -> None:
     raise RuntimeError(f"nothing listens on {address}")
 
 
-def one_round(cmd: list[str], broker_pid: int) -> dict[str, Any]:
+def py_spy() -> str | None:
+    """py-spy, when this machine has it (``--profile``)."""
+    import shutil
+
+    return os.environ.get("PY_SPY") or shutil.which("py-spy")
+
+
+def one_round(cmd: list[str], broker_pid: int, profile: Path | None = None) -> dict[str, Any]:
+    """One client run against a broker: its JSON line plus the broker's CPU seconds meanwhile;
+    with ``profile``, py-spy samples the broker (collapsed stacks, subprocesses' native frames
+    included) into that file for the run."""
     client = subprocess.Popen(
         cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
@@ -237,11 +262,39 @@ def one_round(cmd: list[str], broker_pid: int) -> dict[str, Any]:
         line = client.stdout.readline().strip()
         if line != "ready":
             raise RuntimeError(f"client did not start: {line!r}")
-        before = cpu_seconds(broker_pid)
+        spy = None
+        if profile is not None and (tool := py_spy()):
+            spy = subprocess.Popen(
+                [
+                    tool,
+                    "record",
+                    "--pid",
+                    str(broker_pid),
+                    "--format",
+                    "raw",
+                    "--threads",
+                    "--idle",
+                    "--rate",
+                    "250",
+                    "--output",
+                    str(profile),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            time.sleep(1.0)  # attached
+        before, threads = cpu_seconds(broker_pid), thread_cpu(broker_pid)
         client.stdin.write("go\n")
         client.stdin.flush()
         result: dict[str, Any] = json.loads(client.stdout.readline())
         result["broker_cpu_s"] = round(cpu_seconds(broker_pid) - before, 3)
+        # Where it went, by thread: the event loop (the process's own name), grpcio's poller
+        # and event_engine threads, the store's.
+        spent = {n: c - threads.get(n, 0.0) for n, c in thread_cpu(broker_pid).items()}
+        result["broker_threads_cpu_s"] = {n: round(c, 3) for n, c in sorted(spent.items()) if c > 0}
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
         client.stdin.write("done\n")
         client.stdin.flush()
         client.wait(60)
@@ -253,6 +306,13 @@ def one_round(cmd: list[str], broker_pid: int) -> dict[str, Any]:
     return result
 
 
+def profiled(args: argparse.Namespace, path: str, r: int) -> Path | None:
+    if args.profile is None or r:
+        return None
+    args.profile.mkdir(parents=True, exist_ok=True)
+    return args.profile / f"{args.workload}_{path}.txt"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--count", type=int, default=2000)
@@ -260,6 +320,13 @@ def main() -> None:
     ap.add_argument("--body", type=int, default=1024)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--workload", choices=["send", "receive"], default="send")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="a directory: py-spy samples the broker during each path's first round "
+        "(its CPU figures then include py-spy's stops: profile, or measure)",
+    )
     args = ap.parse_args()
 
     import v5_venv  # tests/compat: the same venv the compat test makes
@@ -318,7 +385,7 @@ def main() -> None:
             for r in range(args.repeats):
                 for path, (cmd, broker_pid) in commands.items():
                     progress(f"round {r + 1}/{args.repeats}: {path}, {args.count} sync sends")
-                    rounds[path].append(one_round(cmd, broker_pid))
+                    rounds[path].append(one_round(cmd, broker_pid, profiled(args, path, r)))
                     progress(f"  {rounds[path][-1]}")
         finally:
             for proc in reversed(procs):
@@ -395,7 +462,7 @@ def receive_workload(args: argparse.Namespace, v5_python: Path, cluster: Any, pr
                 }
                 for path, cmd in commands.items():
                     progress(f"round {r + 1}/{args.repeats}: {path}, {args.count} messages")
-                    rounds[path].append(one_round(cmd, pid))
+                    rounds[path].append(one_round(cmd, pid, profiled(args, path, r)))
                     progress(f"  {rounds[path][-1]}")
         finally:
             for proc in reversed(procs):
