@@ -17,6 +17,10 @@ The broker's CPU time (user + system, every thread: grpcio's included) is read f
 the client's go and its end; the figure is messages per broker CPU-second, median of the rounds.
 For scale, ``grpc_aio_echo_floor`` is a bare ``grpc.aio`` server echoing the same bodies (no
 broker at all), measured the same way: what grpcio's asyncio server costs per call by itself.
+Each round also reports ``broker_threads_cpu_s``, the broker's CPU by thread name (the event
+loop's thread is the process's, ``python``, with grpcio's completion-queue poller; grpcio's
+``event_engine`` threads), and ``--profile DIR`` has py-spy sample the broker in each path's
+first round (collapsed stacks; the CPU figures of that round include py-spy's stops).
 One JSON document on stdout (and in ``--out``), progress on stderr.
 
 ``--workload receive`` measures consumption instead, on one broker with the endpoint: ``--count``
@@ -29,7 +33,9 @@ of its own, alternating
   POP_MESSAGE/ACK_MESSAGE): receive 32, ack each (the acks of a batch sent together);
 * ``remoting_pull``: tidemq's ``PullConsumer``, 32 per PULL_MESSAGE, no acks (the 4.x path);
 
-as messages per broker CPU-second.
+as messages per broker CPU-second, and for scale ``grpc_aio_receive_floor``: the bare
+``grpc.aio`` server answering the same calls (per 32 messages a stream of 34 writes and 32 unary
+calls), what grpcio costs for this workload with no broker behind it.
 """
 
 from __future__ import annotations
@@ -147,9 +153,15 @@ ECHO_SERVER = """
 import asyncio, grpc
 async def echo(request, context):
     return request
+async def batch(request, context):  # a ReceiveMessage's answer: a status, the messages, a time
+    for _ in range(int(request) + 2):
+        yield b"x" * 1024
 async def main():
     server = grpc.aio.server()
-    table = {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+    table = {
+        "Echo": grpc.unary_unary_rpc_method_handler(echo),
+        "Batch": grpc.unary_stream_rpc_method_handler(batch),
+    }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", table),))
     print(server.add_insecure_port("127.0.0.1:0"), flush=True)
     await server.start()
@@ -183,6 +195,40 @@ def echo_floor(count: int, body: int) -> dict[str, Any]:
         "server_cpu_s": round(cpu, 3),
         "calls_per_server_cpu_s": round(count / max(cpu, 1e-3), 1),
         "calls_per_s": round(count / seconds, 1),
+    }
+
+
+def receive_floor(count: int, batch: int = 32) -> dict[str, Any]:
+    """The receive workload's grpcio floor: per ``batch`` messages, one server stream of
+    ``batch + 2`` 1 KiB writes (as ReceiveMessage answers) and ``batch`` unary calls of ~200
+    bytes (as AckMessage), against the bare echo server; messages per server CPU-second."""
+    import grpc
+
+    server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    try:
+        port = int(server.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            echo = channel.unary_unary("/bench.Echo/Echo")
+            stream = channel.unary_stream("/bench.Echo/Batch")
+            ack, size = b"a" * 200, str(batch).encode()
+            for _ in range(3):
+                list(stream(size))
+                echo(ack)
+            rounds = max(count // batch, 1)
+            before = cpu_seconds(server.pid)
+            for _ in range(rounds):
+                list(stream(size))
+                for _ in range(batch):
+                    echo(ack)
+            cpu = cpu_seconds(server.pid) - before
+    finally:
+        server.kill()
+        server.wait()
+    return {
+        "messages": rounds * batch,
+        "server_cpu_s": round(cpu, 3),
+        "msgs_per_server_cpu_s": round(rounds * batch / max(cpu, 1e-3), 1),
     }
 
 
@@ -469,6 +515,9 @@ def receive_workload(args: argparse.Namespace, v5_python: Path, cluster: Any, pr
                 proc.terminate()
                 proc.wait(30)
     median = {p: statistics.median(x["msgs_per_broker_cpu_s"] for x in rs) for p, rs in rounds.items()}
+    progress("grpcio's floor for this workload: a bare grpc.aio server, one 34-write stream + 32 unary calls")
+    floor = receive_floor(args.count)
+    progress(f"  {floor}")
     doc = {
         "what": "messages received and settled per broker CPU-second: v5 SimpleConsumer over gRPC "
         "(receive 32 + one ack each) vs remoting POP (receive 32 + acks) and remoting pull (32 per pull)",
@@ -479,6 +528,8 @@ def receive_workload(args: argparse.Namespace, v5_python: Path, cluster: Any, pr
         "median_msgs_per_broker_cpu_s": median,
         "grpc_vs_remoting_pop": round(median["grpc"] / median["remoting_pop"], 3),
         "grpc_vs_remoting_pull": round(median["grpc"] / median["remoting_pull"], 3),
+        "grpc_aio_receive_floor": floor,
+        "floor_vs_remoting_pop": round(floor["msgs_per_server_cpu_s"] / median["remoting_pop"], 3),
         "rounds": rounds,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},
     }
