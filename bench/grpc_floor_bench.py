@@ -13,7 +13,8 @@ compare the figures of one run); the figure is server CPU microseconds per call,
   ``grpc.max_concurrent_streams`` 100, ``grpc.so_reuseport`` 0;
 * ``aio_poll`` / ``aio_no_fork``: ``GRPC_POLL_STRATEGY=poll``, ``GRPC_ENABLE_FORK_SUPPORT=0``;
 * ``aio_v5_metadata``: the client sends the seven ``x-mq-*`` headers and a deadline, as the v5
-  clients do;
+  clients do; ``aio_v5_client``: the same from a ``grpc.aio`` client channel with the v5 Python
+  client's channel options (the official client calls so);
 * ``sync``: ``grpc.server`` with a 4-thread pool, the handler in the pool thread;
   ``sync_to_loop``: the same, each call handed to an asyncio (uvloop) loop in another thread
   with ``run_coroutine_threadsafe``, as the broker's services would need;
@@ -26,6 +27,7 @@ One JSON document on stdout (and in ``--out``), progress on stderr.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import json
 import os
@@ -99,6 +101,7 @@ VARIANTS: dict[str, tuple[str, dict[str, str], str]] = {
         "plain",
     ),
     "aio_v5_metadata": (AIO.replace("OPTIONS", "[]").replace("RUN", UVLOOP), {}, "v5"),
+    "aio_v5_client": (AIO.replace("OPTIONS", "[]").replace("RUN", UVLOOP), {}, "v5_aio"),
     "sync": (SYNC.replace("HOP", "False"), {}, "plain"),
     "sync_to_loop": (SYNC.replace("HOP", "True"), {}, "plain"),
     "aio_stream34": (AIO.replace("OPTIONS", "[]").replace("RUN", UVLOOP), {}, "stream"),
@@ -122,6 +125,21 @@ def v5_metadata() -> tuple[tuple[str, str], ...]:
     )
 
 
+async def _aio_client(pid: int, port: int, count: int) -> float:
+    import grpc
+
+    options = [("grpc.enable_retries", 0), ("grpc.use_local_subchannel_pool", 1)]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+        echo = channel.unary_unary("/bench.Echo/Echo")
+        body = b"x" * 1024
+        for _ in range(50):
+            await echo(body, metadata=v5_metadata(), timeout=3.0)
+        before = cpu_seconds(pid)
+        for _ in range(count):
+            await echo(body, metadata=v5_metadata(), timeout=3.0)
+        return (cpu_seconds(pid) - before) / count * 1e6
+
+
 def one(name: str, count: int) -> float:
     """Server CPU microseconds per call (per write for the stream variant)."""
     import grpc
@@ -133,6 +151,8 @@ def one(name: str, count: int) -> float:
     assert server.stdout is not None
     try:
         port = int(server.stdout.readline())
+        if style == "v5_aio":
+            return asyncio.run(_aio_client(server.pid, port, count))
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             echo = channel.unary_unary("/bench.Echo/Echo")
             stream = channel.unary_stream("/bench.Echo/Batch")
