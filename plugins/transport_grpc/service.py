@@ -73,6 +73,7 @@ class MessagingService:
         self.max_body = max_body
         self.clients: dict[str, Any] = {}  # client id -> its latest Settings (telemetry)
         self.streams: dict[str, StreamPeer] = {}  # client id -> its Telemetry stream
+        self._plain: dict[int, Any] = {}  # code -> its Status without a message of its own
         #: The consumer RPCs (consume.py), over the broker's POP engine.
         self.consume = ConsumeRpcs(
             BrokerConsumeBackend(services), pb, self.endpoints, self.clients.get, limits
@@ -80,7 +81,12 @@ class MessagingService:
 
     # ------------------------------------------------------------------ helpers
     def status(self, code: int, message: str = "") -> Any:
-        return self.pb.Status(code=code, message=message or self.pb.Code.Name(code))
+        if not message:  # the common answers, made once (a message field copies its value)
+            plain = self._plain.get(code)
+            if plain is None:
+                plain = self._plain[code] = self.pb.Status(code=code, message=self.pb.Code.Name(code))
+            return plain
+        return self.pb.Status(code=code, message=message)
 
     def endpoints(self) -> Any:
         pb = self.pb
