@@ -22,9 +22,11 @@ from tidemq.broker.timer.properties import TIMER_DEL_UNIQKEY, TIMER_TOPIC
 from tidemq.broker.timer.recall import delete_key
 from tidemq.broker.timer.schedule import TimerSchedule, now_ms
 from tidemq.broker.timer.timer_log import NO_RECORD, TimerLogRecord
+from tidemq.broker.timer.trace import TimerTrace
 from tidemq.errors import CorruptDataError
 from tidemq.futures import resolved
 from tidemq.message import MessageExt, MessageInner, Prop, decode_message
+from tidemq.trace.format import TraceContext
 
 if TYPE_CHECKING:
     from tidemq.broker.context import BrokerContext
@@ -48,6 +50,8 @@ class TimerDelivery:
         self.broker = broker
         self.store = broker.store
         self.schedule = schedule
+        #: The delivery's trace records (with ``trace_topic_enable``).
+        self.trace = TimerTrace(broker)
 
     async def dequeue_loop(self) -> None:
         s = self.schedule
@@ -180,6 +184,7 @@ class TimerDelivery:
             results = await asyncio.gather(*(resolved(f) for f in futures), return_exceptions=True)
             now = now_ms()
             failed = None
+            traced: list[TraceContext] = []
             for (rec, msg), result in zip(msgs, results, strict=True):
                 if isinstance(result, BaseException) or not result.ok:
                     failed = result
@@ -201,6 +206,12 @@ class TimerDelivery:
                 if len(s.lateness_ms) >= 4096:
                     del s.lateness_ms[:2048]
                 s.lateness_ms.append(lateness)
+                if self.trace.enabled:
+                    ctx = self.trace.record(msg, result, rec.deliver_ms)
+                    if ctx is not None:
+                        traced.append(ctx)
+            if traced:
+                await self.trace.write(traced)
             if failed is not None and strict:
                 raise RuntimeError(f"a timer delivery failed: {failed}")
         return delivered
