@@ -201,6 +201,8 @@ class TimerDelivery:
                     s.rolled += 1
                     continue
                 s.delivered += 1
+                if counted and rec.deliver_ms < s.repeat_before_ms:
+                    s.recovered_redeliveries += 1  # may have gone out before a restart or promotion
                 self.broker.stats.on_put(msg.topic, 1, result.wrote_bytes)
                 lateness = now - rec.deliver_ms
                 if len(s.lateness_ms) >= 4096:

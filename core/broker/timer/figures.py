@@ -55,6 +55,9 @@ class TimerFiguresOf:
             "timerCongestNum": str(self.schedule.pending),
             "timerEnqueueTps": f"{enq:.2f}",
             "timerDequeueTps": f"{deq:.2f}",
+            # tidemq's: messages due before a crash delivered again by the recovery (at least once:
+            # each duplicate a crash causes is one of them).
+            "timerRecoveredRedeliveries": str(self.schedule.recovered_redeliveries),
         }
 
     def metric_values(self) -> dict[str, Any]:
@@ -66,6 +69,7 @@ class TimerFiguresOf:
             "rocketmq_timer_dequeue_latency": self.dequeue_behind_ms(),
             "rocketmq_timer_enqueue_total": s.enqueued,
             "rocketmq_timer_dequeue_total": s.delivered,
+            "tidemq_timer_recovered_redeliveries_total": s.recovered_redeliveries,
             "rocketmq_timing_messages": dict(s.timing),
             "tidemq_timer_lateness_p99_ms": late[min(len(late) - 1, len(late) * 99 // 100)] if late else 0,
         }

@@ -107,7 +107,11 @@ class TimerMessageStore:
     def load(self) -> None:
         """Open the files and recover from the checkpoint (before the store starts)."""
         self.enqueue.recovered = recovery.load(
-            self.schedule, self.log_dir, self.wheel_path, self.checkpoint_path
+            self.schedule,
+            self.log_dir,
+            self.wheel_path,
+            self.checkpoint_path,
+            int(self.flush_interval_s * 1000),
         )
         log_ = self.schedule.files()[0]
         self.enqueue.settled = (log_.end, self.schedule.queue_offset)
@@ -133,6 +137,7 @@ class TimerMessageStore:
             self._stopped = False
             self.enqueue.recovered.extend(recovery.recover_tail(s, self.enqueue.settled[0]))
             s.done_tick = max(s.done_tick, (now_ms() - SLAVE_BEHIND_MS) // s.precision_ms)
+            s.repeat_before_ms = now_ms()  # the window walked again may have gone out from the old master
             s.claimed_tick = s.done_tick - 1
             top = self.store.get_max_offset_in_queue(TIMER_TOPIC, 0)
             if s.queue_offset > top:  # this replica's log was cut back when it was deposed

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def load(
-    schedule: TimerSchedule, log_dir: Path, wheel_path: Path, checkpoint_path: Path
+    schedule: TimerSchedule, log_dir: Path, wheel_path: Path, checkpoint_path: Path, flush_interval_ms: int
 ) -> list[TimerLogRecord]:
     """Open the files into ``schedule`` and recover from the checkpoint (before the store starts);
     the records due before the crash to deliver again."""
@@ -41,6 +41,13 @@ def load(
     elif cp is None:
         cp = TimerCheckpoint(now_tick * s.precision_ms, 0, 0, s.precision_ms, s.slots)
     s.done_tick = cp.last_read_time_ms // s.precision_ms
+    # The checkpoint was written at most a flush interval before the broker stopped: what was due
+    # until then may have gone out already, and is delivered again (counted).
+    try:
+        written_ms = int(checkpoint_path.stat().st_mtime * 1000)
+    except OSError:
+        written_ms = now_ms()
+    s.repeat_before_ms = max(cp.last_read_time_ms, written_ms) + flush_interval_ms + s.precision_ms
     s.queue_offset = cp.last_timer_queue_offset
     s.timing = {topic: n for topic, n in cp.timing_count.items() if n > 0}
     redeliver: list[TimerLogRecord] = []

@@ -50,7 +50,11 @@ class TimerSchedule:
         self.timing: dict[str, int] = {}
         self.checkpoints_written = 0
         self.samples: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=64)
+        #: Messages delivered again after a restart or a promotion that may have gone out before
+        #: it (every duplicate is one of them): due before ``repeat_before_ms``.
         self.recovered_redeliveries = 0
+        #: Ticks due before this may have been delivered before the restart or the promotion.
+        self.repeat_before_ms = 0
         self.rolled = 0
         self.recalled = 0
         self.lateness_ms: list[int] = []  # last deliveries' lateness, bounded (metrics)
