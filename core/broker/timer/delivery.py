@@ -276,7 +276,9 @@ async def _outcomes(futures: list[Future[PutResult]]) -> list[PutResult | Except
     out: list[PutResult | Exception] = []
     for f in futures:
         try:
-            out.append(f.result() if f.done() else await resolved(f))
+            result = f.result() if f.done() else await resolved(f)
         except Exception as exc:
             out.append(exc)
+            continue
+        out.append(result)
     return out
