@@ -17,6 +17,10 @@ The broker's CPU time (user + system, every thread: grpcio's included) is read f
 the client's go and its end; the figure is messages per broker CPU-second, median of the rounds.
 For scale, ``grpc_aio_echo_floor`` is a bare ``grpc.aio`` server echoing the same bodies (no
 broker at all), measured the same way: what grpcio's asyncio server costs per call by itself.
+Each round also reports ``broker_threads_cpu_s``, the broker's CPU by thread name (the event
+loop's thread is the process's, ``python``, with grpcio's completion-queue poller; grpcio's
+``event_engine`` threads), and ``--profile DIR`` has py-spy sample the broker in each path's
+first round (collapsed stacks; the CPU figures of that round include py-spy's stops).
 One JSON document on stdout (and in ``--out``), progress on stderr.
 
 ``--workload receive`` measures consumption instead, on one broker with the endpoint: ``--count``
@@ -29,7 +33,9 @@ of its own, alternating
   POP_MESSAGE/ACK_MESSAGE): receive 32, ack each (the acks of a batch sent together);
 * ``remoting_pull``: tidemq's ``PullConsumer``, 32 per PULL_MESSAGE, no acks (the 4.x path);
 
-as messages per broker CPU-second.
+as messages per broker CPU-second, and for scale ``grpc_aio_receive_floor``: the bare
+``grpc.aio`` server answering the same calls (per 32 messages a stream of 34 writes and 32 unary
+calls), what grpcio costs for this workload with no broker behind it.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -146,9 +153,15 @@ ECHO_SERVER = """
 import asyncio, grpc
 async def echo(request, context):
     return request
+async def batch(request, context):  # a ReceiveMessage's answer: a status, the messages, a time
+    for _ in range(int(request) + 2):
+        yield b"x" * 1024
 async def main():
     server = grpc.aio.server()
-    table = {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+    table = {
+        "Echo": grpc.unary_unary_rpc_method_handler(echo),
+        "Batch": grpc.unary_stream_rpc_method_handler(batch),
+    }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Echo", table),))
     print(server.add_insecure_port("127.0.0.1:0"), flush=True)
     await server.start()
@@ -185,6 +198,40 @@ def echo_floor(count: int, body: int) -> dict[str, Any]:
     }
 
 
+def receive_floor(count: int, batch: int = 32) -> dict[str, Any]:
+    """The receive workload's grpcio floor: per ``batch`` messages, one server stream of
+    ``batch + 2`` 1 KiB writes (as ReceiveMessage answers) and ``batch`` unary calls of ~200
+    bytes (as AckMessage), against the bare echo server; messages per server CPU-second."""
+    import grpc
+
+    server = subprocess.Popen([sys.executable, "-c", ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    try:
+        port = int(server.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            echo = channel.unary_unary("/bench.Echo/Echo")
+            stream = channel.unary_stream("/bench.Echo/Batch")
+            ack, size = b"a" * 200, str(batch).encode()
+            for _ in range(3):
+                list(stream(size))
+                echo(ack)
+            rounds = max(count // batch, 1)
+            before = cpu_seconds(server.pid)
+            for _ in range(rounds):
+                list(stream(size))
+                for _ in range(batch):
+                    echo(ack)
+            cpu = cpu_seconds(server.pid) - before
+    finally:
+        server.kill()
+        server.wait()
+    return {
+        "messages": rounds * batch,
+        "server_cpu_s": round(cpu, 3),
+        "msgs_per_server_cpu_s": round(rounds * batch / max(cpu, 1e-3), 1),
+    }
+
+
 def progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -198,6 +245,20 @@ def free_port() -> int:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each of a process's threads, by thread name (threads of one name summed)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def start(args: list[str], cwd: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -228,7 +289,17 @@ def wait_listening(address: str) -> None:
     raise RuntimeError(f"nothing listens on {address}")
 
 
-def one_round(cmd: list[str], broker_pid: int) -> dict[str, Any]:
+def py_spy() -> str | None:
+    """py-spy, when this machine has it (``--profile``)."""
+    import shutil
+
+    return os.environ.get("PY_SPY") or shutil.which("py-spy")
+
+
+def one_round(cmd: list[str], broker_pid: int, profile: Path | None = None) -> dict[str, Any]:
+    """One client run against a broker: its JSON line plus the broker's CPU seconds meanwhile;
+    with ``profile``, py-spy samples the broker (collapsed stacks, subprocesses' native frames
+    included) into that file for the run."""
     client = subprocess.Popen(
         cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
@@ -237,11 +308,39 @@ def one_round(cmd: list[str], broker_pid: int) -> dict[str, Any]:
         line = client.stdout.readline().strip()
         if line != "ready":
             raise RuntimeError(f"client did not start: {line!r}")
-        before = cpu_seconds(broker_pid)
+        spy = None
+        if profile is not None and (tool := py_spy()):
+            spy = subprocess.Popen(
+                [
+                    tool,
+                    "record",
+                    "--pid",
+                    str(broker_pid),
+                    "--format",
+                    "raw",
+                    "--threads",
+                    "--idle",
+                    "--rate",
+                    "250",
+                    "--output",
+                    str(profile),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            time.sleep(1.0)  # attached
+        before, threads = cpu_seconds(broker_pid), thread_cpu(broker_pid)
         client.stdin.write("go\n")
         client.stdin.flush()
         result: dict[str, Any] = json.loads(client.stdout.readline())
         result["broker_cpu_s"] = round(cpu_seconds(broker_pid) - before, 3)
+        # Where it went, by thread: the event loop (the process's own name), grpcio's poller
+        # and event_engine threads, the store's.
+        spent = {n: c - threads.get(n, 0.0) for n, c in thread_cpu(broker_pid).items()}
+        result["broker_threads_cpu_s"] = {n: round(c, 3) for n, c in sorted(spent.items()) if c > 0}
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
         client.stdin.write("done\n")
         client.stdin.flush()
         client.wait(60)
@@ -253,6 +352,13 @@ def one_round(cmd: list[str], broker_pid: int) -> dict[str, Any]:
     return result
 
 
+def profiled(args: argparse.Namespace, path: str, r: int) -> Path | None:
+    if args.profile is None or r:
+        return None
+    args.profile.mkdir(parents=True, exist_ok=True)
+    return args.profile / f"{args.workload}_{path}.txt"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--count", type=int, default=2000)
@@ -260,6 +366,13 @@ def main() -> None:
     ap.add_argument("--body", type=int, default=1024)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--workload", choices=["send", "receive"], default="send")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="a directory: py-spy samples the broker during each path's first round "
+        "(its CPU figures then include py-spy's stops: profile, or measure)",
+    )
     args = ap.parse_args()
 
     import v5_venv  # tests/compat: the same venv the compat test makes
@@ -318,7 +431,7 @@ def main() -> None:
             for r in range(args.repeats):
                 for path, (cmd, broker_pid) in commands.items():
                     progress(f"round {r + 1}/{args.repeats}: {path}, {args.count} sync sends")
-                    rounds[path].append(one_round(cmd, broker_pid))
+                    rounds[path].append(one_round(cmd, broker_pid, profiled(args, path, r)))
                     progress(f"  {rounds[path][-1]}")
         finally:
             for proc in reversed(procs):
@@ -395,13 +508,16 @@ def receive_workload(args: argparse.Namespace, v5_python: Path, cluster: Any, pr
                 }
                 for path, cmd in commands.items():
                     progress(f"round {r + 1}/{args.repeats}: {path}, {args.count} messages")
-                    rounds[path].append(one_round(cmd, pid))
+                    rounds[path].append(one_round(cmd, pid, profiled(args, path, r)))
                     progress(f"  {rounds[path][-1]}")
         finally:
             for proc in reversed(procs):
                 proc.terminate()
                 proc.wait(30)
     median = {p: statistics.median(x["msgs_per_broker_cpu_s"] for x in rs) for p, rs in rounds.items()}
+    progress("grpcio's floor for this workload: a bare grpc.aio server, one 34-write stream + 32 unary calls")
+    floor = receive_floor(args.count)
+    progress(f"  {floor}")
     doc = {
         "what": "messages received and settled per broker CPU-second: v5 SimpleConsumer over gRPC "
         "(receive 32 + one ack each) vs remoting POP (receive 32 + acks) and remoting pull (32 per pull)",
@@ -412,6 +528,8 @@ def receive_workload(args: argparse.Namespace, v5_python: Path, cluster: Any, pr
         "median_msgs_per_broker_cpu_s": median,
         "grpc_vs_remoting_pop": round(median["grpc"] / median["remoting_pop"], 3),
         "grpc_vs_remoting_pull": round(median["grpc"] / median["remoting_pull"], 3),
+        "grpc_aio_receive_floor": floor,
+        "floor_vs_remoting_pop": round(floor["msgs_per_server_cpu_s"] / median["remoting_pop"], 3),
         "rounds": rounds,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},
     }

@@ -224,7 +224,7 @@ NOTES: dict[str, dict[str, str]] = {
     },
     "broker.timer_flush_interval_ms": {
         "rocketmq": "timerFlushIntervalMs",
-        "doc": "How often the timer log, wheel and checkpoint (`config/timercheck`) are flushed: after a crash, messages delivered in the last interval (plus one tick) may be delivered again.",
+        "doc": "How often the timer log, wheel and checkpoint (`config/timercheck`) are flushed. The duplicate bound: after a crash, only messages due in the last interval plus one tick before it may be delivered again, once (counted in runtime info `timerRecoveredRedeliveries`); after a failover, those the old master delivered in the promoted slave's last 30 s.",
     },
     "broker.timer_roll_window_slots": {
         "rocketmq": "timerRollWindowSlots",

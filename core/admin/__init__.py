@@ -8,7 +8,7 @@ on the :data:`admin` click group.
 
 from __future__ import annotations
 
-from tidemq.admin import acl, commands, consumers, groups_config, namesrv, stats, trace  # noqa: F401  (registers the commands)
+from tidemq.admin import acl, commands, consumers, groups_config, namesrv, stats, timer, trace  # noqa: F401  (registers the commands)
 from tidemq.admin._common import DEFAULT_NAMESRV, admin
 from tidemq.admin.commands import _query
 from tidemq.client.admin import TIMEOUT_S, AdminClient, AdminError

@@ -10,6 +10,7 @@ import click
 import orjson
 
 from tidemq.admin import stats as stats_cmds
+from tidemq.admin import timer as timer_cmds
 from tidemq.admin._common import (
     PRODUCER_GROUP,
     TOOLS_GROUP,
@@ -224,6 +225,9 @@ async def topic_status(client: AdminClient, topic: str) -> None:
                 ]
             )
     _table(rows, ["#Broker Name", "#QID", "#Min Offset", "#Max Offset", "#Last Updated"])
+    scheduled = await timer_cmds.scheduled_of(client, sorted(route.addresses().values()), topic)
+    if scheduled:  # timer messages of the topic waiting in the wheel (RocketMQ 5's GET_TIMER_METRICS)
+        click.echo(f"#Scheduled (timer messages waiting): {scheduled}")
 
 
 @admin.command("clusterList")

@@ -147,6 +147,17 @@ class AdminClient:
                 out[name] = addrs[0]
         return out
 
+    async def timer_metrics(self, addr: str) -> dict[str, int] | None:
+        """GET_TIMER_METRICS (RocketMQ 5): timer messages waiting per topic on one broker; None
+        when the broker has no timer (a RocketMQ 4.x broker answers REQUEST_CODE_NOT_SUPPORTED)."""
+        resp = await self.call(
+            addr, RequestCode.GET_TIMER_METRICS, ok=(0, ResponseCode.REQUEST_CODE_NOT_SUPPORTED)
+        )
+        if resp.code != ResponseCode.SUCCESS:
+            return None
+        table = loads_lenient(resp.body or b"{}").get("timingCount") or {}
+        return {str(topic): int((entry or {}).get("count", 0)) for topic, entry in table.items()}
+
     async def query_messages(self, topic: str, key: str, unique: bool = False) -> list[MessageExt]:
         """QUERY_MESSAGE on every broker of ``topic``: messages with ``key`` (or that unique id)."""
         route = await self.route(topic)

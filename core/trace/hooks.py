@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 #: The region written when the broker names none (MixAll.DEFAULT_TRACE_REGION_ID).
 DEFAULT_REGION = "DefaultRegion"
 
+#: RocketMQ 5's timer properties (TopicMessageType.parseFromMessageProperty counts them DELAY).
+_TIMER_PROPERTIES = ("TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS")
+
 #: ConsumeReturnType ordinals, the SubAfter record's context code.
 CONSUME_SUCCESS, CONSUME_TIME_OUT, CONSUME_EXCEPTION, CONSUME_RETURN_NULL, CONSUME_FAILED = range(5)
 
@@ -41,6 +44,8 @@ def _msg_type(props: dict[str, str]) -> MessageType:
     if props.get(Prop.TRANSACTION_PREPARED) == "true":
         return MessageType.TRANS_HALF
     if props.get(Prop.DELAY_TIME_LEVEL) not in (None, "", "0"):
+        return MessageType.DELAY
+    if any(name in props for name in _TIMER_PROPERTIES):  # RocketMQ 5's timer: a delayed message
         return MessageType.DELAY
     return MessageType.NORMAL
 

@@ -294,6 +294,14 @@ def create_app(config: ConsoleConfig) -> Starlette:
             topic=topic,
             queues=queues,
             total=sum(q.max_offset for q in queues),
+            scheduled=sum((await ops.scheduled()).get(topic, {}).values()),
+        )
+
+    async def scheduled(request: Request, session: Session) -> Response:
+        """Timer messages waiting per topic: {"topics": {topic: {"total", "brokers": {name: n}}}}."""
+        per_topic = await (await ops_of(session)).scheduled()
+        return JSONResponse(
+            {"topics": {t: {"total": sum(b.values()), "brokers": b} for t, b in sorted(per_topic.items())}}
         )
 
     async def topic_delete(request: Request, session: Session) -> Response:
@@ -436,6 +444,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/login", page(login), methods=["GET", "POST"]),
         Route("/logout", page(logout), methods=["POST"]),
         Route("/api/live", page(live)),
+        Route("/api/scheduled", page(scheduled)),
         Route("/topics", page(topics)),
         Route("/topics", page(topic_create), methods=["POST"]),
         Route("/topics/{topic}", page(topic_view)),

@@ -144,6 +144,19 @@ class ClusterOps:
                 )
         return sorted(rows, key=lambda r: (r.broker, r.queue_id))
 
+    async def scheduled(self) -> dict[str, dict[str, int]]:
+        """Timer messages waiting, topic -> {broker name: count}, from each master's
+        GET_TIMER_METRICS (RocketMQ 5; a broker without a timer or not answering is left out)."""
+        out: dict[str, dict[str, int]] = {}
+        for name, addr in sorted((await self.client.masters()).items()):
+            try:
+                counts = await self.client.timer_metrics(addr)
+            except AdminError:
+                continue
+            for topic, n in (counts or {}).items():
+                out.setdefault(topic, {})[name] = n
+        return out
+
     async def create_topic(self, topic: str, queues: int, perm: int) -> list[str]:
         """UPDATE_AND_CREATE_TOPIC on every master; returns the brokers it went to."""
         masters = await self.client.masters()

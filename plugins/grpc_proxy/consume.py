@@ -37,6 +37,7 @@ from tidemq_transport_grpc.api import (
     GroupPolicy,
     ReceiptHandle,
     Subscribed,
+    decode_receipt_handle,
     refused,
     retry_topic,
 )
@@ -294,7 +295,7 @@ class RemotingConsumeBackend:
 
     # ------------------------------------------------------------------ settle
     async def ack(self, group: str, topic: str, receipt_handle: str) -> None:
-        handle = ReceiptHandle.decode(receipt_handle)
+        handle = decode_receipt_handle(receipt_handle)
         addr = await self._address(topic, handle.broker_name)
         fields = {
             "consumerGroup": group,
@@ -310,7 +311,7 @@ class RemotingConsumeBackend:
             raise refused(resp.code, resp.remark or f"code {resp.code}", handle=True)
 
     async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
-        handle = ReceiptHandle.decode(receipt_handle)
+        handle = decode_receipt_handle(receipt_handle)
         addr = await self._address(topic, handle.broker_name)
         fields = {
             "consumerGroup": group,
@@ -337,7 +338,7 @@ class RemotingConsumeBackend:
     async def forward_to_dlq(
         self, group: str, topic: str, receipt_handle: str, message_id: str, max_attempts: int
     ) -> None:
-        handle = ReceiptHandle.decode(receipt_handle)
+        handle = decode_receipt_handle(receipt_handle)
         # Hold it first: proves the handle is in flight for the group, keeps it from being
         # redelivered while it is copied.
         held = await self.change_invisible(group, topic, receipt_handle, _FORWARD_HOLD_MS)

@@ -15,7 +15,8 @@ Everything in ``__all__`` is supported for import by other plugins; nothing else
   invisibility, forward to the dead-letter queue, assignment, recall, group policy, consumer
   registration), its values (:class:`Delivered`, :class:`Assigned`, :class:`GroupPolicy`,
   :class:`ReceiptHandle`, :class:`Subscribed`), its refusal :class:`ConsumeRefused` with
-  :func:`refused` (a broker's response code as the v5 code) and :func:`retry_topic`;
+  :func:`refused` (a broker's response code as the v5 code), :func:`retry_topic` and
+  :func:`decode_receipt_handle` (:meth:`ReceiptHandle.decode`, cached);
   :class:`ReceiveLimits`, the receive checks' minimums;
 - :class:`StreamPeer` (a client's Telemetry stream: ``check_transaction`` hands it a broker's
   transaction check), :data:`PRODUCER_GROUP_PREFIX` (the producer group of a topic's v5
@@ -44,6 +45,7 @@ from .consume_types import (
     GroupPolicy,
     ReceiptHandle,
     Subscribed,
+    decode_receipt_handle,
     refused,
     retry_topic,
 )
@@ -75,6 +77,7 @@ __all__ = [
     "Stored",
     "StreamPeer",
     "Subscribed",
+    "decode_receipt_handle",
     "fifo_queue",
     "handlers",
     "load_protobuf",

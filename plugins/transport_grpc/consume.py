@@ -22,7 +22,15 @@ import attrs
 
 from tidemq.names import check_group_name, check_topic_name
 
-from .consume_types import ConsumeBackend, ConsumeRefused, Delivered, GroupPolicy, ReceiptHandle, Subscribed
+from .consume_types import (
+    ConsumeBackend,
+    ConsumeRefused,
+    Delivered,
+    GroupPolicy,
+    ReceiptHandle,
+    Subscribed,
+    decode_receipt_handle,
+)
 from .messages import to_v5
 from .peer import StreamPeer
 from .renew import Renewals
@@ -48,6 +56,8 @@ ENGINE_MIN_INVISIBLE_MS = 100
 MAX_ACK_ENTRIES = 1024
 #: What the deadline keeps for the answer to reach the client (longPollingReserveTimeInMillis).
 _RESERVE_MS = 200
+#: (group, topic) name pairs remembered as valid, at most (then forgotten and checked again).
+_VALID_NAMES_KEPT = 4096
 #: RocketMQ's default consumer retry backoff (CustomizedRetryPolicy), seconds.
 RETRY_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 
@@ -91,6 +101,10 @@ class ConsumeRpcs:
         self.pending_tasks: set[asyncio.Task[None]] = set()
         #: What auto_renew receives handed out, kept invisible until settled (renew.py).
         self.renewals = Renewals(backend)
+        #: Statuses without a message of their own, by code (see :meth:`status`).
+        self._plain: dict[int, Any] = {}
+        #: (group, topic) pairs whose names passed the checks.
+        self._valid_names: set[tuple[str, str]] = set()
 
     def close(self) -> None:
         """Stop renewing (the endpoint stops)."""
@@ -100,22 +114,31 @@ class ConsumeRpcs:
     def status(self, code: int | str, message: str = "") -> Any:
         pb = self.pb
         number = pb.Code.Value(code) if isinstance(code, str) else code
-        return pb.Status(code=number, message=message or pb.Code.Name(number))
+        if not message:  # the common answers, made once (a message field copies its value)
+            plain = self._plain.get(number)
+            if plain is None:
+                plain = self._plain[number] = pb.Status(code=number, message=pb.Code.Name(number))
+            return plain
+        return pb.Status(code=number, message=message)
 
-    @staticmethod
-    def _check_names(group: str, topic: str) -> None:
+    def _check_names(self, group: str, topic: str) -> None:
         """ILLEGAL_CONSUMER_GROUP / ILLEGAL_TOPIC for a bad name, as the proxy validates them."""
+        if (group, topic) in self._valid_names:  # checked before: every settle names them again
+            return
         problem = check_group_name(group)
         if problem:
             raise ConsumeRefused("ILLEGAL_CONSUMER_GROUP", problem)
         problem = check_topic_name(topic)
         if problem:
             raise ConsumeRefused("ILLEGAL_TOPIC", problem)
+        if len(self._valid_names) >= _VALID_NAMES_KEPT:
+            self._valid_names.clear()
+        self._valid_names.add((group, topic))
 
     @staticmethod
     def _handle(text: str) -> ReceiptHandle:
         """A receipt handle still valid: parsed, not past its invisible time."""
-        handle = ReceiptHandle.decode(text)
+        handle = decode_receipt_handle(text)
         if handle.deadline_ms <= time.time() * 1000:
             raise ConsumeRefused("INVALID_RECEIPT_HANDLE", "receipt handle is expired")
         return handle
@@ -335,29 +358,33 @@ class ConsumeRpcs:
             self._check_names(group, topic)
         except ConsumeRefused as exc:
             return pb.AckMessageResponse(status=self.status(exc.code, exc.message))
-        if not request.entries:
+        entries = request.entries
+        if not entries:
             return pb.AckMessageResponse(status=self.status(pb.BAD_REQUEST, "no entry to acknowledge"))
-        if len(request.entries) > MAX_ACK_ENTRIES:
+        if len(entries) > MAX_ACK_ENTRIES:
             return pb.AckMessageResponse(
                 status=self.status(
                     pb.BAD_REQUEST,
-                    f"{len(request.entries)} entries; at most {MAX_ACK_ENTRIES} in one request",
+                    f"{len(entries)} entries; at most {MAX_ACK_ENTRIES} in one request",
                 )
             )
         results = []
-        cid = _client_id(context)
-        for entry in request.entries:
+        renewals = self.renewals
+        # The client id only matters when auto_renew holds messages (reading the call's metadata
+        # is one of the dearer steps of an ack).
+        cid = _client_id(context) if renewals.held else ""
+        ok = self.status(pb.OK)
+        for entry in entries:
+            message_id, receipt = entry.message_id, entry.receipt_handle
             try:
-                handle = await self.renewals.take(cid, group, entry.message_id, entry.receipt_handle)
+                handle = await renewals.take(cid, group, message_id, receipt) if renewals.held else receipt
                 self._handle(handle)
                 await self.backend.ack(group, topic, handle)
-                status = self.status(pb.OK)
+                status = ok
             except ConsumeRefused as exc:
                 status = self.status(exc.code, exc.message)
             results.append(
-                pb.AckMessageResultEntry(
-                    message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status
-                )
+                pb.AckMessageResultEntry(message_id=message_id, receipt_handle=receipt, status=status)
             )
         first = results[0].status
         if any(r.status.code != first.code for r in results):

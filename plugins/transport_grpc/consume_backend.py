@@ -25,6 +25,7 @@ from .consume_types import (
     GroupPolicy,
     ReceiptHandle,
     Subscribed,
+    decode_receipt_handle,
     refused,
     retry_topic,
 )
@@ -119,7 +120,7 @@ class BrokerConsumeBackend:
         return retry_topic(topic, group, handle.retry)
 
     async def ack(self, group: str, topic: str, receipt_handle: str) -> None:
-        handle = ReceiptHandle.decode(receipt_handle)
+        handle = decode_receipt_handle(receipt_handle)
         stored = self._stored(group, topic, handle)
         try:
             self.pop.ack(group, stored, handle.queue_id, handle.offset, handle.extra_info())
@@ -127,7 +128,7 @@ class BrokerConsumeBackend:
             raise refused(exc.code, exc.remark, handle=True) from None
 
     async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
-        handle = ReceiptHandle.decode(receipt_handle)
+        handle = decode_receipt_handle(receipt_handle)
         stored = self._stored(group, topic, handle)
         try:
             pop_time, invisible, revive_qid = self.pop.change_invisible(
@@ -143,7 +144,7 @@ class BrokerConsumeBackend:
     async def forward_to_dlq(
         self, group: str, topic: str, receipt_handle: str, message_id: str, max_attempts: int
     ) -> None:
-        handle = ReceiptHandle.decode(receipt_handle)
+        handle = decode_receipt_handle(receipt_handle)
         stored = self._stored(group, topic, handle)
         # Hold the message first: that proves the handle is in flight for this group (a forged
         # one names no message) and keeps it from being redelivered while it is copied.

@@ -22,6 +22,7 @@ acknowledged, expired, another group's) is refused by the POP engine's lookup.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -215,6 +216,13 @@ class ReceiptHandle:
             raise ConsumeRefused("INVALID_RECEIPT_HANDLE", f"receipt handle {text[:80]!r} is not valid")
         start, pop_time, invisible, rqid, qid, offset, cl_offset = numbers
         return cls(start, pop_time, invisible, rqid, parts[4], parts[5], qid, offset, cl_offset)
+
+
+#: :meth:`ReceiptHandle.decode`, remembering the latest handles: a settle parses its handle twice
+#: (its expiry checked by the RPC, its fields read by the backend).  Handles are values.
+decode_receipt_handle: Callable[[str], ReceiptHandle] = functools.lru_cache(maxsize=1024)(
+    ReceiptHandle.decode
+)
 
 
 @attrs.frozen

@@ -10,6 +10,7 @@ the broker's transaction check finds it) and it takes the checks as values
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 from collections.abc import Callable
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 OUTBOX_LIMIT = 64
 
 
+@functools.lru_cache(maxsize=1024)  # every call parses its peer's address (ipaddress is slow)
 def born_address(address: str) -> tuple[str, int]:
     """The born host of a message: the client's report (an IP, no port) or gRPC's peer
     (``ipv4:1.2.3.4:5678``, ``ipv6:[::1]:5678``); what is not an IP address becomes 127.0.0.1."""

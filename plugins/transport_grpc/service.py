@@ -73,12 +73,18 @@ class MessagingService:
         self.max_body = max_body
         self.clients: dict[str, Any] = {}  # client id -> its latest Settings (telemetry)
         self.streams: dict[str, StreamPeer] = {}  # client id -> its Telemetry stream
+        self._plain: dict[int, Any] = {}  # code -> its Status without a message of its own
         #: The consumer RPCs (consume.py), over ``consume`` (the broker's POP engine, or remoting).
         self.consume = ConsumeRpcs(consume, pb, self.endpoints, self.clients.get, limits)
 
     # ------------------------------------------------------------------ helpers
     def status(self, code: int, message: str = "") -> Any:
-        return self.pb.Status(code=code, message=message or self.pb.Code.Name(code))
+        if not message:  # the common answers, made once (a message field copies its value)
+            plain = self._plain.get(code)
+            if plain is None:
+                plain = self._plain[code] = self.pb.Status(code=code, message=self.pb.Code.Name(code))
+            return plain
+        return self.pb.Status(code=code, message=message)
 
     def endpoints(self) -> Any:
         pb = self.pb

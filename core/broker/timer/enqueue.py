@@ -1,0 +1,168 @@
+"""The enqueue: ``rmq_sys_wheel_timer`` read in order into the schedule.
+
+One task reads rmq_sys_wheel_timer queue 0 and appends one 48-byte record per message to the
+TimerLog, chained into the slot of its tick (``deliver_ms // timerPrecisionMs``) of the wheel
+(:meth:`~tidemq.broker.timer.schedule.TimerSchedule.link`).  A message whose tick is already being
+(or was) delivered is delivered at once, by the enqueue itself.  The enqueue tracks the point up to
+which every record is settled (logged, and delivered when it was due at once): the checkpoint
+claims no more than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from typing import TYPE_CHECKING
+
+from tidemq.broker.timer.delivery import IDLE_WAIT_S, RETRY_AFTER_FAILURE_S, TimerDelivery
+from tidemq.broker.timer.properties import TIMER_OUT_MS, TIMER_TOPIC
+from tidemq.broker.timer.schedule import TimerSchedule, now_ms
+from tidemq.broker.timer.timer_log import NO_RECORD, TimerLogRecord
+from tidemq.errors import CorruptDataError
+from tidemq.message import Prop, decode_message
+from tidemq.store import GetStatus
+from tidemq.tasks import wait_event
+
+if TYPE_CHECKING:
+    from tidemq.broker.context import BrokerContext
+
+log = logging.getLogger(__name__)
+
+#: The consumer group the enqueue reads rmq_sys_wheel_timer with (store statistics only).
+TIMER_GROUP = "TIMER_CONSUMER"
+READ_BATCH = 256
+
+
+class TimerEnqueue:
+    """Reads rmq_sys_wheel_timer into the schedule; delivers at once what is already due."""
+
+    def __init__(self, broker: BrokerContext, schedule: TimerSchedule, delivery: TimerDelivery) -> None:
+        self.broker = broker
+        self.store = broker.store
+        self.schedule = schedule
+        self.delivery = delivery
+        #: Records due before a crash, delivered again first (at least once).
+        self.recovered: list[TimerLogRecord] = []
+        #: (log position, queue offset) with every record before them settled.
+        self.settled = (0, 0)
+        #: (log end, queue offset, direct deliveries in flight) per enqueued batch, in log order:
+        #: the settled point moves past a batch once its deliveries are done.
+        self._unsettled: collections.deque[tuple[int, int, asyncio.Future[None] | None]] = collections.deque()
+        self._event: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Listen for arrivals in rmq_sys_wheel_timer (call before the store starts)."""
+        self._loop = loop
+        self._event = asyncio.Event()
+        self.store.add_arrival_listener(self._on_arrival, _is_timer_queue)
+
+    @property
+    def attached(self) -> bool:
+        return self._loop is not None
+
+    def _on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        if topic != TIMER_TOPIC or self._loop is None or self._event is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._event.set)
+        except RuntimeError:
+            pass  # the loop closed during shutdown
+
+    async def loop(self) -> None:
+        assert self._event is not None
+        event = self._event
+        if self.recovered:
+            recs, self.recovered = self.recovered, []
+            n = await self.delivery.deliver_records(recs)
+            self.schedule.recovered_redeliveries += n
+            if n:
+                log.warning("timer: %d messages due before the crash delivered again (at least once)", n)
+        while True:
+            event.clear()
+            try:
+                more = await self.enqueue_some()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("timer enqueue failed")
+                await asyncio.sleep(RETRY_AFTER_FAILURE_S)
+                continue
+            if not more:
+                await wait_event(event, IDLE_WAIT_S)
+
+    async def enqueue_some(self) -> bool:
+        """Enqueue one batch of rmq_sys_wheel_timer; whether there may be more right now."""
+        s = self.schedule
+        offset = s.queue_offset
+        res = self.store.get_message(TIMER_GROUP, TIMER_TOPIC, 0, offset, READ_BATCH)
+        if res.status is not GetStatus.FOUND:
+            if res.next_begin_offset != offset and res.status in (
+                GetStatus.OFFSET_TOO_SMALL,
+                GetStatus.OFFSET_OVERFLOW_BADLY,
+                GetStatus.OFFSET_FOUND_NULL,
+                GetStatus.NO_MATCHED_MESSAGE,
+            ):
+                log.warning(
+                    "timer: queue offset %d corrected to %d (%s)",
+                    offset,
+                    res.next_begin_offset,
+                    res.status.value,
+                )
+                s.queue_offset = res.next_begin_offset
+                self.settled = (self.settled[0], s.queue_offset)
+                return True
+            return False
+        direct: list[TimerLogRecord] = []
+        log_ = s.files()[0]
+        now = now_ms()
+        master = self.broker.is_master
+        for buf, qoff in zip(res.buffers, res.queue_offsets, strict=True):
+            try:
+                ext = decode_message(buf)
+                deliver = int(ext.properties[TIMER_OUT_MS])
+            except (CorruptDataError, KeyError, ValueError) as exc:
+                log.error("timer: record at queue offset %d skipped: %s", qoff, exc)
+                continue
+            if ext.properties.get(Prop.REAL_TOPIC, TIMER_TOPIC) == TIMER_TOPIC:
+                log.warning("timer: message at queue offset %d has no real topic, dropped", qoff)
+                continue
+            pos, tick, due = s.link(ext.store_size, deliver, ext.commit_log_offset, qoff, now)
+            s.enqueued += 1
+            if tick <= s.claimed_tick and master:  # its tick is being or was walked: delivered here
+                direct.append(
+                    TimerLogRecord(pos, ext.store_size, NO_RECORD, due, deliver, ext.commit_log_offset, qoff)
+                )
+            elif tick > s.claimed_tick:
+                s.pending += 1
+                if master:  # per-topic counts are the master's figure (a slave delivers nothing)
+                    s.count_in(ext.properties[Prop.REAL_TOPIC])
+        s.queue_offset = max(offset, res.next_begin_offset, res.queue_offsets[-1] + 1)
+        delivering = asyncio.ensure_future(self.delivery.deliver_direct(direct)) if direct else None
+        self._unsettled.append((log_.end, s.queue_offset, delivering))
+        self.settle()
+        return True
+
+    def settle(self) -> tuple[int, int]:
+        """Move the settled point past the batches whose direct deliveries are done; returns it."""
+        while self._unsettled:
+            pos, qoff, delivering = self._unsettled[0]
+            if delivering is not None and not delivering.done():
+                break
+            self._unsettled.popleft()
+            self.settled = (pos, qoff)
+        return self.settled
+
+    async def cancel_direct(self) -> None:
+        """Stop the direct deliveries still running; they stay unsettled (delivered again after
+        the restart)."""
+        running = [f for _, _, f in self._unsettled if f is not None and not f.done()]
+        for f in running:
+            f.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        self._unsettled.clear()
+
+
+def _is_timer_queue(topic: str, queue_id: int) -> bool:
+    return topic == TIMER_TOPIC
