@@ -268,6 +268,7 @@ NOTES: dict[str, dict[str, str]] = {
         "doc": "PEM certificate (a server needs one).",
     },
     "transport.tcp.tls_keyfile": {"rocketmq": "tls.server.keyPath", "doc": "PEM key of tls_certfile."},
+    "transport.grpc.enable_topic_message_type_check": {"rocketmq": "enableTopicMessageTypeCheck (proxy)"},
     "transport.tcp.tls_cafile": {
         "rocketmq": "tls.server.trustCertPath",
         "doc": "CA to verify peers with; on a server it also asks clients for a certificate (mutual TLS).",

@@ -45,6 +45,7 @@ PUBLIC_SUBMODULES = (
     "tidemq.remoting.command",
     "tidemq.remoting.errors",
     "tidemq.remoting.protocol",
+    "tidemq.topic_attributes",
     "tidemq.trace",
     "tidemq.trace.view",
 )

@@ -37,6 +37,12 @@ class GrpcOptions:
     tls_keyfile: str = ""
     #: With TLS: clients must show a certificate signed by this CA (mutual TLS).
     tls_cafile: str = ""
+    #: RocketMQ 5 proxy's enableTopicMessageTypeCheck: a message whose type the topic's
+    #: ``message.type`` attribute does not take is refused MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+    #: (a topic without the attribute takes NORMAL messages only).
+    enable_topic_message_type_check: bool = attrs.field(
+        default=True, validator=attrs.validators.instance_of(bool)
+    )
     #: Seconds to let running calls finish when the broker stops.
     stop_grace: float = number(1.0, ge=0.0, le=60.0)
 

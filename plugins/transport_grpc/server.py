@@ -146,6 +146,7 @@ class GrpcServer:
         # services keep only caches, the state is the broker's).
         services = BrokerServices(broker)
         self.service = MessagingService(services, pb, host, bound, broker.settings.max_message_size)
+        self.service.check_message_types = options.enable_topic_message_type_check
         self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(services, pb), pb),))
 
     @property
