@@ -105,6 +105,9 @@ __all__ = [
     "QueueSelector",
     "AccessValidator",  # acl
     "AllowAll",
+    "CallValidator",
+    "NotAuthenticated",
+    "SignedCall",
     "MetricsExporter",  # metrics
     "BrokerContext",  # the broker as processors and plugins see it (tidemq.context)
     "BrokerFiguresView",
@@ -149,7 +152,14 @@ __all__ = [
 
 #: Where each name above (but the first three) is defined: imported on first use by __getattr__.
 _SOURCES: dict[str, tuple[str, ...]] = {
-    "tidemq.acl": ("AccessDenied", "AccessValidator", "AllowAll"),
+    "tidemq.acl": (
+        "AccessDenied",
+        "AccessValidator",
+        "AllowAll",
+        "CallValidator",
+        "NotAuthenticated",
+        "SignedCall",
+    ),
     "tidemq.config": ("number", "parse_address", "parse_options"),
     "tidemq.context": (
         "BrokerContext",
@@ -247,7 +257,14 @@ _SOURCES: dict[str, tuple[str, ...]] = {
 _LAZY = {name: module for module, names in _SOURCES.items() for name in names}
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors
-    from tidemq.acl import AccessDenied, AccessValidator, AllowAll
+    from tidemq.acl import (
+        AccessDenied,
+        AccessValidator,
+        AllowAll,
+        CallValidator,
+        NotAuthenticated,
+        SignedCall,
+    )
     from tidemq.config import number, parse_address, parse_options
     from tidemq.context import (
         BrokerContext,

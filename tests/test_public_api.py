@@ -68,6 +68,9 @@ ALLOWED_INTERNAL: frozenset[tuple[str, str]] = frozenset(
         ("tidemq.acl", "ACCESS_KEY"),
         ("tidemq.acl", "SIGNATURE"),
         ("tidemq.acl", "verify_signature"),
+        # RocketMQ 5's signature (gRPC): the acl plugin checks what the v5 clients sign.
+        ("tidemq.acl", "parse_v5_authorization"),
+        ("tidemq.acl", "verify_v5_signature"),
         # The filter server signs the pulls it forwards to its broker as the kernel's clients do.
         ("tidemq.acl", "ONS_CHANNEL"),
         ("tidemq.acl", "SECURITY_TOKEN"),

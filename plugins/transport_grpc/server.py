@@ -10,11 +10,13 @@ from typing import Any
 
 import grpc
 
+from tidemq import CallValidator
 from tidemq.address import split_address
 from tidemq.broker.services import BrokerServices
 from tidemq.context import BrokerContext
 from tidemq.errors import ConfigError
 
+from .auth import Gate, Guarded
 from .options import GrpcOptions, server_credentials
 from .pull import PullRpcs
 from .service import POP_RPCS, MessagingService, pop_missing
@@ -147,7 +149,12 @@ class GrpcServer:
         services = BrokerServices(broker)
         self.service = MessagingService(services, pb, host, bound, broker.settings.max_message_size)
         self.service.check_message_types = options.enable_topic_message_type_check
-        self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(services, pb), pb),))
+        served = handlers(self.service, PullRpcs(services, pb), pb)
+        #: The ACL check of every call (None without ACL): tidemq_transport_grpc.auth.
+        self.gate = Gate(broker.acl, pb) if isinstance(broker.acl, CallValidator) else None
+        if self.gate is not None:
+            served = Guarded(served, self.gate)
+        self.server.add_generic_rpc_handlers((served,))
 
     @property
     def address(self) -> str:
