@@ -32,7 +32,7 @@ start with one line naming the key.
   over this file). The ACL file
   named by `[acl.plain] file` is re-read when it changes, without a restart.
 * Command-line flags override the file: `tidemq broker --listen/--namesrv/--data-dir`,
-  `tidemq namesrv --listen`, `tidemq standalone --namesrv-listen/--broker-listen/--data-dir`.
+  `tidemq namesrv --listen`, `tidemq standalone --namesrv-listen/--broker-listen/--data-dir/--grpc-listen/--no-grpc`.
 """
 
 TABLE_NOTES: dict[str, str] = {

@@ -568,6 +568,11 @@ class BrokerContext(Protocol):
         """The access validator (role ``acl``) when it enforces, else None."""
 
     @property
+    def endpoints(self) -> dict[str, str]:
+        """Other endpoints plugins serve for this broker, name -> ``host:port`` (``grpc``...): a
+        plugin adds its own when it binds; the CLI announces each in its start-up lines."""
+
+    @property
     def topics(self) -> TopicConfigTable: ...
 
     @property

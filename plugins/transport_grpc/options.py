@@ -30,6 +30,10 @@ class GrpcOptions:
     #: SETTINGS_MAX_CONCURRENT_STREAMS): more wait for one to end, so one client cannot grow the
     #: broker's memory with streams without bound.
     max_concurrent_streams: int = number(100, ge=1, le=2**31 - 1)
+    #: Calls (streams) the whole endpoint serves at once, every connection together; more are
+    #: answered RESOURCE_EXHAUSTED at once.  With max_concurrent_streams per connection it bounds
+    #: the memory clients can make the broker hold (about 10 KiB per open stream, docs/grpc.md).
+    max_concurrent_calls: int = number(20_000, ge=1, le=2**31 - 1)
     #: TLS: the server's certificate chain (PEM), with tls_keyfile; the RocketMQ 5 clients connect
     #: with ``tls_enable``.
     tls_certfile: str = ""
@@ -43,6 +47,10 @@ class GrpcOptions:
     enable_topic_message_type_check: bool = attrs.field(
         default=True, validator=attrs.validators.instance_of(bool)
     )
+    #: false: an address that cannot be bound (or a missing grpcio) is logged as a warning and the
+    #: broker starts without the endpoint (``tidemq standalone``'s default endpoint); true: the
+    #: broker's start fails, naming why.
+    required: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     #: Seconds to let running calls finish when the broker stops.
     stop_grace: float = number(1.0, ge=0.0, le=60.0)
 

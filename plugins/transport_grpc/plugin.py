@@ -65,12 +65,17 @@ def tidemq_register_processors(register: ProcessorRegister) -> None:
             "not check RocketMQ 5 clients' signatures (validate_call), so the gRPC endpoint would "
             'bypass the ACL; use acl = "plain" or remove one of the two'
         )
-    from . import proto
+    try:
+        from . import proto
 
-    pb = proto.load()
-    from .server import GrpcServer
+        pb = proto.load()
+        from .server import GrpcServer
 
-    _SERVERS[id(broker)] = GrpcServer(broker, options, pb)
+        _SERVERS[id(broker)] = GrpcServer(broker, options, pb)
+    except ConfigError as exc:
+        if options.required:
+            raise
+        log.warning("gRPC endpoint (RocketMQ 5 clients) not served: %s", exc)
 
 
 @hookimpl

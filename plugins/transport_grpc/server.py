@@ -120,12 +120,14 @@ class GrpcServer:
         host, port = split_address(options.listen)
         frame = options.max_frame_bytes or broker.settings.max_message_size + _FRAME_OVERHEAD
         self.server = grpc.aio.server(
+            # Beyond this many calls at once, every connection together: RESOURCE_EXHAUSTED.
+            maximum_concurrent_rpcs=options.max_concurrent_calls,
             options=[
                 ("grpc.max_receive_message_length", frame),
                 ("grpc.max_send_message_length", frame),
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_concurrent_streams", options.max_concurrent_streams),
-            ]
+            ],
         )
         bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         credentials = server_credentials(options)
@@ -144,6 +146,8 @@ class GrpcServer:
         self._starting: asyncio.Task[None] | None = None
         self.host = host
         self.port = bound
+        # Announced in the CLI's start-up lines ("tidemq grpc listening on ...").
+        broker.endpoints["grpc"] = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
         # The broker's services, as the remoting processors have them (their own instance: the
         # services keep only caches, the state is the broker's).
         services = BrokerServices(broker)

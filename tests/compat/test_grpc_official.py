@@ -144,7 +144,8 @@ def test_the_v5_example_sends_sync_and_async(v5_python: Path, spawn: Any, tmp_pa
     cluster = GrpcCluster(spawn, tmp_path)
     example = Path(__file__).resolve().parents[2] / "examples" / "v5_client.py"
     out = subprocess.run(
-        [str(v5_python), str(example), "--endpoints", cluster.grpc, "--topic", "orders"],
+        # The receive half: tests/compat/test_grpc_standalone.py.
+        [str(v5_python), str(example), "--endpoints", cluster.grpc, "--topic", "orders", "--no-receive"],
         capture_output=True,
         text=True,
         timeout=120,
