@@ -21,6 +21,7 @@ import grpc
 
 from tidemq import AccessDenied, CallValidator, NotAuthenticated, SignedCall
 
+from .figures import responses
 from .peer import born_address
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ class Gate:
             if refused is not None:
                 yield refused
                 return
-            async for response in behavior(request, context):
+            async for response in responses(behavior(request, context)):
                 yield response
 
         return gated
@@ -173,7 +174,7 @@ class Gate:
                         return
                     yield request
 
-            async for response in behavior(checked(), context):
+            async for response in responses(behavior(checked(), context)):
                 yield response
             if stopped:
                 yield stopped[0]

@@ -17,6 +17,7 @@ from tidemq.context import BrokerContext
 from tidemq.errors import ConfigError
 
 from .auth import Gate, Guarded
+from .figures import CallFigures, Counted
 from .options import GrpcOptions, server_credentials
 from .pull import PullRpcs
 from .service import POP_RPCS, MessagingService, pop_missing
@@ -158,7 +159,13 @@ class GrpcServer:
         self.gate = Gate(broker.acl, pb) if isinstance(broker.acl, CallValidator) else None
         if self.gate is not None:
             served = Guarded(served, self.gate)
-        self.server.add_generic_rpc_handlers((served,))
+        #: What the endpoint serves, counted (the broker's metrics and runtime info read it).
+        self.figures = CallFigures()
+        if self.gate is not None:
+            gate = self.gate
+            self.figures.refusals = lambda: gate.refusals
+        broker.endpoint_figures["grpc"] = self.figures.figures
+        self.server.add_generic_rpc_handlers((Counted(served, self.figures),))
 
     @property
     def address(self) -> str:
