@@ -340,11 +340,13 @@ def _service(broker: BrokerFiguresView, out: list[Metric]) -> None:
             name = f"tidemq_{endpoint}_{figure}"
             doc = f"{endpoint} endpoint: {figure.replace('_', ' ')}"
             if figure.endswith("_total"):  # prometheus_client adds the _total suffix itself
-                family: Metric = CounterMetricFamily(name[: -len("_total")], doc)
+                counter = CounterMetricFamily(name[: -len("_total")], doc)
+                counter.add_metric([], value)
+                out.append(counter)
             else:
-                family = _gauge(name, doc)
-            family.add_metric([], value)
-            out.append(family)
+                gauge = _gauge(name, doc)
+                gauge.add_metric([], value)
+                out.append(gauge)
     replication = broker.replication
     if not isinstance(replication, MasterAware):  # the runtime info of master-slave and controller
         return
