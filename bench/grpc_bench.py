@@ -18,6 +18,18 @@ the client's go and its end; the figure is messages per broker CPU-second, media
 For scale, ``grpc_aio_echo_floor`` is a bare ``grpc.aio`` server echoing the same bodies (no
 broker at all), measured the same way: what grpcio's asyncio server costs per call by itself.
 One JSON document on stdout (and in ``--out``), progress on stderr.
+
+``--workload receive`` measures consumption instead, on one broker with the endpoint: ``--count``
+messages of ``--body`` bytes are stored once, then each round reads them all with a consumer group
+of its own, alternating
+
+* ``grpc``: the official v5 ``SimpleConsumer`` (tests/compat/v5_consume_client.py
+  ``bench-receive``): ``receive(32, 30)`` and one ``ack`` per message, as its README shows;
+* ``remoting_pop``: tidemq's own POP client (``tidemq.client.SimpleConsumer``, remoting
+  POP_MESSAGE/ACK_MESSAGE): receive 32, ack each (the acks of a batch sent together);
+* ``remoting_pull``: tidemq's ``PullConsumer``, 32 per PULL_MESSAGE, no acks (the 4.x path);
+
+as messages per broker CPU-second.
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "compat"))
 V5_WORKER = ROOT / "tests" / "compat" / "v5_client.py"
+V5_CONSUMER = ROOT / "tests" / "compat" / "v5_consume_client.py"
 TOPIC = "GrpcBench"
 
 V4_WORKER = """
@@ -60,6 +73,71 @@ for _ in range(count):
 print(json.dumps({"sent": count - failed, "failed": failed, "seconds": time.monotonic() - started}), flush=True)
 sys.stdin.readline()
 producer.shutdown()
+"""
+
+
+#: The remoting consumers of the receive workload (tidemq's own clients), with the same ready/go lines.
+REMOTING_CONSUMER = """
+import asyncio, json, sys, time
+from tidemq.client import PullConsumer
+from tidemq.client.simple_consumer import SimpleConsumer
+kind, namesrv, topic, group, count = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+
+def wait_go():
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+async def pop():
+    async with SimpleConsumer(group, namesrv, subscriptions={topic: "*"}, consume_from="first",
+                              await_duration=1) as c:
+        await c.receive(1, 1, 0)  # the route, before go (the message comes back in 1 s)
+        await asyncio.sleep(1.2)
+        await asyncio.get_running_loop().run_in_executor(None, wait_go)
+        started, got, idle = time.monotonic(), 0, 0
+        while got < count and idle < 5:
+            msgs = await c.receive(32, 60, 1)
+            if not msgs:
+                idle += 1
+                continue
+            got += len(msgs)
+            await asyncio.gather(*(c.ack(m) for m in msgs))
+        return got, time.monotonic() - started
+
+async def pull():
+    async with PullConsumer(group, namesrv) as pc:
+        queues = await pc.fetch_subscribe_queues(topic)
+        offsets = {mq: 0 for mq in queues}
+        await asyncio.get_running_loop().run_in_executor(None, wait_go)
+        started, got = time.monotonic(), 0
+        while got < count:
+            progressed = False
+            for mq in queues:
+                r = await pc.pull(mq, "*", offsets[mq], 32)
+                if r.messages:
+                    got += len(r.messages)
+                    offsets[mq] = r.next_begin_offset
+                    progressed = True
+            if not progressed:
+                break
+        return got, time.monotonic() - started
+
+got, seconds = asyncio.run(pop() if kind == "pop" else pull())
+print(json.dumps({"sent": got, "failed": count - got, "seconds": seconds}), flush=True)
+sys.stdin.readline()
+"""
+
+PREFILL = """
+import asyncio, sys
+from tidemq.client import Message, Producer
+namesrv, topic, count, body = sys.argv[1], sys.argv[2], int(sys.argv[3]), b"x" * int(sys.argv[4])
+async def main():
+    async with Producer("grpc-bench-fill", namesrv=namesrv) as p:
+        sem = asyncio.Semaphore(64)
+        async def one():
+            async with sem:
+                await p.send(Message(topic, body))
+        await asyncio.gather(*(one() for _ in range(count)))
+asyncio.run(main())
 """
 
 
@@ -181,6 +259,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--body", type=int, default=1024)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--workload", choices=["send", "receive"], default="send")
     args = ap.parse_args()
 
     import v5_venv  # tests/compat: the same venv the compat test makes
@@ -217,6 +296,10 @@ def main() -> None:
 
     def v4(namesrv_addr: str) -> list[str]:
         return [sys.executable, "-c", V4_WORKER, namesrv_addr, TOPIC, str(args.count), str(args.body)]
+
+    if args.workload == "receive":
+        receive_workload(args, v5_python, cluster, procs)
+        return
 
     with tempfile.TemporaryDirectory(prefix="grpc-bench-") as tmp:
         work = Path(tmp)
@@ -257,6 +340,78 @@ def main() -> None:
         ),
         "grpc_aio_echo_floor": floor,
         "echo_floor_vs_remoting": round(floor["calls_per_server_cpu_s"] / median["remoting"], 3),
+        "rounds": rounds,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},
+    }
+    text = json.dumps(doc, indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
+
+
+def receive_workload(args: argparse.Namespace, v5_python: Path, cluster: Any, procs: list[Any]) -> None:
+    """``--workload receive``: the same stored messages read by each consumer, a group per round."""
+    with tempfile.TemporaryDirectory(prefix="grpc-bench-recv-") as tmp:
+        work = Path(tmp)
+        try:
+            pid, namesrv_addr, grpc_addr = cluster(work, "receive", True)
+            progress(f"storing {args.count} messages of {args.body} bytes")
+            subprocess.run(
+                [sys.executable, "-c", PREFILL, namesrv_addr, TOPIC, str(args.count), str(args.body)],
+                check=True,
+                timeout=600,
+            )
+
+            def remoting(kind: str, group: str) -> list[str]:
+                return [
+                    sys.executable,
+                    "-c",
+                    REMOTING_CONSUMER,
+                    kind,
+                    namesrv_addr,
+                    TOPIC,
+                    group,
+                    str(args.count),
+                ]
+
+            rounds: dict[str, list[dict[str, Any]]] = {"grpc": [], "remoting_pop": [], "remoting_pull": []}
+            for r in range(args.repeats):
+                commands = {
+                    "grpc": [
+                        str(v5_python),
+                        str(V5_CONSUMER),
+                        "bench-receive",
+                        "--endpoints",
+                        grpc_addr,
+                        "--topic",
+                        TOPIC,
+                        "--group",
+                        f"GB_GRPC_{r}",
+                        "--count",
+                        str(args.count),
+                    ],
+                    "remoting_pop": remoting("pop", f"GB_POP_{r}"),
+                    "remoting_pull": remoting("pull", f"GB_PULL_{r}"),
+                }
+                for path, cmd in commands.items():
+                    progress(f"round {r + 1}/{args.repeats}: {path}, {args.count} messages")
+                    rounds[path].append(one_round(cmd, pid))
+                    progress(f"  {rounds[path][-1]}")
+        finally:
+            for proc in reversed(procs):
+                proc.terminate()
+                proc.wait(30)
+    median = {p: statistics.median(x["msgs_per_broker_cpu_s"] for x in rs) for p, rs in rounds.items()}
+    doc = {
+        "what": "messages received and settled per broker CPU-second: v5 SimpleConsumer over gRPC "
+        "(receive 32 + one ack each) vs remoting POP (receive 32 + acks) and remoting pull (32 per pull)",
+        "workload": "receive",
+        "count": args.count,
+        "body": args.body,
+        "repeats": args.repeats,
+        "median_msgs_per_broker_cpu_s": median,
+        "grpc_vs_remoting_pop": round(median["grpc"] / median["remoting_pop"], 3),
+        "grpc_vs_remoting_pull": round(median["grpc"] / median["remoting_pull"], 3),
         "rounds": rounds,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},
     }

@@ -187,26 +187,6 @@ def test_send_stores_the_message_with_the_clients_id_tag_keys_and_group(
     asyncio.run(main())
 
 
-def test_rpcs_without_an_engine_say_what_is_missing(tidemq_make_broker: MakeBroker) -> None:
-    async def main() -> None:
-        async with grpc_broker(tidemq_make_broker) as (_broker, channel):
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await call(channel, "AckMessage", "AckMessageResponse")(pb.AckMessageRequest(), metadata=META)
-            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-            assert "POP" in info.value.details()
-            receive = channel.unary_stream(
-                SERVICE + "ReceiveMessage",
-                request_serializer=lambda m: m.SerializeToString(),
-                response_deserializer=pb.ReceiveMessageResponse.FromString,
-            )(pb.ReceiveMessageRequest(), metadata=META)
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                async for _ in receive:
-                    pass
-            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-
-    asyncio.run(main())
-
-
 def test_bad_input_gets_grpc_statuses_and_the_broker_keeps_serving(tidemq_make_broker: MakeBroker) -> None:
     async def main() -> None:
         async with grpc_broker(tidemq_make_broker, max_frame_bytes=64 * 1024) as (_broker, channel):

@@ -54,6 +54,11 @@ PUBLIC_SUBMODULES = (
 #: of issue 27; remove an entry when its last import goes, add one only with a reason.
 ALLOWED_INTERNAL: frozenset[tuple[str, str]] = frozenset(
     {
+        # The gRPC consumers' backend (consume_backend.py, issue 40) registers consumers and reads
+        # the POP service's refusals; to be published with the services layer.
+        ("tidemq.broker.clients", "SubscriptionData"),
+        ("tidemq.broker.services.clients", "ConsumerRegistration"),
+        ("tidemq.broker.services.pop", "PopError"),
         # Delay levels and the schedule topic: the mmap store keeps RocketMQ's delay offsets.
         ("tidemq.delay", "DEFAULT_DELAY_LEVELS"),
         ("tidemq.delay", "SCHEDULE_TOPIC"),

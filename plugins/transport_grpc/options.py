@@ -52,6 +52,10 @@ class GrpcOptions:
     #: broker starts without the endpoint (``tidemq standalone``'s default endpoint); true: the
     #: broker's start fails, naming why.
     required: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    #: ReceiveMessage: the shortest invisible_duration taken (RocketMQ's minInvisibleTimeMillsForRecv).
+    receive_min_invisible_ms: int = number(10_000, ge=0, le=12 * 3600 * 1000)
+    #: ReceiveMessage: the shortest long polling (RocketMQ's grpcClientConsumerMinLongPollingTimeoutMillis).
+    receive_min_polling_ms: int = number(5_000, ge=0, le=20_000)
     #: Seconds to let running calls finish when the broker stops.
     stop_grace: float = number(1.0, ge=0.0, le=60.0)
 

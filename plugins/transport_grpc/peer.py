@@ -24,6 +24,9 @@ from .messages import to_v5, transaction_id
 
 log = logging.getLogger(__name__)
 
+#: Commands a Telemetry stream holds for a client that is not reading them (more are refused).
+OUTBOX_LIMIT = 64
+
 
 def born_address(address: str) -> tuple[str, int]:
     """The born host of a message: the client's report (an IP, no port) or gRPC's peer
@@ -111,4 +114,7 @@ class StreamPeer(CallPeer):
                 transaction_id=transaction_id(check.offset_msg_id, check.tran_state_offset),
             )
         )
+        if self.outbox.qsize() >= OUTBOX_LIMIT:  # the client does not read: the check comes again later
+            log.warning("transaction check not sent: client %s reads none of its stream", self.client_id)
+            return
         self.outbox.put_nowait(command)

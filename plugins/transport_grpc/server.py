@@ -17,10 +17,11 @@ from tidemq.context import BrokerContext
 from tidemq.errors import ConfigError
 
 from .auth import Gate, Guarded
+from .consume import CONSUME_UNARY, ReceiveLimits
 from .figures import CallFigures, Counted
 from .options import GrpcOptions, server_credentials
 from .pull import PullRpcs
-from .service import POP_RPCS, MessagingService, pop_missing
+from .service import MessagingService
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,6 @@ _UNARY = (
     "SendMessage",
     "EndTransaction",
     "NotifyClientTermination",
-    "RecallMessage",
 )
 _PULL_UNARY = ("UpdateOffset", "GetOffset", "QueryOffset")
 #: Room for the properties and envelope above the broker's largest message body.
@@ -101,13 +101,12 @@ def handlers(service: MessagingService, pulls: PullRpcs, pb: ModuleType) -> grpc
     table["PullMessage"] = grpc.unary_stream_rpc_method_handler(
         _checked_stream(pulls.PullMessage), *kinds("PullMessage")
     )
-    for rpc in POP_RPCS:
-        kind = (
-            grpc.unary_stream_rpc_method_handler
-            if rpc == "ReceiveMessage"
-            else grpc.unary_unary_rpc_method_handler
-        )
-        table[rpc] = kind(pop_missing(rpc), *kinds(rpc))
+    consume = service.consume
+    for rpc in CONSUME_UNARY:
+        table[rpc] = grpc.unary_unary_rpc_method_handler(_checked(getattr(consume, rpc)), *kinds(rpc))
+    table["ReceiveMessage"] = grpc.unary_stream_rpc_method_handler(
+        _checked_stream(consume.ReceiveMessage), *kinds("ReceiveMessage")
+    )
     table["Telemetry"] = grpc.stream_stream_rpc_method_handler(service.Telemetry, *kinds("Telemetry"))
     return grpc.method_handlers_generic_handler(SERVICE, table)
 
@@ -152,7 +151,8 @@ class GrpcServer:
         # The broker's services, as the remoting processors have them (their own instance: the
         # services keep only caches, the state is the broker's).
         services = BrokerServices(broker)
-        self.service = MessagingService(services, pb, host, bound, broker.settings.max_message_size)
+        limits = ReceiveLimits(options.receive_min_invisible_ms, options.receive_min_polling_ms)
+        self.service = MessagingService(services, pb, host, bound, broker.settings.max_message_size, limits)
         self.service.check_message_types = options.enable_topic_message_type_check
         served = handlers(self.service, PullRpcs(services, pb), pb)
         #: The ACL check of every call (None without ACL): tidemq_transport_grpc.auth.
@@ -193,3 +193,4 @@ class GrpcServer:
             except Exception:
                 log.exception("the gRPC endpoint did not start")
         await self.server.stop(self.options.stop_grace)
+        self.service.consume.close()

@@ -25,6 +25,8 @@ from tidemq.broker.services import BrokerServices, Outcome
 from tidemq.message import TRANSACTION_PREPARED_TYPE, Prop, decode_message_id, properties_to_string
 from tidemq.names import check_topic_name
 
+from .consume import ConsumeRpcs, ReceiveLimits
+from .consume_backend import BrokerConsumeBackend
 from .messages import (
     TIMER_DELIVER_MS,
     accepted_message_types,
@@ -33,7 +35,7 @@ from .messages import (
     producer_group,
     transaction_id,
 )
-from .peer import CallPeer, StreamPeer
+from .peer import OUTBOX_LIMIT, CallPeer, StreamPeer
 
 log = logging.getLogger(__name__)
 
@@ -47,18 +49,6 @@ _COMMIT = 0x8
 _ROLLBACK = 0xC
 _UNKNOWN = 0x0
 
-#: RPCs that need RocketMQ 5's POP engine (receive, invisibility, ack): answered UNIMPLEMENTED.
-POP_RPCS = (
-    "QueryAssignment",
-    "ReceiveMessage",
-    "AckMessage",
-    "ChangeInvisibleDuration",
-    "ForwardMessageToDeadLetterQueue",
-)
-_POP_MISSING = (
-    "{rpc} needs the broker's POP consumption engine (pop, ack, change invisibility), "
-    "which tidemq does not have yet; use a 4.x push or pull consumer meanwhile"
-)
 #: Producer retry policy handed to clients in Settings (RocketMQ's producer defaults).
 _PRODUCER_ATTEMPTS = 3
 
@@ -73,7 +63,15 @@ def client_id(context: grpc.aio.ServicerContext[Any, Any]) -> str:
 class MessagingService:
     """The RPC implementations; :func:`tidemq_transport_grpc.server.handlers` binds them by name."""
 
-    def __init__(self, services: BrokerServices, pb: ModuleType, host: str, port: int, max_body: int) -> None:
+    def __init__(
+        self,
+        services: BrokerServices,
+        pb: ModuleType,
+        host: str,
+        port: int,
+        max_body: int,
+        limits: ReceiveLimits | None = None,
+    ) -> None:
         self.services = services
         self.broker = services.send.broker
         self.pb = pb
@@ -84,6 +82,10 @@ class MessagingService:
         self.streams: dict[str, StreamPeer] = {}  # client id -> its Telemetry stream
         #: RocketMQ 5 proxy's enableTopicMessageTypeCheck ([transport.grpc]).
         self.check_message_types = True
+        #: The consumer RPCs (consume.py), over the broker's POP engine.
+        self.consume = ConsumeRpcs(
+            BrokerConsumeBackend(services), pb, self.endpoints, self.clients.get, limits
+        )
 
     # ------------------------------------------------------------------ helpers
     def status(self, code: int, message: str = "") -> Any:
@@ -165,6 +167,7 @@ class MessagingService:
         stream = self.streams.get(cid)
         if stream is not None and stream.producer_groups:  # refresh its producer registrations
             self.services.clients.heartbeat(stream, cid, "GRPC", 0, [], stream.producer_groups)
+        await self.consume.heartbeat(cid)  # and its consumer registration
         return pb.HeartbeatResponse(status=self.status(pb.OK))
 
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
@@ -211,12 +214,16 @@ class MessagingService:
                 kind = command.WhichOneof("command")
                 if kind == "settings":
                     settings = self.settings_for(command.settings)
+                    if command.settings.WhichOneof("pub_sub") == "subscription":
+                        await self.consume.settings(peer, cid, command.settings, settings)
                     self.clients[cid] = settings
                     self._register_producer(peer, cid, command.settings)
+                    await _room(out)
                     out.put_nowait(pb.TelemetryCommand(status=self.status(pb.OK), settings=settings))
                 elif kind in ("thread_stack_trace", "verify_message_result"):
                     log.info("client %s answered %s", cid, kind)
                 else:
+                    await _room(out)
                     out.put_nowait(
                         pb.TelemetryCommand(
                             status=self.status(pb.BAD_REQUEST, f"unexpected telemetry command {kind}")
@@ -260,9 +267,6 @@ class MessagingService:
                 out.subscription.receive_batch_size = 32
             if not out.subscription.HasField("long_polling_timeout"):
                 out.subscription.long_polling_timeout.FromSeconds(20)
-            # A FIFO group (updateSubGroup -o true, consumeMessageOrderly), as RocketMQ 5's proxy says.
-            group = self.broker.groups.get(client.subscription.group.name)
-            out.subscription.fifo = bool(group is not None and group.consume_message_orderly)
         out.metric.on = False
         return out
 
@@ -276,13 +280,14 @@ class MessagingService:
         peer = CallPeer(context.peer(), first_message.born_host)
         try:
             for message in request.messages:
-                code, text, offset, tx_id = await self.send_one(message, peer)
+                code, text, offset, tx_id, recall = await self.send_one(message, peer)
                 entries.append(
                     pb.SendResultEntry(
                         status=self.status(code, text),
                         message_id=message.system_properties.message_id,
                         offset=max(offset, 0),
                         transaction_id=tx_id,
+                        recall_handle=recall,
                     )
                 )
         finally:
@@ -292,27 +297,28 @@ class MessagingService:
             first = self.status(pb.MULTIPLE_RESULTS, "the messages had different outcomes")
         return pb.SendMessageResponse(status=first, entries=entries)
 
-    async def send_one(self, message: Any, peer: CallPeer) -> tuple[int, str, int, str]:
-        """One message through the send service: ``(code, message, queue offset, transaction id)``."""
+    async def send_one(self, message: Any, peer: CallPeer) -> tuple[int, str, int, str, str]:
+        """One message through the send service: ``(code, message, queue offset, transaction id,
+        recall handle)`` (the last one for a timer message, else empty)."""
         pb = self.pb
         system = message.system_properties
         topic = message.topic.name
         if not message.body:
-            return pb.MESSAGE_BODY_EMPTY, "message body is empty", -1, ""
+            return pb.MESSAGE_BODY_EMPTY, "message body is empty", -1, "", ""
         if len(message.body) > self.max_body:
-            return pb.MESSAGE_BODY_TOO_LARGE, f"message body is over {self.max_body} bytes", -1, ""
+            return pb.MESSAGE_BODY_TOO_LARGE, f"message body is over {self.max_body} bytes", -1, "", ""
         if system.body_encoding == pb.GZIP:
             try:
                 body = zlib.decompress(message.body, wbits=31)
             except zlib.error as exc:
-                return pb.MESSAGE_CORRUPTED, f"GZIP body does not decompress: {exc}", -1, ""
+                return pb.MESSAGE_CORRUPTED, f"GZIP body does not decompress: {exc}", -1, "", ""
         else:
             body = message.body
         transactional = system.message_type == pb.TRANSACTION
         sys_flag = TRANSACTION_PREPARED_TYPE if transactional else 0
         cfg = self.topic_config(topic, sys_flag)
         if isinstance(cfg, tuple):
-            return cfg[0], cfg[1], -1, ""
+            return cfg[0], cfg[1], -1, "", ""
         properties = dict(message.user_properties)
         queue_id = -1  # the send service picks one
         group = ""
@@ -328,8 +334,12 @@ class MessagingService:
             properties[Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = (
                 system.message_id
             )  # the client's id is the message's
-        if system.HasField("delivery_timestamp"):
-            properties[TIMER_DELIVER_MS] = str(system.delivery_timestamp.ToMilliseconds())
+        try:  # protobuf refuses a Timestamp out of its range (a time in ms given as seconds)
+            born_ms = system.born_timestamp.ToMilliseconds()
+            if system.HasField("delivery_timestamp"):
+                properties[TIMER_DELIVER_MS] = str(system.delivery_timestamp.ToMilliseconds())
+        except ValueError as exc:
+            return pb.ILLEGAL_DELIVERY_TIME, f"bad timestamp: {exc}", -1, "", ""
         if transactional:
             group = producer_group(topic)
             properties[Prop.TRANSACTION_PREPARED] = "true"
@@ -338,7 +348,7 @@ class MessagingService:
         if self.check_message_types:  # the topic's message.type, as RocketMQ 5's proxy checks it
             conflict = sends.check_message_type(cfg, properties)
             if conflict is not None:
-                return pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, conflict.remark or "", -1, ""
+                return pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, conflict.remark or "", -1, "", ""
         send = sends.prepare(
             peer,
             group,
@@ -351,17 +361,18 @@ class MessagingService:
             0,
             -1,
             0,
-            system.born_timestamp.ToMilliseconds(),
+            born_ms,
             body,
         )
         if isinstance(send, Outcome):
-            return code_of(pb, send.status, send.remark), send.remark or "", -1, ""
+            return code_of(pb, send.status, send.remark), send.remark or "", -1, "", ""
         sends.put_one(send)
         if not sends.settled(send):
             await sends.settle(send)
         code = code_of(pb, send.status, send.remark)
         tx_id = transaction_id(send.msg_id, send.queue_offset) if transactional and code == pb.OK else ""
-        return code, send.remark or "", send.queue_offset, tx_id
+        recall = send.recall_handle or "" if code == pb.OK else ""
+        return code, send.remark or "", send.queue_offset, tx_id, recall
 
     # ------------------------------------------------------------------ transactions
     async def EndTransaction(self, request: Any, context: Any) -> Any:
@@ -395,18 +406,10 @@ class MessagingService:
             )
         return pb.EndTransactionResponse(status=self.status(pb.OK))
 
-    # ------------------------------------------------------------------ not yet
-    async def RecallMessage(self, request: Any, context: Any) -> Any:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "RecallMessage needs timer messages, which tidemq does not have yet",
-        )
 
-
-def pop_missing(rpc: str) -> Any:
-    """A handler for an RPC over the POP engine: UNIMPLEMENTED naming what is missing."""
-
-    async def missing(request: Any, context: Any) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, _POP_MISSING.format(rpc=rpc))
-
-    return missing
+async def _room(outbox: asyncio.Queue[Any]) -> None:
+    """Wait while a Telemetry stream's outbox is full: a client that stops reading its answers
+    stops being read (HTTP/2 flow control then holds its writes), so its stream's memory stays
+    bounded by :data:`~.peer.OUTBOX_LIMIT` answers."""
+    while outbox.qsize() >= OUTBOX_LIMIT:
+        await asyncio.sleep(0.05)
