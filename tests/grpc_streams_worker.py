@@ -47,7 +47,10 @@ async def main(address: str, count: int, prefix: str) -> None:
                 return stream
             failed[pb.Code.Name(answer.status.code)] = answer.status.message
         except grpc.aio.AioRpcError as exc:
-            failed[exc.code().name] = exc.details() or ""
+            # A write to a call the server already ended fails with grpc's own INTERNAL: the
+            # call's status says what the server answered.
+            code = await stream.code() if exc.code() is grpc.StatusCode.INTERNAL else exc.code()
+            failed[code.name] = (await stream.details()) or exc.details() or ""
         except TimeoutError:
             failed["TIMEOUT"] = "no settings within 120 s"
         return None

@@ -60,8 +60,11 @@ async def open_stream(channel: Any, client_id: str) -> tuple[Any, str]:
         answer = await asyncio.wait_for(establish(), 120)
         return stream, pb.Code.Name(answer.status.code)
     except grpc.aio.AioRpcError as exc:
-        DETAILS[exc.code().name] = exc.details() or ""
-        return stream, exc.code().name
+        # A write to a call the server already ended fails with grpc's own INTERNAL ("Internal
+        # error from Core"): the call's status says what the server answered.
+        code = await stream.code() if exc.code() is grpc.StatusCode.INTERNAL else exc.code()
+        DETAILS[code.name] = (await stream.details()) or exc.details() or ""
+        return stream, code.name
     except TimeoutError:
         return stream, "TIMEOUT"
 
@@ -166,10 +169,18 @@ def test_ten_thousand_streams_keep_memory_bounded_and_other_clients_served(
                 )
                 assert "SEND_OK" in sent.stdout
                 # ... and beyond the endpoint's cap calls are refused at once.
-                extra = await asyncio.gather(*(open_stream(other, f"x{i}@streams") for i in range(100)))
+                extra = [await open_stream(other, f"x{i}@streams") for i in range(100)]  # one by one
                 outcomes = [status for _, status in extra]
-                assert outcomes.count("RESOURCE_EXHAUSTED") >= 25, (outcomes, DETAILS)
-                assert set(outcomes) <= {"OK", "RESOURCE_EXHAUSTED"}, (outcomes, DETAILS)
+                # The cap's headroom (50) is served, then every stream is refused at once:
+                # RESOURCE_EXHAUSTED, or grpc's client-side INTERNAL when its first write met the
+                # refusal (the client ends the call itself then).
+                summary = "".join(o[0] for o in outcomes)
+                assert summary.startswith("O" * 40) and summary.count("O") <= 50, (summary, DETAILS)
+                refused = summary[summary.index("R") :]
+                assert set(refused) <= {"R", "I"} and refused.count("R") > len(refused) // 2, (
+                    summary,
+                    DETAILS,
+                )
                 figures["rss_full"] = rss_bytes(pid)
                 for stream, _ in extra:
                     stream.cancel()
