@@ -5,6 +5,7 @@ refuses a wrong secret and a key without PUB."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,14 @@ accounts:
     defaultGroupPerm: DENY
     topicPerms:
       - V5Acl=SUB
+  - accessKey: v5-app-ak
+    secretKey: v5-app-secret
+    defaultTopicPerm: DENY
+    defaultGroupPerm: DENY
+    topicPerms:
+      - V5Acl=PUB|SUB
+    groupPerms:
+      - acl-consumers=SUB
   - accessKey: ops-admin
     secretKey: ops-secret
     admin: true
@@ -88,3 +97,18 @@ def test_v5_client_credentials_sign_its_calls_and_the_acl_checks_them(
     # Exactly the four messages of the right key were stored.
     status = cluster.admin("topicStatus", "-t", "V5Acl", *ops)
     assert sum(int(line.split()[3]) for line in status.splitlines()[1:] if line.strip()) == 4, status
+
+    # Consuming signed too: examples/v5_client.py sends two messages, then its SimpleConsumer of
+    # a group the account may consume as receives and acks them.
+    example = Path(__file__).resolve().parents[2] / "examples" / "v5_client.py"
+    args = ["--endpoints", cluster.grpc, "--topic", "V5Acl", "--group", "acl-consumers", "--timeout", "30"]
+    out = subprocess.run(
+        [str(v5_python), str(example), *args, "--ak", "v5-app-ak", "--sk", "v5-app-secret"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=cluster.env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert sum(line.startswith("received and acked: ") for line in out.stdout.splitlines()) >= 2
+    assert "refused gRPC ReceiveMessage" not in refusals()
