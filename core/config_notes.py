@@ -32,7 +32,7 @@ start with one line naming the key.
   over this file). The ACL file
   named by `[acl.plain] file` is re-read when it changes, without a restart.
 * Command-line flags override the file: `tidemq broker --listen/--namesrv/--data-dir`,
-  `tidemq namesrv --listen`, `tidemq standalone --namesrv-listen/--broker-listen/--data-dir`.
+  `tidemq namesrv --listen`, `tidemq standalone --namesrv-listen/--broker-listen/--data-dir/--grpc-listen/--no-grpc`.
 """
 
 TABLE_NOTES: dict[str, str] = {
@@ -268,6 +268,7 @@ NOTES: dict[str, dict[str, str]] = {
         "doc": "PEM certificate (a server needs one).",
     },
     "transport.tcp.tls_keyfile": {"rocketmq": "tls.server.keyPath", "doc": "PEM key of tls_certfile."},
+    "transport.grpc.enable_topic_message_type_check": {"rocketmq": "enableTopicMessageTypeCheck (proxy)"},
     "transport.tcp.tls_cafile": {
         "rocketmq": "tls.server.trustCertPath",
         "doc": "CA to verify peers with; on a server it also asks clients for a certificate (mutual TLS).",

@@ -19,7 +19,7 @@ broker's own data classes, named here for type checkers only.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -515,6 +515,10 @@ class BrokerFiguresView(Protocol):
     def producers(self) -> ProducerRegistry: ...
 
     @property
+    def endpoint_figures(self) -> dict[str, Callable[[], Mapping[str, int]]]:
+        """Counters of the endpoints plugins serve (BrokerContext.endpoint_figures)."""
+
+    @property
     def hold(self) -> PullHoldService | None: ...
 
     @property
@@ -566,6 +570,17 @@ class BrokerContext(Protocol):
     @property
     def acl(self) -> AccessValidator | None:
         """The access validator (role ``acl``) when it enforces, else None."""
+
+    @property
+    def endpoints(self) -> dict[str, str]:
+        """Other endpoints plugins serve for this broker, name -> ``host:port`` (``grpc``...): a
+        plugin adds its own when it binds; the CLI announces each in its start-up lines."""
+
+    @property
+    def endpoint_figures(self) -> dict[str, Callable[[], Mapping[str, int]]]:
+        """Counters of those endpoints, name -> a function giving ``figure -> value``
+        (``connections``, ``calls``, ``requests_total``...): the metrics exporter serves them as
+        ``tidemq_<name>_<figure>``, GET_BROKER_RUNTIME_INFO as ``<name><Figure>``."""
 
     @property
     def topics(self) -> TopicConfigTable: ...

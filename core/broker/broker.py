@@ -90,6 +90,10 @@ class Broker:
         self.acl_refusals = 0
         #: Services of this process whose figures the exporter serves too (standalone's NameServer).
         self.metrics_companions: list[Any] = []
+        #: Endpoints plugins serve beside the transport, name -> host:port, and their counters
+        #: (BrokerContext.endpoints, .endpoint_figures).
+        self.endpoints: dict[str, str] = {}
+        self.endpoint_figures: dict[str, Callable[[], Mapping[str, int]]] = {}
         self.data_dir = self.settings.store_path
         self.hold: PullRequestHoldService | None = None
         # The composition root builds the rest (tidemq.broker.composition); plain attributes, as

@@ -21,6 +21,7 @@ the data directory is locked.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -199,3 +200,7 @@ class BrokerFigures:
     @property
     def acl_refusals(self) -> int:
         return self._broker.acl_refusals
+
+    @property
+    def endpoint_figures(self) -> dict[str, Callable[[], Mapping[str, int]]]:
+        return self._broker.endpoint_figures

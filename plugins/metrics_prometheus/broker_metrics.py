@@ -334,6 +334,19 @@ def _service(broker: BrokerFiguresView, out: list[Metric]) -> None:
     refused = CounterMetricFamily("tidemq_acl_refusals", "Requests the access validator refused")
     refused.add_metric([], broker.acl_refusals)
     out += [held, conns, groups, refused]
+    # Endpoints plugins serve beside the remoting transport (the gRPC one): their own counters.
+    for endpoint, figures in sorted(broker.endpoint_figures.items()):
+        for figure, value in sorted(figures().items()):
+            name = f"tidemq_{endpoint}_{figure}"
+            doc = f"{endpoint} endpoint: {figure.replace('_', ' ')}"
+            if figure.endswith("_total"):  # prometheus_client adds the _total suffix itself
+                counter = CounterMetricFamily(name[: -len("_total")], doc)
+                counter.add_metric([], value)
+                out.append(counter)
+            else:
+                gauge = _gauge(name, doc)
+                gauge.add_metric([], value)
+                out.append(gauge)
     replication = broker.replication
     if not isinstance(replication, MasterAware):  # the runtime info of master-slave and controller
         return

@@ -10,6 +10,8 @@ from typing import Any
 
 from tidemq.broker.services import Status
 from tidemq.message import MessageExt, Prop
+from tidemq.remoting.protocol import TopicConfig
+from tidemq.topic_attributes import TopicMessageType, accepted_types, topic_message_type
 
 #: RocketMQ 5's property for a message delivered at a time (the timer engine reads it).
 TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
@@ -73,6 +75,15 @@ def code_of(pb: ModuleType, status: Status, remark: str | None) -> int:
         if "size" in remark.lower() or "large" in remark.lower():
             return int(pb.MESSAGE_BODY_TOO_LARGE)
     return int(getattr(pb, _CODES.get(status, "INTERNAL_SERVER_ERROR")))
+
+
+def accepted_message_types(pb: ModuleType, cfg: TopicConfig) -> list[int]:
+    """QueryRoute's ``accept_message_types`` of a topic: its ``message.type`` (NORMAL without one;
+    MIXED takes every type), as RocketMQ 5's proxy announces them."""
+    return [
+        int(getattr(pb, "MESSAGE_TYPE_UNSPECIFIED" if t is TopicMessageType.UNSPECIFIED else t.value))
+        for t in accepted_types(topic_message_type(cfg.attributes))
+    ]
 
 
 def _host(host: tuple[str, int]) -> str:

@@ -27,7 +27,14 @@ from tidemq.names import check_topic_name
 
 from .consume import ConsumeRpcs, ReceiveLimits
 from .consume_backend import BrokerConsumeBackend
-from .messages import TIMER_DELIVER_MS, code_of, parse_transaction_id, producer_group, transaction_id
+from .messages import (
+    TIMER_DELIVER_MS,
+    accepted_message_types,
+    code_of,
+    parse_transaction_id,
+    producer_group,
+    transaction_id,
+)
 from .peer import OUTBOX_LIMIT, CallPeer, StreamPeer
 
 log = logging.getLogger(__name__)
@@ -74,6 +81,8 @@ class MessagingService:
         self.clients: dict[str, Any] = {}  # client id -> its latest Settings (telemetry)
         self.streams: dict[str, StreamPeer] = {}  # client id -> its Telemetry stream
         self._plain: dict[int, Any] = {}  # code -> its Status without a message of its own
+        #: RocketMQ 5 proxy's enableTopicMessageTypeCheck ([transport.grpc]).
+        self.check_message_types = True
         #: The consumer RPCs (consume.py), over the broker's POP engine.
         self.consume = ConsumeRpcs(
             BrokerConsumeBackend(services), pb, self.endpoints, self.clients.get, limits
@@ -129,8 +138,7 @@ class MessagingService:
                 )
         broker = pb.Broker(name=self.broker.settings.name, id=0, endpoints=self.endpoints())
         queues = []
-        # Every type until topics carry RocketMQ 5's message.type attribute (a MIXED topic).
-        accept = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
+        accept = accepted_message_types(pb, cfg)  # the topic's message.type attribute
         for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
             readable = qid < cfg.read_queue_nums and bool(cfg.perm & PERM_READ)
             writable = qid < cfg.write_queue_nums and bool(cfg.perm & PERM_WRITE)
@@ -252,7 +260,7 @@ class MessagingService:
         kind = client.WhichOneof("pub_sub")
         if kind == "publishing" or client.client_type == pb.PRODUCER:
             out.publishing.max_body_size = self.max_body
-            out.publishing.validate_message_type = True
+            out.publishing.validate_message_type = self.check_message_types
             policy = out.backoff_policy
             policy.max_attempts = _PRODUCER_ATTEMPTS
             policy.exponential_backoff.initial.FromMilliseconds(10)
@@ -343,6 +351,10 @@ class MessagingService:
             properties[Prop.TRANSACTION_PREPARED] = "true"
             properties[Prop.PRODUCER_GROUP] = group
         sends = self.services.send
+        if self.check_message_types:  # the topic's message.type, as RocketMQ 5's proxy checks it
+            conflict = sends.check_message_type(cfg, properties)
+            if conflict is not None:
+                return pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, conflict.remark or "", -1, "", ""
         send = sends.prepare(
             peer,
             group,

@@ -26,11 +26,17 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from tidemq.address import split_address
 from tidemq.broker.context import BrokerContext
-from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX, dlq_topic, retry_topic
+from tidemq.broker.headers import (
+    DEFAULT_TOPIC,
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    dlq_topic,
+    retry_topic,
+)
 from tidemq.broker.services.put import GROUP_MAX_BYTES, PutGroup, Send, settle, settled, store_group
 from tidemq.broker.services.status import DONE, Outcome, Status
 from tidemq.broker.timer import TIMER_OUT_MS, TimerRefused
@@ -51,6 +57,7 @@ from tidemq.names import check_group_name, check_topic_name
 from tidemq.observe import SendContext
 from tidemq.perm import PERM_READ, PERM_WRITE, is_writeable
 from tidemq.plugins import Listeners
+from tidemq.topic_attributes import message_type_of, topic_message_type, type_conflict
 from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -140,6 +147,16 @@ class SendService:
                 f"request queueId[{queue_id}] is illegal, topic {topic} has {cfg.write_queue_nums} write queues",
             )
         return cfg
+
+    def check_message_type(self, cfg: TopicConfig, properties: Mapping[str, str]) -> Outcome | None:
+        """RocketMQ 5's topic message type check (its proxy's ``enableTopicMessageTypeCheck``): a
+        message of a type the topic's ``message.type`` does not take is MESSAGE_ILLEGAL; retry
+        and dead-letter topics are not checked.  The gRPC transport calls it; 4.x remoting sends
+        are not checked, as a RocketMQ 5 broker does not check them (docs/grpc.md)."""
+        if cfg.topic_name.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+            return None
+        problem = type_conflict(topic_message_type(cfg.attributes), message_type_of(properties))
+        return None if problem is None else Outcome(Status.MESSAGE_ILLEGAL, problem)
 
     # ------------------------------------------------------------------ step 1: prepare
     def prepare(
