@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
     from tidemq.acl import AccessValidator
     from tidemq.broker.clients import ClientChannel, ConsumerGroupInfo, SubscriptionData
+    from tidemq.broker.dedup import DuplicateWindow
     from tidemq.broker.stats import Counter, StatsSnapshot
     from tidemq.broker.subscriptions import SubscriptionGroupConfig
     from tidemq.config import BrokerSettings, Config
@@ -50,6 +51,7 @@ __all__ = [
     "BrokerStatsView",
     "BrokerStatsService",
     "BrokerFiguresView",
+    "DedupFigures",
     "ConsumerOffsetTable",
     "ConsumerRegistry",
     "FilterServerTable",
@@ -474,6 +476,24 @@ class TimerService(TimerFigures, Protocol):
 # --------------------------------------------------------------------------- the broker
 
 
+class DedupFigures(Protocol):
+    """What runtime info and the metrics exporter read of the duplicate window (issue 37).
+
+    Implemented by :class:`tidemq.broker.dedup.DuplicateWindow`; read on the broker's loop.
+    """
+
+    #: Keys held now, and their estimated bytes.
+    entries: int
+    nbytes: int
+    #: Messages answered from the window instead of being stored, per topic, since start.
+    dropped: dict[str, int]
+    #: Sends evicted before their time to keep the bounds.
+    evicted: int
+
+    def figures(self) -> dict[str, str]:
+        """GET_BROKER_RUNTIME_INFO's ``dedup*`` keys."""
+
+
 class BrokerFiguresView(Protocol):
     """What a metrics exporter reads of a broker, and nothing it could change.
 
@@ -522,6 +542,10 @@ class BrokerFiguresView(Protocol):
 
     @property
     def timers(self) -> TimerFigures: ...
+
+    @property
+    def dedup(self) -> DedupFigures:
+        """The duplicate window on UNIQ_KEY (issue 37)."""
 
     @property
     def recovery_seconds(self) -> float:
@@ -615,6 +639,10 @@ class BrokerContext(Protocol):
     @property
     def timers(self) -> TimerService:
         """Timer messages (RocketMQ 5); its requests: :mod:`tidemq.broker.services.timer`."""
+
+    @property
+    def dedup(self) -> DuplicateWindow:
+        """The duplicate window on UNIQ_KEY (issue 37): asked by the send path, rebuilt at start."""
 
     @property
     def hooks(self) -> pluggy.HookRelay:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
+from tidemq.broker.dedup import DuplicateWindow
 from tidemq.broker.metadata_sink import BrokerMetadataSink
 from tidemq.broker.offsets import ConsumerOffsetManager
 from tidemq.broker.pop import PopService
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
         BrokerStatsView,
         ConsumerOffsetTable,
         ConsumerRegistry,
+        DedupFigures,
         PopFigures,
         ProducerRegistry,
         PullHoldService,
@@ -78,6 +80,7 @@ class BrokerParts:
     filter_servers: FilterServerManager
     pop: PopService
     metadata_sink: MetadataSink
+    dedup: DuplicateWindow
 
 
 def build_parts(broker: BrokerContext, components: Components) -> BrokerParts:
@@ -119,6 +122,8 @@ def build_parts(broker: BrokerContext, components: Components) -> BrokerParts:
         pop=PopService(broker),  # POP consumption (RocketMQ 5, issue 39)
         # Where a replication plugin writes the metadata a slave copies from its master.
         metadata_sink=BrokerMetadataSink(broker),
+        # The duplicate window on UNIQ_KEY (issue 37), rebuilt from the commit log as the broker starts.
+        dedup=DuplicateWindow(settings.dedup_window_s, settings.dedup_max_entries, settings.dedup_max_bytes),
     )
 
 
@@ -167,6 +172,10 @@ class BrokerFigures:
     @property
     def stats(self) -> BrokerStatsView:
         return self._broker.stats
+
+    @property
+    def dedup(self) -> DedupFigures:
+        return self._broker.dedup
 
     @property
     def offsets(self) -> ConsumerOffsetTable:

@@ -134,6 +134,7 @@ class AdminProcessor:
         table = runtime_table(b)
         table.update({k: str(v) for k, v in self.admin.pop_figures().items()})  # POP (issue 39)
         table.update(self.admin.timer_figures())  # RocketMQ 5's timer keys (issue 36)
+        table.update(b.dedup.figures())  # the duplicate window (issue 37)
         # HA (issue 7): replication plugins may add their state (role, slave lag in bytes).
         if isinstance(b.replication, MasterAware):
             table.update(b.replication.runtime_info())

@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from tidemq.address import split_address
 from tidemq.broker.context import BrokerContext
+from tidemq.broker.dedup import MAX_KEY_LENGTH, UNIQ_KEY, Duplicate, Sent
 from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX, dlq_topic, retry_topic
 from tidemq.broker.services.put import GROUP_MAX_BYTES, PutGroup, Send, settle, settled, store_group
 from tidemq.broker.services.status import DONE, Outcome, Status
@@ -166,6 +167,19 @@ class SendService:
         if queue_id < 0:
             queue_id = random.randrange(max(cfg.write_queue_nums, 1))  # type: ignore[union-attr]
         props = string_to_properties(properties)
+        # The duplicate window (issue 37): a resend of a message stored within it is answered so.
+        window = b.dedup
+        key = props.get(UNIQ_KEY)
+        seconds = 0.0
+        if key and len(key) <= MAX_KEY_LENGTH:
+            seconds = window.topic_window(topic, cfg)
+            if seconds > 0:
+                first = window.check(topic, key)
+                if first is not None:
+                    window.count_dropped(topic, 1)
+                    dup = MessageInner(topic, body, queue_id, flag, props, sys_flag, born_timestamp)
+                    return self._duplicate(producer_group, [dup], False, [(first, first.keys.index(key))])
+        producer_topic = topic
         # As RocketMQ 4.6+: a stored message names its cluster (a request's responder replies to
         # <CLUSTER>_REPLY_TOPIC through it).
         props[_CLUSTER] = b.settings.cluster
@@ -200,6 +214,24 @@ class SendService:
                 b.transactions.to_half(msg)
             elif Prop.DELAY_TIME_LEVEL in props:  # what rewrite acts on
                 b.schedule.rewrite(msg)
+            if seconds > 0:
+                send.dedup = window.record(producer_topic, [key], send, seconds)  # type: ignore[list-item]
+        return send
+
+    def _duplicate(
+        self, producer_group: str, msgs: list[MessageInner], batch: bool, refs: list[tuple[Sent, int]]
+    ) -> Send:
+        """A send answered from the window: never put; settled from its first copies."""
+        send = Send(producer_group, msgs, batch, None, msgs[0].queue_id, 0)
+        send.dedup = Duplicate(refs)
+        timers = self.broker.timers
+        msg = msgs[0]
+        if not batch and TIMER_OUT_MS not in msg.properties:
+            try:  # a parked timer message's answer carries its recall handle, as the first one did
+                if timers.rewrite(msg):
+                    send.recall_handle = timers.recall_handle(msg)
+            except TimerRefused:
+                pass
         return send
 
     def _route_retry(
@@ -259,12 +291,37 @@ class SendService:
             return Outcome(Status.MESSAGE_ILLEGAL, f"malformed batch body: {exc}")
         if not msgs:
             return Outcome(Status.MESSAGE_ILLEGAL, "the batch holds no message")
+        # The duplicate window (issue 37): each message on its own key, when every one has one.
+        window = b.dedup
+        seconds = window.topic_window(topic, cfg)
+        keys: list[str] | None = None
+        if seconds > 0:
+            keys = [m.properties.get(UNIQ_KEY) or "" for m in msgs]  # type: ignore[misc]
+            if not all(0 < len(k) <= MAX_KEY_LENGTH for k in keys):
+                keys = None  # a message without a usable key: the batch is stored as it is
+            elif len(set(keys)) != len(keys):
+                return Outcome(Status.MESSAGE_ILLEGAL, _repeated_key(keys))
+            else:
+                hits = [window.check(topic, k) for k in keys]
+                if any(h is not None for h in hits):
+                    dropped = sum(h is not None for h in hits)
+                    window.count_dropped(topic, dropped)
+                    if dropped == len(keys):
+                        refs = [
+                            (h, h.keys.index(k)) for h, k in zip(hits, keys, strict=True) if h is not None
+                        ]
+                        return self._duplicate(producer_group, msgs, True, refs)
+                    # Some were stored before: only the others are stored (and answered).
+                    msgs = [m for m, h in zip(msgs, hits, strict=True) if h is None]
+                    keys = [k for k, h in zip(keys, hits, strict=True) if h is None]
         send = self._hooked(peer, producer_group, msgs, True, len(body))
         if type(send) is Send:
             try:  # a timer on any message parks the batch in rmq_sys_wheel_timer, each until its time
                 b.timers.rewrite_batch(msgs)
             except TimerRefused as exc:
                 return Outcome(Status(exc.code), exc.remark)
+            if keys is not None:
+                send.dedup = window.record(topic, keys, send, seconds)
         return send
 
     def prepare_reply(
@@ -353,6 +410,8 @@ class SendService:
         groups: dict[tuple[str, int, int], PutGroup] = {}
         broker = self.broker
         for send in sends:
+            if type(send.dedup) is Duplicate:  # answered from the window, not stored
+                continue
             first = send.msgs[0]
             key = (first.topic, first.queue_id, first.sys_flag & TRANSACTION_TYPE_MASK)
             group = groups.get(key)
@@ -368,6 +427,8 @@ class SendService:
 
     def put_one(self, send: Send) -> None:
         """Store one send on its own."""
+        if type(send.dedup) is Duplicate:  # answered from the window, not stored
+            return
         group = PutGroup()
         group.add(send)
         store_group(self.broker, group)
@@ -446,3 +507,16 @@ class SendService:
             return Outcome(Status.SYSTEM_ERROR, f"{result.status.value} {result.error}".strip())
         b.stats.on_put(msg.topic, 1, result.wrote_bytes)
         return DONE
+
+
+def _repeated_key(keys: list[str]) -> str:
+    """MESSAGE_ILLEGAL's remark for a batch that gives two messages one UNIQ_KEY."""
+    seen: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key in seen:
+            return (
+                f"the batch repeats UNIQ_KEY {key[:64]!r} at messages {seen[key]} and {i}: each message "
+                "of a batch needs its own key (the duplicate window keys on it)"
+            )
+        seen[key] = i
+    return "the batch repeats a UNIQ_KEY"
