@@ -123,7 +123,12 @@ def build_parts(broker: BrokerContext, components: Components) -> BrokerParts:
         # Where a replication plugin writes the metadata a slave copies from its master.
         metadata_sink=BrokerMetadataSink(broker),
         # The duplicate window on UNIQ_KEY (issue 37), rebuilt from the commit log as the broker starts.
-        dedup=DuplicateWindow(settings.dedup_window_s, settings.dedup_max_entries, settings.dedup_max_bytes),
+        dedup=DuplicateWindow(
+            settings.dedup_window_s,
+            settings.dedup_max_entries,
+            settings.dedup_max_bytes,
+            content=settings.dedup_key == "content",
+        ),
     )
 
 

@@ -26,6 +26,7 @@ derived from the commit log, rebuilt at start and when the broker becomes master
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -34,7 +35,14 @@ from typing import TYPE_CHECKING
 
 from tidemq.broker.headers import RETRY_GROUP_TOPIC_PREFIX
 from tidemq.futures import resolved
-from tidemq.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK, Prop
+from tidemq.message import (
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    TRANSACTION_TYPE_MASK,
+    Prop,
+    body_crc,
+    decode_message_id,
+)
 from tidemq.replication import ReplicaStatus
 from tidemq.store import PutResult, PutStatus
 
@@ -42,6 +50,7 @@ if TYPE_CHECKING:
     from tidemq.broker.services.put import Send
     from tidemq.broker.services.status import Status
     from tidemq.context import BrokerContext
+    from tidemq.store import MessageStore
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +61,45 @@ __all__ = [
     "Duplicate",
     "DuplicateWindow",
     "Sent",
+    "content_key",
 ]
+
+
+def content_key(flag: int, body: bytes | memoryview, properties: Mapping[str, str]) -> str:
+    """A message's content key (``dedup_key = "content"``): a digest of its body, flag and
+    properties but the per-attempt ones, the same for every attempt of one send."""
+    h = hashlib.blake2b(body, digest_size=16)
+    h.update(b"\0%d" % flag)
+    for name in sorted(properties):
+        if name not in _CONTENT_SKIPPED:
+            h.update(b"\0%s\1%s" % (name.encode(), properties[name].encode()))
+    return h.hexdigest()
+
 
 UNIQ_KEY = Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 #: The topic attribute that overrides ``dedup_window_s`` for one topic (seconds; 0: off).
 TOPIC_ATTRIBUTE = "dedup.window.seconds"
+#: The topic attribute that overrides ``dedup_key`` for one topic (``uniq_key`` or ``content``).
+KEY_ATTRIBUTE = "dedup.key"
+#: Properties a content key leaves out: the per-attempt UNIQ_KEY, and what the broker adds or
+#: changes on the way to the commit log (cluster, parking, a capped delay level).
+_CONTENT_SKIPPED = frozenset(
+    (
+        Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+        Prop.CLUSTER,
+        Prop.REAL_TOPIC,
+        Prop.REAL_QUEUE_ID,
+        Prop.DELAY_TIME_LEVEL,
+        "TIMER_OUT_MS",
+    )
+)
 #: Longer keys are not kept (the message is stored normally): RocketMQ's are 32 hex digits, a
 #: RocketMQ 5 ``message_id`` 34; 10 KiB keys must not let a client fill the window's bytes.
 MAX_KEY_LENGTH = 128
 #: Memory one key costs beyond its characters (its dict slot and str header), and one send
 #: (its :class:`Sent` and key list), as measured with tracemalloc (tests/test_dedup.py).
-PER_KEY_BYTES = 120
-PER_SEND_BYTES = 200
+PER_KEY_BYTES = 160
+PER_SEND_BYTES = 300
 #: Topics whose sends are never deduplicated: a consumer's retries are redeliveries on purpose
 #: (the fallback send-back of a 4.x client re-sends the same UNIQ_KEY on each attempt).
 _NOT_WINDOWED_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, "%DLQ%")
@@ -93,6 +129,7 @@ class Sent:
     __slots__ = (
         "deadline",
         "end",
+        "handle",
         "keys",
         "live",
         "msg_id",
@@ -120,6 +157,8 @@ class Sent:
         self.end = 0
         self.nbytes = 0
         self.live = True
+        #: A parked timer message's recall handle (its answer's ``recallHandle``), else None.
+        self.handle: str | None = None
 
     def answer(self, pos: int) -> tuple[str, int, int]:
         """Message ``pos``'s (message id, queue id, queue offset), once answered."""
@@ -140,6 +179,7 @@ class Sent:
             self.window.forget(self)
             return
         self.msg_id = send.msg_id
+        self.handle = send.recall_handle
         self.queue_id = send.queue_id
         self.queue_offset = send.queue_offset
         first = send.msgs[0]
@@ -179,6 +219,7 @@ class Sent:
         self.step = 1 if consumable else 0
         self.queue_offset = result.queue_offset + (index if consumable else 0)
         self.queue_id = send.queue_id
+        self.handle = send.recall_handle
         self.end = result.wrote_offset + result.wrote_bytes
         self.send = None
         return True
@@ -265,6 +306,7 @@ class Duplicate:
         send.msg_id = ids[0] if len(ids) == 1 else ",".join(ids)
         send.queue_id = queue_id
         send.queue_offset = queue_offset
+        send.recall_handle = self.refs[0][0].handle
 
 
 def _refuse(send: Send, remark: str) -> None:
@@ -284,6 +326,7 @@ class DuplicateWindow:
         max_entries: int,
         max_bytes: int,
         *,
+        content: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.window_s = float(window_s)
@@ -293,7 +336,9 @@ class DuplicateWindow:
         self._topics: dict[str, dict[str, Sent]] = {}
         self._order: collections.deque[Sent] = collections.deque()
         #: (topic config object, its window): the attribute is read once per config object.
-        self._topic_windows: dict[str, tuple[object, float]] = {}
+        self._topic_windows: dict[str, tuple[object, float, bool]] = {}
+        #: Resends keyed on content (``dedup_key = "content"``) rather than on UNIQ_KEY.
+        self.content = content
         #: Keys and (estimated) bytes held now.
         self.entries = 0
         self.nbytes = 0
@@ -314,24 +359,32 @@ class DuplicateWindow:
     def topic_window(self, topic: str, cfg: object) -> float:
         """Seconds ``topic``'s keys are kept: its ``dedup.window.seconds`` attribute, else
         ``dedup_window_s``; 0 for retry and dead-letter topics (redeliveries on purpose)."""
+        return self.topic_settings(topic, cfg)[0]
+
+    def topic_settings(self, topic: str, cfg: object) -> tuple[float, bool]:
+        """(seconds ``topic``'s keys are kept, whether its key is the content): its attributes
+        ``dedup.window.seconds`` and ``dedup.key``, else ``dedup_window_s`` and ``dedup_key``.
+        Read once per topic config object (a changed config is a new object)."""
         cached = self._topic_windows.get(topic)
         if cached is not None and cached[0] is cfg:
-            return cached[1]
+            return cached[1], cached[2]
         seconds = self.window_s
+        content = self.content
         if topic.startswith(_NOT_WINDOWED_PREFIXES):
             seconds = 0.0
         else:
             attributes = getattr(cfg, "attributes", None)
             if isinstance(attributes, Mapping):
-                value = attributes.get(TOPIC_ATTRIBUTE)
-                if value is None:
-                    value = attributes.get("+" + TOPIC_ATTRIBUTE)
+                value = _attribute(attributes, TOPIC_ATTRIBUTE)
                 if value is not None:
                     seconds = parse_window(value, self.window_s, topic)
+                kind = _attribute(attributes, KEY_ATTRIBUTE)
+                if kind is not None:
+                    content = parse_key_kind(kind, content, topic)
         if len(self._topic_windows) > 65536:
             self._topic_windows.clear()
-        self._topic_windows[topic] = (cfg, seconds)
-        return seconds
+        self._topic_windows[topic] = (cfg, seconds, content)
+        return seconds, content
 
     # ------------------------------------------------------------------ the API of a send path
     def check(self, topic: str, key: str) -> Sent | None:
@@ -360,6 +413,26 @@ class DuplicateWindow:
         sent = Sent(self, topic, keys, now + window_s, send)
         self._add(sent, n, now)
         return sent
+
+    @staticmethod
+    def same_body(sent: Sent, pos: int, body: bytes, store: MessageStore) -> bool:
+        """Whether ``body`` is the body of ``sent``'s message ``pos`` (pending: the send's own,
+        answered: the stored record's BODYCRC).  A key reused for another body is not a resend:
+        a Java client keeps a Message object's UNIQ_KEY, so one object sent twice with different
+        bodies would otherwise lose the second."""
+        send = sent.send
+        if send is not None:
+            msgs = send.msgs
+            return pos < len(msgs) and msgs[pos].body == body
+        msg_id = sent.answer(pos)[0]
+        try:
+            offset = decode_message_id(msg_id)[1]
+        except ValueError:
+            return False
+        head = store.look_message_by_offset(offset, 12)
+        if head is None or len(head) < 12:
+            return False
+        return int.from_bytes(head[8:12], "big") == body_crc(body)
 
     def count_dropped(self, topic: str, n: int) -> None:
         dropped = self.dropped
@@ -462,6 +535,7 @@ class DuplicateWindow:
         step: int,
         end: int,
         deadline: float,
+        handle: str | None = None,
     ) -> None:
         """Records read back from the commit log (one put's, consecutive): kept answered."""
         n = len(keys)
@@ -473,6 +547,7 @@ class DuplicateWindow:
         sent.queue_offset = queue_offset
         sent.step = step
         sent.end = end
+        sent.handle = handle
         table = self._topics.get(topic)
         if table is not None:
             # The first copy wins (a transaction's commit, a delivered timer: the same key again).
@@ -506,6 +581,22 @@ class DuplicateWindow:
             "dedupRebuildRecords": str(self.rebuilt_records),
             "dedupRebuildSeconds": f"{self.rebuild_seconds:.3f}",
         }
+
+
+def _attribute(attributes: Mapping[str, object], name: str) -> object | None:
+    value = attributes.get(name)
+    return attributes.get("+" + name) if value is None else value
+
+
+def parse_key_kind(value: object, default: bool, topic: str) -> bool:
+    """A ``dedup.key`` attribute's value (``uniq_key`` or ``content``) as "keyed on content"."""
+    kind = str(value).strip().lower()
+    if kind in ("uniq_key", "content"):
+        return kind == "content"
+    log.warning(
+        "topic %s: %s=%r is not uniq_key or content; keeping the default", topic, KEY_ATTRIBUTE, value
+    )
+    return default
 
 
 def parse_window(value: object, default: float, topic: str) -> float:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tidemq.broker.dedup import MAX_KEY_LENGTH, UNIQ_KEY, DuplicateWindow
+from tidemq.broker.dedup import MAX_KEY_LENGTH, UNIQ_KEY, DuplicateWindow, content_key
 from tidemq.broker.timer.properties import TIMER_TOPIC
 from tidemq.broker.transaction import HALF_TOPIC, OP_TOPIC
 from tidemq.delay import SCHEDULE_TOPIC
@@ -38,6 +38,7 @@ from tidemq.message import (
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
+    MessageInner,
     Prop,
     create_message_id,
     decode_message,
@@ -77,13 +78,15 @@ def tail_start(store: MessageStore, cut_ms: int) -> int:
 def rebuild_window(
     window: DuplicateWindow,
     store: MessageStore,
-    topic_window: Callable[[str], float],
+    topic_settings: Callable[[str], tuple[float, bool]],
     *,
     horizon_s: float | None = None,
     wall_ms: int | None = None,
+    recall_handle: Callable[[MessageInner], str | None] | None = None,
 ) -> None:
     """Empty ``window`` and fill it from the records of the last ``window.window_s`` seconds
-    (``topic_window(topic)``: a topic's own seconds, 0 for none)."""
+    (``topic_settings(topic)``: a topic's own seconds, 0 for none, and whether it is keyed on
+    content)."""
     started = time.perf_counter()
     window.clear()
     horizon = max(window.window_s if horizon_s is None else horizon_s, 0.0)
@@ -97,11 +100,12 @@ def rebuild_window(
     end = store.get_max_phy_offset()
     file_size = store.commit_log_file_size
     records = 0
-    windows: dict[str, float] = {}
+    windows: dict[str, tuple[float, bool]] = {}
     group: list = []  # one put's records: (key, msg id); flushed on any change
     g_topic = ""
     g_qid = g_qoff = g_ts = g_step = g_end = -1
     g_deadline = 0.0
+    g_handle: str | None = None
 
     def flush() -> None:
         if group:
@@ -114,6 +118,7 @@ def rebuild_window(
                 g_step,
                 g_end,
                 g_deadline,
+                g_handle,
             )
             group.clear()
 
@@ -135,12 +140,10 @@ def rebuild_window(
             except CorruptDataError:
                 pos += size
                 continue
+            at = pos
             pos += size
             records += 1
             props = ext.properties
-            key = props.get(UNIQ_KEY)
-            if not key or len(key) > MAX_KEY_LENGTH:
-                continue
             topic = ext.topic
             real = props.get(_REAL_TOPIC)
             if real is not None:
@@ -158,18 +161,30 @@ def rebuild_window(
             tx = ext.sys_flag & TRANSACTION_TYPE_MASK
             if tx == TRANSACTION_COMMIT_TYPE:
                 continue
-            seconds = windows.get(topic)
-            if seconds is None:
-                seconds = windows[topic] = topic_window(topic)
+            settings = windows.get(topic)
+            if settings is None:
+                settings = windows[topic] = topic_settings(topic)
+            seconds, content = settings
             if seconds <= 0:
                 continue
+            if content:
+                key = content_key(ext.flag, decode_message(view, at).body, props)
+            else:
+                key = props.get(UNIQ_KEY)
+                if not key or len(key) > MAX_KEY_LENGTH:
+                    continue
             deadline = now_mono - (now_wall - ext.store_timestamp) / 1000 + seconds
             if deadline <= now_mono:
                 continue
             step = 0 if tx in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE) else 1
             qoff = ext.queue_offset
+            handle = None
+            if recall_handle is not None and ext.topic == TIMER_TOPIC:
+                handle = recall_handle(MessageInner(TIMER_TOPIC, b"", properties=props))
             if not (
                 group
+                and handle is None
+                and g_handle is None
                 and topic == g_topic
                 and queue_id == g_qid
                 and ext.store_timestamp == g_ts
@@ -177,13 +192,14 @@ def rebuild_window(
                 and step == g_step
             ):
                 flush()
-                g_topic, g_qid, g_qoff, g_ts, g_step, g_deadline = (
+                g_topic, g_qid, g_qoff, g_ts, g_step, g_deadline, g_handle = (
                     topic,
                     queue_id,
                     qoff,
                     ext.store_timestamp,
                     step,
                     deadline,
+                    handle,
                 )
             group.append((key, create_message_id(ext.store_host, ext.commit_log_offset)))
             g_end = ext.commit_log_offset + ext.store_size
@@ -210,15 +226,17 @@ def attach_window(broker: BrokerContext, window: DuplicateWindow) -> None:
     """Build ``broker``'s window now (start: after the store recovered), and again whenever the
     controller's epoch changes (a slave promoted: before its first send is checked)."""
 
-    def topic_window(topic: str) -> float:
-        return window.topic_window(topic, broker.topics.get(topic))
+    def topic_settings(topic: str) -> tuple[float, bool]:
+        return window.topic_settings(topic, broker.topics.get(topic))
 
     def rebuild() -> None:
         # The longest window in force: a topic's attribute may be longer than dedup_window_s.
         horizon = window.window_s
         for name, cfg in broker.topics.all().items():
             horizon = max(horizon, window.topic_window(name, cfg))
-        rebuild_window(window, broker.store, topic_window, horizon_s=horizon)
+        rebuild_window(
+            window, broker.store, topic_settings, horizon_s=horizon, recall_handle=broker.timers.recall_handle
+        )
 
     role_aware = broker.role_aware
     window.rebuild = rebuild

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from tidemq.address import split_address
 from tidemq.broker.context import BrokerContext
-from tidemq.broker.dedup import MAX_KEY_LENGTH, UNIQ_KEY, Duplicate, Sent
+from tidemq.broker.dedup import MAX_KEY_LENGTH, UNIQ_KEY, Duplicate, Sent, content_key
 from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX, dlq_topic, retry_topic
 from tidemq.broker.services.put import GROUP_MAX_BYTES, PutGroup, Send, settle, settled, store_group
 from tidemq.broker.services.status import DONE, Outcome, Status
@@ -169,16 +169,19 @@ class SendService:
         props = string_to_properties(properties)
         # The duplicate window (issue 37): a resend of a message stored within it is answered so.
         window = b.dedup
-        key = props.get(UNIQ_KEY)
-        seconds = 0.0
-        if key and len(key) <= MAX_KEY_LENGTH:
-            seconds = window.topic_window(topic, cfg)
-            if seconds > 0:
+        seconds, content = window.topic_settings(topic, cfg)
+        if seconds > 0:
+            key = content_key(flag, body, props) if content else props.get(UNIQ_KEY)
+            if key and len(key) <= MAX_KEY_LENGTH:
                 first = window.check(topic, key)
                 if first is not None:
-                    window.count_dropped(topic, 1)
-                    dup = MessageInner(topic, body, queue_id, flag, props, sys_flag, born_timestamp)
-                    return self._duplicate(producer_group, [dup], False, [(first, first.keys.index(key))])
+                    pos = first.keys.index(key) if len(first.keys) > 1 else 0
+                    if content or window.same_body(first, pos, body, b.store):
+                        window.count_dropped(topic, 1)
+                        dup = MessageInner(topic, body, queue_id, flag, props, sys_flag, born_timestamp)
+                        return self._duplicate(producer_group, [dup], False, [(first, pos)])
+            else:
+                seconds = 0.0  # no usable key: stored as it is
         producer_topic = topic
         # As RocketMQ 4.6+: a stored message names its cluster (a request's responder replies to
         # <CLUSTER>_REPLY_TOPIC through it).
@@ -224,14 +227,6 @@ class SendService:
         """A send answered from the window: never put; settled from its first copies."""
         send = Send(producer_group, msgs, batch, None, msgs[0].queue_id, 0)
         send.dedup = Duplicate(refs)
-        timers = self.broker.timers
-        msg = msgs[0]
-        if not batch and TIMER_OUT_MS not in msg.properties:
-            try:  # a parked timer message's answer carries its recall handle, as the first one did
-                if timers.rewrite(msg):
-                    send.recall_handle = timers.recall_handle(msg)
-            except TimerRefused:
-                pass
         return send
 
     def _route_retry(
@@ -293,16 +288,27 @@ class SendService:
             return Outcome(Status.MESSAGE_ILLEGAL, "the batch holds no message")
         # The duplicate window (issue 37): each message on its own key, when every one has one.
         window = b.dedup
-        seconds = window.topic_window(topic, cfg)
+        seconds, content = window.topic_settings(topic, cfg)
         keys: list[str] | None = None
         if seconds > 0:
-            keys = [m.properties.get(UNIQ_KEY) or "" for m in msgs]  # type: ignore[misc]
+            if content:
+                keys = [content_key(m.flag, m.body, m.properties) for m in msgs]
+            else:
+                keys = [m.properties.get(UNIQ_KEY) or "" for m in msgs]
             if not all(0 < len(k) <= MAX_KEY_LENGTH for k in keys):
                 keys = None  # a message without a usable key: the batch is stored as it is
             elif len(set(keys)) != len(keys):
-                return Outcome(Status.MESSAGE_ILLEGAL, _repeated_key(keys))
+                if not content:
+                    return Outcome(Status.MESSAGE_ILLEGAL, _repeated_key(keys))
+                keys = None  # twice the same content in one batch: stored as it is
             else:
                 hits = [window.check(topic, k) for k in keys]
+                if not content:  # a key reused for another body is not a resend
+                    for i, h in enumerate(hits):
+                        if h is not None and not window.same_body(
+                            h, h.keys.index(keys[i]), msgs[i].body, b.store
+                        ):
+                            hits[i] = None
                 if any(h is not None for h in hits):
                     dropped = sum(h is not None for h in hits)
                     window.count_dropped(topic, dropped)
