@@ -44,10 +44,14 @@ def main(argv: list[str] | None = None) -> None:
                     print(json.dumps({"i": i, "error": str(exc)[:200], "attempt": attempt}), flush=True)
                     time.sleep(0.2)
                     continue
-                print(
-                    json.dumps({"i": i, "status": int(r.status), "msg_id": r.msg_id, "offset": r.offset}),
-                    flush=True,
-                )
+                ack = {
+                    "p": args.prefix,
+                    "i": i,
+                    "status": int(r.status),
+                    "msg_id": r.msg_id,
+                    "offset": r.offset,
+                }
+                print(json.dumps(ack), flush=True)
                 break
             else:
                 print(json.dumps({"i": i, "failed": True}), flush=True)
