@@ -29,6 +29,7 @@ import collections
 import hashlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
@@ -137,6 +138,7 @@ class Sent:
         "queue_id",
         "queue_offset",
         "send",
+        "shared",
         "step",
         "topic",
         "window",
@@ -150,13 +152,10 @@ class Sent:
         self.keys = keys
         self.deadline = deadline
         self.send = send
-        self.msg_id = ""
-        self.queue_id = 0
-        self.queue_offset = 0
-        self.step = 1
-        self.end = 0
-        self.nbytes = 0
+        self.msg_id = ""  # set once answered, with queue_id, queue_offset, step, end and handle
         self.live = True
+        #: Some key of it was taken over by a later send (its drop then checks key by key).
+        self.shared = False
         #: A parked timer message's recall handle (its answer's ``recallHandle``), else None.
         self.handle: str | None = None
 
@@ -402,16 +401,34 @@ class DuplicateWindow:
             return None
         return sent
 
-    def record(self, topic: str, keys: list[str], send: Send | None, window_s: float) -> Sent | None:
+    def check_many(self, topic: str, keys: list[str]) -> list[Sent | None] | None:
+        """:meth:`check` of each of ``keys`` (a batch), or None when no key is in the table at
+        all: the common case, found in one pass in C (then :meth:`record` may skip its own)."""
+        if self.epoch_source is not None:
+            self._follow_epoch()
+        table = self._topics.get(topic)
+        if table is None or table.keys().isdisjoint(keys):
+            return None
+        now = self._clock()
+        hits: list[Sent | None] = []
+        for key in keys:
+            sent = table.get(key)
+            hits.append(sent if sent is not None and sent.deadline > now else None)
+        return hits
+
+    def record(
+        self, topic: str, keys: list[str], send: Send | None, window_s: float, *, fresh: bool = False
+    ) -> Sent | None:
         """``send``'s messages, about to be stored, under ``keys`` (pending until
-        :meth:`Sent.stored`); None when the send is too large for the window."""
+        :meth:`Sent.stored`); None when the send is too large for the window.  ``fresh``: the
+        caller has just seen that no key is in the window (:meth:`check_many` said None)."""
         n = len(keys)
         if n > self.max_entries:
             self.evicted += 1
             return None
         now = self._clock()
         sent = Sent(self, topic, keys, now + window_s, send)
-        self._add(sent, n, now)
+        self._add(sent, n, now, fresh)
         return sent
 
     @staticmethod
@@ -439,23 +456,27 @@ class DuplicateWindow:
         dropped[topic] = dropped.get(topic, 0) + n
 
     # ------------------------------------------------------------------ bookkeeping
-    def _add(self, sent: Sent, n: int, now: float) -> None:
+    def _add(self, sent: Sent, n: int, now: float, fresh: bool = False) -> None:
         keys = sent.keys
-        sent.nbytes = nbytes = sum(map(len, keys)) + n * PER_KEY_BYTES + PER_SEND_BYTES
         table = self._topics.get(sent.topic)
         if table is None:
             table = self._topics[sent.topic] = {}
         if n == 1:
-            old = table.get(keys[0])
-            table[keys[0]] = sent
+            key = keys[0]
+            nbytes = len(key) + PER_KEY_BYTES + PER_SEND_BYTES
+            old = table.get(key)
+            table[key] = sent
             if old is not None:
-                self._unlink(old, keys[0])
+                self._unlink(old, key)
         else:
-            for key in keys:
-                old = table.get(key)
-                if old is not None:
-                    self._unlink(old, key)
+            nbytes = sum(map(len, keys)) + n * PER_KEY_BYTES + PER_SEND_BYTES
+            if not fresh and not table.keys().isdisjoint(keys):
+                for key in keys:
+                    old = table.get(key)
+                    if old is not None:
+                        self._unlink(old, key)
             table.update(dict.fromkeys(keys, sent))
+        sent.nbytes = nbytes
         self._order.append(sent)
         self.entries += n
         self.nbytes += nbytes
@@ -465,6 +486,7 @@ class DuplicateWindow:
 
     def _unlink(self, old: Sent, key: str) -> None:
         """``key`` of ``old`` is replaced (a key kept past its deadline, stored again)."""
+        old.shared = True
         self.entries -= 1
         self.nbytes -= len(key) + PER_KEY_BYTES
 
@@ -487,11 +509,17 @@ class DuplicateWindow:
         removed = 0
         removed_bytes = 0
         if table is not None:
-            for key in sent.keys:
-                if table.get(key) is sent:
-                    del table[key]
-                    removed += 1
-                    removed_bytes += len(key) + PER_KEY_BYTES
+            keys = sent.keys
+            if not sent.shared:  # every key is still this send's: removed in one pass in C
+                deque(map(table.__delitem__, keys), maxlen=0)
+                removed = len(keys)
+                removed_bytes = sum(map(len, keys)) + removed * PER_KEY_BYTES
+            else:
+                for key in keys:
+                    if table.get(key) is sent:
+                        del table[key]
+                        removed += 1
+                        removed_bytes += len(key) + PER_KEY_BYTES
             if not table:
                 del self._topics[sent.topic]
         self.entries -= removed

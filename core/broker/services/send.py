@@ -290,19 +290,20 @@ class SendService:
         window = b.dedup
         seconds, content = window.topic_settings(topic, cfg)
         keys: list[str] | None = None
+        hits: list[Sent | None] | None = None
         if seconds > 0:
             if content:
                 keys = [content_key(m.flag, m.body, m.properties) for m in msgs]
             else:
                 keys = [m.properties.get(UNIQ_KEY) or "" for m in msgs]
-            if not all(0 < len(k) <= MAX_KEY_LENGTH for k in keys):
+            lengths = list(map(len, keys))
+            if min(lengths) == 0 or max(lengths) > MAX_KEY_LENGTH:
                 keys = None  # a message without a usable key: the batch is stored as it is
             elif len(set(keys)) != len(keys):
                 if not content:
                     return Outcome(Status.MESSAGE_ILLEGAL, _repeated_key(keys))
                 keys = None  # twice the same content in one batch: stored as it is
-            else:
-                hits = [window.check(topic, k) for k in keys]
+            elif (hits := window.check_many(topic, keys)) is not None and any(h is not None for h in hits):
                 if not content:  # a key reused for another body is not a resend
                     for i, h in enumerate(hits):
                         if h is not None and not window.same_body(
@@ -327,7 +328,7 @@ class SendService:
             except TimerRefused as exc:
                 return Outcome(Status(exc.code), exc.remark)
             if keys is not None:
-                send.dedup = window.record(topic, keys, send, seconds)
+                send.dedup = window.record(topic, keys, send, seconds, fresh=hits is None)
         return send
 
     def prepare_reply(
