@@ -22,6 +22,7 @@ import pytest
 
 from tidemq.broker import Broker
 from tidemq.broker.dedup import PER_KEY_BYTES, PER_SEND_BYTES, DuplicateWindow
+from tidemq.broker.dedup_table import hashes_of
 from tidemq.config import NamesrvSettings, compose, parse_config
 from tidemq.message import (
     TRANSACTION_COMMIT_TYPE,
@@ -437,9 +438,65 @@ def test_the_byte_estimate_covers_what_the_window_holds() -> None:
         before = tracemalloc.get_traced_memory()[0]
         for i in range(0, 20_000, batch):
             keys = [uuid.uuid4().hex.upper() for _ in range(batch)]
-            sent = window.record("T", keys, None, 120)
+            sent = window.record("T", hashes_of(keys), None, 120)
             assert sent is not None
             sent.msg_id = ",".join(f"7F00000100002A9F{i + j:016X}" for j in range(batch))
         used = tracemalloc.get_traced_memory()[0] - before
         tracemalloc.stop()
         assert window.nbytes >= used, (batch, window.nbytes, used, PER_KEY_BYTES, PER_SEND_BYTES)
+
+
+# ---------------------------------------------------------------------------- the key table
+
+
+def test_the_compiled_key_table_agrees_with_its_python_reference() -> None:
+    """Random puts, gets and removals (backward-shift deletes, growth) on both tables."""
+    import random
+    from array import array
+
+    from tidemq.broker import dedup_table
+
+    if not dedup_table.COMPILED:
+        pytest.skip("the compiled key table is not built")
+    rng = random.Random(37)
+    compiled, reference = dedup_table.HashTable(), dedup_table._PyHashTable()
+    values = [object() for _ in range(40)]
+    hashes = [rng.randrange(-(2**63), 2**63) for _ in range(5000)] + [0, 1, -1]
+    for _ in range(100_000):
+        h, v, op = rng.choice(hashes), rng.choice(values), rng.random()
+        if op < 0.45:
+            assert compiled.put(h, v) is reference.put(h, v)
+        elif op < 0.6:
+            batch = array("q", rng.sample(hashes, 8))
+            assert compiled.put_many(batch, v) == reference.put_many(batch, v)
+        elif op < 0.8:
+            assert compiled.get(h) is reference.get(h)
+            batch = array("q", rng.sample(hashes, 4))
+            assert compiled.any_of(batch) == reference.any_of(batch)
+        else:
+            batch = array("q", [h, rng.choice(hashes)])
+            assert compiled.remove_many(batch, v) == reference.remove_many(batch, v)
+        assert len(compiled) == len(reference)
+    assert all(compiled.get(h) is reference.get(h) for h in hashes)
+
+
+def test_the_window_on_the_python_key_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the compiled table (no compiler at install) the window behaves the same."""
+    from tidemq.broker import dedup, dedup_table
+
+    monkeypatch.setattr(dedup, "HashTable", dedup_table._PyHashTable)
+    window = DuplicateWindow(120, 5, 1 << 30)
+    keys = [key() for _ in range(8)]
+    first = window.record("T", hashes_of(keys[:3]), None, 120)
+    assert first is not None and window.check("T", keys[1]) is first and first.position(keys[1]) == 1
+    assert window.check_many("T", hashes_of([key()])) is None
+    hits = window.check_many("T", hashes_of([keys[2], key()]))
+    assert hits is not None and hits[0] is first and hits[1] is None
+    for k in keys[3:]:
+        window.record("T", hashes_of([k]), None, 120)
+    assert window.entries == 5 and window.check("T", keys[0]) is None  # the oldest send evicted whole
+    assert window.check("T", keys[7]) is not None
+    last = window.check("T", keys[7])
+    assert last is not None
+    window.forget(last)
+    assert window.check("T", keys[7]) is None and window.entries == 4

@@ -29,11 +29,12 @@ import collections
 import hashlib
 import logging
 import time
-from collections import deque
+from array import array
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+from tidemq.broker.dedup_table import COMPILED, HashTable, hashes_of
 from tidemq.broker.headers import RETRY_GROUP_TOPIC_PREFIX
 from tidemq.futures import resolved
 from tidemq.message import (
@@ -97,10 +98,11 @@ _CONTENT_SKIPPED = frozenset(
 #: Longer keys are not kept (the message is stored normally): RocketMQ's are 32 hex digits, a
 #: RocketMQ 5 ``message_id`` 34; 10 KiB keys must not let a client fill the window's bytes.
 MAX_KEY_LENGTH = 128
-#: Memory one key costs beyond its characters (its dict slot and str header), and one send
-#: (its :class:`Sent` and key list), as measured with tracemalloc (tests/test_dedup.py).
-PER_KEY_BYTES = 160
-PER_SEND_BYTES = 300
+#: Memory one key costs (its table slot at the lowest load, its packed hash, its share of the
+#: answer's message ids; a key's characters are not kept), and one send (its :class:`Sent`, hash
+#: array and answer), as measured with tracemalloc (tests/test_dedup.py checks they are not low).
+PER_KEY_BYTES = 110 if COMPILED else 180
+PER_SEND_BYTES = 400
 #: Topics whose sends are never deduplicated: a consumer's retries are redeliveries on purpose
 #: (the fallback send-back of a 4.x client re-sends the same UNIQ_KEY on each attempt).
 _NOT_WINDOWED_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, "%DLQ%")
@@ -131,42 +133,45 @@ class Sent:
         "deadline",
         "end",
         "handle",
-        "keys",
+        "hashes",
         "live",
         "msg_id",
         "nbytes",
         "queue_id",
         "queue_offset",
         "send",
-        "shared",
         "step",
         "topic",
         "window",
     )
 
     def __init__(
-        self, window: DuplicateWindow, topic: str, keys: list[str], deadline: float, send: Send | None
+        self, window: DuplicateWindow, topic: str, hashes: array[int], deadline: float, send: Send | None
     ) -> None:
         self.window = window
         self.topic = topic
-        self.keys = keys
+        #: The keys' 64-bit hashes (:func:`~tidemq.broker.dedup_table.hashes_of`), in message order.
+        self.hashes = hashes
         self.deadline = deadline
         self.send = send
         self.msg_id = ""  # set once answered, with queue_id, queue_offset, step, end and handle
         self.live = True
-        #: Some key of it was taken over by a later send (its drop then checks key by key).
-        self.shared = False
         #: A parked timer message's recall handle (its answer's ``recallHandle``), else None.
         self.handle: str | None = None
 
     def answer(self, pos: int) -> tuple[str, int, int]:
         """Message ``pos``'s (message id, queue id, queue offset), once answered."""
         msg_id = self.msg_id
-        if len(self.keys) > 1:
+        if len(self.hashes) > 1:
             ids = msg_id.split(",")
             if pos < len(ids):
                 msg_id = ids[pos]
         return msg_id, self.queue_id, self.queue_offset + pos * self.step
+
+    def position(self, key: str) -> int:
+        """Where ``key`` is among this send's messages (0 for a single message)."""
+        hashes = self.hashes
+        return hashes.index(hash(key)) if len(hashes) > 1 else 0
 
     def stored(self, send: Send, result: PutResult | None) -> None:
         """The first send's outcome is known (``send``'s fields are set): keep its answer, or
@@ -332,7 +337,7 @@ class DuplicateWindow:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._clock = clock
-        self._topics: dict[str, dict[str, Sent]] = {}
+        self._topics: dict[str, HashTable] = {}
         self._order: collections.deque[Sent] = collections.deque()
         #: (topic config object, its window): the attribute is read once per config object.
         self._topic_windows: dict[str, tuple[object, float, bool]] = {}
@@ -391,44 +396,42 @@ class DuplicateWindow:
         its ``send`` is set), or None."""
         if self.epoch_source is not None:
             self._follow_epoch()
-        keys = self._topics.get(topic)
-        if keys is None:
+        table = self._topics.get(topic)
+        if table is None:
             return None
-        sent = keys.get(key)
-        if sent is None:
+        sent = table.get(hash(key))
+        if sent is None or sent.deadline <= self._clock():
             return None
-        if sent.deadline <= self._clock():
-            return None
-        return sent
+        return sent  # type: ignore[no-any-return]
 
-    def check_many(self, topic: str, keys: list[str]) -> list[Sent | None] | None:
-        """:meth:`check` of each of ``keys`` (a batch), or None when no key is in the table at
-        all: the common case, found in one pass in C (then :meth:`record` may skip its own)."""
+    def check_many(self, topic: str, hashes: array[int]) -> list[Sent | None] | None:
+        """:meth:`check` of each key of a batch, given as :func:`hashes_of` its keys, or None
+        when no key is in the table at all: the common case, found in one pass in C."""
         if self.epoch_source is not None:
             self._follow_epoch()
         table = self._topics.get(topic)
-        if table is None or table.keys().isdisjoint(keys):
+        if table is None:
+            return None
+        if not table.any_of(hashes):
             return None
         now = self._clock()
         hits: list[Sent | None] = []
-        for key in keys:
-            sent = table.get(key)
+        for h in hashes:
+            sent = table.get(h)
             hits.append(sent if sent is not None and sent.deadline > now else None)
         return hits
 
-    def record(
-        self, topic: str, keys: list[str], send: Send | None, window_s: float, *, fresh: bool = False
-    ) -> Sent | None:
-        """``send``'s messages, about to be stored, under ``keys`` (pending until
-        :meth:`Sent.stored`); None when the send is too large for the window.  ``fresh``: the
-        caller has just seen that no key is in the window (:meth:`check_many` said None)."""
-        n = len(keys)
+    def record(self, topic: str, hashes: array[int], send: Send | None, window_s: float) -> Sent | None:
+        """``send``'s messages, about to be stored, under their keys (``hashes``:
+        :func:`hashes_of` them), pending until :meth:`Sent.stored`; None when the send is too
+        large for the window."""
+        n = len(hashes)
         if n > self.max_entries:
             self.evicted += 1
             return None
         now = self._clock()
-        sent = Sent(self, topic, keys, now + window_s, send)
-        self._add(sent, n, now, fresh)
+        sent = Sent(self, topic, hashes, now + window_s, send)
+        self._add(sent, n, now)
         return sent
 
     @staticmethod
@@ -456,27 +459,21 @@ class DuplicateWindow:
         dropped[topic] = dropped.get(topic, 0) + n
 
     # ------------------------------------------------------------------ bookkeeping
-    def _add(self, sent: Sent, n: int, now: float, fresh: bool = False) -> None:
-        keys = sent.keys
+    def _add(self, sent: Sent, n: int, now: float) -> None:
         table = self._topics.get(sent.topic)
         if table is None:
-            table = self._topics[sent.topic] = {}
+            table = self._topics[sent.topic] = HashTable()
+        hashes = sent.hashes
         if n == 1:
-            key = keys[0]
-            nbytes = len(key) + PER_KEY_BYTES + PER_SEND_BYTES
-            old = table.get(key)
-            table[key] = sent
+            old = table.put(hashes[0], sent)
             if old is not None:
-                self._unlink(old, key)
+                self._unlink(old)
         else:
-            nbytes = sum(map(len, keys)) + n * PER_KEY_BYTES + PER_SEND_BYTES
-            if not fresh and not table.keys().isdisjoint(keys):
-                for key in keys:
-                    old = table.get(key)
-                    if old is not None:
-                        self._unlink(old, key)
-            table.update(dict.fromkeys(keys, sent))
-        sent.nbytes = nbytes
+            replaced = table.put_many(hashes, sent)
+            if replaced is not None:
+                for old in replaced:
+                    self._unlink(old)
+        sent.nbytes = nbytes = n * PER_KEY_BYTES + PER_SEND_BYTES
         self._order.append(sent)
         self.entries += n
         self.nbytes += nbytes
@@ -484,11 +481,10 @@ class DuplicateWindow:
         if order[0].deadline <= now or self.entries > self.max_entries or self.nbytes > self.max_bytes:
             self._trim(now)
 
-    def _unlink(self, old: Sent, key: str) -> None:
-        """``key`` of ``old`` is replaced (a key kept past its deadline, stored again)."""
-        old.shared = True
+    def _unlink(self, old: Sent) -> None:
+        """A key of ``old`` is taken over (a key kept past its deadline, stored again)."""
         self.entries -= 1
-        self.nbytes -= len(key) + PER_KEY_BYTES
+        self.nbytes -= PER_KEY_BYTES
 
     def _trim(self, now: float) -> None:
         """Drop sends past their deadline, then the oldest while over a bound."""
@@ -507,23 +503,12 @@ class DuplicateWindow:
         sent.live = False
         table = self._topics.get(sent.topic)
         removed = 0
-        removed_bytes = 0
         if table is not None:
-            keys = sent.keys
-            if not sent.shared:  # every key is still this send's: removed in one pass in C
-                deque(map(table.__delitem__, keys), maxlen=0)
-                removed = len(keys)
-                removed_bytes = sum(map(len, keys)) + removed * PER_KEY_BYTES
-            else:
-                for key in keys:
-                    if table.get(key) is sent:
-                        del table[key]
-                        removed += 1
-                        removed_bytes += len(key) + PER_KEY_BYTES
-            if not table:
+            removed = table.remove_many(sent.hashes, sent)  # the keys still its own, in one pass
+            if not len(table):
                 del self._topics[sent.topic]
         self.entries -= removed
-        self.nbytes -= removed_bytes + PER_SEND_BYTES
+        self.nbytes -= removed * PER_KEY_BYTES + PER_SEND_BYTES
 
     def forget(self, sent: Sent) -> None:
         """``sent`` was not stored: its keys leave the window now (its place in the order is
@@ -565,33 +550,27 @@ class DuplicateWindow:
         deadline: float,
         handle: str | None = None,
     ) -> None:
-        """Records read back from the commit log (one put's, consecutive): kept answered."""
+        """Records read back from the commit log (one put's, consecutive): kept answered.  The
+        first copy wins: a key already in the window (a transaction's commit, a delivered timer
+        message) keeps its first answer."""
         n = len(keys)
         if n > self.max_entries:
             return
-        sent = Sent(self, topic, keys, deadline, None)
+        hashes = hashes_of(keys)
+        table = self._topics.get(topic)
+        if table is not None and table.any_of(hashes):
+            for i, h in enumerate(hashes):
+                if table.get(h) is None:
+                    at = queue_offset + i * step
+                    self.add_stored(topic, [keys[i]], [msg_ids[i]], queue_id, at, step, end, deadline, handle)
+            return
+        sent = Sent(self, topic, hashes, deadline, None)
         sent.msg_id = msg_ids[0] if n == 1 else ",".join(msg_ids)
         sent.queue_id = queue_id
         sent.queue_offset = queue_offset
         sent.step = step
         sent.end = end
         sent.handle = handle
-        table = self._topics.get(topic)
-        if table is not None:
-            # The first copy wins (a transaction's commit, a delivered timer: the same key again).
-            fresh = [k for k in keys if k not in table]
-            if len(fresh) != n:
-                if not fresh:
-                    return
-                ids = msg_ids
-                keep = [i for i, k in enumerate(keys) if k not in table]
-                sent = Sent(self, topic, fresh, deadline, None)
-                sent.msg_id = ",".join(ids[i] for i in keep) if len(keep) > 1 else ids[keep[0]]
-                sent.queue_id = queue_id
-                sent.queue_offset = queue_offset + keep[0] * step
-                sent.step = step if keep == list(range(keep[0], keep[0] + len(keep))) else 0
-                sent.end = end
-                n = len(fresh)
         self._add(sent, n, self._clock())
 
     # ------------------------------------------------------------------ figures

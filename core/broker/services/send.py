@@ -31,6 +31,7 @@ from collections.abc import Callable
 from tidemq.address import split_address
 from tidemq.broker.context import BrokerContext
 from tidemq.broker.dedup import MAX_KEY_LENGTH, UNIQ_KEY, Duplicate, Sent, content_key
+from tidemq.broker.dedup_table import hashes_of
 from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX, dlq_topic, retry_topic
 from tidemq.broker.services.put import GROUP_MAX_BYTES, PutGroup, Send, settle, settled, store_group
 from tidemq.broker.services.status import DONE, Outcome, Status
@@ -175,7 +176,7 @@ class SendService:
             if key and len(key) <= MAX_KEY_LENGTH:
                 first = window.check(topic, key)
                 if first is not None:
-                    pos = first.keys.index(key) if len(first.keys) > 1 else 0
+                    pos = first.position(key)
                     if content or window.same_body(first, pos, body, b.store):
                         window.count_dropped(topic, 1)
                         dup = MessageInner(topic, body, queue_id, flag, props, sys_flag, born_timestamp)
@@ -218,7 +219,7 @@ class SendService:
             elif Prop.DELAY_TIME_LEVEL in props:  # what rewrite acts on
                 b.schedule.rewrite(msg)
             if seconds > 0:
-                send.dedup = window.record(producer_topic, [key], send, seconds)  # type: ignore[list-item]
+                send.dedup = window.record(producer_topic, hashes_of([key]), send, seconds)  # type: ignore[list-item]
         return send
 
     def _duplicate(
@@ -290,7 +291,7 @@ class SendService:
         window = b.dedup
         seconds, content = window.topic_settings(topic, cfg)
         keys: list[str] | None = None
-        hits: list[Sent | None] | None = None
+        hashes = None
         if seconds > 0:
             if content:
                 keys = [content_key(m.flag, m.body, m.properties) for m in msgs]
@@ -303,24 +304,25 @@ class SendService:
                 if not content:
                     return Outcome(Status.MESSAGE_ILLEGAL, _repeated_key(keys))
                 keys = None  # twice the same content in one batch: stored as it is
-            elif (hits := window.check_many(topic, keys)) is not None and any(h is not None for h in hits):
+            elif (hits := window.check_many(topic, hashes := hashes_of(keys))) is not None and any(
+                h is not None for h in hits
+            ):
                 if not content:  # a key reused for another body is not a resend
                     for i, h in enumerate(hits):
                         if h is not None and not window.same_body(
-                            h, h.keys.index(keys[i]), msgs[i].body, b.store
+                            h, h.position(keys[i]), msgs[i].body, b.store
                         ):
                             hits[i] = None
                 if any(h is not None for h in hits):
                     dropped = sum(h is not None for h in hits)
                     window.count_dropped(topic, dropped)
                     if dropped == len(keys):
-                        refs = [
-                            (h, h.keys.index(k)) for h, k in zip(hits, keys, strict=True) if h is not None
-                        ]
+                        refs = [(h, h.position(k)) for h, k in zip(hits, keys, strict=True) if h is not None]
                         return self._duplicate(producer_group, msgs, True, refs)
                     # Some were stored before: only the others are stored (and answered).
                     msgs = [m for m, h in zip(msgs, hits, strict=True) if h is None]
                     keys = [k for k, h in zip(keys, hits, strict=True) if h is None]
+                    hashes = hashes_of(keys)
         send = self._hooked(peer, producer_group, msgs, True, len(body))
         if type(send) is Send:
             try:  # a timer on any message parks the batch in rmq_sys_wheel_timer, each until its time
@@ -328,7 +330,9 @@ class SendService:
             except TimerRefused as exc:
                 return Outcome(Status(exc.code), exc.remark)
             if keys is not None:
-                send.dedup = window.record(topic, keys, send, seconds, fresh=hits is None)
+                send.dedup = window.record(
+                    topic, hashes if hashes is not None else hashes_of(keys), send, seconds
+                )
         return send
 
     def prepare_reply(
