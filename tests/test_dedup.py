@@ -427,6 +427,24 @@ def test_a_clean_restart_keeps_the_window(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_rebuild_reads_no_more_records_than_the_window_keeps(tmp_path: Path) -> None:
+    async def main() -> None:
+        data = tmp_path / "b"
+        keys = [key() for _ in range(6)]
+        async with broker_on(data) as (broker, client):
+            for i, k in enumerate(keys):
+                await send(client, broker, "Busy", f"m{i}".encode(), {UNIQ: k})
+                await asyncio.sleep(0.01)  # the tail is cut by store time, to the millisecond
+        async with broker_on(data, dedup_max_entries=2) as (broker, client):
+            assert broker.dedup.rebuilt_records <= 3 and broker.dedup.entries == 2
+            newest = await send(client, broker, "Busy", b"m5", {UNIQ: keys[5]})
+            assert newest.code == ResponseCode.SUCCESS and stored(broker, "Busy") == 6
+            oldest = await send(client, broker, "Busy", b"m0", {UNIQ: keys[0]})
+            assert oldest.code == ResponseCode.SUCCESS and stored(broker, "Busy") == 7
+
+    asyncio.run(main())
+
+
 # ---------------------------------------------------------------------------- memory
 
 

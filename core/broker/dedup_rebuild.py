@@ -60,18 +60,38 @@ _REAL_TOPIC = Prop.REAL_TOPIC
 _REAL_QID = Prop.REAL_QUEUE_ID
 
 
-def tail_start(store: MessageStore, cut_ms: int) -> int:
+def tail_start(
+    store: MessageStore, cut_ms: int, max_records: int | None = None, now_ms: int | None = None
+) -> int:
     """The commit-log offset of the oldest record stored at or after ``cut_ms`` (through the
-    consume queues); the log's end when there is none."""
-    start = store.get_max_phy_offset()
-    for topic, queue_ids in store.topics().items():
-        for queue_id in queue_ids:
-            offset = store.get_offset_by_time(topic, queue_id, cut_ms)
-            if offset >= store.get_max_offset_in_queue(topic, queue_id):
+    consume queues); the log's end when there is none.  With ``max_records``, the cut moves later
+    until the queues hold at most that many entries after it (the window keeps no more keys), so
+    a rebuild reads a bounded tail however busy the broker was."""
+    queues = [(t, q) for t, ids in store.topics().items() for q in ids]
+
+    def after(cut: int) -> tuple[int, int]:
+        start, count = store.get_max_phy_offset(), 0
+        for topic, queue_id in queues:
+            offset = store.get_offset_by_time(topic, queue_id, cut)
+            top = store.get_max_offset_in_queue(topic, queue_id)
+            if offset >= top:
                 continue
+            count += top - offset
             phys = store.get_commit_log_offset(topic, queue_id, offset)
             if 0 <= phys < start:
                 start = phys
+        return start, count
+
+    start, count = after(cut_ms)
+    if max_records is not None and count > max_records:
+        lo, hi = cut_ms, now_ms if now_ms is not None else int(time.time() * 1000)
+        while hi - lo > 1:  # the earliest cut (ms) that leaves at most max_records
+            mid = (lo + hi) // 2
+            if after(mid)[1] > max_records:
+                lo = mid
+            else:
+                hi = mid
+        start = after(hi)[0]
     return max(start, store.get_min_phy_offset())
 
 
@@ -96,7 +116,11 @@ def rebuild_window(
         return  # an in-memory store keeps nothing over a restart: nothing to rebuild
     now_wall = wall_ms if wall_ms is not None else int(time.time() * 1000)
     now_mono = time.monotonic()
-    offset = tail_start(store, now_wall - int(horizon * 1000)) if horizon > 0 else store.get_max_phy_offset()
+    offset = (
+        tail_start(store, now_wall - int(horizon * 1000), window.max_entries, now_wall)
+        if horizon > 0
+        else store.get_max_phy_offset()
+    )
     end = store.get_max_phy_offset()
     file_size = store.commit_log_file_size
     records = 0
