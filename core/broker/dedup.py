@@ -145,6 +145,15 @@ class Sent:
         "window",
     )
 
+    #: Set once answered (with ``msg_id``, ``handle``): the first message's queue and offset,
+    #: the offset step between messages (0: no consume-queue entry), the put's commit-log end.
+    queue_id: int
+    queue_offset: int
+    step: int
+    end: int
+    #: Bytes counted for it in the window's bound.
+    nbytes: int
+
     def __init__(
         self, window: DuplicateWindow, topic: str, hashes: array[int], deadline: float, send: Send | None
     ) -> None:
@@ -402,7 +411,7 @@ class DuplicateWindow:
         sent = table.get(hash(key))
         if sent is None or sent.deadline <= self._clock():
             return None
-        return sent  # type: ignore[no-any-return]
+        return sent
 
     def check_many(self, topic: str, hashes: array[int]) -> list[Sent | None] | None:
         """:meth:`check` of each key of a batch, given as :func:`hashes_of` its keys, or None

@@ -191,6 +191,7 @@ def rebuild_window(
             seconds, content = settings
             if seconds <= 0:
                 continue
+            key: str | None
             if content:
                 key = content_key(ext.flag, decode_message(view, at).body, props)
             else:
