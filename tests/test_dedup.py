@@ -496,6 +496,19 @@ def test_the_compiled_key_table_agrees_with_its_python_reference() -> None:
             assert compiled.remove_many(batch, v) == reference.remove_many(batch, v)
         assert len(compiled) == len(reference)
     assert all(compiled.get(h) is reference.get(h) for h in hashes)
+    # The batch key reader: the same keys, hashes, repeats and refusals.
+    from tidemq.broker._dedup_table import batch_keys
+    from tidemq.message import MessageInner
+
+    for _ in range(300):
+        msgs = []
+        for _ in range(rng.randrange(1, 12)):
+            props = {"TAGS": "t"}
+            kind = rng.random()
+            if kind < 0.9:
+                props[UNIQ] = rng.choice(["", "A" * 129, "A" * 128, *(f"K{i}" for i in range(20))])
+            msgs.append(MessageInner("T", b"", properties=props))
+        assert batch_keys(msgs, UNIQ, 128) == dedup_table._py_batch_keys(msgs, UNIQ, 128)
 
 
 def test_the_window_on_the_python_key_table(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
-__all__ = ["COMPILED", "HashTable", "hashes_of"]
+__all__ = ["COMPILED", "HashTable", "batch_keys", "hashes_of"]
 
 
 class _PyHashTable:
@@ -71,16 +71,38 @@ class _PyHashTable:
         return removed
 
 
-try:
-    from tidemq.broker._dedup_table import HashTable as _CHashTable
-except ImportError:  # not built: the Python reference
-    HashTable: Any = _PyHashTable
-    COMPILED = False
-else:
-    HashTable = _CHashTable
-    COMPILED = True
-
-
 def hashes_of(keys: list[str]) -> array[int]:
     """The keys' 64-bit hashes, packed (what a :class:`~tidemq.broker.dedup.Sent` keeps)."""
     return array("q", map(hash, keys))
+
+
+def _py_batch_keys(msgs: list[Any], name: str, max_length: int) -> tuple[list[str], array[int], int] | None:
+    """The batch's keys (property ``name`` of each message), their hashes and the index of the
+    first message repeating an earlier key (-1: none); None when a message has no usable key
+    (absent, empty, longer than ``max_length``)."""
+    keys = [m.properties.get(name) for m in msgs]
+    for key in keys:
+        if type(key) is not str or not 0 < len(key) <= max_length:
+            return None
+    repeated = -1
+    if len(set(keys)) != len(keys):
+        seen: set[str] = set()
+        for i, key in enumerate(keys):
+            if key in seen:
+                repeated = i
+                break
+            seen.add(key)
+    return keys, hashes_of(keys), repeated  # type: ignore[arg-type]
+
+
+try:
+    from tidemq.broker._dedup_table import HashTable as _CHashTable
+    from tidemq.broker._dedup_table import batch_keys as _c_batch_keys
+except ImportError:  # not built: the Python reference
+    HashTable: Any = _PyHashTable
+    batch_keys = _py_batch_keys
+    COMPILED = False
+else:
+    HashTable = _CHashTable
+    batch_keys = _c_batch_keys
+    COMPILED = True

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from tidemq.address import split_address
 from tidemq.broker.context import BrokerContext
 from tidemq.broker.dedup import MAX_KEY_LENGTH, UNIQ_KEY, Duplicate, Sent, content_key
-from tidemq.broker.dedup_table import hashes_of
+from tidemq.broker.dedup_table import batch_keys, hashes_of
 from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX, dlq_topic, retry_topic
 from tidemq.broker.services.put import GROUP_MAX_BYTES, PutGroup, Send, settle, settled, store_group
 from tidemq.broker.services.status import DONE, Outcome, Status
@@ -295,17 +295,21 @@ class SendService:
         if seconds > 0:
             if content:
                 keys = [content_key(m.flag, m.body, m.properties) for m in msgs]
-            else:
-                keys = [m.properties.get(UNIQ_KEY) or "" for m in msgs]
-            lengths = list(map(len, keys))
-            if min(lengths) == 0 or max(lengths) > MAX_KEY_LENGTH:
-                keys = None  # a message without a usable key: the batch is stored as it is
-            elif len(set(keys)) != len(keys):
-                if not content:
-                    return Outcome(Status.MESSAGE_ILLEGAL, _repeated_key(keys))
-                keys = None  # twice the same content in one batch: stored as it is
-            elif (hits := window.check_many(topic, hashes := hashes_of(keys))) is not None and any(
-                h is not None for h in hits
+                if len(set(keys)) != len(keys):
+                    keys = None  # twice the same content in one batch: stored as it is
+                else:
+                    hashes = hashes_of(keys)
+            else:  # keys, their hashes and any repeat, in one pass (compiled when built)
+                found = batch_keys(msgs, UNIQ_KEY, MAX_KEY_LENGTH)
+                if found is not None:  # else a message without a usable key: stored as it is
+                    keys, hashes, repeated = found
+                    if repeated >= 0:
+                        return Outcome(Status.MESSAGE_ILLEGAL, _repeated_key(keys))
+            if (
+                keys is not None
+                and hashes is not None
+                and (hits := window.check_many(topic, hashes)) is not None
+                and any(h is not None for h in hits)
             ):
                 if not content:  # a key reused for another body is not a resend
                     for i, h in enumerate(hits):
