@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
     from tidemq.acl import AccessValidator
     from tidemq.broker.clients import ClientChannel, ConsumerGroupInfo, SubscriptionData
-    from tidemq.broker.dedup import DuplicateWindow
     from tidemq.broker.stats import Counter, StatsSnapshot
     from tidemq.broker.subscriptions import SubscriptionGroupConfig
     from tidemq.config import BrokerSettings, Config
@@ -52,6 +51,7 @@ __all__ = [
     "BrokerStatsService",
     "BrokerFiguresView",
     "DedupFigures",
+    "DuplicateWindowService",
     "ConsumerOffsetTable",
     "ConsumerRegistry",
     "FilterServerTable",
@@ -494,6 +494,34 @@ class DedupFigures(Protocol):
         """GET_BROKER_RUNTIME_INFO's ``dedup*`` keys."""
 
 
+class DuplicateWindowService(DedupFigures, Protocol):
+    """The duplicate window as a send path asks it (issue 37; :mod:`tidemq.broker.dedup`).
+
+    Implemented by :class:`tidemq.broker.dedup.DuplicateWindow`, whose docstrings say more; a
+    ``Sent`` is what stored a key (answered, or pending while its ``send`` is set), ``hashes``
+    the packed 64-bit hashes of a batch's keys (``tidemq.broker.dedup_table.hashes_of``).
+    Called on the broker's loop, synchronously, one call per send or per batch.
+    """
+
+    def topic_settings(self, topic: str, cfg: object) -> tuple[float, bool]:
+        """(seconds a topic's keys are kept, 0: none; whether its key is the content)."""
+
+    def check(self, topic: str, key: str) -> Any:
+        """The ``Sent`` that stored ``key`` within the window, or None."""
+
+    def check_many(self, topic: str, hashes: Any) -> list[Any] | None:
+        """Per key its ``Sent`` or None; None when no key is in the window at all."""
+
+    def record(self, topic: str, hashes: Any, send: Any, window_s: float) -> Any:
+        """The send about to be stored under its keys: its ``Sent`` (None: too large to keep)."""
+
+    def same_body(self, sent: Any, pos: int, body: bytes, store: MessageStore) -> bool:
+        """Whether ``body`` is the body of ``sent``'s message ``pos`` (a resend, not a reused key)."""
+
+    def count_dropped(self, topic: str, n: int) -> None:
+        """``n`` messages of ``topic`` were answered from the window instead of being stored."""
+
+
 class BrokerFiguresView(Protocol):
     """What a metrics exporter reads of a broker, and nothing it could change.
 
@@ -641,7 +669,7 @@ class BrokerContext(Protocol):
         """Timer messages (RocketMQ 5); its requests: :mod:`tidemq.broker.services.timer`."""
 
     @property
-    def dedup(self) -> DuplicateWindow:
+    def dedup(self) -> DuplicateWindowService:
         """The duplicate window on UNIQ_KEY (issue 37): asked by the send path, rebuilt at start."""
 
     @property

@@ -92,7 +92,7 @@ def _py_batch_keys(msgs: list[Any], name: str, max_length: int) -> tuple[list[st
                 repeated = i
                 break
             seen.add(key)
-    return keys, hashes_of(keys), repeated  # type: ignore[arg-type]
+    return keys, hashes_of(keys), repeated
 
 
 try:
