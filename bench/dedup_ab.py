@@ -136,6 +136,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "us_per_message_off": round(statistics.median(r["us_per_message"] for r in off), 3),
                 "on_over_off_msgs_per_cpu_s": [round(x, 3) for x in ratios],
                 "median_on_over_off_msgs_per_cpu_s": round(statistics.median(ratios), 3),
+                "runs_us_per_message_on": [round(r["us_per_message"], 3) for r in on],
+                "runs_us_per_message_off": [round(r["us_per_message"], 3) for r in off],
+                # the least disturbed run of each: what a quiet machine would show
+                "min_on_over_off_msgs_per_cpu_s": round(
+                    min(r["us_per_message"] for r in off) / min(r["us_per_message"] for r in on), 3
+                ),
                 "responses": codes,
             }
         )
