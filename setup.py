@@ -109,7 +109,9 @@ def native_extensions() -> list[Extension]:
         _warn(f"Cython is not installed, so the compiled codec is not built; {_FALLBACK}")
         return []
     # Generated C goes under build/ (ignored); a .pyx newer than its .c is translated again.
-    extensions = cythonize([*codec, index, spark, dedup], build_dir="build/cython", quiet=True, language_level=3)
+    extensions = cythonize(
+        [*codec, index, spark, dedup], build_dir="build/cython", quiet=True, language_level=3
+    )
     for built in extensions:  # cythonize's copies do not keep the flag
         built.optional = True
     return extensions
