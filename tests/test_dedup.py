@@ -161,6 +161,17 @@ def test_a_resend_is_answered_as_the_first_send_and_stored_once(tmp_path: Path) 
             info = await runtime(client, broker)
             assert info["dedupDropped"] == "1" and info["dedupDroppedByTopic"] == "Orders:1"
             assert info["dedupEntries"] == "3"
+            # The same figures as Prometheus families (the exporter reads the broker's view).
+            from tidemq_metrics_prometheus.dedup_metrics import dedup_families
+
+            families = {f.name: f for f in dedup_families(broker.figures)}
+            (dropped,) = families["tidemq_dedup_dropped"].samples
+            assert (dropped.name, dropped.labels, dropped.value) == (
+                "tidemq_dedup_dropped_total",
+                {"topic": "Orders"},
+                1,
+            )
+            assert families["tidemq_dedup_entries"].samples[0].value == 3
 
     asyncio.run(main())
 
