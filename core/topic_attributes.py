@@ -1,4 +1,5 @@
-"""Topic attributes as RocketMQ 5 has them, and the one tidemq knows: ``message.type``.
+"""Topic attributes as RocketMQ 5 has them, and the ones tidemq knows: ``message.type`` and the
+duplicate window's ``dedup.window.seconds`` and ``dedup.key`` (docs/dedup.md).
 
 A topic's attributes are a string map in its config (``TopicConfig.attributes``, persisted in
 ``topics.json``).  Operators change them with UPDATE_AND_CREATE_TOPIC's ``attributes`` field
@@ -21,6 +22,8 @@ from collections.abc import Mapping
 from tidemq.errors import TidemqError
 
 __all__ = [
+    "DEDUP_KEY",
+    "DEDUP_WINDOW",
     "MESSAGE_TYPE",
     "TopicAttributeError",
     "TopicMessageType",
@@ -52,10 +55,41 @@ class TopicMessageType(enum.StrEnum):
     MIXED = "MIXED"
 
 
+#: The duplicate window's attributes (tidemq's own; docs/dedup.md): seconds a topic's keys are
+#: kept (0 turns the window off for the topic), and what the key is (``uniq_key`` or ``content``).
+DEDUP_WINDOW = "dedup.window.seconds"
+DEDUP_KEY = "dedup.key"
+#: The longest window an attribute may ask for (a day, as ``[broker] dedup_window_s``).
+_DEDUP_WINDOW_MAX = 86_400
+
 #: The attributes a topic may carry: name -> (values allowed, changeable after creation).
 _KNOWN: dict[str, tuple[frozenset[str], bool]] = {
     MESSAGE_TYPE: (frozenset(TopicMessageType), True),
+    DEDUP_KEY: (frozenset({"uniq_key", "content"}), True),
 }
+#: Attributes whose value is a whole number in a range: name -> (lowest, highest, changeable).
+_RANGES: dict[str, tuple[int, int, bool]] = {DEDUP_WINDOW: (0, _DEDUP_WINDOW_MAX, True)}
+
+
+def _rule(name: str) -> tuple[frozenset[str] | tuple[int, int], bool] | None:
+    """What ``name``'s values may be, and whether it may change after creation; None: unknown."""
+    known = _KNOWN.get(name)
+    if known is not None:
+        return known
+    ranged = _RANGES.get(name)
+    return None if ranged is None else ((ranged[0], ranged[1]), ranged[2])
+
+
+def _allowed(allowed: frozenset[str] | tuple[int, int], value: str) -> bool:
+    if isinstance(allowed, frozenset):
+        return value in allowed
+    return value.isdigit() and allowed[0] <= int(value) <= allowed[1]
+
+
+def _described(allowed: frozenset[str] | tuple[int, int]) -> str:
+    if isinstance(allowed, frozenset):
+        return f"value is not in set: {sorted(allowed)}"
+    return f"value is not an integer in [{allowed[0]}, {allowed[1]}]"
 
 
 class TopicAttributeError(TidemqError, ValueError):
@@ -98,15 +132,15 @@ def alter_attributes(
         if name in seen:
             raise TopicAttributeError(f"alter duplication key. key: {name}")
         seen.add(name)
-        known = _KNOWN.get(name)
+        known = _rule(name)
         if known is None:
             raise TopicAttributeError(f"unsupported key: {name}")
         allowed, changeable = known
         if key.startswith("+"):
             if not create and name in current and not changeable:
                 raise TopicAttributeError(f"attempt to update an unchangeable attribute. key: {name}")
-            if value not in allowed:
-                raise TopicAttributeError(f"value is not in set: {sorted(allowed)}")
+            if not _allowed(allowed, value):
+                raise TopicAttributeError(_described(allowed))
             final[name] = value
         elif create:
             raise TopicAttributeError(f"only add attribute is supported while creating topic. key: {name}")

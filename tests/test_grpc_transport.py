@@ -138,7 +138,11 @@ def test_send_stores_the_message_with_the_clients_id_tag_keys_and_group(
             assert response.status.code == pb.OK, response.status
             (entry,) = response.entries
             assert entry.message_id == "01ABCDEF0123456789ABCDEF0123456789"
-            again = await send(pb.SendMessageRequest(messages=[message]), metadata=META)
+            # Another message of the group (a new id: the same id again is a resend, issue 37).
+            second = pb.Message()
+            second.CopyFrom(message)
+            second.system_properties.message_id = "01ABCDEF0123456789ABCDEF012345678A"
+            again = await send(pb.SendMessageRequest(messages=[second]), metadata=META)
             assert again.entries[0].offset == entry.offset + 1  # one group, one queue
             stored = []
             for qid in range(broker.topics.get("SendTopic").write_queue_nums):
@@ -171,6 +175,7 @@ def test_send_stores_the_message_with_the_clients_id_tag_keys_and_group(
             assert waiting.properties["TIMER_DELIVER_MS"] == str(due_ms)
             assert waiting.properties["REAL_TOPIC"] == "SendTopic"
             timed.system_properties.delivery_timestamp.FromMilliseconds(2_000_000_000_000)
+            timed.system_properties.message_id = "01ABCDEF0123456789ABCDEF0123456791"  # not a resend
             too_late = await send(pb.SendMessageRequest(messages=[timed]), metadata=META)
             assert too_late.status.code == pb.BAD_REQUEST, too_late.status
             assert "timerMaxDelaySec" in too_late.status.message

@@ -148,6 +148,7 @@ class AdminProcessor:
         for endpoint, figures in b.endpoint_figures.items():  # the gRPC endpoint's counters
             for figure, value in figures().items():
                 table[endpoint + "".join(w.capitalize() for w in figure.split("_"))] = str(value)
+        table.update(b.dedup.figures())  # the duplicate window (issue 37)
         # HA (issue 7): replication plugins may add their state (role, slave lag in bytes).
         if isinstance(b.replication, MasterAware):
             table.update(b.replication.runtime_info())
