@@ -101,13 +101,17 @@ def native_extensions() -> list[Extension]:
     index = Extension("tidemq_index_hash._native", ["plugins/index_hash/_native.pyx"], optional=True)
     # The Spark sources' column builder (tidemq_spark.schema falls back to its Python reference).
     spark = Extension("tidemq_spark._columns", ["plugins/spark/_columns.pyx"], optional=True)
+    # The duplicate window's key table (tidemq.broker.dedup_table falls back to its Python reference).
+    dedup = Extension("tidemq.broker._dedup_table", ["core/broker/_dedup_table.pyx"], optional=True)
     try:
         from Cython.Build import cythonize
     except ImportError:
         _warn(f"Cython is not installed, so the compiled codec is not built; {_FALLBACK}")
         return []
     # Generated C goes under build/ (ignored); a .pyx newer than its .c is translated again.
-    extensions = cythonize([*codec, index, spark], build_dir="build/cython", quiet=True, language_level=3)
+    extensions = cythonize(
+        [*codec, index, spark, dedup], build_dir="build/cython", quiet=True, language_level=3
+    )
     for built in extensions:  # cythonize's copies do not keep the flag
         built.optional = True
     return extensions

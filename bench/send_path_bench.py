@@ -91,6 +91,8 @@ def build_frames(batch: int, count: int, body_size: int, first_opaque: int) -> l
     """``count`` send requests as the official client encodes them (V2 header, round-robin queues)."""
     body = b"x" * body_size
     now = str(int(time.time() * 1000))
+    # Keys never sent before: a broker's duplicate window (issue 37) answers a repeated key unstored.
+    salt = f"{time.monotonic_ns() & 0xFFFFFFFFFF:010X}"
     frames = []
     for s in range(count):
         fields = {
@@ -109,12 +111,12 @@ def build_frames(batch: int, count: int, body_size: int, first_opaque: int) -> l
         if batch > 1:
             fields["i"] = "WAIT\x01true\x02"
             items = [
-                BatchItem(body, 0, {Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: f"{s:020X}{i:04X}"})
+                BatchItem(body, 0, {Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: f"{salt}{s:010X}{i:04X}"})
                 for i in range(batch)
             ]
             payload, code = encode_batch(items), RequestCode.SEND_BATCH_MESSAGE
         else:
-            fields["i"] = f"WAIT\x01true\x02UNIQ_KEY\x01{s:032X}\x02"
+            fields["i"] = f"WAIT\x01true\x02UNIQ_KEY\x01{salt}{s:022X}\x02"
             payload, code = body, RequestCode.SEND_MESSAGE_V2
         frames.append(
             encode_bytes(RemotingCommand(code, opaque=first_opaque + s, ext_fields=fields, body=payload))

@@ -22,6 +22,8 @@ exporter plugin reads).  ``tidemq.broker.services`` is the broker's operations f
 plugin (send, pull, offsets, clients, transactions: plain values in, a typed outcome out, the
 services the remoting processors call), with ``tidemq.broker.services.transactions`` for the
 transaction check's seam (a producer connection that takes a check as a value).
+``tidemq.topic_attributes`` is RocketMQ 5's topic attributes (``message.type``: which messages a
+topic takes, and the check a transport makes of a message's type).
 Anything else a plugin imports is an internal it should not rely on: ``tests/test_public_api.py``
 keeps the built-in plugins to this surface and lists the exceptions, each with its reason.
 """
@@ -103,6 +105,9 @@ __all__ = [
     "QueueSelector",
     "AccessValidator",  # acl
     "AllowAll",
+    "CallValidator",
+    "NotAuthenticated",
+    "SignedCall",
     "MetricsExporter",  # metrics
     "BrokerContext",  # the broker as processors and plugins see it (tidemq.context)
     "BrokerFiguresView",
@@ -147,7 +152,14 @@ __all__ = [
 
 #: Where each name above (but the first three) is defined: imported on first use by __getattr__.
 _SOURCES: dict[str, tuple[str, ...]] = {
-    "tidemq.acl": ("AccessDenied", "AccessValidator", "AllowAll"),
+    "tidemq.acl": (
+        "AccessDenied",
+        "AccessValidator",
+        "AllowAll",
+        "CallValidator",
+        "NotAuthenticated",
+        "SignedCall",
+    ),
     "tidemq.config": ("number", "parse_address", "parse_options"),
     "tidemq.context": (
         "BrokerContext",
@@ -245,7 +257,14 @@ _SOURCES: dict[str, tuple[str, ...]] = {
 _LAZY = {name: module for module, names in _SOURCES.items() for name in names}
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors
-    from tidemq.acl import AccessDenied, AccessValidator, AllowAll
+    from tidemq.acl import (
+        AccessDenied,
+        AccessValidator,
+        AllowAll,
+        CallValidator,
+        NotAuthenticated,
+        SignedCall,
+    )
     from tidemq.config import number, parse_address, parse_options
     from tidemq.context import (
         BrokerContext,

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import errno
 import gc
+import importlib.util
 import logging
 import os
 import signal
+import socket
 import sys
 import tomllib
 from collections.abc import Callable, Coroutine
@@ -24,6 +26,7 @@ import attrs
 import click
 
 from tidemq import __version__, _native, logs
+from tidemq.address import split_address
 from tidemq.config import DEFAULT_HOME, Config, check_broker, load_config, parse_address
 from tidemq.datadir import files_umask, make_private
 from tidemq.errors import TidemqError
@@ -90,6 +93,9 @@ async def serve_until_signalled(services: list[tuple[str, Any]]) -> None:
             metrics_url = getattr(service, "metrics_url", "")
             if metrics_url:
                 click.echo(f"tidemq {what} metrics on {metrics_url}")
+            # Endpoints its plugins serve (a broker's gRPC), after the line scripts wait for.
+            for name, address in getattr(service, "endpoints", {}).items():
+                click.echo(f"tidemq {name} listening on {address}")
         sys.stdout.flush()
         tune_gc()
         await stop.wait()
@@ -201,6 +207,45 @@ def _standalone_metrics(cfg: Config) -> Config:
     table = options.setdefault("metrics", {})
     table["prometheus"] = {**STANDALONE_METRICS, **table.get("prometheus", {})}
     return attrs.evolve(cfg, plugins={**cfg.plugins, "metrics": "prometheus"}, options=options)
+
+
+#: ``tidemq standalone``'s gRPC endpoint (RocketMQ 5 clients) when its config has no
+#: ``[transport.grpc]`` table: the RocketMQ proxy's default address.
+STANDALONE_GRPC = "127.0.0.1:8081"
+
+
+def _standalone_grpc(cfg: Config, listen: str | None, off: bool) -> tuple[Config, str]:
+    """Serve gRPC unless ``--no-grpc`` or the config chose; ``(config, why it is not served)``.
+
+    ``--grpc-listen`` or a ``[transport.grpc]`` table is a request: a busy port then fails the
+    start.  The default address is an offer: without grpcio, or with 8081 taken, the broker
+    starts without it and the returned line says why."""
+    options = {role: dict(tables) for role, tables in cfg.options.items()}
+    transports = options.setdefault("transport", {})
+    if off:
+        transports.pop("grpc", None)
+        return attrs.evolve(cfg, options=options), ""
+    table = dict(transports.get("grpc") or {})
+    if listen is not None:
+        table["listen"] = _listen_flag(listen, "--grpc-listen")
+    elif "grpc" not in transports:  # the default: only if it can be served
+        if importlib.util.find_spec("grpc") is None:
+            return cfg, "grpcio is not installed (pip install 'tidemq[grpc]'; --no-grpc hides this line)"
+        probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc binds
+            probe.bind(split_address(STANDALONE_GRPC))
+        except OSError as exc:
+            return cfg, (
+                f"{STANDALONE_GRPC} is taken ({exc.strerror}); --grpc-listen HOST:PORT picks another "
+                "address, --no-grpc turns it off"
+            )
+        finally:
+            probe.close()
+        table["listen"] = STANDALONE_GRPC
+        table["required"] = False  # taken between the probe and the bind: a warning, not a failed start
+    transports["grpc"] = table
+    return attrs.evolve(cfg, options=options), ""
 
 
 def _make_broker(cfg: Config) -> Any:
@@ -475,8 +520,23 @@ def broker(
 )
 @click.option("--namesrv-listen", default="127.0.0.1:9876", show_default=True)
 @click.option("--broker-listen", default="127.0.0.1:10911", show_default=True)
-def standalone(config_path: str | None, data_dir: str, namesrv_listen: str, broker_listen: str) -> None:
-    """Run a NameServer and a broker in one process with the default plugins."""
+@click.option(
+    "--grpc-listen",
+    default=None,
+    help=f"HOST:PORT of the gRPC endpoint for RocketMQ 5 clients [default: {STANDALONE_GRPC}, "
+    "skipped with a line saying why when it is taken or grpcio is missing].",
+)
+@click.option("--no-grpc", is_flag=True, help="Serve no gRPC endpoint (RocketMQ 5 clients).")
+def standalone(
+    config_path: str | None,
+    data_dir: str,
+    namesrv_listen: str,
+    broker_listen: str,
+    grpc_listen: str | None,
+    no_grpc: bool,
+) -> None:
+    """Run a NameServer and a broker in one process with the default plugins, and the gRPC
+    endpoint RocketMQ 5 clients use."""
 
     async def main() -> None:
         cfg = load_config(config_path)
@@ -488,6 +548,9 @@ def standalone(config_path: str | None, data_dir: str, namesrv_listen: str, brok
         make_private(Path(data_dir).expanduser(), cfg.broker.data_dir_mode)
         _default_log_file(Path(data_dir), "standalone.log")
         cfg = _standalone_metrics(cfg)
+        cfg, no_grpc_reason = _standalone_grpc(cfg, grpc_listen, no_grpc)
+        if no_grpc_reason:
+            click.echo(f"tidemq grpc not serving: {no_grpc_reason}")
         # One metrics endpoint for the process: the broker's, with the NameServer's figures in it.
         ns = _make_namesrv(cfg, with_metrics=False)
         # The broker registers with the NameServer it runs beside, wherever that really listens.

@@ -288,6 +288,11 @@ class BrokerSettings:
     timer_precision_ms: int = number(1000, ge=10, le=60_000)
     timer_flush_interval_ms: int = number(1000, ge=10, le=3_600_000)
     timer_roll_window_slots: int = number(2 * 86_400, ge=0, le=1 << 25)
+    # The duplicate window on UNIQ_KEY (issue 37; tidemq.broker.dedup): a resend is answered, not stored.
+    dedup_window_s: float = number(120.0, ge=0, le=DAY_S)
+    dedup_key: str = attrs.field(default="uniq_key", metadata=_choice("uniq_key", "content"))
+    dedup_max_entries: int = number(500_000, ge=1, le=1 << 30)
+    dedup_max_bytes: int = number(128 * 1024 * 1024, ge=4096, le=1 << 40)
 
     @property
     def host(self) -> str:

@@ -32,7 +32,7 @@ start with one line naming the key.
   over this file). The ACL file
   named by `[acl.plain] file` is re-read when it changes, without a restart.
 * Command-line flags override the file: `tidemq broker --listen/--namesrv/--data-dir`,
-  `tidemq namesrv --listen`, `tidemq standalone --namesrv-listen/--broker-listen/--data-dir`.
+  `tidemq namesrv --listen`, `tidemq standalone --namesrv-listen/--broker-listen/--data-dir/--grpc-listen/--no-grpc`.
 """
 
 TABLE_NOTES: dict[str, str] = {
@@ -230,6 +230,18 @@ NOTES: dict[str, dict[str, str]] = {
         "rocketmq": "timerRollWindowSlots",
         "doc": "A timer message due later than this many ticks is put back into `rmq_sys_wheel_timer` at the window's end (0: never), so its stored copy never outlives the commit log's `file_reserved_hours`.",
     },
+    "broker.dedup_window_s": {
+        "doc": "Seconds a stored message's UNIQ_KEY is kept per topic: a resend within them is answered as the first send was (same msgId, queue, offset) and not stored again (0: off). Default 2 minutes, as NATS JetStream's window: a client's own retries take seconds, a failover and a route refresh (30 s) well under two minutes. A topic's `dedup.window.seconds` attribute overrides it. See docs/dedup.md.",
+    },
+    "broker.dedup_key": {
+        "doc": "What identifies a resend: `uniq_key` (the message's UNIQ_KEY, and its body must match the first copy's) or `content` (a digest of body, flag and properties but UNIQ_KEY: for clients that give each attempt a new UNIQ_KEY, as rocketmq-client-cpp and its wrappers do; a topic whose messages may legitimately repeat must not use it). A topic's `dedup.key` attribute overrides it.",
+    },
+    "broker.dedup_max_entries": {
+        "doc": "Most keys the duplicate window holds; over it the oldest sends are evicted first (counted as `dedupEvicted`).",
+    },
+    "broker.dedup_max_bytes": {
+        "doc": "Most memory the duplicate window holds (a measured ~110 bytes a key and ~400 a send: keys are kept as 64-bit hashes); over it the oldest sends are evicted first.",
+    },
     # ------------------------------------------------------------------ [namesrv]
     "namesrv.listen": {"rocketmq": "listenPort", "doc": "HOST:PORT to listen on (port 0: any free port)."},
     "namesrv.data_dir": {
@@ -268,6 +280,7 @@ NOTES: dict[str, dict[str, str]] = {
         "doc": "PEM certificate (a server needs one).",
     },
     "transport.tcp.tls_keyfile": {"rocketmq": "tls.server.keyPath", "doc": "PEM key of tls_certfile."},
+    "transport.grpc.enable_topic_message_type_check": {"rocketmq": "enableTopicMessageTypeCheck (proxy)"},
     "transport.tcp.tls_cafile": {
         "rocketmq": "tls.server.trustCertPath",
         "doc": "CA to verify peers with; on a server it also asks clients for a certificate (mutual TLS).",

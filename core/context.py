@@ -19,7 +19,7 @@ broker's own data classes, named here for type checkers only.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,6 +50,8 @@ __all__ = [
     "BrokerStatsView",
     "BrokerStatsService",
     "BrokerFiguresView",
+    "DedupFigures",
+    "DuplicateWindowService",
     "ConsumerOffsetTable",
     "ConsumerRegistry",
     "FilterServerTable",
@@ -474,6 +476,52 @@ class TimerService(TimerFigures, Protocol):
 # --------------------------------------------------------------------------- the broker
 
 
+class DedupFigures(Protocol):
+    """What runtime info and the metrics exporter read of the duplicate window (issue 37).
+
+    Implemented by :class:`tidemq.broker.dedup.DuplicateWindow`; read on the broker's loop.
+    """
+
+    #: Keys held now, and their estimated bytes.
+    entries: int
+    nbytes: int
+    #: Messages answered from the window instead of being stored, per topic, since start.
+    dropped: dict[str, int]
+    #: Sends evicted before their time to keep the bounds.
+    evicted: int
+
+    def figures(self) -> dict[str, str]:
+        """GET_BROKER_RUNTIME_INFO's ``dedup*`` keys."""
+
+
+class DuplicateWindowService(DedupFigures, Protocol):
+    """The duplicate window as a send path asks it (issue 37; :mod:`tidemq.broker.dedup`).
+
+    Implemented by :class:`tidemq.broker.dedup.DuplicateWindow`, whose docstrings say more; a
+    ``Sent`` is what stored a key (answered, or pending while its ``send`` is set), ``hashes``
+    the packed 64-bit hashes of a batch's keys (``tidemq.broker.dedup_table.hashes_of``).
+    Called on the broker's loop, synchronously, one call per send or per batch.
+    """
+
+    def topic_settings(self, topic: str, cfg: object) -> tuple[float, bool]:
+        """(seconds a topic's keys are kept, 0: none; whether its key is the content)."""
+
+    def check(self, topic: str, key: str) -> Any:
+        """The ``Sent`` that stored ``key`` within the window, or None."""
+
+    def check_many(self, topic: str, hashes: Any) -> list[Any] | None:
+        """Per key its ``Sent`` or None; None when no key is in the window at all."""
+
+    def record(self, topic: str, hashes: Any, send: Any, window_s: float) -> Any:
+        """The send about to be stored under its keys: its ``Sent`` (None: too large to keep)."""
+
+    def same_body(self, sent: Any, pos: int, body: bytes, store: MessageStore) -> bool:
+        """Whether ``body`` is the body of ``sent``'s message ``pos`` (a resend, not a reused key)."""
+
+    def count_dropped(self, topic: str, n: int) -> None:
+        """``n`` messages of ``topic`` were answered from the window instead of being stored."""
+
+
 class BrokerFiguresView(Protocol):
     """What a metrics exporter reads of a broker, and nothing it could change.
 
@@ -515,6 +563,10 @@ class BrokerFiguresView(Protocol):
     def producers(self) -> ProducerRegistry: ...
 
     @property
+    def endpoint_figures(self) -> dict[str, Callable[[], Mapping[str, int]]]:
+        """Counters of the endpoints plugins serve (BrokerContext.endpoint_figures)."""
+
+    @property
     def hold(self) -> PullHoldService | None: ...
 
     @property
@@ -522,6 +574,10 @@ class BrokerFiguresView(Protocol):
 
     @property
     def timers(self) -> TimerFigures: ...
+
+    @property
+    def dedup(self) -> DedupFigures:
+        """The duplicate window on UNIQ_KEY (issue 37)."""
 
     @property
     def recovery_seconds(self) -> float:
@@ -566,6 +622,17 @@ class BrokerContext(Protocol):
     @property
     def acl(self) -> AccessValidator | None:
         """The access validator (role ``acl``) when it enforces, else None."""
+
+    @property
+    def endpoints(self) -> dict[str, str]:
+        """Other endpoints plugins serve for this broker, name -> ``host:port`` (``grpc``...): a
+        plugin adds its own when it binds; the CLI announces each in its start-up lines."""
+
+    @property
+    def endpoint_figures(self) -> dict[str, Callable[[], Mapping[str, int]]]:
+        """Counters of those endpoints, name -> a function giving ``figure -> value``
+        (``connections``, ``calls``, ``requests_total``...): the metrics exporter serves them as
+        ``tidemq_<name>_<figure>``, GET_BROKER_RUNTIME_INFO as ``<name><Figure>``."""
 
     @property
     def topics(self) -> TopicConfigTable: ...
@@ -615,6 +682,10 @@ class BrokerContext(Protocol):
     @property
     def timers(self) -> TimerService:
         """Timer messages (RocketMQ 5); its requests: :mod:`tidemq.broker.services.timer`."""
+
+    @property
+    def dedup(self) -> DuplicateWindowService:
+        """The duplicate window on UNIQ_KEY (issue 37): asked by the send path, rebuilt at start."""
 
     @property
     def hooks(self) -> pluggy.HookRelay:

@@ -53,9 +53,9 @@ class ProxyCluster:
         assert out.returncode == 0, out.stdout + out.stderr
         return out.stdout
 
-    def create_topic(self, topic: str, queues: int = 4) -> None:
+    def create_topic(self, topic: str, *options: str, queues: int = 4) -> None:
         """``topic`` on both broker groups, once the NameServer routes it to both."""
-        self.admin("updateTopic", "-t", topic, "-r", str(queues), "-w", str(queues))
+        self.admin("updateTopic", "-t", topic, "-r", str(queues), "-w", str(queues), *options)
         assert wait_for(lambda: topic_brokers(self.admin("topicRoute", "-t", topic)) >= set(BROKERS), 30)
 
 

@@ -60,6 +60,7 @@ def test_query_route_hands_out_the_proxy_for_every_queue_of_both_broker_groups(
 ) -> None:
     cluster = ProxyCluster(spawn, tmp_path)
     cluster.create_topic("ProxyRoute", queues=3)
+    cluster.create_topic("ProxyFifoType", "-a", "+message.type=FIFO")
 
     async def main() -> None:
         async with grpc.aio.insecure_channel(cluster.proxy) as channel:
@@ -76,6 +77,19 @@ def test_query_route_hands_out_the_proxy_for_every_queue_of_both_broker_groups(
             assert missing.status.code == pb.TOPIC_NOT_FOUND
             bad = await route(pb.QueryRouteRequest(topic=pb.Resource(name="bad topic!")), metadata=META)
             assert bad.status.code == pb.ILLEGAL_TOPIC
+            # The topic's message.type, from the brokers' topic configs: announced, and checked.
+            fifo = await route(pb.QueryRouteRequest(topic=pb.Resource(name="ProxyFifoType")), metadata=META)
+            assert {tuple(q.accept_message_types) for q in fifo.message_queues} == {(pb.FIFO,)}
+            send = call(channel, "SendMessage", "SendMessageResponse")
+            normal = await send(
+                pb.SendMessageRequest(messages=[message("ProxyFifoType", b"normal")]), metadata=META
+            )
+            assert normal.status.code == pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, normal.status
+            ordered = await send(
+                pb.SendMessageRequest(messages=[message("ProxyFifoType", b"fifo", message_group="g")]),
+                metadata=META,
+            )
+            assert ordered.status.code == pb.OK, ordered.status
 
     asyncio.run(main())
 
@@ -84,7 +98,7 @@ def test_sends_land_on_both_groups_and_pulls_and_offsets_go_to_the_queues_group(
     spawn: Any, tmp_path: Path
 ) -> None:
     cluster = ProxyCluster(spawn, tmp_path)
-    cluster.create_topic("ProxySend")
+    cluster.create_topic("ProxySend", "-a", "+message.type=MIXED")  # normal and FIFO messages
 
     async def main() -> None:
         async with grpc.aio.insecure_channel(cluster.proxy) as channel:

@@ -21,6 +21,7 @@ from tidemq import hookimpl  # noqa: E402
 from tidemq.errors import ConfigError  # noqa: E402
 from tidemq.plugins import get_plugin_manager  # noqa: E402
 from tidemq.record import decode_message  # noqa: E402
+from tidemq.remoting.protocol import TopicConfig  # noqa: E402
 from tidemq_transport_grpc import plugin as grpc_plugin  # noqa: E402
 from tidemq_transport_grpc.proto import load  # noqa: E402
 
@@ -51,6 +52,11 @@ async def grpc_broker(
             yield broker, channel
 
 
+def typed_topic(broker: Any, topic: str, message_type: str, queues: int = 4) -> None:
+    """Create ``topic`` with RocketMQ 5's ``message.type`` attribute (sends of other types are refused)."""
+    broker.topics.update(TopicConfig(topic, queues, queues, attributes={"message.type": message_type}))
+
+
 def test_query_route_hands_out_this_endpoint_and_the_queues(tidemq_make_broker: MakeBroker) -> None:
     async def main() -> None:
         async with grpc_broker(tidemq_make_broker) as (broker, channel):
@@ -64,7 +70,8 @@ def test_query_route_hands_out_this_endpoint_and_the_queues(tidemq_make_broker: 
             address = queues[0].broker.endpoints.addresses[0]
             assert f"{address.host}:{address.port}" == server.address
             assert queues[0].broker.endpoints.scheme == pb.IPv4
-            assert set(queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
+            # A topic without RocketMQ 5's message.type attribute takes NORMAL messages only.
+            assert set(queues[0].accept_message_types) == {pb.NORMAL}
             bad = await call(channel, "QueryRoute", "QueryRouteResponse")(
                 pb.QueryRouteRequest(topic=pb.Resource(name="bad topic!")), metadata=META
             )
@@ -113,6 +120,7 @@ def test_send_stores_the_message_with_the_clients_id_tag_keys_and_group(
 ) -> None:
     async def main() -> None:
         async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            typed_topic(broker, "SendTopic", "MIXED")
             send = call(channel, "SendMessage", "SendMessageResponse")
             message = pb.Message(
                 topic=pb.Resource(name="SendTopic"),
@@ -130,7 +138,11 @@ def test_send_stores_the_message_with_the_clients_id_tag_keys_and_group(
             assert response.status.code == pb.OK, response.status
             (entry,) = response.entries
             assert entry.message_id == "01ABCDEF0123456789ABCDEF0123456789"
-            again = await send(pb.SendMessageRequest(messages=[message]), metadata=META)
+            # Another message of the group (a new id: the same id again is a resend, issue 37).
+            second = pb.Message()
+            second.CopyFrom(message)
+            second.system_properties.message_id = "01ABCDEF0123456789ABCDEF012345678A"
+            again = await send(pb.SendMessageRequest(messages=[second]), metadata=META)
             assert again.entries[0].offset == entry.offset + 1  # one group, one queue
             stored = []
             for qid in range(broker.topics.get("SendTopic").write_queue_nums):
@@ -163,6 +175,7 @@ def test_send_stores_the_message_with_the_clients_id_tag_keys_and_group(
             assert waiting.properties["TIMER_DELIVER_MS"] == str(due_ms)
             assert waiting.properties["REAL_TOPIC"] == "SendTopic"
             timed.system_properties.delivery_timestamp.FromMilliseconds(2_000_000_000_000)
+            timed.system_properties.message_id = "01ABCDEF0123456789ABCDEF0123456791"  # not a resend
             too_late = await send(pb.SendMessageRequest(messages=[timed]), metadata=META)
             assert too_late.status.code == pb.BAD_REQUEST, too_late.status
             assert "timerMaxDelaySec" in too_late.status.message
@@ -223,12 +236,11 @@ def test_grpc_options_are_checked_and_selecting_it_as_the_transport_is_refused(
         asyncio.run(start(options={"transport": {"grpc": {"lisen": "127.0.0.1:0"}}}))
     with pytest.raises(ConfigError, match="beside the remoting transport"):
         asyncio.run(start(plugins={"transport": "grpc"}))
-    # Unsigned gRPC requests must not get past an ACL: refused until the signature is checked.
+    # With the plain ACL the endpoint serves: it checks the v5 clients' signature (test_grpc_acl.py).
     acl = tmp_path / "acl.yml"
     acl.write_text("accounts: [{accessKey: grpcTester, secretKey: grpcSecret123, admin: true}]\n")
     options = {"transport": {"grpc": {"listen": "127.0.0.1:0"}}, "acl": {"plain": {"file": str(acl)}}}
-    with pytest.raises(ConfigError, match="bypass the ACL"):
-        asyncio.run(start(plugins={"acl": "plain"}, options=options))
+    asyncio.run(start(plugins={"acl": "plain"}, options=options))
 
 
 def test_a_missing_grpcio_is_named_when_the_endpoint_is_enabled() -> None:
@@ -247,6 +259,7 @@ def test_a_missing_grpcio_is_named_when_the_endpoint_is_enabled() -> None:
 def test_pull_consumer_rpcs_read_offsets_and_messages_as_sent(tidemq_make_broker: MakeBroker) -> None:
     async def main() -> None:
         async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            typed_topic(broker, "PullTopic", "FIFO")
             send = call(channel, "SendMessage", "SendMessageResponse")
             for i in range(3):
                 message = pb.Message(
@@ -542,6 +555,7 @@ def test_a_half_message_waits_for_end_transaction_and_a_bad_transaction_id_is_re
 ) -> None:
     async def main() -> None:
         async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            typed_topic(broker, "TxTopic", "TRANSACTION")
             send = call(channel, "SendMessage", "SendMessageResponse")
             end = call(channel, "EndTransaction", "EndTransactionResponse")
             half = pb.Message(
@@ -606,6 +620,7 @@ def test_the_broker_s_transaction_check_reaches_the_producer_s_telemetry_stream(
 
     async def main() -> None:
         async with grpc_broker(tidemq_make_broker, fast_checks) as (broker, channel):
+            typed_topic(broker, "TxCheck", "TRANSACTION")
             telemetry = channel.stream_stream(
                 SERVICE + "Telemetry",
                 request_serializer=lambda m: m.SerializeToString(),

@@ -25,6 +25,7 @@ from tidemq.client.route import loads_lenient
 from tidemq.message import MessageExt, Prop, decode_message_id, iter_messages, properties_to_string
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.topic_attributes import TopicAttributeError, parse_modification
 
 
 @admin.command("updateTopic")
@@ -69,6 +70,14 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 )
 @click.option("-u", "--unit", "unit_flag", help="true: a unit topic (topicSysFlag |= 1).")
 @click.option("-s", "--hasUnitSub", "unit_sub_flag", help="true: has unit subscriptions (topicSysFlag |= 2).")
+@click.option(
+    "-a",
+    "--attributes",
+    "attributes",
+    default="",
+    help="RocketMQ 5 topic attributes: +key=value adds or changes, -key removes, comma-separated "
+    "(+message.type=FIFO; types NORMAL, FIFO, DELAY, TRANSACTION, MIXED).",
+)
 @_run
 async def update_topic(
     client: AdminClient,
@@ -81,8 +90,9 @@ async def update_topic(
     order_flag: str | None,
     unit_flag: str | None,
     unit_sub_flag: str | None,
+    attributes: str,
 ) -> None:
-    """Create a topic or change its queues and permission."""
+    """Create a topic or change its queues, permission and attributes."""
     from tidemq.admin.namesrv import (
         broker_name_of,
         cluster_broker_names,
@@ -101,7 +111,11 @@ async def update_topic(
     targets = [broker_addr] if broker_addr else list(masters.values())
     if not targets:
         raise AdminError("no broker master is registered with the NameServer")
-    fields = topic_fields(topic, read_queues, write_queues, perm, sys_flag, order)
+    try:  # as mqadmin: a malformed -a is refused before anything is sent
+        modification = parse_modification(attributes)
+    except TopicAttributeError as exc:
+        raise AdminError(f"-a {attributes!r}: {exc}") from None
+    fields = topic_fields(topic, read_queues, write_queues, perm, sys_flag, order, attributes)
     for addr in targets:
         await client.call(addr, RequestCode.UPDATE_AND_CREATE_TOPIC, fields)
         click.echo(f"create topic to {addr} success.")
@@ -118,7 +132,7 @@ async def update_topic(
             scope = "cluster"
         await put_kv_config(client, NAMESPACE_ORDER_TOPIC_CONFIG, topic, conf)
         click.echo(f"set {scope} orderConf. isOrder=true, orderConf=[{conf}]")
-    click.echo(topic_config_string(topic, read_queues, write_queues, perm, sys_flag, order))
+    click.echo(topic_config_string(topic, read_queues, write_queues, perm, sys_flag, order, modification))
 
 
 @admin.command("deleteTopic")

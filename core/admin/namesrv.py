@@ -119,13 +119,22 @@ def perm_to_string(perm: int) -> str:
 
 
 def topic_config_string(
-    topic: str, read_queues: int, write_queues: int, perm: int, sys_flag: int = 0, order: bool = False
+    topic: str,
+    read_queues: int,
+    write_queues: int,
+    perm: int,
+    sys_flag: int = 0,
+    order: bool = False,
+    attributes: dict[str, str] | None = None,
 ) -> str:
-    """TopicConfig.toString, as mqadmin prints it."""
+    """TopicConfig.toString, as mqadmin prints it (RocketMQ 5's attributes when there are some)."""
+    attrs = (
+        ", attributes={" + ", ".join(f"{k}={v}" for k, v in attributes.items()) + "}" if attributes else ""
+    )
     return (
         f"TopicConfig [topicName={topic}, readQueueNums={read_queues}, writeQueueNums={write_queues}, "
         f"perm={perm_to_string(perm)}, topicFilterType=SINGLE_TAG, topicSysFlag={sys_flag}, "
-        f"order={'true' if order else 'false'}]"
+        f"order={'true' if order else 'false'}{attrs}]"
     )
 
 

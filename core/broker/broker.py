@@ -12,6 +12,7 @@ from tidemq import _native
 from tidemq.acl import ACCESS_KEY, AccessDenied, AccessValidator
 from tidemq.address import split_address
 from tidemq.broker.composition import BrokerFigures, build_parts
+from tidemq.broker.dedup_rebuild import attach_window
 from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
 from tidemq.broker.roles import RoleFollower
@@ -90,6 +91,10 @@ class Broker:
         self.acl_refusals = 0
         #: Services of this process whose figures the exporter serves too (standalone's NameServer).
         self.metrics_companions: list[Any] = []
+        #: Endpoints plugins serve beside the transport, name -> host:port, and their counters
+        #: (BrokerContext.endpoints, .endpoint_figures).
+        self.endpoints: dict[str, str] = {}
+        self.endpoint_figures: dict[str, Callable[[], Mapping[str, int]]] = {}
         self.data_dir = self.settings.store_path
         self.hold: PullRequestHoldService | None = None
         # The composition root builds the rest (tidemq.broker.composition); plain attributes, as
@@ -109,6 +114,7 @@ class Broker:
         self.filter_servers = parts.filter_servers
         self.pop = parts.pop  # POP consumption (issue 39)
         self.timers = parts.timers  # timer messages (issue 36)
+        self.dedup = parts.dedup  # the duplicate window (issue 37)
         #: Where a replication plugin writes the metadata a slave copies from its master.
         self.metadata_sink = parts.metadata_sink
         #: What the metrics exporter reads (read-only).
@@ -209,6 +215,7 @@ class Broker:
             # A taken HA port must not leave the store running (and its abort marker behind).
             self.store.shutdown()
             raise
+        attach_window(self, self.dedup)  # from the commit log's tail; again at each new epoch
         self.topics.on_change = self.registrar.request
         server = self._server = self.transport.server(
             self.settings.host,

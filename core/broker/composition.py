@@ -21,12 +21,14 @@ the data directory is locked.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from tidemq.broker.clients import ConsumerManager, ProducerManager, RebalanceLockManager
+from tidemq.broker.dedup import DuplicateWindow
 from tidemq.broker.metadata_sink import BrokerMetadataSink
 from tidemq.broker.offsets import ConsumerOffsetManager
 from tidemq.broker.pop import PopService
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
         BrokerStatsView,
         ConsumerOffsetTable,
         ConsumerRegistry,
+        DedupFigures,
         PopFigures,
         ProducerRegistry,
         PullHoldService,
@@ -78,6 +81,7 @@ class BrokerParts:
     filter_servers: FilterServerManager
     pop: PopService
     metadata_sink: MetadataSink
+    dedup: DuplicateWindow
 
 
 def build_parts(broker: BrokerContext, components: Components) -> BrokerParts:
@@ -119,6 +123,13 @@ def build_parts(broker: BrokerContext, components: Components) -> BrokerParts:
         pop=PopService(broker),  # POP consumption (RocketMQ 5, issue 39)
         # Where a replication plugin writes the metadata a slave copies from its master.
         metadata_sink=BrokerMetadataSink(broker),
+        # The duplicate window on UNIQ_KEY (issue 37), rebuilt from the commit log as the broker starts.
+        dedup=DuplicateWindow(
+            settings.dedup_window_s,
+            settings.dedup_max_entries,
+            settings.dedup_max_bytes,
+            content=settings.dedup_key == "content",
+        ),
     )
 
 
@@ -169,6 +180,10 @@ class BrokerFigures:
         return self._broker.stats
 
     @property
+    def dedup(self) -> DedupFigures:
+        return self._broker.dedup
+
+    @property
     def offsets(self) -> ConsumerOffsetTable:
         return self._broker.offsets
 
@@ -199,3 +214,7 @@ class BrokerFigures:
     @property
     def acl_refusals(self) -> int:
         return self._broker.acl_refusals
+
+    @property
+    def endpoint_figures(self) -> dict[str, Callable[[], Mapping[str, int]]]:
+        return self._broker.endpoint_figures

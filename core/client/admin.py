@@ -31,10 +31,17 @@ __all__ = ["TIMEOUT_S", "AdminClient", "AdminError", "NoRouteError", "topic_fiel
 
 
 def topic_fields(
-    topic: str, read_queues: int, write_queues: int, perm: int, sys_flag: int = 0, order: bool = False
+    topic: str,
+    read_queues: int,
+    write_queues: int,
+    perm: int,
+    sys_flag: int = 0,
+    order: bool = False,
+    attributes: str = "",
 ) -> dict[str, Any]:
-    """UPDATE_AND_CREATE_TOPIC's header as mqadmin sends it (the TopicConfig's fields)."""
-    return {
+    """UPDATE_AND_CREATE_TOPIC's header as mqadmin sends it (the TopicConfig's fields; RocketMQ
+    5's ``attributes`` modification, ``+message.type=FIFO``, when given)."""
+    fields: dict[str, Any] = {
         "topic": topic,
         "defaultTopic": "TBW102",
         "readQueueNums": read_queues,
@@ -44,6 +51,9 @@ def topic_fields(
         "topicSysFlag": sys_flag,
         "order": order,
     }
+    if attributes:
+        fields["attributes"] = attributes
+    return fields
 
 
 class AdminError(TidemqError):

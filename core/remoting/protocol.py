@@ -116,6 +116,16 @@ class DataVersion(_Body):
         )
 
 
+def _attributes(value: Any) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise BodyError(f"topicConfig.attributes should be a map of strings, got {value!r:.200}")
+    return dict(value)
+
+
 @attrs.define
 class TopicConfig(_Body):
     """One topic on a broker (RocketMQ's TopicConfig): the broker's table and registration bodies."""
@@ -127,13 +137,16 @@ class TopicConfig(_Body):
     topic_filter_type: str = "SINGLE_TAG"
     topic_sys_flag: int = 0
     order: bool = False
+    #: RocketMQ 5's topic attributes (``message.type``...: tidemq.topic_attributes); written only
+    #: when there are some, so 4.x readers see the same JSON as before.
+    attributes: dict[str, str] = attrs.field(factory=dict)
 
     @property
     def queue_count(self) -> int:
         return max(self.read_queue_nums, self.write_queue_nums)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "topicName": self.topic_name,
             "readQueueNums": self.read_queue_nums,
             "writeQueueNums": self.write_queue_nums,
@@ -142,6 +155,9 @@ class TopicConfig(_Body):
             "topicSysFlag": self.topic_sys_flag,
             "order": self.order,
         }
+        if self.attributes:
+            out["attributes"] = dict(self.attributes)
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> TopicConfig:
@@ -157,11 +173,15 @@ class TopicConfig(_Body):
             topic_filter_type=_str(d, "topicFilterType", "SINGLE_TAG", "topicConfig") or "SINGLE_TAG",
             topic_sys_flag=_int(d, "topicSysFlag", 0, "topicConfig"),
             order=bool(d.get("order", False)),
+            attributes=_attributes(d.get("attributes")),
         )
 
     def encode_line(self) -> str:
         """RocketMQ's compact ``TopicConfig.encode()`` form used by compressed registrations."""
-        return f"{self.topic_name} {self.read_queue_nums} {self.write_queue_nums} {self.perm} {self.topic_filter_type}"
+        line = f"{self.topic_name} {self.read_queue_nums} {self.write_queue_nums} {self.perm} {self.topic_filter_type}"
+        if self.attributes:  # RocketMQ 5 appends them as a JSON map (4.x decoders read 5 fields)
+            line += " " + dumps(self.attributes).decode()
+        return line
 
     @classmethod
     def decode_line(cls, line: str) -> TopicConfig:
@@ -169,9 +189,15 @@ class TopicConfig(_Body):
         if len(fields) < 5:
             raise BodyError(f"compressed topic config {line[:80]!r} has fewer than 5 fields")
         try:
-            return cls(fields[0], int(fields[1]), int(fields[2]), int(fields[3]), fields[4])
+            cfg = cls(fields[0], int(fields[1]), int(fields[2]), int(fields[3]), fields[4])
         except ValueError:
             raise BodyError(f"compressed topic config {line[:80]!r} has a non-integer field") from None
+        if len(fields) >= 6:
+            try:  # as RocketMQ: attributes that do not parse (a ' ' in them) are left out
+                cfg.attributes = _attributes(loads(fields[5]))
+            except (BodyError, ValueError):
+                pass
+        return cfg
 
 
 @attrs.define

@@ -19,20 +19,30 @@ from typing import Any
 
 import attrs
 
-from tidemq.acl import ACCESS_KEY, SIGNATURE, AccessDenied, verify_signature
+from tidemq.acl import (
+    ACCESS_KEY,
+    SIGNATURE,
+    AccessDenied,
+    NotAuthenticated,
+    SignedCall,
+    parse_v5_authorization,
+    verify_signature,
+    verify_v5_signature,
+)
 from tidemq.errors import CorruptDataError
 from tidemq.message import Prop, decode_message
 from tidemq.remoting.codes import RequestCode
 from tidemq.store import MessageStore
 from tidemq_acl.accounts import AclConfigError, PlainAcl, load_plain_acl
 from tidemq_acl.address import host_of
-from tidemq_acl.permission import ADMIN_CODES, PUB, SUB, check_permission, perm_name
+from tidemq_acl.permission import ADMIN_CODES, ANY, PUB, SUB, check_permission, perm_name
 from tidemq_acl.resources import (
     STORED_MESSAGE_CODES,
     ResourceParseError,
     describe,
     is_group_key,
     needed_resources,
+    retry_topic,
 )
 
 log = logging.getLogger(__name__)
@@ -210,3 +220,49 @@ class PlainAccessValidator:
                     f"{perm_name(owned)}, needs {perm_name(perm)})",
                     access_key,
                 )
+
+    def validate_call(self, call: SignedCall, remote_addr: str) -> None:
+        """A RocketMQ 5 client's call (the gRPC endpoint): the same accounts, white addresses and
+        topic/group permissions as a remoting request, its signature RocketMQ 5's
+        (``hex(HmacSHA1(secretKey, x-mq-date-time))`` in the ``authorization`` metadata)."""
+        self.maybe_reload()
+        acl = self.acl
+        host = host_of(remote_addr)
+        for white in acl.global_white:
+            if white(host):
+                return
+        if call.authorization is None:
+            raise NotAuthenticated(f"{call.rpc} carries no authorization metadata (unsigned request)")
+        access_key, signature = parse_v5_authorization(call.authorization)
+        account = acl.accounts.get(access_key)
+        if account is None:
+            raise NotAuthenticated(f"no ACL account for accessKey {access_key}", access_key)
+        if not account.white_address(host):
+            if not call.date_time:
+                raise NotAuthenticated(f"{call.rpc} carries no x-mq-date-time to check the signature of")
+            if not verify_v5_signature(signature, call.date_time, account.secret_key):
+                raise NotAuthenticated(f"signature check failed for accessKey {access_key}", access_key)
+        if account.admin and not account.perms:
+            return  # an admin without resource rules may do anything (as RocketMQ)
+        needed: list[tuple[str, int]] = [(t, PUB) for t in call.publish]
+        needed += [(t, SUB) for t in call.subscribe]
+        needed += [(t, ANY) for t in call.look_up]
+        needed += [(retry_topic(g), SUB) for g in call.groups]
+        for resource, perm in needed:
+            owned = account.perms.get(resource)
+            default = owned is None
+            if owned is None:
+                owned = account.default_group_perm if is_group_key(resource) else account.default_topic_perm
+            if check_permission(perm, owned):
+                continue
+            wanted = "PUB or SUB" if perm == ANY else perm_name(perm)
+            if default:
+                raise AccessDenied(
+                    f"no default permission for {describe(resource)} (accessKey {access_key} needs {wanted})",
+                    access_key,
+                )
+            raise AccessDenied(
+                f"no permission for {describe(resource)} (accessKey {access_key} has "
+                f"{perm_name(owned)}, needs {wanted})",
+                access_key,
+            )

@@ -258,7 +258,10 @@ def create_app(config: ConsoleConfig) -> Starlette:
     # ------------------------------------------------------------------ cluster
     async def cluster(request: Request, session: Session) -> Response:
         ops = await ops_of(session)
-        return render(request, session, "cluster.html", brokers=await ops.brokers())
+        brokers = await ops.brokers()
+        return render(
+            request, session, "cluster.html", brokers=brokers, producers=await ops.producers(brokers)
+        )
 
     async def live(request: Request, session: Session) -> Response:
         return JSONResponse(await (await ops_of(session)).live(request.query_params.get("group", "")))

@@ -114,6 +114,23 @@ class ClusterOps:
                 rows.append(BrokerRow(cluster_of.get(name, bd.get("cluster", "")), name, bid, addr, table))
         return rows
 
+    async def producers(self, brokers: list[BrokerRow]) -> list[dict[str, Any]]:
+        """The producers connected to the masters (GET_ALL_PRODUCER_INFO), 4.x and RocketMQ 5
+        (gRPC, language ``GRPC``, group ``GRPC_PRODUCER_<topic>``) alike: one row per connection."""
+        rows = []
+        for b in brokers:
+            if b.broker_id != 0 or "error" in b.info:
+                continue
+            try:
+                resp = await self.client.call(b.address, RequestCode.GET_ALL_PRODUCER_INFO)
+                table = mq_loads(resp.body or b"{}").get("data") or {}
+            except AdminError:
+                continue  # an account without admin rights: the page shows none
+            for group, infos in sorted(table.items()):
+                for info in infos if isinstance(infos, list) else []:
+                    rows.append({"broker": b.name, "group": group, **info})
+        return rows
+
     async def names(self) -> tuple[set[str], set[str]]:
         info = await self.client.cluster_info()
         return set(info.get("clusterAddrTable") or {}), set(info.get("brokerAddrTable") or {})

@@ -35,10 +35,12 @@ from tidemq.client import (
     TopicRoute,
 )
 from tidemq.message import MessageExt, create_message_id, decode_message_id, properties_to_string
+from tidemq.mqjson import loads as json_loads
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.remoting.errors import RemotingError
+from tidemq.topic_attributes import message_type_of, topic_message_type, type_conflict
 from tidemq.transport import Connection
 from tidemq_transport_grpc.api import (
     DEFAULT_TOPIC,
@@ -76,6 +78,8 @@ _PULLED = {
 PERM_WRITE = 0x2
 #: Broker groups tried for one send (RocketMQ's producer: 1 + 2 retries).
 SEND_ATTEMPTS = 3
+#: A topic a broker's cached topic table lacks is asked for again after this long, seconds.
+_ATTRIBUTES_RETRY_S = 1.0
 #: How long a broker group that did not answer is passed over by sends, seconds.
 DOWN_S = 10.0
 
@@ -170,6 +174,9 @@ class ClusterBackend:
         self.timeout = timeout
         self.max_reconsume_times = max_reconsume_times
         self.groups: dict[str, ProducerGroup] = {}
+        self.route_refresh_s = route_refresh_s
+        #: broker address -> (until, when asked, topic -> its attributes, the topics it has)
+        self._attributes: dict[str, tuple[float, float, dict[str, dict[str, str]], set[str]]] = {}
         #: broker name -> monotonic time until which sends pass it over
         self._down: dict[str, float] = {}
         self._turn = itertools.count()
@@ -212,10 +219,54 @@ class ClusterBackend:
             perm = qd.perm
             if brokers.master_address is None:  # a group without its master takes no writes
                 perm &= ~PERM_WRITE
-            layouts.append(QueueLayout(qd.broker_name, qd.read_queue_nums, qd.write_queue_nums, perm))
+            attributes = await self._topic_attributes(brokers.address(), topic)
+            layouts.append(
+                QueueLayout(qd.broker_name, qd.read_queue_nums, qd.write_queue_nums, perm, attributes)
+            )
         if not layouts:
             return Outcome(Status.TOPIC_NOT_EXIST, f"no broker serves topic {topic}")
         return layouts
+
+    async def _topic_attributes(self, addr: str | None, topic: str) -> dict[str, str]:
+        """``topic``'s RocketMQ 5 attributes on the broker at ``addr`` (its GET_ALL_TOPIC_CONFIG,
+        cached ``route_refresh_s``, asked again at most every second for a topic it lacked;
+        empty when the broker does not answer it: no ``message.type``)."""
+        if addr is None:
+            return {}
+        now = time.monotonic()
+        cached = self._attributes.get(addr)
+        if cached is not None:
+            until, asked, known, topics = cached
+            # Fresh, and the topic was in it or it was asked just now (a topic created since
+            # is asked for again, at most every second).
+            if until > now and (topic in topics or asked + _ATTRIBUTES_RETRY_S > now):
+                return known.get(topic, {})
+        table: dict[str, dict[str, str]] = {}
+        names: set[str] = set()
+        try:
+            resp = await self.api.invoke(addr, RemotingCommand.request(RequestCode.GET_ALL_TOPIC_CONFIG, {}))
+            if resp.code == ResponseCode.SUCCESS and resp.body:
+                for name, cfg in (json_loads(resp.body).get("topicConfigTable") or {}).items():
+                    names.add(str(name))
+                    found = cfg.get("attributes") if isinstance(cfg, dict) else None
+                    if isinstance(found, dict) and found:
+                        table[str(name)] = {str(k): str(v) for k, v in found.items()}
+        except (RemotingError, ValueError, AttributeError) as exc:
+            log.info("topic attributes of %s unavailable: %s", addr, exc)
+        self._attributes[addr] = (now + self.route_refresh_s, now, table, names)
+        return table.get(topic, {})
+
+    async def _type_conflict(self, route: TopicRoute, message: Outgoing) -> str | None:
+        """Why the topic's ``message.type`` does not take ``message`` (RocketMQ 5's proxy checks
+        it; retry and dead-letter topics are not checked), None when it does."""
+        if message.topic.startswith(("%RETRY%", "%DLQ%")):
+            return None
+        attributes: dict[str, str] = {}
+        for brokers in route.broker_datas:
+            attributes = await self._topic_attributes(brokers.address(), message.topic)
+            if attributes:
+                break
+        return type_conflict(topic_message_type(attributes), message_type_of(message.properties))
 
     def _is_down(self, broker_name: str) -> bool:
         return self._down.get(broker_name, 0.0) > time.monotonic()
@@ -238,6 +289,10 @@ class ClusterBackend:
         route = await self._route(message.topic)
         if isinstance(route, Outcome):
             return Stored(route)
+        if message.check_type:
+            conflict = await self._type_conflict(route, message)
+            if conflict is not None:
+                return Stored(Outcome(Status.MESSAGE_ILLEGAL, conflict), type_conflict=True)
         queues = route.publish_queues(message.topic)
         if not queues:
             return Stored(

@@ -35,6 +35,7 @@ from tidemq.index import IndexBacklog
 from tidemq.metrics import Buckets
 from tidemq.replication import MasterAware
 from tidemq.store import store_introspection
+from tidemq_metrics_prometheus.dedup_metrics import dedup_families
 from tidemq_metrics_prometheus.pop_metrics import pop_families
 from tidemq_metrics_prometheus.timer_metrics import timer_families
 
@@ -60,6 +61,7 @@ def broker_families(broker: BrokerFiguresView) -> list[Metric]:
     _service(broker, out)
     out += pop_families(broker)  # POP consumption (issue 39)
     out += timer_families(broker)  # timer messages (issue 36)
+    out += dedup_families(broker)  # the duplicate window (issue 37)
     return out
 
 
@@ -334,6 +336,19 @@ def _service(broker: BrokerFiguresView, out: list[Metric]) -> None:
     refused = CounterMetricFamily("tidemq_acl_refusals", "Requests the access validator refused")
     refused.add_metric([], broker.acl_refusals)
     out += [held, conns, groups, refused]
+    # Endpoints plugins serve beside the remoting transport (the gRPC one): their own counters.
+    for endpoint, figures in sorted(broker.endpoint_figures.items()):
+        for figure, value in sorted(figures().items()):
+            name = f"tidemq_{endpoint}_{figure}"
+            doc = f"{endpoint} endpoint: {figure.replace('_', ' ')}"
+            if figure.endswith("_total"):  # prometheus_client adds the _total suffix itself
+                counter = CounterMetricFamily(name[: -len("_total")], doc)
+                counter.add_metric([], value)
+                out.append(counter)
+            else:
+                gauge = _gauge(name, doc)
+                gauge.add_metric([], value)
+                out.append(gauge)
     replication = broker.replication
     if not isinstance(replication, MasterAware):  # the runtime info of master-slave and controller
         return

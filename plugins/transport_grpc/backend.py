@@ -14,7 +14,7 @@ reach a broker at all raises :class:`BackendUnavailable` (the client gets gRPC U
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal, Protocol
 
 import attrs
@@ -44,6 +44,8 @@ class QueueLayout:
     write_queue_nums: int
     #: RocketMQ's permission bits (PermName: 4 read, 2 write).
     perm: int
+    #: The topic's RocketMQ 5 attributes there (``message.type``...: tidemq.topic_attributes).
+    attributes: Mapping[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -60,6 +62,9 @@ class Outgoing:
     producer_group: str = ""
     #: A FIFO message's group: all messages of a group go to one queue.
     message_group: str | None = None
+    #: Refuse a message the topic's ``message.type`` does not take (RocketMQ 5's proxy's
+    #: enableTopicMessageTypeCheck): :attr:`Stored.type_conflict`.
+    check_type: bool = False
 
 
 @attrs.frozen
@@ -72,6 +77,8 @@ class Stored:
     queue_offset: int = -1
     #: A timer message's recall handle (RecallMessage names it), else empty.
     recall_handle: str = ""
+    #: Refused because the topic's ``message.type`` does not take it (``outcome.remark`` says why).
+    type_conflict: bool = False
 
 
 @attrs.frozen
@@ -180,7 +187,15 @@ class LocalBackend:
                 return Outcome(Status.TOPIC_NOT_EXIST, f"topic {topic} not found")
         else:
             cfg = checked
-        return [QueueLayout(self.broker.settings.name, cfg.read_queue_nums, cfg.write_queue_nums, cfg.perm)]
+        return [
+            QueueLayout(
+                self.broker.settings.name,
+                cfg.read_queue_nums,
+                cfg.write_queue_nums,
+                cfg.perm,
+                dict(cfg.attributes),
+            )
+        ]
 
     async def send(self, peer: Connection, message: Outgoing) -> Stored:
         sends = self.services.send
@@ -189,6 +204,10 @@ class LocalBackend:
         )
         if isinstance(cfg, Outcome):
             return Stored(cfg)
+        if message.check_type:
+            conflict = sends.check_message_type(cfg, message.properties)
+            if conflict is not None:
+                return Stored(conflict, type_conflict=True)
         queue_id = -1  # the send service picks one
         if message.message_group is not None:
             queue_id = fifo_queue(message.message_group, cfg.write_queue_nums)

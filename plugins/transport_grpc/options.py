@@ -30,6 +30,11 @@ class GrpcOptions:
     #: SETTINGS_MAX_CONCURRENT_STREAMS): more wait for one to end, so one client cannot grow the
     #: broker's memory with streams without bound.
     max_concurrent_streams: int = number(100, ge=1, le=2**31 - 1)
+    #: Calls (streams) the whole endpoint serves at once, every connection together; more are
+    #: answered RESOURCE_EXHAUSTED at once.  With max_concurrent_streams per connection it bounds
+    #: the memory clients can make the broker hold (about 34 KiB per open Telemetry stream:
+    #: 10 000 of them, ~340 MiB; docs/grpc.md).
+    max_concurrent_calls: int = number(10_000, ge=1, le=2**31 - 1)
     #: TLS: the server's certificate chain (PEM), with tls_keyfile; the RocketMQ 5 clients connect
     #: with ``tls_enable``.
     tls_certfile: str = ""
@@ -37,6 +42,16 @@ class GrpcOptions:
     tls_keyfile: str = ""
     #: With TLS: clients must show a certificate signed by this CA (mutual TLS).
     tls_cafile: str = ""
+    #: RocketMQ 5 proxy's enableTopicMessageTypeCheck: a message whose type the topic's
+    #: ``message.type`` attribute does not take is refused MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+    #: (a topic without the attribute takes NORMAL messages only).
+    enable_topic_message_type_check: bool = attrs.field(
+        default=True, validator=attrs.validators.instance_of(bool)
+    )
+    #: false: an address that cannot be bound (or a missing grpcio) is logged as a warning and the
+    #: broker starts without the endpoint (``tidemq standalone``'s default endpoint); true: the
+    #: broker's start fails, naming why.
+    required: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     #: ReceiveMessage: the shortest invisible_duration taken (RocketMQ's minInvisibleTimeMillsForRecv).
     receive_min_invisible_ms: int = number(10_000, ge=0, le=12 * 3600 * 1000)
     #: ReceiveMessage: the shortest long polling (RocketMQ's grpcClientConsumerMinLongPollingTimeoutMillis).

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from tidemq import hookimpl
+from tidemq import CallValidator, hookimpl
 from tidemq.context import BrokerContext, ProcessorRegister
 from tidemq.errors import ConfigError
 from tidemq.plugins import PluginContext, Register
@@ -57,19 +57,25 @@ def tidemq_register_processors(register: ProcessorRegister) -> None:
     if table is None:
         return
     options = grpc_options(table)
-    if broker.acl is not None:
-        # RocketMQ 5 clients sign with an HMAC in request metadata, which is not checked yet: an
-        # endpoint serving anyway would let unsigned clients past the broker's ACL.
+    if broker.acl is not None and not isinstance(broker.acl, CallValidator):
+        # The RocketMQ 5 clients' signature is checked by the validator's validate_call: an
+        # endpoint serving without it would let unsigned clients past the broker's ACL.
         raise ConfigError(
-            "[transport.grpc] cannot serve with [plugins] acl on yet: the RocketMQ 5 clients' request "
-            "signature is not checked, so the gRPC endpoint would bypass the ACL; remove one of the two"
+            f"[transport.grpc] cannot serve with this [plugins] acl: {type(broker.acl).__name__} does "
+            "not check RocketMQ 5 clients' signatures (validate_call), so the gRPC endpoint would "
+            'bypass the ACL; use acl = "plain" or remove one of the two'
         )
-    from . import proto
+    try:
+        from . import proto
 
-    pb = proto.load()
-    from .server import GrpcServer
+        pb = proto.load()
+        from .server import GrpcServer
 
-    _SERVERS[id(broker)] = GrpcServer(broker, options, pb)
+        _SERVERS[id(broker)] = GrpcServer(broker, options, pb)
+    except ConfigError as exc:
+        if options.required:
+            raise
+        log.warning("gRPC endpoint (RocketMQ 5 clients) not served: %s", exc)
 
 
 @hookimpl

@@ -10,14 +10,17 @@ from typing import Any
 
 import grpc
 
+from tidemq import CallValidator
 from tidemq.address import split_address
 from tidemq.broker.services import BrokerServices
 from tidemq.context import BrokerContext
 from tidemq.errors import ConfigError
 
+from .auth import Gate, Guarded
 from .backend import LocalBackend
 from .consume import CONSUME_UNARY, ReceiveLimits
 from .consume_backend import BrokerConsumeBackend
+from .figures import CallFigures, Counted
 from .options import GrpcOptions, server_credentials
 from .pull import PullRpcs
 from .service import MessagingService
@@ -119,12 +122,14 @@ class GrpcServer:
         host, port = split_address(options.listen)
         frame = options.max_frame_bytes or broker.settings.max_message_size + _FRAME_OVERHEAD
         self.server = grpc.aio.server(
+            # Beyond this many calls at once, every connection together: RESOURCE_EXHAUSTED.
+            maximum_concurrent_rpcs=options.max_concurrent_calls,
             options=[
                 ("grpc.max_receive_message_length", frame),
                 ("grpc.max_send_message_length", frame),
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_concurrent_streams", options.max_concurrent_streams),
-            ]
+            ],
         )
         bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         credentials = server_credentials(options)
@@ -143,6 +148,8 @@ class GrpcServer:
         self._starting: asyncio.Task[None] | None = None
         self.host = host
         self.port = bound
+        # Announced in the CLI's start-up lines ("tidemq grpc listening on ...").
+        broker.endpoints["grpc"] = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
         # The broker's services, as the remoting processors have them (their own instance: the
         # services keep only caches, the state is the broker's).
         services = BrokerServices(broker)
@@ -151,7 +158,19 @@ class GrpcServer:
         self.service = MessagingService(
             backend, pb, host, bound, broker.settings.max_message_size, limits, BrokerConsumeBackend(services)
         )
-        self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(backend, pb), pb),))
+        self.service.check_message_types = options.enable_topic_message_type_check
+        served = handlers(self.service, PullRpcs(backend, pb), pb)
+        #: The ACL check of every call (None without ACL): tidemq_transport_grpc.auth.
+        self.gate = Gate(broker.acl, pb) if isinstance(broker.acl, CallValidator) else None
+        if self.gate is not None:
+            served = Guarded(served, self.gate)
+        #: What the endpoint serves, counted (the broker's metrics and runtime info read it).
+        self.figures = CallFigures()
+        if self.gate is not None:
+            gate = self.gate
+            self.figures.refusals = lambda: gate.refusals
+        broker.endpoint_figures["grpc"] = self.figures.figures
+        self.server.add_generic_rpc_handlers((Counted(served, self.figures),))
 
     @property
     def address(self) -> str:

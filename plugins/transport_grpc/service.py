@@ -29,7 +29,14 @@ from tidemq.names import check_topic_name
 from .backend import DEFAULT_TOPIC, Backend, Outgoing
 from .consume import ConsumeRpcs, ReceiveLimits
 from .consume_types import ConsumeBackend
-from .messages import TIMER_DELIVER_MS, code_of, parse_transaction_id, producer_group, transaction_id
+from .messages import (
+    TIMER_DELIVER_MS,
+    accepted_message_types,
+    code_of,
+    parse_transaction_id,
+    producer_group,
+    transaction_id,
+)
 from .peer import OUTBOX_LIMIT, CallPeer, StreamPeer
 
 log = logging.getLogger(__name__)
@@ -74,6 +81,8 @@ class MessagingService:
         self.clients: dict[str, Any] = {}  # client id -> its latest Settings (telemetry)
         self.streams: dict[str, StreamPeer] = {}  # client id -> its Telemetry stream
         self._plain: dict[int, Any] = {}  # code -> its Status without a message of its own
+        #: RocketMQ 5 proxy's enableTopicMessageTypeCheck ([transport.grpc]).
+        self.check_message_types = True
         #: The consumer RPCs (consume.py), over ``consume`` (the broker's POP engine, or remoting).
         self.consume = ConsumeRpcs(consume, pb, self.endpoints, self.clients.get, limits)
 
@@ -119,9 +128,8 @@ class MessagingService:
         if isinstance(layouts, Outcome):
             return pb.QueryRouteResponse(status=self.refusal(layouts))
         queues = []
-        # Every type until topics carry RocketMQ 5's message.type attribute (a MIXED topic).
-        accept = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
         for cfg in layouts:
+            accept = accepted_message_types(pb, cfg.attributes)  # the topic's message.type attribute
             # Each broker group's queues, all at this endpoint (a proxy in front of several).
             broker = pb.Broker(name=cfg.broker_name, id=0, endpoints=self.endpoints())
             for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
@@ -244,7 +252,7 @@ class MessagingService:
         kind = client.WhichOneof("pub_sub")
         if kind == "publishing" or client.client_type == pb.PRODUCER:
             out.publishing.max_body_size = self.max_body
-            out.publishing.validate_message_type = True
+            out.publishing.validate_message_type = self.check_message_types
             policy = out.backoff_policy
             policy.max_attempts = _PRODUCER_ATTEMPTS
             policy.exponential_backoff.initial.FromMilliseconds(10)
@@ -336,8 +344,19 @@ class MessagingService:
             properties[Prop.PRODUCER_GROUP] = group
         stored = await self.backend.send(
             peer,
-            Outgoing(topic, body, properties, sys_flag, born_ms, group, message_group),
+            Outgoing(
+                topic,
+                body,
+                properties,
+                sys_flag,
+                born_ms,
+                group,
+                message_group,
+                check_type=self.check_message_types,
+            ),
         )
+        if stored.type_conflict:  # the topic's message.type, as RocketMQ 5's proxy checks it
+            return pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, stored.outcome.remark or "", -1, "", ""
         outcome = stored.outcome
         code = code_of(pb, outcome.status, outcome.remark)
         tx_id = (

@@ -144,7 +144,8 @@ def test_the_v5_example_sends_sync_and_async(v5_python: Path, spawn: Any, tmp_pa
     cluster = GrpcCluster(spawn, tmp_path)
     example = Path(__file__).resolve().parents[2] / "examples" / "v5_client.py"
     out = subprocess.run(
-        [str(v5_python), str(example), "--endpoints", cluster.grpc, "--topic", "orders"],
+        # The receive half: tests/compat/test_grpc_standalone.py.
+        [str(v5_python), str(example), "--endpoints", cluster.grpc, "--topic", "orders", "--no-receive"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -159,7 +160,7 @@ def test_v5_fifo_messages_of_one_group_reach_a_4x_consumer_in_order(
     v5_python: Path, spawn: Any, tmp_path: Path
 ) -> None:
     cluster = GrpcCluster(spawn, tmp_path)
-    cluster.admin("updateTopic", "-t", "V5Fifo", "-r", "4", "-w", "4")
+    cluster.admin("updateTopic", "-t", "V5Fifo", "-r", "4", "-w", "4", "-a", "+message.type=FIFO")
     sent = cluster.run(
         v5_python,
         V5_WORKER,
@@ -282,7 +283,7 @@ def test_v5_transactions_commit_roll_back_and_are_checked_then_a_4x_consumer_rea
     cluster = GrpcCluster(
         spawn, tmp_path, broker_toml="transaction_check_interval_s = 1.0\ntransaction_timeout_s = 1.0\n"
     )
-    cluster.admin("updateTopic", "-t", "V5Tx", "-r", "1", "-w", "1")
+    cluster.admin("updateTopic", "-t", "V5Tx", "-r", "1", "-w", "1", "-a", "+message.type=TRANSACTION")
     lines = cluster.run(
         v5_python,
         V5_WORKER,

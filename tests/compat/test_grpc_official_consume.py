@@ -214,7 +214,7 @@ def test_fifo_push_consumer_gets_each_message_group_in_order(
     v5_python: Path, spawn: Any, tmp_path: Path
 ) -> None:
     cluster = cluster_of(spawn, tmp_path)
-    cluster.admin("updateTopic", "-t", "V5FifoPush", "-r", "4", "-w", "4")
+    cluster.admin("updateTopic", "-t", "V5FifoPush", "-r", "4", "-w", "4", "-a", "+message.type=FIFO")
     cluster.admin("updateSubGroup", "-b", cluster.broker, "-g", "G_FIFO_PUSH", "-o", "true")
     v5(cluster, v5_python, "produce", "--topic", "V5FifoPush", "--count", "24", "--groups", "ga,gb,gc")
     lines = v5(
@@ -245,7 +245,7 @@ def test_a_4x_consumer_reads_what_a_5x_producer_sent_and_a_timer_message_is_reca
     v5_python: Path, spawn: Any, tmp_path: Path
 ) -> None:
     cluster = cluster_of(spawn, tmp_path)
-    cluster.admin("updateTopic", "-t", "V5Recall", "-r", "1", "-w", "1")
+    cluster.admin("updateTopic", "-t", "V5Recall", "-r", "1", "-w", "1", "-a", "+message.type=DELAY")
     (answer,) = v5(cluster, v5_python, "recall", "--topic", "V5Recall", "--delay", "4")
     assert answer["handle"] and answer["recalled_id"] == answer["recalled"]
     got = cluster.run(

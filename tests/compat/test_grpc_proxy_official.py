@@ -94,7 +94,7 @@ def test_v5_transactions_through_the_proxy_end_and_are_checked_on_the_broker_hol
     cluster = ProxyCluster(
         spawn, tmp_path, broker_toml="transaction_check_interval_s = 1.0\ntransaction_timeout_s = 1.0\n"
     )
-    cluster.create_topic("ProxyTx", queues=2)
+    cluster.create_topic("ProxyTx", "-a", "+message.type=TRANSACTION", queues=2)
     actions = "commit,rollback,unknown,commit,unknown,commit"
     lines = run(
         cluster,
@@ -218,7 +218,7 @@ def test_v5_fifo_push_consumer_and_the_dead_letter_queue_through_the_proxy(
     v5_python: Path, spawn: Any, tmp_path: Path
 ) -> None:
     cluster = ProxyCluster(spawn, tmp_path, proxy_toml=FAST)
-    cluster.create_topic("ProxyFifo")
+    cluster.create_topic("ProxyFifo", "-a", "+message.type=FIFO")
     cluster.create_topic("ProxyDlq", queues=1)
     for name in BROKERS:  # the groups' settings, on every broker group
         address = cluster.addresses[name]
@@ -295,7 +295,7 @@ def test_a_timer_message_sent_through_the_proxy_is_recalled_through_it(
     v5_python: Path, spawn: Any, tmp_path: Path
 ) -> None:
     cluster = ProxyCluster(spawn, tmp_path, proxy_toml=FAST)
-    cluster.create_topic("ProxyRecall")
+    cluster.create_topic("ProxyRecall", "-a", "+message.type=DELAY")
     endpoints = ("--endpoints", cluster.proxy)
     (answer,) = run(
         cluster, v5_python, "recall", "--topic", "ProxyRecall", "--delay", "4", *endpoints, worker=CONSUMER

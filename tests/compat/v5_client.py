@@ -22,11 +22,18 @@ import time
 def produce(args: argparse.Namespace) -> None:
     from rocketmq import ClientConfiguration, Credentials, Message, Producer
 
-    config = ClientConfiguration(args.endpoints, Credentials())
+    # --ak/--sk: the client's Credentials (it signs every call); a refused start or send is
+    # printed as {"error": ...} (ACL tests), not raised.
+    config = ClientConfiguration(args.endpoints, Credentials(args.ak, args.sk))
     # --tls: the client's tls_enable; it trusts the CA named by GRPC_DEFAULT_SSL_ROOTS_FILE_PATH.
     producer = Producer(config, (args.topic,), tls_enable=args.tls)
     started = time.monotonic()
-    producer.startup()
+    try:
+        producer.startup()
+    except Exception as exc:
+        print(json.dumps({"start_error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        producer.shutdown()
+        return
     print(json.dumps({"started_s": round(time.monotonic() - started, 3)}), flush=True)
     try:
         futures = []
@@ -48,7 +55,11 @@ def produce(args: argparse.Namespace) -> None:
                     flush=True,
                 )
             elif i < args.count // 2:
-                receipt = producer.send(msg)
+                try:
+                    receipt = producer.send(msg)
+                except Exception as exc:
+                    print(json.dumps({"i": i, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+                    continue
                 print(
                     json.dumps(
                         {"i": i, "mode": "sync", "message_id": receipt.message_id, "offset": receipt.offset}
@@ -56,9 +67,16 @@ def produce(args: argparse.Namespace) -> None:
                     flush=True,
                 )
             else:
-                futures.append((i, producer.send_async(msg)))
+                try:
+                    futures.append((i, producer.send_async(msg)))
+                except Exception as exc:
+                    print(json.dumps({"i": i, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
         for i, future in futures:
-            receipt = future.result(timeout=30)
+            try:
+                receipt = future.result(timeout=30)
+            except Exception as exc:
+                print(json.dumps({"i": i, "error": f"{type(exc).__name__}: {exc}"}), flush=True)
+                continue
             print(
                 json.dumps(
                     {"i": i, "mode": "async", "message_id": receipt.message_id, "offset": receipt.offset}
@@ -162,6 +180,8 @@ def main() -> None:
     p.add_argument("--prefix", default="v5")
     p.add_argument("--body", type=int, default=1024)
     p.add_argument("--tls", action="store_true", help="produce: connect with TLS")
+    p.add_argument("--ak", default="", help="produce: the Credentials' access key")
+    p.add_argument("--sk", default="", help="produce: the Credentials' secret key")
     p.add_argument("--message-group", default="", help="produce: FIFO messages of this group")
     p.add_argument(
         "--actions", default="commit", help="transaction: commit/rollback/unknown, comma-separated"

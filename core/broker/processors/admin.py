@@ -35,6 +35,7 @@ from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import DEFAULT_VERSION, RemotingCommand
 from tidemq.replication import MasterAware, RoleAware
 from tidemq.store import store_introspection
+from tidemq.topic_attributes import TopicAttributeError, alter_attributes, parse_modification
 from tidemq.transport import Connection
 
 
@@ -90,6 +91,15 @@ class AdminProcessor:
             return request.reply(
                 ResponseCode.SYSTEM_ERROR, f"perm {perm} is not a combination of 1, 2, 4 and 8"
             )
+        current = b.topics.get(topic)
+        try:  # RocketMQ 5's attributes (+message.type=FIFO): applied to the topic's current ones
+            attributes = alter_attributes(
+                current is None,
+                current.attributes if current is not None else {},
+                parse_modification(h.str("attributes", "")),
+            )
+        except TopicAttributeError as exc:
+            return request.reply(ResponseCode.SYSTEM_ERROR, str(exc))
         cfg = TopicConfig(
             topic,
             read,
@@ -98,6 +108,7 @@ class AdminProcessor:
             h.str("topicFilterType", "SINGLE_TAG"),
             h.int("topicSysFlag", 0),
             h.bool("order", False),
+            attributes,
         )
         b.topics.update(cfg)
         await asyncio.to_thread(b.topics.persist)  # an operator's change is on disk when answered
@@ -134,6 +145,10 @@ class AdminProcessor:
         table = runtime_table(b)
         table.update({k: str(v) for k, v in self.admin.pop_figures().items()})  # POP (issue 39)
         table.update(self.admin.timer_figures())  # RocketMQ 5's timer keys (issue 36)
+        for endpoint, figures in b.endpoint_figures.items():  # the gRPC endpoint's counters
+            for figure, value in figures().items():
+                table[endpoint + "".join(w.capitalize() for w in figure.split("_"))] = str(value)
+        table.update(b.dedup.figures())  # the duplicate window (issue 37)
         # HA (issue 7): replication plugins may add their state (role, slave lag in bytes).
         if isinstance(b.replication, MasterAware):
             table.update(b.replication.runtime_info())

@@ -33,10 +33,10 @@ SEND_BATCH_MESSAGE and PULL_MESSAGE) are :meth:`SendService.prepare`/``put``/``s
 per request or per read, messages as the list the store takes) and :meth:`PullService.pull` (the
 store's wire-ready buffers in :attr:`PullResult.body`).
 
-Room for the work to come (a module each, on the same terms; none exists yet):
-
-* ``dedup.py``: the duplicate window, asked by :meth:`SendService.prepare` after the topic checks
-  and before the hooks (a duplicate is answered with the first send's outcome).
+The duplicate window (issue 37, :mod:`tidemq.broker.dedup`) is asked by
+:meth:`SendService.prepare`/``prepare_batch`` after the topic checks and before the hooks: a
+duplicate is a :class:`Send` that ``put`` skips and ``settled``/``settle`` answer with the first
+send's outcome.
 """
 
 from __future__ import annotations

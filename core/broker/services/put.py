@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
 from tidemq.broker.context import BrokerContext
 from tidemq.broker.services.status import Status
@@ -25,6 +26,9 @@ from tidemq.message import (
 from tidemq.observe import SendContext
 from tidemq.replication import ReplicaStatus
 from tidemq.store import PutResult, PutStatus
+
+if TYPE_CHECKING:
+    from tidemq.broker.dedup import Duplicate, Sent
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,7 @@ class Send:
     __slots__ = (
         "batch",
         "ctx",
+        "dedup",
         "epoch",
         "group",
         "index",
@@ -131,6 +136,9 @@ class Send:
         self.index = 0  # of its (first) message in the group's put
         #: A parked timer message's recall handle (the answer's ``recallHandle``), else None.
         self.recall_handle: str | None = None
+        #: The duplicate window (issue 37): this send's keys (a :class:`~tidemq.broker.dedup.Sent`,
+        #: told the outcome), or a :class:`~tidemq.broker.dedup.Duplicate` answered without a put.
+        self.dedup: Sent | Duplicate | None = None
 
 
 class PutGroup:
@@ -196,7 +204,8 @@ def settled(broker: BrokerContext, send: Send) -> bool:
     """Fill ``send``'s outcome when its put and replicas are done already (async flush: nearly
     every send), without a coroutine; False when it has to wait (:func:`settle`)."""
     group = send.group
-    assert group is not None
+    if group is None:  # a duplicate (issue 37): answered from its first copy, never put
+        return send.dedup.settled(broker, send)  # type: ignore[union-attr]
     if group.result is None and group.error is None:
         future = group.future
         assert future is not None  # put, or the store raised (then group.error is set)
@@ -217,7 +226,9 @@ def settled(broker: BrokerContext, send: Send) -> bool:
 async def settle(broker: BrokerContext, send: Send) -> None:
     """Wait for ``send``'s put and replicas, tell the hooks, fill its outcome."""
     group = send.group
-    assert group is not None
+    if group is None:  # a duplicate (issue 37)
+        await send.dedup.settle(broker, send)  # type: ignore[union-attr]
+        return
     if group.result is None and group.error is None:
         assert group.future is not None
         try:
@@ -259,6 +270,8 @@ def _complete(broker: BrokerContext, send: Send, replica: ReplicaStatus | None) 
             broker.hooks.tidemq_after_send(context=ctx)
         send.status, send.remark, send.epoch = _SYSTEM_ERROR, f"store error: {group.error}", None
         send.msg_id, send.queue_offset = "", 0
+        if send.dedup is not None:
+            send.dedup.stored(send, None)  # type: ignore[union-attr]
         return
     role_aware = broker.role_aware
     send.epoch = role_aware.current_epoch() if role_aware is not None else None
@@ -296,6 +309,9 @@ def _complete(broker: BrokerContext, send: Send, replica: ReplicaStatus | None) 
         consumable = first.sys_flag & TRANSACTION_TYPE_MASK not in _NOT_CONSUMABLE
         queue_offset = result.queue_offset + index if consumable else result.queue_offset
     send.status, send.remark, send.msg_id, send.queue_offset = code, remark, msg_id, queue_offset
+    dedup = send.dedup
+    if dedup is not None:  # the duplicate window keeps this answer for a resend (issue 37)
+        dedup.stored(send, result)  # type: ignore[union-attr]
     if ctx is not None:
         ctx.status = code.name
         ctx.msg_id = msg_id

@@ -26,11 +26,19 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from tidemq.address import split_address
 from tidemq.broker.context import BrokerContext
-from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX, dlq_topic, retry_topic
+from tidemq.broker.dedup import MAX_KEY_LENGTH, UNIQ_KEY, Duplicate, Sent, content_key
+from tidemq.broker.dedup_table import batch_keys, hashes_of
+from tidemq.broker.headers import (
+    DEFAULT_TOPIC,
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    dlq_topic,
+    retry_topic,
+)
 from tidemq.broker.services.put import GROUP_MAX_BYTES, PutGroup, Send, settle, settled, store_group
 from tidemq.broker.services.status import DONE, Outcome, Status
 from tidemq.broker.timer import TIMER_OUT_MS, TimerRefused
@@ -51,6 +59,7 @@ from tidemq.names import check_group_name, check_topic_name
 from tidemq.observe import SendContext
 from tidemq.perm import PERM_READ, PERM_WRITE, is_writeable
 from tidemq.plugins import Listeners
+from tidemq.topic_attributes import message_type_of, topic_message_type, type_conflict
 from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -141,6 +150,16 @@ class SendService:
             )
         return cfg
 
+    def check_message_type(self, cfg: TopicConfig, properties: Mapping[str, str]) -> Outcome | None:
+        """RocketMQ 5's topic message type check (its proxy's ``enableTopicMessageTypeCheck``): a
+        message of a type the topic's ``message.type`` does not take is MESSAGE_ILLEGAL; retry
+        and dead-letter topics are not checked.  The gRPC transport calls it; 4.x remoting sends
+        are not checked, as a RocketMQ 5 broker does not check them (docs/grpc.md)."""
+        if cfg.topic_name.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+            return None
+        problem = type_conflict(topic_message_type(cfg.attributes), message_type_of(properties))
+        return None if problem is None else Outcome(Status.MESSAGE_ILLEGAL, problem)
+
     # ------------------------------------------------------------------ step 1: prepare
     def prepare(
         self,
@@ -166,6 +185,22 @@ class SendService:
         if queue_id < 0:
             queue_id = random.randrange(max(cfg.write_queue_nums, 1))  # type: ignore[union-attr]
         props = string_to_properties(properties)
+        # The duplicate window (issue 37): a resend of a message stored within it is answered so.
+        window = b.dedup
+        seconds, content = window.topic_settings(topic, cfg)
+        if seconds > 0:
+            key = content_key(flag, body, props) if content else props.get(UNIQ_KEY)
+            if key and len(key) <= MAX_KEY_LENGTH:
+                first = window.check(topic, key)
+                if first is not None:
+                    pos = first.position(key)
+                    if content or window.same_body(first, pos, body, b.store):
+                        window.count_dropped(topic, 1)
+                        dup = MessageInner(topic, body, queue_id, flag, props, sys_flag, born_timestamp)
+                        return self._duplicate(producer_group, [dup], False, [(first, pos)])
+            else:
+                seconds = 0.0  # no usable key: stored as it is
+        producer_topic = topic
         # As RocketMQ 4.6+: a stored message names its cluster (a request's responder replies to
         # <CLUSTER>_REPLY_TOPIC through it).
         props[_CLUSTER] = b.settings.cluster
@@ -200,6 +235,16 @@ class SendService:
                 b.transactions.to_half(msg)
             elif Prop.DELAY_TIME_LEVEL in props:  # what rewrite acts on
                 b.schedule.rewrite(msg)
+            if seconds > 0:
+                send.dedup = window.record(producer_topic, hashes_of([key]), send, seconds)  # type: ignore[list-item]
+        return send
+
+    def _duplicate(
+        self, producer_group: str, msgs: list[MessageInner], batch: bool, refs: list[tuple[Sent, int]]
+    ) -> Send:
+        """A send answered from the window: never put; settled from its first copies."""
+        send = Send(producer_group, msgs, batch, None, msgs[0].queue_id, 0)
+        send.dedup = Duplicate(refs)
         return send
 
     def _route_retry(
@@ -259,12 +304,56 @@ class SendService:
             return Outcome(Status.MESSAGE_ILLEGAL, f"malformed batch body: {exc}")
         if not msgs:
             return Outcome(Status.MESSAGE_ILLEGAL, "the batch holds no message")
+        # The duplicate window (issue 37): each message on its own key, when every one has one.
+        window = b.dedup
+        seconds, content = window.topic_settings(topic, cfg)
+        keys: list[str] | None = None
+        hashes = None
+        if seconds > 0:
+            if content:
+                keys = [content_key(m.flag, m.body, m.properties) for m in msgs]
+                if len(set(keys)) != len(keys):
+                    keys = None  # twice the same content in one batch: stored as it is
+                else:
+                    hashes = hashes_of(keys)
+            else:  # keys, their hashes and any repeat, in one pass (compiled when built)
+                found = batch_keys(msgs, UNIQ_KEY, MAX_KEY_LENGTH)
+                if found is not None:  # else a message without a usable key: stored as it is
+                    keys, hashes, repeated = found
+                    if repeated >= 0:
+                        return Outcome(Status.MESSAGE_ILLEGAL, _repeated_key(keys))
+            if (
+                keys is not None
+                and hashes is not None
+                and (hits := window.check_many(topic, hashes)) is not None
+                and any(h is not None for h in hits)
+            ):
+                if not content:  # a key reused for another body is not a resend
+                    for i, h in enumerate(hits):
+                        if h is not None and not window.same_body(
+                            h, h.position(keys[i]), msgs[i].body, b.store
+                        ):
+                            hits[i] = None
+                if any(h is not None for h in hits):
+                    dropped = sum(h is not None for h in hits)
+                    window.count_dropped(topic, dropped)
+                    if dropped == len(keys):
+                        refs = [(h, h.position(k)) for h, k in zip(hits, keys, strict=True) if h is not None]
+                        return self._duplicate(producer_group, msgs, True, refs)
+                    # Some were stored before: only the others are stored (and answered).
+                    msgs = [m for m, h in zip(msgs, hits, strict=True) if h is None]
+                    keys = [k for k, h in zip(keys, hits, strict=True) if h is None]
+                    hashes = hashes_of(keys)
         send = self._hooked(peer, producer_group, msgs, True, len(body))
         if type(send) is Send:
             try:  # a timer on any message parks the batch in rmq_sys_wheel_timer, each until its time
                 b.timers.rewrite_batch(msgs)
             except TimerRefused as exc:
                 return Outcome(Status(exc.code), exc.remark)
+            if keys is not None:
+                send.dedup = window.record(
+                    topic, hashes if hashes is not None else hashes_of(keys), send, seconds
+                )
         return send
 
     def prepare_reply(
@@ -353,6 +442,8 @@ class SendService:
         groups: dict[tuple[str, int, int], PutGroup] = {}
         broker = self.broker
         for send in sends:
+            if type(send.dedup) is Duplicate:  # answered from the window, not stored
+                continue
             first = send.msgs[0]
             key = (first.topic, first.queue_id, first.sys_flag & TRANSACTION_TYPE_MASK)
             group = groups.get(key)
@@ -368,6 +459,8 @@ class SendService:
 
     def put_one(self, send: Send) -> None:
         """Store one send on its own."""
+        if type(send.dedup) is Duplicate:  # answered from the window, not stored
+            return
         group = PutGroup()
         group.add(send)
         store_group(self.broker, group)
@@ -446,3 +539,16 @@ class SendService:
             return Outcome(Status.SYSTEM_ERROR, f"{result.status.value} {result.error}".strip())
         b.stats.on_put(msg.topic, 1, result.wrote_bytes)
         return DONE
+
+
+def _repeated_key(keys: list[str]) -> str:
+    """MESSAGE_ILLEGAL's remark for a batch that gives two messages one UNIQ_KEY."""
+    seen: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key in seen:
+            return (
+                f"the batch repeats UNIQ_KEY {key[:64]!r} at messages {seen[key]} and {i}: each message "
+                "of a batch needs its own key (the duplicate window keys on it)"
+            )
+        seen[key] = i
+    return "the batch repeats a UNIQ_KEY"

@@ -1,0 +1,629 @@
+"""The duplicate window (issue 37): a resend of a stored message is answered, not stored again.
+
+RocketMQ clients give every message a unique id (the ``UNIQ_KEY`` property; RocketMQ 5's
+``message_id``) and send it again, unchanged, when an answer is lost or late.  The window keeps,
+per topic and for ``dedup_window_s`` seconds, each stored message's key with the answer its send
+got (message id, queue id, queue offset, and the commit-log end of its put).  A send whose key is
+in the window is not stored: it is answered as the first send was (a batch: each message's id,
+the first one's offset).  A resend that arrives while the first copy is still being stored waits
+for that copy's put (:class:`Duplicate`).
+
+The small typed API a send path calls (SendService.prepare today, the compiled send lane later):
+
+* :meth:`DuplicateWindow.topic_window` -- seconds a topic's keys are kept (0: no window);
+* :meth:`DuplicateWindow.check` -- ``check(topic, key)``: the :class:`Sent` that first stored
+  ``key`` (answered, or still pending: :attr:`Sent.send` is not None), or None;
+* :meth:`DuplicateWindow.record` -- a send about to be stored: its keys point at it (pending);
+  :meth:`Sent.stored` (called by the put's outcome) turns it into the answer, or forgets the
+  keys when nothing was stored, so a retry stores the message.
+
+Memory: bounded by ``dedup_max_entries`` keys and ``dedup_max_bytes`` (keys' lengths plus a
+measured per-key and per-send overhead), the oldest send evicted first.  Durability: the window is
+derived from the commit log, rebuilt at start and when the broker becomes master
+(:mod:`tidemq.broker.dedup_rebuild`).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import time
+from array import array
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from tidemq.broker.dedup_table import COMPILED, HashTable, hashes_of
+from tidemq.broker.headers import RETRY_GROUP_TOPIC_PREFIX
+from tidemq.futures import resolved
+from tidemq.message import (
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    TRANSACTION_TYPE_MASK,
+    Prop,
+    body_crc,
+    decode_message_id,
+)
+from tidemq.replication import ReplicaStatus
+from tidemq.store import PutResult, PutStatus
+
+if TYPE_CHECKING:
+    from tidemq.broker.services.put import Send
+    from tidemq.broker.services.status import Status
+    from tidemq.context import BrokerContext
+    from tidemq.store import MessageStore
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "TOPIC_ATTRIBUTE",
+    "UNIQ_KEY",
+    "Duplicate",
+    "DuplicateWindow",
+    "Sent",
+    "content_key",
+]
+
+
+def content_key(flag: int, body: bytes | memoryview, properties: Mapping[str, str]) -> str:
+    """A message's content key (``dedup_key = "content"``): a digest of its body, flag and
+    properties but the per-attempt ones, the same for every attempt of one send."""
+    h = hashlib.blake2b(body, digest_size=16)
+    h.update(b"\0%d" % flag)
+    for name in sorted(properties):
+        if name not in _CONTENT_SKIPPED:
+            h.update(b"\0%s\1%s" % (name.encode(), properties[name].encode()))
+    return h.hexdigest()
+
+
+UNIQ_KEY = Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+#: The topic attribute that overrides ``dedup_window_s`` for one topic (seconds; 0: off).
+TOPIC_ATTRIBUTE = "dedup.window.seconds"
+#: The topic attribute that overrides ``dedup_key`` for one topic (``uniq_key`` or ``content``).
+KEY_ATTRIBUTE = "dedup.key"
+#: Properties a content key leaves out: the per-attempt UNIQ_KEY, and what the broker adds or
+#: changes on the way to the commit log (cluster, parking, a capped delay level).
+_CONTENT_SKIPPED = frozenset(
+    (
+        Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+        Prop.CLUSTER,
+        Prop.REAL_TOPIC,
+        Prop.REAL_QUEUE_ID,
+        Prop.DELAY_TIME_LEVEL,
+        "TIMER_OUT_MS",
+    )
+)
+#: Longer keys are not kept (the message is stored normally): RocketMQ's are 32 hex digits, a
+#: RocketMQ 5 ``message_id`` 34; 10 KiB keys must not let a client fill the window's bytes.
+MAX_KEY_LENGTH = 128
+#: Memory one key costs (its table slot at the lowest load, its packed hash, its share of the
+#: answer's message ids; a key's characters are not kept), and one send (its :class:`Sent`, hash
+#: array and answer), as measured with tracemalloc (tests/test_dedup.py checks they are not low).
+PER_KEY_BYTES = 110 if COMPILED else 180
+PER_SEND_BYTES = 400
+#: Topics whose sends are never deduplicated: a consumer's retries are redeliveries on purpose
+#: (the fallback send-back of a 4.x client re-sends the same UNIQ_KEY on each attempt).
+_NOT_WINDOWED_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, "%DLQ%")
+_NOT_CONSUMABLE = (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+_PUT_OK = PutStatus.PUT_OK
+#: The statuses (response codes) a first send may end with and still be stored: SUCCESS,
+#: FLUSH_DISK_TIMEOUT, SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT.  As plain codes: this module is
+#: imported by :mod:`tidemq.broker.services.send`, so it imports nothing of that package.
+_STORED_CODES = frozenset((0, 10, 11, 12))
+
+
+def _status() -> type[Status]:
+    from tidemq.broker.services.status import Status
+
+    return Status
+
+
+class Sent:
+    """The keys of one send (or of consecutive records read back at a rebuild) and its answer.
+
+    Pending while :attr:`send` is set (the first copy is being stored); answered once ``msg_id``
+    is set (comma-separated for several messages), message ``i``'s queue offset being
+    ``queue_offset + i * step``.  One object per send, shared by all its keys: recording a batch
+    costs one dict update, settling it no per-key work.
+    """
+
+    __slots__ = (
+        "deadline",
+        "end",
+        "handle",
+        "hashes",
+        "live",
+        "msg_id",
+        "nbytes",
+        "queue_id",
+        "queue_offset",
+        "send",
+        "step",
+        "topic",
+        "window",
+    )
+
+    #: Set once answered (with ``msg_id``, ``handle``): the first message's queue and offset,
+    #: the offset step between messages (0: no consume-queue entry), the put's commit-log end.
+    queue_id: int
+    queue_offset: int
+    step: int
+    end: int
+    #: Bytes counted for it in the window's bound.
+    nbytes: int
+
+    def __init__(
+        self, window: DuplicateWindow, topic: str, hashes: array[int], deadline: float, send: Send | None
+    ) -> None:
+        self.window = window
+        self.topic = topic
+        #: The keys' 64-bit hashes (:func:`~tidemq.broker.dedup_table.hashes_of`), in message order.
+        self.hashes = hashes
+        self.deadline = deadline
+        self.send = send
+        self.msg_id = ""  # set once answered, with queue_id, queue_offset, step, end and handle
+        self.live = True
+        #: A parked timer message's recall handle (its answer's ``recallHandle``), else None.
+        self.handle: str | None = None
+
+    def answer(self, pos: int) -> tuple[str, int, int]:
+        """Message ``pos``'s (message id, queue id, queue offset), once answered."""
+        msg_id = self.msg_id
+        if len(self.hashes) > 1:
+            ids = msg_id.split(",")
+            if pos < len(ids):
+                msg_id = ids[pos]
+        return msg_id, self.queue_id, self.queue_offset + pos * self.step
+
+    def position(self, key: str) -> int:
+        """Where ``key`` is among this send's messages (0 for a single message)."""
+        hashes = self.hashes
+        return hashes.index(hash(key)) if len(hashes) > 1 else 0
+
+    def stored(self, send: Send, result: PutResult | None) -> None:
+        """The first send's outcome is known (``send``'s fields are set): keep its answer, or
+        forget the keys when it was not stored.  Called by the put's outcome, on the loop."""
+        if self.send is None:
+            return
+        self.send = None
+        if result is None or send.status not in _STORED_CODES:
+            self.window.forget(self)
+            return
+        self.msg_id = send.msg_id
+        self.handle = send.recall_handle
+        self.queue_id = send.queue_id
+        self.queue_offset = send.queue_offset
+        first = send.msgs[0]
+        self.step = 0 if first.sys_flag & TRANSACTION_TYPE_MASK in _NOT_CONSUMABLE else 1
+        self.end = result.wrote_offset + result.wrote_bytes
+
+    def from_put(self) -> bool | None:
+        """A pending send whose put is done: take its answer from the put (as its own outcome
+        will); True when answered now, False when it is not done yet, None when it failed."""
+        send = self.send
+        if send is None:
+            return True if self.msg_id else None
+        group = send.group
+        if group is None:
+            return False
+        future = group.future
+        if future is None:  # the store raised
+            self.send = None
+            self.window.forget(self)
+            return None
+        if not future.done():
+            return False
+        result = None if future.exception() is not None else future.result()
+        if result is None or result.status is not _PUT_OK:
+            self.send = None
+            self.window.forget(self)
+            return None
+        index = send.index
+        ids = result.msg_ids
+        count = len(send.msgs)
+        if group.nsends == 1 and index == 0:
+            self.msg_id = result.msg_id if count > 1 else (ids[0] if ids else result.msg_id)
+        else:
+            self.msg_id = ",".join(ids[index : index + count]) if index + count <= len(ids) else result.msg_id
+        first = group.msgs[0]
+        consumable = first.sys_flag & TRANSACTION_TYPE_MASK not in _NOT_CONSUMABLE
+        self.step = 1 if consumable else 0
+        self.queue_offset = result.queue_offset + (index if consumable else 0)
+        self.queue_id = send.queue_id
+        self.handle = send.recall_handle
+        self.end = result.wrote_offset + result.wrote_bytes
+        self.send = None
+        return True
+
+    def put_future(self) -> Future[PutResult] | None:
+        """The pending send's put, to wait for (None when there is nothing to wait for)."""
+        send = self.send
+        group = send.group if send is not None else None
+        return group.future if group is not None else None
+
+
+class Duplicate:
+    """A send whose messages are all in the window: answered from the first copies, not stored.
+
+    ``refs`` holds, per message, the :class:`Sent` that stored it and its position there.  The
+    answer waits for a first copy still being stored, then for the replicas to hold the first
+    copies (as the first answer did: a resend is acknowledged no sooner than its first copy).
+    """
+
+    __slots__ = ("refs", "replica")
+
+    def __init__(self, refs: list[tuple[Sent, int]]) -> None:
+        self.refs = refs
+        self.replica: Future[ReplicaStatus] | None = None
+
+    def settled(self, broker: BrokerContext, send: Send) -> bool:
+        """Fill ``send``'s answer when every first copy is stored and replicated; else False."""
+        end = 0
+        for sent, _ in self.refs:
+            state = sent.from_put()
+            if state is None:
+                _refuse(send, "the first copy of this message was not stored; send it again")
+                return True
+            if not state:
+                return False
+            end = max(end, sent.end)
+        replica = self.replica
+        if replica is None:
+            replica = self.replica = broker.replication.wait_for_replicas(end)
+        if not replica.done():
+            return False
+        self._fill(broker, send, None if replica.exception() is not None else replica.result())
+        return True
+
+    async def settle(self, broker: BrokerContext, send: Send) -> None:
+        """Wait for the first copies' puts and replicas, then fill ``send``'s answer."""
+        for sent, _ in self.refs:
+            future = sent.put_future()
+            if future is not None:
+                try:
+                    await resolved(future)
+                except Exception:
+                    pass  # from_put reads the failure
+        if self.settled(broker, send):
+            return
+        replica = self.replica
+        status: ReplicaStatus | None = None
+        if replica is not None:
+            try:
+                status = await resolved(replica)
+            except Exception:
+                status = None
+        self._fill(broker, send, status)
+
+    def _fill(self, broker: BrokerContext, send: Send, replica: ReplicaStatus | None) -> None:
+        ids = []
+        queue_id = queue_offset = 0
+        for i, (sent, pos) in enumerate(self.refs):
+            msg_id, qid, qoffset = sent.answer(pos)
+            ids.append(msg_id)
+            if i == 0:
+                queue_id, queue_offset = qid, qoffset
+        st = _status()
+        status = {
+            ReplicaStatus.PUT_OK: st.SUCCESS,
+            ReplicaStatus.FLUSH_SLAVE_TIMEOUT: st.FLUSH_SLAVE_TIMEOUT,
+            ReplicaStatus.SLAVE_NOT_AVAILABLE: st.SLAVE_NOT_AVAILABLE,
+            ReplicaStatus.NOT_MASTER: st.SERVICE_NOT_AVAILABLE,
+        }.get(replica, st.SYSTEM_ERROR)  # type: ignore[arg-type]
+        send.status = status
+        send.remark = None if status is st.SUCCESS else f"the first copy's replicas answered {replica}"
+        role_aware = broker.role_aware
+        send.epoch = role_aware.current_epoch() if role_aware is not None else None
+        send.msg_id = ids[0] if len(ids) == 1 else ",".join(ids)
+        send.queue_id = queue_id
+        send.queue_offset = queue_offset
+        send.recall_handle = self.refs[0][0].handle
+
+
+def _refuse(send: Send, remark: str) -> None:
+    send.status = _status().SYSTEM_ERROR
+    send.remark = remark
+    send.epoch = None
+    send.msg_id = ""
+    send.queue_offset = 0
+
+
+class DuplicateWindow:
+    """Per topic, each stored message's UNIQ_KEY with the :class:`Sent` that stored it."""
+
+    def __init__(
+        self,
+        window_s: float,
+        max_entries: int,
+        max_bytes: int,
+        *,
+        content: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.window_s = float(window_s)
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._clock = clock
+        self._topics: dict[str, HashTable] = {}
+        self._order: collections.deque[Sent] = collections.deque()
+        #: (topic config object, its window): the attribute is read once per config object.
+        self._topic_windows: dict[str, tuple[object, float, bool]] = {}
+        #: Resends keyed on content (``dedup_key = "content"``) rather than on UNIQ_KEY.
+        self.content = content
+        #: Keys and (estimated) bytes held now.
+        self.entries = 0
+        self.nbytes = 0
+        #: Messages answered from the window instead of being stored, per topic (since start).
+        self.dropped: dict[str, int] = {}
+        #: Sends evicted before their time to keep the bounds, and sends not kept (too many keys).
+        self.evicted = 0
+        #: The last rebuild: records read, keys kept, seconds taken.
+        self.rebuilt_records = 0
+        self.rebuilt_keys = 0
+        self.rebuild_seconds = 0.0
+        #: Controller mode: the epoch the window was built for; a new one rebuilds it first.
+        self.epoch_source: Callable[[], int] | None = None
+        self.rebuild: Callable[[], None] | None = None
+        self._built_epoch: int | None = None
+
+    # ------------------------------------------------------------------ settings
+    def topic_window(self, topic: str, cfg: object) -> float:
+        """Seconds ``topic``'s keys are kept: its ``dedup.window.seconds`` attribute, else
+        ``dedup_window_s``; 0 for retry and dead-letter topics (redeliveries on purpose)."""
+        return self.topic_settings(topic, cfg)[0]
+
+    def topic_settings(self, topic: str, cfg: object) -> tuple[float, bool]:
+        """(seconds ``topic``'s keys are kept, whether its key is the content): its attributes
+        ``dedup.window.seconds`` and ``dedup.key``, else ``dedup_window_s`` and ``dedup_key``.
+        Read once per topic config object (a changed config is a new object)."""
+        cached = self._topic_windows.get(topic)
+        if cached is not None and cached[0] is cfg:
+            return cached[1], cached[2]
+        seconds = self.window_s
+        content = self.content
+        if topic.startswith(_NOT_WINDOWED_PREFIXES):
+            seconds = 0.0
+        else:
+            attributes = getattr(cfg, "attributes", None)
+            if isinstance(attributes, Mapping):
+                value = _attribute(attributes, TOPIC_ATTRIBUTE)
+                if value is not None:
+                    seconds = parse_window(value, self.window_s, topic)
+                kind = _attribute(attributes, KEY_ATTRIBUTE)
+                if kind is not None:
+                    content = parse_key_kind(kind, content, topic)
+        if len(self._topic_windows) > 65536:
+            self._topic_windows.clear()
+        self._topic_windows[topic] = (cfg, seconds, content)
+        return seconds, content
+
+    # ------------------------------------------------------------------ the API of a send path
+    def check(self, topic: str, key: str) -> Sent | None:
+        """The send that stored ``key`` in ``topic`` within the window (answered, or pending:
+        its ``send`` is set), or None."""
+        if self.epoch_source is not None:
+            self._follow_epoch()
+        table = self._topics.get(topic)
+        if table is None:
+            return None
+        sent = table.get(hash(key))
+        if sent is None or sent.deadline <= self._clock():
+            return None
+        return sent
+
+    def check_many(self, topic: str, hashes: array[int]) -> list[Sent | None] | None:
+        """:meth:`check` of each key of a batch, given as :func:`hashes_of` its keys, or None
+        when no key is in the table at all: the common case, found in one pass in C."""
+        if self.epoch_source is not None:
+            self._follow_epoch()
+        table = self._topics.get(topic)
+        if table is None:
+            return None
+        if not table.any_of(hashes):
+            return None
+        now = self._clock()
+        hits: list[Sent | None] = []
+        for h in hashes:
+            sent = table.get(h)
+            hits.append(sent if sent is not None and sent.deadline > now else None)
+        return hits
+
+    def record(self, topic: str, hashes: array[int], send: Send | None, window_s: float) -> Sent | None:
+        """``send``'s messages, about to be stored, under their keys (``hashes``:
+        :func:`hashes_of` them), pending until :meth:`Sent.stored`; None when the send is too
+        large for the window."""
+        n = len(hashes)
+        if n > self.max_entries:
+            self.evicted += 1
+            return None
+        now = self._clock()
+        sent = Sent(self, topic, hashes, now + window_s, send)
+        self._add(sent, n, now)
+        return sent
+
+    @staticmethod
+    def same_body(sent: Sent, pos: int, body: bytes, store: MessageStore) -> bool:
+        """Whether ``body`` is the body of ``sent``'s message ``pos`` (pending: the send's own,
+        answered: the stored record's BODYCRC).  A key reused for another body is not a resend:
+        a Java client keeps a Message object's UNIQ_KEY, so one object sent twice with different
+        bodies would otherwise lose the second."""
+        send = sent.send
+        if send is not None:
+            msgs = send.msgs
+            return pos < len(msgs) and msgs[pos].body == body
+        msg_id = sent.answer(pos)[0]
+        try:
+            offset = decode_message_id(msg_id)[1]
+        except ValueError:
+            return False
+        head = store.look_message_by_offset(offset, 12)
+        if head is None or len(head) < 12:
+            return False
+        return int.from_bytes(head[8:12], "big") == body_crc(body)
+
+    def count_dropped(self, topic: str, n: int) -> None:
+        dropped = self.dropped
+        dropped[topic] = dropped.get(topic, 0) + n
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _add(self, sent: Sent, n: int, now: float) -> None:
+        table = self._topics.get(sent.topic)
+        if table is None:
+            table = self._topics[sent.topic] = HashTable()
+        hashes = sent.hashes
+        if n == 1:
+            old = table.put(hashes[0], sent)
+            if old is not None:
+                self._unlink(old)
+        else:
+            replaced = table.put_many(hashes, sent)
+            if replaced is not None:
+                for old in replaced:
+                    self._unlink(old)
+        sent.nbytes = nbytes = n * PER_KEY_BYTES + PER_SEND_BYTES
+        self._order.append(sent)
+        self.entries += n
+        self.nbytes += nbytes
+        order = self._order
+        if order[0].deadline <= now or self.entries > self.max_entries or self.nbytes > self.max_bytes:
+            self._trim(now)
+
+    def _unlink(self, old: Sent) -> None:
+        """A key of ``old`` is taken over (a key kept past its deadline, stored again)."""
+        self.entries -= 1
+        self.nbytes -= PER_KEY_BYTES
+
+    def _trim(self, now: float) -> None:
+        """Drop sends past their deadline, then the oldest while over a bound."""
+        order = self._order
+        while order and (
+            order[0].deadline <= now or self.entries > self.max_entries or self.nbytes > self.max_bytes
+        ):
+            sent = order.popleft()
+            if sent.deadline > now:
+                self.evicted += 1
+            self._drop(sent)
+
+    def _drop(self, sent: Sent) -> None:
+        if not sent.live:
+            return
+        sent.live = False
+        table = self._topics.get(sent.topic)
+        removed = 0
+        if table is not None:
+            removed = table.remove_many(sent.hashes, sent)  # the keys still its own, in one pass
+            if not len(table):
+                del self._topics[sent.topic]
+        self.entries -= removed
+        self.nbytes -= removed * PER_KEY_BYTES + PER_SEND_BYTES
+
+    def forget(self, sent: Sent) -> None:
+        """``sent`` was not stored: its keys leave the window now (its place in the order is
+        skipped when reached)."""
+        self._drop(sent)
+
+    def clear(self) -> None:
+        for sent in self._order:
+            sent.live = False
+        self._topics.clear()
+        self._order.clear()
+        self.entries = 0
+        self.nbytes = 0
+
+    def _follow_epoch(self) -> None:
+        source = self.epoch_source
+        assert source is not None
+        epoch = source()
+        if epoch != self._built_epoch:
+            self._built_epoch = epoch
+            if self.rebuild is not None:
+                self.rebuild()
+
+    def built_for_epoch(self) -> None:
+        """A rebuild just ran for the epoch in force now."""
+        source = self.epoch_source
+        self._built_epoch = source() if source is not None else None
+
+    # ------------------------------------------------------------------ rebuild (dedup_rebuild)
+    def add_stored(
+        self,
+        topic: str,
+        keys: list[str],
+        msg_ids: list[str],
+        queue_id: int,
+        queue_offset: int,
+        step: int,
+        end: int,
+        deadline: float,
+        handle: str | None = None,
+    ) -> None:
+        """Records read back from the commit log (one put's, consecutive): kept answered.  The
+        first copy wins: a key already in the window (a transaction's commit, a delivered timer
+        message) keeps its first answer."""
+        n = len(keys)
+        if n > self.max_entries:
+            return
+        hashes = hashes_of(keys)
+        table = self._topics.get(topic)
+        if table is not None and table.any_of(hashes):
+            for i, h in enumerate(hashes):
+                if table.get(h) is None:
+                    at = queue_offset + i * step
+                    self.add_stored(topic, [keys[i]], [msg_ids[i]], queue_id, at, step, end, deadline, handle)
+            return
+        sent = Sent(self, topic, hashes, deadline, None)
+        sent.msg_id = msg_ids[0] if n == 1 else ",".join(msg_ids)
+        sent.queue_id = queue_id
+        sent.queue_offset = queue_offset
+        sent.step = step
+        sent.end = end
+        sent.handle = handle
+        self._add(sent, n, self._clock())
+
+    # ------------------------------------------------------------------ figures
+    def figures(self) -> dict[str, str]:
+        """GET_BROKER_RUNTIME_INFO's ``dedup*`` keys."""
+        return {
+            "dedupWindowSeconds": f"{self.window_s:g}",
+            "dedupEntries": str(self.entries),
+            "dedupBytes": str(self.nbytes),
+            "dedupMaxEntries": str(self.max_entries),
+            "dedupMaxBytes": str(self.max_bytes),
+            "dedupDropped": str(sum(self.dropped.values())),
+            "dedupDroppedByTopic": ",".join(f"{t}:{n}" for t, n in sorted(self.dropped.items())),
+            "dedupEvicted": str(self.evicted),
+            "dedupRebuildRecords": str(self.rebuilt_records),
+            "dedupRebuildSeconds": f"{self.rebuild_seconds:.3f}",
+        }
+
+
+def _attribute(attributes: Mapping[str, object], name: str) -> object | None:
+    value = attributes.get(name)
+    return attributes.get("+" + name) if value is None else value
+
+
+def parse_key_kind(value: object, default: bool, topic: str) -> bool:
+    """A ``dedup.key`` attribute's value (``uniq_key`` or ``content``) as "keyed on content"."""
+    kind = str(value).strip().lower()
+    if kind in ("uniq_key", "content"):
+        return kind == "content"
+    log.warning(
+        "topic %s: %s=%r is not uniq_key or content; keeping the default", topic, KEY_ATTRIBUTE, value
+    )
+    return default
+
+
+def parse_window(value: object, default: float, topic: str) -> float:
+    """A ``dedup.window.seconds`` attribute's value; a bad one is logged and the default kept."""
+    try:
+        seconds = float(str(value).strip())
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 86_400:
+        log.warning(
+            "topic %s: %s=%r is not 0..86400 seconds; using %g", topic, TOPIC_ATTRIBUTE, value, default
+        )
+        return default
+    return seconds

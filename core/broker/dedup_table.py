@@ -1,0 +1,108 @@
+"""The duplicate window's key table: 64-bit key hashes (``hash(key)``) to the send that stored
+them (issue 37).
+
+:class:`HashTable` here is the Python reference (a dict keyed by the hash);
+``tidemq.broker._dedup_table`` (``core/broker/_dedup_table.pyx``) is the compiled one, picked when
+built: two flat arrays probed in C, no Python object per key, so a window of 500 000 keys costs
+~40 bytes a key instead of ~150 and one memory probe per key instead of a dict's insert, resize
+and delete.  Keys are kept as their hashes only: two different keys with one 64-bit hash would be
+taken for one (about 1 in 10^8 over a full window), and a hit is only a duplicate when the body
+matches the first copy's too (``DuplicateWindow.same_body``), so a false hit stores nothing wrong.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+__all__ = ["COMPILED", "HashTable", "batch_keys", "hashes_of"]
+
+
+class _PyHashTable:
+    """The Python reference: ``dict[int, object]`` with the compiled table's API."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, capacity: int = 64) -> None:
+        self._d: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    @property
+    def capacity(self) -> int:
+        return len(self._d)
+
+    def get(self, h: int) -> Any:
+        return self._d.get(h or 1)
+
+    def put(self, h: int, value: Any) -> Any:
+        d = self._d
+        h = h or 1
+        old = d.get(h)
+        d[h] = value
+        return old
+
+    def put_many(self, hashes: array[int], value: Any) -> list[Any] | None:
+        d = self._d
+        replaced = None
+        for h in hashes:
+            h = h or 1
+            old = d.get(h)
+            if old is not None:
+                if replaced is None:
+                    replaced = []
+                replaced.append(old)
+            d[h] = value
+        return replaced
+
+    def any_of(self, hashes: array[int]) -> bool:
+        d = self._d
+        return any((h or 1) in d for h in hashes)
+
+    def remove_many(self, hashes: array[int], value: Any) -> int:
+        d = self._d
+        removed = 0
+        for h in hashes:
+            h = h or 1
+            if d.get(h) is value:
+                del d[h]
+                removed += 1
+        return removed
+
+
+def hashes_of(keys: list[str]) -> array[int]:
+    """The keys' 64-bit hashes, packed (what a :class:`~tidemq.broker.dedup.Sent` keeps)."""
+    return array("q", map(hash, keys))
+
+
+def _py_batch_keys(msgs: list[Any], name: str, max_length: int) -> tuple[list[str], array[int], int] | None:
+    """The batch's keys (property ``name`` of each message), their hashes and the index of the
+    first message repeating an earlier key (-1: none); None when a message has no usable key
+    (absent, empty, longer than ``max_length``)."""
+    keys = [m.properties.get(name) for m in msgs]
+    for key in keys:
+        if type(key) is not str or not 0 < len(key) <= max_length:
+            return None
+    repeated = -1
+    if len(set(keys)) != len(keys):
+        seen: set[str] = set()
+        for i, key in enumerate(keys):
+            if key in seen:
+                repeated = i
+                break
+            seen.add(key)
+    return keys, hashes_of(keys), repeated
+
+
+try:
+    from tidemq.broker._dedup_table import HashTable as _CHashTable
+    from tidemq.broker._dedup_table import batch_keys as _c_batch_keys
+except ImportError:  # not built: the Python reference
+    HashTable: Any = _PyHashTable
+    batch_keys = _py_batch_keys
+    COMPILED = False
+else:
+    HashTable = _CHashTable
+    batch_keys = _c_batch_keys
+    COMPILED = True
