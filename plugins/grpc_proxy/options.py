@@ -51,6 +51,9 @@ class ProxyOptions:
     receive_min_invisible_ms: int = number(10_000, ge=0, le=12 * 3600 * 1000)
     #: ReceiveMessage: the shortest long polling (RocketMQ's grpcClientConsumerMinLongPollingTimeoutMillis).
     receive_min_polling_ms: int = number(5_000, ge=0, le=20_000)
+    #: Refuse a message of a type its topic's ``message.type`` does not take (RocketMQ 5's
+    #: proxy's enableTopicMessageTypeCheck, as ``[transport.grpc]``'s).
+    enable_topic_message_type_check: bool = True
     #: TLS: the server's certificate chain (PEM), with tls_keyfile.
     tls_certfile: str = ""
     tls_keyfile: str = ""

@@ -129,6 +129,7 @@ class ProxyServer:
             limits,
             RemotingConsumeBackend(self.backend),
         )
+        self.service.check_message_types = options.enable_topic_message_type_check
         self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(self.backend, pb), pb),))
         self.bound = bound
 
