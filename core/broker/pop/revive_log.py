@@ -136,6 +136,7 @@ class ReviveLog:
     def replay(self) -> Replayed:
         """The state the records hold, from the last snapshot the offsets name to the end."""
         store = self.broker.store
+        self.size = 0
         start = self.broker.offsets.query(SNAPSHOT_GROUP, self.topic, 0)
         low = store.get_min_offset_in_queue(self.topic, 0)
         off = start if start >= low else low
