@@ -280,12 +280,14 @@ class AckProcessor:
         answer = self.many(conn, [request], _raise)[0]
         if isinstance(answer, RemotingCommand):
             return answer
-        return await answer
+        response = await answer
+        assert response is not None  # _after answers a command
+        return response
 
     def many(
         self, conn: Connection, requests: list[RemotingCommand], failed: Failed
     ) -> list[RemotingCommand | Awaitable[RemotingCommand | None]]:
-        answers: list[RemotingCommand | None] = [None] * len(requests)
+        answers: dict[int, RemotingCommand] = {}
         acks: list[AckRequest] = []
         places: list[int] = []
         for i, request in enumerate(requests):
@@ -311,11 +313,12 @@ class AckProcessor:
                     if refusal is None
                     else request.reply(refusal.code, refusal.remark)
                 )
+        ordered = [answers[i] for i in range(len(requests))]
         settling = self.pop_service.settle()
         if settling is None:
-            return answers
+            return list(ordered)
         shared = asyncio.ensure_future(settling)
-        return [_after(shared, a) for a in answers]
+        return [_after(shared, a) for a in ordered]
 
 
 async def _after(settling: asyncio.Future[None], answer: RemotingCommand) -> RemotingCommand:
