@@ -250,6 +250,9 @@ def test_a_journal_file_of_an_older_version_is_moved_into_the_revive_log(env: Po
     assert len(back) == 7 and all(m.stored_topic == "%RETRY%GPOP9_PopT9" for m in back)
     assert env.receive(c, 32, 1.0, 0.5) == []  # the pop offsets came along: nothing else
     assert not journal.exists() and journal.with_suffix(".log.migrated").exists()
+    # the snapshot written for it is where replay starts now (a consumer offset slaves copy too)
+    offsets = env.tmp / "data" / "config" / "consumerOffset.json"
+    assert wait_for(lambda: offsets.exists() and "CID_RMQ_SYS_REVIVE_LOG" in offsets.read_text(), 10)
     env.ack(c, back)
     env.restart(signal.SIGKILL)  # read once: not revived again from the file
     assert env.receive(c, 32, 1.0, 2.5) == []

@@ -17,9 +17,10 @@ if TYPE_CHECKING:
 
 
 class Checks:
-    def __init__(self, broker: BrokerContext, serving: Callable[[], bool]) -> None:
+    def __init__(self, broker: BrokerContext, serving: Callable[[], bool], wake: Callable[[], None]) -> None:
         self.broker = broker
         self._serving = serving  # False while a new master rebuilds its state from the revive log
+        self._wake = wake  # the revive task, which takes over as soon as it runs
         self._filters: dict[tuple[str, str], MessageFilter | None] = {}
 
     def check_group(self, group: str) -> Any:
@@ -27,6 +28,7 @@ class Checks:
             # the state lives on the master; a slave's pops and acks would not reach it
             raise PopError(ResponseCode.NO_PERMISSION, "POP is served by the master; this broker is a slave")
         if not self._serving():
+            self._wake()
             raise PopError(
                 ResponseCode.SYSTEM_BUSY, "this broker just became master and is reading its POP revive log"
             )

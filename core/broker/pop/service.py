@@ -76,7 +76,7 @@ class PopService:
         self.waiters = PopWaiters()
         self.table = CheckpointTable(broker, self.log, self._wake)
         self.reviver = Reviver(broker, self.table, self.waiters, self._rebuild, self._drop)
-        self.checks = Checks(broker, lambda: self.reviver.serving)
+        self.checks = Checks(broker, lambda: self.reviver.serving, self._wake)
         self.acks = Acks(self.table, self.checks, self.waiters)
         self._tasks: list[asyncio.Task[None]] = []
         self._replicated = 0  # the revive log's end known to be replicated as the role requires
