@@ -14,6 +14,7 @@ from tidemq.address import split_address
 from tidemq.broker.composition import BrokerFigures, build_parts
 from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
+from tidemq.broker.lanes import SendLaneEntry, send_lane_entry
 from tidemq.broker.roles import RoleFollower
 from tidemq.client.credentials import SessionCredentials, SigningRemoting
 from tidemq.config import Components, registered_address
@@ -34,6 +35,7 @@ from tidemq.transport import BatchedProcessor, Connection, TransportClient, Tran
 log = logging.getLogger(__name__)
 
 NOTIFY_TIMEOUT_S = 3.0
+_SEND_MESSAGE_V2 = int(RequestCode.SEND_MESSAGE_V2)
 HOUSEKEEPING_PERIOD_S = 10.0
 
 
@@ -266,11 +268,12 @@ class Broker:
         self._tasks.append(supervise(self._housekeeping_loop, "tidemq-client-housekeeping"))
         self._tasks.append(supervise(self.stats.sample_loop, "tidemq-stats-sampling"))
         log.info(
-            "broker %s (%s) serving on %s; codec: %s",
+            "broker %s (%s) serving on %s; codec: %s; request lanes: %s",
             self.settings.name,
             self.settings.cluster,
             self._address,
             _native.DESCRIPTION,
+            self.send_lane.description if self.send_lane is not None else "none",
         )
         try:
             self.hooks.tidemq_broker_started(broker=self)
@@ -332,6 +335,8 @@ class Broker:
     # ------------------------------------------------------------------ dispatch
     #: The handlers that also serve runs of requests (``many``), by code; filled with the handlers.
     _batched: Mapping[int, BatchedProcessor] = {}
+    #: The store's SEND_MESSAGE_V2 lane when the broker may take it (:mod:`tidemq.broker.lanes`).
+    send_lane: SendLaneEntry | None = None
 
     def _collect_processors(self) -> dict[int, Handler]:
         """Every plugin's request handlers (``tidemq_register_processors``), before the server starts.
@@ -346,6 +351,7 @@ class Broker:
         handlers = register.handlers()
         # A wrapped code's handler is the wrapper: served one request at a time.
         self._batched = {code: h for code, h in handlers.items() if isinstance(h, BatchedProcessor)}
+        self.send_lane = send_lane_entry(self, handlers.get(_SEND_MESSAGE_V2))
         return handlers
 
     async def handle(self, conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
@@ -355,6 +361,19 @@ class Broker:
             refused = self.refused(conn, request)
             if refused is not None:
                 return None if request.is_oneway else refused
+        lane = self.send_lane
+        if lane is not None and request.code == _SEND_MESSAGE_V2:
+            try:
+                works = lane.serve(conn, [request])
+                if works is not None:
+                    work = works[0]
+                    response = work if type(work) is RemotingCommand else await work  # type: ignore[misc]
+                    return None if request.is_oneway else response
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                response = self.failed(conn, request, exc)
+                return None if request.is_oneway else response
         handler = self._handlers.get(request.code)
         if handler is None:
             # Usually a client given the broker's port as its NameServer: say so, once per peer.
@@ -579,9 +598,13 @@ class _CoalescedRun:
             admitted.append(request)
             places.append(i)
         if admitted:
-            results: list[RemotingCommand | Awaitable[RemotingCommand | None]]
+            results: list[RemotingCommand | Awaitable[RemotingCommand | None]] | None = None
+            lane = broker.send_lane
             try:
-                results = list(self._processor.many(conn, admitted, self._failed))
+                if lane is not None and self._processor is lane.handler:
+                    results = lane.serve(conn, admitted)  # None: the handler serves them
+                if results is None:
+                    results = list(self._processor.many(conn, admitted, self._failed))
                 if len(results) != len(admitted):
                     raise RuntimeError(
                         f"{self._processor!r} answered {len(results)} of {len(admitted)} requests"

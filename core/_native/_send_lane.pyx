@@ -1,0 +1,200 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, auto_pickle=False, embedsignature=True
+"""The send lane's prepare step, compiled (issue 38): SEND_MESSAGE_V2 requests of one read to the
+:class:`~tidemq.broker.services.put.Send` objects :meth:`SendService.put` stores.
+
+The Python reference is the send processor and ``SendService.prepare`` (header read, topic checks,
+properties, the message, the send).  This module takes only what it can serve exactly as they do:
+a request it cannot (another code, a header name outside V2's ``a``..``m``, a field that is not a
+plain decimal string, a batch flag, a topic ``writable_queues`` does not vouch for, a queue id
+below zero or past the queue count, a transaction, delay or timer property, anything that raises)
+makes :func:`prepare_v2` answer None for the whole run, and the Python handler serves it: the
+answer, and the records stored, are the reference's by construction.  Nothing is changed before
+that decision: no side effect on a refusal.
+"""
+
+from cpython.dict cimport PyDict_CheckExact, PyDict_Next, PyDict_SetItem
+from cpython.list cimport PyList_GET_SIZE
+from cpython.object cimport PyObject
+from libc.stdint cimport int64_t
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_COMPACT_ASCII(object u)
+    Py_ssize_t PyUnicode_GET_LENGTH(object u)
+    void *PyUnicode_DATA(object u)
+    PyObject *PyDict_GetItem(object d, object key)
+
+cdef object _MessageInner = None
+cdef object _Send = None
+cdef bint _bound = False
+
+#: Properties whose send the Python handler rewrites (transaction half, delay level, timer).
+_REWRITTEN = ("TRAN_MSG", "DELAY", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TIMER_OUT_MS")
+cdef tuple REWRITTEN = _REWRITTEN
+cdef str CLUSTER = "CLUSTER"
+cdef str PROPERTY_SEPARATOR = "\x02"
+cdef str NAME_VALUE_SEPARATOR = "\x01"
+cdef int SEND_MESSAGE_V2 = 310
+cdef int TRANSACTION_TYPE_MASK = 3 << 2
+
+# Served and refused runs: read by tests and ``lane_counts``.
+cdef Py_ssize_t _served = 0
+cdef Py_ssize_t _refused = 0
+
+
+cdef int _bind() except -1:
+    global _MessageInner, _Send, _bound
+    from tidemq.broker.services.put import Send
+    from tidemq.message import MessageInner
+
+    _MessageInner = MessageInner
+    _Send = Send
+    _bound = True
+    return 0
+
+
+def lane_counts():
+    """(runs served, runs refused to the Python handler) since import."""
+    return _served, _refused
+
+
+cdef inline int _field_int(object value, int64_t default, int64_t *out):
+    """``field_int``'s reading of a plain decimal string (or absent/empty: ``default``); -1 when
+    the value is anything else (the Python handler decides what it means)."""
+    cdef Py_ssize_t n, i, start
+    cdef const char *data
+    cdef int64_t acc = 0
+    cdef char c
+    if value is None:
+        out[0] = default
+        return 0
+    if type(value) is not str or not PyUnicode_IS_COMPACT_ASCII(value):
+        return -1
+    n = PyUnicode_GET_LENGTH(value)
+    if n == 0:
+        out[0] = default
+        return 0
+    data = <const char *>PyUnicode_DATA(value)
+    start = 1 if data[0] == b'-' else 0
+    if n - start < 1 or n - start > 18:
+        return -1
+    for i in range(start, n):
+        c = data[i]
+        if c < b'0' or c > b'9':
+            return -1
+        acc = acc * 10 + (c - 48)
+    out[0] = -acc if start else acc
+    return 0
+
+
+cdef dict _properties(str text):
+    """``string_to_properties``: pairs without a separator or a name are skipped, a later pair
+    of one name overwrites the earlier one's value in its place."""
+    cdef dict out = {}
+    cdef str item, k, sep, v
+    if not text:
+        return out
+    for item in text.split(PROPERTY_SEPARATOR):
+        k, sep, v = item.partition(NAME_VALUE_SEPARATOR)
+        if sep and k:
+            out[k] = v
+    return out
+
+
+cdef inline bint _v2_names_only(dict fields):
+    """Whether every header name is one of V2's ``a``..``m`` (as ``send_fields`` reads them as they are)."""
+    cdef Py_ssize_t pos = 0
+    cdef PyObject *key
+    cdef PyObject *value
+    cdef object k
+    cdef Py_UCS4 ch
+    while PyDict_Next(fields, &pos, &key, &value):
+        k = <object>key
+        if type(k) is not str or PyUnicode_GET_LENGTH(k) != 1:
+            return False
+        ch = (<str>k)[0]
+        if ch < u'a' or ch > u'm':
+            return False
+    return True
+
+
+def prepare_v2(list requests, writable_queues, str cluster, tuple born_host, tuple store_host):
+    """The sends of ``requests`` (SEND_MESSAGE_V2, in order), or None when the lane does not take them.
+
+    ``writable_queues(topic)`` is the broker's word on a topic: its queue count when a send to it
+    needs no check beyond the queue id (known, writable, a valid name, no retry or system topic,
+    no duplicate window), else -1.
+    """
+    global _served, _refused
+    if not _bound:
+        _bind()
+    try:
+        sends = _prepare(requests, writable_queues, cluster, born_host, store_host)
+    except Exception:  # whatever it is, the Python handler answers it
+        sends = None
+    if sends is None:
+        _refused += 1
+    else:
+        _served += 1
+    return sends
+
+
+cdef list _prepare(list requests, writable_queues, str cluster, tuple born_host, tuple store_host):
+    cdef list sends = []
+    cdef object request, fields, batch, group, topic, text, body, msg
+    cdef int64_t queue_id, sys_flag, unused, reconsume, flag, born, count
+    cdef object last_topic = None
+    cdef int64_t last_count = -1
+    cdef dict props
+    cdef str name
+    for request in requests:
+        if request.code != SEND_MESSAGE_V2:
+            return None
+        fields = request.ext_fields
+        if not PyDict_CheckExact(fields) or not _v2_names_only(<dict>fields):
+            return None
+        batch = <object>PyDict_GetItem(fields, "m") if PyDict_GetItem(fields, "m") != NULL else None
+        if batch is not None and batch != "" and batch != "false":
+            return None
+        group = <object>PyDict_GetItem(fields, "a") if PyDict_GetItem(fields, "a") != NULL else ""
+        if type(group) is not str:
+            return None
+        if PyDict_GetItem(fields, "b") == NULL:
+            return None
+        topic = <object>PyDict_GetItem(fields, "b")
+        if type(topic) is not str:
+            return None
+        if topic is last_topic or topic == last_topic:
+            count = last_count
+        else:
+            count = writable_queues(topic)
+            last_topic, last_count = topic, count
+        if count < 0:
+            return None
+        if _field_int(fields.get("e"), -1, &queue_id) or queue_id < 0 or queue_id >= count:
+            return None
+        if _field_int(fields.get("f"), 0, &sys_flag) or sys_flag & TRANSACTION_TYPE_MASK:
+            return None
+        if (
+            _field_int(fields.get("d"), 4, &unused)
+            or _field_int(fields.get("j"), 0, &reconsume)
+            or _field_int(fields.get("h"), 0, &flag)
+            or _field_int(fields.get("g"), 0, &born)
+        ):
+            return None
+        text = fields.get("i")
+        if text is None:
+            text = ""
+        elif type(text) is not str:
+            return None
+        props = _properties(<str>text)
+        for name in REWRITTEN:
+            if name in props:
+                return None
+        props[CLUSTER] = cluster
+        body = request.payload()
+        msg = _MessageInner(
+            topic, body, queue_id, flag, props, sys_flag, born, born_host, store_host, reconsume
+        )
+        sends.append(_Send(group, [msg], False, None, queue_id, len(body)))
+    return sends
