@@ -557,7 +557,8 @@ def store_introspection(store: object) -> StoreIntrospection | None:
 # --------------------------------------------------------------------------- request lanes
 @runtime_checkable
 class SendLane(Protocol):
-    """A store's request lane for SEND_MESSAGE_V2 (issue 38): a read's sends prepared in one call.
+    """A store's request lane for SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE (issue 38): a read's
+    sends prepared in one call.
 
     Offered by a store through :class:`RequestLanes` (the ``mmap`` store offers the compiled
     :mod:`tidemq._native._send_lane` unless ``TIDEMQ_NO_EXTENSIONS`` is set; the ``memory`` store
@@ -570,18 +571,21 @@ class SendLane(Protocol):
     #: What ``tidemq --version`` and the broker's start-up log say of it.
     description: str
 
-    def prepare_v2(
+    def prepare_sends(
         self,
         requests: list[RemotingCommand],
         writable_queues: Callable[[str], int],
         cluster: str,
+        max_batch: int,
         born_host: tuple[str, int],
         store_host: tuple[str, int],
     ) -> list[Send] | None:
         """The sends of ``requests``, in order, or None: the Python handler serves them all.
 
         ``writable_queues(topic)``: the topic's queue count when a send to it needs no check beyond
-        the queue id, else -1.  Must not change anything before deciding (a refusal has no effect).
+        the queue id, else -1; ``cluster`` is what single sends' CLUSTER property says, and
+        ``max_batch`` the most messages a batch may hold (``max_batch_messages``).  Must not change
+        anything before deciding (a refusal has no effect).
         """
 
 
@@ -590,7 +594,7 @@ class RequestLanes(Protocol):
     """A store that offers request lanes (optional): asked once, as the broker starts."""
 
     def send_lane(self) -> SendLane | None:
-        """The SEND_MESSAGE_V2 lane, or None when this store (or this build) has none."""
+        """The send lane, or None when this store (or this build) has none."""
 
 
 def send_lane(store: object) -> SendLane | None:

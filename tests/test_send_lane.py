@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tidemq.address import split_address
-from tidemq.message import properties_to_string
+from tidemq.broker.processors.send import send_fields
+from tidemq.message import BatchItem, encode_batch, properties_to_string
 from tidemq.remoting import FrameDecoder, RemotingCommand
 from tidemq.remoting.codec import encode_bytes
 from tidemq.remoting.codes import RequestCode, ResponseCode
@@ -220,9 +221,40 @@ def requests(draw: st.DrawFn) -> RemotingCommand:
     )
     if draw(st.booleans()) and draw(st.booleans()):
         fields[draw(st.sampled_from(["topic", "queueId", "z", "n"]))] = draw(st.sampled_from(["1", TOPIC]))
-    code = draw(st.sampled_from([RequestCode.SEND_MESSAGE_V2] * 6 + [RequestCode.SEND_MESSAGE]))
-    body = draw(st.binary(min_size=0, max_size=40))
+    code = draw(
+        st.sampled_from(
+            [RequestCode.SEND_MESSAGE_V2] * 6
+            + [RequestCode.SEND_BATCH_MESSAGE] * 3
+            + [RequestCode.SEND_MESSAGE]
+        )
+    )
+    if code == RequestCode.SEND_BATCH_MESSAGE:
+        body = draw(batch_bodies())
+    else:
+        body = draw(st.binary(min_size=0, max_size=40))
     return RemotingCommand(code, opaque=0, ext_fields=fields, body=body)
+
+
+@st.composite
+def batch_bodies(draw: st.DrawFn) -> bytes:
+    items = draw(
+        st.lists(
+            st.builds(
+                BatchItem,
+                st.binary(max_size=30),
+                st.sampled_from([0, 1, -1]),
+                st.dictionaries(
+                    st.sampled_from(["TAGS", "KEYS", "UNIQ_KEY", "DELAY", "N"]),
+                    st.text(max_size=6),
+                    max_size=3,
+                ),
+            ),
+            max_size=4,
+        )
+    )
+    body = encode_batch(items)
+    cut = draw(st.sampled_from([None, None, None, 0, 5, -1]))
+    return body if cut is None else body[:cut]
 
 
 def _numbered(reqs: list[RemotingCommand]) -> list[RemotingCommand]:
@@ -249,8 +281,23 @@ def test_plain_sends_take_the_lane_and_answer_as_the_python_handler(pair: Pair) 
     )
     _assert_equal(pair, reqs, pipelined=True)
     _assert_equal(pair, reqs, pipelined=False)
+    batches = _numbered(
+        [
+            RemotingCommand(
+                RequestCode.SEND_BATCH_MESSAGE,
+                0,
+                ext_fields=v2(e=str(i % 4)),
+                body=encode_batch(
+                    [BatchItem(b"b" * j, 0, {"UNIQ_KEY": f"{i}-{j}"}) for j in range(1 + i % 5)]
+                ),
+            )
+            for i in range(10)
+        ]
+    )
+    _assert_equal(pair, batches, pipelined=True)
+    _assert_equal(pair, _numbered(reqs[:5] + batches[:5]), pipelined=True)
     after, _ = lane_module.lane_counts()
-    assert after - served >= 21  # one run for the pipelined read, one per single send
+    assert after - served >= 23  # one run per pipelined read, one per single send
     answers = [FrameDecoder().feed(f)[0] for f in pair.exchange(reqs[:1], True)["lane"]]
     assert answers[0].code == ResponseCode.SUCCESS and answers[0].ext_fields["queueId"] == "0"
 
@@ -270,11 +317,23 @@ def test_plain_sends_take_the_lane_and_answer_as_the_python_handler(pair: Pair) 
         {"b": "NoSuchTopicHere"},
         {"b": "%RETRY%G"},
         {"topic": TOPIC},
+        {"code": RequestCode.SEND_BATCH_MESSAGE, "body": b"\0\0\0\1"},
+        {"code": RequestCode.SEND_BATCH_MESSAGE, "body": b""},
+        {"code": RequestCode.SEND_BATCH_MESSAGE, "e": "-1"},
+        {
+            "code": RequestCode.SEND_BATCH_MESSAGE,
+            "body": encode_batch([BatchItem(b"x", 0, {"TIMER_DELAY_SEC": "3"})]),
+        },
     ],
 )
-def test_what_the_lane_leaves_to_the_python_handler(lone: Pair, fields: dict[str, str]) -> None:
+def test_what_the_lane_leaves_to_the_python_handler(lone: Pair, fields: dict[str, Any]) -> None:
     _, refused = lane_module.lane_counts()
-    req = RemotingCommand(RequestCode.SEND_MESSAGE_V2, 1, ext_fields=v2(**fields), body=b"b")
+    fields = dict(fields)
+    code = fields.pop("code", RequestCode.SEND_MESSAGE_V2)
+    body = fields.pop(
+        "body", encode_batch([BatchItem(b"x", 0, {})]) if code == RequestCode.SEND_BATCH_MESSAGE else b"b"
+    )
+    req = RemotingCommand(code, 1, ext_fields=v2(**fields), body=body)
     lone.exchange([req], True)  # answered (by the Python handler: a random queue, a parked timer...)
     assert lane_module.lane_counts()[1] == refused + 1
 
@@ -290,11 +349,29 @@ def test_the_lane_and_the_python_handler_answer_and_store_alike(
 
 
 def _random_queue(request: RemotingCommand) -> bool:
-    """A send the Python handler gives a random queue (queue id below zero) or a timer: not comparable."""
-    fields = request.ext_fields
-    queue = fields.get("e", fields.get("queueId", ""))
+    """A send the Python handler gives a random queue (queue id below zero), a timer or a delay
+    level: not comparable between two brokers."""
+    fields, keys = send_fields(request)  # the names the handler reads (V2's, or the long ones)
+    queue = fields.get(keys[3], "")
     try:
         negative = int(queue) < 0
     except ValueError:
         negative = queue == ""
-    return negative or "TIMER_" in fields.get("i", "")
+    # A delay level is delivered by the schedule service a second later, among other writes.
+    text = str(fields.get(keys[7], ""))
+    return negative or "TIMER_" in text or "DELAY\x01" in text
+
+
+def test_short_fuzz_of_the_lane() -> None:
+    """A few seconds of tests/fuzz/fuzz_send_lane.py (the long run is a script: 1 M inputs)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location(
+        "fuzz_send_lane", Path(__file__).parent / "fuzz" / "fuzz_send_lane.py"
+    )
+    assert spec is not None and spec.loader is not None
+    fuzz = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fuzz)
+    summary = fuzz.run(lane_module, inputs=5000, seed=int.from_bytes(os.urandom(4), "big"))
+    assert summary["runs"]["served"] > 100 and summary["runs"]["refused"] > 100

@@ -7,10 +7,11 @@ from tidemq.message_types import HostPort
 from tidemq.remoting.command import RemotingCommand
 
 def lane_counts() -> tuple[int, int]: ...
-def prepare_v2(
+def prepare_sends(
     requests: list[RemotingCommand],
     writable_queues: Callable[[str], int],
     cluster: str,
+    max_batch: int,
     born_host: HostPort,
     store_host: HostPort,
 ) -> list[Send] | None: ...

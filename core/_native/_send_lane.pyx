@@ -1,14 +1,16 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False, auto_pickle=False, embedsignature=True
-"""The send lane's prepare step, compiled (issue 38): SEND_MESSAGE_V2 requests of one read to the
-:class:`~tidemq.broker.services.put.Send` objects :meth:`SendService.put` stores.
+"""The send lane's prepare step, compiled (issue 38): SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE
+requests of one read to the :class:`~tidemq.broker.services.put.Send` objects
+:meth:`SendService.put` stores.
 
 The Python reference is the send processor and ``SendService.prepare`` (header read, topic checks,
 properties, the message, the send).  This module takes only what it can serve exactly as they do:
 a request it cannot (another code, a header name outside V2's ``a``..``m``, a field that is not a
-plain decimal string, a batch flag, a topic ``writable_queues`` does not vouch for, a queue id
-below zero or past the queue count, a transaction, delay or timer property, anything that raises)
-makes :func:`prepare_v2` answer None for the whole run, and the Python handler serves it: the
+plain decimal string, a batch flag on a single send, a topic ``writable_queues`` does not vouch
+for, a queue id below zero or past the queue count, a transaction, delay or timer property, a
+batch body the batch decoder refuses or finds empty, anything that raises) makes
+:func:`prepare_sends` answer None for the whole run, and the Python handler serves it: the
 answer, and the records stored, are the reference's by construction.  Nothing is changed before
 that decision: no side effect on a refusal.
 """
@@ -26,6 +28,7 @@ cdef extern from "Python.h":
 
 cdef object _MessageInner = None
 cdef object _Send = None
+cdef object _decode_batch = None  # tidemq.message.decode_batch_messages: the twin the handler uses
 cdef bint _bound = False
 
 #: Properties whose send the Python handler rewrites (transaction half, delay level, timer).
@@ -35,6 +38,9 @@ cdef str CLUSTER = "CLUSTER"
 cdef str PROPERTY_SEPARATOR = "\x02"
 cdef str NAME_VALUE_SEPARATOR = "\x01"
 cdef int SEND_MESSAGE_V2 = 310
+cdef int SEND_BATCH_MESSAGE = 320
+#: Timer properties: a batch with one is parked by the Python handler.
+cdef tuple TIMERS = ("TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS")
 cdef int TRANSACTION_TYPE_MASK = 3 << 2
 
 # Served and refused runs: read by tests and ``lane_counts``.
@@ -43,12 +49,13 @@ cdef Py_ssize_t _refused = 0
 
 
 cdef int _bind() except -1:
-    global _MessageInner, _Send, _bound
+    global _MessageInner, _Send, _decode_batch, _bound
     from tidemq.broker.services.put import Send
-    from tidemq.message import MessageInner
+    from tidemq.message import MessageInner, decode_batch_messages
 
     _MessageInner = MessageInner
     _Send = Send
+    _decode_batch = decode_batch_messages
     _bound = True
     return 0
 
@@ -118,8 +125,11 @@ cdef inline bint _v2_names_only(dict fields):
     return True
 
 
-def prepare_v2(list requests, writable_queues, str cluster, tuple born_host, tuple store_host):
-    """The sends of ``requests`` (SEND_MESSAGE_V2, in order), or None when the lane does not take them.
+def prepare_sends(
+    list requests, writable_queues, str cluster, Py_ssize_t max_batch, tuple born_host, tuple store_host
+):
+    """The sends of ``requests`` (SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE, in order), or None when
+    the lane does not take them.
 
     ``writable_queues(topic)`` is the broker's word on a topic: its queue count when a send to it
     needs no check beyond the queue id (known, writable, a valid name, no retry or system topic,
@@ -129,7 +139,7 @@ def prepare_v2(list requests, writable_queues, str cluster, tuple born_host, tup
     if not _bound:
         _bind()
     try:
-        sends = _prepare(requests, writable_queues, cluster, born_host, store_host)
+        sends = _prepare(requests, writable_queues, cluster, max_batch, born_host, store_host)
     except Exception:  # whatever it is, the Python handler answers it
         sends = None
     if sends is None:
@@ -139,23 +149,32 @@ def prepare_v2(list requests, writable_queues, str cluster, tuple born_host, tup
     return sends
 
 
-cdef list _prepare(list requests, writable_queues, str cluster, tuple born_host, tuple store_host):
+cdef list _prepare(
+    list requests, writable_queues, str cluster, Py_ssize_t max_batch, tuple born_host, tuple store_host
+):
     cdef list sends = []
-    cdef object request, fields, batch, group, topic, text, body, msg
+    cdef object request, fields, batch, group, topic, text, body, msg, msgs
+    cdef bint is_batch
     cdef int64_t queue_id, sys_flag, unused, reconsume, flag, born, count
     cdef object last_topic = None
     cdef int64_t last_count = -1
     cdef dict props
     cdef str name
     for request in requests:
-        if request.code != SEND_MESSAGE_V2:
+        code = request.code
+        if code == SEND_BATCH_MESSAGE:
+            is_batch = True
+        elif code == SEND_MESSAGE_V2:
+            is_batch = False
+        else:
             return None
         fields = request.ext_fields
         if not PyDict_CheckExact(fields) or not _v2_names_only(<dict>fields):
             return None
-        batch = <object>PyDict_GetItem(fields, "m") if PyDict_GetItem(fields, "m") != NULL else None
-        if batch is not None and batch != "" and batch != "false":
-            return None
+        if not is_batch:
+            batch = <object>PyDict_GetItem(fields, "m") if PyDict_GetItem(fields, "m") != NULL else None
+            if batch is not None and batch != "" and batch != "false":
+                return None
         group = <object>PyDict_GetItem(fields, "a") if PyDict_GetItem(fields, "a") != NULL else ""
         if type(group) is not str:
             return None
@@ -178,9 +197,25 @@ cdef list _prepare(list requests, writable_queues, str cluster, tuple born_host,
         if (
             _field_int(fields.get("d"), 4, &unused)
             or _field_int(fields.get("j"), 0, &reconsume)
-            or _field_int(fields.get("h"), 0, &flag)
             or _field_int(fields.get("g"), 0, &born)
         ):
+            return None
+        if is_batch:
+            # prepare_batch: the body's messages by the handler's own decoder (what it refuses, an
+            # empty batch, or a timer on any message: the handler answers)
+            body = request.payload()
+            msgs = _decode_batch(
+                body, max_batch, topic, queue_id, sys_flag, born, born_host, store_host, reconsume
+            )
+            if not msgs:
+                return None
+            for msg in msgs:
+                for name in TIMERS:
+                    if name in msg.properties:
+                        return None
+            sends.append(_Send(group, msgs, True, None, msgs[0].queue_id, len(body)))
+            continue
+        if _field_int(fields.get("h"), 0, &flag):
             return None
         text = fields.get("i")
         if text is None:

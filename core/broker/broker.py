@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 NOTIFY_TIMEOUT_S = 3.0
 _SEND_MESSAGE_V2 = int(RequestCode.SEND_MESSAGE_V2)
+_SEND_BATCH_MESSAGE = int(RequestCode.SEND_BATCH_MESSAGE)
 HOUSEKEEPING_PERIOD_S = 10.0
 
 
@@ -335,7 +336,7 @@ class Broker:
     # ------------------------------------------------------------------ dispatch
     #: The handlers that also serve runs of requests (``many``), by code; filled with the handlers.
     _batched: Mapping[int, BatchedProcessor] = {}
-    #: The store's SEND_MESSAGE_V2 lane when the broker may take it (:mod:`tidemq.broker.lanes`).
+    #: The store's send lane when the broker may take it (:mod:`tidemq.broker.lanes`).
     send_lane: SendLaneEntry | None = None
 
     def _collect_processors(self) -> dict[int, Handler]:
@@ -351,7 +352,9 @@ class Broker:
         handlers = register.handlers()
         # A wrapped code's handler is the wrapper: served one request at a time.
         self._batched = {code: h for code, h in handlers.items() if isinstance(h, BatchedProcessor)}
-        self.send_lane = send_lane_entry(self, handlers.get(_SEND_MESSAGE_V2))
+        self.send_lane = send_lane_entry(
+            self, handlers.get(_SEND_MESSAGE_V2), handlers.get(_SEND_BATCH_MESSAGE)
+        )
         return handlers
 
     async def handle(self, conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
@@ -362,7 +365,7 @@ class Broker:
             if refused is not None:
                 return None if request.is_oneway else refused
         lane = self.send_lane
-        if lane is not None and request.code == _SEND_MESSAGE_V2:
+        if lane is not None and (request.code == _SEND_MESSAGE_V2 or request.code == _SEND_BATCH_MESSAGE):
             try:
                 works = lane.serve(conn, [request])
                 if works is not None:

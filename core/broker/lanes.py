@@ -1,7 +1,7 @@
 """The broker's end of the request lanes (issue 38): when a store's lane serves a read's sends.
 
 A store may offer a :class:`~tidemq.store.SendLane` (:func:`tidemq.store.send_lane`); the mmap
-store offers the compiled one.  :class:`SendLaneEntry` takes it for SEND_MESSAGE_V2 only where
+store offers the compiled one.  :class:`SendLaneEntry` takes it for SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE only where
 nobody could see a difference from the Python handler (:class:`~tidemq.broker.processors.send.
 SendHandler`, which stays the reference and serves everything else):
 
@@ -11,7 +11,7 @@ SendHandler`, which stays the reference and serves everything else):
 * the broker is a master, and the topic is known, writable, a valid name, neither the default
   nor a retry topic, and has no duplicate window (:func:`duplicate_window_on`);
 * the lane's own checks (see :mod:`tidemq._native._send_lane`): plain V2 header values, a queue
-  id in range, no transaction, delay or timer property.
+  id in range, no transaction, delay or timer property, a batch body its decoder takes.
 
 A run the lane declines goes whole to the Python handler.  What the lane gives is stored and
 answered by the same ``SendService.put``/``settled`` and ``send_response`` as the handler's sends:
@@ -67,7 +67,7 @@ class SendLaneEntry:
         self._service: SendService = handler.service
         hooks = broker.hooks
         self._listened = Listeners(hooks.tidemq_before_send, hooks.tidemq_after_send)
-        self._prepare = lane.prepare_v2
+        self._prepare = lane.prepare_sends
         self._topics = broker.topics
         self._valid: set[str] = set()
         self.description = lane.description
@@ -80,8 +80,14 @@ class SendLaneEntry:
         broker = self._broker
         if self._listened() or not broker.is_master:
             return None
+        settings = broker.settings
         sends = self._prepare(
-            requests, self._writable_queues, broker.settings.cluster, born_host(conn), broker.store_host
+            requests,
+            self._writable_queues,
+            settings.cluster,
+            settings.max_batch_messages,
+            born_host(conn),
+            broker.store_host,
         )
         if sends is None:
             return None
@@ -118,9 +124,9 @@ class SendLaneEntry:
         return cfg.queue_count
 
 
-def send_lane_entry(broker: Broker, handler: Any) -> SendLaneEntry | None:
-    """The lane for SEND_MESSAGE_V2 when its handler is the built-in one and the store offers one."""
-    if type(handler) is not SendHandler:  # a plugin's wrapper, or another handler: never the lane
-        return None
+def send_lane_entry(broker: Broker, handler: Any, batch_handler: Any) -> SendLaneEntry | None:
+    """The send lane when both codes' handler is the built-in one and the store offers one."""
+    if type(handler) is not SendHandler or batch_handler is not handler:
+        return None  # a plugin's wrapper, or another handler: never the lane
     lane = send_lane(broker.store)
     return SendLaneEntry(broker, handler, lane) if lane is not None else None

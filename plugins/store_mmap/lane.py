@@ -1,8 +1,9 @@
-"""The mmap store's request lane (issue 38): the compiled SEND_MESSAGE_V2 prepare step.
+"""The mmap store's request lane (issue 38): the compiled prepare step of SEND_MESSAGE_V2 and
+SEND_BATCH_MESSAGE.
 
 Offered through :meth:`MmapMessageStore.send_lane` (:class:`tidemq.store.RequestLanes`) when the
 compiled :mod:`tidemq._native._send_lane` is built and not switched off (``TIDEMQ_NO_EXTENSIONS=1``,
-or ``[store.mmap] request_lanes = false``); the broker then serves plain SEND_MESSAGE_V2 runs with
+or ``[store.mmap] request_lanes = false``); the broker then serves plain runs of those sends with
 it and everything else with the Python handler, which stays the reference.
 """
 
@@ -17,13 +18,13 @@ MODULE = "tidemq._native._send_lane"
 
 
 class CompiledSendLane:
-    """:class:`tidemq.store.SendLane` over the compiled module's ``prepare_v2``."""
+    """:class:`tidemq.store.SendLane` over the compiled module's ``prepare_sends``."""
 
-    __slots__ = ("description", "prepare_v2")
+    __slots__ = ("description", "prepare_sends")
 
-    def __init__(self, prepare_v2: Callable[..., object]) -> None:
-        self.description = f"SEND_MESSAGE_V2 (compiled: {MODULE})"
-        self.prepare_v2 = prepare_v2
+    def __init__(self, prepare_sends: Callable[..., object]) -> None:
+        self.description = f"SEND_MESSAGE_V2, SEND_BATCH_MESSAGE (compiled: {MODULE})"
+        self.prepare_sends = prepare_sends
 
 
 def compiled_send_lane() -> SendLane | None:
@@ -31,7 +32,7 @@ def compiled_send_lane() -> SendLane | None:
     module = compiled_twin(MODULE)
     if module is None:
         return None
-    lane: SendLane = CompiledSendLane(module.prepare_v2)  # type: ignore[assignment]
+    lane: SendLane = CompiledSendLane(module.prepare_sends)  # type: ignore[assignment]
     return lane
 
 
