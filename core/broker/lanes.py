@@ -21,12 +21,13 @@ equal answers and records by construction (the differential tests check it).
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX
 from tidemq.broker.processors.send import SendHandler, send_response
 from tidemq.broker.services.put import Send
 from tidemq.broker.services.send import SendService, born_host
+from tidemq.context import BrokerContext
 from tidemq.names import check_topic_name
 from tidemq.perm import is_writeable
 from tidemq.plugins import Listeners
@@ -34,14 +35,11 @@ from tidemq.remoting.command import RemotingCommand
 from tidemq.store import SendLane, send_lane
 from tidemq.transport import Connection
 
-if TYPE_CHECKING:
-    from tidemq.broker.broker import Broker
-
 #: Topic names known to pass the name rules (a pure function of the name; bounded).
 _NAME_CACHE_MAX = 4096
 
 
-def duplicate_window_on(broker: Broker, topic: str) -> bool:
+def duplicate_window_on(broker: BrokerContext, topic: str) -> bool:
     """The seam for the duplicate window (issue 37): a topic with a window on is served by the
     Python handler, which asks the window.  No window exists yet: always False."""
     return False
@@ -61,7 +59,7 @@ class SendLaneEntry:
         "handler",
     )
 
-    def __init__(self, broker: Broker, handler: SendHandler, lane: SendLane) -> None:
+    def __init__(self, broker: BrokerContext, handler: SendHandler, lane: SendLane) -> None:
         self._broker = broker
         self.handler = handler
         self._service: SendService = handler.service
@@ -124,7 +122,7 @@ class SendLaneEntry:
         return cfg.queue_count
 
 
-def send_lane_entry(broker: Broker, handler: Any, batch_handler: Any) -> SendLaneEntry | None:
+def send_lane_entry(broker: BrokerContext, handler: Any, batch_handler: Any) -> SendLaneEntry | None:
     """The send lane when both codes' handler is the built-in one and the store offers one."""
     if type(handler) is not SendHandler or batch_handler is not handler:
         return None  # a plugin's wrapper, or another handler: never the lane

@@ -125,7 +125,7 @@ class GroupCommitFlush:
             fut.set_result(value)
             return
         loop = running_loop()
-        kick = False
+        kick: AbstractEventLoop | None = None
         with self._cond:
             if self._stop:
                 fut.set_result(value if end_offset <= target.flushed_where else on_timeout())
@@ -136,10 +136,10 @@ class GroupCommitFlush:
                 self._cond.notify()
             elif loop not in self._kicks:
                 self._kicks.add(loop)
-                kick = True
-        if kick:
+                kick = loop
+        if kick is not None:
             # Runs after every callback already ready in this iteration: their puts join the round.
-            loop.call_soon(self._kick, loop)  # type: ignore[union-attr]
+            kick.call_soon(self._kick, kick)
 
     def _kick(self, loop: AbstractEventLoop) -> None:
         """On ``loop``, after the iteration whose puts scheduled it: start their round."""
