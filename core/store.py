@@ -557,7 +557,7 @@ def store_introspection(store: object) -> StoreIntrospection | None:
 # --------------------------------------------------------------------------- request lanes
 @runtime_checkable
 class SendLane(Protocol):
-    """A store's request lane for SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE (issue 38): a read's
+    """A store's request lane for the send codes (issue 38: SEND_MESSAGE, _V2, SEND_BATCH_MESSAGE): a read's
     sends prepared in one call.
 
     Offered by a store through :class:`RequestLanes` (the ``mmap`` store offers the compiled

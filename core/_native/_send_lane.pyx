@@ -1,14 +1,14 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False, auto_pickle=False, embedsignature=True
-"""The send lane's prepare step, compiled (issue 38): SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE
-requests of one read to the :class:`~tidemq.broker.services.put.Send` objects
+"""The send lane's prepare step, compiled (issue 38): SEND_MESSAGE, SEND_MESSAGE_V2 and
+SEND_BATCH_MESSAGE requests of one read to the :class:`~tidemq.broker.services.put.Send` objects
 :meth:`SendService.put` stores.
 
 The Python reference is the send processor and ``SendService.prepare`` (header read, topic checks,
 properties, the message, the send).  This module takes only what it can serve exactly as they do:
-a request it cannot (another code, a header name outside V2's ``a``..``m``, a field that is not a
-plain decimal string, a batch flag on a single send, a topic ``writable_queues`` does not vouch
-for, a queue id below zero or past the queue count, a transaction, delay or timer property, a
+a request it cannot (another code, a V2 header with a name outside ``a``..``m``, a field that is
+not a plain decimal string, a batch flag other than ``true``/``1``/``false``/``0``, a topic
+``writable_queues`` does not vouch for, a queue id below zero or past the queue count, a transaction, delay or timer property, a
 batch body the batch decoder refuses or finds empty, anything that raises) makes
 :func:`prepare_sends` answer None for the whole run, and the Python handler serves it: the
 answer, and the records stored, are the reference's by construction.  Nothing is changed before
@@ -37,7 +37,16 @@ cdef tuple REWRITTEN = _REWRITTEN
 cdef str CLUSTER = "CLUSTER"
 cdef str PROPERTY_SEPARATOR = "\x02"
 cdef str NAME_VALUE_SEPARATOR = "\x01"
+cdef int SEND_MESSAGE = 10
 cdef int SEND_MESSAGE_V2 = 310
+#: The send header's fields in the order the handler reads them (processors/send.py ``_FIELDS``):
+#: batch, group, topic, queue id, sys flag, default topic, its queue count, properties,
+#: reconsume times, max reconsume times, flag, born timestamp; V2's names, then the long ones.
+cdef tuple SHORT = ("m", "a", "b", "e", "f", "c", "d", "i", "j", "l", "h", "g")
+cdef tuple LONG = (
+    "batch", "producerGroup", "topic", "queueId", "sysFlag", "defaultTopic", "defaultTopicQueueNums",
+    "properties", "reconsumeTimes", "maxReconsumeTimes", "flag", "bornTimestamp",
+)
 cdef int SEND_BATCH_MESSAGE = 320
 #: Timer properties: a batch with one is parked by the Python handler.
 cdef tuple TIMERS = ("TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS")
@@ -153,7 +162,8 @@ cdef list _prepare(
     list requests, writable_queues, str cluster, Py_ssize_t max_batch, tuple born_host, tuple store_host
 ):
     cdef list sends = []
-    cdef object request, fields, batch, group, topic, text, body, msg, msgs
+    cdef object request, fields, batch, group, topic, text, body, msg, msgs, code
+    cdef tuple keys
     cdef bint is_batch
     cdef int64_t queue_id, sys_flag, unused, reconsume, flag, born, count
     cdef object last_topic = None
@@ -162,25 +172,33 @@ cdef list _prepare(
     cdef str name
     for request in requests:
         code = request.code
-        if code == SEND_BATCH_MESSAGE:
-            is_batch = True
-        elif code == SEND_MESSAGE_V2:
-            is_batch = False
-        else:
+        if code != SEND_MESSAGE_V2 and code != SEND_BATCH_MESSAGE and code != SEND_MESSAGE:
             return None
         fields = request.ext_fields
-        if not PyDict_CheckExact(fields) or not _v2_names_only(<dict>fields):
+        if not PyDict_CheckExact(fields):
             return None
-        if not is_batch:
-            batch = <object>PyDict_GetItem(fields, "m") if PyDict_GetItem(fields, "m") != NULL else None
-            if batch is not None and batch != "" and batch != "false":
+        # send_fields: V2's one-letter names (all of them, or the handler renames: not taken here),
+        # else the long names as they are (other keys, such as an access key, are not read).
+        if code == SEND_MESSAGE_V2 or (
+            PyDict_GetItem(fields, "b") != NULL and PyDict_GetItem(fields, "topic") == NULL
+        ):
+            if not _v2_names_only(<dict>fields):
                 return None
-        group = <object>PyDict_GetItem(fields, "a") if PyDict_GetItem(fields, "a") != NULL else ""
+            keys = SHORT
+        else:
+            keys = LONG
+        # the handler dispatches on the code or the header's batch flag (field_bool)
+        batch = fields.get(keys[0])
+        if batch is None or batch == "" or batch == "false" or batch == "0":
+            is_batch = code == SEND_BATCH_MESSAGE
+        elif batch == "true" or batch == "1":
+            is_batch = True
+        else:
+            return None
+        group = fields.get(keys[1], "")
         if type(group) is not str:
             return None
-        if PyDict_GetItem(fields, "b") == NULL:
-            return None
-        topic = <object>PyDict_GetItem(fields, "b")
+        topic = fields.get(keys[2])
         if type(topic) is not str:
             return None
         if topic is last_topic or topic == last_topic:
@@ -190,14 +208,14 @@ cdef list _prepare(
             last_topic, last_count = topic, count
         if count < 0:
             return None
-        if _field_int(fields.get("e"), -1, &queue_id) or queue_id < 0 or queue_id >= count:
+        if _field_int(fields.get(keys[3]), -1, &queue_id) or queue_id < 0 or queue_id >= count:
             return None
-        if _field_int(fields.get("f"), 0, &sys_flag) or sys_flag & TRANSACTION_TYPE_MASK:
+        if _field_int(fields.get(keys[4]), 0, &sys_flag) or sys_flag & TRANSACTION_TYPE_MASK:
             return None
         if (
-            _field_int(fields.get("d"), 4, &unused)
-            or _field_int(fields.get("j"), 0, &reconsume)
-            or _field_int(fields.get("g"), 0, &born)
+            _field_int(fields.get(keys[6]), 4, &unused)
+            or _field_int(fields.get(keys[8]), 0, &reconsume)
+            or _field_int(fields.get(keys[11]), 0, &born)
         ):
             return None
         if is_batch:
@@ -215,9 +233,9 @@ cdef list _prepare(
                         return None
             sends.append(_Send(group, msgs, True, None, msgs[0].queue_id, len(body)))
             continue
-        if _field_int(fields.get("h"), 0, &flag):
+        if _field_int(fields.get(keys[10]), 0, &flag):
             return None
-        text = fields.get("i")
+        text = fields.get(keys[7])
         if text is None:
             text = ""
         elif type(text) is not str:

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 NOTIFY_TIMEOUT_S = 3.0
 _SEND_MESSAGE_V2 = int(RequestCode.SEND_MESSAGE_V2)
 _SEND_BATCH_MESSAGE = int(RequestCode.SEND_BATCH_MESSAGE)
+_SEND_MESSAGE = int(RequestCode.SEND_MESSAGE)
+#: The codes a store's send lane may serve (:mod:`tidemq.broker.lanes`).
+_SEND_CODES = frozenset((_SEND_MESSAGE, _SEND_MESSAGE_V2, _SEND_BATCH_MESSAGE))
 HOUSEKEEPING_PERIOD_S = 10.0
 
 
@@ -352,9 +355,7 @@ class Broker:
         handlers = register.handlers()
         # A wrapped code's handler is the wrapper: served one request at a time.
         self._batched = {code: h for code, h in handlers.items() if isinstance(h, BatchedProcessor)}
-        self.send_lane = send_lane_entry(
-            self, handlers.get(_SEND_MESSAGE_V2), handlers.get(_SEND_BATCH_MESSAGE)
-        )
+        self.send_lane = send_lane_entry(self, [handlers.get(code) for code in sorted(_SEND_CODES)])
         return handlers
 
     async def handle(self, conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
@@ -365,7 +366,7 @@ class Broker:
             if refused is not None:
                 return None if request.is_oneway else refused
         lane = self.send_lane
-        if lane is not None and (request.code == _SEND_MESSAGE_V2 or request.code == _SEND_BATCH_MESSAGE):
+        if lane is not None and request.code in _SEND_CODES:
             try:
                 works = lane.serve(conn, [request])
                 if works is not None:

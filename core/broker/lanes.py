@@ -1,16 +1,16 @@
 """The broker's end of the request lanes (issue 38): when a store's lane serves a read's sends.
 
 A store may offer a :class:`~tidemq.store.SendLane` (:func:`tidemq.store.send_lane`); the mmap
-store offers the compiled one.  :class:`SendLaneEntry` takes it for SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE only where
+store offers the compiled one.  :class:`SendLaneEntry` takes it for SEND_MESSAGE, SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE only where
 nobody could see a difference from the Python handler (:class:`~tidemq.broker.processors.send.
 SendHandler`, which stays the reference and serves everything else):
 
-* the code's handler is the built-in send handler, not wrapped by a plugin (decided at start);
+* the codes' handler is the built-in send handler, none wrapped by a plugin (decided at start);
 * no plugin listens to ``tidemq_before_send``/``tidemq_after_send`` (trace, audit: checked per run);
 * the access check is done (the broker runs it before, as for the handler);
 * the broker is a master, and the topic is known, writable, a valid name, neither the default
   nor a retry topic, and has no duplicate window (:func:`duplicate_window_on`);
-* the lane's own checks (see :mod:`tidemq._native._send_lane`): plain V2 header values, a queue
+* the lane's own checks (see :mod:`tidemq._native._send_lane`): plain header values, a queue
   id in range, no transaction, delay or timer property, a batch body its decoder takes.
 
 A run the lane declines goes whole to the Python handler.  What the lane gives is stored and
@@ -122,9 +122,11 @@ class SendLaneEntry:
         return cfg.queue_count
 
 
-def send_lane_entry(broker: BrokerContext, handler: Any, batch_handler: Any) -> SendLaneEntry | None:
-    """The send lane when both codes' handler is the built-in one and the store offers one."""
-    if type(handler) is not SendHandler or batch_handler is not handler:
+def send_lane_entry(broker: BrokerContext, handlers: list[Any]) -> SendLaneEntry | None:
+    """The send lane when every send code's handler is the built-in one (one object) and the
+    store offers a lane."""
+    handler = handlers[0]
+    if type(handler) is not SendHandler or any(h is not handler for h in handlers):
         return None  # a plugin's wrapper, or another handler: never the lane
     lane = send_lane(broker.store)
     return SendLaneEntry(broker, handler, lane) if lane is not None else None

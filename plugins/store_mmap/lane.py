@@ -1,4 +1,4 @@
-"""The mmap store's request lane (issue 38): the compiled prepare step of SEND_MESSAGE_V2 and
+"""The mmap store's request lane (issue 38): the compiled prepare step of SEND_MESSAGE, SEND_MESSAGE_V2 and
 SEND_BATCH_MESSAGE.
 
 Offered through :meth:`MmapMessageStore.send_lane` (:class:`tidemq.store.RequestLanes`) when the
@@ -23,7 +23,7 @@ class CompiledSendLane:
     __slots__ = ("description", "prepare_sends")
 
     def __init__(self, prepare_sends: Callable[..., object]) -> None:
-        self.description = f"SEND_MESSAGE_V2, SEND_BATCH_MESSAGE (compiled: {MODULE})"
+        self.description = f"SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE (compiled: {MODULE})"
         self.prepare_sends = prepare_sends
 
 
