@@ -22,9 +22,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tidemq import hookimpl
 from tidemq.address import split_address
 from tidemq.broker.processors.send import V2_NAMES, send_fields
 from tidemq.message import BatchItem, encode_batch, properties_to_string
+from tidemq.plugins import PluginManager
 from tidemq.remoting import FrameDecoder, RemotingCommand
 from tidemq.remoting.codec import encode_bytes
 from tidemq.remoting.codes import RequestCode, ResponseCode
@@ -394,3 +396,40 @@ def test_requests_recorded_from_the_official_client_take_the_lane_and_answer_ali
     _assert_equal(pair, _numbered(answered), pipelined=True)
     _assert_equal(pair, _numbered(answered), pipelined=False)
     assert lane_module.lane_counts()[0] - served == 1 + len(answered)
+
+
+class BeforeSend:
+    """A plugin listening to the send hooks: the lane must leave every send to the Python handler."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    @hookimpl
+    def tidemq_before_send(self, context: Any) -> None:
+        self.seen.append(context.topic)
+
+
+def test_a_send_hook_listener_keeps_every_send_on_the_python_handler(tmp_path: Path) -> None:
+    hooks = BeforeSend()
+    manager = PluginManager()
+    manager.load_entry_points()
+    manager.register(hooks, name="lane-test-hooks")
+
+    async def scenario() -> None:
+        async with running_broker(tmp_path / "b", {"store": "mmap"}, manager=manager) as broker:
+            assert broker.send_lane is not None  # offered: only the listener keeps it idle
+            fields = {"topic": TOPIC, "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}
+            create = RemotingCommand(
+                RequestCode.UPDATE_AND_CREATE_TOPIC, 1, ext_fields=stringify_fields(fields)
+            )
+            await _exchange(broker.address, [create], True)
+            before = lane_module.lane_counts()
+            sends = _numbered(
+                [RemotingCommand(RequestCode.SEND_MESSAGE_V2, 0, ext_fields=v2(), body=b"x")] * 3
+            )
+            answers = [FrameDecoder().feed(f)[0] for f in await _exchange(broker.address, sends, True)]
+            assert [a.code for a in answers] == [ResponseCode.SUCCESS] * 3
+            assert hooks.seen == [TOPIC] * 3
+            assert lane_module.lane_counts() == before  # never asked
+
+    asyncio.run(scenario())
