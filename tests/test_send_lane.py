@@ -12,6 +12,7 @@ the Python handler) and from frames recorded from the official client (``rocketm
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -170,7 +171,12 @@ async def _answers(address: str, request: RemotingCommand) -> list[RemotingComma
     return FrameDecoder().feed(b"".join(frames))
 
 
+_KEYS = itertools.count(1)
+
+
 def v2(**fields: Any) -> dict[str, Any]:
+    """A SEND_MESSAGE_V2 header; each a message of its own (a fresh UNIQ_KEY: the broker's
+    duplicate window answers a resend of a key from the window, not the lane)."""
     header = {
         "a": "PG",
         "b": TOPIC,
@@ -180,7 +186,7 @@ def v2(**fields: Any) -> dict[str, Any]:
         "f": "0",
         "g": "1700000000000",
         "h": "0",
-        "i": properties_to_string({"UNIQ_KEY": "00" * 16, "TAGS": "t"}),
+        "i": properties_to_string({"UNIQ_KEY": f"{next(_KEYS):032X}", "TAGS": "t"}),
         "j": "0",
         "k": "false",
         "m": "false",
@@ -278,14 +284,18 @@ def _assert_equal(pair: Pair, reqs: list[RemotingCommand], pipelined: bool) -> N
 # --------------------------------------------------------------------------- tests
 def test_plain_sends_take_the_lane_and_answer_as_the_python_handler(pair: Pair) -> None:
     served, _ = lane_module.lane_counts()
-    reqs = _numbered(
-        [
-            RemotingCommand(RequestCode.SEND_MESSAGE_V2, 0, ext_fields=v2(e=str(i % 4)), body=b"x" * i)
-            for i in range(20)
-        ]
-    )
+
+    def singles() -> list[RemotingCommand]:
+        return _numbered(
+            [
+                RemotingCommand(RequestCode.SEND_MESSAGE_V2, 0, ext_fields=v2(e=str(i % 4)), body=b"x" * i)
+                for i in range(20)
+            ]
+        )
+
+    reqs = singles()
     _assert_equal(pair, reqs, pipelined=True)
-    _assert_equal(pair, reqs, pipelined=False)
+    _assert_equal(pair, singles(), pipelined=False)
     batches = _numbered(
         [
             RemotingCommand(
@@ -302,7 +312,9 @@ def test_plain_sends_take_the_lane_and_answer_as_the_python_handler(pair: Pair) 
     _assert_equal(pair, batches, pipelined=True)
     _assert_equal(pair, _numbered(reqs[:5] + batches[:5]), pipelined=True)
     after, _ = lane_module.lane_counts()
-    assert after - served >= 23  # one run per pipelined read, one per single send
+    declined = pair.brokers["lane"].send_lane.window_declined
+    assert declined == 1  # the run of resends: answered from the duplicate window by the handler
+    assert after - served - declined >= 22  # one run per pipelined read, one per single send
     answers = [FrameDecoder().feed(f)[0] for f in pair.exchange(reqs[:1], True)["lane"]]
     assert answers[0].code == ResponseCode.SUCCESS and answers[0].ext_fields["queueId"] == "0"
 
@@ -425,7 +437,10 @@ def test_a_send_hook_listener_keeps_every_send_on_the_python_handler(tmp_path: P
             await _exchange(broker.address, [create], True)
             before = lane_module.lane_counts()
             sends = _numbered(
-                [RemotingCommand(RequestCode.SEND_MESSAGE_V2, 0, ext_fields=v2(), body=b"x")] * 3
+                [
+                    RemotingCommand(RequestCode.SEND_MESSAGE_V2, 0, ext_fields=v2(), body=b"x")
+                    for _ in range(3)
+                ]
             )
             answers = [FrameDecoder().feed(f)[0] for f in await _exchange(broker.address, sends, True)]
             assert [a.code for a in answers] == [ResponseCode.SUCCESS] * 3
@@ -433,3 +448,25 @@ def test_a_send_hook_listener_keeps_every_send_on_the_python_handler(tmp_path: P
             assert lane_module.lane_counts() == before  # never asked
 
     asyncio.run(scenario())
+
+
+def test_the_lane_keeps_the_duplicate_window(lone: Pair) -> None:
+    """A message the lane stored is in the duplicate window (issue 37): its resend, alone or in a
+    run with new messages, is answered as the first send and not stored again."""
+    entry = lone.brokers["lane"].send_lane
+    served, _ = lane_module.lane_counts()
+    declined = entry.window_declined
+    first = _numbered([RemotingCommand(RequestCode.SEND_MESSAGE_V2, 0, ext_fields=v2(e="2"), body=b"pay")])
+    (answer,) = [FrameDecoder().feed(f)[0] for f in lone.exchange(first, True)["lane"]]
+    assert lane_module.lane_counts()[0] == served + 1 and entry.window_declined == declined  # the lane
+    fresh = RemotingCommand(RequestCode.SEND_MESSAGE_V2, 0, ext_fields=v2(e="1"), body=b"new")
+    again = _numbered([first[0], fresh])
+    resent, other = [FrameDecoder().feed(f)[0] for f in lone.exchange(again, True)["lane"]]
+    assert entry.window_declined == declined + 1  # the run went to the handler, which asks the window
+    assert resent.code == ResponseCode.SUCCESS
+    assert {k: resent.ext_fields[k] for k in ("msgId", "queueId", "queueOffset")} == {
+        k: answer.ext_fields[k] for k in ("msgId", "queueId", "queueOffset")
+    }
+    assert other.code == ResponseCode.SUCCESS and other.ext_fields["msgId"] != answer.ext_fields["msgId"]
+    broker = lone.brokers["lane"]
+    assert broker.store.get_max_offset_in_queue(TOPIC, 2) == int(answer.ext_fields["queueOffset"]) + 1

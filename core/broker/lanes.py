@@ -9,7 +9,10 @@ SendHandler`, which stays the reference and serves everything else):
 * no plugin listens to ``tidemq_before_send``/``tidemq_after_send`` (trace, audit: checked per run);
 * the access check is done (the broker runs it before, as for the handler);
 * the broker is a master, and the topic is known, writable, a valid name, neither the default
-  nor a retry topic, and has no duplicate window (:func:`duplicate_window_on`);
+  nor a retry topic;
+* no send of the run is a resend the duplicate window holds, nor repeats a key of the run
+  (:meth:`SendLaneEntry.windowed`: the window's keys are checked and recorded as the handler
+  does, and a run with a hit goes to the handler, which answers resends);
 * the lane's own checks (see :mod:`tidemq._native._send_lane`): plain header values, a queue
   id in range, no transaction, delay or timer property, a batch body its decoder takes.
 
@@ -23,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
+from tidemq.broker.dedup import MAX_KEY_LENGTH, UNIQ_KEY, content_key
+from tidemq.broker.dedup_table import batch_keys, hashes_of
 from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX
 from tidemq.broker.processors.send import SendHandler, send_response
 from tidemq.broker.services.put import Send
@@ -39,12 +44,6 @@ from tidemq.transport import Connection
 _NAME_CACHE_MAX = 4096
 
 
-def duplicate_window_on(broker: BrokerContext, topic: str) -> bool:
-    """The seam for the duplicate window (issue 37): a topic with a window on is served by the
-    Python handler, which asks the window.  No window exists yet: always False."""
-    return False
-
-
 class SendLaneEntry:
     """The store's send lane as the broker takes it (see the module docstring for when)."""
 
@@ -57,6 +56,7 @@ class SendLaneEntry:
         "_valid",
         "description",
         "handler",
+        "window_declined",
     )
 
     def __init__(self, broker: BrokerContext, handler: SendHandler, lane: SendLane) -> None:
@@ -69,6 +69,8 @@ class SendLaneEntry:
         self._topics = broker.topics
         self._valid: set[str] = set()
         self.description = lane.description
+        #: Runs the lane prepared but left to the handler for the duplicate window (a resend).
+        self.window_declined = 0
 
     def serve(
         self, conn: Connection, requests: list[RemotingCommand]
@@ -89,6 +91,9 @@ class SendLaneEntry:
         )
         if sends is None:
             return None
+        if not self.windowed(sends):
+            self.window_declined += 1
+            return None
         service = self._service
         service.put(sends)
         settled = service.settled
@@ -96,6 +101,45 @@ class SendLaneEntry:
             send_response(request, send) if settled(send) else self._later(request, send)
             for request, send in zip(requests, sends, strict=True)
         ]
+
+    def windowed(self, sends: list[Send]) -> bool:
+        """The duplicate window (issue 37) over a run's prepared sends, as the handler's
+        ``SendService.prepare``/``prepare_batch`` use it: False (the handler takes the run, and
+        nothing was recorded) when a send is a resend the window holds or repeats a key of the
+        run; else every send with usable keys is recorded, pending until stored."""
+        window = self._broker.dedup
+        topics = self._topics
+        planned: list[tuple[Send, str, Any, float]] = []
+        seen: set[tuple[str, int]] = set()
+        for send in sends:
+            msgs = send.msgs
+            topic = msgs[0].topic
+            seconds, content = window.topic_settings(topic, topics.get(topic))
+            if seconds <= 0:
+                continue
+            if content:
+                keys = [content_key(m.flag, m.body, m.properties) for m in msgs]
+                if len(set(keys)) != len(keys):
+                    continue  # twice the same content in one batch: stored as it is
+                hashes = hashes_of(keys)
+            else:
+                found = batch_keys(msgs, UNIQ_KEY, MAX_KEY_LENGTH)
+                if found is None:
+                    continue  # a message without a usable key: stored as it is
+                keys, hashes, repeated = found
+                if repeated >= 0:
+                    return False  # the handler refuses it in one line
+            for h in hashes:
+                if (topic, h) in seen:
+                    return False  # a resend within the run: the handler makes it wait
+                seen.add((topic, h))
+            hits = window.check_many(topic, hashes)
+            if hits is not None and any(hit is not None for hit in hits):
+                return False
+            planned.append((send, topic, hashes, seconds))
+        for send, topic, hashes, seconds in planned:
+            send.dedup = window.record(topic, hashes, send, seconds)
+        return True
 
     async def _later(self, request: RemotingCommand, send: Send) -> RemotingCommand:
         await self._service.settle(send)
@@ -109,7 +153,6 @@ class SendLaneEntry:
             or not is_writeable(cfg.perm)
             or topic == DEFAULT_TOPIC
             or topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
-            or duplicate_window_on(self._broker, topic)
         ):
             return -1
         valid = self._valid
