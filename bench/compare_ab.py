@@ -51,6 +51,8 @@ def one(work: Path, flush: str, toml: str, args: argparse.Namespace, tree: str =
         if args.workload == "consume_1k":
             bench.produce(1024, 32, args.messages * 2)
             r = bench.consume()
+        elif args.workload == "latency_fixed":  # compare.py's: 1 KiB sends at --latency-rate, open loop
+            r = bench.rate(args.latency_rate, args.latency_seconds, args.latency_seconds)
         else:
             size = 1024 if "1k" in args.workload else 128
             batch = 32 if args.workload.endswith("batch") else 1
@@ -68,12 +70,18 @@ def main() -> None:
     p.add_argument("--a", default="", help="TOML appended to A's config (default: none)")
     p.add_argument("--b", default="", help="TOML appended to B's config")
     p.add_argument("--b-tree", default="", help="PYTHONPATH for B's broker: the old code (see above)")
-    p.add_argument("--workload", default="produce_1k_single")
+    p.add_argument(
+        "--workload",
+        default="produce_1k_single",
+        help="produce_1k_single|produce_1k_batch|produce_128_single|produce_128_batch|consume_1k|latency_fixed",
+    )
     p.add_argument("--flush", default="async", choices=["async", "sync"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--messages", type=int, default=40_000)
     p.add_argument("--procs", type=int, default=2)
     p.add_argument("--inflight", type=int, default=64)
+    p.add_argument("--latency-rate", type=float, default=2000.0, help="msgs/s of --workload latency_fixed")
+    p.add_argument("--latency-seconds", type=float, default=10.0)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tidemq-ab-"))
     rounds = []
@@ -85,11 +93,15 @@ def main() -> None:
             row: dict[str, Any] = {}
             for name, toml, tree in order:
                 row[name] = one(work / f"{name}{i}", args.flush, toml, args, tree)
-                print(f"[compare_ab] round {i} {name}: {row[name]['msgs_per_s']:.0f} msg/s", file=sys.stderr)
+                print(
+                    f"[compare_ab] round {i} {name}: {row[name]['msgs_per_s']:.0f} msg/s,"
+                    f" p99 {row[name].get('p99_us')} us",
+                    file=sys.stderr,
+                )
             rounds.append(row)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    ratios = [r["a"]["msgs_per_s"] / r["b"]["msgs_per_s"] for r in rounds if r["b"]["msgs_per_s"]]
+    ratios = [r["a"]["msgs_per_s"] / r["b"]["msgs_per_s"] for r in rounds if r["b"].get("msgs_per_s")]
     eff = [
         r["a"]["msgs_per_server_cpu_s"] / r["b"]["msgs_per_server_cpu_s"]
         for r in rounds
@@ -109,6 +121,11 @@ def main() -> None:
                 # msgs per server CPU-second: what a shared, oversubscribed machine cannot blur
                 "a_over_b_msgs_per_server_cpu_s": [round(x, 3) for x in eff],
                 "median_a_over_b_per_cpu": round(statistics.median(eff), 3) if eff else None,
+                "median_p99_us": {
+                    n: statistics.median(r[n]["p99_us"] for r in rounds)
+                    for n in ("a", "b")
+                    if all(r[n].get("p99_us") is not None for r in rounds)
+                },
             },
             indent=2,
         )

@@ -409,6 +409,12 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
         click.echo(f"hash index: {index_native.DESCRIPTION}")
     except ImportError:
         pass
+    try:  # the request lanes the mmap store offers (issue 38)
+        from tidemq_store_mmap.lane import describe as lanes_description
+
+        click.echo(f"request lanes: {lanes_description()}")
+    except ImportError:
+        pass
     try:  # the Spark sources' column builder (tidemq_spark), which a build may leave out too
         from tidemq_spark.schema import native_description
 

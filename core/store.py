@@ -22,7 +22,9 @@ from tidemq.filter import MessageFilter
 from tidemq.message import MessageInner, Prop
 
 if TYPE_CHECKING:
+    from tidemq.broker.services.put import Send
     from tidemq.flush import FlushStatistics
+    from tidemq.remoting.command import RemotingCommand
 
 log = logging.getLogger(__name__)
 
@@ -550,3 +552,53 @@ def store_introspection(store: object) -> StoreIntrospection | None:
     if capable is None:
         capable = _INTROSPECTABLE[cls] = isinstance(store, StoreIntrospection)
     return cast("StoreIntrospection", store) if capable else None
+
+
+# --------------------------------------------------------------------------- request lanes
+@runtime_checkable
+class SendLane(Protocol):
+    """A store's request lane for the send codes (issue 38: SEND_MESSAGE, _V2, SEND_BATCH_MESSAGE): a read's
+    sends prepared in one call.
+
+    Offered by a store through :class:`RequestLanes` (the ``mmap`` store offers the compiled
+    :mod:`tidemq._native._send_lane` unless ``TIDEMQ_NO_EXTENSIONS`` is set; the ``memory`` store
+    offers none).  The broker (:mod:`tidemq.broker.lanes`) calls it only where nobody could see a
+    difference (no send hook listens, the code is not wrapped, the access check is done) and puts
+    what it gives through the same ``SendService.put``/``settled`` as the Python handler; the lane
+    answers None for any run it cannot serve exactly as that handler, which then serves the run.
+    """
+
+    #: What ``tidemq --version`` and the broker's start-up log say of it.
+    description: str
+
+    def prepare_sends(
+        self,
+        requests: list[RemotingCommand],
+        writable_queues: Callable[[str], int],
+        cluster: str,
+        max_batch: int,
+        born_host: tuple[str, int],
+        store_host: tuple[str, int],
+    ) -> list[Send] | None:
+        """The sends of ``requests``, in order, or None: the Python handler serves them all.
+
+        ``writable_queues(topic)``: the topic's queue count when a send to it needs no check beyond
+        the queue id, else -1; ``cluster`` is what single sends' CLUSTER property says, and
+        ``max_batch`` the most messages a batch may hold (``max_batch_messages``).  Must not change
+        anything before deciding (a refusal has no effect).
+        """
+
+
+@runtime_checkable
+class RequestLanes(Protocol):
+    """A store that offers request lanes (optional): asked once, as the broker starts."""
+
+    def send_lane(self) -> SendLane | None:
+        """The send lane, or None when this store (or this build) has none."""
+
+
+def send_lane(store: object) -> SendLane | None:
+    """``store``'s send lane, or None when it offers none."""
+    if not isinstance(store, RequestLanes):
+        return None
+    return store.send_lane()

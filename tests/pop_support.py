@@ -11,9 +11,8 @@ from typing import Any
 import orjson
 from conftest import Server, free_port
 
-from tidemq.client import LoopThread, Message, Producer
+from tidemq.client import LoopThread, Message, Producer, ReceivedMessage, SimpleConsumer
 from tidemq.client.admin import AdminClient
-from tidemq.client.simple_consumer import ReceivedMessage, SimpleConsumer
 from tidemq.remoting.codes import RequestCode
 from tidemq.remoting.command import RemotingCommand
 

@@ -225,3 +225,34 @@ def test_redeliveries_survive_a_topic_table_that_lost_the_retry_topic(env: PopEn
     env.restart(signal.SIGTERM, forget_retry_topic)
     [again] = env.receive_all(c, 1, invisible=5)
     assert again.body == m.body and again.reconsume_times == 1
+
+
+def test_a_journal_file_of_an_older_version_is_moved_into_the_revive_log(env: PopEnv) -> None:
+    """Before the revive log the state was in <data>/pop/journal.log: at the first start it is
+    read, written to the revive log and renamed; its expired checkpoints are revived."""
+    env.send("PopT9", 8, "j")  # two per queue: offsets 0 and 1 of queues 0..3
+    from conftest import wait_for
+
+    topics = env.tmp / "data" / "config" / "topics.json"
+    assert wait_for(lambda: topics.exists() and "PopT9" in topics.read_text(), 10)
+    journal = env.tmp / "data" / "pop" / "journal.log"
+    past = int(time.time() * 1000) - 60_000
+    records = [f"C {q + 1} GPOP9 PopT9 {q} {past} 1000 0 2 0 0,1\n" for q in range(4)]
+    records.append("A 1 2\n")  # queue 0's offset 1 was acknowledged
+
+    def write_old_journal() -> None:
+        journal.parent.mkdir(parents=True, exist_ok=True)
+        journal.write_text("".join(records))
+
+    env.restart(signal.SIGTERM, between=write_old_journal)
+    c = env.consumer("GPOP9", "PopT9")
+    back = env.receive_all(c, 7, invisible=30, timeout=15)
+    assert len(back) == 7 and all(m.stored_topic == "%RETRY%GPOP9_PopT9" for m in back)
+    assert env.receive(c, 32, 1.0, 0.5) == []  # the pop offsets came along: nothing else
+    assert not journal.exists() and journal.with_suffix(".log.migrated").exists()
+    # the snapshot written for it is where replay starts now (a consumer offset slaves copy too)
+    offsets = env.tmp / "data" / "config" / "consumerOffset.json"
+    assert wait_for(lambda: offsets.exists() and "CID_RMQ_SYS_REVIVE_LOG" in offsets.read_text(), 10)
+    env.ack(c, back)
+    env.restart(signal.SIGKILL)  # read once: not revived again from the file
+    assert env.receive(c, 32, 1.0, 2.5) == []

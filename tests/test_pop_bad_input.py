@@ -4,6 +4,7 @@ received, and the broker keeps serving."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import Iterator
@@ -195,3 +196,59 @@ def test_forged_stale_replayed_and_foreign_handles_acknowledge_nothing(env: PopE
     assert "acknowledged 0" in resp.remark
     # the broker still serves
     assert env.call(RequestCode.POP_MESSAGE, pop_fields()).code == 19
+
+
+def test_acks_pipelined_on_one_connection_are_answered_one_by_one(env: PopEnv) -> None:
+    """ACK_MESSAGEs read together are taken together (one revive-log record), but each answer is
+    its own: a duplicate in the same run, a forged handle and an unknown group are refused alone."""
+    from tidemq.client.admin import AdminClient
+    from tidemq.remoting.command import RemotingCommand
+
+    env.update_group("GPIPE")
+    env.send("PopPipe", 6, "p")
+    c = env.consumer("GPIPE", "PopPipe")
+    msgs = env.receive_all(c, 6, invisible=30)
+    assert len(msgs) == 6
+
+    def fields(m, group: str = "GPIPE", handle: str | None = None) -> dict[str, object]:
+        return {
+            "consumerGroup": group,
+            "topic": m.stored_topic,
+            "queueId": m.queue_id,
+            "offset": m.queue_offset,
+            "extraInfo": m.handle if handle is None else handle,
+        }
+
+    parts = msgs[4].handle.split(" ")
+    forged = " ".join([parts[0], str(int(parts[1]) + 3), *parts[2:]])
+    batch = [
+        fields(msgs[0]),
+        fields(msgs[1]),
+        fields(msgs[1]),  # the same message again, in the same run
+        fields(msgs[2]),
+        fields(msgs[4], handle=forged),
+        fields(msgs[3], group="GNOPE"),
+        {"consumerGroup": "GPIPE", "topic": "PopPipe"},  # fields missing
+        fields(msgs[3]),
+    ]
+
+    async def go() -> list[RemotingCommand]:
+        client = AdminClient(env.namesrv, timeout=15)
+        try:
+            return await asyncio.gather(
+                *(
+                    client.call(env.broker, RequestCode.ACK_MESSAGE, f, None, ok=tuple(range(-1, 1_000_000)))
+                    for f in batch
+                )
+            )
+        finally:
+            await client.close()
+
+    codes = [r.code for r in env.loop.run(go(), 30)]
+    assert codes[0] == 0 and codes[3] == 0 and codes[7] == 0
+    assert sorted(codes[1:3]) == [0, NO_MESSAGE]
+    assert codes[4] == NO_MESSAGE and codes[5] == 26 and codes[6] == INVALID_PARAMETER
+    # msgs[4] and msgs[5] are still in flight: their own handles acknowledge them, once.
+    env.ack(c, msgs[4:6])
+    again = env.call(RequestCode.ACK_MESSAGE, fields(msgs[0]))
+    assert again.code == NO_MESSAGE

@@ -114,3 +114,24 @@ def test_acl_resources_of_pop_requests() -> None:
     )
     assert needed_resources(assign) == {"%RETRY%G": SUB, "T": SUB}
     assert RequestCode.SET_MESSAGE_REQUEST_MODE in ADMIN_CODES
+
+
+def test_revive_log_replay_takes_complete_snapshots_and_ignores_interrupted_ones() -> None:
+    from tidemq.broker.pop.revive_log import _Reader
+
+    r = _Reader()
+    r.feed(ck(1, (0, 1), 2).record() + ck(2, (2,), 3).record())
+    r.feed(ack_record(1, 0b1))
+    # A complete snapshot (two chunks) replaces what came before it: checkpoint 2 is gone.
+    r.feed(b"S s1 0 2 7\n" + ck(1, (0, 1), 2).record() + ack_record(1, 0b1))
+    r.feed(b"S s1 1 2 7\n" + offset_record("G", "T", 1, 9))
+    r.feed(ack_record(1, 0b10))  # after it: applied
+    r.feed(ck(3, (9,), 10).record())
+    # An interrupted snapshot (chunk 0 of 2, then ordinary records): not taken.
+    r.feed(b"S s2 0 2 9\n")
+    r.feed(ck(4, (10,), 11).record())
+    state = r.finish()
+    state.prune()
+    assert sorted(state.checkpoints) == [3, 4]  # 1 fully acknowledged, 2 dropped by the snapshot
+    assert state.offsets[("G", "T", 1)] == 11
+    assert state.last_id == 7  # the snapshot's highest id handed out, not the highest seen

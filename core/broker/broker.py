@@ -15,6 +15,7 @@ from tidemq.broker.composition import BrokerFigures, build_parts
 from tidemq.broker.dedup_rebuild import attach_window
 from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
+from tidemq.broker.lanes import SendLaneEntry, send_lane_entry
 from tidemq.broker.roles import RoleFollower
 from tidemq.client.credentials import SessionCredentials, SigningRemoting
 from tidemq.config import Components, registered_address
@@ -35,6 +36,11 @@ from tidemq.transport import BatchedProcessor, Connection, TransportClient, Tran
 log = logging.getLogger(__name__)
 
 NOTIFY_TIMEOUT_S = 3.0
+_SEND_MESSAGE_V2 = int(RequestCode.SEND_MESSAGE_V2)
+_SEND_BATCH_MESSAGE = int(RequestCode.SEND_BATCH_MESSAGE)
+_SEND_MESSAGE = int(RequestCode.SEND_MESSAGE)
+#: The codes a store's send lane may serve (:mod:`tidemq.broker.lanes`).
+_SEND_CODES = frozenset((_SEND_MESSAGE, _SEND_MESSAGE_V2, _SEND_BATCH_MESSAGE))
 HOUSEKEEPING_PERIOD_S = 10.0
 
 
@@ -273,11 +279,12 @@ class Broker:
         self._tasks.append(supervise(self._housekeeping_loop, "tidemq-client-housekeeping"))
         self._tasks.append(supervise(self.stats.sample_loop, "tidemq-stats-sampling"))
         log.info(
-            "broker %s (%s) serving on %s; codec: %s",
+            "broker %s (%s) serving on %s; codec: %s; request lanes: %s",
             self.settings.name,
             self.settings.cluster,
             self._address,
             _native.DESCRIPTION,
+            self.send_lane.description if self.send_lane is not None else "none",
         )
         try:
             self.hooks.tidemq_broker_started(broker=self)
@@ -339,6 +346,8 @@ class Broker:
     # ------------------------------------------------------------------ dispatch
     #: The handlers that also serve runs of requests (``many``), by code; filled with the handlers.
     _batched: Mapping[int, BatchedProcessor] = {}
+    #: The store's send lane when the broker may take it (:mod:`tidemq.broker.lanes`).
+    send_lane: SendLaneEntry | None = None
 
     def _collect_processors(self) -> dict[int, Handler]:
         """Every plugin's request handlers (``tidemq_register_processors``), before the server starts.
@@ -353,6 +362,7 @@ class Broker:
         handlers = register.handlers()
         # A wrapped code's handler is the wrapper: served one request at a time.
         self._batched = {code: h for code, h in handlers.items() if isinstance(h, BatchedProcessor)}
+        self.send_lane = send_lane_entry(self, [handlers.get(code) for code in sorted(_SEND_CODES)])
         return handlers
 
     async def handle(self, conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
@@ -362,6 +372,19 @@ class Broker:
             refused = self.refused(conn, request)
             if refused is not None:
                 return None if request.is_oneway else refused
+        lane = self.send_lane
+        if lane is not None and request.code in _SEND_CODES:
+            try:
+                works = lane.serve(conn, [request])
+                if works is not None:
+                    work = works[0]
+                    response = work if type(work) is RemotingCommand else await work  # type: ignore[misc]
+                    return None if request.is_oneway else response
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                response = self.failed(conn, request, exc)
+                return None if request.is_oneway else response
         handler = self._handlers.get(request.code)
         if handler is None:
             # Usually a client given the broker's port as its NameServer: say so, once per peer.
@@ -586,9 +609,13 @@ class _CoalescedRun:
             admitted.append(request)
             places.append(i)
         if admitted:
-            results: list[RemotingCommand | Awaitable[RemotingCommand | None]]
+            results: list[RemotingCommand | Awaitable[RemotingCommand | None]] | None = None
+            lane = broker.send_lane
             try:
-                results = list(self._processor.many(conn, admitted, self._failed))
+                if lane is not None and self._processor is lane.handler:
+                    results = lane.serve(conn, admitted)  # None: the handler serves them
+                if results is None:
+                    results = list(self._processor.many(conn, admitted, self._failed))
                 if len(results) != len(admitted):
                     raise RuntimeError(
                         f"{self._processor!r} answered {len(results)} of {len(admitted)} requests"

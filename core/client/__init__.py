@@ -1,6 +1,7 @@
 """tidemq's own client: producer, push and pull consumers, over the RocketMQ 4.x protocol.
 
-asyncio API (:class:`Producer`, :class:`PushConsumer`, :class:`PullConsumer`) plus a blocking
+asyncio API (:class:`Producer`, :class:`PushConsumer`, :class:`PullConsumer`, and RocketMQ 5's
+:class:`SimpleConsumer` over remoting POP with its :class:`ReceivedMessage`) plus a blocking
 facade (:mod:`tidemq.client.blocking`) that runs them on a background loop thread.  Queue
 selection (``selector=``) and rebalance (``allocate=``) are plugins of the ``select`` and
 ``allocate`` roles, so third-party strategies plug in by name.
@@ -40,6 +41,7 @@ from tidemq.client.push_consumer import ConsumeFrom, ConsumeStatus, PushConsumer
 from tidemq.client.rebalance import BROADCASTING, CLUSTERING
 from tidemq.client.request_reply import RequestTimeoutError, create_reply
 from tidemq.client.route import TopicRoute
+from tidemq.client.simple_consumer import ReceivedMessage, SimpleConsumer
 from tidemq.client.subscription import Subscription, prepare
 from tidemq.client.transaction import (
     LocalTransactionState,
@@ -80,6 +82,7 @@ __all__ = [
     "PullResult",
     "PullStatus",
     "PushConsumer",
+    "ReceivedMessage",
     "RequestTimeoutError",
     "SendFailedError",
     "SendRefusedError",
@@ -89,6 +92,7 @@ __all__ = [
     "TransactionSendResult",
     "SendStatus",
     "SessionCredentials",
+    "SimpleConsumer",
     "Subscription",
     "TopicRoute",
     "create_reply",

@@ -174,9 +174,16 @@ class SimpleConsumer:
         if not names:
             raise NoRouteError(f"topic {topic!r} has no readable queue")
         start = next(self._turn)
+        refreshed = False
         for i in range(len(names)):
             name = names[(start + i) % len(names)]
             addr = self.instance.broker_address(name)
+            if addr is None and not refreshed:
+                # No master in the cached route: a failover is under way or just happened; the
+                # NameServers know the new master before the periodic refresh asks them.
+                refreshed = True
+                await self.instance.get_route(topic, refresh=True)
+                addr = self.instance.broker_address(name)
             if addr is None:
                 continue
             # Only the last broker tried waits: the others are asked without long polling.

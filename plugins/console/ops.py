@@ -59,6 +59,9 @@ class GroupQueueRow:
     broker_offset: int
     consumer_offset: int
     last_timestamp: int
+    #: POP groups (RocketMQ 5): the queue's pop offset (-1: not popped) and its popped, unacknowledged messages.
+    pop_offset: int = -1
+    in_flight: int = 0
 
     @property
     def lag(self) -> int:
@@ -216,6 +219,8 @@ class ClusterOps:
                         int(off.get("brokerOffset", 0)),
                         int(off.get("consumerOffset", 0)),
                         int(off.get("lastTimestamp", 0)),
+                        int(off["pullOffset"]) if off.get("pullOffset") is not None else -1,
+                        int(off.get("inflightMsgCount") or 0),
                     )
                 )
         return sorted(rows, key=lambda r: (r.topic, r.broker, r.queue_id)), tps

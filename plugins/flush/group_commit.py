@@ -5,6 +5,14 @@ waiting, flushes once (fdatasync releases the GIL, so writers keep appending mea
 resolves all requests the flush covered together.  A request still not covered after
 ``timeout_ms`` resolves ``False`` (the store reports FLUSH_DISK_TIMEOUT), even while the flush
 itself is stuck in the kernel: a small reaper thread watches the deadlines.
+
+A writer on an event loop (the broker: every send is put from its loop) does not wake the flush
+thread per put: its first put of a loop iteration schedules one *kick* at the end of that iteration
+(``call_soon``), so the puts of one iteration start one round together and the flush thread wakes
+once per round, not per message; no gathering wait (``batch_wait_us``) is needed for them.  The
+results reach the loop through :func:`tidemq.futures.resolved`, one wake-up per round.  A round
+whose kick never runs (its loop blocked in ``result()`` on its own put) is started by the reaper.
+Writer threads (tests, benches, the threaded clients) wake it per put as before and may gather.
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from asyncio import AbstractEventLoop
+from asyncio import _get_running_loop as running_loop
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
@@ -82,6 +92,12 @@ class GroupCommitFlush:
         self.flush_seconds = Buckets()
         self.batch_sizes = Buckets(BATCH_BOUNDS)
         self._last_batch = 0  # requests served by the last flush round
+        #: A round may start: a writer thread's put, or a loop's kick, since the last round began.
+        self._ready = False
+        #: Writer threads put since the last round began (only their rounds may gather).
+        self._threaded = False
+        #: Loops with a kick scheduled (one per loop iteration that put something).
+        self._kicks: set[AbstractEventLoop] = set()
 
     def start(self, target: Flushable) -> None:
         self._target = target
@@ -108,11 +124,28 @@ class GroupCommitFlush:
         if end_offset <= target.flushed_where:
             fut.set_result(value)
             return
+        loop = running_loop()
+        kick: AbstractEventLoop | None = None
         with self._cond:
             if self._stop:
                 fut.set_result(value if end_offset <= target.flushed_where else on_timeout())
                 return
             self._pending.append((end_offset, time.monotonic() + self._timeout, fut, value, on_timeout))
+            if loop is None:
+                self._ready = self._threaded = True
+                self._cond.notify()
+            elif loop not in self._kicks:
+                self._kicks.add(loop)
+                kick = loop
+        if kick is not None:
+            # Runs after every callback already ready in this iteration: their puts join the round.
+            kick.call_soon(self._kick, kick)
+
+    def _kick(self, loop: AbstractEventLoop) -> None:
+        """On ``loop``, after the iteration whose puts scheduled it: start their round."""
+        with self._cond:
+            self._kicks.discard(loop)
+            self._ready = True
             self._cond.notify()
 
     def _run(self) -> None:
@@ -124,7 +157,8 @@ class GroupCommitFlush:
         never for a timer too.  Running writers may join first (``batch_wait_us``) only in a round
         that starts from idle, or while rounds carry :data:`GATHER_MIN_BATCH` requests or more
         (many closed-loop writers: each round's batch is the writers the previous one released,
-        still putting; 32 writer threads lost ~20 % of their rate without it).
+        still putting; 32 writer threads lost ~20 % of their rate without it).  Rounds of event
+        loop writers start at the loop's kick and never gather (the kick is their gathering).
         """
         target = self._target
         assert target is not None
@@ -133,10 +167,12 @@ class GroupCommitFlush:
         while True:
             with cond:
                 join = gather and (not self._pending or self._last_batch >= GATHER_MIN_BATCH)
-                while not self._pending and not self._stop:
+                while not (self._ready and self._pending) and not self._stop:
                     cond.wait()
                 if not self._pending:  # stopping, nothing left
                     return
+                join = join and self._threaded
+                self._ready = self._threaded = False
                 if not join:
                     batch, self._pending = self._pending, []
                     self._inflight = batch
@@ -145,12 +181,14 @@ class GroupCommitFlush:
                 with cond:
                     batch, self._pending = self._pending, []
                     self._inflight = batch
+                    self._ready = self._threaded = False
             self._last_batch = len(batch)
             retry = self._flush_and_resolve(target, batch)
             with cond:
                 self._inflight = []
                 if retry:
                     self._pending[:0] = retry
+                    self._ready = True
             if retry:
                 time.sleep(0.001)  # the flush did not advance (it failed): do not spin
 
@@ -214,12 +252,21 @@ class GroupCommitFlush:
                 return
 
     def _reap(self) -> None:
+        """Resolve overdue requests; start a round that no kick started (a loop blocked in
+        ``result()`` on its own put cannot run its kick): within two steps of the reaper."""
         step = min(0.1, self._timeout / 10)
+        stale: _Waiter | None = None
         while not self._stop:
             time.sleep(step)
             now = time.monotonic()
             with self._cond:
                 waiting = self._pending + self._inflight
+                first = self._pending[0] if self._pending else None
+                if first is not None and first is stale and not self._ready:
+                    log.debug("group commit: a round was not kicked by its loop; starting it")
+                    self._ready = True
+                    self._cond.notify()
+                stale = first
             for _, deadline, fut, _value, on_timeout in waiting:
                 if now >= deadline and not fut.done():
                     log.warning("flush did not finish within %d ms", self.options.timeout_ms)

@@ -26,6 +26,9 @@ def pop_families(broker: BrokerFiguresView) -> list[Metric]:
     revived.add_metric([], figures["popRevived"])
     dead = CounterMetricFamily("tidemq_pop_dead_lettered", "Popped messages sent to the DLQ")
     dead.add_metric([], figures["popDeadLettered"])
-    journal = GaugeMetricFamily("tidemq_pop_journal_bytes", "Size of the POP journal")
+    journal = GaugeMetricFamily(
+        "tidemq_pop_journal_bytes",
+        "Bytes of POP state in the revive log since its last snapshot (what a restart replays)",
+    )
     journal.add_metric([], figures["popJournalBytes"])
     return [in_flight, checkpoints, lag, revived, dead, journal]

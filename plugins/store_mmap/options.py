@@ -105,3 +105,8 @@ class MmapStoreOptions:
     #: which every second cost ~6 % of a loaded broker's CPU.  RocketMQ flushes an index file only
     #: when it is full.
     index_flush_interval_ms: int = attrs.field(default=10_000, validator=_positive)
+    #: Offer the compiled request lane for SEND_MESSAGE(_V2) and SEND_BATCH_MESSAGE (issue 38): a
+    #: read's plain sends are prepared in one compiled call; anything else (send hooks, delay,
+    #: timer, transaction, a retry topic...) is the Python handler's.  Off: the Python handler
+    #: serves every send, for comparison.  ``TIDEMQ_NO_EXTENSIONS=1`` turns it off too.
+    request_lanes: bool = True

@@ -52,6 +52,7 @@ from tidemq.store import (
     GetResult,
     PutResult,
     PutStatus,
+    SendLane,
 )
 
 from . import reader
@@ -60,6 +61,7 @@ from .checkpoint import StoreCheckpoint
 from .cleanup import CleanService, FlushConsumeQueueService
 from .commitlog import CommitLog, CommitLogFullError, RecordEncodeError
 from .introspection import MmapIntrospection
+from .lane import compiled_send_lane
 from .options import MmapStoreOptions, parse_host
 from .recovery import StoreRecovery
 from .reput import NOT_CONSUMABLE, ConsumeQueueTable, Reput
@@ -244,6 +246,11 @@ class MmapMessageStore(MmapIntrospection):
     ) -> None:
         self.notifier.add_listener(listener, interested)
         self._needs_dispatch = True
+
+    # ------------------------------------------------------------------ request lanes
+    def send_lane(self) -> SendLane | None:
+        """The compiled SEND_MESSAGE_V2 lane (:class:`tidemq.store.RequestLanes`), None when off."""
+        return compiled_send_lane() if self.options.request_lanes else None
 
     # ------------------------------------------------------------------ writes
     def put_message(self, msg: MessageInner) -> Future[PutResult]:

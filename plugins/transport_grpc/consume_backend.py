@@ -79,6 +79,9 @@ class BrokerConsumeBackend:
             )
         except PopError as exc:
             raise refused(exc.code, exc.remark) from None
+        # The checkpoint is in the revive log: flushed and on a slave as the broker's flush mode
+        # and role require before the client sees the messages (as the remoting POP answers).
+        await self.pop.durable()
         out: list[Delivered] = []
         for batch in result.batches:
             for offset, record in zip(batch.offsets, batch.buffers, strict=True):
@@ -126,6 +129,7 @@ class BrokerConsumeBackend:
             self.pop.ack(group, stored, handle.queue_id, handle.offset, handle.extra_info())
         except PopError as exc:
             raise refused(exc.code, exc.remark, handle=True) from None
+        await self.pop.durable()  # an answered ack survives a failover
 
     async def change_invisible(self, group: str, topic: str, receipt_handle: str, invisible_ms: int) -> str:
         handle = decode_receipt_handle(receipt_handle)
@@ -136,6 +140,7 @@ class BrokerConsumeBackend:
             )
         except PopError as exc:
             raise refused(exc.code, exc.remark, handle=True) from None
+        await self.pop.durable()
         # The new checkpoint holds the one message: it starts at the message's offset.
         return attrs.evolve(
             handle, start=handle.offset, pop_time=pop_time, invisible_ms=invisible, revive_qid=revive_qid

@@ -75,18 +75,7 @@ class AckHandle:
 
     @classmethod
     def parse(cls, extra_info: str) -> AckHandle:
-        parts = extra_info.split(" ")
-        if len(parts) not in (7, 8):
-            raise HandleError(f"extraInfo {extra_info[:120]!r} has {len(parts)} items, not 8")
-        try:
-            ck, pop_time, invisible, rqid = int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3])
-            qid = int(parts[6])
-            offset = int(parts[7]) if len(parts) == 8 else ck
-        except ValueError:
-            raise HandleError(f"extraInfo {extra_info[:120]!r} holds a non-number") from None
-        if parts[4] not in (NORMAL, RETRY_V1, RETRY_V2):
-            raise HandleError(f"extraInfo {extra_info[:120]!r}: retry item {parts[4]!r} is not 0, 1 or 2")
-        return cls(ck, pop_time, invisible, rqid, parts[4], parts[5], qid, offset)
+        return cls(*split_handle(extra_info))
 
     def format(self) -> str:
         return build_extra_info(
@@ -99,6 +88,32 @@ class AckHandle:
             self.queue_id,
             self.offset,
         )
+
+
+def split_handle(extra_info: str) -> tuple[int, int, int, int, str, str, int, int]:
+    """An ack handle's items (:class:`AckHandle`'s fields, in order) without building one: the
+    per-ack path.  A 7-item handle (no message offset) names its ckQueueOffset."""
+    parts = extra_info.split(" ")
+    n = len(parts)
+    if n != 8 and n != 7:
+        raise HandleError(f"extraInfo {extra_info[:120]!r} has {n} items, not 8")
+    retry = parts[4]
+    if retry != NORMAL and retry != RETRY_V1 and retry != RETRY_V2:
+        raise HandleError(f"extraInfo {extra_info[:120]!r}: retry item {retry!r} is not 0, 1 or 2")
+    try:
+        ck = int(parts[0])
+        return (
+            ck,
+            int(parts[1]),
+            int(parts[2]),
+            int(parts[3]),
+            retry,
+            parts[5],
+            int(parts[6]),
+            int(parts[7]) if n == 8 else ck,
+        )
+    except ValueError:
+        raise HandleError(f"extraInfo {extra_info[:120]!r} holds a non-number") from None
 
 
 def build_extra_info(

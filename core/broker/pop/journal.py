@@ -1,10 +1,7 @@
-"""The POP journal: checkpoints, acks and pop offsets on disk (RocketMQ's revive log, ours).
+"""POP records: checkpoints, acks and pop offsets (RocketMQ's revive log, ours), and their replay.
 
-RocketMQ writes checkpoints and acks as messages of the system topic ``rmq_sys_REVIVE_LOG_<cluster>``
-and merges them in memory (PopBufferMergeService) before a revive scan reads them back.  tidemq
-keeps them in one append-only file of its own, ``<data>/pop/journal.log``, because nothing but the
-revive service ever reads them: going through the commit log would dispatch consume-queue and
-index entries for records no consumer reads.  One line per record (names never hold spaces)::
+The records are written to the commit log's revive topic (:mod:`tidemq.broker.pop.revive_log`),
+several per message body.  One line per record (names never hold spaces)::
 
     C <id> <group> <topic> <queueId> <popTime> <invisibleMs> <reviveQid> <next> <attempt> <o1,o2,...>
     A <id> <hex bitmask of acknowledged positions>
@@ -13,11 +10,9 @@ index entries for records no consumer reads.  One line per record (names never h
 
 A queue's pop offset is the last C or O record naming it.
 
-Every record is written with one ``write`` on an ``O_APPEND`` descriptor *before* the broker
-answers, so a SIGKILL loses nothing the client saw (the page cache keeps it); ``fsync`` runs once
-a second for power loss.  A torn last line (no newline) is ignored at replay.  When the file passes
-:data:`COMPACT_BYTES` it is rewritten with only the live state (pop offsets, open checkpoints and
-their ack bits) and renamed over the old one.
+:class:`Journal` is the append-only file ``<data>/pop/journal.log`` these records lived in before
+the revive log (not replicated): a broker reads it once at start and moves its state into the
+revive log.  A torn last line (no newline) is ignored.
 """
 
 from __future__ import annotations
@@ -97,6 +92,20 @@ class Replayed:
     last_id: int = 0
     skipped: int = 0
 
+    def prune(self) -> None:
+        """Forget checkpoints whose every message is acknowledged (retired at replay)."""
+        for ck_id in [i for i, ck in self.checkpoints.items() if ck.done]:
+            del self.checkpoints[ck_id]
+
+
+def apply_records(out: Replayed, data: bytes) -> None:
+    """Apply newline-terminated records to ``out``; an unreadable one is counted and skipped."""
+    for line in data.splitlines():
+        try:
+            _apply(out, line.decode().split(" "))
+        except (ValueError, IndexError, UnicodeDecodeError):
+            out.skipped += 1
+
 
 class Journal:
     """The append-only file; :meth:`replay` once, then :meth:`append`."""
@@ -108,6 +117,16 @@ class Journal:
         self.unsynced = False
 
     def replay(self) -> Replayed:
+        """:meth:`read`, then open the file for appends (a torn last record cut)."""
+        out, end = self._read()
+        self._open(truncate_to=end)
+        return out
+
+    def read(self) -> Replayed:
+        """The state the file holds (it is not opened for appends)."""
+        return self._read()[0]
+
+    def _read(self) -> tuple[Replayed, int]:
         out = Replayed()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -117,17 +136,11 @@ class Journal:
         end = data.rfind(b"\n") + 1
         if end < len(data):
             log.warning("pop journal %s: torn last record (%d bytes) ignored", self.path, len(data) - end)
-        for line in data[:end].splitlines():
-            try:
-                _apply(out, line.decode().split(" "))
-            except (ValueError, IndexError, UnicodeDecodeError):
-                out.skipped += 1
+        apply_records(out, data[:end])
         if out.skipped:
             log.warning("pop journal %s: %d unreadable records skipped", self.path, out.skipped)
-        for ck_id in [i for i, ck in out.checkpoints.items() if ck.done]:
-            del out.checkpoints[ck_id]
-        self._open(truncate_to=end)
-        return out
+        out.prune()
+        return out, end
 
     def _open(self, truncate_to: int | None = None) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

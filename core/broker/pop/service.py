@@ -1,18 +1,20 @@
-"""The POP engine: pop, ack, change invisibility, revive, FIFO order and long polling.
+"""The POP engine: pop, peek, notification and assignment, over its parts.
 
 Callable with plain values (the remoting codecs in :mod:`tidemq.broker.processors.pop` and, later,
-a gRPC front end sit on top).  State lives in the :class:`~tidemq.broker.pop.journal.Journal`; in
-memory there is one :class:`Checkpoint` per pop *batch* (its acks a bit mask), bounded by
-:data:`MAX_CHECKPOINTS`.
+a gRPC front end sit on top).  The parts, one concept each:
+
+* :mod:`~tidemq.broker.pop.checkpoints`: the memory, one checkpoint per pop *batch* (its acks a
+  bit mask), bounded by :data:`~tidemq.broker.pop.results.MAX_CHECKPOINTS`;
+* :mod:`~tidemq.broker.pop.revive_log`: where every change is written first, the commit log's
+  ``rmq_sys_REVIVE_LOG_<cluster>`` topic (replicated to slaves; replayed at start and by a slave
+  that becomes master);
+* :mod:`~tidemq.broker.pop.acks`: ACK_MESSAGE, BATCH_ACK_MESSAGE entries, changes of invisibility;
+* :mod:`~tidemq.broker.pop.reviver`: the revive task and the role the broker plays;
+* :mod:`~tidemq.broker.pop.checks`, :mod:`~tidemq.broker.pop.polling`,
+  :mod:`~tidemq.broker.pop.assignment`: request checks, held requests, request modes.
 
 * A pop reads a queue from the group's pop offset, writes a checkpoint, moves the offset past the
   batch and answers; the messages are invisible until ``popTime + invisibleTime``.
-* An ack sets the message's bit; a handle that names no open checkpoint, another group, a
-  position already acknowledged or a different invisible time is refused.
-* The revive task wakes at the earliest deadline: every unacknowledged message of an expired
-  checkpoint is written to ``%RETRY%<group>_<topic>`` with its reconsume count + 1 (past the
-  group's ``retryMaxTimes``: to ``%DLQ%<group>``), then the checkpoint is retired.  A crash between
-  the two writes delivers those messages twice, never zero times.
 * FIFO (``consumeMessageOrderly`` groups, or ``order=true`` pops): a queue with an open, unexpired
   checkpoint is skipped; once it expires, the next pop re-delivers its unacknowledged messages from
   the same queue with the attempt count (RocketMQ's ConsumerOrderInfoManager), no retry topic.
@@ -21,59 +23,40 @@ memory there is one :class:`Checkpoint` per pop *batch* (its acks a bit mask), b
 from __future__ import annotations
 
 import asyncio
-import bisect
-import heapq
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tidemq.broker.pop.acks import AckRequest, Acks
 from tidemq.broker.pop.assignment import RequestModeTable, allocate_averagely
-from tidemq.broker.pop.handle import (
-    DLQ_PREFIX,
-    ORDER_REVIVE_QUEUE,
-    RETRY_PREFIX,
-    AckHandle,
-    HandleError,
-    retry_mark,
-    retry_topic_v1,
-)
-from tidemq.broker.pop.journal import (
-    COMPACT_BYTES,
-    Checkpoint,
-    Journal,
-    ack_record,
-    done_record,
-    live_records,
-    offset_record,
-)
+from tidemq.broker.pop.checkpoints import CheckpointTable
+from tidemq.broker.pop.checks import Checks
+from tidemq.broker.pop.handle import ORDER_REVIVE_QUEUE, RETRY_PREFIX, retry_topic_v1
+from tidemq.broker.pop.journal import Checkpoint, Journal, Replayed
 from tidemq.broker.pop.polling import PopWaiters
 from tidemq.broker.pop.results import (
-    INIT_MAX,
     INIT_MIN,
     INVALID_PARAMETER,
     MAX_CHECKPOINTS,
-    MAX_INVISIBLE_MS,
     MAX_POLLERS,
     MAX_POP_NUMS,
-    MIN_INVISIBLE_MS,
     POLLING_FULL,
     RETRY_FIRST_PERCENT,
-    REVIVE_BATCH,
-    SYNC_INTERVAL_S,
     PopError,
     PoppedBatch,
     PopResult,
     now_ms,
 )
-from tidemq.broker.pop.revive import dead_letters, revived_messages
-from tidemq.filter import EXPRESSION_TAG, MessageFilter, SelectsEverything
+from tidemq.broker.pop.revive_log import ReviveLog, ReviveLogError
+from tidemq.broker.pop.reviver import Reviver
+from tidemq.filter import EXPRESSION_TAG, MessageFilter
 from tidemq.futures import resolved
-from tidemq.message import MessageInner
-from tidemq.perm import PERM_READ, PERM_WRITE, is_readable
 from tidemq.remoting.codes import ResponseCode
-from tidemq.store import GetStatus
+from tidemq.store import GetStatus, PutResult
 from tidemq.tasks import supervise
 
 if TYPE_CHECKING:
@@ -87,43 +70,84 @@ class PopService:
 
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
-        self.journal = Journal(broker.data_dir / "pop" / "journal.log")
         #: Each group's request mode (SET_MESSAGE_REQUEST_MODE), for QUERY_ASSIGNMENT.
         self.modes = RequestModeTable(broker.data_dir / "config" / "messageRequestMode.json")
-        self._cks: dict[int, Checkpoint] = {}
-        self._by_key: dict[tuple[str, str, int, int, int], Checkpoint] = {}
-        self._heap: list[tuple[int, int]] = []
-        self._offsets: dict[tuple[str, str, int], int] = {}
-        self._order: dict[tuple[str, str, int], set[int]] = {}  # FIFO queue -> its open checkpoints
-        self._inflight: dict[tuple[str, str, int], int] = {}  # queue -> unacknowledged popped messages
-        self._next_id = 1
+        self.log = ReviveLog(broker)
         self.waiters = PopWaiters()
-        self._wake = asyncio.Event()
+        self.table = CheckpointTable(broker, self.log, self._wake)
+        self.reviver = Reviver(broker, self.table, self.waiters, self._rebuild, self._drop)
+        self.checks = Checks(broker, lambda: self.reviver.serving, self._wake)
+        self.acks = Acks(self.table, self.checks, self.waiters)
         self._tasks: list[asyncio.Task[None]] = []
-        self._filters: dict[tuple[str, str], MessageFilter | None] = {}
-        self.revived = 0
-        self.dead_lettered = 0
-        self.revive_lag_ms = 0  # how late the last revive ran past its deadline
+        self._replicated = 0  # the revive log's end known to be replicated as the role requires
+        # the operations of the parts, named here for the transports
+        self.check_group = self.checks.check_group
+        self.check_topic = self.checks.check_topic
+        self.ack = self.acks.ack
+        self.batch_ack = self.acks.batch_ack
+        self.change_invisible = self.acks.change_invisible
+        self.in_flight = self.table.in_flight
+        self.in_flight_table = self.table.in_flight_table
+        self.queue_progress = self.table.queue_progress
+
+    def _wake(self) -> None:
+        self.reviver.wake.set()
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def legacy_journal(self) -> Path:
+        """Where the POP state lived before the revive log (a file of its own, not replicated)."""
+        return self.broker.data_dir / "pop" / "journal.log"
+
     def load(self) -> None:
         self.modes.load()
-        state = self.journal.replay()
-        self._offsets = state.offsets
-        self._next_id = state.last_id + 1
-        for ck in state.checkpoints.values():
-            self._register(ck)
+        if self.broker.is_master:
+            self._rebuild()
+            self.reviver.serving = True
+
+    def _rebuild(self) -> None:
+        """The state from the revive log (and, once, from a journal file of an older version)."""
+        state = self.log.replay()
+        legacy = self.legacy_journal
+        if legacy.exists():
+            old = Journal(legacy).read()
+            state = Replayed(
+                {**old.checkpoints, **state.checkpoints},
+                {**old.offsets, **state.offsets},
+                max(old.last_id, state.last_id),
+            )
+        self.table.install(state)
         if state.checkpoints:
-            log.info("pop: %d open checkpoints recovered from %s", len(state.checkpoints), self.journal.path)
+            log.info("pop: %d open checkpoints recovered from %s", len(state.checkpoints), self.log.topic)
+        if self._tasks:
+            self._migrate()
+        self._wake()
+
+    def _migrate(self) -> None:
+        """A journal file of an older version, read into memory at load: written to the revive log
+        (the store takes writes once it started), then renamed so it is not read again."""
+        legacy = self.legacy_journal
+        if not legacy.exists() or not self.reviver.serving:
+            return
+        if not self.reviver.snapshot():
+            log.error("pop: %s kept: its state could not be written to the revive log", legacy)
+            return
+        legacy.rename(legacy.with_suffix(".log.migrated"))
+        log.info("pop: %s moved into the revive log %s", legacy, self.log.topic)
+
+    def _drop(self) -> None:
+        self.table.clear()
+        self.waiters.release_all()
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Replay the journal and listen for arrivals (before the store starts)."""
+        """Replay the revive log and listen for arrivals (after the store loaded, before it starts)."""
         self.load()
         self.waiters.bind(loop)
         self.broker.store.add_arrival_listener(self.waiters.on_arrival, self.waiters.is_waited_on)
 
     def start(self) -> None:
-        self._tasks.append(supervise(self._revive_loop, "tidemq-pop-revive"))
+        self._tasks.append(supervise(self.reviver.run, "tidemq-pop-revive"))
+        self._migrate()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -131,131 +155,64 @@ class PopService:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         self.waiters.release_all()
-        self.journal.close()
 
-    # ------------------------------------------------------------------ bookkeeping
-    def _count(self, ck: Checkpoint, delta: int) -> None:
-        key = (ck.group, ck.topic, ck.queue_id)
-        n = self._inflight.get(key, 0) + delta
-        if n > 0:
-            self._inflight[key] = n
-        else:
-            self._inflight.pop(key, None)
+    def settle(self) -> Awaitable[None] | None:
+        """None when the revive-log records written so far are flushed and replicated as the
+        broker's flush mode and role require (SYNC_FLUSH, SYNC_MASTER), else what to await first:
+        answers wait for it, so an answered pop or ack is on a slave before a failover."""
+        fut = self.log.pending
+        if fut is None:
+            return None
+        if not fut.done():
+            return self._settle(fut)
+        result = fut.result()
+        if not result.ok:
+            return None
+        end = result.wrote_offset + result.wrote_bytes
+        if end <= self._replicated:
+            return None
+        replica = self.broker.replication.wait_for_replicas(end)
+        if replica.done():
+            self._replicated = end
+            return None
+        return self._replica(replica, end)
 
-    def _register(self, ck: Checkpoint) -> None:
-        self._cks[ck.id] = ck
-        self._count(ck, len(ck.offsets) - ck.acked.bit_count())
-        self._by_key[(ck.group, ck.topic, ck.queue_id, ck.start, ck.pop_time)] = ck
-        heapq.heappush(self._heap, (ck.deadline, ck.id))
-        if len(self._heap) > 2 * len(self._cks) + 4096:
-            # Acknowledged checkpoints leave their entries behind until their deadline: with long
-            # invisible times those would pile up, so the heap is rebuilt from the open ones.
-            self._heap = [(c.deadline, c.id) for c in self._cks.values() if not c.done]
-            heapq.heapify(self._heap)
-        if ck.revive_qid == ORDER_REVIVE_QUEUE:
-            self._order.setdefault((ck.group, ck.topic, ck.queue_id), set()).add(ck.id)
-        if self._heap and self._heap[0][1] == ck.id:
-            self._wake.set()
-
-    def _retire(self, ck: Checkpoint, record: bool = True) -> None:
-        if self._cks.pop(ck.id, None) is None:
+    async def _settle(self, fut: Future[PutResult]) -> None:
+        result = await resolved(fut)
+        if not result.ok:
+            log.warning("pop: revive-log record not flushed: %s %s", result.status.name, result.error)
             return
-        self._count(ck, ck.acked.bit_count() - len(ck.offsets))
-        self._by_key.pop((ck.group, ck.topic, ck.queue_id, ck.start, ck.pop_time), None)
-        if record:
-            self.journal.append(done_record(ck.id))
-        if ck.revive_qid == ORDER_REVIVE_QUEUE:
-            ids = self._order.get((ck.group, ck.topic, ck.queue_id))
-            if ids is not None:
-                ids.discard(ck.id)
+        later = self.settle()
+        if later is not None:
+            await later
 
-    def _offset(self, key: tuple[str, str, int], init_mode: int) -> int:
-        off = self._offsets.get(key)
-        if off is None:
-            group, topic, qid = key
-            off = self.broker.offsets.query(group, topic, qid)
-            if off < 0:
-                store = self.broker.store
-                if init_mode == INIT_MAX and not topic.startswith(RETRY_PREFIX):
-                    off = store.get_max_offset_in_queue(topic, qid)
-                else:
-                    off = store.get_min_offset_in_queue(topic, qid)
-            self._offsets[key] = off
-        return off
+    async def _replica(self, replica: Future[Any], end: int) -> None:
+        status = await resolved(replica)
+        self._replicated = max(self._replicated, end)
+        log.debug("pop: revive log replicated to %d: %s", end, status)
 
-    def _set_offset(self, key: tuple[str, str, int], off: int, journal: bool = True) -> None:
-        if self._offsets.get(key) == off:
-            return
-        self._offsets[key] = off
-        if journal:
-            self.journal.append(offset_record(*key, off))
-        try:
-            self.broker.offsets.commit(key[0], key[1], key[2], off)
-        except ValueError:
-            pass
+    async def durable(self) -> None:
+        """Wait for :meth:`settle`."""
+        later = self.settle()
+        if later is not None:
+            await later
 
-    def store_filter(self, expression_type: str, expression: str) -> MessageFilter | None:
-        key = (expression_type, expression)
-        if key in self._filters:
-            return self._filters[key]
-        factory = self.broker.filters.get(expression_type)
-        if factory is None:
-            raise LookupError(f"expression type {expression_type!r} is not installed")
-        flt: MessageFilter | None = factory.compile(expression)
-        if isinstance(flt, SelectsEverything) and flt.matches_all:
-            flt = None
-        if len(self._filters) > 1024:
-            self._filters.clear()
-        self._filters[key] = flt
-        return flt
+    def ack_many(self, acks: Sequence[AckRequest]) -> list[PopError | None]:
+        """The ACK_MESSAGEs of one read, with one revive-log record (:meth:`Acks.ack_many`)."""
+        return self.acks.ack_many(acks)
 
-    # ------------------------------------------------------------------ checks
-    def check_group(self, group: str) -> Any:
-        if not self.broker.is_master:
-            # the journal lives on the master alone: a slave's pops and acks would be lost on its return
-            raise PopError(ResponseCode.NO_PERMISSION, "POP is served by the master; this broker is a slave")
-        cfg = self.broker.groups.find_or_create(group)
-        if cfg is None:
-            raise PopError(
-                ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group [{group}] does not exist"
-            )
-        if not cfg.consume_enable:
-            raise PopError(ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}")
-        return cfg
+    # the revive figures
+    @property
+    def revived(self) -> int:
+        return self.reviver.revived
 
-    def check_topic(self, topic: str, queue_id: int, *, any_queue: bool) -> Any:
-        cfg = self.broker.topics.get(topic)
-        if cfg is None:
-            raise PopError(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
-        if not is_readable(cfg.perm):
-            raise PopError(ResponseCode.NO_PERMISSION, f"the topic[{topic}] peeking message is forbidden")
-        if not (any_queue and queue_id == -1) and not 0 <= queue_id < cfg.read_queue_nums:
-            raise PopError(
-                INVALID_PARAMETER,
-                f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:[{cfg.read_queue_nums}]",
-            )
-        return cfg
+    @property
+    def dead_lettered(self) -> int:
+        return self.reviver.dead_lettered
 
-    @staticmethod
-    def _check_invisible(invisible_ms: int) -> None:
-        if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
-            raise PopError(
-                INVALID_PARAMETER,
-                f"invisibleTime {invisible_ms} ms is out of range [{MIN_INVISIBLE_MS}, {MAX_INVISIBLE_MS}]",
-            )
-
-    def retry_config(self, group: str, topic: str) -> Any:
-        """The group's POP retry topic, None while it has none.  Made again when the store holds
-        messages for it but the table lost it (a crash before the topic table was written)."""
-        retry = retry_topic_v1(topic, group)
-        cfg = self.broker.topics.get(retry)
-        if cfg is None and self.broker.store.get_max_offset_in_queue(retry, 0) > 0:
-            cfg = self.broker.topics.create_in_send_back(retry, 1, PERM_READ | PERM_WRITE)
-        return cfg
-
-    def is_orderly(self, group: str) -> bool:
-        cfg = self.broker.groups.get(group)
-        return bool(getattr(cfg, "consume_message_orderly", False))
+    @property
+    def revive_lag_ms(self) -> int:
+        return self.reviver.revive_lag_ms
 
     # ------------------------------------------------------------------ pop
     async def pop(
@@ -279,7 +236,7 @@ class PopService:
         b = self.broker
         if not 1 <= max_nums <= MAX_POP_NUMS:
             raise PopError(INVALID_PARAMETER, f"maxMsgNums {max_nums} is not in [1, {MAX_POP_NUMS}]")
-        self._check_invisible(invisible_ms)
+        self.checks.check_invisible(invisible_ms)
         group_cfg = self.check_group(group)
         if topic.startswith(RETRY_PREFIX):
             raise PopError(INVALID_PARAMETER, f"pop the topic, not its retry topic {topic}")
@@ -291,7 +248,7 @@ class PopService:
                 f"The broker does not support consumer to filter message by {expression_type}",
             )
         try:
-            flt = self.store_filter(expression_type, expression or "*")
+            flt = self.checks.store_filter(expression_type, expression or "*")
         except (ValueError, LookupError) as exc:
             raise PopError(
                 ResponseCode.SUBSCRIPTION_PARSE_FAILED, f"parse the consumer's subscription failed: {exc}"
@@ -301,20 +258,25 @@ class PopService:
         deadline = time.monotonic() + poll_ms / 1000
         queues = list(range(cfg.read_queue_nums)) if queue_id == -1 else [queue_id]
         while True:
-            if len(self._cks) >= MAX_CHECKPOINTS:
+            if len(self.table.cks) >= MAX_CHECKPOINTS:
                 raise PopError(
                     ResponseCode.SYSTEM_BUSY, f"{MAX_CHECKPOINTS} pop batches are in flight; ack first"
                 )
-            result = await self._pop_once(
-                group, topic, queues, max_nums, invisible_ms, init_mode, flt, order, group_cfg
-            )
+            try:
+                result = await self._pop_once(
+                    group, topic, queues, max_nums, invisible_ms, init_mode, flt, order, group_cfg
+                )
+            except ReviveLogError as exc:
+                # batches recorded before the refusal stay in flight and come back after their time
+                raise PopError(ResponseCode.SYSTEM_ERROR, str(exc)) from None
             remaining = deadline - time.monotonic()
             if result.found or remaining <= 0 or not b.running:
                 return result
             if self.waiters.total >= MAX_POLLERS:
                 raise PopError(POLLING_FULL, "too many pops are waiting")
             await self.waiters.wait(
-                [topic, retry_topic_v1(topic, group)], min(remaining, self._next_order_expiry(group, topic))
+                [topic, retry_topic_v1(topic, group)],
+                min(remaining, self.table.next_order_expiry(group, topic)),
             )
             if closed is not None and closed():
                 return result
@@ -323,10 +285,10 @@ class PopService:
         """Seconds until a FIFO checkpoint of the group's topic expires (a blocked queue frees up)."""
         now = now_ms()
         best = 3600.0
-        for (g, t, _q), ids in self._order.items():
+        for (g, t, _q), ids in self.table.order.items():
             if g == group and t == topic:
                 for i in ids:
-                    ck = self._cks.get(i)
+                    ck = self.table.cks.get(i)
                     if ck is not None and not ck.done:
                         best = min(best, max(ck.deadline - now, 0) / 1000 + 0.001)
         return best
@@ -348,7 +310,7 @@ class PopService:
         start = random.randrange(len(queues))
         ring = queues[start:] + queues[:start]
         sources: list[tuple[str, list[int]]] = [(topic, ring)]
-        rcfg = None if order else self.retry_config(group, topic)
+        rcfg = None if order else self.checks.retry_config(group, topic)
         if rcfg is not None:
             retry = rcfg.topic_name
             rq = list(range(rcfg.read_queue_nums))
@@ -367,7 +329,7 @@ class PopService:
                     want -= len(batch.offsets)
         store = self.broker.store
         for qid in queues:
-            rest = store.get_max_offset_in_queue(topic, qid) - self._offsets.get((group, topic, qid), 0)
+            rest = store.get_max_offset_in_queue(topic, qid) - self.table.offsets.get((group, topic, qid), 0)
             result.rest_num += max(rest, 0)
         if result.found:
             self.broker.stats.on_get(
@@ -395,37 +357,37 @@ class PopService:
         redo: set[int] | None = None
         old_end = -1
         if order:
-            ids = self._order.get(key)
+            ids = self.table.order.get(key)
             if ids:
-                open_cks = [self._cks[i] for i in ids if i in self._cks]
+                open_cks = [self.table.cks[i] for i in ids if i in self.table.cks]
                 now = now_ms()
                 if any(not ck.done and ck.deadline > now for ck in open_cks):
                     return None  # the previous batch is neither acknowledged nor expired
                 unacked = sorted(o for ck in open_cks for o in ck.unacked())
                 if unacked:
                     attempt = max(ck.attempt for ck in open_cks) + 1
-                    old_end = self._offset(key, init_mode)
+                    old_end = self.table.offset(key, init_mode)
                     redo = set(unacked)
                     if attempt > group_cfg.retry_max_times:
-                        await self._dead_letter(group, topic, qid, unacked)
+                        await self.reviver.dead_letter(group, topic, qid, unacked)
                         redo = None
                         attempt = 0
                     else:
-                        self._set_offset(key, unacked[0])
+                        self.table.set_offset(key, unacked[0])
                 for ck in open_cks:
-                    self._retire(ck)
-        offset = self._offset(key, init_mode)
+                    self.table.retire(ck)
+        offset = self.table.offset(key, init_mode)
         store = self.broker.store
         res = store.get_message(group, topic, qid, offset, want, flt)
         if res.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY) or (
             res.status is GetStatus.NO_MATCHED_MESSAGE and res.next_begin_offset > offset
         ):
-            self._set_offset(key, res.next_begin_offset)
+            self.table.set_offset(key, res.next_begin_offset)
             offset = res.next_begin_offset
             res = store.get_message(group, topic, qid, offset, want, flt)
         if not res.buffers:
             if res.next_begin_offset > offset:
-                self._set_offset(key, res.next_begin_offset)
+                self.table.set_offset(key, res.next_begin_offset)
             return None
         buffers = list(res.buffers)
         offsets = list(res.queue_offsets)
@@ -439,10 +401,10 @@ class PopService:
             if next_offset < old_end and not any(o in redo and o >= next_offset for o in redo):
                 next_offset = max(next_offset, old_end)
             if not offsets:
-                self._set_offset(key, next_offset)
+                self.table.set_offset(key, next_offset)
                 return None
         ck = Checkpoint(
-            self._next_id,
+            self.table.next_id,
             group,
             topic,
             qid,
@@ -453,19 +415,16 @@ class PopService:
             attempt,
             tuple(offsets),
         )
-        while (group, topic, qid, ck.start, ck.pop_time) in self._by_key:  # same start, same ms
+        while (group, topic, qid, ck.start, ck.pop_time) in self.table.by_key:  # same start, same ms
             ck.pop_time += 1
         if ck.pop_time != result.pop_time:
             # every batch of one answer shares the header's popTime: give up this queue this time
             return None
-        self._next_id += 1
-        self.journal.append(ck.record())  # on disk before the answer leaves
-        self._register(ck)
-        self._offsets[key] = next_offset
-        try:
-            self.broker.offsets.commit(group, topic, qid, next_offset)
-        except ValueError:
-            pass
+        self.log.append(ck.record())  # in the revive log before the answer leaves
+        self.table.next_id += 1
+        self.table.register(ck)
+        self.table.offsets[key] = next_offset
+        self.table.commit_offset(key, next_offset)
         return PoppedBatch(topic, qid, ck.start, ck.offsets, tuple(buffers), attempt, wire or tuple(buffers))
 
     def peek(self, group: str, topic: str, queue_id: int = -1, max_nums: int = 32) -> PopResult:
@@ -479,14 +438,14 @@ class PopService:
         cfg = self.check_topic(topic, queue_id, any_queue=True)
         result = PopResult(now_ms(), 0, 0, 0)
         sources = [(topic, list(range(cfg.read_queue_nums)) if queue_id == -1 else [queue_id])]
-        rcfg = self.retry_config(group, topic)
+        rcfg = self.checks.retry_config(group, topic)
         if rcfg is not None:
             sources.append((rcfg.topic_name, list(range(rcfg.read_queue_nums))))
         want = max_nums
         store = self.broker.store
         for src, qids in sources:
             for qid in qids:
-                off = self._offsets.get((group, src, qid))
+                off = self.table.offsets.get((group, src, qid))
                 if off is None:
                     off = max(
                         self.broker.offsets.query(group, src, qid), store.get_min_offset_in_queue(src, qid)
@@ -504,211 +463,6 @@ class PopService:
                     want -= len(offsets)
         return result
 
-    # ------------------------------------------------------------------ ack
-    def _find(
-        self, group: str, topic: str, queue_id: int, handle: AckHandle, offset: int
-    ) -> tuple[Checkpoint, int]:
-        if retry_mark(topic) != handle.retry:
-            raise PopError(
-                INVALID_PARAMETER, f"the handle names retry mark {handle.retry}, the request topic {topic}"
-            )
-        if handle.queue_id != queue_id or handle.offset != offset:
-            raise PopError(
-                INVALID_PARAMETER,
-                f"the handle names queue {handle.queue_id} offset {handle.offset}, the request queue {queue_id} offset {offset}",
-            )
-        ck = self._by_key.get((group, topic, queue_id, handle.ck_offset, handle.pop_time))
-        if ck is None or ck.invisible_ms != handle.invisible_time:
-            raise PopError(
-                ResponseCode.NO_MESSAGE,
-                f"no message in flight for this handle of group {group} ({topic}:{queue_id}@{offset}): "
-                "expired and redelivered with a new handle, acknowledged already, or never popped",
-            )
-        i = bisect.bisect_left(ck.offsets, offset)
-        if i >= len(ck.offsets) or ck.offsets[i] != offset:
-            raise PopError(ResponseCode.NO_MESSAGE, f"offset {offset} was not popped with this handle")
-        if ck.acked >> i & 1:
-            raise PopError(ResponseCode.NO_MESSAGE, f"{topic}:{queue_id}@{offset} is acknowledged already")
-        return ck, i
-
-    def _parse(self, extra_info: str) -> AckHandle:
-        try:
-            return AckHandle.parse(extra_info)
-        except HandleError as exc:
-            raise PopError(INVALID_PARAMETER, str(exc)) from None
-
-    def ack(self, group: str, topic: str, queue_id: int, offset: int, extra_info: str) -> None:
-        """Acknowledge one popped message (ACK_MESSAGE); ``topic`` is the stored (retry) topic."""
-        handle = self._parse(extra_info)
-        self.check_group(group)
-        self.check_topic(topic, queue_id, any_queue=False)
-        ck, i = self._find(group, topic, queue_id, handle, offset)
-        self._set_acked(ck, 1 << i)
-
-    def _set_acked(self, ck: Checkpoint, bits: int) -> None:
-        bits &= ~ck.acked
-        self.journal.append(ack_record(ck.id, bits))  # first: an ack the disk refused is not taken
-        ck.acked |= bits
-        self._count(ck, -bits.bit_count())
-        if ck.done:
-            if ck.revive_qid == ORDER_REVIVE_QUEUE:
-                self.waiters.notify(ck.topic)  # the FIFO queue is free for the next batch
-                # kept until the next pop of the queue retires it (its offsets stay the queue's progress)
-                self._by_key.pop((ck.group, ck.topic, ck.queue_id, ck.start, ck.pop_time), None)
-            else:
-                self._retire(ck, record=False)  # a full mask retires it at replay too
-
-    def batch_ack(
-        self,
-        group: str,
-        topic: str,
-        retry: str,
-        queue_id: int,
-        start_offset: int,
-        pop_time: int,
-        invisible_ms: int,
-        revive_qid: int,
-        offsets: Sequence[int],
-    ) -> tuple[int, int]:
-        """One BatchAck entry: acknowledge ``offsets`` of a checkpoint; (acknowledged, refused)."""
-        from tidemq.broker.pop.handle import real_topic
-
-        try:
-            stored = real_topic(topic, group, retry)
-        except ValueError as exc:
-            raise PopError(INVALID_PARAMETER, str(exc)) from None
-        self.check_group(group)
-        self.check_topic(stored, queue_id, any_queue=False)
-        if retry_mark(stored) != retry:
-            raise PopError(INVALID_PARAMETER, f"retry mark {retry} does not name {stored}")
-        ck = self._by_key.get((group, stored, queue_id, start_offset, pop_time))
-        if ck is None or ck.invisible_ms != invisible_ms:
-            return 0, len(offsets)
-        bits = 0
-        for off in offsets:
-            i = bisect.bisect_left(ck.offsets, off)
-            if i < len(ck.offsets) and ck.offsets[i] == off and not ck.acked >> i & 1:
-                bits |= 1 << i
-        done = bits.bit_count()
-        if bits:
-            self._set_acked(ck, bits)
-        return done, len(offsets) - done
-
-    def change_invisible(
-        self, group: str, topic: str, queue_id: int, offset: int, extra_info: str, invisible_ms: int
-    ) -> tuple[int, int, int]:
-        """Make a popped message invisible ``invisible_ms`` from now; (popTime, invisibleTime, reviveQid)
-        of its new handle (the old one is spent)."""
-        handle = self._parse(extra_info)
-        self._check_invisible(invisible_ms)
-        self.check_group(group)
-        self.check_topic(topic, queue_id, any_queue=False)
-        ck, i = self._find(group, topic, queue_id, handle, offset)
-        pop_time = now_ms()
-        while (group, topic, queue_id, offset, pop_time) in self._by_key:
-            pop_time += 1
-        new = Checkpoint(
-            self._next_id,
-            group,
-            topic,
-            queue_id,
-            pop_time,
-            invisible_ms,
-            ck.revive_qid,
-            -1,
-            ck.attempt,
-            (offset,),
-        )
-        self._next_id += 1
-        self.journal.append(new.record())  # the new one first: a crash in between redelivers, never loses
-        self._register(new)
-        self._set_acked(ck, 1 << i)
-        return pop_time, invisible_ms, ck.revive_qid
-
-    # ------------------------------------------------------------------ revive
-    async def _revive_loop(self) -> None:
-        last_sync = time.monotonic()
-        while True:
-            self._wake.clear()
-            now = now_ms()
-            due: list[Checkpoint] = []
-            while self._heap and self._heap[0][0] <= now and len(due) < REVIVE_BATCH:
-                _, ck_id = heapq.heappop(self._heap)
-                ck = self._cks.get(ck_id)
-                if ck is None or ck.done or any(c is ck for c in due):  # acked, revived, or twice here
-                    continue
-                if ck.revive_qid == ORDER_REVIVE_QUEUE:
-                    self.waiters.notify(ck.topic)  # expired: its queue's next pop re-delivers
-                    continue
-                due.append(ck)
-            if due and not self.broker.is_master:
-                for ck in due:
-                    heapq.heappush(self._heap, (now + 1000, ck.id))
-            elif due:
-                await self._revive_many(due)
-                if self._heap and self._heap[0][0] <= now_ms():
-                    continue  # more are due: no sync, no wait
-            if time.monotonic() - last_sync >= SYNC_INTERVAL_S:
-                last_sync = time.monotonic()
-                await asyncio.to_thread(self.journal.sync)
-                if self.journal.size > COMPACT_BYTES:
-                    self.compact()
-            wait = SYNC_INTERVAL_S
-            if self._heap:
-                wait = min(wait, max(self._heap[0][0] - now_ms(), 0) / 1000)
-            try:
-                await asyncio.wait_for(self._wake.wait(), wait)
-            except TimeoutError:
-                pass
-
-    def compact(self) -> None:
-        """Rewrite the journal with the live state only."""
-        before = self.journal.size
-        self.journal.rewrite(live_records(self._offsets, list(self._cks.values())))
-        log.info("pop journal compacted: %d -> %d bytes", before, self.journal.size)
-
-    async def _revive_many(self, cks: list[Checkpoint]) -> None:
-        """Write the unacknowledged messages of expired checkpoints back (all puts in flight
-        together), then retire each checkpoint whose messages were all stored."""
-        b = self.broker
-        planned: list[tuple[Checkpoint, list[tuple[MessageInner, Any]]]] = []
-        for ck in cks:
-            try:
-                msgs = revived_messages(self.broker, ck)
-            except Exception:
-                log.exception("pop: revive of checkpoint %d failed; retrying in 1 s", ck.id)
-                heapq.heappush(self._heap, (now_ms() + 1000, ck.id))
-                continue
-            planned.append((ck, [(m, b.store.put_message(m)) for m in msgs]))
-        for ck, puts in planned:
-            results = await asyncio.gather(*(resolved(f) for _, f in puts), return_exceptions=True)
-            failed = [r for r in results if isinstance(r, BaseException) or not r.ok]
-            if failed:
-                # Retried whole: the ones stored now are delivered twice, none is lost.
-                log.warning(
-                    "pop: revive of checkpoint %d: %d messages not stored (%s); retrying in 1 s",
-                    ck.id,
-                    len(failed),
-                    failed[0],
-                )
-                heapq.heappush(self._heap, (now_ms() + 1000, ck.id))
-                continue
-            for (m, _), r in zip(puts, results, strict=True):
-                assert not isinstance(r, BaseException)
-                b.stats.on_put(m.topic, 1, r.wrote_bytes)
-                if m.topic.startswith(DLQ_PREFIX):
-                    self.dead_lettered += 1
-                else:
-                    self.revived += 1
-            self.revive_lag_ms = max(now_ms() - ck.deadline, 0)
-            self._retire(ck)
-
-    async def _dead_letter(self, group: str, topic: str, qid: int, offsets: list[int]) -> None:
-        for msg in dead_letters(self.broker, group, topic, qid, offsets):
-            put = await resolved(self.broker.store.put_message(msg))
-            if put.ok:
-                self.dead_lettered += 1
-
     def polling_num(self, topic: str) -> int:
         """Pops and notifications waiting on ``topic`` (POLLING_INFO)."""
         return self.waiters.count(topic)
@@ -716,23 +470,23 @@ class PopService:
     def has_message(self, group: str, topic: str, queue_id: int = -1) -> bool:
         cfg = self.check_topic(topic, queue_id, any_queue=True)
         store = self.broker.store
-        order = self.is_orderly(group)
+        order = self.checks.is_orderly(group)
         qids = range(cfg.read_queue_nums) if queue_id == -1 else [queue_id]
         now = now_ms()
         for q in qids:
             key = (group, topic, q)
             if order and any(
-                (ck := self._cks.get(i)) is not None and not ck.done and ck.deadline > now
-                for i in self._order.get(key, ())
+                (ck := self.table.cks.get(i)) is not None and not ck.done and ck.deadline > now
+                for i in self.table.order.get(key, ())
             ):
                 continue
-            if store.get_max_offset_in_queue(topic, q) > self._offset(key, INIT_MIN):
+            if store.get_max_offset_in_queue(topic, q) > self.table.offset(key, INIT_MIN):
                 return True
-        rcfg = None if order else self.retry_config(group, topic)
+        rcfg = None if order else self.checks.retry_config(group, topic)
         if rcfg is not None:
             retry = rcfg.topic_name
             for q in range(rcfg.read_queue_nums):
-                if store.get_max_offset_in_queue(retry, q) > self._offset((group, retry, q), INIT_MIN):
+                if store.get_max_offset_in_queue(retry, q) > self.table.offset((group, retry, q), INIT_MIN):
                     return True
         return False
 
@@ -747,7 +501,8 @@ class PopService:
             if remaining <= 0:
                 return False
             await self.waiters.wait(
-                [topic, retry_topic_v1(topic, group)], min(remaining, self._next_order_expiry(group, topic))
+                [topic, retry_topic_v1(topic, group)],
+                min(remaining, self.table.next_order_expiry(group, topic)),
             )
 
     # ------------------------------------------------------------------ assignment
@@ -772,46 +527,12 @@ class PopService:
         return mode, allocate_averagely(queues, cids, client_id)
 
     # ------------------------------------------------------------------ figures
-    def in_flight(self, group: str | None = None, topic: str | None = None) -> int:
-        """Popped, unacknowledged messages (of one group / topic, retry topics included)."""
-        n = 0
-        for (g, t, _q), count in self._inflight.items():
-            if group is not None and g != group:
-                continue
-            if topic is not None and t != topic and t != retry_topic_v1(topic, g):
-                continue
-            n += count
-        return n
-
-    def in_flight_table(self) -> dict[tuple[str, str], int]:
-        """(group, stored topic) -> popped, unacknowledged messages."""
-        out: dict[tuple[str, str], int] = {}
-        for (g, t, _q), count in self._inflight.items():
-            out[(g, t)] = out.get((g, t), 0) + count
-        return out
-
-    def queue_progress(self, group: str, topic: str, queue_id: int) -> tuple[int, int] | None:
-        """(pop offset, messages in flight) of a queue the group pops; None when it never popped it."""
-        pulled = self._offsets.get((group, topic, queue_id))
-        if pulled is None:
-            return None
-        return pulled, self._inflight.get((group, topic, queue_id), 0)
-
-    def revive_backlog_ms(self) -> int:
-        """How far past its deadline the oldest unrevived checkpoint is (0: revive is on time)."""
-        now = now_ms()
-        for _, ck_id in heapq.nsmallest(64, self._heap):
-            ck = self._cks.get(ck_id)
-            if ck is not None and not ck.done and ck.revive_qid != ORDER_REVIVE_QUEUE:
-                return max(now - ck.deadline, 0)
-        return 0
-
     def figures(self) -> dict[str, int]:
         return {
-            "popCheckpoints": len(self._cks),
-            "popInFlight": self.in_flight(),
-            "popRevived": self.revived,
-            "popDeadLettered": self.dead_lettered,
-            "popReviveLagMs": self.revive_backlog_ms(),
-            "popJournalBytes": self.journal.size,
+            "popCheckpoints": len(self.table.cks),
+            "popInFlight": self.table.in_flight(),
+            "popRevived": self.reviver.revived,
+            "popDeadLettered": self.reviver.dead_lettered,
+            "popReviveLagMs": self.table.revive_backlog_ms(),
+            "popJournalBytes": self.log.size,
         }

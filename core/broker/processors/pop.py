@@ -8,20 +8,23 @@ a pull's.  QUERY_ASSIGNMENT and SET_MESSAGE_REQUEST_MODE
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+from collections.abc import Awaitable
 from typing import Any
 
 import orjson
 
 from tidemq.broker.context import ProcessorRegister
 from tidemq.broker.headers import Header, HeaderFieldError, kv
+from tidemq.broker.pop.acks import AckRequest
 from tidemq.broker.pop.handle import info_items, retry_mark
 from tidemq.broker.services import BrokerServices
 from tidemq.broker.services.pop import INVALID_PARAMETER, MAX_BATCH_ACK, POLLING_TIMEOUT, PopError, PopService
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
-from tidemq.transport import Connection
+from tidemq.transport import Connection, Failed
 
 #: Offsets one BatchAck's bit set may name (8 KiB of bits).
 MAX_BITSET_BYTES = 8192
@@ -79,6 +82,7 @@ class PopProcessor:
             return request.reply(INVALID_PARAMETER, str(exc))
         except PopError as exc:
             return request.reply(exc.code, exc.remark)
+        await self.pop_service.durable()
         if conn.closed:
             return None
         fields = kv(
@@ -118,18 +122,6 @@ class PopProcessor:
             return request.reply(ResponseCode.PULL_NOT_FOUND, "NO_MESSAGE_IN_QUEUE", fields)
         parts = tuple(buf for b in result.batches for buf in b.wire)
         return request.reply(ResponseCode.SUCCESS, None, fields, body_parts=parts)
-
-    async def ack(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
-        h = Header(request.ext_fields, "ACK_MESSAGE")
-        try:
-            self.pop_service.ack(
-                h.str("consumerGroup"), h.str("topic"), h.int("queueId"), h.int("offset"), h.str("extraInfo")
-            )
-        except HeaderFieldError as exc:
-            return request.reply(INVALID_PARAMETER, str(exc))
-        except PopError as exc:
-            return request.reply(exc.code, exc.remark)
-        return request.reply(ResponseCode.SUCCESS)
 
     async def batch_ack(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         try:
@@ -171,6 +163,7 @@ class PopProcessor:
             except (KeyError, TypeError, ValueError, binascii.Error) as exc:
                 refused += 1
                 problems.append(f"malformed BatchAck entry: {exc}")
+        await self.pop_service.durable()
         if refused:
             detail = f"; first problem: {problems[0]}" if problems else ""
             return request.reply(
@@ -194,6 +187,7 @@ class PopProcessor:
             return request.reply(INVALID_PARAMETER, str(exc))
         except PopError as exc:
             return request.reply(exc.code, exc.remark)
+        await self.pop_service.durable()
         return request.reply(
             ResponseCode.SUCCESS, None, kv(popTime=pop_time, invisibleTime=invisible, reviveQid=rqid)
         )
@@ -274,6 +268,69 @@ class PopProcessor:
         return request.reply(ResponseCode.SUCCESS)
 
 
+class AckProcessor:
+    """ACK_MESSAGE, one request alone or every ACK_MESSAGE of one read together (a
+    :class:`~tidemq.transport.BatchedProcessor`): their acks are taken with one revive-log record,
+    and each answer is built here, without a coroutine per request."""
+
+    def __init__(self, service: PopService) -> None:
+        self.pop_service = service
+
+    async def __call__(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
+        answer = self.many(conn, [request], _raise)[0]
+        if isinstance(answer, RemotingCommand):
+            return answer
+        response = await answer
+        assert response is not None  # _after answers a command
+        return response
+
+    def many(
+        self, conn: Connection, requests: list[RemotingCommand], failed: Failed
+    ) -> list[RemotingCommand | Awaitable[RemotingCommand | None]]:
+        answers: dict[int, RemotingCommand] = {}
+        acks: list[AckRequest] = []
+        places: list[int] = []
+        for i, request in enumerate(requests):
+            h = Header(request.ext_fields, "ACK_MESSAGE")
+            try:
+                acks.append(
+                    (
+                        h.str("consumerGroup"),
+                        h.str("topic"),
+                        h.int("queueId"),
+                        h.int("offset"),
+                        h.str("extraInfo"),
+                    )
+                )
+                places.append(i)
+            except HeaderFieldError as exc:
+                answers[i] = request.reply(INVALID_PARAMETER, str(exc))
+        if acks:
+            for i, refusal in zip(places, self.pop_service.ack_many(acks), strict=True):
+                request = requests[i]
+                answers[i] = (
+                    request.reply(ResponseCode.SUCCESS)
+                    if refusal is None
+                    else request.reply(refusal.code, refusal.remark)
+                )
+        ordered = [answers[i] for i in range(len(requests))]
+        settling = self.pop_service.settle()
+        if settling is None:
+            return list(ordered)
+        shared = asyncio.ensure_future(settling)
+        return [_after(shared, a) for a in ordered]
+
+
+async def _after(settling: asyncio.Future[None], answer: RemotingCommand) -> RemotingCommand:
+    """``answer`` once the revive-log records it depends on are flushed and replicated."""
+    await asyncio.shield(settling)
+    return answer
+
+
+def _raise(request: RemotingCommand, exc: Exception) -> RemotingCommand:
+    raise exc
+
+
 def _pick(entry: dict[str, Any], short: str, long: str) -> Any:
     """A BatchAck field by its JSON name or its alternate name (fastjson's alternateNames)."""
     if short in entry:
@@ -285,7 +342,7 @@ def register(register: ProcessorRegister, services: BrokerServices) -> None:
     p = PopProcessor(services.pop, register.context.settings.name)
     register.add(RequestCode.POP_MESSAGE, p.pop)
     register.add(RequestCode.PEEK_MESSAGE, p.peek)
-    register.add(RequestCode.ACK_MESSAGE, p.ack)
+    register.add(RequestCode.ACK_MESSAGE, AckProcessor(services.pop))
     register.add(RequestCode.BATCH_ACK_MESSAGE, p.batch_ack)
     register.add(RequestCode.CHANGE_MESSAGE_INVISIBLETIME, p.change_invisible)
     register.add(RequestCode.NOTIFICATION, p.notification)

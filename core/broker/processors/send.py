@@ -131,6 +131,11 @@ class SendHandler:
     def __init__(self, service: SendService) -> None:
         self._service = service
 
+    @property
+    def service(self) -> SendService:
+        """The service it calls (the broker's send lane stores through the same one)."""
+        return self._service
+
     def __call__(self, conn: Connection, request: RemotingCommand) -> Awaitable[RemotingCommand]:
         return self.send_message(conn, request)
 

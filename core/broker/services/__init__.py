@@ -28,10 +28,13 @@ One module per concept:
   next to the delay levels of :mod:`tidemq.broker.schedule` (:class:`TimerMessageStore`, the
   engine of :mod:`tidemq.broker.timer`); sends park timer messages in :class:`SendService`.
 
-The seams for the compiled request lane (a store capability for SEND_MESSAGE_V2,
-SEND_BATCH_MESSAGE and PULL_MESSAGE) are :meth:`SendService.prepare`/``put``/``settled`` (one call
-per request or per read, messages as the list the store takes) and :meth:`PullService.pull` (the
-store's wire-ready buffers in :attr:`PullResult.body`).
+The seams for the compiled request lanes (store capabilities, issue 38) are
+:meth:`SendService.prepare`/``put``/``settled`` (one call per request or per read, messages as the
+list the store takes) and :meth:`PullService.pull` (the store's wire-ready buffers in
+:attr:`PullResult.body`).  The send lane (:mod:`tidemq.broker.lanes`, a store's
+:class:`~tidemq.store.SendLane`) replaces ``prepare`` for plain SEND_MESSAGE_V2 and
+SEND_BATCH_MESSAGE runs and goes through ``put``/``settled`` as the handler does; PULL_MESSAGE
+has no lane yet.
 
 The duplicate window (issue 37, :mod:`tidemq.broker.dedup`) is asked by
 :meth:`SendService.prepare`/``prepare_batch`` after the topic checks and before the hooks: a

@@ -1,0 +1,17 @@
+"""Types of core/_native/_send_lane.pyx (the send lane's prepare step, issue 38)."""
+
+from collections.abc import Callable
+
+from tidemq.broker.services.put import Send
+from tidemq.message_types import HostPort
+from tidemq.remoting.command import RemotingCommand
+
+def lane_counts() -> tuple[int, int]: ...
+def prepare_sends(
+    requests: list[RemotingCommand],
+    writable_queues: Callable[[str], int],
+    cluster: str,
+    max_batch: int,
+    born_host: HostPort,
+    store_host: HostPort,
+) -> list[Send] | None: ...
