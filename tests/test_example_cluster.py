@@ -1,4 +1,4 @@
-"""examples/cluster/ as the README tells a user to run it: five real processes on loopback.
+"""examples/cluster/ as the README tells a user to run it: six real processes on loopback.
 
 ``cluster.py start`` brings up two NameServers, broker-a (master + slave) and broker-b from the
 example's own TOML files (ports moved with ``--base-port``, data under ``tmp_path``); clients given
@@ -8,11 +8,13 @@ are read from the slave.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import runtime_info, wait_for
@@ -55,6 +57,7 @@ class ExampleCluster:
         self.master = f"127.0.0.1:{base + 2}"
         self.slave = f"127.0.0.1:{base + 4}"
         self.broker_b = f"127.0.0.1:{base + 5}"
+        self.proxy = f"127.0.0.1:{base + 6}"
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -83,7 +86,7 @@ class ExampleCluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ExampleCluster]:
-    c = ExampleCluster(tmp_path / "cluster", free_block(6))
+    c = ExampleCluster(tmp_path / "cluster", free_block(7))
     out = c.run("start")
     assert out.returncode == 0, out.stdout + out.stderr
     try:
@@ -109,7 +112,7 @@ def drain(consumer: BlockingPullConsumer) -> dict[bytes, str]:
 
 def test_example_cluster_serves_and_fails_over_to_slave_reads(cluster: ExampleCluster) -> None:
     status = cluster.run("status").stdout
-    assert status.count("running") == 5, status
+    assert status.count("running") == 6, status
     listing = cluster.admin("clusterList")
     assert listing.returncode == 0, listing.stderr
     assert {cluster.master, cluster.slave, cluster.broker_b} <= set(listing.stdout.split()), listing.stdout
@@ -153,6 +156,53 @@ def test_example_cluster_serves_and_fails_over_to_slave_reads(cluster: ExampleCl
     with BlockingProducer("demo-pg", cluster.namesrv) as producer:
         res = producer.send(Message(TOPIC, b"after-failover"))
         assert res.status is SendStatus.SEND_OK and res.queue.broker_name == "broker-b"
+
+    # RocketMQ 5 clients' one endpoint, the proxy, follows: broker-a's queues are read-only now
+    # (a slave), sends through it land on broker-b.
+    grpc = pytest.importorskip("grpc")
+    from tidemq_transport_grpc.proto import load
+
+    pb = load()
+
+    async def v5() -> tuple[Any, list[int]]:
+        async with grpc.aio.insecure_channel(cluster.proxy) as channel:
+            meta = (("x-mq-client-id", "example-cluster@1"),)
+
+            def rpc(name: str, response: str) -> Any:
+                return channel.unary_unary(
+                    f"/apache.rocketmq.v2.MessagingService/{name}",
+                    request_serializer=lambda m: m.SerializeToString(),
+                    response_deserializer=getattr(pb, response).FromString,
+                )
+
+            route = await rpc("QueryRoute", "QueryRouteResponse")(
+                pb.QueryRouteRequest(topic=pb.Resource(name=TOPIC)), metadata=meta
+            )
+            codes = []
+            for i in range(4):
+                msg = pb.Message(topic=pb.Resource(name=TOPIC), body=b"v5-after-failover-%d" % i)
+                msg.system_properties.message_id = f"v5-after-failover-{i}"
+                answer = await rpc("SendMessage", "SendMessageResponse")(
+                    pb.SendMessageRequest(messages=[msg]), metadata=meta
+                )
+                codes.append(answer.status.code)
+            return route, codes
+
+    route, codes = asyncio.run(v5())
+    assert route.status.code == pb.OK
+    layout = {(q.broker.name, q.permission) for q in route.message_queues}
+    assert layout == {("broker-a", pb.READ), ("broker-b", pb.READ_WRITE)}, layout
+    assert {f"{a.host}:{a.port}" for q in route.message_queues for a in q.broker.endpoints.addresses} == {
+        cluster.proxy
+    }
+    assert codes == [pb.OK] * 4
+    last = BlockingPullConsumer("demo-cg-v5", cluster.namesrv)
+    last.start()
+    try:
+        got = drain(last)
+    finally:
+        last.shutdown()
+    assert {got.get(b"v5-after-failover-%d" % i) for i in range(4)} == {"broker-b"}
 
 
 def test_cluster_script_refuses_an_unknown_member(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""examples/cluster/ with ``start --secure``: the same five processes, every listener authenticated.
+"""examples/cluster/ with ``start --secure``: the same six processes, every listener authenticated.
 
 What an operator gets by following the example's "secure:" steps (protected mode requires them
 beyond loopback): brokers with the plain ACL signing their registrations with a NameServer that
@@ -36,8 +36,30 @@ def runtime_info(addr: str, credentials: SessionCredentials) -> dict[str, str]:
     return asyncio.run(ask())
 
 
+def grpc_send(proxy: str, topic: str, body: bytes) -> str:
+    """One SendMessage through the proxy: its status ("OK" or the code and why)."""
+    grpc = pytest.importorskip("grpc")
+    from tidemq_transport_grpc.proto import load
+
+    pb = load()
+
+    async def send() -> str:
+        async with grpc.aio.insecure_channel(proxy) as channel:
+            msg = pb.Message(topic=pb.Resource(name=topic), body=body)
+            msg.system_properties.message_id = body.decode()
+            answer = await channel.unary_unary(
+                "/apache.rocketmq.v2.MessagingService/SendMessage",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.SendMessageResponse.FromString,
+            )(pb.SendMessageRequest(messages=[msg]), metadata=(("x-mq-client-id", "secure@1"),))
+            status = answer.status
+            return "OK" if status.code == pb.OK else f"{pb.Code.Name(status.code)}: {status.message}"
+
+    return asyncio.run(send())
+
+
 def test_secure_example_cluster_authenticates_every_listener(tmp_path: Path) -> None:
-    c = ExampleCluster(tmp_path / "cluster", free_block(6))
+    c = ExampleCluster(tmp_path / "cluster", free_block(7))
     out = c.run("start", "--secure")
     assert out.returncode == 0, out.stdout + out.stderr
     try:
@@ -58,6 +80,8 @@ def test_secure_example_cluster_authenticates_every_listener(tmp_path: Path) -> 
         with BlockingProducer("secure-pg", c.namesrv, credentials=app) as producer:
             for i in range(10):
                 assert producer.send(Message(TOPIC, b"m%d" % i)).status is SendStatus.SEND_OK
+        # The gRPC proxy (loopback) signs its requests to the ACL brokers as the app account.
+        assert grpc_send(c.proxy, TOPIC, b"through-the-proxy") == "OK"
         # The HA stream authenticated with the shared secret: the slave caught up.
         assert wait_for(lambda: runtime_info(c.master, admin)["haSlaveFallBehind"] == "0", 30)
         slave_log = (c.root / "logs" / "broker-a-slave.log").read_text()

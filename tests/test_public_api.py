@@ -68,6 +68,9 @@ ALLOWED_INTERNAL: frozenset[tuple[str, str]] = frozenset(
         # Protected mode and secret files (issue 41): the HA plugins check their port and secret file
         # as the kernel checks its own listeners and secret files.
         ("tidemq.protected", "check_ha_listener"),
+        # ... and the gRPC proxy (tidemq proxy) its listener.
+        ("tidemq.protected", "Listener"),
+        ("tidemq.protected", "check"),
         ("tidemq.secretfile", "private_mode_problem"),
         # Request signing: the acl plugin checks what the kernel's clients sign.
         ("tidemq.acl", "ACCESS_KEY"),
@@ -265,6 +268,8 @@ def _private_members(cls: type) -> set[str]:
     """``_name`` members of ``cls`` and its bases: defined in the class or assigned on ``self``."""
     names = {n for n in dir(cls) if n.startswith("_") and not n.startswith("__")}
     for klass in cls.__mro__[:-1]:
+        if klass.__module__ == "builtins":  # an exception's bases: no source, no private members
+            continue
         for node in ast.walk(ast.parse(inspect.getsource(klass))):
             if (
                 isinstance(node, ast.Attribute)

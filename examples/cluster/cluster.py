@@ -1,6 +1,6 @@
-"""Start, stop and list a five-process tidemq cluster on this machine, from the TOML files beside it.
+"""Start, stop and list a six-process tidemq cluster on this machine, from the TOML files beside it.
 
-    python examples/cluster/cluster.py start     # namesrv-1, namesrv-2, broker-a-master, broker-b, broker-a-slave
+    python examples/cluster/cluster.py start     # namesrv-1, namesrv-2, broker-a-master, broker-b, broker-a-slave, proxy
     python examples/cluster/cluster.py status
     python examples/cluster/cluster.py stop                   # all, brokers first
     python examples/cluster/cluster.py stop broker-a-master   # one member (e.g. to see the slave serve reads)
@@ -9,7 +9,9 @@ Each member runs ``python -m tidemq <namesrv|broker> -c <member>.toml`` in the b
 ``<data-root>/logs/<member>.log`` and keeps its pid in ``<data-root>/run/<member>.pid``; brokers keep
 their data in ``<data-root>/<member>`` (``--data-root``, default ``~/.tidemq/cluster``: the
 ``data_dir`` the files name).  ``--base-port N`` moves every port (NameServers N and N+1, broker-a
-N+2 with its HA port N+3, the slave N+4, broker-b N+5), for a second cluster beside the first.
+N+2 with its HA port N+3, the slave N+4, broker-b N+5, the gRPC proxy N+6), for a second cluster
+beside the first.  The proxy (``tidemq proxy``, RocketMQ 5's cluster mode) is the one endpoint of
+RocketMQ 5 clients (gRPC, 127.0.0.1:8081 by default) in front of both broker groups.
 
 ``start --secure`` runs the same cluster with every listener authenticated, as it must be once it
 listens beyond loopback (tidemq refuses to start an open listener there: protected mode).  It
@@ -49,6 +51,7 @@ MEMBERS: tuple[tuple[str, str, int, int], ...] = (
     ("broker-a-master", "broker", 2, 1),  # its HA port is the next one (3)
     ("broker-b", "broker", 5, 1),
     ("broker-a-slave", "broker", 4, 2),
+    ("proxy", "proxy", 6, 2),
 )
 START_TIMEOUT_S = 60.0
 
@@ -94,6 +97,8 @@ def secure_config(member: str, kind: str, data_root: Path) -> Path:
     root = make_secrets(data_root)
     if kind == "namesrv":
         cfg.setdefault("namesrv", {})["credentials_file"] = str(root / "plain_acl.yml")
+    elif kind == "proxy":
+        pass  # its account comes from the environment (proxy_env)
     else:
         cfg["broker"].update(access_key=ADMIN, secret_key_file=str(root / "admin.secret"))
         cfg.setdefault("plugins", {})["acl"] = "plain"
@@ -130,9 +135,18 @@ def command(
         args += ["--data-dir", str(data_root / member)]
     if base_port is not None:
         args += ["--listen", f"127.0.0.1:{base_port + offset}"]
-        if kind == "broker":
+        if kind in ("broker", "proxy"):
             args += ["--namesrv", f"127.0.0.1:{base_port};127.0.0.1:{base_port + 1}"]
     return args
+
+
+def proxy_env(data_root: Path, secure: bool) -> dict[str, str] | None:
+    """With the brokers' ACL on, the proxy signs its requests to them as the application account."""
+    if not secure:
+        return None
+    root = make_secrets(data_root)
+    secret = (root / "app.secret").read_text().strip()
+    return {**os.environ, "TIDEMQ_ACCESS_KEY": APP, "TIDEMQ_SECRET_KEY": secret}
 
 
 def _alive(pid: int) -> bool:
@@ -187,6 +201,7 @@ def start(data_root: Path, base_port: int | None, names: list[str], secure: bool
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     start_new_session=True,  # Ctrl-C in this shell does not reach the cluster
+                    env=proxy_env(data_root, secure) if kind == "proxy" else None,
                 )
             (data_root / "run" / f"{member}.pid").write_text(str(proc.pid))
             launched.append((member, kind, proc, log))
@@ -207,10 +222,10 @@ def start(data_root: Path, base_port: int | None, names: list[str], secure: bool
 
 
 def stop(data_root: Path, names: list[str], timeout: float = 30.0) -> int:
-    """SIGTERM (a clean stop: stores flushed, abort files removed), brokers first, then NameServers:
-    a broker unregisters from the NameServers as it stops."""
+    """SIGTERM (a clean stop: stores flushed, abort files removed), the proxy, the brokers, then the
+    NameServers: a broker unregisters from the NameServers as it stops."""
     failed = 0
-    for kinds in (("broker",), ("namesrv",)):
+    for kinds in (("proxy",), ("broker",), ("namesrv",)):
         waiting: dict[str, int] = {}
         for member, kind, _offset, _wave in reversed(MEMBERS):
             pid = _pid(data_root, member) if kind in kinds and (not names or member in names) else None

@@ -5,12 +5,12 @@ transaction id a v5 producer hands back to end its transaction."""
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
 from tidemq.broker.services import Status
 from tidemq.message import MessageExt, Prop
-from tidemq.remoting.protocol import TopicConfig
 from tidemq.topic_attributes import TopicMessageType, accepted_types, topic_message_type
 
 #: RocketMQ 5's property for a message delivered at a time (the timer engine reads it).
@@ -77,12 +77,12 @@ def code_of(pb: ModuleType, status: Status, remark: str | None) -> int:
     return int(getattr(pb, _CODES.get(status, "INTERNAL_SERVER_ERROR")))
 
 
-def accepted_message_types(pb: ModuleType, cfg: TopicConfig) -> list[int]:
-    """QueryRoute's ``accept_message_types`` of a topic: its ``message.type`` (NORMAL without one;
-    MIXED takes every type), as RocketMQ 5's proxy announces them."""
+def accepted_message_types(pb: ModuleType, attributes: Mapping[str, str]) -> list[int]:
+    """QueryRoute's ``accept_message_types`` of a topic of these attributes: its ``message.type``
+    (NORMAL without one; MIXED takes every type), as RocketMQ 5's proxy announces them."""
     return [
         int(getattr(pb, "MESSAGE_TYPE_UNSPECIFIED" if t is TopicMessageType.UNSPECIFIED else t.value))
-        for t in accepted_types(topic_message_type(cfg.attributes))
+        for t in accepted_types(topic_message_type(attributes))
     ]
 
 

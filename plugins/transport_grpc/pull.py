@@ -1,9 +1,10 @@
 """The v5 pull consumer's RPCs: PullMessage, UpdateOffset, GetOffset, QueryOffset.
 
-Over the broker's :class:`~tidemq.broker.services.PullService` and
-:class:`~tidemq.broker.services.OffsetService`, the services the remoting PULL_MESSAGE and
-offset requests use: the same group and topic checks, filters, consume hooks, statistics and
-long polling.  A pull that finds nothing waits up to its ``long_polling_timeout`` (within its
+Over the endpoint's :class:`~.backend.Backend`: in a broker, its
+:class:`~tidemq.broker.services.PullService` and :class:`~tidemq.broker.services.OffsetService`,
+the services the remoting PULL_MESSAGE and offset requests use (the same group and topic checks,
+filters, consume hooks, statistics and long polling); in ``tidemq proxy``, those requests sent to
+the broker group the queue names.  A pull that finds nothing waits up to its ``long_polling_timeout`` (within its
 deadline) for a message; it answers its status, the messages found, then the next offset, as
 RocketMQ's proxy streams them.  Messages are converted back to ``apache.rocketmq.v2.Message``
 with the v5 client's id (``UNIQ_KEY``) as their id.
@@ -15,9 +16,9 @@ from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import Any
 
-from tidemq.broker.services import BrokerServices, Outcome, Status
-from tidemq.message import iter_messages
+from tidemq.broker.services import Outcome, Status
 
+from .backend import Backend
 from .messages import code_of, to_v5
 from .peer import CallPeer
 
@@ -25,8 +26,6 @@ from .peer import CallPeer
 MAX_BATCH = 32
 #: Longest a pull is held, seconds, whatever it asks.
 MAX_POLL_S = 30.0
-#: RocketMQ's PullSysFlag: hold the pull until a message arrives (or the suspend time passes).
-FLAG_SUSPEND = 2
 
 
 def _subscription(pb: ModuleType, expression: Any) -> tuple[tuple[str, str], frozenset[str] | None]:
@@ -41,9 +40,8 @@ def _subscription(pb: ModuleType, expression: Any) -> tuple[tuple[str, str], fro
 
 
 class PullRpcs:
-    def __init__(self, services: BrokerServices, pb: ModuleType) -> None:
-        self.services = services
-        self.broker = services.pull.broker
+    def __init__(self, backend: Backend, pb: ModuleType) -> None:
+        self.backend = backend
         self.pb = pb
 
     def _status(self, code: int, message: str = "") -> Any:
@@ -71,17 +69,15 @@ class PullRpcs:
         wait_ms = int(self._poll_seconds(request, context) * 1000)
         peer = CallPeer(context.peer())
         try:
-            result = await self.services.pull.pull(
+            result = await self.backend.pull(
                 peer,
                 group,
                 topic,
+                queue.broker.name,
                 qid,
                 request.offset,
                 min(max(request.batch_size, 1), MAX_BATCH),
-                FLAG_SUSPEND if wait_ms > 0 else 0,
-                -1,
                 max(wait_ms, 0),
-                0,
                 subscription,
             )
         finally:
@@ -93,18 +89,18 @@ class PullRpcs:
                 status=self._status(code_of(pb, result.status, result.remark), result.remark or "")
             )
             return
-        messages = [m for part in result.body for m in iter_messages(part)]
+        messages = list(result.messages)
         if tags is not None:
             messages = [m for m in messages if (m.tags or "") in tags]
         if messages:
             yield pb.PullMessageResponse(status=self._status(pb.OK))
-        elif result.status is Status.PULL_OFFSET_MOVED:
-            yield pb.PullMessageResponse(status=self._status(pb.ILLEGAL_OFFSET, result.remark or ""))
+        elif result.outcome.status is Status.PULL_OFFSET_MOVED:
+            yield pb.PullMessageResponse(status=self._status(pb.ILLEGAL_OFFSET, result.outcome.remark or ""))
         else:
             yield pb.PullMessageResponse(status=self._status(pb.MESSAGE_NOT_FOUND, "no new message"))
         for msg in messages:
             yield pb.PullMessageResponse(message=to_v5(pb, msg))
-        yield pb.PullMessageResponse(next_offset=result.next_begin_offset)
+        yield pb.PullMessageResponse(next_offset=result.next_offset)
 
     async def UpdateOffset(self, request: Any, context: Any) -> Any:
         pb = self.pb
@@ -115,16 +111,19 @@ class PullRpcs:
             )
         if request.offset < 0:
             return pb.UpdateOffsetResponse(status=self._status(pb.ILLEGAL_OFFSET, "offset must be >= 0"))
-        done = self.services.offsets.commit(request.group.name, queue.topic.name, queue.id, request.offset)
+        done = await self.backend.commit_offset(
+            request.group.name, queue.topic.name, queue.broker.name, queue.id, request.offset
+        )
         return pb.UpdateOffsetResponse(status=self._status(code_of(pb, done.status, done.remark)))
 
     async def GetOffset(self, request: Any, context: Any) -> Any:
         pb = self.pb
         queue = request.message_queue
-        # The committed offset only (RocketMQ 5's proxy asks with setZeroIfNotFound = false, not
-        # OffsetService.query's first-start rule): where a new group starts is the client's
-        # consume-from choice, made with QueryOffset.
-        offset = self.broker.offsets.query(request.group.name, queue.topic.name, queue.id)
+        # The committed offset only: where a new group starts is the client's consume-from
+        # choice, made with QueryOffset.
+        offset = await self.backend.committed_offset(
+            request.group.name, queue.topic.name, queue.broker.name, queue.id
+        )
         if offset < 0:
             return pb.GetOffsetResponse(
                 status=self._status(pb.OFFSET_NOT_FOUND, "the group has no offset here")
@@ -134,17 +133,22 @@ class PullRpcs:
     async def QueryOffset(self, request: Any, context: Any) -> Any:
         pb = self.pb
         queue = request.message_queue
-        store = self.broker.store
         topic, qid = queue.topic.name, queue.id
         policy = request.query_offset_policy
         if policy == pb.BEGINNING:
-            offset = store.get_min_offset_in_queue(topic, qid)
+            offset = await self.backend.queue_offset(topic, queue.broker.name, qid, "BEGINNING", 0)
         elif policy == pb.END:
-            offset = store.get_max_offset_in_queue(topic, qid)
+            offset = await self.backend.queue_offset(topic, queue.broker.name, qid, "END", 0)
         else:
             if not request.HasField("timestamp"):
                 return pb.QueryOffsetResponse(
                     status=self._status(pb.BAD_REQUEST, "TIMESTAMP needs a timestamp")
                 )
-            offset = store.get_offset_by_time(topic, qid, request.timestamp.ToMilliseconds())
+            offset = await self.backend.queue_offset(
+                topic, queue.broker.name, qid, "TIMESTAMP", request.timestamp.ToMilliseconds()
+            )
+        if isinstance(offset, Outcome):
+            return pb.QueryOffsetResponse(
+                status=self._status(code_of(pb, offset.status, offset.remark), offset.remark or "")
+            )
         return pb.QueryOffsetResponse(status=self._status(pb.OK), offset=offset)

@@ -17,7 +17,9 @@ from tidemq.context import BrokerContext
 from tidemq.errors import ConfigError
 
 from .auth import Gate, Guarded
+from .backend import LocalBackend
 from .consume import CONSUME_UNARY, ReceiveLimits
+from .consume_backend import BrokerConsumeBackend
 from .figures import CallFigures, Counted
 from .options import GrpcOptions, server_credentials
 from .pull import PullRpcs
@@ -151,10 +153,13 @@ class GrpcServer:
         # The broker's services, as the remoting processors have them (their own instance: the
         # services keep only caches, the state is the broker's).
         services = BrokerServices(broker)
+        backend = LocalBackend(services)
         limits = ReceiveLimits(options.receive_min_invisible_ms, options.receive_min_polling_ms)
-        self.service = MessagingService(services, pb, host, bound, broker.settings.max_message_size, limits)
+        self.service = MessagingService(
+            backend, pb, host, bound, broker.settings.max_message_size, limits, BrokerConsumeBackend(services)
+        )
         self.service.check_message_types = options.enable_topic_message_type_check
-        served = handlers(self.service, PullRpcs(services, pb), pb)
+        served = handlers(self.service, PullRpcs(backend, pb), pb)
         #: The ACL check of every call (None without ACL): tidemq_transport_grpc.auth.
         self.gate = Gate(broker.acl, pb) if isinstance(broker.acl, CallValidator) else None
         if self.gate is not None:

@@ -1,11 +1,12 @@
-"""``apache.rocketmq.v2.MessagingService`` over a broker: each RPC decodes, calls the broker's
-services, encodes.
+"""``apache.rocketmq.v2.MessagingService`` over brokers: each RPC decodes, calls its
+:class:`~.backend.Backend`, encodes.
 
-Sends go through :class:`~tidemq.broker.services.SendService` (the one send path of the remoting
-transport too: topic checks, the send hooks and trace, the put and replica wait, transactions'
-half messages), ends of transactions through
-:class:`~tidemq.broker.services.TransactionService`, a Telemetry stream's producers through
-:class:`~tidemq.broker.services.ClientService`.  Statuses are ``apache.rocketmq.v2.Code`` values
+In a broker's process the backend is :class:`~.backend.LocalBackend`: sends go through
+:class:`~tidemq.broker.services.SendService` (the one send path of the remoting transport too:
+topic checks, the send hooks and trace, the put and replica wait, transactions' half messages),
+ends of transactions through :class:`~tidemq.broker.services.TransactionService`, a Telemetry
+stream's producers through :class:`~tidemq.broker.services.ClientService`.  ``tidemq proxy``
+serves the same RPCs over remoting to a cluster's brokers.  Statuses are ``apache.rocketmq.v2.Code`` values
 in the response, as RocketMQ's proxy sends them; gRPC status errors are for what is not a
 RocketMQ answer (a malformed frame, an RPC that needs an engine tidemq does not have yet).
 """
@@ -21,12 +22,13 @@ from typing import Any
 
 import grpc
 
-from tidemq.broker.services import BrokerServices, Outcome
-from tidemq.message import TRANSACTION_PREPARED_TYPE, Prop, decode_message_id, properties_to_string
+from tidemq.broker.services import Outcome
+from tidemq.message import TRANSACTION_PREPARED_TYPE, Prop, decode_message_id
 from tidemq.names import check_topic_name
 
+from .backend import DEFAULT_TOPIC, Backend, Outgoing
 from .consume import ConsumeRpcs, ReceiveLimits
-from .consume_backend import BrokerConsumeBackend
+from .consume_types import ConsumeBackend
 from .messages import (
     TIMER_DELIVER_MS,
     accepted_message_types,
@@ -39,8 +41,6 @@ from .peer import OUTBOX_LIMIT, CallPeer, StreamPeer
 
 log = logging.getLogger(__name__)
 
-#: The template topic a 4.x producer's first send names (AUTO_CREATE_TOPIC_KEY_TOPIC): no one sends to it.
-DEFAULT_TOPIC = "TBW102"
 #: RocketMQ's permission bits of a topic (PermName).
 PERM_READ = 0x4
 PERM_WRITE = 0x2
@@ -65,15 +65,15 @@ class MessagingService:
 
     def __init__(
         self,
-        services: BrokerServices,
+        backend: Backend,
         pb: ModuleType,
         host: str,
         port: int,
         max_body: int,
-        limits: ReceiveLimits | None = None,
+        limits: ReceiveLimits | None,
+        consume: ConsumeBackend,
     ) -> None:
-        self.services = services
-        self.broker = services.send.broker
+        self.backend = backend
         self.pb = pb
         self.host = host
         self.port = port
@@ -83,10 +83,8 @@ class MessagingService:
         self._plain: dict[int, Any] = {}  # code -> its Status without a message of its own
         #: RocketMQ 5 proxy's enableTopicMessageTypeCheck ([transport.grpc]).
         self.check_message_types = True
-        #: The consumer RPCs (consume.py), over the broker's POP engine.
-        self.consume = ConsumeRpcs(
-            BrokerConsumeBackend(services), pb, self.endpoints, self.clients.get, limits
-        )
+        #: The consumer RPCs (consume.py), over ``consume`` (the broker's POP engine, or remoting).
+        self.consume = ConsumeRpcs(consume, pb, self.endpoints, self.clients.get, limits)
 
     # ------------------------------------------------------------------ helpers
     def status(self, code: int, message: str = "") -> Any:
@@ -106,60 +104,55 @@ class MessagingService:
         )
         return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=self.host, port=self.port)])
 
-    def topic_config(self, topic: str, sys_flag: int = 0) -> Any:
-        """The topic's config (created as a 4.x producer's first send creates it, when the broker
-        allows it), or the refusal as ``(code, message)``.  The name is checked here, as RocketMQ
-        5's proxy validates it, so a bad one is ILLEGAL_TOPIC."""
-        pb = self.pb
+    def illegal_topic(self, topic: str) -> str | None:
+        """Why ``topic`` is not a topic's name (checked here, as RocketMQ 5's proxy validates it,
+        so a bad one is ILLEGAL_TOPIC), None when it is one."""
         problem = check_topic_name(topic)
         if problem:
-            return pb.ILLEGAL_TOPIC, problem
+            return problem
         if topic == DEFAULT_TOPIC:
-            return pb.ILLEGAL_TOPIC, f"the topic[{topic}] is conflict with system reserved words."
-        cfg = self.services.send.check_topic(
-            topic, DEFAULT_TOPIC, self.broker.settings.default_topic_queues, 0, sys_flag
-        )
-        if isinstance(cfg, Outcome):
-            return code_of(pb, cfg.status, cfg.remark), cfg.remark or ""
-        return cfg
+            return f"the topic[{topic}] is conflict with system reserved words."
+        return None
+
+    def refusal(self, outcome: Outcome) -> Any:
+        return self.status(code_of(self.pb, outcome.status, outcome.remark), outcome.remark or "")
 
     # ------------------------------------------------------------------ QueryRoute
     async def QueryRoute(self, request: Any, context: Any) -> Any:
         pb = self.pb
         topic = request.topic.name
-        cfg = self.topic_config(topic)
-        if isinstance(cfg, tuple) and self.broker.is_master:
-            return pb.QueryRouteResponse(status=self.status(*cfg))
-        if isinstance(cfg, tuple):  # a slave routes the topics it has (it takes no sends)
-            cfg = self.broker.topics.get(topic)
-            if cfg is None:
-                return pb.QueryRouteResponse(
-                    status=self.status(pb.TOPIC_NOT_FOUND, f"topic {topic} not found")
-                )
-        broker = pb.Broker(name=self.broker.settings.name, id=0, endpoints=self.endpoints())
+        problem = self.illegal_topic(topic)
+        if problem:
+            return pb.QueryRouteResponse(status=self.status(pb.ILLEGAL_TOPIC, problem))
+        layouts = await self.backend.route(topic)
+        if isinstance(layouts, Outcome):
+            return pb.QueryRouteResponse(status=self.refusal(layouts))
         queues = []
-        accept = accepted_message_types(pb, cfg)  # the topic's message.type attribute
-        for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
-            readable = qid < cfg.read_queue_nums and bool(cfg.perm & PERM_READ)
-            writable = qid < cfg.write_queue_nums and bool(cfg.perm & PERM_WRITE)
-            perm = (
-                pb.READ_WRITE
-                if readable and writable
-                else pb.READ
-                if readable
-                else pb.WRITE
-                if writable
-                else pb.NONE
-            )
-            queues.append(
-                pb.MessageQueue(
-                    topic=pb.Resource(resource_namespace=request.topic.resource_namespace, name=topic),
-                    id=qid,
-                    permission=perm,
-                    broker=broker,
-                    accept_message_types=accept,
+        for cfg in layouts:
+            accept = accepted_message_types(pb, cfg.attributes)  # the topic's message.type attribute
+            # Each broker group's queues, all at this endpoint (a proxy in front of several).
+            broker = pb.Broker(name=cfg.broker_name, id=0, endpoints=self.endpoints())
+            for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
+                readable = qid < cfg.read_queue_nums and bool(cfg.perm & PERM_READ)
+                writable = qid < cfg.write_queue_nums and bool(cfg.perm & PERM_WRITE)
+                perm = (
+                    pb.READ_WRITE
+                    if readable and writable
+                    else pb.READ
+                    if readable
+                    else pb.WRITE
+                    if writable
+                    else pb.NONE
                 )
-            )
+                queues.append(
+                    pb.MessageQueue(
+                        topic=pb.Resource(resource_namespace=request.topic.resource_namespace, name=topic),
+                        id=qid,
+                        permission=perm,
+                        broker=broker,
+                        accept_message_types=accept,
+                    )
+                )
         return pb.QueryRouteResponse(status=self.status(pb.OK), message_queues=queues)
 
     # ------------------------------------------------------------------ clients
@@ -172,7 +165,7 @@ class MessagingService:
             )
         stream = self.streams.get(cid)
         if stream is not None and stream.producer_groups:  # refresh its producer registrations
-            self.services.clients.heartbeat(stream, cid, "GRPC", 0, [], stream.producer_groups)
+            self.backend.register_producers(stream, cid, stream.producer_groups)
         await self.consume.heartbeat(cid)  # and its consumer registration
         return pb.HeartbeatResponse(status=self.status(pb.OK))
 
@@ -181,8 +174,7 @@ class MessagingService:
         self.clients.pop(cid, None)
         stream = self.streams.pop(cid, None)
         if stream is not None:
-            for group in stream.producer_groups:
-                self.services.clients.unregister(stream, cid, group, "")
+            self.backend.unregister_producers(stream, cid, stream.producer_groups)
             stream.close()
         return self.pb.NotifyClientTerminationResponse(status=self.status(self.pb.OK))
 
@@ -249,7 +241,7 @@ class MessagingService:
         if not groups:
             return
         peer.producer_groups = groups
-        self.services.clients.heartbeat(peer, cid, "GRPC", 0, [], groups)
+        self.backend.register_producers(peer, cid, groups)
 
     def settings_for(self, client: Any) -> Any:
         """The settings a client gets back: its own, completed with the broker's limits."""
@@ -267,7 +259,7 @@ class MessagingService:
             policy.exponential_backoff.max.FromSeconds(1)
             policy.exponential_backoff.multiplier = 2.0
         elif kind == "subscription":
-            out.backoff_policy.max_attempts = self.broker.settings.max_reconsume_times + 1
+            out.backoff_policy.max_attempts = self.backend.max_reconsume_times + 1
             out.backoff_policy.customized_backoff.next.add().FromSeconds(1)
             if not out.subscription.HasField("receive_batch_size"):
                 out.subscription.receive_batch_size = 32
@@ -322,15 +314,15 @@ class MessagingService:
             body = message.body
         transactional = system.message_type == pb.TRANSACTION
         sys_flag = TRANSACTION_PREPARED_TYPE if transactional else 0
-        cfg = self.topic_config(topic, sys_flag)
-        if isinstance(cfg, tuple):
-            return cfg[0], cfg[1], -1, "", ""
+        problem = self.illegal_topic(topic)
+        if problem:
+            return pb.ILLEGAL_TOPIC, problem, -1, "", ""
         properties = dict(message.user_properties)
-        queue_id = -1  # the send service picks one
+        message_group = None
         group = ""
         if system.HasField("message_group"):
-            # FIFO: one message group, one queue (stable across restarts and processes).
-            queue_id = zlib.crc32(system.message_group.encode()) % max(cfg.write_queue_nums, 1)
+            # FIFO: one message group, one queue (the backend picks it).
+            message_group = system.message_group
             properties[Prop.SHARDING_KEY] = system.message_group
         if system.HasField("tag") and system.tag:
             properties[Prop.TAGS] = system.tag
@@ -350,35 +342,30 @@ class MessagingService:
             group = producer_group(topic)
             properties[Prop.TRANSACTION_PREPARED] = "true"
             properties[Prop.PRODUCER_GROUP] = group
-        sends = self.services.send
-        if self.check_message_types:  # the topic's message.type, as RocketMQ 5's proxy checks it
-            conflict = sends.check_message_type(cfg, properties)
-            if conflict is not None:
-                return pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, conflict.remark or "", -1, "", ""
-        send = sends.prepare(
+        stored = await self.backend.send(
             peer,
-            group,
-            topic,
-            queue_id,
-            sys_flag,
-            DEFAULT_TOPIC,
-            self.broker.settings.default_topic_queues,
-            properties_to_string(properties),
-            0,
-            -1,
-            0,
-            born_ms,
-            body,
+            Outgoing(
+                topic,
+                body,
+                properties,
+                sys_flag,
+                born_ms,
+                group,
+                message_group,
+                check_type=self.check_message_types,
+            ),
         )
-        if isinstance(send, Outcome):
-            return code_of(pb, send.status, send.remark), send.remark or "", -1, "", ""
-        sends.put_one(send)
-        if not sends.settled(send):
-            await sends.settle(send)
-        code = code_of(pb, send.status, send.remark)
-        tx_id = transaction_id(send.msg_id, send.queue_offset) if transactional and code == pb.OK else ""
-        recall = send.recall_handle or "" if code == pb.OK else ""
-        return code, send.remark or "", send.queue_offset, tx_id, recall
+        if stored.type_conflict:  # the topic's message.type, as RocketMQ 5's proxy checks it
+            return pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, stored.outcome.remark or "", -1, "", ""
+        outcome = stored.outcome
+        code = code_of(pb, outcome.status, outcome.remark)
+        tx_id = (
+            transaction_id(stored.offset_msg_id, stored.queue_offset)
+            if transactional and code == pb.OK
+            else ""
+        )
+        recall = stored.recall_handle if code == pb.OK else ""
+        return code, outcome.remark or "", stored.queue_offset, tx_id, recall
 
     # ------------------------------------------------------------------ transactions
     async def EndTransaction(self, request: Any, context: Any) -> Any:
@@ -387,29 +374,26 @@ class MessagingService:
         pb = self.pb
         resolution = {pb.COMMIT: _COMMIT, pb.ROLLBACK: _ROLLBACK}.get(request.resolution, _UNKNOWN)
         named = parse_transaction_id(request.transaction_id)
-        commit_log_offset = -1
         if named is not None:
             try:
-                commit_log_offset = decode_message_id(named[0])[1]
+                decode_message_id(named[0])
             except ValueError:
                 named = None
         if named is None:
             return pb.EndTransactionResponse(
                 status=self.status(pb.INVALID_TRANSACTION_ID, f"no transaction {request.transaction_id!r}")
             )
-        outcome = await self.services.transactions.end(
+        outcome = await self.backend.end_transaction(
             CallPeer(context.peer()).remote_address,
             producer_group(request.topic.name),
+            named[0],
             named[1],
-            commit_log_offset,
             resolution,
             request.source == pb.SOURCE_SERVER_CHECK,
             request.message_id,
         )
         if not outcome.ok:
-            return pb.EndTransactionResponse(
-                status=self.status(code_of(pb, outcome.status, outcome.remark), outcome.remark or "")
-            )
+            return pb.EndTransactionResponse(status=self.refusal(outcome))
         return pb.EndTransactionResponse(status=self.status(pb.OK))
 
 

@@ -43,7 +43,11 @@ class ConsumerManageProcessor:
 
     async def query_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         h = Header(request.ext_fields, "QUERY_CONSUMER_OFFSET")
-        offset = self.offsets.query(h.str("consumerGroup"), h.str("topic"), h.int("queueId"))
+        group, topic, queue_id = h.str("consumerGroup"), h.str("topic"), h.int("queueId")
+        offset = self.offsets.query(group, topic, queue_id)
+        if offset == 0 and not h.bool("setZeroIfNotFound", True):
+            # RocketMQ 5's proxy asks for the committed offset only: no first-start 0.
+            offset = self.offsets.committed(group, topic, queue_id)
         if isinstance(offset, Outcome):
             return answer(request, offset)
         return request.reply(ResponseCode.SUCCESS, None, kv(offset=offset))

@@ -39,6 +39,13 @@ class OffsetService:
             Status.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first"
         )
 
+    def committed(self, group: str, topic: str, queue_id: int) -> int | Outcome:
+        """The committed offset only (QUERY_NOT_FOUND without one: RocketMQ 5's setZeroIfNotFound=false)."""
+        offset = self.broker.offsets.query(group, topic, queue_id)
+        if offset >= 0:
+            return offset
+        return Outcome(Status.QUERY_NOT_FOUND, f"no committed offset of group {group} in this queue")
+
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> Outcome:
         """Record ``offset`` as ``group``'s progress in the queue."""
         b = self.broker
