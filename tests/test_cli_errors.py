@@ -196,9 +196,11 @@ def test_version_names_the_version_and_each_compiled_extension() -> None:
     lines = out.stdout.splitlines()
     assert lines[0].startswith("tidemq, version ")
     assert lines[1].startswith("codec: ") and lines[2].startswith("hash index: ")
-    assert lines[3].startswith("spark columns: ")
+    assert lines[3].startswith("request lanes: SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE (compiled")
+    assert lines[4].startswith("spark columns: ")
     pure = tidemq("--version", env={"TIDEMQ_NO_EXTENSIONS": "1"}).stdout
     assert "codec: pure Python" in pure and "hash index: pure Python" in pure
+    assert "request lanes: none (the Python handlers serve every request" in pure
     assert "spark columns: pure Python (TIDEMQ_NO_EXTENSIONS=1)" in pure
 
 

@@ -238,6 +238,15 @@ def test_a_new_master_after_failover_answers_a_resend_as_the_old_one_did(
     try:
         master = cluster.wait_master()
         assert wait_for(lambda: master.info().get("haConnectedSlaves") == "2", 20), master.log()
+        # Connected is not yet in sync: on a loaded machine the first SYNC_MASTER sends may be
+        # answered SLAVE_NOT_AVAILABLE while the slaves catch up.  Wait until a send is on them.
+        assert wait_for(
+            lambda: (
+                call(master.addr, send_request("FailoverWarmup", b"w", {UNIQ: uuid.uuid4().hex.upper()})).code
+                == ResponseCode.SUCCESS
+            ),
+            30,
+        ), master.log()
         k = uuid.uuid4().hex.upper()
         request = send_request("FailoverDedup", b"once", {UNIQ: k}, queue_id=1)
         first = call(master.addr, request)
