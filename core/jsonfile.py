@@ -132,7 +132,7 @@ class CoalescedJsonWriter:
     disk) is logged and retried; the thread never ends while the writer is open.
 
     :meth:`request` returns the change's ticket; :meth:`when_written` a future resolved once the
-    file holds it (failed with the error when the write that should have failed), for a caller
+    file holds it (failed with the error of the write that should have written it), for a caller
     that must not answer before a change is on disk but must not block its thread either.
     """
 
