@@ -88,6 +88,9 @@ class TopicConfigTable(Protocol):
     data_version: DataVersion
     #: Called after any change (the broker re-registers with its NameServers).
     on_change: Callable[[], None]
+    #: Topics created on first use whose creation is not in ``topics.json`` yet (topic -> a
+    #: ticket); empty nearly always: the send path tests it per send.
+    unwritten: dict[str, int]
 
     def get(self, topic: str) -> TopicConfig | None: ...
 
@@ -108,6 +111,10 @@ class TopicConfigTable(Protocol):
 
     def create_in_send_back(self, topic: str, queue_nums: int, perm: int, sys_flag: int = 0) -> TopicConfig:
         """The retry or dead-letter topic of a group, created when missing."""
+
+    async def written(self, *topics: str) -> str | None:
+        """Waits until the creation of those of ``topics`` created on first use is on disk: None
+        then, else why not (a send is answered FLUSH_DISK_TIMEOUT)."""
 
     def add_system_topics(
         self,

@@ -9,6 +9,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,10 @@ class CoalescedJsonWriter:
     ``delay_s`` for more changes, takes ``snapshot()`` and writes it.  :meth:`flush` writes now
     (at shutdown, or before answering a request that must be durable).  A failed write (a full
     disk) is logged and retried; the thread never ends while the writer is open.
+
+    :meth:`request` returns the change's ticket; :meth:`when_written` a future resolved once the
+    file holds it (failed with the error of the write that should have written it), for a caller
+    that must not answer before a change is on disk but must not block its thread either.
     """
 
     RETRY_S = 1.0
@@ -144,23 +149,56 @@ class CoalescedJsonWriter:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._failing = False
+        self._waiters: list[tuple[int, Future[None]]] = []
+        self._waiters_lock = threading.Lock()
 
     @property
     def pending(self) -> bool:
         """Changes not yet on disk."""
         return self._written < self._requested
 
-    def request(self) -> None:
-        """Note a change; it reaches the file within ``delay_s`` (plus the write itself)."""
+    def request(self) -> int:
+        """Note a change; it reaches the file within ``delay_s`` (plus the write itself).  Returns
+        the change's ticket (for :meth:`written` and :meth:`when_written`)."""
         self._requested += 1
+        ticket = self._requested
         if self._closed:
-            return
+            return ticket
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._run, name=f"tidemq-persist-{self.path.name}", daemon=True
             )
             self._thread.start()
         self._wake.set()
+        return ticket
+
+    def written(self, ticket: int) -> bool:
+        """Whether the file holds the change of ``ticket``."""
+        return self._written >= ticket
+
+    def when_written(self, ticket: int) -> Future[None]:
+        """A future resolved once the file holds the change of ``ticket`` (at once if it does),
+        failed with the OSError of a write that should have written it."""
+        future: Future[None] = Future()
+        with self._waiters_lock:
+            if self._written < ticket:
+                self._waiters.append((ticket, future))
+                return future
+        future.set_result(None)
+        return future
+
+    def _wake_waiters(self, upto: int, exc: BaseException | None = None) -> None:
+        """Resolve the waiters of tickets up to ``upto`` (failed with ``exc`` when given)."""
+        with self._waiters_lock:
+            if not self._waiters:
+                return
+            done = [(t, f) for t, f in self._waiters if t <= upto]
+            self._waiters = [(t, f) for t, f in self._waiters if t > upto]
+        for _, future in done:
+            if exc is None:
+                future.set_result(None)
+            else:
+                future.set_exception(exc)
 
     def flush(self, force: bool = False) -> bool:
         """Write now if anything changed (or ``force``); True when written.  Raises OSError on failure."""
@@ -168,8 +206,14 @@ class CoalescedJsonWriter:
             target = self._requested
             if self._written >= target and not force:
                 return False
-            write_json(self.path, self._snapshot())
-            self._written = max(self._written, target)
+            try:
+                write_json(self.path, self._snapshot())
+            except OSError as exc:
+                self._wake_waiters(target, exc)  # their callers answer now; the change stays pending
+                raise
+            with self._waiters_lock:
+                self._written = max(self._written, target)
+            self._wake_waiters(target)
             return True
 
     def close(self) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,12 @@ SYSTEM_TOPICS: frozenset[str] = frozenset(
 )
 #: RocketMQ's MixAll.REPLY_TOPIC_POSTFIX: ``<cluster>_REPLY_TOPIC`` is a system topic too.
 REPLY_TOPIC_POSTFIX = "REPLY_TOPIC"
+#: How long a send to a topic it created waits for ``topics.json`` before it is answered anyway
+#: (FLUSH_DISK_TIMEOUT: stored, not yet durable).
+CREATION_WRITE_TIMEOUT_S = 5.0
+#: Wait before the write of a creation: a burst of creations in one write, the first send's
+#: answer not held long.
+_WRITE_DELAY_S = 0.005
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +59,11 @@ class TopicConfigManager:
         self._lock = threading.Lock()
         #: called after a change; the broker re-registers with the NameServers.
         self.on_change: Callable[[], None] = lambda: None
-        self._writer = CoalescedJsonWriter(path, self.serialize_locked)
+        self._writer = CoalescedJsonWriter(path, self.serialize_locked, delay_s=_WRITE_DELAY_S)
+        #: Topics created on first use (a send, a send-back) whose creation is not on disk yet:
+        #: topic -> the writer's ticket.  Empty nearly always: the send path tests it per send.
+        self.unwritten: dict[str, int] = {}
+        self._last_created = 0  # the ticket of the latest creation
         #: The cluster and broker names once :meth:`add_system_topics` ran (system topics too).
         self._own_names: tuple[str, ...] = ()
 
@@ -165,13 +177,73 @@ class TopicConfigManager:
             "dataVersion": self.data_version.to_dict(),
         }
 
-    def _changed(self) -> None:
+    def _changed(self, created: str | None = None) -> None:
         self.data_version = self.data_version.next_version()
-        self._writer.request()  # written off the loop, a burst of changes in one write
+        ticket = self._writer.request()  # written off the loop, a burst of changes in one write
+        if created is not None:
+            self.unwritten[created] = self._last_created = ticket
         try:
             self.on_change()
         except Exception:
             log.exception("topic change listener failed")
+
+    def when_written(self, *topics: str) -> Future[None] | None:
+        """A future resolved once the creation of ``topics`` (those created on first use) is in
+        ``topics.json``, failed with the write's OSError; None when it is there already.
+
+        A send to a topic it created is answered only then (RocketMQ persists the table in
+        createTopicInSendMessageMethod before the send goes on): a SIGKILL after the answer must
+        not leave the message under a topic the restarted broker does not have.
+        """
+        unwritten = self.unwritten
+        if unwritten and self._writer.written(self._last_created):
+            unwritten.clear()  # all on disk: sends stop asking (the dict is tested per send)
+            return None
+        ticket = 0
+        for topic in topics:
+            t = unwritten.get(topic)
+            if t is None:
+                continue
+            if self._writer.written(t):
+                unwritten.pop(topic, None)  # written meanwhile: forgotten lazily, here
+            else:
+                ticket = max(ticket, t)
+        return self._writer.when_written(ticket) if ticket else None
+
+    async def written(self, *topics: str) -> str | None:
+        """Waits until the creation of ``topics`` is in ``topics.json`` (:meth:`when_written`):
+        None once it is, else why not (the write failed, or took over
+        :data:`CREATION_WRITE_TIMEOUT_S`); the caller answers then, as a flush that timed out."""
+        future = self.when_written(*topics)
+        if future is None:
+            return None
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[str | None] = loop.create_future()
+
+        def answer(problem: str | None) -> None:
+            if not waiter.done():
+                waiter.set_result(problem)
+
+        def done(f: Future[None]) -> None:  # on the writer's thread
+            exc = f.exception()
+            problem = None if exc is None else str(exc)
+            try:
+                loop.call_soon_threadsafe(answer, problem)
+            except RuntimeError:  # the loop is closed: nobody waits any more
+                pass
+
+        # Not asyncio.timeout: a send may be settled by a coroutine the transport drives, no task.
+        timer = loop.call_later(
+            CREATION_WRITE_TIMEOUT_S, answer, f"not written within {CREATION_WRITE_TIMEOUT_S:g} s"
+        )
+        future.add_done_callback(done)
+        try:
+            problem = await waiter
+        finally:
+            timer.cancel()
+        if problem is None:
+            return None
+        return f"a topic created for this message is not in {self.path.name} yet: {problem}"
 
     # ------------------------------------------------------------------ queries
     def get(self, topic: str) -> TopicConfig | None:
@@ -220,7 +292,7 @@ class TopicConfigManager:
         with self._lock:
             cfg = self._table.setdefault(topic, cfg)
         log.info("topic %s auto-created from %s: %s", topic, default_topic, cfg)
-        self._changed()
+        self._changed(created=topic)
         return cfg
 
     def create_in_send_back(self, topic: str, queue_nums: int, perm: int, sys_flag: int = 0) -> TopicConfig:
@@ -233,7 +305,7 @@ class TopicConfigManager:
         with self._lock:
             cfg = self._table.setdefault(topic, cfg)
         log.info("topic %s created: %s", topic, cfg)
-        self._changed()
+        self._changed(created=topic)
         return cfg
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tidemq.broker.pop.checkpoints import CheckpointTable
-from tidemq.broker.pop.handle import DLQ_PREFIX, ORDER_REVIVE_QUEUE
+from tidemq.broker.pop.handle import DLQ_PREFIX, ORDER_REVIVE_QUEUE, dlq_topic
 from tidemq.broker.pop.journal import Checkpoint
 from tidemq.broker.pop.polling import PopWaiters
 from tidemq.broker.pop.results import REVIVE_BATCH, SYNC_INTERVAL_S, now_ms
@@ -155,6 +155,11 @@ class Reviver:
                 else:
                     self.revived += 1
             self.revive_lag_ms = max(now_ms() - ck.deadline, 0)
+            problem = await b.topics.written(*{m.topic for m, _ in puts}) if b.topics.unwritten else None
+            if problem is not None:  # a retry or dead-letter topic it created is not on disk yet
+                log.warning("pop: checkpoint %d revived again in 1 s: %s", ck.id, problem)
+                heapq.heappush(table.heap, (now_ms() + 1000, ck.id))
+                continue
             try:
                 table.retire(ck)
             except OSError as exc:
@@ -168,3 +173,7 @@ class Reviver:
             put = await resolved(self.broker.store.put_message(msg))
             if put.ok:
                 self.dead_lettered += 1
+        # %DLQ%<group>, when created here, is on disk before the caller retires the checkpoints.
+        problem = await self.broker.topics.written(dlq_topic(group)) if self.broker.topics.unwritten else None
+        if problem is not None:
+            log.error("pop: %s", problem)

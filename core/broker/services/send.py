@@ -538,7 +538,9 @@ class SendService:
         if not result.ok:
             return Outcome(Status.SYSTEM_ERROR, f"{result.status.value} {result.error}".strip())
         b.stats.on_put(msg.topic, 1, result.wrote_bytes)
-        return DONE
+        # The retry or dead-letter topic it created is on disk before the answer (a SIGKILL).
+        problem = await b.topics.written(topic) if b.topics.unwritten else None
+        return DONE if problem is None else Outcome(Status.FLUSH_DISK_TIMEOUT, problem)
 
 
 def _repeated_key(keys: list[str]) -> str:

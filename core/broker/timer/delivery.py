@@ -72,9 +72,7 @@ class TimerDelivery:
             if not self.broker.is_master:  # a slave: follow the clock, deliver nothing
                 behind = (now_ms() - SLAVE_BEHIND_MS) // s.precision_ms
                 if behind > s.done_tick:
-                    s.pending = max(0, s.pending - s.count_ticks(s.done_tick, behind))
-                    s.done_tick = behind
-                    s.claimed_tick = behind - 1
+                    self.pass_by(behind)
                 await asyncio.sleep(max(s.precision_ms / 1000, IDLE_WAIT_S))
                 continue
             if lagging == 0:
@@ -99,6 +97,23 @@ class TimerDelivery:
                 await asyncio.sleep(RETRY_AFTER_FAILURE_S)
                 continue
             s.done_tick = tick + 1
+
+    def pass_by(self, tick: int) -> None:
+        """A slave's clock moves on to ``tick`` without delivering: the records of the ticks passed
+        leave the figures (the master delivered them), per topic as :meth:`deliver_records` does."""
+        s = self.schedule
+        first = s.done_tick
+        if tick <= first:
+            return
+        s.pending = max(0, s.pending - s.count_ticks(first, tick))
+        if s.timing:
+            for t in range(first, min(tick, first + s.slots)):  # as count_ticks: one turn of the wheel
+                for rec in self.due_records(t):
+                    ext = self._read(rec)
+                    if ext is not None:
+                        s.forget(ext.properties.get(Prop.REAL_TOPIC, ""), True)
+        s.done_tick = tick
+        s.claimed_tick = tick - 1
 
     def due_records(self, tick: int) -> list[TimerLogRecord]:
         """The records of ``tick``'s slot, in log order."""

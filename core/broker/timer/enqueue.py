@@ -136,8 +136,9 @@ class TimerEnqueue:
                 )
             elif tick > s.claimed_tick:
                 s.pending += 1
-                if master:  # per-topic counts are the master's figure (a slave delivers nothing)
-                    s.count_in(ext.properties[Prop.REAL_TOPIC])
+                # Counted on a slave too, as pending is: promoted, it delivers these (and a slave
+                # forgets those its clock passes by, TimerDelivery.pass_by).
+                s.count_in(ext.properties[Prop.REAL_TOPIC])
         s.queue_offset = max(offset, res.next_begin_offset, res.queue_offsets[-1] + 1)
         delivering = asyncio.ensure_future(self.delivery.deliver_direct(direct)) if direct else None
         self._unsettled.append((log_.end, s.queue_offset, delivering))

@@ -1,5 +1,10 @@
 """The timer's figures: runtime info and metrics under RocketMQ 5's names, and the scheduled
-count per topic (RocketMQ's timermetrics ``timingCount``)."""
+count per topic (RocketMQ's timermetrics ``timingCount``).
+
+The counts live in the :class:`TimerSchedule`: the enqueue counts each message it links into the
+wheel, on a slave as on a master (a promoted slave delivers them), and the delivery forgets each
+one it delivers, or a slave's clock passes by (``TimerDelivery.pass_by``).
+"""
 
 from __future__ import annotations
 

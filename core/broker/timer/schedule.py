@@ -46,7 +46,8 @@ class TimerSchedule:
         #: Records in the wheel whose tick is not delivered yet.
         self.pending = 0
         #: Real topic -> messages waiting in the wheel (RocketMQ's timermetrics ``timingCount``),
-        #: kept in the checkpoint; approximate after a crash.
+        #: kept in the checkpoint; approximate after a crash.  A slave counts too (as ``pending``):
+        #: promoted, it delivers what it enqueued as a slave.
         self.timing: dict[str, int] = {}
         self.checkpoints_written = 0
         self.samples: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=64)
