@@ -39,6 +39,9 @@ class ProxyOptions:
     max_message_size: int = number(4 * 1024 * 1024, ge=1, le=2**31 - 64 * 1024 - 1)
     #: Calls (streams) one client connection may have open at once.
     max_concurrent_streams: int = number(100, ge=1, le=2**31 - 1)
+    #: Calls (streams) the proxy serves at once, every connection together; more are answered
+    #: RESOURCE_EXHAUSTED at once (as ``[transport.grpc] max_concurrent_calls``).
+    max_concurrent_calls: int = number(10_000, ge=1, le=2**31 - 1)
     #: Seconds a remoting request to a broker or NameServer may take (a pull adds its wait).
     request_timeout: float = number(3.0, ge=0.1, le=600.0)
     #: Seconds between refreshes of the cached routes.

@@ -12,7 +12,6 @@ import grpc
 
 from tidemq.address import split_address
 from tidemq.client import ClientError
-from tidemq.errors import ConfigError
 from tidemq.message import local_ip
 from tidemq.remoting.errors import RemotingError
 from tidemq_transport_grpc.api import (
@@ -20,6 +19,7 @@ from tidemq_transport_grpc.api import (
     MessagingService,
     PullRpcs,
     ReceiveLimits,
+    aio_server,
     handlers,
 )
 
@@ -82,28 +82,15 @@ class ProxyServer:
         self, options: ProxyOptions, pb: ModuleType, account: tuple[str, str | None] | None = None
     ) -> None:
         self.options = options
-        host, port = split_address(options.listen)
-        frame = options.max_message_size + _FRAME_OVERHEAD
-        self.server = grpc.aio.server(
+        self.server, host, bound = aio_server(
+            options.listen,
+            label=f"--listen {options.listen}",
+            max_frame_bytes=options.max_message_size + _FRAME_OVERHEAD,
+            max_concurrent_streams=options.max_concurrent_streams,
+            max_concurrent_calls=options.max_concurrent_calls,
+            credentials=server_credentials(options),
             interceptors=[Unavailable()],
-            options=[
-                ("grpc.max_receive_message_length", frame),
-                ("grpc.max_send_message_length", frame),
-                ("grpc.so_reuseport", 0),
-                ("grpc.max_concurrent_streams", options.max_concurrent_streams),
-            ],
         )
-        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        credentials = server_credentials(options)
-        try:
-            if credentials is None:
-                bound = self.server.add_insecure_port(bind)
-            else:
-                bound = self.server.add_secure_port(bind, credentials)
-        except RuntimeError as exc:
-            raise ConfigError(f"--listen {options.listen}: cannot listen there: {exc}") from exc
-        if not bound:
-            raise ConfigError(f"--listen {options.listen}: cannot listen there (in use?)")
         if options.advertise:
             host, bound_port = split_address(options.advertise)
         else:

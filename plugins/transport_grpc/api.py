@@ -9,8 +9,9 @@ Everything in ``__all__`` is supported for import by other plugins; nothing else
   :class:`Outgoing`, :class:`Stored`, :class:`Pulled`, :data:`OffsetPolicy`) and
   :class:`BackendUnavailable` (gRPC UNAVAILABLE to the client); :func:`fifo_queue`, the queue of a
   message group; :data:`DEFAULT_TOPIC`;
-- :class:`MessagingService` and :class:`PullRpcs` (the RPCs over a backend) and :func:`handlers`
-  (the method table a ``grpc.aio`` server serves);
+- :class:`MessagingService` and :class:`PullRpcs` (the RPCs over a backend), :func:`handlers`
+  (the method table a ``grpc.aio`` server serves) and :func:`aio_server` (the server, bound, with
+  the endpoint's caps and TLS);
 - :class:`ConsumeBackend` (what the v5 consumer RPCs need of the brokers: receive, ack, change
   invisibility, forward to the dead-letter queue, assignment, recall, group policy, consumer
   registration), its values (:class:`Delivered`, :class:`Assigned`, :class:`GroupPolicy`,
@@ -53,7 +54,7 @@ from .messages import PRODUCER_GROUP_PREFIX
 from .peer import StreamPeer
 from .proto import load as load_protobuf
 from .pull import PullRpcs
-from .server import handlers
+from .server import aio_server, handlers
 from .service import MessagingService
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "Stored",
     "StreamPeer",
     "Subscribed",
+    "aio_server",
     "decode_receipt_handle",
     "fifo_queue",
     "handlers",
