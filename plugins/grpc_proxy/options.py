@@ -62,7 +62,12 @@ class ProxyOptions:
     tls_keyfile: str = ""
     #: With TLS: clients must show a certificate signed by this CA (mutual TLS).
     tls_cafile: str = ""
-    #: Run open beyond loopback without mutual TLS (protected mode refuses it otherwise).
+    #: RocketMQ's plain ACL file (plain_acl.yml, as a broker's ``[acl.plain] file``): the proxy
+    #: checks every client's RocketMQ 5 signature and permissions against it, as RocketMQ 5's
+    #: proxy does (unsigned or badly signed calls: UNAUTHORIZED; no permission: FORBIDDEN); it
+    #: talks to the brokers with its own account (--access-key).  Reloaded when it changes.
+    acl_file: str = ""
+    #: Run open beyond loopback without mutual TLS or an ACL (protected mode refuses it otherwise).
     insecure: bool = False
     #: Seconds running calls get when the proxy stops.
     stop_grace: float = number(1.0, ge=0.0, le=60.0)
@@ -85,8 +90,8 @@ def proxy_options(values: Mapping[str, Any] | None) -> ProxyOptions:
         Listener(
             what="gRPC proxy",
             host=host,
-            authenticated=bool(options.tls_cafile),
-            fix="require client certificates with --tls-cafile (mutual TLS)",
+            authenticated=bool(options.tls_cafile or options.acl_file),
+            fix="require client certificates with --tls-cafile (mutual TLS), or signed calls with --acl-file",
             insecure_option="[proxy] insecure (--insecure)",
             insecure=options.insecure,
         )

@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import grpc
 
+from tidemq import CallValidator
 from tidemq.address import split_address
 from tidemq.client import ClientError
+from tidemq.errors import ConfigError
 from tidemq.message import local_ip
+from tidemq.plugins import get_plugin_manager
 from tidemq.remoting.errors import RemotingError
 from tidemq_transport_grpc.api import (
     BackendUnavailable,
+    Gate,
+    Guarded,
     MessagingService,
     PullRpcs,
     ReceiveLimits,
@@ -75,6 +81,18 @@ class Unavailable(grpc.aio.ServerInterceptor):
         return handler
 
 
+def _gate(acl_file: str, pb: ModuleType) -> Gate | None:
+    """The ACL check of the clients' calls: the ``plain`` validator over ``acl_file``."""
+    if not acl_file:
+        return None
+    path = Path(acl_file).expanduser().resolve()
+    validator = get_plugin_manager().create("acl", "plain", options={"file": str(path)}, data_dir=path.parent)
+    if not isinstance(validator, CallValidator):
+        raise ConfigError(f"--acl-file {acl_file}: the plain ACL does not check RocketMQ 5 calls")
+    log.info("clients' calls are checked against the ACL in %s", path)
+    return Gate(validator, pb)
+
+
 class ProxyServer:
     """``tidemq proxy``: bound when made (a busy port fails the start), served from :meth:`start`."""
 
@@ -117,7 +135,12 @@ class ProxyServer:
             RemotingConsumeBackend(self.backend),
         )
         self.service.check_message_types = options.enable_topic_message_type_check
-        self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(self.backend, pb), pb),))
+        served = handlers(self.service, PullRpcs(self.backend, pb), pb)
+        #: The check of every client's signature and permissions (None without --acl-file).
+        self.gate = _gate(options.acl_file, pb)
+        if self.gate is not None:
+            served = Guarded(served, self.gate)
+        self.server.add_generic_rpc_handlers((served,))
         self.bound = bound
 
     @property

@@ -19,6 +19,9 @@ Everything in ``__all__`` is supported for import by other plugins; nothing else
   :func:`refused` (a broker's response code as the v5 code), :func:`retry_topic` and
   :func:`decode_receipt_handle` (:meth:`ReceiptHandle.decode`, cached);
   :class:`ReceiveLimits`, the receive checks' minimums;
+- :class:`Gate` (the ACL check of every call: a :class:`tidemq.CallValidator` over the clients'
+  RocketMQ 5 signatures, refusals answered UNAUTHORIZED/FORBIDDEN as RocketMQ's proxy answers)
+  and :class:`Guarded` (a generic handler behind a gate);
 - :class:`StreamPeer` (a client's Telemetry stream: ``check_transaction`` hands it a broker's
   transaction check), :data:`PRODUCER_GROUP_PREFIX` (the producer group of a topic's v5
   producers) and :func:`load_protobuf` (the generated protobuf module, or a clear error).
@@ -26,6 +29,7 @@ Everything in ``__all__`` is supported for import by other plugins; nothing else
 
 from __future__ import annotations
 
+from .auth import Gate, Guarded
 from .backend import (
     DEFAULT_TOPIC,
     Backend,
@@ -66,7 +70,9 @@ __all__ = [
     "ConsumeBackend",
     "ConsumeRefused",
     "Delivered",
+    "Gate",
     "GroupPolicy",
+    "Guarded",
     "MessagingService",
     "OffsetPolicy",
     "Outgoing",
