@@ -135,6 +135,8 @@ class ProxyServer:
             RemotingConsumeBackend(self.backend),
         )
         self.service.check_message_types = options.enable_topic_message_type_check
+        # The clients' user agents (language, version) for their registrations with the brokers.
+        self.backend.instance.clients.settings_of = self.service.clients.get
         served = handlers(self.service, PullRpcs(self.backend, pb), pb)
         #: The check of every client's signature and permissions (None without --acl-file).
         self.gate = _gate(options.acl_file, pb)
