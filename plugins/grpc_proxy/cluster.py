@@ -7,9 +7,10 @@ master; a send picks the topic's writable queues in turn, skipping for a while a
 did not answer, and tries another group when one fails (a FIFO message keeps its one queue).
 Pulls and offsets go to the group the queue names (its master, a slave while the master is down).
 A transaction's END_TRANSACTION goes to the broker whose address its transaction id carries (the
-half message's offset id).  The proxy registers with the brokers as a producer of each group its
-Telemetry streams publish for, so their CHECK_TRANSACTION_STATE requests reach it; each is handed
-to one of those streams as a ``RecoverOrphanedTransactionCommand``.
+half message's offset id).  Each v5 client publishing for a group is registered with the brokers
+as a producer of it under its own client id (:mod:`.clients`), so their CHECK_TRANSACTION_STATE
+requests reach the proxy's connection; each is handed to one of the group's streams as a
+``RecoverOrphanedTransactionCommand``.
 """
 
 from __future__ import annotations
