@@ -156,7 +156,9 @@ class ConsumerManager:
         for key in self._ids.keys(conn, client_id):
             if info.channels.pop(key, None) is not None:
                 removed = True
-                if not any(key in other.channels for other in self.groups.values()):
+                # One client gone: forget its id once no group has it (a whole connection's
+                # ids are forgotten with the connection).
+                if client_id and not any(key in other.channels for other in self.groups.values()):
                     self._ids.discard(*key)
         if not info.channels:
             del self.groups[group]
@@ -233,8 +235,10 @@ class ProducerManager:
         channels = self.groups.get(group)
         if channels is not None:
             for key in self._ids.keys(conn, client_id):
-                if channels.pop(key, None) is not None and not any(
-                    key in other for other in self.groups.values()
+                if (
+                    channels.pop(key, None) is not None
+                    and client_id
+                    and not any(key in other for other in self.groups.values())
                 ):
                     self._ids.discard(*key)
             if not channels:

@@ -21,8 +21,7 @@ from typing import Any
 import attrs
 import orjson
 
-from tidemq.client import ClientInstance
-from tidemq.client.diagnostics import version_desc
+from tidemq.client import ClientInstance, version_desc
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import DEFAULT_VERSION, RemotingCommand
 
