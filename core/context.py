@@ -215,7 +215,9 @@ class ConsumerRegistry(Protocol):
     ) -> bool:
         """Record a heartbeat; True when the group's membership or subscriptions changed."""
 
-    def unregister(self, group: str, conn: Connection) -> bool: ...
+    def unregister(self, group: str, conn: Connection, client_id: str = "") -> bool:
+        """Drop ``client_id`` of ``conn`` (every client of ``conn`` without one: a connection may
+        carry several, a proxy's); True when the group lost a member."""
 
     def get(self, group: str) -> ConsumerGroupInfo | None: ...
 
@@ -235,11 +237,13 @@ class ProducerRegistry(Protocol):
     processor, transaction checks and the metrics exporter.
     """
 
-    groups: dict[str, dict[Any, ClientChannel]]
+    #: group -> (connection, client id) -> the producer
+    groups: dict[str, dict[tuple[Any, str], ClientChannel]]
 
     def register(self, group: str, channel: ClientChannel) -> None: ...
 
-    def unregister(self, group: str, conn: Connection) -> None: ...
+    def unregister(self, group: str, conn: Connection, client_id: str = "") -> None:
+        """Drop ``client_id`` of ``conn`` (every client of ``conn`` without one)."""
 
     def channels(self, group: str) -> list[ClientChannel] | None: ...
 

@@ -1,9 +1,10 @@
 """A client process of tests/test_grpc_streams.py: opens many producer Telemetry streams.
 
-    python grpc_streams_worker.py HOST:PORT COUNT PREFIX
+    python grpc_streams_worker.py HOST:PORT COUNT PREFIX [burst]
 
 Opens COUNT streams over COUNT/100 connections (each stream's settings answered), prints one
 JSON line ``{"ok": n, "failed": {status: details}}``, keeps them open until its stdin closes.
+At most 100 streams are being set up at once, or all of them with ``burst``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tidemq_transport_grpc.proto import load
 pb = load()
 
 
-async def main(address: str, count: int, prefix: str) -> None:
+async def main(address: str, count: int, prefix: str, burst: bool) -> None:
     own = [("grpc.use_local_subchannel_pool", 1)]  # a connection per channel
     channels = [grpc.aio.insecure_channel(address, options=own) for _ in range(max(count // 100, 1))]
     failed: dict[str, str] = {}
@@ -28,7 +29,7 @@ async def main(address: str, count: int, prefix: str) -> None:
         client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="Many")])
     )
 
-    opening = asyncio.Semaphore(100)  # streams being set up at once: a burst of 1 000 is not the test
+    opening = asyncio.Semaphore(count if burst else 100)  # streams being set up at once
 
     async def one(i: int) -> Any:
         async with opening:
@@ -66,4 +67,4 @@ async def main(address: str, count: int, prefix: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:] == ["burst"]))

@@ -501,7 +501,7 @@ class Broker:
         info = self.consumers.get(group)
         if info is None:
             return
-        for conn in list(info.channels):
+        for conn in dict.fromkeys(ch.conn for ch in info.channels.values()):  # a proxy's: once
             if conn.closed:
                 continue
             req = RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"consumerGroup": group})

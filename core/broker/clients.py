@@ -2,6 +2,8 @@
 
 Clients announce themselves with HEART_BEAT every 30 s; a connection silent for the housekeeping
 interval (120 s) or closed is dropped, and the consumer groups it belonged to are told to rebalance.
+A group's members are keyed by (connection, client id): one connection may carry several clients
+(``tidemq proxy`` registers each RocketMQ 5 client behind it with its own client id).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ class ConsumerGroupInfo:
     consume_type: str = "CONSUME_PASSIVELY"
     message_model: str = "CLUSTERING"
     consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
-    channels: dict[Any, ClientChannel] = attrs.field(factory=dict)
+    #: (connection, client id) -> the member
+    channels: dict[tuple[Any, str], ClientChannel] = attrs.field(factory=dict)
     subscriptions: dict[str, SubscriptionData] = attrs.field(factory=dict)
     last_update: float = attrs.field(factory=time.monotonic)
 
@@ -81,11 +84,36 @@ class ConsumerGroupInfo:
         return sorted({ch.client_id for ch in self.channels.values()})
 
 
+class _ClientIds:
+    """The client ids registered on each connection (most carry one; a proxy's carries many), so
+    that a connection's end or an unregister without a client id finds its members at once."""
+
+    def __init__(self) -> None:
+        self.by_conn: dict[Any, set[str]] = {}
+
+    def add(self, conn: Any, client_id: str) -> None:
+        self.by_conn.setdefault(conn, set()).add(client_id)
+
+    def keys(self, conn: Any, client_id: str = "") -> list[tuple[Any, str]]:
+        """The member keys of ``client_id`` on ``conn`` (every client of ``conn`` without one)."""
+        if client_id:
+            return [(conn, client_id)]
+        return [(conn, cid) for cid in self.by_conn.get(conn, ())]
+
+    def discard(self, conn: Any, client_id: str) -> None:
+        ids = self.by_conn.get(conn)
+        if ids is not None:
+            ids.discard(client_id)
+            if not ids:
+                del self.by_conn[conn]
+
+
 class ConsumerManager:
     """Consumer groups by name; methods return whether the group's membership changed."""
 
     def __init__(self) -> None:
         self.groups: dict[str, ConsumerGroupInfo] = {}
+        self._ids = _ClientIds()
 
     def register(
         self,
@@ -105,10 +133,12 @@ class ConsumerManager:
             consume_from_where,
         )
         info.last_update = time.monotonic()
-        existing = info.channels.get(channel.conn)
-        changed = existing is None or existing.client_id != channel.client_id
-        if existing is None or changed:
-            info.channels[channel.conn] = channel
+        key = (channel.conn, channel.client_id)
+        existing = info.channels.get(key)
+        changed = existing is None
+        if existing is None:
+            info.channels[key] = channel
+            self._ids.add(channel.conn, channel.client_id)
         else:
             existing.last_update = time.monotonic()
         new_subs = {s.topic: s for s in subscriptions}
@@ -117,13 +147,22 @@ class ConsumerManager:
         info.subscriptions = new_subs
         return changed
 
-    def unregister(self, group: str, conn: Connection) -> bool:
+    def unregister(self, group: str, conn: Connection, client_id: str = "") -> bool:
+        """Drop ``client_id`` of ``conn`` (every client of ``conn`` without one) from ``group``."""
         info = self.groups.get(group)
-        if info is None or info.channels.pop(conn, None) is None:
+        if info is None:
             return False
+        removed = False
+        for key in self._ids.keys(conn, client_id):
+            if info.channels.pop(key, None) is not None:
+                removed = True
+                # One client gone: forget its id once no group has it (a whole connection's
+                # ids are forgotten with the connection).
+                if client_id and not any(key in other.channels for other in self.groups.values()):
+                    self._ids.discard(*key)
         if not info.channels:
             del self.groups[group]
-        return True
+        return removed
 
     def connection_closed(self, conn: Connection) -> list[str]:
         """Drop ``conn`` from every group; returns the groups that lost a member."""
@@ -131,6 +170,7 @@ class ConsumerManager:
         for group in list(self.groups):
             if self.unregister(group, conn):
                 affected.append(group)
+        self._ids.by_conn.pop(conn, None)
         return affected
 
     def scan_not_active(self, timeout_s: float) -> list[tuple[str, Any]]:
@@ -138,10 +178,10 @@ class ConsumerManager:
         now = time.monotonic()
         dropped = []
         for group, info in list(self.groups.items()):
-            for conn, ch in list(info.channels.items()):
+            for ch in list(info.channels.values()):
                 if now - ch.last_update > timeout_s:
-                    dropped.append((group, conn))
-                    self.unregister(group, conn)
+                    dropped.append((group, ch.conn))
+                    self.unregister(group, ch.conn, ch.client_id)
         return dropped
 
     def get(self, group: str) -> ConsumerGroupInfo | None:
@@ -176,26 +216,38 @@ class ProducerManager:
     """Producer groups by name (kept for transaction checks and admin tools)."""
 
     def __init__(self) -> None:
-        self.groups: dict[str, dict[Any, ClientChannel]] = {}
+        #: group -> (connection, client id) -> the producer
+        self.groups: dict[str, dict[tuple[Any, str], ClientChannel]] = {}
+        self._ids = _ClientIds()
 
     def register(self, group: str, channel: ClientChannel) -> None:
         channels = self.groups.setdefault(group, {})
-        existing = channels.get(channel.conn)
+        key = (channel.conn, channel.client_id)
+        existing = channels.get(key)
         if existing is None:
-            channels[channel.conn] = channel
+            channels[key] = channel
+            self._ids.add(channel.conn, channel.client_id)
         else:
             existing.last_update = time.monotonic()
 
-    def unregister(self, group: str, conn: Connection) -> None:
+    def unregister(self, group: str, conn: Connection, client_id: str = "") -> None:
+        """Drop ``client_id`` of ``conn`` (every client of ``conn`` without one) from ``group``."""
         channels = self.groups.get(group)
         if channels is not None:
-            channels.pop(conn, None)
+            for key in self._ids.keys(conn, client_id):
+                if (
+                    channels.pop(key, None) is not None
+                    and client_id
+                    and not any(key in other for other in self.groups.values())
+                ):
+                    self._ids.discard(*key)
             if not channels:
                 del self.groups[group]
 
     def connection_closed(self, conn: Connection) -> None:
         for group in list(self.groups):
             self.unregister(group, conn)
+        self._ids.by_conn.pop(conn, None)
 
     def channels(self, group: str) -> list[ClientChannel] | None:
         """The connections of producer ``group``, None when no producer of it is connected."""
@@ -210,10 +262,10 @@ class ProducerManager:
         now = time.monotonic()
         dropped = []
         for group, channels in list(self.groups.items()):
-            for conn, ch in list(channels.items()):
+            for ch in list(channels.values()):
                 if now - ch.last_update > timeout_s:
-                    dropped.append(conn)
-                    self.unregister(group, conn)
+                    dropped.append(ch.conn)
+                    self.unregister(group, ch.conn, ch.client_id)
         return dropped
 
 

@@ -32,6 +32,7 @@ from tidemq.client.api import (
 from tidemq.client.blocking import BlockingProducer, BlockingPullConsumer, BlockingPushConsumer, LoopThread
 from tidemq.client.compression import decompress
 from tidemq.client.credentials import SessionCredentials
+from tidemq.client.diagnostics import version_desc
 from tidemq.client.errors import BrokerError, ClientError, NoRouteError, SendFailedError, SendRefusedError
 from tidemq.client.instance import ClientInstance, split_namesrv
 from tidemq.client.message import Message, PullResult, PullStatus, SendResult, SendStatus, new_message_id
@@ -61,6 +62,7 @@ __all__ = [
     "PULL_FLAG_SUSPEND",
     "AdminClient",
     "topic_fields",
+    "version_desc",
     "AdminError",
     "BlockingProducer",
     "BlockingPullConsumer",

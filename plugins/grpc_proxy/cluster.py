@@ -7,9 +7,10 @@ master; a send picks the topic's writable queues in turn, skipping for a while a
 did not answer, and tries another group when one fails (a FIFO message keeps its one queue).
 Pulls and offsets go to the group the queue names (its master, a slave while the master is down).
 A transaction's END_TRANSACTION goes to the broker whose address its transaction id carries (the
-half message's offset id).  The proxy registers with the brokers as a producer of each group its
-Telemetry streams publish for, so their CHECK_TRANSACTION_STATE requests reach it; each is handed
-to one of those streams as a ``RecoverOrphanedTransactionCommand``.
+half message's offset id).  Each v5 client publishing for a group is registered with the brokers
+as a producer of it under its own client id (:mod:`.clients`), so their CHECK_TRANSACTION_STATE
+requests reach the proxy's connection; each is handed to one of the group's streams as a
+``RecoverOrphanedTransactionCommand``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from tidemq.client import (
     BrokerError,
     ClientAPI,
     ClientError,
-    ClientInstance,
     PullStatus,
     TopicRoute,
 )
@@ -54,6 +54,8 @@ from tidemq_transport_grpc.api import (
     StreamPeer,
     fifo_queue,
 )
+
+from .clients import ProxyInstance
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +164,7 @@ class ClusterBackend:
         credentials: tuple[str, str | None] | None = None,
     ) -> None:
         access_key, secret_key = credentials or (None, None)
-        self.instance = ClientInstance(
+        self.instance = ProxyInstance(
             list(namesrv),
             instance_name=f"grpc-proxy-{os.getpid()}",
             timeout=timeout,
@@ -187,6 +189,7 @@ class ClusterBackend:
     async def stop(self) -> None:
         for task in list(_BACKGROUND):
             task.cancel()
+        self.instance.clients.close()
         await self.instance.stop()
 
     @property
@@ -395,8 +398,10 @@ class ClusterBackend:
                 joined = True
         if joined:  # the stream's end takes it out of its groups
             peer.add_close_callback(self._on_close(client_id, list(groups)))
-        if added:  # learn the topics' brokers and tell them now, not at the next heartbeat
-            self.spawn(self._announce(added))
+        # The client is registered with the brokers under its own id (its own heartbeat).
+        if self.instance.clients.add_producers(client_id, list(groups)):
+            # Learn the topics' brokers and tell them now, not at the next heartbeat.
+            self.spawn(self._announce(client_id, list(groups)))
 
     def _on_close(self, client_id: str, groups: list[str]) -> Callable[[Any], None]:
         def closed(peer: Any) -> None:
@@ -404,14 +409,14 @@ class ClusterBackend:
 
         return closed
 
-    async def _announce(self, groups: list[str]) -> None:
+    async def _announce(self, client_id: str, groups: list[str]) -> None:
         for name in groups:
             for topic in self.groups[name].topics() if name in self.groups else ():
                 try:
                     await self.instance.get_route(topic)
                 except Exception as exc:
                     log.info("route of %s unavailable: %s", topic, exc)
-        await self.instance.send_heartbeats()
+        await self.instance.clients.heartbeat_of(client_id)
 
     def unregister_producers(self, peer: StreamPeer, client_id: str, groups: Sequence[str]) -> None:
         for name in groups:
@@ -422,7 +427,7 @@ class ClusterBackend:
             if not group.streams:
                 del self.groups[name]
                 self.instance.unregister(group)
-                self.spawn(self.instance.unregister_everywhere(producer_group=name))
+        self.instance.clients.remove_producers(client_id, list(groups))
 
     def spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         """Run ``work`` in the background (registrations the client need not wait for)."""

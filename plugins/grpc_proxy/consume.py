@@ -5,9 +5,9 @@ CONSUMER_SEND_MSG_BACK to the dead-letter queue and RECALL_MESSAGE, to the broke
 
 A receive asks the topic's readable groups in turn, each without waiting but the last (which
 long-polls), as RocketMQ's proxy pops with queue -1 per broker.  The receipt handle names its
-broker group, so its ack and its changes of invisibility go back there.  Consumers register with
-the brokers through the proxy's client (its heartbeats carry their groups and subscriptions), so
-the groups' connections and progress show them.
+broker group, so its ack and its changes of invisibility go back there.  Each consumer registers
+with the brokers under its own client id (:mod:`.clients`: a heartbeat per client with its
+group and subscriptions), so the groups' connections and progress show the v5 clients.
 """
 
 from __future__ import annotations
@@ -86,29 +86,34 @@ class ProxyConsumer:
         subscriptions: dict[str, Subscribed] = {}
         for _stream, subs in self.streams.values():
             subscriptions.update((s.topic, s) for s in subs)
-        version = int(time.time() * 1000)
-        return {
-            "groupName": self.group,
-            "consumeType": "CONSUME_PASSIVELY",
-            "messageModel": "CLUSTERING",
-            "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
-            "subscriptionDataSet": [
-                {
-                    "classFilterMode": False,
-                    "topic": s.topic,
-                    "subString": s.expression or "*",
-                    "tagsSet": _tags(s),
-                    "codeSet": [],
-                    "subVersion": version,
-                    "expressionType": s.expression_type,
-                }
-                for s in subscriptions.values()
-            ],
-            "unitMode": False,
-        }
+        return consumer_data(self.group, list(subscriptions.values()))
 
     def topics(self) -> set[str]:
         return {s.topic for _stream, subs in self.streams.values() for s in subs}
+
+
+def consumer_data(group: str, subscriptions: list[Subscribed]) -> dict[str, Any]:
+    """A v5 consumer group's entry of a HEART_BEAT (ConsumerData), as RocketMQ 5's proxy sends it."""
+    version = int(time.time() * 1000)
+    return {
+        "groupName": group,
+        "consumeType": "CONSUME_PASSIVELY",
+        "messageModel": "CLUSTERING",
+        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+        "subscriptionDataSet": [
+            {
+                "classFilterMode": False,
+                "topic": s.topic,
+                "subString": s.expression or "*",
+                "tagsSet": _tags(s),
+                "codeSet": [],
+                "subVersion": version,
+                "expressionType": s.expression_type,
+            }
+            for s in subscriptions
+        ],
+        "unitMode": False,
+    }
 
 
 def _tags(s: Subscribed) -> list[str]:
@@ -415,21 +420,25 @@ class RemotingConsumeBackend:
             consumer = self.consumers[group] = ProxyConsumer(group)
             self.instance.register_consumer(consumer)
         if id(peer) not in consumer.streams:
-            peer.add_close_callback(lambda p: self._drop(p, group))
+            peer.add_close_callback(lambda p: self._drop(p, client_id, group))
             new = True
         consumer.streams[id(peer)] = (peer, list(subscriptions))
-        if new:  # tell the brokers now, not at the next heartbeat
-            self.cluster.spawn(self._announce([s.topic for s in subscriptions]))
+        # The client is registered with the brokers under its own id (its own heartbeat).
+        data = consumer_data(group, list(subscriptions))
+        if self.instance.clients.add_consumer(client_id, language, group, data) or new:
+            # Tell the brokers now, not at the next heartbeat.
+            self.cluster.spawn(self._announce(client_id, [s.topic for s in subscriptions]))
 
-    async def _announce(self, topics: list[str]) -> None:
+    async def _announce(self, client_id: str, topics: list[str]) -> None:
         for topic in topics:  # learn the topics' brokers first (a NameServer down: the next heartbeat)
             try:
                 await self.cluster.topic_route(topic)
             except BackendUnavailable as exc:
                 log.info("route of %s unavailable: %s", topic, exc)
-        await self.instance.send_heartbeats()
+        await self.instance.clients.heartbeat_of(client_id)
 
-    def _drop(self, peer: Any, group: str) -> None:
+    def _drop(self, peer: Any, client_id: str, group: str) -> None:
+        self.instance.clients.remove_consumer(client_id, group)
         consumer = self.consumers.get(group)
         if consumer is None:
             return
@@ -437,7 +446,6 @@ class RemotingConsumeBackend:
         if not consumer.streams:
             del self.consumers[group]
             self.instance.unregister(consumer)
-            self.cluster.spawn(self.instance.unregister_everywhere(consumer_group=group))
 
 
 def _recall_broker(recall_handle: str) -> str | None:

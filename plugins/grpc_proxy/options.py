@@ -39,6 +39,9 @@ class ProxyOptions:
     max_message_size: int = number(4 * 1024 * 1024, ge=1, le=2**31 - 64 * 1024 - 1)
     #: Calls (streams) one client connection may have open at once.
     max_concurrent_streams: int = number(100, ge=1, le=2**31 - 1)
+    #: Calls (streams) the proxy serves at once, every connection together; more are answered
+    #: RESOURCE_EXHAUSTED at once (as ``[transport.grpc] max_concurrent_calls``).
+    max_concurrent_calls: int = number(10_000, ge=1, le=2**31 - 1)
     #: Seconds a remoting request to a broker or NameServer may take (a pull adds its wait).
     request_timeout: float = number(3.0, ge=0.1, le=600.0)
     #: Seconds between refreshes of the cached routes.
@@ -59,7 +62,12 @@ class ProxyOptions:
     tls_keyfile: str = ""
     #: With TLS: clients must show a certificate signed by this CA (mutual TLS).
     tls_cafile: str = ""
-    #: Run open beyond loopback without mutual TLS (protected mode refuses it otherwise).
+    #: RocketMQ's plain ACL file (plain_acl.yml, as a broker's ``[acl.plain] file``): the proxy
+    #: checks every client's RocketMQ 5 signature and permissions against it, as RocketMQ 5's
+    #: proxy does (unsigned or badly signed calls: UNAUTHORIZED; no permission: FORBIDDEN); it
+    #: talks to the brokers with its own account (--access-key).  Reloaded when it changes.
+    acl_file: str = ""
+    #: Run open beyond loopback without mutual TLS or an ACL (protected mode refuses it otherwise).
     insecure: bool = False
     #: Seconds running calls get when the proxy stops.
     stop_grace: float = number(1.0, ge=0.0, le=60.0)
@@ -82,8 +90,8 @@ def proxy_options(values: Mapping[str, Any] | None) -> ProxyOptions:
         Listener(
             what="gRPC proxy",
             host=host,
-            authenticated=bool(options.tls_cafile),
-            fix="require client certificates with --tls-cafile (mutual TLS)",
+            authenticated=bool(options.tls_cafile or options.acl_file),
+            fix="require client certificates with --tls-cafile (mutual TLS), or signed calls with --acl-file",
             insecure_option="[proxy] insecure (--insecure)",
             insecure=options.insecure,
         )

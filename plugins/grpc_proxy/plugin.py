@@ -12,7 +12,7 @@ from tidemq.errors import ConfigError
 log = logging.getLogger(__name__)
 
 #: Flags that override the [proxy] table, by key.
-_FLAGS = ("namesrv", "listen", "advertise", "tls_certfile", "tls_keyfile", "tls_cafile")
+_FLAGS = ("namesrv", "listen", "advertise", "tls_certfile", "tls_keyfile", "tls_cafile", "acl_file")
 
 
 def _table(config_path: str | None) -> dict[str, Any]:
@@ -49,6 +49,10 @@ def tidemq_add_commands(cli: Any) -> None:
     @click.option("--tls-certfile", help="TLS: the server's certificate chain (PEM); with --tls-keyfile.")
     @click.option("--tls-keyfile", help="TLS: the certificate's key (PEM).")
     @click.option("--tls-cafile", help="Mutual TLS: clients must show a certificate signed by this CA.")
+    @click.option(
+        "--acl-file",
+        help="plain_acl.yml: check clients' RocketMQ 5 signatures and permissions against it.",
+    )
     @click.option("--insecure", is_flag=True, default=None, help="Listen beyond loopback without mutual TLS.")
     @click.option(
         "--access-key",

@@ -5,21 +5,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import grpc
 
+from tidemq import CallValidator
 from tidemq.address import split_address
 from tidemq.client import ClientError
 from tidemq.errors import ConfigError
 from tidemq.message import local_ip
+from tidemq.plugins import get_plugin_manager
 from tidemq.remoting.errors import RemotingError
 from tidemq_transport_grpc.api import (
     BackendUnavailable,
+    Gate,
+    Guarded,
     MessagingService,
     PullRpcs,
     ReceiveLimits,
+    aio_server,
     handlers,
 )
 
@@ -75,6 +81,18 @@ class Unavailable(grpc.aio.ServerInterceptor):
         return handler
 
 
+def _gate(acl_file: str, pb: ModuleType) -> Gate | None:
+    """The ACL check of the clients' calls: the ``plain`` validator over ``acl_file``."""
+    if not acl_file:
+        return None
+    path = Path(acl_file).expanduser().resolve()
+    validator = get_plugin_manager().create("acl", "plain", options={"file": str(path)}, data_dir=path.parent)
+    if not isinstance(validator, CallValidator):
+        raise ConfigError(f"--acl-file {acl_file}: the plain ACL does not check RocketMQ 5 calls")
+    log.info("clients' calls are checked against the ACL in %s", path)
+    return Gate(validator, pb)
+
+
 class ProxyServer:
     """``tidemq proxy``: bound when made (a busy port fails the start), served from :meth:`start`."""
 
@@ -82,28 +100,15 @@ class ProxyServer:
         self, options: ProxyOptions, pb: ModuleType, account: tuple[str, str | None] | None = None
     ) -> None:
         self.options = options
-        host, port = split_address(options.listen)
-        frame = options.max_message_size + _FRAME_OVERHEAD
-        self.server = grpc.aio.server(
+        self.server, host, bound = aio_server(
+            options.listen,
+            label=f"--listen {options.listen}",
+            max_frame_bytes=options.max_message_size + _FRAME_OVERHEAD,
+            max_concurrent_streams=options.max_concurrent_streams,
+            max_concurrent_calls=options.max_concurrent_calls,
+            credentials=server_credentials(options),
             interceptors=[Unavailable()],
-            options=[
-                ("grpc.max_receive_message_length", frame),
-                ("grpc.max_send_message_length", frame),
-                ("grpc.so_reuseport", 0),
-                ("grpc.max_concurrent_streams", options.max_concurrent_streams),
-            ],
         )
-        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        credentials = server_credentials(options)
-        try:
-            if credentials is None:
-                bound = self.server.add_insecure_port(bind)
-            else:
-                bound = self.server.add_secure_port(bind, credentials)
-        except RuntimeError as exc:
-            raise ConfigError(f"--listen {options.listen}: cannot listen there: {exc}") from exc
-        if not bound:
-            raise ConfigError(f"--listen {options.listen}: cannot listen there (in use?)")
         if options.advertise:
             host, bound_port = split_address(options.advertise)
         else:
@@ -130,7 +135,14 @@ class ProxyServer:
             RemotingConsumeBackend(self.backend),
         )
         self.service.check_message_types = options.enable_topic_message_type_check
-        self.server.add_generic_rpc_handlers((handlers(self.service, PullRpcs(self.backend, pb), pb),))
+        # The clients' user agents (language, version) for their registrations with the brokers.
+        self.backend.instance.clients.settings_of = self.service.clients.get
+        served = handlers(self.service, PullRpcs(self.backend, pb), pb)
+        #: The check of every client's signature and permissions (None without --acl-file).
+        self.gate = _gate(options.acl_file, pb)
+        if self.gate is not None:
+            served = Guarded(served, self.gate)
+        self.server.add_generic_rpc_handlers((served,))
         self.bound = bound
 
     @property

@@ -9,8 +9,9 @@ Everything in ``__all__`` is supported for import by other plugins; nothing else
   :class:`Outgoing`, :class:`Stored`, :class:`Pulled`, :data:`OffsetPolicy`) and
   :class:`BackendUnavailable` (gRPC UNAVAILABLE to the client); :func:`fifo_queue`, the queue of a
   message group; :data:`DEFAULT_TOPIC`;
-- :class:`MessagingService` and :class:`PullRpcs` (the RPCs over a backend) and :func:`handlers`
-  (the method table a ``grpc.aio`` server serves);
+- :class:`MessagingService` and :class:`PullRpcs` (the RPCs over a backend), :func:`handlers`
+  (the method table a ``grpc.aio`` server serves) and :func:`aio_server` (the server, bound, with
+  the endpoint's caps and TLS);
 - :class:`ConsumeBackend` (what the v5 consumer RPCs need of the brokers: receive, ack, change
   invisibility, forward to the dead-letter queue, assignment, recall, group policy, consumer
   registration), its values (:class:`Delivered`, :class:`Assigned`, :class:`GroupPolicy`,
@@ -18,6 +19,9 @@ Everything in ``__all__`` is supported for import by other plugins; nothing else
   :func:`refused` (a broker's response code as the v5 code), :func:`retry_topic` and
   :func:`decode_receipt_handle` (:meth:`ReceiptHandle.decode`, cached);
   :class:`ReceiveLimits`, the receive checks' minimums;
+- :class:`Gate` (the ACL check of every call: a :class:`tidemq.CallValidator` over the clients'
+  RocketMQ 5 signatures, refusals answered UNAUTHORIZED/FORBIDDEN as RocketMQ's proxy answers)
+  and :class:`Guarded` (a generic handler behind a gate);
 - :class:`StreamPeer` (a client's Telemetry stream: ``check_transaction`` hands it a broker's
   transaction check), :data:`PRODUCER_GROUP_PREFIX` (the producer group of a topic's v5
   producers) and :func:`load_protobuf` (the generated protobuf module, or a clear error).
@@ -25,6 +29,7 @@ Everything in ``__all__`` is supported for import by other plugins; nothing else
 
 from __future__ import annotations
 
+from .auth import Gate, Guarded
 from .backend import (
     DEFAULT_TOPIC,
     Backend,
@@ -53,7 +58,7 @@ from .messages import PRODUCER_GROUP_PREFIX
 from .peer import StreamPeer
 from .proto import load as load_protobuf
 from .pull import PullRpcs
-from .server import handlers
+from .server import aio_server, handlers
 from .service import MessagingService
 
 __all__ = [
@@ -65,7 +70,9 @@ __all__ = [
     "ConsumeBackend",
     "ConsumeRefused",
     "Delivered",
+    "Gate",
     "GroupPolicy",
+    "Guarded",
     "MessagingService",
     "OffsetPolicy",
     "Outgoing",
@@ -77,6 +84,7 @@ __all__ = [
     "Stored",
     "StreamPeer",
     "Subscribed",
+    "aio_server",
     "decode_receipt_handle",
     "fifo_queue",
     "handlers",

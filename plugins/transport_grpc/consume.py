@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
 import attrs
 
 from tidemq.names import check_group_name, check_topic_name
+from tidemq.topic_attributes import TopicMessageType, type_conflict
 
 from .consume_types import (
     ConsumeBackend,
@@ -105,6 +106,9 @@ class ConsumeRpcs:
         self._plain: dict[int, Any] = {}
         #: (group, topic) pairs whose names passed the checks.
         self._valid_names: set[tuple[str, str]] = set()
+        #: The ``message.type`` a topic takes (None: the topic is unknown), for RecallMessage's
+        #: check; None: no check (the service sets it unless enable_topic_message_type_check is off).
+        self.topic_type: Callable[[str], Awaitable[TopicMessageType | None]] | None = None
 
     def close(self) -> None:
         """Stop renewing (the endpoint stops)."""
@@ -431,6 +435,15 @@ class ConsumeRpcs:
             return pb.RecallMessageResponse(status=self.status(pb.ILLEGAL_TOPIC, problem))
         if not request.recall_handle.strip():
             return pb.RecallMessageResponse(status=self.status(pb.BAD_REQUEST, "recall handle is invalid"))
+        if self.topic_type is not None:
+            # Only a DELAY (or MIXED) topic's messages are recalled, as RocketMQ 5's proxy checks
+            # (ProducerProcessor.recallMessage): else MESSAGE_PROPERTY_CONFLICT_WITH_TYPE.
+            kind = await self.topic_type(topic)
+            conflict = None if kind is None else type_conflict(kind, TopicMessageType.DELAY)
+            if conflict is not None:
+                return pb.RecallMessageResponse(
+                    status=self.status(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, conflict)
+                )
         try:
             message_id = await self.backend.recall(topic, request.recall_handle)
         except ConsumeRefused as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -38,6 +38,8 @@ _UNARY = (
 _PULL_UNARY = ("UpdateOffset", "GetOffset", "QueryOffset")
 #: Room for the properties and envelope above the broker's largest message body.
 _FRAME_OVERHEAD = 64 * 1024
+#: Calls grpc's backlog may hold beyond the server's cap before it cancels them at random.
+_BACKLOG_HEADROOM = 1000
 
 
 class Malformed:
@@ -113,37 +115,69 @@ def handlers(service: MessagingService, pulls: PullRpcs, pb: ModuleType) -> grpc
     return grpc.method_handlers_generic_handler(SERVICE, table)
 
 
+def aio_server(
+    listen: str,
+    *,
+    label: str,
+    max_frame_bytes: int,
+    max_concurrent_streams: int,
+    max_concurrent_calls: int,
+    credentials: Any = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+) -> tuple[grpc.aio.Server, str, int]:
+    """A ``grpc.aio`` server bound to ``listen`` (``host:port``, port 0 picks one): ``(server, host,
+    bound port)``; the broker's endpoint and ``tidemq proxy`` both build theirs here.
+
+    ``max_concurrent_streams`` caps one connection's calls (HTTP/2: a client queues the rest),
+    ``max_concurrent_calls`` the whole server's (beyond it: RESOURCE_EXHAUSTED at once).  A burst
+    of calls faster than the event loop takes them waits in grpc's backlog of calls not yet
+    taken; grpc bounds that backlog itself (1 000 soft, 3 000 hard by default: past them it
+    cancels calls at random, which a client whose first write meets it reports as its own
+    INTERNAL "Internal error from Core"), so the backlog is allowed as many calls as the server
+    serves: the burst is taken, and what is beyond ``max_concurrent_calls`` is refused
+    RESOURCE_EXHAUSTED.  ``credentials`` (grpc's server credentials) serve TLS.  A port that
+    cannot be bound is a :class:`~tidemq.errors.ConfigError` naming ``label`` (the setting)."""
+    host, port = split_address(listen)
+    server = grpc.aio.server(
+        interceptors=list(interceptors) or None,
+        maximum_concurrent_rpcs=max_concurrent_calls,
+        options=[
+            ("grpc.max_receive_message_length", max_frame_bytes),
+            ("grpc.max_send_message_length", max_frame_bytes),
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_concurrent_streams", max_concurrent_streams),
+            ("grpc.server.max_pending_requests", max_concurrent_calls),
+            ("grpc.server.max_pending_requests_hard_limit", max_concurrent_calls + _BACKLOG_HEADROOM),
+        ],
+    )
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        if credentials is None:
+            bound = server.add_insecure_port(bind)
+        else:
+            bound = server.add_secure_port(bind, credentials)
+    except RuntimeError as exc:
+        raise ConfigError(f"{label}: cannot listen there: {exc}") from exc
+    if not bound:
+        raise ConfigError(f"{label}: cannot listen there (in use?)")
+    return server, host, bound
+
+
 class GrpcServer:
     """One broker's gRPC endpoint: bound when made (a busy port fails the broker's start), served
     from :meth:`start` until :meth:`stop`."""
 
     def __init__(self, broker: BrokerContext, options: GrpcOptions, pb: ModuleType) -> None:
         self.options = options
-        host, port = split_address(options.listen)
         frame = options.max_frame_bytes or broker.settings.max_message_size + _FRAME_OVERHEAD
-        self.server = grpc.aio.server(
-            # Beyond this many calls at once, every connection together: RESOURCE_EXHAUSTED.
-            maximum_concurrent_rpcs=options.max_concurrent_calls,
-            options=[
-                ("grpc.max_receive_message_length", frame),
-                ("grpc.max_send_message_length", frame),
-                ("grpc.so_reuseport", 0),
-                ("grpc.max_concurrent_streams", options.max_concurrent_streams),
-            ],
+        self.server, host, bound = aio_server(
+            options.listen,
+            label=f"[transport.grpc] listen = {options.listen!r}",
+            max_frame_bytes=frame,
+            max_concurrent_streams=options.max_concurrent_streams,
+            max_concurrent_calls=options.max_concurrent_calls,
+            credentials=server_credentials(options),
         )
-        bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        credentials = server_credentials(options)
-        try:
-            if credentials is None:
-                bound = self.server.add_insecure_port(bind)
-            else:
-                bound = self.server.add_secure_port(bind, credentials)
-        except RuntimeError as exc:
-            raise ConfigError(
-                f"[transport.grpc] listen = {options.listen!r}: cannot listen there: {exc}"
-            ) from exc
-        if not bound:
-            raise ConfigError(f"[transport.grpc] listen = {options.listen!r}: cannot listen there")
         self.broker = broker
         self._starting: asyncio.Task[None] | None = None
         self.host = host

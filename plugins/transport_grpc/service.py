@@ -25,6 +25,7 @@ import grpc
 from tidemq.broker.services import Outcome
 from tidemq.message import TRANSACTION_PREPARED_TYPE, Prop, decode_message_id
 from tidemq.names import check_topic_name
+from tidemq.topic_attributes import TopicMessageType, topic_message_type
 
 from .backend import DEFAULT_TOPIC, Backend, Outgoing
 from .consume import ConsumeRpcs, ReceiveLimits
@@ -85,6 +86,7 @@ class MessagingService:
         self.check_message_types = True
         #: The consumer RPCs (consume.py), over ``consume`` (the broker's POP engine, or remoting).
         self.consume = ConsumeRpcs(consume, pb, self.endpoints, self.clients.get, limits)
+        self.consume.topic_type = self.topic_type  # RecallMessage checks the topic is DELAY
 
     # ------------------------------------------------------------------ helpers
     def status(self, code: int, message: str = "") -> Any:
@@ -113,6 +115,16 @@ class MessagingService:
         if topic == DEFAULT_TOPIC:
             return f"the topic[{topic}] is conflict with system reserved words."
         return None
+
+    async def topic_type(self, topic: str) -> TopicMessageType | None:
+        """The ``message.type`` ``topic`` takes (its route's attributes); None when the topic is
+        unknown or types are not checked (enable_topic_message_type_check off)."""
+        if not self.check_message_types:
+            return None
+        layouts = await self.backend.route(topic)
+        if isinstance(layouts, Outcome) or not layouts:
+            return None
+        return topic_message_type(layouts[0].attributes)
 
     def refusal(self, outcome: Outcome) -> Any:
         return self.status(code_of(self.pb, outcome.status, outcome.remark), outcome.remark or "")

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import v5_venv
+from conftest import wait_for
 from grpc_proxy_support import BROKERS, ProxyCluster, drain
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio) is not installed")
@@ -48,6 +50,18 @@ def run(
     ok = out.returncode == 0 or (out.returncode == -6 and "boost::thread_interrupted" in out.stderr)
     assert ok, out.stderr[-3000:]
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+
+
+def consumer_connection(cluster: ProxyCluster, group: str) -> str:
+    """``consumerConnection -g group`` (its error text when no member is online)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "tidemq", "admin", "consumerConnection", "-g", group, "-n", cluster.namesrv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cluster.env,
+    )
+    return out.stdout + out.stderr
 
 
 def test_a_v5_producer_through_the_proxy_reaches_both_groups_and_the_other_when_one_goes_down(
@@ -157,9 +171,17 @@ def test_v5_simple_and_push_consumers_through_the_proxy_receive_from_both_groups
             lines.append(json.loads(raw))
             if "paused" in lines[-1]:
                 break
-        # The brokers know the group: the proxy registers the v5 consumer with them.
-        connection = cluster.admin("consumerConnection", "-g", "G_PROXY_SIMPLE")
-        assert "ProxySimple" in connection, connection
+        # The brokers know the group and the client itself: the proxy registers each v5 client
+        # with them under its own client id, language and version (as RocketMQ 5's proxy).
+        client_id = lines[-1]["client_id"]
+        for name in BROKERS:
+            connection = cluster.admin(
+                "consumerConnection", "-g", "G_PROXY_SIMPLE", "-b", cluster.addresses[name]
+            )
+            assert "ProxySimple" in connection, connection
+            member = next((row for row in connection.splitlines() if client_id in row), "")
+            assert "PYTHON" in member and "V5_1_2" in member, connection
+            assert "grpc-proxy-" not in connection, connection  # not the proxy's own client id
         worker.stdin.write("go\n")
         worker.stdin.flush()
         out, err = worker.communicate(timeout=120)
@@ -168,6 +190,8 @@ def test_v5_simple_and_push_consumers_through_the_proxy_receive_from_both_groups
         if worker.poll() is None:
             worker.kill()
     lines += [json.loads(raw) for raw in out.splitlines() if raw.startswith("{")]
+    # The client ended (NotifyClientTermination, its stream's end): unregistered under its id.
+    assert wait_for(lambda: client_id not in consumer_connection(cluster, "G_PROXY_SIMPLE"), 30)
     got = [line for line in lines if "body" in line]
     assert sorted(r["message_id"] for r in got) == sorted(s["message_id"] for s in sent)
     assert all(r["attempt"] == 1 and r["topic"] == "ProxySimple" for r in got)

@@ -63,7 +63,7 @@ def simple(args: argparse.Namespace) -> None:
                     got += 1
                 if args.pause and got and not paused:
                     paused = True
-                    line(paused=got)
+                    line(paused=got, client_id=consumer.client_id)
                     sys.stdin.readline()
         elif args.mode in ("redeliver", "change"):
             first = None

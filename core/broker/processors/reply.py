@@ -65,7 +65,7 @@ class ReplyProcessor:
         cached = self._channels.get(client_id)
         if cached is not None:
             group, ch = cached
-            if not ch.conn.closed and producers.groups.get(group, {}).get(ch.conn) is ch:
+            if not ch.conn.closed and producers.groups.get(group, {}).get((ch.conn, ch.client_id)) is ch:
                 return ch
             del self._channels[client_id]
         for group, channels in producers.groups.items():

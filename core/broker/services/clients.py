@@ -77,11 +77,12 @@ class ClientService:
     def unregister(
         self, peer: Connection, client_id: str, producer_group: str, consumer_group: str
     ) -> Outcome:
-        """Take ``peer`` out of the groups named (an empty name: none)."""
+        """Take ``client_id`` of ``peer`` (every client of ``peer`` without one) out of the groups
+        named (an empty name: none)."""
         b = self.broker
         if producer_group:
-            b.producers.unregister(producer_group, peer)
-        if consumer_group and b.consumers.unregister(consumer_group, peer):
+            b.producers.unregister(producer_group, peer, client_id)
+        if consumer_group and b.consumers.unregister(consumer_group, peer, client_id):
             log.info("consumer %s left group %s", client_id or peer.remote_address, consumer_group)
             b.notify_consumer_ids_changed(consumer_group)
         return DONE

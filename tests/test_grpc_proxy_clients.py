@@ -1,0 +1,133 @@
+"""The v5 clients behind ``tidemq proxy`` are clients of the brokers, each under its own client id,
+language and version (as RocketMQ 5's proxy registers them): ``producerConnection`` and
+``consumerConnection`` list them, several over the proxy's one connection per broker, and a
+client's end (NotifyClientTermination, its stream's end) unregisters it alone.  Real processes,
+raw calls; the official client's proof is in tests/compat/test_grpc_proxy_official.py."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+grpc = pytest.importorskip("grpc")
+
+from grpc_proxy_support import ProxyCluster  # noqa: E402
+from test_grpc_proxy import SERVICE, call  # noqa: E402
+
+from tidemq_transport_grpc.proto import load  # noqa: E402
+
+pb = load()
+pytestmark = pytest.mark.timeout(300)
+
+
+def admin(cluster: ProxyCluster, *args: str) -> str:
+    """An admin command's output (its error text when the group has no member online)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "tidemq", "admin", *args, "-n", cluster.namesrv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=cluster.env,
+    )
+    return out.stdout + out.stderr
+
+
+def row(listing: str, client_id: str) -> list[str]:
+    """What a connection listing says of ``client_id``: ``[address, language, version]`` ([]: none)."""
+    for line in listing.splitlines():
+        tokens = line.split()
+        if client_id in tokens:
+            return tokens[tokens.index(client_id) + 1 :]
+    return []
+
+
+async def until(check: Any, timeout: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await asyncio.to_thread(check):
+        assert asyncio.get_running_loop().time() < deadline, "not within the time"
+        await asyncio.sleep(0.3)
+
+
+def test_each_v5_client_behind_the_proxy_is_a_broker_client_of_its_own(spawn: Any, tmp_path: Path) -> None:
+    cluster = ProxyCluster(spawn, tmp_path)
+    cluster.create_topic("Reg")
+
+    def telemetry(channel: Any, client_id: str) -> Any:
+        return channel.stream_stream(
+            SERVICE + "Telemetry",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.TelemetryCommand.FromString,
+        )(metadata=(("x-mq-client-id", client_id),))
+
+    async def hello(channel: Any, client_id: str, settings: Any) -> Any:
+        stream = telemetry(channel, client_id)
+        await stream.write(pb.TelemetryCommand(settings=settings))
+        answer = await asyncio.wait_for(stream.read(), 30)
+        assert answer.status.code == pb.OK, answer.status
+        return stream
+
+    def consumer(language: Any, version: str) -> Any:
+        return pb.Settings(
+            client_type=pb.SIMPLE_CONSUMER,
+            user_agent=pb.UA(language=language, version=version),
+            subscription=pb.Subscription(
+                group=pb.Resource(name="GReg"),
+                subscriptions=[
+                    pb.SubscriptionEntry(
+                        topic=pb.Resource(name="Reg"),
+                        expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+                    )
+                ],
+            ),
+        )
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(cluster.proxy) as channel:
+            producer = await hello(
+                channel,
+                "java-producer@1",
+                pb.Settings(
+                    client_type=pb.PRODUCER,
+                    user_agent=pb.UA(language=pb.JAVA, version="5.0.7"),
+                    publishing=pb.Publishing(topics=[pb.Resource(name="Reg")]),
+                ),
+            )
+            go = await hello(channel, "go-consumer@1", consumer(pb.GOLANG, "5.1.0"))
+            node = await hello(channel, "node-consumer@1", consumer(pb.NODE_JS, "5.0.3"))
+
+            def producers() -> str:
+                return admin(cluster, "producerConnection", "-g", "GRPC_PRODUCER_Reg", "-t", "Reg")
+
+            def consumers() -> str:
+                return admin(cluster, "consumerConnection", "-g", "GReg")
+
+            await until(lambda: row(producers(), "java-producer@1"))
+            assert row(producers(), "java-producer@1")[1:] == ["JAVA", "V5_0_7"], producers()
+            await until(lambda: row(consumers(), "go-consumer@1") and row(consumers(), "node-consumer@1"))
+            listing = consumers()
+            assert row(listing, "go-consumer@1")[1:] == ["GO", "V5_1_0"], listing
+            assert row(listing, "node-consumer@1")[1:] == ["NODE_JS", "V5_0_3"], listing
+            assert "grpc-proxy-" not in listing + producers()  # never the proxy's own client id
+
+            # One client says goodbye: it alone leaves the group.
+            bye = call(channel, "NotifyClientTermination", "NotifyClientTerminationResponse")
+            answer = await bye(
+                pb.NotifyClientTerminationRequest(group=pb.Resource(name="GReg")),
+                metadata=(("x-mq-client-id", "go-consumer@1"),),
+            )
+            assert answer.status.code == pb.OK
+            go.cancel()
+            await until(lambda: not row(consumers(), "go-consumer@1"))
+            assert row(consumers(), "node-consumer@1"), consumers()
+            # A stream's end unregisters its client too.
+            node.cancel()
+            producer.cancel()
+            await until(lambda: not row(consumers(), "node-consumer@1"))
+            await until(lambda: not row(producers(), "java-producer@1"))
+
+    asyncio.run(main())
