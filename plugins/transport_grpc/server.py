@@ -21,6 +21,7 @@ from .backend import LocalBackend
 from .consume import CONSUME_UNARY, ReceiveLimits
 from .consume_backend import BrokerConsumeBackend
 from .figures import CallFigures, Counted
+from .h2_server import aio_like
 from .options import GrpcOptions, server_credentials
 from .pull import PullRpcs
 from .service import MessagingService
@@ -121,7 +122,8 @@ class GrpcServer:
         self.options = options
         host, port = split_address(options.listen)
         frame = options.max_frame_bytes or broker.settings.max_message_size + _FRAME_OVERHEAD
-        self.server = grpc.aio.server(
+        make = grpc.aio.server if options.server == "grpcio" else aio_like(options)  # h2_server.py
+        self.server = make(
             # Beyond this many calls at once, every connection together: RESOURCE_EXHAUSTED.
             maximum_concurrent_rpcs=options.max_concurrent_calls,
             options=[
