@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import struct
 from collections.abc import AsyncIterator
 from typing import Any
@@ -387,3 +388,27 @@ def test_random_bytes_only_ever_end_the_connection_with_goaway() -> None:
         except f.ConnectionError_:
             assert conn.goaway_sent
         assert len(conn.buffer) <= f.FRAME_SIZE + 9
+
+
+def test_a_ping_flood_from_a_client_that_reads_nothing_stays_bounded() -> None:
+    """6 MiB of PINGs from a client with a 4 KiB receive buffer that reads nothing: the server
+    stops reading it while its answers are queued (without that, 3.8 MiB were queued here)."""
+
+    async def main() -> None:
+        server = await serving(Service())
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        sock.setblocking(False)
+        flood = f.PREFACE + frame(f.SETTINGS, 0, 0) + frame(f.PING, 0, 0, b"12345678") * 400_000
+        sending = asyncio.get_running_loop().create_task(asyncio.get_running_loop().sock_sendall(sock, flood))
+        await asyncio.sleep(2.5)
+        (connection,) = server.connections
+        assert connection.transport is not None
+        assert connection.transport.get_write_buffer_size() < 1024 * 1024
+        await echo_works(server.port)  # others are served meanwhile
+        sending.cancel()
+        sock.close()
+        await server.stop(0)
+
+    asyncio.run(main())

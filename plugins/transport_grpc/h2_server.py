@@ -56,7 +56,7 @@ from .options import GrpcOptions
 log = logging.getLogger(__name__)
 
 #: Flow-control window granted to each stream and to the connection (bytes).
-WINDOW = 1 << 20
+WINDOW = 256 * 1024
 _GRPC_CONTENT = b"application/grpc"
 
 
@@ -150,10 +150,16 @@ class Http2Protocol(asyncio.Protocol):
             self._drain.set_result(None)
 
     def pause_writing(self) -> None:
+        # A client that does not read: read nothing more from it either (its PINGs, SETTINGS
+        # and calls would each queue more output), until what is queued drains.
         self.paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.paused = False
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
         self._drain = None
