@@ -22,6 +22,14 @@ try:
 except ImportError:  # the grpc extra installs it; h2_server.aio_like says so when it is missing
     hpack = None
 
+try:  # the compiled decoder (_hpack.pyx), built with the package; else hpack's own
+    from ._hpack import Decoder as _Decoder
+except ImportError:
+    _Decoder = None
+
+#: Which HPACK decoder the native server runs: "compiled" or "hpack" (the pure-Python library).
+HPACK_DECODER = "compiled" if _Decoder is not None else "hpack"
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 # Frame types.
@@ -119,8 +127,11 @@ class ServerConnection:
         self.max_concurrent_streams = max_concurrent_streams
         self.initial_window = initial_window
         self.max_header_list_size = max_header_list_size
-        self.decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
-        self.decoder.max_allowed_table_size = 4096
+        if _Decoder is not None:
+            self.decoder: Any = _Decoder(max_header_list_size, 4096)
+        else:
+            self.decoder = hpack.Decoder(max_header_list_size=max_header_list_size)  # type: ignore[union-attr]
+            self.decoder.max_allowed_table_size = 4096
         self.streams: dict[int, _Stream] = {}
         self.buffer = bytearray()
         self.out: list[bytes] = []
