@@ -51,7 +51,7 @@ from .h2_frames import (
     hpack,
     literal,
 )
-from .options import GrpcOptions
+from .options import GrpcOptions, server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -665,6 +665,7 @@ def aio_like(options: GrpcOptions) -> Callable[..., H2GrpcServer]:
         )
     context = None
     if options.tls_certfile:
+        server_credentials(options)  # each file readable, or the ConfigError naming it
         try:
             context = tls_context(options.tls_certfile, options.tls_keyfile, options.tls_cafile)
         except (OSError, ssl.SSLError) as exc:

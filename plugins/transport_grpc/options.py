@@ -59,7 +59,7 @@ class GrpcOptions:
     #: Which server speaks HTTP/2: ``"grpcio"`` (grpcio's ``grpc.aio`` server) or ``"native"``
     #: (tidemq_transport_grpc.h2_server: HTTP/2 on the broker's own event loop, about half the
     #: CPU per call; docs/grpc.md).  Both serve the same handlers.
-    server: str = attrs.field(default="grpcio", validator=attrs.validators.in_(("grpcio", "native")))
+    server: str = attrs.field(default="native", validator=attrs.validators.in_(("grpcio", "native")))
     #: Seconds to let running calls finish when the broker stops.
     stop_grace: float = number(1.0, ge=0.0, le=60.0)
 
