@@ -9,6 +9,7 @@ status trailers.
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -60,6 +61,25 @@ def status_of(code: grpc.StatusCode, details: str) -> bytes:
     return block
 
 
+_RESERVED = frozenset((b"content-type", b"te", b"grpc-timeout", b"grpc-encoding", b"grpc-accept-encoding"))
+
+
+def metadata_of(headers: list[tuple[bytes, bytes]]) -> tuple[tuple[str, Any], ...]:
+    metadata: list[tuple[str, Any]] = []
+    for name, value in headers:
+        if name[:1] == b":" or name in _RESERVED:
+            continue
+        key = name.decode("ascii", "replace")
+        if key.endswith("-bin"):
+            try:
+                metadata.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
+            except ValueError:
+                continue
+        else:
+            metadata.append((key, value.decode("latin-1")))
+    return tuple(metadata)
+
+
 class AbortError(Exception):
     """Raised by :meth:`CallContext.abort`: the call ends with this status."""
 
@@ -85,6 +105,7 @@ class CallContext:
     __slots__ = (
         "method",
         "_peer",
+        "_headers",
         "_metadata",
         "deadline",
         "_code",
@@ -96,11 +117,12 @@ class CallContext:
     )
 
     def __init__(
-        self, method: str, peer: str, metadata: tuple[tuple[str, Any], ...], timeout: float | None
+        self, method: str, peer: str, headers: list[tuple[bytes, bytes]], timeout: float | None
     ) -> None:
         self.method = method
         self._peer = peer
-        self._metadata = metadata
+        self._headers = headers
+        self._metadata: tuple[tuple[str, Any], ...] | None = None
         #: The loop's clock (time.monotonic) at which the call's deadline passes, or None.
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self._code: grpc.StatusCode | None = None
@@ -115,7 +137,10 @@ class CallContext:
         return self._peer
 
     def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
-        """The request's metadata (``-bin`` keys' values as bytes)."""
+        """The request's metadata (``-bin`` keys' values as bytes), made from its headers when
+        first asked for: pseudo-headers and HTTP/2's and gRPC's own fields are not metadata."""
+        if self._metadata is None:
+            self._metadata = metadata_of(self._headers)
         return self._metadata
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> NoReturn:

@@ -23,7 +23,6 @@ grow.  A frame that breaks the protocol ends its connection with GOAWAY; the pro
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import socket
 import ssl
@@ -198,29 +197,15 @@ class Http2Protocol(asyncio.Protocol):
         content_type = b""
         timeout = b""
         encoding = b""
-        metadata: list[tuple[str, str | bytes]] = []
         for name, value in headers:
-            if name[:1] == b":":
-                if name == b":path":
-                    path = value
-                continue
-            if name == b"content-type":
+            if name == b":path":
+                path = value
+            elif name == b"content-type":
                 content_type = value
             elif name == b"grpc-timeout":
                 timeout = value
             elif name == b"grpc-encoding":
                 encoding = value
-            elif name == b"te" or name == b"grpc-accept-encoding":
-                continue
-            else:
-                key = name.decode("ascii", "replace")
-                if key.endswith("-bin"):
-                    try:
-                        metadata.append((key, base64.b64decode(value + b"=" * (-len(value) % 4))))
-                    except ValueError:
-                        continue
-                else:
-                    metadata.append((key, value.decode("latin-1")))
         if not content_type.startswith(_GRPC_CONTENT):
             # Not a gRPC request: HTTP's 415, as grpcio answers it.
             self.conn.send_headers(stream_id, literal(8, b"415"), end_stream=True)
@@ -228,7 +213,7 @@ class Http2Protocol(asyncio.Protocol):
             return
         server = self.server
         method = path.decode("ascii", "replace")
-        context = CallContext(method, self.peer, tuple(metadata), parse_timeout(timeout))
+        context = CallContext(method, self.peer, headers, parse_timeout(timeout))
         if encoding not in (b"", b"identity", b"gzip", b"deflate"):
             self._trailers_only(
                 stream_id, grpc.StatusCode.UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')!r}"
