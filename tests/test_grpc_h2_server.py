@@ -412,3 +412,28 @@ def test_a_ping_flood_from_a_client_that_reads_nothing_stays_bounded() -> None:
         await server.stop(0)
 
     asyncio.run(main())
+
+
+def test_the_compiled_hpack_decoder_answers_as_the_hpack_package() -> None:
+    """tests/fuzz/fuzz_hpack.py, briefly: mutated blocks decode to hpack's fields or hpack's errors."""
+    compiled = pytest.importorskip("tidemq_transport_grpc._hpack", reason="the compiled decoder is not built")
+    assert f.HPACK_DECODER == "compiled"
+    rng = random.Random(7)
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "fuzz"))
+    try:
+        import fuzz_hpack
+    finally:
+        sys.path.pop(0)
+    pool = fuzz_hpack.seeds(rng, 200)
+    for _ in range(3000):
+        ours = compiled.Decoder(16384, 4096)
+        theirs = hpack.Decoder(max_header_list_size=16384)
+        theirs.max_allowed_table_size = 4096
+        for block in fuzz_hpack.blocks(rng, pool):
+            mine = fuzz_hpack.decode(ours, block, raw=False)
+            assert mine == fuzz_hpack.decode(theirs, block, raw=True), block.hex()
+            if not isinstance(mine, list):
+                break
