@@ -434,6 +434,8 @@ def test_the_compiled_hpack_decoder_answers_as_the_hpack_package() -> None:
         theirs.max_allowed_table_size = 4096
         for block in fuzz_hpack.blocks(rng, pool):
             mine = fuzz_hpack.decode(ours, block, raw=False)
-            assert mine == fuzz_hpack.decode(theirs, block, raw=True), block.hex()
-            if not isinstance(mine, list):
+            reference = fuzz_hpack.decode(theirs, block, raw=True)
+            if isinstance(mine, list) or isinstance(reference, list):
+                assert mine == reference, block.hex()
+            else:  # both refused (with hpack's errors)
                 break
