@@ -439,3 +439,50 @@ def test_the_compiled_hpack_decoder_answers_as_the_hpack_package() -> None:
                 assert mine == reference, block.hex()
             else:  # both refused (with hpack's errors)
                 break
+
+
+def test_the_endpoint_s_server_option_picks_the_server_and_bad_values_are_named(
+    tidemq_make_broker: Any,
+) -> None:
+    from tidemq.errors import ConfigError
+    from tidemq_transport_grpc import plugin as grpc_plugin
+    from tidemq_transport_grpc.proto import load
+
+    pb = load()
+
+    async def route(server: str | None) -> str:
+        table = {"listen": "127.0.0.1:0"} | ({} if server is None else {"server": server})
+        async with tidemq_make_broker(
+            auto_create_topic=True, options={"transport": {"grpc": table}}
+        ) as broker:
+            endpoint = grpc_plugin.server_of(broker)
+            assert endpoint is not None
+            async with grpc.aio.insecure_channel(endpoint.address) as channel:
+                query = channel.unary_unary(
+                    "/apache.rocketmq.v2.MessagingService/QueryRoute",
+                    request_serializer=lambda m: m.SerializeToString(),
+                    response_deserializer=pb.QueryRouteResponse.FromString,
+                )
+                answer = await query(pb.QueryRouteRequest(topic=pb.Resource(name="T")), timeout=10)
+                assert answer.status.code == pb.OK
+            return type(endpoint.server).__name__
+
+    assert asyncio.run(route(None)) == "H2GrpcServer"  # the default
+    assert asyncio.run(route("native")) == "H2GrpcServer"
+    assert asyncio.run(route("grpcio")) != "H2GrpcServer"
+    with pytest.raises(ConfigError, match='takes "native" or "grpcio"'):
+        asyncio.run(route("nginx"))
+
+    async def busy() -> None:
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        try:
+            table = {"listen": f"127.0.0.1:{taken.getsockname()[1]}", "server": "native"}
+            async with tidemq_make_broker(options={"transport": {"grpc": table}}):
+                pass
+        finally:
+            taken.close()
+
+    with pytest.raises(ConfigError, match="cannot listen there"):
+        asyncio.run(busy())

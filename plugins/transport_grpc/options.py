@@ -17,6 +17,11 @@ def _listen(_instance: Any, _attribute: Any, value: str) -> None:
     parse_address(value, "[transport.grpc] listen", allow_port_zero=True)
 
 
+def _server(_instance: Any, _attribute: Any, value: Any) -> None:
+    if value not in ("grpcio", "native"):
+        raise ValueError(f'server = {value!r}: takes "native" or "grpcio"')
+
+
 @attrs.frozen
 class GrpcOptions:
     #: host:port the gRPC service listens on (the RocketMQ proxy's default; port 0 picks one).
@@ -59,7 +64,7 @@ class GrpcOptions:
     #: Which server speaks HTTP/2: ``"grpcio"`` (grpcio's ``grpc.aio`` server) or ``"native"``
     #: (tidemq_transport_grpc.h2_server: HTTP/2 on the broker's own event loop, about half the
     #: CPU per call; docs/grpc.md).  Both serve the same handlers.
-    server: str = attrs.field(default="native", validator=attrs.validators.in_(("grpcio", "native")))
+    server: str = attrs.field(default="native", validator=_server)
     #: Seconds to let running calls finish when the broker stops.
     stop_grace: float = number(1.0, ge=0.0, le=60.0)
 
