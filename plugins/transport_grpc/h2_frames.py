@@ -15,17 +15,22 @@ against ``max_header_list_size``, a stream's and the connection's DATA against t
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
+hpack: Any = None
 try:
-    import hpack
+    hpack = importlib.import_module("hpack")
 except ImportError:  # the grpc extra installs it; h2_server.aio_like says so when it is missing
-    hpack = None
+    pass
 
+_Decoder: Any = None
 try:  # the compiled decoder (_hpack.pyx), built with the package; else hpack's own
-    from ._hpack import Decoder as _Decoder
+    from ._hpack import Decoder as _Compiled
+
+    _Decoder = _Compiled
 except ImportError:
-    _Decoder = None
+    pass
 
 #: Which HPACK decoder the native server runs: "compiled" or "hpack" (the pure-Python library).
 HPACK_DECODER = "compiled" if _Decoder is not None else "hpack"
@@ -130,7 +135,7 @@ class ServerConnection:
         if _Decoder is not None:
             self.decoder: Any = _Decoder(max_header_list_size, 4096)
         else:
-            self.decoder = hpack.Decoder(max_header_list_size=max_header_list_size)  # type: ignore[union-attr]
+            self.decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
             self.decoder.max_allowed_table_size = 4096
         self.streams: dict[int, _Stream] = {}
         self.buffer = bytearray()
@@ -238,7 +243,7 @@ class ServerConnection:
         except ConnectionError_ as exc:
             self.goaway(exc.code, exc.reason.encode("utf-8", "replace"))
             raise
-        except hpack.HPACKError as exc:  # type: ignore[union-attr]
+        except hpack.HPACKError as exc:
             error = ConnectionError_(COMPRESSION_ERROR, f"HPACK: {exc}")
             self.goaway(error.code, error.reason.encode("utf-8", "replace"))
             raise error from exc

@@ -592,7 +592,7 @@ class H2GrpcServer:
         if found is None:
             details = CallDetails(method, context.invocation_metadata())
             for handler in self.handlers:
-                found = handler.service(details)  # type: ignore[arg-type]
+                found = handler.service(details)
                 if found is not None:
                     break
             if found is not None and len(self._methods) < 64:
