@@ -23,6 +23,11 @@ loop's thread is the process's, ``python``, with grpcio's completion-queue polle
 first round (collapsed stacks; the CPU figures of that round include py-spy's stops).
 One JSON document on stdout (and in ``--out``), progress on stderr.
 
+``--server grpcio|native|both`` (default both): the ``[transport.grpc] server`` of the broker
+measured; with both, a broker each in the same run, the v5 path named ``grpc`` (grpcio) and
+``grpc_native``, and 0.4.4's sends to each broker (``remoting``, ``remoting_native_broker``) the
+ratios' denominators (``ratios`` in the JSON).
+
 ``--workload receive`` measures consumption instead, on one broker with the endpoint: ``--count``
 messages of ``--body`` bytes are stored once, then each round reads them all with a consumer group
 of its own, alternating

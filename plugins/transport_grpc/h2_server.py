@@ -165,6 +165,13 @@ class Http2Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
+            self._received(data)
+        except Exception:  # a defect here ends this connection, not the broker's loop
+            log.exception("gRPC connection from %s failed: closed", self.peer)
+            self._close()
+
+    def _received(self, data: bytes) -> None:
+        try:
             events = self.conn.receive(data)
         except ConnectionError_ as exc:
             log.info("gRPC client %s broke HTTP/2 (%s): connection closed", self.peer, exc.reason)
