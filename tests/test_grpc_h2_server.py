@@ -486,3 +486,20 @@ def test_the_endpoint_s_server_option_picks_the_server_and_bad_values_are_named(
 
     with pytest.raises(ConfigError, match="cannot listen there"):
         asyncio.run(busy())
+
+
+def test_without_the_hpack_package_the_endpoint_serves_with_grpcio_and_says_so() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, logging; sys.modules['hpack'] = None\n"
+        "logging.basicConfig(level=logging.WARNING, stream=sys.stdout)\n"
+        "import grpc\n"
+        "from tidemq_transport_grpc.h2_server import aio_like\n"
+        "from tidemq_transport_grpc.options import grpc_options\n"
+        "print(aio_like(grpc_options({})) is grpc.aio.server)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().endswith("True"), out.stderr
+    assert "needs the hpack package" in out.stdout

@@ -648,13 +648,16 @@ def tls_context(certfile: str, keyfile: str, cafile: str = "") -> ssl.SSLContext
     return context
 
 
-def aio_like(options: GrpcOptions) -> Callable[..., H2GrpcServer]:
+def aio_like(options: GrpcOptions) -> Callable[..., Any]:
     """A maker of the native server taking ``grpc.aio.server``'s arguments (the endpoint's
-    ``[transport.grpc] server = "native"``); TLS from ``options``' files."""
+    ``[transport.grpc] server = "native"``); TLS from ``options``' files.  Without the hpack
+    package (the grpc extra installs it) grpcio's server, with a warning."""
     if hpack is None:
-        raise ConfigError(
-            '[transport.grpc] server = "native" needs the hpack package (pip install "tidemq[grpc]")'
+        log.warning(
+            '[transport.grpc] server = "native" needs the hpack package (pip install "tidemq[grpc]"): '
+            "serving with grpcio's server"
         )
+        return grpc.aio.server
     context = None
     if options.tls_certfile:
         server_credentials(options)  # each file readable, or the ConfigError naming it
