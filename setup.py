@@ -103,6 +103,8 @@ def native_extensions() -> list[Extension]:
     spark = Extension("tidemq_spark._columns", ["plugins/spark/_columns.pyx"], optional=True)
     # The duplicate window's key table (tidemq.broker.dedup_table falls back to its Python reference).
     dedup = Extension("tidemq.broker._dedup_table", ["core/broker/_dedup_table.pyx"], optional=True)
+    # The native gRPC server's HPACK decoder (tidemq_transport_grpc.h2_frames falls back to hpack's).
+    hpack = Extension("tidemq_transport_grpc._hpack", ["plugins/transport_grpc/_hpack.pyx"], optional=True)
     try:
         from Cython.Build import cythonize
     except ImportError:
@@ -110,7 +112,7 @@ def native_extensions() -> list[Extension]:
         return []
     # Generated C goes under build/ (ignored); a .pyx newer than its .c is translated again.
     extensions = cythonize(
-        [*codec, index, spark, dedup], build_dir="build/cython", quiet=True, language_level=3
+        [*codec, index, spark, dedup, hpack], build_dir="build/cython", quiet=True, language_level=3
     )
     for built in extensions:  # cythonize's copies do not keep the flag
         built.optional = True
@@ -119,7 +121,7 @@ def native_extensions() -> list[Extension]:
 
 # ---- gRPC stubs (tidemq_transport_grpc): generated at build time, never checked in -------------
 GRPC_PROTO = ROOT / "plugins" / "transport_grpc" / "tidemq_rocketmq_v2.proto"
-package_data["tidemq_transport_grpc"] = ["py.typed", "*.proto", "*.pyi"]
+package_data["tidemq_transport_grpc"] = ["py.typed", "*.proto", "*.pyi", "*.pyx"]
 
 
 class BuildPyWithGrpcStubs(build_py):

@@ -23,6 +23,11 @@ loop's thread is the process's, ``python``, with grpcio's completion-queue polle
 first round (collapsed stacks; the CPU figures of that round include py-spy's stops).
 One JSON document on stdout (and in ``--out``), progress on stderr.
 
+``--server grpcio|native|both`` (default both): the ``[transport.grpc] server`` of the broker
+measured; with both, a broker each in the same run, the v5 path named ``grpc`` (grpcio) and
+``grpc_native``, and 0.4.4's sends to each broker (``remoting``, ``remoting_native_broker``) the
+ratios' denominators (``ratios`` in the JSON).
+
 ``--workload receive`` measures consumption instead, on one broker with the endpoint: ``--count``
 messages of ``--body`` bytes are stored once, then each round reads them all with a consumer group
 of its own, alternating
@@ -58,6 +63,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "compat"))
 V5_WORKER = ROOT / "tests" / "compat" / "v5_client.py"
 V5_CONSUMER = ROOT / "tests" / "compat" / "v5_consume_client.py"
+#: The paths' names by [transport.grpc] server: the v5 client's, and 4.x's to the same broker.
+GRPC_PATH = {"grpcio": "grpc", "native": "grpc_native"}
+REMOTING_PATH = {"grpcio": "remoting", "native": "remoting_native_broker"}
 TOPIC = "GrpcBench"
 
 V4_WORKER = """
@@ -367,6 +375,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--workload", choices=["send", "receive"], default="send")
     ap.add_argument(
+        "--server",
+        choices=["grpcio", "native", "both"],
+        default="both",
+        help="[transport.grpc] server of the brokers measured (both: a broker each, in one run)",
+    )
+    ap.add_argument(
         "--profile",
         type=Path,
         default=None,
@@ -383,7 +397,7 @@ def main() -> None:
         sys.exit(f"grpc_bench.py: {exc}")
     procs: list[subprocess.Popen[bytes]] = []
 
-    def cluster(work: Path, name: str, with_grpc: bool) -> tuple[int, str, str]:
+    def cluster(work: Path, name: str, with_grpc: bool, server: str = "grpcio") -> tuple[int, str, str]:
         """A NameServer and a broker of its own: (broker pid, NameServer address, gRPC address)."""
         namesrv, namesrv_addr = start(["namesrv", "--listen", "127.0.0.1:0"], work)
         procs.append(namesrv)
@@ -393,7 +407,7 @@ def main() -> None:
             f'data_dir = "{work / name}"\n'
         )
         if with_grpc:
-            toml += f'[transport.grpc]\nlisten = "{grpc_addr}"\n'
+            toml += f'[transport.grpc]\nlisten = "{grpc_addr}"\nserver = "{server}"\n'
         (work / f"{name}.toml").write_text(toml)
         broker, _ = start(["broker", "-c", str(work / f"{name}.toml")], work)
         procs.append(broker)
@@ -410,23 +424,28 @@ def main() -> None:
     def v4(namesrv_addr: str) -> list[str]:
         return [sys.executable, "-c", V4_WORKER, namesrv_addr, TOPIC, str(args.count), str(args.body)]
 
+    servers = ["grpcio", "native"] if args.server == "both" else [args.server]
     if args.workload == "receive":
-        receive_workload(args, v5_python, cluster, procs)
+        receive_workload(args, v5_python, cluster, procs, servers)
         return
 
     with tempfile.TemporaryDirectory(prefix="grpc-bench-") as tmp:
         work = Path(tmp)
         try:
-            pid, namesrv_addr, grpc_addr = cluster(work, "with-grpc", True)
+            commands: dict[str, tuple[list[str], int]] = {}
+            for server in servers:
+                pid, namesrv_addr, grpc_addr = cluster(work, f"with-{server}", True, server)
+                v5 = [str(v5_python), str(V5_WORKER), "bench", "--endpoints", grpc_addr, "--topic", TOPIC]
+                commands[GRPC_PATH[server]] = (
+                    [*v5, "--count", str(args.count), "--body", str(args.body)],
+                    pid,
+                )
+                # 4.x sends to the same broker: the ratio's denominator
+                commands[REMOTING_PATH[server]] = (v4(namesrv_addr), pid)
             plain_pid, plain_namesrv, _ = cluster(work, "without-grpc", False)
-            v5 = [str(v5_python), str(V5_WORKER), "bench", "--endpoints", grpc_addr, "--topic", TOPIC]
-            commands = {
-                "grpc": ([*v5, "--count", str(args.count), "--body", str(args.body)], pid),
-                "remoting": (v4(namesrv_addr), pid),
-                # The same 4.x sends to a broker without the gRPC endpoint: does grpcio's poller
-                # thread slow the event loop of a broker that serves remoting clients?
-                "remoting_no_grpc_endpoint": (v4(plain_namesrv), plain_pid),
-            }
+            # The same 4.x sends to a broker without the gRPC endpoint: does grpcio's poller
+            # thread slow the event loop of a broker that serves remoting clients?
+            commands["remoting_no_grpc_endpoint"] = (v4(plain_namesrv), plain_pid)
             rounds: dict[str, list[dict[str, Any]]] = {path: [] for path in commands}
             for r in range(args.repeats):
                 for path, (cmd, broker_pid) in commands.items():
@@ -438,6 +457,10 @@ def main() -> None:
                 proc.terminate()
                 proc.wait(30)
     median = {p: statistics.median(x["msgs_per_broker_cpu_s"] for x in rs) for p, rs in rounds.items()}
+    ratios = {
+        f"{GRPC_PATH[s]}_vs_{REMOTING_PATH[s]}": round(median[GRPC_PATH[s]] / median[REMOTING_PATH[s]], 3)
+        for s in servers
+    }
     progress("grpcio's floor: a bare grpc.aio echo server")
     floor = echo_floor(args.count, args.body)
     progress(f"  {floor}")
@@ -446,13 +469,17 @@ def main() -> None:
         "count": args.count,
         "body": args.body,
         "repeats": args.repeats,
+        "servers": servers,
         "median_msgs_per_broker_cpu_s": median,
-        "grpc_vs_remoting": round(median["grpc"] / median["remoting"], 3),
-        "remoting_with_vs_without_grpc_endpoint": round(
-            median["remoting"] / median["remoting_no_grpc_endpoint"], 3
-        ),
+        "ratios": ratios,
+        "remoting_with_vs_without_grpc_endpoint": {
+            REMOTING_PATH[s]: round(median[REMOTING_PATH[s]] / median["remoting_no_grpc_endpoint"], 3)
+            for s in servers
+        },
         "grpc_aio_echo_floor": floor,
-        "echo_floor_vs_remoting": round(floor["calls_per_server_cpu_s"] / median["remoting"], 3),
+        "echo_floor_vs_remoting": round(
+            floor["calls_per_server_cpu_s"] / median[REMOTING_PATH[servers[0]]], 3
+        ),
         "rounds": rounds,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},
     }
@@ -462,20 +489,23 @@ def main() -> None:
         args.out.write_text(text + "\n")
 
 
-def receive_workload(args: argparse.Namespace, v5_python: Path, cluster: Any, procs: list[Any]) -> None:
+def receive_workload(
+    args: argparse.Namespace, v5_python: Path, cluster: Any, procs: list[Any], servers: list[str]
+) -> None:
     """``--workload receive``: the same stored messages read by each consumer, a group per round."""
     with tempfile.TemporaryDirectory(prefix="grpc-bench-recv-") as tmp:
         work = Path(tmp)
         try:
-            pid, namesrv_addr, grpc_addr = cluster(work, "receive", True)
-            progress(f"storing {args.count} messages of {args.body} bytes")
-            subprocess.run(
-                [sys.executable, "-c", PREFILL, namesrv_addr, TOPIC, str(args.count), str(args.body)],
-                check=True,
-                timeout=600,
-            )
+            brokers = {server: cluster(work, f"receive-{server}", True, server) for server in servers}
+            for _pid, namesrv_addr, _grpc in brokers.values():
+                progress(f"storing {args.count} messages of {args.body} bytes")
+                subprocess.run(
+                    [sys.executable, "-c", PREFILL, namesrv_addr, TOPIC, str(args.count), str(args.body)],
+                    check=True,
+                    timeout=600,
+                )
 
-            def remoting(kind: str, group: str) -> list[str]:
+            def remoting(kind: str, namesrv_addr: str, group: str) -> list[str]:
                 return [
                     sys.executable,
                     "-c",
@@ -487,28 +517,22 @@ def receive_workload(args: argparse.Namespace, v5_python: Path, cluster: Any, pr
                     str(args.count),
                 ]
 
-            rounds: dict[str, list[dict[str, Any]]] = {"grpc": [], "remoting_pop": [], "remoting_pull": []}
+            rounds: dict[str, list[dict[str, Any]]] = {}
             for r in range(args.repeats):
-                commands = {
-                    "grpc": [
-                        str(v5_python),
-                        str(V5_CONSUMER),
-                        "bench-receive",
-                        "--endpoints",
-                        grpc_addr,
-                        "--topic",
-                        TOPIC,
-                        "--group",
-                        f"GB_GRPC_{r}",
-                        "--count",
-                        str(args.count),
-                    ],
-                    "remoting_pop": remoting("pop", f"GB_POP_{r}"),
-                    "remoting_pull": remoting("pull", f"GB_PULL_{r}"),
-                }
-                for path, cmd in commands.items():
+                commands: dict[str, tuple[list[str], int]] = {}
+                for server, (pid, namesrv_addr, grpc_addr) in brokers.items():
+                    v5 = [str(v5_python), str(V5_CONSUMER), "bench-receive", "--endpoints", grpc_addr]
+                    commands[GRPC_PATH[server]] = (
+                        [*v5, "--topic", TOPIC, "--group", f"GB_GRPC_{r}", "--count", str(args.count)],
+                        pid,
+                    )
+                    pop = "remoting_pop" + REMOTING_PATH[server].removeprefix("remoting")
+                    commands[pop] = (remoting("pop", namesrv_addr, f"GB_POP_{r}"), pid)
+                pid, namesrv_addr, _ = brokers[servers[0]]
+                commands["remoting_pull"] = (remoting("pull", namesrv_addr, f"GB_PULL_{r}"), pid)
+                for path, (cmd, broker_pid) in commands.items():
                     progress(f"round {r + 1}/{args.repeats}: {path}, {args.count} messages")
-                    rounds[path].append(one_round(cmd, pid, profiled(args, path, r)))
+                    rounds.setdefault(path, []).append(one_round(cmd, broker_pid, profiled(args, path, r)))
                     progress(f"  {rounds[path][-1]}")
         finally:
             for proc in reversed(procs):
@@ -525,11 +549,18 @@ def receive_workload(args: argparse.Namespace, v5_python: Path, cluster: Any, pr
         "count": args.count,
         "body": args.body,
         "repeats": args.repeats,
+        "servers": servers,
         "median_msgs_per_broker_cpu_s": median,
-        "grpc_vs_remoting_pop": round(median["grpc"] / median["remoting_pop"], 3),
-        "grpc_vs_remoting_pull": round(median["grpc"] / median["remoting_pull"], 3),
+        "ratios": {
+            f"{GRPC_PATH[s]}_vs_{pop}": round(median[GRPC_PATH[s]] / median[pop], 3)
+            for s in servers
+            for pop in ["remoting_pop" + REMOTING_PATH[s].removeprefix("remoting")]
+        }
+        | {
+            f"{GRPC_PATH[s]}_vs_remoting_pull": round(median[GRPC_PATH[s]] / median["remoting_pull"], 3)
+            for s in servers
+        },
         "grpc_aio_receive_floor": floor,
-        "floor_vs_remoting_pop": round(floor["msgs_per_server_cpu_s"] / median["remoting_pop"], 3),
         "rounds": rounds,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},
     }

@@ -19,7 +19,12 @@ compare the figures of one run); the figure is server CPU microseconds per call,
   ``sync_to_loop``: the same, each call handed to an asyncio (uvloop) loop in another thread
   with ``run_coroutine_threadsafe``, as the broker's services would need;
 * ``aio_stream34``: one server-streaming call of 34 writes (a ReceiveMessage of 32 messages),
-  reported per write.
+  reported per write;
+* ``h2lib*``: a bare echo on uvloop over the sans-IO ``h2`` library (pure Python: its frame
+  objects, header validation and HPACK cost about as much as grpcio's core);
+* ``native*``: the endpoint's ``server = "native"`` (``tidemq_transport_grpc.h2_server``: its own
+  HTTP/2 frame layer, HPACK decoded by ``hpack``, on uvloop), with the plain, v5-metadata, v5 aio
+  client and 34-write stream clients as above.
 
 One JSON document on stdout (and in ``--out``), progress on stderr.
 """
@@ -80,6 +85,68 @@ server.wait_for_termination()
 """
 
 UVLOOP = "import uvloop; uvloop.run(main())"
+
+#: The sans-IO ``h2`` library on uvloop: a bare echo (no flow-control waits: 1 KiB bodies fit the
+#: windows), the cheapest a server built on it could be.
+H2LIB = """
+import asyncio, uvloop
+import h2.config, h2.connection, h2.events
+HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"))
+TRAILERS = ((b"grpc-status", b"0"),)
+class Echo(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport = transport
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None,
+            validate_outbound_headers=False, normalize_outbound_headers=False)
+        self.conn = h2.connection.H2Connection(config=config)
+        self.conn.initiate_connection()
+        self.bodies, self.paths = {}, {}
+        transport.write(self.conn.data_to_send())
+    def data_received(self, data):
+        for event in self.conn.receive_data(data):
+            if isinstance(event, h2.events.RequestReceived):
+                self.paths[event.stream_id] = dict(event.headers)[b":path"]
+                self.bodies[event.stream_id] = b""
+            elif isinstance(event, h2.events.DataReceived):
+                self.bodies[event.stream_id] += event.data
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                asyncio.get_running_loop().create_task(self.answer(event.stream_id))
+        self.transport.write(self.conn.data_to_send())
+    async def answer(self, sid):
+        body, path = self.bodies.pop(sid), self.paths.pop(sid)
+        self.conn.send_headers(sid, HEADERS)
+        for _ in range(34 if path.endswith(b"Batch") else 1):
+            self.conn.send_data(sid, body)
+        self.conn.send_headers(sid, TRAILERS, end_stream=True)
+        self.transport.write(self.conn.data_to_send())
+async def main():
+    server = await asyncio.get_running_loop().create_server(Echo, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+uvloop.run(main())
+"""
+
+#: The native server (tidemq_transport_grpc.h2_server: HTTP/2 from the h2 library on the loop).
+H2 = """
+import asyncio, grpc, uvloop
+from tidemq_transport_grpc.h2_server import H2GrpcServer
+async def echo(request, context):
+    return request
+async def batch(request, context):
+    for _ in range(34):
+        yield request
+async def main():
+    table = {
+        "Echo": grpc.unary_unary_rpc_method_handler(echo),
+        "Batch": grpc.unary_stream_rpc_method_handler(batch),
+    }
+    server = H2GrpcServer(grpc.method_handlers_generic_handler("bench.Echo", table))
+    print(server.add_insecure_port("127.0.0.1:0"), flush=True)
+    await server.start()
+    await asyncio.Event().wait()
+uvloop.run(main())
+"""
 OPTIONS = (
     '[("grpc.enable_channelz", 0), ("grpc.http2.bdp_probe", 0), '
     '("grpc.max_concurrent_streams", 100), ("grpc.so_reuseport", 0)]'
@@ -105,6 +172,13 @@ VARIANTS: dict[str, tuple[str, dict[str, str], str]] = {
     "sync": (SYNC.replace("HOP", "False"), {}, "plain"),
     "sync_to_loop": (SYNC.replace("HOP", "True"), {}, "plain"),
     "aio_stream34": (AIO.replace("OPTIONS", "[]").replace("RUN", UVLOOP), {}, "stream"),
+    "h2lib": (H2LIB, {}, "plain"),
+    "h2lib_v5_metadata": (H2LIB, {}, "v5"),
+    "h2lib_stream34": (H2LIB, {}, "stream"),
+    "native": (H2, {}, "plain"),
+    "native_v5_metadata": (H2, {}, "v5"),
+    "native_v5_client": (H2, {}, "v5_aio"),
+    "native_stream34": (H2, {}, "stream"),
 }
 
 

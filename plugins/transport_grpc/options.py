@@ -17,6 +17,11 @@ def _listen(_instance: Any, _attribute: Any, value: str) -> None:
     parse_address(value, "[transport.grpc] listen", allow_port_zero=True)
 
 
+def _server(_instance: Any, _attribute: Any, value: Any) -> None:
+    if value not in ("grpcio", "native"):
+        raise ValueError(f'server = {value!r}: takes "native" or "grpcio"')
+
+
 @attrs.frozen
 class GrpcOptions:
     #: host:port the gRPC service listens on (the RocketMQ proxy's default; port 0 picks one).
@@ -56,6 +61,10 @@ class GrpcOptions:
     receive_min_invisible_ms: int = number(10_000, ge=0, le=12 * 3600 * 1000)
     #: ReceiveMessage: the shortest long polling (RocketMQ's grpcClientConsumerMinLongPollingTimeoutMillis).
     receive_min_polling_ms: int = number(5_000, ge=0, le=20_000)
+    #: Which server speaks HTTP/2: ``"grpcio"`` (grpcio's ``grpc.aio`` server) or ``"native"``
+    #: (tidemq_transport_grpc.h2_server: HTTP/2 on the broker's own event loop, about half the
+    #: CPU per call; docs/grpc.md).  Both serve the same handlers.
+    server: str = attrs.field(default="native", validator=_server)
     #: Seconds to let running calls finish when the broker stops.
     stop_grace: float = number(1.0, ge=0.0, le=60.0)
 

@@ -21,6 +21,7 @@ from .backend import LocalBackend
 from .consume import CONSUME_UNARY, ReceiveLimits
 from .consume_backend import BrokerConsumeBackend
 from .figures import CallFigures, Counted
+from .h2_server import aio_like
 from .options import GrpcOptions, server_credentials
 from .pull import PullRpcs
 from .service import MessagingService
@@ -124,6 +125,7 @@ def aio_server(
     max_concurrent_calls: int,
     credentials: Any = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    make: Callable[..., Any] = grpc.aio.server,
 ) -> tuple[grpc.aio.Server, str, int]:
     """A ``grpc.aio`` server bound to ``listen`` (``host:port``, port 0 picks one): ``(server, host,
     bound port)``; the broker's endpoint and ``tidemq proxy`` both build theirs here.
@@ -135,11 +137,13 @@ def aio_server(
     cancels calls at random, which a client whose first write meets it reports as its own
     INTERNAL "Internal error from Core"), so the backlog is allowed as many calls as the server
     serves: the burst is taken, and what is beyond ``max_concurrent_calls`` is refused
-    RESOURCE_EXHAUSTED.  ``credentials`` (grpc's server credentials) serve TLS.  A port that
+    RESOURCE_EXHAUSTED.  ``credentials`` (grpc's server credentials) serve TLS.  ``make`` builds
+    the server from ``grpc.aio.server``'s arguments (the native server's maker takes them too).  A port that
     cannot be bound is a :class:`~tidemq.errors.ConfigError` naming ``label`` (the setting)."""
     host, port = split_address(listen)
-    server = grpc.aio.server(
-        interceptors=list(interceptors) or None,
+    extra: dict[str, Any] = {"interceptors": list(interceptors)} if interceptors else {}
+    server = make(
+        **extra,
         maximum_concurrent_rpcs=max_concurrent_calls,
         options=[
             ("grpc.max_receive_message_length", max_frame_bytes),
@@ -177,6 +181,7 @@ class GrpcServer:
             max_concurrent_streams=options.max_concurrent_streams,
             max_concurrent_calls=options.max_concurrent_calls,
             credentials=server_credentials(options),
+            make=grpc.aio.server if options.server == "grpcio" else aio_like(options),  # h2_server.py
         )
         self.broker = broker
         self._starting: asyncio.Task[None] | None = None

@@ -54,8 +54,20 @@ def wait_listening(address: str, timeout: float = 20) -> None:
     raise AssertionError(f"nothing listens on {address}")
 
 
+#: The endpoint's HTTP/2 servers ([transport.grpc] server) every test here runs against.
+SERVERS = ("grpcio", "native")
+
+
+@pytest.fixture(params=SERVERS, autouse=True)
+def grpc_server(request: pytest.FixtureRequest) -> str:
+    GrpcCluster.server = request.param
+    return str(request.param)
+
+
 class GrpcCluster:
     """``tidemq namesrv`` and a ``tidemq broker`` with ``[transport.grpc]``, as subprocesses."""
+
+    server = "grpcio"
 
     def __init__(self, spawn: Any, tmp_path: Path, grpc_toml: str = "", broker_toml: str = "") -> None:
         self.tmp = tmp_path
@@ -67,7 +79,7 @@ class GrpcCluster:
             f'listen = "127.0.0.1:{free_port()}"\n'
             f'namesrv = ["{self.namesrv}"]\n'
             f'data_dir = "{tmp_path / "data"}"\n' + broker_toml + "[transport.grpc]\n"
-            f'listen = "{self.grpc}"\n' + grpc_toml
+            f'listen = "{self.grpc}"\nserver = "{self.server}"\n' + grpc_toml
         )
         self.broker = spawn("broker", "-c", str(tmp_path / "broker.toml")).addresses["broker"]
         wait_listening(self.grpc)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_grpc_official import V5_WORKER, GrpcCluster, v5_python  # noqa: F401
+from test_grpc_official import V5_WORKER, GrpcCluster, grpc_server, v5_python  # noqa: F401
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio) is not installed")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_grpc_official import V4_WORKER, GrpcCluster
+from test_grpc_official import V4_WORKER, GrpcCluster, grpc_server  # noqa: F401
 from test_grpc_official import v5_python as v5_python_fixture
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio) is not installed")

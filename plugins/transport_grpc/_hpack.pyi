@@ -1,0 +1,6 @@
+class Decoder:
+    max_size: int
+    max_allowed_table_size: int
+    max_header_list_size: int
+    def __init__(self, max_header_list_size: int = 65536, max_allowed_table_size: int = 4096) -> None: ...
+    def decode(self, block: bytes, raw: bool = True) -> list[tuple[bytes, bytes]]: ...

@@ -1,0 +1,680 @@
+"""A gRPC server on the broker's own event loop: HTTP/2 from the sans-IO ``h2`` library.
+
+``[transport.grpc] server = "native"`` serves the same generic handler (``grpc.GenericRpcHandler``:
+the service's methods, behind the ACL gate and the call counter) as grpcio's ``grpc.aio`` server,
+without grpcio's core: each connection is an :class:`asyncio.Protocol` feeding an
+``h2.connection.H2Connection``; each call runs its handler as a task of the loop with a
+:class:`~.h2_context.CallContext` (the ``grpc.aio.ServicerContext`` methods the handlers use).
+
+The wire protocol (gRPC over HTTP/2): a request is HEADERS (``:path /<service>/<method>``,
+``content-type application/grpc``, ``grpc-timeout``, metadata) then DATA carrying messages, each
+prefixed by a compressed flag and a 4-byte big-endian length; the response is HEADERS
+(``:status 200``), the messages, and trailers (``grpc-status``, ``grpc-message``), or trailers
+only when the call fails before its first message.
+
+Bounds: a message larger than ``max_message_bytes`` is RESOURCE_EXHAUSTED; a connection has at
+most ``max_concurrent_streams`` streams (HTTP/2 SETTINGS; more are refused with RST_STREAM), the
+server ``max_concurrent_calls`` calls (more: RESOURCE_EXHAUSTED); a stream's request data is
+acknowledged (HTTP/2 flow control) only as its handler reads it, and responses wait for the
+client's window, so a client that does not read makes its streams wait, never the broker's memory
+grow.  A frame that breaks the protocol ends its connection with GOAWAY; the process stays up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import time
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import grpc
+
+from tidemq.errors import ConfigError
+
+from .h2_context import AbortError, CallContext, CallDetails, parse_timeout, status_of
+from .h2_frames import (
+    EV_DATA,
+    EV_GOAWAY,
+    EV_REQUEST,
+    EV_RESET,
+    EV_WINDOW,
+    NO_ERROR,
+    RESPONSE_HEADERS,
+    ConnectionError_,
+    ServerConnection,
+    hpack,
+    literal,
+)
+from .options import GrpcOptions, server_credentials
+
+log = logging.getLogger(__name__)
+
+#: Flow-control window granted to each stream and to the connection (bytes).
+WINDOW = 256 * 1024
+_GRPC_CONTENT = b"application/grpc"
+
+
+class _Call:
+    """One stream: its request messages as they arrive, its handler's task, its writer's state."""
+
+    __slots__ = (
+        "stream_id",
+        "handler",
+        "context",
+        "buffer",
+        "messages",
+        "ended",
+        "task",
+        "headers_sent",
+        "closed",
+        "waiter",
+        "unacked",
+        "compressed",
+        "deadline_timer",
+    )
+
+    def __init__(self, stream_id: int, handler: Any, context: CallContext, compressed: bool) -> None:
+        self.stream_id = stream_id
+        self.handler = handler
+        self.context = context
+        self.buffer = bytearray()
+        #: Parsed request messages not yet read by the handler, with their wire size.
+        self.messages: deque[tuple[bytes, int]] = deque()
+        self.ended = False
+        self.task: asyncio.Task[None] | None = None
+        self.headers_sent = False
+        self.closed = False
+        #: A future the handler's reader (or writer) waits on.
+        self.waiter: asyncio.Future[None] | None = None
+        #: Request bytes received but not yet returned to the client's window.
+        self.unacked = 0
+        self.compressed = compressed
+        self.deadline_timer: asyncio.TimerHandle | None = None
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class Http2Protocol(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, server: H2GrpcServer) -> None:
+        self.server = server
+        self.loop = server.loop
+        self.conn = ServerConnection(
+            max_concurrent_streams=server.max_concurrent_streams,
+            initial_window=WINDOW,
+            max_header_list_size=server.max_header_list_size,
+        )
+        self.transport: asyncio.Transport | None = None
+        self.calls: dict[int, _Call] = {}
+        self.peer = "unknown"
+        self.closed = False
+        self.paused = False
+        self._drain: asyncio.Future[None] | None = None
+        #: Streams whose writer waits for the client's flow-control window.
+        self._blocked: set[int] = set()
+        self._flush_scheduled = False
+
+    # ---------------------------------------------------------------- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        address = transport.get_extra_info("peername")
+        if isinstance(address, tuple) and len(address) >= 2:
+            host, port = address[0], address[1]
+            self.peer = f"ipv6:[{host}]:{port}" if ":" in host else f"ipv4:{host}:{port}"
+        self.server.connections.add(self)
+        self._flush()  # this side's SETTINGS
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        for call in list(self.calls.values()):
+            self._cancel(call)
+        self.calls.clear()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def pause_writing(self) -> None:
+        # A client that does not read: read nothing more from it either (its PINGs, SETTINGS
+        # and calls would each queue more output), until what is queued drains.
+        self.paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        self._drain = None
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._received(data)
+        except Exception:  # a defect here ends this connection, not the broker's loop
+            log.exception("gRPC connection from %s failed: closed", self.peer)
+            self._close()
+
+    def _received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive(data)
+        except ConnectionError_ as exc:
+            log.info("gRPC client %s broke HTTP/2 (%s): connection closed", self.peer, exc.reason)
+            self._flush()  # the GOAWAY
+            self._close()
+            return
+        for event in events:
+            kind = event[0]
+            if kind == EV_DATA:
+                self._data(event[1], event[2], event[3], event[4])
+            elif kind == EV_REQUEST:
+                self._request(event[1], event[2], event[3])
+            elif kind == EV_RESET:
+                call = self.calls.pop(event[1], None)
+                if call is not None:
+                    self._cancel(call)
+            elif kind == EV_WINDOW:
+                self._unblock(event[1])
+            elif kind == EV_GOAWAY:
+                self.conn.goaway()
+                if not self.calls:
+                    self._flush()
+                    self._close()
+                    return
+        self._flush()
+
+    # ---------------------------------------------------------------- requests
+    def _request(self, stream_id: int, headers: list[tuple[bytes, bytes]], end: bool) -> None:
+        path = b""
+        content_type = b""
+        timeout = b""
+        encoding = b""
+        for name, value in headers:
+            if name == b":path":
+                path = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"grpc-timeout":
+                timeout = value
+            elif name == b"grpc-encoding":
+                encoding = value
+        if not content_type.startswith(_GRPC_CONTENT):
+            # Not a gRPC request: HTTP's 415, as grpcio answers it.
+            self.conn.send_headers(stream_id, literal(8, b"415"), end_stream=True)
+            self.conn.reset(stream_id, NO_ERROR)
+            return
+        server = self.server
+        method = path.decode("ascii", "replace")
+        context = CallContext(method, self.peer, headers, parse_timeout(timeout))
+        if encoding not in (b"", b"identity", b"gzip", b"deflate"):
+            self._trailers_only(
+                stream_id, grpc.StatusCode.UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')!r}"
+            )
+            return
+        if server.open_calls >= server.max_concurrent_calls:
+            self._trailers_only(
+                stream_id, grpc.StatusCode.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!"
+            )
+            return
+        handler = server.lookup(method, context)
+        if handler is None:
+            self._trailers_only(stream_id, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+            return
+        call = _Call(stream_id, handler, context, encoding in (b"gzip", b"deflate"))
+        context._call = call
+        context._connection = self
+        self.calls[stream_id] = call
+        server.open_calls += 1
+        if context.deadline is not None:
+            call.deadline_timer = self.loop.call_later(
+                context.deadline - time.monotonic(), self._expired, call
+            )
+        if handler.request_streaming:
+            call.task = self.loop.create_task(self._run(call))
+        if end:
+            self._ended(call)
+        # a unary request's task starts with the request's last byte (_ended)
+
+    def _data(self, stream_id: int, data: bytes, end: bool, size: int) -> None:
+        call = self.calls.get(stream_id)
+        if call is None or call.closed:
+            return
+        call.unacked += size
+        buffer = call.buffer
+        buffer += data
+        limit = self.server.max_message_bytes
+        while len(buffer) >= 5:
+            length = int.from_bytes(buffer[1:5], "big")
+            if length > limit:
+                self._fail(
+                    call,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"Received message larger than max ({length} vs. {limit})",
+                )
+                return
+            if len(buffer) < 5 + length:
+                break
+            flag = buffer[0]
+            message = bytes(buffer[5 : 5 + length])
+            del buffer[: 5 + length]
+            if flag:
+                if not call.compressed:
+                    self._fail(call, grpc.StatusCode.INTERNAL, "compressed message without grpc-encoding")
+                    return
+                try:
+                    inflater = zlib.decompressobj(wbits=47)  # gzip or zlib, by the header
+                    message = inflater.decompress(message, limit + 1)
+                except zlib.error as exc:
+                    self._fail(call, grpc.StatusCode.INTERNAL, f"cannot decompress message: {exc}")
+                    return
+                if len(message) > limit:
+                    self._fail(call, grpc.StatusCode.RESOURCE_EXHAUSTED, "Received message larger than max")
+                    return
+            call.messages.append((message, 5 + length))
+        if not call.handler.request_streaming:
+            if len(call.messages) > 1:
+                self._fail(
+                    call, grpc.StatusCode.UNIMPLEMENTED, "more than one request message on a unary call"
+                )
+                return
+            # A unary request is bounded by the message limit: its window comes back at once.
+            self._ack(call)
+        if end:
+            self._ended(call)
+        else:
+            call.wake()
+
+    def _ack(self, call: _Call) -> None:
+        if call.unacked > 0 and not call.closed:
+            self.conn.acknowledge(call.stream_id, call.unacked)
+            call.unacked = 0
+
+    def _ended(self, call: _Call) -> None:
+        call.ended = True
+        if call.buffer:
+            self._fail(call, grpc.StatusCode.INTERNAL, "the request ended inside a message")
+            return
+        if call.task is None and not call.closed:
+            call.task = self.loop.create_task(self._run(call))
+        call.wake()
+
+    # ---------------------------------------------------------------- the handler's side
+    async def _run(self, call: _Call) -> None:
+        handler = call.handler
+        context = call.context
+        server = self.server
+        code = grpc.StatusCode.OK
+        details = ""
+        try:
+            if handler.request_streaming:
+                request: Any = self._requests(call)
+            else:
+                request = self._unary_request(call)
+            if handler.response_streaming:
+                behavior = handler.stream_stream if handler.request_streaming else handler.unary_stream
+                outcome = behavior(request, context)
+                if hasattr(outcome, "__aiter__"):
+                    async for response in outcome:
+                        await self.write(call, response)
+                else:
+                    await outcome
+            else:
+                behavior = handler.stream_unary if handler.request_streaming else handler.unary_unary
+                response = await behavior(request, context)
+                if response is not None:
+                    await self.write(call, response, last=True)
+            if context._code is not None:
+                code, details = context._code, context._details or ""
+        except AbortError as exc:
+            code, details = exc.code, exc.details
+        except _Deserialize as exc:
+            code, details = grpc.StatusCode.INTERNAL, f"Exception deserializing request: {exc}"
+        except asyncio.CancelledError:
+            if call.closed or self.closed:
+                return
+            code, details = grpc.StatusCode.CANCELLED, "Cancelled"
+        except _NoRequest:
+            code, details = grpc.StatusCode.UNIMPLEMENTED, "no request message on a unary call"
+        except Exception as exc:
+            log.exception("gRPC method %s failed", context.method)
+            code, details = grpc.StatusCode.UNKNOWN, f"Unexpected {type(exc)}: {exc}"
+        finally:
+            server.open_calls -= 1
+        self._finish(call, code, details)
+
+    def _unary_request(self, call: _Call) -> Any:
+        if len(call.messages) != 1:
+            raise _NoRequest()
+        data = call.messages.popleft()[0]
+        deserializer = call.handler.request_deserializer
+        if deserializer is None:
+            return data
+        try:
+            return deserializer(data)
+        except Exception as exc:
+            raise _Deserialize(exc) from exc
+
+    async def _requests(self, call: _Call) -> AsyncIterator[Any]:
+        deserializer = call.handler.request_deserializer
+        while True:
+            while call.messages:
+                data, size = call.messages.popleft()
+                if not call.closed:  # the client may send this much more: the handler read it
+                    self.conn.acknowledge(call.stream_id, size)
+                    call.unacked -= size
+                    self._schedule_flush()
+                if deserializer is None:
+                    yield data
+                    continue
+                try:
+                    request = deserializer(data)
+                except Exception as exc:
+                    raise _Deserialize(exc) from exc
+                yield request
+            if call.ended or call.closed:
+                return
+            call.waiter = self.loop.create_future()
+            try:
+                await call.waiter
+            finally:
+                call.waiter = None
+
+    async def write(self, call: _Call, message: Any, last: bool = False) -> None:
+        """One response message, as the client's flow-control window lets it go."""
+        if call.closed or self.closed:
+            raise asyncio.CancelledError()
+        serializer = call.handler.response_serializer
+        payload = serializer(message) if serializer is not None else message
+        if len(payload) > self.server.max_message_bytes:
+            raise AbortError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"Sent message larger than max ({len(payload)} vs. {self.server.max_message_bytes})",
+            )
+        data = b"\x00" + len(payload).to_bytes(4, "big") + payload
+        conn = self.conn
+        stream_id = call.stream_id
+        if not call.headers_sent:
+            call.headers_sent = True
+            conn.send_headers(stream_id, RESPONSE_HEADERS)
+        while data:
+            window = conn.window(stream_id)
+            if window <= 0:
+                if stream_id not in conn.streams:
+                    raise asyncio.CancelledError()
+                self._flush()
+                self._blocked.add(stream_id)
+                call.waiter = self.loop.create_future()
+                try:
+                    await call.waiter
+                finally:
+                    call.waiter = None
+                    self._blocked.discard(stream_id)
+                if call.closed or self.closed:
+                    raise asyncio.CancelledError()
+                continue
+            if window >= len(data):
+                conn.send_data(stream_id, data)
+                break
+            conn.send_data(stream_id, data[:window])
+            data = data[window:]
+        if self.paused:
+            self._flush()
+            if self._drain is None:
+                self._drain = self.loop.create_future()
+            await self._drain
+        elif not last:
+            self._schedule_flush()
+
+    def _finish(self, call: _Call, code: grpc.StatusCode, details: str) -> None:
+        if call.closed or self.closed:
+            return
+        call.closed = True
+        if call.deadline_timer is not None:
+            call.deadline_timer.cancel()
+        self.calls.pop(call.stream_id, None)
+        trailers = status_of(code, details)
+        conn = self.conn
+        if call.headers_sent:
+            conn.send_headers(call.stream_id, trailers, end_stream=True)
+        else:
+            conn.send_headers(call.stream_id, RESPONSE_HEADERS + trailers, end_stream=True)
+        if not call.ended:  # the client still sends: it has its answer, the rest is not read
+            conn.reset(call.stream_id, NO_ERROR)
+        self._flush()
+        if conn.goaway_sent and not self.calls:
+            self._close()
+
+    def _fail(self, call: _Call, code: grpc.StatusCode, details: str) -> None:
+        """A request the server cannot take: the status now, the handler (if running) cancelled."""
+        task = call.task
+        if task is not None:
+            call.task = None
+            task.cancel()  # its _run takes the open call back, and finds the call closed
+        else:
+            self.server.open_calls -= 1
+        self._finish(call, code, details)
+
+    def _expired(self, call: _Call) -> None:
+        call.deadline_timer = None
+        if call.closed:
+            return
+        call.context._expired = True
+        self._fail(call, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    def _cancel(self, call: _Call) -> None:
+        if call.closed:
+            return
+        call.closed = True
+        call.context._cancelled = True
+        if call.deadline_timer is not None:
+            call.deadline_timer.cancel()
+        if call.task is not None:
+            call.task.cancel()
+        else:
+            self.server.open_calls -= 1
+        call.wake()
+
+    def _trailers_only(self, stream_id: int, code: grpc.StatusCode, details: str) -> None:
+        self.conn.send_headers(stream_id, RESPONSE_HEADERS + status_of(code, details), end_stream=True)
+        self.conn.reset(stream_id, NO_ERROR)
+
+    # ---------------------------------------------------------------- output
+    def _unblock(self, stream_id: int) -> None:
+        if stream_id:
+            call = self.calls.get(stream_id)
+            if call is not None:
+                call.wake()
+            return
+        for blocked in list(self._blocked):
+            call = self.calls.get(blocked)
+            if call is not None:
+                call.wake()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        data = self.conn.data_to_send()
+        if data and self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def _close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def goaway(self) -> None:
+        """No new streams (the server stops): GOAWAY with the last stream taken."""
+        if self.closed:
+            return
+        self.conn.goaway()
+        self._flush()
+        if not self.calls:
+            self._close()
+
+
+class _Deserialize(Exception):
+    pass
+
+
+class _NoRequest(Exception):
+    pass
+
+
+class H2GrpcServer:
+    """A gRPC server of generic handlers, on the running loop; the calls of ``grpc.aio.Server``
+    the endpoint makes (``add_generic_rpc_handlers``, ``start``, ``stop``).
+
+    Bound when made (``bind`` raises OSError for an address in use); served from :meth:`start`."""
+
+    def __init__(
+        self,
+        handler: grpc.GenericRpcHandler | None = None,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        max_message_bytes: int = 4 * 1024 * 1024,
+        max_concurrent_streams: int = 100,
+        max_concurrent_calls: int = 10_000,
+        max_header_list_size: int = 16 * 1024,
+    ) -> None:
+        self.handlers: list[grpc.GenericRpcHandler] = [] if handler is None else [handler]
+        self.ssl_context = ssl_context
+        self.max_message_bytes = max_message_bytes
+        self.max_concurrent_streams = max_concurrent_streams
+        self.max_concurrent_calls = max_concurrent_calls
+        self.max_header_list_size = max_header_list_size
+        self.open_calls = 0
+        self.connections: set[Http2Protocol] = set()
+        self._methods: dict[str, Any] = {}
+        self.socket: socket.socket | None = None
+        self.port = 0
+        self._server: asyncio.AbstractServer | None = None
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+
+    def add_insecure_port(self, address: str) -> int:
+        """Bind ``host:port`` (``[v6]:port``; port 0 picks one): the port bound.  RuntimeError
+        when it cannot be bound, as grpcio's."""
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, int(port)))
+            sock.listen(1024)
+        except (OSError, ValueError) as exc:
+            sock.close()
+            raise RuntimeError(f"cannot bind {address}: {exc}") from exc
+        sock.setblocking(False)
+        self.socket = sock
+        self.port = sock.getsockname()[1]
+        return self.port
+
+    def add_secure_port(self, address: str, credentials: Any = None) -> int:
+        """As :meth:`add_insecure_port`, served with TLS (the server's ``ssl_context``)."""
+        if self.ssl_context is None:
+            raise RuntimeError("a TLS port needs the server's ssl_context")
+        return self.add_insecure_port(address)
+
+    def lookup(self, method: str, context: CallContext) -> Any:
+        """The method's handler (grpc.RpcMethodHandler), None when the service has no such method."""
+        found = self._methods.get(method)
+        if found is None:
+            details = CallDetails(method, context.invocation_metadata())
+            for handler in self.handlers:
+                found = handler.service(details)
+                if found is not None:
+                    break
+            if found is not None and len(self._methods) < 64:
+                self._methods[method] = found
+        return found
+
+    def add_generic_rpc_handlers(self, handlers: tuple[grpc.GenericRpcHandler, ...]) -> None:
+        self.handlers.extend(handlers)
+        self._methods.clear()
+
+    async def start(self) -> None:
+        if self.socket is None:
+            raise RuntimeError("the server has no port (add_insecure_port)")
+        self.loop = asyncio.get_running_loop()
+        self._server = await self.loop.create_server(
+            lambda: Http2Protocol(self), sock=self.socket, ssl=self.ssl_context
+        )
+
+    async def stop(self, grace: float | None) -> None:
+        """Stop taking connections, GOAWAY to every client, let calls run ``grace`` seconds, then
+        cancel what is left and close."""
+        if self._server is not None:
+            self._server.close()
+        elif self.socket is not None:
+            self.socket.close()
+        for connection in list(self.connections):
+            connection.goaway()
+        end = time.monotonic() + (grace or 0.0)
+        while time.monotonic() < end and any(c.calls for c in self.connections):
+            await asyncio.sleep(0.02)
+        for connection in list(self.connections):
+            connection._close()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+def tls_context(certfile: str, keyfile: str, cafile: str = "") -> ssl.SSLContext:
+    """A server TLS context offering HTTP/2 (ALPN ``h2``); with ``cafile`` clients must show a
+    certificate it signed."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certfile, keyfile)
+    if cafile:
+        context.load_verify_locations(cafile)
+        context.verify_mode = ssl.CERT_REQUIRED
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+def aio_like(options: GrpcOptions) -> Callable[..., Any]:
+    """A maker of the native server taking ``grpc.aio.server``'s arguments (the endpoint's
+    ``[transport.grpc] server = "native"``); TLS from ``options``' files.  Without the hpack
+    package (the grpc extra installs it) grpcio's server, with a warning."""
+    if hpack is None:
+        log.warning(
+            '[transport.grpc] server = "native" needs the hpack package (pip install "tidemq[grpc]"): '
+            "serving with grpcio's server"
+        )
+        return grpc.aio.server
+    context = None
+    if options.tls_certfile:
+        server_credentials(options)  # each file readable, or the ConfigError naming it
+        try:
+            context = tls_context(options.tls_certfile, options.tls_keyfile, options.tls_cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"[transport.grpc] TLS files: {exc}") from exc
+
+    def make(
+        *, maximum_concurrent_rpcs: int | None = None, options: Sequence[tuple[str, Any]] = ()
+    ) -> H2GrpcServer:
+        channel = dict(options)
+        return H2GrpcServer(
+            ssl_context=context,
+            max_message_bytes=int(channel.get("grpc.max_receive_message_length", 4 * 1024 * 1024)),
+            max_concurrent_streams=int(channel.get("grpc.max_concurrent_streams", 100)),
+            max_concurrent_calls=maximum_concurrent_rpcs or 10_000,
+        )
+
+    return make
