@@ -162,6 +162,12 @@ class Gate:
         async def gated(requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
             refused = self.check(rpc, None, context)
             if refused is not None:
+                # The client's first command (its Settings) is read before the refusal ends the
+                # stream: a client writes it at once, and a write racing the stream's end fails
+                # on the client as INTERNAL instead of reading the refusal (the native server
+                # answers within one round trip).
+                async for _ in requests:
+                    break
                 yield refused
                 return
             stopped: list[Any] = []
