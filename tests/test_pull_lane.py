@@ -351,3 +351,39 @@ def test_pulls_as_the_official_client_sends_them_take_the_lane_and_answer_alike(
         "TagA || TagB",
     ):  # a rare tag's pull scans the whole queue, across files
         assert counters["served"] > before
+
+
+# --------------------------------------------------------------------------- the walk, damaged files
+def test_a_damaged_entry_pointing_near_2_to_the_63_stops_the_walk_instead_of_crashing() -> None:
+    """A ConsumeQueue entry whose offset is 2**63 - 1 made ``pos + size`` wrap past the bounds check:
+    the compiled walk read far outside the mapping and the broker died (SIGSEGV) on the pull."""
+    from tidemq._native import _pull_lane, _pull_walk
+    from tidemq.record import SCAN_CAREFUL, pack_cq_entries
+
+    data = memoryview(bytes(1490))
+    entries = pack_cq_entries([(1 << 63) - 1], [102], [2112])
+    tags = ((116, 2112), (b"BB", b"t"))
+    for selection in (tags, None):
+        assert (
+            _pull_lane.walk(entries, 0, 20, data, 0, 1490, b"T", 1, 0, 8, 4096, True, selection)[4]
+            == SCAN_CAREFUL
+        )
+        found = _pull_walk.scan_queue(
+            entries, 0, 20, data, 0, 1490, b"T", 1, 0, 8, 4096, True, [], [], 0, [], selection
+        )
+        assert found[3] == SCAN_CAREFUL
+
+
+def test_the_walk_fuzzer_finds_no_difference_from_the_reference() -> None:
+    """A few thousand inputs of ``tests/fuzz/fuzz_pull_lane.py`` (the committed runs do a million)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent / "fuzz"))
+    try:
+        import fuzz_pull_lane
+    finally:
+        sys.path.pop(0)
+    from tidemq._native import _pull_lane
+
+    summary = fuzz_pull_lane.run(_pull_lane, 3000, seed=2)
+    assert summary["walks_taking_records"] > 300  # the inputs reach past the first record

@@ -151,7 +151,9 @@ cdef tuple _walk(object entries, Py_ssize_t start, Py_ssize_t limit, object file
                         i += 20  # another tag: skipped on the entry alone, the record unread
                         continue
                     pos = phy - file_from
-                    if pos < 0 or size < 0 or pos + size > readable:
+                    # pos > readable - size, not pos + size > readable: a damaged entry's offset
+                    # near 2**63 must not wrap the sum past the check.
+                    if pos < 0 or size < 0 or pos > readable or size > readable - pos:
                         stop = 2
                         break
                     qoff = first_queue_offset + i // 20
