@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from tidemq import hookimpl
 from tidemq.address import split_address
 from tidemq.broker.pull_lane import counters
+from tidemq.extensions import compiled_twin
 from tidemq.message import BatchItem, encode_batch, properties_to_string
 from tidemq.observe import ConsumeContext
 from tidemq.remoting import FrameDecoder, RemotingCommand
@@ -36,6 +37,8 @@ from tidemq.store import pull_lane
 from tidemq.testing.pytest_plugin import running_broker
 
 pytest.importorskip("tidemq._native._pull_lane")
+if compiled_twin("tidemq._native._pull_lane") is None:  # TIDEMQ_NO_EXTENSIONS=1: every pull is the handler's
+    pytest.skip("the compiled pull lane is switched off", allow_module_level=True)
 
 pytestmark = pytest.mark.timeout(300)
 

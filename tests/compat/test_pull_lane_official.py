@@ -27,6 +27,7 @@ from tidemq import hookimpl
 from tidemq.address import split_address
 from tidemq.broker.context import ProcessorRegister
 from tidemq.broker.pull_lane import counters
+from tidemq.extensions import compiled_twin
 from tidemq.observe import ConsumeContext
 from tidemq.plugins import PluginManager
 from tidemq.remoting import FrameDecoder, RemotingCommand
@@ -38,6 +39,8 @@ from tidemq.transport import Connection
 
 pytest.importorskip("rocketmq.client", reason="the official client (rocketmq==0.4.4) is not installed")
 pytest.importorskip("tidemq._native._pull_lane")
+if compiled_twin("tidemq._native._pull_lane") is None:  # TIDEMQ_NO_EXTENSIONS=1: every pull is the handler's
+    pytest.skip("the compiled pull lane is switched off", allow_module_level=True)
 
 pytestmark = [pytest.mark.compat, pytest.mark.timeout(240)]
 
