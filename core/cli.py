@@ -421,6 +421,12 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
         click.echo(f"spark columns: {native_description()}")
     except ImportError:
         pass
+    try:  # the mmap store's PULL_MESSAGE lane (issue 38)
+        from tidemq_store_mmap.pull_lane import describe as pull_lane_description
+
+        click.echo(f"pull lane: {pull_lane_description()}")
+    except ImportError:
+        pass
     ctx.exit()
 
 

@@ -602,3 +602,67 @@ def send_lane(store: object) -> SendLane | None:
     if not isinstance(store, RequestLanes):
         return None
     return store.send_lane()
+
+
+@attrs.frozen(slots=True)
+class PulledRecords:
+    """What a :class:`PullLane` found for one pull: records taken, as a pull response writes them.
+
+    The same figures as the :class:`GetResult` ``get_message`` gives (FOUND, at least one record)
+    for that pull, without an object per message: ``wire`` is ``get_message``'s ``wire_parts``
+    (back-to-back records as one chunk: views of the store's files where it maps them).
+    """
+
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    message_count: int
+    total_size: int
+    suggest_pulling_from_slave: bool
+    wire: tuple[bytes | memoryview, ...]
+
+
+@runtime_checkable
+class PullLane(Protocol):
+    """A store's request lane for PULL_MESSAGE (issue 38): the consume-queue walk and the records'
+    checks for one pull in one call, no Python object per message.
+
+    Offered by a store through :class:`PullLanes` (the ``mmap`` store offers the compiled
+    :mod:`tidemq._native._pull_lane` unless ``TIDEMQ_NO_EXTENSIONS`` is set; the ``memory`` store
+    offers none).  The broker (:mod:`tidemq.broker.pull_lane`) asks it only where nobody could see
+    a difference from the Python handler and answers with what it gives; the lane answers None for
+    any pull it cannot serve exactly as ``get_message`` would (nothing found, an offset outside the
+    queue, a record needing the careful path...), and the Python handler then serves the pull.
+    """
+
+    #: What ``tidemq --version`` and the broker's start-up log say of it.
+    description: str
+
+    def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        tags: tuple[tuple[int, ...], tuple[bytes, ...]] | None,
+    ) -> PulledRecords | None:
+        """What ``get_message(group, topic, queue_id, offset, max_count, filter)`` finds when it is FOUND with records, or None (then the broker calls ``get_message``).
+
+        ``tags`` is :func:`tidemq.filter.tag_selection` of a TAG subscription's filter, None for
+        one that matches everything.  Must not change anything (a refusal has no effect).
+        """
+
+
+@runtime_checkable
+class PullLanes(Protocol):
+    """A store that offers a pull lane (optional): asked once, as the broker registers its handlers."""
+
+    def pull_lane(self) -> PullLane | None:
+        """The pull lane, or None when this store (or this build) has none."""
+
+
+def pull_lane(store: object) -> PullLane | None:
+    """``store``'s pull lane, or None when it offers none."""
+    if not isinstance(store, PullLanes):
+        return None
+    return store.pull_lane()

@@ -107,6 +107,8 @@ class MmapStoreOptions:
     index_flush_interval_ms: int = attrs.field(default=10_000, validator=_positive)
     #: Offer the compiled request lane for SEND_MESSAGE(_V2) and SEND_BATCH_MESSAGE (issue 38): a
     #: read's plain sends are prepared in one compiled call; anything else (send hooks, delay,
-    #: timer, transaction, a retry topic...) is the Python handler's.  Off: the Python handler
-    #: serves every send, for comparison.  ``TIDEMQ_NO_EXTENSIONS=1`` turns it off too.
+    #: timer, transaction, a retry topic...) is the Python handler's.  Also the PULL_MESSAGE lane:
+    #: a pull that finds records is walked and answered without an object per message (consume
+    #: hooks, SQL92, a pull that waits... are the Python handler's).  Off: the Python handlers
+    #: serve every send and pull, for comparison.  ``TIDEMQ_NO_EXTENSIONS=1`` turns it off too.
     request_lanes: bool = True

@@ -50,6 +50,7 @@ from tidemq.store import (
     ArrivalNotifier,
     Dispatcher,
     GetResult,
+    PullLane,
     PutResult,
     PutStatus,
     SendLane,
@@ -63,6 +64,7 @@ from .commitlog import CommitLog, CommitLogFullError, RecordEncodeError
 from .introspection import MmapIntrospection
 from .lane import compiled_send_lane
 from .options import MmapStoreOptions, parse_host
+from .pull_lane import compiled_pull_lane
 from .recovery import StoreRecovery
 from .reput import NOT_CONSUMABLE, ConsumeQueueTable, Reput
 from .transient_pool import transient_pool_for
@@ -251,6 +253,12 @@ class MmapMessageStore(MmapIntrospection):
     def send_lane(self) -> SendLane | None:
         """The compiled SEND_MESSAGE_V2 lane (:class:`tidemq.store.RequestLanes`), None when off."""
         return compiled_send_lane() if self.options.request_lanes else None
+
+    def pull_lane(self) -> PullLane | None:
+        """The compiled PULL_MESSAGE lane (:class:`tidemq.store.PullLanes`), None when off."""
+        if not self.options.request_lanes:
+            return None
+        return compiled_pull_lane(self.cqs, self.commitlog, self.options.check_crc_on_read)
 
     # ------------------------------------------------------------------ writes
     def put_message(self, msg: MessageInner) -> Future[PutResult]:

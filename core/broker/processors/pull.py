@@ -1,6 +1,8 @@
 """PULL_MESSAGE: the remoting codec over :class:`~tidemq.broker.services.pull.PullService`.
 
 Header in, one service call, response out: the body is the store's record buffers, unchanged.
+Where the store offers a pull lane and nobody could see a difference, the lane answers instead
+(:mod:`tidemq.broker.pull_lane`); the service stays the reference and serves every other pull.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 from tidemq.broker.context import ProcessorRegister
 from tidemq.broker.headers import Header, kv
 from tidemq.broker.processors.answers import answer
+from tidemq.broker.pull_lane import PullLaneEntry, pull_lane_entry
 from tidemq.broker.services import BrokerServices
 from tidemq.broker.services.pull import FLAG_SUBSCRIPTION, PullResult, PullService
 from tidemq.broker.services.status import Status
@@ -22,8 +25,10 @@ log = logging.getLogger(__name__)
 
 
 class PullProcessor:
-    def __init__(self, service: PullService):
+    def __init__(self, service: PullService, lane: PullLaneEntry | None = None):
         self.service = service
+        #: The store's pull lane when the broker may take it; None: every pull is the service's.
+        self.lane = lane
 
     async def pull(self, conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
         h = Header(request.ext_fields, "PULL_MESSAGE")
@@ -44,6 +49,22 @@ class PullProcessor:
             )
         else:
             sub_version = h.int("subVersion", 0)
+        lane = self.lane
+        if lane is not None:
+            served = lane.serve(
+                request,
+                group,
+                topic,
+                queue_id,
+                offset,
+                max_nums,
+                sys_flag,
+                commit_offset,
+                sub_version,
+                subscription,
+            )
+            if served is not None:
+                return served
         result = await self.service.pull(
             conn,
             group,
@@ -71,4 +92,6 @@ class PullProcessor:
 
 
 def register(register: ProcessorRegister, services: BrokerServices) -> None:
-    register.add(RequestCode.PULL_MESSAGE, PullProcessor(services.pull).pull)
+    service = services.pull
+    processor = PullProcessor(service, pull_lane_entry(register.context, service))
+    register.add(RequestCode.PULL_MESSAGE, processor.pull)
