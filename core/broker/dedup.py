@@ -13,6 +13,8 @@ The small typed API a send path calls (SendService.prepare today, the compiled s
 * :meth:`DuplicateWindow.topic_window` -- seconds a topic's keys are kept (0: no window);
 * :meth:`DuplicateWindow.check` -- ``check(topic, key)``: the :class:`Sent` that first stored
   ``key`` (answered, or still pending: :attr:`Sent.send` is not None), or None;
+* :meth:`DuplicateWindow.admit_run` -- a run of prepared sends (the compiled send lane's): checks
+  and records them in one compiled call, or declines the run (a resend) for the handler;
 * :meth:`DuplicateWindow.record` -- a send about to be stored: its keys point at it (pending);
   :meth:`Sent.stored` (called by the put's outcome) turns it into the answer, or forgets the
   keys when nothing was stored, so a retry stores the message.
@@ -30,11 +32,12 @@ import hashlib
 import logging
 import time
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from tidemq.broker.dedup_table import COMPILED, HashTable, hashes_of
+from tidemq.broker import dedup_table
+from tidemq.broker.dedup_table import COMPILED, HashTable, batch_keys, hashes_of
 from tidemq.broker.headers import RETRY_GROUP_TOPIC_PREFIX
 from tidemq.futures import resolved
 from tidemq.message import (
@@ -367,6 +370,8 @@ class DuplicateWindow:
         self.epoch_source: Callable[[], int] | None = None
         self.rebuild: Callable[[], None] | None = None
         self._built_epoch: int | None = None
+        #: The compiled run check (None: the Python reference), on compiled tables only.
+        self._compiled_run = dedup_table.admit_run if HashTable is dedup_table.CompiledHashTable else None
 
     # ------------------------------------------------------------------ settings
     def topic_window(self, topic: str, cfg: object) -> float:
@@ -442,6 +447,114 @@ class DuplicateWindow:
         sent = Sent(self, topic, hashes, now + window_s, send)
         self._add(sent, n, now)
         return sent
+
+    def admit_run(self, sends: Sequence[Send], config_of: Callable[[str], object]) -> bool:
+        """The window over a run of prepared sends (the compiled send lane's), as the handler's
+        ``prepare``/``prepare_batch`` use it: False (nothing recorded: the handler serves the
+        run) when a send is a resend the window holds or repeats a key of the run; else True,
+        every send whose messages all have a usable key recorded (``send.dedup``), pending until
+        stored.  ``config_of(topic)``: the topic's config (for :meth:`topic_settings`).
+
+        One compiled call (``_dedup_table.admit_run``) when built; :meth:`admit_run_py` is the
+        reference, and serves runs to a topic keyed on content."""
+        if self.epoch_source is not None:
+            self._follow_epoch()
+        now = self._clock()
+        run = self._compiled_run
+        if run is None:
+            return self.admit_run_py(sends, config_of, now)
+
+        def settings(topic: str) -> tuple[float, bool]:
+            return self.topic_settings(topic, config_of(topic))
+
+        done = run(
+            sends,
+            settings,
+            self._topics,
+            self._order,
+            Sent,
+            self,
+            now,
+            self.max_entries,
+            PER_KEY_BYTES,
+            PER_SEND_BYTES,
+            UNIQ_KEY,
+            MAX_KEY_LENGTH,
+        )
+        if done is None:
+            return False
+        if done is False:
+            return self.admit_run_py(sends, config_of, now)
+        keys, recorded, replaced, too_large = done
+        self._recorded(keys, recorded, replaced, too_large, now)
+        return True
+
+    def admit_run_py(self, sends: Sequence[Send], config_of: Callable[[str], object], now: float) -> bool:
+        """:meth:`admit_run`'s Python reference (the compiled one gives the same verdicts and
+        records: tests/test_dedup_run.py)."""
+        planned: list[tuple[Send, str, array[int], float]] = []
+        seen: set[tuple[str, int]] = set()
+        table: object = None
+        for send in sends:
+            msgs = send.msgs
+            if not msgs:
+                continue
+            topic = msgs[0].topic
+            seconds, content = self.topic_settings(topic, config_of(topic))
+            if seconds <= 0:
+                continue
+            if content:
+                keys = [content_key(m.flag, m.body, m.properties) for m in msgs]
+                if len(set(keys)) != len(keys):
+                    continue  # twice the same content in one batch: stored as it is
+                hashes = hashes_of(keys)
+            else:
+                found = batch_keys(msgs, UNIQ_KEY, MAX_KEY_LENGTH)
+                if found is None:
+                    continue  # a message without a usable key: stored as it is
+                hashes = found[1]
+            for h in hashes:
+                if (topic, h) in seen:
+                    return False  # a key twice in the run: the handler refuses or makes it wait
+                seen.add((topic, h))
+            table = self._topics.get(topic)
+            if table is not None:
+                for h in hashes:
+                    sent = table.get(h)  # type: ignore[attr-defined]
+                    if sent is not None and sent.deadline > now:
+                        return False  # a resend the window holds: the handler answers it
+            planned.append((send, topic, hashes, seconds))
+        keys = recorded = replaced = too_large = 0
+        for send, topic, hashes, seconds in planned:
+            n = len(hashes)
+            if n > self.max_entries:
+                too_large += 1
+                continue
+            table = self._topics.get(topic)
+            if table is None:
+                table = self._topics[topic] = HashTable()
+            sent = Sent(self, topic, hashes, now + seconds, send)
+            for h in hashes:
+                if table.put(h, sent) is not None:  # type: ignore[attr-defined]
+                    replaced += 1
+            sent.nbytes = n * PER_KEY_BYTES + PER_SEND_BYTES
+            self._order.append(sent)
+            send.dedup = sent
+            keys += n
+            recorded += 1
+        self._recorded(keys, recorded, replaced, too_large, now)
+        return True
+
+    def _recorded(self, keys: int, recorded: int, replaced: int, too_large: int, now: float) -> None:
+        """Counts a run's records (``replaced``: older keys they took over), then trims."""
+        self.entries += keys - replaced
+        self.nbytes += keys * PER_KEY_BYTES + recorded * PER_SEND_BYTES - replaced * PER_KEY_BYTES
+        self.evicted += too_large
+        order = self._order
+        if order and (
+            order[0].deadline <= now or self.entries > self.max_entries or self.nbytes > self.max_bytes
+        ):
+            self._trim(now)
 
     @staticmethod
     def same_body(sent: Sent, pos: int, body: bytes, store: MessageStore) -> bool:
