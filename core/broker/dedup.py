@@ -524,7 +524,6 @@ class DuplicateWindow:
         records: tests/test_dedup_run.py)."""
         planned: list[tuple[Send, str, array[int], float]] = []
         seen: set[tuple[str, int]] = set()
-        table: object = None
         for send in sends:
             msgs = send.msgs
             if not msgs:
@@ -534,10 +533,10 @@ class DuplicateWindow:
             if seconds <= 0:
                 continue
             if content:
-                keys = [content_key(m.flag, m.body, m.properties) for m in msgs]
-                if len(set(keys)) != len(keys):
+                digests = [content_key(m.flag, m.body, m.properties) for m in msgs]
+                if len(set(digests)) != len(digests):
                     continue  # twice the same content in one batch: stored as it is
-                hashes = hashes_of(keys)
+                hashes = hashes_of(digests)
             else:
                 found = batch_keys(msgs, UNIQ_KEY, MAX_KEY_LENGTH)
                 if found is None:
@@ -547,10 +546,10 @@ class DuplicateWindow:
                 if (topic, h) in seen:
                     return False  # a key twice in the run: the handler refuses or makes it wait
                 seen.add((topic, h))
-            table = self._topics.get(topic)
-            if table is not None:
+            held = self._topics.get(topic)
+            if held is not None:
                 for h in hashes:
-                    sent = table.get(h)  # type: ignore[attr-defined]
+                    sent = held.get(h)
                     if sent is not None and sent.deadline > now:
                         return False  # a resend the window holds: the handler answers it
             planned.append((send, topic, hashes, seconds))
@@ -565,7 +564,7 @@ class DuplicateWindow:
                 table = self._topics[topic] = HashTable()
             sent = Sent(self, topic, hashes, now + seconds, send)
             for h in hashes:
-                if table.put(h, sent) is not None:  # type: ignore[attr-defined]
+                if table.put(h, sent) is not None:
                     replaced += 1
             sent.nbytes = n * PER_KEY_BYTES + PER_SEND_BYTES
             self._order.append(sent)
