@@ -106,6 +106,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     with tempfile.TemporaryDirectory(prefix="tidemq-dedup-ab-") as tmp:
         async with running_broker(Path(tmp), {"flush": "async"}, auto_create_topic=True) as broker:
+            if args.tune_gc:
+                from tidemq.cli import tune_gc
+
+                tune_gc()  # as `tidemq broker` does once serving: the collector's cost as served
             for batch, per_read in configs:  # warm-up
                 for on in (True, False):
                     await one_run(broker, batch, 200, per_read, args.body, on)
@@ -151,6 +155,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "codec": _native.DESCRIPTION,
         "body_bytes": args.body,
         "repeats": args.repeats,
+        "gc_tuned_as_served": args.tune_gc,
         "dropped": dropped,  # must stay empty: no message was a resend
         "results": results,
         "note": "one process, window switched on and off between runs; a machine shared by 7 helpers: indicative",
@@ -165,6 +170,12 @@ def main() -> None:
     ap.add_argument("--batch-requests", type=int, default=2_000, help="requests per run (batches)")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--body", type=int, default=1024)
+    ap.add_argument(
+        "--no-tune-gc",
+        dest="tune_gc",
+        action="store_false",
+        help="keep CPython's collector thresholds (a served broker raises gen-0's: tidemq.cli.tune_gc)",
+    )
     args = ap.parse_args()
     print(json.dumps(asyncio.run(run(args)), indent=2))
 

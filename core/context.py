@@ -532,6 +532,16 @@ class DuplicateWindowService(DedupFigures, Protocol):
     def count_dropped(self, topic: str, n: int) -> None:
         """``n`` messages of ``topic`` were answered from the window instead of being stored."""
 
+    def admit_run(self, sends: Sequence[Any], config_of: Callable[[str], object]) -> bool:
+        """A run of prepared sends checked and recorded in one call (the send lane's); False:
+        a resend or a repeated key, nothing recorded (the handler serves the run)."""
+
+    def serving(self) -> bool:
+        """Whether sends may be checked now (False while a rebuild after a promotion runs)."""
+
+    async def wait_rebuilt(self, timeout: float = ...) -> bool:
+        """Wait up to ``timeout`` seconds for that rebuild; whether none runs now."""
+
 
 class BrokerFiguresView(Protocol):
     """What a metrics exporter reads of a broker, and nothing it could change.

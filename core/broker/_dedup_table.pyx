@@ -2,18 +2,41 @@
 # cython: initializedcheck=False, auto_pickle=False, embedsignature=True
 """The duplicate window's key table, compiled (issue 37): 64-bit key hashes to objects.
 
-Open addressing with linear probing in two flat arrays (hash, object): one probe per key in
-memory the size of the window, no Python object per key, deletion by backward shift (no
+Open addressing with linear probing in one flat array of (hash, object) slots: one probe per
+key in memory the size of the window, no Python object per key, deletion by backward shift (no
 tombstones, so a window that turns over at a steady size never rehashes).  Hash 0 marks an empty
 slot (a key hashing to 0 is stored as 1).  :mod:`tidemq.broker.dedup_table` holds the Python
 reference with the same API and picks this one when it is built.
 """
 
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython cimport array
+from cpython.dict cimport PyDict_GetItem
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.set cimport PySet_Add, PySet_GET_SIZE
+from cpython.unicode cimport PyUnicode_GET_LENGTH
 from libc.stdint cimport int64_t, uint64_t
-from libc.string cimport memset
+
+
+cdef extern from *:
+    void __builtin_prefetch(const void* addr) noexcept nogil
+
+
+cdef extern from "Python.h":
+    Py_ssize_t Py_SIZE(object o)
+    Py_hash_t PyObject_Hash(object o) except -1
+
+
+cdef array.array _Q = array.array("q")
+cdef array.array _D = array.array("d")
+
+
+cdef inline Py_ssize_t _check_q(array.array hashes) except -1:
+    """The number of hashes in an ``array("q")`` (anything else is refused: its items are read raw)."""
+    if hashes.ob_descr.typecode != b"q":
+        raise TypeError(f"expected an array('q') of key hashes, got typecode {hashes.typecode!r}")
+    return Py_SIZE(hashes)
 
 
 cdef inline uint64_t _slot_hash(int64_t h) noexcept:
@@ -21,11 +44,19 @@ cdef inline uint64_t _slot_hash(int64_t h) noexcept:
     return u if u != 0 else 1
 
 
-cdef class HashTable:
-    """64-bit key hash -> object (the :class:`~tidemq.broker.dedup.Sent` that stored the key)."""
+cdef struct Slot:
+    uint64_t hash  # 0: empty
+    PyObject* value  # a reference the table owns
 
-    cdef uint64_t* _hashes
-    cdef PyObject** _values
+
+cdef class HashTable:
+    """64-bit key hash -> object (the :class:`~tidemq.broker.dedup.Sent` that stored the key).
+
+    One array of (hash, object) slots: a key's check and its record touch one cache line (the
+    table of a full window is tens of MB, so each probe of a key is a cache miss; a run's probes
+    are prefetched together, see :func:`admit_run`)."""
+
+    cdef Slot* _slots
     cdef Py_ssize_t _mask
     cdef Py_ssize_t _used
 
@@ -33,33 +64,25 @@ cdef class HashTable:
         cdef Py_ssize_t cap = 16
         while cap < capacity * 2:
             cap <<= 1
-        self._hashes = NULL
-        self._values = NULL
+        self._slots = NULL
         self._alloc(cap)
 
     cdef int _alloc(self, Py_ssize_t cap) except -1:
-        self._hashes = <uint64_t*>PyMem_Malloc(cap * sizeof(uint64_t))
-        self._values = <PyObject**>PyMem_Malloc(cap * sizeof(PyObject*))
-        if self._hashes == NULL or self._values == NULL:
-            PyMem_Free(self._hashes)
-            PyMem_Free(self._values)
-            self._hashes = NULL
-            self._values = NULL
+        cdef Slot* slots = <Slot*>PyMem_Calloc(cap, sizeof(Slot))
+        if slots == NULL:
             raise MemoryError()
-        memset(self._hashes, 0, cap * sizeof(uint64_t))
-        memset(self._values, 0, cap * sizeof(PyObject*))
+        self._slots = slots
         self._mask = cap - 1
         self._used = 0
         return 0
 
     def __dealloc__(self):
         cdef Py_ssize_t i
-        if self._hashes != NULL:
+        if self._slots != NULL:
             for i in range(self._mask + 1):
-                if self._hashes[i] != 0:
-                    Py_XDECREF(self._values[i])
-        PyMem_Free(self._hashes)
-        PyMem_Free(self._values)
+                if self._slots[i].hash != 0:
+                    Py_XDECREF(self._slots[i].value)
+        PyMem_Free(self._slots)
 
     def __len__(self):
         return self._used
@@ -68,11 +91,14 @@ cdef class HashTable:
     def capacity(self):
         return self._mask + 1
 
+    cdef inline void _prefetch(self, uint64_t h) noexcept:
+        __builtin_prefetch(&self._slots[<Py_ssize_t>(h & <uint64_t>self._mask)])
+
     cdef Py_ssize_t _find(self, uint64_t h) noexcept:
         cdef Py_ssize_t i = <Py_ssize_t>(h & <uint64_t>self._mask)
         cdef uint64_t x
         while True:
-            x = self._hashes[i]
+            x = self._slots[i].hash
             if x == 0:
                 return -1
             if x == h:
@@ -80,23 +106,20 @@ cdef class HashTable:
             i = (i + 1) & self._mask
 
     cdef int _grow(self) except -1:
-        cdef uint64_t* old_hashes = self._hashes
-        cdef PyObject** old_values = self._values
+        cdef Slot* old = self._slots
         cdef Py_ssize_t old_cap = self._mask + 1
         cdef Py_ssize_t i, j
         cdef uint64_t h
-        self._alloc(old_cap * 2)  # raises before anything moved: the old arrays stay whole
+        self._alloc(old_cap * 2)  # raises before anything moved: the old array stays whole
         for i in range(old_cap):
-            h = old_hashes[i]
+            h = old[i].hash
             if h != 0:
                 j = <Py_ssize_t>(h & <uint64_t>self._mask)
-                while self._hashes[j] != 0:
+                while self._slots[j].hash != 0:
                     j = (j + 1) & self._mask
-                self._hashes[j] = h
-                self._values[j] = old_values[i]  # the reference moves
+                self._slots[j] = old[i]  # the reference moves
                 self._used += 1
-        PyMem_Free(old_hashes)
-        PyMem_Free(old_values)
+        PyMem_Free(old)
         return 0
 
     cdef object _put(self, uint64_t h, object value):
@@ -107,16 +130,16 @@ cdef class HashTable:
             self._grow()
         i = <Py_ssize_t>(h & <uint64_t>self._mask)
         while True:
-            if self._hashes[i] == 0:
+            if self._slots[i].hash == 0:
                 Py_INCREF(value)
-                self._hashes[i] = h
-                self._values[i] = <PyObject*>value
+                self._slots[i].hash = h
+                self._slots[i].value = <PyObject*>value
                 self._used += 1
                 return None
-            if self._hashes[i] == h:
-                old = self._values[i]
+            if self._slots[i].hash == h:
+                old = self._slots[i].value
                 Py_INCREF(value)
-                self._values[i] = <PyObject*>value
+                self._slots[i].value = <PyObject*>value
                 result = <object>old  # a new reference for the caller...
                 Py_XDECREF(old)  # ...and the table's dropped
                 return result
@@ -127,20 +150,20 @@ cdef class HashTable:
         cdef Py_ssize_t j = i
         cdef Py_ssize_t k
         cdef Py_ssize_t mask = self._mask
-        self._hashes[i] = 0
-        self._values[i] = NULL
+        cdef Slot* slots = self._slots
+        slots[i].hash = 0
+        slots[i].value = NULL
         self._used -= 1
         while True:
             j = (j + 1) & mask
-            if self._hashes[j] == 0:
+            if slots[j].hash == 0:
                 return
-            k = <Py_ssize_t>(self._hashes[j] & <uint64_t>mask)  # where the entry at j wants to be
+            k = <Py_ssize_t>(slots[j].hash & <uint64_t>mask)  # where the entry at j wants to be
             if (i <= j and (i < k <= j)) or (i > j and (k > i or k <= j)):
                 continue  # reachable from its home without crossing i: it stays
-            self._hashes[i] = self._hashes[j]
-            self._values[i] = self._values[j]
-            self._hashes[j] = 0
-            self._values[j] = NULL
+            slots[i] = slots[j]
+            slots[j].hash = 0
+            slots[j].value = NULL
             i = j
 
     def get(self, int64_t h):
@@ -148,86 +171,264 @@ cdef class HashTable:
         cdef Py_ssize_t i = self._find(_slot_hash(h))
         if i < 0:
             return None
-        return <object>self._values[i]
+        return <object>self._slots[i].value
 
     def put(self, int64_t h, object value):
         """Store ``value`` under ``h``; the object it replaced, or None."""
         return self._put(_slot_hash(h), value)
 
-    def put_many(self, const int64_t[:] hashes, object value):
-        """Store ``value`` under every hash; the replaced objects (None when none was)."""
-        cdef Py_ssize_t n = hashes.shape[0]
+    def put_many(self, array.array hashes not None, object value):
+        """Store ``value`` under every hash (an ``array("q")``); the replaced objects (None when
+        none was)."""
+        cdef Py_ssize_t n = _check_q(hashes)
+        cdef long long* data = hashes.data.as_longlongs
         cdef Py_ssize_t i
         replaced = None
         for i in range(n):
-            old = self._put(_slot_hash(hashes[i]), value)
+            self._prefetch(_slot_hash(data[i]))
+        for i in range(n):
+            old = self._put(_slot_hash(data[i]), value)
             if old is not None:
                 if replaced is None:
                     replaced = []
                 replaced.append(old)
         return replaced
 
-    def any_of(self, const int64_t[:] hashes):
-        """Whether any of the hashes is in the table."""
-        cdef Py_ssize_t n = hashes.shape[0]
+    def any_of(self, array.array hashes not None):
+        """Whether any of the hashes (an ``array("q")``) is in the table."""
+        cdef Py_ssize_t n = _check_q(hashes)
+        cdef long long* data = hashes.data.as_longlongs
         cdef Py_ssize_t i
         for i in range(n):
-            if self._find(_slot_hash(hashes[i])) >= 0:
+            self._prefetch(_slot_hash(data[i]))
+        for i in range(n):
+            if self._find(_slot_hash(data[i])) >= 0:
                 return True
         return False
 
-    def remove_many(self, const int64_t[:] hashes, object value):
-        """Remove the hashes still stored with ``value`` (identity); how many were."""
-        cdef Py_ssize_t n = hashes.shape[0]
+    def remove_many(self, array.array hashes not None, object value):
+        """Remove the hashes (an ``array("q")``) still stored with ``value`` (identity); how many
+        were."""
+        cdef Py_ssize_t n = _check_q(hashes)
+        cdef long long* data = hashes.data.as_longlongs
         cdef Py_ssize_t i, at
         cdef Py_ssize_t removed = 0
         cdef PyObject* old
         for i in range(n):
-            at = self._find(_slot_hash(hashes[i]))
-            if at >= 0 and self._values[at] == <PyObject*>value:
-                old = self._values[at]
+            self._prefetch(_slot_hash(data[i]))
+        for i in range(n):
+            at = self._find(_slot_hash(data[i]))
+            if at >= 0 and self._slots[at].value == <PyObject*>value:
+                old = self._slots[at].value
                 self._delete(at)
                 Py_XDECREF(old)
                 removed += 1
         return removed
 
 
-from cpython.dict cimport PyDict_GetItem
-from cpython.set cimport PySet_Add, PySet_GET_SIZE
-from cpython.unicode cimport PyUnicode_GET_LENGTH
+cdef inline object _key_of(object msg, str name, Py_ssize_t max_length):
+    """Message ``msg``'s key (property ``name``) when usable (a str of 1..max_length), else None."""
+    props = msg.properties
+    if type(props) is not dict:
+        return None
+    cdef PyObject* found = PyDict_GetItem(props, name)
+    if found == NULL:
+        return None
+    key = <object>found
+    if type(key) is not str:
+        return None
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(key)
+    if n == 0 or n > max_length:
+        return None
+    return key
 
 
-def batch_keys(list msgs, str name, Py_ssize_t max_length):
+def batch_keys(list msgs not None, str name not None, Py_ssize_t max_length):
     """The batch's keys (property ``name`` of each message) and their hashes, as
     ``(keys, hashes, repeated)``: ``repeated`` is -1, or the index of the first message whose key
     an earlier one has.  None when a message has no usable key (absent, empty, longer than
     ``max_length``, not a str).  One C pass for what the send path did in four."""
-    from array import array
-
     cdef Py_ssize_t n = len(msgs)
     cdef Py_ssize_t i
     cdef Py_ssize_t repeated = -1
-    cdef PyObject* found
-    keys = [None] * n
-    hashes = array("q", bytes(8 * n))
-    cdef int64_t[:] out = hashes
-    seen = set()
+    cdef list keys = [None] * n
+    cdef array.array hashes = array.clone(_Q, n, False)
+    cdef long long* out = hashes.data.as_longlongs
+    cdef set seen = set() if n > 1 else None
     for i in range(n):
-        props = (<object>msgs[i]).properties
-        if type(props) is not dict:
-            return None
-        found = PyDict_GetItem(props, name)
-        if found == NULL:
-            return None
-        key = <object>found
-        if type(key) is not str:
-            return None
-        if PyUnicode_GET_LENGTH(key) == 0 or PyUnicode_GET_LENGTH(key) > max_length:
+        key = _key_of(msgs[i], name, max_length)
+        if key is None:
             return None
         keys[i] = key
-        out[i] = hash(key)
-        if repeated < 0:
+        out[i] = PyObject_Hash(key)
+        if seen is not None and repeated < 0:
             PySet_Add(seen, key)
             if PySet_GET_SIZE(seen) != i + 1:
                 repeated = i
     return keys, hashes, repeated
+
+
+def admit_run(
+    list sends not None,
+    object settings,
+    dict tables not None,
+    object order,
+    object sent_type,
+    object window,
+    double now,
+    Py_ssize_t max_entries,
+    Py_ssize_t per_key,
+    Py_ssize_t per_send,
+    str name not None,
+    Py_ssize_t max_length,
+):
+    """The duplicate window over one run of prepared sends, in one call (issue 37): what
+    ``DuplicateWindow.admit_run_py`` does, in C loops.
+
+    Each send's keys (property ``name`` of its messages; ``send.msgs[0].topic`` its topic,
+    ``settings(topic)`` its ``(seconds, keyed on content)``) are read and hashed.  A send whose
+    messages all have a usable key is recorded pending: a ``sent_type(window, topic, hashes,
+    now + seconds, send)`` under each key's hash in ``tables[topic]`` (created when missing), its
+    ``nbytes`` set, appended to ``order`` and set as ``send.dedup``.  Returns ``(keys, sends,
+    replaced, 0)``: the keys recorded, the sends recorded, the expired keys they took over (the
+    last: the reference's sends not kept).
+
+    A key the table holds with a deadline after ``now`` (a resend, or a key met earlier in the
+    run: its deadline is later than ``now`` too) declines the run: what this call recorded is
+    undone (the keys it took over restored) and it returns None.  A topic keyed on content, or a
+    send of more than ``max_entries`` keys: False, nothing recorded (the reference serves it).
+    """
+    cdef Py_ssize_t nsends = len(sends)
+    cdef Py_ssize_t i, j, n, at, total = 0
+    cdef list plan = [None] * nsends
+    cdef list topics = [None] * nsends
+    cdef object last_topic = None
+    cdef object topic, msgs, send, key, found, sent
+    cdef double seconds = 0.0
+    cdef array.array seconds_of = array.clone(_D, nsends, False)
+    cdef HashTable table = None
+    cdef array.array hashes
+    cdef long long* data
+    cdef uint64_t h
+    # Pass 1: the keys and their hashes; each slot prefetched for pass 2 (a full window's table
+    # is tens of MB: every key's probe is a cache miss, overlapped this way).
+    for i in range(nsends):
+        send = sends[i]
+        msgs = send.msgs
+        n = len(msgs)
+        if n == 0:
+            continue
+        topic = msgs[0].topic
+        if last_topic is None or (topic is not last_topic and topic != last_topic):
+            found = settings(topic)
+            seconds = found[0]
+            if seconds > 0 and found[1]:
+                return False
+            found = tables.get(topic)
+            table = <HashTable>found if found is not None else None
+            last_topic = topic
+        if seconds <= 0:
+            continue
+        hashes = array.clone(_Q, n, False)
+        data = hashes.data.as_longlongs
+        for j in range(n):
+            key = _key_of(msgs[j], name, max_length)
+            if key is None:
+                break  # a message without a usable key: the send is stored as it is
+            data[j] = PyObject_Hash(key)
+            if table is not None:
+                table._prefetch(_slot_hash(data[j]))
+        else:
+            if n > max_entries:
+                return False  # a send the window cannot keep (a tiny bound): the reference's case
+            plan[i] = hashes
+            topics[i] = topic
+            seconds_of.data.as_doubles[i] = seconds
+            total += n
+    if total == 0:
+        return 0, 0, 0, 0
+    # Pass 2: check and record each key in one probe.
+    cdef Py_ssize_t keys = 0, recorded = 0, replaced = 0
+    cdef list taken = None  # (table, hash, the expired Sent it replaced): restored on a decline
+    cdef Py_ssize_t done = 0
+    append = order.append
+    last_topic = None
+    table = None
+    for i in range(nsends):
+        hashes_obj = plan[i]
+        if hashes_obj is None:
+            continue
+        hashes = <array.array>hashes_obj
+        n = Py_SIZE(hashes)
+        topic = topics[i]
+        if topic is not last_topic:
+            found = tables.get(topic)
+            if found is None:
+                found = HashTable()
+                tables[topic] = found
+            table = <HashTable>found
+            last_topic = topic
+        sent = sent_type(window, topic, hashes, now + seconds_of.data.as_doubles[i], sends[i])
+        data = hashes.data.as_longlongs
+        for j in range(n):
+            h = _slot_hash(data[j])
+            at = table._find(h)
+            if at >= 0:
+                old = <object>table._slots[at].value
+                if old.deadline > now:  # a resend, or a key twice in the run
+                    _undo(plan, topics, tables, i, j, sent, taken)
+                    return None
+                if taken is None:
+                    taken = []
+                taken.append((table, h, old))  # an expired key, taken over
+                replaced += 1
+            table._put(h, sent)
+        plan[i] = (hashes, sent)
+    for i in range(nsends):
+        entry = plan[i]
+        if entry is None:
+            continue
+        sent = (<tuple>entry)[1]
+        n = Py_SIZE((<tuple>entry)[0])
+        sent.nbytes = n * per_key + per_send
+        append(sent)
+        sends[i].dedup = sent
+        keys += n
+        recorded += 1
+    return keys, recorded, replaced, 0
+
+
+cdef int _undo(
+    list plan, list topics, dict tables, Py_ssize_t upto, Py_ssize_t upto_key, object current, list taken
+) except -1:
+    """Pass 2 declined at send ``upto``'s key ``upto_key``: remove what it recorded before, and
+    put back the expired keys it took over."""
+    cdef Py_ssize_t i, j, n, at
+    cdef HashTable table
+    cdef array.array hashes
+    cdef PyObject* value
+    cdef uint64_t h
+    for i in range(upto + 1):
+        entry = plan[i]
+        if entry is None:
+            continue
+        if i < upto:
+            hashes = <array.array>(<tuple>entry)[0]
+            sent = (<tuple>entry)[1]
+            n = Py_SIZE(hashes)
+        else:
+            hashes = <array.array>entry  # the declining send: its keys before upto_key
+            sent = current
+            n = upto_key
+        table = <HashTable>tables[topics[i]]
+        for j in range(n):
+            h = _slot_hash(hashes.data.as_longlongs[j])
+            at = table._find(h)
+            if at >= 0 and table._slots[at].value == <PyObject*>sent:
+                value = table._slots[at].value
+                table._delete(at)
+                Py_XDECREF(value)
+    if taken is not None:
+        for item in taken:
+            (<HashTable>(<tuple>item)[0])._put((<tuple>item)[1], (<tuple>item)[2])
+    return 0

@@ -13,6 +13,8 @@ The small typed API a send path calls (SendService.prepare today, the compiled s
 * :meth:`DuplicateWindow.topic_window` -- seconds a topic's keys are kept (0: no window);
 * :meth:`DuplicateWindow.check` -- ``check(topic, key)``: the :class:`Sent` that first stored
   ``key`` (answered, or still pending: :attr:`Sent.send` is not None), or None;
+* :meth:`DuplicateWindow.admit_run` -- a run of prepared sends (the compiled send lane's): checks
+  and records them in one compiled call, or declines the run (a resend) for the handler;
 * :meth:`DuplicateWindow.record` -- a send about to be stored: its keys point at it (pending);
   :meth:`Sent.stored` (called by the put's outcome) turns it into the answer, or forgets the
   keys when nothing was stored, so a retry stores the message.
@@ -25,17 +27,20 @@ derived from the commit log, rebuilt at start and when the broker becomes master
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 import logging
 import time
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from tidemq.broker.dedup_table import COMPILED, HashTable, hashes_of
+from tidemq.broker import dedup_table
+from tidemq.broker.dedup_table import COMPILED, HashTable, batch_keys, hashes_of
 from tidemq.broker.headers import RETRY_GROUP_TOPIC_PREFIX
+from tidemq.errors import TidemqError
 from tidemq.futures import resolved
 from tidemq.message import (
     TRANSACTION_PREPARED_TYPE,
@@ -58,11 +63,13 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_KEY_LENGTH",
+    "REBUILD_WAIT_S",
     "TOPIC_ATTRIBUTE",
     "UNIQ_KEY",
     "Duplicate",
     "DuplicateWindow",
     "Sent",
+    "WindowRebuilding",
     "content_key",
 ]
 
@@ -112,6 +119,19 @@ _PUT_OK = PutStatus.PUT_OK
 #: FLUSH_DISK_TIMEOUT, SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT.  As plain codes: this module is
 #: imported by :mod:`tidemq.broker.services.send`, so it imports nothing of that package.
 _STORED_CODES = frozenset((0, 10, 11, 12))
+
+
+#: How long a send waits for the window's rebuild after a promotion (a new epoch) before it is
+#: answered SERVICE_NOT_AVAILABLE, which RocketMQ 4.x producers send again at once (as
+#: SYSTEM_ERROR; SYSTEM_BUSY they do not).  Under a client's default 3 s send timeout, so the
+#: client's own retries get their turn; a window of 1 M keys takes 5-8 s to rebuild.
+REBUILD_WAIT_S = 2.5
+
+
+class WindowRebuilding(TidemqError):
+    """The window is being rebuilt (a promotion): it cannot say yet whether a send is a resend.
+    Raised by :meth:`DuplicateWindow.check` to a caller that did not wait
+    (:meth:`DuplicateWindow.serving`, :meth:`DuplicateWindow.wait_rebuilt`)."""
 
 
 def _status() -> type[Status]:
@@ -341,7 +361,10 @@ class DuplicateWindow:
         *,
         content: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        owner: DuplicateWindow | None = None,
     ) -> None:
+        #: The window its Sents belong to: itself, or the live window a scratch one is rebuilt for.
+        self._owner = owner if owner is not None else self
         self.window_s = float(window_s)
         self.max_entries = max_entries
         self.max_bytes = max_bytes
@@ -365,8 +388,14 @@ class DuplicateWindow:
         self.rebuild_seconds = 0.0
         #: Controller mode: the epoch the window was built for; a new one rebuilds it first.
         self.epoch_source: Callable[[], int] | None = None
-        self.rebuild: Callable[[], None] | None = None
+        #: ``fill(window)``: rebuild ``window`` from the commit log (set by ``attach_window``).
+        self.fill: Callable[[DuplicateWindow], None] | None = None
         self._built_epoch: int | None = None
+        #: The rebuild running in a thread after a promotion (None: none runs), and its number.
+        self._rebuilding: asyncio.Future[None] | None = None
+        self._generation = 0
+        #: The compiled run check (None: the Python reference), on compiled tables only.
+        self._compiled_run = dedup_table.admit_run if HashTable is dedup_table.CompiledHashTable else None
 
     # ------------------------------------------------------------------ settings
     def topic_window(self, topic: str, cfg: object) -> float:
@@ -402,9 +431,11 @@ class DuplicateWindow:
     # ------------------------------------------------------------------ the API of a send path
     def check(self, topic: str, key: str) -> Sent | None:
         """The send that stored ``key`` in ``topic`` within the window (answered, or pending:
-        its ``send`` is set), or None."""
+        its ``send`` is set), or None; :class:`WindowRebuilding` while a rebuild runs."""
         if self.epoch_source is not None:
             self._follow_epoch()
+        if self._rebuilding is not None:
+            raise WindowRebuilding("the duplicate window is being rebuilt after a promotion; send again")
         table = self._topics.get(topic)
         if table is None:
             return None
@@ -418,6 +449,8 @@ class DuplicateWindow:
         when no key is in the table at all: the common case, found in one pass in C."""
         if self.epoch_source is not None:
             self._follow_epoch()
+        if self._rebuilding is not None:
+            raise WindowRebuilding("the duplicate window is being rebuilt after a promotion; send again")
         table = self._topics.get(topic)
         if table is None:
             return None
@@ -442,6 +475,115 @@ class DuplicateWindow:
         sent = Sent(self, topic, hashes, now + window_s, send)
         self._add(sent, n, now)
         return sent
+
+    def admit_run(self, sends: Sequence[Send], config_of: Callable[[str], object]) -> bool:
+        """The window over a run of prepared sends (the compiled send lane's), as the handler's
+        ``prepare``/``prepare_batch`` use it: False (nothing recorded: the handler serves the
+        run) when a send is a resend the window holds or repeats a key of the run; else True,
+        every send whose messages all have a usable key recorded (``send.dedup``), pending until
+        stored.  ``config_of(topic)``: the topic's config (for :meth:`topic_settings`).
+
+        One compiled call (``_dedup_table.admit_run``) when built; :meth:`admit_run_py` is the
+        reference, and serves runs to a topic keyed on content.  False while a rebuild runs."""
+        if self.epoch_source is not None:
+            self._follow_epoch()
+        if self._rebuilding is not None:
+            return False  # the handler waits for it (serving, wait_rebuilt)
+        now = self._clock()
+        run = self._compiled_run
+        if run is None:
+            return self.admit_run_py(sends, config_of, now)
+
+        def settings(topic: str) -> tuple[float, bool]:
+            return self.topic_settings(topic, config_of(topic))
+
+        done = run(
+            sends,
+            settings,
+            self._topics,
+            self._order,
+            Sent,
+            self,
+            now,
+            self.max_entries,
+            PER_KEY_BYTES,
+            PER_SEND_BYTES,
+            UNIQ_KEY,
+            MAX_KEY_LENGTH,
+        )
+        if done is None:
+            return False
+        if done is False:
+            return self.admit_run_py(sends, config_of, now)
+        keys, recorded, replaced, too_large = done
+        self._recorded(keys, recorded, replaced, too_large, now)
+        return True
+
+    def admit_run_py(self, sends: Sequence[Send], config_of: Callable[[str], object], now: float) -> bool:
+        """:meth:`admit_run`'s Python reference (the compiled one gives the same verdicts and
+        records: tests/test_dedup_run.py)."""
+        planned: list[tuple[Send, str, array[int], float]] = []
+        seen: set[tuple[str, int]] = set()
+        for send in sends:
+            msgs = send.msgs
+            if not msgs:
+                continue
+            topic = msgs[0].topic
+            seconds, content = self.topic_settings(topic, config_of(topic))
+            if seconds <= 0:
+                continue
+            if content:
+                digests = [content_key(m.flag, m.body, m.properties) for m in msgs]
+                if len(set(digests)) != len(digests):
+                    continue  # twice the same content in one batch: stored as it is
+                hashes = hashes_of(digests)
+            else:
+                found = batch_keys(msgs, UNIQ_KEY, MAX_KEY_LENGTH)
+                if found is None:
+                    continue  # a message without a usable key: stored as it is
+                hashes = found[1]
+            for h in hashes:
+                if (topic, h) in seen:
+                    return False  # a key twice in the run: the handler refuses or makes it wait
+                seen.add((topic, h))
+            held = self._topics.get(topic)
+            if held is not None:
+                for h in hashes:
+                    sent = held.get(h)
+                    if sent is not None and sent.deadline > now:
+                        return False  # a resend the window holds: the handler answers it
+            planned.append((send, topic, hashes, seconds))
+        keys = recorded = replaced = too_large = 0
+        for send, topic, hashes, seconds in planned:
+            n = len(hashes)
+            if n > self.max_entries:
+                too_large += 1
+                continue
+            table = self._topics.get(topic)
+            if table is None:
+                table = self._topics[topic] = HashTable()
+            sent = Sent(self, topic, hashes, now + seconds, send)
+            for h in hashes:
+                if table.put(h, sent) is not None:
+                    replaced += 1
+            sent.nbytes = n * PER_KEY_BYTES + PER_SEND_BYTES
+            self._order.append(sent)
+            send.dedup = sent
+            keys += n
+            recorded += 1
+        self._recorded(keys, recorded, replaced, too_large, now)
+        return True
+
+    def _recorded(self, keys: int, recorded: int, replaced: int, too_large: int, now: float) -> None:
+        """Counts a run's records (``replaced``: older keys they took over), then trims."""
+        self.entries += keys - replaced
+        self.nbytes += keys * PER_KEY_BYTES + recorded * PER_SEND_BYTES - replaced * PER_KEY_BYTES
+        self.evicted += too_large
+        order = self._order
+        if order and (
+            order[0].deadline <= now or self.entries > self.max_entries or self.nbytes > self.max_bytes
+        ):
+            self._trim(now)
 
     @staticmethod
     def same_body(sent: Sent, pos: int, body: bytes, store: MessageStore) -> bool:
@@ -538,13 +680,90 @@ class DuplicateWindow:
         epoch = source()
         if epoch != self._built_epoch:
             self._built_epoch = epoch
-            if self.rebuild is not None:
-                self.rebuild()
+            self._start_rebuild()
 
     def built_for_epoch(self) -> None:
         """A rebuild just ran for the epoch in force now."""
         source = self.epoch_source
         self._built_epoch = source() if source is not None else None
+
+    # ------------------------------------------------------------------ rebuild after a promotion
+    @property
+    def rebuilding(self) -> bool:
+        """A rebuild runs (in a thread, after a promotion): sends wait for it."""
+        return self._rebuilding is not None
+
+    def serving(self) -> bool:
+        """Whether sends may be checked now: follows the epoch (a new one starts the rebuild),
+        then False while a rebuild runs (:meth:`wait_rebuilt` first)."""
+        if self.epoch_source is not None:
+            self._follow_epoch()
+        return self._rebuilding is None
+
+    async def wait_rebuilt(self, timeout: float = REBUILD_WAIT_S) -> bool:
+        """Wait up to ``timeout`` seconds for a running rebuild; whether none runs now."""
+        running = self._rebuilding
+        if running is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(running), timeout)
+            except TimeoutError:
+                pass
+            except Exception:
+                pass  # logged by _adopt
+        return self._rebuilding is None
+
+    def _start_rebuild(self) -> None:
+        """A new epoch: rebuild from the commit log.  On the broker's loop, in a thread into a
+        scratch window adopted when done (the loop keeps serving: heartbeats, pulls; sends wait);
+        without a running loop (a tool), here."""
+        fill = self.fill
+        if fill is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            fill(self)
+            return
+        scratch = DuplicateWindow(
+            self.window_s,
+            self.max_entries,
+            self.max_bytes,
+            content=self.content,
+            clock=self._clock,
+            owner=self,
+        )
+        self._generation += 1
+        generation = self._generation
+        running = loop.run_in_executor(None, fill, scratch)
+        self._rebuilding = running
+        running.add_done_callback(lambda done: self._adopt(done, scratch, generation))
+        log.info(
+            "duplicate window: rebuilding from the commit log for epoch %s (in a thread)", self._built_epoch
+        )
+
+    def _adopt(self, done: asyncio.Future[None], scratch: DuplicateWindow, generation: int) -> None:
+        """On the loop: the rebuild ``generation`` ended; its window becomes this one's."""
+        if generation != self._generation:
+            return  # a later epoch's rebuild runs: this one is stale
+        self._rebuilding = None
+        if done.cancelled() or done.exception() is not None:
+            log.error(
+                "duplicate window: the rebuild failed; the window starts empty",
+                exc_info=None if done.cancelled() else done.exception(),
+            )
+            self.clear()
+            return
+        for sent in self._order:
+            sent.live = False
+        self._topics = scratch._topics
+        self._order = scratch._order
+        self.entries = scratch.entries
+        self.nbytes = scratch.nbytes
+        self.evicted += scratch.evicted
+        self.rebuilt_records = scratch.rebuilt_records
+        self.rebuilt_keys = scratch.rebuilt_keys
+        self.rebuild_seconds = scratch.rebuild_seconds
+        self._topic_windows.clear()
 
     # ------------------------------------------------------------------ rebuild (dedup_rebuild)
     def add_stored(
@@ -573,7 +792,7 @@ class DuplicateWindow:
                     at = queue_offset + i * step
                     self.add_stored(topic, [keys[i]], [msg_ids[i]], queue_id, at, step, end, deadline, handle)
             return
-        sent = Sent(self, topic, hashes, deadline, None)
+        sent = Sent(self._owner, topic, hashes, deadline, None)
         sent.msg_id = msg_ids[0] if n == 1 else ",".join(msg_ids)
         sent.queue_id = queue_id
         sent.queue_offset = queue_offset

@@ -248,22 +248,25 @@ def rebuild_window(
 
 
 def attach_window(broker: BrokerContext, window: DuplicateWindow) -> None:
-    """Build ``broker``'s window now (start: after the store recovered), and again whenever the
-    controller's epoch changes (a slave promoted: before its first send is checked)."""
+    """Build ``broker``'s window now (start: after the store recovered, before the broker
+    serves), and again whenever the controller's epoch changes (a slave promoted): then in a
+    thread, into a scratch window the live one adopts when done, sends waiting meanwhile
+    (:meth:`~tidemq.broker.dedup.DuplicateWindow.serving`)."""
 
-    def topic_settings(topic: str) -> tuple[float, bool]:
-        return window.topic_settings(topic, broker.topics.get(topic))
+    def fill(target: DuplicateWindow) -> None:
+        def topic_settings(topic: str) -> tuple[float, bool]:
+            return target.topic_settings(topic, broker.topics.get(topic))
 
-    def rebuild() -> None:
         # The longest window in force: a topic's attribute may be longer than dedup_window_s.
-        horizon = window.window_s
-        for name, cfg in broker.topics.all().items():
-            horizon = max(horizon, window.topic_window(name, cfg))
+        horizon = target.window_s
+        for name, cfg in list(broker.topics.all().items()):
+            horizon = max(horizon, target.topic_window(name, cfg))
         rebuild_window(
-            window, broker.store, topic_settings, horizon_s=horizon, recall_handle=broker.timers.recall_handle
+            target, broker.store, topic_settings, horizon_s=horizon, recall_handle=broker.timers.recall_handle
         )
 
     role_aware = broker.role_aware
-    window.rebuild = rebuild
+    window.fill = fill
     window.epoch_source = role_aware.current_epoch if role_aware is not None else None
-    rebuild()
+    fill(window)
+    window.built_for_epoch()

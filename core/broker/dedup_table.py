@@ -15,7 +15,9 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
-__all__ = ["COMPILED", "HashTable", "batch_keys", "hashes_of"]
+from tidemq.extensions import compiled_twin
+
+__all__ = ["COMPILED", "CompiledHashTable", "HashTable", "admit_run", "batch_keys", "hashes_of"]
 
 
 class _PyHashTable:
@@ -95,14 +97,24 @@ def _py_batch_keys(msgs: list[Any], name: str, max_length: int) -> tuple[list[st
     return keys, hashes_of(keys), repeated
 
 
-try:
-    from tidemq.broker._dedup_table import HashTable as _CHashTable
-    from tidemq.broker._dedup_table import batch_keys as _c_batch_keys
-except ImportError:  # not built: the Python reference
+#: ``admit_run(sends, settings, tables, order, sent_type, window, now, max_entries, per_key,
+#: per_send, name, max_length)``: the duplicate window over one run of sends in one compiled call
+#: (see ``_dedup_table.pyx``); None when not built (``DuplicateWindow.admit_run`` has the Python
+#: reference, which it uses then, under ``TIDEMQ_NO_EXTENSIONS=1``, and for content keys).
+admit_run: Any
+#: The compiled table's type (None when not built): ``admit_run`` works on its tables only.
+CompiledHashTable: Any
+
+_compiled = compiled_twin("tidemq.broker._dedup_table")
+if _compiled is None:  # not built, or TIDEMQ_NO_EXTENSIONS=1: the Python reference
     HashTable: Any = _PyHashTable
     batch_keys = _py_batch_keys
+    admit_run = None
+    CompiledHashTable = None
     COMPILED = False
 else:
-    HashTable = _CHashTable
-    batch_keys = _c_batch_keys
+    HashTable = _compiled.HashTable
+    batch_keys = _compiled.batch_keys
+    admit_run = _compiled.admit_run
+    CompiledHashTable = _compiled.HashTable
     COMPILED = True

@@ -26,8 +26,6 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any
 
-from tidemq.broker.dedup import MAX_KEY_LENGTH, UNIQ_KEY, content_key
-from tidemq.broker.dedup_table import batch_keys, hashes_of
 from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX
 from tidemq.broker.processors.send import SendHandler, send_response
 from tidemq.broker.services.put import Send
@@ -107,39 +105,7 @@ class SendLaneEntry:
         ``SendService.prepare``/``prepare_batch`` use it: False (the handler takes the run, and
         nothing was recorded) when a send is a resend the window holds or repeats a key of the
         run; else every send with usable keys is recorded, pending until stored."""
-        window = self._broker.dedup
-        topics = self._topics
-        planned: list[tuple[Send, str, Any, float]] = []
-        seen: set[tuple[str, int]] = set()
-        for send in sends:
-            msgs = send.msgs
-            topic = msgs[0].topic
-            seconds, content = window.topic_settings(topic, topics.get(topic))
-            if seconds <= 0:
-                continue
-            if content:
-                keys = [content_key(m.flag, m.body, m.properties) for m in msgs]
-                if len(set(keys)) != len(keys):
-                    continue  # twice the same content in one batch: stored as it is
-                hashes = hashes_of(keys)
-            else:
-                found = batch_keys(msgs, UNIQ_KEY, MAX_KEY_LENGTH)
-                if found is None:
-                    continue  # a message without a usable key: stored as it is
-                keys, hashes, repeated = found
-                if repeated >= 0:
-                    return False  # the handler refuses it in one line
-            for h in hashes:
-                if (topic, h) in seen:
-                    return False  # a resend within the run: the handler makes it wait
-                seen.add((topic, h))
-            hits = window.check_many(topic, hashes)
-            if hits is not None and any(hit is not None for hit in hits):
-                return False
-            planned.append((send, topic, hashes, seconds))
-        for send, topic, hashes, seconds in planned:
-            send.dedup = window.record(topic, hashes, send, seconds)
-        return True
+        return self._broker.dedup.admit_run(sends, self._topics.get)  # one compiled call per run
 
     async def _later(self, request: RemotingCommand, send: Send) -> RemotingCommand:
         await self._service.settle(send)

@@ -81,6 +81,9 @@ _WHAT = "SEND_MESSAGE"
 _SEND_MESSAGE_V2 = int(RequestCode.SEND_MESSAGE_V2)
 _SEND_BATCH_MESSAGE = int(RequestCode.SEND_BATCH_MESSAGE)
 _SUCCESS = Status.SUCCESS
+_SERVICE_NOT_AVAILABLE = int(Status.SERVICE_NOT_AVAILABLE)
+#: The answer to a send the duplicate window could not judge in time (its rebuild after a promotion).
+REBUILDING = "the duplicate window is being rebuilt after a promotion; send again"
 _MSG_REGION = Prop.MSG_REGION
 _TRACE_SWITCH = Prop.TRACE_SWITCH
 
@@ -141,6 +144,9 @@ class SendHandler:
 
     async def send_message(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         """One send request of any of the three codes, on its own."""
+        window = self._service.broker.dedup
+        if not window.serving() and not await window.wait_rebuilt():  # a promotion's rebuild (issue 37)
+            return request.reply(_SERVICE_NOT_AVAILABLE, REBUILDING)
         send = self._prepare(conn, request)
         if type(send) is not Send:  # not isinstance: a builtin call less per send
             return send  # type: ignore[return-value]
@@ -157,6 +163,8 @@ class SendHandler:
         awaitable of it.  ``failed(request, exc)`` answers a request whose header was bad (the
         broker's one error mapping)."""
         service = self._service
+        if not service.broker.dedup.serving():  # the duplicate window is rebuilt after a promotion
+            return [self._after_rebuild(conn, request, failed) for request in requests]
         prepared: list[Send | RemotingCommand] = []
         sends: list[Send] = []
         for request in requests:
@@ -182,6 +190,16 @@ class SendHandler:
     async def _later(self, request: RemotingCommand, send: Send) -> RemotingCommand:
         await self._service.settle(send)
         return send_response(request, send)
+
+    async def _after_rebuild(
+        self, conn: Connection, request: RemotingCommand, failed: Failed
+    ) -> RemotingCommand | None:
+        """A send that came while the window is rebuilt: served once it is (a resend must be
+        known as one), or answered SERVICE_NOT_AVAILABLE, which producers send again."""
+        if not await self._service.broker.dedup.wait_rebuilt():
+            return request.reply(_SERVICE_NOT_AVAILABLE, REBUILDING)
+        out = self.many(conn, [request], failed)[0]
+        return out if type(out) is RemotingCommand else await out  # type: ignore[misc]
 
     def _prepare(self, conn: Connection, request: RemotingCommand) -> Send | RemotingCommand:
         """The header read, the send prepared: the send to store, or the response that ends it here."""

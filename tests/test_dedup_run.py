@@ -1,0 +1,162 @@
+"""The duplicate window's run check (issue 37): ``DuplicateWindow.admit_run``, compiled
+(``_dedup_table.admit_run``) and its Python reference (``admit_run_py``), give the same verdicts
+and records: random runs of sends over a few topics and keys (resends, keys repeated in a batch
+or across a run, missing, empty and over-long keys, a topic without a window, one keyed on
+content, a bound the runs overflow), the clock moving (expired keys taken over), first copies
+stored or forgotten between runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tidemq.broker import dedup_table
+from tidemq.broker.dedup import UNIQ_KEY, DuplicateWindow, Sent
+from tidemq.broker.services.put import Send
+from tidemq.message_types import MessageInner
+
+pytestmark = pytest.mark.skipif(not dedup_table.COMPILED, reason="the compiled window is not built")
+
+
+class Cfg:
+    def __init__(self, attributes: dict[str, str]) -> None:
+        self.attributes = attributes
+
+
+CONFIGS = {
+    "A": Cfg({}),
+    "B": Cfg({"dedup.window.seconds": "5"}),
+    "Off": Cfg({"dedup.window.seconds": "0"}),
+    "Body": Cfg({"dedup.key": "content"}),
+}
+KEYS = [f"K{i:02d}" for i in range(24)] + ["", "X" * 129, "Y" * 128, None]
+
+message = st.tuples(st.sampled_from(KEYS), st.sampled_from([b"a", b"b"]))
+send = st.tuples(
+    st.sampled_from(["A", "A", "A", "B", "Off", "Body", "%RETRY%g"]),
+    st.lists(message, min_size=1, max_size=5),
+)
+step = st.tuples(
+    st.lists(send, min_size=1, max_size=6),  # the run
+    st.floats(min_value=0, max_value=4),  # seconds the clock moves before it
+    st.lists(st.integers(0, 3), max_size=8),  # what happens to pending sends after it
+)
+
+
+def build(run: list[tuple[str, list[tuple[str | None, bytes]]]]) -> list[Send]:
+    sends = []
+    for topic, msgs in run:
+        inner = []
+        for key, body in msgs:
+            props = {"TAGS": "t"}
+            if key is not None:
+                props[UNIQ_KEY] = key
+            inner.append(MessageInner(topic, body, 0, 0, props))
+        sends.append(Send("g", inner, len(inner) > 1, None, 0, len(inner)))
+    return sends
+
+
+def state(window: DuplicateWindow, sends: list[list[Send]]) -> Any:
+    """What the window holds, with Sents named by (run, send) so two windows compare."""
+    names: dict[int, tuple[int, int]] = {}
+    records = []
+    for r, run in enumerate(sends):
+        for i, s in enumerate(run):
+            sent = s.dedup
+            if isinstance(sent, Sent):
+                names[id(sent)] = (r, i)
+                records.append(((r, i), sent.topic, list(sent.hashes), sent.deadline, sent.nbytes, sent.live))
+            else:
+                records.append(((r, i), sent))
+    table = {}
+    for topic in CONFIGS | {"%RETRY%g": None}:
+        for key in KEYS:
+            if key:
+                found = window.check(topic, key)
+                table[(topic, key)] = None if found is None else names.get(id(found), "?")
+    return records, table, window.entries, window.nbytes, window.evicted
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pair(max_entries: int) -> tuple[Clock, DuplicateWindow, DuplicateWindow]:
+    clock = Clock()
+    compiled = DuplicateWindow(10, max_entries, 1 << 30, clock=clock)
+    reference = DuplicateWindow(10, max_entries, 1 << 30, clock=clock)
+    reference._compiled_run = None  # the Python reference
+    assert compiled._compiled_run is not None
+    return clock, compiled, reference
+
+
+class Result:
+    """A put's outcome as ``Sent.stored`` reads it."""
+
+    wrote_offset = 100
+    wrote_bytes = 10
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(step, min_size=1, max_size=12), st.sampled_from([1, 3, 8, 40, 10_000]))
+def test_compiled_and_python_runs_agree(steps: list[Any], max_entries: int) -> None:
+    clock, compiled, reference = pair(max_entries)
+    runs: dict[str, list[list[Send]]] = {"c": [], "r": []}
+    for run, moved, outcomes in steps:
+        clock.now += moved
+        verdicts = []
+        for name, window in (("c", compiled), ("r", reference)):
+            sends = build(run)
+            runs[name].append(sends)
+            verdicts.append(window.admit_run(sends, CONFIGS.get))
+        assert verdicts[0] == verdicts[1]
+        assert state(compiled, runs["c"]) == state(reference, runs["r"])
+        # Some first copies are stored (answered), some fail (their keys forgotten).
+        for k, outcome in enumerate(outcomes):
+            for name in ("c", "r"):
+                pending = [
+                    s for run_ in runs[name] for s in run_ if isinstance(s.dedup, Sent) and s.dedup.send
+                ]
+                if not pending:
+                    continue
+                s = pending[(k * 7) % len(pending)]
+                s.status = 0 if outcome else 14  # SUCCESS, else a refusal: forgotten
+                s.msg_id, s.queue_id, s.queue_offset, s.recall_handle = "M", 0, k, None
+                s.dedup.stored(s, Result())  # type: ignore[union-attr]
+        assert state(compiled, runs["c"]) == state(reference, runs["r"])
+
+
+def test_a_declined_run_records_nothing_and_restores_what_it_took_over() -> None:
+    """A run whose last send is a resend is declined whole: the keys recorded before it in the
+    run are removed again, an expired key it took over is back (the compiled undo)."""
+    clock, compiled, _ = pair(1000)
+    first = build([("A", [("K00", b"a")]), ("A", [("K01", b"a")])])
+    assert compiled.admit_run(first, CONFIGS.get)
+    old = first[0].dedup
+    clock.now += 11  # K00's entry is expired (still in the table until trimmed)
+    second = build([("A", [("K02", b"a"), ("K00", b"a")]), ("A", [("K03", b"a"), ("K02", b"b")])])
+    entries = compiled.entries
+    assert not compiled.admit_run(second, CONFIGS.get)  # K02 twice in the run
+    assert all(s.dedup is None for s in second) and compiled.entries == entries
+    assert compiled._topics["A"].get(hash("K00")) is old  # the expired key it took over, restored
+    assert compiled._topics["A"].get(hash("K02")) is None and compiled._topics["A"].get(hash("K03")) is None
+    fresh = build([("A", [("K00", b"a")])])
+    assert compiled.admit_run(fresh, CONFIGS.get) and fresh[0].dedup is not None  # expired: stored again
+
+
+def test_the_compiled_run_refuses_a_wrong_hash_array() -> None:
+    table = dedup_table.HashTable()
+    from array import array
+
+    with pytest.raises(TypeError):
+        table.any_of(array("i", [1, 2]))  # its items are read raw: only array("q")
+    with pytest.raises(TypeError):
+        table.put_many(b"12345678", 1)  # type: ignore[arg-type]
