@@ -32,7 +32,7 @@ class _LoopWaker:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
         self._lock = threading.Lock()
-        self._ready: list[tuple[asyncio.Future[Any], Future[Any]]] = []
+        self._ready: list[tuple[asyncio.Future[Any], Future[Any] | None]] = []  # None: a shared completion
         self._armed = False  # a drain is scheduled and will see what is queued
 
     def bridge(self, future: Future[T]) -> asyncio.Future[T]:
