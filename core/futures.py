@@ -140,6 +140,11 @@ class SharedCompletion:
                     if self._done:
                         return
                     waiter = self._waiter = self.loop.create_future()
+            # The future is shared: a coroutine driven outside a Task (the transport runs a
+            # request eagerly up to its first wait) leaves it marked "blocking" until its driver
+            # takes it, and a second coroutine awaiting it meanwhile would be refused ("await
+            # wasn't used with future").  Every driver unmarks what it was given, as a Task does.
+            waiter._asyncio_future_blocking = False
             try:
                 await waiter
                 return

@@ -235,3 +235,37 @@ def test_a_round_that_times_out_wakes_its_waiters() -> None:
     finally:
         disk.gate.set()
         policy.shutdown()
+
+
+def test_puts_of_one_round_awaited_by_coroutines_driven_outside_a_task() -> None:
+    """The transport runs a request eagerly (``coro.send(None)``) up to its first wait and hands
+    what it yielded to a Task later: two such requests waiting on one round must both work."""
+    disk = GatedDisk()
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000))
+    policy.start(disk)
+
+    async def finish(coro: Any, yielded: Any) -> Any:
+        while True:  # as the transport's _resume: wait for what it yielded, step it again
+            yielded._asyncio_future_blocking = False
+            await yielded
+            try:
+                yielded = coro.send(None)
+            except StopIteration as stop:
+                return stop.value
+
+    async def scenario() -> list[str]:
+        disk.gate.clear()
+        first, second = _put(policy, disk), _put(policy, disk)  # one iteration: one round
+        tasks = []
+        for fut in (first, second):
+            coro = resolved(fut)
+            yielded = coro.send(None)  # eagerly, outside a Task: suspends on the round's future
+            tasks.append(asyncio.ensure_future(finish(coro, yielded)))
+        disk.gate.set()
+        return list(await asyncio.gather(*tasks))
+
+    try:
+        assert asyncio.run(scenario()) == ["durable", "durable"]
+    finally:
+        disk.gate.set()
+        policy.shutdown()
