@@ -69,11 +69,12 @@ def _false() -> bool:
 class _Batch:
     """Puts made durable together: one loop iteration's (or one writer thread's put)."""
 
-    __slots__ = ("completion", "deadline", "end", "futures", "on_timeouts", "settled", "values")
+    __slots__ = ("completion", "deadline", "end", "ends", "futures", "on_timeouts", "settled", "values")
 
     def __init__(self, deadline: float, completion: SharedCompletion | None) -> None:
         self.end = 0
         self.deadline = deadline  # its first put's: the whole batch times out together
+        self.ends: list[int] = []
         self.futures: list[Future[Any]] = []
         self.values: list[Any] = []
         self.on_timeouts: list[Callable[[], Any]] = []
@@ -83,6 +84,7 @@ class _Batch:
     def add(self, end: int, fut: Future[Any], value: Any, on_timeout: Callable[[], Any]) -> None:
         if end > self.end:
             self.end = end
+        self.ends.append(end)
         self.futures.append(fut)
         self.values.append(value)
         self.on_timeouts.append(on_timeout)
@@ -94,14 +96,17 @@ class _Batch:
             self.completion.complete()
 
     def time_out(self, flushed: int) -> None:
-        """Past its deadline: durable when ``flushed`` covers it, else each put's ``on_timeout()``."""
+        """Past its deadline: each put durable when ``flushed`` covers it, else its ``on_timeout()``."""
         if self.settled:
             return
         self.settled = True
         if flushed >= self.end:
             values = self.values
         else:
-            values = [on_timeout() for on_timeout in self.on_timeouts]
+            values = [
+                value if end <= flushed else on_timeout()
+                for end, value, on_timeout in zip(self.ends, self.values, self.on_timeouts, strict=True)
+            ]
         resolve_all(self.futures, values)
         if self.completion is not None:
             self.completion.complete()
