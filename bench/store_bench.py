@@ -5,7 +5,11 @@
 Prints one JSON document on stdout (progress on stderr):
 
 * ``raw_burst``: sequential ``write`` of 1 MiB chunks then ``fdatasync`` (MB/s);
-* ``fsync_per_message``: ``pwrite`` of one 1 KiB record + ``fdatasync``, repeated (msgs/s);
+* ``fsync_per_message``: ``pwrite`` of one 1 KiB record + ``fdatasync``, repeated (msgs/s), at the
+  start of the run; ``fsync_around_sync_writers``: the same (``1k``) and a 4 KiB append (``4k``,
+  compare.py's one-fsync figure) just before and just after the sync writers, whose mean 1 KiB rate
+  (``fsync_per_message_baseline_msgs_s``) is the "one fsync per message" of the sync ratios: the
+  same file system (``machine``: device, mount, fs type), the same moment;
 * ``append``: the mmap store's put throughput (msgs/s, MB/s of stored records) for 128 B, 1 KiB
   and 16 KiB bodies, single puts (each awaited) and batches of 32 (``put_messages``), under
   ``async`` and ``sync`` flush; ``durable_mb_s`` includes the final flush;
@@ -47,6 +51,7 @@ import mmap
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
@@ -205,6 +210,34 @@ def fsync_per_message(directory: Path, seconds: float, size: int = 1024) -> dict
         "fsync_us": round(elapsed / n * 1e6, 1),
         "p50_us": percentile_us(samples, 0.5),
         "p99_us": percentile_us(samples, 0.99),
+    }
+
+
+def filesystem_of(path: Path) -> dict[str, str]:
+    """The mount (device, mount point, type) that holds ``path``: where every fsync here lands."""
+    best = ("", "", "")
+    real = str(path.resolve())
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                dev, mnt, fstype = line.split()[:3]
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[1]):
+                    best = (dev, mnt, fstype)
+    except OSError:
+        pass
+    return {"device": best[0], "mount": best[1], "fs": best[2]}
+
+
+def fsync_baseline(directory: Path, seconds: float) -> dict[str, Any]:
+    """One fsync per message, as the sync targets count it: the same file system, this moment.
+
+    ``1k``: ``pwrite`` of a 1 KiB record at the end of a growing file + ``fdatasync`` (what one
+    message per fsync costs); ``4k``: a 4 KiB ``O_APPEND`` write + ``fdatasync`` (compare.py's
+    one-fsync figure, ``compare_limits.fsync_4k``).
+    """
+    return {
+        "1k": fsync_per_message(directory, seconds / 2),
+        "4k": fsync_per_message(directory, seconds / 2, 4096),
     }
 
 
@@ -565,7 +598,13 @@ def main() -> None:
         args.seconds, args.raw_mb, args.file_size, args.sustained_mb = 5.0, 1024, 1 << 30, 2048
     base = Path(tempfile.mkdtemp(prefix="tidemq-bench-", dir=args.dir))
     out: dict[str, Any] = {
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "dir": str(base)},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "dir": str(base),
+            **filesystem_of(base),
+            "load_average": list(os.getloadavg()),
+        },
         "seconds_per_case": args.seconds,
         "file_allocation": args.file_allocation,
     }
@@ -575,6 +614,7 @@ def main() -> None:
             out["raw_burst"] = raw_disk(base, args.raw_mb)
         progress("one fdatasync per 1 KiB message ...")
         out["fsync_per_message"] = fsync_per_message(base, args.seconds)
+        baselines: list[dict[str, Any]] = []
         appends: list[dict[str, Any]] = []
         reads: list[dict[str, Any]] = []
         cpu_us = 0.0
@@ -604,12 +644,18 @@ def main() -> None:
                     )
                     progress(f"  {out['async_concurrent_asyncio']['msgs_s']} msgs/s")
                 if flush == "sync":
+                    progress(
+                        "one fdatasync per message (1 KiB and 4 KiB appends), before the sync writers ..."
+                    )
+                    baselines.append(fsync_baseline(base, args.seconds))
                     progress(f"sync flush, {WRITERS} concurrent writers (threads) ...")
                     out["sync_concurrent"] = sync_concurrent(store, args.seconds * 2, WRITERS)
                     progress(f"  {out['sync_concurrent']['msgs_s']} msgs/s")
                     progress(f"sync flush, {WRITERS} concurrent writers (asyncio tasks) ...")
                     out["sync_concurrent_asyncio"] = sync_concurrent_asyncio(store, args.seconds * 2, WRITERS)
                     progress(f"  {out['sync_concurrent_asyncio']['msgs_s']} msgs/s")
+                    progress("one fdatasync per message, after the sync writers ...")
+                    baselines.append(fsync_baseline(base, args.seconds))
                 appends.extend(cases)
             finally:
                 store.shutdown()
@@ -618,6 +664,7 @@ def main() -> None:
             f"sync flush, {args.latency_rate:.0f} single puts/s for {args.latency_seconds}s (latency) ..."
         )
         out["fsync_before_latency"] = fsync_per_message(base, min(args.seconds, 1.0))
+        out["fsync_4k_before_latency"] = fsync_per_message(base, min(args.seconds, 1.0), 4096)
         store = open_store(base / "latency", "sync", args.file_size, args.file_allocation, index=True)
         try:
             out["sync_latency"] = sync_latency(store, args.latency_rate, args.latency_seconds)
@@ -626,7 +673,12 @@ def main() -> None:
             shutil.rmtree(base / "latency", ignore_errors=True)
         lat = out["sync_latency"]
         progress(f"  p50 {lat['p50_us']} us, p99 {lat['p99_us']} us")
-        per_msg = out["fsync_per_message"]["msgs_s"]
+        out["fsync_around_sync_writers"] = baselines
+        # "One fsync per message": 1 KiB appends fdatasync'd one by one on this file system, the
+        # mean of the runs just before and just after the sync writers (the disk drifts on a
+        # shared host; the start-of-run figure alone is kept as fsync_per_message).
+        per_msg = statistics.fmean(b["1k"]["msgs_s"] for b in baselines)
+        out["fsync_per_message_baseline_msgs_s"] = round(per_msg, 1)
         one_fsync = out["fsync_before_latency"]
         ratios: dict[str, Any] = {
             "sync_32_writers_vs_fsync_per_message": round(out["sync_concurrent"]["msgs_s"] / per_msg, 2),
@@ -651,6 +703,9 @@ def main() -> None:
             # p99s is the disk's share; compare.py's target divides by the fsync p50.
             "sync_latency_p99_vs_fsync_p50": round(lat["p99_us"] / one_fsync["p50_us"], 2),
             "sync_latency_p99_vs_fsync_p99": round(lat["p99_us"] / one_fsync["p99_us"], 2),
+            "sync_latency_p99_vs_fsync_4k_p99": round(
+                lat["p99_us"] / out["fsync_4k_before_latency"]["p99_us"], 2
+            ),
             "sync_latency_p50_vs_fsync_p50": round(lat["p50_us"] / one_fsync["p50_us"], 2),
         }
         out["ratios"] = ratios

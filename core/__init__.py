@@ -75,6 +75,8 @@ __all__ = [
     "SubmittingFlushPolicy",
     "FlushStatistics",
     "StoreFuture",
+    "SharedCompletion",
+    "resolve_all",
     "KeyIndex",  # index
     "RecoverableIndex",
     "VerifiableIndex",
@@ -209,7 +211,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     ),
     "tidemq.extensions": ("compiled_twin", "twins"),
     "tidemq.flush": ("Flushable", "FlushPolicy", "FlushStatistics", "SubmittingFlushPolicy"),
-    "tidemq.futures": ("StoreFuture",),
+    "tidemq.futures": ("SharedCompletion", "StoreFuture", "resolve_all"),
     "tidemq.index": (
         "IndexBacklog",
         "IndexFileEntry",
@@ -319,7 +321,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         tag_selection,
     )
     from tidemq.flush import Flushable, FlushPolicy, FlushStatistics, SubmittingFlushPolicy
-    from tidemq.futures import StoreFuture
+    from tidemq.futures import SharedCompletion, StoreFuture, resolve_all
     from tidemq.index import (
         IndexBacklog,
         IndexFileEntry,

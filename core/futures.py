@@ -5,6 +5,11 @@ durable (the group-commit thread under sync flush), usually many at once.
 ``asyncio.wrap_future`` wakes the loop once per future (a write to the loop's self-pipe, a
 callback hop and two chained futures each); :func:`resolved` queues results per loop and wakes it
 once per burst, so a flush that acknowledges 32 writers costs one wake-up, not 32.
+
+A group of futures resolved together (the puts of one loop iteration, made durable by one
+group-commit round) can share a :class:`SharedCompletion`: the tasks awaiting any of them wait on
+one asyncio future per group, set once, and the resolving thread settles the futures in bulk
+(:func:`resolve_all`): no asyncio future, callback or hop per put.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from functools import partial
 from typing import Any, TypeVar
 
@@ -27,7 +32,7 @@ class _LoopWaker:
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
         self._lock = threading.Lock()
-        self._ready: list[tuple[asyncio.Future[Any], Future[Any]]] = []
+        self._ready: list[tuple[asyncio.Future[Any], Future[Any] | None]] = []  # None: a shared completion
         self._armed = False  # a drain is scheduled and will see what is queued
 
     def bridge(self, future: Future[T]) -> asyncio.Future[T]:
@@ -47,12 +52,27 @@ class _LoopWaker:
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
 
+    def wake(self, waiter: asyncio.Future[Any]) -> None:
+        """Runs on any thread: set ``waiter`` (a shared completion's) with the next burst."""
+        with self._lock:
+            self._ready.append((waiter, None))
+            if self._armed:
+                return
+            self._armed = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
     def _drain(self) -> None:
         with self._lock:
             ready, self._ready = self._ready, []
             self._armed = False
         for waiter, future in ready:
             if waiter.done():  # the awaiting task was cancelled
+                continue
+            if future is None:  # a shared completion
+                waiter.set_result(None)
                 continue
             if future.cancelled():
                 waiter.cancel()
@@ -67,15 +87,110 @@ class _LoopWaker:
 _wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker] = weakref.WeakKeyDictionary()
 
 
-async def resolved(future: Future[T]) -> T:
-    """The result of a concurrent future: at once when it is done (the usual case), else awaited."""
-    if future.done():
-        return future.result()
-    loop = asyncio.get_running_loop()
+def _waker(loop: asyncio.AbstractEventLoop) -> _LoopWaker:
     waker = _wakers.get(loop)
     if waker is None:
         waker = _wakers[loop] = _LoopWaker(loop)
-    return await waker.bridge(future)
+    return waker
+
+
+async def resolved(future: Future[T]) -> T:
+    """The result of a concurrent future: at once when it is done (the usual case), else awaited.
+
+    A :class:`StoreFuture` that belongs to a :class:`SharedCompletion` of the running loop is
+    awaited through the group's one asyncio future (no future or callback of its own).
+    """
+    if future.done():
+        return future.result()
+    loop = asyncio.get_running_loop()
+    completion = getattr(future, "completion", None)
+    if completion is not None and completion.loop is loop:
+        await completion.wait()
+        if future.done():  # always, unless the future was resolved apart from its group
+            return future.result()
+    return await _waker(loop).bridge(future)
+
+
+class SharedCompletion:
+    """One wait for a group of futures resolved together, by tasks of one event loop.
+
+    The resolving thread settles the group's futures first (:func:`resolve_all`), then calls
+    :meth:`complete`: one asyncio future, made by the first task that waits, is set with one hop
+    into the loop (coalesced with other results of the same burst).  A task cancelled while
+    waiting cancels that shared future; the others see it and wait on a fresh one.
+    """
+
+    __slots__ = ("_done", "_waiter", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._done = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    async def wait(self) -> None:
+        """On :attr:`loop`: until :meth:`complete` (returns at once when it has been called)."""
+        while True:
+            waiter = self._waiter
+            if waiter is None:
+                with _STATE_LOCK:
+                    if self._done:
+                        return
+                    waiter = self._waiter = self.loop.create_future()
+            # The future is shared: a coroutine driven outside a Task (the transport runs a
+            # request eagerly up to its first wait) leaves it marked "blocking" until its driver
+            # takes it, and a second coroutine awaiting it meanwhile would be refused ("await
+            # wasn't used with future").  Every driver unmarks what it was given, as a Task does.
+            waiter._asyncio_future_blocking = False
+            try:
+                await waiter
+                return
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # this task was cancelled
+                # Another waiter's cancellation cancelled the shared future: wait on a fresh one.
+                with _STATE_LOCK:
+                    if self._waiter is waiter:
+                        self._waiter = None
+
+    def complete(self) -> None:
+        """Any thread, once the group's futures are resolved: wake the tasks waiting for them."""
+        with _STATE_LOCK:
+            if self._done:
+                return
+            self._done = True
+            waiter = self._waiter
+        if waiter is not None:
+            _waker(self.loop).wake(waiter)
+
+
+def resolve_all(futures: list[Future[Any]], values: list[Any]) -> None:
+    """Resolve ``futures[i]`` with ``values[i]``, skipping those already resolved (a timeout got
+    there first): :class:`StoreFuture` s under one lock, their callbacks (rare) after it."""
+    late: list[tuple[StoreFuture[Any], list[Any] | None, threading.Event | None]] = []
+    plain: list[tuple[Future[Any], Any]] = []
+    with _STATE_LOCK:
+        for fut, value in zip(futures, values, strict=True):
+            if type(fut) is StoreFuture:
+                if fut._sf_state != 0:
+                    continue
+                fut._sf_result, fut._sf_state = value, 1
+                if fut._sf_callbacks is not None or fut._sf_event is not None:
+                    late.append((fut, fut._sf_callbacks, fut._sf_event))
+                    fut._sf_callbacks = None
+            else:
+                plain.append((fut, value))
+    for fut, callbacks, event in late:
+        fut._notify(callbacks, event)
+    for fut, value in plain:
+        try:
+            fut.set_result(value)
+        except InvalidStateError:
+            pass
 
 
 # --------------------------------------------------------------------------- light futures
@@ -92,7 +207,7 @@ class StoreFuture(Future[T]):
     It is still a ``Future``: ``asyncio.wrap_future`` and :func:`resolved` accept it.
     """
 
-    __slots__ = ("_sf_callbacks", "_sf_event", "_sf_exc", "_sf_result", "_sf_state")
+    __slots__ = ("_sf_callbacks", "_sf_event", "_sf_exc", "_sf_result", "_sf_state", "completion")
 
     def __init__(self) -> None:  # no super().__init__(): that builds the Condition
         self._sf_state = 0  # 0 pending, 1 done, 2 cancelled
@@ -100,6 +215,9 @@ class StoreFuture(Future[T]):
         self._sf_exc: BaseException | None = None
         self._sf_callbacks: list[Any] | None = None
         self._sf_event: threading.Event | None = None
+        #: The group this future is resolved with (set by whoever resolves it, e.g. group commit):
+        #: :func:`resolved` then waits on the group's one asyncio future instead of its own.
+        self.completion: SharedCompletion | None = None
 
     @classmethod
     def completed(cls, value: T) -> StoreFuture[T]:
@@ -145,6 +263,12 @@ class StoreFuture(Future[T]):
             self._sf_result, self._sf_exc, self._sf_state = result, exc, state
             callbacks, self._sf_callbacks = self._sf_callbacks, None
             event = self._sf_event
+        if event is not None or callbacks:
+            self._notify(callbacks, event)
+        return True
+
+    def _notify(self, callbacks: list[Any] | None, event: threading.Event | None) -> None:
+        """After resolving (taken under the lock): wake a thread blocked in :meth:`result`, run the callbacks."""
         if event is not None:
             event.set()
         for fn in callbacks or ():
@@ -154,7 +278,6 @@ class StoreFuture(Future[T]):
                 import logging
 
                 logging.getLogger(__name__).exception("a future's callback failed")
-        return True
 
     def add_done_callback(self, fn: Any) -> None:
         if self._sf_state == 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,21 @@ class CountingDisk:
             self.flushed_where = max(self.flushed_where, self.written)
             self.flushes.append(self.flushed_where)
             return self.flushed_where
+
+
+class GatedDisk(CountingDisk):
+    """A CountingDisk whose flush waits for ``gate`` (a stuck fdatasync) and says when it started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.in_flush = threading.Event()
+
+    def flush(self, least_pages: int = 0) -> int:
+        self.in_flush.set()
+        self.gate.wait()
+        return super().flush(least_pages)
 
 
 def _put(policy: GroupCommitFlush, disk: CountingDisk, size: int = 100) -> Future[str]:
@@ -124,4 +140,132 @@ def test_loop_writers_and_writer_threads_are_flushed_together() -> None:
         assert threaded == ["durable"] * 800
         assert disk.flushed_where == disk.written
     finally:
+        policy.shutdown()
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    """Counts the asyncio futures made and the wake-ups from other threads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.futures_made = 0
+        self.threadsafe_calls = 0
+
+    def create_future(self) -> asyncio.Future[Any]:
+        self.futures_made += 1
+        return super().create_future()
+
+    def call_soon_threadsafe(self, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        self.threadsafe_calls += 1
+        return super().call_soon_threadsafe(*args, **kwargs)
+
+
+def test_a_round_costs_the_loop_one_future_and_one_wake_up_not_one_per_put() -> None:
+    disk = CountingDisk()
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000))
+    policy.start(disk)
+    loop = CountingLoop()
+
+    async def writer(results: list[str]) -> None:
+        results.append(await resolved(_put(policy, disk)))
+
+    async def rounds() -> list[str]:
+        results: list[str] = []
+        for _ in range(10):
+            # 32 tasks put in one iteration and wait for their round together.
+            await asyncio.gather(*(writer(results) for _ in range(32)))
+        return results
+
+    try:
+        before = loop.futures_made, loop.threadsafe_calls
+        results = loop.run_until_complete(rounds())
+        assert results == ["durable"] * 320 and policy.flush_rounds == 10
+        futures = loop.futures_made - before[0]
+        wakeups = loop.threadsafe_calls - before[1]
+        # gather's own future, and one future per round that the 32 puts await together
+        # (a future per put made 33 per round).
+        assert futures <= 10 * 2, futures
+        assert wakeups <= 10, wakeups
+    finally:
+        loop.close()
+        policy.shutdown()
+
+
+def test_a_cancelled_waiter_does_not_cancel_the_others_of_its_round() -> None:
+    disk = GatedDisk()
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000))
+    policy.start(disk)
+
+    async def scenario() -> list[str]:
+        disk.gate.clear()
+        held = _put(policy, disk)  # its round holds the disk: the next puts wait together
+        await asyncio.sleep(0)
+        assert disk.in_flush.wait(5)
+        futs = [_put(policy, disk) for _ in range(4)]  # one iteration: one round
+        tasks = [asyncio.ensure_future(resolved(f)) for f in futs]
+        await asyncio.sleep(0.01)  # every task waits on the round's shared future
+        tasks[1].cancel()
+        await asyncio.sleep(0.01)
+        assert not any(t.done() for t in (tasks[0], tasks[2], tasks[3]))
+        disk.gate.set()
+        out = [await t for t in (tasks[0], tasks[2], tasks[3])]
+        assert tasks[1].cancelled()
+        assert futs[1].result(5) == "durable"  # the put itself is durable all the same
+        return out + [await resolved(held)]
+
+    try:
+        assert asyncio.run(scenario()) == ["durable"] * 4
+    finally:
+        disk.gate.set()
+        policy.shutdown()
+
+
+def test_a_round_that_times_out_wakes_its_waiters() -> None:
+    disk = GatedDisk()
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=300))
+    policy.start(disk)
+
+    async def scenario() -> list[str]:
+        disk.gate.clear()
+        futs = [_put(policy, disk) for _ in range(3)]
+        return list(await asyncio.wait_for(asyncio.gather(*(resolved(f) for f in futs)), 5))
+
+    try:
+        assert asyncio.run(scenario()) == ["timeout"] * 3
+    finally:
+        disk.gate.set()
+        policy.shutdown()
+
+
+def test_puts_of_one_round_awaited_by_coroutines_driven_outside_a_task() -> None:
+    """The transport runs a request eagerly (``coro.send(None)``) up to its first wait and hands
+    what it yielded to a Task later: two such requests waiting on one round must both work."""
+    disk = GatedDisk()
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000))
+    policy.start(disk)
+
+    async def finish(coro: Any, yielded: Any) -> Any:
+        while True:  # as the transport's _resume: wait for what it yielded, step it again
+            yielded._asyncio_future_blocking = False
+            await yielded
+            try:
+                yielded = coro.send(None)
+            except StopIteration as stop:
+                return stop.value
+
+    async def scenario() -> list[str]:
+        disk.gate.clear()
+        first, second = _put(policy, disk), _put(policy, disk)  # one iteration: one round
+        tasks = []
+        for fut in (first, second):
+            coro = resolved(fut)
+            yielded = coro.send(None)  # eagerly, outside a Task: suspends on the round's future
+            tasks.append(asyncio.ensure_future(finish(coro, yielded)))
+        disk.gate.set()
+        return list(await asyncio.gather(*tasks))
+
+    try:
+        assert asyncio.run(scenario()) == ["durable", "durable"]
+    finally:
+        disk.gate.set()
         policy.shutdown()

@@ -350,6 +350,9 @@ _CHILD = textwrap.dedent(
         res = store.put_messages(msgs).result(30)
         assert res.ok
         acked.append(b * 5 + 4)
+        # A record with no key between them (as POP revive records): not queued, and the index
+        # checkpoint may cover it only once the keys before it are indexed.
+        assert store.put_message(MessageInner(topic="R", body=b"r%d" % b, properties={"TAGS": "x"})).result(30).ok
     queued = index.pending()[0]
     print(json.dumps({"queued": queued, "acked": acked[-1]}), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -377,3 +380,73 @@ def test_keys_still_queued_at_a_crash_are_indexed_after_recovery(tmp_path: Path)
             assert [m.body for m in found] == [b"m%d" % i], i
     finally:
         store.shutdown()
+
+
+# ---------------------------------------------------------------------------- wake-ups (issue 38)
+def keyless(i: int, topic: str = TOPIC) -> MessageInner:
+    """A record with no key, as a POP revive or checkpoint record."""
+    return MessageInner(topic=topic, body=b"r%d" % i, queue_id=1, properties={"TAGS": "revive"})
+
+
+def test_keyless_puts_are_not_queued_and_every_keyed_one_is_indexed(
+    tmp_path: Path, slow_thread: None
+) -> None:
+    index = open_index(tmp_path / "index", max_hash_slot_num=64, max_index_num=256)
+    try:
+        dispatch(index, [keyed(i) for i in range(5)], 0, T0)
+        dispatch(index, [keyless(i) for i in range(3)], 500, T0 + 10)
+        dispatch(index, [keyed(5), keyless(9), keyed(6)], 800, T0 + 20)  # mixed: queued whole
+        dispatch(index, [keyless(10)], 1100, T0 + 30)
+        assert index.pending()[0] == 8  # the keyless puts are not queued
+        stats = index.stats()  # indexes what is queued first
+        assert stats["keyless_puts"] == 2 and stats["entries"] == 7 * 3
+        for i, offset in enumerate([0, 100, 200, 300, 400, 800, 1000]):
+            assert index.query(TOPIC, f"k{i}", 4, 0, FOREVER).phy_offsets == (offset,), i
+            assert index.query(TOPIC, f"U{i:08d}", 4, 0, FOREVER).phy_offsets == (offset,), i
+        # The checkpoint covers the last keyless put: everything queued before it is indexed.
+        assert index.flush() == T0 + 30
+    finally:
+        index.shutdown()
+
+
+def test_a_keyless_put_is_not_covered_before_the_keys_queued_ahead_of_it(
+    tmp_path: Path, slow_thread: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Back-pressure indexes a chunk at a time: the checkpoint may not pass a queued key."""
+    monkeypatch.setattr(service, "MAX_QUEUED", 4)
+    monkeypatch.setattr(service, "DRAIN_CHUNK", 2)
+    index = open_index(tmp_path / "index", max_hash_slot_num=64, max_index_num=256)
+    try:
+        for b in range(4):  # each put indexes two messages of the queue (back-pressure)
+            dispatch(index, [keyed(b * 2 + i) for i in range(2)], b * 200, T0 + b)
+        dispatch(index, [keyless(0)], 900, T0 + 100)
+        assert index.pending()[0] > 0
+        assert index.stats()["covered_timestamp"] == T0 + 100  # stats indexes the queue first
+        assert index.flush() == T0 + 100
+    finally:
+        index.shutdown()
+
+
+def test_the_index_thread_is_not_woken_per_put(tmp_path: Path) -> None:
+    """While puts keep coming the thread runs a round every ROUND_S, woken once from idle."""
+    index = open_index(tmp_path / "index", max_hash_slot_num=4096, max_index_num=8192)
+    try:
+        puts = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.25:  # a put every 0.5 ms: ~50 of the thread's rounds
+            dispatch(index, [keyed(puts)], puts * 100, T0 + puts)
+            puts += 1
+            pace = t0 + puts * 0.0005
+            while time.perf_counter() < pace:
+                pass
+        keyed_puts = puts
+        for _ in range(200):  # keyless puts never wake it
+            dispatch(index, [keyless(puts)], puts * 100, T0 + puts)
+            puts += 1
+        stats = index.stats()
+        assert stats["entries"] == keyed_puts * 3 and keyed_puts > 100
+        # One wake-up from idle (more only if the puts paused for a whole round on a loaded host);
+        # a wake-up per round would be ~50.
+        assert stats["wakeups"] <= 10, stats
+    finally:
+        index.shutdown()

@@ -20,6 +20,7 @@ import sys, threading
 from tidemq.testing.store_contract import build_store, message
 
 ROUND = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+LOOP = len(sys.argv) > 4 and sys.argv[4] == "loop"
 
 def body(t, i):
     return b"%d-%d-%d-" % (ROUND, t, i) + bytes([65 + t]) * (i * 37 % 700)
@@ -41,6 +42,22 @@ def writer(t):
                 sys.stdout.flush()
         i += 1
 
+async def loop_writer(t):
+    # As the broker puts: from one event loop, each put awaited (group commit's loop batches).
+    from tidemq.futures import resolved
+    i = 0
+    while True:
+        r = await resolved(store.put_message(message(topic="Crash", body=body(t, i), queue_id=t % 3)))
+        if r.ok:
+            sys.stdout.write("%d %d %d %d %d\n" % (t, i, t % 3, r.queue_offset, r.wrote_offset))
+            sys.stdout.flush()
+        i += 1
+
+if LOOP:
+    import asyncio
+    async def main():
+        await asyncio.gather(*(loop_writer(t) for t in range(6)))
+    asyncio.run(main())
 for t in range(6):
     threading.Thread(target=writer, args=(t,), daemon=True).start()
 threading.Event().wait()
@@ -51,9 +68,19 @@ def body(t: int, i: int, rnd: int = 0) -> bytes:
     return b"%d-%d-%d-" % (rnd, t, i) + bytes([65 + t]) * (i * 37 % 700)
 
 
-def run_and_kill(data: Path, transient: bool, min_acks: int, rnd: int = 0) -> list[tuple[int, ...]]:
+def run_and_kill(
+    data: Path, transient: bool, min_acks: int, rnd: int = 0, loop: bool = False
+) -> list[tuple[int, ...]]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(data), "1" if transient else "0", str(rnd)],
+        [
+            sys.executable,
+            "-c",
+            WRITER,
+            str(data),
+            "1" if transient else "0",
+            str(rnd),
+            "loop" if loop else "threads",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -73,10 +100,14 @@ def run_and_kill(data: Path, transient: bool, min_acks: int, rnd: int = 0) -> li
     return [tuple(int(x) for x in ln.split()) for ln in lines if ln.endswith(b"\n")]
 
 
-@pytest.mark.parametrize("transient", [False, True], ids=["mapped", "transient-pool"])
-def test_sigkill_keeps_every_acknowledged_message(tmp_path: Path, transient: bool) -> None:
+@pytest.mark.parametrize(
+    ("transient", "loop"),
+    [(False, False), (True, False), (False, True)],
+    ids=["mapped", "transient-pool", "mapped-event-loop-writers"],
+)
+def test_sigkill_keeps_every_acknowledged_message(tmp_path: Path, transient: bool, loop: bool) -> None:
     data = tmp_path / "store"
-    acks = run_and_kill(data, transient, min_acks=400)
+    acks = run_and_kill(data, transient, min_acks=400, loop=loop)
     assert (data / "abort").exists()  # it really died without a clean shutdown
 
     store = build_store(

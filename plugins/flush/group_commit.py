@@ -7,12 +7,15 @@ resolves all requests the flush covered together.  A request still not covered a
 itself is stuck in the kernel: a small reaper thread watches the deadlines.
 
 A writer on an event loop (the broker: every send is put from its loop) does not wake the flush
-thread per put: its first put of a loop iteration schedules one *kick* at the end of that iteration
-(``call_soon``), so the puts of one iteration start one round together and the flush thread wakes
-once per round, not per message; no gathering wait (``batch_wait_us``) is needed for them.  The
-results reach the loop through :func:`tidemq.futures.resolved`, one wake-up per round.  A round
-whose kick never runs (its loop blocked in ``result()`` on its own put) is started by the reaper.
-Writer threads (tests, benches, the threaded clients) wake it per put as before and may gather.
+thread per put: the puts of one loop iteration form one *batch*, and the first of them schedules
+one *kick* at the end of that iteration (``call_soon``), which hands the batch to the flush thread:
+one wake-up per round, not per message, and no gathering wait (``batch_wait_us``) for them.  The
+batch's futures share one :class:`tidemq.futures.SharedCompletion`: the flush thread resolves them
+in bulk and wakes the loop once; the tasks awaiting them (:func:`tidemq.futures.resolved`) wait
+on one asyncio future per batch, so a put under sync flush costs no future, callback or thread hop
+of its own.  A batch whose kick never runs (its loop blocked in ``result()`` on its own put) is
+handed in by the reaper.  Writer threads (tests, benches, the threaded clients) wake it per put as
+before (a batch of one each) and may gather.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ import time
 from asyncio import AbstractEventLoop
 from asyncio import _get_running_loop as running_loop
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any
 
 import attrs
 
 from tidemq.flush import Flushable
+from tidemq.futures import SharedCompletion, StoreFuture, resolve_all
 from tidemq.metrics import BATCH_BOUNDS, Buckets
 
 log = logging.getLogger(__name__)
@@ -58,19 +62,54 @@ class SyncFlushOptions:
     batch_idle_us: int = attrs.field(default=100, validator=attrs.validators.ge(0))
 
 
-def _resolve(fut: Future[Any], value: Any) -> None:
-    try:
-        fut.set_result(value)
-    except InvalidStateError:  # the reaper or the flusher got there first
-        pass
-
-
 def _false() -> bool:
     return False
 
 
-#: A waiting writer: (end offset, deadline, future, value when durable, value on timeout).
-_Waiter = tuple[int, float, Future[Any], Any, Callable[[], Any]]
+class _Batch:
+    """Puts made durable together: one loop iteration's (or one writer thread's put)."""
+
+    __slots__ = ("completion", "deadline", "end", "ends", "futures", "on_timeouts", "settled", "values")
+
+    def __init__(self, deadline: float, completion: SharedCompletion | None) -> None:
+        self.end = 0
+        self.deadline = deadline  # its first put's: the whole batch times out together
+        self.ends: list[int] = []
+        self.futures: list[Future[Any]] = []
+        self.values: list[Any] = []
+        self.on_timeouts: list[Callable[[], Any]] = []
+        self.completion = completion
+        self.settled = False  # resolved, or timed out (then a late flush changes nothing)
+
+    def add(self, end: int, fut: Future[Any], value: Any, on_timeout: Callable[[], Any]) -> None:
+        if end > self.end:
+            self.end = end
+        self.ends.append(end)
+        self.futures.append(fut)
+        self.values.append(value)
+        self.on_timeouts.append(on_timeout)
+
+    def resolve(self) -> None:
+        self.settled = True
+        resolve_all(self.futures, self.values)
+        if self.completion is not None:
+            self.completion.complete()
+
+    def time_out(self, flushed: int) -> None:
+        """Past its deadline: each put durable when ``flushed`` covers it, else its ``on_timeout()``."""
+        if self.settled:
+            return
+        self.settled = True
+        if flushed >= self.end:
+            values = self.values
+        else:
+            values = [
+                value if end <= flushed else on_timeout()
+                for end, value, on_timeout in zip(self.ends, self.values, self.on_timeouts, strict=True)
+            ]
+        resolve_all(self.futures, values)
+        if self.completion is not None:
+            self.completion.complete()
 
 
 class GroupCommitFlush:
@@ -79,9 +118,13 @@ class GroupCommitFlush:
     def __init__(self, options: SyncFlushOptions | None = None):
         self.options = options or SyncFlushOptions()
         self._timeout = self.options.timeout_ms / 1000
-        self._cond = threading.Condition()
-        self._pending: list[_Waiter] = []
-        self._inflight: list[_Waiter] = []
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        #: Batches handed in (kicked, or a writer thread's put), waiting for the next round.
+        self._pending: list[_Batch] = []
+        self._inflight: list[_Batch] = []
+        #: Each loop's batch of its current iteration, not handed in yet (its kick is scheduled).
+        self._open: dict[AbstractEventLoop, _Batch] = {}
         self._target: Flushable | None = None
         self._stop = False
         self._threads: list[threading.Thread] = []
@@ -96,8 +139,6 @@ class GroupCommitFlush:
         self._ready = False
         #: Writer threads put since the last round began (only their rounds may gather).
         self._threaded = False
-        #: Loops with a kick scheduled (one per loop iteration that put something).
-        self._kicks: set[AbstractEventLoop] = set()
 
     def start(self, target: Flushable) -> None:
         self._target = target
@@ -108,14 +149,16 @@ class GroupCommitFlush:
             self._threads.append(t)
 
     def request(self, end_offset: int) -> Future[bool]:
-        fut: Future[bool] = Future()
+        fut: Future[bool] = StoreFuture()
         self.submit(end_offset, fut, True, _false)
         return fut
 
     def submit(self, end_offset: int, fut: Future[Any], value: Any, on_timeout: Callable[[], Any]) -> None:
         """Resolve ``fut`` with ``value`` once ``end_offset`` is flushed, ``on_timeout()`` if not in time.
 
-        The store's fast path: its own future is resolved here, no second future per put.
+        The store's fast path: its own future is resolved here, no second future per put.  From an
+        event loop, ``fut`` joins the loop's batch of this iteration (a :class:`StoreFuture` also
+        its shared completion); no lock is waited for and no thread woken per put.
         """
         target = self._target
         if target is None:
@@ -125,28 +168,41 @@ class GroupCommitFlush:
             fut.set_result(value)
             return
         loop = running_loop()
-        kick: AbstractEventLoop | None = None
-        with self._cond:
+        with self._lock:
             if self._stop:
                 fut.set_result(value if end_offset <= target.flushed_where else on_timeout())
                 return
-            self._pending.append((end_offset, time.monotonic() + self._timeout, fut, value, on_timeout))
-            if loop is None:
+            if loop is None:  # a writer thread: a batch of its own, started now
+                batch = _Batch(time.monotonic() + self._timeout, None)
+                batch.add(end_offset, fut, value, on_timeout)
+                self._pending.append(batch)
                 self._ready = self._threaded = True
                 self._cond.notify()
-            elif loop not in self._kicks:
-                self._kicks.add(loop)
-                kick = loop
-        if kick is not None:
-            # Runs after every callback already ready in this iteration: their puts join the round.
-            kick.call_soon(self._kick, kick)
+                return
+            open_batch = self._open.get(loop)
+            if open_batch is None:
+                completion = SharedCompletion(loop)
+                open_batch = self._open[loop] = _Batch(time.monotonic() + self._timeout, completion)
+                # Runs after every callback already ready in this iteration: their puts join the batch.
+                loop.call_soon(self._kick, loop)
+            open_batch.add(end_offset, fut, value, on_timeout)
+            if type(fut) is StoreFuture:
+                fut.completion = open_batch.completion
 
     def _kick(self, loop: AbstractEventLoop) -> None:
-        """On ``loop``, after the iteration whose puts scheduled it: start their round."""
-        with self._cond:
-            self._kicks.discard(loop)
-            self._ready = True
-            self._cond.notify()
+        """On ``loop``, after the iteration whose puts scheduled it: hand their batch in."""
+        with self._lock:
+            batch = self._open.pop(loop, None)
+            if batch is None:  # the reaper handed it in already
+                return
+            if not self._stop:
+                self._pending.append(batch)
+                self._ready = True
+                self._cond.notify()
+                return
+        target = self._target
+        assert target is not None
+        batch.time_out(target.flushed_where)  # stopped: shutdown() flushed everything it could
 
     def _run(self) -> None:
         """Flush whatever is waiting, resolve it, repeat.
@@ -174,16 +230,15 @@ class GroupCommitFlush:
                 join = join and self._threaded
                 self._ready = self._threaded = False
                 if not join:
-                    batch, self._pending = self._pending, []
-                    self._inflight = batch
+                    batches, self._pending = self._pending, []
+                    self._inflight = batches
             if join:
                 self._gather()
                 with cond:
-                    batch, self._pending = self._pending, []
-                    self._inflight = batch
+                    batches, self._pending = self._pending, []
+                    self._inflight = batches
                     self._ready = self._threaded = False
-            self._last_batch = len(batch)
-            retry = self._flush_and_resolve(target, batch)
+            retry = self._flush_and_resolve(target, batches)
             with cond:
                 self._inflight = []
                 if retry:
@@ -192,9 +247,11 @@ class GroupCommitFlush:
             if retry:
                 time.sleep(0.001)  # the flush did not advance (it failed): do not spin
 
-    def _flush_and_resolve(self, target: Flushable, batch: list[_Waiter]) -> list[_Waiter]:
-        """One flush for ``batch``; resolves what it covered, returns the waiters it did not."""
-        max_end = max(w[0] for w in batch)
+    def _flush_and_resolve(self, target: Flushable, batches: list[_Batch]) -> list[_Batch]:
+        """One flush for ``batches``; resolves what it covered, returns the batches it did not."""
+        max_end = max(b.end for b in batches)
+        requests = sum(len(b.futures) for b in batches)
+        self._last_batch = requests
         flushed = target.flushed_where
         started = time.perf_counter()
         try:
@@ -206,24 +263,22 @@ class GroupCommitFlush:
                     break
             self.flush_rounds += 1
             self.flush_seconds.observe(time.perf_counter() - started)
-            self.batch_sizes.observe(len(batch))
+            self.batch_sizes.observe(requests)
         except Exception:
             log.exception("flush failed")
         if flushed >= max_end:
-            for waiter in batch:
-                _resolve(waiter[2], waiter[3])
+            for batch in batches:
+                batch.resolve()
             return []
         now = time.monotonic()
         retry = []
-        for waiter in batch:
-            end, deadline, fut, value, on_timeout = waiter
-            if flushed >= end:
-                _resolve(fut, value)
-            elif now >= deadline:
-                if not fut.done():
-                    _resolve(fut, on_timeout())
+        for batch in batches:
+            if flushed >= batch.end:
+                batch.resolve()
+            elif now >= batch.deadline:
+                batch.time_out(flushed)
             else:
-                retry.append(waiter)
+                retry.append(batch)
         return retry
 
     def _gather(self) -> None:
@@ -252,25 +307,37 @@ class GroupCommitFlush:
                 return
 
     def _reap(self) -> None:
-        """Resolve overdue requests; start a round that no kick started (a loop blocked in
-        ``result()`` on its own put cannot run its kick): within two steps of the reaper."""
+        """Resolve overdue batches; hand in a batch whose kick never ran (a loop blocked in
+        ``result()`` on its own put cannot run it) and start a round nobody started: within two
+        steps of the reaper."""
         step = min(0.1, self._timeout / 10)
-        stale: _Waiter | None = None
+        stale: _Batch | None = None
+        stale_open: set[_Batch] = set()
+        target = self._target
+        assert target is not None
         while not self._stop:
             time.sleep(step)
             now = time.monotonic()
             with self._cond:
-                waiting = self._pending + self._inflight
+                for loop, batch in list(self._open.items()):
+                    if batch in stale_open:
+                        log.debug("group commit: a batch was not kicked by its loop; handing it in")
+                        del self._open[loop]
+                        self._pending.append(batch)
+                        self._ready = True
+                        self._cond.notify()
+                stale_open = set(self._open.values())
+                waiting = self._pending + self._inflight + list(self._open.values())
                 first = self._pending[0] if self._pending else None
                 if first is not None and first is stale and not self._ready:
-                    log.debug("group commit: a round was not kicked by its loop; starting it")
+                    log.debug("group commit: a round was not started; starting it")
                     self._ready = True
                     self._cond.notify()
                 stale = first
-            for _, deadline, fut, _value, on_timeout in waiting:
-                if now >= deadline and not fut.done():
+            for batch in waiting:
+                if now >= batch.deadline and not batch.settled:
                     log.warning("flush did not finish within %d ms", self.options.timeout_ms)
-                    _resolve(fut, on_timeout())
+                    batch.time_out(target.flushed_where)
 
     def shutdown(self) -> None:
         with self._cond:
@@ -281,4 +348,10 @@ class GroupCommitFlush:
         self._threads = []
         if self._target is not None:
             self._target.commit(0)
-            self._target.flush(0)
+            flushed = self._target.flush(0)
+            with self._lock:
+                left, self._open = list(self._open.values()), {}
+                left += self._pending
+                self._pending = []
+            for batch in left:  # put since the flush thread stopped: durable now, or never will be
+                batch.time_out(flushed)

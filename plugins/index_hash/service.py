@@ -8,8 +8,12 @@ of candidates; :func:`tidemq.index.query_messages` then drops hash collisions.
 Off the put path (RocketMQ builds the index in its reput service).  The store hands each put to
 :meth:`HashIndex.dispatch_batch` (:class:`tidemq.store.BatchDispatcher`) under its lock; that
 appends the batch's columns to an in-memory queue and returns, so the put path pays a deque
-append per batch and no lock (the store's lock serialises its calls).  The index thread (``hash-index``, started by the first batch)
-wakes at most every ``ROUND_S`` and indexes what is queued, in commit-log order, in chunks of
+append per batch and no lock (the store's lock serialises its calls).  A put whose messages carry
+no key at all (POP revive and checkpoint records, most system topics) is not queued: it only
+notes its store time, which the checkpoint may cover once everything queued before it is indexed.
+The index thread (``hash-index``, started by the first batch) is woken from idle by the first
+keyed put, then runs a round every ``ROUND_S`` while puts keep coming (no wake-up per put or per
+round: it goes back to sleep after a round that found nothing) and indexes what is queued, in commit-log order, in chunks of
 ``DRAIN_CHUNK`` messages: the key hashes and the IndexFile entries are computed in compiled code
 when it is built (:mod:`tidemq_index_hash.native`).  A query by key, ``flush``, ``truncate``,
 ``rebuild_from``, ``stats`` and ``file_names`` first index whatever is still queued, under the
@@ -90,6 +94,8 @@ DRAIN_CHUNK = 4_096
 #: The index thread's pace: at most one round of indexing per ROUND_S, so under load one wake-up
 #: serves many puts (a query never waits for it: it indexes what is queued itself).
 ROUND_S = 0.005
+_UNIQ = Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+_KEYS = Prop.KEYS
 
 # One message waiting to be indexed (the full-disk backlog): commit-log offset, store time, key hashes.
 _Pending = tuple[int, int, list[int]]
@@ -150,13 +156,18 @@ class HashIndex:
         self._queue: collections.deque[_Queued] = collections.deque()
         self._enqueued = 0  # messages ever queued (written by dispatch_batch only)
         self._dequeued = 0  # messages ever taken off the queue (index lock held)
-        self._wake = threading.Event()  # set when a put is queued; cleared by a drain that empties it
+        self._wake = threading.Event()  # set by a put that finds the index thread idle
+        #: The newest put with no key (store time, messages queued before it): not queued, covered
+        #: by the checkpoint once those are indexed.  One tuple, replaced whole (read without a lock).
+        self._keyless: tuple[int, int] = (0, 0)
         self._worker_lock = threading.Lock()  # guards _worker and _stopping
         self._halt = threading.Event()  # set by shutdown: the index thread ends
         self._worker: threading.Thread | None = None
         self._stopping = False
         self._lag_max_s = 0.0  # the oldest queued put's age when indexing began, at most
         self._put_drains = 0  # puts that indexed a chunk themselves (back-pressure)
+        self._wakeups = 0  # puts that woke the index thread from idle
+        self._keyless_puts = 0  # puts with no key: not queued
 
     # ------------------------------------------------------------------ lifecycle
     def load(self, last_exit_ok: bool, checkpoint_timestamp_ms: int) -> None:
@@ -261,13 +272,21 @@ class HashIndex:
         n = len(commit_log_offsets)
         if not n:
             return
+        for props in properties:
+            if _UNIQ in props or _KEYS in props:
+                break
+        else:  # nothing to index: no queue entry, no wake-up
+            self._keyless = (store_timestamp, self._enqueued)
+            self._keyless_puts += 1
+            return
         self._queue.append(
             (topic, properties, commit_log_offsets, store_timestamp, sys_flags, time.monotonic())
         )
         self._enqueued += n
-        if not self._wake.is_set():  # after the append: a drain that clears it looks again
+        if not self._wake.is_set():  # after the append: the thread's clear looks at the queue again
             if self._worker is None:
                 self._start_worker()
+            self._wakeups += 1
             self._wake.set()
         if self._enqueued - self._dequeued > MAX_QUEUED:
             with self._lock:
@@ -315,12 +334,16 @@ class HashIndex:
     def _run(self) -> None:
         # The first round keeps the pace too: 0.0 here let it run at once whenever the machine's
         # monotonic clock (its uptime) was past ROUND_S, so the pace depended on the uptime.
+        # The wake event stays set while puts keep coming: a round every ROUND_S, no wake-up per
+        # put; it is cleared after a round that found nothing (the queue is looked at again after
+        # the clear: a put that saw it still set did not set it).
         last_round = time.monotonic()
         while True:
             self._wake.wait()
             pause = last_round + ROUND_S - time.monotonic()
             if pause > 0 and self._halt.wait(pause):
                 return  # shutdown() indexes the rest
+            before = self._dequeued
             more = True
             while more and not self._stopping:
                 with self._lock:
@@ -334,6 +357,10 @@ class HashIndex:
             last_round = time.monotonic()
             if self._stopping:
                 return  # shutdown() indexes the rest
+            if self._dequeued == before and not self._queue:  # idle (readers may have drained)
+                self._wake.clear()
+                if self._queue:
+                    self._wake.set()
 
     def _stop_worker(self) -> None:
         with self._worker_lock:
@@ -359,11 +386,8 @@ class HashIndex:
             items.append(item)
             taken += len(item[2])
         self._dequeued += taken
-        if not queue:
-            self._wake.clear()
-            if queue:  # a put came between the test and the clear: it did not set it again
-                self._wake.set()
         if not items:
+            self._cover_keyless()
             return False
         lag = time.monotonic() - items[0][5]
         if lag > self._lag_max_s:
@@ -377,7 +401,14 @@ class HashIndex:
                 log.exception(
                     "hash index: cannot index %d messages of %s at offset %d", len(offsets), topic, offsets[0]
                 )
+        self._cover_keyless()
         return bool(queue)
+
+    def _cover_keyless(self) -> None:
+        """The newest keyless put is covered once every put queued before it is indexed."""
+        ts, after = self._keyless
+        if self._dequeued >= after and ts > self._covered_ts and not self._stalled:
+            self._covered_ts = ts
 
     # ------------------------------------------------------------------ indexing (index lock held)
     @property
@@ -696,4 +727,6 @@ class HashIndex:
                 "covered_timestamp": self._covered_ts,
                 "lag_max_ms": round(self._lag_max_s * 1000),
                 "put_drains": self._put_drains,
+                "wakeups": self._wakeups,
+                "keyless_puts": self._keyless_puts,
             }
