@@ -144,14 +144,22 @@ class Connection(asyncio.Protocol):
         lane = self._read_lane
         if (
             lane is not None
-            and not self._decoder._buf  # the read starts a frame (``_buf``: see _feed)
             and not self._backlog
             and not self._draining
             and not self._closing
             and type(data) is bytes
         ):
+            decoder = self._decoder
+            if decoder._buf:  # ``_buf``, not ``buffered``: see _feed
+                if decoder.error_pending:
+                    self._feed(data)
+                    return
+                # A frame begun in an earlier read: the lane goes on from its start (one copy).
+                data = decoder.take_buffered() + data
             data = self._serve_read(lane, data)
             if not data:
+                if self._held:
+                    self._account_buffer(True)  # the partial frame held before is served
                 return
         self._feed(data)
 
