@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import cast
 
 from tidemq.extensions import compiled_twin
-from tidemq.store import SendLane
+from tidemq.store import SendFrameLane, SendLane
 
 MODULE = "tidemq._native._send_lane"
 #: The lane's wire ends: frames read and answers written without a command per request.
@@ -74,4 +74,9 @@ def describe() -> str:
 
         reason = next((t.reason for t in twins() if t.module == MODULE), "not built")
         return f"none (the Python handlers serve every request: {reason})"
-    return f"{lane.description}, offered by the mmap store ([store.mmap] request_lanes)"
+    reads = (
+        "; reads served from their bytes where the transport offers them ([transport.tcp] read_lane)"
+        if isinstance(lane, SendFrameLane)
+        else ""
+    )
+    return f"{lane.description}, offered by the mmap store ([store.mmap] request_lanes){reads}"
