@@ -72,7 +72,10 @@ def normalized_answer(frame: bytes) -> bytes:
 class Pair:
     """Two brokers on a loop of their own thread: ``lane`` (lane on) and ``python`` (lane off)."""
 
-    def __init__(self, root: Path, *lanes: tuple[str, bool] | tuple[str, bool, bool]) -> None:
+    def __init__(
+        self, root: Path, *lanes: tuple[str, bool] | tuple[str, bool, bool], flush: str = "async"
+    ) -> None:
+        self.flush = flush
         lanes = lanes or (("lane", True), ("python", False))
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -87,7 +90,7 @@ class Pair:
     async def _start(self, name: str, on: bool, reads: bool = True) -> Any:
         cm = running_broker(
             self.root / name,
-            {"store": "mmap"},
+            {"store": "mmap", "flush": self.flush},
             # small files: the comparisons read them whole, and sends cross file ends
             options={
                 "store": {"mmap": {"request_lanes": on, "commitlog_file_size": 64 * 1024}},
@@ -166,8 +169,10 @@ async def _exchange(
     return [encode_bytes(answers[r.opaque]) for r in requests]
 
 
-def _pair(root: Path, *lanes: tuple[str, bool]) -> Iterator[Pair]:
-    pair = Pair(root, *lanes)
+def _pair(
+    root: Path, *lanes: tuple[str, bool] | tuple[str, bool, bool], flush: str = "async"
+) -> Iterator[Pair]:
+    pair = Pair(root, *lanes, flush=flush)
     try:
         for broker in pair.brokers.values():
             fields = {"topic": TOPIC, "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}
@@ -654,3 +659,19 @@ def test_short_fuzz_of_the_wire_ends() -> None:
     spec.loader.exec_module(fuzz)
     summary = fuzz.run(frame_module, inputs=4000, seed=int.from_bytes(os.urandom(4), "big"))
     assert summary["reads"]["taken"] > 500 and summary["reads"]["none_taken"] > 500
+
+
+def test_the_read_lane_under_sync_flush_answers_as_the_python_handler(tmp_path: Path) -> None:
+    """Sends that wait for their flush: the lane answers them through the transport's awaitables."""
+    taken, _ = frame_module.frame_counts()
+    for pair in _pair(tmp_path, ("lane", True), ("python", False), flush="sync"):
+        reqs = [
+            RemotingCommand(RequestCode.SEND_MESSAGE_V2, 0, ext_fields=v2(e=str(i % 4)), body=b"s" * i)
+            for i in range(10)
+        ]
+        for pipelined in (True, False):
+            got = pair.raw_exchange(_numbered_keep_type(_both_types(reqs)), pipelined)
+            assert got["lane"] == got["python"]
+            assert pair.commit_log("lane") == pair.commit_log("python")
+            reqs = [RemotingCommand(r.code, 0, ext_fields=v2(e=r.ext_fields["e"]), body=r.body) for r in reqs]
+    assert frame_module.frame_counts()[0] - taken >= 2 * 2 * 10
