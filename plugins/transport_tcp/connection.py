@@ -155,16 +155,19 @@ class Connection(asyncio.Protocol):
                     self._feed(data)
                     return
                 # A frame begun in an earlier read: the lane goes on from its start (one copy).
-                data = decoder.take_buffered() + data
-            data = self._serve_read(lane, data)
-            if not data:
+                data = b"".join((decoder.take_buffered(), data))
+            rest = self._serve_read(lane, data)
+            if not rest:
                 if self._held:
                     self._account_buffer(True)  # the partial frame held before is served
                 return
+            self._feed(rest)
+            return
         self._feed(data)
 
-    def _serve_read(self, lane: ReadLane, data: bytes) -> bytes:
-        """The read's leading frames the lane serves, answered in order; what is left to decode."""
+    def _serve_read(self, lane: ReadLane, data: bytes) -> bytes | memoryview:
+        """The read's leading frames the lane serves, answered in order; what is left to decode
+        (a view: the decoder copies only what it keeps)."""
         try:
             taken = lane(self, data, self._decoder.max_frame_size)
         except Exception:  # a lane bug: the read is decoded and served the usual way
@@ -178,9 +181,9 @@ class Connection(asyncio.Protocol):
         else:
             for cmd, work in answer:
                 self._on_request(cmd, work)
-        return data[end:] if end < len(data) else b""
+        return memoryview(data)[end:] if end < len(data) else b""
 
-    def _feed(self, data: bytes) -> None:
+    def _feed(self, data: bytes | memoryview) -> None:
         decoder = self._decoder
         while True:
             try:
