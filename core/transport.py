@@ -12,7 +12,7 @@ stores a read's sends with one append).  Both are optional; the answers are the 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
@@ -84,7 +84,9 @@ class BatchedRequestHandler(Protocol):
 
 #: What :meth:`ReadLaneHandler.serve_read` gives for the frames it took: all their response frames
 #: as one bytes object, or per request (in order) the command and its response or an awaitable of it.
-ReadAnswer = "bytes | list[tuple[RemotingCommand, RemotingCommand | Awaitable[RemotingCommand | None]]]"
+ReadAnswer: TypeAlias = (
+    "bytes | list[tuple[RemotingCommand, RemotingCommand | Awaitable[RemotingCommand | None]]]"
+)
 
 
 @runtime_checkable
@@ -100,7 +102,7 @@ class ReadLaneHandler(Protocol):
     read (not draining, no backlog): the answers are those the requests would get decoded.
     """
 
-    def serve_read(self, conn: Connection, data: bytes, max_frame: int) -> tuple[int, Any] | None: ...
+    def serve_read(self, conn: Connection, data: bytes, max_frame: int) -> tuple[int, ReadAnswer] | None: ...
 
 
 #: ``failed(request, exc)``: the broker's answer to a request whose handling raised ``exc`` (its
