@@ -19,6 +19,12 @@ SendHandler`, which stays the reference and serves everything else):
 A run the lane declines goes whole to the Python handler.  What the lane gives is stored and
 answered by the same ``SendService.put``/``settled`` and ``send_response`` as the handler's sends:
 equal answers and records by construction (the differential tests check it).
+
+When the store's lane also has the wire ends (:class:`~tidemq.store.SendFrameLane`),
+:meth:`SendLaneEntry.serve_read` serves a read from its bytes (the transport offers them before
+decoding): the compiled code splits the leading send frames and reads their headers, and writes
+the settled sends' answers as bytes equal to ``send_response``'s encoding; no command object is
+made per request (``docs/request-lanes.md``).
 """
 
 from __future__ import annotations
