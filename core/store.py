@@ -590,6 +590,39 @@ class SendLane(Protocol):
 
 
 @runtime_checkable
+class SendFrameLane(SendLane, Protocol):
+    """A send lane that also has the wire ends (optional): a read's leading send frames to what
+    :meth:`prepare_frames` prepares, and their settled sends to the response frames, without a
+    command object per request (the mmap store's compiled :mod:`tidemq._native._frame_lane`).
+
+    A frame is ``(code, language, version, opaque, flag, remark, ext_fields, body,
+    serialize_type)``, what the codec's decoder would make a command of (:meth:`command_of`).
+    """
+
+    def take_frames(self, data: bytes, max_frame: int) -> tuple[list[tuple[object, ...]], int]:
+        """The whole send frames at the start of ``data`` the lane reads exactly as the codec's
+        decoder, and where they end; none when the first is not one."""
+
+    def prepare_frames(
+        self,
+        frames: list[tuple[object, ...]],
+        writable_queues: Callable[[str], int],
+        cluster: str,
+        max_batch: int,
+        born_host: tuple[str, int],
+        store_host: tuple[str, int],
+    ) -> list[Send] | None:
+        """:meth:`SendLane.prepare_sends` of those frames."""
+
+    def answer_frames(self, frames: list[tuple[object, ...]], sends: list[Send]) -> bytes | None:
+        """The settled sends' response frames, byte-equal to the codec's encoding of
+        ``send_response``; None when one is not the lane's to write."""
+
+    def command_of(self, frame: tuple[object, ...]) -> RemotingCommand:
+        """The command the codec's decoder makes of ``frame``."""
+
+
+@runtime_checkable
 class RequestLanes(Protocol):
     """A store that offers request lanes (optional): asked once, as the broker starts."""
 

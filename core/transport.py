@@ -12,7 +12,7 @@ stores a read's sends with one append).  Both are optional; the answers are the 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
@@ -80,6 +80,29 @@ class BatchedRequestHandler(Protocol):
     def handle_many(
         self, conn: Connection, requests: list[RemotingCommand]
     ) -> list[Awaitable[RemotingCommand | None]]: ...
+
+
+#: What :meth:`ReadLaneHandler.serve_read` gives for the frames it took: all their response frames
+#: as one bytes object, or per request (in order) the command and its response or an awaitable of it.
+ReadAnswer: TypeAlias = (
+    "bytes | list[tuple[RemotingCommand, RemotingCommand | Awaitable[RemotingCommand | None]]]"
+)
+
+
+@runtime_checkable
+class ReadLaneHandler(Protocol):
+    """A request handler that may serve a read's leading frames from the bytes (issue 38: the
+    broker's send lane), before the transport decodes them.
+
+    Optional, checked once per connection.  ``serve_read(conn, data, max_frame)`` answers None
+    when it takes nothing (the transport decodes ``data`` as usual), else ``(end, answer)``: it
+    took the whole frames of ``data[:end]`` and ``answer`` answers them (:data:`ReadAnswer`); the
+    transport writes that before serving ``data[end:]`` as usual.  A transport offers it only
+    bytes that start a frame (nothing buffered) and only while it serves requests in the order
+    read (not draining, no backlog): the answers are those the requests would get decoded.
+    """
+
+    def serve_read(self, conn: Connection, data: bytes, max_frame: int) -> tuple[int, ReadAnswer] | None: ...
 
 
 #: ``failed(request, exc)``: the broker's answer to a request whose handling raised ``exc`` (its

@@ -30,7 +30,7 @@ from tidemq.message import BatchItem, encode_batch, properties_to_string
 from tidemq.plugins import PluginManager
 from tidemq.remoting import FrameDecoder, RemotingCommand
 from tidemq.remoting.codec import encode_bytes
-from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.remoting.codes import RequestCode, ResponseCode, SerializeType
 from tidemq.remoting.command import stringify_fields
 from tidemq.testing.pytest_plugin import running_broker
 from tidemq_store_mmap.lane import compiled_send_lane
@@ -72,7 +72,10 @@ def normalized_answer(frame: bytes) -> bytes:
 class Pair:
     """Two brokers on a loop of their own thread: ``lane`` (lane on) and ``python`` (lane off)."""
 
-    def __init__(self, root: Path, *lanes: tuple[str, bool]) -> None:
+    def __init__(
+        self, root: Path, *lanes: tuple[str, bool] | tuple[str, bool, bool], flush: str = "async"
+    ) -> None:
+        self.flush = flush
         lanes = lanes or (("lane", True), ("python", False))
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -81,15 +84,19 @@ class Pair:
         self.brokers: dict[str, Any] = {}
         self._stops: list[Any] = []
         self._opaque = 0
-        for name, on in lanes:
-            self.brokers[name] = self.run(self._start(name, on))
+        for name, on, *reads in lanes:
+            self.brokers[name] = self.run(self._start(name, on, reads[0] if reads else True))
 
-    async def _start(self, name: str, on: bool) -> Any:
+    async def _start(self, name: str, on: bool, reads: bool = True) -> Any:
         cm = running_broker(
             self.root / name,
-            {"store": "mmap"},
+            {"store": "mmap", "flush": self.flush},
             # small files: the comparisons read them whole, and sends cross file ends
-            options={"store": {"mmap": {"request_lanes": on, "commitlog_file_size": 64 * 1024}}},
+            options={
+                "store": {"mmap": {"request_lanes": on, "commitlog_file_size": 64 * 1024}},
+                # reads: the lane is offered the read's bytes (frames in, answers out) first
+                "transport": {"tcp": {"read_lane": reads}},
+            },
         )
         broker = await cm.__aenter__()
         self._stops.append(cm)
@@ -114,16 +121,31 @@ class Pair:
             ]
         return out
 
+    def raw_exchange(self, requests: list[RemotingCommand], pipelined: bool) -> dict[str, list[bytes]]:
+        """Each broker's answers as they came on the wire, but for its own port in the message ids
+        (the store host's, eight hex digits) zeroed: the bytes, not a re-encoding."""
+        out = {}
+        for name, broker in self.brokers.items():
+            port = f"{split_address(broker.address)[1]:08X}".encode()
+            frames = self.run(_exchange(broker.address, requests, pipelined, raw=True))
+            out[name] = [f.replace(port, b"00000000") for f in frames]
+        return out
+
     def commit_log(self, name: str) -> bytes:
         files = sorted((self.root / name / "commitlog").iterdir())
         return b"".join(normalized_log(f.read_bytes()) for f in files)
 
 
-async def _exchange(address: str, requests: list[RemotingCommand], pipelined: bool) -> list[bytes]:
+async def _exchange(
+    address: str, requests: list[RemotingCommand], pipelined: bool, raw: bool = False
+) -> list[bytes]:
+    """The answers to ``requests`` in their order: re-encoded, or (``raw``) the bytes as they came."""
     host, port = split_address(address)
     reader, writer = await asyncio.open_connection(host, port)
     decoder = FrameDecoder()
     answers: dict[int, RemotingCommand] = {}
+    frames: dict[int, bytes] = {}
+    buffer = b""
     try:
         batches = [requests] if pipelined else [[r] for r in requests]
         for batch in batches:
@@ -133,15 +155,24 @@ async def _exchange(address: str, requests: list[RemotingCommand], pipelined: bo
             while len(answers) < want:
                 data = await asyncio.wait_for(reader.read(1 << 16), 20)
                 assert data, "connection closed"
-                for cmd in decoder.feed(data):
+                buffer += data
+                while len(buffer) >= 4 and len(buffer) >= 4 + int.from_bytes(buffer[:4], "big"):
+                    end = 4 + int.from_bytes(buffer[:4], "big")
+                    frame, buffer = buffer[:end], buffer[end:]
+                    (cmd,) = decoder.feed(frame)
                     answers[cmd.opaque] = cmd
+                    frames[cmd.opaque] = frame
     finally:
         writer.close()
+    if raw:
+        return [frames[r.opaque] for r in requests]
     return [encode_bytes(answers[r.opaque]) for r in requests]
 
 
-def _pair(root: Path, *lanes: tuple[str, bool]) -> Iterator[Pair]:
-    pair = Pair(root, *lanes)
+def _pair(
+    root: Path, *lanes: tuple[str, bool] | tuple[str, bool, bool], flush: str = "async"
+) -> Iterator[Pair]:
+    pair = Pair(root, *lanes, flush=flush)
     try:
         for broker in pair.brokers.values():
             fields = {"topic": TOPIC, "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}
@@ -470,3 +501,177 @@ def test_the_lane_keeps_the_duplicate_window(lone: Pair) -> None:
     assert other.code == ResponseCode.SUCCESS and other.ext_fields["msgId"] != answer.ext_fields["msgId"]
     broker = lone.brokers["lane"]
     assert broker.store.get_max_offset_in_queue(TOPIC, 2) == int(answer.ext_fields["queueOffset"]) + 1
+
+
+# --------------------------------------------------------------------------- the read lane
+frame_module = pytest.importorskip("tidemq._native._frame_lane")
+
+
+@pytest.fixture(scope="module")
+def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    """The lane serving reads from their bytes, the lane over decoded commands, and no lane."""
+    yield from _pair(
+        tmp_path_factory.mktemp("trio"), ("lane", True), ("decoded", True, False), ("python", False)
+    )
+
+
+def _both_types(reqs: list[RemotingCommand]) -> list[RemotingCommand]:
+    """Each request also with a ROCKETMQ (binary) header, as the official Java client may send it."""
+    out = []
+    for r in reqs:
+        out.append(r)
+        fields = v2() if r.code == RequestCode.SEND_MESSAGE_V2 else dict(r.ext_fields)
+        fields.update({k: v for k, v in r.ext_fields.items() if k != "i"})
+        out.append(
+            RemotingCommand(r.code, 0, ext_fields=fields, body=r.body, serialize_type=SerializeType.ROCKETMQ)
+        )
+    return _numbered_keep_type(out)
+
+
+def _numbered_keep_type(reqs: list[RemotingCommand]) -> list[RemotingCommand]:
+    return [
+        RemotingCommand(
+            r.code,
+            r.language if type(r.language) is str else "JAVA",  # (the tests' positional 0s)
+            r.version,
+            i + 1,
+            r.flag,
+            r.remark,
+            dict(r.ext_fields),
+            r.body,
+            (),
+            r.serialize_type,
+        )
+        for i, r in enumerate(reqs)
+    ]
+
+
+def test_the_read_lane_answers_the_bytes_the_decoded_paths_answer(trio: Pair) -> None:
+    """Frames in, answers out (the compiled wire ends) against the lane over decoded commands and
+    against the Python handler: the same answer bytes on the wire, the same commit log."""
+    taken, answered = frame_module.frame_counts()
+    singles = [
+        RemotingCommand(RequestCode.SEND_MESSAGE_V2, 0, ext_fields=v2(e=str(i % 4)), body=b"y" * i)
+        for i in range(12)
+    ]
+    batches = [
+        RemotingCommand(
+            RequestCode.SEND_BATCH_MESSAGE,
+            0,
+            ext_fields=v2(e=str(i % 4), m="true", i=None),
+            body=encode_batch(
+                [BatchItem(b"b" * (i + j), 0, {"UNIQ_KEY": f"{next(_KEYS):032X}"}) for j in range(3)]
+            ),
+        )
+        for i in range(4)
+    ]
+    odd = [  # region and trace flags the answer carries back, escaped in JSON
+        RemotingCommand(
+            RequestCode.SEND_MESSAGE_V2,
+            0,
+            ext_fields=v2(
+                i=properties_to_string(
+                    {"UNIQ_KEY": f"{next(_KEYS):032X}", "MSG_REGION": 'r"é\\n', "TRACE_ON": "x"}
+                )
+            ),
+            body=b"o",
+        )
+    ]
+    for pipelined in (True, False):
+        reqs = _both_types(singles + batches + odd)
+        got = trio.raw_exchange(reqs, pipelined)
+        assert got["lane"] == got["decoded"] == got["python"]
+        codes = [FrameDecoder().feed(f)[0].code for f in got["lane"]]
+        assert codes == [ResponseCode.SUCCESS] * len(reqs)
+        for name in ("decoded", "python"):
+            assert trio.commit_log("lane") == trio.commit_log(name)
+        singles = [
+            RemotingCommand(r.code, 0, ext_fields=v2(e=r.ext_fields["e"]), body=r.body) for r in singles
+        ]
+        batches = [
+            RemotingCommand(
+                r.code,
+                0,
+                ext_fields=r.ext_fields,
+                body=encode_batch(
+                    [BatchItem(b"c", 0, {"UNIQ_KEY": f"{next(_KEYS):032X}"}) for _ in range(2)]
+                ),
+            )
+            for r in batches
+        ]
+        odd = [
+            RemotingCommand(
+                r.code,
+                0,
+                ext_fields={
+                    **r.ext_fields,
+                    "i": properties_to_string({"UNIQ_KEY": f"{next(_KEYS):032X}", "MSG_REGION": "区"}),
+                },
+                body=r.body,
+            )
+            for r in odd
+        ]
+    after_taken, after_answered = frame_module.frame_counts()
+    assert after_taken - taken >= 2 * 2 * 17  # every frame of the lane broker's reads (and only its)
+    assert after_answered > answered
+
+
+def test_official_client_requests_through_the_read_lane(trio: Pair) -> None:
+    recorded = [r for r in FrameDecoder().feed(RECORDED.read_bytes()) if not r.flag & 2]
+    taken, _ = frame_module.frame_counts()
+    for pipelined in (True, False):
+        got = trio.raw_exchange(_numbered_keep_type(recorded), pipelined)
+        assert got["lane"] == got["decoded"] == got["python"]
+        assert trio.commit_log("lane") == trio.commit_log("decoded") == trio.commit_log("python")
+    assert frame_module.frame_counts()[0] - taken == 2 * len(recorded)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(requests(), min_size=1, max_size=6), st.booleans(), st.booleans())
+def test_the_read_lane_and_the_python_handler_answer_and_store_alike(
+    trio: Pair, reqs: list[RemotingCommand], pipelined: bool, binary: bool
+) -> None:
+    reqs = [r for r in reqs if not _random_queue(r)]
+    if not reqs:
+        return
+    if binary:
+        for r in reqs:
+            r.serialize_type = SerializeType.ROCKETMQ
+    reqs = _numbered_keep_type(reqs)
+    try:
+        got = trio.raw_exchange(reqs, pipelined)
+    except Exception as exc:  # a field the binary header cannot hold (a key over 32 KiB): not sendable
+        pytest.skip(f"not encodable: {exc}")
+    assert got["lane"] == got["decoded"] == got["python"]
+    assert trio.commit_log("lane") == trio.commit_log("python")
+
+
+def test_short_fuzz_of_the_wire_ends() -> None:
+    """A few seconds of tests/fuzz/fuzz_frame_lane.py (the long run is a script: 1 M inputs)."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location(
+        "fuzz_frame_lane", Path(__file__).parent / "fuzz" / "fuzz_frame_lane.py"
+    )
+    assert spec is not None and spec.loader is not None
+    fuzz = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fuzz)
+    summary = fuzz.run(frame_module, inputs=4000, seed=int.from_bytes(os.urandom(4), "big"))
+    assert summary["reads"]["taken"] > 500 and summary["reads"]["none_taken"] > 500
+
+
+def test_the_read_lane_under_sync_flush_answers_as_the_python_handler(tmp_path: Path) -> None:
+    """Sends that wait for their flush: the lane answers them through the transport's awaitables."""
+    taken, _ = frame_module.frame_counts()
+    for pair in _pair(tmp_path, ("lane", True), ("python", False), flush="sync"):
+        reqs = [
+            RemotingCommand(RequestCode.SEND_MESSAGE_V2, 0, ext_fields=v2(e=str(i % 4)), body=b"s" * i)
+            for i in range(10)
+        ]
+        for pipelined in (True, False):
+            got = pair.raw_exchange(_numbered_keep_type(_both_types(reqs)), pipelined)
+            assert got["lane"] == got["python"]
+            assert pair.commit_log("lane") == pair.commit_log("python")
+            reqs = [RemotingCommand(r.code, 0, ext_fields=v2(e=r.ext_fields["e"]), body=r.body) for r in reqs]
+    assert frame_module.frame_counts()[0] - taken >= 2 * 2 * 10

@@ -818,3 +818,77 @@ def test_bad_headers_are_all_answered_but_a_flood_is_not_a_flood_of_warnings(
     arun(main())
     warnings = [r for r in caplog.records if "bad command header" in r.getMessage()]
     assert 1 <= len(warnings) <= 11, len(warnings)
+
+
+class _ReadLane:
+    """A handler with a read lane (``serve_read``, as the broker's send lane): it answers the whole
+    code-10 frames a read starts with itself (remark "lane"); everything else is the handler's."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self.reads: list[int] = []
+
+    async def __call__(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        return await echo(conn, req)
+
+    def serve_read(self, conn: Any, data: bytes, max_frame: int) -> tuple[int, bytes] | None:
+        self.reads.append(len(data))
+        pos = 0
+        out = []
+        while len(data) - pos >= 4:
+            end = pos + 4 + int.from_bytes(data[pos : pos + 4], "big")
+            if end > len(data):
+                break
+            (cmd,) = FrameDecoder().feed(data[pos:end])
+            if cmd.code != 10:
+                break
+            out.append(encode_bytes(cmd.reply(ResponseCode.SUCCESS, remark="lane")))
+            pos = end
+        if not out:
+            return None
+        self.taken += len(out)
+        return pos, b"".join(out)
+
+
+@pytest.mark.parametrize("read_lane", [True, False])
+def test_a_handlers_read_lane_gets_each_reads_bytes_and_frames_cut_across_reads(read_lane: bool) -> None:
+    """The transport offers a read's bytes to the handler's lane before decoding, a frame begun in an
+    earlier read included; what the lane leaves is decoded and served as usual, answers in order,
+    and no partial frame stays counted against the budget ([transport.tcp] read_lane = false: never)."""
+
+    async def main() -> None:
+        lane = _ReadLane()
+        server = transport(read_lane=read_lane).server("127.0.0.1", 0, lane)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection(*server.address)
+            codes = [10, 10, 11, 10, 10, 12, 10]
+            stream = b"".join(
+                encode_bytes(RemotingCommand(code, opaque=i + 1, ext_fields={"i": str(i)}, body=b"p" * 40))
+                for i, code in enumerate(codes)
+            )
+            for at in range(0, len(stream), 37):  # cut anywhere: headers, bodies, length fields
+                writer.write(stream[at : at + 37])
+                await writer.drain()
+                await asyncio.sleep(0.002)
+            decoder = FrameDecoder()
+            answers: list[RemotingCommand] = []
+            while len(answers) < len(codes):
+                data = await asyncio.wait_for(reader.read(1 << 16), 5)
+                assert data
+                answers += decoder.feed(data)
+            assert [a.opaque for a in answers] == list(range(1, len(codes) + 1))  # in order
+            if read_lane:
+                assert [a.remark == "lane" for a in answers] == [c == 10 for c in codes]
+                assert lane.taken == codes.count(10)
+            else:
+                assert lane.reads == [] and all(a.remark != "lane" for a in answers)
+            assert [a.ext_fields.get("echo") for a in answers if a.remark != "lane"] == [
+                str(i) for i, c in enumerate(codes) if c != 10 or not read_lane
+            ]
+            assert server.buffered_bytes == 0
+            writer.close()
+        finally:
+            await server.stop()
+
+    arun(main())

@@ -15,3 +15,11 @@ def prepare_sends(
     born_host: HostPort,
     store_host: HostPort,
 ) -> list[Send] | None: ...
+def prepare_frames(
+    frames: list[tuple[object, ...]],
+    writable_queues: Callable[[str], int],
+    cluster: str,
+    max_batch: int,
+    born_host: HostPort,
+    store_host: HostPort,
+) -> list[Send] | None: ...

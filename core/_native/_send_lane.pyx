@@ -134,6 +134,25 @@ cdef inline bint _v2_names_only(dict fields):
     return True
 
 
+def prepare_frames(
+    list frames, writable_queues, str cluster, Py_ssize_t max_batch, tuple born_host, tuple store_host
+):
+    """:func:`prepare_sends` over the frames :func:`tidemq._native._frame_lane.take_frames` read
+    (``frame[0]`` the code, ``frame[6]`` the header fields, ``frame[7]`` the body or None)."""
+    global _served, _refused
+    if not _bound:
+        _bind()
+    try:
+        sends = _prepare(frames, True, writable_queues, cluster, max_batch, born_host, store_host)
+    except Exception:  # whatever it is, the Python handler answers it
+        sends = None
+    if sends is None:
+        _refused += 1
+    else:
+        _served += 1
+    return sends
+
+
 def prepare_sends(
     list requests, writable_queues, str cluster, Py_ssize_t max_batch, tuple born_host, tuple store_host
 ):
@@ -148,7 +167,7 @@ def prepare_sends(
     if not _bound:
         _bind()
     try:
-        sends = _prepare(requests, writable_queues, cluster, max_batch, born_host, store_host)
+        sends = _prepare(requests, False, writable_queues, cluster, max_batch, born_host, store_host)
     except Exception:  # whatever it is, the Python handler answers it
         sends = None
     if sends is None:
@@ -158,8 +177,16 @@ def prepare_sends(
     return sends
 
 
+cdef inline object _payload(object request, bint framed):
+    cdef object body
+    if framed:
+        body = (<tuple>request)[7]
+        return b"" if body is None else body
+    return request.payload()
+
+
 cdef list _prepare(
-    list requests, writable_queues, str cluster, Py_ssize_t max_batch, tuple born_host, tuple store_host
+    list requests, bint framed, writable_queues, str cluster, Py_ssize_t max_batch, tuple born_host, tuple store_host
 ):
     cdef list sends = []
     cdef object request, fields, batch, group, topic, text, body, msg, msgs, code
@@ -171,10 +198,14 @@ cdef list _prepare(
     cdef dict props
     cdef str name
     for request in requests:
-        code = request.code
+        if framed:
+            code = (<tuple>request)[0]
+            fields = (<tuple>request)[6]
+        else:
+            code = request.code
+            fields = request.ext_fields
         if code != SEND_MESSAGE_V2 and code != SEND_BATCH_MESSAGE and code != SEND_MESSAGE:
             return None
-        fields = request.ext_fields
         if not PyDict_CheckExact(fields):
             return None
         # send_fields: V2's one-letter names (all of them, or the handler renames: not taken here),
@@ -221,7 +252,7 @@ cdef list _prepare(
         if is_batch:
             # prepare_batch: the body's messages by the handler's own decoder (what it refuses, an
             # empty batch, or a timer on any message: the handler answers)
-            body = request.payload()
+            body = _payload(request, framed)
             msgs = _decode_batch(
                 body, max_batch, topic, queue_id, sys_flag, born, born_host, store_host, reconsume
             )
@@ -245,7 +276,7 @@ cdef list _prepare(
             if name in props:
                 return None
         props[CLUSTER] = cluster
-        body = request.payload()
+        body = _payload(request, framed)
         msg = _MessageInner(
             topic, body, queue_id, flag, props, sys_flag, born, born_host, store_host, reconsume
         )

@@ -362,7 +362,9 @@ class Broker:
         handlers = register.handlers()
         # A wrapped code's handler is the wrapper: served one request at a time.
         self._batched = {code: h for code, h in handlers.items() if isinstance(h, BatchedProcessor)}
-        self.send_lane = send_lane_entry(self, [handlers.get(code) for code in sorted(_SEND_CODES)])
+        self.send_lane = send_lane_entry(
+            self, [handlers.get(code) for code in sorted(_SEND_CODES)], self.failed
+        )
         return handlers
 
     async def handle(self, conn: Connection, request: RemotingCommand) -> RemotingCommand | None:
@@ -564,11 +566,16 @@ class RequestHandler:
     ``handler(conn, request)`` serves one request, and ``handler.handle_many(conn, requests)`` the
     requests of one read (:meth:`Broker.handle_many`)."""
 
-    __slots__ = ("_handle", "handle_many")
+    __slots__ = ("_handle", "handle_many", "serve_read")
 
     def __init__(self, broker: Broker) -> None:
         self._handle = broker.handle
         self.handle_many = broker.handle_many
+        # A read's send frames served from its bytes (tidemq.transport.ReadLaneHandler), when the lane can.
+        # Left unset otherwise: the transport then never offers it a read.
+        lane = broker.send_lane
+        if lane is not None and lane.reads:
+            self.serve_read = lane.serve_read
 
     def __call__(self, conn: Connection, request: RemotingCommand) -> Awaitable[RemotingCommand | None]:
         return self._handle(conn, request)

@@ -19,11 +19,19 @@ SendHandler`, which stays the reference and serves everything else):
 A run the lane declines goes whole to the Python handler.  What the lane gives is stored and
 answered by the same ``SendService.put``/``settled`` and ``send_response`` as the handler's sends:
 equal answers and records by construction (the differential tests check it).
+
+When the store's lane also has the wire ends (:class:`~tidemq.store.SendFrameLane`),
+:meth:`SendLaneEntry.serve_read` serves a read from its bytes (the transport offers them before
+decoding): the compiled code splits the leading send frames and reads their headers, and writes
+the settled sends' answers as bytes equal to ``send_response``'s encoding; no command object is
+made per request (``docs/request-lanes.md``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX
@@ -34,9 +42,12 @@ from tidemq.context import BrokerContext
 from tidemq.names import check_topic_name
 from tidemq.perm import is_writeable
 from tidemq.plugins import Listeners
+from tidemq.remoting.codes import ResponseCode
 from tidemq.remoting.command import RemotingCommand
-from tidemq.store import SendLane, send_lane
+from tidemq.store import SendFrameLane, SendLane, send_lane
 from tidemq.transport import Connection
+
+log = logging.getLogger(__name__)
 
 #: Topic names known to pass the name rules (a pure function of the name; bounded).
 _NAME_CACHE_MAX = 4096
@@ -46,9 +57,14 @@ class SendLaneEntry:
     """The store's send lane as the broker takes it (see the module docstring for when)."""
 
     __slots__ = (
+        "_answer",
         "_broker",
+        "_command_of",
+        "_failed",
         "_listened",
         "_prepare",
+        "_prepare_frames",
+        "_take",
         "_service",
         "_topics",
         "_valid",
@@ -57,13 +73,25 @@ class SendLaneEntry:
         "window_declined",
     )
 
-    def __init__(self, broker: BrokerContext, handler: SendHandler, lane: SendLane) -> None:
+    def __init__(self, broker: BrokerContext, handler: SendHandler, lane: SendLane, failed: Failed) -> None:
         self._broker = broker
+        #: ``failed(conn, request, exc)``: the broker's answer to a request whose handling raised.
+        self._failed = failed
         self.handler = handler
         self._service: SendService = handler.service
         hooks = broker.hooks
         self._listened = Listeners(hooks.tidemq_before_send, hooks.tidemq_after_send)
         self._prepare = lane.prepare_sends
+        #: The wire ends (a :class:`~tidemq.store.SendFrameLane`): :meth:`serve_read`.
+        self._take: Callable[[bytes, int], tuple[list[Any], int]] | None = None
+        self._prepare_frames: Callable[..., list[Send] | None] | None = None
+        self._answer: Callable[[list[Any], list[Send]], bytes | None] | None = None
+        self._command_of: Callable[[Any], RemotingCommand] | None = None
+        if isinstance(lane, SendFrameLane):
+            self._take = lane.take_frames
+            self._prepare_frames = lane.prepare_frames
+            self._answer = lane.answer_frames
+            self._command_of = lane.command_of
         self._topics = broker.topics
         self._valid: set[str] = set()
         self.description = lane.description
@@ -100,6 +128,88 @@ class SendLaneEntry:
             for request, send in zip(requests, sends, strict=True)
         ]
 
+    @property
+    def reads(self) -> bool:
+        """Whether the lane also serves a read's bytes (:meth:`serve_read`)."""
+        return self._take is not None
+
+    def serve_read(self, conn: Connection, data: bytes, max_frame: int) -> tuple[int, Any] | None:
+        """:meth:`tidemq.transport.ReadLaneHandler.serve_read`: the leading send frames of a read
+        served from its bytes (frames split and headers read, sends prepared, responses written by
+        the store's compiled lane; windowed, put and settled here as in :meth:`serve`); None when
+        the lane takes none of them (the transport decodes the read for the Python path then).
+        """
+        take = self._take
+        broker = self._broker
+        if take is None or broker.acl is not None or self._listened() or not broker.is_master:
+            return None
+        frames, end = take(data, max_frame)
+        if not frames:
+            return None
+        settings = broker.settings
+        sends = self._prepare_frames(  # type: ignore[misc]
+            frames,
+            self._writable_queues,
+            settings.cluster,
+            settings.max_batch_messages,
+            born_host(conn),
+            broker.store_host,
+        )
+        command_of = self._command_of
+        if sends is None:
+            return end, self._by_handler(conn, [command_of(frame) for frame in frames])  # type: ignore[misc]
+        if not self.windowed(sends):
+            self.window_declined += 1
+            return end, self._by_handler(conn, [command_of(frame) for frame in frames])  # type: ignore[misc]
+        service = self._service
+        try:
+            service.put(sends)
+            settled = service.settled
+            done = [settled(send) for send in sends]
+            if all(done):
+                answer = self._answer(frames, sends)  # type: ignore[misc]
+                if answer is not None:
+                    return end, answer
+            works: list[tuple[RemotingCommand, Any]] = []
+            for frame, send, ready in zip(frames, sends, done, strict=True):
+                request = command_of(frame)  # type: ignore[misc]
+                works.append((request, send_response(request, send) if ready else self._later(request, send)))
+        except Exception as exc:  # as serve's caller does: each request is answered with it
+            log.error("sends from %s failed", conn.remote_address, exc_info=exc)
+            remark = f"{type(exc).__name__}: {exc}"
+            requests = [command_of(frame) for frame in frames]  # type: ignore[misc]
+            return end, [(r, r.reply(ResponseCode.SYSTEM_ERROR, remark)) for r in requests]
+        return end, works
+
+    def _by_handler(
+        self, conn: Connection, requests: list[RemotingCommand]
+    ) -> list[tuple[RemotingCommand, Any]]:
+        """Frames the lane read but does not serve, served by the Python handler as the broker
+        serves them decoded (:meth:`Broker.handle` alone, ``many`` for a run; its error mapping)."""
+        failed = self._failed
+        if len(requests) == 1:
+            request = requests[0]
+            return [(request, self._alone(conn, request))]
+
+        def fail(request: RemotingCommand, exc: Exception) -> RemotingCommand:
+            return failed(conn, request, exc)
+
+        try:
+            works = list(self.handler.many(conn, requests, fail))
+            if len(works) != len(requests):
+                raise RuntimeError(f"{self.handler!r} answered {len(works)} of {len(requests)} requests")
+        except Exception as exc:  # as the broker's coalesced runs: each is answered with it
+            return [(request, failed(conn, request, exc)) for request in requests]
+        return list(zip(requests, works, strict=True))
+
+    async def _alone(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
+        try:
+            return await self.handler(conn, request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return self._failed(conn, request, exc)
+
     def windowed(self, sends: list[Send]) -> bool:
         """The duplicate window (issue 37) over a run's prepared sends, as the handler's
         ``SendService.prepare``/``prepare_batch`` use it: False (the handler takes the run, and
@@ -131,11 +241,15 @@ class SendLaneEntry:
         return cfg.queue_count
 
 
-def send_lane_entry(broker: BrokerContext, handlers: list[Any]) -> SendLaneEntry | None:
+#: ``failed(conn, request, exc)``: :meth:`Broker.failed`, the broker's one error mapping.
+Failed = Callable[[Connection, RemotingCommand, Exception], RemotingCommand]
+
+
+def send_lane_entry(broker: BrokerContext, handlers: list[Any], failed: Failed) -> SendLaneEntry | None:
     """The send lane when every send code's handler is the built-in one (one object) and the
     store offers a lane."""
     handler = handlers[0]
     if type(handler) is not SendHandler or any(h is not handler for h in handlers):
         return None  # a plugin's wrapper, or another handler: never the lane
     lane = send_lane(broker.store)
-    return SendLaneEntry(broker, handler, lane) if lane is not None else None
+    return SendLaneEntry(broker, handler, lane, failed) if lane is not None else None

@@ -343,6 +343,17 @@ class FrameDecoder:
         buf = self._buf
         return buf.__alloc__() if buf else 0
 
+    def take_buffered(self) -> bytearray:
+        """The bytes received but not decoded (a partial frame), handed over (not copied) and
+        forgotten: a transport that reads whole frames itself first (a request lane) goes on from
+        them, and feeds back what it leaves.  Empty while an error is pending or the decoder is
+        broken (the decoder keeps what it holds then)."""
+        buf = self._buf
+        if not buf or self.error_pending or self._broken is not None:
+            return bytearray()
+        self._buf = bytearray()
+        return buf
+
     def close(self, reason: str = "decoder closed") -> None:
         """Drop what is buffered (a connection is going away); every later ``feed`` raises FrameError."""
         self._buf = bytearray()

@@ -10,11 +10,15 @@ it and everything else with the Python handler, which stays the reference.
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
+from typing import cast
 
 from tidemq.extensions import compiled_twin
-from tidemq.store import SendLane
+from tidemq.store import SendFrameLane, SendLane
 
 MODULE = "tidemq._native._send_lane"
+#: The lane's wire ends: frames read and answers written without a command per request.
+FRAME_MODULE = "tidemq._native._frame_lane"
 
 
 class CompiledSendLane:
@@ -27,13 +31,39 @@ class CompiledSendLane:
         self.prepare_sends = prepare_sends
 
 
+class CompiledSendFrameLane:
+    """:class:`tidemq.store.SendFrameLane`: the compiled prepare step and the compiled wire ends."""
+
+    __slots__ = (
+        "answer_frames",
+        "command_of",
+        "description",
+        "prepare_frames",
+        "prepare_sends",
+        "take_frames",
+    )
+
+    def __init__(self, module: ModuleType, frames: ModuleType) -> None:
+        self.description = (
+            f"SEND_MESSAGE, SEND_MESSAGE_V2, SEND_BATCH_MESSAGE (compiled: {MODULE}; "
+            f"frames in, answers out: {FRAME_MODULE})"
+        )
+        self.prepare_sends = module.prepare_sends
+        self.prepare_frames = module.prepare_frames
+        self.take_frames = frames.take_frames
+        self.answer_frames = frames.answer_frames
+        self.command_of = frames.command_of
+
+
 def compiled_send_lane() -> SendLane | None:
-    """The compiled lane, or None when it is not built or switched off."""
+    """The compiled lane (with its wire ends when built), or None when it is not built or switched off."""
     module = compiled_twin(MODULE)
     if module is None:
         return None
-    lane: SendLane = CompiledSendLane(module.prepare_sends)  # type: ignore[assignment]
-    return lane
+    frames = compiled_twin(FRAME_MODULE)
+    if frames is not None and hasattr(module, "prepare_frames"):
+        return cast(SendLane, CompiledSendFrameLane(module, frames))
+    return cast(SendLane, CompiledSendLane(module.prepare_sends))
 
 
 def describe() -> str:
@@ -44,4 +74,9 @@ def describe() -> str:
 
         reason = next((t.reason for t in twins() if t.module == MODULE), "not built")
         return f"none (the Python handlers serve every request: {reason})"
-    return f"{lane.description}, offered by the mmap store ([store.mmap] request_lanes)"
+    reads = (
+        "; reads served from their bytes where the transport offers them ([transport.tcp] read_lane)"
+        if isinstance(lane, SendFrameLane)
+        else ""
+    )
+    return f"{lane.description}, offered by the mmap store ([store.mmap] request_lanes){reads}"

@@ -63,6 +63,9 @@ Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | 
 #: the requests of one read at once, one awaitable (or response) per request in order, each served
 #: as the handler's own result would be.  What the application does with them is its business (the
 #: broker coalesces sends into one store append).
+#: ``handler.serve_read(conn, data, max_frame)`` of a :class:`~tidemq.transport.ReadLaneHandler`
+#: (looked up once per connection).
+ReadLane = Callable[["Connection", bytes, int], "tuple[int, Any] | None"]
 ManyHandler = Callable[["Connection", list[RemotingCommand]], "list[Awaitable[RemotingCommand | None]]"]
 
 
@@ -80,6 +83,11 @@ class Connection(asyncio.Protocol):
         )
         self._options = options
         self.server_side = server_side
+        # The handler's request lane (the broker's compiled send lane), offered each read's bytes first.
+        # (getattr, not isinstance: a handler's unset slot passes a runtime Protocol check.)
+        self._read_lane: ReadLane | None = (
+            getattr(handler, "serve_read", None) if server_side and options.read_lane else None
+        )
         self._decoder = FrameDecoder(options.max_frame_size)
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -133,9 +141,49 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_activity = self._loop.time()
+        lane = self._read_lane
+        if (
+            lane is not None
+            and not self._backlog
+            and not self._draining
+            and not self._closing
+            and type(data) is bytes
+        ):
+            decoder = self._decoder
+            if decoder._buf:  # ``_buf``, not ``buffered``: see _feed
+                if decoder.error_pending:
+                    self._feed(data)
+                    return
+                # A frame begun in an earlier read: the lane goes on from its start (one copy).
+                data = b"".join((decoder.take_buffered(), data))
+            rest = self._serve_read(lane, data)
+            if not rest:
+                if self._held:
+                    self._account_buffer(True)  # the partial frame held before is served
+                return
+            self._feed(rest)
+            return
         self._feed(data)
 
-    def _feed(self, data: bytes) -> None:
+    def _serve_read(self, lane: ReadLane, data: bytes) -> bytes | memoryview:
+        """The read's leading frames the lane serves, answered in order; what is left to decode
+        (a view: the decoder copies only what it keeps)."""
+        try:
+            taken = lane(self, data, self._decoder.max_frame_size)
+        except Exception:  # a lane bug: the read is decoded and served the usual way
+            log.exception("request lane failed on a read from %s; serving it decoded", self.remote_address)
+            return data
+        if taken is None:
+            return data
+        end, answer = taken
+        if type(answer) is bytes:
+            self._write_frames(answer)
+        else:
+            for cmd, work in answer:
+                self._on_request(cmd, work)
+        return memoryview(data)[end:] if end < len(data) else b""
+
+    def _feed(self, data: bytes | memoryview) -> None:
         decoder = self._decoder
         while True:
             try:
@@ -408,6 +456,25 @@ class Connection(asyncio.Protocol):
             transport.write(chunks[0])
         else:
             transport.writelines(chunks)
+        self._last_activity = self._loop.time()
+
+    def _write_frames(self, frames: bytes) -> None:
+        """Whole encoded frames (a lane's answers), written as ``_write`` writes a command's."""
+        transport = self._transport
+        if transport is None or transport.is_closing() or self._closed:
+            return
+        if self._options.coalesce_writes:
+            pending = self._out
+            if pending is None:
+                self._out = [frames]
+                self._loop.call_soon(self._flush_out)
+            else:
+                pending.append(frames)
+            self._out_bytes += len(frames)
+            if self._out_bytes >= self._options.write_high_water:
+                self._flush_out()
+            return
+        transport.write(frames)
         self._last_activity = self._loop.time()
 
     def _flush_out(self) -> None:

@@ -44,6 +44,10 @@ class TcpOptions:
     sendfile: bool = False
     #: Start each request's handler inside data_received and make a Task only if it has to wait.
     eager_requests: bool = True
+    #: Server side: offer each read's bytes to the handler's request lane first (the broker's
+    #: compiled send lane: frames, headers, put and answers without a command object per request;
+    #: issue 38), when the handler has one.  Off: every frame is decoded and served in Python.
+    read_lane: bool = True
     #: TLS: a server needs certfile+keyfile; a client verifies the server against cafile when given.
     tls: bool = False
     tls_certfile: str = ""

@@ -1,0 +1,466 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False, auto_pickle=False, embedsignature=True
+"""The send lane's ends on the wire, compiled (issue 38): a read's leading send frames to what the
+lane prepares (:func:`take_frames`), and the lane's settled sends to their response frames
+(:func:`answer_frames`), without a :class:`~tidemq.remoting.command.RemotingCommand` per request.
+
+The Python references are :class:`tidemq.remoting.codec.FrameDecoder` (frame split,
+``decode_json_header``/``decode_binary_header``), ``send_response`` and
+:func:`tidemq.remoting.codec.encode`.  :func:`take_frames` takes only frames the decoder reads
+without a question: a whole frame within ``max_frame``, serialize type JSON or ROCKETMQ, a header
+the decoder's fast path reads as it is (JSON through the same ``orjson.loads``; every string
+value, an int32 opaque), code SEND_MESSAGE, SEND_MESSAGE_V2 or SEND_BATCH_MESSAGE, flag 0 (a
+plain request: no oneway, no response).  It stops at the first frame it does not take; the frames
+from there on are the decoder's, which gives every malformed one its answer.  A frame is the tuple
+``(code, language, version, opaque, flag, remark, ext_fields, body, serialize_type)``:
+:func:`command_of` makes it the command the decoder would have made.
+
+:func:`answer_frames` writes the frames ``encode(send_response(request, send))`` writes, byte for
+byte, for sends whose status is SUCCESS or a stored one with no recall handle; for anything else
+it answers None and the caller builds the responses in Python.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_CheckExact, PyDict_Next, PyDict_SetItem
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.object cimport PyObject
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
+from libc.stdio cimport snprintf
+from libc.string cimport memcpy, strlen
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_COMPACT_ASCII(object u)
+    Py_ssize_t PyUnicode_GET_LENGTH(object u)
+    void *PyUnicode_DATA(object u)
+    object PyUnicode_DecodeUTF8(const char *s, Py_ssize_t size, const char *errors)
+    object PyUnicode_AsUTF8String(object u)
+    PyObject *PyDict_GetItem(object d, object key)
+
+cdef object _loads = None
+cdef object _dumps = None
+cdef object _Command = None
+cdef object _JSON = None
+cdef object _ROCKETMQ = None
+cdef object _SUCCESS = None
+cdef object _STORED = None
+cdef dict _LANG_BY_BYTE = None
+cdef bint _bound = False
+
+cdef int SEND_MESSAGE = 10
+cdef int SEND_MESSAGE_V2 = 310
+cdef int SEND_BATCH_MESSAGE = 320
+cdef int MAX_HEADER = 0xFFFFFF
+cdef int64_t INT32_MIN = -2147483648
+cdef int64_t INT32_MAX = 2147483647
+#: The responses' fixed fields (``RemotingCommand.reply_with``): language, version, flag.
+cdef int RESPONSE_VERSION = 399
+cdef int FLAG_RESPONSE = 1
+cdef uint8_t PYTHON_BYTE = 3
+cdef str CODE = "code"
+cdef str OPAQUE = "opaque"
+cdef str FLAG = "flag"
+cdef str VERSION = "version"
+cdef str LANGUAGE = "language"
+cdef str REMARK = "remark"
+cdef str EXT_FIELDS = "extFields"
+cdef str JAVA = "JAVA"
+cdef str OTHER = "OTHER"
+cdef str MSG_REGION = "MSG_REGION"
+cdef str TRACE_ON = "TRACE_ON"
+cdef str DEFAULT_REGION = "DefaultRegion"
+cdef str TRUE = "true"
+cdef object ZERO = 0
+
+# Frames taken, and reads whose answers were written here: read by tests.
+cdef Py_ssize_t _taken = 0
+cdef Py_ssize_t _answered = 0
+
+
+cdef int _bind() except -1:
+    global _loads, _dumps, _Command, _JSON, _ROCKETMQ, _SUCCESS, _STORED, _LANG_BY_BYTE, _bound
+    import orjson
+    from tidemq.broker.services.put import STORED
+    from tidemq.broker.services.status import Status
+    from tidemq.remoting.codes import LanguageCode, SerializeType
+    from tidemq.remoting.command import DEFAULT_VERSION, RemotingCommand
+
+    if DEFAULT_VERSION != RESPONSE_VERSION or LanguageCode.PYTHON.value != PYTHON_BYTE:
+        raise ImportError("tidemq._native._frame_lane is out of date with tidemq.remoting")
+    _loads = orjson.loads
+    _dumps = orjson.dumps
+    _Command = RemotingCommand
+    _JSON = SerializeType.JSON
+    _ROCKETMQ = SerializeType.ROCKETMQ
+    _SUCCESS = Status.SUCCESS
+    _STORED = STORED
+    _LANG_BY_BYTE = {lc.value: lc.name for lc in LanguageCode}
+    _bound = True
+    return 0
+
+
+def frame_counts():
+    """(frames taken, reads answered here) since import."""
+    return _taken, _answered
+
+
+cdef inline uint32_t _u32(const unsigned char *p) nogil:
+    return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | <uint32_t>p[3]
+
+
+cdef inline int32_t _i32(const unsigned char *p) nogil:
+    return <int32_t>_u32(p)
+
+
+cdef inline int16_t _i16(const unsigned char *p) nogil:
+    return <int16_t>((<uint32_t>p[0] << 8) | <uint32_t>p[1])
+
+
+cdef inline bint _is_send(object code):
+    return code == SEND_MESSAGE_V2 or code == SEND_MESSAGE or code == SEND_BATCH_MESSAGE
+
+
+cdef tuple _json_frame(bytes header, object body):
+    """``decode_json_header``'s fast path, or None where it would not take it (or the lane would not)."""
+    cdef object obj, code, opaque, flag, version, language, remark, ext
+    cdef Py_ssize_t pos = 0
+    cdef PyObject *key
+    cdef PyObject *value
+    try:
+        obj = _loads(header)
+    except Exception:
+        return None
+    if not PyDict_CheckExact(obj):
+        return None
+    code = obj.get(CODE)
+    opaque = obj.get(OPAQUE, ZERO)
+    flag = obj.get(FLAG, ZERO)
+    version = obj.get(VERSION, ZERO)
+    language = obj.get(LANGUAGE, JAVA)
+    remark = obj.get(REMARK)
+    ext = obj.get(EXT_FIELDS)
+    if (
+        type(code) is not int
+        or type(opaque) is not int
+        or type(flag) is not int
+        or type(version) is not int
+        or type(language) is not str
+        or (remark is not None and type(remark) is not str)
+        or not PyDict_CheckExact(ext)
+    ):
+        return None
+    while PyDict_Next(ext, &pos, &key, &value):
+        if type(<object>value) is not str:
+            return None
+    if not _is_send(code) or flag != 0 or opaque < INT32_MIN or opaque > INT32_MAX:
+        return None
+    return (code, language, version, opaque, flag, remark, ext, body, _JSON)
+
+
+cdef tuple _binary_frame(const unsigned char *h, Py_ssize_t n, object body):
+    """``decode_binary_header``, or None where it raises (or the lane would not take the frame)."""
+    cdef int16_t code, version, klen
+    cdef uint8_t lang
+    cdef int32_t opaque, flag, rlen, elen, vlen
+    cdef Py_ssize_t pos, end
+    cdef object remark = None, key, val, language
+    cdef dict ext = {}
+    if n < 21:
+        return None
+    code = _i16(h)
+    lang = h[2]
+    version = _i16(h + 3)
+    opaque = _i32(h + 5)
+    flag = _i32(h + 9)
+    if flag != 0 or not _is_send(code):
+        return None
+    pos = 13
+    rlen = _i32(h + pos)
+    pos += 4
+    if rlen < 0 or pos + rlen + 4 > n:
+        return None
+    try:
+        if rlen:
+            remark = PyUnicode_DecodeUTF8(<const char *>h + pos, rlen, NULL)
+        pos += rlen
+        elen = _i32(h + pos)
+        pos += 4
+        if elen < 0 or pos + elen > n:
+            return None
+        end = pos + elen
+        while pos < end:
+            if pos + 2 > end:
+                return None
+            klen = _i16(h + pos)
+            pos += 2
+            if klen < 0 or pos + klen + 4 > end:
+                return None
+            key = PyUnicode_DecodeUTF8(<const char *>h + pos, klen, NULL)
+            pos += klen
+            vlen = _i32(h + pos)
+            pos += 4
+            if vlen < 0 or pos + vlen > end:
+                return None
+            val = PyUnicode_DecodeUTF8(<const char *>h + pos, vlen, NULL)
+            pos += vlen
+            PyDict_SetItem(ext, key, val)
+    except UnicodeDecodeError:
+        return None
+    language = _LANG_BY_BYTE.get(lang, OTHER)
+    return (code, language, version, opaque, flag, remark, ext, body, _ROCKETMQ)
+
+
+def take_frames(bytes data, Py_ssize_t max_frame):
+    """The whole send frames at the start of ``data`` the lane takes, and where they end:
+    ``(frames, end)``; no frames when the first is not one (the decoder's then)."""
+    global _taken
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef const unsigned char *p = <const unsigned char *>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t pos = 0, end, hstart, hend
+    cdef uint32_t total, info, stype, hlen
+    cdef list frames = []
+    cdef tuple frame
+    cdef object body
+    if not _bound:
+        _bind()
+    while n - pos >= 8:
+        total = _u32(p + pos)
+        if total > <uint32_t>max_frame or total < 4:
+            break
+        end = pos + 4 + <Py_ssize_t>total
+        if end > n:
+            break
+        info = _u32(p + pos + 4)
+        stype = info >> 24
+        hlen = info & MAX_HEADER
+        if stype > 1 or hlen > total - 4:
+            break
+        hstart = pos + 8
+        hend = hstart + <Py_ssize_t>hlen
+        body = PyBytes_FromStringAndSize(<const char *>p + hend, end - hend) if hend < end else None
+        if stype == 0:
+            frame = _json_frame(PyBytes_FromStringAndSize(<const char *>p + hstart, hlen), body)
+        else:
+            frame = _binary_frame(p + hstart, hlen, body)
+        if frame is None:
+            break
+        frames.append(frame)
+        pos = end
+    _taken += len(frames)
+    return frames, pos
+
+
+def command_of(tuple frame):
+    """The command the decoder makes of ``frame``."""
+    if not _bound:
+        _bind()
+    return _Command(
+        frame[0], frame[1], frame[2], frame[3], frame[4], frame[5], frame[6], frame[7], (), frame[8]
+    )
+
+
+# --------------------------------------------------------------------------- response frames
+cdef struct Buf:
+    char *p
+    Py_ssize_t n
+    Py_ssize_t cap
+
+
+cdef int _grow(Buf *b, Py_ssize_t extra) except -1:
+    cdef Py_ssize_t cap
+    cdef char *q
+    if b.n + extra <= b.cap:
+        return 0
+    cap = b.cap * 2
+    if cap < b.n + extra:
+        cap = b.n + extra + 256
+    q = <char *>PyMem_Realloc(b.p, cap)
+    if q == NULL:
+        raise MemoryError()
+    b.p = q
+    b.cap = cap
+    return 0
+
+
+cdef inline int _put(Buf *b, const char *s, Py_ssize_t k) except -1:
+    _grow(b, k)
+    memcpy(b.p + b.n, s, k)
+    b.n += k
+    return 0
+
+
+cdef inline int _puts(Buf *b, const char *s) except -1:
+    return _put(b, s, <Py_ssize_t>strlen(s))
+
+
+cdef inline int _put_u32(Buf *b, uint32_t v) except -1:
+    cdef unsigned char q[4]
+    q[0] = (v >> 24) & 0xFF
+    q[1] = (v >> 16) & 0xFF
+    q[2] = (v >> 8) & 0xFF
+    q[3] = v & 0xFF
+    return _put(b, <const char *>q, 4)
+
+
+cdef inline int _put_u16(Buf *b, unsigned int v) except -1:
+    cdef unsigned char q[2]
+    q[0] = (v >> 8) & 0xFF
+    q[1] = v & 0xFF
+    return _put(b, <const char *>q, 2)
+
+
+cdef inline void _set_u32(Buf *b, Py_ssize_t at, uint32_t v):
+    b.p[at] = <char>((v >> 24) & 0xFF)
+    b.p[at + 1] = <char>((v >> 16) & 0xFF)
+    b.p[at + 2] = <char>((v >> 8) & 0xFF)
+    b.p[at + 3] = <char>(v & 0xFF)
+
+
+cdef int _put_int(Buf *b, int64_t v) except -1:
+    cdef char q[24]
+    cdef int k = snprintf(q, 24, "%lld", <long long>v)
+    return _put(b, q, k)
+
+
+cdef int _put_json_str(Buf *b, str s) except -1:
+    """``s`` as orjson writes a string: as it is when plain ASCII, else orjson's own bytes."""
+    cdef Py_ssize_t k, i
+    cdef const unsigned char *d
+    cdef bytes text
+    if PyUnicode_IS_COMPACT_ASCII(s):
+        k = PyUnicode_GET_LENGTH(s)
+        d = <const unsigned char *>PyUnicode_DATA(s)
+        for i in range(k):
+            if d[i] < 0x20 or d[i] == 34 or d[i] == 92:
+                break
+        else:
+            _puts(b, '"')
+            _put(b, <const char *>d, k)
+            return _puts(b, '"')
+    text = _dumps(s)
+    return _put(b, PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text))
+
+
+cdef int _put_json_field(Buf *b, const char *name, str value, bint first) except -1:
+    if not first:
+        _puts(b, ",")
+    _puts(b, name)
+    return _put_json_str(b, value)
+
+
+cdef int _put_utf8(Buf *b, str s, bint short_len) except -1:
+    cdef bytes raw = PyUnicode_AsUTF8String(s)
+    cdef Py_ssize_t k = PyBytes_GET_SIZE(raw)
+    if short_len:
+        if k > 32767:
+            raise OverflowError("key too long")
+        _put_u16(b, <unsigned int>k)
+    else:
+        _put_u32(b, <uint32_t>k)
+    return _put(b, PyBytes_AS_STRING(raw), k)
+
+
+cdef int _answer(Buf *b, tuple frame, object send) except -1:
+    """One response frame into ``b``; -2 (nothing written that counts) when not this lane's to write."""
+    cdef object status = send.status, remark = send.remark, epoch = send.epoch
+    cdef dict properties
+    cdef str region, trace, msg_id, epoch_text = None
+    cdef Py_ssize_t start, hstart, ext_at
+    cdef int64_t code, opaque = frame[3]
+    if status is not _SUCCESS and status not in _STORED:
+        return -2
+    if send.recall_handle is not None or (remark is not None and type(remark) is not str):
+        return -2
+    properties = send.msgs[0].properties
+    region = properties.get(MSG_REGION, DEFAULT_REGION)
+    trace = properties.get(TRACE_ON, TRUE)
+    msg_id = send.msg_id
+    if type(region) is not str or type(trace) is not str or type(msg_id) is not str:
+        return -2
+    if epoch is not None:
+        epoch_text = str(epoch)
+    code = int(status)
+    start = b.n
+    _put(b, "\0\0\0\0\0\0\0\0", 8)
+    hstart = b.n
+    if frame[8] is _JSON:
+        _puts(b, '{"code":')
+        _put_int(b, code)
+        _puts(b, ',"language":"PYTHON","version":399,"opaque":')
+        _put_int(b, opaque)
+        _puts(b, ',"flag":1')
+        if remark is not None:
+            _puts(b, ',"remark":')
+            _put_json_str(b, remark)
+        _puts(b, ',"extFields":{')
+        _put_json_field(b, '"msgId":', msg_id, True)
+        _puts(b, ',"queueId":"')
+        _put_int(b, send.queue_id)
+        _puts(b, '","queueOffset":"')
+        _put_int(b, send.queue_offset)
+        _puts(b, '"')
+        _put_json_field(b, '"MSG_REGION":', region, False)
+        _put_json_field(b, '"TRACE_ON":', trace, False)
+        if epoch_text is not None:
+            _put_json_field(b, '"epoch":', epoch_text, False)
+        _puts(b, "}}")
+    else:
+        if code < -32768 or code > 32767:
+            return -2
+        _put_u16(b, <unsigned int>(<int16_t>code) & 0xFFFF)
+        _put(b, <const char *>&PYTHON_BYTE, 1)
+        _put_u16(b, RESPONSE_VERSION)
+        _put_u32(b, <uint32_t><int32_t>opaque)
+        _put_u32(b, FLAG_RESPONSE)
+        if remark:
+            _put_utf8(b, remark, False)
+        else:
+            _put_u32(b, 0)
+        ext_at = b.n
+        _put_u32(b, 0)
+        _put_utf8(b, "msgId", True)
+        _put_utf8(b, msg_id, False)
+        _put_utf8(b, "queueId", True)
+        _put_utf8(b, str(send.queue_id), False)
+        _put_utf8(b, "queueOffset", True)
+        _put_utf8(b, str(send.queue_offset), False)
+        _put_utf8(b, MSG_REGION, True)
+        _put_utf8(b, region, False)
+        _put_utf8(b, TRACE_ON, True)
+        _put_utf8(b, trace, False)
+        if epoch_text is not None:
+            _put_utf8(b, "epoch", True)
+            _put_utf8(b, epoch_text, False)
+        _set_u32(b, ext_at, <uint32_t>(b.n - ext_at - 4))
+    _set_u32(b, start, <uint32_t>(4 + b.n - hstart))
+    _set_u32(b, start + 4, (<uint32_t>(0 if frame[8] is _JSON else 1) << 24) | <uint32_t>(b.n - hstart))
+    return 0
+
+
+def answer_frames(list frames, list sends):
+    """The response frames of ``frames``' settled ``sends``, in order, as one bytes object; None
+    when one of them is not this lane's to write (the caller answers them with ``send_response``)."""
+    global _answered
+    cdef Buf b
+    cdef Py_ssize_t i, count = len(frames)
+    cdef object out = None
+    if not _bound:
+        _bind()
+    if len(sends) != count:
+        raise ValueError("one send per frame")
+    b.cap = 160 * count + 64
+    b.n = 0
+    b.p = <char *>PyMem_Malloc(b.cap)
+    if b.p == NULL:
+        raise MemoryError()
+    try:
+        for i in range(count):
+            try:
+                if _answer(&b, <tuple>frames[i], sends[i]) == -2:
+                    return None
+            except (OverflowError, UnicodeError, TypeError, ValueError):
+                return None  # what encode() would refuse: the Python path answers it
+        out = PyBytes_FromStringAndSize(b.p, b.n)
+    finally:
+        PyMem_Free(b.p)
+    _answered += 1
+    return out
