@@ -35,7 +35,11 @@ of its own, alternating
 * ``grpc``: the official v5 ``SimpleConsumer`` (tests/compat/v5_consume_client.py
   ``bench-receive``): ``receive(32, 30)`` and one ``ack`` per message, as its README shows;
 * ``remoting_pop``: tidemq's own POP client (``tidemq.client.SimpleConsumer``, remoting
-  POP_MESSAGE/ACK_MESSAGE): receive 32, ack each (the acks of a batch sent together);
+  POP_MESSAGE/ACK_MESSAGE): receive 32, ack each (the acks of a batch sent together: the broker
+  takes those of one read with one revive-log record);
+* ``remoting_pop_ack1``: the same, each ACK_MESSAGE awaited before the next (one call per message,
+  as the v5 SimpleConsumer acks, and as POP push consumers ack one message at a time): the
+  like-for-like baseline of ``grpc``;
 * ``remoting_pull``: tidemq's ``PullConsumer``, 32 per PULL_MESSAGE, no acks (the 4.x path);
 
 as messages per broker CPU-second, and for scale ``grpc_aio_receive_floor``: the bare
@@ -115,7 +119,11 @@ async def pop():
                 idle += 1
                 continue
             got += len(msgs)
-            await asyncio.gather(*(c.ack(m) for m in msgs))
+            if kind == "pop1":  # one ACK_MESSAGE per message, each awaited (as the v5 client acks)
+                for m in msgs:
+                    await c.ack(m)
+            else:
+                await asyncio.gather(*(c.ack(m) for m in msgs))
         return got, time.monotonic() - started
 
 async def pull():
@@ -136,7 +144,7 @@ async def pull():
                 break
         return got, time.monotonic() - started
 
-got, seconds = asyncio.run(pop() if kind == "pop" else pull())
+got, seconds = asyncio.run(pull() if kind == "pull" else pop())
 print(json.dumps({"sent": got, "failed": count - got, "seconds": seconds}), flush=True)
 sys.stdin.readline()
 """
@@ -528,6 +536,7 @@ def receive_workload(
                     )
                     pop = "remoting_pop" + REMOTING_PATH[server].removeprefix("remoting")
                     commands[pop] = (remoting("pop", namesrv_addr, f"GB_POP_{r}"), pid)
+                    commands[pop + "_ack1"] = (remoting("pop1", namesrv_addr, f"GB_POP1_{r}"), pid)
                 pid, namesrv_addr, _ = brokers[servers[0]]
                 commands["remoting_pull"] = (remoting("pull", namesrv_addr, f"GB_PULL_{r}"), pid)
                 for path, (cmd, broker_pid) in commands.items():
@@ -544,7 +553,8 @@ def receive_workload(
     progress(f"  {floor}")
     doc = {
         "what": "messages received and settled per broker CPU-second: v5 SimpleConsumer over gRPC "
-        "(receive 32 + one ack each) vs remoting POP (receive 32 + acks) and remoting pull (32 per pull)",
+        "(receive 32 + one ack each) vs remoting POP (receive 32 + acks: sent together, or _ack1: "
+        "one at a time, each awaited, as the v5 client) and remoting pull (32 per pull)",
         "workload": "receive",
         "count": args.count,
         "body": args.body,
@@ -554,7 +564,8 @@ def receive_workload(
         "ratios": {
             f"{GRPC_PATH[s]}_vs_{pop}": round(median[GRPC_PATH[s]] / median[pop], 3)
             for s in servers
-            for pop in ["remoting_pop" + REMOTING_PATH[s].removeprefix("remoting")]
+            for base in ["remoting_pop" + REMOTING_PATH[s].removeprefix("remoting")]
+            for pop in [base, base + "_ack1"]
         }
         | {
             f"{GRPC_PATH[s]}_vs_remoting_pull": round(median[GRPC_PATH[s]] / median["remoting_pull"], 3)

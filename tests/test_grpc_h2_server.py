@@ -51,6 +51,27 @@ class Service:
         await asyncio.sleep(5)
         return request
 
+    async def eager(self, request: bytes, context: Any) -> bytes:
+        # Answered without a wait: run from the connection's callback, no Task made for it.
+        return b"task" if asyncio.current_task() is not None else b"none"
+
+    async def waits(self, request: bytes, context: Any) -> bytes:
+        # Waits in each way a handler can, after its first step ran outside a Task.
+        await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bytes] = loop.create_future()
+        loop.call_later(0.01, done.set_result, b"later")
+        answer = await done
+        failing: asyncio.Future[bytes] = loop.create_future()
+        loop.call_soon(failing.set_exception, KeyError("seen"))
+        try:
+            await failing
+        except KeyError:
+            answer += b"+caught"
+        if request == b"raise":
+            await failing
+        return answer
+
     async def batch(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
         for _ in range(int(request or b"3")):
             yield request
@@ -76,6 +97,8 @@ class Service:
             "Fail": grpc.unary_unary_rpc_method_handler(self.fail),
             "Crash": grpc.unary_unary_rpc_method_handler(self.crash),
             "Slow": grpc.unary_unary_rpc_method_handler(self.slow),
+            "Eager": grpc.unary_unary_rpc_method_handler(self.eager),
+            "Waits": grpc.unary_unary_rpc_method_handler(self.waits),
             "Batch": grpc.unary_stream_rpc_method_handler(self.batch),
             "Flood": grpc.unary_stream_rpc_method_handler(self.flood),
             "Chat": grpc.stream_stream_rpc_method_handler(self.chat),
@@ -150,6 +173,22 @@ def test_statuses_reach_the_client() -> None:
             assert (await status("/bench.Echo/Slow", timeout=0.3))[0] == grpc.StatusCode.DEADLINE_EXCEEDED
             assert server.open_calls == 0
             await echo_works(server.port)
+        await server.stop(0)
+
+    asyncio.run(main())
+
+
+def test_a_unary_handler_runs_at_once_and_one_that_waits_goes_on_as_a_task() -> None:
+    async def main() -> None:
+        server = await serving(Service())
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            assert await channel.unary_unary("/bench.Echo/Eager")(b"", timeout=5) == b"none"
+            waits = channel.unary_unary("/bench.Echo/Waits")
+            assert await asyncio.gather(*(waits(b"") for _ in range(20))) == [b"later+caught"] * 20
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await waits(b"raise", timeout=5)
+            assert caught.value.code() == grpc.StatusCode.UNKNOWN and "seen" in (caught.value.details() or "")
+            assert server.open_calls == 0
         await server.stop(0)
 
     asyncio.run(main())

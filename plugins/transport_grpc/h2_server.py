@@ -3,7 +3,8 @@
 ``[transport.grpc] server = "native"`` serves the same generic handler (``grpc.GenericRpcHandler``:
 the service's methods, behind the ACL gate and the call counter) as grpcio's ``grpc.aio`` server,
 without grpcio's core: each connection is an :class:`asyncio.Protocol` feeding an
-``h2.connection.H2Connection``; each call runs its handler as a task of the loop with a
+``h2.connection.H2Connection``; each call runs its handler (at once when its request is whole, as a
+task of the loop from its first wait on) with a
 :class:`~.h2_context.CallContext` (the ``grpc.aio.ServicerContext`` methods the handlers use).
 
 The wire protocol (gRPC over HTTP/2): a request is HEADERS (``:path /<service>/<method>``,
@@ -310,8 +311,19 @@ class Http2Protocol(asyncio.Protocol):
             self._fail(call, grpc.StatusCode.INTERNAL, "the request ended inside a message")
             return
         if call.task is None and not call.closed:
-            call.task = self.loop.create_task(self._run(call))
+            self._start(call)
         call.wake()
+
+    def _start(self, call: _Call) -> None:
+        """Run a call whose request is whole: right here, up to the handler's first real wait.
+        Most unary calls (an AckMessage, a send whose put is done) answer without one, and then
+        skip a Task and a turn of the loop; a call that waits goes on as a Task."""
+        coro = self._run(call)
+        try:
+            yielded = coro.send(None)
+        except StopIteration:
+            return
+        call.task = self.loop.create_task(_resume(coro, yielded))
 
     # ---------------------------------------------------------------- the handler's side
     async def _run(self, call: _Call) -> None:
@@ -528,6 +540,32 @@ class Http2Protocol(asyncio.Protocol):
         self._flush()
         if not self.calls:
             self._close()
+
+
+async def _resume(coro: Any, yielded: Any) -> None:
+    """Finish a coroutine started outside a Task (:meth:`Http2Protocol._start`): wait for what
+    it yielded, step it, repeat; this Task's cancel reaches the coroutine.
+
+    ``await fut`` in the coroutine yields ``fut`` and, once resumed, reads ``fut.result()``
+    itself, so a failed or cancelled future reaches it as its own exception.
+    """
+    while True:
+        throw: BaseException | None = None
+        try:
+            if yielded is None:  # a bare yield (asyncio.sleep(0))
+                await asyncio.sleep(0)
+            else:
+                yielded._asyncio_future_blocking = False  # as a Task does, before awaiting it again
+                await yielded
+        except asyncio.CancelledError:
+            if yielded is None or not yielded.cancelled():  # this Task was cancelled
+                throw = asyncio.CancelledError()
+        except BaseException:
+            pass  # the coroutine sees the future's exception when it reads the result
+        try:
+            yielded = coro.send(None) if throw is None else coro.throw(throw)
+        except StopIteration:
+            return
 
 
 class _Deserialize(Exception):
