@@ -54,8 +54,10 @@ def wait_listening(address: str, timeout: float = 20) -> None:
     raise AssertionError(f"nothing listens on {address}")
 
 
-#: The endpoint's HTTP/2 servers ([transport.grpc] server) every test here runs against.
-SERVERS = ("grpcio", "native")
+#: The endpoint's HTTP/2 servers ([transport.grpc] server) every test here runs against: the
+#: default (native) in the default suite, grpcio's under ``-m slow`` (the proxy's official-client
+#: tests serve through grpcio's server in the default suite).
+SERVERS = (pytest.param("grpcio", marks=pytest.mark.slow), "native")
 
 
 @pytest.fixture(params=SERVERS, autouse=True)
