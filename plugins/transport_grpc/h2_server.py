@@ -116,6 +116,8 @@ class Http2Protocol(asyncio.Protocol):
         )
         self.transport: asyncio.Transport | None = None
         self.calls: dict[int, _Call] = {}
+        #: Streams refused over the call cap whose first message has not arrived yet (see _request).
+        self.refused: set[int] = set()
         self.peer = "unknown"
         self.closed = False
         self.paused = False
@@ -186,6 +188,7 @@ class Http2Protocol(asyncio.Protocol):
             elif kind == EV_REQUEST:
                 self._request(event[1], event[2], event[3])
             elif kind == EV_RESET:
+                self.refused.discard(event[1])
                 call = self.calls.pop(event[1], None)
                 if call is not None:
                     self._cancel(call)
@@ -228,9 +231,14 @@ class Http2Protocol(asyncio.Protocol):
             )
             return
         if server.open_calls >= server.max_concurrent_calls:
-            self._trailers_only(
-                stream_id, grpc.StatusCode.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!"
-            )
+            if not end:
+                # A client opens a stream with its headers and writes its first message apart:
+                # refused before that write arrives, the write fails on the client as grpc's own
+                # INTERNAL and hides the status. The refusal waits for the first DATA (the stream
+                # stays one of the connection's max_concurrent_streams meanwhile: bounded).
+                self.refused.add(stream_id)
+                return
+            self._refuse(stream_id)
             return
         handler = server.lookup(method, context)
         if handler is None:
@@ -251,9 +259,15 @@ class Http2Protocol(asyncio.Protocol):
             self._ended(call)
         # a unary request's task starts with the request's last byte (_ended)
 
+    def _refuse(self, stream_id: int) -> None:
+        self.refused.discard(stream_id)
+        self._trailers_only(stream_id, grpc.StatusCode.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!")
+
     def _data(self, stream_id: int, data: bytes, end: bool, size: int) -> None:
         call = self.calls.get(stream_id)
         if call is None or call.closed:
+            if stream_id in self.refused:
+                self._refuse(stream_id)
             return
         call.unacked += size
         buffer = call.buffer
