@@ -113,9 +113,10 @@ def test_an_exhausted_pool_writes_the_next_file_directly(tmp_path: Path, caplog)
             fill_file(store, bodies)
             n = fill_file(store, bodies)
         files = store.commitlog.queue.files
-        # Nothing committed yet: file 0 still holds the only buffer, files 1 and 2 went direct.
-        assert [f.transient for f in files] == [True, False, False]
-        assert store.transient_pool.deficits == 2
+        # No commit asked: file 1 found no buffer and went direct, which first committed file 0
+        # (its buffer back to the pool), so file 2 has it again.
+        assert [f.transient for f in files] == [False, False, True]
+        assert store.transient_pool.deficits == 1
         assert sum("transient store pool" in r.message for r in caplog.records) == 1  # said once
         assert read_all(store, n) == bodies
     finally:
@@ -123,6 +124,22 @@ def test_an_exhausted_pool_writes_the_next_file_directly(tmp_path: Path, caplog)
     store = open_store(tmp_path, pool_size=1)
     try:
         assert read_all(store, n) == bodies
+    finally:
+        store.shutdown()
+
+
+def test_a_file_written_directly_follows_committed_files_only(tmp_path: Path) -> None:
+    """A kill keeps what is in the files: the file written directly (the pool lent its buffers)
+    must not hold records while an earlier file's are still only in a buffer (a hole of zeros
+    before later records, which recovery cannot cross)."""
+    store = open_store(tmp_path, pool_size=1)
+    try:
+        bodies: list[bytes] = []
+        fill_file(store, bodies)  # file 0 in the pool's buffer, no commit asked; file 1 direct
+        files = store.commitlog.queue.files
+        assert len(files) == 2 and store.transient_pool.deficits == 1
+        on_disk = Path(files[0].path).read_bytes()  # what a SIGKILL leaves: the page cache
+        assert bodies[0] in on_disk and bodies[-2] in on_disk
     finally:
         store.shutdown()
 

@@ -157,6 +157,12 @@ class CommitLog:
             mf = self.queue.get_last_mapped_file(0)
             if mf is None:
                 raise StoreError("cannot create a commit-log file")
+            queue = self.queue
+            if queue.pool is not None and not mf.transient and queue.committed_where < mf.file_from_offset:
+                # The pool lent every buffer: this file is written straight into its mapping, so
+                # the earlier files' buffered records go in first.  Else a kill keeps this file's
+                # records and loses theirs: a hole of zeros before later records.
+                queue.commit()
         return mf
 
     def append_records(
