@@ -45,6 +45,13 @@ of its own, alternating
 as messages per broker CPU-second, and for scale ``grpc_aio_receive_floor``: the bare
 ``grpc.aio`` server answering the same calls (per 32 messages a stream of 34 writes and 32 unary
 calls), what grpcio costs for this workload with no broker behind it.
+
+``--paced`` adds ``remoting_pop_ack1_paced`` after each v5 round: ``remoting_pop_ack1`` held to
+the v5 client's pace of that round (its seconds per message; the client sleeps before each ack),
+so the broker idles between acks as it does with the v5 client: the same work at the same pace.
+``paired_ratios`` divides each round's v5 figure by the same round's baselines (median, min,
+max).  ``--paths a,b`` measures only those paths; ``--no-floor`` skips the grpc.aio floor;
+``--profile-mode cpu|gil|idle`` picks py-spy's sampling for ``--profile``.
 """
 
 from __future__ import annotations
@@ -101,6 +108,7 @@ import asyncio, json, sys, time
 from tidemq.client import PullConsumer
 from tidemq.client.simple_consumer import SimpleConsumer
 kind, namesrv, topic, group, count = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+pace = float(sys.argv[6]) if len(sys.argv) > 6 else 0.0  # pop1: seconds per message at least
 
 def wait_go():
     print("ready", flush=True)
@@ -112,7 +120,7 @@ async def pop():
         await c.receive(1, 1, 0)  # the route, before go (the message comes back in 1 s)
         await asyncio.sleep(1.2)
         await asyncio.get_running_loop().run_in_executor(None, wait_go)
-        started, got, idle = time.monotonic(), 0, 0
+        started, got, idle, done = time.monotonic(), 0, 0, 0
         while got < count and idle < 5:
             msgs = await c.receive(32, 60, 1)
             if not msgs:
@@ -121,7 +129,12 @@ async def pop():
             got += len(msgs)
             if kind == "pop1":  # one ACK_MESSAGE per message, each awaited (as the v5 client acks)
                 for m in msgs:
+                    if pace:  # no faster than the v5 client: the broker idles between acks as with it
+                        due = started + (done + 1) * pace - time.monotonic()
+                        if due > 0:
+                            time.sleep(due)
                     await c.ack(m)
+                    done += 1
             else:
                 await asyncio.gather(*(c.ack(m) for m in msgs))
         return got, time.monotonic() - started
@@ -312,7 +325,9 @@ def py_spy() -> str | None:
     return os.environ.get("PY_SPY") or shutil.which("py-spy")
 
 
-def one_round(cmd: list[str], broker_pid: int, profile: Path | None = None) -> dict[str, Any]:
+def one_round(
+    cmd: list[str], broker_pid: int, profile: Path | None = None, profile_mode: str = "idle"
+) -> dict[str, Any]:
     """One client run against a broker: its JSON line plus the broker's CPU seconds meanwhile;
     with ``profile``, py-spy samples the broker (collapsed stacks, subprocesses' native frames
     included) into that file for the run."""
@@ -335,7 +350,7 @@ def one_round(cmd: list[str], broker_pid: int, profile: Path | None = None) -> d
                     "--format",
                     "raw",
                     "--threads",
-                    "--idle",
+                    *{"idle": ["--idle"], "cpu": [], "gil": ["--gil"]}[profile_mode],
                     "--rate",
                     "250",
                     "--output",
@@ -365,6 +380,7 @@ def one_round(cmd: list[str], broker_pid: int, profile: Path | None = None) -> d
             client.kill()
     result["msgs_per_broker_cpu_s"] = round(result["sent"] / max(result["broker_cpu_s"], 1e-3), 1)
     result["msgs_per_s"] = round(result["sent"] / max(result["seconds"], 1e-6), 1)
+    result["load_1m"] = round(os.getloadavg()[0], 2)
     return result
 
 
@@ -395,6 +411,23 @@ def main() -> None:
         help="a directory: py-spy samples the broker during each path's first round "
         "(its CPU figures then include py-spy's stops: profile, or measure)",
     )
+    ap.add_argument(
+        "--paths",
+        default="",
+        help="comma-separated: measure only these paths (e.g. grpc_native,remoting_pop_native_broker_ack1)",
+    )
+    ap.add_argument(
+        "--profile-mode",
+        choices=["idle", "cpu", "gil"],
+        default="idle",
+        help="py-spy's samples: every thread's wall time (idle), on-CPU only (cpu), or the GIL holder (gil)",
+    )
+    ap.add_argument(
+        "--paced",
+        action="store_true",
+        help="receive: after each v5 round, remoting POP acking one at a time at the v5 client's pace (_ack1_paced)",
+    )
+    ap.add_argument("--no-floor", action="store_true", help="skip the bare grpc.aio floor")
     args = ap.parse_args()
 
     import v5_venv  # tests/compat: the same venv the compat test makes
@@ -513,7 +546,7 @@ def receive_workload(
                     timeout=600,
                 )
 
-            def remoting(kind: str, namesrv_addr: str, group: str) -> list[str]:
+            def remoting(kind: str, namesrv_addr: str, group: str, pace: float = 0.0) -> list[str]:
                 return [
                     sys.executable,
                     "-c",
@@ -523,6 +556,7 @@ def receive_workload(
                     TOPIC,
                     group,
                     str(args.count),
+                    str(pace),
                 ]
 
             rounds: dict[str, list[dict[str, Any]]] = {}
@@ -539,18 +573,60 @@ def receive_workload(
                     commands[pop + "_ack1"] = (remoting("pop1", namesrv_addr, f"GB_POP1_{r}"), pid)
                 pid, namesrv_addr, _ = brokers[servers[0]]
                 commands["remoting_pull"] = (remoting("pull", namesrv_addr, f"GB_PULL_{r}"), pid)
+                if args.paths:
+                    wanted = set(args.paths.split(","))
+                    commands = {p: c for p, c in commands.items() if p in wanted}
                 for path, (cmd, broker_pid) in commands.items():
                     progress(f"round {r + 1}/{args.repeats}: {path}, {args.count} messages")
-                    rounds.setdefault(path, []).append(one_round(cmd, broker_pid, profiled(args, path, r)))
+                    rounds.setdefault(path, []).append(
+                        one_round(cmd, broker_pid, profiled(args, path, r), args.profile_mode)
+                    )
                     progress(f"  {rounds[path][-1]}")
+                    server = next((s for s in servers if GRPC_PATH[s] == path), None)
+                    if server is not None and args.paced:
+                        # The like-for-like baseline at the v5 client's pace (this round's): the
+                        # same POP work, one awaited ACK_MESSAGE per message, no faster than it.
+                        done = rounds[path][-1]
+                        pace = done["seconds"] / max(done["sent"], 1)
+                        pid, namesrv_addr, _ = brokers[server]
+                        paced = (
+                            "remoting_pop" + REMOTING_PATH[server].removeprefix("remoting") + "_ack1_paced"
+                        )
+                        progress(f"round {r + 1}/{args.repeats}: {paced}, {pace * 1e6:.0f} us a message")
+                        rounds.setdefault(paced, []).append(
+                            one_round(remoting("pop1", namesrv_addr, f"GB_PACED_{r}", pace), pid)
+                        )
+                        progress(f"  {rounds[paced][-1]}")
         finally:
             for proc in reversed(procs):
                 proc.terminate()
                 proc.wait(30)
     median = {p: statistics.median(x["msgs_per_broker_cpu_s"] for x in rs) for p, rs in rounds.items()}
-    progress("grpcio's floor for this workload: a bare grpc.aio server, one 34-write stream + 32 unary calls")
-    floor = receive_floor(args.count)
-    progress(f"  {floor}")
+    floor: dict[str, Any] | None = None
+    if not args.no_floor:
+        progress(
+            "grpcio's floor for this workload: a bare grpc.aio server, one 34-write stream + 32 unary calls"
+        )
+        floor = receive_floor(args.count)
+        progress(f"  {floor}")
+    # Each round's v5 figure over the same round's baseline (the rounds alternate: the pairs
+    # share the machine's load), their median, min and max.
+    paired: dict[str, dict[str, Any]] = {}
+    for s in servers:
+        for suffix in ("_ack1", "_ack1_paced"):
+            base = "remoting_pop" + REMOTING_PATH[s].removeprefix("remoting") + suffix
+            grpc_rounds, base_rounds = rounds.get(GRPC_PATH[s], []), rounds.get(base, [])
+            per_round = [
+                round(g["msgs_per_broker_cpu_s"] / b["msgs_per_broker_cpu_s"], 3)
+                for g, b in zip(grpc_rounds, base_rounds, strict=False)
+            ]
+            if per_round:
+                paired[f"{GRPC_PATH[s]}_vs_{base}"] = {
+                    "rounds": per_round,
+                    "median": statistics.median(per_round),
+                    "min": min(per_round),
+                    "max": max(per_round),
+                }
     doc = {
         "what": "messages received and settled per broker CPU-second: v5 SimpleConsumer over gRPC "
         "(receive 32 + one ack each) vs remoting POP (receive 32 + acks: sent together, or _ack1: "
@@ -566,11 +642,14 @@ def receive_workload(
             for s in servers
             for base in ["remoting_pop" + REMOTING_PATH[s].removeprefix("remoting")]
             for pop in [base, base + "_ack1"]
+            if GRPC_PATH[s] in median and pop in median
         }
         | {
             f"{GRPC_PATH[s]}_vs_remoting_pull": round(median[GRPC_PATH[s]] / median["remoting_pull"], 3)
             for s in servers
+            if GRPC_PATH[s] in median and "remoting_pull" in median
         },
+        "paired_ratios": paired,
         "grpc_aio_receive_floor": floor,
         "rounds": rounds,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},

@@ -24,6 +24,8 @@ BENCH = Path(__file__).resolve().parent / "store_bench.py"
 
 KEEP = (
     "fsync_per_message_baseline_msgs_s",
+    "ideal_group_commit_before_latency",
+    "ideal_group_commit_after_latency",
     "fsync_around_sync_writers",
     "sync_concurrent",
     "sync_concurrent_asyncio",
@@ -70,7 +72,10 @@ def main() -> None:
                 f"[store_sync_ab] round {i} {name}: 32 asyncio writers"
                 f" {row[name]['sync_concurrent_asyncio']['msgs_s']} msgs/s"
                 f" = {r['sync_32_asyncio_writers_vs_fsync_per_message']}x fsync/msg"
-                f" (ceiling {r['no_flush_32_asyncio_writers_vs_fsync_per_message']}x),"
+                f" (ceiling {r['no_flush_32_asyncio_writers_vs_fsync_per_message']}x,"
+                f" zero-CPU rounds {r.get('zero_cpu_32_writers_vs_fsync_per_message')}x),"
+                f" round {row[name]['sync_concurrent_asyncio']['round_us']} us"
+                f" of which flush {row[name]['sync_concurrent_asyncio']['flush_us']} us,"
                 f" cpu {row[name]['sync_concurrent_asyncio']['process_cpu_us_per_msg']} us/msg,"
                 f" latency p99 {row[name]['sync_latency']['p99_us']} us",
                 file=sys.stderr,
@@ -98,8 +103,14 @@ def main() -> None:
             "no_flush_32_asyncio_vs_fsync_per_message": med(
                 n, lambda x: x["ratios"]["no_flush_32_asyncio_writers_vs_fsync_per_message"]
             ),
+            "zero_cpu_32_writers_vs_fsync_per_message": med(
+                n, lambda x: x["ratios"].get("zero_cpu_32_writers_vs_fsync_per_message", 0)
+            ),
             "sync_latency_p99_us": med(n, lambda x: x["sync_latency"]["p99_us"]),
             "sync_latency_p99_vs_fsync_p99": med(n, lambda x: x["ratios"]["sync_latency_p99_vs_fsync_p99"]),
+            "sync_latency_p99_vs_ideal_group_commit_p99": med(
+                n, lambda x: x["ratios"].get("sync_latency_p99_vs_ideal_group_commit_p99", 0)
+            ),
         }
         for n in ("a", "b")
     }

@@ -78,6 +78,7 @@ __all__ = [
     "StoreFuture",
     "SharedCompletion",
     "resolve_all",
+    "resume_eager",  # eager (the transports' handlers run before a Task)
     "KeyIndex",  # index
     "RecoverableIndex",
     "VerifiableIndex",
@@ -211,6 +212,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "queue_entry_check",
         "tag_selection",
     ),
+    "tidemq.eager": ("resume_eager",),
     "tidemq.extensions": ("compiled_twin", "twins"),
     "tidemq.flush": ("Flushable", "FlushPolicy", "FlushStatistics", "SubmittingFlushPolicy"),
     "tidemq.futures": ("SharedCompletion", "StoreFuture", "resolve_all"),
@@ -303,6 +305,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         TopicConfigTable,
         TransactionService,
     )
+    from tidemq.eager import resume_eager
     from tidemq.errors import (
         ConfigError,
         CorruptDataError,

@@ -582,3 +582,25 @@ def test_operators_set_a_topic_s_window_with_update_topic_attributes(tmp_path: P
                 assert refused.code != 0 and "value is not" in (refused.remark or ""), bad
 
     asyncio.run(main())
+
+
+def test_a_stopped_broker_s_window_is_freed_with_it(tmp_path: Path) -> None:
+    """The window's records are out of the cycle collector and point back at the window: a window
+    holding keys outlived its broker (a process that runs brokers one after another, as tests and
+    embedders do, kept every full window).  The stop empties it, so it goes with the broker."""
+    import gc
+    import weakref
+
+    async def main() -> weakref.ref[Any]:
+        async with broker_on(tmp_path / "b") as (broker, client):
+            for _ in range(3):
+                assert (
+                    await send(client, broker, "Orders", b"x", {UNIQ: key()})
+                ).code == ResponseCode.SUCCESS
+            window = weakref.ref(broker.dedup)
+            assert broker.dedup.entries == 3
+        return window
+
+    window = asyncio.run(main())
+    gc.collect()
+    assert window() is None

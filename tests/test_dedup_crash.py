@@ -210,6 +210,7 @@ def test_sigkill_rounds_under_the_official_client_store_no_duplicates(tmp_path: 
 
 @pytest.mark.compat
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 2 x 100 rounds: ~8 min on a quiet machine, over the module's 600 s when loaded
 def test_sigkill_100_rounds_under_the_official_client_store_no_duplicates(tmp_path: Path) -> None:
     _official()
     figures = official_crash_rounds(tmp_path / "on", 100, seed=3737)

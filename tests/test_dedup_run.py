@@ -3,11 +3,14 @@
 and records: random runs of sends over a few topics and keys (resends, keys repeated in a batch
 or across a run, missing, empty and over-long keys, a topic without a window, one keyed on
 content, a bound the runs overflow), the clock moving (expired keys taken over), first copies
-stored or forgotten between runs.
+stored or forgotten between runs, sends evicted past their deadline or over the bound (the
+compiled ``_dedup_table.trim`` against the Python ``_trim``).
 """
 
 from __future__ import annotations
 
+import gc
+import random
 from typing import Any
 
 import pytest
@@ -93,8 +96,9 @@ def pair(max_entries: int) -> tuple[Clock, DuplicateWindow, DuplicateWindow]:
     clock = Clock()
     compiled = DuplicateWindow(10, max_entries, 1 << 30, clock=clock)
     reference = DuplicateWindow(10, max_entries, 1 << 30, clock=clock)
-    reference._compiled_run = None  # the Python reference
-    assert compiled._compiled_run is not None
+    reference._compiled_run = None  # the Python reference: its run check and its eviction
+    reference._compiled_trim = None
+    assert compiled._compiled_run is not None and compiled._compiled_trim is not None
     return clock, compiled, reference
 
 
@@ -160,3 +164,39 @@ def test_the_compiled_run_refuses_a_wrong_hash_array() -> None:
         table.any_of(array("i", [1, 2]))  # its items are read raw: only array("q")
     with pytest.raises(TypeError):
         table.put_many(b"12345678", 1)  # type: ignore[arg-type]
+
+
+def test_the_windows_records_are_not_walked_by_the_cycle_collector() -> None:
+    """A full window of single sends is 500 000 records: none is tracked by the collector (every
+    full collection walked them all), nor its hash array (``array.array`` is a tracked type),
+    whether the compiled run made it or ``record`` did."""
+    _, compiled, _ = pair(1000)
+    sends = build([("A", [("K00", b"a")]), ("A", [("K01", b"a"), ("K02", b"a")])])
+    assert compiled.admit_run(sends, CONFIGS.get)
+    from array import array
+
+    recorded = compiled.record("A", array("q", [hash("K03")]), None, 10)
+    for sent in (sends[0].dedup, sends[1].dedup, recorded):
+        assert isinstance(sent, Sent) and not gc.is_tracked(sent) and not gc.is_tracked(sent.hashes)
+    assert compiled.check("A", "K01") is sends[1].dedup and compiled.check("A", "K03") is recorded
+
+
+def test_a_table_past_2_mib_keeps_every_key_through_growth_and_deletes() -> None:
+    """The table moves to its own (huge-page) mapping past 2 MiB and grows there: every key kept,
+    deletes shift back within it, and it frees cleanly."""
+    rng = random.Random(37)
+    keys = list({rng.getrandbits(63) - (1 << 62) for _ in range(200_000)})
+    table = dedup_table.HashTable()
+    values = [object() for _ in range(8)]
+    for i, h in enumerate(keys):
+        assert table.put(h, values[i % 8]) is None
+    assert len(table) == len(keys) and table.capacity * 16 > 2 << 20
+    assert all(table.get(h) is values[i % 8] for i, h in enumerate(keys))
+    from array import array
+
+    gone = array("q", keys[::2])
+    assert table.remove_many(gone, values[0]) == len(keys[::8])  # the even ones still values[0]'s
+    for i, h in enumerate(keys):
+        assert table.get(h) is (None if i % 8 == 0 else values[i % 8])
+    assert len(table) == len(keys) - len(keys[::8])
+    del table

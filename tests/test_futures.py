@@ -134,3 +134,51 @@ def test_store_future_is_awaitable_like_a_concurrent_future() -> None:
         return [await resolved(a), await asyncio.wrap_future(b), await resolved(StoreFuture.completed(3))]
 
     assert asyncio.run(main()) == [1, 2, 3]
+
+
+def test_every_thread_blocked_on_a_store_future_is_released_by_each_way_of_resolving_it() -> None:
+    """Several threads in ``result()`` on one future all wake, whether it is resolved alone, in bulk
+    by the group commit (``resolve_all``), failed or cancelled; a timed-out wait leaves the future
+    usable."""
+    from concurrent.futures import CancelledError
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    from tidemq.futures import StoreFuture, resolve_all
+
+    def waiters(fut: StoreFuture[int], n: int) -> tuple[list[threading.Thread], list[object]]:
+        got: list[object] = []
+
+        def wait() -> None:
+            try:
+                got.append(fut.result(timeout=10))
+            except BaseException as exc:  # noqa: BLE001 - the outcome is what is checked
+                got.append(type(exc))
+
+        threads = [threading.Thread(target=wait) for _ in range(n)]
+        for t in threads:
+            t.start()
+        return threads, got
+
+    for resolve, expected in (
+        (lambda f: f.set_result(1), 1),
+        (lambda f: resolve_all([f], [2]), 2),
+        (lambda f: f.set_exception(OSError("disk")), OSError),
+        (lambda f: f.cancel(), CancelledError),
+    ):
+        fut: StoreFuture[int] = StoreFuture()
+        with pytest.raises(FutureTimeout):
+            fut.result(timeout=0)  # not blocking
+        with pytest.raises(FutureTimeout):
+            fut.result(timeout=-1)
+        threads, got = waiters(fut, 6)
+        with pytest.raises(FutureTimeout):
+            fut.result(timeout=0.02)  # a waiter that gave up does not stand in the others' way
+        resolve(fut)
+        for t in threads:
+            t.join(timeout=10)
+        assert not any(t.is_alive() for t in threads)
+        assert got == [expected] * 6
+        late, got_late = waiters(fut, 2)  # after the fact: at once
+        for t in late:
+            t.join(timeout=10)
+        assert got_late == [expected] * 2

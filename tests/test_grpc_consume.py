@@ -543,9 +543,14 @@ def test_bad_consumer_input_gets_rocketmq_statuses_and_settles_nothing(
 def test_a_receive_stream_the_client_does_not_read_holds_one_batch_and_gives_it_back(
     tidemq_make_broker: MakeBroker,
 ) -> None:
-    """Flow control: the stream writes as the client reads (16 MiB in one batch, beyond what
-    HTTP/2 windows take); a client that never reads and goes away leaves nothing behind: the
-    messages not written come back a second later."""
+    """Flow control: the stream writes as the client reads (a batch of 1 MiB messages); a client
+    that never reads holds the broker to one batch and, when it goes away, every message the
+    stream could not write comes back a second later (their invisible time was 60 s).
+
+    The unread stream's client has grpc's BDP probing off, so its window stays HTTP/2's 64 KiB:
+    with probing on, grpc's transport grows the window to up to 16 MiB as data arrives and takes
+    the whole batch into its own memory whether the application reads or not (then nothing is
+    left to give back, and the test measured the race between the probe and the writes)."""
 
     async def main() -> None:
         settings = {"default_topic_queues": 16}
@@ -560,25 +565,25 @@ def test_a_receive_stream_the_client_does_not_read_holds_one_batch_and_gives_it_
                 invisible_duration={"seconds": 60},
                 long_polling_timeout={"seconds": 0},
             )
-            unread = receive_stub(channel)(request, metadata=META, timeout=30)
-            first = await unread.read()  # the status; then nothing more is read
-            assert first.status.code == pb.OK
-            popped = broker.pop.in_flight("GF")
-            assert 0 < popped <= 32
-            await asyncio.sleep(1.5)
-            assert broker.pop.in_flight("GF") == popped  # one batch, no more, however long it waits
-            unread.cancel()
-            # The messages the stream had not written come back a second later (their invisible
-            # time was 60 s): the stream wrote as the client read, it did not buffer the batch.
+            address = grpc_plugin_server(broker).address
+            async with grpc.aio.insecure_channel(address, options=[("grpc.http2.bdp_probe", 0)]) as reader:
+                unread = receive_stub(reader)(request, metadata=META, timeout=30)
+                first = await unread.read()  # the status; then nothing more is read
+                assert first.status.code == pb.OK
+                popped = broker.pop.in_flight("GF")
+                assert 0 < popped <= 32
+                await asyncio.sleep(1.5)
+                assert broker.pop.in_flight("GF") == popped  # one batch, no more, however long it waits
+                unread.cancel()
+            # No message fits the client's window, so the stream wrote none and all come back: a
+            # stream that buffered its batch regardless of the window would give none back.
             deadline = time.monotonic() + 10
-            back: list[Any] = []
-            while time.monotonic() < deadline and not any(
-                m.system_properties.delivery_attempt == 2 for m in back
-            ):
+            again: list[Any] = []  # each comes back once: it is invisible for 60 s after
+            while time.monotonic() < deadline and len(again) < popped:
                 _, more = await receive(channel, "GF", "FlowTopic", invisible_ms=60_000, poll_ms=1_000)
-                back += more
-            again = [m for m in back if m.system_properties.delivery_attempt == 2]
-            assert again, "the messages the stream could not write never came back"
+                # (the first ones are those the batch did not take, on their first delivery)
+                again += [m for m in more if m.system_properties.delivery_attempt == 2]
+            assert len(again) == popped, "the messages the stream could not write did not all come back"
             assert all(len(m.body) == len(body) for m in again)
             assert not grpc_plugin_service(broker).pending_tasks
 

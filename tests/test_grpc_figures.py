@@ -100,6 +100,7 @@ def test_grpc_connections_and_calls_in_metrics_runtime_info_and_producer_connect
     assert samples["tidemq_grpc_acl_refusals_total"] == 0
     info = seen["info"]
     assert (info["grpcConnections"], info["grpcCalls"], info["grpcRequestsTotal"]) == ("1", "1", "4")
-    assert "figures@1" in seen["producers"].stdout and "GRPC" in seen["producers"].stdout
+    # a client that names no language (no user agent, no x-mq-language): OTHER, as the proxy registers it
+    assert "figures@1" in seen["producers"].stdout and "OTHER" in seen["producers"].stdout
     after = runtime_info(broker)
     assert after["grpcCalls"] == "0" and after["grpcConnections"] == "0"

@@ -131,3 +131,68 @@ def test_each_v5_client_behind_the_proxy_is_a_broker_client_of_its_own(spawn: An
             await until(lambda: not row(producers(), "java-producer@1"))
 
     asyncio.run(main())
+
+
+def test_running_info_relayed_to_a_v5_client_behind_the_proxy_is_that_client_s(
+    spawn: Any, tmp_path: Path
+) -> None:
+    """``consumerStatus -g G -i <client>`` (GET_CONSUMER_RUNNING_INFO, relayed by a broker to the
+    connection the client is registered on: the proxy's) is answered for the client named, not for
+    the group: its own version and subscription; a client id the proxy does not have is not online."""
+    cluster = ProxyCluster(spawn, tmp_path)
+    cluster.create_topic("Run")
+
+    def consumer(language: Any, version: str, tag: str) -> Any:
+        return pb.Settings(
+            client_type=pb.SIMPLE_CONSUMER,
+            user_agent=pb.UA(language=language, version=version),
+            subscription=pb.Subscription(
+                group=pb.Resource(name="GRun"),
+                subscriptions=[
+                    pb.SubscriptionEntry(
+                        topic=pb.Resource(name="Run"),
+                        expression=pb.FilterExpression(type=pb.TAG, expression=tag),
+                    )
+                ],
+            ),
+        )
+
+    async def hello(channel: Any, client_id: str, settings: Any) -> Any:
+        stream = channel.stream_stream(
+            SERVICE + "Telemetry",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.TelemetryCommand.FromString,
+        )(metadata=(("x-mq-client-id", client_id),))
+        await stream.write(pb.TelemetryCommand(settings=settings))
+        answer = await asyncio.wait_for(stream.read(), 30)
+        assert answer.status.code == pb.OK, answer.status
+        return stream
+
+    def status(client_id: str) -> str:
+        return admin(cluster, "consumerStatus", "-g", "GRun", "-i", client_id)
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(cluster.proxy) as channel:
+            go = await hello(channel, "go-runner@1", consumer(pb.GOLANG, "5.1.0", "a"))
+            node = await hello(channel, "node-runner@1", consumer(pb.NODE_JS, "5.0.3", "b"))
+            await until(lambda: "PROP_CLIENT_VERSION" in status("go-runner@1"))
+            await until(lambda: "PROP_CLIENT_VERSION" in status("node-runner@1"))
+            for client_id, version, tag, language in (
+                ("go-runner@1", "V5_1_0", "a", "GO"),
+                ("node-runner@1", "V5_0_3", "b", "NODE_JS"),
+            ):
+                text = status(client_id)
+                lines = {
+                    line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip()
+                    for line in text.splitlines()
+                    if ": " in line and "Topic:" not in line
+                }
+                assert lines["PROP_CLIENT_VERSION"] == version, text
+                assert lines["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY", text
+                assert lines["language"] == language, text
+                assert f"SubExpression: {tag}\n" in text, text
+            assert "not online" in status("nobody@1")
+            go.cancel()
+            node.cancel()
+
+    asyncio.run(main())

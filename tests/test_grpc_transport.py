@@ -673,3 +673,68 @@ def test_the_broker_s_transaction_check_reaches_the_producer_s_telemetry_stream(
             assert not broker.producers.groups.get("GRPC_PRODUCER_TxCheck")  # dropped with its stream
 
     asyncio.run(main())
+
+
+def test_v5_clients_are_registered_with_their_own_language_and_version(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    """A v5 producer's and consumer's registrations (producerConnection, consumerConnection,
+    console, metrics) carry the client's language and version, as RocketMQ 5's proxy registers
+    them: from its Settings' user agent, else from its calls' ``x-mq-language`` /
+    ``x-mq-client-version`` metadata (the Python client sends both), not GRPC version 0."""
+    from tidemq.client import version_desc
+
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            telemetry = channel.stream_stream(
+                SERVICE + "Telemetry",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.TelemetryCommand.FromString,
+            )
+            # A producer whose Settings carry no user agent: its metadata tells.
+            python_meta = (
+                ("x-mq-client-id", "py-producer@1"),
+                ("x-mq-language", "PYTHON"),
+                ("x-mq-protocol", "GRPC_V2"),
+                ("x-mq-client-version", "5.1.2"),
+            )
+            producer = telemetry(metadata=python_meta)
+            await producer.write(
+                pb.TelemetryCommand(
+                    settings=pb.Settings(
+                        client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name="Who")])
+                    )
+                )
+            )
+            assert (await asyncio.wait_for(producer.read(), 10)).status.code == pb.OK
+            # A consumer whose Settings say it is a Go client of 5.0.5 (they win over metadata).
+            consumer = telemetry(metadata=(("x-mq-client-id", "go-consumer@1"), ("x-mq-language", "JAVA")))
+            await consumer.write(
+                pb.TelemetryCommand(
+                    settings=pb.Settings(
+                        client_type=pb.SIMPLE_CONSUMER,
+                        subscription=pb.Subscription(
+                            group=pb.Resource(name="WhoGroup"),
+                            subscriptions=[
+                                pb.SubscriptionEntry(
+                                    topic=pb.Resource(name="Who"),
+                                    expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+                                )
+                            ],
+                        ),
+                        user_agent=pb.UA(language=pb.GOLANG, version="5.0.5"),
+                    )
+                )
+            )
+            assert (await asyncio.wait_for(consumer.read(), 10)).status.code == pb.OK
+
+            (made,) = broker.producers.groups["GRPC_PRODUCER_Who"].values()
+            assert made.client_id == "py-producer@1"
+            assert (made.language, version_desc(made.version)) == ("PYTHON", "V5_1_2")
+            (member,) = broker.consumers.groups["WhoGroup"].channels.values()
+            assert member.client_id == "go-consumer@1"
+            assert (member.language, version_desc(member.version)) == ("GO", "V5_0_5")
+            producer.cancel()
+            consumer.cancel()
+
+    asyncio.run(main())

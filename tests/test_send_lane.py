@@ -372,6 +372,19 @@ def test_plain_sends_take_the_lane_and_answer_as_the_python_handler(pair: Pair) 
             "code": RequestCode.SEND_BATCH_MESSAGE,
             "body": encode_batch([BatchItem(b"x", 0, {"TIMER_DELAY_SEC": "3"})]),
         },
+        {  # a timer on a later message, after other names
+            "code": RequestCode.SEND_BATCH_MESSAGE,
+            "body": encode_batch(
+                [
+                    BatchItem(b"x", 0, {"UNIQ_KEY": "A1"}),
+                    BatchItem(b"y", 0, {"KEYS": "k", "TAGS": "t", "TIMER_DELAY_MS": "3000"}),
+                ]
+            ),
+        },
+        {
+            "code": RequestCode.SEND_BATCH_MESSAGE,
+            "body": encode_batch([BatchItem(b"x", 0, {"UNIQ_KEY": "A2", "TIMER_DELIVER_MS": "1"})]),
+        },
     ],
 )
 def test_what_the_lane_leaves_to_the_python_handler(lone: Pair, fields: dict[str, Any]) -> None:

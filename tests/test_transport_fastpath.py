@@ -123,3 +123,76 @@ def test_stop_cancels_a_started_handler_still_waiting() -> None:
             sock.close()
 
     run(main())
+
+
+class _EchoLane:
+    """A handler with a request lane: leading frames of code 77 are answered from the read's bytes
+    (as the broker's send lane answers sends); everything else by the handler, decoded."""
+
+    def __init__(self) -> None:
+        self.lane_reads = 0
+
+    async def __call__(self, conn: Any, req: RemotingCommand) -> RemotingCommand:
+        return req.reply(body=b"decoded:" + req.body)
+
+    def serve_read(self, conn: Any, data: bytes, max_frame: int) -> tuple[int, bytes] | None:
+        decoder = FrameDecoder(max_frame)
+        answers: list[bytes] = []
+        end = 0
+        for cmd in decoder.feed(data):
+            if cmd.code != 77:
+                break
+            reply = cmd.reply(body=b"lane:" + cmd.body)
+            reply.flag |= 1  # FLAG_RESPONSE
+            answers.append(encode_bytes(reply))
+            end += len(encode_bytes(cmd))
+        if not answers:
+            return None
+        self.lane_reads += 1
+        return end, b"".join(answers)
+
+
+def test_a_lane_answer_leaves_after_what_waits_for_the_loop_turn_and_at_once_otherwise() -> None:
+    """A request lane's answers to a read are written at once when nothing waits for the end of the
+    loop turn, and behind what waits otherwise: the peer reads every answer in the order written."""
+
+    async def main() -> None:
+        handler = _EchoLane()
+        server = transport().server("127.0.0.1", 0, handler)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection(*server.address)
+            for _ in range(100):
+                if server.connections:
+                    break
+                await asyncio.sleep(0.01)
+            conn = server.connections[0]
+            late = RemotingCommand.request(10, body=b"late")
+            late_answer = late.reply(body=b"sent first")
+            late_answer.opaque = late.opaque
+            lane_req = RemotingCommand.request(77, body=b"one")
+            # In one step of the loop: an answer waits for the turn's end, then a read the lane serves.
+            conn.send_response(late_answer)
+            conn.data_received(encode_bytes(lane_req))
+            # Nothing waiting: the lane's answer (and the decoded request's after it) through the socket.
+            lane_then_decoded = [
+                RemotingCommand.request(77, body=b"two"),
+                RemotingCommand.request(10, body=b"x"),
+            ]
+            writer.write(b"".join(encode_bytes(r) for r in lane_then_decoded))
+            decoder = FrameDecoder()
+            got: list[RemotingCommand] = []
+            while len(got) < 4:
+                chunk = await asyncio.wait_for(reader.read(1 << 20), 5)
+                assert chunk
+                got += decoder.feed(chunk)
+            assert [c.body for c in got] == [b"sent first", b"lane:one", b"lane:two", b"decoded:x"]
+            assert [c.opaque for c in got] == [late.opaque, lane_req.opaque] + [
+                r.opaque for r in lane_then_decoded
+            ]
+            assert handler.lane_reads == 2
+            writer.close()
+        finally:
+            await server.stop()
+
+    run(main())

@@ -3,6 +3,21 @@
 from array import array
 from typing import Any
 
+class SentFields:
+    deadline: float
+    window: Any
+    topic: Any
+    hashes: Any
+    send: Any
+    msg_id: Any
+    handle: Any
+    live: bool
+    nbytes: int
+    queue_id: int
+    queue_offset: int
+    step: int
+    end: int
+
 class HashTable:
     def __init__(self, capacity: int = 64) -> None: ...
     def __len__(self) -> int: ...
@@ -15,3 +30,30 @@ class HashTable:
     def remove_many(self, hashes: array[int], value: Any) -> int: ...
 
 def batch_keys(msgs: list[Any], name: str, max_length: int) -> tuple[list[str], array[int], int] | None: ...
+def admit_run(
+    sends: list[Any],
+    topic_settings: Any,
+    config_of: Any,
+    tables: dict[Any, HashTable],
+    order: Any,
+    sent_type: type,
+    window: Any,
+    now: float,
+    max_entries: int,
+    per_key: int,
+    per_send: int,
+    name: str,
+    max_length: int,
+) -> tuple[int, int, int, int] | bool | None: ...
+def trim(
+    order: Any,
+    tables: dict[Any, HashTable],
+    now: float,
+    max_entries: int,
+    max_bytes: int,
+    entries: int,
+    nbytes: int,
+    per_key: int,
+    per_send: int,
+) -> tuple[int, int, int]: ...
+def untrack(o: Any) -> Any: ...

@@ -9,6 +9,7 @@ slot (a key hashing to 0 is stored as 1).  :mod:`tidemq.broker.dedup_table` hold
 reference with the same API and picks this one when it is built.
 """
 
+cimport cython
 from cpython cimport array
 from cpython.dict cimport PyDict_GetItem
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
@@ -23,10 +24,62 @@ cdef extern from *:
     void __builtin_prefetch(const void* addr) noexcept nogil
 
 
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    #if defined(__linux__)
+    #include <sys/mman.h>
+    #endif
+    /* A table of at least 2 MiB lives in its own mapping, 2 MiB-aligned and advised to the
+       kernel as huge pages (transparent huge pages in "madvise" mode, the common default): a
+       full window's table is tens of MB, and on 4 KiB pages each random probe is a TLB miss
+       too (a page walk of several dependent loads), not only a cache miss.  Returns the
+       aligned block (zeroed) and its mapping in *base / *len, or NULL (then *len is 0: the
+       caller uses calloc). */
+    #define TIDEMQ_HUGE (2u << 20)
+    static void* tidemq_huge_alloc(size_t size, void** base, size_t* len) {
+        *base = NULL; *len = 0;
+    #if defined(__linux__) && defined(MADV_HUGEPAGE)
+        if (size < TIDEMQ_HUGE) return NULL;
+        size_t want = size + TIDEMQ_HUGE;
+        void* p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return NULL;
+        uintptr_t at = ((uintptr_t)p + TIDEMQ_HUGE - 1) & ~(uintptr_t)(TIDEMQ_HUGE - 1);
+        madvise((void*)at, size, MADV_HUGEPAGE);  /* advice only: 4 KiB pages if refused */
+        *base = p; *len = want;
+        return (void*)at;
+    #else
+        (void)size;
+        return NULL;
+    #endif
+    }
+    static void tidemq_huge_free(void* base, size_t len) {
+    #if defined(__linux__) && defined(MADV_HUGEPAGE)
+        if (len) munmap(base, len);
+    #else
+        (void)base; (void)len;
+    #endif
+    }
+    """
+    void* tidemq_huge_alloc(size_t size, void** base, size_t* length) noexcept nogil
+    void tidemq_huge_free(void* base, size_t length) noexcept nogil
+
+
 cdef extern from "Python.h":
     Py_ssize_t Py_SIZE(object o)
     Py_hash_t PyObject_Hash(object o) except -1
+    int PyObject_IS_GC(object o)
+    void PyObject_GC_UnTrack(void* o)
 
+
+from tidemq.message import TRANSACTION_PREPARED_TYPE as _TX_PREPARED
+from tidemq.message import TRANSACTION_ROLLBACK_TYPE as _TX_ROLLBACK
+from tidemq.message import TRANSACTION_TYPE_MASK as _TX_MASK
+
+#: The statuses (response codes) a first send may end with and still be stored: SUCCESS,
+#: FLUSH_DISK_TIMEOUT, SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT.
+STORED_CODES = frozenset((0, 10, 11, 12))
 
 cdef array.array _Q = array.array("q")
 cdef array.array _D = array.array("d")
@@ -49,6 +102,67 @@ cdef struct Slot:
     PyObject* value  # a reference the table owns
 
 
+cdef inline void _untrack(object o) noexcept:
+    if PyObject_IS_GC(o):
+        PyObject_GC_UnTrack(<void*>o)
+
+
+def untrack(object o):
+    """``o``, untracked by the cycle collector (an object that refers to no other: a record's
+    hash array; ``array.array`` is a tracked type, and a full window of single sends holds
+    500 000 of them, which every full collection walked)."""
+    _untrack(o)
+    return o
+
+
+@cython.no_gc
+cdef class SentFields:
+    """The fields of one send's record in the window (``tidemq.broker.dedup_sent.Sent`` adds the
+    methods): typed, so the compiled run and trim read and write them without attribute lookups.
+
+    Untracked by the cycle collector: a full window of single sends holds 500 000 of them, which
+    every full collection walked (they hold no cycle the collector must break: a pending one's
+    ``send`` points back at it only until the put's outcome clears it, and the window's own
+    references are dropped by ``DuplicateWindow.clear``)."""
+
+    cdef public double deadline
+    cdef public object window
+    cdef public object topic
+    cdef public object hashes
+    cdef public object send
+    cdef public object msg_id
+    cdef public object handle
+    cdef public bint live
+    cdef public Py_ssize_t nbytes
+    cdef public long long queue_id
+    cdef public long long queue_offset
+    cdef public long long step
+    cdef public long long end
+
+    def __cinit__(self, *args, **kwargs):
+        self.msg_id = ""
+        self.live = True
+        _untrack(self)  # a Python subclass (heap types are tracked at allocation)
+
+    def stored(self, send, result):
+        """The first send's outcome is known (``send``'s fields are set): keep its answer, or
+        forget the keys (``window.forget``) when it was not stored.  Called by the put's
+        outcome, on the loop, once per send."""
+        if self.send is None:
+            return
+        self.send = None
+        if result is None or send.status not in STORED_CODES:
+            self.window.forget(self)
+            return
+        self.msg_id = send.msg_id
+        self.handle = send.recall_handle
+        self.queue_id = send.queue_id
+        self.queue_offset = send.queue_offset
+        flag = send.msgs[0].sys_flag & _TX_MASK
+        self.step = 0 if flag == _TX_PREPARED or flag == _TX_ROLLBACK else 1
+        self.end = result.wrote_offset + result.wrote_bytes
+
+
 cdef class HashTable:
     """64-bit key hash -> object (the :class:`~tidemq.broker.dedup.Sent` that stored the key).
 
@@ -59,22 +173,38 @@ cdef class HashTable:
     cdef Slot* _slots
     cdef Py_ssize_t _mask
     cdef Py_ssize_t _used
+    cdef void* _map  # the mapping of a huge-page table (NULL: _slots came from PyMem_Calloc)
+    cdef size_t _map_len
 
     def __cinit__(self, Py_ssize_t capacity=64):
         cdef Py_ssize_t cap = 16
         while cap < capacity * 2:
             cap <<= 1
         self._slots = NULL
+        self._map = NULL
+        self._map_len = 0
         self._alloc(cap)
 
     cdef int _alloc(self, Py_ssize_t cap) except -1:
-        cdef Slot* slots = <Slot*>PyMem_Calloc(cap, sizeof(Slot))
+        cdef void* base = NULL
+        cdef size_t length = 0
+        cdef Slot* slots = <Slot*>tidemq_huge_alloc(cap * sizeof(Slot), &base, &length)
         if slots == NULL:
-            raise MemoryError()
+            slots = <Slot*>PyMem_Calloc(cap, sizeof(Slot))
+            if slots == NULL:
+                raise MemoryError()
         self._slots = slots
+        self._map = base
+        self._map_len = length
         self._mask = cap - 1
         self._used = 0
         return 0
+
+    cdef void _free(self, Slot* slots, void* base, size_t length) noexcept:
+        if length:
+            tidemq_huge_free(base, length)
+        else:
+            PyMem_Free(slots)
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -82,7 +212,7 @@ cdef class HashTable:
             for i in range(self._mask + 1):
                 if self._slots[i].hash != 0:
                     Py_XDECREF(self._slots[i].value)
-        PyMem_Free(self._slots)
+            self._free(self._slots, self._map, self._map_len)
 
     def __len__(self):
         return self._used
@@ -107,6 +237,8 @@ cdef class HashTable:
 
     cdef int _grow(self) except -1:
         cdef Slot* old = self._slots
+        cdef void* old_map = self._map
+        cdef size_t old_len = self._map_len
         cdef Py_ssize_t old_cap = self._mask + 1
         cdef Py_ssize_t i, j
         cdef uint64_t h
@@ -119,7 +251,7 @@ cdef class HashTable:
                     j = (j + 1) & self._mask
                 self._slots[j] = old[i]  # the reference moves
                 self._used += 1
-        PyMem_Free(old)
+        self._free(old, old_map, old_len)
         return 0
 
     cdef object _put(self, uint64_t h, object value):
@@ -209,6 +341,9 @@ cdef class HashTable:
     def remove_many(self, array.array hashes not None, object value):
         """Remove the hashes (an ``array("q")``) still stored with ``value`` (identity); how many
         were."""
+        return self._remove_many(hashes, value)
+
+    cdef Py_ssize_t _remove_many(self, array.array hashes, object value) except -1:
         cdef Py_ssize_t n = _check_q(hashes)
         cdef long long* data = hashes.data.as_longlongs
         cdef Py_ssize_t i, at
@@ -270,7 +405,8 @@ def batch_keys(list msgs not None, str name not None, Py_ssize_t max_length):
 
 def admit_run(
     list sends not None,
-    object settings,
+    object topic_settings,
+    object config_of,
     dict tables not None,
     object order,
     object sent_type,
@@ -286,10 +422,11 @@ def admit_run(
     ``DuplicateWindow.admit_run_py`` does, in C loops.
 
     Each send's keys (property ``name`` of its messages; ``send.msgs[0].topic`` its topic,
-    ``settings(topic)`` its ``(seconds, keyed on content)``) are read and hashed.  A send whose
-    messages all have a usable key is recorded pending: a ``sent_type(window, topic, hashes,
-    now + seconds, send)`` under each key's hash in ``tables[topic]`` (created when missing), its
-    ``nbytes`` set, appended to ``order`` and set as ``send.dedup``.  Returns ``(keys, sends,
+    ``topic_settings(topic, config_of(topic))`` its ``(seconds, keyed on content)``) are read and
+    hashed.  A send whose messages all have a usable key is recorded pending: a ``sent_type`` (a
+    subclass of :class:`SentFields`, made without ``__init__``: window, topic, hashes,
+    ``now + seconds``, the send) under each key's hash in ``tables[topic]`` (created when
+    missing), its ``nbytes`` set, appended to ``order`` and set as ``send.dedup``.  Returns ``(keys, sends,
     replaced, 0)``: the keys recorded, the sends recorded, the expired keys they took over (the
     last: the reference's sends not kept).
 
@@ -304,6 +441,7 @@ def admit_run(
     cdef list topics = [None] * nsends
     cdef object last_topic = None
     cdef object topic, msgs, send, key, found, sent
+    cdef SentFields fields
     cdef double seconds = 0.0
     cdef array.array seconds_of = array.clone(_D, nsends, False)
     cdef HashTable table = None
@@ -320,7 +458,7 @@ def admit_run(
             continue
         topic = msgs[0].topic
         if last_topic is None or (topic is not last_topic and topic != last_topic):
-            found = settings(topic)
+            found = topic_settings(topic, config_of(topic))
             seconds = found[0]
             if seconds > 0 and found[1]:
                 return False
@@ -330,6 +468,7 @@ def admit_run(
         if seconds <= 0:
             continue
         hashes = array.clone(_Q, n, False)
+        _untrack(hashes)
         data = hashes.data.as_longlongs
         for j in range(n):
             key = _key_of(msgs[j], name, max_length)
@@ -368,14 +507,21 @@ def admit_run(
                 tables[topic] = found
             table = <HashTable>found
             last_topic = topic
-        sent = sent_type(window, topic, hashes, now + seconds_of.data.as_doubles[i], sends[i])
+        fields = SentFields.__new__(sent_type)  # no __init__ call: the fields set here
+        fields.window = window
+        fields.topic = topic
+        fields.hashes = hashes
+        fields.deadline = now + seconds_of.data.as_doubles[i]
+        fields.send = sends[i]
+        fields.handle = None
+        sent = fields
         data = hashes.data.as_longlongs
         for j in range(n):
             h = _slot_hash(data[j])
             at = table._find(h)
             if at >= 0:
                 old = <object>table._slots[at].value
-                if old.deadline > now:  # a resend, or a key twice in the run
+                if _deadline(old) > now:  # a resend, or a key twice in the run
                     _undo(plan, topics, tables, i, j, sent, taken)
                     return None
                 if taken is None:
@@ -388,14 +534,66 @@ def admit_run(
         entry = plan[i]
         if entry is None:
             continue
-        sent = (<tuple>entry)[1]
+        fields = <SentFields>(<tuple>entry)[1]
         n = Py_SIZE((<tuple>entry)[0])
-        sent.nbytes = n * per_key + per_send
-        append(sent)
-        sends[i].dedup = sent
+        fields.nbytes = n * per_key + per_send
+        append(fields)
+        sends[i].dedup = fields
         keys += n
         recorded += 1
     return keys, recorded, replaced, 0
+
+
+cdef inline double _deadline(object sent) except? -1.0:
+    if isinstance(sent, SentFields):
+        return (<SentFields>sent).deadline
+    return sent.deadline
+
+
+def trim(
+    object order,
+    dict tables not None,
+    double now,
+    Py_ssize_t max_entries,
+    Py_ssize_t max_bytes,
+    Py_ssize_t entries,
+    Py_ssize_t nbytes,
+    Py_ssize_t per_key,
+    Py_ssize_t per_send,
+):
+    """``DuplicateWindow._trim`` in one call: pop the sends of ``order`` (a deque of
+    :class:`SentFields`, oldest first) past their deadline, then the oldest while ``entries`` or
+    ``nbytes`` is over its bound; each one's keys still its own leave its topic's table (a table
+    left empty leaves ``tables``).  Returns ``(entries, nbytes, evicted)``: the counts after, and
+    how many sends left before their deadline."""
+    cdef Py_ssize_t evicted = 0
+    cdef Py_ssize_t removed
+    cdef SentFields sent
+    cdef HashTable table
+    popleft = order.popleft
+    while len(order):
+        first = order[0]
+        if not isinstance(first, SentFields):
+            raise TypeError(f"the window's order holds a {type(first).__name__}")
+        sent = <SentFields>first
+        if not (sent.deadline <= now or entries > max_entries or nbytes > max_bytes):
+            break
+        popleft()
+        if sent.deadline > now:
+            evicted += 1
+        if not sent.live:
+            continue  # forgotten earlier (not stored): its keys left then
+        sent.live = False
+        found = tables.get(sent.topic)
+        removed = 0
+        if isinstance(found, HashTable):
+            table = <HashTable>found
+            removed = table._remove_many(sent.hashes, sent)
+            if table._used == 0:
+                del tables[sent.topic]
+        entries -= removed
+        nbytes -= removed * per_key + per_send
+    return entries, nbytes, evicted
 
 
 cdef int _undo(

@@ -323,6 +323,7 @@ class Broker:
                 factory.close()
         for task in list(self._background):
             task.cancel()
+        self.dedup.close()  # its records would keep it (and their sends) alive after the stop
         # A full disk must not stop the shutdown: a table that cannot be written is logged and the
         # store below is still shut down and the data directory released.
         try:

@@ -29,40 +29,42 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
 import logging
 import time
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from tidemq.broker import dedup_table
-from tidemq.broker.dedup_table import COMPILED, HashTable, batch_keys, hashes_of
-from tidemq.broker.headers import RETRY_GROUP_TOPIC_PREFIX
-from tidemq.errors import TidemqError
-from tidemq.futures import resolved
-from tidemq.message import (
-    TRANSACTION_PREPARED_TYPE,
-    TRANSACTION_ROLLBACK_TYPE,
-    TRANSACTION_TYPE_MASK,
-    Prop,
-    body_crc,
-    decode_message_id,
+from tidemq.broker.dedup_keys import (
+    KEY_ATTRIBUTE,
+    MAX_KEY_LENGTH,
+    PER_KEY_BYTES,
+    PER_SEND_BYTES,
+    TOPIC_ATTRIBUTE,
+    UNIQ_KEY,
+    content_key,
+    not_windowed,
+    parse_key_kind,
+    parse_window,
+    topic_attribute,
 )
-from tidemq.replication import ReplicaStatus
-from tidemq.store import PutResult, PutStatus
+from tidemq.broker.dedup_sent import Duplicate, Sent
+from tidemq.broker.dedup_table import HashTable, batch_keys, hashes_of
+from tidemq.errors import TidemqError
+from tidemq.message import body_crc, decode_message_id
 
 if TYPE_CHECKING:
     from tidemq.broker.services.put import Send
-    from tidemq.broker.services.status import Status
-    from tidemq.context import BrokerContext
     from tidemq.store import MessageStore
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "KEY_ATTRIBUTE",
     "MAX_KEY_LENGTH",
+    "PER_KEY_BYTES",
+    "PER_SEND_BYTES",
     "REBUILD_WAIT_S",
     "TOPIC_ATTRIBUTE",
     "UNIQ_KEY",
@@ -71,54 +73,9 @@ __all__ = [
     "Sent",
     "WindowRebuilding",
     "content_key",
+    "parse_key_kind",
+    "parse_window",
 ]
-
-
-def content_key(flag: int, body: bytes | memoryview, properties: Mapping[str, str]) -> str:
-    """A message's content key (``dedup_key = "content"``): a digest of its body, flag and
-    properties but the per-attempt ones, the same for every attempt of one send."""
-    h = hashlib.blake2b(body, digest_size=16)
-    h.update(b"\0%d" % flag)
-    for name in sorted(properties):
-        if name not in _CONTENT_SKIPPED:
-            h.update(b"\0%s\1%s" % (name.encode(), properties[name].encode()))
-    return h.hexdigest()
-
-
-UNIQ_KEY = Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
-#: The topic attribute that overrides ``dedup_window_s`` for one topic (seconds; 0: off).
-TOPIC_ATTRIBUTE = "dedup.window.seconds"
-#: The topic attribute that overrides ``dedup_key`` for one topic (``uniq_key`` or ``content``).
-KEY_ATTRIBUTE = "dedup.key"
-#: Properties a content key leaves out: the per-attempt UNIQ_KEY, and what the broker adds or
-#: changes on the way to the commit log (cluster, parking, a capped delay level).
-_CONTENT_SKIPPED = frozenset(
-    (
-        Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
-        Prop.CLUSTER,
-        Prop.REAL_TOPIC,
-        Prop.REAL_QUEUE_ID,
-        Prop.DELAY_TIME_LEVEL,
-        "TIMER_OUT_MS",
-    )
-)
-#: Longer keys are not kept (the message is stored normally): RocketMQ's are 32 hex digits, a
-#: RocketMQ 5 ``message_id`` 34; 10 KiB keys must not let a client fill the window's bytes.
-MAX_KEY_LENGTH = 128
-#: Memory one key costs (its table slot at the lowest load, its packed hash, its share of the
-#: answer's message ids; a key's characters are not kept), and one send (its :class:`Sent`, hash
-#: array and answer), as measured with tracemalloc (tests/test_dedup.py checks they are not low).
-PER_KEY_BYTES = 110 if COMPILED else 180
-PER_SEND_BYTES = 400
-#: Topics whose sends are never deduplicated: a consumer's retries are redeliveries on purpose
-#: (the fallback send-back of a 4.x client re-sends the same UNIQ_KEY on each attempt).
-_NOT_WINDOWED_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, "%DLQ%")
-_NOT_CONSUMABLE = (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
-_PUT_OK = PutStatus.PUT_OK
-#: The statuses (response codes) a first send may end with and still be stored: SUCCESS,
-#: FLUSH_DISK_TIMEOUT, SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT.  As plain codes: this module is
-#: imported by :mod:`tidemq.broker.services.send`, so it imports nothing of that package.
-_STORED_CODES = frozenset((0, 10, 11, 12))
 
 
 #: How long a send waits for the window's rebuild after a promotion (a new epoch) before it is
@@ -132,222 +89,6 @@ class WindowRebuilding(TidemqError):
     """The window is being rebuilt (a promotion): it cannot say yet whether a send is a resend.
     Raised by :meth:`DuplicateWindow.check` to a caller that did not wait
     (:meth:`DuplicateWindow.serving`, :meth:`DuplicateWindow.wait_rebuilt`)."""
-
-
-def _status() -> type[Status]:
-    from tidemq.broker.services.status import Status
-
-    return Status
-
-
-class Sent:
-    """The keys of one send (or of consecutive records read back at a rebuild) and its answer.
-
-    Pending while :attr:`send` is set (the first copy is being stored); answered once ``msg_id``
-    is set (comma-separated for several messages), message ``i``'s queue offset being
-    ``queue_offset + i * step``.  One object per send, shared by all its keys: recording a batch
-    costs one dict update, settling it no per-key work.
-    """
-
-    __slots__ = (
-        "deadline",
-        "end",
-        "handle",
-        "hashes",
-        "live",
-        "msg_id",
-        "nbytes",
-        "queue_id",
-        "queue_offset",
-        "send",
-        "step",
-        "topic",
-        "window",
-    )
-
-    #: Set once answered (with ``msg_id``, ``handle``): the first message's queue and offset,
-    #: the offset step between messages (0: no consume-queue entry), the put's commit-log end.
-    queue_id: int
-    queue_offset: int
-    step: int
-    end: int
-    #: Bytes counted for it in the window's bound.
-    nbytes: int
-
-    def __init__(
-        self, window: DuplicateWindow, topic: str, hashes: array[int], deadline: float, send: Send | None
-    ) -> None:
-        self.window = window
-        self.topic = topic
-        #: The keys' 64-bit hashes (:func:`~tidemq.broker.dedup_table.hashes_of`), in message order.
-        self.hashes = hashes
-        self.deadline = deadline
-        self.send = send
-        self.msg_id = ""  # set once answered, with queue_id, queue_offset, step, end and handle
-        self.live = True
-        #: A parked timer message's recall handle (its answer's ``recallHandle``), else None.
-        self.handle: str | None = None
-
-    def answer(self, pos: int) -> tuple[str, int, int]:
-        """Message ``pos``'s (message id, queue id, queue offset), once answered."""
-        msg_id = self.msg_id
-        if len(self.hashes) > 1:
-            ids = msg_id.split(",")
-            if pos < len(ids):
-                msg_id = ids[pos]
-        return msg_id, self.queue_id, self.queue_offset + pos * self.step
-
-    def position(self, key: str) -> int:
-        """Where ``key`` is among this send's messages (0 for a single message)."""
-        hashes = self.hashes
-        return hashes.index(hash(key)) if len(hashes) > 1 else 0
-
-    def stored(self, send: Send, result: PutResult | None) -> None:
-        """The first send's outcome is known (``send``'s fields are set): keep its answer, or
-        forget the keys when it was not stored.  Called by the put's outcome, on the loop."""
-        if self.send is None:
-            return
-        self.send = None
-        if result is None or send.status not in _STORED_CODES:
-            self.window.forget(self)
-            return
-        self.msg_id = send.msg_id
-        self.handle = send.recall_handle
-        self.queue_id = send.queue_id
-        self.queue_offset = send.queue_offset
-        first = send.msgs[0]
-        self.step = 0 if first.sys_flag & TRANSACTION_TYPE_MASK in _NOT_CONSUMABLE else 1
-        self.end = result.wrote_offset + result.wrote_bytes
-
-    def from_put(self) -> bool | None:
-        """A pending send whose put is done: take its answer from the put (as its own outcome
-        will); True when answered now, False when it is not done yet, None when it failed."""
-        send = self.send
-        if send is None:
-            return True if self.msg_id else None
-        group = send.group
-        if group is None:
-            return False
-        future = group.future
-        if future is None:  # the store raised
-            self.send = None
-            self.window.forget(self)
-            return None
-        if not future.done():
-            return False
-        result = None if future.exception() is not None else future.result()
-        if result is None or result.status is not _PUT_OK:
-            self.send = None
-            self.window.forget(self)
-            return None
-        index = send.index
-        ids = result.msg_ids
-        count = len(send.msgs)
-        if group.nsends == 1 and index == 0:
-            self.msg_id = result.msg_id if count > 1 else (ids[0] if ids else result.msg_id)
-        else:
-            self.msg_id = ",".join(ids[index : index + count]) if index + count <= len(ids) else result.msg_id
-        first = group.msgs[0]
-        consumable = first.sys_flag & TRANSACTION_TYPE_MASK not in _NOT_CONSUMABLE
-        self.step = 1 if consumable else 0
-        self.queue_offset = result.queue_offset + (index if consumable else 0)
-        self.queue_id = send.queue_id
-        self.handle = send.recall_handle
-        self.end = result.wrote_offset + result.wrote_bytes
-        self.send = None
-        return True
-
-    def put_future(self) -> Future[PutResult] | None:
-        """The pending send's put, to wait for (None when there is nothing to wait for)."""
-        send = self.send
-        group = send.group if send is not None else None
-        return group.future if group is not None else None
-
-
-class Duplicate:
-    """A send whose messages are all in the window: answered from the first copies, not stored.
-
-    ``refs`` holds, per message, the :class:`Sent` that stored it and its position there.  The
-    answer waits for a first copy still being stored, then for the replicas to hold the first
-    copies (as the first answer did: a resend is acknowledged no sooner than its first copy).
-    """
-
-    __slots__ = ("refs", "replica")
-
-    def __init__(self, refs: list[tuple[Sent, int]]) -> None:
-        self.refs = refs
-        self.replica: Future[ReplicaStatus] | None = None
-
-    def settled(self, broker: BrokerContext, send: Send) -> bool:
-        """Fill ``send``'s answer when every first copy is stored and replicated; else False."""
-        end = 0
-        for sent, _ in self.refs:
-            state = sent.from_put()
-            if state is None:
-                _refuse(send, "the first copy of this message was not stored; send it again")
-                return True
-            if not state:
-                return False
-            end = max(end, sent.end)
-        replica = self.replica
-        if replica is None:
-            replica = self.replica = broker.replication.wait_for_replicas(end)
-        if not replica.done():
-            return False
-        self._fill(broker, send, None if replica.exception() is not None else replica.result())
-        return True
-
-    async def settle(self, broker: BrokerContext, send: Send) -> None:
-        """Wait for the first copies' puts and replicas, then fill ``send``'s answer."""
-        for sent, _ in self.refs:
-            future = sent.put_future()
-            if future is not None:
-                try:
-                    await resolved(future)
-                except Exception:
-                    pass  # from_put reads the failure
-        if self.settled(broker, send):
-            return
-        replica = self.replica
-        status: ReplicaStatus | None = None
-        if replica is not None:
-            try:
-                status = await resolved(replica)
-            except Exception:
-                status = None
-        self._fill(broker, send, status)
-
-    def _fill(self, broker: BrokerContext, send: Send, replica: ReplicaStatus | None) -> None:
-        ids = []
-        queue_id = queue_offset = 0
-        for i, (sent, pos) in enumerate(self.refs):
-            msg_id, qid, qoffset = sent.answer(pos)
-            ids.append(msg_id)
-            if i == 0:
-                queue_id, queue_offset = qid, qoffset
-        st = _status()
-        status = {
-            ReplicaStatus.PUT_OK: st.SUCCESS,
-            ReplicaStatus.FLUSH_SLAVE_TIMEOUT: st.FLUSH_SLAVE_TIMEOUT,
-            ReplicaStatus.SLAVE_NOT_AVAILABLE: st.SLAVE_NOT_AVAILABLE,
-            ReplicaStatus.NOT_MASTER: st.SERVICE_NOT_AVAILABLE,
-        }.get(replica, st.SYSTEM_ERROR)  # type: ignore[arg-type]
-        send.status = status
-        send.remark = None if status is st.SUCCESS else f"the first copy's replicas answered {replica}"
-        role_aware = broker.role_aware
-        send.epoch = role_aware.current_epoch() if role_aware is not None else None
-        send.msg_id = ids[0] if len(ids) == 1 else ",".join(ids)
-        send.queue_id = queue_id
-        send.queue_offset = queue_offset
-        send.recall_handle = self.refs[0][0].handle
-
-
-def _refuse(send: Send, remark: str) -> None:
-    send.status = _status().SYSTEM_ERROR
-    send.remark = remark
-    send.epoch = None
-    send.msg_id = ""
-    send.queue_offset = 0
 
 
 class DuplicateWindow:
@@ -396,6 +137,7 @@ class DuplicateWindow:
         self._generation = 0
         #: The compiled run check (None: the Python reference), on compiled tables only.
         self._compiled_run = dedup_table.admit_run if HashTable is dedup_table.CompiledHashTable else None
+        self._compiled_trim = dedup_table.trim if self._compiled_run is not None else None
 
     # ------------------------------------------------------------------ settings
     def topic_window(self, topic: str, cfg: object) -> float:
@@ -412,15 +154,15 @@ class DuplicateWindow:
             return cached[1], cached[2]
         seconds = self.window_s
         content = self.content
-        if topic.startswith(_NOT_WINDOWED_PREFIXES):
+        if not_windowed(topic):
             seconds = 0.0
         else:
             attributes = getattr(cfg, "attributes", None)
             if isinstance(attributes, Mapping):
-                value = _attribute(attributes, TOPIC_ATTRIBUTE)
+                value = topic_attribute(attributes, TOPIC_ATTRIBUTE)
                 if value is not None:
                     seconds = parse_window(value, self.window_s, topic)
-                kind = _attribute(attributes, KEY_ATTRIBUTE)
+                kind = topic_attribute(attributes, KEY_ATTRIBUTE)
                 if kind is not None:
                     content = parse_key_kind(kind, content, topic)
         if len(self._topic_windows) > 65536:
@@ -494,12 +236,10 @@ class DuplicateWindow:
         if run is None:
             return self.admit_run_py(sends, config_of, now)
 
-        def settings(topic: str) -> tuple[float, bool]:
-            return self.topic_settings(topic, config_of(topic))
-
         done = run(
             sends,
-            settings,
+            self.topic_settings,
+            config_of,
             self._topics,
             self._order,
             Sent,
@@ -638,8 +378,23 @@ class DuplicateWindow:
         self.nbytes -= PER_KEY_BYTES
 
     def _trim(self, now: float) -> None:
-        """Drop sends past their deadline, then the oldest while over a bound."""
+        """Drop sends past their deadline, then the oldest while over a bound (one compiled call
+        when built: ``_dedup_table.trim``)."""
         order = self._order
+        if self._compiled_trim is not None:
+            self.entries, self.nbytes, evicted = self._compiled_trim(
+                order,
+                self._topics,
+                now,
+                self.max_entries,
+                self.max_bytes,
+                self.entries,
+                self.nbytes,
+                PER_KEY_BYTES,
+                PER_SEND_BYTES,
+            )
+            self.evicted += evicted
+            return
         while order and (
             order[0].deadline <= now or self.entries > self.max_entries or self.nbytes > self.max_bytes
         ):
@@ -665,6 +420,16 @@ class DuplicateWindow:
         """``sent`` was not stored: its keys leave the window now (its place in the order is
         skipped when reached)."""
         self._drop(sent)
+
+    def close(self) -> None:
+        """At the broker's stop: empty the window and let it be freed.  Its records are not
+        walked by the cycle collector and point back at the window (and a pending one at its
+        send, which points at it), so a window left full outlived its broker in the process."""
+        self._generation += 1  # a rebuild still running is not adopted
+        for sent in self._order:
+            sent.send = None
+        self.clear()
+        self._topic_windows.clear()
 
     def clear(self) -> None:
         for sent in self._order:
@@ -816,33 +581,3 @@ class DuplicateWindow:
             "dedupRebuildRecords": str(self.rebuilt_records),
             "dedupRebuildSeconds": f"{self.rebuild_seconds:.3f}",
         }
-
-
-def _attribute(attributes: Mapping[str, object], name: str) -> object | None:
-    value = attributes.get(name)
-    return attributes.get("+" + name) if value is None else value
-
-
-def parse_key_kind(value: object, default: bool, topic: str) -> bool:
-    """A ``dedup.key`` attribute's value (``uniq_key`` or ``content``) as "keyed on content"."""
-    kind = str(value).strip().lower()
-    if kind in ("uniq_key", "content"):
-        return kind == "content"
-    log.warning(
-        "topic %s: %s=%r is not uniq_key or content; keeping the default", topic, KEY_ATTRIBUTE, value
-    )
-    return default
-
-
-def parse_window(value: object, default: float, topic: str) -> float:
-    """A ``dedup.window.seconds`` attribute's value; a bad one is logged and the default kept."""
-    try:
-        seconds = float(str(value).strip())
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds <= 86_400:
-        log.warning(
-            "topic %s: %s=%r is not 0..86400 seconds; using %g", topic, TOPIC_ATTRIBUTE, value, default
-        )
-        return default
-    return seconds

@@ -16,8 +16,74 @@ from array import array
 from typing import Any
 
 from tidemq.extensions import compiled_twin
+from tidemq.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 
-__all__ = ["COMPILED", "CompiledHashTable", "HashTable", "admit_run", "batch_keys", "hashes_of"]
+__all__ = [
+    "COMPILED",
+    "CompiledHashTable",
+    "HashTable",
+    "SentFields",
+    "admit_run",
+    "batch_keys",
+    "hashes_of",
+    "trim",
+    "untrack",
+]
+
+
+class _PySentFields:
+    """The Python reference of the compiled ``SentFields``: a send's record's fields, as slots
+    (``tidemq.broker.dedup_sent.Sent`` adds the methods)."""
+
+    __slots__ = (
+        "deadline",
+        "end",
+        "handle",
+        "hashes",
+        "live",
+        "msg_id",
+        "nbytes",
+        "queue_id",
+        "queue_offset",
+        "send",
+        "step",
+        "topic",
+        "window",
+    )
+
+    deadline: float
+    window: Any
+    send: Any
+    msg_id: str
+    handle: str | None
+    queue_id: int
+    queue_offset: int
+    step: int
+    end: int
+
+    def stored(self, send: Any, result: Any) -> None:
+        """The first send's outcome is known (``send``'s fields are set): keep its answer, or
+        forget the keys (``window.forget``) when it was not stored.  Called by the put's
+        outcome, on the loop, once per send."""
+        if self.send is None:
+            return
+        self.send = None
+        if result is None or send.status not in STORED_CODES:
+            self.window.forget(self)
+            return
+        self.msg_id = send.msg_id
+        self.handle = send.recall_handle
+        self.queue_id = send.queue_id
+        self.queue_offset = send.queue_offset
+        flag = send.msgs[0].sys_flag & TRANSACTION_TYPE_MASK
+        self.step = 0 if flag in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE) else 1
+        self.end = result.wrote_offset + result.wrote_bytes
+
+
+#: The statuses (response codes) a first send may end with and still be stored: SUCCESS,
+#: FLUSH_DISK_TIMEOUT, SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT.  As plain codes: this module is
+#: imported by :mod:`tidemq.broker.services.send`, so it imports nothing of that package.
+STORED_CODES = frozenset((0, 10, 11, 12))
 
 
 class _PyHashTable:
@@ -104,17 +170,34 @@ def _py_batch_keys(msgs: list[Any], name: str, max_length: int) -> tuple[list[st
 admit_run: Any
 #: The compiled table's type (None when not built): ``admit_run`` works on its tables only.
 CompiledHashTable: Any
+#: ``trim(order, tables, now, max_entries, max_bytes, entries, nbytes, per_key, per_send) ->
+#: (entries, nbytes, evicted)``: the window's eviction in one compiled call (None when not built).
+trim: Any
+
+
+def _py_untrack(o: Any) -> Any:
+    return o  # pure Python cannot untrack an object: the reference leaves it to the collector
+
+
+#: ``untrack(obj) -> obj``: ``obj`` untracked by the cycle collector (a record's hash array).
+untrack: Any
 
 _compiled = compiled_twin("tidemq.broker._dedup_table")
 if _compiled is None:  # not built, or TIDEMQ_NO_EXTENSIONS=1: the Python reference
     HashTable: Any = _PyHashTable
+    SentFields: Any = _PySentFields
     batch_keys = _py_batch_keys
+    trim = None
+    untrack = _py_untrack
     admit_run = None
     CompiledHashTable = None
     COMPILED = False
 else:
     HashTable = _compiled.HashTable
+    SentFields = _compiled.SentFields
     batch_keys = _compiled.batch_keys
+    trim = _compiled.trim
+    untrack = _compiled.untrack
     admit_run = _compiled.admit_run
     CompiledHashTable = _compiled.HashTable
     COMPILED = True

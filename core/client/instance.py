@@ -339,6 +339,15 @@ class ClientInstance:
                 body = mqjson.dumps({"consumerTable": {}, "messageQueueTable": status})
                 return request.reply(body=body)
             if code == RequestCode.GET_CONSUMER_RUNNING_INFO:
+                speaking_for = getattr(consumer, "running_info_of", None)
+                if speaking_for is not None:  # a member for several clients (tidemq proxy): the one named
+                    client_id = fields.get("clientId", "")
+                    own = speaking_for(client_id, str(fields.get("jstackEnable", "")).lower() == "true")
+                    if own is None:
+                        return request.reply(
+                            ResponseCode.SYSTEM_ERROR, f"The Consumer <{group}> <{client_id}> not online"
+                        )
+                    return request.reply(body=mqjson.dumps(own))
                 info = consumer.running_info(str(fields.get("jstackEnable", "")).lower() == "true")
                 info["properties"].update(
                     PROP_NAMESERVER_ADDR="".join(f"{a};" for a in self._namesrv),

@@ -13,8 +13,8 @@ client id).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,37 +24,12 @@ import orjson
 from tidemq.client import ClientInstance, version_desc
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import DEFAULT_VERSION, RemotingCommand
+from tidemq_transport_grpc.api import agent_of, language_code
 
 log = logging.getLogger(__name__)
 
-#: apache.rocketmq.v2.Language names that RocketMQ's LanguageCode spells otherwise (the rest:
-#: the same name, or OTHER when LanguageCode has none).
-_LANGUAGES = {"DOT_NET": "DOTNET", "GOLANG": "GO"}
-_LANGUAGE_CODES = frozenset(
-    {"JAVA", "CPP", "DOTNET", "PYTHON", "GO", "PHP", "RUST", "NODE_JS", "RUBY", "ERLANG", "DELPHI"}
-)
 #: How long one UNREGISTER_CLIENT may take, seconds.
 _UNREGISTER_S = 1.0
-
-
-def language_code(name: str) -> str:
-    """RocketMQ's LanguageCode of a v5 ``Language`` name (``OTHER`` when it has none)."""
-    code = _LANGUAGES.get(name, name)
-    return code if code in _LANGUAGE_CODES else "OTHER"
-
-
-@functools.lru_cache(maxsize=64)
-def version_code(version: str) -> int:
-    """RocketMQ's MQVersion ordinal of a client's version (``5.1.2`` -> V5_1_2's); tidemq's own
-    when it names none."""
-    wanted = "V" + version.strip().upper().replace(".", "_").replace("-", "_")
-    for ordinal in range(2000):
-        name = version_desc(ordinal)
-        if name == wanted:
-            return ordinal
-        if name == version_desc(ordinal + 1):  # past the table's end
-            break
-    return DEFAULT_VERSION
 
 
 @attrs.define
@@ -64,6 +39,8 @@ class ProxyClient:
     client_id: str
     language: str = "OTHER"
     version: int = DEFAULT_VERSION
+    #: When the proxy first saw it (its running info's PROP_CONSUMER_START_TIMESTAMP).
+    started_ms: int = attrs.field(factory=lambda: int(time.time() * 1000))
     producer_groups: set[str] = attrs.field(factory=set)
     #: consumer group -> its heartbeat entry (consumeType, subscriptionDataSet...)
     consumers: dict[str, dict[str, Any]] = attrs.field(factory=dict)
@@ -98,10 +75,8 @@ class ProxyClients:
         """The client's language and version from its Settings' user agent (once it has some)."""
         settings = self.settings_of(client.client_id)
         if settings is not None and settings.HasField("user_agent"):
-            agent = settings.user_agent
-            named = agent.DESCRIPTOR.fields_by_name["language"].enum_type.values_by_number.get(agent.language)
-            client.language = language_code(named.name) if named is not None else "OTHER"
-            client.version = version_code(agent.version) if agent.version else DEFAULT_VERSION
+            agent = agent_of(settings)
+            client.language, client.version = agent.language, agent.version
 
     # ------------------------------------------------------------------ registrations
     def add_producers(self, client_id: str, groups: list[str]) -> bool:
@@ -130,6 +105,34 @@ class ProxyClients:
         new = group not in client.consumers
         client.consumers[group] = data
         return new
+
+    def running_info(self, client_id: str, group: str) -> dict[str, Any] | None:
+        """ConsumerRunningInfo of one v5 client of ``group`` (GET_CONSUMER_RUNNING_INFO a broker
+        relays for it), as itself: its version, its subscriptions; None when it is not one of the
+        group's clients here.  A v5 client reports no queues (POP) and no thread stacks."""
+        client = self.clients.get(client_id)
+        data = None if client is None else client.consumers.get(group)
+        if client is None or data is None:
+            return None
+        api = self.instance.api
+        properties = {
+            "consumerGroup": group,
+            "messageModel": data.get("messageModel", "CLUSTERING"),
+            "clientIP": client_id.split("@", 1)[0],
+            "language": client.language,
+            "PROP_CONSUMER_START_TIMESTAMP": client.started_ms,
+            "PROP_CONSUME_TYPE": data.get("consumeType", "CONSUME_PASSIVELY"),
+            "PROP_CLIENT_VERSION": version_desc(client.version),
+            "PROP_NAMESERVER_ADDR": "".join(f"{a};" for a in (api.namesrv if api is not None else [])),
+        }
+        return {
+            "mqTable": {},
+            "properties": {k: str(v) for k, v in sorted(properties.items())},
+            "statusTable": {},
+            "subscriptionSet": sorted(
+                data.get("subscriptionDataSet") or [], key=lambda s: str(s.get("topic"))
+            ),
+        }
 
     def remove_consumer(self, client_id: str, group: str) -> None:
         client = self.clients.get(client_id)

@@ -42,6 +42,7 @@ from tidemq_transport_grpc.api import (
     retry_topic,
 )
 
+from .clients import ProxyClients
 from .cluster import ClusterBackend
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,17 @@ def _mark(stored_topic: str) -> str:
 class ProxyConsumer:
     """A v5 consumer group as the proxy's client registers it with the brokers (heartbeats)."""
 
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, clients: ProxyClients | None = None) -> None:
         self.group = group
         #: stream id -> (the stream, its subscriptions)
         self.streams: dict[int, tuple[Any, list[Subscribed]]] = {}
+        self.clients = clients
+
+    def running_info_of(self, client_id: str, with_jstack: bool) -> dict[str, Any] | None:
+        """GET_CONSUMER_RUNNING_INFO a broker relays for one of the group's clients: answered
+        for that client (:meth:`ProxyClients.running_info`), not for the group; None when the
+        proxy has no such client of the group."""
+        return None if self.clients is None else self.clients.running_info(client_id, self.group)
 
     def heartbeat_data(self) -> dict[str, Any]:
         subscriptions: dict[str, Subscribed] = {}
@@ -417,7 +425,7 @@ class RemotingConsumeBackend:
         consumer = self.consumers.get(group)
         new = consumer is None
         if consumer is None:
-            consumer = self.consumers[group] = ProxyConsumer(group)
+            consumer = self.consumers[group] = ProxyConsumer(group, self.instance.clients)
             self.instance.register_consumer(consumer)
         if id(peer) not in consumer.streams:
             peer.add_close_callback(lambda p: self._drop(p, client_id, group))

@@ -24,11 +24,14 @@ Everything in ``__all__`` is supported for import by other plugins; nothing else
   and :class:`Guarded` (a generic handler behind a gate);
 - :class:`StreamPeer` (a client's Telemetry stream: ``check_transaction`` hands it a broker's
   transaction check), :data:`PRODUCER_GROUP_PREFIX` (the producer group of a topic's v5
-  producers) and :func:`load_protobuf` (the generated protobuf module, or a clear error).
+  producers) and :func:`load_protobuf` (the generated protobuf module, or a clear error);
+- :class:`ClientAgent` with :func:`agent_of` (a client's RocketMQ language and version from its
+  Settings or its calls' metadata) and :func:`language_code`.
 """
 
 from __future__ import annotations
 
+from .agent import ClientAgent, agent_of, language_code
 from .auth import Gate, Guarded
 from .backend import (
     DEFAULT_TOPIC,
@@ -67,6 +70,7 @@ __all__ = [
     "Assigned",
     "Backend",
     "BackendUnavailable",
+    "ClientAgent",
     "ConsumeBackend",
     "ConsumeRefused",
     "Delivered",
@@ -84,10 +88,12 @@ __all__ = [
     "Stored",
     "StreamPeer",
     "Subscribed",
+    "agent_of",
     "aio_server",
     "decode_receipt_handle",
     "fifo_queue",
     "handlers",
+    "language_code",
     "load_protobuf",
     "refused",
     "retry_topic",

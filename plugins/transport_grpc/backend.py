@@ -257,7 +257,8 @@ class LocalBackend:
         )
 
     def register_producers(self, peer: StreamPeer, client_id: str, groups: Sequence[str]) -> None:
-        self.services.clients.heartbeat(peer, client_id, "GRPC", 0, [], list(groups))
+        agent = peer.agent  # the client's own language and version, as RocketMQ 5's proxy registers it
+        self.services.clients.heartbeat(peer, client_id, agent.language, agent.version, [], list(groups))
 
     def unregister_producers(self, peer: StreamPeer, client_id: str, groups: Sequence[str]) -> None:
         for group in groups:

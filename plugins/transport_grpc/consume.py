@@ -23,6 +23,7 @@ import attrs
 from tidemq.names import check_group_name, check_topic_name
 from tidemq.topic_attributes import TopicMessageType, type_conflict
 
+from .agent import agent_of
 from .consume_types import (
     ConsumeBackend,
     ConsumeRefused,
@@ -32,7 +33,7 @@ from .consume_types import (
     Subscribed,
     decode_receipt_handle,
 )
-from .messages import to_v5
+from .messages import fill_v5
 from .peer import StreamPeer
 from .renew import Renewals
 
@@ -192,7 +193,7 @@ class ConsumeRpcs:
             subscriptions.append(
                 Subscribed(entry.topic.name, kind, entry.expression.expression.strip() or "*")
             )
-        language = pb.Language.Name(client.user_agent.language) if client.HasField("user_agent") else "GRPC"
+        language = peer.agent.language if isinstance(peer, StreamPeer) else agent_of(client).language
         consumer = _Consumer(peer, language, group, subscriptions)
         self.consumers[client_id] = consumer
         peer.add_close_callback(lambda _p: self._forget(client_id, consumer))
@@ -287,8 +288,9 @@ class ConsumeRpcs:
                 yield pb.ReceiveMessageResponse(status=self.status(pb.OK))
                 cid = _client_id(context)
                 for d in delivered:
-                    message = self._message(d)
-                    yield pb.ReceiveMessageResponse(message=message)
+                    response = pb.ReceiveMessageResponse()
+                    message = self._message(d, response.message)
+                    yield response
                     written += 1
                     if request.auto_renew:
                         self.renewals.hold(
@@ -330,8 +332,9 @@ class ConsumeRpcs:
                 log.warning("receive of %s/%s: a screened message was not settled: %s", group, topic, exc)
         return keep
 
-    def _message(self, d: Delivered) -> Any:
-        out = to_v5(self.pb, d.message)
+    def _message(self, d: Delivered, out: Any) -> Any:
+        """``d`` as the client sees it, filled into ``out`` (the response's message)."""
+        fill_v5(self.pb, d.message, out)
         out.topic.name = d.topic  # a redelivery is read from the retry topic
         system = out.system_properties
         system.receipt_handle = d.receipt_handle
@@ -372,13 +375,16 @@ class ConsumeRpcs:
                     f"{len(entries)} entries; at most {MAX_ACK_ENTRIES} in one request",
                 )
             )
-        results = []
+        response = pb.AckMessageResponse()
+        results = response.entries
         renewals = self.renewals
         # The client id only matters when auto_renew holds messages (reading the call's metadata
         # is one of the dearer steps of an ack).
         cid = _client_id(context) if renewals.held else ""
         ok = self.status(pb.OK)
-        for entry in entries:
+        first: Any = None
+        mixed = False
+        for entry in entries:  # each result filled in place in the response (no copies)
             message_id, receipt = entry.message_id, entry.receipt_handle
             try:
                 handle = await renewals.take(cid, group, message_id, receipt) if renewals.held else receipt
@@ -387,13 +393,18 @@ class ConsumeRpcs:
                 status = ok
             except ConsumeRefused as exc:
                 status = self.status(exc.code, exc.message)
-            results.append(
-                pb.AckMessageResultEntry(message_id=message_id, receipt_handle=receipt, status=status)
-            )
-        first = results[0].status
-        if any(r.status.code != first.code for r in results):
+            result = results.add()
+            result.message_id = message_id
+            result.receipt_handle = receipt
+            result.status.CopyFrom(status)
+            if first is None:
+                first = status
+            elif status.code != first.code:
+                mixed = True
+        if mixed:
             first = self.status(pb.MULTIPLE_RESULTS, "the entries had different outcomes")
-        return pb.AckMessageResponse(status=first, entries=results)
+        response.status.CopyFrom(first)
+        return response
 
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
         pb = self.pb

@@ -15,7 +15,7 @@ from tidemq.broker.services.clients import ConsumerRegistration
 from tidemq.broker.services.pop import PopError
 from tidemq.message import decode_message
 from tidemq.remoting.codes import RequestCode, ResponseCode
-from tidemq.remoting.command import RemotingCommand
+from tidemq.remoting.command import DEFAULT_VERSION, RemotingCommand
 from tidemq.transport import Connection
 
 from .consume_types import (
@@ -29,6 +29,7 @@ from .consume_types import (
     refused,
     retry_topic,
 )
+from .peer import StreamPeer
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +213,8 @@ class BrokerConsumeBackend:
         registration = ConsumerRegistration(
             group, "CONSUME_PASSIVELY", "CLUSTERING", "CONSUME_FROM_LAST_OFFSET", subs
         )
-        self.services.clients.heartbeat(peer, client_id, language, 0, [registration], [])
+        version = peer.agent.version if isinstance(peer, StreamPeer) else DEFAULT_VERSION
+        self.services.clients.heartbeat(peer, client_id, language, version, [registration], [])
 
 
 def _retry_mark(stored_topic: str) -> str:

@@ -22,7 +22,6 @@ acknowledged, expired, another group's) is refused by the POP engine's lookup.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -198,7 +197,9 @@ class ReceiptHandle:
         )
 
     def encode(self) -> str:
-        return f"{self.extra_info()} {self.commit_log_offset}"
+        text = f"{self.extra_info()} {self.commit_log_offset}"
+        _remember(text, self)  # its settle (an ack) finds it parsed
+        return text
 
     @classmethod
     def decode(cls, text: str) -> ReceiptHandle:
@@ -218,11 +219,26 @@ class ReceiptHandle:
         return cls(start, pop_time, invisible, rqid, parts[4], parts[5], qid, offset, cl_offset)
 
 
-#: :meth:`ReceiptHandle.decode`, remembering the latest handles: a settle parses its handle twice
-#: (its expiry checked by the RPC, its fields read by the backend).  Handles are values.
-decode_receipt_handle: Callable[[str], ReceiptHandle] = functools.lru_cache(maxsize=1024)(
-    ReceiptHandle.decode
-)
+#: Handles encoded or decoded lately, by their text: a settle parses its handle twice (its expiry
+#: checked by the RPC, its fields read by the backend), and a handle this process handed out is
+#: found without parsing at all.  Handles are values; the table is bounded (cleared when full).
+_HANDLES: dict[str, ReceiptHandle] = {}
+_HANDLES_KEPT = 4096
+
+
+def _remember(text: str, handle: ReceiptHandle) -> None:
+    if len(_HANDLES) >= _HANDLES_KEPT:
+        _HANDLES.clear()
+    _HANDLES[text] = handle
+
+
+def decode_receipt_handle(text: str) -> ReceiptHandle:
+    """:meth:`ReceiptHandle.decode`, remembering the latest handles."""
+    handle = _HANDLES.get(text)
+    if handle is None:
+        handle = ReceiptHandle.decode(text)
+        _remember(text, handle)
+    return handle
 
 
 @attrs.frozen

@@ -17,8 +17,11 @@ async def responses(outcome: Any) -> AsyncIterator[Any]:
     """A streaming handler's responses: it is an async generator, or a coroutine that writes its
     responses with ``context.write`` (both are grpc.aio handlers)."""
     if hasattr(outcome, "__aiter__"):
-        async for response in outcome:
-            yield response
+        try:
+            async for response in outcome:
+                yield response
+        finally:
+            await outcome.aclose()  # closed with this one: its cleanup runs now
     else:
         await outcome
 
@@ -97,8 +100,15 @@ class Counted(grpc.GenericRpcHandler):
             peer = context.peer()
             figures.started(peer)
             try:
-                async for response in responses(streaming(request, context)):
-                    yield response
+                outcome = streaming(request, context)
+                if hasattr(outcome, "__aiter__"):  # no generator layer of its own per message
+                    try:
+                        async for response in outcome:
+                            yield response
+                    finally:
+                        await outcome.aclose()  # closed with this one: its cleanup runs now
+                else:
+                    await outcome
             finally:
                 figures.ended(peer)
 

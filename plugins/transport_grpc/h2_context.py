@@ -18,7 +18,8 @@ import grpc
 from .h2_frames import literal
 
 if TYPE_CHECKING:
-    from .h2_server import Http2Protocol, _Call
+    from .h2_call import Call as _Call
+    from .h2_connection import Http2Protocol
 
 #: grpc-timeout's units, in seconds.
 _UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}

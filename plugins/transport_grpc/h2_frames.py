@@ -210,6 +210,32 @@ class ServerConnection:
         self.send_window -= len(data)
         self.out.append(frame(DATA, 0, stream_id, data))
 
+    def send_unary(self, stream_id: int, headers: bytes, data: bytes, trailers: bytes) -> bool:
+        """A unary call's whole answer (headers, one DATA, trailers ending the stream) as one
+        output, when the windows and the frame size take it; False (nothing sent) otherwise."""
+        stream = self.streams.get(stream_id)
+        size = len(data)
+        limit = self.peer_max_frame
+        if (
+            stream is None
+            or stream.local_closed
+            or size > stream.send_window
+            or size > self.send_window
+            or size > limit
+            or len(headers) > limit
+            or len(trailers) > limit
+        ):
+            return False
+        stream.send_window -= size
+        self.send_window -= size
+        self.out.append(
+            frame(HEADERS, END_HEADERS, stream_id, headers)
+            + frame(DATA, 0, stream_id, data)
+            + frame(HEADERS, END_STREAM | END_HEADERS, stream_id, trailers)
+        )
+        self._local_close(stream_id, stream)
+        return True
+
     def reset(self, stream_id: int, code: int) -> None:
         stream = self.streams.pop(stream_id, None)
         if stream is not None:

@@ -92,18 +92,29 @@ def _host(host: tuple[str, int]) -> str:
 
 def to_v5(pb: ModuleType, msg: MessageExt) -> Any:
     """A stored message as the v5 clients see it."""
+    out = pb.Message()
+    fill_v5(pb, msg, out)
+    return out
+
+
+def fill_v5(pb: ModuleType, msg: MessageExt, out: Any) -> None:
+    """:func:`to_v5` into ``out``, an empty ``pb.Message`` (one inside a response: no copy of the
+    message and its body per delivery)."""
     props = msg.properties
-    system = pb.SystemProperties(
-        keys=msg.keys,
-        message_id=msg.uniq_key or msg.msg_id,
-        body_digest=pb.Digest(type=pb.CRC32, checksum=f"{zlib.crc32(msg.body):08X}"),
-        body_encoding=pb.IDENTITY,
-        born_host=_host(msg.born_host),
-        store_host=_host(msg.store_host),
-        queue_id=msg.queue_id,
-        queue_offset=msg.queue_offset,
-        delivery_attempt=msg.reconsume_times + 1,
-    )
+    out.topic.name = msg.topic
+    system = out.system_properties
+    if msg.keys:
+        system.keys.extend(msg.keys)
+    system.message_id = msg.uniq_key or msg.msg_id
+    digest = system.body_digest
+    digest.type = pb.CRC32
+    digest.checksum = f"{zlib.crc32(msg.body):08X}"
+    system.body_encoding = pb.IDENTITY
+    system.born_host = _host(msg.born_host)
+    system.store_host = _host(msg.store_host)
+    system.queue_id = msg.queue_id
+    system.queue_offset = msg.queue_offset
+    system.delivery_attempt = msg.reconsume_times + 1
     system.born_timestamp.FromMilliseconds(msg.born_timestamp)
     system.store_timestamp.FromMilliseconds(msg.store_timestamp)
     if msg.tags:
@@ -119,7 +130,8 @@ def to_v5(pb: ModuleType, msg: MessageExt) -> Any:
         system.message_type = pb.TRANSACTION
     else:
         system.message_type = pb.NORMAL
-    user = {k: v for k, v in props.items() if k not in _SYSTEM_KEYS}
-    return pb.Message(
-        topic=pb.Resource(name=msg.topic), user_properties=user, system_properties=system, body=msg.body
-    )
+    user = out.user_properties
+    for k, v in props.items():
+        if k not in _SYSTEM_KEYS:
+            user[k] = v
+    out.body = msg.body

@@ -21,6 +21,7 @@ from tidemq import ConnectionState
 from tidemq.broker.services.transactions import TransactionCheck
 from tidemq.remoting import RemotingCommand
 
+from .agent import ClientAgent
 from .messages import to_v5, transaction_id
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,8 @@ class StreamPeer(CallPeer):
         self.outbox: asyncio.Queue[Any] = asyncio.Queue()
         #: The producer groups registered on this stream (one per topic the client publishes).
         self.producer_groups: list[str] = []
+        #: The client's language and version (its Settings' user agent, else its metadata's).
+        self.agent = ClientAgent()
 
     async def check_transaction(self, check: TransactionCheck) -> None:
         """The broker's check of a pending transaction, as RocketMQ 5's proxy sends it."""

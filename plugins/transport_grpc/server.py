@@ -88,8 +88,46 @@ def _checked_stream(
     return stream
 
 
-def handlers(service: MessagingService, pulls: PullRpcs, pb: ModuleType) -> grpc.GenericRpcHandler:
-    """The service's methods by name, each with its protobuf request and response types."""
+async def _refuse(request: Malformed, context: Any) -> Any:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.details())
+
+
+async def _refuse_stream(request: Malformed, context: Any) -> AsyncIterator[Any]:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.details())
+    yield None  # not reached: abort raises
+
+
+# For a caller that runs the handlers inside coroutine functions of its own (Counted): the
+# handler's own coroutine or async generator when the request parsed, so a call pays no wrapper
+# coroutine and a streamed message no extra generator layer.  (grpcio itself needs coroutine
+# functions: the plain ones above.)
+def _checked_flat(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def unary(request: Any, context: Any) -> Any:
+        if type(request) is Malformed:
+            return _refuse(request, context)
+        return behavior(request, context)
+
+    return unary
+
+
+def _checked_stream_flat(
+    behavior: Callable[[Any, Any], AsyncIterator[Any]],
+) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+        if type(request) is Malformed:
+            return _refuse_stream(request, context)
+        return behavior(request, context)
+
+    return stream
+
+
+def handlers(
+    service: MessagingService, pulls: PullRpcs, pb: ModuleType, flat: bool = False
+) -> grpc.GenericRpcHandler:
+    """The service's methods by name, each with its protobuf request and response types.  With
+    ``flat``, methods are plain functions returning the handler's coroutine (or async generator):
+    only for a caller wrapping each in a coroutine function of its own (:class:`Counted`)."""
+    checked, checked_stream = (_checked_flat, _checked_stream_flat) if flat else (_checked, _checked_stream)
 
     def kinds(rpc: str) -> tuple[Any, Any]:
         method = pb.DESCRIPTOR.services_by_name["MessagingService"].methods_by_name[rpc]
@@ -100,17 +138,17 @@ def handlers(service: MessagingService, pulls: PullRpcs, pb: ModuleType) -> grpc
 
     table: dict[str, grpc.RpcMethodHandler] = {}
     for rpc in _UNARY:
-        table[rpc] = grpc.unary_unary_rpc_method_handler(_checked(getattr(service, rpc)), *kinds(rpc))
+        table[rpc] = grpc.unary_unary_rpc_method_handler(checked(getattr(service, rpc)), *kinds(rpc))
     for rpc in _PULL_UNARY:
-        table[rpc] = grpc.unary_unary_rpc_method_handler(_checked(getattr(pulls, rpc)), *kinds(rpc))
+        table[rpc] = grpc.unary_unary_rpc_method_handler(checked(getattr(pulls, rpc)), *kinds(rpc))
     table["PullMessage"] = grpc.unary_stream_rpc_method_handler(
-        _checked_stream(pulls.PullMessage), *kinds("PullMessage")
+        checked_stream(pulls.PullMessage), *kinds("PullMessage")
     )
     consume = service.consume
     for rpc in CONSUME_UNARY:
-        table[rpc] = grpc.unary_unary_rpc_method_handler(_checked(getattr(consume, rpc)), *kinds(rpc))
+        table[rpc] = grpc.unary_unary_rpc_method_handler(checked(getattr(consume, rpc)), *kinds(rpc))
     table["ReceiveMessage"] = grpc.unary_stream_rpc_method_handler(
-        _checked_stream(consume.ReceiveMessage), *kinds("ReceiveMessage")
+        checked_stream(consume.ReceiveMessage), *kinds("ReceiveMessage")
     )
     table["Telemetry"] = grpc.stream_stream_rpc_method_handler(service.Telemetry, *kinds("Telemetry"))
     return grpc.method_handlers_generic_handler(SERVICE, table)
@@ -198,7 +236,8 @@ class GrpcServer:
             backend, pb, host, bound, broker.settings.max_message_size, limits, BrokerConsumeBackend(services)
         )
         self.service.check_message_types = options.enable_topic_message_type_check
-        served = handlers(self.service, PullRpcs(backend, pb), pb)
+        # flat: Counted (below) runs every method in a coroutine function of its own.
+        served = handlers(self.service, PullRpcs(backend, pb), pb, flat=True)
         #: The ACL check of every call (None without ACL): tidemq_transport_grpc.auth.
         self.gate = Gate(broker.acl, pb) if isinstance(broker.acl, CallValidator) else None
         if self.gate is not None:

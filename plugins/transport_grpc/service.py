@@ -27,6 +27,7 @@ from tidemq.message import TRANSACTION_PREPARED_TYPE, Prop, decode_message_id
 from tidemq.names import check_topic_name
 from tidemq.topic_attributes import TopicMessageType, topic_message_type
 
+from .agent import agent_of
 from .backend import DEFAULT_TOPIC, Backend, Outgoing
 from .consume import ConsumeRpcs, ReceiveLimits
 from .consume_types import ConsumeBackend
@@ -196,8 +197,10 @@ class MessagingService:
         VerifyMessage/PrintThreadStack commands are logged."""
         cid = client_id(context)
         peer = StreamPeer(context.peer(), cid, self.pb)
+        metadata = tuple(context.invocation_metadata() or ())
+        peer.agent = agent_of(None, metadata)
         self.streams[cid] = peer  # a client that reconnects: its newest stream
-        reader = asyncio.get_running_loop().create_task(self._read_telemetry(requests, cid, peer))
+        reader = asyncio.get_running_loop().create_task(self._read_telemetry(requests, cid, peer, metadata))
         try:
             while True:
                 command = await peer.outbox.get()
@@ -213,7 +216,9 @@ class MessagingService:
                 self.clients.pop(cid, None)
             peer.close()  # drops its producer registrations
 
-    async def _read_telemetry(self, requests: AsyncIterator[Any], cid: str, peer: StreamPeer) -> None:
+    async def _read_telemetry(
+        self, requests: AsyncIterator[Any], cid: str, peer: StreamPeer, metadata: tuple[Any, ...] = ()
+    ) -> None:
         pb = self.pb
         out = peer.outbox
         try:
@@ -223,6 +228,7 @@ class MessagingService:
                     return
                 kind = command.WhichOneof("command")
                 if kind == "settings":
+                    peer.agent = agent_of(command.settings, metadata)
                     settings = self.settings_for(command.settings)
                     if command.settings.WhichOneof("pub_sub") == "subscription":
                         await self.consume.settings(peer, cid, command.settings, settings)

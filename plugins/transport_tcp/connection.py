@@ -11,6 +11,10 @@ the connection kept; a header that cannot be read at all, or a broken frame, clo
 with one WARNING line, after the requests read before it were answered (RocketMQ's NettyDecoder
 closes the channel on every decoding failure).  Partial frames of all connections of one server
 share a memory budget (``max_buffered_bytes``, kept by the owner: :class:`TcpServer`).
+
+The write side (one writev per loop turn, a lane's answers at once) is :mod:`.outbound`; a request
+run eagerly and finished outside a Task, :func:`tidemq.resume_eager`; bad headers' log lines and answers,
+:mod:`.bad_input`.
 """
 
 from __future__ import annotations
@@ -19,11 +23,10 @@ import asyncio
 import collections
 import inspect
 import logging
-import socket
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from tidemq.file_regions import MIN_SENDFILE_BYTES
+from tidemq import resume_eager
 from tidemq.remoting import (
     FrameDecoder,
     FrameError,
@@ -34,14 +37,14 @@ from tidemq.remoting import (
     RemotingSendError,
     RemotingTimeoutError,
     ResponseCode,
-    SerializeType,
     encode,
 )
 from tidemq.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE
 from tidemq.remoting.command import next_opaque
 from tidemq.transport import BatchedRequestHandler, ConnectionState
-from tidemq_transport_tcp.direct_write import write_direct
+from tidemq_transport_tcp.bad_input import bad_header_reply, log_bad_header
 from tidemq_transport_tcp.options import TcpOptions
+from tidemq_transport_tcp.outbound import Outbound
 
 if TYPE_CHECKING:
     from tidemq_transport_tcp.transport import TcpClient, TcpServer
@@ -51,8 +54,6 @@ log = logging.getLogger(__name__)
 #: A connection closed for bad input gets this long to answer the requests read before the bad bytes
 #: and to flush its answers; then it is aborted (a peer that does not read must not keep it open).
 CLOSE_GRACE_S = 5.0
-#: Bad headers of one connection logged at WARNING; the rest at DEBUG.
-BAD_HEADER_WARNINGS = 10
 #: Server side: commands of one read served in one loop turn; the rest wait for the next turns.
 BURST = 64
 #: A read may carry this much past the frame it completes; uvloop and asyncio read at most 256 KiB.
@@ -101,11 +102,7 @@ class Connection(asyncio.Protocol):
         self._draining = False
         self._last_activity = self._loop.time()
         self._idle_handle: asyncio.TimerHandle | None = None
-        self._out: list[bytes | memoryview] | None = None  # frames waiting for the end of this loop turn
-        self._out_bytes = 0
-        self._out_file = False  # a pending chunk may be a mapped file's bytes (sendfile candidate)
-        self._direct_fd = -1  # the socket, when frames may be written to it directly (no TLS)
-        self._cork: Callable[[int], None] | None = None
+        self._out = Outbound(self._loop, options)
         self._held = 0  # partial-frame bytes counted against the server's budget
         self._partial_since = 0.0  # when this connection last completed a frame while holding a partial one
         self._closing = False  # closing for bad input: reads stopped, answering what was read
@@ -128,12 +125,7 @@ class Connection(asyncio.Protocol):
         transport.set_write_buffer_limits(  # type: ignore[attr-defined]  # a WriteTransport here
             high=self._options.write_high_water, low=self._options.write_low_water
         )
-        tls = transport.get_extra_info("sslcontext") or transport.get_extra_info("ssl_object")
-        if self._options.sendfile and tls is None:
-            sock = transport.get_extra_info("socket")
-            if sock is not None:
-                self._direct_fd = sock.fileno()
-                self._cork = _corker(sock)
+        self._out.attach(self._transport, self._options.sendfile)  # type: ignore[arg-type]
         self._owner._connection_made(self)
         idle = self._options.idle_timeout_s
         if self.server_side and idle > 0:
@@ -358,7 +350,7 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         """Close after flushing what is already written."""
         if self._transport is not None and not self._transport.is_closing():
-            self._flush_out()
+            self._out.flush()
             self._transport.close()
 
     def abort(self) -> None:
@@ -431,71 +423,14 @@ class Connection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             raise RemotingSendError(f"connection {self.remote_address} is closed")
-        chunks = encode(cmd)
-        if self._options.coalesce_writes:
-            # Frames written in one loop iteration leave in one writev at its end: with many
-            # requests in flight a send() per response was the broker's largest single cost.
-            pending = self._out
-            if pending is None:
-                self._out = chunks
-                self._loop.call_soon(self._flush_out)
-            else:
-                pending += chunks
-            for c in chunks:
-                if type(c) is bytes:
-                    self._out_bytes += len(c)
-                else:
-                    size = _nbytes(c)
-                    self._out_bytes += size
-                    if size >= MIN_SENDFILE_BYTES:
-                        self._out_file = True
-            if self._out_bytes >= self._options.write_high_water:
-                self._flush_out()  # a big backlog goes now, so the transport can push back at once
-            return  # the activity is noted when the frames leave (_flush_out): once per loop turn
-        if len(chunks) == 1:
-            transport.write(chunks[0])
-        else:
-            transport.writelines(chunks)
-        self._last_activity = self._loop.time()
+        self._out.write(encode(cmd))
 
     def _write_frames(self, frames: bytes) -> None:
         """Whole encoded frames (a lane's answers), written as ``_write`` writes a command's."""
         transport = self._transport
         if transport is None or transport.is_closing() or self._closed:
             return
-        if self._options.coalesce_writes:
-            pending = self._out
-            if pending is None:
-                self._out = [frames]
-                self._loop.call_soon(self._flush_out)
-            else:
-                pending.append(frames)
-            self._out_bytes += len(frames)
-            if self._out_bytes >= self._options.write_high_water:
-                self._flush_out()
-            return
-        transport.write(frames)
-        self._last_activity = self._loop.time()
-
-    def _flush_out(self) -> None:
-        chunks, self._out = self._out, None
-        self._out_bytes = 0
-        transport = self._transport
-        if not chunks or transport is None or transport.is_closing():
-            return
-        self._last_activity = self._loop.time()
-        if self._out_file:
-            self._out_file = False
-            # Pull bodies from mapped store files: sendfile them while the transport holds nothing
-            # (so nothing is overtaken); what the socket does not take goes through the transport.
-            if self._direct_fd >= 0 and transport.get_write_buffer_size() == 0:
-                chunks = write_direct(self._direct_fd, chunks, self._cork)
-                if not chunks:
-                    return
-        if len(chunks) == 1:
-            transport.write(chunks[0])
-        else:
-            transport.writelines(chunks)
+        self._out.write_frames(frames)
 
     async def _wait_drain(self) -> None:
         fut: asyncio.Future[None] = self._loop.create_future()
@@ -525,7 +460,7 @@ class Connection(asyncio.Protocol):
             except BaseException:  # _serve answers handler errors itself; this is a bug in it
                 log.exception("request %s from %s failed", cmd.code, self.remote_address)
                 return
-            task = self._loop.create_task(_resume(coro, yielded))
+            task = self._loop.create_task(resume_eager(coro, yielded))
         else:
             task = self._loop.create_task(coro)
         self._tasks.add(task)
@@ -586,12 +521,7 @@ class Connection(asyncio.Protocol):
             self._close_after_answers(f"undecodable command header: {exc}")
             return False
         self._bad_headers += 1
-        if self._bad_headers <= BAD_HEADER_WARNINGS:
-            log.warning("bad command header from %s: %s", self.remote_address, exc)
-            if self._bad_headers == BAD_HEADER_WARNINGS:
-                log.warning("further bad command headers from %s are logged at DEBUG", self.remote_address)
-        else:  # each is still answered; a flood of them must not become a flood of log lines
-            log.debug("bad command header from %s: %s", self.remote_address, exc)
+        log_bad_header(self._bad_headers, self.remote_address, exc)
         flag = exc.flag or 0
         if flag & FLAG_RESPONSE:
             fut = self._pending.pop(exc.opaque, None)
@@ -600,13 +530,7 @@ class Connection(asyncio.Protocol):
             return True
         if flag & FLAG_ONEWAY or self._closed:
             return True
-        reply = RemotingCommand(
-            code=ResponseCode.SYSTEM_ERROR,
-            opaque=exc.opaque,
-            flag=FLAG_RESPONSE,
-            remark=f"bad request header: {exc}",
-            serialize_type=SerializeType(exc.serialize_type),
-        )
+        reply = bad_header_reply(exc, exc.opaque)
         try:
             self._write(reply)
         except RemotingSendError:
@@ -652,7 +576,7 @@ class Connection(asyncio.Protocol):
         if self._closed:
             return
         idle = self._options.idle_timeout_s
-        elapsed = self._loop.time() - self._last_activity
+        elapsed = self._loop.time() - max(self._last_activity, self._out.last_write)
         if elapsed >= idle and not self._tasks and not self._pending:
             log.info("closing connection %s: idle for %.1fs", self.remote_address, elapsed)
             self.close()
@@ -666,51 +590,6 @@ class Connection(asyncio.Protocol):
     def __repr__(self) -> str:
         side = "server" if self.server_side else "client"
         return f"<Connection {side} {self.local_address}<->{self.remote_address}{' closed' if self._closed else ''}>"
-
-
-async def _resume(coro: Any, yielded: Any) -> None:
-    """Finish a coroutine started outside a Task: wait for what it yielded, step it, repeat.
-
-    ``await fut`` in the coroutine yields ``fut`` and, once resumed, reads ``fut.result()``
-    itself, so a failed future reaches it as its own exception.
-    """
-    while True:
-        throw: BaseException | None = None
-        if yielded is None:  # a bare yield (asyncio.sleep(0))
-            await asyncio.sleep(0)
-        else:
-            # As a Task does: the yield marked the future "blocking"; awaiting it again needs it unmarked.
-            yielded._asyncio_future_blocking = False
-            try:
-                await yielded
-            except asyncio.CancelledError:
-                if not yielded.cancelled():  # this task was cancelled, not the awaited future
-                    throw = asyncio.CancelledError()
-            except BaseException:
-                pass  # the coroutine sees the future's exception when it reads the result
-        try:
-            yielded = coro.send(None) if throw is None else coro.throw(throw)
-        except StopIteration:
-            return
-
-
-def _corker(sock: Any) -> Callable[[int], None] | None:
-    """``TCP_CORK`` on/off for ``sock`` (Linux), or None where it has none."""
-    option = getattr(socket, "TCP_CORK", None)
-    if option is None:
-        return None
-
-    def cork(on: int) -> None:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, option, on)
-        except OSError:
-            pass
-
-    return cork
-
-
-def _nbytes(chunk: bytes | memoryview) -> int:
-    return chunk.nbytes if type(chunk) is memoryview else len(chunk)
 
 
 def _expire(fut: asyncio.Future[RemotingCommand], code: int, address: str, timeout: float) -> None:

@@ -126,6 +126,7 @@ def acked(lines: list[dict[str, Any]]) -> set[int]:
     return {line["i"] for line in lines if line.get("status") == 0}
 
 
+@pytest.mark.slow
 def test_official_client_resends_after_lost_answers_store_no_duplicates(proxied: Any) -> None:
     pytest.importorskip("rocketmq.client", reason="the official client (rocketmq==0.4.4) is not installed")
     count = 30
