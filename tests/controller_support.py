@@ -98,6 +98,8 @@ class Replica:
             "group_sync_s": 1.0,
             "sync_timeout_s": 2.0,
         }
+        if not host.startswith("127."):
+            opts["insecure"] = True  # the HA port beyond loopback, on the namespaced test network
         opts.update(options or {})  # None as a value: leave the option at its default
         opts = {k: v for k, v in opts.items() if v is not None}
         lines = [
@@ -106,6 +108,7 @@ class Replica:
             f'name = "{NAME}"',
             f"id = {broker_id}",
             f'listen = "{self.addr}"',
+            *(() if self.addr.startswith("127.") else ("insecure = true",)),  # as the NameServer's, above
             f'namesrv = ["{cluster.ns}"]',
             f'data_dir = "{self.dir}"',
             f'role = "{cluster.role}"',
@@ -171,7 +174,14 @@ class ControllerCluster:
         self.spawn, self.tmp, self.etcd_url, self.role = spawn, tmp, etcd.url, role
         self.etcd_server: EtcdServer | None = None  # its own etcd, stopped with the group (stop_group)
         self.name = f"fo{uuid.uuid4().hex[:8]}"  # etcd is shared by the module's tests
-        self.namesrv = spawn("namesrv", "--listen", f"{host}:{free_port()}")
+        namesrv_args: tuple[str, ...] = ()
+        if not host.startswith("127."):
+            # The namespaced groups listen on 10.N.0.1: a trusted test network, left open on purpose
+            # (protected mode refuses an unauthenticated NameServer beyond loopback otherwise).
+            config = tmp / f"namesrv-{uuid.uuid4().hex[:8]}.toml"
+            config.write_text("[namesrv]\ninsecure = true\n")
+            namesrv_args = ("-c", str(config))
+        self.namesrv = spawn("namesrv", *namesrv_args, "--listen", f"{host}:{free_port()}")
         self.ns = self.namesrv.addresses["namesrv"]
         self.replicas = [
             Replica(

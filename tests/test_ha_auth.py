@@ -260,3 +260,21 @@ def test_check_config_refuses_a_missing_empty_or_short_secret_file(tmp_path: Pat
             ):
                 check_broker(load_config(str(broker_toml(tmp_path, table, path))))
         check_broker(load_config(str(broker_toml(tmp_path, table, good))))
+
+
+def test_a_peer_still_in_the_handshake_is_not_counted_as_a_slave(rig: AuthRig) -> None:
+    """A connection that has not proven the secret is no replica: a SYNC master must not wait on it.
+
+    ``slave_count`` decides whether a SYNC_MASTER put waits for a replica or answers
+    SLAVE_NOT_AVAILABLE at once; before, it counted every accepted socket, so a refused or silent
+    peer made sends wait for an acknowledgement that could never come (and the refusal test above
+    failed when it looked while a reconnecting slave's socket was open).
+    """
+    mstore, server, rec = rig.master(E, n=10, secret=SECRET)
+    with socket.create_connection(server.address) as silent:
+        silent.sendall(HELLO_MAGIC)  # the hello's magic, then nothing: stuck before the proof
+        assert wait_for(lambda: len(server.connections) == 1)
+        assert server.slave_count == 0
+    sstore, client = rig.slave(server.address, epoch=E, broker_id=2, secret=SECRET)
+    assert wait_for(lambda: server.slave_count == 1)
+    assert wait_for(lambda: sstore.get_max_phy_offset() == mstore.get_max_phy_offset() > 0)

@@ -152,6 +152,9 @@ class HAConnection:
         # previous catch-up, so a slave that keeps up under steady writes still counts as caught up.
         self.caught_up_at = 0.0
         self.catchup_target = server.store.get_max_phy_offset()
+        # Set once the slave is through the handshake (authenticated, when a secret is set) and has
+        # sent its first report: only then does it count as a slave (HAServer.slave_count).
+        self.established = False
         self.closed = threading.Event()
         self._close_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read_loop, name=f"tidemq-ha-read-{address}", daemon=True)
@@ -202,6 +205,7 @@ class HAConnection:
                 f", broker {self.broker_id}, epoch {self.epoch}" if self.epoch >= 0 else "",
             )
             self._on_report(REPORT.unpack(first)[0])
+            self.established = True
             self._writer.start()
             while not self.closed.is_set():
                 self._on_report(REPORT.unpack(recv_exact(self.sock, 8))[0])
@@ -464,7 +468,9 @@ class HAServer:
 
     @property
     def slave_count(self) -> int:
-        return len(self.connections)
+        """Connected slaves past the handshake: a peer still authenticating (or refused) is none."""
+        with self._lock:
+            return sum(1 for conn in self.connections if conn.established and not conn.closed.is_set())
 
     def shutdown(self) -> None:
         self._stop.set()
