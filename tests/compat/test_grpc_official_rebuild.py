@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import v5_venv
