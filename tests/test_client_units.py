@@ -191,3 +191,44 @@ def test_send_before_start_is_a_clear_error() -> None:
             await p.send(Message("T", b"x"))
 
     asyncio.run(main())
+
+
+def test_broker_relayed_consumer_requests_dispatch_on_the_consumer_protocols() -> None:
+    """The client instance answers a broker's GET_CONSUMER_STATUS_FROM_CLIENT and
+    GET_CONSUMER_RUNNING_INFO by what the group's consumer is (tidemq.client.consumer_types):
+    push and pull consumers hold offsets and report running info; a POP consumer holds no offsets
+    and answers an empty table (as RocketMQ's client does), and says it reports no running info."""
+    from tidemq import mqjson
+    from tidemq.client import (
+        ClientInstance,
+        HoldsOffsets,
+        ReportsRunningInfo,
+        SimpleConsumer,
+        SpeaksForClients,
+    )
+    from tidemq.client.pull_consumer import PullConsumer
+    from tidemq.remoting.codes import RequestCode, ResponseCode
+    from tidemq.remoting.command import RemotingCommand
+
+    push, pull = PushConsumer("GPush", "127.0.0.1:1"), PullConsumer("GPull", "127.0.0.1:1")
+    simple = SimpleConsumer("GPop", "127.0.0.1:1", subscriptions={"T": "*"})
+    for consumer in (push, pull):
+        assert isinstance(consumer, HoldsOffsets) and isinstance(consumer, ReportsRunningInfo)
+        assert not isinstance(consumer, SpeaksForClients)
+    assert not isinstance(simple, HoldsOffsets) and not isinstance(simple, ReportsRunningInfo)
+
+    instance = ClientInstance("127.0.0.1:1")
+    instance.register_consumer(simple)  # type: ignore[arg-type]
+
+    async def ask(code: int, fields: dict[str, str]) -> RemotingCommand:
+        answer = await instance._operator_request(RemotingCommand.request(code, fields))
+        assert answer is not None
+        return answer
+
+    status = asyncio.run(ask(RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT, {"group": "GPop", "topic": "T"}))
+    assert status.code == ResponseCode.SUCCESS, status.remark
+    assert mqjson.loads(status.body) == {"consumerTable": {}, "messageQueueTable": {}}
+    info = asyncio.run(ask(RequestCode.GET_CONSUMER_RUNNING_INFO, {"consumerGroup": "GPop", "clientId": "x"}))
+    assert info.code == ResponseCode.SYSTEM_ERROR and "reports no running info" in (info.remark or "")
+    gone = asyncio.run(ask(RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT, {"group": "GNone", "topic": "T"}))
+    assert gone.code == ResponseCode.SYSTEM_ERROR and "not exist" in (gone.remark or "")

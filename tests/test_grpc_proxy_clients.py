@@ -196,3 +196,67 @@ def test_running_info_relayed_to_a_v5_client_behind_the_proxy_is_that_client_s(
             node.cancel()
 
     asyncio.run(main())
+
+
+def test_consumer_status_relayed_to_v5_clients_behind_the_proxy_is_an_empty_table_each(
+    spawn: Any, tmp_path: Path
+) -> None:
+    """``getConsumerStatus -g G -t T`` (INVOKE_BROKER_TO_GET_CONSUMER_STATUS: the broker asks each
+    client of the group GET_CONSUMER_STATUS_FROM_CLIENT, the v5 ones on the proxy's connection) is
+    answered for every v5 client, with no queues (they POP: the brokers keep the offsets), as
+    RocketMQ answers for a consumer holding none; before, the proxy answered SYSTEM_ERROR and the
+    clients were missing from the table."""
+    from tidemq.admin.consumers import consumer_status_table
+    from tidemq.client import AdminClient
+
+    cluster = ProxyCluster(spawn, tmp_path)
+    cluster.create_topic("Stat")
+
+    def settings() -> Any:
+        return pb.Settings(
+            client_type=pb.SIMPLE_CONSUMER,
+            user_agent=pb.UA(language=pb.JAVA, version="5.0.7"),
+            subscription=pb.Subscription(
+                group=pb.Resource(name="GStat"),
+                subscriptions=[
+                    pb.SubscriptionEntry(
+                        topic=pb.Resource(name="Stat"),
+                        expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+                    )
+                ],
+            ),
+        )
+
+    async def hello(channel: Any, client_id: str) -> Any:
+        stream = channel.stream_stream(
+            SERVICE + "Telemetry",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=pb.TelemetryCommand.FromString,
+        )(metadata=(("x-mq-client-id", client_id),))
+        await stream.write(pb.TelemetryCommand(settings=settings()))
+        answer = await asyncio.wait_for(stream.read(), 30)
+        assert answer.status.code == pb.OK, answer.status
+        return stream
+
+    async def table(client_id: str = "") -> dict[str, Any]:
+        admin_client = AdminClient(cluster.namesrv, timeout=15)
+        try:
+            return await consumer_status_table(admin_client, "GStat", "Stat", client_id)
+        finally:
+            await admin_client.close()
+
+    async def main() -> None:
+        async with grpc.aio.insecure_channel(cluster.proxy) as channel:
+            one = await hello(channel, "stat-one@1")
+            two = await hello(channel, "stat-two@1")
+            await until(lambda: row(admin(cluster, "consumerConnection", "-g", "GStat"), "stat-two@1"))
+            assert await table() == {"stat-one@1": {}, "stat-two@1": {}}
+            assert await table("stat-two@1") == {"stat-two@1": {}}
+            # mqadmin's command: its header, no queue rows (none held), exit status 0.
+            out = cluster.admin("getConsumerStatus", "-g", "GStat", "-t", "Stat")
+            assert "get consumer status from client. group=GStat, topic=Stat" in out, out
+            assert "#clientId" in out and "stat-one@1" not in out, out
+            one.cancel()
+            two.cancel()
+
+    asyncio.run(main())

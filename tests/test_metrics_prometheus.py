@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -345,3 +346,69 @@ def test_buckets_count_each_value_once_under_its_upper_bound() -> None:
     assert b.counts == [2, 1, 2, 1]
     assert b.cumulative() == [("0.001", 2), ("0.01", 3), ("0.1", 5), ("+Inf", 6)]
     assert b.count == 6 and abs(b.total - 3.1535) < 1e-9
+
+
+def test_the_request_lanes_counts_move_in_broker_status_and_metrics(spawn: Any, tmp_path: Path) -> None:
+    """Sends and pulls through the compiled request lanes (issue 38) move their counters, read by
+    ``tidemq admin brokerStatus`` (``lane*`` keys) and on ``/metrics`` (``tidemq_*_lane_*``)."""
+    from tidemq_store_mmap.lane import compiled_send_lane
+
+    if compiled_send_lane() is None:
+        pytest.skip("the compiled request lanes are not built (or TIDEMQ_NO_EXTENSIONS=1)")
+    from tidemq.client import BlockingPullConsumer, PullStatus
+
+    server, url = _standalone(spawn, tmp_path, free_port())
+    namesrv, broker = server.addresses["namesrv"], server.addresses["broker"]
+    _create_topic(namesrv, broker)
+
+    def status() -> dict[str, int]:
+        out = subprocess.run(
+            [sys.executable, "-m", "tidemq", "admin", "brokerStatus", "-b", broker, "-n", namesrv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        rows = (line.split(":", 1) for line in out.stdout.splitlines() if ":" in line)
+        return {k.strip(): int(v) for k, v in rows if k.strip().startswith("lane")}
+
+    def lanes(samples: dict[str, float]) -> tuple[float, float, float]:
+        return (
+            _sample(samples, "tidemq_send_lane_runs_total", served_by="lane") or 0,
+            _sample(samples, "tidemq_read_lane_frames_total") or 0,
+            _sample(samples, "tidemq_pull_lane_pulls_total", served_by="lane") or 0,
+        )
+
+    before, scraped_before = status(), lanes(_scrape(url))
+    assert set(before) >= {
+        "laneSendRunsServed",
+        "laneSendRunsToPython",
+        "laneReadFramesTaken",
+        "laneReadAnswers",
+        "lanePullServed",
+        "lanePullToPython",
+    }, before
+    with BlockingProducer("lanes-pg", namesrv) as producer:
+        for i in range(10):
+            assert producer.send(Message(TOPIC, b"lane %d" % i)).status is SendStatus.SEND_OK
+    consumer = BlockingPullConsumer("lanes-cg", namesrv)
+    consumer.start()
+    try:
+        (mq,) = consumer.fetch_subscribe_queues(TOPIC)
+        got = consumer.pull(mq, "*", 0, 32)
+        assert got.status is PullStatus.FOUND and len(got.messages) == 10
+    finally:
+        consumer.shutdown()
+    after = status()
+    # A scrape within min_scrape_interval_s of the last is answered from it.
+    assert wait_for(lambda: lanes(_scrape(url)) != scraped_before, 10)
+    scraped_after = lanes(_scrape(url))
+    # The producer's sends came whole in their reads: the read lane took them and the prepare
+    # step served them; the pull took the pull lane.
+    assert after["laneReadFramesTaken"] - before["laneReadFramesTaken"] >= 10, (before, after)
+    assert after["laneSendRunsServed"] - before["laneSendRunsServed"] >= 10, (before, after)
+    assert after["lanePullServed"] > before["lanePullServed"], (before, after)
+    assert all(a > b for a, b in zip(scraped_after, scraped_before, strict=True)), (
+        scraped_before,
+        scraped_after,
+    )

@@ -1,6 +1,6 @@
 """mqadmin's consumer-side commands: offsets reset and clone, consumer status and running info.
 
-consumerConnection, consumerStatus, cloneGroupOffset, resetOffsetByTime, skipAccumulatedMessage,
+consumerConnection, consumerStatus, getConsumerStatus, cloneGroupOffset, resetOffsetByTime, skipAccumulatedMessage,
 and allocateMQ, printing what mqadmin 4.9 prints.  The request helpers here are also used
 by consumerProgress and the resend options of queryMsgById / queryMsgByUniqueKey.
 """
@@ -333,6 +333,42 @@ async def consumer_status_cmd(
             click.echo(analyze_process_queues(cid, info), nl=False)
     else:
         click.echo("\n\nWARN: Different subscription in the same group of consumer!!!")
+
+
+@admin.command("getConsumerStatus")
+@click.option("-g", "--group", required=True, help="Consumer group.")
+@click.option("-t", "--topic", required=True, help="Topic.")
+@click.option("-i", "--originClientId", "client_id", default="", help="Only this client.")
+@_run
+async def get_consumer_status_cmd(client: AdminClient, group: str, topic: str, client_id: str) -> None:
+    """Get consumer status from client: the offsets each client of the group holds for the topic
+    (INVOKE_BROKER_TO_GET_CONSUMER_STATUS to the topic's first broker, which asks its clients)."""
+    table = await consumer_status_table(client, group, topic, client_id)
+    click.echo(f"get consumer status from client. group={group}, topic={topic}, originClientId={client_id}")
+    click.echo(f"{'#clientId':<50}  {'#brokerName':<15}  {'#queueId':<15}  {'#offset':<20}")
+    for cid, offsets in table.items():
+        for mq, offset in offsets.items():
+            click.echo(f"{cid:<50}  {mq.broker_name:<15}  {mq.queue_id:<15}  {offset:<20}")
+
+
+async def consumer_status_table(
+    client: AdminClient, group: str, topic: str, client_id: str = ""
+) -> dict[str, dict[MessageQueue, int]]:
+    """client id -> the offsets it reported (mqadmin's ``getConsumeStatus``: the route's first broker)."""
+    route = await client.route(topic)
+    addrs = route.addresses()
+    if not addrs:
+        return {}
+    addr = addrs[sorted(addrs)[0]]
+    fields = {"topic": topic, "group": group, "clientAddr": client_id}
+    resp = await invoke(
+        client, addr, RequestCode.INVOKE_BROKER_TO_GET_CONSUMER_STATUS, fields, timeout=RELAY_TIMEOUT_S
+    )
+    body = mqjson.loads(resp.body or b"{}")
+    return {
+        str(cid): {mq: int(off) for mq, off in mqjson.mq_map(offsets).items()}
+        for cid, offsets in (body.get("consumerTable") or {}).items()
+    }
 
 
 @admin.command("cloneGroupOffset")

@@ -253,3 +253,27 @@ def send_lane_entry(broker: BrokerContext, handlers: list[Any], failed: Failed) 
         return None  # a plugin's wrapper, or another handler: never the lane
     lane = send_lane(broker.store)
     return SendLaneEntry(broker, handler, lane, failed) if lane is not None else None
+
+
+def lane_counts() -> dict[str, int]:
+    """The request lanes' counters in this process, read-only (issue 38; 0 for a lane not built):
+    runs of sends the compiled prepare step served or refused to the Python handler, send frames
+    the read lane took and reads it answered with compiled bytes, pulls the pull lane served or
+    declined.  GET_BROKER_RUNTIME_INFO (``lane*``) and the metrics exporter read them."""
+    from tidemq.broker.pull_lane import counters as pulls
+
+    try:
+        from tidemq._native._frame_lane import frame_counts
+        from tidemq._native._send_lane import lane_counts as run_counts
+    except ImportError:  # not built
+        runs, frames = (0, 0), (0, 0)
+    else:
+        runs, frames = run_counts(), frame_counts()
+    return {
+        "send_runs_served": runs[0],
+        "send_runs_to_python": runs[1],
+        "read_frames_taken": frames[0],
+        "read_answers": frames[1],
+        "pull_served": pulls["served"],
+        "pull_to_python": pulls["declined"],
+    }

@@ -31,6 +31,7 @@ from tidemq.client.api import (
 )
 from tidemq.client.blocking import BlockingProducer, BlockingPullConsumer, BlockingPushConsumer, LoopThread
 from tidemq.client.compression import decompress
+from tidemq.client.consumer_types import HoldsOffsets, ReportsRunningInfo, SpeaksForClients
 from tidemq.client.credentials import SessionCredentials
 from tidemq.client.diagnostics import version_desc
 from tidemq.client.errors import BrokerError, ClientError, NoRouteError, SendFailedError, SendRefusedError
@@ -73,6 +74,9 @@ __all__ = [
     "ClientInstance",
     "ConsumeFrom",
     "ConsumeStatus",
+    "HoldsOffsets",
+    "ReportsRunningInfo",
+    "SpeaksForClients",
     "LocalTransactionState",
     "LoopThread",
     "Message",

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from tidemq import mqjson
 from tidemq.client.api import ClientAPI
+from tidemq.client.consumer_types import HoldsOffsets, ReportsRunningInfo, SpeaksForClients
 from tidemq.client.credentials import SessionCredentials, SigningRemoting, make_credentials
 from tidemq.client.diagnostics import version_desc
 from tidemq.client.errors import ClientError
@@ -335,20 +336,28 @@ class ClientInstance:
                     ResponseCode.SYSTEM_ERROR, f"The Consumer Group <{group}> not exist in this consumer"
                 )
             if code == RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT:
-                status = consumer.consumer_status(fields.get("topic", ""))
+                # A consumer without an offset table of its own (POP) has nothing to report: an
+                # empty table, as RocketMQ's MQClientInstance.getConsumerStatus answers for it.
+                topic = fields.get("topic", "")
+                status = consumer.consumer_status(topic) if isinstance(consumer, HoldsOffsets) else {}
                 body = mqjson.dumps({"consumerTable": {}, "messageQueueTable": status})
                 return request.reply(body=body)
             if code == RequestCode.GET_CONSUMER_RUNNING_INFO:
-                speaking_for = getattr(consumer, "running_info_of", None)
-                if speaking_for is not None:  # a member for several clients (tidemq proxy): the one named
+                jstack = str(fields.get("jstackEnable", "")).lower() == "true"
+                if isinstance(consumer, SpeaksForClients):  # a member for several clients: the one named
                     client_id = fields.get("clientId", "")
-                    own = speaking_for(client_id, str(fields.get("jstackEnable", "")).lower() == "true")
+                    own = consumer.running_info_of(client_id, jstack)
                     if own is None:
                         return request.reply(
                             ResponseCode.SYSTEM_ERROR, f"The Consumer <{group}> <{client_id}> not online"
                         )
                     return request.reply(body=mqjson.dumps(own))
-                info = consumer.running_info(str(fields.get("jstackEnable", "")).lower() == "true")
+                if not isinstance(consumer, ReportsRunningInfo):
+                    return request.reply(
+                        ResponseCode.SYSTEM_ERROR,
+                        f"GET_CONSUMER_RUNNING_INFO: the consumer of group <{group}> reports no running info",
+                    )
+                info = consumer.running_info(jstack)
                 info["properties"].update(
                     PROP_NAMESERVER_ADDR="".join(f"{a};" for a in self._namesrv),
                     PROP_CONSUME_TYPE=consumer.heartbeat_data().get("consumeType", ""),

@@ -17,11 +17,11 @@ import binascii
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from tidemq.client import BrokerError, ClientAPI
+from tidemq.client import BrokerError, ClientAPI, HoldsOffsets, SpeaksForClients
 from tidemq.message import iter_messages
 from tidemq.mqjson import loads as json_loads
 from tidemq.queues import MessageQueue
@@ -90,6 +90,19 @@ class ProxyConsumer:
         proxy has no such client of the group."""
         return None if self.clients is None else self.clients.running_info(client_id, self.group)
 
+    def consumer_status(self, topic: str) -> dict[MessageQueue, int]:
+        """GET_CONSUMER_STATUS_FROM_CLIENT (mqadmin's ``getConsumerStatus``, a reset of offsets by
+        time) a broker relays for each v5 client of the group: an empty table, for every client.
+
+        What a 4.x client reports is its own offset table (RocketMQ's ``cloneOffsetTable``), the
+        positions it pulled from and will commit.  A v5 consumer has none: it POPs (the proxy asks
+        every readable broker group with queue -1, QueryAssignment hands out no queue of its own),
+        and the brokers keep the group's consume offsets, which ``consumerProgress`` shows.  The
+        proxy could only echo those back, as if the client held them; RocketMQ's
+        ``MQClientInstance.getConsumerStatus`` answers an empty table for a consumer that holds no
+        offsets, and so does the proxy (the request names no client, so each is answered alike)."""
+        return {}
+
     def heartbeat_data(self) -> dict[str, Any]:
         subscriptions: dict[str, Subscribed] = {}
         for _stream, subs in self.streams.values():
@@ -98,6 +111,12 @@ class ProxyConsumer:
 
     def topics(self) -> set[str]:
         return {s.topic for _stream, subs in self.streams.values() for s in subs}
+
+
+if TYPE_CHECKING:  # what the client instance dispatches a broker's requests for this group on
+
+    def _conforms(consumer: ProxyConsumer) -> tuple[SpeaksForClients, HoldsOffsets]:
+        return consumer, consumer
 
 
 def consumer_data(group: str, subscriptions: list[Subscribed]) -> dict[str, Any]:

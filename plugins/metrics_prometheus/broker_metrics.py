@@ -36,6 +36,7 @@ from tidemq.metrics import Buckets
 from tidemq.replication import MasterAware
 from tidemq.store import store_introspection
 from tidemq_metrics_prometheus.dedup_metrics import dedup_families
+from tidemq_metrics_prometheus.lane_metrics import lane_families
 from tidemq_metrics_prometheus.pop_metrics import pop_families
 from tidemq_metrics_prometheus.timer_metrics import timer_families
 
@@ -62,6 +63,7 @@ def broker_families(broker: BrokerFiguresView) -> list[Metric]:
     out += pop_families(broker)  # POP consumption (issue 39)
     out += timer_families(broker)  # timer messages (issue 36)
     out += dedup_families(broker)  # the duplicate window (issue 37)
+    out += lane_families()  # the compiled request lanes (issue 38), this process's
     return out
 
 

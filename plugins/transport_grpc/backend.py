@@ -19,6 +19,7 @@ from typing import Literal, Protocol
 
 import attrs
 
+from tidemq.broker.dedup import WindowRebuilding
 from tidemq.broker.services import BrokerServices, Outcome, Status
 from tidemq.message import MessageExt, decode_message_id, iter_messages, properties_to_string
 from tidemq.transport import Connection
@@ -198,6 +199,18 @@ class LocalBackend:
         ]
 
     async def send(self, peer: Connection, message: Outgoing) -> Stored:
+        window = self.broker.dedup
+        if not window.serving() and not await window.wait_rebuilt():
+            # The duplicate window is rebuilt (at start, after a promotion): as the remoting path,
+            # the send waits for it (REBUILD_WAIT_S), then is SERVICE_NOT_AVAILABLE, a status the
+            # v5 clients send again (HA_NOT_AVAILABLE), never an exception (INTERNAL).
+            return Stored(Outcome(Status.SERVICE_NOT_AVAILABLE, _REBUILDING))
+        try:
+            return await self._send(peer, message)
+        except WindowRebuilding as exc:  # a rebuild began between the check and the put
+            return Stored(Outcome(Status.SERVICE_NOT_AVAILABLE, str(exc)))
+
+    async def _send(self, peer: Connection, message: Outgoing) -> Stored:
         sends = self.services.send
         cfg = sends.check_topic(
             message.topic, DEFAULT_TOPIC, self.broker.settings.default_topic_queues, 0, message.sys_flag
@@ -316,5 +329,7 @@ class LocalBackend:
         return store.get_offset_by_time(topic, queue_id, timestamp_ms)
 
 
+#: A send's answer while the duplicate window is rebuilt (as the remoting path's).
+_REBUILDING = "the duplicate window is being rebuilt; send again"
 #: RocketMQ's PullSysFlag: hold the pull until a message arrives (or the suspend time passes).
 _FLAG_SUSPEND = 2

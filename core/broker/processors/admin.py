@@ -20,6 +20,7 @@ from tidemq import __version__
 from tidemq.broker.clients import ClientChannel
 from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import DEFAULT_TOPIC, Header, kv
+from tidemq.broker.lanes import lane_counts
 from tidemq.broker.processors.answers import answer
 from tidemq.broker.services import BrokerServices
 from tidemq.broker.services.admin import TopicConsumeStats
@@ -149,6 +150,8 @@ class AdminProcessor:
             for figure, value in figures().items():
                 table[endpoint + "".join(w.capitalize() for w in figure.split("_"))] = str(value)
         table.update(b.dedup.figures())  # the duplicate window (issue 37)
+        for figure, count in lane_counts().items():  # the compiled request lanes (issue 38)
+            table["lane" + "".join(w.capitalize() for w in figure.split("_"))] = str(count)
         # HA (issue 7): replication plugins may add their state (role, slave lag in bytes).
         if isinstance(b.replication, MasterAware):
             table.update(b.replication.runtime_info())
