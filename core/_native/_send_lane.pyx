@@ -104,8 +104,11 @@ cdef object _probe_send(cls, list slots):
                 recipe.append(("arg", i))
                 break
         else:
-            if value is not None and value is not True and value is not False and type(value) is not int:
-                return None  # a fresh object per send (a list...): only the class makes it
+            if not (
+                value is None or value is True or value is False
+                or (type(value) is int and -5 <= value <= 256)  # CPython's shared small ints
+            ):
+                return None  # a fresh or computed object per send: only the class makes it
             recipe.append(("const", value))
     return recipe
 
@@ -205,6 +208,18 @@ cdef int _bind_lane() except -1:
     _decode_batch = decode_batch_messages
     _lane_bound = True
     return 0
+
+
+def send_recipe(cls):
+    """How a ``cls`` would be built without its ``__init__`` (for tests): per slot, its name and
+    ("arg", i), ("const", value) or ("unset",); None when it is called instead."""
+    slots = _slot_names(cls)
+    if slots is None or len(slots) > SEND_MAX_SLOTS:
+        return None
+    first = _probe_send(cls, slots)
+    if first is None or first != _probe_send(cls, slots):
+        return None
+    return [(name, how) for (name, _), how in zip(slots, first)]
 
 
 def uses_direct_objects():
