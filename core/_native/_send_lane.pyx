@@ -312,12 +312,6 @@ cdef inline object _properties_of(msg):
     return msg.properties
 
 
-cdef inline object _get(dict d, object key):
-    """``d.get(key)`` of a str key (a borrowed lookup, no method call)."""
-    cdef PyObject *v = PyDict_GetItem(d, key)
-    return <object>v if v != NULL else None
-
-
 cdef inline bint _has_timer(object props) except -1:
     """Whether a batch message's properties name a timer (``TIMERS``): one pass over its few
     names (a batch message has one or two) instead of a lookup per timer name."""
@@ -340,13 +334,22 @@ cdef inline bint _has_timer(object props) except -1:
     return False
 
 
-cdef inline bint _v2_names_only(dict fields):
-    """Whether every header name is one of V2's ``a``..``m`` (as ``send_fields`` reads them as they are)."""
+#: Per letter ``a``..``m`` of a V2 name, its place in ``SHORT`` (-1: ``k``, unitMode, not read).
+cdef int SHORT_AT[13]
+SHORT_AT[:] = [1, 2, 5, 6, 3, 4, 11, 10, 7, 8, -1, 9, 0]
+
+
+cdef inline bint _v2_fields(dict fields, PyObject **vals):
+    """Whether every header name is one of V2's ``a``..``m`` (as ``send_fields`` reads them as
+    they are); ``vals`` then holds their values in ``SHORT``'s order (NULL: absent), borrowed.
+    One pass over the header instead of a lookup per field."""
     cdef Py_ssize_t pos = 0
     cdef PyObject *key
     cdef PyObject *value
     cdef object k
     cdef Py_UCS4 ch
+    cdef int at
+    memset(vals, 0, 12 * sizeof(PyObject *))
     while PyDict_Next(fields, &pos, &key, &value):
         k = <object>key
         if type(k) is not str or PyUnicode_GET_LENGTH(k) != 1:
@@ -354,7 +357,14 @@ cdef inline bint _v2_names_only(dict fields):
         ch = (<str>k)[0]
         if ch < u'a' or ch > u'm':
             return False
+        at = SHORT_AT[<int>ch - 97]  # ch - 'a'
+        if at >= 0:
+            vals[at] = value
     return True
+
+
+cdef inline object _val(PyObject *v):
+    return <object>v if v != NULL else None
 
 
 def prepare_frames(
@@ -414,13 +424,13 @@ cdef list _prepare(
     cdef list sends = []
     cdef object request, batch, group, topic, text, body, msg, msgs, code, qid
     cdef dict fields
-    cdef tuple keys
+    cdef PyObject *vals[12]
+    cdef Py_ssize_t i
     cdef bint is_batch
     cdef int64_t queue_id, sys_flag, unused, reconsume, flag, born, count
     cdef object last_topic = None
     cdef int64_t last_count = -1
     cdef dict props
-    cdef PyObject *p
     for request in requests:
         if framed:
             code = (<tuple>request)[0]
@@ -435,45 +445,53 @@ cdef list _prepare(
         fields = <dict>header
         # send_fields: V2's one-letter names (all of them, or the handler renames: not taken here),
         # else the long names as they are (other keys, such as an access key, are not read).
+        # ``vals``: the fields in the handler's order (``SHORT``/``LONG``), borrowed from the
+        # header, read before any Python runs (``writable_queues``).
         if code == SEND_MESSAGE_V2 or (
             PyDict_GetItem(fields, "b") != NULL and PyDict_GetItem(fields, "topic") == NULL
         ):
-            if not _v2_names_only(fields):
+            if not _v2_fields(fields, vals):
                 return None
-            keys = SHORT
         else:
-            keys = LONG
+            for i in range(12):
+                vals[i] = PyDict_GetItem(fields, <object>PyTuple_GET_ITEM(LONG, i))
         # the handler dispatches on the code or the header's batch flag (field_bool)
-        batch = _get(fields, keys[0])
+        batch = _val(vals[0])
         if batch is None or batch == "" or batch == "false" or batch == "0":
             is_batch = code == SEND_BATCH_MESSAGE
         elif batch == "true" or batch == "1":
             is_batch = True
         else:
             return None
-        p = PyDict_GetItem(fields, keys[1])
-        group = <object>p if p != NULL else ""
+        group = <object>vals[1] if vals[1] != NULL else ""
         if type(group) is not str:
             return None
-        topic = _get(fields, keys[2])
+        topic = _val(vals[2])
         if type(topic) is not str:
             return None
+        if (
+            _field_int(_val(vals[3]), -1, &queue_id)
+            or _field_int(_val(vals[4]), 0, &sys_flag)
+            or sys_flag & TRANSACTION_TYPE_MASK
+            or _field_int(_val(vals[6]), 4, &unused)
+            or _field_int(_val(vals[8]), 0, &reconsume)
+            or _field_int(_val(vals[11]), 0, &born)
+        ):
+            return None
+        if not is_batch:
+            if _field_int(_val(vals[10]), 0, &flag):
+                return None
+            text = _val(vals[7])
+            if text is None:
+                text = ""
+            elif type(text) is not str:
+                return None
         if topic is last_topic or topic == last_topic:
             count = last_count
         else:
             count = writable_queues(topic)
             last_topic, last_count = topic, count
-        if count < 0:
-            return None
-        if _field_int(_get(fields, keys[3]), -1, &queue_id) or queue_id < 0 or queue_id >= count:
-            return None
-        if _field_int(_get(fields, keys[4]), 0, &sys_flag) or sys_flag & TRANSACTION_TYPE_MASK:
-            return None
-        if (
-            _field_int(_get(fields, keys[6]), 4, &unused)
-            or _field_int(_get(fields, keys[8]), 0, &reconsume)
-            or _field_int(_get(fields, keys[11]), 0, &born)
-        ):
+        if count < 0 or queue_id < 0 or queue_id >= count:
             return None
         if is_batch:
             # prepare_batch: the body's messages by the handler's own decoder (what it refuses, an
@@ -489,13 +507,6 @@ cdef list _prepare(
                     return None
             sends.append(_new_send(group, msgs, True, msgs[0].queue_id, len(body)))
             continue
-        if _field_int(_get(fields, keys[10]), 0, &flag):
-            return None
-        text = _get(fields, keys[7])
-        if text is None:
-            text = ""
-        elif type(text) is not str:
-            return None
         props = _properties(<str>text)
         if _rewritten(props):
             return None
