@@ -426,6 +426,10 @@ cdef list _prepare(
     cdef dict fields
     cdef PyObject *vals[12]
     cdef Py_ssize_t i
+    cdef long long c
+    cdef int overflow = 0
+    cdef int64_t last_born = 0
+    cdef object last_born_obj = None
     cdef bint is_batch
     cdef int64_t queue_id, sys_flag, unused, reconsume, flag, born, count
     cdef object last_topic = None
@@ -438,7 +442,20 @@ cdef list _prepare(
         else:
             code = request.code
             header = request.ext_fields
-        if code != SEND_MESSAGE_V2 and code != SEND_BATCH_MESSAGE and code != SEND_MESSAGE:
+        # the code as a C integer (no int object made per comparison)
+        if isinstance(code, int):
+            c = raw_as_ll(code, &overflow)
+            if overflow:
+                return None
+        elif code == SEND_MESSAGE_V2:
+            c = SEND_MESSAGE_V2
+        elif code == SEND_BATCH_MESSAGE:
+            c = SEND_BATCH_MESSAGE
+        elif code == SEND_MESSAGE:
+            c = SEND_MESSAGE
+        else:
+            return None
+        if c != SEND_MESSAGE_V2 and c != SEND_BATCH_MESSAGE and c != SEND_MESSAGE:
             return None
         if not PyDict_CheckExact(header):
             return None
@@ -447,7 +464,7 @@ cdef list _prepare(
         # else the long names as they are (other keys, such as an access key, are not read).
         # ``vals``: the fields in the handler's order (``SHORT``/``LONG``), borrowed from the
         # header, read before any Python runs (``writable_queues``).
-        if code == SEND_MESSAGE_V2 or (
+        if c == SEND_MESSAGE_V2 or (
             PyDict_GetItem(fields, "b") != NULL and PyDict_GetItem(fields, "topic") == NULL
         ):
             if not _v2_fields(fields, vals):
@@ -458,7 +475,7 @@ cdef list _prepare(
         # the handler dispatches on the code or the header's batch flag (field_bool)
         batch = _val(vals[0])
         if batch is None or batch == "" or batch == "false" or batch == "0":
-            is_batch = code == SEND_BATCH_MESSAGE
+            is_batch = c == SEND_BATCH_MESSAGE
         elif batch == "true" or batch == "1":
             is_batch = True
         else:
@@ -513,6 +530,11 @@ cdef list _prepare(
         props[CLUSTER] = cluster
         body = _payload(request, framed)
         qid = queue_id
-        msg = _new_message(topic, body, qid, flag, props, sys_flag, born, born_host, store_host, reconsume)
+        if born != last_born or last_born_obj is None:  # a read's sends share a few milliseconds
+            last_born_obj = born
+            last_born = born
+        msg = _new_message(
+            topic, body, qid, flag, props, sys_flag, last_born_obj, born_host, store_host, reconsume
+        )
         sends.append(_new_send(group, [msg], False, qid, len(body)))
     return sends
