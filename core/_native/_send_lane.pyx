@@ -15,21 +15,15 @@ answer, and the records stored, are the reference's by construction.  Nothing is
 that decision: no side effect on a refusal.
 """
 
-from cpython.dict cimport PyDict_CheckExact, PyDict_Next, PyDict_SetItem
-from cpython.list cimport PyList_GET_SIZE
-from cpython.object cimport PyObject
-from libc.stdint cimport int64_t
+include "_support.pxi"
+include "_fields.pxi"
 
 cdef extern from "Python.h":
-    bint PyUnicode_IS_COMPACT_ASCII(object u)
-    Py_ssize_t PyUnicode_GET_LENGTH(object u)
-    void *PyUnicode_DATA(object u)
-    PyObject *PyDict_GetItem(object d, object key)
+    PyObject *PyDict_GetItem(object d, object key)  # borrowed, NULL when absent
 
-cdef object _MessageInner = None
 cdef object _Send = None
 cdef object _decode_batch = None  # tidemq.message.decode_batch_messages: the twin the handler uses
-cdef bint _bound = False
+cdef bint _lane_bound = False
 
 #: Properties whose send the Python handler rewrites (transaction half, delay level, timer).
 _REWRITTEN = ("TRAN_MSG", "DELAY", "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TIMER_OUT_MS")
@@ -57,16 +51,182 @@ cdef Py_ssize_t _served = 0
 cdef Py_ssize_t _refused = 0
 
 
-cdef int _bind() except -1:
-    global _MessageInner, _Send, _decode_batch, _bound
-    from tidemq.broker.services.put import Send
-    from tidemq.message import MessageInner, decode_batch_messages
+# A Send built without its Python ``__init__``: the slots that ``__init__`` fills, each from one
+# of its arguments (producer_group, msgs, batch, ctx, queue_id, nbytes) or with a constant, found
+# by probing the class once (``_send_recipe``); ``_send_n`` -1 when the class is not a plain
+# slotted class whose ``__init__`` only stores its arguments and constants (then it is called).
+cdef enum:
+    SEND_MAX_SLOTS = 32
+    SEND_ARGS = 6
+cdef Py_ssize_t _send_n = -1
+cdef Py_ssize_t _send_off[SEND_MAX_SLOTS]
+cdef int _send_arg[SEND_MAX_SLOTS]            # the argument stored in the slot, or -1: a constant
+cdef PyObject *_send_const[SEND_MAX_SLOTS]    # the constant (a strong reference), or NULL
 
-    _MessageInner = MessageInner
-    _Send = Send
-    _decode_batch = decode_batch_messages
-    _bound = True
+
+cdef object _slot_names(cls):
+    """Every slot of ``cls`` with its member offset, or None when ``cls`` is not a plain slotted
+    class (no ``__dict__``, ``object.__new__``, every slot a writable object member)."""
+    if type(cls) is not type or cls.__new__ is not object.__new__ or cls.__dictoffset__ != 0:
+        return None
+    slots = []
+    for klass in cls.__mro__:
+        if klass is object:
+            continue
+        names = klass.__dict__.get("__slots__")
+        if names is None:
+            return None
+        if isinstance(names, str):
+            names = (names,)
+        for name in names:
+            descr = klass.__dict__.get(name)
+            off = tq_member_offset(<PyObject *>descr)
+            if off < 0:
+                return None
+            slots.append((name, off))
+    return slots
+
+
+cdef object _probe_send(cls, list slots):
+    """Per slot, ("arg", i) or ("const", value) or ("unset",) from one call of ``cls``."""
+    sentinels = tuple([object() for _ in range(SEND_ARGS)])
+    probe = cls(*sentinels)
+    recipe = []
+    cdef PyObject *v
+    for name, off in slots:
+        v = tq_get_slot(<PyObject *>probe, off)
+        if v == NULL:
+            recipe.append(("unset",))
+            continue
+        value = <object>v
+        for i in range(SEND_ARGS):
+            if value is sentinels[i]:
+                recipe.append(("arg", i))
+                break
+        else:
+            if not (
+                value is None or value is True or value is False
+                or (type(value) is int and -5 <= value <= 256)  # CPython's shared small ints
+            ):
+                return None  # a fresh or computed object per send: only the class makes it
+            recipe.append(("const", value))
+    return recipe
+
+
+cdef int _send_recipe(cls) except -1:
+    """Fill ``_send_off``/``_send_arg``/``_send_const`` for ``cls``, or leave ``_send_n`` -1."""
+    global _send_n
+    cdef Py_ssize_t i
+    slots = _slot_names(cls)
+    if slots is None or len(slots) > SEND_MAX_SLOTS:
+        return 0
+    try:
+        first = _probe_send(cls, slots)
+        second = _probe_send(cls, slots)
+    except Exception:
+        return 0
+    if first is None or first != second:
+        return 0
+    for i in range(len(slots)):
+        if first[i][0] == "unset":
+            _send_off[i] = -1
+            continue
+        _send_off[i] = slots[i][1]
+        if first[i][0] == "arg":
+            _send_arg[i] = first[i][1]
+            _send_const[i] = NULL
+        else:
+            _send_arg[i] = -1
+            Py_INCREF(first[i][1])
+            _send_const[i] = <PyObject *>first[i][1]
+    _send_n = len(slots)
     return 0
+
+
+cdef object _new_send(object group, object msgs, object batch, object queue_id, Py_ssize_t nbytes):
+    """``Send(group, msgs, batch, None, queue_id, nbytes)``."""
+    cdef PyObject *args[SEND_ARGS]
+    cdef Py_ssize_t i
+    if _send_n < 0:
+        return _Send(group, msgs, batch, None, queue_id, nbytes)
+    size = PyLong_FromLongLong(nbytes)
+    args[0] = <PyObject *>group
+    args[1] = <PyObject *>msgs
+    args[2] = <PyObject *>batch
+    args[3] = <PyObject *>None
+    args[4] = <PyObject *>queue_id
+    args[5] = <PyObject *>size
+    send = _new(_Send)
+    for i in range(_send_n):
+        if _send_off[i] < 0:
+            continue
+        if _send_arg[i] >= 0:
+            tq_set_slot(<PyObject *>send, _send_off[i], args[_send_arg[i]])
+        else:
+            tq_set_slot(<PyObject *>send, _send_off[i], _send_const[i])
+    return send
+
+
+cdef object _new_message(
+    topic, body, queue_id, flag, dict props, sys_flag, born, born_host, store_host, reconsume
+):
+    """``MessageInner(topic, body, queue_id, flag, props, sys_flag, born, born_host, store_host,
+    reconsume)``: slot by slot when the class allows it (``_slot_offsets``: no validator,
+    converter or hook, every field a slot), else by the class."""
+    if _inner_off[0] < 0:
+        return MessageInner(
+            topic, body, queue_id, flag, props, sys_flag, born, born_host, store_host, reconsume
+        )
+    msg = _new(MessageInner)
+    cdef PyObject *m = <PyObject *>msg
+    tq_set_slot(m, _inner_off[0], <PyObject *>topic)
+    tq_set_slot(m, _inner_off[1], <PyObject *>body)
+    tq_set_slot(m, _inner_off[2], <PyObject *>queue_id)
+    tq_set_slot(m, _inner_off[3], <PyObject *>flag)
+    tq_set_slot(m, _inner_off[4], <PyObject *>props)
+    tq_set_slot(m, _inner_off[5], <PyObject *>sys_flag)
+    tq_set_slot(m, _inner_off[6], <PyObject *>born)
+    tq_set_slot(m, _inner_off[7], <PyObject *>born_host)
+    tq_set_slot(m, _inner_off[8], <PyObject *>store_host)
+    tq_set_slot(m, _inner_off[9], <PyObject *>reconsume)
+    tq_set_slot(m, _inner_off[10], <PyObject *>ZERO)
+    return msg
+
+
+cdef object ZERO = 0
+
+
+cdef int _bind_lane() except -1:
+    global _Send, _decode_batch, _lane_bound
+    from tidemq.broker.services.put import Send
+    from tidemq.message import decode_batch_messages
+
+    if not _bound:
+        _bind()  # MessageInner and its slots (_support.pxi)
+    _Send = Send
+    _send_recipe(Send)
+    _decode_batch = decode_batch_messages
+    _lane_bound = True
+    return 0
+
+
+def send_recipe(cls):
+    """How a ``cls`` would be built without its ``__init__`` (for tests): per slot, its name and
+    ("arg", i), ("const", value) or ("unset",); None when it is called instead."""
+    slots = _slot_names(cls)
+    if slots is None or len(slots) > SEND_MAX_SLOTS:
+        return None
+    first = _probe_send(cls, slots)
+    if first is None or first != _probe_send(cls, slots):
+        return None
+    return [(name, how) for (name, _), how in zip(slots, first)]
+
+
+def uses_direct_objects():
+    """Whether sends and single-send messages are built slot by slot (for tests)."""
+    if not _lane_bound:
+        _bind_lane()
+    return {"Send": _send_n >= 0, "MessageInner": _inner_off[0] >= 0}
 
 
 def lane_counts():
@@ -106,8 +266,13 @@ cdef inline int _field_int(object value, int64_t default, int64_t *out):
 cdef dict _properties(str text):
     """``string_to_properties``: pairs without a separator or a name are skipped, a later pair
     of one name overwrites the earlier one's value in its place."""
-    cdef dict out = {}
+    cdef dict out
     cdef str item, k, sep, v
+    if PyUnicode_IS_COMPACT_ASCII(text):
+        # Its characters are its bytes: split where they are, names from the key cache
+        # (_fields.pxi's _parse_props, the batch decoder's reading of the same format).
+        return <dict>_parse_props(<const uint8_t *>PyUnicode_DATA(text), 0, PyUnicode_GET_LENGTH(text))
+    out = {}
     if not text:
         return out
     for item in text.split(PROPERTY_SEPARATOR):
@@ -115,6 +280,36 @@ cdef dict _properties(str text):
         if sep and k:
             out[k] = v
     return out
+
+
+cdef inline bint _rewritten(dict props) except -1:
+    """Whether a name of ``REWRITTEN`` is among ``props``' (a dict of str names): one pass over
+    its few names instead of a lookup per rewritten name."""
+    cdef Py_ssize_t pos = 0, n
+    cdef PyObject *key
+    cdef PyObject *value
+    cdef object k
+    cdef Py_UCS4 first
+    while PyDict_Next(props, &pos, &key, &value):
+        k = <object>key
+        n = PyUnicode_GET_LENGTH(k)
+        # "DELAY" is the shortest name, "TIMER_DELIVER_MS" the longest
+        if n < 5 or n > 16:
+            continue
+        first = (<str>k)[0]
+        if (first == u'T' or first == u'D') and k in REWRITTEN:
+            return True
+    return False
+
+
+cdef inline object _properties_of(msg):
+    """``msg.properties``, read from its slot when it is a MessageInner built slot by slot."""
+    cdef PyObject *p
+    if _inner_off[0] >= 0 and Py_TYPE(msg) == <PyTypeObject *>MessageInner:
+        p = tq_get_slot(<PyObject *>msg, _inner_off[4])
+        if p != NULL:
+            return <object>p
+    return msg.properties
 
 
 cdef inline bint _has_timer(object props) except -1:
@@ -139,13 +334,22 @@ cdef inline bint _has_timer(object props) except -1:
     return False
 
 
-cdef inline bint _v2_names_only(dict fields):
-    """Whether every header name is one of V2's ``a``..``m`` (as ``send_fields`` reads them as they are)."""
+#: Per letter ``a``..``m`` of a V2 name, its place in ``SHORT`` (-1: ``k``, unitMode, not read).
+cdef int SHORT_AT[13]
+SHORT_AT[:] = [1, 2, 5, 6, 3, 4, 11, 10, 7, 8, -1, 9, 0]
+
+
+cdef inline bint _v2_fields(dict fields, PyObject **vals):
+    """Whether every header name is one of V2's ``a``..``m`` (as ``send_fields`` reads them as
+    they are); ``vals`` then holds their values in ``SHORT``'s order (NULL: absent), borrowed.
+    One pass over the header instead of a lookup per field."""
     cdef Py_ssize_t pos = 0
     cdef PyObject *key
     cdef PyObject *value
     cdef object k
     cdef Py_UCS4 ch
+    cdef int at
+    memset(vals, 0, 12 * sizeof(PyObject *))
     while PyDict_Next(fields, &pos, &key, &value):
         k = <object>key
         if type(k) is not str or PyUnicode_GET_LENGTH(k) != 1:
@@ -153,7 +357,14 @@ cdef inline bint _v2_names_only(dict fields):
         ch = (<str>k)[0]
         if ch < u'a' or ch > u'm':
             return False
+        at = SHORT_AT[<int>ch - 97]  # ch - 'a'
+        if at >= 0:
+            vals[at] = value
     return True
+
+
+cdef inline object _val(PyObject *v):
+    return <object>v if v != NULL else None
 
 
 def prepare_frames(
@@ -162,8 +373,8 @@ def prepare_frames(
     """:func:`prepare_sends` over the frames :func:`tidemq._native._frame_lane.take_frames` read
     (``frame[0]`` the code, ``frame[6]`` the header fields, ``frame[7]`` the body or None)."""
     global _served, _refused
-    if not _bound:
-        _bind()
+    if not _lane_bound:
+        _bind_lane()
     try:
         sends = _prepare(frames, True, writable_queues, cluster, max_batch, born_host, store_host)
     except Exception:  # whatever it is, the Python handler answers it
@@ -186,8 +397,8 @@ def prepare_sends(
     no duplicate window), else -1.
     """
     global _served, _refused
-    if not _bound:
-        _bind()
+    if not _lane_bound:
+        _bind_lane()
     try:
         sends = _prepare(requests, False, writable_queues, cluster, max_batch, born_host, store_host)
     except Exception:  # whatever it is, the Python handler answers it
@@ -211,65 +422,93 @@ cdef list _prepare(
     list requests, bint framed, writable_queues, str cluster, Py_ssize_t max_batch, tuple born_host, tuple store_host
 ):
     cdef list sends = []
-    cdef object request, fields, batch, group, topic, text, body, msg, msgs, code
-    cdef tuple keys
+    cdef object request, batch, group, topic, text, body, msg, msgs, code, qid
+    cdef dict fields
+    cdef PyObject *vals[12]
+    cdef Py_ssize_t i
+    cdef long long c
+    cdef int overflow = 0
+    cdef int64_t last_born = 0
+    cdef object last_born_obj = None
     cdef bint is_batch
     cdef int64_t queue_id, sys_flag, unused, reconsume, flag, born, count
     cdef object last_topic = None
     cdef int64_t last_count = -1
     cdef dict props
-    cdef str name
     for request in requests:
         if framed:
             code = (<tuple>request)[0]
-            fields = (<tuple>request)[6]
+            header = (<tuple>request)[6]
         else:
             code = request.code
-            fields = request.ext_fields
-        if code != SEND_MESSAGE_V2 and code != SEND_BATCH_MESSAGE and code != SEND_MESSAGE:
+            header = request.ext_fields
+        # the code as a C integer (no int object made per comparison)
+        if isinstance(code, int):
+            c = raw_as_ll(code, &overflow)
+            if overflow:
+                return None
+        elif code == SEND_MESSAGE_V2:
+            c = SEND_MESSAGE_V2
+        elif code == SEND_BATCH_MESSAGE:
+            c = SEND_BATCH_MESSAGE
+        elif code == SEND_MESSAGE:
+            c = SEND_MESSAGE
+        else:
             return None
-        if not PyDict_CheckExact(fields):
+        if c != SEND_MESSAGE_V2 and c != SEND_BATCH_MESSAGE and c != SEND_MESSAGE:
             return None
+        if not PyDict_CheckExact(header):
+            return None
+        fields = <dict>header
         # send_fields: V2's one-letter names (all of them, or the handler renames: not taken here),
         # else the long names as they are (other keys, such as an access key, are not read).
-        if code == SEND_MESSAGE_V2 or (
+        # ``vals``: the fields in the handler's order (``SHORT``/``LONG``), borrowed from the
+        # header, read before any Python runs (``writable_queues``).
+        if c == SEND_MESSAGE_V2 or (
             PyDict_GetItem(fields, "b") != NULL and PyDict_GetItem(fields, "topic") == NULL
         ):
-            if not _v2_names_only(<dict>fields):
+            if not _v2_fields(fields, vals):
                 return None
-            keys = SHORT
         else:
-            keys = LONG
+            for i in range(12):
+                vals[i] = PyDict_GetItem(fields, <object>PyTuple_GET_ITEM(LONG, i))
         # the handler dispatches on the code or the header's batch flag (field_bool)
-        batch = fields.get(keys[0])
+        batch = _val(vals[0])
         if batch is None or batch == "" or batch == "false" or batch == "0":
-            is_batch = code == SEND_BATCH_MESSAGE
+            is_batch = c == SEND_BATCH_MESSAGE
         elif batch == "true" or batch == "1":
             is_batch = True
         else:
             return None
-        group = fields.get(keys[1], "")
+        group = <object>vals[1] if vals[1] != NULL else ""
         if type(group) is not str:
             return None
-        topic = fields.get(keys[2])
+        topic = _val(vals[2])
         if type(topic) is not str:
             return None
+        if (
+            _field_int(_val(vals[3]), -1, &queue_id)
+            or _field_int(_val(vals[4]), 0, &sys_flag)
+            or sys_flag & TRANSACTION_TYPE_MASK
+            or _field_int(_val(vals[6]), 4, &unused)
+            or _field_int(_val(vals[8]), 0, &reconsume)
+            or _field_int(_val(vals[11]), 0, &born)
+        ):
+            return None
+        if not is_batch:
+            if _field_int(_val(vals[10]), 0, &flag):
+                return None
+            text = _val(vals[7])
+            if text is None:
+                text = ""
+            elif type(text) is not str:
+                return None
         if topic is last_topic or topic == last_topic:
             count = last_count
         else:
             count = writable_queues(topic)
             last_topic, last_count = topic, count
-        if count < 0:
-            return None
-        if _field_int(fields.get(keys[3]), -1, &queue_id) or queue_id < 0 or queue_id >= count:
-            return None
-        if _field_int(fields.get(keys[4]), 0, &sys_flag) or sys_flag & TRANSACTION_TYPE_MASK:
-            return None
-        if (
-            _field_int(fields.get(keys[6]), 4, &unused)
-            or _field_int(fields.get(keys[8]), 0, &reconsume)
-            or _field_int(fields.get(keys[11]), 0, &born)
-        ):
+        if count < 0 or queue_id < 0 or queue_id >= count:
             return None
         if is_batch:
             # prepare_batch: the body's messages by the handler's own decoder (what it refuses, an
@@ -281,25 +520,21 @@ cdef list _prepare(
             if not msgs:
                 return None
             for msg in msgs:
-                if _has_timer(msg.properties):
+                if _has_timer(_properties_of(msg)):
                     return None
-            sends.append(_Send(group, msgs, True, None, msgs[0].queue_id, len(body)))
+            sends.append(_new_send(group, msgs, True, msgs[0].queue_id, len(body)))
             continue
-        if _field_int(fields.get(keys[10]), 0, &flag):
-            return None
-        text = fields.get(keys[7])
-        if text is None:
-            text = ""
-        elif type(text) is not str:
-            return None
         props = _properties(<str>text)
-        for name in REWRITTEN:
-            if name in props:
-                return None
+        if _rewritten(props):
+            return None
         props[CLUSTER] = cluster
         body = _payload(request, framed)
-        msg = _MessageInner(
-            topic, body, queue_id, flag, props, sys_flag, born, born_host, store_host, reconsume
+        qid = queue_id
+        if born != last_born or last_born_obj is None:  # a read's sends share a few milliseconds
+            last_born_obj = born
+            last_born = born
+        msg = _new_message(
+            topic, body, qid, flag, props, sys_flag, last_born_obj, born_host, store_host, reconsume
         )
-        sends.append(_Send(group, [msg], False, None, queue_id, len(body)))
+        sends.append(_new_send(group, [msg], False, qid, len(body)))
     return sends

@@ -311,6 +311,8 @@ def reference_batch(request: Any, get: Any, keys: Any, born: Any, store: Any) ->
 
 
 def check(lane: Any, run: list[Any], stats: dict[str, int]) -> None:
+    from tidemq.broker.services.put import Send
+
     cluster, born, store = "DefaultCluster", ("10.0.0.1", 4000), ("127.0.0.1", 10911)
     try:
         sends = lane.prepare_sends(run, writable_queues, cluster, 64, born, store)
@@ -333,6 +335,48 @@ def check(lane: Any, run: list[Any], stats: dict[str, int]) -> None:
         want = (group, msgs, queue_id, nbytes, batch, None)
         if got != want:
             raise Mismatch(f"lane {got!r} != handler {want!r}")
+        same_objects(send, Send(group, msgs, batch, None, queue_id, nbytes))
+
+
+_UNSET = object()
+
+
+def _typed(value: Any) -> Any:
+    """A value with its type and, for a dict, its order (the stored properties follow it)."""
+    if type(value) is dict:
+        return ("dict", [(_typed(k), _typed(v)) for k, v in value.items()])
+    if type(value) is list:
+        return ("list", [_typed(v) for v in value])
+    if type(value) is tuple:
+        return ("tuple", [_typed(v) for v in value])
+    return (type(value).__name__, value)
+
+
+def same_objects(send: Any, want: Any) -> None:
+    """The lane's send is what the class makes of the handler's reading: every slot (set or not)
+    of the same type and value, each message's fields likewise, properties in the same order (the
+    lane builds them without the classes' ``__init__``)."""
+    import attrs
+
+    from tidemq.message import MessageInner
+
+    if type(send) is not type(want):
+        raise Mismatch(f"a {type(send).__name__}, not a {type(want).__name__}")
+    for name in type(want).__slots__:
+        if name == "msgs":
+            continue
+        got, ref = getattr(send, name, _UNSET), getattr(want, name, _UNSET)
+        if (got is _UNSET) != (ref is _UNSET) or _typed(got) != _typed(ref):
+            raise Mismatch(f"Send.{name}: lane {got!r} != class {ref!r}")
+    if type(send.msgs) is not list or len(send.msgs) != len(want.msgs):
+        raise Mismatch(f"messages: lane {send.msgs!r} != handler {want.msgs!r}")
+    for msg, ref in zip(send.msgs, want.msgs, strict=True):
+        if type(msg) is not MessageInner:
+            raise Mismatch(f"a {type(msg).__name__}, not a MessageInner")
+        for field in attrs.fields(MessageInner):
+            got, exp = getattr(msg, field.name), getattr(ref, field.name)
+            if _typed(got) != _typed(exp):
+                raise Mismatch(f"MessageInner.{field.name}: lane {got!r} != handler {exp!r}")
 
 
 def run(lane: Any, inputs: int, seed: int) -> dict[str, Any]:
