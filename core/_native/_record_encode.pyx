@@ -527,8 +527,8 @@ cdef class RecordEncoder:
             self._wcap = n
         offsets = self._pack(b, self._wbuf, f)
         if n <= _GIL_WRITE_MAX:
-            # A few pages into the page cache: a few microseconds, too short to hand the GIL over
-            # (the key index's thread would take it and this thread then waits to get it back).
+            # Kept for measurements (set_gil_write_max): with the GIL held, the key index's thread
+            # cannot run beside the kernel's copy; measured, that cost more than the hand-over.
             while done < n:
                 w = pwrite(fd, self._wbuf + done, n - done, file_pos + done)
                 if w < 0:
@@ -598,8 +598,9 @@ cdef class RecordEncoder:
         PyMem_Free(self._wbuf)
 
 
-#: Writes up to this size keep the GIL during their ``pwrite`` (RecordEncoder.write_file).
-cdef Py_ssize_t _GIL_WRITE_MAX = 256 * 1024
+#: Writes up to this size keep the GIL during their ``pwrite`` (RecordEncoder.write_file); 0:
+#: every write lets other threads run, as ``os.pwrite`` does.
+cdef Py_ssize_t _GIL_WRITE_MAX = 0
 
 _PUT_FIELDS = (
     "status", "wrote_offset", "wrote_bytes", "queue_offset", "msg_ids", "store_timestamp",
