@@ -258,7 +258,8 @@ cdef class RecordEncoder:
         cdef int64_t sys_flag, born_ts, prepared
         cdef uint8_t born[20]
         cdef uint8_t topic_buf[128]
-        cdef Py_ssize_t born_len = 0, topic_len = 0, pos
+        cdef Py_ssize_t born_len = 0, topic_len = 0, pos, klen, vlen
+        cdef uint8_t *at
         cdef rec_t *r
         cdef PyObject *key
         cdef PyObject *value
@@ -318,6 +319,19 @@ cdef class RecordEncoder:
                 while PyDict_Next(props, &pos, &key, &value):
                     if not PyUnicode_CheckExact(<object>key) or not PyUnicode_CheckExact(<object>value):
                         raise _Fallback()  # the reference formats other types as Java would print them
+                    if PyUnicode_IS_COMPACT_ASCII(<object>key) and PyUnicode_IS_COMPACT_ASCII(<object>value):
+                        # The usual pair: one room check, two copies.
+                        klen = PyUnicode_GET_LENGTH(<object>key)
+                        vlen = PyUnicode_GET_LENGTH(<object>value)
+                        if b.arena_len + klen + vlen + 2 > b.arena_cap:
+                            b.reserve(klen + vlen + 2)
+                        at = b.arena + b.arena_len
+                        memcpy(at, PyUnicode_DATA(<object>key), klen)
+                        at[klen] = 1
+                        memcpy(at + klen + 1, PyUnicode_DATA(<object>value), vlen)
+                        at[klen + 1 + vlen] = 2
+                        b.arena_len += klen + vlen + 2
+                        continue
                     _put_str(b, <object>key)
                     b.reserve(1)
                     b.arena[b.arena_len] = 1

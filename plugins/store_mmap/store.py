@@ -279,7 +279,7 @@ class MmapMessageStore(MmapIntrospection):
     def put_messages(self, msgs: Sequence[MessageInner]) -> Future[PutResult]:
         fut: Future[PutResult] = StoreFuture()
         result = self._append(msgs)
-        if result.status is not PutStatus.PUT_OK:
+        if result.status is not _PUT_OK:
             fut.set_result(result)
             return fut
         end = result.wrote_offset + result.wrote_bytes
