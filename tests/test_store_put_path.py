@@ -232,6 +232,26 @@ def test_write_file_writes_what_write_into_packs(tmp_path: Path) -> None:
         batch.cq_entries([1 << 64] * 9)  # the reference's error (struct refuses it)
 
 
+def test_write_file_grows_its_buffer_for_larger_batches(tmp_path: Path) -> None:
+    enc = C.RecordEncoder(("10.1.2.3", 10911))
+    fd = os.open(tmp_path / "log", os.O_RDWR | os.O_CREAT)
+    pos = 0
+    try:
+        for count, size in ((2, 100), (40, 5000), (3, 30), (70, 4000)):
+            msgs = [
+                MessageInner(topic="T", body=bytes([i]) * size, properties={"i": str(i)})
+                for i in range(count)
+            ]
+            batch, again = enc.prepare(msgs), enc.prepare(msgs)
+            expected = bytearray(batch.total)
+            enc.write_into(expected, 0, again, 0, pos, T0, 1)
+            enc.write_file(batch, fd, pos, 0, pos, T0, 1)
+            assert os.pread(fd, batch.total, pos) == bytes(expected)
+            pos += batch.total
+    finally:
+        os.close(fd)
+
+
 def test_write_file_reports_the_write_error_and_refuses_bad_fields(tmp_path: Path) -> None:
     enc = C.RecordEncoder(("10.1.2.3", 10911))
     batch = enc.prepare([msg(i=i) for i in range(3)])

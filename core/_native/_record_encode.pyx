@@ -526,7 +526,7 @@ cdef class RecordEncoder:
         """
         cdef PreparedRecords b = batch
         cdef int64_t f[4]
-        cdef Py_ssize_t n = b.total, done = 0
+        cdef Py_ssize_t n = b.total, done = 0, cap
         cdef ssize_t w
         cdef uint8_t *grown
         cdef int err = 0
@@ -534,11 +534,12 @@ cdef class RecordEncoder:
             return []
         self._check_fields(b, queue_offset, physical_offset, store_timestamp, queue_offset_step, f)
         if n > self._wcap:
-            grown = <uint8_t *>PyMem_Realloc(self._wbuf, n)
+            cap = max(n, 2 * self._wcap, 64 * 1024)
+            grown = <uint8_t *>PyMem_Realloc(self._wbuf, cap)
             if grown == NULL:
                 raise MemoryError()
             self._wbuf = grown
-            self._wcap = n
+            self._wcap = cap
         offsets = self._pack(b, self._wbuf, f)
         if n <= _GIL_WRITE_MAX:
             # Kept for measurements (set_gil_write_max): with the GIL held, the key index's thread
