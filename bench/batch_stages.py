@@ -186,7 +186,7 @@ def ab(args: argparse.Namespace, single: list[str]) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
         order = ("A", "B") if r % 2 == 0 else ("B", "A")
-        got = {}
+        got: dict[str, Any] = {}
         for side in order:
             doc = run_once(a_argv if side == "A" else b_argv, args.b_tree if side == "B" else None)
             got[side] = summary(doc)

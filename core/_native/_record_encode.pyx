@@ -10,7 +10,7 @@ The Python reference is :class:`tidemq.record.RecordEncoder` / :func:`tidemq.rec
 include "_support.pxi"
 include "_fields.pxi"
 
-from libc.errno cimport EINTR, errno
+from libc.errno cimport EINTR, EIO, errno
 from posix.unistd cimport pwrite
 
 import os as _os
@@ -551,6 +551,9 @@ cdef class RecordEncoder:
                         continue
                     err = errno
                     break
+                if w == 0:  # no progress: never loop on it
+                    err = EIO
+                    break
                 done += w
         else:
             with nogil:
@@ -560,6 +563,9 @@ cdef class RecordEncoder:
                         if errno == EINTR:
                             continue
                         err = errno
+                        break
+                    if w == 0:  # no progress: never loop on it
+                        err = EIO
                         break
                     done += w
         if err:
