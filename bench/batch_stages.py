@@ -65,13 +65,14 @@ def thread_cpu() -> dict[str, float]:
     """CPU seconds of each thread of this process, by name (``/proc/self/task``)."""
     names = {t.native_id: t.name for t in threading.enumerate()}
     tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = collections.Counter()
+    out: dict[str, float] = {}
     for task in Path("/proc/self/task").iterdir():
         try:
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[names.get(int(task.name), "other")] += (int(fields[11]) + int(fields[12])) / tick
+        name = names.get(int(task.name), "other")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     return out
 
 
@@ -97,7 +98,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
             async def feed(frames: list[bytes]) -> None:
                 conn = Connection(server, server._handler, server._options, server_side=True)
-                conn.connection_made(CountingTransport())  # type: ignore[arg-type]
+                conn.connection_made(CountingTransport())
                 for i in range(0, len(frames), args.per_read):
                     conn.data_received(b"".join(frames[i : i + args.per_read]))
                     await asyncio.sleep(0)
