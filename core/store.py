@@ -234,6 +234,9 @@ def dispatch_messages(
     tags_codes: Sequence[int],
     store_timestamp: int,
     queue_offset: int,
+    *,
+    properties: list[dict[str, str]] | None = None,
+    sys_flags: list[int] | None = None,
 ) -> None:
     """Hand messages just appended (one topic and queue, consecutive queue offsets) to every dispatcher.
 
@@ -242,18 +245,17 @@ def dispatch_messages(
     :meth:`~BatchDispatcher.dispatch_batch` call for the whole batch; any other dispatcher one
     :class:`DispatchRequest` per message, built only when such a dispatcher is attached.  A
     failing dispatcher is logged and skipped: the message is stored whatever an index thinks.
-    ``queue_offset`` is -1 for records without a ConsumeQueue entry.
+    ``queue_offset`` is -1 for records without a ConsumeQueue entry.  ``properties`` and
+    ``sys_flags``: the messages' columns when the store has them already (both or neither).
     """
     if not msgs:
         return
     per_request = False
-    properties: list[dict[str, str]] | None = None
-    sys_flags: list[int] = []
     for d in dispatchers:
         if not _takes_batches(d):
             per_request = True
             continue
-        if properties is None:
+        if properties is None or sys_flags is None:
             properties = [m.properties for m in msgs]
             sys_flags = [m.sys_flag for m in msgs]
         first = msgs[0]

@@ -2,9 +2,12 @@
 
 import mmap
 from collections.abc import Sequence
+from typing import TypeVar
 
 from tidemq.message_types import HostPort, MessageInner
 from tidemq.record import PreparedBatch
+
+T = TypeVar("T")
 
 CRC32_SOURCE: str
 
@@ -17,7 +20,13 @@ class PreparedRecords:
     sizes: list[int]
     tags_codes: list[int]
     total: int
+    properties: list[dict[str, str]]
+    sys_flags: list[int]
+    uniform: bool
     def __len__(self) -> int: ...
+    def cq_entries(self, tags: list[int] | None = None) -> bytes: ...
+
+def set_gil_write_max(n: int) -> None: ...
 
 class RecordEncoder:
     store_host_bytes: bytes
@@ -40,3 +49,16 @@ class RecordEncoder:
         store_timestamp: int,
         queue_offset_step: int = 1,
     ) -> list[int]: ...
+    def write_file(
+        self,
+        batch: PreparedRecords,
+        fd: int,
+        file_pos: int,
+        queue_offset: int,
+        physical_offset: int,
+        store_timestamp: int,
+        queue_offset_step: int = 1,
+    ) -> list[int]: ...
+    def put_result(
+        self, cls: type[T], status: object, batch: PreparedRecords, queue_offset: int, store_timestamp: int
+    ) -> T: ...

@@ -10,6 +10,11 @@ The Python reference is :class:`tidemq.record.RecordEncoder` / :func:`tidemq.rec
 include "_support.pxi"
 include "_fields.pxi"
 
+from libc.errno cimport EINTR, EIO, errno
+from posix.unistd cimport pwrite
+
+import os as _os
+
 
 # ---------------------------------------------------------------------------- record encoding
 
@@ -27,6 +32,7 @@ cdef struct rec_t:
     int32_t sys_flag
     int32_t reconsume
     int32_t born_len        # 8 or 20
+    int32_t tags            # the ConsumeQueue tags code (Java hashCode of TAGS, 0 without)
     uint8_t born[20]
 
 
@@ -34,6 +40,10 @@ cdef class PreparedRecords:
     """Records validated and sized by the compiled :meth:`RecordEncoder.prepare`.
 
     The public fields of :class:`tidemq.record.PreparedBatch`: ``sizes``, ``tags_codes``, ``total``.
+    Beyond them, for the store's put (its columns read once, here, not again in Python):
+    ``properties`` and ``sys_flags`` (each message's, as the dispatchers take them), ``uniform``
+    (every message has the first one's topic and queue id) and, once :meth:`RecordEncoder.write_file`
+    has placed the records, :meth:`cq_entries` and :meth:`RecordEncoder.put_result`.
     """
 
     cdef rec_t *recs
@@ -44,6 +54,11 @@ cdef class PreparedRecords:
     cdef readonly list sizes
     cdef readonly list tags_codes
     cdef readonly Py_ssize_t total
+    cdef readonly list properties
+    cdef readonly list sys_flags
+    cdef readonly bint uniform
+    cdef int64_t phys0          # physical offset of the first record, once written (write_file)
+    cdef bint placed
 
     def __dealloc__(self):
         cdef Py_ssize_t i
@@ -58,6 +73,44 @@ cdef class PreparedRecords:
 
     def __repr__(self):
         return f"PreparedRecords({self.n} records, {self.total} bytes)"
+
+    def cq_entries(self, tags=None):
+        """The ConsumeQueue entries of the records once placed (:func:`pack_cq_entries` of their
+        offsets, ``sizes`` and ``tags``, by default ``tags_codes``), back to back."""
+        cdef Py_ssize_t i
+        cdef int64_t phys, tag
+        cdef uint8_t *out
+        cdef bint own = tags is None or tags is self.tags_codes
+        if not self.placed:
+            raise ValueError("the records are not written yet")
+        if not own and (type(tags) is not list or PyList_GET_SIZE(tags) != self.n):
+            return pack_cq_entries(self._offsets(), self.sizes, tags)
+        packed = PyBytes_FromStringAndSize(NULL, 20 * self.n)
+        out = <uint8_t *>PyBytes_AS_STRING(packed)
+        phys = self.phys0
+        for i in range(self.n):
+            if own:
+                tag = self.recs[i].tags
+            elif (
+                not PyLong_CheckExact(<object>PySequence_Fast_GET_ITEM(tags, i))
+                or _as_i64(<object>PySequence_Fast_GET_ITEM(tags, i), &tag) != 0
+            ):
+                return pack_cq_entries(self._offsets(), self.sizes, tags)  # struct refuses it there
+            tq_put64(out, <uint64_t>phys)
+            tq_put32(out + 8, <uint32_t>self.recs[i].size)
+            tq_put64(out + 12, <uint64_t>tag)
+            out += 20
+            phys += self.recs[i].size
+        return packed
+
+    cdef list _offsets(self):
+        cdef Py_ssize_t i
+        cdef int64_t phys = self.phys0
+        offsets = PyList_New(self.n)
+        for i in range(self.n):
+            tq_list_set_long(offsets, i, phys)
+            phys += self.recs[i].size
+        return offsets
 
     cdef int reserve(self, Py_ssize_t more) except -1:
         cdef Py_ssize_t cap = self.arena_cap
@@ -120,6 +173,8 @@ cdef class RecordEncoder:
     cdef bint _max_ok
     cdef uint8_t _store[20]
     cdef Py_ssize_t _store_len
+    cdef uint8_t *_wbuf         # write_file's records, packed before their pwrite
+    cdef Py_ssize_t _wcap
 
     def __init__(self, store_host, max_size=4 * 1024 * 1024):
         if not _bound:
@@ -196,13 +251,15 @@ cdef class RecordEncoder:
         cdef PyObject *m
         # Strong references, as the reference's locals: an object compared by identity stays alive.
         cdef object last_topic = None, last_props = None, last_born = None
-        cdef object topic, props, born_host
+        cdef object topic, props, born_host, first_topic = None
+        cdef int32_t first_qid = 0
         cdef PyTypeObject *inner_type = <PyTypeObject *>MessageInner
         cdef int32_t tags_code = 0, qid, flag, reconsume, h
         cdef int64_t sys_flag, born_ts, prepared
         cdef uint8_t born[20]
         cdef uint8_t topic_buf[128]
-        cdef Py_ssize_t born_len = 0, topic_len = 0, pos
+        cdef Py_ssize_t born_len = 0, topic_len = 0, pos, klen, vlen
+        cdef uint8_t *at
         cdef rec_t *r
         cdef PyObject *key
         cdef PyObject *value
@@ -215,6 +272,9 @@ cdef class RecordEncoder:
             raise MemoryError()
         b.sizes = PyList_New(n)
         b.tags_codes = PyList_New(n)
+        b.properties = PyList_New(n)
+        b.sys_flags = PyList_New(n)
+        b.uniform = True
         for i in range(n):
             m = PySequence_Fast_GET_ITEM(seq, i)
             if <PyTypeObject *>Py_TYPE(<object>m) != inner_type:
@@ -241,6 +301,10 @@ cdef class RecordEncoder:
                         if topic_len > 127:
                             raise _Fallback()
                         memcpy(topic_buf, PyBytes_AS_STRING(raw), topic_len)
+                    if i == 0:
+                        first_topic = topic
+                    elif b.uniform and topic != first_topic:
+                        b.uniform = False
                     last_topic = topic
                 if not PyDict_CheckExact(props):
                     raise _Fallback()
@@ -255,6 +319,19 @@ cdef class RecordEncoder:
                 while PyDict_Next(props, &pos, &key, &value):
                     if not PyUnicode_CheckExact(<object>key) or not PyUnicode_CheckExact(<object>value):
                         raise _Fallback()  # the reference formats other types as Java would print them
+                    if PyUnicode_IS_COMPACT_ASCII(<object>key) and PyUnicode_IS_COMPACT_ASCII(<object>value):
+                        # The usual pair: one room check, two copies.
+                        klen = PyUnicode_GET_LENGTH(<object>key)
+                        vlen = PyUnicode_GET_LENGTH(<object>value)
+                        if b.arena_len + klen + vlen + 2 > b.arena_cap:
+                            b.reserve(klen + vlen + 2)
+                        at = b.arena + b.arena_len
+                        memcpy(at, PyUnicode_DATA(<object>key), klen)
+                        at[klen] = 1
+                        memcpy(at + klen + 1, PyUnicode_DATA(<object>value), vlen)
+                        at[klen + 1 + vlen] = 2
+                        b.arena_len += klen + vlen + 2
+                        continue
                     _put_str(b, <object>key)
                     b.reserve(1)
                     b.arena[b.arena_len] = 1
@@ -307,6 +384,15 @@ cdef class RecordEncoder:
                 or _as_i64(<object>tq_get_slot(m, _inner_off[10]), &prepared) != 0
             ):
                 raise _Fallback()  # the reference packs it and struct refuses it
+            if i == 0:
+                first_qid = qid
+            elif qid != first_qid:
+                b.uniform = False
+            value = tq_get_slot(m, _inner_off[5])
+            Py_INCREF(<object>value)
+            PyList_SET_ITEM(b.sys_flags, i, <object>value)
+            Py_INCREF(props)
+            PyList_SET_ITEM(b.properties, i, props)
             sys_flag &= ~(<int64_t>V6_FLAGS)
             if born_len == 20:
                 sys_flag |= BORN_V6
@@ -331,43 +417,85 @@ cdef class RecordEncoder:
             r.reconsume = reconsume
             r.born_len = <int32_t>born_len
             memcpy(r.born, born, born_len)
+            r.tags = tags_code
             tq_list_set_long(b.sizes, i, size)
             tq_list_set_long(b.tags_codes, i, tags_code)
             total += size
         b.total = total
         return b
 
+    cdef int _check_fields(self, PreparedRecords b, queue_offset, physical_offset, store_timestamp,
+                           queue_offset_step, int64_t *out) except -1:
+        """The int64 fields struct would pack (queue offset, physical offset, store time, step),
+        checked before a byte is written: struct.error for what struct refuses."""
+        cdef int64_t last, step
+        cdef Py_ssize_t n = b.n
+        out[0] = _struct_q(queue_offset)
+        out[1] = _struct_q(physical_offset)
+        out[2] = _struct_q(store_timestamp)
+        if n > 1:
+            step = _struct_q(queue_offset_step)
+            if tq_mul_overflows(step, n - 1, &last) or tq_add_overflows(out[0], last, &last):
+                raise _struct.error("int too large to convert")
+            if tq_add_overflows(out[1], b.total - b.recs[n - 1].size, &last):
+                raise _struct.error("int too large to convert")
+        else:
+            step = 0
+        out[3] = step
+        return 0
+
+    cdef object _pack(self, PreparedRecords b, uint8_t *d, const int64_t *f):
+        """Pack the records at ``d`` (``b.total`` bytes); their physical offsets, as a list."""
+        cdef Py_ssize_t i, o
+        cdef int64_t qoff = f[0], phys = f[1], ts = f[2], step = f[3]
+        cdef rec_t *r
+        offsets = PyList_New(b.n)
+        for i in range(b.n):
+            r = &b.recs[i]
+            tq_put32(d, <uint32_t>r.size)
+            tq_put32(d + 4, MAGIC)
+            tq_put32(d + 8, r.crc)
+            tq_put32(d + 12, <uint32_t>r.queue_id)
+            tq_put32(d + 16, <uint32_t>r.flag)
+            tq_put64(d + 20, <uint64_t>qoff)
+            tq_put64(d + 28, <uint64_t>phys)
+            tq_put32(d + 36, <uint32_t>r.sys_flag)
+            tq_put64(d + 40, <uint64_t>r.born_ts)
+            memcpy(d + 48, r.born, r.born_len)
+            o = 48 + r.born_len
+            tq_put64(d + o, <uint64_t>ts)
+            o += 8
+            memcpy(d + o, self._store, self._store_len)
+            o += self._store_len
+            tq_put32(d + o, <uint32_t>r.reconsume)
+            tq_put64(d + o + 4, <uint64_t>r.prepared)
+            tq_put32(d + o + 12, <uint32_t>r.body_len)
+            o += 16
+            memcpy(d + o, PyBytes_AS_STRING(<object>r.body), r.body_len)
+            o += r.body_len
+            memcpy(d + o, b.arena + r.tail_off, r.tail_len)
+            tq_list_set_long(offsets, i, phys)
+            d += r.size
+            phys += r.size
+            qoff += step
+        return offsets
+
     def write_into(self, target, pos, batch, queue_offset, physical_offset, store_timestamp,
                    queue_offset_step=1):
         """Pack the records at ``target[pos:]``; each record's physical offset (:meth:`tidemq.record.RecordEncoder.write_into`)."""
         cdef PreparedRecords b
         cdef Py_buffer view
-        cdef Py_ssize_t at, i, n, buflen
-        cdef int64_t qoff, phys, ts, step, last
-        cdef uint8_t *d
-        cdef rec_t *r
-        cdef Py_ssize_t o
+        cdef Py_ssize_t at, buflen
+        cdef int64_t f[4]
         if type(batch) is not PreparedRecords:
             return self.reference.write_into(
                 target, pos, batch, queue_offset, physical_offset, store_timestamp, queue_offset_step
             )
         b = <PreparedRecords>batch
-        n = b.n
-        if n == 0:
+        if b.n == 0:
             return []
         at = pos.__index__()
-        # The fields struct would pack, checked before a byte is written.
-        qoff = _struct_q(queue_offset)
-        phys = _struct_q(physical_offset)
-        ts = _struct_q(store_timestamp)
-        if n > 1:
-            step = _struct_q(queue_offset_step)
-            if tq_mul_overflows(step, n - 1, &last) or tq_add_overflows(qoff, last, &last):
-                raise _struct.error("int too large to convert")
-            if tq_add_overflows(phys, b.total - b.recs[n - 1].size, &last):
-                raise _struct.error("int too large to convert")
-        else:
-            step = 0
+        self._check_fields(b, queue_offset, physical_offset, store_timestamp, queue_offset_step, f)
         PyObject_GetBuffer(target, &view, PyBUF_WRITABLE)
         try:
             buflen = view.len
@@ -380,39 +508,141 @@ cdef class RecordEncoder:
                     f"pack_into requires a buffer of at least {b.total + at} bytes for packing "
                     f"{b.total} bytes at offset {at} (actual buffer size is {buflen})"
                 )
-            offsets = PyList_New(n)
-            d = <uint8_t *>view.buf + at
-            for i in range(n):
-                r = &b.recs[i]
-                tq_put32(d, <uint32_t>r.size)
-                tq_put32(d + 4, MAGIC)
-                tq_put32(d + 8, r.crc)
-                tq_put32(d + 12, <uint32_t>r.queue_id)
-                tq_put32(d + 16, <uint32_t>r.flag)
-                tq_put64(d + 20, <uint64_t>qoff)
-                tq_put64(d + 28, <uint64_t>phys)
-                tq_put32(d + 36, <uint32_t>r.sys_flag)
-                tq_put64(d + 40, <uint64_t>r.born_ts)
-                memcpy(d + 48, r.born, r.born_len)
-                o = 48 + r.born_len
-                tq_put64(d + o, <uint64_t>ts)
-                o += 8
-                memcpy(d + o, self._store, self._store_len)
-                o += self._store_len
-                tq_put32(d + o, <uint32_t>r.reconsume)
-                tq_put64(d + o + 4, <uint64_t>r.prepared)
-                tq_put32(d + o + 12, <uint32_t>r.body_len)
-                o += 16
-                memcpy(d + o, PyBytes_AS_STRING(<object>r.body), r.body_len)
-                o += r.body_len
-                memcpy(d + o, b.arena + r.tail_off, r.tail_len)
-                tq_list_set_long(offsets, i, phys)
-                d += r.size
-                phys += r.size
-                qoff += step
+            offsets = self._pack(b, <uint8_t *>view.buf + at, f)
         finally:
             PyBuffer_Release(&view)
+        b.phys0 = f[1]
+        b.placed = True
         return offsets
+
+    def write_file(self, PreparedRecords batch not None, int fd, int64_t file_pos, queue_offset,
+                   physical_offset, store_timestamp, queue_offset_step=1):
+        """Pack the records as :meth:`write_into` does, then write them into file ``fd`` at
+        ``file_pos`` (``pwrite``, repeated after a short write); their physical offsets.
+
+        The store's put of a batch: one call for the packing and the write, in a buffer the
+        encoder keeps.  An ``OSError`` (ENOSPC, EIO) leaves what ``pwrite`` wrote (the caller
+        takes it back); nothing is written when a field is refused (``struct.error``).
+        """
+        cdef PreparedRecords b = batch
+        cdef int64_t f[4]
+        cdef Py_ssize_t n = b.total, done = 0, cap
+        cdef ssize_t w
+        cdef uint8_t *grown
+        cdef int err = 0
+        if b.n == 0:
+            return []
+        self._check_fields(b, queue_offset, physical_offset, store_timestamp, queue_offset_step, f)
+        if n > self._wcap:
+            cap = max(n, 2 * self._wcap, 64 * 1024)
+            grown = <uint8_t *>PyMem_Realloc(self._wbuf, cap)
+            if grown == NULL:
+                raise MemoryError()
+            self._wbuf = grown
+            self._wcap = cap
+        offsets = self._pack(b, self._wbuf, f)
+        if n <= _GIL_WRITE_MAX:
+            # Kept for measurements (set_gil_write_max): with the GIL held, the key index's thread
+            # cannot run beside the kernel's copy; measured, that cost more than the hand-over.
+            while done < n:
+                w = pwrite(fd, self._wbuf + done, n - done, file_pos + done)
+                if w < 0:
+                    if errno == EINTR:
+                        continue
+                    err = errno
+                    break
+                if w == 0:  # no progress: never loop on it
+                    err = EIO
+                    break
+                done += w
+        else:
+            with nogil:
+                while done < n:
+                    w = pwrite(fd, self._wbuf + done, n - done, file_pos + done)
+                    if w < 0:
+                        if errno == EINTR:
+                            continue
+                        err = errno
+                        break
+                    if w == 0:  # no progress: never loop on it
+                        err = EIO
+                        break
+                    done += w
+        if err:
+            raise OSError(err, _os.strerror(err))
+        b.phys0 = f[1]
+        b.placed = True
+        return offsets
+
+    def put_result(self, cls, status, PreparedRecords batch not None, queue_offset, store_timestamp):
+        """``cls(status, wrote_offset, wrote_bytes, queue_offset, msg_ids, store_timestamp,
+        message_count)`` (:class:`tidemq.store.PutResult`) of records placed by :meth:`write_file`
+        or :meth:`write_into`, their message ids made here, the object built slot by slot."""
+        cdef PreparedRecords b = batch
+        cdef Py_ssize_t i
+        cdef uint64_t phys
+        cdef PyObject *p
+        if not b.placed:
+            raise ValueError("the records are not written yet")
+        ids = PyTuple_New(b.n)
+        phys = <uint64_t>b.phys0
+        for i in range(b.n):
+            s = _hex_id(self.id_prefix, phys)
+            Py_INCREF(s)
+            PyTuple_SET_ITEM(ids, i, s)
+            phys += <uint64_t>b.recs[i].size
+        if cls is not _put_cls:
+            _bind_put_result(cls)
+        if _put_off[0] < 0:
+            return cls(
+                status,
+                wrote_offset=b.phys0,
+                wrote_bytes=b.total,
+                queue_offset=queue_offset,
+                msg_ids=ids,
+                store_timestamp=store_timestamp,
+                message_count=b.n,
+            )
+        r = _new(cls)
+        p = <PyObject *>r
+        tq_set_slot(p, _put_off[0], <PyObject *>status)
+        tq_slot_long(p, _put_off[1], b.phys0)
+        tq_slot_long(p, _put_off[2], b.total)
+        tq_set_slot(p, _put_off[3], <PyObject *>queue_offset)
+        tq_set_slot(p, _put_off[4], <PyObject *>ids)
+        tq_set_slot(p, _put_off[5], <PyObject *>store_timestamp)
+        tq_slot_long(p, _put_off[6], b.n)
+        tq_set_slot(p, _put_off[7], <PyObject *>"")
+        return r
+
+    def __dealloc__(self):
+        PyMem_Free(self._wbuf)
+
+
+#: Writes up to this size keep the GIL during their ``pwrite`` (RecordEncoder.write_file); 0:
+#: every write lets other threads run, as ``os.pwrite`` does.
+cdef Py_ssize_t _GIL_WRITE_MAX = 0
+
+_PUT_FIELDS = (
+    "status", "wrote_offset", "wrote_bytes", "queue_offset", "msg_ids", "store_timestamp",
+    "message_count", "error",
+)
+cdef object _put_cls = None
+cdef Py_ssize_t _put_off[8]
+_put_off[0] = -1
+
+
+cdef int _bind_put_result(cls) except -1:
+    global _put_cls
+    _slot_offsets(cls, _PUT_FIELDS, _put_off)
+    _put_cls = cls
+    return 0
+
+
+def set_gil_write_max(Py_ssize_t n):
+    """Writes of :meth:`RecordEncoder.write_file` up to ``n`` bytes keep the GIL (benchmarks)."""
+    global _GIL_WRITE_MAX
+    _GIL_WRITE_MAX = n
 
 
 # ---------------------------------------------------------------------------- consume-queue entries

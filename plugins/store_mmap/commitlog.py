@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tidemq.errors import CorruptDataError, StoreError
+from tidemq.extensions import compiled_twin
 from tidemq.logs import Progress
 from tidemq.message import (
     BLANK_MAGIC_CODE,
@@ -32,6 +33,10 @@ from .mapped_file_queue import MappedFileQueue
 from .transient_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
+
+#: The compiled encoder's batch (None when the reference runs): packed and written by one call
+#: (RecordEncoder.write_file); the store's put also takes its columns and fused calls.
+COMPILED_BATCH: type | None = getattr(compiled_twin("tidemq._native._record_encode"), "PreparedRecords", None)
 
 #: TOTALSIZE + MAGICCODE of the blank record; a file always keeps room for it.
 END_FILE_MIN_BLANK_LENGTH = 8
@@ -137,6 +142,11 @@ class CommitLog:
     # ------------------------------------------------------------------ writes (caller holds the store lock)
     def file_for(self, size: int) -> MappedFile:
         """The file the next ``size`` bytes go to, writing the blank end marker when needed."""
+        files = self.queue.files
+        if files:  # the usual case, without a call: the last file has room
+            last = files[-1]
+            if last.wrote_position + size + END_FILE_MIN_BLANK_LENGTH <= last.file_size:
+                return last
         if size + END_FILE_MIN_BLANK_LENGTH > self.file_size:
             raise CommitLogFullError(
                 f"a {size}-byte append does not fit a {self.file_size}-byte commit-log file"
@@ -195,6 +205,18 @@ class CommitLog:
                 # Wipe what was packed past the write position so it can never be committed.
                 mf.write_at(start, bytes(total))
                 raise RecordEncodeError(f"cannot encode the message: {exc}") from exc
+        elif type(batch) is COMPILED_BATCH:
+            # The same, packed and written by one compiled call (in the encoder's own buffer).
+            try:
+                offsets = encoder.write_file(batch, mf.fd, start, queue_offset, base, ts, step)
+            except (struct.error, TypeError, OverflowError) as exc:
+                raise RecordEncodeError(f"cannot encode the message: {exc}") from exc
+            except OSError as exc:
+                try:
+                    mf.pwrite(start, bytes(total))  # best effort: no partial record left for recovery
+                except OSError:
+                    pass
+                raise OSError(exc.errno, exc.strerror, str(mf.path)) from exc  # say which file
         else:
             # Pack into one reused buffer, then one pwrite into the file: the kernel copies into
             # the page cache without a page fault per 4 KiB page, which writing through the

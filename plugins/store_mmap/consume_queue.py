@@ -140,19 +140,28 @@ class ConsumeQueue:
         self.max_physic_offset = offset + size
         return True
 
-    def put_packed(self, data: bytes, first_cq_offset: int) -> None:
-        """Write consecutive entries already packed with :data:`CQ_ENTRY` (the batch write path)."""
+    def put_packed(self, data: bytes, first_cq_offset: int, first_end: int = -1, last_end: int = -1) -> None:
+        """Write consecutive entries already packed with :data:`CQ_ENTRY` (the batch write path).
+
+        ``first_end`` and ``last_end``: where the first and the last entry's records end in the
+        commit log, when the caller knows them (else they are read from ``data``).
+        """
         expect = first_cq_offset * CQ_STORE_UNIT_SIZE
-        last = self.queue.last
-        first_phy, first_size, _ = CQ_ENTRY.unpack_from(data, 0)
+        files = self.queue.files
+        last = files[-1] if files else None
+        if first_end < 0:
+            first_phy, first_size, _ = CQ_ENTRY.unpack_from(data, 0)
+            first_end = first_phy + first_size
         if (
             last is not None
             and last.file_from_offset + last.wrote_position == expect
-            and first_phy + first_size > self.max_physic_offset
+            and first_end > self.max_physic_offset
             and last.append(data)
         ):
-            phy, size, _ = CQ_ENTRY.unpack_from(data, len(data) - CQ_STORE_UNIT_SIZE)
-            self.max_physic_offset = phy + size
+            if last_end < 0:
+                phy, size, _ = CQ_ENTRY.unpack_from(data, len(data) - CQ_STORE_UNIT_SIZE)
+                last_end = phy + size
+            self.max_physic_offset = last_end
             return
         self.put_many(list(CQ_ENTRY.iter_unpack(data)), first_cq_offset)
 
@@ -186,7 +195,11 @@ class ConsumeQueue:
     # ------------------------------------------------------------------ reads
     @property
     def max_offset_in_queue(self) -> int:
-        return self.queue.get_max_offset() // CQ_STORE_UNIT_SIZE
+        files = self.queue.files  # MappedFileQueue.get_max_offset, inline: once per put
+        if not files:
+            return 0
+        last = files[-1]
+        return (last.file_from_offset + last.wrote_position) // CQ_STORE_UNIT_SIZE
 
     @property
     def min_offset_in_queue(self) -> int:

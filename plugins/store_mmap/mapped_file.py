@@ -169,7 +169,7 @@ class MappedFile:
         """
         if self._buffer is not None:
             self._buffer[pos : pos + len(data)] = data
-        elif self.reserve(pos + len(data)):
+        elif pos + len(data) <= self.reserved or self.reserve(pos + len(data)):
             self.mm[pos : pos + len(data)] = data
         else:
             self.pwrite(pos, data)

@@ -143,6 +143,7 @@ class Reput:
         ts: int,
         queue_offset: int,
         arrived: bool,
+        columns: tuple[list[dict[str, str]], list[int]] | None = None,
     ) -> None:
         """Dispatch records of one queue (consecutive queue offsets), then note their arrival.
 
@@ -150,10 +151,24 @@ class Reput:
         :class:`tidemq.store.BatchDispatcher` (the hash index) gets the whole batch in one call and
         only queues it (its own thread indexes it; its queries index what is queued first, so a
         key is queryable by the time the put resolves).  ``arrived``: the records are consumable
-        (they have queue entries), so a held pull may now find them.
+        (they have queue entries), so a held pull may now find them.  ``columns``: the messages'
+        properties and flags, when the put's prepare step read them already.
         """
         if self.dispatchers:
-            dispatch_messages(self.dispatchers, msgs, offsets, sizes, tags, ts, queue_offset)
+            if columns is None:
+                dispatch_messages(self.dispatchers, msgs, offsets, sizes, tags, ts, queue_offset)
+            else:
+                dispatch_messages(
+                    self.dispatchers,
+                    msgs,
+                    offsets,
+                    sizes,
+                    tags,
+                    ts,
+                    queue_offset,
+                    properties=columns[0],
+                    sys_flags=columns[1],
+                )
         if arrived and self.listeners:
             first = msgs[0]
             self.notifier.arrived(first.topic, first.queue_id, queue_offset + len(msgs))

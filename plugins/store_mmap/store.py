@@ -60,7 +60,7 @@ from . import reader
 from .allocate_service import AllocateService
 from .checkpoint import StoreCheckpoint
 from .cleanup import CleanService, FlushConsumeQueueService
-from .commitlog import CommitLog, CommitLogFullError, RecordEncodeError
+from .commitlog import COMPILED_BATCH, CommitLog, CommitLogFullError, RecordEncodeError
 from .introspection import MmapIntrospection
 from .lane import compiled_send_lane
 from .options import MmapStoreOptions, parse_host
@@ -71,6 +71,18 @@ from .transient_pool import transient_pool_for
 from .truncate import truncate_commit_log
 
 log = logging.getLogger(__name__)
+
+
+_PUT_OK = PutStatus.PUT_OK
+_MIXED_BATCH = "a batch must go to one topic and queue"
+
+
+def _one_queue(msgs: Sequence[MessageInner], topic: str, queue_id: int) -> bool:
+    """Whether every message of a batch goes to ``topic`` and ``queue_id``."""
+    for m in msgs:
+        if m.topic != topic or m.queue_id != queue_id:
+            return False
+    return True
 
 
 class MmapMessageStore(MmapIntrospection):
@@ -267,7 +279,7 @@ class MmapMessageStore(MmapIntrospection):
     def put_messages(self, msgs: Sequence[MessageInner]) -> Future[PutResult]:
         fut: Future[PutResult] = StoreFuture()
         result = self._append(msgs)
-        if result.status is not PutStatus.PUT_OK:
+        if result.status is not _PUT_OK:
             fut.set_result(result)
             return fut
         end = result.wrote_offset + result.wrote_bytes
@@ -306,22 +318,35 @@ class MmapMessageStore(MmapIntrospection):
             return self._illegal("empty topic name")
         if queue_id < 0:
             return self._illegal(f"queue id {queue_id} is negative")
-        if len(msgs) > 1:
-            for m in msgs:
-                if m.topic != topic or m.queue_id != queue_id:
-                    return self._illegal("a batch must go to one topic and queue")
+        multi = len(msgs) > 1
         if self.options.compression != "none":
+            if multi and not _one_queue(msgs, topic, queue_id):
+                return self._illegal(_MIXED_BATCH)
+            multi = False  # checked
             msgs = [self._compressed(m) for m in msgs]
         # Everything that can fail on bad input happens here, outside the lock.
+        encoder = self._encoder
         try:
-            batch = self._encoder.prepare(msgs)
-        except MessageTooLargeError as exc:
-            status = (
-                PutStatus.PROPERTIES_SIZE_EXCEEDED if "properties" in str(exc) else PutStatus.MESSAGE_ILLEGAL
-            )
-            return self._illegal(str(exc), status)
-        except ValueError as exc:  # a host that is not an IP address
-            return self._illegal(f"cannot encode the message: {exc}")
+            batch = encoder.prepare(msgs)
+        except Exception as exc:
+            # A batch to several queues is refused as such, whatever else is wrong with it.
+            if multi and not _one_queue(msgs, topic, queue_id):
+                return self._illegal(_MIXED_BATCH)
+            if isinstance(exc, MessageTooLargeError):
+                status = (
+                    PutStatus.PROPERTIES_SIZE_EXCEEDED
+                    if "properties" in str(exc)
+                    else PutStatus.MESSAGE_ILLEGAL
+                )
+                return self._illegal(str(exc), status)
+            if isinstance(exc, ValueError):  # a host that is not an IP address
+                return self._illegal(f"cannot encode the message: {exc}")
+            raise
+        # The compiled batch read every message's topic and queue (``uniform``), its properties and
+        # flags (the dispatchers' columns), and places and describes the records in one call each.
+        compiled = type(batch) is COMPILED_BATCH
+        if multi and not (batch.uniform if compiled else _one_queue(msgs, topic, queue_id)):
+            return self._illegal(_MIXED_BATCH)
         tags = batch.tags_codes
         # Prepared and rolled-back transaction halves are not consumable: no queue entry.
         consumable = first.sys_flag & TRANSACTION_TYPE_MASK not in NOT_CONSUMABLE
@@ -348,7 +373,7 @@ class MmapMessageStore(MmapIntrospection):
             if topic == SCHEDULE_TOPIC and cq is not None:
                 tags = [reput.schedule_tags(m.properties, ts, t) for m, t in zip(msgs, tags, strict=True)]
             try:
-                offsets = commitlog.append_records(mf, self._encoder, batch, queue_offset, ts, step)
+                offsets = commitlog.append_records(mf, encoder, batch, queue_offset, ts, step)
             except RecordEncodeError as exc:
                 return self._illegal(str(exc))
             except OSError as exc:
@@ -357,6 +382,8 @@ class MmapMessageStore(MmapIntrospection):
                 if cq is not None:
                     if len(offsets) == 1:
                         cq.put(base, total, tags[0], queue_offset)
+                    elif compiled:
+                        cq.put_packed(batch.cq_entries(tags), queue_offset, base + sizes[0], base + total)
                     else:
                         cq.put_packed(pack_cq_entries(offsets, sizes, tags), queue_offset)
             except OSError as exc:
@@ -376,10 +403,13 @@ class MmapMessageStore(MmapIntrospection):
                 # In the lock: dispatchers see commit-log order, and a key is queryable by the
                 # time the put resolves.  Under the GIL a separate thread would only add a handoff.
                 # One call per batch; recovery and replication end in the same Reput.dispatch.
+                columns = (batch.properties, batch.sys_flags) if compiled else None
                 if cq is not None:
-                    reput.dispatch(msgs, offsets, sizes, tags, ts, queue_offset, True)
+                    reput.dispatch(msgs, offsets, sizes, tags, ts, queue_offset, True, columns)
                 else:
-                    reput.dispatch(msgs, offsets, sizes, tags, ts, -1, False)
+                    reput.dispatch(msgs, offsets, sizes, tags, ts, -1, False, columns)
+        if compiled:
+            return encoder.put_result(PutResult, _PUT_OK, batch, queue_offset, ts)
         return PutResult(
             PutStatus.PUT_OK,
             wrote_offset=base,
