@@ -78,6 +78,21 @@ class _LoopWaker:
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
 
+    def wake_many(
+        self, waiters: list[asyncio.Future[Any]], calls: list[tuple[Callable[[Any], Any], Any]]
+    ) -> None:
+        """:meth:`wake` for several shared completions at once (one hop into the loop)."""
+        with self._lock:
+            self._ready += [(waiter, None) for waiter in waiters]
+            self._calls += calls
+            if self._armed:
+                return
+            self._armed = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
     def _drain(self) -> None:
         with self._lock:
             ready, self._ready = self._ready, []
@@ -201,6 +216,30 @@ class SharedCompletion:
             calls, self._calls = self._calls, None
         if waiter is not None or calls:
             _waker(self.loop).wake(waiter, calls)
+
+
+def complete_all(completions: list[SharedCompletion]) -> None:
+    """:meth:`SharedCompletion.complete` for each (a flush round's groups), with one hop into each
+    loop for all of them: a round wakes its loop exactly once, however many groups it made durable."""
+    posts: dict[asyncio.AbstractEventLoop, tuple[list[asyncio.Future[Any]], list[Any]]] = {}
+    with _STATE_LOCK:
+        for completion in completions:
+            if completion._done:
+                continue
+            completion._done = True
+            waiter, calls = completion._waiter, completion._calls
+            completion._calls = None
+            if waiter is None and not calls:
+                continue
+            post = posts.get(completion.loop)
+            if post is None:
+                post = posts[completion.loop] = ([], [])
+            if waiter is not None:
+                post[0].append(waiter)
+            if calls:
+                post[1].extend(calls)
+    for loop, (waiters, calls) in posts.items():
+        _waker(loop).wake_many(waiters, calls)
 
 
 def resolve_all(futures: list[Future[Any]], values: list[Any]) -> None:

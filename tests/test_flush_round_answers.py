@@ -222,3 +222,60 @@ def test_a_stopping_broker_answers_the_sends_held_for_a_round_before_it_closes(t
             writer.close()
 
     asyncio.run(scenario())
+
+
+def test_a_round_that_makes_several_loop_batches_durable_wakes_the_loop_once() -> None:
+    """Batches of several loop iterations queued behind one fdatasync are made durable by the next
+    round together: their groups complete with one hop into the loop (``complete_all``)."""
+    from tidemq.futures import StoreFuture, resolved
+    from tidemq_flush import GroupCommitFlush, SyncFlushOptions
+
+    class Disk:
+        def __init__(self) -> None:
+            self.written = 0
+            self.flushed_where = 0
+            self.gate = threading.Event()
+            self.entered = threading.Event()
+
+        def commit(self, least_pages: int = 0) -> int:
+            return self.written
+
+        def flush(self, least_pages: int = 0) -> int:
+            covered = self.written
+            self.entered.set()
+            self.gate.wait(10)
+            self.flushed_where = max(self.flushed_where, covered)
+            return self.flushed_where
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        disk = Disk()
+        policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=10_000))
+        policy.start(disk)
+        try:
+            _tasks, wakes = _counting(loop)
+
+            def put() -> StoreFuture[str]:
+                disk.written += 100
+                fut: StoreFuture[str] = StoreFuture()
+                policy.submit(disk.written, fut, "durable", lambda: "timeout")
+                return fut
+
+            first = put()  # iteration 1: its batch is the round held in the flush
+            assert await asyncio.to_thread(disk.entered.wait, 10)
+            later = []
+            for _ in range(3):  # three more iterations, three batches queued behind it
+                later.append(put())
+                await asyncio.sleep(0)
+            waits = [asyncio.ensure_future(resolved(f)) for f in [first, *later]]
+            await asyncio.sleep(0.05)
+            before = wakes[0]
+            disk.gate.set()
+            assert await asyncio.wait_for(asyncio.gather(*waits), 10) == ["durable"] * 4
+            assert policy.flush_rounds == 2
+            assert 1 <= wakes[0] - before <= 2  # at most one per round (coalesced), not one per batch
+        finally:
+            disk.gate.set()
+            policy.shutdown()
+
+    asyncio.run(main())
