@@ -174,7 +174,7 @@ def test_held_sync_sends_are_answered_after_their_fdatasync_in_one_pass_per_roun
 
 def test_held_sync_sends_get_flush_disk_timeout_when_the_flush_fails(tmp_path: Path) -> None:
     async def scenario() -> None:
-        options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": {"timeout_ms": 300}}}
+        options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": {"timeout_ms": 1000}}}
         async with running_broker(
             tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options
         ) as broker:

@@ -49,6 +49,7 @@ from tidemq.broker.services.put import Send
 from tidemq.broker.services.send import SendService, born_host
 from tidemq.context import BrokerContext
 from tidemq.futures import SharedCompletion
+from tidemq.message import Prop
 from tidemq.names import check_topic_name
 from tidemq.perm import is_writeable
 from tidemq.plugins import Listeners
@@ -59,6 +60,7 @@ from tidemq.transport import AnswersLater, Connection
 
 log = logging.getLogger(__name__)
 
+_REAL_TOPIC = Prop.REAL_TOPIC
 #: Topic names known to pass the name rules (a pure function of the name; bounded).
 _NAME_CACHE_MAX = 4096
 
@@ -245,8 +247,17 @@ class SendLaneEntry:
     def _round_of(self, sends: list[Send], done: list[bool]) -> SharedCompletion | None:
         """The one flush round of this loop every unsettled send of a read waits for, not complete
         yet; None when they wait for anything else too (the read is answered per request then)."""
-        if self._broker.topics.unwritten:
-            return None  # settle waits for topics.json
+        topics = self._broker.topics
+        if topics.unwritten:  # a topic created on first use is waited for (settle), unless written
+            names: set[str] = set()
+            for send in sends:
+                first = send.msgs[0]
+                names.add(first.topic)
+                real = first.properties.get(_REAL_TOPIC)
+                if real:
+                    names.add(real)
+            if topics.when_written(*names) is not None:
+                return None
         completion: SharedCompletion | None = None
         for send, ready in zip(sends, done, strict=True):
             if ready:
