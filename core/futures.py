@@ -9,31 +9,38 @@ once per burst, so a flush that acknowledges 32 writers costs one wake-up, not 3
 A group of futures resolved together (the puts of one loop iteration, made durable by one
 group-commit round) can share a :class:`SharedCompletion`: the tasks awaiting any of them wait on
 one asyncio future per group, set once, and the resolving thread settles the futures in bulk
-(:func:`resolve_all`): no asyncio future, callback or hop per put.
+(:func:`resolve_all`): no asyncio future, callback or hop per put.  Code that needs no task at all
+(the broker's send lane answering a whole round's sends in one pass) registers a callback on the
+group instead (:meth:`SharedCompletion.call_when_done`): it runs on the loop, in the same burst.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import weakref
 from _thread import LockType
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from functools import partial
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class _LoopWaker:
     """Delivers results of futures resolved on other threads into one event loop, in batches."""
 
-    __slots__ = ("__weakref__", "_armed", "_lock", "_loop", "_ready")
+    __slots__ = ("__weakref__", "_armed", "_calls", "_lock", "_loop", "_ready")
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
         self._lock = threading.Lock()
         self._ready: list[tuple[asyncio.Future[Any], Future[Any] | None]] = []  # None: a shared completion
+        #: Shared completions' callbacks, ``(fn, arg)``: run after the results of the same burst.
+        self._calls: list[tuple[Callable[[Any], Any], Any]] = []
         self._armed = False  # a drain is scheduled and will see what is queued
 
     def bridge(self, future: Future[T]) -> asyncio.Future[T]:
@@ -53,10 +60,31 @@ class _LoopWaker:
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
 
-    def wake(self, waiter: asyncio.Future[Any]) -> None:
-        """Runs on any thread: set ``waiter`` (a shared completion's) with the next burst."""
+    def wake(
+        self, waiter: asyncio.Future[Any] | None, calls: list[tuple[Callable[[Any], Any], Any]] | None = None
+    ) -> None:
+        """Runs on any thread: set ``waiter`` (a shared completion's) and run ``calls`` with the
+        next burst (one hop into the loop for all that a burst brings)."""
         with self._lock:
-            self._ready.append((waiter, None))
+            if waiter is not None:
+                self._ready.append((waiter, None))
+            if calls:
+                self._calls += calls
+            if self._armed:
+                return
+            self._armed = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    def wake_many(
+        self, waiters: list[asyncio.Future[Any]], calls: list[tuple[Callable[[Any], Any], Any]]
+    ) -> None:
+        """:meth:`wake` for several shared completions at once (one hop into the loop)."""
+        with self._lock:
+            self._ready += [(waiter, None) for waiter in waiters]
+            self._calls += calls
             if self._armed:
                 return
             self._armed = True
@@ -68,7 +96,13 @@ class _LoopWaker:
     def _drain(self) -> None:
         with self._lock:
             ready, self._ready = self._ready, []
+            calls, self._calls = self._calls, []
             self._armed = False
+        for fn, arg in calls:
+            try:
+                fn(arg)
+            except Exception:
+                log.exception("a shared completion's callback failed")
         for waiter, future in ready:
             if waiter.done():  # the awaiting task was cancelled
                 continue
@@ -118,15 +152,29 @@ class SharedCompletion:
     The resolving thread settles the group's futures first (:func:`resolve_all`), then calls
     :meth:`complete`: one asyncio future, made by the first task that waits, is set with one hop
     into the loop (coalesced with other results of the same burst).  A task cancelled while
-    waiting cancels that shared future; the others see it and wait on a fresh one.
+    waiting cancels that shared future; the others see it and wait on a fresh one.  Callbacks
+    (:meth:`call_when_done`) run on the loop in that same hop, before the waiting tasks resume.
     """
 
-    __slots__ = ("_done", "_waiter", "loop")
+    __slots__ = ("_calls", "_done", "_waiter", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._done = False
         self._waiter: asyncio.Future[None] | None = None
+        self._calls: list[tuple[Callable[[Any], Any], Any]] | None = None
+
+    def call_when_done(self, fn: Callable[[Any], Any], arg: Any) -> None:
+        """On :attr:`loop`: call ``fn(arg)`` on the loop once the group is complete, with the
+        hop that wakes its tasks (no task, future or hop of its own); soon when it is already."""
+        with _STATE_LOCK:
+            if not self._done:
+                if self._calls is None:
+                    self._calls = [(fn, arg)]
+                else:
+                    self._calls.append((fn, arg))
+                return
+        self.loop.call_soon(fn, arg)
 
     @property
     def done(self) -> bool:
@@ -165,8 +213,33 @@ class SharedCompletion:
                 return
             self._done = True
             waiter = self._waiter
-        if waiter is not None:
-            _waker(self.loop).wake(waiter)
+            calls, self._calls = self._calls, None
+        if waiter is not None or calls:
+            _waker(self.loop).wake(waiter, calls)
+
+
+def complete_all(completions: list[SharedCompletion]) -> None:
+    """:meth:`SharedCompletion.complete` for each (a flush round's groups), with one hop into each
+    loop for all of them: a round wakes its loop exactly once, however many groups it made durable."""
+    posts: dict[asyncio.AbstractEventLoop, tuple[list[asyncio.Future[Any]], list[Any]]] = {}
+    with _STATE_LOCK:
+        for completion in completions:
+            if completion._done:
+                continue
+            completion._done = True
+            waiter, calls = completion._waiter, completion._calls
+            completion._calls = None
+            if waiter is None and not calls:
+                continue
+            post = posts.get(completion.loop)
+            if post is None:
+                post = posts[completion.loop] = ([], [])
+            if waiter is not None:
+                post[0].append(waiter)
+            if calls:
+                post[1].extend(calls)
+    for loop, (waiters, calls) in posts.items():
+        _waker(loop).wake_many(waiters, calls)
 
 
 def resolve_all(futures: list[Future[Any]], values: list[Any]) -> None:

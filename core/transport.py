@@ -83,9 +83,11 @@ class BatchedRequestHandler(Protocol):
 
 
 #: What :meth:`ReadLaneHandler.serve_read` gives for the frames it took: all their response frames
-#: as one bytes object, or per request (in order) the command and its response or an awaitable of it.
+#: as one bytes object, or per request (in order) the command and its response or an awaitable of it,
+#: or an ``int``: that many requests the handler answers later, with one call of
+#: :meth:`Connection.answer_later` (the transport counts them in flight until then).
 ReadAnswer: TypeAlias = (
-    "bytes | list[tuple[RemotingCommand, RemotingCommand | Awaitable[RemotingCommand | None]]]"
+    "bytes | list[tuple[RemotingCommand, RemotingCommand | Awaitable[RemotingCommand | None]]] | int"
 )
 
 
@@ -103,6 +105,16 @@ class ReadLaneHandler(Protocol):
     """
 
     def serve_read(self, conn: Connection, data: bytes, max_frame: int) -> tuple[int, ReadAnswer] | None: ...
+
+
+class AnswersLater(Protocol):
+    """The connection a transport hands :meth:`ReadLaneHandler.serve_read`: it takes an ``int``
+    answer (requests answered later) and then this one call for them."""
+
+    def answer_later(self, answer: ReadAnswer, count: int) -> None:
+        """On the loop: the answer to ``count`` requests a read lane took and answered with
+        ``count`` (:data:`ReadAnswer`, not an ``int``): written (or served, per request) as a
+        read's answer is; dropped when the connection has closed."""
 
 
 #: ``failed(request, exc)``: the broker's answer to a request whose handling raised ``exc`` (its

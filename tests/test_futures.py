@@ -182,3 +182,56 @@ def test_every_thread_blocked_on_a_store_future_is_released_by_each_way_of_resol
         for t in late:
             t.join(timeout=10)
         assert got_late == [expected] * 2
+
+
+def test_shared_completions_run_their_callbacks_on_the_loop_with_one_wake_up_per_burst() -> None:
+    """A group-commit round completes several groups at once: their callbacks (the send lane
+    answering the round's reads) run on the loop, in order, with one hop for the whole burst."""
+    from tidemq.futures import SharedCompletion
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        wakes = 0
+        real = loop.call_soon_threadsafe
+
+        def counting(*args, **kwargs):
+            nonlocal wakes
+            wakes += 1
+            return real(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        groups = [SharedCompletion(loop) for _ in range(4)]
+        ran: list[tuple[int, bool]] = []
+        everything = loop.create_future()
+
+        def answer(i: int) -> None:
+            ran.append((i, threading.current_thread() is threading.main_thread()))
+            if len(ran) == 5:
+                everything.set_result(None)
+
+        for i, group in enumerate(groups):
+            group.call_when_done(answer, i)
+        groups[0].call_when_done(answer, 10)
+        waiter = asyncio.ensure_future(groups[3].wait())  # a task waits on one of them too
+        await asyncio.sleep(0)
+        assert ran == []
+
+        def flusher() -> None:
+            for group in groups:
+                group.complete()
+
+        t = threading.Thread(target=flusher)
+        t.start()
+        t.join()
+        await asyncio.wait_for(everything, 10)
+        await asyncio.wait_for(waiter, 10)
+        assert ran == [(0, True), (10, True), (1, True), (2, True), (3, True)]
+        assert wakes == 1
+        # A callback registered once the group is complete runs soon, on the loop, not at once.
+        late = loop.create_future()
+        groups[0].call_when_done(late.set_result, "late")
+        assert not late.done()
+        assert await asyncio.wait_for(late, 10) == "late"
+        assert wakes == 1
+
+    asyncio.run(main())

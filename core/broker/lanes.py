@@ -25,12 +25,21 @@ When the store's lane also has the wire ends (:class:`~tidemq.store.SendFrameLan
 decoding): the compiled code splits the leading send frames and reads their headers, and writes
 the settled sends' answers as bytes equal to ``send_response``'s encoding; no command object is
 made per request (``docs/request-lanes.md``).
+
+Under sync flush a read's sends are not settled when it is served: they wait for their group
+commit round.  When all of them wait on one round of this loop (one
+:class:`~tidemq.futures.SharedCompletion`), the read is *held*: the transport is told how many
+requests are answered later, and the round's callback answers every read held for it in one pass
+(:meth:`SendLaneEntry._answer_round`): the sends settled, each connection's answers written by the
+compiled encoder in one call and one write.  No task, coroutine or command object per send
+(``docs/flush.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from asyncio import _get_running_loop as running_loop
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -39,16 +48,19 @@ from tidemq.broker.processors.send import SendHandler, send_response
 from tidemq.broker.services.put import Send
 from tidemq.broker.services.send import SendService, born_host
 from tidemq.context import BrokerContext
+from tidemq.futures import SharedCompletion
+from tidemq.message import Prop
 from tidemq.names import check_topic_name
 from tidemq.perm import is_writeable
 from tidemq.plugins import Listeners
 from tidemq.remoting.codes import ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.store import SendFrameLane, SendLane, send_lane
-from tidemq.transport import Connection
+from tidemq.transport import AnswersLater, Connection
 
 log = logging.getLogger(__name__)
 
+_REAL_TOPIC = Prop.REAL_TOPIC
 #: Topic names known to pass the name rules (a pure function of the name; bounded).
 _NAME_CACHE_MAX = 4096
 
@@ -64,12 +76,16 @@ class SendLaneEntry:
         "_listened",
         "_prepare",
         "_prepare_frames",
+        "_round",
+        "_round_reads",
         "_take",
         "_service",
         "_topics",
         "_valid",
         "description",
         "handler",
+        "held_reads",
+        "rounds_answered",
         "window_declined",
     )
 
@@ -97,6 +113,12 @@ class SendLaneEntry:
         self.description = lane.description
         #: Runs the lane prepared but left to the handler for the duplicate window (a resend).
         self.window_declined = 0
+        #: The flush round reads are held for now, and those reads (see :meth:`_answer_round`).
+        self._round: SharedCompletion | None = None
+        self._round_reads: list[_Held] = []
+        #: Reads held for a flush round, and rounds answered (their ratio: reads per round).
+        self.held_reads = 0
+        self.rounds_answered = 0
 
     def serve(
         self, conn: Connection, requests: list[RemotingCommand]
@@ -170,6 +192,11 @@ class SendLaneEntry:
                 answer = self._answer(frames, sends)  # type: ignore[misc]
                 if answer is not None:
                     return end, answer
+            else:
+                completion = self._round_of(sends, done)
+                if completion is not None and hasattr(conn, "answer_later"):
+                    self._hold(completion, conn, frames, sends, done)
+                    return end, len(frames)
             works: list[tuple[RemotingCommand, Any]] = []
             for frame, send, ready in zip(frames, sends, done, strict=True):
                 request = command_of(frame)  # type: ignore[misc]
@@ -217,6 +244,116 @@ class SendLaneEntry:
         run; else every send with usable keys is recorded, pending until stored."""
         return self._broker.dedup.admit_run(sends, self._topics.get)  # one compiled call per run
 
+    def _round_of(self, sends: list[Send], done: list[bool]) -> SharedCompletion | None:
+        """The one flush round of this loop every unsettled send of a read waits for, not complete
+        yet; None when they wait for anything else too (the read is answered per request then)."""
+        topics = self._broker.topics
+        if topics.unwritten:  # a topic created on first use is waited for (settle), unless written
+            names: set[str] = set()
+            for send in sends:
+                first = send.msgs[0]
+                names.add(first.topic)
+                real = first.properties.get(_REAL_TOPIC)
+                if real:
+                    names.add(real)
+            if topics.when_written(*names) is not None:
+                return None
+        completion: SharedCompletion | None = None
+        for send, ready in zip(sends, done, strict=True):
+            if ready:
+                continue
+            group = send.group
+            if group is None:  # a duplicate waiting for its first copy
+                return None
+            waits = getattr(group.future, "completion", None)
+            if waits is None or (completion is not None and waits is not completion):
+                return None
+            completion = waits
+        if completion is None or completion.done or completion.loop is not running_loop():
+            return None
+        return completion
+
+    def _hold(
+        self,
+        completion: SharedCompletion,
+        conn: AnswersLater,
+        frames: list[Any],
+        sends: list[Send],
+        done: list[bool],
+    ) -> None:
+        """Answer the read with its round: one callback per round for all the reads held for it."""
+        reads = self._round_reads
+        if completion is not self._round:
+            self._round = completion
+            reads = self._round_reads = []
+            completion.call_when_done(self._answer_round, reads)
+        reads.append((conn, frames, sends, done))
+        self.held_reads += 1
+
+    def _answer_round(self, reads: list[_Held]) -> None:
+        """On the loop, once the round is durable (or timed out): every read held for it answered,
+        each connection's settled reads with one compiled call and one write."""
+        self.rounds_answered += 1
+        if self._round_reads is reads:
+            self._round = None
+            self._round_reads = []
+        settled = self._service.settled
+        # Per connection, the frames and sends of its reads, in order, when every send settled.
+        ready: dict[AnswersLater, tuple[list[Any], list[Send]]] = {}
+        for conn, frames, sends, done in reads:
+            try:
+                for i, ok in enumerate(done):
+                    if not ok:
+                        done[i] = settled(sends[i])
+            except Exception as exc:
+                self._answer_failed(conn, frames, exc)
+                continue
+            if all(done):
+                both = ready.get(conn)
+                if both is None:
+                    ready[conn] = (frames, sends)
+                else:  # a second read of the connection in this round: one answer for both
+                    ready[conn] = (both[0] + frames, both[1] + sends)
+                continue
+            # A send waits for more than the flush (its replicas): answered per request.
+            self._answer_each(conn, frames, sends, done)
+        answer = self._answer
+        for conn, (frames, sends) in ready.items():
+            try:
+                frames_out = answer(frames, sends)  # type: ignore[misc]
+            except Exception as exc:
+                self._answer_failed(conn, frames, exc)
+                continue
+            if frames_out is not None:
+                conn.answer_later(frames_out, len(frames))
+            else:  # a send this lane does not write (a recall handle, a remark it refuses)
+                self._answer_each(conn, frames, sends, [True] * len(sends))
+
+    def _answer_each(
+        self, conn: AnswersLater, frames: list[Any], sends: list[Send], done: list[bool]
+    ) -> None:
+        """A held read answered per request: ``send_response`` for the settled, a wait for the rest."""
+        command_of = self._command_of
+        try:
+            works: list[tuple[RemotingCommand, Any]] = []
+            for frame, send, ready in zip(frames, sends, done, strict=True):
+                request = command_of(frame)  # type: ignore[misc]
+                works.append((request, send_response(request, send) if ready else self._later(request, send)))
+        except Exception as exc:
+            for _request, work in works:
+                if asyncio.iscoroutine(work):
+                    work.close()
+            self._answer_failed(conn, frames, exc)
+            return
+        conn.answer_later(works, len(frames))
+
+    def _answer_failed(self, conn: AnswersLater, frames: list[Any], exc: Exception) -> None:
+        """A held read whose answering raised: each request answered SYSTEM_ERROR (as serve_read)."""
+        log.error("sends from %s failed", getattr(conn, "remote_address", "?"), exc_info=exc)
+        remark = f"{type(exc).__name__}: {exc}"
+        requests = [self._command_of(frame) for frame in frames]  # type: ignore[misc]
+        conn.answer_later([(r, r.reply(ResponseCode.SYSTEM_ERROR, remark)) for r in requests], len(frames))
+
     async def _later(self, request: RemotingCommand, send: Send) -> RemotingCommand:
         await self._service.settle(send)
         return send_response(request, send)
@@ -243,6 +380,8 @@ class SendLaneEntry:
 
 #: ``failed(conn, request, exc)``: :meth:`Broker.failed`, the broker's one error mapping.
 Failed = Callable[[Connection, RemotingCommand, Exception], RemotingCommand]
+#: A read held for a flush round: its connection, frames, sends and which sends are settled.
+_Held = tuple[AnswersLater, list[Any], list[Send], list[bool]]
 
 
 def send_lane_entry(broker: BrokerContext, handlers: list[Any], failed: Failed) -> SendLaneEntry | None:

@@ -32,7 +32,7 @@ from typing import Any
 import attrs
 
 from tidemq.flush import Flushable
-from tidemq.futures import SharedCompletion, StoreFuture, resolve_all
+from tidemq.futures import SharedCompletion, StoreFuture, complete_all, resolve_all
 from tidemq.metrics import BATCH_BOUNDS, Buckets
 
 log = logging.getLogger(__name__)
@@ -89,11 +89,16 @@ class _Batch:
         self.values.append(value)
         self.on_timeouts.append(on_timeout)
 
-    def resolve(self) -> None:
+    def resolve(self, completions: list[SharedCompletion] | None = None) -> None:
+        """Durable: every put resolved; the group's completion completed now, or (``completions``)
+        left to the caller, which completes a whole round's with one wake-up per loop."""
         self.settled = True
         resolve_all(self.futures, self.values)
         if self.completion is not None:
-            self.completion.complete()
+            if completions is None:
+                self.completion.complete()
+            else:
+                completions.append(self.completion)
 
     def time_out(self, flushed: int) -> None:
         """Past its deadline: each put durable when ``flushed`` covers it, else its ``on_timeout()``."""
@@ -266,19 +271,22 @@ class GroupCommitFlush:
             self.batch_sizes.observe(requests)
         except Exception:
             log.exception("flush failed")
+        completions: list[SharedCompletion] = []
         if flushed >= max_end:
             for batch in batches:
-                batch.resolve()
+                batch.resolve(completions)
+            complete_all(completions)  # one hop into the loop for the whole round
             return []
         now = time.monotonic()
         retry = []
         for batch in batches:
             if flushed >= batch.end:
-                batch.resolve()
+                batch.resolve(completions)
             elif now >= batch.deadline:
                 batch.time_out(flushed)
             else:
                 retry.append(batch)
+        complete_all(completions)
         return retry
 
     def _gather(self) -> None:

@@ -92,6 +92,9 @@ class Connection(asyncio.Protocol):
         self._decoder = FrameDecoder(options.max_frame_size)
         self._pending: dict[int, asyncio.Future[RemotingCommand]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Requests a read lane took and answers later (:meth:`answer_later`): in flight like tasks.
+        self._later = 0
+        self._later_done: asyncio.Future[None] | None = None  # set once _later is 0 (stop() waits)
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._closed = False
@@ -170,10 +173,49 @@ class Connection(asyncio.Protocol):
         end, answer = taken
         if type(answer) is bytes:
             self._write_frames(answer)
+        elif type(answer) is int:  # answered later, with answer_later (a sync flush round)
+            self._later += answer
+            if self.server_side and len(self._tasks) + self._later >= self._options.max_in_flight:
+                self._pause_reading()
         else:
             for cmd, work in answer:
                 self._on_request(cmd, work)
         return memoryview(data)[end:] if end < len(data) else b""
+
+    def answer_later(self, answer: Any, count: int) -> None:
+        """:meth:`tidemq.transport.AnswersLater.answer_later`: ``count`` requests a read lane took
+        and answered with ``count``, answered now (frames written, or per request served as
+        ``_serve_read`` serves them, even while draining: they were taken before)."""
+        self._later -= count
+        if type(answer) is bytes:
+            self._write_frames(answer)
+        elif not self._closed:
+            for cmd, work in answer:
+                self._on_request(cmd, work, True)
+        else:
+            for _cmd, work in answer:
+                if inspect.iscoroutine(work):
+                    work.close()
+        if self._later <= 0:
+            self._later = 0
+            done = self._later_done
+            if done is not None:
+                self._later_done = None
+                if not done.done():
+                    done.set_result(None)
+        if self._closing:
+            if not self._tasks and not self._later:
+                self.close()
+        elif self._reading_paused_by_us:
+            self._maybe_resume_reading()
+
+    def _answers_later(self) -> asyncio.Future[None] | None:
+        """A future set once every request answered later is answered (None: none is waited for)."""
+        if not self._later:
+            return None
+        if self._later_done is None:
+            self._later_done = self._loop.create_future()
+        return self._later_done
 
     def _feed(self, data: bytes | memoryview) -> None:
         decoder = self._decoder
@@ -293,7 +335,7 @@ class Connection(asyncio.Protocol):
             and not self._closing
             and not self._backlog
             and not self._closed
-            and len(self._tasks) <= self._options.max_in_flight // 2
+            and len(self._tasks) + self._later <= self._options.max_in_flight // 2
             and self._transport is not None
         ):
             self._reading_paused_by_us = False
@@ -338,7 +380,7 @@ class Connection(asyncio.Protocol):
     @property
     def in_flight(self) -> int:
         """Requests received on this connection whose handler has not finished."""
-        return len(self._tasks)
+        return len(self._tasks) + self._later
 
     def add_close_callback(self, fn: Callable[[Connection], Any]) -> None:
         """Call ``fn(conn)`` once when the connection closes (soon, if it already has)."""
@@ -437,9 +479,10 @@ class Connection(asyncio.Protocol):
         self._drain_waiters.append(fut)
         await fut
 
-    def _on_request(self, cmd: RemotingCommand, work: Any = None) -> None:
-        """Serve ``cmd``: with the handler, or by awaiting ``work`` (what ``handle_many`` gave for it)."""
-        if self._draining:
+    def _on_request(self, cmd: RemotingCommand, work: Any = None, taken: bool = False) -> None:
+        """Serve ``cmd``: with the handler, or by awaiting ``work`` (what ``handle_many`` gave for it);
+        ``taken``: it was taken before a drain began (answered, not refused)."""
+        if self._draining and not taken:
             if inspect.iscoroutine(work):
                 work.close()
             if not cmd.flag & FLAG_ONEWAY and not self._closed:
@@ -465,13 +508,13 @@ class Connection(asyncio.Protocol):
             task = self._loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
-        if self.server_side and len(self._tasks) >= self._options.max_in_flight:
+        if self.server_side and len(self._tasks) + self._later >= self._options.max_in_flight:
             self._pause_reading()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if self._closing:
-            if not self._tasks:
+            if not self._tasks and not self._later:
                 self.close()  # every request read before the bad bytes is answered
         elif self._reading_paused_by_us:
             self._maybe_resume_reading()
@@ -554,7 +597,7 @@ class Connection(asyncio.Protocol):
         self._release_buffer()
         self._pause_reading()
         self._grace_handle = self._loop.call_later(CLOSE_GRACE_S, self.abort)
-        if not self._tasks:
+        if not self._tasks and not self._later:
             self.close()
 
     def _account_buffer(self, progressed: bool) -> None:
@@ -577,7 +620,7 @@ class Connection(asyncio.Protocol):
             return
         idle = self._options.idle_timeout_s
         elapsed = self._loop.time() - max(self._last_activity, self._out.last_write)
-        if elapsed >= idle and not self._tasks and not self._pending:
+        if elapsed >= idle and not self._tasks and not self._later and not self._pending:
             log.info("closing connection %s: idle for %.1fs", self.remote_address, elapsed)
             self.close()
             return

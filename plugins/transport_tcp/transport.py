@@ -130,7 +130,8 @@ class TcpServer:
         conns = list(self._connections)
         for conn in conns:
             conn._begin_drain()
-        tasks = [t for conn in conns for t in conn._tasks]
+        tasks: list[asyncio.Future[Any]] = [t for conn in conns for t in conn._tasks]
+        tasks += [f for f in (conn._answers_later() for conn in conns) if f is not None]
         if tasks:
             _done, pending = await asyncio.wait(tasks, timeout=drain_timeout)
             for t in pending:

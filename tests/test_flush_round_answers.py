@@ -1,0 +1,281 @@
+"""Sync-flush sends answered with their group-commit round (issue 38).
+
+A read's sends that wait for one flush round are *held* by the broker's send lane and answered
+in one pass when the round's ``fdatasync`` has returned: no task, coroutine or command object per
+send, one hop from the flush thread into the loop per round.  What a producer relies on does not
+change: a send is answered only once its bytes are durable, and a flush that fails answers
+FLUSH_DISK_TIMEOUT.  A real mmap broker with sync flush on loopback sockets; the commit log's
+``flush`` is gated (held, or failing) to pin the order of events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tidemq.address import split_address
+from tidemq.message import properties_to_string
+from tidemq.remoting import FrameDecoder, RemotingCommand
+from tidemq.remoting.codec import encode_bytes
+from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.remoting.command import stringify_fields
+from tidemq.testing.pytest_plugin import running_broker
+from tidemq_store_mmap.lane import compiled_send_lane
+
+pytest.importorskip("tidemq._native._frame_lane")
+if compiled_send_lane() is None:  # TIDEMQ_NO_EXTENSIONS=1: every send is the Python handler's
+    pytest.skip("the compiled send lane is switched off", allow_module_level=True)
+
+pytestmark = pytest.mark.timeout(120)
+
+TOPIC = "RoundTopic"
+_KEYS = itertools.count(1)
+
+
+def _send(opaque: int, queue: int) -> bytes:
+    fields = {
+        "a": "PG",
+        "b": TOPIC,
+        "c": "TBW102",
+        "d": "4",
+        "e": str(queue),
+        "f": "0",
+        "g": "1700000000000",
+        "h": "0",
+        "i": properties_to_string({"UNIQ_KEY": f"{next(_KEYS):032X}", "TAGS": "t"}),
+        "j": "0",
+        "k": "false",
+        "m": "false",
+    }
+    return encode_bytes(
+        RemotingCommand(RequestCode.SEND_MESSAGE_V2, opaque=opaque, ext_fields=fields, body=b"m" * 100)
+    )
+
+
+async def _create_topic(broker: Any) -> None:
+    host, port = split_address(broker.address)
+    reader, writer = await asyncio.open_connection(host, port)
+    fields = {"topic": TOPIC, "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}
+    writer.write(
+        encode_bytes(
+            RemotingCommand(
+                RequestCode.UPDATE_AND_CREATE_TOPIC, opaque=1, ext_fields=stringify_fields(fields)
+            )
+        )
+    )
+    (answer,) = await _read_answers(reader, 1)
+    assert answer.code == ResponseCode.SUCCESS
+    writer.close()
+    while broker.topics.unwritten:  # sends wait for topics.json (the Python path) until it is written
+        await asyncio.sleep(0.01)
+
+
+async def _read_answers(
+    reader: asyncio.StreamReader, count: int, timeout: float = 20
+) -> list[RemotingCommand]:
+    decoder = FrameDecoder()
+    answers: list[RemotingCommand] = []
+    while len(answers) < count:
+        data = await asyncio.wait_for(reader.read(1 << 16), timeout)
+        assert data, "connection closed"
+        answers += decoder.feed(data)
+    return answers
+
+
+class GatedFlush:
+    """Wraps the commit log's ``flush``: each call waits for ``gate`` (or raises while ``fail``)."""
+
+    def __init__(self, commitlog: Any) -> None:
+        self.real: Callable[[int], int] = commitlog.flush
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.returned: list[float] = []  # loop-independent times each flush returned (monotonic)
+        self.fail = False
+        commitlog.flush = self
+
+    def __call__(self, least_pages: int = 0) -> int:
+        self.entered.set()
+        if self.fail:
+            raise OSError("the disk is gone")
+        self.gate.wait(30)
+        flushed = self.real(least_pages)
+        import time
+
+        self.returned.append(time.monotonic())
+        return flushed
+
+
+def _counting(loop: asyncio.AbstractEventLoop) -> tuple[list[str], list[int]]:
+    """Per-send tasks the transport made (by their coroutine) and the loop's thread-safe wake-ups."""
+    tasks: list[str] = []
+    wakes = [0]
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        tasks.append(getattr(coro, "__qualname__", "?"))
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop.set_task_factory(factory)  # type: ignore[arg-type]
+    real = loop.call_soon_threadsafe
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        wakes[0] += 1
+        return real(*args, **kwargs)
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    return tasks, wakes
+
+
+def test_held_sync_sends_are_answered_after_their_fdatasync_in_one_pass_per_round(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": {"timeout_ms": 20000}}}
+        async with running_broker(
+            tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options
+        ) as broker:
+            await _create_topic(broker)
+            gated = GatedFlush(broker.store.commitlog)
+            lane = broker.send_lane
+            assert lane is not None and lane.reads
+            host, port = split_address(broker.address)
+            conns = [await asyncio.open_connection(host, port) for _ in range(2)]
+            loop = asyncio.get_running_loop()
+            tasks, wakes = _counting(loop)
+            held, rounds = getattr(lane, "held_reads", 0), getattr(lane, "rounds_answered", 0)
+            for n, (_reader, writer) in enumerate(conns):
+                writer.write(b"".join(_send(100 * n + i, i % 4) for i in range(16)))
+            # The flush thread is in the round's flush, held: nothing may be answered yet.
+            assert await asyncio.to_thread(gated.entered.wait, 10)
+            for reader, _writer in conns:
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(reader.read(1 << 16), 0.3)
+            wakes_before = wakes[0]
+            gated.gate.set()
+            results = [await _read_answers(reader, 16) for reader, _writer in conns]
+            for n, answers in enumerate(results):
+                assert sorted(a.opaque for a in answers) == [100 * n + i for i in range(16)]
+                assert {a.code for a in answers} == {ResponseCode.SUCCESS}
+                assert all(a.ext_fields["msgId"] for a in answers)
+            # One pass per round: no task per send, a loop wake-up per round (not per send).
+            assert not [t for t in tasks if t in ("resume_eager", "Connection._serve")], tasks
+            assert getattr(lane, "held_reads", 0) - held >= 2  # each connection's read waited for its round
+            answered = getattr(lane, "rounds_answered", 0) - rounds
+            assert 1 <= answered <= 2
+            assert wakes[0] - wakes_before <= answered + 1
+            for _reader, writer in conns:
+                writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_held_sync_sends_get_flush_disk_timeout_when_the_flush_fails(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": {"timeout_ms": 1000}}}
+        async with running_broker(
+            tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options
+        ) as broker:
+            await _create_topic(broker)
+            gated = GatedFlush(broker.store.commitlog)
+            gated.fail = True
+            lane = broker.send_lane
+            assert lane is not None
+            held = getattr(lane, "held_reads", 0)
+            host, port = split_address(broker.address)
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"".join(_send(i, i % 4) for i in range(8)))
+            answers = await _read_answers(reader, 8)
+            assert sorted(a.opaque for a in answers) == list(range(8))
+            assert {a.code for a in answers} == {ResponseCode.FLUSH_DISK_TIMEOUT}
+            assert getattr(lane, "held_reads", 0) > held
+            gated.fail = False  # the broker stops with a working flush
+            gated.gate.set()
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_stopping_broker_answers_the_sends_held_for_a_round_before_it_closes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": {"timeout_ms": 20000}}}
+        async with running_broker(
+            tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options
+        ) as broker:
+            await _create_topic(broker)
+            gated = GatedFlush(broker.store.commitlog)
+            host, port = split_address(broker.address)
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"".join(_send(i, i % 4) for i in range(8)))
+            assert await asyncio.to_thread(gated.entered.wait, 10)
+            await asyncio.sleep(0.05)  # the read is served and held
+            assert broker.send_lane is not None and getattr(broker.send_lane, "held_reads", 0) >= 1
+            stopping = asyncio.ensure_future(broker._server.stop(drain_timeout=10))
+            await asyncio.sleep(0.2)
+            assert not stopping.done()  # the drain waits for the held answers
+            gated.gate.set()
+            answers = await _read_answers(reader, 8)
+            assert {a.code for a in answers} == {ResponseCode.SUCCESS}
+            await asyncio.wait_for(stopping, 10)
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_round_that_makes_several_loop_batches_durable_wakes_the_loop_once() -> None:
+    """Batches of several loop iterations queued behind one fdatasync are made durable by the next
+    round together: their groups complete with one hop into the loop (``complete_all``)."""
+    from tidemq.futures import StoreFuture, resolved
+    from tidemq_flush import GroupCommitFlush, SyncFlushOptions
+
+    class Disk:
+        def __init__(self) -> None:
+            self.written = 0
+            self.flushed_where = 0
+            self.gate = threading.Event()
+            self.entered = threading.Event()
+
+        def commit(self, least_pages: int = 0) -> int:
+            return self.written
+
+        def flush(self, least_pages: int = 0) -> int:
+            covered = self.written
+            self.entered.set()
+            self.gate.wait(10)
+            self.flushed_where = max(self.flushed_where, covered)
+            return self.flushed_where
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        disk = Disk()
+        policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=10_000))
+        policy.start(disk)
+        try:
+            _tasks, wakes = _counting(loop)
+
+            def put() -> StoreFuture[str]:
+                disk.written += 100
+                fut: StoreFuture[str] = StoreFuture()
+                policy.submit(disk.written, fut, "durable", lambda: "timeout")
+                return fut
+
+            first = put()  # iteration 1: its batch is the round held in the flush
+            assert await asyncio.to_thread(disk.entered.wait, 10)
+            later = []
+            for _ in range(3):  # three more iterations, three batches queued behind it
+                later.append(put())
+                await asyncio.sleep(0)
+            waits = [asyncio.ensure_future(resolved(f)) for f in [first, *later]]
+            await asyncio.sleep(0.05)
+            before = wakes[0]
+            disk.gate.set()
+            assert await asyncio.wait_for(asyncio.gather(*waits), 10) == ["durable"] * 4
+            assert policy.flush_rounds == 2
+            assert 1 <= wakes[0] - before <= 2  # at most one per round (coalesced), not one per batch
+        finally:
+            disk.gate.set()
+            policy.shutdown()
+
+    asyncio.run(main())
