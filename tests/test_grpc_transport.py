@@ -738,3 +738,56 @@ def test_v5_clients_are_registered_with_their_own_language_and_version(
             consumer.cancel()
 
     asyncio.run(main())
+
+
+def test_get_consumer_status_lists_a_v5_consumer_of_the_endpoint_with_an_empty_table(
+    tidemq_make_broker: MakeBroker,
+) -> None:
+    """mqadmin's ``getConsumerStatus`` (INVOKE_BROKER_TO_GET_CONSUMER_STATUS): the broker asks each
+    client of the group; a v5 consumer of this endpoint holds no offsets of its own (it POPs) and
+    answers an empty table, as `tidemq proxy` does for its v5 clients; before, its connection
+    refused the request and the client was missing from the answer."""
+    from tidemq import mqjson
+    from tidemq.client import AdminClient
+    from tidemq.remoting.codes import RequestCode, ResponseCode
+
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker) as (broker, channel):
+            telemetry = channel.stream_stream(
+                SERVICE + "Telemetry",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.TelemetryCommand.FromString,
+            )
+            consumer = telemetry(metadata=(("x-mq-client-id", "status-consumer@1"),))
+            await consumer.write(
+                pb.TelemetryCommand(
+                    settings=pb.Settings(
+                        client_type=pb.SIMPLE_CONSUMER,
+                        subscription=pb.Subscription(
+                            group=pb.Resource(name="StatusGroup"),
+                            subscriptions=[
+                                pb.SubscriptionEntry(
+                                    topic=pb.Resource(name="StatusTopic"),
+                                    expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+                                )
+                            ],
+                        ),
+                    )
+                )
+            )
+            assert (await asyncio.wait_for(consumer.read(), 10)).status.code == pb.OK
+            admin = AdminClient("127.0.0.1:1", timeout=15)
+            try:
+                answer = await admin.call(
+                    broker.address,
+                    RequestCode.INVOKE_BROKER_TO_GET_CONSUMER_STATUS,
+                    {"topic": "StatusTopic", "group": "StatusGroup"},
+                    ok=tuple(range(-1, 400)),
+                )
+            finally:
+                await admin.close()
+            assert answer.code == ResponseCode.SUCCESS, answer.remark
+            assert mqjson.loads(answer.body)["consumerTable"] == {"status-consumer@1": {}}
+            consumer.cancel()
+
+    asyncio.run(main())

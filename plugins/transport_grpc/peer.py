@@ -17,9 +17,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from tidemq import ConnectionState
+from tidemq import ConnectionState, mqjson
 from tidemq.broker.services.transactions import TransactionCheck
 from tidemq.remoting import RemotingCommand
+from tidemq.remoting.codes import RequestCode
 
 from .agent import ClientAgent
 from .messages import to_v5, transaction_id
@@ -85,6 +86,11 @@ class CallPeer:
                 log.exception("a close callback of gRPC client %s failed", self.remote_address)
 
     async def invoke(self, request: RemotingCommand, timeout: float) -> RemotingCommand:
+        if request.code == RequestCode.GET_CONSUMER_STATUS_FROM_CLIENT:
+            # A v5 consumer POPs: it holds no offset table of its own (the broker keeps the group's,
+            # which consumerProgress shows), so it reports an empty one, as RocketMQ's client does
+            # for such a consumer and as `tidemq proxy` answers for its v5 clients.
+            return request.reply(body=mqjson.dumps({"consumerTable": {}, "messageQueueTable": {}}))
         raise ConnectionError(f"gRPC client {self.remote_address} takes no remoting request {request.code}")
 
     async def invoke_oneway(self, request: RemotingCommand) -> None:
