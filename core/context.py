@@ -20,6 +20,7 @@ broker's own data classes, named here for type checkers only.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -111,6 +112,10 @@ class TopicConfigTable(Protocol):
 
     def create_in_send_back(self, topic: str, queue_nums: int, perm: int, sys_flag: int = 0) -> TopicConfig:
         """The retry or dead-letter topic of a group, created when missing."""
+
+    def when_written(self, *topics: str) -> Future[None] | None:
+        """A future resolved once the creation of those of ``topics`` created on first use is in
+        ``topics.json`` (failed with the write's OSError); None when it is there already."""
 
     async def written(self, *topics: str) -> str | None:
         """Waits until the creation of those of ``topics`` created on first use is on disk: None

@@ -107,6 +107,7 @@ class ReadLaneHandler(Protocol):
     def serve_read(self, conn: Connection, data: bytes, max_frame: int) -> tuple[int, ReadAnswer] | None: ...
 
 
+@runtime_checkable
 class AnswersLater(Protocol):
     """The connection a transport hands :meth:`ReadLaneHandler.serve_read`: it takes an ``int``
     answer (requests answered later) and then this one call for them."""

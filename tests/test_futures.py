@@ -33,13 +33,16 @@ def test_a_burst_of_results_from_another_thread_reaches_every_task_in_few_wake_u
 
         t = threading.Thread(target=flusher)
         t.start()
-        results = await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        # The loop is busy (blocked here) while the round is acknowledged, as a loaded broker's loop
+        # is: the burst must then cost one wake-up. Not blocking made the count depend on how the
+        # OS scheduled the two threads (25 wake-ups at load 8 on 2 cores).
         t.join()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 10)
         return results, wakes
 
     results, wakes = asyncio.run(main())
     assert results == list(range(32))
-    assert 1 <= wakes <= 4  # wrap_future would wake the loop 32 times
+    assert wakes == 1  # wrap_future would wake the loop 32 times
 
 
 def test_errors_and_done_futures_and_cancelled_waiters() -> None:

@@ -41,7 +41,7 @@ import asyncio
 import logging
 from asyncio import _get_running_loop as running_loop
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX
 from tidemq.broker.processors.send import SendHandler, send_response
@@ -194,8 +194,8 @@ class SendLaneEntry:
                     return end, answer
             else:
                 completion = self._round_of(sends, done)
-                if completion is not None and hasattr(conn, "answer_later"):
-                    self._hold(completion, conn, frames, sends, done)
+                if completion is not None and _answers_later(conn):
+                    self._hold(completion, cast(AnswersLater, conn), frames, sends, done)
                     return end, len(frames)
             works: list[tuple[RemotingCommand, Any]] = []
             for frame, send, ready in zip(frames, sends, done, strict=True):
@@ -382,6 +382,18 @@ class SendLaneEntry:
 Failed = Callable[[Connection, RemotingCommand, Exception], RemotingCommand]
 #: A read held for a flush round: its connection, frames, sends and which sends are settled.
 _Held = tuple[AnswersLater, list[Any], list[Send], list[bool]]
+
+#: Per connection type: does it take answers later (:class:`AnswersLater`)?  Asked once per type,
+#: not per read (a runtime Protocol check costs microseconds).
+_ANSWERS_LATER: dict[type, bool] = {}
+
+
+def _answers_later(conn: object) -> bool:
+    kind = type(conn)
+    later = _ANSWERS_LATER.get(kind)
+    if later is None:
+        later = _ANSWERS_LATER[kind] = isinstance(conn, AnswersLater)
+    return later
 
 
 def send_lane_entry(broker: BrokerContext, handlers: list[Any], failed: Failed) -> SendLaneEntry | None:

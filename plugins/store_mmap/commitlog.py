@@ -13,7 +13,7 @@ import os
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tidemq.errors import CorruptDataError, StoreError
 from tidemq.extensions import compiled_twin
@@ -208,7 +208,7 @@ class CommitLog:
         elif type(batch) is COMPILED_BATCH:
             # The same, packed and written by one compiled call (in the encoder's own buffer).
             try:
-                offsets = encoder.write_file(batch, mf.fd, start, queue_offset, base, ts, step)
+                offsets = cast(Any, encoder).write_file(batch, mf.fd, start, queue_offset, base, ts, step)
             except (struct.error, TypeError, OverflowError) as exc:
                 raise RecordEncodeError(f"cannot encode the message: {exc}") from exc
             except OSError as exc:

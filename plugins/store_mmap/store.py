@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
@@ -345,7 +345,10 @@ class MmapMessageStore(MmapIntrospection):
         # The compiled batch read every message's topic and queue (``uniform``), its properties and
         # flags (the dispatchers' columns), and places and describes the records in one call each.
         compiled = type(batch) is COMPILED_BATCH
-        if multi and not (batch.uniform if compiled else _one_queue(msgs, topic, queue_id)):
+        # The compiled batch's own fields (``uniform``, ``cq_entries``, ``properties``...): its type
+        # exists only where the extension is built, so the checker sees it through ``Any``.
+        native: Any = batch
+        if multi and not (native.uniform if compiled else _one_queue(msgs, topic, queue_id)):
             return self._illegal(_MIXED_BATCH)
         tags = batch.tags_codes
         # Prepared and rolled-back transaction halves are not consumable: no queue entry.
@@ -383,7 +386,7 @@ class MmapMessageStore(MmapIntrospection):
                     if len(offsets) == 1:
                         cq.put(base, total, tags[0], queue_offset)
                     elif compiled:
-                        cq.put_packed(batch.cq_entries(tags), queue_offset, base + sizes[0], base + total)
+                        cq.put_packed(native.cq_entries(tags), queue_offset, base + sizes[0], base + total)
                     else:
                         cq.put_packed(pack_cq_entries(offsets, sizes, tags), queue_offset)
             except OSError as exc:
@@ -403,13 +406,13 @@ class MmapMessageStore(MmapIntrospection):
                 # In the lock: dispatchers see commit-log order, and a key is queryable by the
                 # time the put resolves.  Under the GIL a separate thread would only add a handoff.
                 # One call per batch; recovery and replication end in the same Reput.dispatch.
-                columns = (batch.properties, batch.sys_flags) if compiled else None
+                columns = (native.properties, native.sys_flags) if compiled else None
                 if cq is not None:
                     reput.dispatch(msgs, offsets, sizes, tags, ts, queue_offset, True, columns)
                 else:
                     reput.dispatch(msgs, offsets, sizes, tags, ts, -1, False, columns)
         if compiled:
-            return encoder.put_result(PutResult, _PUT_OK, batch, queue_offset, ts)
+            return cast(Any, encoder).put_result(PutResult, _PUT_OK, batch, queue_offset, ts)
         return PutResult(
             PutStatus.PUT_OK,
             wrote_offset=base,
