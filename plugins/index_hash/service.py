@@ -75,7 +75,7 @@ from tidemq.jsonfile import atomic_write_bytes
 from tidemq.message import Prop
 from tidemq.store import DispatchRequest
 from tidemq_index_hash import native
-from tidemq_index_hash.indexfile import IndexFile, hash_batch, key_hash, put_batch, walk_file
+from tidemq_index_hash.indexfile import IndexFile, hash_batch, hash_chunk, key_hash, put_batch, walk_file
 
 log = logging.getLogger(__name__)
 
@@ -392,6 +392,8 @@ class HashIndex:
         lag = time.monotonic() - items[0][5]
         if lag > self._lag_max_s:
             self._lag_max_s = lag
+        if len(items) > 1 and self._index_chunk(items):
+            items = []
         for topic, properties, offsets, ts, sys_flags, _queued_at in items:
             try:
                 self._index_batch(topic, properties, offsets, ts, sys_flags)
@@ -414,6 +416,43 @@ class HashIndex:
     @property
     def _stalled(self) -> bool:
         return bool(self._backlog) or self._stopped_at is not None
+
+    def _index_chunk(self, items: Sequence[_Queued]) -> bool:
+        """Index several queued puts at once, in order: one hashing of all their keys and one
+        insertion (each releases the GIL for the whole chunk: the event loop runs meanwhile, and
+        hands the GIL back once per chunk, not per put).  False when it could not hash them (a
+        put the reference refuses): nothing was written, the caller indexes put by put.
+        """
+        upto = self._indexed_upto
+        batches = []
+        offsets: list[int] = []
+        tss: list[int] = []
+        for topic, properties, offs, ts, sys_flags, _queued_at in items:
+            skip = 0
+            if offs[0] <= upto:  # re-dispatched after a crash (see _index_batch)
+                n = len(offs)
+                while skip < n and offs[skip] <= upto:
+                    skip += 1
+            batches.append((topic, properties, sys_flags, skip))
+            # What _index_batch would have made _indexed_upto (a rolled-back last message aside:
+            # skipped either way), for a re-dispatch later in the chunk.
+            upto = max(upto, offs[-1])
+            offsets.extend(offs)
+            tss.extend([ts] * len(offs))
+        try:
+            hashes, counts = hash_chunk(batches)
+        except Exception:
+            return False
+        if len(counts) != len(offsets):
+            return False
+        if (self._backlog or self._stopped_at is not None) and not self._resume():
+            self._hold_from(hashes, counts, offsets, tss, 0, 0)
+            return True
+        msg, hpos, failure = self._put(hashes, counts, offsets, tss)
+        if failure is not None:
+            self._failed(failure, offsets[msg])
+            self._hold_from(hashes, counts, offsets, tss, msg, hpos)
+        return True
 
     def _index_batch(
         self,
@@ -445,7 +484,11 @@ class HashIndex:
             self._hold_from(hashes, counts, offsets, ts, msg, hpos)
 
     def _put(
-        self, hashes: array.array[int], counts: array.array[int], offsets: Sequence[int], ts: int
+        self,
+        hashes: array.array[int],
+        counts: array.array[int],
+        offsets: Sequence[int],
+        ts: int | Sequence[int],
     ) -> tuple[int, int, OSError | None]:
         """Write the entries of messages in order, rolling to new files as they fill.
 
@@ -482,8 +525,9 @@ class HashIndex:
                 last -= 1
             if last >= 0:
                 self._indexed_upto = offsets[last]
-            if ts > self._covered_ts:
-                self._covered_ts = ts
+            done_ts = ts if isinstance(ts, int) else ts[msg - 1]  # the last message's (a chunk)
+            if done_ts > self._covered_ts:
+                self._covered_ts = done_ts
         return msg, hpos, failure
 
     def _failed(self, exc: OSError, offset: int) -> None:
@@ -504,7 +548,7 @@ class HashIndex:
         hashes: array.array[int],
         counts: array.array[int],
         offsets: Sequence[int],
-        ts: int,
+        ts: int | Sequence[int],
         msg: int,
         hpos: int,
     ) -> None:
@@ -515,7 +559,7 @@ class HashIndex:
             if c < 0:
                 continue  # skipped anyway
             start, end = max(p, hpos), p + c
-            self._hold((offsets[i], ts, list(hashes[start:end])))
+            self._hold((offsets[i], ts if isinstance(ts, int) else ts[i], list(hashes[start:end])))
             p = end
 
     def _hold(self, pending: _Pending) -> None:
