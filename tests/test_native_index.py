@@ -173,7 +173,11 @@ def test_hash_batch_of_mappings_that_are_not_dicts(C: ModuleType) -> None:
 
 
 @SETTINGS
-@given(st.lists(st.tuples(_TOPIC, st.lists(st.tuples(_PROPS, _FLAGS), max_size=8), st.integers(-1, 9)), max_size=6))
+@given(
+    st.lists(
+        st.tuples(_TOPIC, st.lists(st.tuples(_PROPS, _FLAGS), max_size=8), st.integers(-1, 9)), max_size=6
+    )
+)
 def test_hash_chunk_is_the_puts_hash_batch_concatenated(
     C: ModuleType, puts: list[tuple[str, list[tuple[dict[str, str], int]], int]]
 ) -> None:
@@ -247,7 +251,9 @@ def test_put_batch_writes_the_reference_s_bytes(
             p = sum(c for c in counts[:msg] if c > 0)
             hpos = p + (rng.randrange(counts[msg]) if counts[msg] > 0 else 0)
             # One store time for the put, or one per message (a chunk of puts).
-            stamps: int | list[int] = ts if rng.random() < 0.5 else [ts + rng.randrange(-3000, 3000) for _ in counts]
+            stamps: int | list[int] = (
+                ts if rng.random() < 0.5 else [ts + rng.randrange(-3000, 3000) for _ in counts]
+            )
             ref = files["reference"].py_put_batch(hashes, counts, offsets, stamps, msg, hpos)
             got = C.put_batch(files["compiled"], hashes, counts, offsets, stamps, msg, hpos)
             assert got == ref

@@ -15,7 +15,11 @@ The index thread (``hash-index``, started by the first batch) is woken from idle
 keyed put, then runs a round every ``ROUND_S`` while puts keep coming (no wake-up per put or per
 round: it goes back to sleep after a round that found nothing) and indexes what is queued, in commit-log order, in chunks of
 ``DRAIN_CHUNK`` messages: the key hashes and the IndexFile entries are computed in compiled code
-when it is built (:mod:`tidemq_index_hash.native`).  A query by key, ``flush``, ``truncate``,
+when it is built (:mod:`tidemq_index_hash.native`).  A chunk of several puts is indexed as one
+(:meth:`HashIndex._index_chunk`: one ``hash_chunk`` call and one ``put_batch`` with a store time
+per message), and the compiled code releases the GIL for the hashing (the keys are first copied
+into a C buffer) and for the slot and entry writes: the event loop runs meanwhile, and the two
+threads hand the GIL over about once per chunk rather than once per put.  A query by key, ``flush``, ``truncate``,
 ``rebuild_from``, ``stats`` and ``file_names`` first index whatever is still queued, under the
 index lock: a key is found as soon as the put that stored it is acknowledged (it was queued
 before the put returned), whatever the index thread's lag.  The queue is bounded: past
@@ -49,7 +53,9 @@ are rebuilt from the commit log: :meth:`HashIndex.rebuild_from` tells the store 
 Thread safety: dispatch_batch (the store's thread, under its lock), the index thread, query (the
 broker's threads), flush and delete_expired (the store's service threads) may run concurrently.
 The queue is a deque (atomic appends and pops); the index lock guards the file list and the
-mappings, and only its holder takes batches off the queue, so they are indexed in order.  The msync of a flush runs
+mappings, and only its holder takes batches off the queue, so they are indexed in order.  The
+compiled insertion writes through the mapping without the GIL but with the index lock held (and the
+mapping's buffer exported, so it cannot be closed meanwhile); a query reads under the same lock.  The msync of a flush runs
 outside it so indexing is not held up by the disk.  Nothing holding the index lock waits for the
 store's lock, so a put that drains (back-pressure) cannot deadlock.
 """
@@ -436,9 +442,11 @@ class HashIndex:
             batches.append((topic, properties, sys_flags, skip))
             # What _index_batch would have made _indexed_upto (a rolled-back last message aside:
             # skipped either way), for a re-dispatch later in the chunk.
-            upto = max(upto, offs[-1])
-            offsets.extend(offs)
-            tss.extend([ts] * len(offs))
+            last = offs[-1]
+            if last > upto:
+                upto = last
+            offsets += offs
+            tss += [ts] * len(offs)
         try:
             hashes, counts = hash_chunk(batches)
         except Exception:
