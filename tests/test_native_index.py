@@ -16,6 +16,7 @@ import importlib
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -313,6 +314,7 @@ def bound_to(impl: ModuleType | None) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as m:
         m.setattr(native, "impl", impl)
         m.setattr(service, "hash_batch", py_hash_batch if impl is None else impl.hash_batch)
+        m.setattr(service, "hash_chunk", indexfile.py_hash_chunk if impl is None else impl.hash_chunk)
         m.setattr(service, "key_hash", py_key_hash if impl is None else impl.key_hash)
         put_batch = IndexFile.py_put_batch if impl is None else impl.put_batch
         m.setattr(service, "put_batch", put_batch)
@@ -328,10 +330,17 @@ _MESSAGES = st.lists(
 
 
 def build(
-    root: Path, slots: int, entries: int, topic: str, puts: list[list[tuple[dict[str, str], int]]]
+    root: Path,
+    slots: int,
+    entries: int,
+    topic: str,
+    puts: list[list[tuple[dict[str, str], int]]],
+    one_chunk: bool = False,
 ) -> tuple[list[bytes], dict[str, tuple[int, ...]], int]:
     index = HashIndex(root, HashIndexOptions(max_hash_slot_num=slots, max_index_num=entries))
     index.load(True, 0)
+    if one_chunk:  # no index thread: the flush indexes every put queued, in one drain
+        index._worker = threading.current_thread()
     offset, ts = 0, T0
     keys: set[str] = {"missing"}
     for i, put in enumerate(puts):
@@ -344,6 +353,11 @@ def build(
         for p in props:
             keys.add(p.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or "missing")
             keys.update(k for k in p.get(Prop.KEYS, "").split(" ") if k)
+    if one_chunk:  # and the first put again, as a recovery re-dispatches it: skipped
+        props = [p for p, _ in puts[0]]
+        flags = [f for _, f in puts[0]]
+        n = len(props)
+        index.dispatch_batch(topic, 0, props, [50 * j for j in range(n)], [50] * n, [0] * n, T0, 0, flags)
     covered = index.flush()
     answers = {k: index.query(topic, k, 1000, 0, 2**62).phy_offsets for k in sorted(keys)}
     index.shutdown()
@@ -366,4 +380,25 @@ def test_index_files_and_queries_are_identical_both_ways(
         ref = build(d / "reference", slots, entries, topic, puts)
     with bound_to(C):
         got = build(d / "compiled", slots, entries, topic, puts)
+    assert got == ref
+
+
+@SETTINGS
+@given(st.integers(1, 16), st.integers(2, 12), _TOPIC.filter(bool), _MESSAGES)
+def test_a_chunk_of_puts_is_indexed_as_put_by_put(
+    C: ModuleType,
+    tmp_path_factory: pytest.TempPathFactory,
+    slots: int,
+    entries: int,
+    topic: str,
+    puts: list[list[tuple[dict[str, str], int]]],
+) -> None:
+    # The index thread indexes a drained chunk of puts in one hash and one insertion call (the
+    # GIL released): the same files, answers and checkpoint as indexing them one put at a time.
+    d = tmp_path_factory.mktemp("chunk")
+    with bound_to(C):
+        got = build(d / "chunked", slots, entries, topic, puts, one_chunk=True)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(HashIndex, "_index_chunk", lambda self, items: False)  # put by put
+            ref = build(d / "per_put", slots, entries, topic, puts, one_chunk=True)
     assert got == ref

@@ -533,7 +533,9 @@ class HashIndex:
                 last -= 1
             if last >= 0:
                 self._indexed_upto = offsets[last]
-            done_ts = ts if isinstance(ts, int) else ts[msg - 1]  # the last message's (a chunk)
+            # A chunk: the newest store time of the messages passed (a re-dispatched put may
+            # come after newer ones), as put-by-put indexing would have covered.
+            done_ts = ts if isinstance(ts, int) else max(ts) if msg == len(ts) else max(ts[:msg])
             if done_ts > self._covered_ts:
                 self._covered_ts = done_ts
         return msg, hpos, failure
