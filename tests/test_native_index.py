@@ -16,6 +16,7 @@ import importlib
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -172,6 +173,40 @@ def test_hash_batch_of_mappings_that_are_not_dicts(C: ModuleType) -> None:
     assert C.hash_batch("T", props, [0, 0], 0) == py_hash_batch("T", props, [0, 0], 0)
 
 
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(_TOPIC, st.lists(st.tuples(_PROPS, _FLAGS), max_size=8), st.integers(-1, 9)), max_size=6
+    )
+)
+def test_hash_chunk_is_the_puts_hash_batch_concatenated(
+    C: ModuleType, puts: list[tuple[str, list[tuple[dict[str, str], int]], int]]
+) -> None:
+    # The index thread hashes a drained chunk of puts in one call (the GIL released once).
+    batches = [(t, [p for p, _ in m], [f for _, f in m], skip) for t, m, skip in puts]
+    hashes, counts = array.array("i"), array.array("i")
+    for batch in batches:
+        h, c = py_hash_batch(*batch)
+        hashes.extend(h)
+        counts.extend(c)
+    assert C.hash_chunk(batches) == indexfile.py_hash_chunk(batches) == (hashes, counts)
+
+
+def test_hash_chunk_takes_a_put_only_the_reference_takes_and_long_keys(C: ModuleType) -> None:
+    class Props(dict):  # type: ignore[type-arg]
+        pass
+
+    long_key = "k" * 2000  # beyond one BLAKE3 chunk: hashed by the package as it is gathered
+    batches = [
+        ("T", [{Prop.KEYS: "a b"}], [0], 0),
+        ("T", [Props({Prop.KEYS: "c"}), {Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: long_key}], [0, 0], 0),
+        ("U", [{Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: long_key, Prop.KEYS: "d"}] * 20, [0] * 20, 0),
+    ]
+    assert C.hash_chunk(batches) == indexfile.py_hash_chunk(batches)
+    bad = [("T", [{Prop.KEYS: "a"}], [0], 0), ("T", [{Prop.KEYS: 5}], [0], 0)]  # the reference's exception
+    assert outcome(C.hash_chunk, bad) == outcome(indexfile.py_hash_chunk, bad)
+
+
 # ---------------------------------------------------------------------------- put_batch
 def file_bytes(f: IndexFile) -> bytes:
     with open(f.path, "rb") as fh:
@@ -216,8 +251,12 @@ def test_put_batch_writes_the_reference_s_bytes(
             msg = rng.randrange(len(counts))
             p = sum(c for c in counts[:msg] if c > 0)
             hpos = p + (rng.randrange(counts[msg]) if counts[msg] > 0 else 0)
-            ref = files["reference"].py_put_batch(hashes, counts, offsets, ts, msg, hpos)
-            got = C.put_batch(files["compiled"], hashes, counts, offsets, ts, msg, hpos)
+            # One store time for the put, or one per message (a chunk of puts).
+            stamps: int | list[int] = (
+                ts if rng.random() < 0.5 else [ts + rng.randrange(-3000, 3000) for _ in counts]
+            )
+            ref = files["reference"].py_put_batch(hashes, counts, offsets, stamps, msg, hpos)
+            got = C.put_batch(files["compiled"], hashes, counts, offsets, stamps, msg, hpos)
             assert got == ref
             assert files["compiled"].header == files["reference"].header
             assert files["compiled"]._reserved_end == files["reference"]._reserved_end
@@ -240,6 +279,14 @@ def test_put_batch_of_many_messages(C: ModuleType, tmp_path: Path, n: int) -> No
         got = C.put_batch(files[1], hashes, counts, offsets, T0, 3, 0)
         assert got == ref and ref[0] < n  # the file filled up part way
         assert file_bytes(files[1]) == file_bytes(files[0])
+        # Per-message store times go to the heap buffer too.
+        stamps = [T0 + 1000 * i for i in range(n)]
+        more = [IndexFile.create(tmp_path / name, 31, 40) for name in ("reference2", "compiled2")]
+        files += more
+        assert C.put_batch(more[1], hashes, counts, offsets, stamps, 3, 0) == more[0].py_put_batch(
+            hashes, counts, offsets, stamps, 3, 0
+        )
+        assert file_bytes(more[1]) == file_bytes(more[0])
         with pytest.raises(IndexError):
             C.put_batch(files[1], hashes, counts, offsets[:10], T0, 0, 0)
     finally:
@@ -267,6 +314,7 @@ def bound_to(impl: ModuleType | None) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as m:
         m.setattr(native, "impl", impl)
         m.setattr(service, "hash_batch", py_hash_batch if impl is None else impl.hash_batch)
+        m.setattr(service, "hash_chunk", indexfile.py_hash_chunk if impl is None else impl.hash_chunk)
         m.setattr(service, "key_hash", py_key_hash if impl is None else impl.key_hash)
         put_batch = IndexFile.py_put_batch if impl is None else impl.put_batch
         m.setattr(service, "put_batch", put_batch)
@@ -282,10 +330,17 @@ _MESSAGES = st.lists(
 
 
 def build(
-    root: Path, slots: int, entries: int, topic: str, puts: list[list[tuple[dict[str, str], int]]]
+    root: Path,
+    slots: int,
+    entries: int,
+    topic: str,
+    puts: list[list[tuple[dict[str, str], int]]],
+    one_chunk: bool = False,
 ) -> tuple[list[bytes], dict[str, tuple[int, ...]], int]:
     index = HashIndex(root, HashIndexOptions(max_hash_slot_num=slots, max_index_num=entries))
     index.load(True, 0)
+    if one_chunk:  # no index thread: the flush indexes every put queued, in one drain
+        index._worker = threading.current_thread()
     offset, ts = 0, T0
     keys: set[str] = {"missing"}
     for i, put in enumerate(puts):
@@ -298,6 +353,11 @@ def build(
         for p in props:
             keys.add(p.get(Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or "missing")
             keys.update(k for k in p.get(Prop.KEYS, "").split(" ") if k)
+    if one_chunk:  # and the first put again, as a recovery re-dispatches it: skipped
+        props = [p for p, _ in puts[0]]
+        flags = [f for _, f in puts[0]]
+        n = len(props)
+        index.dispatch_batch(topic, 0, props, [50 * j for j in range(n)], [50] * n, [0] * n, T0, 0, flags)
     covered = index.flush()
     answers = {k: index.query(topic, k, 1000, 0, 2**62).phy_offsets for k in sorted(keys)}
     index.shutdown()
@@ -320,4 +380,25 @@ def test_index_files_and_queries_are_identical_both_ways(
         ref = build(d / "reference", slots, entries, topic, puts)
     with bound_to(C):
         got = build(d / "compiled", slots, entries, topic, puts)
+    assert got == ref
+
+
+@SETTINGS
+@given(st.integers(1, 16), st.integers(2, 12), _TOPIC.filter(bool), _MESSAGES)
+def test_a_chunk_of_puts_is_indexed_as_put_by_put(
+    C: ModuleType,
+    tmp_path_factory: pytest.TempPathFactory,
+    slots: int,
+    entries: int,
+    topic: str,
+    puts: list[list[tuple[dict[str, str], int]]],
+) -> None:
+    # The index thread indexes a drained chunk of puts in one hash and one insertion call (the
+    # GIL released): the same files, answers and checkpoint as indexing them one put at a time.
+    d = tmp_path_factory.mktemp("chunk")
+    with bound_to(C):
+        got = build(d / "chunked", slots, entries, topic, puts, one_chunk=True)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(HashIndex, "_index_chunk", lambda self, items: False)  # put by put
+            ref = build(d / "per_put", slots, entries, topic, puts, one_chunk=True)
     assert got == ref

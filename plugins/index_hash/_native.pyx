@@ -31,7 +31,7 @@ from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_GetItemWithError
 from cpython.long cimport PyLong_AsLongAndOverflow
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from libc.errno cimport EINTR
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
@@ -45,6 +45,10 @@ import blake3 as _blake3
 cdef extern from "Python.h":
     # Raw declarations: NULL is handled here, not turned into an exception by Cython.
     const char *raw_as_utf8 "PyUnicode_AsUTF8AndSize"(object u, Py_ssize_t *size)
+    ctypedef struct PyThreadState:
+        pass
+    PyThreadState *PyEval_SaveThread()
+    void PyEval_RestoreThread(PyThreadState *state)
     void PyErr_Clear()
 
 cdef extern from *:
@@ -171,6 +175,9 @@ cdef enum:
     SLOT_CHUNK = 65536
     SLOT_CHUNK_SHIFT = 16
     ENTRY_WINDOW = 262144
+    # Keys a call needs before it releases the GIL (for the hashing, for the insertion): below it
+    # the work (~0.2 us a key) is shorter than a hand-over of the GIL to the event loop and back.
+    NOGIL_MIN = 64
     PREFETCH_AHEAD = 8  # keys whose slot lines are requested before the current key's write
     INT_MAX = 0x7FFFFFFF
     # tidemq.message's transaction type bits of the sys flag, and the rolled-back type.
@@ -247,89 +254,210 @@ def _reference():
     return indexfile
 
 
-cdef int _append(array out, Py_ssize_t *used, int32_t value) except -1:
-    if used[0] == len(out):
-        resize_smart(out, 2 * used[0] + 16)
-    out.data.as_ints[used[0]] = value
-    used[0] += 1
-    return 0
+cdef class _Gather:
+    """Key hashes of puts, in two passes: the keys (``topic#key``, UTF-8) are copied into one C
+    buffer under the GIL (:meth:`add`), then hashed without it (:meth:`finish`): the event loop
+    runs meanwhile, and nothing Python is read there.  A key beyond one chunk is hashed as it is
+    added (the blake3 package), its end noted as -1."""
+
+    cdef array hashes, counts
+    cdef Py_ssize_t used, nmsgs, cap, keys_cap, keys_used
+    cdef Py_ssize_t *ends
+    cdef uint8_t *keys
+
+    def __cinit__(self, Py_ssize_t expected):
+        self.hashes = clone(_int_template, expected, False)
+        self.counts = clone(_int_template, expected, False)
+        self.cap = expected
+        self.ends = <Py_ssize_t *>PyMem_Malloc((expected if expected else 1) * sizeof(Py_ssize_t))
+        if self.ends == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        PyMem_Free(self.ends)
+        PyMem_Free(self.keys)
+
+    cdef int _room(self) except -1:
+        cdef Py_ssize_t size = 2 * self.used + 16
+        cdef Py_ssize_t *grown
+        if self.used < self.cap:
+            return 0
+        resize_smart(self.hashes, size)
+        grown = <Py_ssize_t *>PyMem_Realloc(self.ends, size * sizeof(Py_ssize_t))
+        if grown == NULL:
+            raise MemoryError()
+        self.ends = grown
+        self.cap = size
+        return 0
+
+    cdef int _count(self, int32_t c) except -1:
+        if self.nmsgs == len(self.counts):
+            resize_smart(self.counts, 2 * self.nmsgs + 16)
+        self.counts.data.as_ints[self.nmsgs] = c
+        self.nmsgs += 1
+        return 0
+
+    cdef int _hashed(self, int32_t h) except -1:
+        self._room()
+        self.hashes.data.as_ints[self.used] = h
+        self.ends[self.used] = -1
+        self.used += 1
+        return 0
+
+    cdef int _key(self, const char *t, Py_ssize_t tlen, const char *k, Py_ssize_t klen) except -1:
+        cdef Py_ssize_t size = self.keys_cap, need = self.keys_used + tlen + klen
+        cdef uint8_t *grown
+        if tlen + klen > TQI_CHUNK_LEN:
+            return self._hashed(_hash2(t, tlen, k, klen))
+        if need > size:
+            while size < need:
+                size = 2 * size + 1024
+            grown = <uint8_t *>PyMem_Realloc(self.keys, size)
+            if grown == NULL:
+                raise MemoryError()
+            self.keys = grown
+            self.keys_cap = size
+        self._room()
+        memcpy(self.keys + self.keys_used, t, tlen)
+        memcpy(self.keys + self.keys_used + tlen, k, klen)
+        self.keys_used = need
+        self.ends[self.used] = need
+        self.used += 1
+        return 0
+
+    cdef int add(self, str topic, properties, sys_flags, Py_ssize_t skip_before) except -1:
+        """Gather one put's keys; 1 (and nothing gathered) when the reference must take it."""
+        cdef Py_ssize_t n, i, tlen, klen, start, j
+        cdef Py_ssize_t used0 = self.used, nmsgs0 = self.nmsgs, keys0 = self.keys_used
+        cdef const char *t
+        cdef const char *k
+        cdef int32_t c
+        cdef long flag
+        cdef int overflow
+        cdef PyObject *value
+        cdef bytes prefix
+        if type(properties) is not list and type(properties) is not tuple:
+            return 1
+        if type(sys_flags) is not list and type(sys_flags) is not tuple:
+            return 1
+        n = len(properties)
+        if len(sys_flags) != n:
+            return 1
+        t = raw_as_utf8(topic, &tlen)
+        if t == NULL:
+            PyErr_Clear()
+            return 1
+        prefix = PyBytes_FromStringAndSize(NULL, tlen + 1)  # "topic#"
+        memcpy(PyBytes_AS_STRING(prefix), t, tlen)
+        PyBytes_AS_STRING(prefix)[tlen] = HASH_SIGN
+        t = PyBytes_AS_STRING(prefix)
+        tlen += 1
+        for i in range(n):
+            props = properties[i]
+            flag_obj = sys_flags[i]
+            if type(props) is not dict or type(flag_obj) is not int:
+                break
+            flag = PyLong_AsLongAndOverflow(flag_obj, &overflow)
+            if overflow:
+                break
+            if i < skip_before or (flag & TRANSACTION_TYPE_MASK) == TRANSACTION_ROLLBACK_TYPE:
+                self._count(-1)
+                continue
+            c = 0
+            # Strong references (key_obj): the buffers read below must outlive a call into Python
+            # (the blake3 package, for a key beyond one chunk), whatever another thread does meanwhile.
+            value = PyDict_GetItemWithError(props, _UNIQ_KEY)
+            if value != NULL and <object>value is not None:
+                key_obj = <object>value
+                if type(key_obj) is not str:
+                    break
+                k = raw_as_utf8(key_obj, &klen)
+                if k == NULL:
+                    PyErr_Clear()
+                    break
+                if klen:
+                    self._key(t, tlen, k, klen)
+                    c += 1
+            value = PyDict_GetItemWithError(props, _KEYS)
+            if value != NULL and <object>value is not None:
+                key_obj = <object>value
+                if type(key_obj) is not str:
+                    break
+                k = raw_as_utf8(key_obj, &klen)
+                if k == NULL:
+                    PyErr_Clear()
+                    break
+                # str.split(" "): a space byte never occurs inside a UTF-8 multi-byte sequence.
+                start = 0
+                for j in range(klen + 1):
+                    if j == klen or k[j] == SPACE:
+                        if j > start:
+                            self._key(t, tlen, k + start, j - start)
+                            c += 1
+                        start = j + 1
+            self._count(c)
+        else:
+            return 0
+        self.used, self.nmsgs, self.keys_used = used0, nmsgs0, keys0  # the reference takes it
+        return 1
+
+    cdef int add_reference(self, hashes, counts) except -1:
+        """Append what the reference computed for a put."""
+        for h in hashes:
+            self._hashed(h)
+        for c in counts:
+            self._count(c)
+        return 0
+
+    cdef tuple finish(self):
+        """Hash what was gathered (the GIL released when there is enough to hash)."""
+        cdef int *out = self.hashes.data.as_ints
+        cdef const Py_ssize_t *ends = self.ends
+        cdef const uint8_t *keys = self.keys
+        cdef Py_ssize_t n = self.used
+        # The arrays and buffers are this object's own: no other thread sees them.
+        if n >= NOGIL_MIN:
+            with nogil:
+                _hash_gathered(out, ends, n, keys)
+        else:
+            _hash_gathered(out, ends, n, keys)
+        resize(self.hashes, self.used)
+        resize(self.counts, self.nmsgs)
+        return self.hashes, self.counts
+
+
+cdef void _hash_gathered(int *out, const Py_ssize_t *ends, Py_ssize_t n, const uint8_t *keys) noexcept nogil:
+    cdef Py_ssize_t i, start = 0
+    for i in range(n):
+        if ends[i] >= 0:
+            out[i] = tqi_hash(keys + start, ends[i] - start)
+            start = ends[i]
 
 
 def hash_batch(str topic not None, properties, sys_flags, Py_ssize_t skip_before):
-    """:func:`tidemq_index_hash.indexfile.py_hash_batch`: key hashes of a batch, and their counts."""
-    cdef Py_ssize_t n, i, tlen, klen, start, j, used = 0
-    cdef const char *t
-    cdef const char *k
-    cdef int32_t c
-    cdef long flag
-    cdef int overflow
-    cdef PyObject *value
-    cdef bytes prefix
-    cdef array hashes, counts
-    if type(properties) is not list and type(properties) is not tuple:
+    """:func:`tidemq_index_hash.indexfile.py_hash_batch`: key hashes of a batch, and their counts.
+
+    The keys are copied into a C buffer under the GIL, then hashed without it (:class:`_Gather`).
+    """
+    cdef Py_ssize_t n = len(properties)
+    cdef _Gather g = _Gather(2 * n)
+    if g.add(topic, properties, sys_flags, skip_before):
         return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
-    if type(sys_flags) is not list and type(sys_flags) is not tuple:
-        return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
-    n = len(properties)
-    if len(sys_flags) != n:
-        return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
-    t = raw_as_utf8(topic, &tlen)
-    if t == NULL:
-        PyErr_Clear()
-        return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
-    prefix = PyBytes_FromStringAndSize(NULL, tlen + 1)  # "topic#"
-    memcpy(PyBytes_AS_STRING(prefix), t, tlen)
-    PyBytes_AS_STRING(prefix)[tlen] = HASH_SIGN
-    t = PyBytes_AS_STRING(prefix)
-    tlen += 1
-    counts = clone(_int_template, n, False)
-    hashes = clone(_int_template, 2 * n, False)
-    for i in range(n):
-        props = properties[i]
-        flag_obj = sys_flags[i]
-        if type(props) is not dict or type(flag_obj) is not int:
-            return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
-        flag = PyLong_AsLongAndOverflow(flag_obj, &overflow)
-        if overflow:
-            return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
-        if i < skip_before or (flag & TRANSACTION_TYPE_MASK) == TRANSACTION_ROLLBACK_TYPE:
-            counts.data.as_ints[i] = -1
-            continue
-        c = 0
-        # Strong references (key_obj): the buffers read below must outlive a call into Python
-        # (the blake3 package, for a key beyond one chunk), whatever another thread does meanwhile.
-        value = PyDict_GetItemWithError(props, _UNIQ_KEY)
-        if value != NULL and <object>value is not None:
-            key_obj = <object>value
-            if type(key_obj) is not str:
-                return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
-            k = raw_as_utf8(key_obj, &klen)
-            if k == NULL:
-                PyErr_Clear()
-                return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
-            if klen:
-                _append(hashes, &used, _hash2(t, tlen, k, klen))
-                c += 1
-        value = PyDict_GetItemWithError(props, _KEYS)
-        if value != NULL and <object>value is not None:
-            key_obj = <object>value
-            if type(key_obj) is not str:
-                return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
-            k = raw_as_utf8(key_obj, &klen)
-            if k == NULL:
-                PyErr_Clear()
-                return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
-            # str.split(" "): a space byte never occurs inside a UTF-8 multi-byte sequence.
-            start = 0
-            for j in range(klen + 1):
-                if j == klen or k[j] == SPACE:
-                    if j > start:
-                        _append(hashes, &used, _hash2(t, tlen, k + start, j - start))
-                        c += 1
-                    start = j + 1
-        counts.data.as_ints[i] = c
-    resize(hashes, used)
-    return hashes, counts
+    return g.finish()
+
+
+def hash_chunk(batches):
+    """:func:`tidemq_index_hash.indexfile.py_hash_chunk`: :func:`hash_batch` of several puts
+    ``(topic, properties, sys_flags, skip_before)``, concatenated; one release of the GIL for
+    the hashing of all of them."""
+    cdef _Gather g = _Gather(256)
+    for topic, properties, sys_flags, skip_before in batches:
+        if type(topic) is not str:
+            raise TypeError(f"hash_chunk: topic {topic!r} is not a str")
+        if g.add(topic, properties, sys_flags, skip_before):
+            ref_hashes, ref_counts = _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
+            g.add_reference(ref_hashes, ref_counts)
+    return g.finish()
 
 
 cdef int _reserve(int fd, int64_t start, int64_t length) noexcept nogil:
@@ -354,7 +482,7 @@ def put_batch(
     array hashes_array not None,
     array counts_array not None,
     offsets,
-    long long store_timestamp,
+    store_timestamp,
     Py_ssize_t msg,
     Py_ssize_t hpos,
 ):
@@ -371,7 +499,9 @@ def put_batch(
     cdef Py_ssize_t first_msg
     cdef bint narrow
     cdef int32_t c, prev, h
-    cdef int err = 0, fd = f._fd
+    cdef int err = 0, fd = f._fd, bad = 0
+    cdef PyThreadState *save = NULL
+    cdef Py_ssize_t bad_value = 0
     cdef bint full = False
     header = f.header
     cdef int64_t count = header.index_count
@@ -379,7 +509,7 @@ def put_batch(
     cdef int64_t entry_base = f._entry_base, size = f._size, reserved_end = f._reserved_end
     cdef int64_t begin_ts = header.begin_timestamp, begin_phy = header.begin_phy_offset
     cdef int64_t end_ts = header.end_timestamp, end_phy = header.end_phy_offset
-    cdef int64_t ts = store_timestamp, off, slot_pos, entry_pos, chunk_start, e, new_end, diff
+    cdef int64_t ts = 0, off, slot_pos, entry_pos, chunk_start, e, new_end, diff
     mm_obj = f._mm
     slot_chunks = f._slot_chunks
     if type(slot_chunks) is not bytearray:
@@ -388,19 +518,27 @@ def put_batch(
     cdef Py_ssize_t nchunks
     cdef Py_buffer view
     cdef uint8_t *mm
-    cdef int64_t offs_small[64]
+    cdef int64_t offs_small[128]
     cdef int64_t *offs = offs_small
+    cdef int64_t *tss = offs_small + 64
+    cdef bint per_message_ts = type(store_timestamp) is not int
     cdef const int *hashes
     cdef const int *counts
     if n and (msg < 0 or msg > n or hpos < 0):
         raise ValueError(f"put_batch: position ({msg}, {hpos}) outside the batch")
     if n > 64:
-        offs = <int64_t *>PyMem_Malloc(n * sizeof(int64_t))
+        offs = <int64_t *>PyMem_Malloc(2 * n * sizeof(int64_t))
         if offs == NULL:
             raise MemoryError()
+        tss = offs + n
     try:
         for i in range(msg, n):
             offs[i] = offsets[i]
+        if per_message_ts:  # one store time per message (a chunk of several puts)
+            for i in range(msg, n):
+                tss[i] = store_timestamp[i]
+        else:
+            ts = store_timestamp
     except BaseException:
         if offs != offs_small:
             PyMem_Free(offs)
@@ -420,87 +558,114 @@ def put_batch(
     try:
         if view.len < size:
             raise ValueError(f"put_batch: the mapping ({view.len} bytes) is shorter than the file ({size})")
-        while msg < n:
-            c = counts[msg]
-            if c <= 0:
-                msg += 1
-                continue
-            start = hpos if hpos > p else p
-            end = p + c
-            if end > nhashes:
-                raise ValueError("put_batch: counts add up to more than the hashes given")
-            if count >= index_num:  # full before this message: the caller rolls to a new file
-                hpos = start
-                break
-            # IndexFile.reserve: the message's slots and entries, before anything is written.
-            for k in range(start, end):
-                if hashes[k] < 0:  # hash_batch's are 31-bit: a slot outside the table otherwise
-                    raise ValueError(f"put_batch: hash {hashes[k]} is negative")
-                i = (HEADER_SIZE + _slot(hashes[k], slot_num, narrow) * SLOT_SIZE) >> SLOT_CHUNK_SHIFT
-                if i >= nchunks:
-                    raise ValueError(f"put_batch: slot chunk {i} outside the file's {nchunks}")
-                if not chunks[i]:
-                    chunk_start = i * SLOT_CHUNK
-                    err = _reserve(fd, chunk_start, min(chunk_start + SLOT_CHUNK, entry_base) - chunk_start)
-                    if err:
-                        break
-                    chunks[i] = 1
-            if not err:
-                e = entry_base + min(count + (end - start), index_num) * ENTRY_SIZE
-                if e > reserved_end:
-                    new_end = min(size, max(e, reserved_end) + ENTRY_WINDOW)
-                    err = _reserve(fd, reserved_end, new_end - reserved_end)
-                    if not err:
-                        reserved_end = new_end
-            if err:
-                hpos = start
-                break
-            off = offs[msg]
-            if msg == first_msg:  # the first lines ahead of the first key written
-                for k in range(start, min(start + PREFETCH_AHEAD, nhashes)):
-                    if hashes[k] >= 0:
-                        tqi_prefetch_w(mm + HEADER_SIZE + _slot(hashes[k], slot_num, narrow) * SLOT_SIZE)
-            # IndexFile.put_key, for each key of the message.
-            for k in range(start, end):
-                if count >= index_num:
-                    full = True
-                    hpos = k
+        # The insertion runs without the GIL: everything it reads or writes is a raw pointer into
+        # buffers held above (the arrays, the slot-chunk bytearray and the mapping, whose export
+        # keeps it mapped), or a local; the index lock, held by the caller, keeps other indexers
+        # out.  A bad input is noted in `bad` and raised once the GIL is back.
+        # (Released by hand, only when there is enough work: the loop below was written and
+        # compiled as a `with nogil` block, so Cython checked that it touches no Python object.)
+        if nhashes - hpos >= NOGIL_MIN:
+            save = PyEval_SaveThread()
+        if True:
+            while msg < n:
+                c = counts[msg]
+                if c <= 0:
+                    msg += 1
+                    continue
+                start = hpos if hpos > p else p
+                end = p + c
+                if end > nhashes:
+                    bad = 1
                     break
-                if k + PREFETCH_AHEAD < nhashes and hashes[k + PREFETCH_AHEAD] >= 0:
-                    tqi_prefetch_w(
-                        mm + HEADER_SIZE + _slot(hashes[k + PREFETCH_AHEAD], slot_num, narrow) * SLOT_SIZE
-                    )
-                h = hashes[k]
-                slot_pos = HEADER_SIZE + _slot(h, slot_num, narrow) * SLOT_SIZE
-                entry_pos = entry_base + count * ENTRY_SIZE
-                if entry_pos + ENTRY_SIZE > reserved_end:
-                    new_end = min(size, max(entry_pos + ENTRY_SIZE, reserved_end) + ENTRY_WINDOW)
-                    err = _reserve(fd, reserved_end, new_end - reserved_end)
-                    if err:
+                if count >= index_num:  # full before this message: the caller rolls to a new file
+                    hpos = start
+                    break
+                # IndexFile.reserve: the message's slots and entries, before anything is written.
+                for k in range(start, end):
+                    if hashes[k] < 0:  # hash_batch's are 31-bit: a slot outside the table otherwise
+                        bad = 2
+                        bad_value = hashes[k]
+                        break
+                    i = (HEADER_SIZE + _slot(hashes[k], slot_num, narrow) * SLOT_SIZE) >> SLOT_CHUNK_SHIFT
+                    if i >= nchunks:
+                        bad = 3
+                        bad_value = i
+                        break
+                    if not chunks[i]:
+                        chunk_start = i * SLOT_CHUNK
+                        err = _reserve(fd, chunk_start, min(chunk_start + SLOT_CHUNK, entry_base) - chunk_start)
+                        if err:
+                            break
+                        chunks[i] = 1
+                if bad:
+                    break
+                if not err:
+                    e = entry_base + min(count + (end - start), index_num) * ENTRY_SIZE
+                    if e > reserved_end:
+                        new_end = min(size, max(e, reserved_end) + ENTRY_WINDOW)
+                        err = _reserve(fd, reserved_end, new_end - reserved_end)
+                        if not err:
+                            reserved_end = new_end
+                if err:
+                    hpos = start
+                    break
+                off = offs[msg]
+                if per_message_ts:
+                    ts = tss[msg]
+                if msg == first_msg:  # the first lines ahead of the first key written
+                    for k in range(start, min(start + PREFETCH_AHEAD, nhashes)):
+                        if hashes[k] >= 0:
+                            tqi_prefetch_w(mm + HEADER_SIZE + _slot(hashes[k], slot_num, narrow) * SLOT_SIZE)
+                # IndexFile.put_key, for each key of the message.
+                for k in range(start, end):
+                    if count >= index_num:
+                        full = True
                         hpos = k
                         break
-                    reserved_end = new_end
-                prev = tqi_get32(mm + slot_pos)
-                if prev <= 0 or prev >= count:
-                    prev = 0
-                if count == 1:
-                    begin_ts = ts
-                    begin_phy = off
-                diff = ts - begin_ts
-                diff = 0 if diff < 0 else min(diff // 1000, INT_MAX)
-                tqi_put32(mm + entry_pos, <uint32_t>h)
-                tqi_put64(mm + entry_pos + 4, <unsigned long long>off)
-                tqi_put32(mm + entry_pos + 12, <uint32_t>diff)
-                tqi_put32(mm + entry_pos + 16, <uint32_t>prev)
-                tqi_put32(mm + slot_pos, <uint32_t>count)
-                count += 1
-                end_ts = ts
-                end_phy = off
-            if full or err:
-                break
-            p = end
-            hpos = end
-            msg += 1
+                    if k + PREFETCH_AHEAD < nhashes and hashes[k + PREFETCH_AHEAD] >= 0:
+                        tqi_prefetch_w(
+                            mm + HEADER_SIZE + _slot(hashes[k + PREFETCH_AHEAD], slot_num, narrow) * SLOT_SIZE
+                        )
+                    h = hashes[k]
+                    slot_pos = HEADER_SIZE + _slot(h, slot_num, narrow) * SLOT_SIZE
+                    entry_pos = entry_base + count * ENTRY_SIZE
+                    if entry_pos + ENTRY_SIZE > reserved_end:
+                        new_end = min(size, max(entry_pos + ENTRY_SIZE, reserved_end) + ENTRY_WINDOW)
+                        err = _reserve(fd, reserved_end, new_end - reserved_end)
+                        if err:
+                            hpos = k
+                            break
+                        reserved_end = new_end
+                    prev = tqi_get32(mm + slot_pos)
+                    if prev <= 0 or prev >= count:
+                        prev = 0
+                    if count == 1:
+                        begin_ts = ts
+                        begin_phy = off
+                    diff = ts - begin_ts
+                    diff = 0 if diff < 0 else min(diff // 1000, INT_MAX)
+                    tqi_put32(mm + entry_pos, <uint32_t>h)
+                    tqi_put64(mm + entry_pos + 4, <unsigned long long>off)
+                    tqi_put32(mm + entry_pos + 12, <uint32_t>diff)
+                    tqi_put32(mm + entry_pos + 16, <uint32_t>prev)
+                    tqi_put32(mm + slot_pos, <uint32_t>count)
+                    count += 1
+                    end_ts = ts
+                    end_phy = off
+                if full or err:
+                    break
+                p = end
+                hpos = end
+                msg += 1
+        if save != NULL:
+            PyEval_RestoreThread(save)
+            save = NULL
+        if bad == 1:
+            raise ValueError("put_batch: counts add up to more than the hashes given")
+        if bad == 2:
+            raise ValueError(f"put_batch: hash {bad_value} is negative")
+        if bad == 3:
+            raise ValueError(f"put_batch: slot chunk {bad_value} outside the file's {nchunks}")
     finally:
         PyBuffer_Release(&view)
         if offs != offs_small:

@@ -115,12 +115,31 @@ def py_hash_batch(
     return hashes, counts
 
 
+def py_hash_chunk(
+    batches: Iterable[tuple[str, Sequence[Mapping[str, str]], Sequence[int], int]],
+) -> tuple[array.array[int], array.array[int]]:
+    """:func:`py_hash_batch` of several puts ``(topic, properties, sys_flags, skip_before)``,
+    concatenated (the reference; :data:`hash_chunk` is the compiled one)."""
+    hashes = array.array("i")
+    counts = array.array("i")
+    for topic, properties, sys_flags, skip_before in batches:
+        h, c = py_hash_batch(topic, properties, sys_flags, skip_before)
+        hashes.extend(h)
+        counts.extend(c)
+    return hashes, counts
+
+
 #: The index hash of a key (compiled when built, else :func:`py_key_hash`).
 key_hash: Callable[[str], int] = _native.impl.key_hash if _native.impl is not None else py_key_hash
 #: Key hashes of a dispatched batch (compiled when built, else :func:`py_hash_batch`).
 hash_batch: Callable[
     [str, Sequence[Mapping[str, str]], Sequence[int], int], tuple[array.array[int], array.array[int]]
 ] = _native.impl.hash_batch if _native.impl is not None else py_hash_batch
+#: Key hashes of several puts, concatenated (compiled when built, else :func:`py_hash_chunk`).
+hash_chunk: Callable[
+    [Iterable[tuple[str, Sequence[Mapping[str, str]], Sequence[int], int]]],
+    tuple[array.array[int], array.array[int]],
+] = _native.impl.hash_chunk if _native.impl is not None else py_hash_chunk
 
 
 def file_size(slot_num: int, index_num: int) -> int:
@@ -322,14 +341,15 @@ class IndexFile:
         hashes: array.array[int],
         counts: array.array[int],
         offsets: Sequence[int],
-        store_timestamp: int,
+        store_timestamp: int | Sequence[int],
         msg: int = 0,
         hpos: int = 0,
     ) -> tuple[int, int, int]:
         """Append the entries of a batch from message ``msg`` (hash ``hpos`` of the flat array).
 
         ``hashes`` and ``counts`` are :data:`hash_batch`'s; ``offsets[i]`` is message i's
-        commit-log offset, and every message has ``store_timestamp``.  Each message's blocks are
+        commit-log offset, and every message has ``store_timestamp`` (or ``store_timestamp[i]``
+        when it is a sequence: a chunk of several puts).  Each message's blocks are
         reserved before any of its entries is written (:meth:`reserve`), then its keys put in
         order (:meth:`put_key`).  Returns where it stopped, ``(msg, hpos, errno)``: ``msg ==
         len(counts)`` when all is written; else ``errno`` 0 when the file is full (the caller rolls
@@ -343,7 +363,7 @@ class IndexFile:
         hashes: array.array[int],
         counts: array.array[int],
         offsets: Sequence[int],
-        store_timestamp: int,
+        store_timestamp: int | Sequence[int],
         msg: int = 0,
         hpos: int = 0,
     ) -> tuple[int, int, int]:
@@ -363,9 +383,10 @@ class IndexFile:
             except OSError as exc:
                 return msg, start, exc.errno or errno.EIO
             offset = offsets[msg]
+            ts = store_timestamp if isinstance(store_timestamp, int) else store_timestamp[msg]
             for k in range(start, end):
                 try:
-                    if not self.put_key(hashes[k], offset, store_timestamp):
+                    if not self.put_key(hashes[k], offset, ts):
                         return msg, k, 0
                 except OSError as exc:
                     return msg, k, exc.errno or errno.EIO
@@ -532,7 +553,8 @@ class IndexFile:
 #: :meth:`IndexFile.put_batch` as a function of the file (compiled when built, else
 #: :meth:`IndexFile.py_put_batch`): what the index calls per batch, without a method hop.
 put_batch: Callable[
-    [IndexFile, array.array[int], array.array[int], Sequence[int], int, int, int], tuple[int, int, int]
+    [IndexFile, array.array[int], array.array[int], Sequence[int], int | Sequence[int], int, int],
+    tuple[int, int, int],
 ] = _native.impl.put_batch if _native.impl is not None else IndexFile.py_put_batch
 
 

@@ -15,7 +15,11 @@ The index thread (``hash-index``, started by the first batch) is woken from idle
 keyed put, then runs a round every ``ROUND_S`` while puts keep coming (no wake-up per put or per
 round: it goes back to sleep after a round that found nothing) and indexes what is queued, in commit-log order, in chunks of
 ``DRAIN_CHUNK`` messages: the key hashes and the IndexFile entries are computed in compiled code
-when it is built (:mod:`tidemq_index_hash.native`).  A query by key, ``flush``, ``truncate``,
+when it is built (:mod:`tidemq_index_hash.native`).  A chunk of several puts is indexed as one
+(:meth:`HashIndex._index_chunk`: one ``hash_chunk`` call and one ``put_batch`` with a store time
+per message), and the compiled code releases the GIL for the hashing (the keys are first copied
+into a C buffer) and for the slot and entry writes: the event loop runs meanwhile, and the two
+threads hand the GIL over about once per chunk rather than once per put.  A query by key, ``flush``, ``truncate``,
 ``rebuild_from``, ``stats`` and ``file_names`` first index whatever is still queued, under the
 index lock: a key is found as soon as the put that stored it is acknowledged (it was queued
 before the put returned), whatever the index thread's lag.  The queue is bounded: past
@@ -49,7 +53,9 @@ are rebuilt from the commit log: :meth:`HashIndex.rebuild_from` tells the store 
 Thread safety: dispatch_batch (the store's thread, under its lock), the index thread, query (the
 broker's threads), flush and delete_expired (the store's service threads) may run concurrently.
 The queue is a deque (atomic appends and pops); the index lock guards the file list and the
-mappings, and only its holder takes batches off the queue, so they are indexed in order.  The msync of a flush runs
+mappings, and only its holder takes batches off the queue, so they are indexed in order.  The
+compiled insertion writes through the mapping without the GIL but with the index lock held (and the
+mapping's buffer exported, so it cannot be closed meanwhile); a query reads under the same lock.  The msync of a flush runs
 outside it so indexing is not held up by the disk.  Nothing holding the index lock waits for the
 store's lock, so a put that drains (back-pressure) cannot deadlock.
 """
@@ -75,7 +81,7 @@ from tidemq.jsonfile import atomic_write_bytes
 from tidemq.message import Prop
 from tidemq.store import DispatchRequest
 from tidemq_index_hash import native
-from tidemq_index_hash.indexfile import IndexFile, hash_batch, key_hash, put_batch, walk_file
+from tidemq_index_hash.indexfile import IndexFile, hash_batch, hash_chunk, key_hash, put_batch, walk_file
 
 log = logging.getLogger(__name__)
 
@@ -392,6 +398,8 @@ class HashIndex:
         lag = time.monotonic() - items[0][5]
         if lag > self._lag_max_s:
             self._lag_max_s = lag
+        if len(items) > 1 and self._index_chunk(items):
+            items = []
         for topic, properties, offsets, ts, sys_flags, _queued_at in items:
             try:
                 self._index_batch(topic, properties, offsets, ts, sys_flags)
@@ -414,6 +422,45 @@ class HashIndex:
     @property
     def _stalled(self) -> bool:
         return bool(self._backlog) or self._stopped_at is not None
+
+    def _index_chunk(self, items: Sequence[_Queued]) -> bool:
+        """Index several queued puts at once, in order: one hashing of all their keys and one
+        insertion (each releases the GIL for the whole chunk: the event loop runs meanwhile, and
+        hands the GIL back once per chunk, not per put).  False when it could not hash them (a
+        put the reference refuses): nothing was written, the caller indexes put by put.
+        """
+        upto = self._indexed_upto
+        batches = []
+        offsets: list[int] = []
+        tss: list[int] = []
+        for topic, properties, offs, ts, sys_flags, _queued_at in items:
+            skip = 0
+            if offs[0] <= upto:  # re-dispatched after a crash (see _index_batch)
+                n = len(offs)
+                while skip < n and offs[skip] <= upto:
+                    skip += 1
+            batches.append((topic, properties, sys_flags, skip))
+            # What _index_batch would have made _indexed_upto (a rolled-back last message aside:
+            # skipped either way), for a re-dispatch later in the chunk.
+            last = offs[-1]
+            if last > upto:
+                upto = last
+            offsets += offs
+            tss += [ts] * len(offs)
+        try:
+            hashes, counts = hash_chunk(batches)
+        except Exception:
+            return False
+        if len(counts) != len(offsets):
+            return False
+        if (self._backlog or self._stopped_at is not None) and not self._resume():
+            self._hold_from(hashes, counts, offsets, tss, 0, 0)
+            return True
+        msg, hpos, failure = self._put(hashes, counts, offsets, tss)
+        if failure is not None:
+            self._failed(failure, offsets[msg])
+            self._hold_from(hashes, counts, offsets, tss, msg, hpos)
+        return True
 
     def _index_batch(
         self,
@@ -445,7 +492,11 @@ class HashIndex:
             self._hold_from(hashes, counts, offsets, ts, msg, hpos)
 
     def _put(
-        self, hashes: array.array[int], counts: array.array[int], offsets: Sequence[int], ts: int
+        self,
+        hashes: array.array[int],
+        counts: array.array[int],
+        offsets: Sequence[int],
+        ts: int | Sequence[int],
     ) -> tuple[int, int, OSError | None]:
         """Write the entries of messages in order, rolling to new files as they fill.
 
@@ -482,8 +533,11 @@ class HashIndex:
                 last -= 1
             if last >= 0:
                 self._indexed_upto = offsets[last]
-            if ts > self._covered_ts:
-                self._covered_ts = ts
+            # A chunk: the newest store time of the messages passed (a re-dispatched put may
+            # come after newer ones), as put-by-put indexing would have covered.
+            done_ts = ts if isinstance(ts, int) else max(ts) if msg == len(ts) else max(ts[:msg])
+            if done_ts > self._covered_ts:
+                self._covered_ts = done_ts
         return msg, hpos, failure
 
     def _failed(self, exc: OSError, offset: int) -> None:
@@ -504,7 +558,7 @@ class HashIndex:
         hashes: array.array[int],
         counts: array.array[int],
         offsets: Sequence[int],
-        ts: int,
+        ts: int | Sequence[int],
         msg: int,
         hpos: int,
     ) -> None:
@@ -515,7 +569,7 @@ class HashIndex:
             if c < 0:
                 continue  # skipped anyway
             start, end = max(p, hpos), p + c
-            self._hold((offsets[i], ts, list(hashes[start:end])))
+            self._hold((offsets[i], ts if isinstance(ts, int) else ts[i], list(hashes[start:end])))
             p = end
 
     def _hold(self, pending: _Pending) -> None:
