@@ -61,6 +61,7 @@ __all__ = [
     "PluginError",
     "StoreError",
     "TidemqError",
+    "WindowRebuilding",  # the duplicate window is being rebuilt: a transport answers "retry"
     # role contracts (runtime-checkable Protocols), by role
     "Connection",  # transport
     "ConnectionState",
@@ -78,6 +79,7 @@ __all__ = [
     "StoreFuture",
     "SharedCompletion",
     "resolve_all",
+    "complete_all",
     "resume_eager",  # eager (the transports' handlers run before a Task)
     "KeyIndex",  # index
     "RecoverableIndex",
@@ -96,6 +98,7 @@ __all__ = [
     "PullLanes",
     "PulledRecords",
     "SendFrameLane",
+    "lane_counts",  # the broker's request lanes: what they served and handed to Python
     "EntryPrefilter",  # filter
     "DispatchingFilterFactory",
     "FilterFactory",
@@ -215,7 +218,9 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     "tidemq.eager": ("resume_eager",),
     "tidemq.extensions": ("compiled_twin", "twins"),
     "tidemq.flush": ("Flushable", "FlushPolicy", "FlushStatistics", "SubmittingFlushPolicy"),
-    "tidemq.futures": ("SharedCompletion", "StoreFuture", "resolve_all"),
+    "tidemq.futures": ("SharedCompletion", "StoreFuture", "complete_all", "resolve_all"),
+    "tidemq.broker.dedup": ("WindowRebuilding",),
+    "tidemq.broker.lanes": ("lane_counts",),
     "tidemq.index": (
         "IndexBacklog",
         "IndexFileEntry",
@@ -283,6 +288,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         NotAuthenticated,
         SignedCall,
     )
+    from tidemq.broker.dedup import WindowRebuilding
+    from tidemq.broker.lanes import lane_counts
     from tidemq.config import number, parse_address, parse_options
     from tidemq.context import (
         BrokerContext,
@@ -328,7 +335,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         tag_selection,
     )
     from tidemq.flush import Flushable, FlushPolicy, FlushStatistics, SubmittingFlushPolicy
-    from tidemq.futures import SharedCompletion, StoreFuture, resolve_all
+    from tidemq.futures import SharedCompletion, StoreFuture, complete_all, resolve_all
     from tidemq.index import (
         IndexBacklog,
         IndexFileEntry,

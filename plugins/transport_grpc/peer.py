@@ -17,8 +17,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from tidemq import ConnectionState, mqjson
+from tidemq import ConnectionState
 from tidemq.broker.services.transactions import TransactionCheck
+from tidemq.mqjson import dumps as mq_dumps
 from tidemq.remoting import RemotingCommand
 from tidemq.remoting.codes import RequestCode
 
@@ -90,7 +91,7 @@ class CallPeer:
             # A v5 consumer POPs: it holds no offset table of its own (the broker keeps the group's,
             # which consumerProgress shows), so it reports an empty one, as RocketMQ's client does
             # for such a consumer and as `tidemq proxy` answers for its v5 clients.
-            return request.reply(body=mqjson.dumps({"consumerTable": {}, "messageQueueTable": {}}))
+            return request.reply(body=mq_dumps({"consumerTable": {}, "messageQueueTable": {}}))
         raise ConnectionError(f"gRPC client {self.remote_address} takes no remoting request {request.code}")
 
     async def invoke_oneway(self, request: RemotingCommand) -> None:
