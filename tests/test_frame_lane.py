@@ -293,3 +293,15 @@ def test_header_reader_on_the_codecs_headers(cmd: RemotingCommand) -> None:
     assert (fast is None) == (ref is None)
     if fast is not None:
         assert _same(fast, ref)
+
+
+def test_header_reader_repeats_only_equal_values() -> None:
+    """A one-character name's value equal to the last one read is that string again; a value of the
+    same length but other bytes, or with escapes, is read anew."""
+    values = ["TopicA", "TopicB", "TopicA", "Topi\\u0063A", "T\xc3\xa9picA", "TopicA", "x" * 70, "x" * 70]
+    for value in values:
+        header = b'{"code":310,"extFields":{"b":"' + value.encode("latin-1") + b'"}}'
+        fast = frame_lane.fast_header(header)
+        ref = frame_lane.orjson_header(header)
+        assert ref is not None and fast is not None, header
+        assert _same(fast, ref)

@@ -36,6 +36,7 @@ cdef extern from "Python.h":
     object PyUnicode_DecodeASCII(const char *s, Py_ssize_t size, const char *errors)
     object PyUnicode_AsUTF8String(object u)
     PyObject *PyDict_GetItem(object d, object key)
+    PyObject *PyList_GET_ITEM(object l, Py_ssize_t i)
     PyObject *PyDict_GetItemWithError(object d, object key) except? NULL
 
 cdef object _loads = None
@@ -129,6 +130,9 @@ cdef inline bint _is_send(object code):
 # unknown name, bytes orjson might judge otherwise) returns None and ``_json_frame`` (orjson, the
 # reference) decides.  So what is read here is what orjson would read, or nothing.
 cdef tuple _ASCII1 = None  # the 128 one-character ASCII strings (V2's extFields names: "a".."m")
+#: Per one-character name, the last plain ASCII value read for it (up to _REPEAT_MAX bytes).
+cdef list _last_values = [None] * 128
+cdef Py_ssize_t _REPEAT_MAX = 64
 
 cdef enum:
     K_CODE = 1
@@ -266,6 +270,37 @@ cdef object _jstr(const unsigned char *h, Py_ssize_t *at, Py_ssize_t n):
         PyMem_Free(buf)
 
 
+cdef object _jstr_repeated(const unsigned char *h, Py_ssize_t *at, Py_ssize_t n, unsigned char name):
+    """:func:`_jstr` for the value of a one-character name: a short plain ASCII value equal to the
+    last one read for that name is that same string object (a client repeats its producer group,
+    topic, flags...: no new string per frame); anything else is :func:`_jstr`'s."""
+    cdef Py_ssize_t i = at[0], start = at[0], k
+    cdef unsigned char c
+    cdef object last, value
+    while True:
+        if i >= n:
+            return None
+        c = h[i]
+        if c == 34:
+            break
+        if c == 92 or c < 0x20 or c >= 0x80 or i - start >= _REPEAT_MAX:
+            return _jstr(h, at, n)
+        i += 1
+    k = i - start
+    last = <object>PyList_GET_ITEM(_last_values, name)
+    if (
+        last is not None
+        and PyUnicode_GET_LENGTH(last) == k
+        and memcmp(PyUnicode_DATA(last), h + start, k) == 0
+    ):
+        at[0] = i + 1
+        return last
+    value = _jstr(h, at, n)
+    if value is not None:
+        _last_values[name] = value
+    return value
+
+
 cdef int _name(const unsigned char *h, Py_ssize_t *at, Py_ssize_t n):
     """Which of the command's fields the name whose opening quote is at ``h[at[0] - 1]`` is, its
     closing quote and the colon after it passed; 0: not read here."""
@@ -314,15 +349,25 @@ cdef dict _jext(const unsigned char *h, Py_ssize_t *at, Py_ssize_t n):
     if pos < n and h[pos] == 125:  # '}'
         at[0] = pos + 1
         return ext
+    cdef unsigned char c
     while True:
         if pos >= n or h[pos] != 34:
             return None
         pos += 1
-        key = _jstr(h, &pos, n)
-        if key is None or pos + 1 >= n or h[pos] != 58 or h[pos + 1] != 34:
-            return None
-        pos += 2
-        value = _jstr(h, &pos, n)
+        c = h[pos] if pos + 1 < n else 0
+        if 0x20 <= c < 0x80 and c != 34 and c != 92 and h[pos + 1] == 34:
+            key = _ASCII1[c]  # a one-character name (V2's): its value may repeat the last one's
+            pos += 2
+            if pos + 1 >= n or h[pos] != 58 or h[pos + 1] != 34:
+                return None
+            pos += 2
+            value = _jstr_repeated(h, &pos, n, c)
+        else:
+            key = _jstr(h, &pos, n)
+            if key is None or pos + 1 >= n or h[pos] != 58 or h[pos + 1] != 34:
+                return None
+            pos += 2
+            value = _jstr(h, &pos, n)
         if value is None:
             return None
         PyDict_SetItem(ext, key, value)
