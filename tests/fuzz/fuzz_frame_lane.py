@@ -12,6 +12,10 @@ plain send requests.  For a share of the inputs the taken frames get random send
 remarks, regions and trace flags of any text, epochs) and ``answer_frames`` must write exactly
 ``encode(send_response(...))``, or None only where the lane leaves the answer to it.
 
+The compiled JSON header reader (``fast_header``) must read each JSON header of the read, and a
+mutated official-client V2 header per input, as orjson's path (``orjson_header``, the reference)
+does, types and dict order included, or leave it to that path (None).
+
 Run::
 
     python tests/fuzz/fuzz_frame_lane.py --inputs 1000000 [--seed 1] [--json out.json]
