@@ -118,6 +118,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             ):
                 setattr(entry, attr, timed(getattr(entry, attr), label))
             entry._service.settled = timed(entry._service.settled, "settled")
+            if hasattr(lanes, "settled_many"):  # the lane settles a read's sends per put (settle)
+                wrap(lanes, "settled_many", "settled")
             wrap(lanes.SendLaneEntry, "windowed", "windowed (the duplicate window)")
             wrap(send.SendService, "put", "SendService.put (all of the store's put)")
             wrap(store.MmapMessageStore, "_append", "  store._append")

@@ -208,3 +208,100 @@ def test_answers_of_both_serialize_types_and_odd_strings() -> None:
     (frame,), _ = frame_lane.take_frames(encode_bytes(RemotingCommand(310, opaque=1)), MAX_FRAME)
     assert frame_lane.answer_frames([frame], [send]) is None  # a parked timer's answer: send_response's
     assert orjson.loads(encode_bytes(send_response(frame_lane.command_of(frame), send))[8:])["code"] == 0
+
+
+# ------------------------------------------------------------------ the header's own JSON reader
+#: Headers the compiled reader must leave to orjson (None) or read as orjson does.
+HEADER_CASES = [
+    b'{"code":310,"language":"JAVA","version":399,"opaque":5,"flag":0,"extFields":{"a":"PG","i":"WAIT\\u0001true\\u0002"}}',
+    b'{"code":310,"extFields":{}}',
+    b'{"extFields":{"b":"T"},"code":320,"opaque":-7,"remark":"r\\"\\\\\\/\\b\\f\\n\\r\\t"}',
+    b'{"code":310,"extFields":{"a":"\xc3\xa9","\xc3\xa9":"\\u00e9"}}',  # \u00e9: orjson's
+    b'{"code":310,"extFields":{"a":"\\ud83d\\ude00"}}',
+    b'{"code":310,"extFields":{"a":"x","a":"y"}}',  # a repeated ext name: the last value
+    b'{"code":310,"code":310,"extFields":{}}',
+    b'{"code":310, "extFields":{}}',
+    b'{"code":310,"extFields":{}} ',
+    b'{"code":0310,"extFields":{}}',
+    b'{"code":310.0,"extFields":{}}',
+    b'{"code":3e2,"extFields":{}}',
+    b'{"code":-0,"flag":-0,"extFields":{}}',
+    b'{"code":310,"opaque":2147483648,"extFields":{}}',
+    b'{"code":310,"opaque":99999999999999999999,"extFields":{}}',
+    b'{"code":310,"remark":null,"extFields":{}}',
+    b'{"code":310,"extFields":{"a":"\xed\xa0\x80"}}',  # a UTF-8 surrogate
+    b'{"code":310,"extFields":{"a":"\x01"}}',  # a raw control byte
+    b'{"code":310,"extFields":{"a":"\\x"}}',
+    b'{"code":310,"extFields":{"a":"\\u00"}}',
+    b'{"code":310,"extFields":{"a":"b"',
+    b'{"code":310,"other":1,"extFields":{}}',
+    b'{"code":"310","extFields":{}}',
+    b'{"code":11,"extFields":{}}',
+    b'{"code":310,"flag":1,"extFields":{}}',
+    b"{}",
+    b"",
+]
+
+
+def _same(a: object, b: object) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        assert isinstance(b, dict)
+        return list(a.items()) == list(b.items()) and all(
+            type(x) is type(y) for x, y in zip(a.items(), b.items(), strict=True)
+        )
+    if isinstance(a, tuple):
+        assert isinstance(b, tuple)
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+@pytest.mark.parametrize("header", HEADER_CASES)
+def test_header_reader_reads_as_orjson_or_leaves_it(header: bytes) -> None:
+    fast = frame_lane.fast_header(header)
+    if fast is not None:
+        assert _same(fast, frame_lane.orjson_header(header))
+
+
+def test_header_reader_reads_the_official_clients_header() -> None:
+    """The common header is read without orjson (else the reader would save nothing)."""
+    header = HEADER_CASES[0]
+    assert frame_lane.fast_header(header) is not None
+    assert frame_lane.fast_header(HEADER_CASES[2]) is not None  # every escape JSON has
+    assert frame_lane.fast_header(HEADER_CASES[3]) is None  # \u00e9: left to orjson
+
+
+@given(commands())
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_header_reader_on_the_codecs_headers(cmd: RemotingCommand) -> None:
+    """orjson's own headers (any text: raw UTF-8, escaped control characters) are read here, as
+    orjson reads them; those the lane does not take, by neither."""
+    header = orjson.dumps(
+        {
+            "code": cmd.code,
+            "language": cmd.language,
+            "version": cmd.version,
+            "opaque": cmd.opaque,
+            "flag": cmd.flag,
+            **({"remark": cmd.remark} if cmd.remark is not None else {}),
+            "extFields": cmd.ext_fields,
+        }
+    )
+    fast = frame_lane.fast_header(header)
+    ref = frame_lane.orjson_header(header)
+    assert (fast is None) == (ref is None)
+    if fast is not None:
+        assert _same(fast, ref)
+
+
+def test_header_reader_repeats_only_equal_values() -> None:
+    """A one-character name's value equal to the last one read is that string again; a value of the
+    same length but other bytes, or with escapes, is read anew."""
+    values = ["TopicA", "TopicB", "TopicA", "Topi\\u0063A", "T\xc3\xa9picA", "TopicA", "x" * 70, "x" * 70]
+    for value in values:
+        header = b'{"code":310,"extFields":{"b":"' + value.encode("latin-1") + b'"}}'
+        fast = frame_lane.fast_header(header)
+        ref = frame_lane.orjson_header(header)
+        assert ref is not None and fast is not None, header
+        assert _same(fast, ref)

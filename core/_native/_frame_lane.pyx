@@ -26,15 +26,18 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t
 from libc.stdio cimport snprintf
-from libc.string cimport memcpy, strlen
+from libc.string cimport memcmp, memcpy, strlen
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII(object u)
     Py_ssize_t PyUnicode_GET_LENGTH(object u)
     void *PyUnicode_DATA(object u)
     object PyUnicode_DecodeUTF8(const char *s, Py_ssize_t size, const char *errors)
+    object PyUnicode_DecodeASCII(const char *s, Py_ssize_t size, const char *errors)
     object PyUnicode_AsUTF8String(object u)
     PyObject *PyDict_GetItem(object d, object key)
+    PyObject *PyList_GET_ITEM(object l, Py_ssize_t i)
+    PyObject *PyDict_GetItemWithError(object d, object key) except? NULL
 
 cdef object _loads = None
 cdef object _dumps = None
@@ -77,7 +80,7 @@ cdef Py_ssize_t _answered = 0
 
 
 cdef int _bind() except -1:
-    global _loads, _dumps, _Command, _JSON, _ROCKETMQ, _SUCCESS, _STORED, _LANG_BY_BYTE, _bound
+    global _loads, _dumps, _Command, _JSON, _ROCKETMQ, _SUCCESS, _STORED, _LANG_BY_BYTE, _bound, _ASCII1
     import orjson
     from tidemq.broker.services.put import STORED
     from tidemq.broker.services.status import Status
@@ -94,6 +97,7 @@ cdef int _bind() except -1:
     _SUCCESS = Status.SUCCESS
     _STORED = STORED
     _LANG_BY_BYTE = {lc.value: lc.name for lc in LanguageCode}
+    _ASCII1 = tuple(chr(i) for i in range(128))
     _bound = True
     return 0
 
@@ -119,9 +123,349 @@ cdef inline bint _is_send(object code):
     return code == SEND_MESSAGE_V2 or code == SEND_MESSAGE or code == SEND_BATCH_MESSAGE
 
 
+# ------------------------------------------------------------------ the header's JSON, read here
+# The JSON headers clients write (the official client's, orjson's: no whitespace, the seven
+# fields of a command, string ``extFields``) are read here without orjson's dict of the header;
+# anything else the reader meets (whitespace, null, floats, escapes beyond ASCII, a repeated or an
+# unknown name, bytes orjson might judge otherwise) returns None and ``_json_frame`` (orjson, the
+# reference) decides.  So what is read here is what orjson would read, or nothing.
+cdef tuple _ASCII1 = None  # the 128 one-character ASCII strings (V2's extFields names: "a".."m")
+#: Per one-character name, the last plain ASCII value read for it (up to _REPEAT_MAX bytes).
+cdef list _last_values = [None] * 128
+cdef Py_ssize_t _REPEAT_MAX = 64
+
+cdef enum:
+    K_CODE = 1
+    K_LANGUAGE = 2
+    K_VERSION = 4
+    K_OPAQUE = 8
+    K_FLAG = 16
+    K_REMARK = 32
+    K_EXT = 64
+
+
+cdef inline bint _digit(unsigned char c) nogil:
+    return 48 <= c <= 57
+
+
+cdef inline int _hex(unsigned char c) nogil:
+    if 48 <= c <= 57:
+        return c - 48
+    if 97 <= c <= 102:
+        return c - 87
+    if 65 <= c <= 70:
+        return c - 55
+    return -1
+
+
+cdef object _jint(const unsigned char *h, Py_ssize_t *at, Py_ssize_t n):
+    """The JSON integer at ``h[at[0]]``, ``at[0]`` moved past it; None: not read here."""
+    cdef Py_ssize_t i = at[0], start
+    cdef bint neg = False
+    cdef int64_t v = 0
+    if i < n and h[i] == 45:  # '-'
+        neg = True
+        i += 1
+    start = i
+    if i >= n or not _digit(h[i]):
+        return None
+    if h[i] == 48 and i + 1 < n and _digit(h[i + 1]):
+        return None  # a leading zero: not JSON
+    while i < n and _digit(h[i]):
+        if i - start >= 18:
+            return None
+        v = v * 10 + (h[i] - 48)
+        i += 1
+    if i < n and (h[i] == 46 or h[i] == 101 or h[i] == 69):  # '.', 'e', 'E': a float
+        return None
+    at[0] = i
+    return -v if neg else v
+
+
+cdef object _jstr(const unsigned char *h, Py_ssize_t *at, Py_ssize_t n):
+    """The JSON string whose opening quote is at ``h[at[0] - 1]``, ``at[0]`` moved past its closing
+    quote; None: not read here."""
+    cdef Py_ssize_t i = at[0], start = at[0], k, j, p
+    cdef unsigned char c
+    cdef bint ascii = True, esc = False
+    cdef int u, d
+    cdef unsigned char *buf
+    cdef object out
+    while True:
+        if i >= n:
+            return None
+        c = h[i]
+        if c == 34:  # '"'
+            break
+        if c == 92:  # '\\'
+            esc = True
+            i += 6 if i + 1 < n and h[i + 1] == 117 else 2
+            continue
+        if c < 0x20:
+            return None
+        if c >= 0x80:
+            ascii = False
+        i += 1
+    at[0] = i + 1
+    k = i - start
+    if not esc:
+        if ascii:
+            if k == 1:
+                return _ASCII1[h[start]]
+            return PyUnicode_DecodeASCII(<const char *>h + start, k, NULL)
+        try:
+            return PyUnicode_DecodeUTF8(<const char *>h + start, k, NULL)
+        except UnicodeDecodeError:
+            return None
+    buf = <unsigned char *>PyMem_Malloc(k + 1)
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        j = 0
+        p = start
+        while p < i:
+            c = h[p]
+            if c != 92:
+                buf[j] = c
+                j += 1
+                p += 1
+                continue
+            c = h[p + 1]  # p + 1 < i: the scan above skipped two or six bytes from here
+            if c == 34 or c == 92 or c == 47:
+                buf[j] = c
+            elif c == 98:
+                buf[j] = 8
+            elif c == 102:
+                buf[j] = 12
+            elif c == 110:
+                buf[j] = 10
+            elif c == 114:
+                buf[j] = 13
+            elif c == 116:
+                buf[j] = 9
+            elif c == 117:
+                if p + 5 >= i:
+                    return None
+                u = 0
+                for d in range(4):
+                    if _hex(h[p + 2 + d]) < 0:
+                        return None
+                    u = u * 16 + _hex(h[p + 2 + d])
+                if u >= 0x80:
+                    return None  # beyond ASCII (surrogates and all): orjson's
+                buf[j] = <unsigned char>u
+                p += 4
+            else:
+                return None
+            j += 1
+            p += 2
+        if ascii:
+            return PyUnicode_DecodeASCII(<const char *>buf, j, NULL)
+        try:
+            out = PyUnicode_DecodeUTF8(<const char *>buf, j, NULL)
+        except UnicodeDecodeError:
+            return None
+        return out
+    finally:
+        PyMem_Free(buf)
+
+
+cdef object _jstr_repeated(const unsigned char *h, Py_ssize_t *at, Py_ssize_t n, unsigned char name):
+    """:func:`_jstr` for the value of a one-character name: a short plain ASCII value equal to the
+    last one read for that name is that same string object (a client repeats its producer group,
+    topic, flags...: no new string per frame); anything else is :func:`_jstr`'s."""
+    cdef Py_ssize_t i = at[0], start = at[0], k
+    cdef unsigned char c
+    cdef object last, value
+    while True:
+        if i >= n:
+            return None
+        c = h[i]
+        if c == 34:
+            break
+        if c == 92 or c < 0x20 or c >= 0x80 or i - start >= _REPEAT_MAX:
+            return _jstr(h, at, n)
+        i += 1
+    k = i - start
+    last = <object>PyList_GET_ITEM(_last_values, name)
+    if (
+        last is not None
+        and PyUnicode_GET_LENGTH(last) == k
+        and memcmp(PyUnicode_DATA(last), h + start, k) == 0
+    ):
+        at[0] = i + 1
+        return last
+    value = _jstr(h, at, n)
+    if value is not None:
+        _last_values[name] = value
+    return value
+
+
+cdef int _name(const unsigned char *h, Py_ssize_t *at, Py_ssize_t n):
+    """Which of the command's fields the name whose opening quote is at ``h[at[0] - 1]`` is, its
+    closing quote and the colon after it passed; 0: not read here."""
+    cdef Py_ssize_t i = at[0], k
+    cdef const char *s
+    cdef int which = 0
+    while True:
+        if i >= n or h[i] == 92 or h[i] < 0x20:
+            return 0
+        if h[i] == 34:
+            break
+        i += 1
+    k = i - at[0]
+    s = <const char *>h + at[0]
+    if k == 4 and memcmp(s, b"code", 4) == 0:
+        which = K_CODE
+    elif k == 4 and memcmp(s, b"flag", 4) == 0:
+        which = K_FLAG
+    elif k == 6 and memcmp(s, b"opaque", 6) == 0:
+        which = K_OPAQUE
+    elif k == 6 and memcmp(s, b"remark", 6) == 0:
+        which = K_REMARK
+    elif k == 7 and memcmp(s, b"version", 7) == 0:
+        which = K_VERSION
+    elif k == 8 and memcmp(s, b"language", 8) == 0:
+        which = K_LANGUAGE
+    elif k == 9 and memcmp(s, b"extFields", 9) == 0:
+        which = K_EXT
+    else:
+        return 0
+    if i + 1 >= n or h[i + 1] != 58:  # ':'
+        return 0
+    at[0] = i + 2
+    return which
+
+
+cdef dict _jext(const unsigned char *h, Py_ssize_t *at, Py_ssize_t n):
+    """The ``extFields`` object at ``h[at[0]]`` (its names and values strings), ``at[0]`` moved
+    past it; None: not read here."""
+    cdef Py_ssize_t pos = at[0]
+    cdef dict ext = {}
+    cdef object key, value
+    if pos >= n or h[pos] != 123:  # '{'
+        return None
+    pos += 1
+    if pos < n and h[pos] == 125:  # '}'
+        at[0] = pos + 1
+        return ext
+    cdef unsigned char c
+    while True:
+        if pos >= n or h[pos] != 34:
+            return None
+        pos += 1
+        c = h[pos] if pos + 1 < n else 0
+        if 0x20 <= c < 0x80 and c != 34 and c != 92 and h[pos + 1] == 34:
+            key = _ASCII1[c]  # a one-character name (V2's): its value may repeat the last one's
+            pos += 2
+            if pos + 1 >= n or h[pos] != 58 or h[pos + 1] != 34:
+                return None
+            pos += 2
+            value = _jstr_repeated(h, &pos, n, c)
+        else:
+            key = _jstr(h, &pos, n)
+            if key is None or pos + 1 >= n or h[pos] != 58 or h[pos + 1] != 34:
+                return None
+            pos += 2
+            value = _jstr(h, &pos, n)
+        if value is None:
+            return None
+        PyDict_SetItem(ext, key, value)
+        if pos >= n:
+            return None
+        if h[pos] == 44:  # ','
+            pos += 1
+            continue
+        if h[pos] == 125:
+            at[0] = pos + 1
+            return ext
+        return None
+
+
+cdef tuple _fast_json(const unsigned char *h, Py_ssize_t n, object body):
+    """``_json_frame``'s answer read without orjson's dict, or None (``_json_frame`` decides then)."""
+    cdef Py_ssize_t pos = 1, count = 0
+    cdef int seen = 0, which
+    cdef object code = None, opaque = ZERO, flag = ZERO, version = ZERO, language = JAVA
+    cdef object remark = None, value
+    cdef dict ext = None
+    if n < 2 or h[0] != 123:
+        return None
+    while True:
+        if pos >= n or h[pos] != 34:
+            return None
+        pos += 1
+        which = _name(h, &pos, n)
+        if which == 0 or seen & which:
+            return None  # a name not read here, or repeated
+        seen |= which
+        if which == K_EXT:
+            ext = _jext(h, &pos, n)
+            if ext is None:
+                return None
+        elif which == K_LANGUAGE or which == K_REMARK:
+            if pos >= n or h[pos] != 34:
+                return None
+            pos += 1
+            value = _jstr(h, &pos, n)
+            if value is None:
+                return None
+            if which == K_LANGUAGE:
+                language = value
+            else:
+                remark = value
+        else:
+            value = _jint(h, &pos, n)
+            if value is None:
+                return None
+            if which == K_CODE:
+                code = value
+            elif which == K_OPAQUE:
+                opaque = value
+            elif which == K_FLAG:
+                flag = value
+            else:
+                version = value
+        if pos >= n:
+            return None
+        if h[pos] == 44:
+            pos += 1
+            continue
+        if h[pos] == 125 and pos + 1 == n:
+            break
+        return None
+    if code is None or ext is None:
+        return None
+    if not _is_send(code) or flag != 0 or opaque < INT32_MIN or opaque > INT32_MAX:
+        return None
+    return (code, language, version, opaque, flag, remark, ext, body, _JSON)
+
+
+def fast_header(bytes header):
+    """The frame tuple (no body) the header's own reader makes of a JSON header, or None where it
+    leaves the header to orjson: for the differential tests and the fuzzer."""
+    if not _bound:
+        _bind()
+    return _fast_json(<const unsigned char *>PyBytes_AS_STRING(header), PyBytes_GET_SIZE(header), None)
+
+
+def orjson_header(bytes header):
+    """The frame tuple (no body) orjson's path (the reference) makes of a JSON header, or None."""
+    if not _bound:
+        _bind()
+    return _json_frame(header, None)
+
+
+cdef inline object _get(dict d, object key, object default):
+    """``d.get(key, default)`` as a C call (an error raised by a key's comparison propagates)."""
+    cdef PyObject *v = PyDict_GetItemWithError(d, key)
+    return default if v == NULL else <object>v
+
+
 cdef tuple _json_frame(bytes header, object body):
     """``decode_json_header``'s fast path, or None where it would not take it (or the lane would not)."""
     cdef object obj, code, opaque, flag, version, language, remark, ext
+    cdef dict head
     cdef Py_ssize_t pos = 0
     cdef PyObject *key
     cdef PyObject *value
@@ -131,13 +475,14 @@ cdef tuple _json_frame(bytes header, object body):
         return None
     if not PyDict_CheckExact(obj):
         return None
-    code = obj.get(CODE)
-    opaque = obj.get(OPAQUE, ZERO)
-    flag = obj.get(FLAG, ZERO)
-    version = obj.get(VERSION, ZERO)
-    language = obj.get(LANGUAGE, JAVA)
-    remark = obj.get(REMARK)
-    ext = obj.get(EXT_FIELDS)
+    head = <dict>obj  # the lookups below are C calls, not ``dict.get`` method calls
+    code = _get(head, CODE, None)
+    opaque = _get(head, OPAQUE, ZERO)
+    flag = _get(head, FLAG, ZERO)
+    version = _get(head, VERSION, ZERO)
+    language = _get(head, LANGUAGE, JAVA)
+    remark = _get(head, REMARK, None)
+    ext = _get(head, EXT_FIELDS, None)
     if (
         type(code) is not int
         or type(opaque) is not int
@@ -238,7 +583,9 @@ def take_frames(bytes data, Py_ssize_t max_frame):
         hend = hstart + <Py_ssize_t>hlen
         body = PyBytes_FromStringAndSize(<const char *>p + hend, end - hend) if hend < end else None
         if stype == 0:
-            frame = _json_frame(PyBytes_FromStringAndSize(<const char *>p + hstart, hlen), body)
+            frame = _fast_json(p + hstart, hlen, body)
+            if frame is None:
+                frame = _json_frame(PyBytes_FromStringAndSize(<const char *>p + hstart, hlen), body)
         else:
             frame = _binary_frame(p + hstart, hlen, body)
         if frame is None:

@@ -45,7 +45,7 @@ from typing import Any, cast
 
 from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX
 from tidemq.broker.processors.send import SendHandler, send_response
-from tidemq.broker.services.put import Send
+from tidemq.broker.services.put import Send, settled_many
 from tidemq.broker.services.send import SendService, born_host
 from tidemq.context import BrokerContext
 from tidemq.futures import SharedCompletion
@@ -144,10 +144,11 @@ class SendLaneEntry:
             return None
         service = self._service
         service.put(sends)
-        settled = service.settled
+        done = [False] * len(sends)
+        settled_many(service.broker, sends, done)  # each put's futures asked once
         return [
-            send_response(request, send) if settled(send) else self._later(request, send)
-            for request, send in zip(requests, sends, strict=True)
+            send_response(request, send) if ready else self._later(request, send)
+            for request, send, ready in zip(requests, sends, done, strict=True)
         ]
 
     @property
@@ -186,8 +187,8 @@ class SendLaneEntry:
         service = self._service
         try:
             service.put(sends)
-            settled = service.settled
-            done = [settled(send) for send in sends]
+            done = [False] * len(sends)
+            settled_many(service.broker, sends, done)  # each put's futures asked once
             if all(done):
                 answer = self._answer(frames, sends)  # type: ignore[misc]
                 if answer is not None:
@@ -297,14 +298,12 @@ class SendLaneEntry:
         if self._round_reads is reads:
             self._round = None
             self._round_reads = []
-        settled = self._service.settled
+        broker = self._service.broker
         # Per connection, the frames and sends of its reads, in order, when every send settled.
         ready: dict[AnswersLater, tuple[list[Any], list[Send]]] = {}
         for conn, frames, sends, done in reads:
             try:
-                for i, ok in enumerate(done):
-                    if not ok:
-                        done[i] = settled(sends[i])
+                settled_many(broker, sends, done)
             except Exception as exc:
                 self._answer_failed(conn, frames, exc)
                 continue

@@ -12,6 +12,10 @@ plain send requests.  For a share of the inputs the taken frames get random send
 remarks, regions and trace flags of any text, epochs) and ``answer_frames`` must write exactly
 ``encode(send_response(...))``, or None only where the lane leaves the answer to it.
 
+The compiled JSON header reader (``fast_header``) must read each JSON header of the read, and a
+mutated official-client V2 header per input, as orjson's path (``orjson_header``, the reference)
+does, types and dict order included, or leave it to that path (None).
+
 Run::
 
     python tests/fuzz/fuzz_frame_lane.py --inputs 1000000 [--seed 1] [--json out.json]
@@ -251,14 +255,127 @@ def check(lane: Any, data: bytes, rng: random.Random, stats: dict[str, int]) -> 
                 raise Mismatch(f"answers differ:\n lane {got!r}\n codec {expected!r}")
 
 
+def json_headers(data: bytes) -> list[bytes]:
+    """The JSON headers of the frames at the start of ``data`` (as far as their lengths hold)."""
+    out = []
+    pos = 0
+    while len(data) - pos >= 8:
+        total = int.from_bytes(data[pos : pos + 4], "big")
+        info = int.from_bytes(data[pos + 4 : pos + 8], "big")
+        hlen = info & 0xFFFFFF
+        if info >> 24 == 0 and hlen <= len(data) - pos - 8:
+            out.append(data[pos + 8 : pos + 8 + hlen])
+        if total < 4:
+            break
+        pos += 4 + total
+    return out
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, with equal types, dicts with their items in the same order."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return len(a) == len(b) and all(
+            same(ka, kb) and same(va, vb) for (ka, va), (kb, vb) in zip(a.items(), b.items(), strict=True)
+        )
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def check_header(lane: Any, header: bytes, stats: dict[str, int]) -> None:
+    """The compiled header reader gives orjson's reading (the reference) or leaves the header to it."""
+    try:
+        fast = lane.fast_header(header)
+    except Exception as exc:
+        raise Mismatch(f"fast_header raised {exc!r} on {header!r}") from exc
+    if fast is None:
+        stats["headers_left_to_orjson"] += 1
+        return
+    stats["headers_read"] += 1
+    ref = lane.orjson_header(header)
+    if ref is None or not same(fast, ref):
+        raise Mismatch(f"header read differently:\n fast {fast!r}\n orjson {ref!r}")
+
+
+def header_variant(rng: random.Random) -> bytes:
+    """An official client's V2 header (escaped properties), mutated as text or as bytes."""
+    import orjson
+
+    fields = {k: text(rng) if rng.random() < 0.2 else v for k, v in V2_FIELDS.items()}
+    head = {
+        "code": rng.choice([310, 320, 10, 11]),
+        "language": "JAVA",
+        "version": 399,
+        "opaque": 5,
+        "flag": 0,
+    }
+    if rng.random() < 0.3:
+        head["remark"] = text(rng)
+    head["extFields"] = fields
+    items = list(head.items())
+    if rng.random() < 0.3:
+        rng.shuffle(items)
+    raw = bytearray(orjson.dumps(dict(items)))
+    for _ in range(rng.choice([0, 1, 1, 2, 3])):
+        if not raw:
+            break
+        at = rng.randrange(len(raw))
+        kind = rng.randrange(6)
+        if kind == 0:
+            raw[at] ^= rng.randrange(1, 256)
+        elif kind == 1:
+            raw[at:at] = rng.choice(
+                [b"\\", b"\\u", b"\\u00", b'"', b",", b":", b" ", b"-", b"0", b"e", b"\xc3", b"\xed\xa0\x80"]
+            )
+        elif kind == 2:
+            del raw[at : at + rng.randrange(1, 4)]
+        elif kind == 3:
+            raw[at:at] = rng.choice([b"\\u0041", b"\\u00e9", b"\\ud83d\\ude00", b"\\n", b"\\/", b"\\x"])
+        elif kind == 4:
+            del raw[at:]
+        else:
+            raw[at] = rng.choice([0x30, 0x2D, 0x22, 0x5C, 0x7B, 0x7D, 0x80, 0x7F, 0x00])
+    return bytes(raw)
+
+
+#: The official client's SEND_MESSAGE_V2 fields, properties escaped by the JSON encoder.
+V2_FIELDS = {
+    "a": "PG",
+    "b": "LaneTopic",
+    "c": "TBW102",
+    "d": "4",
+    "e": "1",
+    "f": "0",
+    "g": "1795902904146",
+    "h": "0",
+    "j": "0",
+    "k": "false",
+    "m": "false",
+    "i": "WAIT\x01true\x02UNIQ_KEY\x0121930000000000\x02",
+}
+
+
 def run(lane: Any, inputs: int, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
-    stats = {"taken": 0, "none_taken": 0, "frames": 0, "answers_written": 0, "answers_left": 0}
+    stats = {
+        "taken": 0,
+        "none_taken": 0,
+        "frames": 0,
+        "answers_written": 0,
+        "answers_left": 0,
+        "headers_read": 0,
+        "headers_left_to_orjson": 0,
+    }
     started = time.perf_counter()
     for i in range(inputs):
         data = make_read(rng)
         try:
             check(lane, data, rng, stats)
+            for header in json_headers(data):
+                check_header(lane, header, stats)
+            check_header(lane, header_variant(rng), stats)
         except Mismatch:
             print(f"input {i} (seed {seed}): {data!r}", file=sys.stderr)
             raise

@@ -212,21 +212,36 @@ def settled(broker: BrokerContext, send: Send) -> bool:
     unwritten = broker.topics.unwritten  # empty but a few ms after a topic's creation
     if unwritten and not unwritten.keys().isdisjoint(_topics(send)):
         return False  # settle waits for topics.json
-    if group.result is None and group.error is None:
-        future = group.future
-        assert future is not None  # put, or the store raised (then group.error is set)
-        if not future.done() or future.exception() is not None:
-            return False  # settle awaits it, or logs the failure
-        group.result = future.result()
-    replica = None
-    result = group.result
-    if result is not None and result.status is _PUT_OK:
-        replica_future = _replica_future(broker, group, result)
-        if not replica_future.done() or replica_future.exception() is not None:
-            return False
-        replica = replica_future.result()
-    _complete(broker, send, replica)
+    outcome = _put_outcome(broker, group)
+    if outcome is None:
+        return False
+    _fill(broker, send, group, outcome)
     return True
+
+
+def settled_many(broker: BrokerContext, sends: list[Send], done: list[bool]) -> None:
+    """:func:`settled` of each send whose ``done`` is False, in order, ``done`` set to its answer:
+    the same outcomes, with each put's futures asked and its status mapped once per put instead of
+    once per send (the sends of one read share a few puts)."""
+    if broker.topics.unwritten:  # a few ms after a topic's creation: send by send
+        for i, send in enumerate(sends):
+            if not done[i]:
+                done[i] = settled(broker, send)
+        return
+    outcomes: dict[PutGroup, _Outcome | None] = {}
+    for i, send in enumerate(sends):
+        if done[i]:
+            continue
+        group = send.group
+        if group is None:  # a duplicate (issue 37)
+            done[i] = send.dedup.settled(broker, send)  # type: ignore[union-attr]
+            continue
+        outcome = outcomes.get(group, _UNASKED)
+        if outcome is _UNASKED:
+            outcome = outcomes[group] = _put_outcome(broker, group)
+        if outcome is not None:
+            _fill(broker, send, group, outcome)
+            done[i] = True
 
 
 async def settle(broker: BrokerContext, send: Send) -> None:
@@ -249,7 +264,7 @@ async def settle(broker: BrokerContext, send: Send) -> None:
         replica = await resolved(_replica_future(broker, group, result))
     topics = broker.topics
     problem = await topics.written(*_topics(send)) if topics.unwritten else None
-    _complete(broker, send, replica)
+    _fill(broker, send, group, _outcome(broker, group, replica))
     if problem is not None and send.status is _SUCCESS:
         # Stored, but the topic it created is not durable yet: as a flush that timed out.
         send.status, send.remark = _FLUSH_DISK_TIMEOUT, problem
@@ -275,24 +290,38 @@ def _replica_future(broker: BrokerContext, group: PutGroup, result: PutResult) -
     return replica_future
 
 
-def _complete(broker: BrokerContext, send: Send, replica: ReplicaStatus | None) -> None:
-    """``send``'s outcome once its put (and, when it succeeded, its replicas) answered."""
-    group = send.group
-    assert group is not None
-    ctx = send.ctx
+#: A put's outcome, the same for each of its sends: status, remark, epoch.
+_Outcome = tuple[Status, "str | None", "int | None"]
+#: ``outcomes.get``'s default in :func:`settled_many`: the put not asked yet (None: it waits).
+_UNASKED: _Outcome = (Status.SYSTEM_ERROR, "unasked", None)
+
+
+def _put_outcome(broker: BrokerContext, group: PutGroup) -> _Outcome | None:
+    """The put's outcome when it and its replicas answered already; None when it has to wait."""
+    if group.result is None and group.error is None:
+        future = group.future
+        assert future is not None  # put, or the store raised (then group.error is set)
+        if not future.done() or future.exception() is not None:
+            return None  # settle awaits it, or logs the failure
+        group.result = future.result()
+    replica = None
+    result = group.result
+    if result is not None and result.status is _PUT_OK:
+        replica_future = _replica_future(broker, group, result)
+        if not replica_future.done() or replica_future.exception() is not None:
+            return None
+        replica = replica_future.result()
+    return _outcome(broker, group, replica)
+
+
+def _outcome(broker: BrokerContext, group: PutGroup, replica: ReplicaStatus | None) -> _Outcome:
+    """The status, remark and epoch of a put's sends once it (and, when it succeeded, its replicas)
+    answered."""
     result = group.result
     if result is None:  # the store raised
-        if ctx is not None:
-            ctx.status = "SYSTEM_ERROR"
-            ctx.elapsed_ms = (time.perf_counter() - group.started) * 1000
-            broker.hooks.tidemq_after_send(context=ctx)
-        send.status, send.remark, send.epoch = _SYSTEM_ERROR, f"store error: {group.error}", None
-        send.msg_id, send.queue_offset = "", 0
-        if send.dedup is not None:
-            send.dedup.stored(send, None)  # type: ignore[union-attr]
-        return
+        return _SYSTEM_ERROR, f"store error: {group.error}", None
     role_aware = broker.role_aware
-    send.epoch = role_aware.current_epoch() if role_aware is not None else None
+    epoch = role_aware.current_epoch() if role_aware is not None else None
     status = result.status
     code: Status
     remark: str | None
@@ -311,6 +340,26 @@ def _complete(broker: BrokerContext, send: Send, replica: ReplicaStatus | None) 
             remark = (
                 f"the broker[{broker.settings.name}] is not master (fenced): the message is not acknowledged"
             )
+    return code, remark, epoch
+
+
+def _fill(broker: BrokerContext, send: Send, group: PutGroup, outcome: _Outcome) -> None:
+    """``send``'s outcome from its put's (:func:`_outcome`): status, remark, epoch, its message id
+    and queue offset; the window and the hooks told."""
+    ctx = send.ctx
+    result = group.result
+    code, remark, epoch = outcome
+    if result is None:  # the store raised
+        if ctx is not None:
+            ctx.status = "SYSTEM_ERROR"
+            ctx.elapsed_ms = (time.perf_counter() - group.started) * 1000
+            broker.hooks.tidemq_after_send(context=ctx)
+        send.status, send.remark, send.epoch = code, remark, epoch
+        send.msg_id, send.queue_offset = "", 0
+        if send.dedup is not None:
+            send.dedup.stored(send, None)  # type: ignore[union-attr]
+        return
+    send.epoch = epoch
     if group.nsends == 1:
         msg_ids = result.msg_ids
         msg_id = msg_ids[0] if len(msg_ids) == 1 else result.msg_id
