@@ -509,6 +509,12 @@ def test_the_compiled_key_table_agrees_with_its_python_reference() -> None:
     assert all(compiled.get(h) is reference.get(h) for h in hashes)
     # The batch key reader: the same keys, hashes, repeats and refusals.
     from tidemq.broker._dedup_table import batch_keys
+
+    secrets = dedup_table._compiled.secrets_for_tests()
+
+    def twin_hash(key: str) -> int:
+        return dedup_table.py_key_hash(key, secrets)
+
     from tidemq.message import MessageInner
 
     for _ in range(300):
@@ -519,7 +525,8 @@ def test_the_compiled_key_table_agrees_with_its_python_reference() -> None:
             if kind < 0.9:
                 props[UNIQ] = rng.choice(["", "A" * 129, "A" * 128, *(f"K{i}" for i in range(20))])
             msgs.append(MessageInner("T", b"", properties=props))
-        assert batch_keys(msgs, UNIQ, 128) == dedup_table._py_batch_keys(msgs, UNIQ, 128)
+        twin = dedup_table._py_batch_keys(msgs, UNIQ, 128, twin_hash)
+        assert batch_keys(msgs, UNIQ, 128) == twin
 
 
 def test_the_window_on_the_python_key_table(monkeypatch: pytest.MonkeyPatch) -> None:

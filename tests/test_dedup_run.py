@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from tidemq.broker import dedup_table
 from tidemq.broker.dedup import UNIQ_KEY, DuplicateWindow, Sent
+from tidemq.broker.dedup_table import key_hash
 from tidemq.broker.services.put import Send
 from tidemq.message_types import MessageInner
 
@@ -150,8 +151,11 @@ def test_a_declined_run_records_nothing_and_restores_what_it_took_over() -> None
     entries = compiled.entries
     assert not compiled.admit_run(second, CONFIGS.get)  # K02 twice in the run
     assert all(s.dedup is None for s in second) and compiled.entries == entries
-    assert compiled._topics["A"].get(hash("K00")) is old  # the expired key it took over, restored
-    assert compiled._topics["A"].get(hash("K02")) is None and compiled._topics["A"].get(hash("K03")) is None
+    assert compiled._topics["A"].get(key_hash("K00")) is old  # the expired key it took over, restored
+    assert (
+        compiled._topics["A"].get(key_hash("K02")) is None
+        and compiled._topics["A"].get(key_hash("K03")) is None
+    )
     fresh = build([("A", [("K00", b"a")])])
     assert compiled.admit_run(fresh, CONFIGS.get) and fresh[0].dedup is not None  # expired: stored again
 
@@ -175,7 +179,7 @@ def test_the_windows_records_are_not_walked_by_the_cycle_collector() -> None:
     assert compiled.admit_run(sends, CONFIGS.get)
     from array import array
 
-    recorded = compiled.record("A", array("q", [hash("K03")]), None, 10)
+    recorded = compiled.record("A", array("q", [key_hash("K03")]), None, 10)
     for sent in (sends[0].dedup, sends[1].dedup, recorded):
         assert isinstance(sent, Sent) and not gc.is_tracked(sent) and not gc.is_tracked(sent.hashes)
     assert compiled.check("A", "K01") is sends[1].dedup and compiled.check("A", "K03") is recorded
@@ -200,3 +204,58 @@ def test_a_table_past_2_mib_keeps_every_key_through_growth_and_deletes() -> None
         assert table.get(h) is (None if i % 8 == 0 else values[i % 8])
     assert len(table) == len(keys) - len(keys[::8])
     del table
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80) | st.text(alphabet="0123456789ABCDEF", min_size=30, max_size=36))
+def test_the_compiled_key_hash_is_its_python_twin(key: str) -> None:
+    """The window's keys are hashed in C with per-process secrets (no str hash, no SipHash per
+    message); the Python twin gives the same value for any str (ASCII, Latin-1, 2- and 4-byte
+    characters, every length around the 16-byte blocks)."""
+    compiled = dedup_table._compiled
+    secrets = compiled.secrets_for_tests()
+    assert compiled.key_hash(key) == dedup_table.py_key_hash(key, secrets)
+    assert list(dedup_table.hashes_of([key, key + "0"])) == [key_hash(key), key_hash(key + "0")]
+
+
+def test_the_key_hash_is_keyed_per_process() -> None:
+    """A sender cannot choose keys that collide in the table: the hash of one key differs from
+    process to process (as ``hash()``'s), and differs between keys one character apart."""
+    import subprocess
+    import sys
+
+    code = (
+        "from tidemq.broker.dedup_table import key_hash; print(key_hash('0A0B0C0D0E0F00112233445566778899'))"
+    )
+    seen = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        for _ in range(3)
+    }
+    assert len(seen) == 3
+    assert len({key_hash(f"{i:032X}") for i in range(10_000)}) == 10_000
+
+
+def test_the_windows_keys_are_read_from_a_messages_slot_or_its_attribute() -> None:
+    """``properties`` read in place from attrs' slotted ``MessageInner``; any other message type
+    (a plain class, a subclass with a property) through the attribute, with the same records."""
+
+    class Plain:
+        def __init__(self, topic: str, properties: dict[str, str]) -> None:
+            self.topic, self.properties, self.body, self.flag, self.sys_flag = topic, properties, b"x", 0, 0
+
+    class Derived(MessageInner):
+        __slots__ = ()
+
+    window = DuplicateWindow(10, 1000, 1 << 30, clock=lambda: 100.0)
+    for i, make in enumerate(
+        (
+            lambda k: MessageInner("A", b"x", 0, 0, {UNIQ_KEY: k}),
+            lambda k: Plain("A", {UNIQ_KEY: k}),
+            lambda k: Derived("A", b"x", 0, 0, {UNIQ_KEY: k}),
+        )
+    ):
+        send = Send("g", [make(f"S{i}-{j}") for j in range(3)], True, None, 0, 3)
+        assert window.admit_run([send], CONFIGS.get)
+        assert send.dedup is not None and list(send.dedup.hashes) == [key_hash(f"S{i}-{j}") for j in range(3)]
+        again = Send("g", [make(f"S{i}-1")], True, None, 0, 1)
+        assert not window.admit_run([again], CONFIGS.get)  # held: a resend

@@ -66,9 +66,60 @@ cdef extern from *:
     void tidemq_huge_free(void* base, size_t length) noexcept nogil
 
 
+cdef extern from *:
+    """
+    /* The window's key hash (issue 37): 64 bits over a key's characters, keyed by four random
+       64-bit secrets drawn once per process (as hash()'s SipHash key is), so a sender cannot
+       choose keys that collide in the table.  The construction of wyhash / Go's runtime map hash
+       (its fallback where AES is missing), keyed per process for the same reason (hash
+       flooding): each 16 bytes folded by a 64x64->128-bit multiply of (word ^ secret) by
+       (word ^ state), xor of the halves.  ~5 ns for a 32-character UNIQ_KEY, where hash()'s
+       SipHash-1-3 took ~19 ns.  Not a cryptographic hash: a full 64-bit collision of two keys
+       only sends the second to the handler's check, which compares bodies
+       (DuplicateWindow.same_body).  dedup_table._py_key_hash is the same function in Python
+       (the differential test). */
+    static inline uint64_t tidemq_mum(uint64_t a, uint64_t b) {
+        __uint128_t r = (__uint128_t)a * b;
+        return (uint64_t)r ^ (uint64_t)(r >> 64);
+    }
+    static inline uint64_t tidemq_rd64(const unsigned char* p) {
+        uint64_t v; memcpy(&v, p, 8); return v;  /* little-endian hosts (x86-64, aarch64) */
+    }
+    static uint64_t tidemq_key_hash(const unsigned char* p, size_t n, uint64_t tag, const uint64_t* s) {
+        uint64_t state = s[0] ^ n ^ tag;
+        unsigned char last[16];
+        while (n > 16) {
+            state = tidemq_mum(tidemq_rd64(p) ^ s[1], tidemq_rd64(p + 8) ^ state);
+            p += 16; n -= 16;
+        }
+        memset(last, 0, 16);
+        memcpy(last, p, n);
+        state = tidemq_mum(tidemq_rd64(last) ^ s[1], tidemq_rd64(last + 8) ^ state);
+        return tidemq_mum(state ^ s[2], s[3]);
+    }
+    """
+    uint64_t tidemq_key_hash(const unsigned char* p, size_t n, uint64_t tag, const uint64_t* s) noexcept nogil
+
+
 cdef extern from "Python.h":
+    """
+    #include "structmember.h"
+    /* The byte offset of a __slots__ member holding an object (a member descriptor of
+       T_OBJECT_EX, as attrs' slotted classes have), or -1. */
+    static Py_ssize_t tidemq_slot_offset(PyObject* descr) {
+        if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) return -1;
+        PyMemberDef* m = ((PyMemberDescrObject*)descr)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & PY_AUDIT_READ)) return -1;
+        return m->offset;
+    }
+    #define tidemq_slot_at(o, offset) (*(PyObject**)((char*)(o) + (offset)))
+    """
+    Py_ssize_t tidemq_slot_offset(PyObject* descr)
+    PyObject* tidemq_slot_at(object o, Py_ssize_t offset)
     Py_ssize_t Py_SIZE(object o)
     Py_hash_t PyObject_Hash(object o) except -1
+    int PyUnicode_KIND(object o)
+    void* PyUnicode_DATA(object o)
     int PyObject_IS_GC(object o)
     void PyObject_GC_UnTrack(void* o)
 
@@ -82,6 +133,47 @@ from tidemq.message import TRANSACTION_TYPE_MASK as _TX_MASK
 STORED_CODES = frozenset((0, 10, 11, 12))
 
 cdef array.array _Q = array.array("q")
+
+import os as _os
+
+cdef uint64_t _SECRET[4]
+for _i, _word in enumerate(array.array("Q", _os.urandom(32))):
+    _SECRET[_i] = <uint64_t>_word | 1  # odd: no secret is 0
+
+
+cdef inline int64_t _hash_key(object key) noexcept:
+    """``key``'s hash in the window (a str: its characters as CPython holds them, 1, 2 or 4
+    bytes each, the width mixed in)."""
+    cdef int kind = PyUnicode_KIND(key)
+    return <int64_t>tidemq_key_hash(
+        <const unsigned char*>PyUnicode_DATA(key),
+        <size_t>(PyUnicode_GET_LENGTH(key) * kind),
+        (<uint64_t>kind) << 56,
+        _SECRET,
+    )
+
+
+def key_hash(str key not None):
+    """A key's 64-bit hash in the window (what the tables are keyed by in this process)."""
+    return _hash_key(key)
+
+
+def hashes_of(list keys not None):
+    """The keys' (a list of str) hashes, packed: what a record keeps."""
+    cdef Py_ssize_t n = len(keys)
+    cdef Py_ssize_t i
+    cdef array.array hashes = array.clone(_Q, n, False)
+    for i in range(n):
+        key = keys[i]
+        if type(key) is not str:
+            raise TypeError(f"a key must be a str, not {type(key).__name__}")
+        hashes.data.as_longlongs[i] = _hash_key(key)
+    return hashes
+
+
+def secrets_for_tests():
+    """This process's four secrets (tests/test_dedup_run.py checks the Python twin with them)."""
+    return [_SECRET[i] for i in range(4)]
 cdef array.array _D = array.array("d")
 
 
@@ -361,9 +453,39 @@ cdef class HashTable:
         return removed
 
 
+cdef object _props_type = None  # the message type whose ``properties`` slot offset is cached
+cdef Py_ssize_t _props_offset = -1
+
+
+cdef Py_ssize_t _properties_offset(object msg_type) except -2:
+    """The offset of ``msg_type``'s ``properties`` slot (-1: read it as an attribute)."""
+    global _props_type, _props_offset
+    if msg_type is _props_type:
+        return _props_offset
+    descr = None
+    for klass in (<type>msg_type).__mro__:
+        descr = (<type>klass).__dict__.get("properties")
+        if descr is not None:
+            break
+    _props_offset = tidemq_slot_offset(<PyObject*>descr) if descr is not None else -1
+    _props_type = msg_type
+    return _props_offset
+
+
 cdef inline object _key_of(object msg, str name, Py_ssize_t max_length):
-    """Message ``msg``'s key (property ``name``) when usable (a str of 1..max_length), else None."""
-    props = msg.properties
+    """Message ``msg``'s key (property ``name``) when usable (a str of 1..max_length), else None.
+    A message type with a ``properties`` slot (attrs' ``MessageInner``) has it read in place,
+    without the attribute lookup; any other through ``getattr``."""
+    cdef Py_ssize_t offset = _properties_offset(type(msg))
+    cdef PyObject* slot
+    if offset >= 0:
+        slot = tidemq_slot_at(msg, offset)
+        if slot == NULL:
+            props = msg.properties  # unset: the AttributeError the attribute read raises
+        else:
+            props = <object>slot
+    else:
+        props = msg.properties
     if type(props) is not dict:
         return None
     cdef PyObject* found = PyDict_GetItem(props, name)
@@ -395,7 +517,7 @@ def batch_keys(list msgs not None, str name not None, Py_ssize_t max_length):
         if key is None:
             return None
         keys[i] = key
-        out[i] = PyObject_Hash(key)
+        out[i] = _hash_key(key)
         if seen is not None and repeated < 0:
             PySet_Add(seen, key)
             if PySet_GET_SIZE(seen) != i + 1:
@@ -417,6 +539,7 @@ def admit_run(
     Py_ssize_t per_send,
     str name not None,
     Py_ssize_t max_length,
+    dict settings_cache=None,
 ):
     """The duplicate window over one run of prepared sends, in one call (issue 37): what
     ``DuplicateWindow.admit_run_py`` does, in C loops.
@@ -434,13 +557,17 @@ def admit_run(
     run: its deadline is later than ``now`` too) declines the run: what this call recorded is
     undone (the keys it took over restored) and it returns None.  A topic keyed on content, or a
     send of more than ``max_entries`` keys: False, nothing recorded (the reference serves it).
+
+    ``settings_cache``: ``topic_settings``' own cache (topic -> ``(config, seconds, content)``),
+    read here first: a hit on the same config object is what ``topic_settings`` would return,
+    without its Python call; a miss calls it.
     """
     cdef Py_ssize_t nsends = len(sends)
     cdef Py_ssize_t i, j, n, at, total = 0
     cdef list plan = [None] * nsends
     cdef list topics = [None] * nsends
     cdef object last_topic = None
-    cdef object topic, msgs, send, key, found, sent
+    cdef object topic, msgs, send, key, found, sent, cfg, content
     cdef SentFields fields
     cdef double seconds = 0.0
     cdef array.array seconds_of = array.clone(_D, nsends, False)
@@ -458,9 +585,16 @@ def admit_run(
             continue
         topic = msgs[0].topic
         if last_topic is None or (topic is not last_topic and topic != last_topic):
-            found = topic_settings(topic, config_of(topic))
-            seconds = found[0]
-            if seconds > 0 and found[1]:
+            cfg = config_of(topic)
+            found = settings_cache.get(topic) if settings_cache is not None else None
+            if type(found) is tuple and len(<tuple>found) == 3 and (<tuple>found)[0] is cfg:
+                seconds = (<tuple>found)[1]
+                content = (<tuple>found)[2]
+            else:
+                found = topic_settings(topic, cfg)
+                seconds = found[0]
+                content = found[1]
+            if seconds > 0 and content:
                 return False
             found = tables.get(topic)
             table = <HashTable>found if found is not None else None
@@ -474,7 +608,7 @@ def admit_run(
             key = _key_of(msgs[j], name, max_length)
             if key is None:
                 break  # a message without a usable key: the send is stored as it is
-            data[j] = PyObject_Hash(key)
+            data[j] = _hash_key(key)
             if table is not None:
                 table._prefetch(_slot_hash(data[j]))
         else:

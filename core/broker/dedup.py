@@ -50,7 +50,7 @@ from tidemq.broker.dedup_keys import (
     topic_attribute,
 )
 from tidemq.broker.dedup_sent import Duplicate, Sent
-from tidemq.broker.dedup_table import HashTable, batch_keys, hashes_of
+from tidemq.broker.dedup_table import HashTable, batch_keys, hashes_of, key_hash
 from tidemq.errors import TidemqError
 from tidemq.message import body_crc, decode_message_id
 
@@ -181,7 +181,7 @@ class DuplicateWindow:
         table = self._topics.get(topic)
         if table is None:
             return None
-        sent = table.get(hash(key))
+        sent = table.get(key_hash(key))
         if sent is None or sent.deadline <= self._clock():
             return None
         return sent
@@ -250,6 +250,7 @@ class DuplicateWindow:
             PER_SEND_BYTES,
             UNIQ_KEY,
             MAX_KEY_LENGTH,
+            self._topic_windows,  # topic_settings' cache, read in C (its Python call on a miss)
         )
         if done is None:
             return False

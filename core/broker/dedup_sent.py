@@ -13,7 +13,7 @@ from array import array
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
-from tidemq.broker.dedup_table import SentFields, untrack
+from tidemq.broker.dedup_table import SentFields, key_hash, untrack
 from tidemq.futures import resolved
 from tidemq.message import (
     TRANSACTION_PREPARED_TYPE,
@@ -102,7 +102,7 @@ class Sent(SentFields):
     def position(self, key: str) -> int:
         """Where ``key`` is among this send's messages (0 for a single message)."""
         hashes = self.hashes
-        return hashes.index(hash(key)) if len(hashes) > 1 else 0
+        return hashes.index(key_hash(key)) if len(hashes) > 1 else 0
 
     def from_put(self) -> bool | None:
         """A pending send whose put is done: take its answer from the put (as its own outcome

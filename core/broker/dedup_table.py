@@ -1,4 +1,4 @@
-"""The duplicate window's key table: 64-bit key hashes (``hash(key)``) to the send that stored
+"""The duplicate window's key table: 64-bit key hashes (:data:`key_hash`) to the send that stored
 them (issue 37).
 
 :class:`HashTable` here is the Python reference (a dict keyed by the hash);
@@ -13,6 +13,7 @@ matches the first copy's too (``DuplicateWindow.same_body``), so a false hit sto
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 from tidemq.extensions import compiled_twin
@@ -26,6 +27,8 @@ __all__ = [
     "admit_run",
     "batch_keys",
     "hashes_of",
+    "key_hash",
+    "py_key_hash",
     "trim",
     "untrack",
 ]
@@ -139,15 +142,47 @@ class _PyHashTable:
         return removed
 
 
-def hashes_of(keys: list[str]) -> array[int]:
+def _py_hashes_of(keys: list[str], hasher: Callable[[str], int] = hash) -> array[int]:
     """The keys' 64-bit hashes, packed (what a :class:`~tidemq.broker.dedup.Sent` keeps)."""
-    return array("q", map(hash, keys))
+    return array("q", map(hasher, keys))
 
 
-def _py_batch_keys(msgs: list[Any], name: str, max_length: int) -> tuple[list[str], array[int], int] | None:
+_M64 = (1 << 64) - 1
+
+
+def _mum(a: int, b: int) -> int:
+    r = a * b
+    return (r & _M64) ^ (r >> 64)
+
+
+def py_key_hash(key: str, secrets: list[int]) -> int:
+    """The compiled ``key_hash`` in Python, given its process's ``secrets``
+    (``_dedup_table.secrets_for_tests()``): the differential test's twin.  Not used to serve:
+    the Python reference keys its tables by ``hash()`` (SipHash, keyed per process too), which
+    is faster in Python; one process uses one of the two throughout."""
+    top = max(map(ord, key), default=0)
+    kind = 1 if top < 256 else 2 if top < 65536 else 4
+    data = key.encode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind])
+    n = len(data)
+    s0, s1, s2, s3 = secrets
+    state = s0 ^ n ^ (kind << 56)
+    while n > 16:
+        a, b = int.from_bytes(data[:8], "little"), int.from_bytes(data[8:16], "little")
+        state = _mum(a ^ s1, b ^ state)
+        data, n = data[16:], n - 16
+    last = data.ljust(16, b"\0")
+    state = _mum(int.from_bytes(last[:8], "little") ^ s1, int.from_bytes(last[8:], "little") ^ state)
+    h = _mum(state ^ s2, s3)
+    return h - (1 << 64) if h >> 63 else h
+
+
+def _py_batch_keys(
+    msgs: list[Any], name: str, max_length: int, hasher: Callable[[str], int] = hash
+) -> tuple[list[str], array[int], int] | None:
     """The batch's keys (property ``name`` of each message), their hashes and the index of the
     first message repeating an earlier key (-1: none); None when a message has no usable key
-    (absent, empty, longer than ``max_length``)."""
+    (absent, empty, longer than ``max_length``).  ``hasher``: the key hash (the compiled one's
+    Python twin in the differential test)."""
     keys = [m.properties.get(name) for m in msgs]
     for key in keys:
         if type(key) is not str or not 0 < len(key) <= max_length:
@@ -160,7 +195,7 @@ def _py_batch_keys(msgs: list[Any], name: str, max_length: int) -> tuple[list[st
                 repeated = i
                 break
             seen.add(key)
-    return keys, hashes_of(keys), repeated
+    return keys, _py_hashes_of(keys, hasher), repeated
 
 
 #: ``admit_run(sends, settings, tables, order, sent_type, window, now, max_entries, per_key,
@@ -179,6 +214,12 @@ def _py_untrack(o: Any) -> Any:
     return o  # pure Python cannot untrack an object: the reference leaves it to the collector
 
 
+#: ``key_hash(key) -> int``: a key's 64-bit hash in the window, what every table of this process
+#: is keyed by (compiled: a hash keyed by per-process secrets, see ``_dedup_table.pyx``; the
+#: Python reference: ``hash()``).  ``hashes_of(keys) -> array("q")``: the keys' hashes, packed.
+key_hash: Any
+hashes_of: Any
+
 #: ``untrack(obj) -> obj``: ``obj`` untracked by the cycle collector (a record's hash array).
 untrack: Any
 
@@ -187,6 +228,8 @@ if _compiled is None:  # not built, or TIDEMQ_NO_EXTENSIONS=1: the Python refere
     HashTable: Any = _PyHashTable
     SentFields: Any = _PySentFields
     batch_keys = _py_batch_keys
+    key_hash = hash
+    hashes_of = _py_hashes_of
     trim = None
     untrack = _py_untrack
     admit_run = None
@@ -196,6 +239,8 @@ else:
     HashTable = _compiled.HashTable
     SentFields = _compiled.SentFields
     batch_keys = _compiled.batch_keys
+    key_hash = _compiled.key_hash
+    hashes_of = _compiled.hashes_of
     trim = _compiled.trim
     untrack = _compiled.untrack
     admit_run = _compiled.admit_run
