@@ -236,7 +236,7 @@ class SendService:
             elif Prop.DELAY_TIME_LEVEL in props:  # what rewrite acts on
                 b.schedule.rewrite(msg)
             if seconds > 0:
-                send.dedup = window.record(producer_topic, hashes_of([key]), send, seconds)  # type: ignore[list-item]
+                send.dedup = window.record(producer_topic, hashes_of([key]), send, seconds)
         return send
 
     def _duplicate(
