@@ -55,10 +55,7 @@ class _LoopWaker:
             if self._armed:
                 return
             self._armed = True
-        try:
-            self._loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
+        self._kick()
 
     def wake(
         self, waiter: asyncio.Future[Any] | None, calls: list[tuple[Callable[[Any], Any], Any]] | None = None
@@ -73,10 +70,7 @@ class _LoopWaker:
             if self._armed:
                 return
             self._armed = True
-        try:
-            self._loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
+        self._kick()
 
     def wake_many(
         self, waiters: list[asyncio.Future[Any]], calls: list[tuple[Callable[[Any], Any], Any]]
@@ -88,6 +82,10 @@ class _LoopWaker:
             if self._armed:
                 return
             self._armed = True
+        self._kick()
+
+    def _kick(self) -> None:
+        """One hop into the loop for what is queued (the caller armed it, under the lock)."""
         try:
             self._loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop is closed: nobody is waiting any more

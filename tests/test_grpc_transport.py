@@ -57,6 +57,21 @@ def typed_topic(broker: Any, topic: str, message_type: str, queues: int = 4) -> 
     broker.topics.update(TopicConfig(topic, queues, queues, attributes={"message.type": message_type}))
 
 
+def simple_consumer_settings(group: str, topic: str, **settings: Any) -> Any:
+    """The Telemetry command a v5 SimpleConsumer opens its stream with (every tag of ``topic``)."""
+    subscription = pb.Subscription(
+        group=pb.Resource(name=group),
+        subscriptions=[
+            pb.SubscriptionEntry(
+                topic=pb.Resource(name=topic), expression=pb.FilterExpression(type=pb.TAG, expression="*")
+            )
+        ],
+    )
+    return pb.TelemetryCommand(
+        settings=pb.Settings(client_type=pb.SIMPLE_CONSUMER, subscription=subscription, **settings)
+    )
+
+
 def test_query_route_hands_out_this_endpoint_and_the_queues(tidemq_make_broker: MakeBroker) -> None:
     async def main() -> None:
         async with grpc_broker(tidemq_make_broker) as (broker, channel):
@@ -710,20 +725,8 @@ def test_v5_clients_are_registered_with_their_own_language_and_version(
             # A consumer whose Settings say it is a Go client of 5.0.5 (they win over metadata).
             consumer = telemetry(metadata=(("x-mq-client-id", "go-consumer@1"), ("x-mq-language", "JAVA")))
             await consumer.write(
-                pb.TelemetryCommand(
-                    settings=pb.Settings(
-                        client_type=pb.SIMPLE_CONSUMER,
-                        subscription=pb.Subscription(
-                            group=pb.Resource(name="WhoGroup"),
-                            subscriptions=[
-                                pb.SubscriptionEntry(
-                                    topic=pb.Resource(name="Who"),
-                                    expression=pb.FilterExpression(type=pb.TAG, expression="*"),
-                                )
-                            ],
-                        ),
-                        user_agent=pb.UA(language=pb.GOLANG, version="5.0.5"),
-                    )
+                simple_consumer_settings(
+                    "WhoGroup", "Who", user_agent=pb.UA(language=pb.GOLANG, version="5.0.5")
                 )
             )
             assert (await asyncio.wait_for(consumer.read(), 10)).status.code == pb.OK
@@ -759,22 +762,7 @@ def test_get_consumer_status_lists_a_v5_consumer_of_the_endpoint_with_an_empty_t
                 response_deserializer=pb.TelemetryCommand.FromString,
             )
             consumer = telemetry(metadata=(("x-mq-client-id", "status-consumer@1"),))
-            await consumer.write(
-                pb.TelemetryCommand(
-                    settings=pb.Settings(
-                        client_type=pb.SIMPLE_CONSUMER,
-                        subscription=pb.Subscription(
-                            group=pb.Resource(name="StatusGroup"),
-                            subscriptions=[
-                                pb.SubscriptionEntry(
-                                    topic=pb.Resource(name="StatusTopic"),
-                                    expression=pb.FilterExpression(type=pb.TAG, expression="*"),
-                                )
-                            ],
-                        ),
-                    )
-                )
-            )
+            await consumer.write(simple_consumer_settings("StatusGroup", "StatusTopic"))
             assert (await asyncio.wait_for(consumer.read(), 10)).status.code == pb.OK
             admin = AdminClient("127.0.0.1:1", timeout=15)
             try:

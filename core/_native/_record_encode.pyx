@@ -154,6 +154,22 @@ cdef inline int _put_str(PreparedRecords b, s) except -1:
     return 0
 
 
+cdef int _pwrite_all(int fd, const uint8_t *buf, Py_ssize_t n, int64_t pos, Py_ssize_t *done) noexcept nogil:
+    """``pwrite`` ``buf[done:n]`` at ``pos + done``, again after a short write or EINTR; 0, or
+    the errno that stopped it (EIO for a write that makes no progress: never loop on it)."""
+    cdef ssize_t w
+    while done[0] < n:
+        w = pwrite(fd, buf + done[0], n - done[0], pos + done[0])
+        if w < 0:
+            if errno == EINTR:
+                continue
+            return errno
+        if w == 0:
+            return EIO
+        done[0] += w
+    return 0
+
+
 cdef class RecordEncoder:
     """The compiled :class:`tidemq.record.RecordEncoder`: same methods, same bytes.
 
@@ -527,7 +543,6 @@ cdef class RecordEncoder:
         cdef PreparedRecords b = batch
         cdef int64_t f[4]
         cdef Py_ssize_t n = b.total, done = 0, cap
-        cdef ssize_t w
         cdef uint8_t *grown
         cdef int err = 0
         if b.n == 0:
@@ -544,30 +559,10 @@ cdef class RecordEncoder:
         if n <= _GIL_WRITE_MAX:
             # Kept for measurements (set_gil_write_max): with the GIL held, the key index's thread
             # cannot run beside the kernel's copy; measured, that cost more than the hand-over.
-            while done < n:
-                w = pwrite(fd, self._wbuf + done, n - done, file_pos + done)
-                if w < 0:
-                    if errno == EINTR:
-                        continue
-                    err = errno
-                    break
-                if w == 0:  # no progress: never loop on it
-                    err = EIO
-                    break
-                done += w
+            err = _pwrite_all(fd, self._wbuf, n, file_pos, &done)
         else:
             with nogil:
-                while done < n:
-                    w = pwrite(fd, self._wbuf + done, n - done, file_pos + done)
-                    if w < 0:
-                        if errno == EINTR:
-                            continue
-                        err = errno
-                        break
-                    if w == 0:  # no progress: never loop on it
-                        err = EIO
-                        break
-                    done += w
+                err = _pwrite_all(fd, self._wbuf, n, file_pos, &done)
         if err:
             raise OSError(err, _os.strerror(err))
         b.phys0 = f[1]
