@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_dedup import UNIQ, answer, broker_on, key, runtime, send, send_batch, stored
@@ -19,6 +20,26 @@ from tidemq.broker.dedup import REBUILD_WAIT_S
 from tidemq.remoting.codes import ResponseCode
 
 pytestmark = pytest.mark.timeout(180)
+
+
+def hold_rebuild(window: Any) -> asyncio.Event:
+    """Start a new epoch on ``window`` (so it is rebuilt before it judges sends) with a rebuild that
+    runs until the returned event is set; call from the broker's loop."""
+    fill = window.fill
+    assert fill is not None
+    release = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def slow_fill(target: object) -> None:
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(60)
+        fill(target)
+
+    window.fill = slow_fill
+    epoch = [1]
+    window.epoch_source = lambda: epoch[0]
+    window.built_for_epoch()
+    epoch[0] = 2  # a new epoch: the window is rebuilt before it judges sends
+    return release
 
 
 def test_a_promotion_rebuilds_the_window_in_a_thread_while_the_broker_answers(tmp_path: Path) -> None:
@@ -69,20 +90,7 @@ def test_a_send_that_outwaits_the_rebuild_is_answered_service_not_available(tmp_
     async def main() -> None:
         async with broker_on(tmp_path / "b") as (broker, client):
             window = broker.dedup
-            fill = window.fill
-            assert fill is not None
-            release = asyncio.Event()
-            loop = asyncio.get_running_loop()
-
-            def slow_fill(target: object) -> None:
-                asyncio.run_coroutine_threadsafe(release.wait(), loop).result(60)
-                fill(target)  # type: ignore[arg-type]
-
-            window.fill = slow_fill
-            epoch = [1]
-            window.epoch_source = lambda: epoch[0]
-            window.built_for_epoch()
-            epoch[0] = 2
+            release = hold_rebuild(window)
             started = time.monotonic()
             refused = await send(client, broker, "Waiting", b"x", {UNIQ: key()})
             assert refused.code == ResponseCode.SERVICE_NOT_AVAILABLE, refused.remark

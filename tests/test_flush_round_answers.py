@@ -11,9 +11,10 @@ FLUSH_DISK_TIMEOUT.  A real mmap broker with sync flush on loopback sockets; the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,15 @@ class GatedFlush:
         return flushed
 
 
+@contextlib.asynccontextmanager
+async def sync_broker(tmp_path: Path, timeout_ms: int) -> AsyncIterator[tuple[Any, GatedFlush]]:
+    """A broker with sync flush and the request lanes, its topic made, its flush held by a gate."""
+    options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": {"timeout_ms": timeout_ms}}}
+    async with running_broker(tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options) as broker:
+        await _create_topic(broker)
+        yield broker, GatedFlush(broker.store.commitlog)
+
+
 def _counting(loop: asyncio.AbstractEventLoop) -> tuple[list[str], list[int]]:
     """Per-send tasks the transport made (by their coroutine) and the loop's thread-safe wake-ups."""
     tasks: list[str] = []
@@ -133,12 +143,7 @@ def _counting(loop: asyncio.AbstractEventLoop) -> tuple[list[str], list[int]]:
 
 def test_held_sync_sends_are_answered_after_their_fdatasync_in_one_pass_per_round(tmp_path: Path) -> None:
     async def scenario() -> None:
-        options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": {"timeout_ms": 20000}}}
-        async with running_broker(
-            tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options
-        ) as broker:
-            await _create_topic(broker)
-            gated = GatedFlush(broker.store.commitlog)
+        async with sync_broker(tmp_path, 20000) as (broker, gated):
             lane = broker.send_lane
             assert lane is not None and lane.reads
             host, port = split_address(broker.address)
@@ -174,12 +179,7 @@ def test_held_sync_sends_are_answered_after_their_fdatasync_in_one_pass_per_roun
 
 def test_held_sync_sends_get_flush_disk_timeout_when_the_flush_fails(tmp_path: Path) -> None:
     async def scenario() -> None:
-        options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": {"timeout_ms": 1000}}}
-        async with running_broker(
-            tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options
-        ) as broker:
-            await _create_topic(broker)
-            gated = GatedFlush(broker.store.commitlog)
+        async with sync_broker(tmp_path, 1000) as (broker, gated):
             gated.fail = True
             lane = broker.send_lane
             assert lane is not None
@@ -200,12 +200,7 @@ def test_held_sync_sends_get_flush_disk_timeout_when_the_flush_fails(tmp_path: P
 
 def test_a_stopping_broker_answers_the_sends_held_for_a_round_before_it_closes(tmp_path: Path) -> None:
     async def scenario() -> None:
-        options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": {"timeout_ms": 20000}}}
-        async with running_broker(
-            tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options
-        ) as broker:
-            await _create_topic(broker)
-            gated = GatedFlush(broker.store.commitlog)
+        async with sync_broker(tmp_path, 20000) as (broker, gated):
             host, port = split_address(broker.address)
             reader, writer = await asyncio.open_connection(host, port)
             writer.write(b"".join(_send(i, i % 4) for i in range(8)))

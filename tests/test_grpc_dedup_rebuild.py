@@ -13,6 +13,7 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 
+from test_dedup_promotion import hold_rebuild  # noqa: E402
 from test_grpc_transport import META, MakeBroker, call, grpc_broker, pb  # noqa: E402
 
 from tidemq.broker.dedup import REBUILD_WAIT_S  # noqa: E402
@@ -35,20 +36,7 @@ def test_a_grpc_send_during_the_window_rebuild_waits_or_is_answered_retryable(
         async with grpc_broker(tidemq_make_broker) as (broker, channel):
             send = call(channel, "SendMessage", "SendMessageResponse")
             window = broker.dedup
-            fill = window.fill
-            assert fill is not None
-            loop = asyncio.get_running_loop()
-            release = asyncio.Event()
-
-            def slow_fill(target: object) -> None:
-                asyncio.run_coroutine_threadsafe(release.wait(), loop).result(60)
-                fill(target)  # type: ignore[arg-type]
-
-            window.fill = slow_fill
-            epoch = [1]
-            window.epoch_source = lambda: epoch[0]
-            window.built_for_epoch()
-            epoch[0] = 2  # a new epoch: the window is rebuilt before it judges sends
+            release = hold_rebuild(window)
 
             # A rebuild slower than REBUILD_WAIT_S: answered HA_NOT_AVAILABLE (the broker cannot
             # take writes yet), which the v5 clients send again; nothing stored.
