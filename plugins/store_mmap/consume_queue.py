@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tidemq.names import topic_dir
 
+from .commitlog import zero_ahead
 from .mapped_file import MappedFile
 from .mapped_file_queue import MappedFileQueue
 
@@ -19,6 +20,10 @@ log = logging.getLogger(__name__)
 
 CQ_STORE_UNIT_SIZE = 20
 CQ_ENTRY = struct.Struct(">qiq")
+#: Zeros kept written ahead of the entries (:func:`.commitlog.zero_ahead`): the entries are then
+#: copied through the mapping into pages already cached, instead of a page fault that allocates
+#: one every ~200 entries (640 B of entries a put of 32: 0.63 -> 0.2 us a put measured alone).
+ZERO_AHEAD = 64 * 1024
 #: What RocketMQ writes into slots before the first real entry of a queue that starts mid-file.
 _BLANK_ENTRY = CQ_ENTRY.pack(0, 0x7FFFFFFF, 0)
 
@@ -39,6 +44,8 @@ class ConsumeQueue:
         )
         self.min_logic_offset = 0  # bytes
         self.max_physic_offset = -1  # end (offset + size) of the last record indexed
+        self._zeroed_mf: MappedFile | None = None  # zeros written ahead: in which file, how far
+        self._zeroed_to = 0
 
     # ------------------------------------------------------------------ load / recovery
     def load(self) -> None:
@@ -156,8 +163,17 @@ class ConsumeQueue:
             last is not None
             and last.file_from_offset + last.wrote_position == expect
             and first_end > self.max_physic_offset
-            and last.append(data)
         ):
+            end = last.wrote_position + len(data)
+            if (last is not self._zeroed_mf or end > self._zeroed_to) and not last.transient:
+                zeroed = self._zeroed_to if last is self._zeroed_mf else 0
+                self._zeroed_to = zero_ahead(
+                    last.fd, max(zeroed, last.wrote_position), end, ZERO_AHEAD, last.file_size
+                )
+                self._zeroed_mf = last
+            if not last.append(data):
+                self.put_many(list(CQ_ENTRY.iter_unpack(data)), first_cq_offset)
+                return
             if last_end < 0:
                 phy, size, _ = CQ_ENTRY.unpack_from(data, len(data) - CQ_STORE_UNIT_SIZE)
                 last_end = phy + size
