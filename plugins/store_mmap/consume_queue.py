@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import struct
 from pathlib import Path
+from typing import Any
 
 from tidemq.names import topic_dir
 
@@ -180,6 +181,33 @@ class ConsumeQueue:
             self.max_physic_offset = last_end
             return
         self.put_many(list(CQ_ENTRY.iter_unpack(data)), first_cq_offset)
+
+    def put_prepared(
+        self, batch: Any, tags: list[int], first_cq_offset: int, first_end: int, last_end: int
+    ) -> None:
+        """The entries of a compiled batch just placed in the commit log (``PreparedRecords``):
+        packed by one compiled call straight into the mapping, where zeros already wait for them
+        (:func:`.commitlog.zero_ahead`); else as :meth:`put_packed` of ``batch.cq_entries(tags)``.
+        The same bytes either way.
+        """
+        last = self._zeroed_mf
+        if last is not None:
+            files = self.queue.files
+            pos = last.wrote_position
+            end = pos + 20 * len(batch)
+            if (
+                files
+                and files[-1] is last
+                and last.file_from_offset + pos == first_cq_offset * CQ_STORE_UNIT_SIZE
+                and first_end > self.max_physic_offset
+                and end <= self._zeroed_to
+                and end <= last.reserved
+                and batch.cq_entries_into(last.mm, pos, tags) > 0
+            ):
+                last.wrote_position = last.committed_position = end
+                self.max_physic_offset = last_end
+                return
+        self.put_packed(batch.cq_entries(tags), first_cq_offset, first_end, last_end)
 
     def put_many(self, entries: list[tuple[int, int, int]], first_cq_offset: int) -> None:
         """Write consecutive entries with one copy when they fit the current file (batches)."""
