@@ -66,6 +66,8 @@ def zero_ahead(fd: int, zeroed: int, end: int, chunk: int, limit: int) -> int:
     position, and zeros read as the unwritten file does (recovery's end of the log).  Best
     effort: an error (a full disk) is the record's own write's to report.
     """
+    if chunk <= 0:
+        return zeroed
     new = min(limit, (end // chunk + 1) * chunk)
     if new <= zeroed:
         return zeroed
