@@ -10,6 +10,7 @@ else is real: the files, the mapping, the store, its transient pool and group co
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import time
@@ -20,7 +21,11 @@ from typing import Any
 import pytest
 
 from tidemq.message import decode_message
+from tidemq.plugins import get_plugin_manager
+from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.remoting.command import RemotingCommand
 from tidemq.store import GetStatus, PutStatus
+from tidemq.testing.pytest_plugin import running_broker
 from tidemq.testing.store_contract import build_store, message
 from tidemq_store_mmap.mapped_file import MappedFile
 
@@ -134,3 +139,59 @@ def test_store_commit_writing_zero_bytes_times_out_the_put_keeps_data_and_recove
         assert [decode_message(b).body for b in got.buffers] == [*bodies, b"after"]
     finally:
         store.shutdown()
+
+
+def test_broker_answers_a_send_whose_commit_writes_nothing_with_an_error_and_stays_up(
+    tmp_path: Path, zero_writes: ZeroWrites
+) -> None:
+    """Through a real broker and a TCP client: the send whose bytes cannot be committed is
+    answered (FLUSH_DISK_TIMEOUT, as on a full disk) and not left hanging; the broker keeps
+    serving, and once writes make progress the next send succeeds and every message is there."""
+
+    def send_request(i: int) -> RemotingCommand:
+        fields = {
+            "producerGroup": "PG",
+            "topic": "Z",
+            "defaultTopic": "TBW102",
+            "defaultTopicQueueNums": 1,
+            "queueId": 0,
+            "sysFlag": 0,
+            "bornTimestamp": int(time.time() * 1000),
+            "flag": 0,
+            "properties": "",
+            "reconsumeTimes": 0,
+            "unitMode": False,
+        }
+        return RemotingCommand.request(RequestCode.SEND_MESSAGE, fields, f"m{i}".encode() * 50)
+
+    options = {
+        "store": {"mmap": {"commitlog_file_size": 1 << 20, "transient_store_pool": True}},
+        "flush": {"sync": {"timeout_ms": 300}},
+    }
+
+    async def main() -> None:
+        async with running_broker(
+            tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options
+        ) as broker:
+            client = get_plugin_manager().create("transport", "tcp").client()
+            try:
+                for i in range(3):
+                    r = await client.invoke(broker.address, send_request(i), 10.0)
+                    assert r.code == ResponseCode.SUCCESS, r.remark
+                zero_writes.fds.add(broker.store.commitlog.queue.get_last_mapped_file(0).fd)
+                r = await client.invoke(broker.address, send_request(3), 10.0)
+                assert r.code == ResponseCode.FLUSH_DISK_TIMEOUT, (r.code, r.remark)
+                assert 0 < zero_writes.calls < 5_000, zero_writes.calls  # no spin in one write
+                mx = RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "Z", "queueId": 0})
+                assert (await client.invoke(broker.address, mx, 10.0)).code == ResponseCode.SUCCESS
+                zero_writes.fds.clear()
+                r = await client.invoke(broker.address, send_request(4), 10.0)
+                assert r.code == ResponseCode.SUCCESS, r.remark
+                got = broker.store.get_message("g", "Z", 0, 0, 32, None, 1 << 30)
+                assert [decode_message(b).body for b in got.buffers] == [
+                    f"m{i}".encode() * 50 for i in range(5)
+                ]
+            finally:
+                await client.close()
+
+    asyncio.run(main())
