@@ -50,7 +50,7 @@ async def one_run(broker: Any, args: argparse.Namespace, rounds: int) -> dict[st
     for _ in range(args.conns):
         conn = Connection(server, server._handler, server._options, server_side=True)
         transport = CountingTransport()
-        conn.connection_made(transport)  # type: ignore[arg-type]
+        conn.connection_made(transport)
         conns.append((conn, transport))
     per_round = args.conns * args.per_read
     frames = build_frames(1, rounds * per_round, args.body, 1)
