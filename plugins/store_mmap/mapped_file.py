@@ -206,16 +206,31 @@ class MappedFile:
         kill the process with SIGBUS; and the kernel copies into the page cache without a page
         fault per 4 KiB page (2-3x faster than writing through the mapping on fresh pages).  The
         mapping shares the page cache, so readers see the bytes through it at once.
+
+        A write the kernel answers with 0 bytes for a non-empty buffer is an ``OSError`` (EIO), as in
+        the compiled writer (``_pwrite_all``): it made no progress, and trying again would spin.
+        Linux does not do that for a local file (a full disk is ENOSPC, a size limit EFBIG), but
+        POSIX allows it and a FUSE or network file system may.
         """
         fd = self.fd
+        n = len(data)
         try:
             done = os.pwrite(fd, data, pos)
-            while done < len(data):  # short writes are legal; a real error raises
-                done += os.pwrite(fd, data[done:], pos + done)
+            while 0 < done < n:  # short writes are legal; a real error raises
+                wrote = os.pwrite(fd, data[done:], pos + done)
+                if wrote == 0:
+                    break
+                done += wrote
         except OSError as exc:
             if exc.filename:
                 raise
             raise OSError(exc.errno, exc.strerror, str(self.path)) from exc  # say which file
+        if done < n:
+            raise OSError(
+                errno.EIO,
+                f"the write made no progress ({done} of {n} bytes written at {pos})",
+                str(self.path),
+            )
 
     def write_buffer(self) -> mmap.mmap:
         """Where appends go (the off-map buffer or the mapping), for a writer packing in place.

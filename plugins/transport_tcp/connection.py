@@ -12,6 +12,10 @@ with one WARNING line, after the requests read before it were answered (RocketMQ
 closes the channel on every decoding failure).  Partial frames of all connections of one server
 share a memory budget (``max_buffered_bytes``, kept by the owner: :class:`TcpServer`).
 
+A send decoded and run eagerly up to its wait for a sync flush round is *parked* on the round's
+future (:meth:`Connection._park`), not given a Task: the round's sends are resumed in one callback
+per connection and their answers leave in one write.
+
 The write side (one writev per loop turn, a lane's answers at once) is :mod:`.outbound`; a request
 run eagerly and finished outside a Task, :func:`tidemq.resume_eager`; bad headers' log lines and answers,
 :mod:`.bad_input`.
@@ -39,7 +43,7 @@ from tidemq.remoting import (
     ResponseCode,
     encode,
 )
-from tidemq.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE
+from tidemq.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, RequestCode
 from tidemq.remoting.command import next_opaque
 from tidemq.transport import BatchedRequestHandler, ConnectionState
 from tidemq_transport_tcp.bad_input import bad_header_reply, log_bad_header
@@ -66,6 +70,13 @@ Handler = Callable[["Connection", RemotingCommand], Awaitable[RemotingCommand | 
 #: broker coalesces sends into one store append).
 #: ``handler.serve_read(conn, data, max_frame)`` of a :class:`~tidemq.transport.ReadLaneHandler`
 #: (looked up once per connection).
+#: Requests whose first wait (a sync flush round: every send of the round waits on one future) is
+#: *parked* on that future instead of a Task each: see :meth:`Connection._park`.
+PARKED_CODES = frozenset(
+    (int(RequestCode.SEND_MESSAGE), int(RequestCode.SEND_MESSAGE_V2), int(RequestCode.SEND_BATCH_MESSAGE))
+)
+_Future = asyncio.Future
+
 ReadLane = Callable[["Connection", bytes, int], "tuple[int, Any] | None"]
 ManyHandler = Callable[["Connection", list[RemotingCommand]], "list[Awaitable[RemotingCommand | None]]"]
 
@@ -95,6 +106,9 @@ class Connection(asyncio.Protocol):
         #: Requests a read lane took and answers later (:meth:`answer_later`): in flight like tasks.
         self._later = 0
         self._later_done: asyncio.Future[None] | None = None  # set once _later is 0 (stop() waits)
+        #: Requests run eagerly up to a wait on one of these futures, resumed together when it is
+        #: done (:meth:`_park`); counted in ``_later``.
+        self._parked: dict[asyncio.Future[Any], list[Any]] = {}
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
         self._closed = False
@@ -196,6 +210,10 @@ class Connection(asyncio.Protocol):
             for _cmd, work in answer:
                 if inspect.iscoroutine(work):
                     work.close()
+        self._answered_later()
+
+    def _answered_later(self) -> None:
+        """``_later`` went down: wake ``stop()``'s wait at 0, close or read again as due."""
         if self._later <= 0:
             self._later = 0
             done = self._later_done
@@ -503,6 +521,8 @@ class Connection(asyncio.Protocol):
             except BaseException:  # _serve answers handler errors itself; this is a bug in it
                 log.exception("request %s from %s failed", cmd.code, self.remote_address)
                 return
+            if cmd.code in PARKED_CODES and self._park(coro, yielded):
+                return
             task = self._loop.create_task(resume_eager(coro, yielded))
         else:
             task = self._loop.create_task(coro)
@@ -510,6 +530,79 @@ class Connection(asyncio.Protocol):
         task.add_done_callback(self._task_done)
         if self.server_side and len(self._tasks) + self._later >= self._options.max_in_flight:
             self._pause_reading()
+
+    def _park(self, coro: Any, yielded: Any) -> bool:
+        """Keep a send's ``_serve`` coroutine, run eagerly up to its wait on ``yielded``, until that
+        future is done, instead of a Task: the sends a sync flush round makes durable all wait on
+        its one future, and :meth:`_resume_parked` resumes this connection's in one callback, in
+        the order they came, their answers leaving in one write (:class:`Outbound`).  The
+        coroutines are the ones a Task would run (the send hooks see each send as before); False
+        (a Task then) for a wait on anything else than a pending future of this loop."""
+        if type(yielded) is not _Future or yielded.get_loop() is not self._loop or yielded.done():
+            return False
+        parked = self._parked
+        waiting = parked.get(yielded)
+        if waiting is None:
+            waiting = parked[yielded] = []
+            yielded.add_done_callback(self._resume_parked)
+        # As a Task does before it waits: the future is shared (see SharedCompletion.wait).
+        yielded._asyncio_future_blocking = False
+        waiting.append(coro)
+        self._later += 1
+        if self.server_side and len(self._tasks) + self._later >= self._options.max_in_flight:
+            self._pause_reading()
+        return True
+
+    def _resume_parked(self, fut: asyncio.Future[Any]) -> None:
+        """``fut`` is done: step each coroutine parked on it (each reads the future's result
+        itself, as under a Task); one that waits again, or whose wait was cancelled (the shared
+        future of a cancelled waiter: it waits on a fresh one), goes on in a Task."""
+        waiting = self._parked.pop(fut, None)
+        if not waiting:
+            return
+        cancelled = fut.cancelled()
+        for coro in waiting:
+            if cancelled:
+                yielded: Any = fut
+            else:
+                try:
+                    yielded = coro.send(None)
+                except StopIteration:
+                    continue
+                except BaseException:  # _serve answers handler errors itself; this is a bug in it
+                    log.exception("a send from %s failed", self.remote_address)
+                    continue
+                if self._park(coro, yielded):
+                    self._later -= 1  # counted once by the new wait
+                    continue
+            task = self._loop.create_task(resume_eager(coro, yielded))
+            self._tasks.add(task)
+            task.add_done_callback(self._task_done)
+        self._later -= len(waiting)
+        self._answered_later()
+
+    def _cancel_parked(self) -> None:
+        """``stop()``'s drain ran out: cancel the parked coroutines as it cancels tasks (each gets
+        ``CancelledError`` at its wait; one that goes on waiting goes on in a Task)."""
+        parked, self._parked = self._parked, {}
+        count = 0
+        for fut, waiting in parked.items():
+            fut.remove_done_callback(self._resume_parked)
+            count += len(waiting)
+            for coro in waiting:
+                try:
+                    yielded = coro.throw(asyncio.CancelledError())
+                except (StopIteration, asyncio.CancelledError):
+                    continue
+                except BaseException:
+                    log.exception("a send from %s failed", self.remote_address)
+                    continue
+                task = self._loop.create_task(resume_eager(coro, yielded))
+                self._tasks.add(task)
+                task.add_done_callback(self._task_done)
+        if count:
+            self._later -= count
+            self._answered_later()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)

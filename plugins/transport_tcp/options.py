@@ -42,7 +42,9 @@ class TcpOptions:
     #: coalesce_writes.  Off by default: with RocketMQ's 32-message pulls of 1 KiB it cost more CPU
     #: per message than one writev per loop turn (0.56-0.72x, bench/results/2026-11-24/ab_sendfile*.json).
     sendfile: bool = False
-    #: Start each request's handler inside data_received and make a Task only if it has to wait.
+    #: Start each request's handler inside data_received and make a Task only if it has to wait;
+    #: a send waiting on a future (its sync flush round) is parked on it instead, the sends of a
+    #: round resumed together with one callback per connection.
     eager_requests: bool = True
     #: Server side: offer each read's bytes to the handler's request lane first (the broker's
     #: compiled send lane: frames, headers, put and answers without a command object per request;

@@ -136,6 +136,8 @@ class TcpServer:
             _done, pending = await asyncio.wait(tasks, timeout=drain_timeout)
             for t in pending:
                 t.cancel()
+            for conn in conns:
+                conn._cancel_parked()  # the sends parked on a future, as their tasks would be
             if pending:
                 log.warning(
                     "%d requests still running after %.1fs drain; cancelled", len(pending), drain_timeout

@@ -32,7 +32,7 @@ from tidemq.broker.headers import (
 )
 from tidemq.broker.processors.answers import answer
 from tidemq.broker.services import BrokerServices
-from tidemq.broker.services.put import STORED, Send
+from tidemq.broker.services.put import STORED, Send, settled_many
 from tidemq.broker.services.send import SendService
 from tidemq.broker.services.status import Status
 from tidemq.message import Prop
@@ -175,14 +175,15 @@ class SendHandler:
             prepared.append(item)
             if type(item) is Send:
                 sends.append(item)
+        done = [False] * len(sends)
         if sends:
             service.put(sends)  # one call for the read: one put per destination
+            settled_many(service.broker, sends, done)  # each put's futures asked once
         out: list[RemotingCommand | Awaitable[RemotingCommand | None]] = []
+        ready = iter(done)
         for request, item in zip(requests, prepared, strict=True):
             if type(item) is Send:
-                out.append(
-                    send_response(request, item) if service.settled(item) else self._later(request, item)
-                )
+                out.append(send_response(request, item) if next(ready) else self._later(request, item))
             else:
                 out.append(item)  # type: ignore[arg-type]
         return out
