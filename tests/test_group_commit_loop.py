@@ -193,7 +193,7 @@ def test_a_round_costs_the_loop_one_future_and_one_wake_up_not_one_per_put() -> 
 
 def test_a_cancelled_waiter_does_not_cancel_the_others_of_its_round() -> None:
     disk = GatedDisk()
-    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000))
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000, inline_max_us=0))
     policy.start(disk)
 
     async def scenario() -> list[str]:
@@ -222,7 +222,7 @@ def test_a_cancelled_waiter_does_not_cancel_the_others_of_its_round() -> None:
 
 def test_a_round_that_times_out_wakes_its_waiters() -> None:
     disk = GatedDisk()
-    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=300))
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=300, inline_max_us=0))
     policy.start(disk)
 
     async def scenario() -> list[str]:
@@ -241,7 +241,7 @@ def test_puts_of_one_round_awaited_by_coroutines_driven_outside_a_task() -> None
     """The transport runs a request eagerly (``coro.send(None)``) up to its first wait and hands
     what it yielded to a Task later: two such requests waiting on one round must both work."""
     disk = GatedDisk()
-    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000))
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000, inline_max_us=0))
     policy.start(disk)
 
     async def finish(coro: Any, yielded: Any) -> Any:

@@ -32,7 +32,7 @@ from typing import Any
 import attrs
 
 from tidemq.flush import Flushable
-from tidemq.futures import SharedCompletion, StoreFuture, complete_all, resolve_all
+from tidemq.futures import SharedCompletion, StoreFuture, complete_all, complete_here, resolve_all
 from tidemq.metrics import BATCH_BOUNDS, Buckets
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,12 @@ class SyncFlushOptions:
     #: ... and the wait ends once no writer has joined for this long (a put takes tens of µs; one
     #: thread switch is not enough: a writer inside a GIL-releasing ``pwrite`` looks idle).
     batch_idle_us: int = attrs.field(default=100, validator=attrs.validators.ge(0))
+    #: An event loop's round flushes on the loop itself, at its kick (no thread hop, no wake-up of
+    #: the flush thread or of the loop), when no round is in flight or waiting and the last flush
+    #: took at most this long; else the flush thread does it and the loop keeps serving meanwhile.
+    #: 0: always the flush thread.  The loop is blocked for that ``fdatasync``: a slower disk
+    #: (a flush above the bound) hands the rounds to the thread until a flush is fast again.
+    inline_max_us: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
 
 
 def _false() -> bool:
@@ -144,6 +150,12 @@ class GroupCommitFlush:
         self._ready = False
         #: Writer threads put since the last round began (only their rounds may gather).
         self._threaded = False
+        #: Seconds the last flush round took (commit + fdatasync): bounds the inline rounds.
+        self._last_flush = 0.0
+        inline_us = self.options.inline_max_us
+        self._inline_max = inline_us / 1e6 if inline_us > 0 else -1.0  # -1: never (0 > -1)
+        #: Rounds flushed on an event loop at its kick (part of ``flush_rounds``).
+        self.inline_rounds = 0
 
     def start(self, target: Flushable) -> None:
         self._target = target
@@ -195,19 +207,47 @@ class GroupCommitFlush:
                 fut.completion = open_batch.completion
 
     def _kick(self, loop: AbstractEventLoop) -> None:
-        """On ``loop``, after the iteration whose puts scheduled it: hand their batch in."""
+        """On ``loop``, after the iteration whose puts scheduled it: flush their batch here when
+        nothing else is in flight and the disk is fast (:meth:`_inline`), else hand it in."""
         with self._lock:
             batch = self._open.pop(loop, None)
             if batch is None:  # the reaper handed it in already
                 return
             if not self._stop:
-                self._pending.append(batch)
-                self._ready = True
-                self._cond.notify()
-                return
+                if self._pending or self._inflight or self._last_flush > self._inline_max:
+                    self._pending.append(batch)
+                    self._ready = True
+                    self._cond.notify()
+                    return
+                self._inflight = [batch]  # a round in flight: the next kicks hand theirs in
+        if not self._stop:
+            self._inline(loop, batch)
+            return
         target = self._target
         assert target is not None
         batch.time_out(target.flushed_where)  # stopped: shutdown() flushed everything it could
+
+    def _inline(self, loop: AbstractEventLoop, batch: _Batch) -> None:
+        """The round of one loop batch, on the loop (Redis' ``appendfsync always``: fsync, then
+        reply): commit + ``fdatasync`` here, the puts resolved and their group completed at once,
+        its callbacks (the held reads' answers) run now.  A flush that fails or does not cover the
+        batch hands it to the flush thread, which retries until the batch's deadline."""
+        target = self._target
+        assert target is not None
+        try:
+            retry = self._flush_and_resolve(target, [batch], loop)
+        except BaseException:
+            retry = [batch]
+            self._last_flush = float("inf")
+            log.exception("inline flush failed")
+        else:
+            self.inline_rounds += 1
+        with self._cond:
+            self._inflight = []
+            if retry:
+                self._pending[:0] = retry
+                self._ready = True
+                self._cond.notify()
 
     def _run(self) -> None:
         """Flush whatever is waiting, resolve it, repeat.
@@ -252,8 +292,12 @@ class GroupCommitFlush:
             if retry:
                 time.sleep(0.001)  # the flush did not advance (it failed): do not spin
 
-    def _flush_and_resolve(self, target: Flushable, batches: list[_Batch]) -> list[_Batch]:
-        """One flush for ``batches``; resolves what it covered, returns the batches it did not."""
+    def _flush_and_resolve(
+        self, target: Flushable, batches: list[_Batch], here: AbstractEventLoop | None = None
+    ) -> list[_Batch]:
+        """One flush for ``batches``; resolves what it covered, returns the batches it did not.
+
+        ``here``: called on that loop (an inline round): its groups complete at once, no hop."""
         max_end = max(b.end for b in batches)
         requests = sum(len(b.futures) for b in batches)
         self._last_batch = requests
@@ -266,16 +310,22 @@ class GroupCommitFlush:
                 flushed = target.flush(0)
                 if flushed >= max_end:
                     break
+            took = time.perf_counter() - started
+            self._last_flush = took
             self.flush_rounds += 1
-            self.flush_seconds.observe(time.perf_counter() - started)
+            self.flush_seconds.observe(took)
             self.batch_sizes.observe(requests)
         except Exception:
+            self._last_flush = float("inf")  # no inline round until a flush succeeds fast again
             log.exception("flush failed")
         completions: list[SharedCompletion] = []
         if flushed >= max_end:
             for batch in batches:
                 batch.resolve(completions)
-            complete_all(completions)  # one hop into the loop for the whole round
+            if here is not None:
+                complete_here(completions, here)  # on the loop: its callbacks run now
+            else:
+                complete_all(completions)  # one hop into the loop for the whole round
             return []
         now = time.monotonic()
         retry = []
@@ -286,7 +336,10 @@ class GroupCommitFlush:
                 batch.time_out(flushed)
             else:
                 retry.append(batch)
-        complete_all(completions)
+        if here is not None:
+            complete_here(completions, here)
+        else:
+            complete_all(completions)
         return retry
 
     def _gather(self) -> None:
