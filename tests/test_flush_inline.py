@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_flush_round_answers import _send, sync_broker
 
 from tidemq.address import split_address
 from tidemq.remoting import FrameDecoder, RemotingCommand
 from tidemq.remoting.codes import ResponseCode
-
-from test_flush_round_answers import _send, sync_broker
 
 pytestmark = pytest.mark.timeout(120)
 
