@@ -69,7 +69,7 @@ def test_an_inline_round_answers_only_after_its_fdatasync_returns(tmp_path: Path
 
             def producer() -> None:
                 with socket.create_connection((host, port)) as sock:
-                    sock.sendall(b"".join(_send(i, i % 4) for i in range(8)))
+                    sock.sendall(b"".join(_send(i, i % 4) for i in range(4)))
                     assert gated.entered.wait(10)
                     sock.settimeout(0.3)
                     try:  # the loop is in the round's flush, held: nothing may be answered yet
@@ -78,13 +78,13 @@ def test_an_inline_round_answers_only_after_its_fdatasync_returns(tmp_path: Path
                         seen["early"] = b""
                     released = time.monotonic()
                     gated.gate.set()
-                    seen["answers"] = _answers(sock, 8)
+                    seen["answers"] = _answers(sock, 4)
                     seen["released"] = released
 
             await asyncio.to_thread(producer)
             assert seen["early"] == b""
             answers = seen["answers"]
-            assert sorted(a.opaque for a in answers) == list(range(8))
+            assert sorted(a.opaque for a in answers) == list(range(4))
             assert {a.code for a in answers} == {ResponseCode.SUCCESS}
             # The round was flushed on the loop's thread (inline), once, and then answered.
             assert recorder.threads and recorder.threads[0] == loop_thread
@@ -107,11 +107,11 @@ def test_a_failing_inline_fdatasync_answers_flush_disk_timeout(tmp_path: Path) -
 
             def producer() -> list[RemotingCommand]:
                 with socket.create_connection((host, port)) as sock:
-                    sock.sendall(b"".join(_send(i, i % 4) for i in range(8)))
-                    return _answers(sock, 8)
+                    sock.sendall(b"".join(_send(i, i % 4) for i in range(4)))
+                    return _answers(sock, 4)
 
             answers = await asyncio.to_thread(producer)
-            assert sorted(a.opaque for a in answers) == list(range(8))
+            assert sorted(a.opaque for a in answers) == list(range(4))
             assert {a.code for a in answers} == {ResponseCode.FLUSH_DISK_TIMEOUT}
             # Tried inline first, then handed to the flush thread, which retried until the deadline.
             assert recorder.threads[0] == loop_thread
