@@ -124,7 +124,8 @@ def test_a_failing_inline_fdatasync_answers_flush_disk_timeout(tmp_path: Path) -
 
 def test_a_slow_flush_hands_the_next_rounds_to_the_flush_thread(tmp_path: Path) -> None:
     """A flush above ``inline_max_us`` (a slow disk) moves the rounds off the loop, which keeps
-    serving meanwhile; they come back once a flush is fast again."""
+    serving meanwhile; they come back once ``INLINE_AFTER_FAST`` flushes in a row were fast."""
+    from tidemq_flush.group_commit import INLINE_AFTER_FAST
 
     async def scenario() -> None:
         async with sync_broker(tmp_path, 20000, inline_max_us=50_000) as (broker, gated):
@@ -142,19 +143,23 @@ def test_a_slow_flush_hands_the_next_rounds_to_the_flush_thread(tmp_path: Path) 
                     sock.sendall(b"".join(_send(base + i, i % 4) for i in range(count)))
                     return _answers(sock, count)
 
+            def one_by_one(count: int) -> list[RemotingCommand]:
+                answers: list[RemotingCommand] = []
+                with socket.create_connection((host, port)) as sock:
+                    for i in range(count):  # one send per round, each after the previous answer
+                        sock.sendall(_send(1000 + i, i % 4))
+                        answers += _answers(sock, 1)
+                return answers
+
             threading.Thread(target=slow_then_fast, daemon=True).start()
             first = await asyncio.to_thread(producer, 4, 0)
             assert {a.code for a in first} == {ResponseCode.SUCCESS}
-            second = await asyncio.to_thread(producer, 4, 100)
-            assert {a.code for a in second} == {ResponseCode.SUCCESS}
-            third = await asyncio.to_thread(producer, 4, 200)
-            assert {a.code for a in third} == {ResponseCode.SUCCESS}
+            rest = await asyncio.to_thread(one_by_one, INLINE_AFTER_FAST + 4)
+            assert {a.code for a in rest} == {ResponseCode.SUCCESS}
             threads, took = recorder.threads, recorder.took
             assert threads[0] == loop_thread and took[0] >= 0.09  # the first round: inline, slow
-            assert threads[1] != loop_thread  # the round after a slow flush: the flush thread's
-            for i in range(1, len(threads)):  # a round after a fast flush: inline again
-                if took[i - 1] < 0.05:
-                    assert threads[i] == loop_thread, (threads, took)
-            assert threads[-1] == loop_thread
+            # After the slow flush: the flush thread's, until INLINE_AFTER_FAST fast ones in a row.
+            assert all(name != loop_thread for name in threads[1 : 1 + INLINE_AFTER_FAST]), threads
+            assert threads[-1] == loop_thread, (threads, took)
 
     asyncio.run(scenario())

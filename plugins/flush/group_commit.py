@@ -18,8 +18,8 @@ handed in by the reaper.  Writer threads (tests, benches, the threaded clients) 
 before (a batch of one each) and may gather.
 
 *Inline rounds* (``inline_max_us``): when the kick finds no round in flight or waiting, the batch is
-small (:data:`INLINE_MAX_PUTS`) and the last flush took at most that long, it flushes the batch on
-the loop itself and answers at once, as
+small (:data:`INLINE_MAX_PUTS`) and the last :data:`INLINE_AFTER_FAST` flushes took at most that
+long each, it flushes the batch on the loop itself and answers at once, as
 Redis' ``appendfsync always`` does: no wake-up of the flush thread, no hop back into the loop.
 Whatever arrives meanwhile waits in the sockets and forms the next round, so the group commit
 still gathers under load; a slow flush (or a failed one) hands the rounds to the thread again.
@@ -51,6 +51,11 @@ GATHER_MIN_BATCH = 8
 #: the two wake-ups are most of a send's latency): a bigger round keeps the loop serving during its
 #: ``fdatasync`` (measured: inline rounds of 32 puts, or under closed-loop load, lost rate).
 INLINE_MAX_PUTS = 4
+#: ... and only after this many flushes in a row within ``inline_max_us``: a disk with a heavy
+#: tail (stalls between fast flushes) keeps its rounds on the thread, where the loop goes on
+#: putting what arrives during a stall (measured: inline rounds after the last flush alone lost
+#: latency on a disk shared with other jobs).
+INLINE_AFTER_FAST = 16
 
 
 def _positive(_inst: object, attribute: attrs.Attribute, value: int) -> None:
@@ -73,10 +78,10 @@ class SyncFlushOptions:
     batch_idle_us: int = attrs.field(default=100, validator=attrs.validators.ge(0))
     #: An event loop's round flushes on the loop itself, at its kick (no thread hop, no wake-up of
     #: the flush thread or of the loop), when no round is in flight or waiting, the round carries
-    #: at most 4 puts (a low rate) and the last flush took at most this long; else the flush
-    #: thread does it and the loop keeps serving meanwhile.
+    #: at most 4 puts (a low rate) and each of the last 16 flushes took at most this long; else
+    #: the flush thread does it and the loop keeps serving meanwhile.
     #: 0: always the flush thread.  The loop is blocked for that ``fdatasync``: a slower disk
-    #: (a flush above the bound) hands the rounds to the thread until a flush is fast again.
+    #: (a flush above the bound) hands the rounds to the thread until 16 in a row are fast again.
     inline_max_us: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
 
 
@@ -163,9 +168,10 @@ class GroupCommitFlush:
         #: Writer threads put since the last round began (only their rounds may gather).
         self._threaded = False
         #: Seconds the last flush round took (commit + fdatasync): bounds the inline rounds.
-        self._last_flush = 0.0
+        #: Flushes in a row that took at most ``inline_max_us`` (trusted at start; never with 0).
         inline_us = self.options.inline_max_us
-        self._inline_max = inline_us / 1e6 if inline_us > 0 else -1.0  # -1: never (0 > -1)
+        self._inline_max = inline_us / 1e6 if inline_us > 0 else -1.0  # -1: never
+        self._fast_streak = INLINE_AFTER_FAST if inline_us > 0 else 0
         #: Rounds flushed on an event loop at its kick (part of ``flush_rounds``).
         self.inline_rounds = 0
 
@@ -229,7 +235,7 @@ class GroupCommitFlush:
                 if (
                     self._pending
                     or self._inflight
-                    or self._last_flush > self._inline_max
+                    or self._fast_streak < INLINE_AFTER_FAST
                     or len(batch.futures) > INLINE_MAX_PUTS
                 ):
                     self._pending.append(batch)
@@ -255,7 +261,7 @@ class GroupCommitFlush:
             retry = self._flush_and_resolve(target, [batch], loop)
         except BaseException:
             retry = [batch]
-            self._last_flush = float("inf")
+            self._fast_streak = 0
             log.exception("inline flush failed")
         else:
             self.inline_rounds += 1
@@ -328,12 +334,12 @@ class GroupCommitFlush:
                 if flushed >= max_end:
                     break
             took = time.perf_counter() - started
-            self._last_flush = took
+            self._fast_streak = self._fast_streak + 1 if took <= self._inline_max else 0
             self.flush_rounds += 1
             self.flush_seconds.observe(took)
             self.batch_sizes.observe(requests)
         except Exception:
-            self._last_flush = float("inf")  # no inline round until a flush succeeds fast again
+            self._fast_streak = 0  # no inline round until flushes succeed fast again
             log.exception("flush failed")
         completions: list[SharedCompletion] = []
         if flushed >= max_end:
