@@ -243,7 +243,10 @@ class GroupCommitFlush:
                     self._cond.notify()
                     return
                 self._inflight = [batch]  # a round in flight: the next kicks hand theirs in
-        if not self._stop:
+                inline = True
+            else:
+                inline = False
+        if inline:
             self._inline(loop, batch)
             return
         target = self._target
@@ -259,11 +262,11 @@ class GroupCommitFlush:
         assert target is not None
         try:
             retry = self._flush_and_resolve(target, [batch], loop)
-        except BaseException:
+        except Exception:
             retry = [batch]
             self._fast_streak = 0
             log.exception("inline flush failed")
-        else:
+        if not retry:
             self.inline_rounds += 1
         with self._cond:
             self._inflight = []
