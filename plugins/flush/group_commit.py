@@ -18,7 +18,7 @@ handed in by the reaper.  Writer threads (tests, benches, the threaded clients) 
 before (a batch of one each) and may gather.
 
 *Inline rounds* (``inline_max_us``): when the kick finds no round in flight or waiting, the batch is
-small (:data:`INLINE_MAX_PUTS`) and the last :data:`INLINE_AFTER_FAST` flushes took at most that
+small (:data:`INLINE_MAX_PUTS`, :data:`INLINE_MAX_BYTES`) and the last :data:`INLINE_AFTER_FAST` flushes took at most that
 long each, it flushes the batch on the loop itself and answers at once, as
 Redis' ``appendfsync always`` does: no wake-up of the flush thread, no hop back into the loop.
 Whatever arrives meanwhile waits in the sockets and forms the next round, so the group commit
@@ -51,6 +51,9 @@ GATHER_MIN_BATCH = 8
 #: the two wake-ups are most of a send's latency): a bigger round keeps the loop serving during its
 #: ``fdatasync`` (measured: inline rounds of 32 puts, or under closed-loop load, lost rate).
 INLINE_MAX_PUTS = 4
+#: ... and at most this many bytes to flush (a batched send of 32 small messages is one put of
+#: ~7 KiB: a high rate, kept on the thread; four single 1 KiB sends are ~5 KiB).
+INLINE_MAX_BYTES = 6 << 10
 #: ... and only after this many flushes in a row within ``inline_max_us``: a disk with a heavy
 #: tail (stalls between fast flushes) keeps its rounds on the thread, where the loop goes on
 #: putting what arrives during a stall (measured: inline rounds after the last flush alone lost
@@ -78,7 +81,7 @@ class SyncFlushOptions:
     batch_idle_us: int = attrs.field(default=100, validator=attrs.validators.ge(0))
     #: An event loop's round flushes on the loop itself, at its kick (no thread hop, no wake-up of
     #: the flush thread or of the loop), when no round is in flight or waiting, the round carries
-    #: at most 4 puts (a low rate) and each of the last 16 flushes took at most this long; else
+    #: at most 4 puts and 6 KiB (a low rate) and each of the last 16 flushes took at most this long; else
     #: the flush thread does it and the loop keeps serving meanwhile.
     #: 0: always the flush thread.  The loop is blocked for that ``fdatasync``: a slower disk
     #: (a flush above the bound) hands the rounds to the thread until 16 in a row are fast again.
@@ -237,6 +240,7 @@ class GroupCommitFlush:
                     or self._inflight
                     or self._fast_streak < INLINE_AFTER_FAST
                     or len(batch.futures) > INLINE_MAX_PUTS
+                    or batch.end - self._target.flushed_where > INLINE_MAX_BYTES  # type: ignore[union-attr]
                 ):
                     self._pending.append(batch)
                     self._ready = True
