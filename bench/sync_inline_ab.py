@@ -4,7 +4,7 @@
 
 No broker, no client process, no socket: an mmap store with sync flush (and the hash index, as
 store_bench's latency case), driven from one asyncio loop as the broker puts its sends.  Per round
-and mode (A: inline rounds on, the default bound; B: ``inline_max_us = 0``, every round on the
+and mode (A: inline rounds on, ``--a-inline-us``, 1000 by default; B: ``inline_max_us = 0``, every round on the
 flush thread; the order swapped every round):
 
 * ``sync_latency``: single 1 KiB puts at ``--rate`` per second (open loop), each awaited as the
@@ -101,7 +101,7 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=2000.0)
     p.add_argument("--latency-seconds", type=float, default=5.0)
     p.add_argument("--writers-seconds", type=float, default=3.0, help="0: no 32-writer case")
-    p.add_argument("--a-inline-us", type=int, default=None, help="A's inline_max_us (default: the default)")
+    p.add_argument("--a-inline-us", type=int, default=1000, help="A's inline_max_us")
     args = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="tidemq-inline-ab-", dir=args.dir))
     rounds: list[dict[str, Any]] = []

@@ -81,11 +81,13 @@ class SyncFlushOptions:
     batch_idle_us: int = attrs.field(default=100, validator=attrs.validators.ge(0))
     #: An event loop's round flushes on the loop itself, at its kick (no thread hop, no wake-up of
     #: the flush thread or of the loop), when no round is in flight or waiting, the round carries
-    #: at most 4 puts and 6 KiB (a low rate) and each of the last 16 flushes took at most this long; else
-    #: the flush thread does it and the loop keeps serving meanwhile.
-    #: 0: always the flush thread.  The loop is blocked for that ``fdatasync``: a slower disk
-    #: (a flush above the bound) hands the rounds to the thread until 16 in a row are fast again.
-    inline_max_us: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
+    #: at most 4 puts and 6 KiB (a low rate) and each of the last 16 flushes took at most this
+    #: long; else the flush thread does it and the loop keeps serving meanwhile.  The loop is
+    #: blocked for that ``fdatasync``: a slower disk (a flush above the bound) hands the rounds to
+    #: the thread until 16 in a row are fast again.  0 (the default): always the flush thread; on
+    #: a disk whose flushes stall now and then a stall inline holds every connection of the loop
+    #: (docs/flush.md, "Inline rounds").  1000 suits a disk with steady fsyncs.
+    inline_max_us: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
 def _false() -> bool:
