@@ -269,3 +269,39 @@ def test_puts_of_one_round_awaited_by_coroutines_driven_outside_a_task() -> None
     finally:
         disk.gate.set()
         policy.shutdown()
+
+
+def test_low_rate_rounds_are_flushed_on_the_loop_without_a_wake_up_and_big_ones_on_the_thread() -> None:
+    """A lone put's round: flushed at the kick on the loop's thread, its waiter resumed with no
+    wake-up from another thread.  A round of more than ``INLINE_MAX_PUTS`` puts: the flush thread's."""
+    from tidemq_flush.group_commit import INLINE_MAX_PUTS
+
+    threads: list[str] = []
+
+    class Disk(CountingDisk):
+        def flush(self, least_pages: int = 0) -> int:
+            threads.append(threading.current_thread().name)
+            return super().flush(least_pages)
+
+    disk = Disk()
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000, inline_max_us=1_000_000))
+    policy.start(disk)
+    loop = CountingLoop()
+
+    async def rounds() -> list[str]:
+        out = [await resolved(_put(policy, disk)) for _ in range(10)]  # one put per round
+        big = [_put(policy, disk) for _ in range(INLINE_MAX_PUTS + 1)]  # one iteration: one round
+        return out + [await resolved(f) for f in big]
+
+    try:
+        wakes = loop.threadsafe_calls
+        results = loop.run_until_complete(rounds())
+        assert results == ["durable"] * (10 + INLINE_MAX_PUTS + 1)
+        assert threads[:10] == [threading.current_thread().name] * 10
+        assert policy.inline_rounds == 10
+        assert threads[10] == "group-commit"  # the big round
+        assert loop.threadsafe_calls - wakes == 1  # the big round's one hop back; none for the ten
+        assert disk.flushed_where == disk.written
+    finally:
+        loop.close()
+        policy.shutdown()
