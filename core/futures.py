@@ -12,6 +12,7 @@ one asyncio future per group, set once, and the resolving thread settles the fut
 (:func:`resolve_all`): no asyncio future, callback or hop per put.  Code that needs no task at all
 (the broker's send lane answering a whole round's sends in one pass) registers a callback on the
 group instead (:meth:`SharedCompletion.call_when_done`): it runs on the loop, in the same burst.
+A round flushed on the loop itself completes its groups there (:func:`complete_here`): no hop.
 """
 
 from __future__ import annotations
@@ -238,6 +239,36 @@ def complete_all(completions: list[SharedCompletion]) -> None:
                 post[1].extend(calls)
     for loop, (waiters, calls) in posts.items():
         _waker(loop).wake_many(waiters, calls)
+
+
+def complete_here(completions: list[SharedCompletion], loop: asyncio.AbstractEventLoop) -> None:
+    """:func:`complete_all` called on ``loop`` (a round flushed inline): the groups of ``loop``
+    complete now, their callbacks run before this returns and their waiting tasks are woken
+    with :meth:`asyncio.Future.set_result` (no hop, no write to the loop's self-pipe); groups
+    of other loops as :func:`complete_all`."""
+    others: list[SharedCompletion] = []
+    mine: list[tuple[asyncio.Future[None] | None, list[tuple[Callable[[Any], Any], Any]] | None]] = []
+    with _STATE_LOCK:
+        for completion in completions:
+            if completion.loop is not loop:
+                others.append(completion)
+                continue
+            if completion._done:
+                continue
+            completion._done = True
+            mine.append((completion._waiter, completion._calls))
+            completion._calls = None
+    for _waiter, calls in mine:
+        for fn, arg in calls or ():
+            try:
+                fn(arg)
+            except Exception:
+                log.exception("a shared completion's callback failed")
+    for waiter, _calls in mine:
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+    if others:
+        complete_all(others)
 
 
 def resolve_all(futures: list[Future[Any]], values: list[Any]) -> None:

@@ -113,9 +113,15 @@ class GatedFlush:
 
 
 @contextlib.asynccontextmanager
-async def sync_broker(tmp_path: Path, timeout_ms: int) -> AsyncIterator[tuple[Any, GatedFlush]]:
-    """A broker with sync flush and the request lanes, its topic made, its flush held by a gate."""
-    options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": {"timeout_ms": timeout_ms}}}
+async def sync_broker(
+    tmp_path: Path, timeout_ms: int, inline_max_us: int = 0
+) -> AsyncIterator[tuple[Any, GatedFlush]]:
+    """A broker with sync flush and the request lanes, its topic made, its flush held by a gate.
+
+    ``inline_max_us`` 0 (these tests' default): every round on the flush thread, so a held gate
+    holds the flush thread, not the test's loop (the inline rounds: ``test_flush_inline.py``)."""
+    sync = {"timeout_ms": timeout_ms, "inline_max_us": inline_max_us}
+    options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": sync}}
     async with running_broker(tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options) as broker:
         await _create_topic(broker)
         yield broker, GatedFlush(broker.store.commitlog)
@@ -245,7 +251,7 @@ def test_a_round_that_makes_several_loop_batches_durable_wakes_the_loop_once() -
     async def main() -> None:
         loop = asyncio.get_running_loop()
         disk = Disk()
-        policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=10_000))
+        policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=10_000, inline_max_us=0))
         policy.start(disk)
         try:
             _tasks, wakes = _counting(loop)

@@ -193,7 +193,7 @@ def test_a_round_costs_the_loop_one_future_and_one_wake_up_not_one_per_put() -> 
 
 def test_a_cancelled_waiter_does_not_cancel_the_others_of_its_round() -> None:
     disk = GatedDisk()
-    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000))
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000, inline_max_us=0))
     policy.start(disk)
 
     async def scenario() -> list[str]:
@@ -222,7 +222,7 @@ def test_a_cancelled_waiter_does_not_cancel_the_others_of_its_round() -> None:
 
 def test_a_round_that_times_out_wakes_its_waiters() -> None:
     disk = GatedDisk()
-    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=300))
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=300, inline_max_us=0))
     policy.start(disk)
 
     async def scenario() -> list[str]:
@@ -241,7 +241,7 @@ def test_puts_of_one_round_awaited_by_coroutines_driven_outside_a_task() -> None
     """The transport runs a request eagerly (``coro.send(None)``) up to its first wait and hands
     what it yielded to a Task later: two such requests waiting on one round must both work."""
     disk = GatedDisk()
-    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000))
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000, inline_max_us=0))
     policy.start(disk)
 
     async def finish(coro: Any, yielded: Any) -> Any:
@@ -268,4 +268,40 @@ def test_puts_of_one_round_awaited_by_coroutines_driven_outside_a_task() -> None
         assert asyncio.run(scenario()) == ["durable", "durable"]
     finally:
         disk.gate.set()
+        policy.shutdown()
+
+
+def test_low_rate_rounds_are_flushed_on_the_loop_without_a_wake_up_and_big_ones_on_the_thread() -> None:
+    """A lone put's round: flushed at the kick on the loop's thread, its waiter resumed with no
+    wake-up from another thread.  A round of more than ``INLINE_MAX_PUTS`` puts: the flush thread's."""
+    from tidemq_flush.group_commit import INLINE_MAX_PUTS
+
+    threads: list[str] = []
+
+    class Disk(CountingDisk):
+        def flush(self, least_pages: int = 0) -> int:
+            threads.append(threading.current_thread().name)
+            return super().flush(least_pages)
+
+    disk = Disk()
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000, inline_max_us=1_000_000))
+    policy.start(disk)
+    loop = CountingLoop()
+
+    async def rounds() -> list[str]:
+        out = [await resolved(_put(policy, disk)) for _ in range(10)]  # one put per round
+        big = [_put(policy, disk) for _ in range(INLINE_MAX_PUTS + 1)]  # one iteration: one round
+        return out + [await resolved(f) for f in big]
+
+    try:
+        wakes = loop.threadsafe_calls
+        results = loop.run_until_complete(rounds())
+        assert results == ["durable"] * (10 + INLINE_MAX_PUTS + 1)
+        assert threads[:10] == [threading.current_thread().name] * 10
+        assert policy.inline_rounds == 10
+        assert threads[10] == "group-commit"  # the big round
+        assert loop.threadsafe_calls - wakes == 1  # the big round's one hop back; none for the ten
+        assert disk.flushed_where == disk.written
+    finally:
+        loop.close()
         policy.shutdown()

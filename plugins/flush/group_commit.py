@@ -16,6 +16,13 @@ on one asyncio future per batch, so a put under sync flush costs no future, call
 of its own.  A batch whose kick never runs (its loop blocked in ``result()`` on its own put) is
 handed in by the reaper.  Writer threads (tests, benches, the threaded clients) wake it per put as
 before (a batch of one each) and may gather.
+
+*Inline rounds* (``inline_max_us``): when the kick finds no round in flight or waiting, the batch is
+small (:data:`INLINE_MAX_PUTS`, :data:`INLINE_MAX_BYTES`) and the last :data:`INLINE_AFTER_FAST` flushes took at most that
+long each, it flushes the batch on the loop itself and answers at once, as
+Redis' ``appendfsync always`` does: no wake-up of the flush thread, no hop back into the loop.
+Whatever arrives meanwhile waits in the sockets and forms the next round, so the group commit
+still gathers under load; a slow flush (or a failed one) hands the rounds to the thread again.
 """
 
 from __future__ import annotations
@@ -27,12 +34,12 @@ from asyncio import AbstractEventLoop
 from asyncio import _get_running_loop as running_loop
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, cast
 
 import attrs
 
 from tidemq.flush import Flushable
-from tidemq.futures import SharedCompletion, StoreFuture, complete_all, resolve_all
+from tidemq.futures import SharedCompletion, StoreFuture, complete_all, complete_here, resolve_all
 from tidemq.metrics import BATCH_BOUNDS, Buckets
 
 log = logging.getLogger(__name__)
@@ -40,6 +47,18 @@ log = logging.getLogger(__name__)
 #: A round whose predecessor flushed at least this many requests lets running writers join
 #: before it flushes (when ``batch_wait_us`` > 0); smaller ones flush what is waiting at once.
 GATHER_MIN_BATCH = 8
+#: A loop's round is flushed inline only when it carries at most this many puts (a low rate, where
+#: the two wake-ups are most of a send's latency): a bigger round keeps the loop serving during its
+#: ``fdatasync`` (measured: inline rounds of 32 puts, or under closed-loop load, lost rate).
+INLINE_MAX_PUTS = 4
+#: ... and at most this many bytes to flush (a batched send of 32 small messages is one put of
+#: ~7 KiB: a high rate, kept on the thread; four single 1 KiB sends are ~5 KiB).
+INLINE_MAX_BYTES = 6 << 10
+#: ... and only after this many flushes in a row within ``inline_max_us``: a disk with a heavy
+#: tail (stalls between fast flushes) keeps its rounds on the thread, where the loop goes on
+#: putting what arrives during a stall (measured: inline rounds after the last flush alone lost
+#: latency on a disk shared with other jobs).
+INLINE_AFTER_FAST = 16
 
 
 def _positive(_inst: object, attribute: attrs.Attribute, value: int) -> None:
@@ -60,6 +79,15 @@ class SyncFlushOptions:
     #: ... and the wait ends once no writer has joined for this long (a put takes tens of µs; one
     #: thread switch is not enough: a writer inside a GIL-releasing ``pwrite`` looks idle).
     batch_idle_us: int = attrs.field(default=100, validator=attrs.validators.ge(0))
+    #: An event loop's round flushes on the loop itself, at its kick (no thread hop, no wake-up of
+    #: the flush thread or of the loop), when no round is in flight or waiting, the round carries
+    #: at most 4 puts and 6 KiB (a low rate) and each of the last 16 flushes took at most this
+    #: long; else the flush thread does it and the loop keeps serving meanwhile.  The loop is
+    #: blocked for that ``fdatasync``: a slower disk (a flush above the bound) hands the rounds to
+    #: the thread until 16 in a row are fast again.  0 (the default): always the flush thread; on
+    #: a disk whose flushes stall now and then a stall inline holds every connection of the loop
+    #: (docs/flush.md, "Inline rounds").  1000 suits a disk with steady fsyncs.
+    inline_max_us: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
 def _false() -> bool:
@@ -144,6 +172,13 @@ class GroupCommitFlush:
         self._ready = False
         #: Writer threads put since the last round began (only their rounds may gather).
         self._threaded = False
+        #: Seconds the last flush round took (commit + fdatasync): bounds the inline rounds.
+        #: Flushes in a row that took at most ``inline_max_us`` (trusted at start; never with 0).
+        inline_us = self.options.inline_max_us
+        self._inline_max = inline_us / 1e6 if inline_us > 0 else -1.0  # -1: never
+        self._fast_streak = INLINE_AFTER_FAST if inline_us > 0 else 0
+        #: Rounds flushed on an event loop at its kick (part of ``flush_rounds``).
+        self.inline_rounds = 0
 
     def start(self, target: Flushable) -> None:
         self._target = target
@@ -192,22 +227,59 @@ class GroupCommitFlush:
                 loop.call_soon(self._kick, loop)
             open_batch.add(end_offset, fut, value, on_timeout)
             if type(fut) is StoreFuture:
-                fut.completion = open_batch.completion
+                cast(StoreFuture[Any], fut).completion = open_batch.completion
 
     def _kick(self, loop: AbstractEventLoop) -> None:
-        """On ``loop``, after the iteration whose puts scheduled it: hand their batch in."""
+        """On ``loop``, after the iteration whose puts scheduled it: flush their batch here when
+        nothing else is in flight and the disk is fast (:meth:`_inline`), else hand it in."""
         with self._lock:
             batch = self._open.pop(loop, None)
             if batch is None:  # the reaper handed it in already
                 return
             if not self._stop:
-                self._pending.append(batch)
-                self._ready = True
-                self._cond.notify()
-                return
+                if (
+                    self._pending
+                    or self._inflight
+                    or self._fast_streak < INLINE_AFTER_FAST
+                    or len(batch.futures) > INLINE_MAX_PUTS
+                    or batch.end - self._target.flushed_where > INLINE_MAX_BYTES  # type: ignore[union-attr]
+                ):
+                    self._pending.append(batch)
+                    self._ready = True
+                    self._cond.notify()
+                    return
+                self._inflight = [batch]  # a round in flight: the next kicks hand theirs in
+                inline = True
+            else:
+                inline = False
+        if inline:
+            self._inline(loop, batch)
+            return
         target = self._target
         assert target is not None
         batch.time_out(target.flushed_where)  # stopped: shutdown() flushed everything it could
+
+    def _inline(self, loop: AbstractEventLoop, batch: _Batch) -> None:
+        """The round of one loop batch, on the loop (Redis' ``appendfsync always``: fsync, then
+        reply): commit + ``fdatasync`` here, the puts resolved and their group completed at once,
+        its callbacks (the held reads' answers) run now.  A flush that fails or does not cover the
+        batch hands it to the flush thread, which retries until the batch's deadline."""
+        target = self._target
+        assert target is not None
+        try:
+            retry = self._flush_and_resolve(target, [batch], loop)
+        except Exception:
+            retry = [batch]
+            self._fast_streak = 0
+            log.exception("inline flush failed")
+        if not retry:
+            self.inline_rounds += 1
+        with self._cond:
+            self._inflight = []
+            if retry:
+                self._pending[:0] = retry
+                self._ready = True
+                self._cond.notify()
 
     def _run(self) -> None:
         """Flush whatever is waiting, resolve it, repeat.
@@ -252,8 +324,12 @@ class GroupCommitFlush:
             if retry:
                 time.sleep(0.001)  # the flush did not advance (it failed): do not spin
 
-    def _flush_and_resolve(self, target: Flushable, batches: list[_Batch]) -> list[_Batch]:
-        """One flush for ``batches``; resolves what it covered, returns the batches it did not."""
+    def _flush_and_resolve(
+        self, target: Flushable, batches: list[_Batch], here: AbstractEventLoop | None = None
+    ) -> list[_Batch]:
+        """One flush for ``batches``; resolves what it covered, returns the batches it did not.
+
+        ``here``: called on that loop (an inline round): its groups complete at once, no hop."""
         max_end = max(b.end for b in batches)
         requests = sum(len(b.futures) for b in batches)
         self._last_batch = requests
@@ -266,16 +342,22 @@ class GroupCommitFlush:
                 flushed = target.flush(0)
                 if flushed >= max_end:
                     break
+            took = time.perf_counter() - started
+            self._fast_streak = self._fast_streak + 1 if took <= self._inline_max else 0
             self.flush_rounds += 1
-            self.flush_seconds.observe(time.perf_counter() - started)
+            self.flush_seconds.observe(took)
             self.batch_sizes.observe(requests)
         except Exception:
+            self._fast_streak = 0  # no inline round until flushes succeed fast again
             log.exception("flush failed")
         completions: list[SharedCompletion] = []
         if flushed >= max_end:
             for batch in batches:
                 batch.resolve(completions)
-            complete_all(completions)  # one hop into the loop for the whole round
+            if here is not None:
+                complete_here(completions, here)  # on the loop: its callbacks run now
+            else:
+                complete_all(completions)  # one hop into the loop for the whole round
             return []
         now = time.monotonic()
         retry = []
@@ -286,7 +368,10 @@ class GroupCommitFlush:
                 batch.time_out(flushed)
             else:
                 retry.append(batch)
-        complete_all(completions)
+        if here is not None:
+            complete_here(completions, here)
+        else:
+            complete_all(completions)
         return retry
 
     def _gather(self) -> None:
