@@ -80,6 +80,7 @@ __all__ = [
     "SharedCompletion",
     "resolve_all",
     "complete_all",
+    "complete_here",
     "resume_eager",  # eager (the transports' handlers run before a Task)
     "KeyIndex",  # index
     "RecoverableIndex",
@@ -88,6 +89,7 @@ __all__ = [
     "IndexFileInfo",
     "IndexFileEntry",
     "Dispatcher",  # store
+    "BatchDispatcher",
     "MessageStore",
     "RawCommitLogStore",
     "StoreIntrospection",
@@ -218,7 +220,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     "tidemq.eager": ("resume_eager",),
     "tidemq.extensions": ("compiled_twin", "twins"),
     "tidemq.flush": ("Flushable", "FlushPolicy", "FlushStatistics", "SubmittingFlushPolicy"),
-    "tidemq.futures": ("SharedCompletion", "StoreFuture", "complete_all", "resolve_all"),
+    "tidemq.futures": ("SharedCompletion", "StoreFuture", "complete_all", "complete_here", "resolve_all"),
     "tidemq.broker.dedup": ("WindowRebuilding",),
     "tidemq.broker.lanes": ("lane_counts",),
     "tidemq.index": (
@@ -245,6 +247,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     ),
     "tidemq.store": (
         "ArrivalNotifier",
+        "BatchDispatcher",
         "Dispatcher",
         "DispatchRequest",
         "GetResult",
@@ -335,7 +338,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         tag_selection,
     )
     from tidemq.flush import Flushable, FlushPolicy, FlushStatistics, SubmittingFlushPolicy
-    from tidemq.futures import SharedCompletion, StoreFuture, complete_all, resolve_all
+    from tidemq.futures import SharedCompletion, StoreFuture, complete_all, complete_here, resolve_all
     from tidemq.index import (
         IndexBacklog,
         IndexFileEntry,
@@ -360,6 +363,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     )
     from tidemq.store import (
         ArrivalNotifier,
+        BatchDispatcher,
         Dispatcher,
         DispatchRequest,
         GetResult,
