@@ -69,20 +69,30 @@ def _java_order(key: str) -> bytes:
     return key.encode("utf-16-be", "surrogatepass")
 
 
+#: The signed keys in signing order, per tuple of a header's keys: a client writes the same
+#: names in the same order on every request, so the sort runs once per shape (bounded).
+_ORDERS: dict[tuple[str, ...], list[str]] = {}
+_ORDERS_MAX = 1024
+
+
+def _signed_order(keys: tuple[str, ...]) -> list[str]:
+    order = _ORDERS.get(keys)
+    if order is None:
+        if all(k.isascii() for k in keys):
+            order = sorted(keys)  # the usual case, where code-point order is Java's order
+        else:
+            order = sorted(keys, key=_java_order)
+        order = [k for k in order if k != SIGNATURE and k != UNIQUE_KEY_QUERY]
+        if len(_ORDERS) >= _ORDERS_MAX:
+            _ORDERS.clear()
+        _ORDERS[keys] = order
+    return order
+
+
 def signature_content(ext_fields: Mapping[str, str], body: bytes | None) -> bytes:
     """The bytes RocketMQ signs: sorted ext field values (no Signature) followed by the body."""
-    keys = list(ext_fields)
-    if all(k.isascii() for k in keys):
-        keys.sort()  # the usual case, where code-point order is Java's order: no key function
-    else:
-        keys.sort(key=_java_order)
     values = "".join(
-        [
-            v if type(v) is str else str(v)
-            for k in keys
-            if k != SIGNATURE and k != UNIQUE_KEY_QUERY
-            for v in (ext_fields[k],)
-        ]
+        [v if type(v) is str else str(v) for k in _signed_order(tuple(ext_fields)) for v in (ext_fields[k],)]
     )
     data = values.encode("utf-8")
     return data + body if body else data
@@ -114,12 +124,54 @@ def sign_request(
 
 def verify_signature(request: Any, secret_key: str) -> bool:
     """Whether the request's ``Signature`` matches its content under ``secret_key``."""
-    fields = request.ext_fields or {}
-    given = fields.get(SIGNATURE)
+    return verify_fields(request.ext_fields or {}, request.payload() or None, secret_key)
+
+
+def verify_fields(ext_fields: Mapping[str, Any], body: bytes | None, secret_key: str) -> bool:
+    """:func:`verify_signature` of a request's ext fields and body as they are (a request lane's
+    frame: no command object made)."""
+    given = ext_fields.get(SIGNATURE)
     if not given:
         return False
-    expected = calc_signature(signature_content(fields, request.payload() or None), secret_key)
+    expected = calc_signature(signature_content(ext_fields, body), secret_key)
     return hmac.compare_digest(expected.encode("ascii"), str(given).encode("utf-8", "replace"))
+
+
+# ---------------------------------------------------------------------------- request lanes
+@runtime_checkable
+class LaneAccessCheck(Protocol):
+    """An access validator's check of a request from what a compiled request lane already has
+    (issue 38): the code, the header's ext fields (``AccessKey``, ``Signature``... included), the
+    body and the peer, without a command object.  Optional: a validator offers it through
+    :class:`AccessLanes`; without one, every request goes the Python way (``validate``).
+
+    ``admits`` answers True only where ``validate`` of that request would return (allow); False
+    in any doubt (an unknown account, a refusal, a code or a field it does not read): the request
+    then goes the Python way, whose ``validate`` decides and words the refusal.  It changes
+    nothing a later ``validate`` sees (a reload of the rules it may do, as ``validate`` would).
+    """
+
+    #: What the broker's start-up log says of it.
+    description: str
+
+    def admits(self, code: int, ext_fields: Mapping[str, Any], body: bytes | None, remote_addr: str) -> bool:
+        """Whether ``validate`` would allow the request (True), or the Python way must decide (False).
+        Runs on the broker's event loop, per request."""
+
+
+@runtime_checkable
+class AccessLanes(Protocol):
+    """An access validator that offers a :class:`LaneAccessCheck` (asked once, at start)."""
+
+    def lane_check(self) -> LaneAccessCheck | None:
+        """The check, or None when this validator (or its configuration) has none."""
+
+
+def lane_access_check(validator: object) -> LaneAccessCheck | None:
+    """``validator``'s lane check, or None when it offers none (or there is no validator)."""
+    if validator is None or not isinstance(validator, AccessLanes):
+        return None
+    return validator.lane_check()
 
 
 # ---------------------------------------------------------------------------- RocketMQ 5 (gRPC)
