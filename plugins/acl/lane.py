@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tidemq.acl import ACCESS_KEY, verify_fields
+from tidemq.acl import ACCESS_KEY, SigningKey, signing_key, verify_fields
 from tidemq_acl.address import host_of
 from tidemq_acl.resources import HEADER_ONLY_FIELDS, ResourceParseError, needed_resources
 
@@ -31,9 +31,9 @@ if TYPE_CHECKING:
 
 #: Entries kept per cache before it starts over (peers, and accounts x codes x topics x groups).
 _CACHE_MAX = 4096
-#: A decision: (allowed by everything but the signature, the secret key to check it with, or
+#: A decision: (allowed by everything but the signature, the account's key to check it with, or
 #: None when the account's white address waives it).
-_Decision = tuple[bool, str | None]
+_Decision = tuple[bool, SigningKey | None]
 _REFUSED: _Decision = (False, None)
 
 
@@ -91,7 +91,16 @@ class PlainLaneCheck:
         access_key = ext_fields.get(ACCESS_KEY)
         if names is None or type(access_key) is not str:
             return False
-        key = (access_key, peer[0], code, *[ext_fields.get(name) for name in names])
+        if len(names) == 2:  # every code's: a topic and a group
+            key: tuple[Any, ...] = (
+                access_key,
+                peer[0],
+                code,
+                ext_fields.get(names[0]),
+                ext_fields.get(names[1]),
+            )
+        else:
+            key = (access_key, peer[0], code, *[ext_fields.get(name) for name in names])
         try:
             decision = self._decisions.get(key)
         except TypeError:  # a value that is no string (not from a wire header): validate's
@@ -101,10 +110,10 @@ class PlainLaneCheck:
             if len(self._decisions) >= _CACHE_MAX:
                 self._decisions.clear()
             self._decisions[key] = decision
-        allowed, secret = decision
+        allowed, signing = decision
         if not allowed:
             return False
-        return secret is None or verify_fields(ext_fields, body, secret)
+        return signing is None or verify_fields(ext_fields, body, signing)
 
     def _decide(
         self,
@@ -130,4 +139,4 @@ class PlainLaneCheck:
             return _REFUSED
         if validator.refusal(account, needed) is not None:
             return _REFUSED
-        return (True, None if account.white_address(host) else account.secret_key)
+        return (True, None if account.white_address(host) else signing_key(account.secret_key))
