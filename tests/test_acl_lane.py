@@ -444,4 +444,4 @@ def test_a_failing_lane_check_fails_closed() -> None:
     access = lanes.LaneAccess(Broken())
     assert access.admits(RequestCode.SEND_MESSAGE_V2, {}, None, "127.0.0.1:1") is False
     frames: list[Any] = [(RequestCode.SEND_MESSAGE_V2, 0, 0, 1, 0, None, {}, b"", 0)]
-    assert access.admitted(frames, 10, b"\0" * 10, "127.0.0.1:1") == ([], 0)
+    assert access.admits_all(frames, "127.0.0.1:1") is False

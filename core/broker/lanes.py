@@ -9,8 +9,8 @@ SendHandler`, which stays the reference and serves everything else):
 * no plugin listens to ``tidemq_before_send``/``tidemq_after_send`` (trace, audit: checked per run);
 * the access check is done: the broker runs it before, as for the handler; on the read's bytes
   (:meth:`SendLaneEntry.serve_read`) by the access validator's lane check (:class:`LaneAccess`),
-  per frame, and a frame it does not admit ends what the lane takes (it and the rest are decoded
-  and go the Python way, whose ``validate`` decides and answers);
+  per frame: a read with a frame it does not admit is decoded whole and goes the Python way,
+  whose ``validate`` decides and answers;
 * the broker is a master, and the topic is known, writable, a valid name, neither the default
   nor a retry topic;
 * no send of the run is a resend the duplicate window holds, nor repeats a key of the run
@@ -181,10 +181,8 @@ class SendLaneEntry:
         frames, end = take(data, max_frame)
         if not frames:
             return None
-        if access is not None:
-            frames, end = access.admitted(frames, end, data, conn.remote_address)
-            if not frames:
-                return None
+        if access is not None and not access.admits_all(frames, conn.remote_address):
+            return None  # decoded: validate decides each request the check did not admit
         settings = broker.settings
         sends = self._prepare_frames(  # type: ignore[misc]
             frames,
@@ -419,29 +417,20 @@ class LaneAccess:
         acl_counters["admitted" if ok else "to_python"] += 1
         return ok
 
-    def admitted(self, frames: list[Any], end: int, data: bytes, remote_addr: str) -> tuple[list[Any], int]:
-        """The leading frames of a read the check admits and where they end in ``data`` (the
-        frame lane's ``(code, .., ext_fields, body, ..)`` tuples, back to back from ``data[0]``):
-        all of them, or those before the first it does not admit."""
+    def admits_all(self, frames: list[Any], remote_addr: str) -> bool:
+        """Whether the check admits every frame of a read (the frame lane's ``(code, .., ext_fields,
+        body, ..)`` tuples).  False at the first it does not: the whole read then goes the Python
+        way, as it did before (its admitted sends still put together, refusals answered in place)."""
         admits = self._admits
-        i = 0
         try:
             for frame in frames:
                 if not admits(frame[0], frame[6] or {}, frame[7], remote_addr):
-                    break
-                i += 1
+                    return False  # counted where the Python way asks again, per request
         except Exception:
             log.exception("the access validator's lane check failed; the read goes to validate")
-            i = 0
-        acl_counters["admitted"] += i  # the rest is counted where the Python way asks again
-        if i == len(frames):
-            return frames, end
-        if i == 0:
-            return [], 0
-        at = 0
-        for _ in range(i):  # each frame: a 4-byte length, then that many bytes
-            at += 4 + int.from_bytes(data[at : at + 4], "big")
-        return frames[:i], at
+            return False
+        acl_counters["admitted"] += len(frames)
+        return True
 
 
 def lane_access(validator: object) -> LaneAccess | None:
