@@ -8,6 +8,9 @@
 ``tidemq_<plugin>`` entries (symlinks into a ``git worktree`` of the old commit, with its compiled
 modules built or copied in) import before this tree's, so B is the old code, A this one.
 
+``--acl both`` runs both brokers with the plain ACL (every request of the load clients signed,
+topics made by an admin account); ``--acl a`` only A (B without: what the ACL costs).
+
 Each round starts a fresh broker per configuration (A then B, order swapped every round so drift
 on a shared machine hits both) and drives it with the compare.py generators.  Prints JSON: each
 round's msgs/s, p50/p99 and CPU for A and B, and the median ratio A / B.  Use it for before/after
