@@ -8,6 +8,9 @@
 ``tidemq_<plugin>`` entries (symlinks into a ``git worktree`` of the old commit, with its compiled
 modules built or copied in) import before this tree's, so B is the old code, A this one.
 
+``--acl both`` runs both brokers with the plain ACL (every request of the load clients signed,
+topics made by an admin account); ``--acl a`` only A (B without: what the ACL costs).
+
 Each round starts a fresh broker per configuration (A then B, order swapped every round so drift
 on a shared machine hits both) and drives it with the compare.py generators.  Prints JSON: each
 round's msgs/s, p50/p99 and CPU for A and B, and the median ratio A / B.  Use it for before/after
@@ -31,8 +34,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_systems as systems  # noqa: E402
 from compare import Bench  # noqa: E402
 
+#: ``--acl``: the plain ACL on both brokers; the load clients sign as ``bench-ak`` (PUB|SUB on the
+#: bench topics), topics are made by ``bench-admin`` (tidemq admin reads $TIDEMQ_ACCESS_KEY).
+ACL = """\
+accounts:
+  - accessKey: bench-ak
+    secretKey: bench-secret
+    defaultTopicPerm: DENY
+    defaultGroupPerm: SUB
+    topicPerms:
+      - Bench1k=PUB|SUB
+      - Bench128=PUB|SUB
+  - accessKey: bench-admin
+    secretKey: bench-admin-secret
+    admin: true
+"""
+ACL_ENV = {
+    "TIDEMQ_BENCH_ACL": "bench-ak:bench-secret",
+    "TIDEMQ_ACCESS_KEY": "bench-admin",
+    "TIDEMQ_SECRET_KEY": "bench-admin-secret",
+}
 
-def one(work: Path, flush: str, toml: str, args: argparse.Namespace, tree: str = "") -> dict[str, Any]:
+
+def with_acl(work: Path, toml: str) -> str:
+    """``toml`` with the plain ACL turned on (its lines go into start_tidemq's ``[plugins]`` table)."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "plain_acl.yml").write_text(ACL)
+    return f'acl = "plain"\n[acl.plain]\nfile = "{work / "plain_acl.yml"}"\n{toml}'
+
+
+def one(
+    work: Path, flush: str, toml: str, args: argparse.Namespace, tree: str = "", acl: bool = False
+) -> dict[str, Any]:
+    if acl:
+        toml = with_acl(work, toml)
     saved = os.environ.get("PYTHONPATH")
     if tree:
         os.environ["PYTHONPATH"] = tree  # the broker child imports the old packages first
@@ -82,7 +117,15 @@ def main() -> None:
     p.add_argument("--inflight", type=int, default=64)
     p.add_argument("--latency-rate", type=float, default=2000.0, help="msgs/s of --workload latency_fixed")
     p.add_argument("--latency-seconds", type=float, default=10.0)
+    p.add_argument(
+        "--acl",
+        choices=["none", "both", "a"],
+        default="none",
+        help="the plain ACL on A and B (both) or on A only (a, B without: its cost); every request signed",
+    )
     args = p.parse_args()
+    if args.acl != "none":
+        os.environ.update(ACL_ENV)  # the load clients and tidemq admin are child processes
     work = Path(tempfile.mkdtemp(prefix="tidemq-ab-"))
     rounds = []
     try:
@@ -92,7 +135,8 @@ def main() -> None:
                 order.reverse()
             row: dict[str, Any] = {}
             for name, toml, tree in order:
-                row[name] = one(work / f"{name}{i}", args.flush, toml, args, tree)
+                acl = args.acl == "both" or (args.acl == "a" and name == "a")
+                row[name] = one(work / f"{name}{i}", args.flush, toml, args, tree, acl)
                 print(
                     f"[compare_ab] round {i} {name}: {row[name]['msgs_per_s']:.0f} msg/s,"
                     f" p99 {row[name].get('p99_us')} us",
@@ -112,6 +156,7 @@ def main() -> None:
             {
                 "workload": args.workload,
                 "flush": args.flush,
+                "acl": args.acl,
                 "a": args.a,
                 "b": args.b,
                 "b_tree": args.b_tree,

@@ -140,6 +140,9 @@ class TidemqConn(Conn):
             "m": "true" if self.batch > 1 else "false",
         }
         self.opaque = 0
+        #: ``access_key:secret_key`` in $TIDEMQ_BENCH_ACL (compare_ab.py --acl): every request signed.
+        acl = os.environ.get("TIDEMQ_BENCH_ACL", "")
+        self.account = tuple(acl.split(":", 1)) if acl else None
         #: Consumers await responses by opaque here instead of timing them.
         self.waiting: dict[int, asyncio.Future[Any]] | None = None
 
@@ -167,6 +170,10 @@ class TidemqConn(Conn):
             fields["i"] = f"WAIT\x01true\x02UNIQ_KEY\x01{self.prefix}{self.seq:08X}\x02"
         self.opaque += 1
         cmd = RemotingCommand(self.code, opaque=self.opaque, ext_fields=fields, body=self.body)
+        if self.account is not None:
+            from tidemq.acl import sign_request
+
+            sign_request(cmd, *self.account)
         self.sent_at[self.opaque] = time.perf_counter()
         self.transport.writelines(encode(cmd))
 
@@ -429,6 +436,10 @@ async def consume_tidemq(spec: dict[str, Any], rec: Recorder) -> None:
             }
             conn.opaque += 1
             cmd = RemotingCommand(RequestCode.PULL_MESSAGE, opaque=conn.opaque, ext_fields=fields)
+            if conn.account is not None:
+                from tidemq.acl import sign_request
+
+                sign_request(cmd, *conn.account)
             fut = loop.create_future()
             waiting[conn.opaque] = fut
             t0 = time.perf_counter()

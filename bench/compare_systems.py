@@ -384,7 +384,12 @@ def tidemq_max_offsets(server: Server, topic: str, queues: int) -> list[int]:
     from tidemq.remoting.codes import RequestCode
 
     async def run() -> list[int]:
-        client = AdminClient(server.extra["namesrv"])
+        credentials = None
+        if os.environ.get("TIDEMQ_ACCESS_KEY"):  # compare_ab.py --acl: the broker checks signatures
+            from tidemq.client.credentials import SessionCredentials
+
+            credentials = SessionCredentials(os.environ["TIDEMQ_ACCESS_KEY"], os.environ["TIDEMQ_SECRET_KEY"])
+        client = AdminClient(server.extra["namesrv"], credentials=credentials)
         try:
             out = []
             for q in range(queues):

@@ -119,8 +119,10 @@ __all__ = [
     "AllocateStrategy",  # allocate, select
     "QueueSelector",
     "AccessValidator",  # acl
+    "AccessLanes",
     "AllowAll",
     "CallValidator",
+    "LaneAccessCheck",
     "NotAuthenticated",
     "SignedCall",
     "MetricsExporter",  # metrics
@@ -169,9 +171,11 @@ __all__ = [
 _SOURCES: dict[str, tuple[str, ...]] = {
     "tidemq.acl": (
         "AccessDenied",
+        "AccessLanes",
         "AccessValidator",
         "AllowAll",
         "CallValidator",
+        "LaneAccessCheck",
         "NotAuthenticated",
         "SignedCall",
     ),
@@ -285,9 +289,11 @@ _LAZY = {name: module for module, names in _SOURCES.items() for name in names}
 if TYPE_CHECKING:  # the same names, for type checkers and editors
     from tidemq.acl import (
         AccessDenied,
+        AccessLanes,
         AccessValidator,
         AllowAll,
         CallValidator,
+        LaneAccessCheck,
         NotAuthenticated,
         SignedCall,
     )

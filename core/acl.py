@@ -14,9 +14,12 @@ Everything is UTF-8, as RocketMQ's ``SessionCredentials.CHARSET``.
 
 from __future__ import annotations
 
-import base64
+import binascii
+import functools
+import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+import operator
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -69,29 +72,93 @@ def _java_order(key: str) -> bytes:
     return key.encode("utf-16-be", "surrogatepass")
 
 
-def signature_content(ext_fields: Mapping[str, str], body: bytes | None) -> bytes:
+#: Per tuple of a header's keys, what reads its signed values in signing order: a client writes
+#: the same names in the same order on every request, so the sort runs once per shape (bounded).
+_ORDERS: dict[tuple[str, ...], Callable[[Mapping[str, Any]], tuple[Any, ...]]] = {}
+_ORDERS_MAX = 1024
+
+
+def _signed_values(keys: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    read = _ORDERS.get(keys)
+    if read is None:
+        if all(k.isascii() for k in keys):
+            order = sorted(keys)  # the usual case, where code-point order is Java's order
+        else:
+            order = sorted(keys, key=_java_order)
+        order = [k for k in order if k != SIGNATURE and k != UNIQUE_KEY_QUERY]
+        if len(order) > 1:
+            read = operator.itemgetter(*order)  # a tuple of the values, in C
+        else:
+            read = functools.partial(_values_of, tuple(order))
+        if len(_ORDERS) >= _ORDERS_MAX:
+            _ORDERS.clear()
+        _ORDERS[keys] = read
+    return read
+
+
+def _values_of(order: tuple[str, ...], fields: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(fields[k] for k in order)
+
+
+def signed_values(ext_fields: Mapping[str, Any]) -> bytes:
+    """The header part of what RocketMQ signs: the ext field values sorted by key (Java's order),
+    without ``Signature`` and ``_UNIQUE_KEY_QUERY``, as UTF-8."""
+    values = _signed_values(tuple(ext_fields))(ext_fields)
+    try:
+        text = "".join(values)
+    except TypeError:  # a value that is no string (a caller's int): its str(), as RocketMQ's
+        text = "".join([v if type(v) is str else str(v) for v in values])
+    return text.encode("utf-8")
+
+
+def signature_content(ext_fields: Mapping[str, Any], body: bytes | None) -> bytes:
     """The bytes RocketMQ signs: sorted ext field values (no Signature) followed by the body."""
-    keys = list(ext_fields)
-    if all(k.isascii() for k in keys):
-        keys.sort()  # the usual case, where code-point order is Java's order: no key function
-    else:
-        keys.sort(key=_java_order)
-    values = "".join(
-        [
-            v if type(v) is str else str(v)
-            for k in keys
-            if k != SIGNATURE and k != UNIQUE_KEY_QUERY
-            for v in (ext_fields[k],)
-        ]
-    )
-    data = values.encode("utf-8")
+    data = signed_values(ext_fields)
     return data + body if body else data
+
+
+class SigningKey:
+    """A secret key's HmacSHA1 (RFC 2104), its inner and outer hash states keyed once: what signs
+    and checks RocketMQ's signatures here (:func:`calc_signature`, :func:`verify_fields`)."""
+
+    __slots__ = ("_inner", "_outer")
+
+    def __init__(self, secret_key: str) -> None:
+        key = secret_key.encode("utf-8")
+        if len(key) > _SHA1_BLOCK:
+            key = hashlib.sha1(key).digest()
+        key = key.ljust(_SHA1_BLOCK, b"\0")
+        self._inner = hashlib.sha1(key.translate(_IPAD))
+        self._outer = hashlib.sha1(key.translate(_OPAD))
+
+    def digest(self, *parts: bytes) -> bytes:
+        """HmacSHA1 of the parts, one after the other (no joined copy)."""
+        inner = self._inner.copy()
+        for part in parts:
+            inner.update(part)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+    def signature(self, *parts: bytes) -> str:
+        """``base64(HmacSHA1(secret, parts))``: a request's ``Signature``."""
+        return binascii.b2a_base64(self.digest(*parts), newline=False).decode("ascii")
+
+
+_SHA1_BLOCK = 64
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
+
+
+@functools.lru_cache(maxsize=256)
+def signing_key(secret_key: str) -> SigningKey:
+    """The :class:`SigningKey` of ``secret_key`` (kept for the few keys a process signs with)."""
+    return SigningKey(secret_key)
 
 
 def calc_signature(content: bytes, secret_key: str) -> str:
     """``base64(HmacSHA1(secret_key, content))`` (RocketMQ's AclSigner, spas_sign in the C++ client)."""
-    digest = hmac.digest(secret_key.encode("utf-8"), content, "sha1")  # one-shot, in C
-    return base64.b64encode(digest).decode("ascii")
+    return signing_key(secret_key).signature(content)
 
 
 def sign_request(
@@ -114,12 +181,59 @@ def sign_request(
 
 def verify_signature(request: Any, secret_key: str) -> bool:
     """Whether the request's ``Signature`` matches its content under ``secret_key``."""
-    fields = request.ext_fields or {}
-    given = fields.get(SIGNATURE)
+    return verify_fields(request.ext_fields or {}, request.payload() or None, secret_key)
+
+
+def verify_fields(ext_fields: Mapping[str, Any], body: bytes | None, secret_key: str | SigningKey) -> bool:
+    """:func:`verify_signature` of a request's ext fields and body as they are (a request lane's
+    frame: no command object made)."""
+    given = ext_fields.get(SIGNATURE)
     if not given:
         return False
-    expected = calc_signature(signature_content(fields, request.payload() or None), secret_key)
-    return hmac.compare_digest(expected.encode("ascii"), str(given).encode("utf-8", "replace"))
+    key = secret_key if isinstance(secret_key, SigningKey) else signing_key(secret_key)
+    values = signed_values(ext_fields)
+    expected = key.digest(values, body) if body else key.digest(values)
+    return hmac.compare_digest(
+        binascii.b2a_base64(expected, newline=False),
+        given.encode("utf-8", "replace") if type(given) is str else str(given).encode("utf-8", "replace"),
+    )
+
+
+# ---------------------------------------------------------------------------- request lanes
+@runtime_checkable
+class LaneAccessCheck(Protocol):
+    """An access validator's check of a request from what a compiled request lane already has
+    (issue 38): the code, the header's ext fields (``AccessKey``, ``Signature``... included), the
+    body and the peer, without a command object.  Optional: a validator offers it through
+    :class:`AccessLanes`; without one, every request goes the Python way (``validate``).
+
+    ``admits`` answers True only where ``validate`` of that request would return (allow); False
+    in any doubt (an unknown account, a refusal, a code or a field it does not read): the request
+    then goes the Python way, whose ``validate`` decides and words the refusal.  It changes
+    nothing a later ``validate`` sees (a reload of the rules it may do, as ``validate`` would).
+    """
+
+    #: What the broker's start-up log says of it.
+    description: str
+
+    def admits(self, code: int, ext_fields: Mapping[str, Any], body: bytes | None, remote_addr: str) -> bool:
+        """Whether ``validate`` would allow the request (True), or the Python way must decide (False).
+        Runs on the broker's event loop, per request."""
+
+
+@runtime_checkable
+class AccessLanes(Protocol):
+    """An access validator that offers a :class:`LaneAccessCheck` (asked once, at start)."""
+
+    def lane_check(self) -> LaneAccessCheck | None:
+        """The check, or None when this validator (or its configuration) has none."""
+
+
+def lane_access_check(validator: object) -> LaneAccessCheck | None:
+    """``validator``'s lane check, or None when it offers none (or there is no validator)."""
+    if validator is None or not isinstance(validator, AccessLanes):
+        return None
+    return validator.lane_check()
 
 
 # ---------------------------------------------------------------------------- RocketMQ 5 (gRPC)

@@ -76,6 +76,10 @@ ALLOWED_INTERNAL: frozenset[tuple[str, str]] = frozenset(
         ("tidemq.acl", "ACCESS_KEY"),
         ("tidemq.acl", "SIGNATURE"),
         ("tidemq.acl", "verify_signature"),
+        # ... and checks them from a request lane's frame (issue 38) with the same HmacSHA1.
+        ("tidemq.acl", "verify_fields"),
+        ("tidemq.acl", "SigningKey"),
+        ("tidemq.acl", "signing_key"),
         # RocketMQ 5's signature (gRPC): the acl plugin checks what the v5 clients sign.
         ("tidemq.acl", "parse_v5_authorization"),
         ("tidemq.acl", "verify_v5_signature"),

@@ -42,6 +42,9 @@ cdef tuple LONG = (
     "properties", "reconsumeTimes", "maxReconsumeTimes", "flag", "bornTimestamp",
 )
 cdef int SEND_BATCH_MESSAGE = 320
+#: A signed request's names besides V2's (tidemq.acl): the handler's send_fields passes them
+#: through its renamed copy and never reads them, so a V2 header with them is still taken.
+cdef frozenset ACL_NAMES = frozenset(("AccessKey", "Signature", "SecurityToken", "OnsChannel"))
 #: Timer properties: a batch with one is parked by the Python handler.
 cdef tuple TIMERS = ("TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS")
 cdef int TRANSACTION_TYPE_MASK = 3 << 2
@@ -341,8 +344,9 @@ SHORT_AT[:] = [1, 2, 5, 6, 3, 4, 11, 10, 7, 8, -1, 9, 0]
 
 cdef inline bint _v2_fields(dict fields, PyObject **vals):
     """Whether every header name is one of V2's ``a``..``m`` (as ``send_fields`` reads them as
-    they are); ``vals`` then holds their values in ``SHORT``'s order (NULL: absent), borrowed.
-    One pass over the header instead of a lookup per field."""
+    they are) or a signed request's (``ACL_NAMES``, which it never reads); ``vals`` then holds
+    the V2 values in ``SHORT``'s order (NULL: absent), borrowed.  One pass over the header
+    instead of a lookup per field."""
     cdef Py_ssize_t pos = 0
     cdef PyObject *key
     cdef PyObject *value
@@ -352,7 +356,11 @@ cdef inline bint _v2_fields(dict fields, PyObject **vals):
     memset(vals, 0, 12 * sizeof(PyObject *))
     while PyDict_Next(fields, &pos, &key, &value):
         k = <object>key
-        if type(k) is not str or PyUnicode_GET_LENGTH(k) != 1:
+        if type(k) is not str:
+            return False
+        if PyUnicode_GET_LENGTH(k) != 1:
+            if k in ACL_NAMES:
+                continue
             return False
         ch = (<str>k)[0]
         if ch < u'a' or ch > u'm':

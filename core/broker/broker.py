@@ -15,7 +15,7 @@ from tidemq.broker.composition import BrokerFigures, build_parts
 from tidemq.broker.dedup_rebuild import attach_window
 from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
-from tidemq.broker.lanes import SendLaneEntry, send_lane_entry
+from tidemq.broker.lanes import SendLaneEntry, lane_access, send_lane_entry
 from tidemq.broker.roles import RoleFollower
 from tidemq.client.credentials import SessionCredentials, SigningRemoting
 from tidemq.config import Components, registered_address
@@ -89,6 +89,8 @@ class Broker:
         acl = components.acl
         #: The access validator (role ``acl``), None when access control is off.
         self.acl: AccessValidator | None = acl if acl is not None and acl.enforcing else None
+        #: Its check from a request's fields alone (issue 38), asked before ``validate``; None: none.
+        self.acl_lane = lane_access(self.acl)
         #: The metrics exporter (role ``metrics``), None when off; ``metrics_url`` once serving.
         self.metrics = components.metrics
         self.metrics_url = ""
@@ -468,6 +470,9 @@ class Broker:
         if acl is None:
             return None
         remote = conn.remote_address
+        fast = self.acl_lane
+        if fast is not None and fast.admits(request.code, request.ext_fields, request.payload(), remote):
+            return None
         try:
             acl.validate(request, remote)
             return None

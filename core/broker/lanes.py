@@ -7,7 +7,10 @@ SendHandler`, which stays the reference and serves everything else):
 
 * the codes' handler is the built-in send handler, none wrapped by a plugin (decided at start);
 * no plugin listens to ``tidemq_before_send``/``tidemq_after_send`` (trace, audit: checked per run);
-* the access check is done (the broker runs it before, as for the handler);
+* the access check is done: the broker runs it before, as for the handler; on the read's bytes
+  (:meth:`SendLaneEntry.serve_read`) by the access validator's lane check (:class:`LaneAccess`),
+  per frame: a read with a frame it does not admit is decoded whole and goes the Python way,
+  whose ``validate`` decides and answers;
 * the broker is a master, and the topic is known, writable, a valid name, neither the default
   nor a retry topic;
 * no send of the run is a resend the duplicate window holds, nor repeats a key of the run
@@ -39,15 +42,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from asyncio import _get_running_loop as running_loop
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
+from tidemq.acl import LaneAccessCheck, lane_access_check
 from tidemq.broker.headers import DEFAULT_TOPIC, RETRY_GROUP_TOPIC_PREFIX
 from tidemq.broker.processors.send import SendHandler, send_response
 from tidemq.broker.services.put import Send, settled_many
 from tidemq.broker.services.send import SendService, born_host
 from tidemq.context import BrokerContext
+from tidemq.extensions import DISABLE_VARIABLE
 from tidemq.futures import SharedCompletion
 from tidemq.message import Prop
 from tidemq.names import check_topic_name
@@ -73,6 +79,7 @@ class SendLaneEntry:
         "_broker",
         "_command_of",
         "_failed",
+        "_access",
         "_listened",
         "_prepare",
         "_prepare_frames",
@@ -109,6 +116,8 @@ class SendLaneEntry:
             self._answer = lane.answer_frames
             self._command_of = lane.command_of
         self._topics = broker.topics
+        #: The access validator's check of a frame (None: access control off, or no lane check).
+        self._access: LaneAccess | None = lane_access(broker.acl)
         self._valid: set[str] = set()
         self.description = lane.description
         #: Runs the lane prepared but left to the handler for the duplicate window (a resend).
@@ -164,11 +173,16 @@ class SendLaneEntry:
         """
         take = self._take
         broker = self._broker
-        if take is None or broker.acl is not None or self._listened() or not broker.is_master:
+        if take is None or self._listened() or not broker.is_master:
             return None
+        access = self._access
+        if access is None and broker.acl is not None:
+            return None  # a validator without a lane check: every request goes the Python way
         frames, end = take(data, max_frame)
         if not frames:
             return None
+        if access is not None and not access.admits_all(frames, conn.remote_address):
+            return None  # decoded: validate decides each request the check did not admit
         settings = broker.settings
         sends = self._prepare_frames(  # type: ignore[misc]
             frames,
@@ -377,6 +391,57 @@ class SendLaneEntry:
         return cfg.queue_count
 
 
+#: Requests the access validator's lane check admitted where they were (``admitted``), and those
+#: it left to the Python way's ``validate`` (``to_python``: refusals and any doubt).
+acl_counters = {"admitted": 0, "to_python": 0}
+
+
+class LaneAccess:
+    """The access validator's :class:`~tidemq.acl.LaneAccessCheck` as the broker takes it: the
+    check per request, counted (:data:`acl_counters`), failing closed (a check that raises leaves
+    the request to ``validate``)."""
+
+    __slots__ = ("_admits", "description")
+
+    def __init__(self, check: LaneAccessCheck) -> None:
+        self._admits = check.admits
+        self.description = check.description
+
+    def admits(self, code: int, ext_fields: Any, body: bytes | None, remote_addr: str) -> bool:
+        """Whether the validator would allow the request (True: no ``validate`` needed)."""
+        try:
+            ok = self._admits(code, ext_fields or {}, body, remote_addr)
+        except Exception:
+            log.exception("the access validator's lane check failed; the request goes to validate")
+            ok = False
+        acl_counters["admitted" if ok else "to_python"] += 1
+        return ok
+
+    def admits_all(self, frames: list[Any], remote_addr: str) -> bool:
+        """Whether the check admits every frame of a read (the frame lane's ``(code, .., ext_fields,
+        body, ..)`` tuples).  False at the first it does not: the whole read then goes the Python
+        way, as it did before (its admitted sends still put together, refusals answered in place)."""
+        admits = self._admits
+        try:
+            for frame in frames:
+                if not admits(frame[0], frame[6] or {}, frame[7], remote_addr):
+                    return False  # counted where the Python way asks again, per request
+        except Exception:
+            log.exception("the access validator's lane check failed; the read goes to validate")
+            return False
+        acl_counters["admitted"] += len(frames)
+        return True
+
+
+def lane_access(validator: object) -> LaneAccess | None:
+    """The broker's access validator's lane check, or None: access control off, a validator that
+    offers none, or ``TIDEMQ_NO_EXTENSIONS`` (every request then goes to ``validate``, the reference)."""
+    if validator is None or os.environ.get(DISABLE_VARIABLE, "") not in ("", "0"):
+        return None
+    check = lane_access_check(validator)
+    return LaneAccess(check) if check is not None else None
+
+
 #: ``failed(conn, request, exc)``: :meth:`Broker.failed`, the broker's one error mapping.
 Failed = Callable[[Connection, RemotingCommand, Exception], RemotingCommand]
 #: A read held for a flush round: its connection, frames, sends and which sends are settled.
@@ -409,7 +474,8 @@ def lane_counts() -> dict[str, int]:
     """The request lanes' counters in this process, read-only (issue 38; 0 for a lane not built):
     runs of sends the compiled prepare step served or refused to the Python handler, send frames
     the read lane took and reads it answered with compiled bytes, pulls the pull lane served or
-    declined.  GET_BROKER_RUNTIME_INFO (``lane*``) and the metrics exporter read them."""
+    declined, requests the access validator's lane check admitted or left to ``validate``.
+    GET_BROKER_RUNTIME_INFO (``lane*``) and the metrics exporter read them."""
     from tidemq.broker.pull_lane import counters as pulls
 
     try:
@@ -426,4 +492,6 @@ def lane_counts() -> dict[str, int]:
         "read_answers": frames[1],
         "pull_served": pulls["served"],
         "pull_to_python": pulls["declined"],
+        "acl_admitted": acl_counters["admitted"],
+        "acl_to_python": acl_counters["to_python"],
     }

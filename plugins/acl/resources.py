@@ -130,6 +130,18 @@ def _lock_batch(needed: dict[str, int], request: Any) -> None:
             needed[str(mq["topic"])] = SUB
 
 
+#: Codes whose needed resources :func:`needed_resources` reads from these header fields alone
+#: (no body, no stored message): what a request lane's access check keys its decisions by
+#: (:mod:`tidemq_acl.lane`).  Keep in step with the branches below (a test checks they read no other).
+HEADER_ONLY_FIELDS: dict[int, tuple[str, ...]] = {
+    RequestCode.SEND_MESSAGE: ("topic", "producerGroup"),
+    RequestCode.SEND_MESSAGE_V2: ("b", "a"),
+    RequestCode.SEND_BATCH_MESSAGE: ("b", "a"),
+    RequestCode.PULL_MESSAGE: ("topic", "consumerGroup"),
+    RequestCode.LITE_PULL_MESSAGE: ("topic", "consumerGroup"),
+}
+
+
 def needed_resources(request: Any, stored_topic: StoredTopic | None = None) -> dict[str, int]:
     """resource key -> permission the request needs (empty for requests on no resource).
 

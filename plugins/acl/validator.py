@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,9 @@ from tidemq.errors import CorruptDataError
 from tidemq.message import Prop, decode_message
 from tidemq.remoting.codes import RequestCode
 from tidemq.store import MessageStore
-from tidemq_acl.accounts import AclConfigError, PlainAcl, load_plain_acl
+from tidemq_acl.accounts import Account, AclConfigError, PlainAcl, load_plain_acl
 from tidemq_acl.address import host_of
+from tidemq_acl.lane import PlainLaneCheck
 from tidemq_acl.permission import ADMIN_CODES, ANY, PUB, SUB, check_permission, perm_name
 from tidemq_acl.resources import (
     STORED_MESSAGE_CODES,
@@ -199,8 +201,16 @@ class PlainAccessValidator:
             needed = needed_resources(request, self.stored_topic if self.store is not None else None)
         except ResourceParseError as exc:
             raise AccessDenied(f"{_code_name(code)}: {exc}", access_key) from None
+        refusal = self.refusal(account, needed)
+        if refusal is not None:
+            raise refusal
+
+    def refusal(self, account: Account, needed: Mapping[str, int]) -> AccessDenied | None:
+        """Why ``account`` may not have ``needed`` (resource -> permission), None when it may:
+        :meth:`validate`'s resource rule, which the lane check (:mod:`tidemq_acl.lane`) shares."""
         if not needed or (account.admin and not account.perms):
-            return  # an admin without resource rules may do anything (as RocketMQ)
+            return None  # an admin without resource rules may do anything (as RocketMQ)
+        access_key = account.access_key
         for resource, perm in needed.items():
             owned = account.perms.get(resource)
             default = owned is None
@@ -210,16 +220,21 @@ class PlainAccessValidator:
                 if not perm & bit or check_permission(bit, owned):
                     continue
                 if default:
-                    raise AccessDenied(
+                    return AccessDenied(
                         f"no default permission for {describe(resource)} (accessKey {access_key} "
                         f"needs {perm_name(perm)})",
                         access_key,
                     )
-                raise AccessDenied(
+                return AccessDenied(
                     f"no permission for {describe(resource)} (accessKey {access_key} has "
                     f"{perm_name(owned)}, needs {perm_name(perm)})",
                     access_key,
                 )
+        return None
+
+    def lane_check(self) -> PlainLaneCheck:
+        """:class:`tidemq.acl.AccessLanes`: this validator's check of a request lane's frames."""
+        return PlainLaneCheck(self)
 
     def validate_call(self, call: SignedCall, remote_addr: str) -> None:
         """A RocketMQ 5 client's call (the gRPC endpoint): the same accounts, white addresses and

@@ -258,6 +258,42 @@ def test_valid_credentials_produce_then_push_and_pull_consume(cluster: AclCompat
     assert "refused" not in cluster.broker_log()
 
 
+def _lane_figures(cluster: AclCompatCluster) -> dict[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-m", "tidemq", "admin", "brokerStatus", "-b", cluster.broker, "-n", cluster.namesrv]
+        + ["--access-key", "compat-admin", "--secret-key", "compat-admin-secret"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    figures = {}
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().startswith("lane") and value.strip().isdigit():
+            figures[key.strip()] = int(value.strip())
+    return figures
+
+
+def test_signed_sends_are_checked_by_the_lane_check_and_served_by_the_lane(cluster: AclCompatCluster) -> None:
+    """The client's signed SEND_MESSAGE requests (AccessKey, OnsChannel, Signature) are admitted
+    by the access validator's lane check and prepared by the compiled send lane (issue 38).
+
+    Its JSON headers carry numbers among the ext fields (``"queueId":0``), which the read lane
+    leaves to the decoder: they reach the lane as decoded commands, not as a read's bytes."""
+    before = _lane_figures(cluster)
+    if before.get("laneSendRunsServed") is None:
+        pytest.skip("the broker runs without the compiled lanes")
+    sent = cluster.run(
+        "produce", "--topic", "AclCompat", "--ak", "compat-ak", "--sk", "compat-secret", "--count", "5"
+    )
+    assert [r.get("status") for r in sent] == [0] * 5, sent
+    after = _lane_figures(cluster)
+    assert after["laneAclAdmitted"] - before["laneAclAdmitted"] >= 5
+    assert after["laneSendRunsServed"] - before["laneSendRunsServed"] >= 5
+    assert after["laneSendRunsToPython"] == before["laneSendRunsToPython"]
+
+
 def test_wrong_secret_is_refused(cluster: AclCompatCluster) -> None:
     sent = cluster.run(
         "produce", "--topic", "AclCompat", "--ak", "compat-ak", "--sk", "not-the-secret", "--count", "1"
