@@ -40,7 +40,9 @@ class _Cfg:
         self.attributes = attributes
 
 
-def measure(max_entries: int, repeats: int, chunk: int = 2000, hot: bool = False) -> dict[str, Any]:
+def measure(
+    max_entries: int, repeats: int, chunk: int = 2000, hot: bool = False, only: str | None = None
+) -> dict[str, Any]:
     window = DuplicateWindow(120, max_entries, 1 << 40)
     configs = {"On": _Cfg({}), "Off": _Cfg({"dedup.window.seconds": "0"})}
     counter = itertools.count()
@@ -60,7 +62,7 @@ def measure(max_entries: int, repeats: int, chunk: int = 2000, hot: bool = False
 
     runs: dict[str, list[float]] = {"On": [], "Off": []}
     for rep in range(repeats):
-        for topic in ("On", "Off") if rep % 2 else ("Off", "On"):
+        for topic in (only,) if only else ("On", "Off") if rep % 2 else ("Off", "On"):
             if hot:  # each batch made just before its calls (as a broker decodes it): wall time
                 spent = 0
                 for _ in range(chunk):
@@ -87,6 +89,8 @@ def measure(max_entries: int, repeats: int, chunk: int = 2000, hot: bool = False
         kept = sorted(values[len(values) // 3 :])
         return kept[len(kept) // 2]
 
+    if only:  # one side alone (under perf record: the on and off profiles differenced)
+        runs["Off" if only == "On" else "On"] = runs[only]
     on, off = median(runs["On"]), median(runs["Off"])
     return {
         "max_entries": max_entries,
@@ -109,10 +113,15 @@ def main() -> None:
         help="make each batch just before its calls (its messages in the cache, as a broker's "
         "freshly decoded ones) and time each call (perf_counter_ns, wall) instead of a chunk's CPU",
     )
+    p.add_argument(
+        "--only",
+        choices=["On", "Off"],
+        help="run one side alone (for `perf record`: profile On and Off apart and difference them)",
+    )
     args = p.parse_args()
     tune_gc()
     load = os.getloadavg()
-    results = [measure(m, args.repeats, hot=args.hot) for m in args.max_entries]
+    results = [measure(m, args.repeats, hot=args.hot, only=args.only) for m in args.max_entries]
     print(
         json.dumps(
             {

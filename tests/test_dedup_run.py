@@ -1,10 +1,11 @@
 """The duplicate window's run check (issue 37): ``DuplicateWindow.admit_run``, compiled
-(``_dedup_table.admit_run``) and its Python reference (``admit_run_py``), give the same verdicts
+(``_dedup_table.WindowFields.admit_run``: check, record, counters and eviction in one call) and its
+Python reference (``admit_run_py``), give the same verdicts
 and records: random runs of sends over a few topics and keys (resends, keys repeated in a batch
 or across a run, missing, empty and over-long keys, a topic without a window, one keyed on
 content, a bound the runs overflow), the clock moving (expired keys taken over), first copies
 stored or forgotten between runs, sends evicted past their deadline or over the bound (the
-compiled ``_dedup_table.trim`` against the Python ``_trim``).
+compiled eviction against the Python ``_trim``).
 """
 
 from __future__ import annotations
@@ -259,3 +260,35 @@ def test_the_windows_keys_are_read_from_a_messages_slot_or_its_attribute() -> No
         assert send.dedup is not None and list(send.dedup.hashes) == [key_hash(f"S{i}-{j}") for j in range(3)]
         again = Send("g", [make(f"S{i}-1")], True, None, 0, 1)
         assert not window.admit_run([again], CONFIGS.get)  # held: a resend
+
+
+def test_a_run_is_checked_counted_and_trimmed_in_one_compiled_call() -> None:
+    """The send lane's ``admit_run`` is the compiled ``WindowFields.admit_run``: the window's
+    counters and its eviction over the bound happen in that call, with no Python frame of the
+    window's (its Python ``_recorded``/``_trim`` are never called), and the bound holds."""
+
+    def not_called(*args: Any) -> None:
+        raise AssertionError("the run went through the window's Python code")
+
+    clock, compiled, reference = pair(8)
+    assert type(compiled).admit_run is dedup_table.WindowFields.admit_run
+    compiled._recorded = not_called
+    compiled._trim = not_called
+    runs = []
+    for r in range(6):
+        clock.now += 1
+        run: list[tuple[str, list[tuple[str | None, bytes]]]] = [
+            ("A", [(f"K{(3 * r + i) % 24:02d}", b"a") for i in range(3)])
+        ]
+        for window in (compiled, reference):
+            sends = build(run)
+            assert window.admit_run(sends, CONFIGS.get)
+            if window is compiled:
+                runs.append(sends)
+        assert compiled.entries <= 8 and (compiled.entries, compiled.nbytes, compiled.evicted) == (
+            reference.entries,
+            reference.nbytes,
+            reference.evicted,
+        )
+    assert compiled.evicted > 0
+    assert compiled.check("A", "K15") is runs[5][0].dedup and compiled.check("A", "K00") is None

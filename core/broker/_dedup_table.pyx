@@ -327,6 +327,17 @@ cdef class HashTable:
                 return i
             i = (i + 1) & self._mask
 
+    cdef inline Py_ssize_t _slot_for(self, uint64_t h) noexcept:
+        """The slot holding ``h``, or the empty slot that ends its probe (where it goes): one
+        probe for a check and its record."""
+        cdef Py_ssize_t i = <Py_ssize_t>(h & <uint64_t>self._mask)
+        cdef uint64_t x
+        while True:
+            x = self._slots[i].hash
+            if x == 0 or x == h:
+                return i
+            i = (i + 1) & self._mask
+
     cdef int _grow(self) except -1:
         cdef Slot* old = self._slots
         cdef void* old_map = self._map
@@ -525,6 +536,12 @@ def batch_keys(list msgs not None, str name not None, Py_ssize_t max_length):
     return keys, hashes, repeated
 
 
+cdef struct RunCounts:
+    Py_ssize_t keys  # keys recorded
+    Py_ssize_t recorded  # sends recorded
+    Py_ssize_t replaced  # expired keys they took over
+
+
 def admit_run(
     list sends not None,
     object topic_settings,
@@ -542,7 +559,8 @@ def admit_run(
     dict settings_cache=None,
 ):
     """The duplicate window over one run of prepared sends, in one call (issue 37): what
-    ``DuplicateWindow.admit_run_py`` does, in C loops.
+    ``DuplicateWindow.admit_run_py`` does, in C loops, without the window's counters and trim
+    (:meth:`WindowFields.admit_run` does those too, in the same call).
 
     Each send's keys (property ``name`` of its messages; ``send.msgs[0].topic`` its topic,
     ``topic_settings(topic, config_of(topic))`` its ``(seconds, keyed on content)``) are read and
@@ -562,21 +580,55 @@ def admit_run(
     read here first: a hit on the same config object is what ``topic_settings`` would return,
     without its Python call; a miss calls it.
     """
+    cdef RunCounts counts
+    cdef int verdict = _admit(
+        sends, topic_settings, None, config_of, tables, order, sent_type, window, now, max_entries,
+        per_key, per_send, name, max_length, settings_cache, &counts
+    )
+    if verdict == 0:
+        return None
+    if verdict == 1:
+        return False
+    return counts.keys, counts.recorded, counts.replaced, 0
+
+
+cdef int _admit(
+    list sends,
+    object topic_settings,
+    object settings_owner,
+    object config_of,
+    dict tables,
+    object order,
+    object sent_type,
+    object window,
+    double now,
+    Py_ssize_t max_entries,
+    Py_ssize_t per_key,
+    Py_ssize_t per_send,
+    str name,
+    Py_ssize_t max_length,
+    dict settings_cache,
+    RunCounts* counts,
+) except -1:
+    """:func:`admit_run`'s work: 2 (recorded, ``counts`` set), 0 (declined: a resend), 1 (the
+    reference's case).  ``settings_owner``: an object whose ``topic_settings`` is called on a
+    cache miss (when ``topic_settings`` is None: no bound method made per run)."""
     cdef Py_ssize_t nsends = len(sends)
     cdef Py_ssize_t i, j, n, at, total = 0
-    cdef list plan = [None] * nsends
-    cdef list topics = [None] * nsends
+    cdef list plan = None  # per send: its record (a SentFields, made in pass 1), or None
     cdef object last_topic = None
-    cdef object topic, msgs, send, key, found, sent, cfg, content
+    cdef object topic, msgs, send, key, found, cfg, content
     cdef SentFields fields
     cdef double seconds = 0.0
-    cdef array.array seconds_of = array.clone(_D, nsends, False)
     cdef HashTable table = None
     cdef array.array hashes
     cdef long long* data
     cdef uint64_t h
-    # Pass 1: the keys and their hashes; each slot prefetched for pass 2 (a full window's table
-    # is tens of MB: every key's probe is a cache miss, overlapped this way).
+    cdef PyObject* value
+    counts.keys = counts.recorded = counts.replaced = 0
+    # Pass 1: the keys and their hashes, each send's record made; each slot prefetched for
+    # pass 2 (a full window's table is tens of MB: every key's probe is a cache miss, overlapped
+    # this way).
     for i in range(nsends):
         send = sends[i]
         msgs = send.msgs
@@ -591,11 +643,14 @@ def admit_run(
                 seconds = (<tuple>found)[1]
                 content = (<tuple>found)[2]
             else:
-                found = topic_settings(topic, cfg)
+                if topic_settings is not None:
+                    found = topic_settings(topic, cfg)
+                else:
+                    found = settings_owner.topic_settings(topic, cfg)
                 seconds = found[0]
                 content = found[1]
             if seconds > 0 and content:
-                return False
+                return 1
             found = tables.get(topic)
             table = <HashTable>found if found is not None else None
             last_topic = topic
@@ -613,27 +668,33 @@ def admit_run(
                 table._prefetch(_slot_hash(data[j]))
         else:
             if n > max_entries:
-                return False  # a send the window cannot keep (a tiny bound): the reference's case
-            plan[i] = hashes
-            topics[i] = topic
-            seconds_of.data.as_doubles[i] = seconds
+                return 1  # a send the window cannot keep (a tiny bound): the reference's case
+            fields = SentFields.__new__(sent_type)  # no __init__ call: the fields set here
+            fields.window = window
+            fields.topic = last_topic  # (equal to this send's topic)
+            fields.hashes = hashes
+            fields.deadline = now + seconds
+            fields.send = send
+            fields.handle = None
+            if plan is None:
+                plan = [None] * nsends
+            plan[i] = fields
             total += n
     if total == 0:
-        return 0, 0, 0, 0
+        return 2
     # Pass 2: check and record each key in one probe.
     cdef Py_ssize_t keys = 0, recorded = 0, replaced = 0
     cdef list taken = None  # (table, hash, the expired Sent it replaced): restored on a decline
-    cdef Py_ssize_t done = 0
-    append = order.append
     last_topic = None
     table = None
     for i in range(nsends):
-        hashes_obj = plan[i]
-        if hashes_obj is None:
+        entry = plan[i]
+        if entry is None:
             continue
-        hashes = <array.array>hashes_obj
+        fields = <SentFields>entry
+        hashes = <array.array>fields.hashes
         n = Py_SIZE(hashes)
-        topic = topics[i]
+        topic = fields.topic
         if topic is not last_topic:
             found = tables.get(topic)
             if found is None:
@@ -641,41 +702,46 @@ def admit_run(
                 tables[topic] = found
             table = <HashTable>found
             last_topic = topic
-        fields = SentFields.__new__(sent_type)  # no __init__ call: the fields set here
-        fields.window = window
-        fields.topic = topic
-        fields.hashes = hashes
-        fields.deadline = now + seconds_of.data.as_doubles[i]
-        fields.send = sends[i]
-        fields.handle = None
-        sent = fields
         data = hashes.data.as_longlongs
         for j in range(n):
             h = _slot_hash(data[j])
-            at = table._find(h)
-            if at >= 0:
+            if (table._used + 1) * 2 > table._mask + 1:
+                table._grow()
+            at = table._slot_for(h)
+            if table._slots[at].hash == h:
                 old = <object>table._slots[at].value
                 if _deadline(old) > now:  # a resend, or a key twice in the run
-                    _undo(plan, topics, tables, i, j, sent, taken)
-                    return None
+                    _undo(plan, tables, i, j, taken)
+                    return 0
                 if taken is None:
                     taken = []
-                taken.append((table, h, old))  # an expired key, taken over
+                taken.append((table, h, old))  # an expired key, taken over (taken holds it)
                 replaced += 1
-            table._put(h, sent)
-        plan[i] = (hashes, sent)
+                value = table._slots[at].value
+                Py_INCREF(fields)
+                table._slots[at].value = <PyObject*>fields
+                Py_XDECREF(value)
+            else:
+                Py_INCREF(fields)
+                table._slots[at].hash = h
+                table._slots[at].value = <PyObject*>fields
+                table._used += 1
+    append = order.append
     for i in range(nsends):
         entry = plan[i]
         if entry is None:
             continue
-        fields = <SentFields>(<tuple>entry)[1]
-        n = Py_SIZE((<tuple>entry)[0])
+        fields = <SentFields>entry
+        n = Py_SIZE(fields.hashes)
         fields.nbytes = n * per_key + per_send
         append(fields)
         sends[i].dedup = fields
         keys += n
         recorded += 1
-    return keys, recorded, replaced, 0
+    counts.keys = keys
+    counts.recorded = recorded
+    counts.replaced = replaced
+    return 2
 
 
 cdef inline double _deadline(object sent) except? -1.0:
@@ -701,6 +767,23 @@ def trim(
     left empty leaves ``tables``).  Returns ``(entries, nbytes, evicted)``: the counts after, and
     how many sends left before their deadline."""
     cdef Py_ssize_t evicted = 0
+    _trim(order, tables, now, max_entries, max_bytes, &entries, &nbytes, per_key, per_send, &evicted)
+    return entries, nbytes, evicted
+
+
+cdef int _trim(
+    object order,
+    dict tables,
+    double now,
+    Py_ssize_t max_entries,
+    Py_ssize_t max_bytes,
+    Py_ssize_t* entries,
+    Py_ssize_t* nbytes,
+    Py_ssize_t per_key,
+    Py_ssize_t per_send,
+    Py_ssize_t* evicted,
+) except -1:
+    """:func:`trim`'s work, on the counts in place."""
     cdef Py_ssize_t removed
     cdef SentFields sent
     cdef HashTable table
@@ -710,11 +793,11 @@ def trim(
         if not isinstance(first, SentFields):
             raise TypeError(f"the window's order holds a {type(first).__name__}")
         sent = <SentFields>first
-        if not (sent.deadline <= now or entries > max_entries or nbytes > max_bytes):
+        if not (sent.deadline <= now or entries[0] > max_entries or nbytes[0] > max_bytes):
             break
         popleft()
         if sent.deadline > now:
-            evicted += 1
+            evicted[0] += 1
         if not sent.live:
             continue  # forgotten earlier (not stored): its keys left then
         sent.live = False
@@ -725,18 +808,92 @@ def trim(
             removed = table._remove_many(sent.hashes, sent)
             if table._used == 0:
                 del tables[sent.topic]
-        entries -= removed
-        nbytes -= removed * per_key + per_send
-    return entries, nbytes, evicted
+        entries[0] -= removed
+        nbytes[0] -= removed * per_key + per_send
+    return 0
 
 
-cdef int _undo(
-    list plan, list topics, dict tables, Py_ssize_t upto, Py_ssize_t upto_key, object current, list taken
-) except -1:
+cdef class WindowFields:
+    """The duplicate window's counters and the settings its run check reads
+    (:class:`tidemq.broker.dedup.DuplicateWindow` adds the rest), typed, so that
+    :meth:`admit_run`, the send lane's call per run, is one compiled call: the run checked and
+    recorded, the counters updated and the oldest sends evicted, with no Python frame between."""
+
+    cdef public Py_ssize_t entries
+    cdef public Py_ssize_t nbytes
+    cdef public Py_ssize_t evicted
+    cdef public Py_ssize_t max_entries
+    cdef public Py_ssize_t max_bytes
+    cdef public dict _topics
+    cdef public object _order
+    cdef public dict _topic_windows
+    cdef public object _clock
+    cdef public object epoch_source
+    cdef public object _rebuilding
+    #: Not None: runs are checked by the compiled code (None: ``admit_run_py``, the reference).
+    cdef public object _compiled_run
+    cdef public object _compiled_trim
+    cdef object _sent_type
+    cdef Py_ssize_t _per_key
+    cdef Py_ssize_t _per_send
+    cdef str _key_name
+    cdef Py_ssize_t _max_key_length
+
+    def configure_run(self, sent_type, Py_ssize_t per_key, Py_ssize_t per_send, str name not None,
+                      Py_ssize_t max_length):
+        """The record type and constants the compiled run uses (set once, at the window's start)."""
+        self._sent_type = sent_type
+        self._per_key = per_key
+        self._per_send = per_send
+        self._key_name = name
+        self._max_key_length = max_length
+
+    def admit_run(self, sends, config_of):
+        """The window over a run of prepared sends (the compiled send lane's), as the handler's
+        ``prepare``/``prepare_batch`` use it: False (nothing recorded: the handler serves the
+        run) when a send is a resend the window holds or repeats a key of the run; else True,
+        every send whose messages all have a usable key recorded (``send.dedup``), pending until
+        stored.  ``config_of(topic)``: the topic's config (for ``topic_settings``).
+
+        Checked, recorded, counted and trimmed in this one compiled call; ``admit_run_py`` is the
+        reference, and serves runs to a topic keyed on content.  False while a rebuild runs."""
+        cdef RunCounts c
+        cdef int verdict
+        if self.epoch_source is not None:
+            self._follow_epoch()
+        if self._rebuilding is not None:
+            return False  # the handler waits for it (serving, wait_rebuilt)
+        cdef double now = self._clock()
+        if self._compiled_run is None or type(sends) is not list or self._sent_type is None:
+            return self.admit_run_py(sends, config_of, now)
+        verdict = _admit(
+            <list>sends, None, self, config_of, self._topics, self._order, self._sent_type, self,
+            now, self.max_entries, self._per_key, self._per_send, self._key_name,
+            self._max_key_length, self._topic_windows, &c
+        )
+        if verdict == 0:
+            return False
+        if verdict == 1:
+            return self.admit_run_py(sends, config_of, now)
+        self.entries += c.keys - c.replaced
+        self.nbytes += (c.keys - c.replaced) * self._per_key + c.recorded * self._per_send
+        order = self._order
+        if len(order) == 0:
+            return True
+        first = order[0]
+        if (self.entries > self.max_entries or self.nbytes > self.max_bytes
+                or _deadline(first) <= now):
+            _trim(order, self._topics, now, self.max_entries, self.max_bytes, &self.entries,
+                  &self.nbytes, self._per_key, self._per_send, &self.evicted)
+        return True
+
+
+cdef int _undo(list plan, dict tables, Py_ssize_t upto, Py_ssize_t upto_key, list taken) except -1:
     """Pass 2 declined at send ``upto``'s key ``upto_key``: remove what it recorded before, and
     put back the expired keys it took over."""
     cdef Py_ssize_t i, j, n, at
     cdef HashTable table
+    cdef SentFields sent
     cdef array.array hashes
     cdef PyObject* value
     cdef uint64_t h
@@ -744,15 +901,10 @@ cdef int _undo(
         entry = plan[i]
         if entry is None:
             continue
-        if i < upto:
-            hashes = <array.array>(<tuple>entry)[0]
-            sent = (<tuple>entry)[1]
-            n = Py_SIZE(hashes)
-        else:
-            hashes = <array.array>entry  # the declining send: its keys before upto_key
-            sent = current
-            n = upto_key
-        table = <HashTable>tables[topics[i]]
+        sent = <SentFields>entry
+        hashes = <array.array>sent.hashes
+        n = Py_SIZE(hashes) if i < upto else upto_key  # the declining send: its keys before upto_key
+        table = <HashTable>tables[sent.topic]
         for j in range(n):
             h = _slot_hash(hashes.data.as_longlongs[j])
             at = table._find(h)

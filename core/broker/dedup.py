@@ -50,7 +50,7 @@ from tidemq.broker.dedup_keys import (
     topic_attribute,
 )
 from tidemq.broker.dedup_sent import Duplicate, Sent
-from tidemq.broker.dedup_table import HashTable, batch_keys, hashes_of, key_hash
+from tidemq.broker.dedup_table import HashTable, WindowFields, batch_keys, hashes_of, key_hash
 from tidemq.errors import TidemqError
 from tidemq.message import body_crc, decode_message_id
 
@@ -91,8 +91,12 @@ class WindowRebuilding(TidemqError):
     (:meth:`DuplicateWindow.serving`, :meth:`DuplicateWindow.wait_rebuilt`)."""
 
 
-class DuplicateWindow:
-    """Per topic, each stored message's UNIQ_KEY with the :class:`Sent` that stored it."""
+class DuplicateWindow(WindowFields):
+    """Per topic, each stored message's UNIQ_KEY with the :class:`Sent` that stored it.
+
+    Its counters, tables and settings are :class:`~tidemq.broker.dedup_table.WindowFields`'s
+    (compiled when built): :meth:`admit_run`, the send lane's call per run, is the base's, one
+    compiled call that checks, records, counts and trims; :meth:`admit_run_py` is its reference."""
 
     def __init__(
         self,
@@ -138,6 +142,7 @@ class DuplicateWindow:
         #: The compiled run check (None: the Python reference), on compiled tables only.
         self._compiled_run = dedup_table.admit_run if HashTable is dedup_table.CompiledHashTable else None
         self._compiled_trim = dedup_table.trim if self._compiled_run is not None else None
+        self.configure_run(Sent, PER_KEY_BYTES, PER_SEND_BYTES, UNIQ_KEY, MAX_KEY_LENGTH)
 
     # ------------------------------------------------------------------ settings
     def topic_window(self, topic: str, cfg: object) -> float:
@@ -217,48 +222,6 @@ class DuplicateWindow:
         sent = Sent(self, topic, hashes, now + window_s, send)
         self._add(sent, n, now)
         return sent
-
-    def admit_run(self, sends: Sequence[Send], config_of: Callable[[str], object]) -> bool:
-        """The window over a run of prepared sends (the compiled send lane's), as the handler's
-        ``prepare``/``prepare_batch`` use it: False (nothing recorded: the handler serves the
-        run) when a send is a resend the window holds or repeats a key of the run; else True,
-        every send whose messages all have a usable key recorded (``send.dedup``), pending until
-        stored.  ``config_of(topic)``: the topic's config (for :meth:`topic_settings`).
-
-        One compiled call (``_dedup_table.admit_run``) when built; :meth:`admit_run_py` is the
-        reference, and serves runs to a topic keyed on content.  False while a rebuild runs."""
-        if self.epoch_source is not None:
-            self._follow_epoch()
-        if self._rebuilding is not None:
-            return False  # the handler waits for it (serving, wait_rebuilt)
-        now = self._clock()
-        run = self._compiled_run
-        if run is None:
-            return self.admit_run_py(sends, config_of, now)
-
-        done = run(
-            sends,
-            self.topic_settings,
-            config_of,
-            self._topics,
-            self._order,
-            Sent,
-            self,
-            now,
-            self.max_entries,
-            PER_KEY_BYTES,
-            PER_SEND_BYTES,
-            UNIQ_KEY,
-            MAX_KEY_LENGTH,
-            self._topic_windows,  # topic_settings' cache, read in C (its Python call on a miss)
-        )
-        if done is None:
-            return False
-        if done is False:
-            return self.admit_run_py(sends, config_of, now)
-        keys, recorded, replaced, too_large = done
-        self._recorded(keys, recorded, replaced, too_large, now)
-        return True
 
     def admit_run_py(self, sends: Sequence[Send], config_of: Callable[[str], object], now: float) -> bool:
         """:meth:`admit_run`'s Python reference (the compiled one gives the same verdicts and

@@ -24,6 +24,7 @@ __all__ = [
     "CompiledHashTable",
     "HashTable",
     "SentFields",
+    "WindowFields",
     "admit_run",
     "batch_keys",
     "hashes_of",
@@ -87,6 +88,23 @@ class _PySentFields:
 #: FLUSH_DISK_TIMEOUT, SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT.  As plain codes: this module is
 #: imported by :mod:`tidemq.broker.services.send`, so it imports nothing of that package.
 STORED_CODES = frozenset((0, 10, 11, 12))
+
+
+class _PyWindowFields:
+    """The Python reference of the compiled ``WindowFields``: the window's run check as
+    ``DuplicateWindow.admit_run_py`` (``tidemq.broker.dedup.DuplicateWindow`` adds the rest)."""
+
+    def configure_run(self, sent_type: Any, per_key: int, per_send: int, name: str, max_length: int) -> None:
+        """The compiled run's record type and constants (the reference reads its own)."""
+
+    def admit_run(self, sends: Any, config_of: Callable[[str], object]) -> bool:
+        """See ``DuplicateWindow.admit_run_py``; False while a rebuild runs."""
+        window: Any = self
+        if window.epoch_source is not None:
+            window._follow_epoch()
+        if window._rebuilding is not None:
+            return False
+        return bool(window.admit_run_py(sends, config_of, window._clock()))
 
 
 class _PyHashTable:
@@ -227,6 +245,7 @@ _compiled = compiled_twin("tidemq.broker._dedup_table")
 if _compiled is None:  # not built, or TIDEMQ_NO_EXTENSIONS=1: the Python reference
     HashTable: Any = _PyHashTable
     SentFields: Any = _PySentFields
+    WindowFields: Any = _PyWindowFields
     batch_keys = _py_batch_keys
     key_hash = hash
     hashes_of = _py_hashes_of
@@ -238,6 +257,7 @@ if _compiled is None:  # not built, or TIDEMQ_NO_EXTENSIONS=1: the Python refere
 else:
     HashTable = _compiled.HashTable
     SentFields = _compiled.SentFields
+    WindowFields = _compiled.WindowFields
     batch_keys = _compiled.batch_keys
     key_hash = _compiled.key_hash
     hashes_of = _compiled.hashes_of
