@@ -62,7 +62,20 @@ accounts:
   - accessKey: admin-ak
     secretKey: admin-secret
     admin: true
+  - accessKey: compat-ak
+    secretKey: compat-secret
+    defaultTopicPerm: DENY
+    defaultGroupPerm: DENY
+    topicPerms:
+      - AclCompat=PUB|SUB
+    groupPerms:
+      - ACL_COMPAT_PG=PUB
 """
+#: SEND_MESSAGE frames rocketmq==0.4.4 wrote with session credentials (compat-ak / compat-secret,
+#: OnsChannel ALIYUN) to topic AclCompat, recorded through a TCP proxy: unlike its unsigned sends
+#: (``RECORDED``), its JSON headers carry numbers among the ext fields (``"queueId":0``), keys in
+#: order, and end in a newline.
+SIGNED_RECORDED = Path(__file__).parent / "data" / "official_client_signed_sends.bin"
 PRODUCER = ("producer-ak", "producer-secret")
 _KEYS = itertools.count(1)
 
@@ -108,7 +121,7 @@ class AclTrio(Pair):
 def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclTrio]:
     pair = AclTrio(tmp_path_factory.mktemp("acllane"))
     try:
-        for topic in (TOPIC, "Denied", "Other"):
+        for topic in (TOPIC, "Denied", "Other", "AclCompat"):
             create = signed(
                 RequestCode.UPDATE_AND_CREATE_TOPIC,
                 stringify_fields({"topic": topic, "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}),
@@ -230,6 +243,31 @@ def test_official_client_sends_signed_as_the_cpp_client_signs(trio: AclTrio) -> 
         got = assert_alike(trio, reqs, pipelined)
         assert set(codes(got)) == {ResponseCode.SUCCESS}
     assert frame_module.frame_counts()[0] - taken == 2 * len(recorded)
+
+
+def _frames(data: bytes) -> list[bytes]:
+    out = []
+    while data:
+        end = 4 + int.from_bytes(data[:4], "big")
+        out.append(data[:end])
+        data = data[end:]
+    return out
+
+
+def test_the_official_clients_own_signed_frames_take_the_read_lane(trio: AclTrio) -> None:
+    """The signed frames as rocketmq-client-cpp wrote them, not re-encoded: numbers among the ext
+    fields went the decoder's way before (frames taken: 0); now the read lane takes them, and the
+    answers and the commit log are the decoded path's and the Python way's."""
+    frames = _frames(SIGNED_RECORDED.read_bytes())
+    assert b'"queueId":0' in frames[0] and b'"version":63}\nsigned-0' in frames[0]
+    taken, _ = frame_module.frame_counts()
+    got = trio.raw_exchange(frames, True)
+    assert got["lane"] == got["decoded"] == got["python"]
+    assert trio.commit_log("lane") == trio.commit_log("decoded") == trio.commit_log("python")
+    assert set(codes(got["lane"])) == {ResponseCode.SUCCESS}
+    assert frame_module.frame_counts()[0] - taken == len(frames)
+    again = trio.raw_exchange(frames, False)  # resends: answered from the duplicate window alike
+    assert again["lane"] == again["decoded"] == again["python"]
 
 
 def test_a_binary_header_and_a_security_token_are_checked_alike(trio: AclTrio) -> None:

@@ -60,8 +60,8 @@ def _json_frame(header: bytes, body: bytes = b"") -> bytes:
 ODD_HEADERS = [
     b'{"code":"310","opaque":1,"flag":0,"extFields":{}}',
     b'{"code":310,"opaque":"1","flag":0,"extFields":{}}',
-    b'{"code":310,"opaque":1,"flag":0,"extFields":{"a":1}}',
     b'{"code":310,"opaque":1,"flag":0,"extFields":null}',
+    b'{"code":310,"opaque":1,"flag":0,"extFields":{"b":"T","x":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}}',
     b'{"code":310,"opaque":1,"flag":0}',
     b'{"code":310,"opaque":1,"flag":0,"language":3,"extFields":{}}',
     b'{"code":310,"opaque":1,"flag":0,"remark":5,"extFields":{}}',
@@ -113,6 +113,11 @@ TAKEN_HEADERS = [
     b'{"code":310,"opaque":1,"flag":0,"extFields":{"b":"T"},"extFields":{"b":"U"}}',
     b'{"code":310,"extFields":{"b":"T"}}',
     b'{"extFields":{"b":"T"},"code":320,"language":"","remark":"\\u00e9","version":-1}',
+    # values other than strings (rocketmq-client-cpp writes numbers when it signs a request):
+    # made strings as the decoder makes them
+    b'{"code":310,"opaque":1,"flag":0,"extFields":{"a":1}}',
+    b'{"code":10,"extFields":{"queueId":0,"flag":-3,"sysFlag":0,"topic":"T"},"flag":0,"opaque":1}\n',
+    b'{"code":310,"extFields":{"k":true,"m":false,"n":null,"f":1.5,"e":1e300,"o":{"x":[1,"y"]}}}',
 ]
 
 

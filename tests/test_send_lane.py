@@ -121,7 +121,9 @@ class Pair:
             ]
         return out
 
-    def raw_exchange(self, requests: list[RemotingCommand], pipelined: bool) -> dict[str, list[bytes]]:
+    def raw_exchange(
+        self, requests: list[RemotingCommand] | list[bytes], pipelined: bool
+    ) -> dict[str, list[bytes]]:
         """Each broker's answers as they came on the wire, but for its own port in the message ids
         (the store host's, eight hex digits) zeroed: the bytes, not a re-encoding."""
         out = {}
@@ -137,9 +139,13 @@ class Pair:
 
 
 async def _exchange(
-    address: str, requests: list[RemotingCommand], pipelined: bool, raw: bool = False
+    address: str, requests: list[RemotingCommand] | list[bytes], pipelined: bool, raw: bool = False
 ) -> list[bytes]:
-    """The answers to ``requests`` in their order: re-encoded, or (``raw``) the bytes as they came."""
+    """The answers to ``requests`` in their order: re-encoded, or (``raw``) the bytes as they came.
+
+    A request given as bytes is a frame as a client wrote it: sent as it is, not re-encoded."""
+    wire = [r if isinstance(r, bytes) else encode_bytes(r) for r in requests]
+    opaques = [FrameDecoder().feed(f)[0].opaque if isinstance(f, bytes) else f.opaque for f in requests]
     host, port = split_address(address)
     reader, writer = await asyncio.open_connection(host, port)
     decoder = FrameDecoder()
@@ -147,9 +153,9 @@ async def _exchange(
     frames: dict[int, bytes] = {}
     buffer = b""
     try:
-        batches = [requests] if pipelined else [[r] for r in requests]
+        batches = [wire] if pipelined else [[r] for r in wire]
         for batch in batches:
-            writer.write(b"".join(encode_bytes(r) for r in batch))
+            writer.write(b"".join(batch))
             await writer.drain()
             want = len(answers) + len(batch)
             while len(answers) < want:
@@ -165,8 +171,8 @@ async def _exchange(
     finally:
         writer.close()
     if raw:
-        return [frames[r.opaque] for r in requests]
-    return [encode_bytes(answers[r.opaque]) for r in requests]
+        return [frames[o] for o in opaques]
+    return [encode_bytes(answers[o]) for o in opaques]
 
 
 def _pair(

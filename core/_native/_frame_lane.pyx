@@ -8,8 +8,8 @@ The Python references are :class:`tidemq.remoting.codec.FrameDecoder` (frame spl
 ``decode_json_header``/``decode_binary_header``), ``send_response`` and
 :func:`tidemq.remoting.codec.encode`.  :func:`take_frames` takes only frames the decoder reads
 without a question: a whole frame within ``max_frame``, serialize type JSON or ROCKETMQ, a header
-the decoder's fast path reads as it is (JSON through the same ``orjson.loads``; every string
-value, an int32 opaque), code SEND_MESSAGE, SEND_MESSAGE_V2 or SEND_BATCH_MESSAGE, flag 0 (a
+the decoder reads without a question (JSON through the same ``orjson.loads``; string ext values,
+or other values made strings as the decoder makes them; an int32 opaque), code SEND_MESSAGE, SEND_MESSAGE_V2 or SEND_BATCH_MESSAGE, flag 0 (a
 plain request: no oneway, no response).  It stops at the first frame it does not take; the frames
 from there on are the decoder's, which gives every malformed one its answer.  A frame is the tuple
 ``(code, language, version, opaque, flag, remark, ext_fields, body, serialize_type)``:
@@ -495,10 +495,38 @@ cdef tuple _json_frame(bytes header, object body):
         return None
     while PyDict_Next(ext, &pos, &key, &value):
         if type(<object>value) is not str:
-            return None
+            ext = _ext_strings(<dict>ext)
+            if ext is None:
+                return None
+            break
     if not _is_send(code) or flag != 0 or opaque < INT32_MIN or opaque > INT32_MAX:
         return None
     return (code, language, version, opaque, flag, remark, ext, body, _JSON)
+
+
+cdef dict _ext_strings(dict ext):
+    """The ext fields of a header with values other than strings, as the decoder makes them: each
+    value as RocketMQ writes it (``stringify``; an object or array as its JSON), a null dropped;
+    None where the decoder raises (a value nested too deeply to write again).
+    rocketmq-client-cpp writes numbers there when it signs a request (``"queueId":0``)."""
+    cdef dict out = {}
+    for k, v in ext.items():
+        if v is None:
+            continue
+        if type(v) is str:
+            out[k] = v
+        elif v is True:
+            out[k] = TRUE
+        elif v is False:
+            out[k] = "false"
+        elif isinstance(v, (dict, list)):
+            try:
+                out[k] = _dumps(v).decode()
+            except Exception:
+                return None
+        else:
+            out[k] = str(v)
+    return out
 
 
 cdef tuple _binary_frame(const unsigned char *h, Py_ssize_t n, object body):

@@ -277,10 +277,9 @@ def _lane_figures(cluster: AclCompatCluster) -> dict[str, int]:
 
 def test_signed_sends_are_checked_by_the_lane_check_and_served_by_the_lane(cluster: AclCompatCluster) -> None:
     """The client's signed SEND_MESSAGE requests (AccessKey, OnsChannel, Signature) are admitted
-    by the access validator's lane check and prepared by the compiled send lane (issue 38).
-
-    Its JSON headers carry numbers among the ext fields (``"queueId":0``), which the read lane
-    leaves to the decoder: they reach the lane as decoded commands, not as a read's bytes."""
+    by the access validator's lane check and served by the compiled read lane (issue 38), from
+    the bytes it wrote: its JSON headers carry numbers among the ext fields (``"queueId":0``),
+    which the read lane makes strings as the decoder does."""
     before = _lane_figures(cluster)
     if before.get("laneSendRunsServed") is None:
         pytest.skip("the broker runs without the compiled lanes")
@@ -289,6 +288,7 @@ def test_signed_sends_are_checked_by_the_lane_check_and_served_by_the_lane(clust
     )
     assert [r.get("status") for r in sent] == [0] * 5, sent
     after = _lane_figures(cluster)
+    assert after["laneReadFramesTaken"] - before["laneReadFramesTaken"] >= 5
     assert after["laneAclAdmitted"] - before["laneAclAdmitted"] >= 5
     assert after["laneSendRunsServed"] - before["laneSendRunsServed"] >= 5
     assert after["laneSendRunsToPython"] == before["laneSendRunsToPython"]

@@ -70,6 +70,11 @@ JSON_VARIANTS = [
     b'{"code":320,"extFields":{"b":"\\u00e9"}}',
     b'{"code":310,"opaque":1,"flag":0.0,"extFields":{}}',
     b'{"code":310,"opaque":1,"flag":0,"extFields":{"b":"\\ud800"}}',
+    # what rocketmq-client-cpp writes when it signs: numbers among the ext fields, a newline
+    b'{"code":10,"extFields":{"AccessKey":"ak","queueId":0,"sysFlag":0,"topic":"T"},"flag":0,'
+    b'"language":"CPP","opaque":3,"remark":"","version":63}\n',
+    b'{"code":310,"extFields":{"k":true,"m":false,"n":null,"f":-1.5e-7,"o":{"x":[1,"y"]},"l":[]}}',
+    b'{"code":310,"extFields":{"d":-0,"e":12345678901234567890123,"g":1E2}}',
     b"[]",
     b"",
     b"{",
