@@ -15,82 +15,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from round_support import GatedFlush, create_topic, read_answers, v2_send
 
 from tidemq import hookimpl
 from tidemq.address import split_address
-from tidemq.message import properties_to_string
 from tidemq.plugins import PluginManager
-from tidemq.remoting import FrameDecoder, RemotingCommand
-from tidemq.remoting.codec import encode_bytes
-from tidemq.remoting.codes import RequestCode, ResponseCode
-from tidemq.remoting.command import stringify_fields
+from tidemq.remoting.codes import ResponseCode
 from tidemq.testing.pytest_plugin import running_broker
 
 pytestmark = pytest.mark.timeout(120)
 
 TOPIC = "DecodedRound"
-_KEYS = itertools.count(1)
 #: The coroutines of a task made per send (the eager run's rest, or the handler's coroutine).
 _PER_SEND = ("resume_eager", "Connection._serve")
 
 
 def _send(opaque: int, queue: int) -> bytes:
-    fields = {
-        "a": "PG",
-        "b": TOPIC,
-        "c": "TBW102",
-        "d": "4",
-        "e": str(queue),
-        "f": "0",
-        "g": "1700000000000",
-        "h": "0",
-        "i": properties_to_string({"UNIQ_KEY": f"{next(_KEYS):032X}", "TAGS": "t"}),
-        "j": "0",
-        "k": "false",
-        "m": "false",
-    }
-    return encode_bytes(
-        RemotingCommand(RequestCode.SEND_MESSAGE_V2, opaque=opaque, ext_fields=fields, body=b"m" * 100)
-    )
-
-
-async def _read_answers(reader: asyncio.StreamReader, count: int) -> list[RemotingCommand]:
-    decoder = FrameDecoder()
-    answers: list[RemotingCommand] = []
-    while len(answers) < count:
-        data = await asyncio.wait_for(reader.read(1 << 16), 20)
-        assert data, "connection closed"
-        answers += decoder.feed(data)
-    return answers
-
-
-class Gate:
-    """Wraps the commit log's ``flush``: each call waits for ``gate`` (or raises while ``fail``)."""
-
-    def __init__(self, commitlog: Any) -> None:
-        self.real: Callable[[int], int] = commitlog.flush
-        self.gate = threading.Event()
-        self.entered = threading.Event()
-        self.returned = 0.0  # when a flush last returned (monotonic)
-        self.fail = False
-        commitlog.flush = self
-
-    def __call__(self, least_pages: int = 0) -> int:
-        self.entered.set()
-        if self.fail:
-            raise OSError("the disk is gone")
-        self.gate.wait(30)
-        flushed = self.real(least_pages)
-        self.returned = time.monotonic()
-        return flushed
+    return v2_send(TOPIC, opaque, queue)
 
 
 class SendSeen:
@@ -112,7 +59,7 @@ class SendSeen:
 @contextlib.asynccontextmanager
 async def decoded_broker(
     tmp_path: Path, timeout_ms: int, manager: PluginManager | None = None
-) -> AsyncIterator[tuple[Any, Gate]]:
+) -> AsyncIterator[tuple[Any, GatedFlush]]:
     """A sync-flush mmap broker whose reads are all decoded (no read lane), its topic made."""
     options = {
         "store": {"mmap": {"request_lanes": True}},
@@ -122,19 +69,8 @@ async def decoded_broker(
     async with running_broker(
         tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options, manager=manager
     ) as broker:
-        host, port = split_address(broker.address)
-        reader, writer = await asyncio.open_connection(host, port)
-        fields = {"topic": TOPIC, "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}
-        create = RemotingCommand(
-            RequestCode.UPDATE_AND_CREATE_TOPIC, opaque=1, ext_fields=stringify_fields(fields)
-        )
-        writer.write(encode_bytes(create))
-        (answer,) = await _read_answers(reader, 1)
-        assert answer.code == ResponseCode.SUCCESS
-        writer.close()
-        while broker.topics.unwritten:
-            await asyncio.sleep(0.01)
-        yield broker, Gate(broker.store.commitlog)
+        await create_topic(broker, TOPIC)
+        yield broker, GatedFlush(broker.store.commitlog)
 
 
 def _task_names(loop: asyncio.AbstractEventLoop) -> list[str]:
@@ -177,9 +113,9 @@ def test_decoded_sync_sends_are_answered_after_their_flush_without_a_task_each(
                     await asyncio.wait_for(reader.read(1 << 16), 0.3)
             assert sum(c.in_flight for c in _connections(broker)) == 32  # counted while they wait
             gate.gate.set()
-            results = [await _read_answers(reader, 16) for reader, _writer in conns]
+            results = [await read_answers(reader, 16) for reader, _writer in conns]
             answered_at = time.monotonic()
-            assert gate.returned and gate.returned <= answered_at
+            assert gate.returned and gate.returned[-1] <= answered_at
             ids: list[str] = []
             for n, answers in enumerate(results):
                 assert sorted(a.opaque for a in answers) == [100 * n + i for i in range(16)]
@@ -204,13 +140,13 @@ def test_decoded_sync_sends_get_flush_disk_timeout_when_the_flush_fails(tmp_path
             host, port = split_address(broker.address)
             reader, writer = await asyncio.open_connection(host, port)
             writer.write(b"".join(_send(i, i % 4) for i in range(8)))
-            answers = await _read_answers(reader, 8)
+            answers = await read_answers(reader, 8)
             assert sorted(a.opaque for a in answers) == list(range(8))
             assert {a.code for a in answers} == {ResponseCode.FLUSH_DISK_TIMEOUT}
             gate.fail = False
             gate.gate.set()
             writer.write(_send(99, 0))  # the broker still answers
-            (after,) = await _read_answers(reader, 1)
+            (after,) = await read_answers(reader, 1)
             assert (after.opaque, after.code) == (99, ResponseCode.SUCCESS)
             writer.close()
 
@@ -229,7 +165,7 @@ def test_a_stopping_broker_answers_the_parked_decoded_sends_before_it_closes(tmp
             await asyncio.sleep(0.2)
             assert not stopping.done()  # the drain waits for the parked sends
             gate.gate.set()
-            answers = await _read_answers(reader, 8)
+            answers = await read_answers(reader, 8)
             assert {a.code for a in answers} == {ResponseCode.SUCCESS}
             await asyncio.wait_for(stopping, 10)
             writer.close()

@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from round_support import GatedFlush, create_topic, read_answers, v2_send
 
 from tidemq.address import split_address
-from tidemq.message import properties_to_string
-from tidemq.remoting import FrameDecoder, RemotingCommand
-from tidemq.remoting.codec import encode_bytes
-from tidemq.remoting.codes import RequestCode, ResponseCode
-from tidemq.remoting.command import stringify_fields
+from tidemq.remoting.codes import ResponseCode
 from tidemq.testing.pytest_plugin import running_broker
 from tidemq_store_mmap.lane import compiled_send_lane
 
@@ -36,80 +32,10 @@ if compiled_send_lane() is None:  # TIDEMQ_NO_EXTENSIONS=1: every send is the Py
 pytestmark = pytest.mark.timeout(120)
 
 TOPIC = "RoundTopic"
-_KEYS = itertools.count(1)
 
 
 def _send(opaque: int, queue: int) -> bytes:
-    fields = {
-        "a": "PG",
-        "b": TOPIC,
-        "c": "TBW102",
-        "d": "4",
-        "e": str(queue),
-        "f": "0",
-        "g": "1700000000000",
-        "h": "0",
-        "i": properties_to_string({"UNIQ_KEY": f"{next(_KEYS):032X}", "TAGS": "t"}),
-        "j": "0",
-        "k": "false",
-        "m": "false",
-    }
-    return encode_bytes(
-        RemotingCommand(RequestCode.SEND_MESSAGE_V2, opaque=opaque, ext_fields=fields, body=b"m" * 100)
-    )
-
-
-async def _create_topic(broker: Any) -> None:
-    host, port = split_address(broker.address)
-    reader, writer = await asyncio.open_connection(host, port)
-    fields = {"topic": TOPIC, "readQueueNums": 4, "writeQueueNums": 4, "perm": 6}
-    writer.write(
-        encode_bytes(
-            RemotingCommand(
-                RequestCode.UPDATE_AND_CREATE_TOPIC, opaque=1, ext_fields=stringify_fields(fields)
-            )
-        )
-    )
-    (answer,) = await _read_answers(reader, 1)
-    assert answer.code == ResponseCode.SUCCESS
-    writer.close()
-    while broker.topics.unwritten:  # sends wait for topics.json (the Python path) until it is written
-        await asyncio.sleep(0.01)
-
-
-async def _read_answers(
-    reader: asyncio.StreamReader, count: int, timeout: float = 20
-) -> list[RemotingCommand]:
-    decoder = FrameDecoder()
-    answers: list[RemotingCommand] = []
-    while len(answers) < count:
-        data = await asyncio.wait_for(reader.read(1 << 16), timeout)
-        assert data, "connection closed"
-        answers += decoder.feed(data)
-    return answers
-
-
-class GatedFlush:
-    """Wraps the commit log's ``flush``: each call waits for ``gate`` (or raises while ``fail``)."""
-
-    def __init__(self, commitlog: Any) -> None:
-        self.real: Callable[[int], int] = commitlog.flush
-        self.gate = threading.Event()
-        self.entered = threading.Event()
-        self.returned: list[float] = []  # loop-independent times each flush returned (monotonic)
-        self.fail = False
-        commitlog.flush = self
-
-    def __call__(self, least_pages: int = 0) -> int:
-        self.entered.set()
-        if self.fail:
-            raise OSError("the disk is gone")
-        self.gate.wait(30)
-        flushed = self.real(least_pages)
-        import time
-
-        self.returned.append(time.monotonic())
-        return flushed
+    return v2_send(TOPIC, opaque, queue)
 
 
 @contextlib.asynccontextmanager
@@ -123,7 +49,7 @@ async def sync_broker(
     sync = {"timeout_ms": timeout_ms, "inline_max_us": inline_max_us}
     options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": sync}}
     async with running_broker(tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options) as broker:
-        await _create_topic(broker)
+        await create_topic(broker, TOPIC)
         yield broker, GatedFlush(broker.store.commitlog)
 
 
@@ -166,7 +92,7 @@ def test_held_sync_sends_are_answered_after_their_fdatasync_in_one_pass_per_roun
                     await asyncio.wait_for(reader.read(1 << 16), 0.3)
             wakes_before = wakes[0]
             gated.gate.set()
-            results = [await _read_answers(reader, 16) for reader, _writer in conns]
+            results = [await read_answers(reader, 16) for reader, _writer in conns]
             for n, answers in enumerate(results):
                 assert sorted(a.opaque for a in answers) == [100 * n + i for i in range(16)]
                 assert {a.code for a in answers} == {ResponseCode.SUCCESS}
@@ -193,7 +119,7 @@ def test_held_sync_sends_get_flush_disk_timeout_when_the_flush_fails(tmp_path: P
             host, port = split_address(broker.address)
             reader, writer = await asyncio.open_connection(host, port)
             writer.write(b"".join(_send(i, i % 4) for i in range(8)))
-            answers = await _read_answers(reader, 8)
+            answers = await read_answers(reader, 8)
             assert sorted(a.opaque for a in answers) == list(range(8))
             assert {a.code for a in answers} == {ResponseCode.FLUSH_DISK_TIMEOUT}
             assert getattr(lane, "held_reads", 0) > held
@@ -217,7 +143,7 @@ def test_a_stopping_broker_answers_the_sends_held_for_a_round_before_it_closes(t
             await asyncio.sleep(0.2)
             assert not stopping.done()  # the drain waits for the held answers
             gated.gate.set()
-            answers = await _read_answers(reader, 8)
+            answers = await read_answers(reader, 8)
             assert {a.code for a in answers} == {ResponseCode.SUCCESS}
             await asyncio.wait_for(stopping, 10)
             writer.close()
