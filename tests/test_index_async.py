@@ -197,6 +197,30 @@ def test_back_pressure_bounds_the_queue(
         index.shutdown()
 
 
+def test_a_put_indexes_the_queue_itself_past_inline_keys(tmp_path: Path, slow_thread: None) -> None:
+    """Past ``inline_keys`` queued messages the put indexes the queue on its own thread (the index
+    thread never runs a round here): the same files, answers and checkpoint as the thread's."""
+    inline = open_index(tmp_path / "inline", max_hash_slot_num=64, max_index_num=4096, inline_keys=16)
+    thread = open_index(tmp_path / "thread", max_hash_slot_num=64, max_index_num=4096, inline_keys=0)
+    try:
+        for index in (inline, thread):
+            for b in range(5):
+                dispatch(index, [keyed(b * 8 + i) for i in range(8)], b * 800, T0 + b)
+                if index is inline:  # 8 queued, then 16: indexed by this put, and so on
+                    assert index.pending()[0] == (8 if b % 2 == 0 else 0)
+        assert inline.stats()["inline_drains"] == 2
+        assert thread.pending()[0] == 40 and thread.stats()["inline_drains"] == 0  # stats indexes
+        for index in (inline, thread):
+            assert index.query(TOPIC, "k33", 4, 0, FOREVER).phy_offsets == (3300,)
+        assert inline.flush() == thread.flush()
+        assert inline.stats()["covered_timestamp"] == thread.stats()["covered_timestamp"] == T0 + 4
+        files = [sorted(p.read_bytes() for p in (tmp_path / name).iterdir()) for name in ("inline", "thread")]
+        assert files[0] == files[1]
+    finally:
+        inline.shutdown()
+        thread.shutdown()
+
+
 def test_flush_covers_only_what_is_written_and_keeps_order(tmp_path: Path, slow_thread: None) -> None:
     index = open_index(tmp_path / "index", max_hash_slot_num=8, max_index_num=9)  # rolls every 8
     try:
