@@ -215,6 +215,33 @@ def test_answers_of_both_serialize_types_and_odd_strings() -> None:
     assert orjson.loads(encode_bytes(send_response(frame_lane.command_of(frame), send))[8:])["code"] == 0
 
 
+class _OtherSend(Send):
+    """Not ``Send`` itself: the answer reads its fields by attribute, not by slot offset."""
+
+    __slots__ = ()
+
+
+def test_answers_read_a_sends_slots_as_its_attributes() -> None:
+    cmd = RemotingCommand(310, opaque=9, ext_fields={"b": "T"})
+    (frame,), _ = frame_lane.take_frames(encode_bytes(cmd), MAX_FRAME)
+    for status, remark, epoch in ((Status.SUCCESS, None, None), (Status.FLUSH_SLAVE_TIMEOUT, "late", 4)):
+        direct = _send(status, remark, epoch, "R", "false")
+        other = _send(status, remark, epoch, "R", "false")
+        other.__class__ = _OtherSend
+        expected = encode_bytes(send_response(cmd, direct))
+        assert frame_lane.answer_frames([frame], [direct]) == expected
+        assert frame_lane.answer_frames([frame], [other]) == expected
+    for cls in (Send, _OtherSend):
+        send = _send(Status.SUCCESS, None, None, None, None)
+        send.__class__ = cls
+        send.msg_id = 7  # type: ignore[assignment]  # not text: send_response's to answer
+        assert frame_lane.answer_frames([frame], [send]) is None
+    unset = _send(Status.SUCCESS, None, None, None, None)
+    del unset.queue_offset  # not settled: the attribute's error, as before
+    with pytest.raises(AttributeError):
+        frame_lane.answer_frames([frame], [unset])
+
+
 # ------------------------------------------------------------------ the header's own JSON reader
 #: Headers the compiled reader must leave to orjson (None) or read as orjson does.
 HEADER_CASES = [

@@ -32,6 +32,7 @@ from tidemq.plugins import get_plugin_manager
 from tidemq.store import BatchDispatcher, Dispatcher, DispatchRequest, dispatch_messages
 from tidemq.testing.index_contract import T0
 from tidemq.testing.store_contract import build_store
+from tidemq_index_hash import native
 from tidemq_index_hash.none import NoIndex
 from tidemq_index_hash.service import HashIndex, HashIndexOptions
 
@@ -195,6 +196,46 @@ def test_back_pressure_bounds_the_queue(
         assert index.stats()["entries"] == 40 * 8 * 3
     finally:
         index.shutdown()
+
+
+def test_a_put_indexes_the_queue_itself_past_inline_keys(tmp_path: Path, slow_thread: None) -> None:
+    """Past ``inline_keys`` queued messages the put indexes the queue on its own thread (the index
+    thread never runs a round here): the same files, answers and checkpoint as the thread's."""
+    inline = open_index(tmp_path / "inline", max_hash_slot_num=64, max_index_num=4096, inline_keys=16)
+    thread = open_index(tmp_path / "thread", max_hash_slot_num=64, max_index_num=4096, inline_keys=0)
+    try:
+        for index in (inline, thread):
+            for b in range(5):
+                dispatch(index, [keyed(b * 8 + i) for i in range(8)], b * 800, T0 + b)
+                if index is inline:  # 8 queued, then 16: indexed by this put, and so on
+                    assert index.pending()[0] == (8 if b % 2 == 0 else 0)
+        assert inline.stats()["inline_drains"] == 2
+        assert thread.pending()[0] == 40 and thread.stats()["inline_drains"] == 0  # stats indexes
+        for index in (inline, thread):
+            assert index.query(TOPIC, "k33", 4, 0, FOREVER).phy_offsets == (3300,)
+        assert inline.flush() == thread.flush()
+        assert inline.stats()["covered_timestamp"] == thread.stats()["covered_timestamp"] == T0 + 4
+        files = [sorted(p.read_bytes() for p in (tmp_path / name).iterdir()) for name in ("inline", "thread")]
+        assert files[0] == files[1]
+    finally:
+        inline.shutdown()
+        thread.shutdown()
+
+
+def test_inline_indexing_keeps_the_gil(tmp_path: Path) -> None:
+    """Indexed inline, the compiled calls do not release the GIL (a hand-over to another thread
+    and back per call); the index thread alone releases it from 64 keys on."""
+    if native.impl is None:
+        pytest.skip("the compiled index is switched off")
+    try:
+        for inline, keys in ((256, 0), (0, 64)):
+            index = open_index(
+                tmp_path / f"i{inline}", max_hash_slot_num=64, max_index_num=64, inline_keys=inline
+            )
+            index.shutdown()
+            assert native.impl.set_gil_release_keys(keys) == keys
+    finally:
+        native.impl.set_gil_release_keys(0)
 
 
 def test_flush_covers_only_what_is_written_and_keeps_order(tmp_path: Path, slow_thread: None) -> None:

@@ -39,6 +39,23 @@ cdef extern from "Python.h":
     PyObject *PyList_GET_ITEM(object l, Py_ssize_t i)
     PyObject *PyDict_GetItemWithError(object d, object key) except? NULL
 
+cdef extern from *:
+    """
+    #include "structmember.h"
+    /* A slot of a plain slotted class, by member offset (the Send's outcome fields). */
+    static Py_ssize_t fl_member_offset(PyObject *descr) {
+        if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type) return -1;
+        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) return -1;
+        return m->offset;
+    }
+    static inline PyObject *fl_get_slot(PyObject *obj, Py_ssize_t off) {
+        return *(PyObject **)((char *)obj + off);
+    }
+    """
+    Py_ssize_t fl_member_offset(PyObject *descr)
+    PyObject *fl_get_slot(PyObject *obj, Py_ssize_t off)
+
 cdef object _loads = None
 cdef object _dumps = None
 cdef object _Command = None
@@ -48,6 +65,11 @@ cdef object _SUCCESS = None
 cdef object _STORED = None
 cdef dict _LANG_BY_BYTE = None
 cdef bint _bound = False
+#: ``Send``'s class, and the member offsets of the slots an answer reads (read directly when a
+#: send is exactly that class and every slot is set; otherwise by attribute, as before).
+cdef object _SendType = None
+cdef Py_ssize_t _SEND_SLOTS[8]
+cdef tuple _SEND_NAMES = ("status", "remark", "epoch", "recall_handle", "msgs", "msg_id", "queue_id", "queue_offset")
 
 cdef int SEND_MESSAGE = 10
 cdef int SEND_MESSAGE_V2 = 310
@@ -98,7 +120,25 @@ cdef int _bind() except -1:
     _STORED = STORED
     _LANG_BY_BYTE = {lc.value: lc.name for lc in LanguageCode}
     _ASCII1 = tuple(chr(i) for i in range(128))
+    _bind_send_slots()
     _bound = True
+    return 0
+
+
+cdef int _bind_send_slots() except -1:
+    global _SendType
+    from tidemq.broker.services.put import Send
+
+    cdef Py_ssize_t i, off
+    if type(Send) is not type or Send.__dictoffset__ != 0:
+        return 0
+    for i in range(8):
+        descr = Send.__dict__.get(_SEND_NAMES[i])
+        off = fl_member_offset(<PyObject *>descr)
+        if off < 0:
+            return 0
+        _SEND_SLOTS[i] = off
+    _SendType = Send
     return 0
 
 
@@ -736,21 +776,44 @@ cdef int _put_utf8(Buf *b, str s, bint short_len) except -1:
 
 cdef int _answer(Buf *b, tuple frame, object send) except -1:
     """One response frame into ``b``; -2 (nothing written that counts) when not this lane's to write."""
-    cdef object status = send.status, remark = send.remark, epoch = send.epoch
+    cdef object status, remark, epoch, recall, msgs, msg_id_obj, queue_id, queue_offset
+    cdef PyObject *v[8]
+    cdef Py_ssize_t i
     cdef dict properties
     cdef str region, trace, msg_id, epoch_text = None
     cdef Py_ssize_t start, hstart, ext_at
     cdef int64_t code, opaque = frame[3]
-    if status is not _SUCCESS and status not in _STORED:
-        return -2
-    if send.recall_handle is not None or (remark is not None and type(remark) is not str):
-        return -2
-    properties = send.msgs[0].properties
+    cdef bint direct = type(send) is _SendType
+    if direct:
+        for i in range(8):
+            v[i] = fl_get_slot(<PyObject *>send, _SEND_SLOTS[i])
+            if v[i] == NULL:  # a slot not set: read by attribute below (its error, in its order)
+                direct = False
+                break
+    if direct:
+        status, remark, epoch, recall = <object>v[0], <object>v[1], <object>v[2], <object>v[3]
+        msgs, msg_id_obj, queue_id, queue_offset = <object>v[4], <object>v[5], <object>v[6], <object>v[7]
+        if status is not _SUCCESS and status not in _STORED:
+            return -2
+        if recall is not None or (remark is not None and type(remark) is not str):
+            return -2
+    else:
+        status, remark, epoch = send.status, send.remark, send.epoch
+        if status is not _SUCCESS and status not in _STORED:
+            return -2
+        if send.recall_handle is not None or (remark is not None and type(remark) is not str):
+            return -2
+        msgs = send.msgs
+    properties = msgs[0].properties
     region = properties.get(MSG_REGION, DEFAULT_REGION)
     trace = properties.get(TRACE_ON, TRUE)
-    msg_id = send.msg_id
-    if type(region) is not str or type(trace) is not str or type(msg_id) is not str:
+    if not direct:
+        msg_id_obj = send.msg_id
+    if type(region) is not str or type(trace) is not str or type(msg_id_obj) is not str:
         return -2
+    msg_id = msg_id_obj
+    if not direct:
+        queue_id, queue_offset = send.queue_id, send.queue_offset
     if epoch is not None:
         epoch_text = str(epoch)
     code = int(status)
@@ -769,9 +832,9 @@ cdef int _answer(Buf *b, tuple frame, object send) except -1:
         _puts(b, ',"extFields":{')
         _put_json_field(b, '"msgId":', msg_id, True)
         _puts(b, ',"queueId":"')
-        _put_int(b, send.queue_id)
+        _put_int(b, queue_id)
         _puts(b, '","queueOffset":"')
-        _put_int(b, send.queue_offset)
+        _put_int(b, queue_offset)
         _puts(b, '"')
         _put_json_field(b, '"MSG_REGION":', region, False)
         _put_json_field(b, '"TRACE_ON":', trace, False)
@@ -795,9 +858,9 @@ cdef int _answer(Buf *b, tuple frame, object send) except -1:
         _put_utf8(b, "msgId", True)
         _put_utf8(b, msg_id, False)
         _put_utf8(b, "queueId", True)
-        _put_utf8(b, str(send.queue_id), False)
+        _put_utf8(b, str(queue_id), False)
         _put_utf8(b, "queueOffset", True)
-        _put_utf8(b, str(send.queue_offset), False)
+        _put_utf8(b, str(queue_offset), False)
         _put_utf8(b, MSG_REGION, True)
         _put_utf8(b, region, False)
         _put_utf8(b, TRACE_ON, True)

@@ -25,3 +25,10 @@ def prepare_frames(
     born_host: HostPort,
     store_host: HostPort,
 ) -> list[Send] | None: ...
+def settle_sends(
+    broker: object,
+    sends: list[Send],
+    done: list[bool],
+    put_outcome: Callable[..., object],
+    fill: Callable[..., None],
+) -> None: ...

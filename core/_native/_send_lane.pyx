@@ -546,3 +546,147 @@ cdef list _prepare(
         )
         sends.append(_new_send(group, [msg], False, qid, len(body)))
     return sends
+
+
+# --------------------------------------------------------------------------- settlement (single)
+# ``put.settled_many``'s per-send part compiled: per send of a read, what ``put._fill`` sets
+# (status, remark, epoch, message id, queue offset; the window's ``Sent.stored``), read and written
+# slot by slot.  The put's outcome (its futures, replicas, status mapping) stays Python, asked
+# once per put through ``put_outcome``; a send with a hook context, a put the store refused and a
+# duplicate go through the Python functions themselves (``fill``, ``Sent.settled``).
+
+cdef bint _settle_bound = False
+cdef bint _settle_direct = False
+cdef Py_ssize_t _o_group, _o_ctx, _o_dedup, _o_index, _o_msgs
+cdef Py_ssize_t _o_status, _o_remark, _o_msg_id, _o_queue_offset, _o_epoch
+cdef object _TX_KINDS = None  # put._NOT_CONSUMABLE
+cdef int _TX_MASK = 3 << 2
+cdef object _UNASKED = object()
+
+
+cdef class _PutFill:
+    """One put's outcome as its sends take it (cached per put for a read)."""
+    cdef object outcome  # put._Outcome, or None: it waits
+    cdef object code, remark, epoch, result, ids, joined, qoff
+    cdef Py_ssize_t nsends
+    cdef bint python, consumable, have_consumable
+
+
+cdef int _bind_settle() except -1:
+    global _settle_bound, _settle_direct, _TX_KINDS
+    global _o_group, _o_ctx, _o_dedup, _o_index, _o_msgs
+    global _o_status, _o_remark, _o_msg_id, _o_queue_offset, _o_epoch
+    from tidemq.broker.services import put
+
+    if not _lane_bound:
+        _bind_lane()
+    _TX_KINDS = put._NOT_CONSUMABLE
+    slots = _slot_names(_Send)
+    _settle_bound = True
+    if slots is None:
+        return 0
+    offs = dict(slots)
+    try:
+        _o_group, _o_ctx, _o_dedup = offs["group"], offs["ctx"], offs["dedup"]
+        _o_index, _o_msgs = offs["index"], offs["msgs"]
+        _o_status, _o_remark, _o_msg_id = offs["status"], offs["remark"], offs["msg_id"]
+        _o_queue_offset, _o_epoch = offs["queue_offset"], offs["epoch"]
+    except KeyError:
+        return 0
+    _settle_direct = True
+    return 0
+
+
+cdef _PutFill _put_fill(object broker, object group, object put_outcome):
+    cdef _PutFill f = _PutFill.__new__(_PutFill)
+    f.outcome = put_outcome(broker, group)
+    if f.outcome is None:
+        return f
+    f.result = group.result
+    if f.result is None:  # the store raised: the Python fill (log text, forget the keys)
+        f.python = True
+        return f
+    f.code, f.remark, f.epoch = f.outcome
+    f.nsends = group.nsends
+    f.ids = f.result.msg_ids
+    f.qoff = f.result.queue_offset
+    return f
+
+
+cdef inline object _slot(object obj, Py_ssize_t off):
+    cdef PyObject *v = tq_get_slot(<PyObject *>obj, off)
+    if v == NULL:
+        raise AttributeError(off)
+    return <object>v
+
+
+cdef int _fill_one(object send, object group, _PutFill f) except -1:
+    """``put._fill`` of a send with no hook context whose put was stored (same fields, same order
+    of effects: the send's outcome, then the window told)."""
+    cdef Py_ssize_t index, count
+    cdef object ids = f.ids, msg_id, queue_offset, dedup
+    if f.nsends == 1:
+        msg_id = ids[0] if len(ids) == 1 else _joined(f)
+        queue_offset = f.qoff
+    else:
+        index = _slot(send, _o_index)
+        count = len(_slot(send, _o_msgs))
+        if index + count > len(ids):
+            msg_id = _joined(f)
+        else:
+            msg_id = ids[index] if count == 1 else ",".join(ids[index:index + count])
+        if not f.have_consumable:
+            first = group.msgs[0]
+            f.consumable = (first.sys_flag & _TX_MASK) not in _TX_KINDS
+            f.have_consumable = True
+        queue_offset = f.qoff + index if f.consumable else f.qoff
+    tq_set_slot(<PyObject *>send, _o_epoch, <PyObject *>f.epoch)
+    tq_set_slot(<PyObject *>send, _o_status, <PyObject *>f.code)
+    tq_set_slot(<PyObject *>send, _o_remark, <PyObject *>f.remark)
+    tq_set_slot(<PyObject *>send, _o_msg_id, <PyObject *>msg_id)
+    tq_set_slot(<PyObject *>send, _o_queue_offset, <PyObject *>queue_offset)
+    dedup = _slot(send, _o_dedup)
+    if dedup is not None:
+        dedup.stored(send, f.result)
+    return 0
+
+
+cdef object _joined(_PutFill f):
+    if f.joined is None:
+        f.joined = f.result.msg_id
+    return f.joined
+
+
+def settle_sends(object broker, list sends, list done, object put_outcome, object fill):
+    """``put.settled_many``'s loop when no topic waits to be written: each send whose ``done`` is
+    False filled when its put answered, ``done`` set; ``put_outcome(broker, group)`` asked once
+    per put, ``fill(broker, send, group, outcome)`` for what only the Python fill does."""
+    cdef Py_ssize_t i, n = len(sends)
+    cdef dict fills = {}
+    cdef _PutFill f
+    cdef PyObject *hit
+    if not _settle_bound:
+        _bind_settle()
+    if len(done) != n:
+        raise ValueError("one done flag per send")
+    for i in range(n):
+        if done[i]:
+            continue
+        send = sends[i]
+        group = _slot(send, _o_group) if _settle_direct else send.group
+        if group is None:  # a duplicate (issue 37)
+            done[i] = send.dedup.settled(broker, send)
+            continue
+        hit = PyDict_GetItem(fills, group)
+        if hit == NULL:
+            f = _put_fill(broker, group, put_outcome)
+            fills[group] = f
+        else:
+            f = <_PutFill>hit
+        if f.outcome is None:
+            continue
+        if f.python or not _settle_direct or _slot(send, _o_ctx) is not None:
+            fill(broker, send, group, f.outcome)
+        else:
+            _fill_one(send, group, f)
+        done[i] = True

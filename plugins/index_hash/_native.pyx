@@ -33,6 +33,7 @@ from cpython.dict cimport PyDict_GetItemWithError
 from cpython.long cimport PyLong_AsLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.errno cimport EINTR
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memcpy
@@ -416,7 +417,7 @@ cdef class _Gather:
         cdef const uint8_t *keys = self.keys
         cdef Py_ssize_t n = self.used
         # The arrays and buffers are this object's own: no other thread sees them.
-        if n >= NOGIL_MIN:
+        if n >= _nogil_min:
             with nogil:
                 _hash_gathered(out, ends, n, keys)
         else:
@@ -444,6 +445,18 @@ def hash_batch(str topic not None, properties, sys_flags, Py_ssize_t skip_before
     if g.add(topic, properties, sys_flags, skip_before):
         return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
     return g.finish()
+
+
+cdef Py_ssize_t _nogil_min = NOGIL_MIN
+
+
+def set_gil_release_keys(Py_ssize_t keys):
+    """Keys a hashing or an insertion call needs before it releases the GIL (0: it never does;
+    the default is 64); returns the previous figure.  For the whole process."""
+    global _nogil_min
+    previous = _nogil_min if _nogil_min < PY_SSIZE_T_MAX else 0
+    _nogil_min = keys if keys > 0 else PY_SSIZE_T_MAX
+    return previous
 
 
 def hash_chunk(batches):
@@ -564,7 +577,7 @@ def put_batch(
         # out.  A bad input is noted in `bad` and raised once the GIL is back.
         # (Released by hand, only when there is enough work: the loop below was written and
         # compiled as a `with nogil` block, so Cython checked that it touches no Python object.)
-        if nhashes - hpos >= NOGIL_MIN:
+        if nhashes - hpos >= _nogil_min:
             save = PyEval_SaveThread()
         if True:
             while msg < n:

@@ -24,7 +24,13 @@ threads hand the GIL over about once per chunk rather than once per put.  A quer
 index lock: a key is found as soon as the put that stored it is acknowledged (it was queued
 before the put returned), whatever the index thread's lag.  The queue is bounded: past
 ``MAX_QUEUED`` messages a put indexes a chunk itself before returning (back-pressure instead of
-memory growing without limit).  :meth:`HashIndex.dispatch` (one request) indexes synchronously,
+memory growing without limit).  Under a steady load the index thread is mostly idle: once
+``inline_keys`` messages (256) are queued, the put that finds the index lock free indexes the
+whole queue itself, as one chunk, on its own thread (the event loop's), and the index thread
+keeps a slow pace (a round per ``INLINE_ROUNDS`` x ``ROUND_S``) for what is left when puts stop.
+Measured on single sends: the thread's wake-ups and GIL hand-overs per round cost more of the
+broker's CPU than the indexing itself (``docs/request-lanes.md``, single's section).
+:meth:`HashIndex.dispatch` (one request) indexes synchronously,
 after what is queued.  An abnormal stop loses the queue: the checkpoint never covers it (below).
 
 Durability and recovery.  :meth:`HashIndex.flush` indexes what is queued, msyncs the files, then
@@ -100,6 +106,9 @@ DRAIN_CHUNK = 4_096
 #: The index thread's pace: at most one round of indexing per ROUND_S, so under load one wake-up
 #: serves many puts (a query never waits for it: it indexes what is queued itself).
 ROUND_S = 0.005
+#: The index thread's pace when puts index the queue themselves (``inline_keys``): a round per
+#: this many ROUND_S (50 ms); it indexes only what they left when they stopped.
+INLINE_ROUNDS = 10
 _UNIQ = Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 _KEYS = Prop.KEYS
 
@@ -129,6 +138,11 @@ class HashIndexOptions:
     max_hash_slot_num: int = attrs.field(default=5_000_000, validator=_slot_num_ok)
     #: Entries per file (20 bytes each, entry 0 unused); a full file rolls to a new one.
     max_index_num: int = attrs.field(default=20_000_000, validator=_index_num_ok)
+    #: Keys queued before a put indexes them itself, on the thread that puts (the event loop's),
+    #: in one chunk, instead of leaving them to the index thread (0: never).  The index thread
+    #: then keeps a slow pace (``INLINE_ROUNDS``) for what is left when puts stop, and the
+    #: compiled hashing and insertion keep the GIL (with 0 they release it from 64 keys on).
+    inline_keys: int = attrs.field(default=256, validator=attrs.validators.ge(0))
 
 
 def build_key(topic: str, key: str) -> str:
@@ -141,6 +155,11 @@ class HashIndex:
     def __init__(self, store_path: Path, options: HashIndexOptions | None = None) -> None:
         self.store_path = Path(store_path)
         self.options = options or HashIndexOptions()
+        if native.impl is not None:
+            # Indexing inline, the compiled calls keep the GIL: releasing it only hands it to
+            # another thread and back (measured: 1.18x the sends per server CPU-second).  The
+            # setting is the process's; every index of the broker has the same options.
+            native.impl.set_gil_release_keys(0 if self.options.inline_keys else 64)
         self._files: list[IndexFile] = []
         # Files written since the last flush, in the order they were written (an ordered set).
         self._dirty: dict[IndexFile, None] = {}
@@ -172,6 +191,7 @@ class HashIndex:
         self._stopping = False
         self._lag_max_s = 0.0  # the oldest queued put's age when indexing began, at most
         self._put_drains = 0  # puts that indexed a chunk themselves (back-pressure)
+        self._inline_drains = 0  # puts that indexed the queue themselves (inline_keys)
         self._wakeups = 0  # puts that woke the index thread from idle
         self._keyless_puts = 0  # puts with no key: not queued
 
@@ -289,6 +309,16 @@ class HashIndex:
             (topic, properties, commit_log_offsets, store_timestamp, sys_flags, time.monotonic())
         )
         self._enqueued += n
+        inline = self.options.inline_keys
+        if inline and self._enqueued - self._dequeued >= inline and self._lock.acquire(blocking=False):
+            try:  # the index lock free: no indexing under way, this thread indexes the queue
+                if not self._closed:
+                    self._inline_drains += 1
+                    self._drain()
+            except Exception:  # a bug: the put stands, the index thread retries what is queued
+                log.exception("hash index: a put's indexing failed; left to the index thread")
+            finally:
+                self._lock.release()
         if not self._wake.is_set():  # after the append: the thread's clear looks at the queue again
             if self._worker is None:
                 self._start_worker()
@@ -346,7 +376,8 @@ class HashIndex:
         last_round = time.monotonic()
         while True:
             self._wake.wait()
-            pause = last_round + ROUND_S - time.monotonic()
+            pace = ROUND_S * INLINE_ROUNDS if self.options.inline_keys else ROUND_S
+            pause = last_round + pace - time.monotonic()
             if pause > 0 and self._halt.wait(pause):
                 return  # shutdown() indexes the rest
             before = self._dequeued
@@ -781,6 +812,7 @@ class HashIndex:
                 "covered_timestamp": self._covered_ts,
                 "lag_max_ms": round(self._lag_max_s * 1000),
                 "put_drains": self._put_drains,
+                "inline_drains": self._inline_drains,
                 "wakeups": self._wakeups,
                 "keyless_puts": self._keyless_puts,
             }

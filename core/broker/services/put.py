@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from tidemq.broker.context import BrokerContext
 from tidemq.broker.services.status import Status
+from tidemq.extensions import compiled_twin
 from tidemq.futures import resolved
 from tidemq.message import (
     TRANSACTION_PREPARED_TYPE,
@@ -78,6 +79,10 @@ _NOT_MASTER = ReplicaStatus.NOT_MASTER
 _ONE_MESSAGE_STATUSES = frozenset((PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED))
 #: Transaction types the store gives no consume-queue entry (every record of a put shares offset 0).
 _NOT_CONSUMABLE = (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+#: ``settle_sends(broker, sends, done, put_outcome, fill)``: :func:`settled_many`'s loop compiled
+#: (per send the slots ``_fill`` sets, the window's ``stored``), or None: the Python loop.
+_lane = compiled_twin("tidemq._native._send_lane")
+_settle_sends = getattr(_lane, "settle_sends", None)
 #: A coalesced put is cut at this many body bytes: the put is packed into one buffer first.
 GROUP_MAX_BYTES = 1024 * 1024
 
@@ -228,6 +233,14 @@ def settled_many(broker: BrokerContext, sends: list[Send], done: list[bool]) -> 
             if not done[i]:
                 done[i] = settled(broker, send)
         return
+    if _settle_sends is not None:  # the same loop compiled (tidemq._native._send_lane)
+        _settle_sends(broker, sends, done, _put_outcome, _fill)
+        return
+    settled_many_py(broker, sends, done)
+
+
+def settled_many_py(broker: BrokerContext, sends: list[Send], done: list[bool]) -> None:
+    """:func:`settled_many`'s loop in Python (the reference of the compiled ``settle_sends``)."""
     outcomes: dict[PutGroup, _Outcome | None] = {}
     for i, send in enumerate(sends):
         if done[i]:
