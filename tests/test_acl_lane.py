@@ -420,6 +420,32 @@ def test_the_lane_check_admits_exactly_what_validate_allows(
     assert check.admits(request.code, request.ext_fields, request.payload() or None, host) == admitted
 
 
+def _acl_checks_on_metrics() -> dict[str, float]:
+    from tidemq_metrics_prometheus.lane_metrics import lane_families
+
+    (family,) = [f for f in lane_families() if f.name == "tidemq_lane_acl_checks"]
+    return {s.labels["outcome"]: s.value for s in family.samples}
+
+
+def test_the_lane_checks_are_counted_on_metrics(validator: PlainAccessValidator) -> None:
+    """``tidemq_lane_acl_checks_total{outcome}`` on /metrics: what the lane check admitted and
+    what it left to ``validate`` (before, only the runtime info had them)."""
+    access = lanes.lane_access(validator)
+    if access is None:
+        pytest.skip("no lane check (TIDEMQ_NO_EXTENSIONS=1)")
+    before = _acl_checks_on_metrics()
+    ok, wrong = single(), single(secret="not-the-secret")
+    assert access.admits(ok.code, ok.ext_fields, ok.payload() or None, "127.0.0.1")
+    assert not access.admits(wrong.code, wrong.ext_fields, wrong.payload() or None, "127.0.0.1")
+    after = _acl_checks_on_metrics()
+    assert after["admitted"] - before["admitted"] == 1
+    assert after["to_python"] - before["to_python"] == 1
+    assert after == {
+        "admitted": lanes.lane_counts()["acl_admitted"],
+        "to_python": lanes.lane_counts()["acl_to_python"],
+    }
+
+
 class _Recording(dict[str, Any]):
     def __init__(self, data: Mapping[str, Any]) -> None:
         super().__init__(data)

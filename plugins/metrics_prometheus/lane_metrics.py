@@ -15,7 +15,9 @@ def lane_families() -> list[Metric]:
     """``tidemq_send_lane_runs_total{served_by}`` (runs of sends the compiled prepare step took,
     ``lane``, or refused to the Python handler, ``python``), ``tidemq_read_lane_frames_total`` (send
     frames the read lane took from a read's bytes), ``tidemq_read_lane_answers_total`` (reads it
-    answered with compiled bytes) and ``tidemq_pull_lane_pulls_total{served_by}``."""
+    answered with compiled bytes), ``tidemq_pull_lane_pulls_total{served_by}`` and
+    ``tidemq_lane_acl_checks_total{outcome}`` (requests the ACL's lane check admitted, ``admitted``,
+    or left to ``validate``, ``to_python``)."""
     counts = lane_counts()
     runs = CounterMetricFamily(
         "tidemq_send_lane_runs",
@@ -39,4 +41,11 @@ def lane_families() -> list[Metric]:
     )
     pulls.add_metric(["lane"], counts["pull_served"])
     pulls.add_metric(["python"], counts["pull_to_python"])
-    return [runs, frames, answers, pulls]
+    acl = CounterMetricFamily(
+        "tidemq_lane_acl_checks",
+        "Requests the access validator's lane check admitted (admitted) or left to validate (to_python)",
+        labels=["outcome"],
+    )
+    acl.add_metric(["admitted"], counts["acl_admitted"])
+    acl.add_metric(["to_python"], counts["acl_to_python"])
+    return [runs, frames, answers, pulls, acl]
