@@ -369,9 +369,7 @@ class LocalBackend:
 
 def _stored(send: Send) -> Stored:
     """A settled send's answer."""
-    return Stored(
-        Outcome(send.status, send.remark), send.msg_id, send.queue_offset, send.recall_handle or ""
-    )
+    return Stored(Outcome(send.status, send.remark), send.msg_id, send.queue_offset, send.recall_handle or "")
 
 
 #: A send's answer while the duplicate window is rebuilt (as the remoting path's).

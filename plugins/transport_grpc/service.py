@@ -193,8 +193,9 @@ class MessagingService:
 
     async def Telemetry(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         """The client's settings in, the broker's settings out (clients wait 10 s for them), and
-        what the broker asks the client (transaction checks) out; answers to
-        VerifyMessage/PrintThreadStack commands are logged."""
+        what the broker asks the client (transaction checks, CONSUME_MESSAGE_DIRECTLY as
+        VerifyMessageCommand) out; VerifyMessageResults answer the latter, answers to
+        PrintThreadStack commands are logged."""
         cid = client_id(context)
         peer = StreamPeer(context.peer(), cid, self.pb)
         metadata = tuple(context.invocation_metadata() or ())
@@ -236,7 +237,11 @@ class MessagingService:
                     self._register_producer(peer, cid, command.settings)
                     await _room(out)
                     out.put_nowait(pb.TelemetryCommand(status=self.status(pb.OK), settings=settings))
-                elif kind in ("thread_stack_trace", "verify_message_result"):
+                elif kind == "verify_message_result":  # the answer to a CONSUME_MESSAGE_DIRECTLY
+                    nonce = command.verify_message_result.nonce
+                    if not peer.verified(nonce, command.status.code, command.status.message):
+                        log.info("client %s answered verify_message %r, which no one waits for", cid, nonce)
+                elif kind == "thread_stack_trace":
                     log.info("client %s answered %s", cid, kind)
                 else:
                     await _room(out)
