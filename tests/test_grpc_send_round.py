@@ -88,14 +88,24 @@ def test_a_sendmessage_of_16_waits_for_one_flush_round(tmp_path: Path) -> None:
             assert {e.status.code for e in response.entries} == {pb.OK}
             assert len(gated.returned) == 1  # one round for the 16 (16 rounds before)
 
-            # Over the topic's 4 queues: four puts, made together, in at most two rounds.
+            # Over the topic's 4 queues: four puts, made together while the first round is held
+            # (it may carry the first put alone): every message waits for at most two rounds.
             await make_topic(broker, "FourQueues", 4)
+            gated.gate.clear()
+            gated.entered.clear()
             before = len(gated.returned)
-            spread = await send(
-                pb.SendMessageRequest(messages=[plain("FourQueues", f"01AB{i:030X}") for i in range(16)]),
-                metadata=META,
+            spread = asyncio.ensure_future(
+                send(
+                    pb.SendMessageRequest(messages=[plain("FourQueues", f"01AB{i:030X}") for i in range(16)]),
+                    metadata=META,
+                )
             )
-            assert {e.status.code for e in spread.entries} == {pb.OK}
+            assert await asyncio.to_thread(gated.entered.wait, 10)
+            await asyncio.sleep(0.3)
+            assert sum(broker.store.get_max_offset_in_queue("FourQueues", q) for q in range(4)) == 16
+            gated.gate.set()
+            answered = await asyncio.wait_for(spread, 20)
+            assert {e.status.code for e in answered.entries} == {pb.OK}
             assert 1 <= len(gated.returned) - before <= 2
 
     asyncio.run(main())
