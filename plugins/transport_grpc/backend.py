@@ -239,13 +239,13 @@ class LocalBackend:
             for send, ready in zip(pending, done, strict=True):
                 if not ready:  # the first awaits the round; the others are settled by then
                     await sends.settle(send)
-        return [item if type(item) is Stored else _stored(item) for item in prepared]  # type: ignore[arg-type]
+        return [item if type(item) is Stored else _stored(item) for item in prepared]
 
     async def _send(self, peer: Connection, message: Outgoing) -> Stored:
         prepared = self._prepare(peer, message)
         if type(prepared) is Stored:
             return prepared
-        send: Send = prepared  # type: ignore[assignment]
+        send = prepared
         sends = self.services.send
         sends.put_one(send)
         if not sends.settled(send):
