@@ -94,7 +94,9 @@ async def drive(address: str, pid: int, batch: int, calls: int) -> dict[str, Any
         for _ in range(20):  # the topic made, the paths warm
             await send(pb.SendMessageRequest(messages=[message() for _ in range(batch)]), metadata=meta)
         for size in (batch, 1):
-            requests = [pb.SendMessageRequest(messages=[message() for _ in range(size)]) for _ in range(calls)]
+            requests = [
+                pb.SendMessageRequest(messages=[message() for _ in range(size)]) for _ in range(calls)
+            ]
             latencies = []
             cpu0 = cpu_seconds(pid)
             for request in requests:
@@ -114,7 +116,9 @@ async def drive(address: str, pid: int, batch: int, calls: int) -> dict[str, Any
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--b-tree", required=True, help="PYTHONPATH of B's broker (the old code)")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--calls", type=int, default=200)
