@@ -216,3 +216,15 @@ class ProxyInstance(ClientInstance):
 
     async def send_heartbeats(self) -> None:
         await self.clients.send_heartbeats()
+
+    async def _operator_request(self, request: RemotingCommand) -> RemotingCommand | None:
+        # CONSUME_MESSAGE_DIRECTLY names one v5 client: its group's ProxyConsumer hands it to that
+        # client's Telemetry stream (VerifyMessageCommand), as RocketMQ 5's proxy does.
+        if request.code == RequestCode.CONSUME_MESSAGE_DIRECTLY:
+            fields = request.ext_fields or {}
+            consumer = self.consumers.get(fields.get("consumerGroup", ""))
+            directly = getattr(consumer, "consume_directly_of", None)
+            if directly is not None:
+                answer: RemotingCommand = await directly(fields.get("clientId", ""), request)
+                return answer
+        return await super()._operator_request(request)

@@ -352,6 +352,10 @@ class ClusterBackend:
         raise BackendUnavailable(f"no broker group of topic {message.topic} answered: {'; '.join(failures)}")
 
     # ------------------------------------------------------------------ transactions
+    async def send_many(self, peer: Connection, messages: Sequence[Outgoing]) -> list[Stored]:
+        """One by one, in order (each may go to another broker group, with its own retries)."""
+        return [await self.send(peer, message) for message in messages]
+
     async def end_transaction(
         self,
         peer_address: str,

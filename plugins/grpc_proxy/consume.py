@@ -75,6 +75,11 @@ def _mark(stored_topic: str) -> str:
     return "0"
 
 
+#: How long the proxy waits for a client's VerifyMessageResult: under the broker's 10 s wait for
+#: the proxy, so the admin gets the proxy's CONSUME_MSG_TIMEOUT, not the broker's.
+DIRECTLY_TIMEOUT_S = 9.0
+
+
 class ProxyConsumer:
     """A v5 consumer group as the proxy's client registers it with the brokers (heartbeats)."""
 
@@ -102,6 +107,30 @@ class ProxyConsumer:
         ``MQClientInstance.getConsumerStatus`` answers an empty table for a consumer that holds no
         offsets, and so does the proxy (the request names no client, so each is answered alike)."""
         return {}
+
+    async def consume_directly_of(self, client_id: str, request: RemotingCommand) -> RemotingCommand:
+        """CONSUME_MESSAGE_DIRECTLY a broker relays for one of the group's clients: to that
+        client's Telemetry stream as a VerifyMessageCommand (``StreamPeer.verify_message``, as
+        in a broker's process), answered within the broker's own wait for the proxy."""
+        for peer, _subs in self.streams.values():
+            if getattr(peer, "client_id", None) != client_id or not hasattr(peer, "verify_message"):
+                continue
+            try:
+                answer: RemotingCommand = await peer.verify_message(request, DIRECTLY_TIMEOUT_S)
+                return answer
+            except TimeoutError:
+                return request.reply(
+                    ResponseCode.CONSUME_MSG_TIMEOUT,
+                    f"consumer <{self.group}> <{client_id}> Timeout: no answer",
+                )
+            except Exception as exc:  # the stream ended, a message that does not decode
+                return request.reply(
+                    ResponseCode.SYSTEM_ERROR,
+                    f"invoke consumer <{self.group}> <{client_id}> Exception: {exc}",
+                )
+        return request.reply(
+            ResponseCode.SYSTEM_ERROR, f"The Consumer <{self.group}> <{client_id}> not online"
+        )
 
     def heartbeat_data(self) -> dict[str, Any]:
         subscriptions: dict[str, Subscribed] = {}

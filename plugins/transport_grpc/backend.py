@@ -21,6 +21,7 @@ import attrs
 
 from tidemq.broker.dedup import WindowRebuilding
 from tidemq.broker.services import BrokerServices, Outcome, Status
+from tidemq.broker.services.put import Send, settled_many
 from tidemq.message import MessageExt, decode_message_id, iter_messages, properties_to_string
 from tidemq.transport import Connection
 
@@ -105,6 +106,11 @@ class Backend(Protocol):
 
     async def send(self, peer: Connection, message: Outgoing) -> Stored:
         """Store one message (on the message group's queue for a FIFO message)."""
+        ...
+
+    async def send_many(self, peer: Connection, messages: Sequence[Outgoing]) -> list[Stored]:
+        """Store the messages of one SendMessage, in order: one answer each, as :meth:`send`
+        gives them; a broker's backend awaits their durability together (one flush round)."""
         ...
 
     async def end_transaction(
@@ -210,7 +216,44 @@ class LocalBackend:
         except WindowRebuilding as exc:  # a rebuild began between the check and the put
             return Stored(Outcome(Status.SERVICE_NOT_AVAILABLE, str(exc)))
 
+    async def send_many(self, peer: Connection, messages: Sequence[Outgoing]) -> list[Stored]:
+        """Store several messages of one request: each prepared (checked, hooked) in order, then
+        all put in one call (one put per topic and queue) and their puts and replicas awaited
+        together, so under sync flush they share a flush round instead of one round each.  The
+        answers are per message, as :meth:`send` gives them one by one."""
+        window = self.broker.dedup
+        if not window.serving() and not await window.wait_rebuilt():
+            return [Stored(Outcome(Status.SERVICE_NOT_AVAILABLE, _REBUILDING)) for _ in messages]
+        sends = self.services.send
+        prepared: list[Send | Stored] = []
+        for message in messages:
+            try:
+                prepared.append(self._prepare(peer, message))
+            except WindowRebuilding as exc:  # a rebuild began between the check and this message
+                prepared.append(Stored(Outcome(Status.SERVICE_NOT_AVAILABLE, str(exc))))
+        pending = [item for item in prepared if type(item) is Send]
+        if pending:
+            sends.put(pending)  # one put per destination, in order
+            done = [False] * len(pending)
+            settled_many(self.broker, pending, done)
+            for send, ready in zip(pending, done, strict=True):
+                if not ready:  # the first awaits the round; the others are settled by then
+                    await sends.settle(send)
+        return [item if type(item) is Stored else _stored(item) for item in prepared]
+
     async def _send(self, peer: Connection, message: Outgoing) -> Stored:
+        prepared = self._prepare(peer, message)
+        if type(prepared) is Stored:
+            return prepared
+        send = prepared
+        sends = self.services.send
+        sends.put_one(send)
+        if not sends.settled(send):
+            await sends.settle(send)
+        return _stored(send)
+
+    def _prepare(self, peer: Connection, message: Outgoing) -> Send | Stored:
+        """``message`` checked and prepared: the send to store, or the answer that ends it here."""
         sends = self.services.send
         cfg = sends.check_topic(
             message.topic, DEFAULT_TOPIC, self.broker.settings.default_topic_queues, 0, message.sys_flag
@@ -241,12 +284,7 @@ class LocalBackend:
         )
         if isinstance(send, Outcome):
             return Stored(send)
-        sends.put_one(send)
-        if not sends.settled(send):
-            await sends.settle(send)
-        return Stored(
-            Outcome(send.status, send.remark), send.msg_id, send.queue_offset, send.recall_handle or ""
-        )
+        return send
 
     async def end_transaction(
         self,
@@ -327,6 +365,11 @@ class LocalBackend:
         if policy == "END":
             return store.get_max_offset_in_queue(topic, queue_id)
         return store.get_offset_by_time(topic, queue_id, timestamp_ms)
+
+
+def _stored(send: Send) -> Stored:
+    """A settled send's answer."""
+    return Stored(Outcome(send.status, send.remark), send.msg_id, send.queue_offset, send.recall_handle or "")
 
 
 #: A send's answer while the duplicate window is rebuilt (as the remoting path's).

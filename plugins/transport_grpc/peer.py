@@ -4,7 +4,11 @@ A unary call or a pull gets a :class:`CallPeer` for its duration; a client's Tel
 a :class:`StreamPeer` for its life: the producer groups of the client are registered on it (so
 the broker's transaction check finds it) and it takes the checks as values
 (:class:`~tidemq.broker.services.transactions.TransactionCheckTarget`), written to the stream as
-``RecoverOrphanedTransactionCommand``.
+``RecoverOrphanedTransactionCommand``.  A consumer's stream also takes the broker's
+CONSUME_MESSAGE_DIRECTLY (an admin's "resend to consumer") through :meth:`StreamPeer.invoke`, the
+remoting connection's method the broker's ``callConsumer`` calls: written to the stream as a
+``VerifyMessageCommand``, answered with the client's ``VerifyMessageResult`` as RocketMQ 5's proxy
+answers it (a ConsumeMessageDirectlyResult).
 """
 
 from __future__ import annotations
@@ -12,13 +16,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import ipaddress
+import itertools
 import logging
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from tidemq import ConnectionState
 from tidemq.broker.services.transactions import TransactionCheck
+from tidemq.message import decode_message
 from tidemq.mqjson import dumps as mq_dumps
 from tidemq.remoting import RemotingCommand
 from tidemq.remoting.codes import RequestCode
@@ -30,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: Commands a Telemetry stream holds for a client that is not reading them (more are refused).
 OUTBOX_LIMIT = 64
+#: The nonces of the broker's commands that wait for an answer (VerifyMessageCommand).
+_NONCES = itertools.count(1)
 
 
 @functools.lru_cache(maxsize=1024)  # every call parses its peer's address (ipaddress is slow)
@@ -102,6 +111,15 @@ class CallPeer:
         raise ConnectionError(f"gRPC client {self.remote_address} takes no remoting response")
 
 
+#: A VerifyMessageResult's status as ConsumeMessageDirectlyResult's consumeResult (RocketMQ 5's
+#: proxy: OK, FAILED_TO_CONSUME_MESSAGE and MESSAGE_CORRUPTED; another code leaves it null).
+_CONSUME_RESULTS = {
+    "OK": "CR_SUCCESS",
+    "FAILED_TO_CONSUME_MESSAGE": "CR_LATER",
+    "MESSAGE_CORRUPTED": "CR_RETURN_NULL",
+}
+
+
 class StreamPeer(CallPeer):
     """A client's Telemetry stream: what the broker sends the client goes to :attr:`outbox`."""
 
@@ -115,6 +133,61 @@ class StreamPeer(CallPeer):
         self.producer_groups: list[str] = []
         #: The client's language and version (its Settings' user agent, else its metadata's).
         self.agent = ClientAgent()
+        #: VerifyMessageCommands sent and not answered yet: nonce -> the answer's future.
+        self.verifying: dict[str, asyncio.Future[tuple[int, str]]] = {}
+        self.add_close_callback(StreamPeer._fail_verifying)
+
+    async def invoke(self, request: RemotingCommand, timeout: float) -> RemotingCommand:
+        if request.code != RequestCode.CONSUME_MESSAGE_DIRECTLY:
+            return await super().invoke(request, timeout)
+        return await self.verify_message(request, timeout)
+
+    async def verify_message(self, request: RemotingCommand, timeout: float) -> RemotingCommand:
+        """CONSUME_MESSAGE_DIRECTLY (the stored message in the body) to the client as a
+        ``VerifyMessageCommand``; its ``VerifyMessageResult`` as a ConsumeMessageDirectlyResult.
+        No answer within ``timeout``: :class:`TimeoutError` (the broker answers the admin
+        CONSUME_MSG_TIMEOUT, as for a 4.x client that does not answer)."""
+        if self.closed:
+            raise ConnectionError(f"the Telemetry stream of gRPC client {self.client_id} is closed")
+        if self.outbox.qsize() >= OUTBOX_LIMIT:
+            raise ConnectionError(f"gRPC client {self.client_id} reads none of its Telemetry stream")
+        pb = self.pb
+        msg = decode_message(request.body or b"")
+        nonce = f"{next(_NONCES):x}-{time.time_ns():x}"
+        answer: asyncio.Future[tuple[int, str]] = asyncio.get_running_loop().create_future()
+        self.verifying[nonce] = answer
+        begin = time.monotonic()
+        try:
+            self.outbox.put_nowait(
+                pb.TelemetryCommand(
+                    verify_message_command=pb.VerifyMessageCommand(nonce=nonce, message=to_v5(pb, msg))
+                )
+            )
+            code, text = await asyncio.wait_for(answer, timeout)
+        finally:
+            self.verifying.pop(nonce, None)
+        result = {
+            "autoCommit": True,
+            "consumeResult": _CONSUME_RESULTS.get(pb.Code.Name(code) if code in pb.Code.values() else ""),
+            "order": False,
+            "remark": "from gRPC client" if code == pb.OK else f"from gRPC client: {text or code}",
+            "spentTimeMills": int((time.monotonic() - begin) * 1000),
+        }
+        return request.reply(body=mq_dumps(result))
+
+    def verified(self, nonce: str, code: int, text: str) -> bool:
+        """The client's ``VerifyMessageResult`` of ``nonce`` (False: no command waits for it)."""
+        answer = self.verifying.pop(nonce, None)
+        if answer is None or answer.done():
+            return False
+        answer.set_result((code, text))
+        return True
+
+    def _fail_verifying(self) -> None:
+        waiting, self.verifying = self.verifying, {}
+        for answer in waiting.values():
+            if not answer.done():
+                answer.set_exception(ConnectionError(f"gRPC client {self.client_id} went away"))
 
     async def check_transaction(self, check: TransactionCheck) -> None:
         """The broker's check of a pending transaction, as RocketMQ 5's proxy sends it."""

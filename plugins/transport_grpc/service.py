@@ -28,7 +28,7 @@ from tidemq.names import check_topic_name
 from tidemq.topic_attributes import TopicMessageType, topic_message_type
 
 from .agent import agent_of
-from .backend import DEFAULT_TOPIC, Backend, Outgoing
+from .backend import DEFAULT_TOPIC, Backend, Outgoing, Stored
 from .consume import ConsumeRpcs, ReceiveLimits
 from .consume_types import ConsumeBackend
 from .messages import (
@@ -193,8 +193,9 @@ class MessagingService:
 
     async def Telemetry(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         """The client's settings in, the broker's settings out (clients wait 10 s for them), and
-        what the broker asks the client (transaction checks) out; answers to
-        VerifyMessage/PrintThreadStack commands are logged."""
+        what the broker asks the client (transaction checks, CONSUME_MESSAGE_DIRECTLY as
+        VerifyMessageCommand) out; VerifyMessageResults answer the latter, answers to
+        PrintThreadStack commands are logged."""
         cid = client_id(context)
         peer = StreamPeer(context.peer(), cid, self.pb)
         metadata = tuple(context.invocation_metadata() or ())
@@ -236,7 +237,11 @@ class MessagingService:
                     self._register_producer(peer, cid, command.settings)
                     await _room(out)
                     out.put_nowait(pb.TelemetryCommand(status=self.status(pb.OK), settings=settings))
-                elif kind in ("thread_stack_trace", "verify_message_result"):
+                elif kind == "verify_message_result":  # the answer to a CONSUME_MESSAGE_DIRECTLY
+                    nonce = command.verify_message_result.nonce
+                    if not peer.verified(nonce, command.status.code, command.status.message):
+                        log.info("client %s answered verify_message %r, which no one waits for", cid, nonce)
+                elif kind == "thread_stack_trace":
                     log.info("client %s answered %s", cid, kind)
                 else:
                     await _room(out)
@@ -288,26 +293,31 @@ class MessagingService:
 
     # ------------------------------------------------------------------ send
     async def SendMessage(self, request: Any, context: Any) -> Any:
+        """The request's messages, one answer each.  Several messages are prepared in order, put
+        together and awaited together (one flush round under sync flush, as RocketMQ's proxy
+        sends them as one batch); a message refused before the store is answered alone."""
         pb = self.pb
-        if not request.messages:
+        messages = request.messages
+        if not messages:
             return pb.SendMessageResponse(status=self.status(pb.BAD_REQUEST, "no message to send"))
-        entries = []
-        first_message = request.messages[0].system_properties
-        peer = CallPeer(context.peer(), first_message.born_host)
+        peer = CallPeer(context.peer(), messages[0].system_properties.born_host)
         try:
-            for message in request.messages:
-                code, text, offset, tx_id, recall = await self.send_one(message, peer)
-                entries.append(
-                    pb.SendResultEntry(
-                        status=self.status(code, text),
-                        message_id=message.system_properties.message_id,
-                        offset=max(offset, 0),
-                        transaction_id=tx_id,
-                        recall_handle=recall,
-                    )
-                )
+            if len(messages) == 1:
+                answers = [await self.send_one(messages[0], peer)]
+            else:
+                answers = await self.send_many(messages, peer)
         finally:
             peer.close()
+        entries = [
+            pb.SendResultEntry(
+                status=self.status(code, text),
+                message_id=message.system_properties.message_id,
+                offset=max(offset, 0),
+                transaction_id=tx_id,
+                recall_handle=recall,
+            )
+            for message, (code, text, offset, tx_id, recall) in zip(messages, answers, strict=True)
+        ]
         first = entries[0].status
         if len(entries) > 1 and any(e.status.code != first.code for e in entries):
             first = self.status(pb.MULTIPLE_RESULTS, "the messages had different outcomes")
@@ -316,6 +326,24 @@ class MessagingService:
     async def send_one(self, message: Any, peer: CallPeer) -> tuple[int, str, int, str, str]:
         """One message through the send service: ``(code, message, queue offset, transaction id,
         recall handle)`` (the last one for a timer message, else empty)."""
+        outgoing = self.outgoing(message)
+        if type(outgoing) is tuple:
+            return outgoing
+        return self.answer(message, await self.backend.send(peer, outgoing))  # type: ignore[arg-type]
+
+    async def send_many(self, messages: Any, peer: CallPeer) -> list[tuple[int, str, int, str, str]]:
+        """:meth:`send_one` of each message, the ones that reach the store stored together
+        (:meth:`Backend.send_many`): the same answers, their durability awaited at once."""
+        answers: list[Any] = [self.outgoing(message) for message in messages]
+        todo = [i for i, answer in enumerate(answers) if type(answer) is not tuple]
+        if todo:
+            stored = await self.backend.send_many(peer, [answers[i] for i in todo])
+            for i, one in zip(todo, stored, strict=True):
+                answers[i] = self.answer(messages[i], one)
+        return answers
+
+    def outgoing(self, message: Any) -> Outgoing | tuple[int, str, int, str, str]:
+        """``message`` as the backend stores it, or the answer that refuses it here."""
         pb = self.pb
         system = message.system_properties
         topic = message.topic.name
@@ -360,26 +388,27 @@ class MessagingService:
             group = producer_group(topic)
             properties[Prop.TRANSACTION_PREPARED] = "true"
             properties[Prop.PRODUCER_GROUP] = group
-        stored = await self.backend.send(
-            peer,
-            Outgoing(
-                topic,
-                body,
-                properties,
-                sys_flag,
-                born_ms,
-                group,
-                message_group,
-                check_type=self.check_message_types,
-            ),
+        return Outgoing(
+            topic,
+            body,
+            properties,
+            sys_flag,
+            born_ms,
+            group,
+            message_group,
+            check_type=self.check_message_types,
         )
+
+    def answer(self, message: Any, stored: Stored) -> tuple[int, str, int, str, str]:
+        """What became of ``message`` (:meth:`send_one`'s tuple) from the backend's answer."""
+        pb = self.pb
         if stored.type_conflict:  # the topic's message.type, as RocketMQ 5's proxy checks it
             return pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, stored.outcome.remark or "", -1, "", ""
         outcome = stored.outcome
         code = code_of(pb, outcome.status, outcome.remark)
         tx_id = (
             transaction_id(stored.offset_msg_id, stored.queue_offset)
-            if transactional and code == pb.OK
+            if message.system_properties.message_type == pb.TRANSACTION and code == pb.OK
             else ""
         )
         recall = stored.recall_handle if code == pb.OK else ""
