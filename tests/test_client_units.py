@@ -221,7 +221,7 @@ def test_broker_relayed_consumer_requests_dispatch_on_the_consumer_protocols() -
     instance.register_consumer(simple)  # type: ignore[arg-type]
 
     async def ask(code: int, fields: dict[str, str]) -> RemotingCommand:
-        answer = await instance._operator_request(RemotingCommand.request(code, fields))
+        answer = await instance.operator_request(RemotingCommand.request(code, fields))
         assert answer is not None
         return answer
 

@@ -313,9 +313,11 @@ class ClientInstance:
             return
         producer.check_transaction_state(str(conn.remote_address), dict(request.ext_fields or {}), msg)
 
-    async def _operator_request(self, request: RemotingCommand) -> RemotingCommand | None:
+    async def operator_request(self, request: RemotingCommand) -> RemotingCommand | None:
         """220, 221, 307, 309: an operator's request the broker relays to this client's consumers.
-        Answered as rocketmq-client-java answers them; bad input gets SYSTEM_ERROR, never a crash."""
+        Answered as rocketmq-client-java answers them; bad input gets SYSTEM_ERROR, never a crash.
+        Called by the connection's request dispatch; a subclass that serves other clients' consumers
+        (the gRPC proxy's :class:`ProxyInstance`) overrides it and calls this for the rest."""
         fields = request.ext_fields or {}
         code = request.code
         group = fields.get("group" if code in _GROUP_CODES else "consumerGroup", "")
@@ -392,7 +394,7 @@ class ClientInstance:
             self._check_transaction_state(conn, request)
             return None
         if request.code in _OPERATOR_CODES:
-            return await self._operator_request(request)
+            return await self.operator_request(request)
         if request.code == RequestCode.PUSH_REPLY_MESSAGE_TO_CLIENT:
             return receive_reply(request)  # a reply to one of this process's requests
         if request.is_oneway:

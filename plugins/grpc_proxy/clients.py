@@ -217,7 +217,7 @@ class ProxyInstance(ClientInstance):
     async def send_heartbeats(self) -> None:
         await self.clients.send_heartbeats()
 
-    async def _operator_request(self, request: RemotingCommand) -> RemotingCommand | None:
+    async def operator_request(self, request: RemotingCommand) -> RemotingCommand | None:
         # CONSUME_MESSAGE_DIRECTLY names one v5 client: its group's ProxyConsumer hands it to that
         # client's Telemetry stream (VerifyMessageCommand), as RocketMQ 5's proxy does.
         if request.code == RequestCode.CONSUME_MESSAGE_DIRECTLY:
@@ -227,4 +227,4 @@ class ProxyInstance(ClientInstance):
             if directly is not None:
                 answer: RemotingCommand = await directly(fields.get("clientId", ""), request)
                 return answer
-        return await super()._operator_request(request)
+        return await super().operator_request(request)

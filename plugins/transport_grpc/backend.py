@@ -20,8 +20,7 @@ from typing import Literal, Protocol
 import attrs
 
 from tidemq.broker.dedup import WindowRebuilding
-from tidemq.broker.services import BrokerServices, Outcome, Status
-from tidemq.broker.services.put import Send, settled_many
+from tidemq.broker.services import BrokerServices, Outcome, Send, Status
 from tidemq.message import MessageExt, decode_message_id, iter_messages, properties_to_string
 from tidemq.transport import Connection
 
@@ -231,19 +230,19 @@ class LocalBackend:
                 prepared.append(self._prepare(peer, message))
             except WindowRebuilding as exc:  # a rebuild began between the check and this message
                 prepared.append(Stored(Outcome(Status.SERVICE_NOT_AVAILABLE, str(exc))))
-        pending = [item for item in prepared if type(item) is Send]
+        pending = [item for item in prepared if isinstance(item, Send)]
         if pending:
             sends.put(pending)  # one put per destination, in order
             done = [False] * len(pending)
-            settled_many(self.broker, pending, done)
+            sends.settled_many(pending, done)
             for send, ready in zip(pending, done, strict=True):
                 if not ready:  # the first awaits the round; the others are settled by then
                     await sends.settle(send)
-        return [item if type(item) is Stored else _stored(item) for item in prepared]
+        return [item if isinstance(item, Stored) else _stored(item) for item in prepared]
 
     async def _send(self, peer: Connection, message: Outgoing) -> Stored:
         prepared = self._prepare(peer, message)
-        if type(prepared) is Stored:
+        if isinstance(prepared, Stored):
             return prepared
         send = prepared
         sends = self.services.send

@@ -39,7 +39,15 @@ from tidemq.broker.headers import (
     dlq_topic,
     retry_topic,
 )
-from tidemq.broker.services.put import GROUP_MAX_BYTES, PutGroup, Send, settle, settled, store_group
+from tidemq.broker.services.put import (
+    GROUP_MAX_BYTES,
+    PutGroup,
+    Send,
+    settle,
+    settled,
+    settled_many,
+    store_group,
+)
 from tidemq.broker.services.status import DONE, Outcome, Status
 from tidemq.broker.timer import TIMER_OUT_MS, TimerRefused
 from tidemq.broker.topics import TopicConfig
@@ -470,6 +478,11 @@ class SendService:
     #: replicas are done already, async flush: nearly every send), without a coroutine; False:
     #: :meth:`settle` it.  Bound in ``__init__``: one call per send, no wrapper.
     settled: Callable[[Send], bool]
+
+    def settled_many(self, sends: list[Send], done: list[bool]) -> None:
+        """:attr:`settled` of each send whose ``done`` is False, ``done`` set to its answer; each
+        put's outcome asked once (the sends of one request share a few puts)."""
+        settled_many(self.broker, sends, done)
 
     async def settle(self, send: Send) -> Send:
         """Wait for ``send``'s put and replicas; ``send``, its outcome filled in."""
