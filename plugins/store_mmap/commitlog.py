@@ -159,6 +159,30 @@ class CommitLog:
         self.zero_ahead = ZERO_AHEAD
         self._zeroed_mf: MappedFile | None = None
         self._zeroed_to = 0
+        #: The largest single record packed through the mapping (append_records); 0: none, every
+        #: record is written with pwrite.
+        self.in_place_max = IN_PLACE_MAX
+
+    def use_flush_rounds(self) -> None:
+        """Write for a flush policy that flushes every few puts (group commit, ``sync``).
+
+        Each round's ``fdatasync`` writes back every dirty page of the file, and the page cache
+        dirties and writes back a whole folio at a time when it is written through the mapping
+        (``page_mkwrite`` dirties every block of the folio), only the written blocks when written
+        with ``pwrite``.  Zeros ahead (:func:`zero_ahead`) make 256 KiB folios, and the commit log's
+        readers' readahead makes large folios ahead of the writes too; so under sync flush:
+
+        * no zeros ahead: each round wrote back the zeros it had just written (then the data
+          again in a later round), and a batch put cost ~1.8x the CPU of one without them
+          (``bench/flush_zero_ab.py``, docs/flush.md, "What a sync round writes back");
+        * single records are written with ``pwrite``, not packed through the mapping: a round of
+          32 single 1 KiB puts wrote back 256-512 KiB (the whole folio each time) for 32 KiB.
+
+        Asynchronous flush keeps both: a flush every interval writes the folio once, and the
+        large folios halve the CPU of a write there.
+        """
+        self.zero_ahead = 0
+        self.in_place_max = 0
 
     # ------------------------------------------------------------------ Flushable
     def flush(self, least_pages: int = 0) -> int:
@@ -233,7 +257,7 @@ class CommitLog:
         # One small record: packed in place through the mapping once its blocks are reserved
         # (no syscall, no GIL hand-off between concurrent writers).  Batches: see below.
         in_place = mf.transient or (
-            len(batch.sizes) == 1 and total <= IN_PLACE_MAX and mf.reserve(start + total)
+            len(batch.sizes) == 1 and total <= self.in_place_max and mf.reserve(start + total)
         )
         # Zeros ahead (zero_ahead): a batch's pwrite then only copies, and a single record packed
         # through the mapping takes a page already cached instead of a fault that allocates it.
