@@ -157,8 +157,14 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="work directory (default: a temp dir): the disk measured")
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--workloads", default="single,batch1k,batch128")
-    p.add_argument("--a", default="", help="A's variant: zeros=<bytes|256k|0>[,inplace=<bytes|64k|0>] (empty: the tree's)")
-    p.add_argument("--b", default="zeros=256k,inplace=64k", help="B's variant (default: 256 KiB in one write)")
+    p.add_argument(
+        "--a",
+        default="",
+        help="A's variant: zeros=<bytes|256k|0>[,inplace=<bytes|64k|0>] (empty: the tree's)",
+    )
+    p.add_argument(
+        "--b", default="zeros=256k,inplace=64k", help="B's variant (default: 256 KiB in one write)"
+    )
     args = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="tidemq-zero-ab-", dir=args.dir))
     variants = {"a": parse_variant(args.a), "b": parse_variant(args.b)}
@@ -182,7 +188,14 @@ def main() -> None:
             rounds.append(row)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    keys = ("msgs_s", "cpu_us_per_msg", "sys_us_per_msg", "round_us", "disk_kib_per_round", "dirtied_kib_per_round")
+    keys = (
+        "msgs_s",
+        "cpu_us_per_msg",
+        "sys_us_per_msg",
+        "round_us",
+        "disk_kib_per_round",
+        "dirtied_kib_per_round",
+    )
     median: dict[str, Any] = {}
     for wl in args.workloads.split(","):
         median[wl] = {}
