@@ -166,22 +166,15 @@ class CommitLog:
     def use_flush_rounds(self) -> None:
         """Write for a flush policy that flushes every few puts (group commit, ``sync``).
 
-        Each round's ``fdatasync`` writes back every dirty page of the file, and the page cache
-        dirties and writes back a whole folio at a time when it is written through the mapping
-        (``page_mkwrite`` dirties every block of the folio), only the written blocks when written
-        with ``pwrite``.  Zeros ahead (:func:`zero_ahead`) make 256 KiB folios, and the commit log's
-        readers' readahead makes large folios ahead of the writes too; so under sync flush:
-
-        * no zeros ahead: each round wrote back the zeros it had just written (then the data
-          again in a later round), and a batch put cost ~1.8x the CPU of one without them
-          (``bench/flush_zero_ab.py``, docs/flush.md, "What a sync round writes back");
-        * single records are written with ``pwrite``, not packed through the mapping: a round of
-          32 single 1 KiB puts wrote back 256-512 KiB (the whole folio each time) for 32 KiB.
-
-        Asynchronous flush keeps both: a flush every interval writes the folio once, and the
-        large folios halve the CPU of a write there.
+        Each round's ``fdatasync`` writes back every dirty page of the file, a folio at a time.  A
+        store through the mapping dirties the whole folio (``page_mkwrite`` marks every block of
+        it), a ``pwrite`` only the blocks it wrote; and the folios where the records go are large
+        (256 KiB from the zeros ahead, 64-128 KiB from readahead without them).  So under sync
+        flush single records are written with ``pwrite``, not packed through the mapping: a round
+        of 32 single 1 KiB puts wrote back 256-512 KiB for 32 KiB of records before
+        (docs/flush.md, "What a sync round writes back").  The zeros ahead stay: turning them off
+        under sync flush cost the broker's batched sends CPU (fresh small folios per write).
         """
-        self.zero_ahead = 0
         self.in_place_max = 0
 
     # ------------------------------------------------------------------ Flushable
