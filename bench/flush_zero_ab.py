@@ -1,20 +1,25 @@
-"""In-process A/B of what a sync flush round writes back: the commit log's zeros ahead.
+"""In-process A/B of what a sync flush round writes back: the commit log's zeros ahead and where
+single records are written (through the mapping or with ``pwrite``).
 
     python bench/flush_zero_ab.py [--rounds 4] [--dir /tmp] [--seconds 3] [--workloads single,batch1k,batch128]
-        [--a zeros=small] [--b zeros=256k]
+        [--a ''] [--b zeros=256k,inplace=64k]
 
 No broker, no socket: an mmap store with sync flush, driven from one asyncio loop as the broker
-puts its sends (store_bench's writers).  Each variant sets the commit log's zeros ahead
-(``CommitLog.zero_ahead`` and ``zero_pages``, :func:`plugins.store_mmap.commitlog.zero_ahead`).
+puts its sends (store_bench's writers).  A variant is empty (the tree's own choice under sync
+flush, ``CommitLog.use_flush_rounds``) or sets ``zeros=<bytes>`` (``CommitLog.zero_ahead``, 0:
+none) and ``inplace=<bytes>`` (``CommitLog.in_place_max``: the largest single record packed
+through the mapping, 0: every record written with ``pwrite``); B's default is main's behaviour.
 Per round, workload and variant (the order swapped every round):
 
-* ``single``: 32 asyncio writers, single 1 KiB puts (each one record packed through the mapping);
+* ``single``: 32 asyncio writers, single 1 KiB puts (one record each);
 * ``batch1k`` / ``batch128``: 8 asyncio writers, each a batch of 32 x 1 KiB / 32 x 128 B a put
   (one ``pwrite`` a batch);
 
 and reports the writers' rate, the process CPU per message (user and system), the flush rounds,
 and the bytes the disk wrote per round (``/sys/block/<dev>/stat``: the whole device, so other
-jobs' writes are in it) and the process's ``write_bytes`` (``/proc/self/io``: bytes it dirtied).
+jobs' writes are in it) and the process's ``write_bytes`` (``/proc/self/io``: the folios it
+dirtied, whole folios even where only some of their blocks are written back).  What the process's
+own writes put on the disk: ``perf record -e block:block_rq_issue -- python bench/flush_zero_ab.py``.
 Prints JSON: every round, and per variant and workload the medians.
 """
 
