@@ -159,6 +159,23 @@ class CommitLog:
         self.zero_ahead = ZERO_AHEAD
         self._zeroed_mf: MappedFile | None = None
         self._zeroed_to = 0
+        #: The largest single record packed through the mapping (append_records); 0: none, every
+        #: record is written with pwrite.
+        self.in_place_max = IN_PLACE_MAX
+
+    def use_flush_rounds(self) -> None:
+        """Write for a flush policy that flushes every few puts (group commit, ``sync``).
+
+        Each round's ``fdatasync`` writes back every dirty page of the file, a folio at a time.  A
+        store through the mapping dirties the whole folio (``page_mkwrite`` marks every block of
+        it), a ``pwrite`` only the blocks it wrote; and the folios where the records go are large
+        (256 KiB from the zeros ahead, 64-128 KiB from readahead without them).  So under sync
+        flush single records are written with ``pwrite``, not packed through the mapping: a round
+        of 32 single 1 KiB puts wrote back 256-512 KiB for 32 KiB of records before
+        (docs/flush.md, "What a sync round writes back").  The zeros ahead stay: turning them off
+        under sync flush cost the broker's batched sends CPU (fresh small folios per write).
+        """
+        self.in_place_max = 0
 
     # ------------------------------------------------------------------ Flushable
     def flush(self, least_pages: int = 0) -> int:
@@ -233,7 +250,7 @@ class CommitLog:
         # One small record: packed in place through the mapping once its blocks are reserved
         # (no syscall, no GIL hand-off between concurrent writers).  Batches: see below.
         in_place = mf.transient or (
-            len(batch.sizes) == 1 and total <= IN_PLACE_MAX and mf.reserve(start + total)
+            len(batch.sizes) == 1 and total <= self.in_place_max and mf.reserve(start + total)
         )
         # Zeros ahead (zero_ahead): a batch's pwrite then only copies, and a single record packed
         # through the mapping takes a page already cached instead of a fault that allocates it.
