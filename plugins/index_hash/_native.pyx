@@ -151,7 +151,7 @@ cdef extern from *:
        lane with tqi_hash. */
     #define TQI_LANES 8
     #define TQI_BLOCK 64
-    #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__has_attribute)
+    #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
     #if __has_attribute(target_clones)
     #define TQI_CLONES __attribute__((target_clones("avx2", "default")))
     #endif
