@@ -34,6 +34,7 @@ from cpython.long cimport PyLong_AsLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.pyport cimport PY_SSIZE_T_MAX
+from cpython.sequence cimport PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE
 from libc.errno cimport EINTR
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memcpy
@@ -431,8 +432,12 @@ cdef class _Gather:
         t = PyBytes_AS_STRING(prefix)
         tlen += 1
         for i in range(n):
-            props = properties[i]
-            flag_obj = sys_flags[i]
+            # Both are lists or tuples (checked above); their length is read again each time, as
+            # a call into Python below (the blake3 package, for a long key) could change a list.
+            if i >= PySequence_Fast_GET_SIZE(properties) or i >= PySequence_Fast_GET_SIZE(sys_flags):
+                break
+            props = <object>PySequence_Fast_GET_ITEM(properties, i)
+            flag_obj = <object>PySequence_Fast_GET_ITEM(sys_flags, i)
             if type(props) is not dict or type(flag_obj) is not int:
                 break
             flag = PyLong_AsLongAndOverflow(flag_obj, &overflow)
