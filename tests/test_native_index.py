@@ -135,7 +135,7 @@ def test_a_put_s_keys_of_every_length_hash_as_the_reference_s(C: ModuleType) -> 
     # chunk (the package) and groups left incomplete at the end: the reference's hashes, in order.
     props: list[dict[str, str]] = []
     for n in [*range(0, 70), 1030, 3, 5, 200, 55, 58, 59, 60, 61, 62, 63, 64, 65]:
-        keys = " ".join("k%d" % i + "x" * n for i in range(n % 4))
+        keys = " ".join(f"k{i}" + "x" * n for i in range(n % 4))
         props.append({Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "U" * n, Prop.KEYS: keys})
     flags = [0] * len(props)
     for topic in ("TopicTest", "T" * 127, ""):
