@@ -1,6 +1,6 @@
 """Profile the tidemq broker under one compare.py workload with py-spy (sampling, no restart).
 
-    python bench/compare_profile.py [--workload produce_1k_single|produce_1k_batch|consume_1k]
+    python bench/compare_profile.py [--workload produce_1k_single|produce_1k_batch|produce_128_batch|consume_1k]
                                     [--flush async|sync] [--seconds 15] [--out DIR]
 
 Starts ``tidemq standalone``, drives it with the compare.py load generators, samples the server
@@ -142,7 +142,7 @@ def main() -> None:
     p.add_argument(
         "--workload",
         default="produce_1k_single",
-        choices=["produce_1k_single", "produce_1k_batch", "consume_1k"],
+        choices=["produce_1k_single", "produce_1k_batch", "produce_128_batch", "consume_1k"],
     )
     p.add_argument("--flush", default="async", choices=["async", "sync"])
     p.add_argument("--seconds", type=float, default=15.0)
@@ -168,7 +168,8 @@ def main() -> None:
         ns = argparse.Namespace(procs=args.procs, inflight=args.inflight, messages=0)
         bench = Bench(ns, server)
         bench.setup()
-        batch = 32 if args.workload == "produce_1k_batch" else 1
+        batch = 32 if args.workload in ("produce_1k_batch", "produce_128_batch") else 1
+        body = 128 if args.workload == "produce_128_batch" else 1024
         if args.workload == "consume_1k":
             bench.produce(1024, 32, 400_000)  # the backlog to read
         out = Path(args.out) if args.out else work
@@ -206,7 +207,7 @@ def main() -> None:
             if args.workload == "consume_1k":
                 runs.append(bench.consume())
                 break
-            runs.append(bench.produce(1024, batch, 60_000 * batch // 4))
+            runs.append(bench.produce(body, batch, 60_000 * batch // 4))
         if args.perf:
             for proc in (rec, statp):
                 proc.send_signal(signal.SIGINT)

@@ -119,6 +119,32 @@ def test_key_hash_matches_the_reference(C: ModuleType, key: str) -> None:
         assert C.package_key_hash(key) == py_key_hash(key)
 
 
+def test_keys_of_one_block_hashed_side_by_side_are_blake3(C: ModuleType) -> None:
+    # tqi_hash_lanes hashes keys of at most 64 bytes 8 at a time (vectors); each lane must be the
+    # one-by-one hash and the package's, at every length, with lanes of different lengths.
+    data = bytes(range(7, 256)) * 2
+    keys = [data[i % 31 : i % 31 + n] for i, n in enumerate(list(range(65)) * 8)]
+    keys += [bytes(64)] * 8 + [b""] * 8 + [os.urandom(n) for n in range(64, 0, -1)]
+    keys += [b"\xff" * (i % 65) for i in range(-len(keys) % 8)]
+    lanes, single = C.hash_lanes_check(keys)
+    assert lanes == single == [package_hash(k) for k in keys]
+
+
+def test_a_put_s_keys_of_every_length_hash_as_the_reference_s(C: ModuleType) -> None:
+    # A batch mixing keys of one block (hashed 8 at a time), longer ones (one by one), beyond one
+    # chunk (the package) and groups left incomplete at the end: the reference's hashes, in order.
+    props: list[dict[str, str]] = []
+    for n in [*range(0, 70), 1030, 3, 5, 200, 55, 58, 59, 60, 61, 62, 63, 64, 65]:
+        keys = " ".join(f"k{i}" + "x" * n for i in range(n % 4))
+        props.append({Prop.UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "U" * n, Prop.KEYS: keys})
+    flags = [0] * len(props)
+    for topic in ("TopicTest", "T" * 127, ""):
+        for end in (len(props), 9, 8, 7, 1):
+            assert C.hash_batch(topic, props[:end], flags[:end], 0) == py_hash_batch(
+                topic, props[:end], flags[:end], 0
+            )
+
+
 # ---------------------------------------------------------------------------- hash_batch
 _KEY = st.text(alphabet=st.sampled_from("ab é中\U0001f600#"), max_size=12)
 _PROPS = st.fixed_dictionaries(

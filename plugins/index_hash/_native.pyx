@@ -34,6 +34,7 @@ from cpython.long cimport PyLong_AsLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.pyport cimport PY_SSIZE_T_MAX
+from cpython.sequence cimport PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE
 from libc.errno cimport EINTR
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memcpy
@@ -143,6 +144,76 @@ cdef extern from *:
         return (int32_t)(be & 0x7FFFFFFFu);
     }
 
+    /* TQI_LANES keys of one block each (at most 64 bytes) hashed side by side: the same
+       compression as tqi_compress, each 32-bit word of the state a vector of TQI_LANES words,
+       one lane per key (GCC's vector extension: SSE2 or AVX2 on x86-64, NEON on arm64, plain
+       words elsewhere).  A put's keys (client message ids, ~45 bytes with the topic) are all one
+       block, so a chunk's hashing is mostly these.  tests/test_native_index.py compares each
+       lane with tqi_hash. */
+    #define TQI_LANES 8
+    #define TQI_BLOCK 64
+    #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute)
+    #if __has_attribute(target_clones)
+    #define TQI_CLONES __attribute__((target_clones("avx2", "default")))
+    #endif
+    #endif
+    #ifndef TQI_CLONES
+    #define TQI_CLONES
+    #endif
+    #if defined(__GNUC__)
+    #define TQI_VECTORS 1
+    typedef uint32_t tqi_vec __attribute__((vector_size(4 * TQI_LANES)));
+
+    #define TQI_VROTR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+    #define TQI_VMIX(a, b, c, d, x, y) do {                                   \
+            v[a] += v[b] + (x); v[d] = TQI_VROTR(v[d] ^ v[a], 16);           \
+            v[c] += v[d];       v[b] = TQI_VROTR(v[b] ^ v[c], 12);           \
+            v[a] += v[b] + (y); v[d] = TQI_VROTR(v[d] ^ v[a], 8);            \
+            v[c] += v[d];       v[b] = TQI_VROTR(v[b] ^ v[c], 7);            \
+        } while (0)
+    #define TQI_VROUND(r) do {                                                           \
+            TQI_VMIX(0, 4, 8, 12, m[tqi_order[r][0]], m[tqi_order[r][1]]);                \
+            TQI_VMIX(1, 5, 9, 13, m[tqi_order[r][2]], m[tqi_order[r][3]]);                \
+            TQI_VMIX(2, 6, 10, 14, m[tqi_order[r][4]], m[tqi_order[r][5]]);               \
+            TQI_VMIX(3, 7, 11, 15, m[tqi_order[r][6]], m[tqi_order[r][7]]);               \
+            TQI_VMIX(0, 5, 10, 15, m[tqi_order[r][8]], m[tqi_order[r][9]]);               \
+            TQI_VMIX(1, 6, 11, 12, m[tqi_order[r][10]], m[tqi_order[r][11]]);             \
+            TQI_VMIX(2, 7, 8, 13, m[tqi_order[r][12]], m[tqi_order[r][13]]);              \
+            TQI_VMIX(3, 4, 9, 14, m[tqi_order[r][14]], m[tqi_order[r][15]]);              \
+        } while (0)
+
+    /* out[j] = tqi_hash(data[j], len[j]) for the TQI_LANES keys, each len[j] <= TQI_BLOCK. */
+    TQI_CLONES static void tqi_hash_lanes(const uint8_t *const *data, const size_t *len, int32_t *out) {
+        uint8_t blocks[TQI_LANES][TQI_BLOCK];
+        uint32_t words[16][TQI_LANES], lens[TQI_LANES];
+        tqi_vec m[16], v[16], w;
+        memset(blocks, 0, sizeof blocks);
+        for (int j = 0; j < TQI_LANES; j++) {
+            if (len[j]) memcpy(blocks[j], data[j], len[j]);
+            lens[j] = (uint32_t)len[j];
+            for (int i = 0; i < 16; i++) words[i][j] = tqi_le32(blocks[j] + 4 * i);
+        }
+        for (int i = 0; i < 16; i++) memcpy(&m[i], words[i], sizeof m[i]);
+        for (int i = 0; i < 8; i++) v[i] = (tqi_vec){0} + tqi_iv[i];  /* the chaining value: the IV */
+        for (int i = 0; i < 4; i++) v[i + 8] = (tqi_vec){0} + tqi_iv[i];
+        v[12] = v[13] = (tqi_vec){0};  /* the chunk counter: chunk 0 */
+        memcpy(&v[14], lens, sizeof v[14]);
+        v[15] = (tqi_vec){0} + (TQI_CHUNK_START | TQI_CHUNK_END | TQI_ROOT);
+        TQI_VROUND(0); TQI_VROUND(1); TQI_VROUND(2); TQI_VROUND(3); TQI_VROUND(4); TQI_VROUND(5); TQI_VROUND(6);
+        w = v[0] ^ v[8];  /* the root output's first word; v[8..11] started as the IV's first four */
+        for (int j = 0; j < TQI_LANES; j++) {
+            uint32_t x = w[j];
+            uint32_t be = ((x & 0xFFu) << 24) | ((x & 0xFF00u) << 8) | ((x >> 8) & 0xFF00u) | (x >> 24);
+            out[j] = (int32_t)(be & 0x7FFFFFFFu);
+        }
+    }
+    #else
+    #define TQI_VECTORS 0
+    static void tqi_hash_lanes(const uint8_t *const *data, const size_t *len, int32_t *out) {
+        for (int j = 0; j < TQI_LANES; j++) out[j] = tqi_hash(data[j], len[j]);
+    }
+    #endif
+
     /* Big-endian fields of the index file. */
     static inline int32_t tqi_get32(const uint8_t *p) {
         return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3]);
@@ -159,6 +230,10 @@ cdef extern from *:
     """
     int TQI_CHUNK_LEN
     int32_t tqi_hash(const uint8_t *data, size_t length) nogil
+    enum: TQI_LANES
+    enum: TQI_BLOCK
+    int TQI_VECTORS
+    void tqi_hash_lanes(const uint8_t *const *data, const size_t *len, int32_t *out) nogil
     int32_t tqi_get32(const uint8_t *p) nogil
     void tqi_put32(uint8_t *p, uint32_t v) nogil
     void tqi_put64(uint8_t *p, unsigned long long v) nogil
@@ -166,7 +241,10 @@ cdef extern from *:
 
 
 #: Where the hash is computed (``tidemq_index_hash.native.DESCRIPTION`` shows it).
-HASH_SOURCE = "blake3: one chunk in C, the blake3 package beyond 1024 bytes"
+HASH_SOURCE = (
+    "blake3: one chunk in C (keys of one block %d at a time%s), the blake3 package beyond 1024 bytes"
+    % (TQI_LANES, ", vectors" if TQI_VECTORS else "")
+)
 
 cdef enum:
     # The file layout (tidemq_index_hash.indexfile; tests/test_native_index.py checks they agree).
@@ -354,8 +432,12 @@ cdef class _Gather:
         t = PyBytes_AS_STRING(prefix)
         tlen += 1
         for i in range(n):
-            props = properties[i]
-            flag_obj = sys_flags[i]
+            # Both are lists or tuples (checked above); their length is read again each time, as
+            # a call into Python below (the blake3 package, for a long key) could change a list.
+            if i >= PySequence_Fast_GET_SIZE(properties) or i >= PySequence_Fast_GET_SIZE(sys_flags):
+                break
+            props = <object>PySequence_Fast_GET_ITEM(properties, i)
+            flag_obj = <object>PySequence_Fast_GET_ITEM(sys_flags, i)
             if type(props) is not dict or type(flag_obj) is not int:
                 break
             flag = PyLong_AsLongAndOverflow(flag_obj, &overflow)
@@ -428,11 +510,57 @@ cdef class _Gather:
 
 
 cdef void _hash_gathered(int *out, const Py_ssize_t *ends, Py_ssize_t n, const uint8_t *keys) noexcept nogil:
-    cdef Py_ssize_t i, start = 0
+    """Hash the gathered keys: those of one block TQI_LANES at a time (``tqi_hash_lanes``), the
+    rest and the last incomplete group one by one (``tqi_hash``)."""
+    cdef Py_ssize_t i, j, start = 0, length
+    cdef int lanes = 0
+    cdef const uint8_t *data[TQI_LANES]
+    cdef size_t lens[TQI_LANES]
+    cdef Py_ssize_t where[TQI_LANES]
+    cdef int32_t hashed[TQI_LANES]
     for i in range(n):
-        if ends[i] >= 0:
-            out[i] = tqi_hash(keys + start, ends[i] - start)
-            start = ends[i]
+        if ends[i] < 0:
+            continue  # hashed as it was added (beyond one chunk)
+        length = ends[i] - start
+        if length <= TQI_BLOCK:
+            data[lanes] = keys + start
+            lens[lanes] = <size_t>length
+            where[lanes] = i
+            lanes += 1
+            if lanes == TQI_LANES:
+                tqi_hash_lanes(data, lens, hashed)
+                for j in range(TQI_LANES):
+                    out[where[j]] = hashed[j]
+                lanes = 0
+        else:
+            out[i] = tqi_hash(keys + start, length)
+        start = ends[i]
+    for j in range(lanes):
+        out[where[j]] = tqi_hash(data[j], lens[j])
+
+
+def hash_lanes_check(keys):
+    """The hashes of ``keys`` (bytes of at most 64 each), TQI_LANES at a time through
+    ``tqi_hash_lanes`` and one by one through ``tqi_hash``: two lists the tests compare."""
+    cdef Py_ssize_t n = len(keys), i, j, base
+    cdef const uint8_t *data[TQI_LANES]
+    cdef size_t lens[TQI_LANES]
+    cdef int32_t hashed[TQI_LANES]
+    cdef bytes k
+    if n % TQI_LANES:
+        raise ValueError(f"hash_lanes_check takes a multiple of {TQI_LANES} keys")
+    lanes = []
+    for base in range(0, n, TQI_LANES):
+        for j in range(TQI_LANES):
+            k = keys[base + j]
+            if len(k) > TQI_BLOCK:
+                raise ValueError("a key of one block is at most 64 bytes")
+            data[j] = <const uint8_t *>PyBytes_AS_STRING(k)
+            lens[j] = len(k)
+        tqi_hash_lanes(data, lens, hashed)
+        lanes.extend(hashed[j] for j in range(TQI_LANES))
+    single = [tqi_hash(<const uint8_t *>PyBytes_AS_STRING(k), len(k)) for k in keys]
+    return lanes, single
 
 
 def hash_batch(str topic not None, properties, sys_flags, Py_ssize_t skip_before):
