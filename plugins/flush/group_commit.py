@@ -47,6 +47,12 @@ log = logging.getLogger(__name__)
 #: A round whose predecessor flushed at least this many requests lets running writers join
 #: before it flushes (when ``batch_wait_us`` > 0); smaller ones flush what is waiting at once.
 GATHER_MIN_BATCH = 8
+#: After a loop round's gathering wait ended by its time bound (the senders did not come back in
+#: time: a stream rather than closed-loop groups), this many rounds start at once without it,
+#: twice as many after each further miss in a row (up to :data:`GATHER_SKIP_MAX`); a wait that
+#: got its bytes resets it.
+GATHER_SKIP_AFTER_MISS = 8
+GATHER_SKIP_MAX = 256
 #: A loop's round is flushed inline only when it carries at most this many puts (a low rate, where
 #: the two wake-ups are most of a send's latency): a bigger round keeps the loop serving during its
 #: ``fdatasync`` (measured: inline rounds of 32 puts, or under closed-loop load, lost rate).
@@ -191,9 +197,13 @@ class GroupCommitFlush:
         self._gather_to = 0
         self._round_start = 0
         self._gathering = False
+        self._gather_skip = 0  # rounds left that start at once after a gathering wait timed out
+        self._gather_backoff = GATHER_SKIP_AFTER_MISS
         self._loop_gather = self.options.loop_gather_us / 1e6
-        #: Rounds that waited to gather, and the seconds they waited.
+        #: Rounds that waited to gather, those whose wait ended by ``loop_gather_us``, and the
+        #: seconds they waited.
         self.gathered_rounds = 0
+        self.gather_timeouts = 0
         self.gather_seconds = 0.0
 
     def start(self, target: Flushable) -> None:
@@ -403,6 +413,9 @@ class GroupCommitFlush:
         instead of one each."""
         if self._loop_gather <= 0 or self._last_batch < GATHER_MIN_BATCH:
             return 0
+        if self._gather_skip > 0:
+            self._gather_skip -= 1
+            return 0
         if any(batch.completion is None for batch in batches):  # writer threads: their own gathering
             return 0
         start = self._round_start
@@ -429,9 +442,16 @@ class GroupCommitFlush:
                 cond.wait(left)
         finally:
             self._gathering = False
+        reached = max(batch.end for batch in self._pending) >= want
         self._gather_to = 0
         self.gathered_rounds += 1
         self.gather_seconds += time.monotonic() - started
+        if reached:
+            self._gather_backoff = GATHER_SKIP_AFTER_MISS
+        else:  # the senders did not come back in time: do not wait for a while, longer each time
+            self.gather_timeouts += 1
+            self._gather_skip = self._gather_backoff
+            self._gather_backoff = min(self._gather_backoff * 2, GATHER_SKIP_MAX)
 
     def _gather(self) -> None:
         """Yield the GIL while writers keep adding requests (bounded by batch_wait_us).
