@@ -23,6 +23,13 @@ long each, it flushes the batch on the loop itself and answers at once, as
 Redis' ``appendfsync always`` does: no wake-up of the flush thread, no hop back into the loop.
 Whatever arrives meanwhile waits in the sockets and forms the next round, so the group commit
 still gathers under load; a slow flush (or a failed one) hands the rounds to the thread again.
+
+*Loop gathering* (``loop_gather_us``): closed-loop senders settle into two groups that alternate,
+one put while the other's ``fdatasync`` runs, so a round carries half of what is in flight.  After
+a round of :data:`GATHER_MIN_BATCH` loop puts or more, the next one waits (at most
+``loop_gather_us``) until its bytes reach what that round flushed plus what was pending when it
+ended: the senders it answered come back and one ``fdatasync`` covers both groups.  A wait that
+times out (a stream, not groups) turns it off for a while (:data:`GATHER_SKIP_AFTER_MISS`).
 """
 
 from __future__ import annotations
@@ -318,7 +325,9 @@ class GroupCommitFlush:
         that starts from idle, or while rounds carry :data:`GATHER_MIN_BATCH` requests or more
         (many closed-loop writers: each round's batch is the writers the previous one released,
         still putting; 32 writer threads lost ~20 % of their rate without it).  Rounds of event
-        loop writers start at the loop's kick and never gather (the kick is their gathering).
+        loop writers start at the loop's kick; after a round of :data:`GATHER_MIN_BATCH` loop puts
+        or more the next one may wait for the senders that round released (``loop_gather_us``,
+        :meth:`_next_gather`).
         """
         target = self._target
         assert target is not None
