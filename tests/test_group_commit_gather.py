@@ -108,19 +108,21 @@ def test_the_gathering_wait_is_bounded_by_loop_gather_us() -> None:
         await _durable(policy, disk, fewer)
         return time.monotonic() - started
 
-    async def after_the_miss() -> float:
-        await _durable(policy, disk, [_put(policy, disk) for _ in range(10)])
-        started = time.monotonic()
-        await _durable(policy, disk, [_put(policy, disk) for _ in range(3)])
-        return time.monotonic() - started
+    async def more_misses(times: int) -> None:
+        for _ in range(times):
+            await _durable(policy, disk, [_put(policy, disk) for _ in range(10)])
+            await _durable(policy, disk, [_put(policy, disk) for _ in range(3)])
 
     try:
         waited = asyncio.run(senders())
         assert 0.04 <= waited < 2.0
         assert policy.gathered_rounds == 1 and policy.gather_timeouts == 1 and len(disk.flushes) == 2
-        # The senders did not come back in time: the next rounds start at once for a while.
-        asyncio.run(after_the_miss())
-        assert policy.gathered_rounds == 1 and len(disk.flushes) == 4
+        # Three misses in a row (the senders do not come back in time): the rounds after them
+        # start at once for a while.
+        asyncio.run(more_misses(2))
+        assert policy.gather_timeouts == 3
+        asyncio.run(more_misses(2))
+        assert policy.gather_timeouts == 3 and policy.gathered_rounds == 3
     finally:
         policy.shutdown()
 

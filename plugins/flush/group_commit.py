@@ -29,7 +29,8 @@ one put while the other's ``fdatasync`` runs, so a round carries half of what is
 a round of :data:`GATHER_MIN_BATCH` loop puts or more, the next one waits (at most
 ``loop_gather_us``) until its bytes reach what that round flushed plus what was pending when it
 ended: the senders it answered come back and one ``fdatasync`` covers both groups.  A wait that
-times out (a stream, not groups) turns it off for a while (:data:`GATHER_SKIP_AFTER_MISS`).
+times out three times in a row (a stream, not groups) turns it off for a while
+(:data:`GATHER_SKIP_AFTER_MISS`).
 """
 
 from __future__ import annotations
@@ -54,10 +55,11 @@ log = logging.getLogger(__name__)
 #: A round whose predecessor flushed at least this many requests lets running writers join
 #: before it flushes (when ``batch_wait_us`` > 0); smaller ones flush what is waiting at once.
 GATHER_MIN_BATCH = 8
-#: After a loop round's gathering wait ended by its time bound (the senders did not come back in
-#: time: a stream rather than closed-loop groups), this many rounds start at once without it,
-#: twice as many after each further miss in a row (up to :data:`GATHER_SKIP_MAX`); a wait that
-#: got its bytes resets it.
+#: After :data:`GATHER_MISSES` loop rounds in a row whose gathering wait ended by its time bound
+#: (the senders did not come back in time: a stream rather than closed-loop groups), this many
+#: rounds start at once without it, twice as many each further time (up to
+#: :data:`GATHER_SKIP_MAX`); a wait that got its bytes resets both.
+GATHER_MISSES = 3
 GATHER_SKIP_AFTER_MISS = 8
 GATHER_SKIP_MAX = 256
 #: A loop's round is flushed inline only when it carries at most this many puts (a low rate, where
@@ -105,9 +107,11 @@ class SyncFlushOptions:
     #: waits at most this long for as many bytes as that round flushed plus what was pending
     #: when it ended: the senders it answered send again within a round trip, and one
     #: ``fdatasync`` covers both groups instead of one each (fewer rounds, less CPU per message).
-    #: It starts as soon as the bytes are there; a lone sender (rounds of fewer puts) never waits.
-    #: 0: a round starts with what is pending.
-    loop_gather_us: int = attrs.field(default=1000, validator=attrs.validators.ge(0))
+    #: It starts as soon as the bytes are there; a lone sender (rounds of fewer puts) never waits,
+    #: and three waits in a row that time out (a stream of sends) turn it off for a while.
+    #: 0 (the default): a round starts with what is pending.  1000 suits closed-loop batch
+    #: producers (docs/flush.md, "Where a sync round's CPU goes": not shown to pay on a shared host).
+    loop_gather_us: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
 def _false() -> bool:
@@ -206,6 +210,7 @@ class GroupCommitFlush:
         self._gathering = False
         self._gather_skip = 0  # rounds left that start at once after a gathering wait timed out
         self._gather_backoff = GATHER_SKIP_AFTER_MISS
+        self._gather_misses = 0  # gathering waits in a row that timed out
         self._loop_gather = self.options.loop_gather_us / 1e6
         #: Rounds that waited to gather, those whose wait ended by ``loop_gather_us``, and the
         #: seconds they waited.
@@ -456,11 +461,16 @@ class GroupCommitFlush:
         self.gathered_rounds += 1
         self.gather_seconds += time.monotonic() - started
         if reached:
+            self._gather_misses = 0
             self._gather_backoff = GATHER_SKIP_AFTER_MISS
-        else:  # the senders did not come back in time: do not wait for a while, longer each time
+        else:
             self.gather_timeouts += 1
-            self._gather_skip = self._gather_backoff
-            self._gather_backoff = min(self._gather_backoff * 2, GATHER_SKIP_MAX)
+            self._gather_misses += 1
+            if self._gather_misses >= GATHER_MISSES:
+                # The senders keep not coming back in time: do not wait for a while, longer each time.
+                self._gather_misses = 0
+                self._gather_skip = self._gather_backoff
+                self._gather_backoff = min(self._gather_backoff * 2, GATHER_SKIP_MAX)
 
     def _gather(self) -> None:
         """Yield the GIL while writers keep adding requests (bounded by batch_wait_us).
