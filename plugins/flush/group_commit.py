@@ -23,6 +23,14 @@ long each, it flushes the batch on the loop itself and answers at once, as
 Redis' ``appendfsync always`` does: no wake-up of the flush thread, no hop back into the loop.
 Whatever arrives meanwhile waits in the sockets and forms the next round, so the group commit
 still gathers under load; a slow flush (or a failed one) hands the rounds to the thread again.
+
+*Loop gathering* (``loop_gather_us``): closed-loop senders settle into two groups that alternate,
+one put while the other's ``fdatasync`` runs, so a round carries half of what is in flight.  After
+a round of :data:`GATHER_MIN_BATCH` loop puts or more, the next one waits (at most
+``loop_gather_us``) until its bytes reach what that round flushed plus what was pending when it
+ended: the senders it answered come back and one ``fdatasync`` covers both groups.  A wait that
+times out three times in a row (a stream, not groups) turns it off for a while
+(:data:`GATHER_SKIP_AFTER_MISS`).
 """
 
 from __future__ import annotations
@@ -47,6 +55,13 @@ log = logging.getLogger(__name__)
 #: A round whose predecessor flushed at least this many requests lets running writers join
 #: before it flushes (when ``batch_wait_us`` > 0); smaller ones flush what is waiting at once.
 GATHER_MIN_BATCH = 8
+#: After :data:`GATHER_MISSES` loop rounds in a row whose gathering wait ended by its time bound
+#: (the senders did not come back in time: a stream rather than closed-loop groups), this many
+#: rounds start at once without it, twice as many each further time (up to
+#: :data:`GATHER_SKIP_MAX`); a wait that got its bytes resets both.
+GATHER_MISSES = 3
+GATHER_SKIP_AFTER_MISS = 8
+GATHER_SKIP_MAX = 256
 #: A loop's round is flushed inline only when it carries at most this many puts (a low rate, where
 #: the two wake-ups are most of a send's latency): a bigger round keeps the loop serving during its
 #: ``fdatasync`` (measured: inline rounds of 32 puts, or under closed-loop load, lost rate).
@@ -88,6 +103,15 @@ class SyncFlushOptions:
     #: a disk whose flushes stall now and then a stall inline holds every connection of the loop
     #: (docs/flush.md, "Inline rounds").  1000 suits a disk with steady fsyncs.
     inline_max_us: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    #: An event loop's round that follows a round of at least 8 puts (many closed-loop senders)
+    #: waits at most this long for as many bytes as that round flushed plus what was pending
+    #: when it ended: the senders it answered send again within a round trip, and one
+    #: ``fdatasync`` covers both groups instead of one each (fewer rounds, less CPU per message).
+    #: It starts as soon as the bytes are there; a lone sender (rounds of fewer puts) never waits,
+    #: and three waits in a row that time out (a stream of sends) turn it off for a while.
+    #: 0 (the default): a round starts with what is pending.  1000 suits closed-loop batch
+    #: producers (docs/flush.md, "Where a sync round's CPU goes": not shown to pay on a shared host).
+    loop_gather_us: int = attrs.field(default=0, validator=attrs.validators.ge(0))
 
 
 def _false() -> bool:
@@ -179,6 +203,20 @@ class GroupCommitFlush:
         self._fast_streak = INLINE_AFTER_FAST if inline_us > 0 else 0
         #: Rounds flushed on an event loop at its kick (part of ``flush_rounds``).
         self.inline_rounds = 0
+        #: Loop rounds' gathering (``loop_gather_us``): a round waits until its bytes reach this
+        #: end offset (what the last round flushed plus what was pending when it ended), 0: no wait.
+        self._gather_to = 0
+        self._round_start = 0
+        self._gathering = False
+        self._gather_skip = 0  # rounds left that start at once after a gathering wait timed out
+        self._gather_backoff = GATHER_SKIP_AFTER_MISS
+        self._gather_misses = 0  # gathering waits in a row that timed out
+        self._loop_gather = self.options.loop_gather_us / 1e6
+        #: Rounds that waited to gather, those whose wait ended by ``loop_gather_us``, and the
+        #: seconds they waited.
+        self.gathered_rounds = 0
+        self.gather_timeouts = 0
+        self.gather_seconds = 0.0
 
     def start(self, target: Flushable) -> None:
         self._target = target
@@ -246,7 +284,8 @@ class GroupCommitFlush:
                 ):
                     self._pending.append(batch)
                     self._ready = True
-                    self._cond.notify()
+                    if not self._gathering or batch.end >= self._gather_to:
+                        self._cond.notify()
                     return
                 self._inflight = [batch]  # a round in flight: the next kicks hand theirs in
                 inline = True
@@ -291,7 +330,9 @@ class GroupCommitFlush:
         that starts from idle, or while rounds carry :data:`GATHER_MIN_BATCH` requests or more
         (many closed-loop writers: each round's batch is the writers the previous one released,
         still putting; 32 writer threads lost ~20 % of their rate without it).  Rounds of event
-        loop writers start at the loop's kick and never gather (the kick is their gathering).
+        loop writers start at the loop's kick; after a round of :data:`GATHER_MIN_BATCH` loop puts
+        or more the next one may wait for the senders that round released (``loop_gather_us``,
+        :meth:`_next_gather`).
         """
         target = self._target
         assert target is not None
@@ -305,6 +346,8 @@ class GroupCommitFlush:
                 if not self._pending:  # stopping, nothing left
                     return
                 join = join and self._threaded
+                if not join and self._gather_to and not self._stop:
+                    self._gather_loops(cond)
                 self._ready = self._threaded = False
                 if not join:
                     batches, self._pending = self._pending, []
@@ -318,6 +361,7 @@ class GroupCommitFlush:
             retry = self._flush_and_resolve(target, batches)
             with cond:
                 self._inflight = []
+                self._gather_to = self._next_gather(target, batches)
                 if retry:
                     self._pending[:0] = retry
                     self._ready = True
@@ -333,7 +377,7 @@ class GroupCommitFlush:
         max_end = max(b.end for b in batches)
         requests = sum(len(b.futures) for b in batches)
         self._last_batch = requests
-        flushed = target.flushed_where
+        flushed = self._round_start = target.flushed_where
         started = time.perf_counter()
         try:
             # Two rounds at most: a batch may end in the file after the one being flushed.
@@ -373,6 +417,60 @@ class GroupCommitFlush:
         else:
             complete_all(completions)
         return retry
+
+    def _next_gather(self, target: Flushable, batches: list[_Batch]) -> int:
+        """Where the next round should gather to (0: start at once); under the lock, after a round.
+
+        A round of :data:`GATHER_MIN_BATCH` loop requests or more (many closed-loop senders) waits
+        for as many bytes as this round flushed plus what was pending when it ended: the senders
+        it released answer within a round trip, and one ``fdatasync`` then covers both cohorts
+        instead of one each."""
+        if self._loop_gather <= 0 or self._last_batch < GATHER_MIN_BATCH:
+            return 0
+        if self._gather_skip > 0:
+            self._gather_skip -= 1
+            return 0
+        if any(batch.completion is None for batch in batches):  # writer threads: their own gathering
+            return 0
+        start = self._round_start
+        end = max(batch.end for batch in batches)
+        pending = max((batch.end for batch in self._pending), default=end)
+        flushed = target.flushed_where
+        return flushed + (max(end, pending) - start) if flushed >= end else 0
+
+    def _gather_loops(self, cond: threading.Condition) -> None:
+        """Under ``cond``: wait until the pending loop batches reach :attr:`_gather_to` (each
+        kick that does notifies), at most ``loop_gather_us``."""
+        want = self._gather_to
+        if max(batch.end for batch in self._pending) >= want:
+            self._gather_to = 0
+            return
+        started = time.monotonic()
+        deadline = started + self._loop_gather
+        self._gathering = True  # kicks below the target do not wake this thread
+        try:
+            while not self._stop:
+                left = deadline - time.monotonic()
+                if left <= 0 or max(batch.end for batch in self._pending) >= want:
+                    break
+                cond.wait(left)
+        finally:
+            self._gathering = False
+        reached = max(batch.end for batch in self._pending) >= want
+        self._gather_to = 0
+        self.gathered_rounds += 1
+        self.gather_seconds += time.monotonic() - started
+        if reached:
+            self._gather_misses = 0
+            self._gather_backoff = GATHER_SKIP_AFTER_MISS
+        else:
+            self.gather_timeouts += 1
+            self._gather_misses += 1
+            if self._gather_misses >= GATHER_MISSES:
+                # The senders keep not coming back in time: do not wait for a while, longer each time.
+                self._gather_misses = 0
+                self._gather_skip = self._gather_backoff
+                self._gather_backoff = min(self._gather_backoff * 2, GATHER_SKIP_MAX)
 
     def _gather(self) -> None:
         """Yield the GIL while writers keep adding requests (bounded by batch_wait_us).
