@@ -17,7 +17,8 @@ the put, the rest of the round in progress, the flush thread's wake-up), ``fsync
 ``after_fsync`` (``fdatasync``'s end to the answer: the hop back into the loop, the answer's
 write, the client's wake-up).  For the slowest 1 % it reports what overlapped them: the other
 threads' syncs (consume queues, index, checkpoint), GC passes, fallocates, zeros written ahead.
-Prints JSON (``--out`` also writes the raw events).
+Prints JSON (``--out`` also writes the raw events).  ``TIDEMQ_TRACE_ZERO_AHEAD=<bytes>`` in the
+environment sets the commit log's zeros-ahead chunk for the run (an experiment; 0: none).
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ def install(out: str) -> None:
                 except OSError:
                     key = (-1, fd)
                 p = paths.get(key)
-                if p is None:
-                    p = paths[key] = path_of(fd)
+                if p is None or threading.current_thread().name != "group-commit":
+                    p = paths[key] = path_of(fd)  # rare off the flush thread; inodes are reused
                 events.append((name, threading.current_thread().name, t0, t1, p, a[1] if a else 0))
 
         setattr(os, name, wrapped)
@@ -98,6 +99,9 @@ def install(out: str) -> None:
         except ImportError:
             return
         orig = commitlog.zero_ahead
+        chunk = os.environ.get("TIDEMQ_TRACE_ZERO_AHEAD")  # an experiment: the commit log's chunk
+        if chunk is not None:
+            commitlog.ZERO_AHEAD = int(chunk)  # read when the store builds its CommitLog
 
         def zero_ahead(fd: int, zeroed: int, end: int, chunk: int, limit: int) -> int:
             t0 = now_ns()
@@ -256,6 +260,22 @@ async def drive(spec: dict[str, Any], rate: float, seconds: float) -> list[tuple
     return sends
 
 
+def probe(directory: Path, every_s: float, stop: threading.Event, out: list[tuple[int, int]]) -> None:
+    """A 4 KiB append + ``fdatasync`` to a file of its own on the same file system every
+    ``every_s``, beside the broker: what one fsync costs at the same moments as the rounds."""
+    path = directory / "probe-fsync.bin"
+    block = os.urandom(4096)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    try:
+        while not stop.wait(every_s):
+            t0 = now_ns()
+            os.write(fd, block)
+            os.fdatasync(fd)
+            out.append((t0, now_ns()))
+    finally:
+        os.close(fd)
+
+
 # --------------------------------------------------------------------------- analysis
 def q(values: list[float], p: float) -> float:
     if not values:
@@ -361,6 +381,33 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
         for k in overlapping(s, a):
             any_with[k] = any_with.get(k, 0) + 1
     slow_cl = [(r[3] - r[2]) / 1e3 for _s, _a, r in slow if r is not None]
+
+    # Each commit-log round by what came with it: the zeros written ahead since the round before
+    # (their pages are this round's to write back, converting the reserved extents), another
+    # thread's sync running during it (its journal commit and writes on the same disk), or neither.
+    za_ends = sorted(e[3] for e in events if e[0] == "zero_ahead")
+    bg = [e for e in others if e[0] in ("fdatasync", "fsync")]
+    round_class: dict[int, str] = {}
+    for i, e in enumerate(cl):
+        lo = cl[i - 1][2] if i else e[2] - 10**9
+        k = bisect.bisect_left(za_ends, lo)
+        if k < len(za_ends) and za_ends[k] < e[2]:
+            round_class[id(e)] = "after_zeros_ahead"
+            continue
+        hit = [b for b in bg if b[2] < e[3] and b[3] > e[2]]
+        round_class[id(e)] = ("beside_" + kind(hit[0]).split(":")[1]) if hit else "plain"
+    rounds_by_class: dict[str, list[float]] = {}
+    for e in cl:
+        if e[2] >= start:
+            rounds_by_class.setdefault(round_class[id(e)], []).append((e[3] - e[2]) / 1e3)
+    sends_by_class: dict[str, list[float]] = {}
+    for s, a, r in rows:
+        c = round_class[id(r)] if r is not None else "unmatched"
+        sends_by_class.setdefault(c, []).append((a - s) / 1e3)
+    slow_by_class: dict[str, int] = {}
+    for _s, _a, r in slow:
+        c = round_class[id(r)] if r is not None else "unmatched"
+        slow_by_class[c] = slow_by_class.get(c, 0) + 1
     by_kind: dict[str, list[float]] = {}
     t_end = max(a for _s, a, _ in sends)
     for e in events:
@@ -383,8 +430,17 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
         "share_handed_in_while_a_round_was_in_fdatasync": round(
             busy_at_kick / max(1, len(phases["send_to_put"])), 3
         ),
+        "rounds_by_class_us": {
+            k: {"count": len(v), **summary(v), "mean": round(statistics.fmean(v), 1)}
+            for k, v in sorted(rounds_by_class.items())
+        },
+        "sends_by_their_round_class_us": {
+            k: {"count": len(v), **summary(v), "mean": round(statistics.fmean(v), 1)}
+            for k, v in sorted(sends_by_class.items())
+        },
         "slow": {
             "threshold_us": p99,
+            "by_their_round_class": slow_by_class,
             "count": len(slow),
             "their_round_fsync_us": summary(slow_cl),
             "overlapped_by": dict(sorted(slow_with.items(), key=lambda kv: -kv[1])),
@@ -399,6 +455,34 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
     }
 
 
+def analyse_probe(
+    probes: list[tuple[int, int]],
+    events: list[list[Any]],
+    sends: list[tuple[int, int, bool]],
+    warmup_s: float,
+) -> dict[str, Any]:
+    """The probe's fsyncs over the run (the same span as the sends' percentiles), and whether the
+    commit log's slow rounds met a slow probe fsync (the disk stalled for everyone) or not."""
+    start = min(s for s, _, _ in sends) + int(warmup_s * 1e9)
+    probes = [p for p in probes if p[0] >= start]
+    cl = [e for e in events if e[0] == "fdatasync" and e[1] == "group-commit" and e[2] >= start]
+    out: dict[str, Any] = {"count": len(probes), "fsync_us": summary([(b - a) / 1e3 for a, b in probes])}
+    for floor_us in (1000, 2000):
+        slow = [e for e in cl if e[3] - e[2] >= floor_us * 1000]
+        met = [
+            e
+            for e in slow
+            if any(p[0] < e[3] and p[1] > e[2] and p[1] - p[0] >= floor_us * 500 for p in probes)
+        ]
+        overlapped = [e for e in slow if any(p[0] < e[3] and p[1] > e[2] for p in probes)]
+        out[f"commitlog_rounds_over_{floor_us}us"] = {
+            "count": len(slow),
+            "with_a_probe_fsync_during_it": len(overlapped),
+            "of_which_the_probe_took_half_as_long_or_more": len(met),
+        }
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rate", type=float, default=2000.0)
@@ -409,6 +493,12 @@ def main() -> None:
         "--tree", default="", help="PYTHONPATH for the broker (old code, as compare_ab's --b-tree)"
     )
     p.add_argument("--dir", default=None)
+    p.add_argument(
+        "--probe-ms",
+        type=float,
+        default=0.0,
+        help="also append 4 KiB + fdatasync to a file of the client's every this many ms (0: off)",
+    )
     p.add_argument("--out", default="", help="also write the raw events and sends here (JSON)")
     args = p.parse_args()
     import compare
@@ -428,8 +518,19 @@ def main() -> None:
             runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
         except ImportError:
             runner = asyncio.Runner()
+        probes: list[tuple[int, int]] = []
+        stop = threading.Event()
+        prober = None
+        if args.probe_ms > 0:
+            prober = threading.Thread(
+                target=probe, args=(work, args.probe_ms / 1e3, stop, probes), daemon=True
+            )
+            prober.start()
         with runner:
             sends = runner.run(drive(spec, args.rate, args.seconds))
+        stop.set()
+        if prober is not None:
+            prober.join()
         time.sleep(0.5)  # the broker's dump thread writes every 200 ms
         after = fsync_latency(work, 500)
     finally:
@@ -444,8 +545,10 @@ def main() -> None:
         "fsync_4k_after": after,
         **analyse(sends, events, args.warmup),
     }
+    if probes:
+        result["probe"] = analyse_probe(probes, events, sends, args.warmup)
     if args.out:
-        Path(args.out).write_text(json.dumps({"sends": sends, "events": events}))
+        Path(args.out).write_text(json.dumps({"sends": sends, "events": events, "probes": probes}))
     import shutil
 
     shutil.rmtree(work, ignore_errors=True)
