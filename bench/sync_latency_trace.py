@@ -156,6 +156,8 @@ def install(out: str) -> None:
     def dump() -> None:
         while True:
             time.sleep(0.2)
+            for t in threading.enumerate():  # native thread ids, for the CPU per thread
+                events.append(("thread", t.name, t.native_id or 0, 0, "", 0))
             n = len(events)
             if n:
                 batch = events[:n]
@@ -258,6 +260,21 @@ async def drive(spec: dict[str, Any], rate: float, seconds: float) -> list[tuple
         await asyncio.sleep(0.005)
     conn.transport.close()
     return sends
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) per thread id of process ``pid``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = task.name  # the thread id; named from the broker's own "thread" events
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def probe(directory: Path, every_s: float, stop: threading.Event, out: list[tuple[int, int]]) -> None:
@@ -411,7 +428,7 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
     by_kind: dict[str, list[float]] = {}
     t_end = max(a for _s, a, _ in sends)
     for e in events:
-        if e[0] not in ("submit", "kick", "complete", "drain") and e[2] >= start and e[3] <= t_end:
+        if e[0] not in ("submit", "kick", "complete", "drain", "thread") and e[2] >= start and e[3] <= t_end:
             by_kind.setdefault(kind(e), []).append((e[3] - e[2]) / 1e3)
     span = (t_end - start) / 1e9
     return {
@@ -526,8 +543,10 @@ def main() -> None:
                 target=probe, args=(work, args.probe_ms / 1e3, stop, probes), daemon=True
             )
             prober.start()
+        cpu0, t_cpu0 = thread_cpu(server.proc.pid), time.perf_counter()
         with runner:
             sends = runner.run(drive(spec, args.rate, args.seconds))
+        cpu1, t_cpu1 = thread_cpu(server.proc.pid), time.perf_counter()
         stop.set()
         if prober is not None:
             prober.join()
@@ -545,6 +564,18 @@ def main() -> None:
         "fsync_4k_after": after,
         **analyse(sends, events, args.warmup),
     }
+    span = t_cpu1 - t_cpu0
+    names = {str(e[2]): e[1] for e in events if e[0] == "thread"}
+    by_name: dict[str, float] = {}
+    for k, v in cpu1.items():
+        name = names.get(k, "other")
+        by_name[name] = by_name.get(name, 0.0) + (v - cpu0.get(k, 0.0)) / span
+    result["broker_cpu_per_s_by_thread"] = {
+        k: round(v, 3) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1]) if v > 0
+    }
+    result["broker_cpu_us_per_send"] = round(
+        sum(v - cpu0.get(k, 0.0) for k, v in cpu1.items()) / max(1, len(sends)) * 1e6, 1
+    )
     if probes:
         result["probe"] = analyse_probe(probes, events, sends, args.warmup)
     if args.out:
