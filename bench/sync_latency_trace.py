@@ -317,8 +317,11 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
     others = [
         e for e in events if id(e) not in cl_ids and e[0] not in ("submit", "kick", "complete", "drain")
     ]
-    lat, to_fs, fs, after = [], [], [], []
-    rows = []
+    lat: list[float] = []
+    to_fs: list[float] = []
+    fs: list[float] = []
+    after: list[float] = []
+    rows: list[tuple[int, int, list[Any] | None]] = []
     for s, a, _ok in sends:
         i = bisect.bisect_left(cl_starts, s)
         r = None
@@ -407,8 +410,8 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
     round_class: dict[int, str] = {}
     for i, e in enumerate(cl):
         lo = cl[i - 1][2] if i else e[2] - 10**9
-        k = bisect.bisect_left(za_ends, lo)
-        if k < len(za_ends) and za_ends[k] < e[2]:
+        z = bisect.bisect_left(za_ends, lo)
+        if z < len(za_ends) and za_ends[z] < e[2]:
             round_class[id(e)] = "after_zeros_ahead"
             continue
         hit = [b for b in bg if b[2] < e[3] and b[3] > e[2]]

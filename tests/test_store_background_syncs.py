@@ -107,7 +107,7 @@ def test_an_idle_store_metadata_flush_syncs_nothing(tmp_path: Path, syncs: list[
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not index.query("TopicA", "k7", 10, 0, 2**62).phy_offsets:
             time.sleep(0.01)
-        flusher = store.flusher  # type: ignore[attr-defined]
+        flusher = store.flusher
         syncs.clear()
         flusher.flush(thorough=True, index=True)
         assert (
