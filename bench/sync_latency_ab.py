@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -64,6 +65,8 @@ def main() -> None:
                     "p50_us": r["p50_us"],
                     "p99_us": r["p99_us"],
                     "msgs_per_server_cpu_s": r.get("msgs_per_server_cpu_s"),
+                    "server_cpu_per_s": r.get("server_cpu_per_s"),
+                    "load_avg_1m": round(os.getloadavg()[0], 2),
                     "errors": r.get("errors"),
                     "fsync_4k_before": before,
                     "fsync_4k_after": after,
@@ -97,10 +100,30 @@ def main() -> None:
                 "median": {
                     n: {
                         k: med(n, k)
-                        for k in ("p50_us", "p99_us", "p99_vs_one_fsync_p99", "p99_vs_one_fsync_p50")
+                        for k in (
+                            "p50_us",
+                            "p99_us",
+                            "p99_vs_one_fsync_p99",
+                            "p99_vs_one_fsync_p50",
+                            "server_cpu_per_s",
+                        )
                     }
                     for n in ("a", "b")
                 },
+                "median_fsync_4k_us": {
+                    k: statistics.median(
+                        r[n][f"fsync_4k_{w}"][k]
+                        for r in rounds
+                        for n in ("a", "b")
+                        for w in ("before", "after")
+                    )
+                    for k in ("p50_us", "p99_us")
+                },
+                "a_over_b_per_cpu": [
+                    round(r["a"]["msgs_per_server_cpu_s"] / r["b"]["msgs_per_server_cpu_s"], 3)
+                    for r in rounds
+                    if r["a"].get("msgs_per_server_cpu_s") and r["b"].get("msgs_per_server_cpu_s")
+                ],
             },
             indent=2,
         )

@@ -1,0 +1,593 @@
+"""Where a sync-flush send's latency goes in a served broker at a fixed rate (issue 38), and what
+the slow ones met.
+
+    python bench/sync_latency_trace.py [--rate 2000] [--seconds 10] [--toml '...'] [--tree DIR]
+
+Starts ``tidemq standalone`` (sync flush) with a few wrappers installed before it runs
+(:func:`install`): every ``os.fdatasync``/``os.fsync``, ``os.posix_fallocate``, the commit log's
+zeros written ahead (``commitlog.zero_ahead``) and every cyclic-GC pass is timestamped with its
+thread and (for the syncs) the file it hit.  One open-loop client in this process sends 1 KiB
+``SEND_MESSAGE_V2`` at ``--rate`` (compare_load's sender) and records each send's send and
+answer time (the same CLOCK_MONOTONIC as the broker's events).
+
+Each send is then matched with its round: the first commit-log ``fdatasync`` of the flush thread
+that starts after the send left and ends before its answer came back (the round that covered it).
+Its latency splits into ``to_fsync`` (send to that ``fdatasync``'s start: the socket, the loop,
+the put, the rest of the round in progress, the flush thread's wake-up), ``fsync`` and
+``after_fsync`` (``fdatasync``'s end to the answer: the hop back into the loop, the answer's
+write, the client's wake-up).  For the slowest 1 % it reports what overlapped them: the other
+threads' syncs (consume queues, index, checkpoint), GC passes, fallocates, zeros written ahead.
+Prints JSON (``--out`` also writes the raw events).  ``TIDEMQ_TRACE_ZERO_AHEAD=<bytes>`` in the
+environment sets the commit log's zeros-ahead chunk for the run (an experiment; 0: none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+now_ns = time.perf_counter_ns  # CLOCK_MONOTONIC: comparable across processes
+
+
+# --------------------------------------------------------------------------- in the broker
+def install(out: str) -> None:
+    """Wrap the syncs, fallocates, zeros-ahead and GC passes of this process; append the events to
+    ``out`` (JSON lines) every 200 ms."""
+    events: list[tuple[Any, ...]] = []
+    paths: dict[tuple[int, int], str] = {}
+
+    def path_of(fd: int) -> str:
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return "?"
+
+    def wrap(name: str) -> None:
+        orig = getattr(os, name)
+
+        def wrapped(fd: int, *a: Any) -> Any:
+            t0 = now_ns()
+            try:
+                return orig(fd, *a)
+            finally:
+                t1 = now_ns()
+                try:
+                    st = os.fstat(fd)
+                    key = (st.st_dev, st.st_ino)  # fd numbers are reused: key by inode
+                except OSError:
+                    key = (-1, fd)
+                p = paths.get(key)
+                if p is None or threading.current_thread().name != "group-commit":
+                    p = paths[key] = path_of(fd)  # rare off the flush thread; inodes are reused
+                events.append((name, threading.current_thread().name, t0, t1, p, a[1] if a else 0))
+
+        setattr(os, name, wrapped)
+
+    for name in ("fdatasync", "fsync", "posix_fallocate"):
+        wrap(name)
+
+    gc_t0 = [0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc_t0[0] = now_ns()
+        else:
+            events.append(
+                ("gc", threading.current_thread().name, gc_t0[0], now_ns(), f"gen{info['generation']}", 0)
+            )
+
+    gc.callbacks.append(on_gc)
+
+    def patch_zero_ahead() -> None:
+        try:
+            from tidemq_store_mmap import commitlog
+        except ImportError:
+            return
+        orig = commitlog.zero_ahead
+        chunk = os.environ.get("TIDEMQ_TRACE_ZERO_AHEAD")  # an experiment: the commit log's chunk
+        if chunk is not None:
+            commitlog.ZERO_AHEAD = int(chunk)  # read when the store builds its CommitLog
+
+        def zero_ahead(fd: int, zeroed: int, end: int, chunk: int, limit: int) -> int:
+            t0 = now_ns()
+            r = orig(fd, zeroed, end, chunk, limit)
+            if r != zeroed:
+                events.append(("zero_ahead", threading.current_thread().name, t0, now_ns(), "", r - zeroed))
+            return r
+
+        commitlog.zero_ahead = zero_ahead
+
+    patch_zero_ahead()
+
+    def patch_rounds() -> None:
+        """The group commit's hand-offs: puts submitted, the loop's kick, the round's completion
+        posted (flush thread), the loop's drain of it."""
+        try:
+            from tidemq import futures
+            from tidemq_flush import group_commit
+        except ImportError:
+            return
+        gcf = group_commit.GroupCommitFlush
+        orig_submit, orig_kick, orig_complete = gcf.submit, gcf._kick, group_commit.complete_all
+        orig_drain = futures._LoopWaker._drain
+
+        def submit(self: Any, *a: Any) -> Any:
+            events.append(("submit", "", now_ns(), 0, "", 0))
+            return orig_submit(self, *a)
+
+        def kick(self: Any, loop: Any) -> Any:
+            t0 = now_ns()
+            try:
+                return orig_kick(self, loop)
+            finally:
+                events.append(("kick", "", t0, now_ns(), "", 0))
+
+        def complete_all(completions: Any) -> Any:
+            events.append(("complete", "", now_ns(), 0, "", len(completions)))
+            return orig_complete(completions)
+
+        def drain(self: Any) -> Any:
+            t0 = now_ns()
+            try:
+                return orig_drain(self)
+            finally:
+                events.append(("drain", "", t0, now_ns(), "", 0))
+
+        gcf.submit, gcf._kick, group_commit.complete_all = submit, kick, complete_all
+        futures._LoopWaker._drain = drain
+
+    patch_rounds()
+
+    def dump() -> None:
+        while True:
+            time.sleep(0.2)
+            for t in threading.enumerate():  # native thread ids, for the CPU per thread
+                events.append(("thread", t.name, t.native_id or 0, 0, "", 0))
+            n = len(events)
+            if n:
+                batch = events[:n]
+                del events[:n]
+                with open(out, "a") as f:
+                    for e in batch:
+                        f.write(json.dumps(e) + "\n")
+
+    threading.Thread(target=dump, name="trace-dump", daemon=True).start()
+
+
+BOOT = """
+import runpy, sys
+sys.path.insert(0, {here!r})
+import sync_latency_trace
+sync_latency_trace.install({out!r})
+sys.argv = ["tidemq"] + {argv!r}
+runpy.run_module("tidemq", run_name="__main__", alter_sys=True)
+"""
+
+
+def start_broker(work: Path, toml: str, tree: str, out: Path) -> Any:
+    import compare_systems as systems
+
+    work.mkdir(parents=True, exist_ok=True)
+    ns_port, broker_port = systems.free_port(), systems.free_port()
+    cfg = work / "tidemq.toml"
+    cfg.write_text(f'[plugins]\nflush = "sync"\n{toml}\n')
+    argv = [
+        "--log-level",
+        "WARNING",
+        "standalone",
+        "-c",
+        str(cfg),
+        "--data-dir",
+        str(work / "data"),
+        "--namesrv-listen",
+        f"127.0.0.1:{ns_port}",
+        "--broker-listen",
+        f"127.0.0.1:{broker_port}",
+    ]
+    env = dict(os.environ)
+    if tree:
+        env["PYTHONPATH"] = tree
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BOOT.format(here=str(HERE), out=str(out), argv=argv)],
+        stdout=subprocess.PIPE,
+        stderr=open(work / "tidemq.log", "ab"),
+        cwd=work,
+        env=env,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    addr = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline().decode()
+        if not line:
+            break
+        if line.startswith("tidemq broker listening on "):
+            addr = line.rsplit(" ", 1)[1].strip()
+            break
+    if not addr:
+        proc.kill()
+        raise RuntimeError(f"broker did not start; see {work / 'tidemq.log'}")
+    subprocess.Popen(["cat"], stdin=proc.stdout, stdout=subprocess.DEVNULL)
+    return systems.Server(
+        name="tidemq_sync",
+        kind="tidemq",
+        durability="sync",
+        describe="traced",
+        work=work,
+        proc=proc,
+        addr=addr,
+        extra={"namesrv": f"127.0.0.1:{ns_port}"},
+    )
+
+
+# --------------------------------------------------------------------------- the client
+async def drive(spec: dict[str, Any], rate: float, seconds: float) -> list[tuple[int, int, bool]]:
+    import compare_load
+
+    conn = await compare_load.connect(spec)
+    sends: list[tuple[int, int, bool]] = []
+
+    def on_done(ok: bool, latency: float) -> None:
+        t = now_ns()
+        sends.append((t - int(latency * 1e9), t, ok))
+
+    conn.on_done = on_done
+    t0 = time.perf_counter()
+    issued = 0
+    while time.perf_counter() - t0 < seconds:
+        due = int((time.perf_counter() - t0) * rate) - issued
+        for _ in range(due):
+            issued += 1
+            conn.send()
+        await asyncio.sleep(0.001)
+    deadline = time.perf_counter() + 10
+    while len(sends) < issued and time.perf_counter() < deadline:
+        await asyncio.sleep(0.005)
+    conn.transport.close()
+    return sends
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) per thread id of process ``pid``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue
+        name = task.name  # the thread id; named from the broker's own "thread" events
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def probe(directory: Path, every_s: float, stop: threading.Event, out: list[tuple[int, int]]) -> None:
+    """A 4 KiB append + ``fdatasync`` to a file of its own on the same file system every
+    ``every_s``, beside the broker: what one fsync costs at the same moments as the rounds."""
+    path = directory / "probe-fsync.bin"
+    block = os.urandom(4096)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    try:
+        while not stop.wait(every_s):
+            t0 = now_ns()
+            os.write(fd, block)
+            os.fdatasync(fd)
+            out.append((t0, now_ns()))
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- analysis
+def q(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return round(s[min(len(s) - 1, int(len(s) * p))], 1)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"p50": q(values, 0.5), "p90": q(values, 0.9), "p99": q(values, 0.99), "max": q(values, 1.0)}
+
+
+def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_s: float) -> dict[str, Any]:
+    if not sends:
+        return {"error": "no sends"}
+    start = min(s for s, _, _ in sends) + int(warmup_s * 1e9)
+    sends = [x for x in sends if x[0] >= start]
+    syncs = [e for e in events if e[0] in ("fdatasync", "fsync")]
+    cl = sorted((e for e in syncs if "/commitlog/" in e[4] and e[1] == "group-commit"), key=lambda e: e[2])
+    cl_starts = [e[2] for e in cl]
+    cl_ids = {id(e) for e in cl}
+    others = [
+        e for e in events if id(e) not in cl_ids and e[0] not in ("submit", "kick", "complete", "drain")
+    ]
+    lat: list[float] = []
+    to_fs: list[float] = []
+    fs: list[float] = []
+    after: list[float] = []
+    rows: list[tuple[int, int, list[Any] | None]] = []
+    for s, a, _ok in sends:
+        i = bisect.bisect_left(cl_starts, s)
+        r = None
+        if i < len(cl) and cl[i][3] <= a:
+            r = cl[i]
+        lat.append((a - s) / 1e3)
+        if r is None:
+            rows.append((s, a, None))
+            continue
+        to_fs.append((r[2] - s) / 1e3)
+        fs.append((r[3] - r[2]) / 1e3)
+        after.append((a - r[3]) / 1e3)
+        rows.append((s, a, r))
+    p99 = q(lat, 0.99)
+    slow = [x for x in rows if (x[1] - x[0]) / 1e3 >= p99]
+    marks = {k: sorted(e[2] for e in events if e[0] == k) for k in ("submit", "kick", "complete", "drain")}
+
+    def first_after(kind: str, t: int) -> int | None:
+        m = marks[kind]
+        i = bisect.bisect_left(m, t)
+        return m[i] if i < len(m) else None
+
+    cl_ends = [e[3] for e in cl]
+    phases: dict[str, list[float]] = {
+        "send_to_put": [],
+        "put_to_kick": [],
+        "kick_to_fsync_start_idle": [],
+        "kick_to_fsync_start_busy": [],
+        "fsync_end_to_completion_posted": [],
+        "posted_to_loop_drain": [],
+        "drain_to_answer_at_client": [],
+    }
+    busy_at_kick = 0
+    for s, a, r in rows:
+        if r is None:
+            continue
+        put = first_after("submit", s)
+        kick = first_after("kick", put) if put is not None else None
+        comp = first_after("complete", r[3])
+        drain = first_after("drain", comp) if comp is not None else None
+        if put is None or kick is None or comp is None or drain is None or not (put <= kick <= r[2]):
+            continue
+        if drain > a:
+            continue
+        phases["send_to_put"].append((put - s) / 1e3)
+        phases["put_to_kick"].append((kick - put) / 1e3)
+        # Was a commit-log fdatasync in progress when the batch was handed in?
+        j = bisect.bisect_right(cl_starts, kick) - 1
+        busy = j >= 0 and cl_ends[j] > kick
+        busy_at_kick += busy
+        phases["kick_to_fsync_start_busy" if busy else "kick_to_fsync_start_idle"].append((r[2] - kick) / 1e3)
+        phases["fsync_end_to_completion_posted"].append((comp - r[3]) / 1e3)
+        phases["posted_to_loop_drain"].append((drain - comp) / 1e3)
+        phases["drain_to_answer_at_client"].append((a - drain) / 1e3)
+
+    def kind(e: list[Any]) -> str:
+        if e[0] in ("fdatasync", "fsync"):
+            p = e[4]
+            for tag in ("commitlog", "consumequeue", "index", "checkpoint", "config"):
+                if f"/{tag}" in p:
+                    return f"{e[0]}:{tag}:{e[1]}"
+            return f"{e[0]}:{Path(p).name}:{e[1]}"
+        return f"{e[0]}:{e[4]}:{e[1]}" if e[0] == "gc" else f"{e[0]}:{e[1]}"
+
+    def overlapping(s: int, a: int) -> set[str]:
+        return {kind(e) for e in others if e[2] < a and e[3] > s}
+
+    slow_with: dict[str, int] = {}
+    for s, a, _r in slow:
+        for k in overlapping(s, a):
+            slow_with[k] = slow_with.get(k, 0) + 1
+    # The same for a sample of all sends: how often each event overlaps any send at all.
+    step = max(1, len(rows) // 2000)
+    any_with: dict[str, int] = {}
+    sample = rows[::step]
+    for s, a, _r in sample:
+        for k in overlapping(s, a):
+            any_with[k] = any_with.get(k, 0) + 1
+    slow_cl = [(r[3] - r[2]) / 1e3 for _s, _a, r in slow if r is not None]
+
+    # Each commit-log round by what came with it: the zeros written ahead since the round before
+    # (their pages are this round's to write back, converting the reserved extents), another
+    # thread's sync running during it (its journal commit and writes on the same disk), or neither.
+    za_ends = sorted(e[3] for e in events if e[0] == "zero_ahead")
+    bg = [e for e in others if e[0] in ("fdatasync", "fsync")]
+    round_class: dict[int, str] = {}
+    for i, e in enumerate(cl):
+        lo = cl[i - 1][2] if i else e[2] - 10**9
+        z = bisect.bisect_left(za_ends, lo)
+        if z < len(za_ends) and za_ends[z] < e[2]:
+            round_class[id(e)] = "after_zeros_ahead"
+            continue
+        hit = [b for b in bg if b[2] < e[3] and b[3] > e[2]]
+        round_class[id(e)] = ("beside_" + kind(hit[0]).split(":")[1]) if hit else "plain"
+    rounds_by_class: dict[str, list[float]] = {}
+    for e in cl:
+        if e[2] >= start:
+            rounds_by_class.setdefault(round_class[id(e)], []).append((e[3] - e[2]) / 1e3)
+    sends_by_class: dict[str, list[float]] = {}
+    for s, a, r in rows:
+        c = round_class[id(r)] if r is not None else "unmatched"
+        sends_by_class.setdefault(c, []).append((a - s) / 1e3)
+    slow_by_class: dict[str, int] = {}
+    for _s, _a, r in slow:
+        c = round_class[id(r)] if r is not None else "unmatched"
+        slow_by_class[c] = slow_by_class.get(c, 0) + 1
+    by_kind: dict[str, list[float]] = {}
+    t_end = max(a for _s, a, _ in sends)
+    for e in events:
+        if e[0] not in ("submit", "kick", "complete", "drain", "thread") and e[2] >= start and e[3] <= t_end:
+            by_kind.setdefault(kind(e), []).append((e[3] - e[2]) / 1e3)
+    span = (t_end - start) / 1e9
+    return {
+        "sends": len(sends),
+        "seconds": round(span, 2),
+        "latency_us": summary(lat),
+        "matched_to_a_round": len(to_fs),
+        "send_to_fsync_start_us": summary(to_fs),
+        "commitlog_fsync_of_the_round_us": summary(fs),
+        "fsync_end_to_answer_us": summary(after),
+        "commitlog_fsyncs": len([e for e in cl if e[2] >= start]),
+        "phases_us": {
+            k: {**summary(v), "mean": round(statistics.fmean(v), 1) if v else 0} for k, v in phases.items()
+        },
+        "phased_sends": len(phases["send_to_put"]),
+        "share_handed_in_while_a_round_was_in_fdatasync": round(
+            busy_at_kick / max(1, len(phases["send_to_put"])), 3
+        ),
+        "rounds_by_class_us": {
+            k: {"count": len(v), **summary(v), "mean": round(statistics.fmean(v), 1)}
+            for k, v in sorted(rounds_by_class.items())
+        },
+        "sends_by_their_round_class_us": {
+            k: {"count": len(v), **summary(v), "mean": round(statistics.fmean(v), 1)}
+            for k, v in sorted(sends_by_class.items())
+        },
+        "slow": {
+            "threshold_us": p99,
+            "by_their_round_class": slow_by_class,
+            "count": len(slow),
+            "their_round_fsync_us": summary(slow_cl),
+            "overlapped_by": dict(sorted(slow_with.items(), key=lambda kv: -kv[1])),
+            "share_of_all_sends_overlapped_by": {
+                k: round(v / len(sample), 4) for k, v in sorted(any_with.items(), key=lambda kv: -kv[1])
+            },
+        },
+        "events_per_s_and_us": {
+            k: {"per_s": round(len(v) / span, 2), **summary(v), "mean": round(statistics.fmean(v), 1)}
+            for k, v in sorted(by_kind.items())
+        },
+    }
+
+
+def analyse_probe(
+    probes: list[tuple[int, int]],
+    events: list[list[Any]],
+    sends: list[tuple[int, int, bool]],
+    warmup_s: float,
+) -> dict[str, Any]:
+    """The probe's fsyncs over the run (the same span as the sends' percentiles), and whether the
+    commit log's slow rounds met a slow probe fsync (the disk stalled for everyone) or not."""
+    start = min(s for s, _, _ in sends) + int(warmup_s * 1e9)
+    probes = [p for p in probes if p[0] >= start]
+    cl = [e for e in events if e[0] == "fdatasync" and e[1] == "group-commit" and e[2] >= start]
+    out: dict[str, Any] = {"count": len(probes), "fsync_us": summary([(b - a) / 1e3 for a, b in probes])}
+    for floor_us in (1000, 2000):
+        slow = [e for e in cl if e[3] - e[2] >= floor_us * 1000]
+        met = [
+            e
+            for e in slow
+            if any(p[0] < e[3] and p[1] > e[2] and p[1] - p[0] >= floor_us * 500 for p in probes)
+        ]
+        overlapped = [e for e in slow if any(p[0] < e[3] and p[1] > e[2] for p in probes)]
+        out[f"commitlog_rounds_over_{floor_us}us"] = {
+            "count": len(slow),
+            "with_a_probe_fsync_during_it": len(overlapped),
+            "of_which_the_probe_took_half_as_long_or_more": len(met),
+        }
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", type=float, default=2000.0)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=1.0, help="seconds left out of the analysis")
+    p.add_argument("--toml", default="", help="TOML appended to the broker's config")
+    p.add_argument(
+        "--tree", default="", help="PYTHONPATH for the broker (old code, as compare_ab's --b-tree)"
+    )
+    p.add_argument("--dir", default=None)
+    p.add_argument(
+        "--probe-ms",
+        type=float,
+        default=0.0,
+        help="also append 4 KiB + fdatasync to a file of the client's every this many ms (0: off)",
+    )
+    p.add_argument("--out", default="", help="also write the raw events and sends here (JSON)")
+    args = p.parse_args()
+    import compare
+    from compare_limits import fsync_latency
+
+    work = Path(tempfile.mkdtemp(prefix="tidemq-synctrace-", dir=args.dir))
+    ev_path = work / "events.jsonl"
+    server = start_broker(work / "broker", args.toml, args.tree, ev_path)
+    try:
+        bench = compare.Bench(argparse.Namespace(procs=1, inflight=64, messages=1000), server)
+        bench.setup()
+        spec = bench.spec("rate", 1024, batch=1)
+        before = fsync_latency(work, 500)
+        try:
+            import uvloop
+
+            runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        except ImportError:
+            runner = asyncio.Runner()
+        probes: list[tuple[int, int]] = []
+        stop = threading.Event()
+        prober = None
+        if args.probe_ms > 0:
+            prober = threading.Thread(
+                target=probe, args=(work, args.probe_ms / 1e3, stop, probes), daemon=True
+            )
+            prober.start()
+        cpu0, t_cpu0 = thread_cpu(server.proc.pid), time.perf_counter()
+        with runner:
+            sends = runner.run(drive(spec, args.rate, args.seconds))
+        cpu1, t_cpu1 = thread_cpu(server.proc.pid), time.perf_counter()
+        stop.set()
+        if prober is not None:
+            prober.join()
+        time.sleep(0.5)  # the broker's dump thread writes every 200 ms
+        after = fsync_latency(work, 500)
+    finally:
+        server.stop()
+    events = [json.loads(line) for line in ev_path.read_text().splitlines()] if ev_path.exists() else []
+    result = {
+        "rate": args.rate,
+        "toml": args.toml,
+        "tree": args.tree,
+        "load_avg": os.getloadavg(),
+        "fsync_4k_before": before,
+        "fsync_4k_after": after,
+        **analyse(sends, events, args.warmup),
+    }
+    span = t_cpu1 - t_cpu0
+    names = {str(e[2]): e[1] for e in events if e[0] == "thread"}
+    by_name: dict[str, float] = {}
+    for k, v in cpu1.items():
+        name = names.get(k, "other")
+        by_name[name] = by_name.get(name, 0.0) + (v - cpu0.get(k, 0.0)) / span
+    result["broker_cpu_per_s_by_thread"] = {
+        k: round(v, 3) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1]) if v > 0
+    }
+    result["broker_cpu_us_per_send"] = round(
+        sum(v - cpu0.get(k, 0.0) for k, v in cpu1.items()) / max(1, len(sends)) * 1e6, 1
+    )
+    if probes:
+        result["probe"] = analyse_probe(probes, events, sends, args.warmup)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"sends": sends, "events": events, "probes": probes}))
+    import shutil
+
+    shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
