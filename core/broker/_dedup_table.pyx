@@ -12,12 +12,13 @@ reference with the same API and picks this one when it is built.
 cimport cython
 from cpython cimport array
 from cpython.dict cimport PyDict_GetItem
-from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.set cimport PySet_Add, PySet_GET_SIZE
 from cpython.unicode cimport PyUnicode_GET_LENGTH
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy
 
 
 cdef extern from *:
@@ -122,6 +123,9 @@ cdef extern from "Python.h":
     void* PyUnicode_DATA(object o)
     int PyObject_IS_GC(object o)
     void PyObject_GC_UnTrack(void* o)
+    int PyUnicode_IS_ASCII(object o)
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    unsigned char* PyUnicode_1BYTE_DATA(object o)
 
 
 from tidemq.message import TRANSACTION_PREPARED_TYPE as _TX_PREPARED
@@ -207,10 +211,30 @@ def untrack(object o):
     return o
 
 
+cdef object _last_host = None  # the id prefix (store host) the last packed answer had: shared
+cdef const char* _HEX = b"0123456789ABCDEF"
+
+
+cdef inline int _hex_digit(unsigned char c) noexcept:
+    """An upper-case hex digit's value, else -1 (only what ``%016X`` writes re-encodes byte-equal)."""
+    if 48 <= c <= 57:
+        return c - 48
+    if 65 <= c <= 70:
+        return c - 55
+    return -1
+
+
 @cython.no_gc
 cdef class SentFields:
     """The fields of one send's record in the window (``tidemq.broker.dedup_sent.Sent`` adds the
     methods): typed, so the compiled run and trim read and write them without attribute lookups.
+
+    The answer's message ids are kept as numbers (``msg_id`` packs them when set): offset message
+    ids of one put share their prefix (the store host: one str shared by every record) and differ
+    in their last 16 hex digits (the commit-log offset), so a batch of 32 keeps the first offset
+    and 31 32-bit deltas (~130 bytes) instead of a 1.1 KB joined string; ``msg_id`` and
+    :meth:`id_at` re-encode them byte for byte (only for a resend's answer).  Text that is not
+    such a list (another form of id, offsets 4 GiB apart) is kept as it is.
 
     Untracked by the cycle collector: a full window of single sends holds 500 000 of them, which
     every full collection walked (they hold no cycle the collector must break: a pending one's
@@ -222,7 +246,6 @@ cdef class SentFields:
     cdef public object topic
     cdef public object hashes
     cdef public object send
-    cdef public object msg_id
     cdef public object handle
     cdef public bint live
     cdef public Py_ssize_t nbytes
@@ -230,11 +253,135 @@ cdef class SentFields:
     cdef public long long queue_offset
     cdef public long long step
     cdef public long long end
+    cdef object _text  # the ids as text, when not packed ("": no answer yet)
+    cdef object _host  # packed: the ids' common prefix (shared between records)
+    cdef uint64_t _first  # packed: the first id's offset
+    cdef uint32_t* _deltas  # packed: ids 1.._nids-1's offsets minus _first (PyMem: tracemalloc sees it)
+    cdef Py_ssize_t _nids  # packed: how many ids (0: not packed)
 
     def __cinit__(self, *args, **kwargs):
-        self.msg_id = ""
+        self._text = ""
+        self._deltas = NULL
+        self._nids = 0
         self.live = True
         _untrack(self)  # a Python subclass (heap types are tracked at allocation)
+
+    def __dealloc__(self):
+        if self._deltas != NULL:
+            PyMem_Free(self._deltas)
+            self._deltas = NULL
+
+    cdef int _set_ids(self, object ids) except -1:
+        """Keep ``ids`` (a put's answer: one offset message id, or several joined by commas),
+        packed when it re-encodes byte for byte, else as text."""
+        global _last_host
+        cdef Py_ssize_t n, width, count, k, i, at
+        cdef const unsigned char* p
+        cdef uint64_t value, first = 0
+        cdef uint32_t* deltas = NULL
+        cdef int d
+        if self._deltas != NULL:
+            PyMem_Free(self._deltas)
+            self._deltas = NULL
+        self._nids = 0
+        self._host = None
+        self._text = ids
+        if type(ids) is not str or not PyUnicode_IS_ASCII(ids):
+            return 0
+        n = PyUnicode_GET_LENGTH(ids)
+        p = <const unsigned char*>PyUnicode_1BYTE_DATA(ids)
+        width = 0
+        while width < n and p[width] != 44:  # ","
+            width += 1
+        if width < 16 or width > 128 or (n + 1) % (width + 1) != 0:
+            return 0
+        count = (n + 1) // (width + 1)
+        if count > 1:
+            deltas = <uint32_t*>PyMem_Malloc((count - 1) * sizeof(uint32_t))
+            if deltas == NULL:
+                raise MemoryError()
+        for k in range(count):
+            at = k * (width + 1)
+            if k > 0 and (p[at - 1] != 44 or memcmp(p, p + at, width - 16) != 0):
+                PyMem_Free(deltas)
+                return 0
+            value = 0
+            for i in range(at + width - 16, at + width):
+                d = _hex_digit(p[i])
+                if d < 0:
+                    PyMem_Free(deltas)
+                    return 0
+                value = (value << 4) | <uint64_t>d
+            if k == 0:
+                first = value
+            elif value < first or value - first > 0xFFFFFFFFu:
+                PyMem_Free(deltas)
+                return 0
+            else:
+                deltas[k - 1] = <uint32_t>(value - first)
+        host = _last_host
+        if (host is None or PyUnicode_GET_LENGTH(host) != width - 16
+                or memcmp(PyUnicode_1BYTE_DATA(host), p, width - 16) != 0):
+            host = ids[:width - 16]
+            _last_host = host
+        self._host = host
+        self._first = first
+        self._deltas = deltas
+        self._nids = count
+        self._text = None
+        return 0
+
+    cdef inline uint64_t _offset(self, Py_ssize_t pos) noexcept:
+        return self._first + (self._deltas[pos - 1] if pos > 0 else 0)
+
+    cdef void _write_id(self, unsigned char* out, Py_ssize_t pos) noexcept:
+        cdef Py_ssize_t hl = PyUnicode_GET_LENGTH(self._host)
+        cdef uint64_t value = self._offset(pos)
+        cdef int i
+        memcpy(out, PyUnicode_1BYTE_DATA(self._host), hl)
+        for i in range(15, -1, -1):
+            out[hl + i] = _HEX[value & 15]
+            value >>= 4
+
+    @property
+    def msg_id(self):
+        """The answer's message id (a batch's: the ids joined by commas; "" before the answer)."""
+        if self._nids == 0:
+            return self._text
+        cdef Py_ssize_t width = PyUnicode_GET_LENGTH(self._host) + 16
+        cdef Py_ssize_t k
+        text = PyUnicode_New(self._nids * (width + 1) - 1, 127)
+        cdef unsigned char* out = PyUnicode_1BYTE_DATA(text)
+        for k in range(self._nids):
+            if k:
+                out[k * (width + 1) - 1] = 44
+            self._write_id(out + k * (width + 1), k)
+        return text
+
+    @msg_id.setter
+    def msg_id(self, ids):
+        self._set_ids(ids)
+
+    @property
+    def answered(self):
+        """Whether the answer is kept (its message ids set)."""
+        return self._nids > 0 or bool(self._text)
+
+    @property
+    def packed(self):
+        """How many message ids are kept as numbers (0: as text)."""
+        return self._nids
+
+    def id_at(self, Py_ssize_t pos):
+        """Message ``pos``'s id (the whole ``msg_id`` when it has no id ``pos``)."""
+        if self._nids == 0:
+            ids = self._text.split(",")
+            return ids[pos] if 0 <= pos < len(ids) else self._text
+        if pos < 0 or pos >= self._nids:
+            return self.msg_id
+        text = PyUnicode_New(PyUnicode_GET_LENGTH(self._host) + 16, 127)
+        self._write_id(PyUnicode_1BYTE_DATA(text), pos)
+        return text
 
     def stored(self, send, result):
         """The first send's outcome is known (``send``'s fields are set): keep its answer, or
@@ -246,7 +393,7 @@ cdef class SentFields:
         if result is None or send.status not in STORED_CODES:
             self.window.forget(self)
             return
-        self.msg_id = send.msg_id
+        self._set_ids(send.msg_id)
         self.handle = send.recall_handle
         self.queue_id = send.queue_id
         self.queue_offset = send.queue_offset
