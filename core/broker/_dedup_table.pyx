@@ -194,8 +194,18 @@ cdef inline uint64_t _slot_hash(int64_t h) noexcept:
 
 
 cdef struct Slot:
-    uint64_t hash  # 0: empty
-    PyObject* value  # a reference the table owns
+    uint32_t fp  # the key hash's high 32 bits (0 taken as 1): its fingerprint and home; 0: empty
+    uint32_t idx  # the key's entry in the table's ring (an absolute index)
+
+
+cdef struct Entry:
+    uint64_t hash  # the key's hash (not 0)
+    PyObject* value  # a reference the table owns; NULL: a hole (the key left)
+
+
+cdef inline uint32_t _fp(uint64_t h) noexcept:
+    cdef uint32_t f = <uint32_t>(h >> 32)
+    return f if f != 0 else 1
 
 
 cdef inline void _untrack(object o) noexcept:
@@ -405,24 +415,49 @@ cdef class SentFields:
 cdef class HashTable:
     """64-bit key hash -> object (the :class:`~tidemq.broker.dedup.Sent` that stored the key).
 
-    One array of (hash, object) slots: a key's check and its record touch one cache line (the
-    table of a full window is tens of MB, so each probe of a key is a cache miss; a run's probes
-    are prefetched together, see :func:`admit_run`)."""
+    Two arrays (issue 37, the full window's memory):
+
+    * the **ring**: one 16-byte entry per key (its full hash and the object), appended in arrival
+      order and consumed from the tail as the oldest keys leave (a deleted key leaves a hole,
+      passed over when the tail reaches it); written and read sequentially at its two ends;
+    * the **slots**, probed at random: 8 bytes each, the hash's high 32 bits (its fingerprint,
+      which also gives its home slot) and the key's entry index in the ring.  A fingerprint that
+      matches is confirmed against the ring's full hash.  A full window of 500 000 keys has 2^20
+      slots: 8 MB (16 MB with the previous (hash, object) slots), the part of the window a send's
+      probes touch at random.
+
+    Linear probing, backward-shift deletes (no tombstones).  A ring that fills is compacted in
+    place when at most 3/4 of it is live (its holes dropped, the slots' indices rewritten), else
+    doubled (absolute indices: the slots do not move)."""
 
     cdef Slot* _slots
     cdef Py_ssize_t _mask
     cdef Py_ssize_t _used
-    cdef void* _map  # the mapping of a huge-page table (NULL: _slots came from PyMem_Calloc)
+    cdef void* _map  # the mapping of a huge-page slot array (NULL: _slots came from PyMem_Calloc)
     cdef size_t _map_len
+    cdef Entry* _ring
+    cdef uint32_t _rmask
+    cdef uint32_t _head  # the next entry's (absolute) index
+    cdef uint32_t _tail  # the oldest entry's (absolute) index
 
     def __cinit__(self, Py_ssize_t capacity=64):
         cdef Py_ssize_t cap = 16
+        cdef Py_ssize_t rcap = 16
         while cap < capacity * 2:
             cap <<= 1
+        while rcap < capacity:
+            rcap <<= 1
         self._slots = NULL
         self._map = NULL
         self._map_len = 0
+        self._ring = NULL
         self._alloc(cap)
+        self._ring = <Entry*>PyMem_Malloc(rcap * sizeof(Entry))
+        if self._ring == NULL:
+            raise MemoryError()
+        self._rmask = <uint32_t>(rcap - 1)
+        self._head = 0
+        self._tail = 0
 
     cdef int _alloc(self, Py_ssize_t cap) except -1:
         cdef void* base = NULL
@@ -446,44 +481,68 @@ cdef class HashTable:
             PyMem_Free(slots)
 
     def __dealloc__(self):
-        cdef Py_ssize_t i
+        cdef uint32_t k
+        if self._ring != NULL:
+            k = self._tail
+            while k != self._head:
+                Py_XDECREF(self._ring[k & self._rmask].value)
+                k += 1
+            PyMem_Free(self._ring)
+            self._ring = NULL
         if self._slots != NULL:
-            for i in range(self._mask + 1):
-                if self._slots[i].hash != 0:
-                    Py_XDECREF(self._slots[i].value)
             self._free(self._slots, self._map, self._map_len)
+            self._slots = NULL
 
     def __len__(self):
         return self._used
 
     @property
     def capacity(self):
+        """Slots (8 bytes each)."""
         return self._mask + 1
 
+    @property
+    def ring_capacity(self):
+        """Ring entries (16 bytes each)."""
+        return self._rmask + 1
+
+    @property
+    def ring_span(self):
+        """Ring entries from the oldest kept to the newest, holes included."""
+        return <uint32_t>(self._head - self._tail)
+
     cdef inline void _prefetch(self, uint64_t h) noexcept:
-        __builtin_prefetch(&self._slots[<Py_ssize_t>(h & <uint64_t>self._mask)])
+        __builtin_prefetch(&self._slots[<Py_ssize_t>(_fp(h) & <uint32_t>self._mask)])
 
     cdef Py_ssize_t _find(self, uint64_t h) noexcept:
-        cdef Py_ssize_t i = <Py_ssize_t>(h & <uint64_t>self._mask)
-        cdef uint64_t x
+        """The slot holding ``h``, or -1."""
+        cdef uint32_t f = _fp(h)
+        cdef Py_ssize_t i = <Py_ssize_t>(f & <uint32_t>self._mask)
+        cdef Slot s
         while True:
-            x = self._slots[i].hash
-            if x == 0:
+            s = self._slots[i]
+            if s.fp == 0:
                 return -1
-            if x == h:
+            if s.fp == f and self._ring[s.idx & self._rmask].hash == h:
                 return i
             i = (i + 1) & self._mask
 
     cdef inline Py_ssize_t _slot_for(self, uint64_t h) noexcept:
         """The slot holding ``h``, or the empty slot that ends its probe (where it goes): one
-        probe for a check and its record."""
-        cdef Py_ssize_t i = <Py_ssize_t>(h & <uint64_t>self._mask)
-        cdef uint64_t x
+        probe for a check and its record (a hit: its ``fp`` is not 0)."""
+        cdef uint32_t f = _fp(h)
+        cdef Py_ssize_t i = <Py_ssize_t>(f & <uint32_t>self._mask)
+        cdef Slot s
         while True:
-            x = self._slots[i].hash
-            if x == 0 or x == h:
+            s = self._slots[i]
+            if s.fp == 0:
+                return i
+            if s.fp == f and self._ring[s.idx & self._rmask].hash == h:
                 return i
             i = (i + 1) & self._mask
+
+    cdef inline PyObject* _value_at(self, Py_ssize_t at) noexcept:
+        return self._ring[self._slots[at].idx & self._rmask].value
 
     cdef int _grow(self) except -1:
         cdef Slot* old = self._slots
@@ -491,61 +550,134 @@ cdef class HashTable:
         cdef size_t old_len = self._map_len
         cdef Py_ssize_t old_cap = self._mask + 1
         cdef Py_ssize_t i, j
-        cdef uint64_t h
         self._alloc(old_cap * 2)  # raises before anything moved: the old array stays whole
         for i in range(old_cap):
-            h = old[i].hash
-            if h != 0:
-                j = <Py_ssize_t>(h & <uint64_t>self._mask)
-                while self._slots[j].hash != 0:
+            if old[i].fp != 0:
+                j = <Py_ssize_t>(old[i].fp & <uint32_t>self._mask)
+                while self._slots[j].fp != 0:
                     j = (j + 1) & self._mask
-                self._slots[j] = old[i]  # the reference moves
+                self._slots[j] = old[i]
                 self._used += 1
         self._free(old, old_map, old_len)
         return 0
 
+    cdef int _reserve(self) except -1:
+        """Room for one more ring entry: the ring compacted (at most 3/4 live) or doubled."""
+        cdef uint32_t span = self._head - self._tail
+        cdef uint32_t rcap = self._rmask + 1
+        cdef uint32_t newcap, k, j, f, newmask
+        cdef Py_ssize_t i
+        cdef Entry* fresh
+        cdef Entry e
+        if span <= self._rmask:
+            return 0
+        cdef bint compact = <Py_ssize_t>self._used * 4 <= <Py_ssize_t>rcap * 3
+        newcap = rcap if compact else rcap * 2
+        if newcap == 0 or newcap > (1u << 31):
+            raise MemoryError("the duplicate window's key ring is full")
+        fresh = <Entry*>PyMem_Malloc(newcap * sizeof(Entry))
+        if fresh == NULL:
+            raise MemoryError()
+        newmask = newcap - 1
+        k = self._tail
+        if compact:  # the live entries moved to 0.., each one's slot told its new index
+            j = 0
+            while k != self._head:
+                e = self._ring[k & self._rmask]
+                if e.value != NULL:
+                    f = _fp(e.hash)
+                    i = <Py_ssize_t>(f & <uint32_t>self._mask)
+                    while not (self._slots[i].fp == f and self._slots[i].idx == k):
+                        i = (i + 1) & self._mask
+                    self._slots[i].idx = j
+                    fresh[j] = e
+                    j += 1
+                k += 1
+            self._tail = 0
+            self._head = j
+        else:  # the same absolute indices: the slots stay
+            while k != self._head:
+                fresh[k & newmask] = self._ring[k & self._rmask]
+                k += 1
+        PyMem_Free(self._ring)
+        self._ring = fresh
+        self._rmask = newmask
+        return 0
+
+    cdef inline uint32_t _push(self, uint64_t h, object value) noexcept:
+        """Append (``h``, ``value``) to the ring (room reserved); its index."""
+        cdef uint32_t k = self._head
+        cdef Entry* e = &self._ring[k & self._rmask]
+        Py_INCREF(value)
+        e.hash = h
+        e.value = <PyObject*>value
+        self._head = k + 1
+        return k
+
+    cdef inline void _pass_holes(self) noexcept:
+        while self._tail != self._head and self._ring[self._tail & self._rmask].value == NULL:
+            self._tail += 1
+
+    cdef int _insert(self, Py_ssize_t at, uint64_t h, object value) except -1:
+        """Store ``value`` under ``h`` at ``at`` (``_slot_for``'s empty slot; ``_reserve`` done)."""
+        self._slots[at].idx = self._push(h, value)
+        self._slots[at].fp = _fp(h)
+        self._used += 1
+        return 0
+
+    cdef int _retake(self, Py_ssize_t at, uint64_t h, object value) except -1:
+        """Slot ``at`` (holding ``h``) now stores ``value``: its old entry a hole, a new one
+        appended (the ring stays in arrival order; ``_reserve`` done)."""
+        cdef uint32_t k = self._slots[at].idx
+        cdef PyObject* old = self._ring[k & self._rmask].value
+        self._ring[k & self._rmask].value = NULL
+        self._slots[at].idx = self._push(h, value)
+        self._pass_holes()
+        Py_XDECREF(old)
+        return 0
+
     cdef object _put(self, uint64_t h, object value):
         """Store ``value`` under ``h``; the object it replaced, or None."""
-        cdef Py_ssize_t i
-        cdef PyObject* old
+        cdef Py_ssize_t at
         if (self._used + 1) * 2 > self._mask + 1:
             self._grow()
-        i = <Py_ssize_t>(h & <uint64_t>self._mask)
-        while True:
-            if self._slots[i].hash == 0:
-                Py_INCREF(value)
-                self._slots[i].hash = h
-                self._slots[i].value = <PyObject*>value
-                self._used += 1
-                return None
-            if self._slots[i].hash == h:
-                old = self._slots[i].value
-                Py_INCREF(value)
-                self._slots[i].value = <PyObject*>value
-                result = <object>old  # a new reference for the caller...
-                Py_XDECREF(old)  # ...and the table's dropped
-                return result
-            i = (i + 1) & self._mask
+        self._reserve()
+        at = self._slot_for(h)
+        if self._slots[at].fp == 0:
+            self._insert(at, h, value)
+            return None
+        result = <object>self._value_at(at)  # a reference for the caller
+        self._retake(at, h, value)
+        return result
+
+    cdef void _remove_at(self, Py_ssize_t at) noexcept:
+        """Remove the key at slot ``at``: its slot emptied (backward shift), its entry a hole."""
+        cdef uint32_t k = self._slots[at].idx
+        cdef PyObject* old = self._ring[k & self._rmask].value
+        self._ring[k & self._rmask].value = NULL
+        self._delete(at)
+        self._pass_holes()
+        Py_XDECREF(old)
 
     cdef void _delete(self, Py_ssize_t i) noexcept:
-        """Empty slot ``i`` (its reference already dropped) and shift back the run after it."""
+        """Empty slot ``i`` and shift back the run after it."""
         cdef Py_ssize_t j = i
         cdef Py_ssize_t k
         cdef Py_ssize_t mask = self._mask
         cdef Slot* slots = self._slots
-        slots[i].hash = 0
-        slots[i].value = NULL
+        slots[i].fp = 0
+        slots[i].idx = 0
         self._used -= 1
         while True:
             j = (j + 1) & mask
-            if slots[j].hash == 0:
+            if slots[j].fp == 0:
                 return
-            k = <Py_ssize_t>(slots[j].hash & <uint64_t>mask)  # where the entry at j wants to be
+            k = <Py_ssize_t>(slots[j].fp & <uint32_t>mask)  # where the entry at j wants to be
             if (i <= j and (i < k <= j)) or (i > j and (k > i or k <= j)):
                 continue  # reachable from its home without crossing i: it stays
             slots[i] = slots[j]
-            slots[j].hash = 0
-            slots[j].value = NULL
+            slots[j].fp = 0
+            slots[j].idx = 0
             i = j
 
     def get(self, int64_t h):
@@ -553,7 +685,7 @@ cdef class HashTable:
         cdef Py_ssize_t i = self._find(_slot_hash(h))
         if i < 0:
             return None
-        return <object>self._slots[i].value
+        return <object>self._value_at(i)
 
     def put(self, int64_t h, object value):
         """Store ``value`` under ``h``; the object it replaced, or None."""
@@ -598,15 +730,12 @@ cdef class HashTable:
         cdef long long* data = hashes.data.as_longlongs
         cdef Py_ssize_t i, at
         cdef Py_ssize_t removed = 0
-        cdef PyObject* old
         for i in range(n):
             self._prefetch(_slot_hash(data[i]))
         for i in range(n):
             at = self._find(_slot_hash(data[i]))
-            if at >= 0 and self._slots[at].value == <PyObject*>value:
-                old = self._slots[at].value
-                self._delete(at)
-                Py_XDECREF(old)
+            if at >= 0 and self._value_at(at) == <PyObject*>value:
+                self._remove_at(at)
                 removed += 1
         return removed
 
@@ -854,9 +983,10 @@ cdef int _admit(
             h = _slot_hash(data[j])
             if (table._used + 1) * 2 > table._mask + 1:
                 table._grow()
+            table._reserve()
             at = table._slot_for(h)
-            if table._slots[at].hash == h:
-                old = <object>table._slots[at].value
+            if table._slots[at].fp != 0:
+                old = <object>table._value_at(at)
                 if _deadline(old) > now:  # a resend, or a key twice in the run
                     _undo(plan, tables, i, j, taken)
                     return 0
@@ -864,15 +994,9 @@ cdef int _admit(
                     taken = []
                 taken.append((table, h, old))  # an expired key, taken over (taken holds it)
                 replaced += 1
-                value = table._slots[at].value
-                Py_INCREF(fields)
-                table._slots[at].value = <PyObject*>fields
-                Py_XDECREF(value)
+                table._retake(at, h, fields)
             else:
-                Py_INCREF(fields)
-                table._slots[at].hash = h
-                table._slots[at].value = <PyObject*>fields
-                table._used += 1
+                table._insert(at, h, fields)
     append = order.append
     for i in range(nsends):
         entry = plan[i]
@@ -1055,10 +1179,8 @@ cdef int _undo(list plan, dict tables, Py_ssize_t upto, Py_ssize_t upto_key, lis
         for j in range(n):
             h = _slot_hash(hashes.data.as_longlongs[j])
             at = table._find(h)
-            if at >= 0 and table._slots[at].value == <PyObject*>sent:
-                value = table._slots[at].value
-                table._delete(at)
-                Py_XDECREF(value)
+            if at >= 0 and table._value_at(at) == <PyObject*>sent:
+                table._remove_at(at)
     if taken is not None:
         for item in taken:
             (<HashTable>(<tuple>item)[0])._put((<tuple>item)[1], (<tuple>item)[2])
