@@ -221,17 +221,52 @@ def untrack(object o):
     return o
 
 
+cdef extern from *:
+    """
+    /* Upper-case hex digits (only what "%016X" writes re-encodes byte-equal): a digit's value,
+       else 0x80, OR-ed over a run so one test at the end finds any other byte. */
+    static unsigned char tidemq_hexval[256];
+    static void tidemq_hexval_init(void) {
+        int c;
+        for (c = 0; c < 256; c++) tidemq_hexval[c] = 0x80;
+        for (c = 0; c < 10; c++) tidemq_hexval['0' + c] = (unsigned char)c;
+        for (c = 0; c < 6; c++) tidemq_hexval['A' + c] = (unsigned char)(10 + c);
+    }
+    /* n hex digits at p into *out; 0, or -1 when one is not an upper-case hex digit. */
+    static inline int tidemq_hex(const unsigned char* p, int n, uint64_t* out) {
+        uint64_t v = 0;
+        unsigned bad = 0;
+        int i;
+        for (i = 0; i < n; i++) {
+            unsigned char d = tidemq_hexval[p[i]];
+            bad |= d;
+            v = (v << 4) | (d & 15);
+        }
+        *out = v;
+        return (bad & 0x80) ? -1 : 0;
+    }
+    /* Whether n bytes at a and b are equal (inlined 8-byte loads: no libc call per id). */
+    static inline int tidemq_same(const unsigned char* a, const unsigned char* b, size_t n) {
+        uint64_t x, y;
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            memcpy(&x, a + i, 8);
+            memcpy(&y, b + i, 8);
+            if (x != y) return 0;
+        }
+        for (; i < n; i++)
+            if (a[i] != b[i]) return 0;
+        return 1;
+    }
+    """
+    int tidemq_same(const unsigned char* a, const unsigned char* b, size_t n) noexcept nogil
+    void tidemq_hexval_init() noexcept nogil
+    int tidemq_hex(const unsigned char* p, int n, uint64_t* out) noexcept nogil
+
+
+tidemq_hexval_init()
 cdef object _last_host = None  # the id prefix (store host) the last packed answer had: shared
 cdef const char* _HEX = b"0123456789ABCDEF"
-
-
-cdef inline int _hex_digit(unsigned char c) noexcept:
-    """An upper-case hex digit's value, else -1 (only what ``%016X`` writes re-encodes byte-equal)."""
-    if 48 <= c <= 57:
-        return c - 48
-    if 65 <= c <= 70:
-        return c - 55
-    return -1
 
 
 @cython.no_gc
@@ -285,7 +320,7 @@ cdef class SentFields:
         """Keep ``ids`` (a put's answer: one offset message id, or several joined by commas),
         packed when it re-encodes byte for byte, else as text."""
         global _last_host
-        cdef Py_ssize_t n, width, count, k, i, at
+        cdef Py_ssize_t n, width, count, k, at
         cdef const unsigned char* p
         cdef uint64_t value, first = 0
         cdef uint32_t* deltas = NULL
@@ -310,25 +345,24 @@ cdef class SentFields:
             deltas = <uint32_t*>PyMem_Malloc((count - 1) * sizeof(uint32_t))
             if deltas == NULL:
                 raise MemoryError()
-        for k in range(count):
+        if tidemq_hex(p + width - 16, 16, &first) < 0:
+            PyMem_Free(deltas)
+            return 0
+        for k in range(1, count):
             at = k * (width + 1)
-            if k > 0 and (p[at - 1] != 44 or memcmp(p, p + at, width - 16) != 0):
-                PyMem_Free(deltas)
-                return 0
-            value = 0
-            for i in range(at + width - 16, at + width):
-                d = _hex_digit(p[i])
-                if d < 0:
+            if p[at - 1] != 44 or not tidemq_same(p, p + at, width - 8):
+                # another prefix, or another high half of the offset: the whole offset read
+                if p[at - 1] != 44 or not tidemq_same(p, p + at, width - 16):
                     PyMem_Free(deltas)
                     return 0
-                value = (value << 4) | <uint64_t>d
-            if k == 0:
-                first = value
-            elif value < first or value - first > 0xFFFFFFFFu:
+                d = tidemq_hex(p + at + width - 16, 16, &value)
+            else:  # (the common case: the same host and offset's high 32 bits, checked above)
+                d = tidemq_hex(p + at + width - 8, 8, &value)
+                value |= first & <uint64_t>0xFFFFFFFF00000000
+            if d < 0 or value < first or value - first > 0xFFFFFFFFu:
                 PyMem_Free(deltas)
                 return 0
-            else:
-                deltas[k - 1] = <uint32_t>(value - first)
+            deltas[k - 1] = <uint32_t>(value - first)
         host = _last_host
         if (host is None or PyUnicode_GET_LENGTH(host) != width - 16
                 or memcmp(PyUnicode_1BYTE_DATA(host), p, width - 16) != 0):
