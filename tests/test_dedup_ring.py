@@ -177,7 +177,7 @@ def _stored(s: Send, offset: int) -> None:
     s.status, s.queue_id, s.queue_offset, s.recall_handle = 0, 1, offset, None
     s.msg_id = ",".join(f"7F00000100002A9F{offset + 777 * j:016X}" for j in range(len(s.msgs)))
     if s.dedup is not None:
-        s.dedup.stored(s, _Result())  # type: ignore[union-attr]
+        s.dedup.stored(s, _Result())
 
 
 run_step = st.tuples(
@@ -225,7 +225,7 @@ def test_the_compiled_layout_and_the_python_reference_keep_and_answer_alike(
                     _stored(s, at)
                 elif s.dedup is not None:
                     s.status = 14
-                    s.dedup.stored(s, _Result())  # type: ignore[union-attr]
+                    s.dedup.stored(s, _Result())
                 at += 100_000
         offset = at
         assert (compiled.entries, compiled.nbytes, compiled.evicted) == (
