@@ -12,12 +12,13 @@ reference with the same API and picks this one when it is built.
 cimport cython
 from cpython cimport array
 from cpython.dict cimport PyDict_GetItem
-from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.set cimport PySet_Add, PySet_GET_SIZE
 from cpython.unicode cimport PyUnicode_GET_LENGTH
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy
 
 
 cdef extern from *:
@@ -122,6 +123,9 @@ cdef extern from "Python.h":
     void* PyUnicode_DATA(object o)
     int PyObject_IS_GC(object o)
     void PyObject_GC_UnTrack(void* o)
+    int PyUnicode_IS_ASCII(object o)
+    object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
+    unsigned char* PyUnicode_1BYTE_DATA(object o)
 
 
 from tidemq.message import TRANSACTION_PREPARED_TYPE as _TX_PREPARED
@@ -190,8 +194,18 @@ cdef inline uint64_t _slot_hash(int64_t h) noexcept:
 
 
 cdef struct Slot:
-    uint64_t hash  # 0: empty
-    PyObject* value  # a reference the table owns
+    uint32_t fp  # the key hash's high 32 bits (0 taken as 1): its fingerprint and home; 0: empty
+    uint32_t idx  # the key's entry in the table's ring (an absolute index)
+
+
+cdef struct Entry:
+    uint64_t hash  # the key's hash (not 0)
+    PyObject* value  # a reference the table owns; NULL: a hole (the key left)
+
+
+cdef inline uint32_t _fp(uint64_t h) noexcept:
+    cdef uint32_t f = <uint32_t>(h >> 32)
+    return f if f != 0 else 1
 
 
 cdef inline void _untrack(object o) noexcept:
@@ -207,10 +221,65 @@ def untrack(object o):
     return o
 
 
+cdef extern from *:
+    """
+    /* Upper-case hex digits (only what "%016X" writes re-encodes byte-equal): a digit's value,
+       else 0x80, OR-ed over a run so one test at the end finds any other byte. */
+    static unsigned char tidemq_hexval[256];
+    static void tidemq_hexval_init(void) {
+        int c;
+        for (c = 0; c < 256; c++) tidemq_hexval[c] = 0x80;
+        for (c = 0; c < 10; c++) tidemq_hexval['0' + c] = (unsigned char)c;
+        for (c = 0; c < 6; c++) tidemq_hexval['A' + c] = (unsigned char)(10 + c);
+    }
+    /* n hex digits at p into *out; 0, or -1 when one is not an upper-case hex digit. */
+    static inline int tidemq_hex(const unsigned char* p, int n, uint64_t* out) {
+        uint64_t v = 0;
+        unsigned bad = 0;
+        int i;
+        for (i = 0; i < n; i++) {
+            unsigned char d = tidemq_hexval[p[i]];
+            bad |= d;
+            v = (v << 4) | (d & 15);
+        }
+        *out = v;
+        return (bad & 0x80) ? -1 : 0;
+    }
+    /* Whether n bytes at a and b are equal (inlined 8-byte loads: no libc call per id). */
+    static inline int tidemq_same(const unsigned char* a, const unsigned char* b, size_t n) {
+        uint64_t x, y;
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            memcpy(&x, a + i, 8);
+            memcpy(&y, b + i, 8);
+            if (x != y) return 0;
+        }
+        for (; i < n; i++)
+            if (a[i] != b[i]) return 0;
+        return 1;
+    }
+    """
+    int tidemq_same(const unsigned char* a, const unsigned char* b, size_t n) noexcept nogil
+    void tidemq_hexval_init() noexcept nogil
+    int tidemq_hex(const unsigned char* p, int n, uint64_t* out) noexcept nogil
+
+
+tidemq_hexval_init()
+cdef object _last_host = None  # the id prefix (store host) the last packed answer had: shared
+cdef const char* _HEX = b"0123456789ABCDEF"
+
+
 @cython.no_gc
 cdef class SentFields:
     """The fields of one send's record in the window (``tidemq.broker.dedup_sent.Sent`` adds the
     methods): typed, so the compiled run and trim read and write them without attribute lookups.
+
+    The answer's message ids are kept as numbers (``msg_id`` packs them when set): offset message
+    ids of one put share their prefix (the store host: one str shared by every record) and differ
+    in their last 16 hex digits (the commit-log offset), so a batch of 32 keeps the first offset
+    and 31 32-bit deltas (~130 bytes) instead of a 1.1 KB joined string; ``msg_id`` and
+    :meth:`id_at` re-encode them byte for byte (only for a resend's answer).  Text that is not
+    such a list (another form of id, offsets 4 GiB apart) is kept as it is.
 
     Untracked by the cycle collector: a full window of single sends holds 500 000 of them, which
     every full collection walked (they hold no cycle the collector must break: a pending one's
@@ -222,7 +291,6 @@ cdef class SentFields:
     cdef public object topic
     cdef public object hashes
     cdef public object send
-    cdef public object msg_id
     cdef public object handle
     cdef public bint live
     cdef public Py_ssize_t nbytes
@@ -230,11 +298,134 @@ cdef class SentFields:
     cdef public long long queue_offset
     cdef public long long step
     cdef public long long end
+    cdef object _text  # the ids as text, when not packed ("": no answer yet)
+    cdef object _host  # packed: the ids' common prefix (shared between records)
+    cdef uint64_t _first  # packed: the first id's offset
+    cdef uint32_t* _deltas  # packed: ids 1.._nids-1's offsets minus _first (PyMem: tracemalloc sees it)
+    cdef Py_ssize_t _nids  # packed: how many ids (0: not packed)
 
     def __cinit__(self, *args, **kwargs):
-        self.msg_id = ""
+        self._text = ""
+        self._deltas = NULL
+        self._nids = 0
         self.live = True
         _untrack(self)  # a Python subclass (heap types are tracked at allocation)
+
+    def __dealloc__(self):
+        if self._deltas != NULL:
+            PyMem_Free(self._deltas)
+            self._deltas = NULL
+
+    cdef int _set_ids(self, object ids) except -1:
+        """Keep ``ids`` (a put's answer: one offset message id, or several joined by commas),
+        packed when it re-encodes byte for byte, else as text."""
+        global _last_host
+        cdef Py_ssize_t n, width, count, k, at
+        cdef const unsigned char* p
+        cdef uint64_t value, first = 0
+        cdef uint32_t* deltas = NULL
+        cdef int d
+        if self._deltas != NULL:
+            PyMem_Free(self._deltas)
+            self._deltas = NULL
+        self._nids = 0
+        self._host = None
+        self._text = ids
+        if type(ids) is not str or not PyUnicode_IS_ASCII(ids):
+            return 0
+        n = PyUnicode_GET_LENGTH(ids)
+        p = <const unsigned char*>PyUnicode_1BYTE_DATA(ids)
+        width = 0
+        while width < n and p[width] != 44:  # ","
+            width += 1
+        if width < 16 or width > 128 or (n + 1) % (width + 1) != 0:
+            return 0
+        count = (n + 1) // (width + 1)
+        if count > 1:
+            deltas = <uint32_t*>PyMem_Malloc((count - 1) * sizeof(uint32_t))
+            if deltas == NULL:
+                raise MemoryError()
+        if tidemq_hex(p + width - 16, 16, &first) < 0:
+            PyMem_Free(deltas)
+            return 0
+        for k in range(1, count):
+            at = k * (width + 1)
+            if p[at - 1] != 44 or not tidemq_same(p, p + at, width - 8):
+                # another prefix, or another high half of the offset: the whole offset read
+                if p[at - 1] != 44 or not tidemq_same(p, p + at, width - 16):
+                    PyMem_Free(deltas)
+                    return 0
+                d = tidemq_hex(p + at + width - 16, 16, &value)
+            else:  # (the common case: the same host and offset's high 32 bits, checked above)
+                d = tidemq_hex(p + at + width - 8, 8, &value)
+                value |= first & <uint64_t>0xFFFFFFFF00000000
+            if d < 0 or value < first or value - first > 0xFFFFFFFFu:
+                PyMem_Free(deltas)
+                return 0
+            deltas[k - 1] = <uint32_t>(value - first)
+        host = _last_host
+        if (host is None or PyUnicode_GET_LENGTH(host) != width - 16
+                or memcmp(PyUnicode_1BYTE_DATA(host), p, width - 16) != 0):
+            host = ids[:width - 16]
+            _last_host = host
+        self._host = host
+        self._first = first
+        self._deltas = deltas
+        self._nids = count
+        self._text = None
+        return 0
+
+    cdef inline uint64_t _offset(self, Py_ssize_t pos) noexcept:
+        return self._first + (self._deltas[pos - 1] if pos > 0 else 0)
+
+    cdef void _write_id(self, unsigned char* out, Py_ssize_t pos) noexcept:
+        cdef Py_ssize_t hl = PyUnicode_GET_LENGTH(self._host)
+        cdef uint64_t value = self._offset(pos)
+        cdef int i
+        memcpy(out, PyUnicode_1BYTE_DATA(self._host), hl)
+        for i in range(15, -1, -1):
+            out[hl + i] = _HEX[value & 15]
+            value >>= 4
+
+    @property
+    def msg_id(self):
+        """The answer's message id (a batch's: the ids joined by commas; "" before the answer)."""
+        if self._nids == 0:
+            return self._text
+        cdef Py_ssize_t width = PyUnicode_GET_LENGTH(self._host) + 16
+        cdef Py_ssize_t k
+        text = PyUnicode_New(self._nids * (width + 1) - 1, 127)
+        cdef unsigned char* out = PyUnicode_1BYTE_DATA(text)
+        for k in range(self._nids):
+            if k:
+                out[k * (width + 1) - 1] = 44
+            self._write_id(out + k * (width + 1), k)
+        return text
+
+    @msg_id.setter
+    def msg_id(self, ids):
+        self._set_ids(ids)
+
+    @property
+    def answered(self):
+        """Whether the answer is kept (its message ids set)."""
+        return self._nids > 0 or bool(self._text)
+
+    @property
+    def packed(self):
+        """How many message ids are kept as numbers (0: as text)."""
+        return self._nids
+
+    def id_at(self, Py_ssize_t pos):
+        """Message ``pos``'s id (the whole ``msg_id`` when it has no id ``pos``)."""
+        if self._nids == 0:
+            ids = self._text.split(",")
+            return ids[pos] if 0 <= pos < len(ids) else self._text
+        if pos < 0 or pos >= self._nids:
+            return self.msg_id
+        text = PyUnicode_New(PyUnicode_GET_LENGTH(self._host) + 16, 127)
+        self._write_id(PyUnicode_1BYTE_DATA(text), pos)
+        return text
 
     def stored(self, send, result):
         """The first send's outcome is known (``send``'s fields are set): keep its answer, or
@@ -246,7 +437,7 @@ cdef class SentFields:
         if result is None or send.status not in STORED_CODES:
             self.window.forget(self)
             return
-        self.msg_id = send.msg_id
+        self._set_ids(send.msg_id)
         self.handle = send.recall_handle
         self.queue_id = send.queue_id
         self.queue_offset = send.queue_offset
@@ -258,24 +449,49 @@ cdef class SentFields:
 cdef class HashTable:
     """64-bit key hash -> object (the :class:`~tidemq.broker.dedup.Sent` that stored the key).
 
-    One array of (hash, object) slots: a key's check and its record touch one cache line (the
-    table of a full window is tens of MB, so each probe of a key is a cache miss; a run's probes
-    are prefetched together, see :func:`admit_run`)."""
+    Two arrays (issue 37, the full window's memory):
+
+    * the **ring**: one 16-byte entry per key (its full hash and the object), appended in arrival
+      order and consumed from the tail as the oldest keys leave (a deleted key leaves a hole,
+      passed over when the tail reaches it); written and read sequentially at its two ends;
+    * the **slots**, probed at random: 8 bytes each, the hash's high 32 bits (its fingerprint,
+      which also gives its home slot) and the key's entry index in the ring.  A fingerprint that
+      matches is confirmed against the ring's full hash.  A full window of 500 000 keys has 2^20
+      slots: 8 MB (16 MB with the previous (hash, object) slots), the part of the window a send's
+      probes touch at random.
+
+    Linear probing, backward-shift deletes (no tombstones).  A ring that fills is compacted in
+    place when at most 3/4 of it is live (its holes dropped, the slots' indices rewritten), else
+    doubled (absolute indices: the slots do not move)."""
 
     cdef Slot* _slots
     cdef Py_ssize_t _mask
     cdef Py_ssize_t _used
-    cdef void* _map  # the mapping of a huge-page table (NULL: _slots came from PyMem_Calloc)
+    cdef void* _map  # the mapping of a huge-page slot array (NULL: _slots came from PyMem_Calloc)
     cdef size_t _map_len
+    cdef Entry* _ring
+    cdef uint32_t _rmask
+    cdef uint32_t _head  # the next entry's (absolute) index
+    cdef uint32_t _tail  # the oldest entry's (absolute) index
 
     def __cinit__(self, Py_ssize_t capacity=64):
         cdef Py_ssize_t cap = 16
+        cdef Py_ssize_t rcap = 16
         while cap < capacity * 2:
             cap <<= 1
+        while rcap < capacity:
+            rcap <<= 1
         self._slots = NULL
         self._map = NULL
         self._map_len = 0
+        self._ring = NULL
         self._alloc(cap)
+        self._ring = <Entry*>PyMem_Malloc(rcap * sizeof(Entry))
+        if self._ring == NULL:
+            raise MemoryError()
+        self._rmask = <uint32_t>(rcap - 1)
+        self._head = 0
+        self._tail = 0
 
     cdef int _alloc(self, Py_ssize_t cap) except -1:
         cdef void* base = NULL
@@ -299,44 +515,68 @@ cdef class HashTable:
             PyMem_Free(slots)
 
     def __dealloc__(self):
-        cdef Py_ssize_t i
+        cdef uint32_t k
+        if self._ring != NULL:
+            k = self._tail
+            while k != self._head:
+                Py_XDECREF(self._ring[k & self._rmask].value)
+                k += 1
+            PyMem_Free(self._ring)
+            self._ring = NULL
         if self._slots != NULL:
-            for i in range(self._mask + 1):
-                if self._slots[i].hash != 0:
-                    Py_XDECREF(self._slots[i].value)
             self._free(self._slots, self._map, self._map_len)
+            self._slots = NULL
 
     def __len__(self):
         return self._used
 
     @property
     def capacity(self):
+        """Slots (8 bytes each)."""
         return self._mask + 1
 
+    @property
+    def ring_capacity(self):
+        """Ring entries (16 bytes each)."""
+        return self._rmask + 1
+
+    @property
+    def ring_span(self):
+        """Ring entries from the oldest kept to the newest, holes included."""
+        return <uint32_t>(self._head - self._tail)
+
     cdef inline void _prefetch(self, uint64_t h) noexcept:
-        __builtin_prefetch(&self._slots[<Py_ssize_t>(h & <uint64_t>self._mask)])
+        __builtin_prefetch(&self._slots[<Py_ssize_t>(_fp(h) & <uint32_t>self._mask)])
 
     cdef Py_ssize_t _find(self, uint64_t h) noexcept:
-        cdef Py_ssize_t i = <Py_ssize_t>(h & <uint64_t>self._mask)
-        cdef uint64_t x
+        """The slot holding ``h``, or -1."""
+        cdef uint32_t f = _fp(h)
+        cdef Py_ssize_t i = <Py_ssize_t>(f & <uint32_t>self._mask)
+        cdef Slot s
         while True:
-            x = self._slots[i].hash
-            if x == 0:
+            s = self._slots[i]
+            if s.fp == 0:
                 return -1
-            if x == h:
+            if s.fp == f and self._ring[s.idx & self._rmask].hash == h:
                 return i
             i = (i + 1) & self._mask
 
     cdef inline Py_ssize_t _slot_for(self, uint64_t h) noexcept:
         """The slot holding ``h``, or the empty slot that ends its probe (where it goes): one
-        probe for a check and its record."""
-        cdef Py_ssize_t i = <Py_ssize_t>(h & <uint64_t>self._mask)
-        cdef uint64_t x
+        probe for a check and its record (a hit: its ``fp`` is not 0)."""
+        cdef uint32_t f = _fp(h)
+        cdef Py_ssize_t i = <Py_ssize_t>(f & <uint32_t>self._mask)
+        cdef Slot s
         while True:
-            x = self._slots[i].hash
-            if x == 0 or x == h:
+            s = self._slots[i]
+            if s.fp == 0:
+                return i
+            if s.fp == f and self._ring[s.idx & self._rmask].hash == h:
                 return i
             i = (i + 1) & self._mask
+
+    cdef inline PyObject* _value_at(self, Py_ssize_t at) noexcept:
+        return self._ring[self._slots[at].idx & self._rmask].value
 
     cdef int _grow(self) except -1:
         cdef Slot* old = self._slots
@@ -344,61 +584,134 @@ cdef class HashTable:
         cdef size_t old_len = self._map_len
         cdef Py_ssize_t old_cap = self._mask + 1
         cdef Py_ssize_t i, j
-        cdef uint64_t h
         self._alloc(old_cap * 2)  # raises before anything moved: the old array stays whole
         for i in range(old_cap):
-            h = old[i].hash
-            if h != 0:
-                j = <Py_ssize_t>(h & <uint64_t>self._mask)
-                while self._slots[j].hash != 0:
+            if old[i].fp != 0:
+                j = <Py_ssize_t>(old[i].fp & <uint32_t>self._mask)
+                while self._slots[j].fp != 0:
                     j = (j + 1) & self._mask
-                self._slots[j] = old[i]  # the reference moves
+                self._slots[j] = old[i]
                 self._used += 1
         self._free(old, old_map, old_len)
         return 0
 
+    cdef int _reserve(self) except -1:
+        """Room for one more ring entry: the ring compacted (at most 3/4 live) or doubled."""
+        cdef uint32_t span = self._head - self._tail
+        cdef uint32_t rcap = self._rmask + 1
+        cdef uint32_t newcap, k, j, f, newmask
+        cdef Py_ssize_t i
+        cdef Entry* fresh
+        cdef Entry e
+        if span <= self._rmask:
+            return 0
+        cdef bint compact = <Py_ssize_t>self._used * 4 <= <Py_ssize_t>rcap * 3
+        newcap = rcap if compact else rcap * 2
+        if newcap == 0 or newcap > (1u << 31):
+            raise MemoryError("the duplicate window's key ring is full")
+        fresh = <Entry*>PyMem_Malloc(newcap * sizeof(Entry))
+        if fresh == NULL:
+            raise MemoryError()
+        newmask = newcap - 1
+        k = self._tail
+        if compact:  # the live entries moved to 0.., each one's slot told its new index
+            j = 0
+            while k != self._head:
+                e = self._ring[k & self._rmask]
+                if e.value != NULL:
+                    f = _fp(e.hash)
+                    i = <Py_ssize_t>(f & <uint32_t>self._mask)
+                    while not (self._slots[i].fp == f and self._slots[i].idx == k):
+                        i = (i + 1) & self._mask
+                    self._slots[i].idx = j
+                    fresh[j] = e
+                    j += 1
+                k += 1
+            self._tail = 0
+            self._head = j
+        else:  # the same absolute indices: the slots stay
+            while k != self._head:
+                fresh[k & newmask] = self._ring[k & self._rmask]
+                k += 1
+        PyMem_Free(self._ring)
+        self._ring = fresh
+        self._rmask = newmask
+        return 0
+
+    cdef inline uint32_t _push(self, uint64_t h, object value) noexcept:
+        """Append (``h``, ``value``) to the ring (room reserved); its index."""
+        cdef uint32_t k = self._head
+        cdef Entry* e = &self._ring[k & self._rmask]
+        Py_INCREF(value)
+        e.hash = h
+        e.value = <PyObject*>value
+        self._head = k + 1
+        return k
+
+    cdef inline void _pass_holes(self) noexcept:
+        while self._tail != self._head and self._ring[self._tail & self._rmask].value == NULL:
+            self._tail += 1
+
+    cdef int _insert(self, Py_ssize_t at, uint64_t h, object value) except -1:
+        """Store ``value`` under ``h`` at ``at`` (``_slot_for``'s empty slot; ``_reserve`` done)."""
+        self._slots[at].idx = self._push(h, value)
+        self._slots[at].fp = _fp(h)
+        self._used += 1
+        return 0
+
+    cdef int _retake(self, Py_ssize_t at, uint64_t h, object value) except -1:
+        """Slot ``at`` (holding ``h``) now stores ``value``: its old entry a hole, a new one
+        appended (the ring stays in arrival order; ``_reserve`` done)."""
+        cdef uint32_t k = self._slots[at].idx
+        cdef PyObject* old = self._ring[k & self._rmask].value
+        self._ring[k & self._rmask].value = NULL
+        self._slots[at].idx = self._push(h, value)
+        self._pass_holes()
+        Py_XDECREF(old)
+        return 0
+
     cdef object _put(self, uint64_t h, object value):
         """Store ``value`` under ``h``; the object it replaced, or None."""
-        cdef Py_ssize_t i
-        cdef PyObject* old
+        cdef Py_ssize_t at
         if (self._used + 1) * 2 > self._mask + 1:
             self._grow()
-        i = <Py_ssize_t>(h & <uint64_t>self._mask)
-        while True:
-            if self._slots[i].hash == 0:
-                Py_INCREF(value)
-                self._slots[i].hash = h
-                self._slots[i].value = <PyObject*>value
-                self._used += 1
-                return None
-            if self._slots[i].hash == h:
-                old = self._slots[i].value
-                Py_INCREF(value)
-                self._slots[i].value = <PyObject*>value
-                result = <object>old  # a new reference for the caller...
-                Py_XDECREF(old)  # ...and the table's dropped
-                return result
-            i = (i + 1) & self._mask
+        self._reserve()
+        at = self._slot_for(h)
+        if self._slots[at].fp == 0:
+            self._insert(at, h, value)
+            return None
+        result = <object>self._value_at(at)  # a reference for the caller
+        self._retake(at, h, value)
+        return result
+
+    cdef void _remove_at(self, Py_ssize_t at) noexcept:
+        """Remove the key at slot ``at``: its slot emptied (backward shift), its entry a hole."""
+        cdef uint32_t k = self._slots[at].idx
+        cdef PyObject* old = self._ring[k & self._rmask].value
+        self._ring[k & self._rmask].value = NULL
+        self._delete(at)
+        self._pass_holes()
+        Py_XDECREF(old)
 
     cdef void _delete(self, Py_ssize_t i) noexcept:
-        """Empty slot ``i`` (its reference already dropped) and shift back the run after it."""
+        """Empty slot ``i`` and shift back the run after it."""
         cdef Py_ssize_t j = i
         cdef Py_ssize_t k
         cdef Py_ssize_t mask = self._mask
         cdef Slot* slots = self._slots
-        slots[i].hash = 0
-        slots[i].value = NULL
+        slots[i].fp = 0
+        slots[i].idx = 0
         self._used -= 1
         while True:
             j = (j + 1) & mask
-            if slots[j].hash == 0:
+            if slots[j].fp == 0:
                 return
-            k = <Py_ssize_t>(slots[j].hash & <uint64_t>mask)  # where the entry at j wants to be
+            k = <Py_ssize_t>(slots[j].fp & <uint32_t>mask)  # where the entry at j wants to be
             if (i <= j and (i < k <= j)) or (i > j and (k > i or k <= j)):
                 continue  # reachable from its home without crossing i: it stays
             slots[i] = slots[j]
-            slots[j].hash = 0
-            slots[j].value = NULL
+            slots[j].fp = 0
+            slots[j].idx = 0
             i = j
 
     def get(self, int64_t h):
@@ -406,7 +719,7 @@ cdef class HashTable:
         cdef Py_ssize_t i = self._find(_slot_hash(h))
         if i < 0:
             return None
-        return <object>self._slots[i].value
+        return <object>self._value_at(i)
 
     def put(self, int64_t h, object value):
         """Store ``value`` under ``h``; the object it replaced, or None."""
@@ -451,15 +764,12 @@ cdef class HashTable:
         cdef long long* data = hashes.data.as_longlongs
         cdef Py_ssize_t i, at
         cdef Py_ssize_t removed = 0
-        cdef PyObject* old
         for i in range(n):
             self._prefetch(_slot_hash(data[i]))
         for i in range(n):
             at = self._find(_slot_hash(data[i]))
-            if at >= 0 and self._slots[at].value == <PyObject*>value:
-                old = self._slots[at].value
-                self._delete(at)
-                Py_XDECREF(old)
+            if at >= 0 and self._value_at(at) == <PyObject*>value:
+                self._remove_at(at)
                 removed += 1
         return removed
 
@@ -707,9 +1017,10 @@ cdef int _admit(
             h = _slot_hash(data[j])
             if (table._used + 1) * 2 > table._mask + 1:
                 table._grow()
+            table._reserve()
             at = table._slot_for(h)
-            if table._slots[at].hash == h:
-                old = <object>table._slots[at].value
+            if table._slots[at].fp != 0:
+                old = <object>table._value_at(at)
                 if _deadline(old) > now:  # a resend, or a key twice in the run
                     _undo(plan, tables, i, j, taken)
                     return 0
@@ -717,15 +1028,9 @@ cdef int _admit(
                     taken = []
                 taken.append((table, h, old))  # an expired key, taken over (taken holds it)
                 replaced += 1
-                value = table._slots[at].value
-                Py_INCREF(fields)
-                table._slots[at].value = <PyObject*>fields
-                Py_XDECREF(value)
+                table._retake(at, h, fields)
             else:
-                Py_INCREF(fields)
-                table._slots[at].hash = h
-                table._slots[at].value = <PyObject*>fields
-                table._used += 1
+                table._insert(at, h, fields)
     append = order.append
     for i in range(nsends):
         entry = plan[i]
@@ -908,10 +1213,8 @@ cdef int _undo(list plan, dict tables, Py_ssize_t upto, Py_ssize_t upto_key, lis
         for j in range(n):
             h = _slot_hash(hashes.data.as_longlongs[j])
             at = table._find(h)
-            if at >= 0 and table._slots[at].value == <PyObject*>sent:
-                value = table._slots[at].value
-                table._delete(at)
-                Py_XDECREF(value)
+            if at >= 0 and table._value_at(at) == <PyObject*>sent:
+                table._remove_at(at)
     if taken is not None:
         for item in taken:
             (<HashTable>(<tuple>item)[0])._put((<tuple>item)[1], (<tuple>item)[2])

@@ -63,8 +63,11 @@ class Sent(SentFields):
     deadline: float
     #: The send being stored (pending), else None.
     send: Send | None
-    #: Set once answered, with ``queue_id``, ``queue_offset``, ``step``, ``end`` and ``handle``.
+    #: Set once answered, with ``queue_id``, ``queue_offset``, ``step``, ``end`` and ``handle``
+    #: (kept as numbers by the compiled record, re-encoded when read: ``id_at``).
     msg_id: str
+    #: Whether ``msg_id`` is set.
+    answered: bool
     #: Still in the window (False once evicted or forgotten).
     live: bool
     #: A parked timer message's recall handle (its answer's ``recallHandle``), else None.
@@ -92,11 +95,7 @@ class Sent(SentFields):
 
     def answer(self, pos: int) -> tuple[str, int, int]:
         """Message ``pos``'s (message id, queue id, queue offset), once answered."""
-        msg_id = self.msg_id
-        if len(self.hashes) > 1:
-            ids = msg_id.split(",")
-            if pos < len(ids):
-                msg_id = ids[pos]
+        msg_id = self.id_at(pos) if len(self.hashes) > 1 else self.msg_id
         return msg_id, self.queue_id, self.queue_offset + pos * self.step
 
     def position(self, key: str) -> int:
@@ -109,7 +108,7 @@ class Sent(SentFields):
         will); True when answered now, False when it is not done yet, None when it failed."""
         send = self.send
         if send is None:
-            return True if self.msg_id else None
+            return True if self.answered else None
         group = send.group
         if group is None:
             return False

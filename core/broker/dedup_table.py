@@ -65,6 +65,22 @@ class _PySentFields:
     step: int
     end: int
 
+    @property
+    def answered(self) -> bool:
+        """Whether the answer is kept (its message ids set)."""
+        return bool(self.msg_id)
+
+    @property
+    def packed(self) -> int:
+        """How many message ids are kept as numbers: none here (the compiled record packs them;
+        its ``msg_id`` and ``id_at`` give the same text, tests/test_dedup_ring.py)."""
+        return 0
+
+    def id_at(self, pos: int) -> str:
+        """Message ``pos``'s id (the whole ``msg_id`` when it has no id ``pos``)."""
+        ids = self.msg_id.split(",")
+        return ids[pos] if 0 <= pos < len(ids) else self.msg_id
+
     def stored(self, send: Any, result: Any) -> None:
         """The first send's outcome is known (``send``'s fields are set): keep its answer, or
         forget the keys (``window.forget``) when it was not stored.  Called by the put's
