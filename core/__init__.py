@@ -75,6 +75,7 @@ __all__ = [
     "Flushable",  # flush
     "FlushPolicy",
     "SubmittingFlushPolicy",
+    "RoundFlushPolicy",
     "FlushStatistics",
     "StoreFuture",
     "SharedCompletion",
@@ -223,7 +224,13 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     ),
     "tidemq.eager": ("resume_eager",),
     "tidemq.extensions": ("compiled_twin", "twins"),
-    "tidemq.flush": ("Flushable", "FlushPolicy", "FlushStatistics", "SubmittingFlushPolicy"),
+    "tidemq.flush": (
+        "Flushable",
+        "FlushPolicy",
+        "FlushStatistics",
+        "RoundFlushPolicy",
+        "SubmittingFlushPolicy",
+    ),
     "tidemq.futures": ("SharedCompletion", "StoreFuture", "complete_all", "complete_here", "resolve_all"),
     "tidemq.broker.dedup": ("WindowRebuilding",),
     "tidemq.broker.lanes": ("lane_counts",),
@@ -343,7 +350,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         queue_entry_check,
         tag_selection,
     )
-    from tidemq.flush import Flushable, FlushPolicy, FlushStatistics, SubmittingFlushPolicy
+    from tidemq.flush import Flushable, FlushPolicy, FlushStatistics, RoundFlushPolicy, SubmittingFlushPolicy
     from tidemq.futures import SharedCompletion, StoreFuture, complete_all, complete_here, resolve_all
     from tidemq.index import (
         IndexBacklog,

@@ -46,6 +46,20 @@ class SubmittingFlushPolicy(FlushPolicy, Protocol):
 
 
 @runtime_checkable
+class RoundFlushPolicy(FlushPolicy, Protocol):
+    """A flush policy that answers puts only after their round's flush (group commit, the
+    built-in ``sync``), so each round flushes a few puts' bytes.
+
+    Asked by the store at start (the mmap store writes single records with ``pwrite`` then, not
+    through the mapping: a store through the mapping dirties a whole large folio, and each round
+    would write it back; docs/flush.md, "What a sync round writes back")."""
+
+    @property
+    def flushes_in_rounds(self) -> bool:
+        """True when puts are acknowledged after a flush round that covers them."""
+
+
+@runtime_checkable
 class FlushStatistics(Protocol):
     """A flush policy's counters (both built-ins keep them): read by metrics and runtime info.
 

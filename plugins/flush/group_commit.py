@@ -172,6 +172,9 @@ class _Batch:
 class GroupCommitFlush:
     """Batches waiting writers behind one flush."""
 
+    #: :class:`tidemq.flush.RoundFlushPolicy`: puts are answered after the round that flushed them.
+    flushes_in_rounds = True
+
     def __init__(self, options: SyncFlushOptions | None = None):
         self.options = options or SyncFlushOptions()
         self._timeout = self.options.timeout_ms / 1000

@@ -35,7 +35,7 @@ from tidemq.datadir import DataDirLock, lock_data_dir
 from tidemq.delay import DEFAULT_DELAY_LEVELS, SCHEDULE_TOPIC, parse_delay_levels
 from tidemq.errors import MessageTooLargeError, StoreError
 from tidemq.filter import MessageFilter
-from tidemq.flush import FlushPolicy, FlushStatistics, SubmittingFlushPolicy
+from tidemq.flush import FlushPolicy, RoundFlushPolicy, SubmittingFlushPolicy
 from tidemq.futures import StoreFuture
 from tidemq.message import (
     COMPRESSED_FLAG,
@@ -133,7 +133,7 @@ class MmapMessageStore(MmapIntrospection):
             pool=self.transient_pool,
             allocate=options.file_allocation,
         )
-        if isinstance(flush_policy, FlushStatistics) and flush_policy.batch_sizes is not None:
+        if isinstance(flush_policy, RoundFlushPolicy) and flush_policy.flushes_in_rounds:
             self.commitlog.use_flush_rounds()  # group commit: a flush every few puts
         self.checkpoint: StoreCheckpoint | None = None
         self._lock = threading.Lock()
