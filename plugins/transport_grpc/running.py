@@ -20,10 +20,9 @@ from tidemq.client import version_desc
 
 from .consume_types import Subscribed
 
-
-def consume_type(client_type: str) -> str:
-    """RocketMQ 5's proxy's ConsumeType of a client type: a SimpleConsumer consumes actively."""
-    return "CONSUME_ACTIVELY" if client_type == "SIMPLE_CONSUMER" else "CONSUME_PASSIVELY"
+#: The ConsumeType a v5 consumer is registered with (every client type, as the endpoint's and the
+#: proxy's heartbeats register it; RocketMQ 5's proxy registers a SimpleConsumer CONSUME_ACTIVELY).
+CONSUME_TYPE = "CONSUME_PASSIVELY"
 
 
 def subscription_data(subscriptions: Iterable[Subscribed], version: int) -> list[dict[str, Any]]:
