@@ -1,7 +1,7 @@
 """GET_CONSUMER_RUNNING_INFO (307: ``consumerStatus -g G -i CLIENT [-s]``, the console's consumer
 detail) of a RocketMQ 5 consumer of the gRPC endpoint: the broker's relay reaches the client's
-Telemetry stream, which answers with what it knows of the consumer (group, client type as the
-consume type, subscriptions, language, version) and, with ``-s`` (``jstackEnable``), the stacks the
+Telemetry stream, which answers with what it knows of the consumer (group, consume type as
+registered, subscriptions, language, version) and, with ``-s`` (``jstackEnable``), the stacks the
 client gives back: a ``PrintThreadStackTraceCommand`` (a nonce) answered by a ``ThreadStackTrace``
 with that nonce, as RocketMQ 5's proxy asks a Java client.  A client that does not answer: the info
 without stacks after the stack wait (under the broker's 10 s wait); a stream that ends: an error at
