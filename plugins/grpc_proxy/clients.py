@@ -109,7 +109,8 @@ class ProxyClients:
     def running_info(self, client_id: str, group: str) -> dict[str, Any] | None:
         """ConsumerRunningInfo of one v5 client of ``group`` (GET_CONSUMER_RUNNING_INFO a broker
         relays for it), as itself: its version, its subscriptions; None when it is not one of the
-        group's clients here.  A v5 client reports no queues (POP) and no thread stacks."""
+        group's clients here.  A v5 client reports no queues (POP); its thread stacks, when asked,
+        are added by :meth:`ProxyConsumer.running_info_with_stack`."""
         client = self.clients.get(client_id)
         data = None if client is None else client.consumers.get(group)
         if client is None or data is None:
@@ -220,11 +221,21 @@ class ProxyInstance(ClientInstance):
     async def operator_request(self, request: RemotingCommand) -> RemotingCommand | None:
         # CONSUME_MESSAGE_DIRECTLY names one v5 client: its group's ProxyConsumer hands it to that
         # client's Telemetry stream (VerifyMessageCommand), as RocketMQ 5's proxy does.
+        # GET_CONSUMER_RUNNING_INFO with jstackEnable: the client's stacks from its stream
+        # (PrintThreadStackTraceCommand), added to what the proxy knows of it.
+        fields = request.ext_fields or {}
+        consumer = self.consumers.get(fields.get("consumerGroup", ""))
         if request.code == RequestCode.CONSUME_MESSAGE_DIRECTLY:
-            fields = request.ext_fields or {}
-            consumer = self.consumers.get(fields.get("consumerGroup", ""))
             directly = getattr(consumer, "consume_directly_of", None)
             if directly is not None:
                 answer: RemotingCommand = await directly(fields.get("clientId", ""), request)
                 return answer
+        if (
+            request.code == RequestCode.GET_CONSUMER_RUNNING_INFO
+            and str(fields.get("jstackEnable", "")).lower() == "true"
+        ):
+            with_stack = getattr(consumer, "running_info_with_stack", None)
+            if with_stack is not None:
+                stacked: RemotingCommand = await with_stack(fields.get("clientId", ""), request)
+                return stacked
         return await super().operator_request(request)

@@ -23,6 +23,7 @@ import attrs
 
 from tidemq.client import BrokerError, ClientAPI, HoldsOffsets, SpeaksForClients
 from tidemq.message import iter_messages
+from tidemq.mqjson import dumps as mqjson_dumps
 from tidemq.mqjson import loads as json_loads
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
@@ -78,6 +79,10 @@ def _mark(stored_topic: str) -> str:
 #: How long the proxy waits for a client's VerifyMessageResult: under the broker's 10 s wait for
 #: the proxy, so the admin gets the proxy's CONSUME_MSG_TIMEOUT, not the broker's.
 DIRECTLY_TIMEOUT_S = 9.0
+#: How long the proxy waits for a client's ThreadStackTrace (consumerStatus -s) before it answers
+#: without the stacks: RocketMQ 5's proxy's grpcProxyRelayRequestTimeoutInSeconds (5), under the
+#: broker's 10 s wait for the proxy.
+STACK_TIMEOUT_S = 5.0
 
 
 class ProxyConsumer:
@@ -131,6 +136,30 @@ class ProxyConsumer:
         return request.reply(
             ResponseCode.SYSTEM_ERROR, f"The Consumer <{self.group}> <{client_id}> not online"
         )
+
+    async def running_info_with_stack(self, client_id: str, request: RemotingCommand) -> RemotingCommand:
+        """GET_CONSUMER_RUNNING_INFO with ``jstackEnable`` for one of the group's clients: its
+        running info (:meth:`running_info_of`) with the stacks its Telemetry stream gives back
+        (``StreamPeer.print_stack``, within the broker's wait for the proxy); none when it does
+        not answer in time; SYSTEM_ERROR at once when its stream ends meanwhile."""
+        info = self.running_info_of(client_id, True)
+        peer = next(
+            (p for p, _subs in self.streams.values() if getattr(p, "client_id", None) == client_id),
+            None,
+        )
+        if info is None or peer is None or not hasattr(peer, "print_stack"):
+            return request.reply(
+                ResponseCode.SYSTEM_ERROR, f"The Consumer <{self.group}> <{client_id}> not online"
+            )
+        try:
+            stack = await peer.print_stack(STACK_TIMEOUT_S)
+        except Exception as exc:  # the stream ended, or its client reads none of it
+            return request.reply(
+                ResponseCode.SYSTEM_ERROR, f"invoke consumer <{self.group}> <{client_id}> Exception: {exc}"
+            )
+        if stack is not None:
+            info["jstack"] = stack
+        return request.reply(body=mqjson_dumps(info))
 
     def heartbeat_data(self) -> dict[str, Any]:
         subscriptions: dict[str, Subscribed] = {}

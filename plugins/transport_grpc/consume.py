@@ -36,6 +36,7 @@ from .consume_types import (
 from .messages import fill_v5
 from .peer import StreamPeer
 from .renew import Renewals
+from .running import CONSUME_TYPE, ConsumerFacts
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,8 @@ class ConsumeRpcs:
                 Subscribed(entry.topic.name, kind, entry.expression.expression.strip() or "*")
             )
         language = peer.agent.language if isinstance(peer, StreamPeer) else agent_of(client).language
+        if isinstance(peer, StreamPeer):  # what its running info (GET_CONSUMER_RUNNING_INFO) shows
+            peer.consumer = ConsumerFacts(group, CONSUME_TYPE, subscriptions)
         consumer = _Consumer(peer, language, group, subscriptions)
         self.consumers[client_id] = consumer
         peer.add_close_callback(lambda _p: self._forget(client_id, consumer))

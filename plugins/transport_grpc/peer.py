@@ -8,7 +8,10 @@ the broker's transaction check finds it) and it takes the checks as values
 CONSUME_MESSAGE_DIRECTLY (an admin's "resend to consumer") through :meth:`StreamPeer.invoke`, the
 remoting connection's method the broker's ``callConsumer`` calls: written to the stream as a
 ``VerifyMessageCommand``, answered with the client's ``VerifyMessageResult`` as RocketMQ 5's proxy
-answers it (a ConsumeMessageDirectlyResult).
+answers it (a ConsumeMessageDirectlyResult).  GET_CONSUMER_RUNNING_INFO (an admin's
+``consumerStatus``) is answered with what the stream knows of its consumer (:mod:`.running`); with
+``jstackEnable`` its thread stacks are asked for as ``PrintThreadStackTraceCommand`` and given back
+by the client's ``ThreadStackTrace``.
 """
 
 from __future__ import annotations
@@ -32,13 +35,19 @@ from tidemq.remoting.codes import RequestCode
 
 from .agent import ClientAgent
 from .messages import to_v5, transaction_id
+from .running import ConsumerFacts, running_info, subscription_data
 
 log = logging.getLogger(__name__)
 
 #: Commands a Telemetry stream holds for a client that is not reading them (more are refused).
 OUTBOX_LIMIT = 64
-#: The nonces of the broker's commands that wait for an answer (VerifyMessageCommand).
+#: The nonces of the broker's commands that wait for an answer (VerifyMessageCommand,
+#: PrintThreadStackTraceCommand).
 _NONCES = itertools.count(1)
+#: How long GET_CONSUMER_RUNNING_INFO waits for the client's ThreadStackTrace before it answers
+#: without it, seconds (RocketMQ 5's proxy: grpcProxyRelayRequestTimeoutInSeconds, 5), under the
+#: broker's 10 s wait for a client; at most half the caller's wait.
+STACK_TIMEOUT_S = 5.0
 
 
 @functools.lru_cache(maxsize=1024)  # every call parses its peer's address (ipaddress is slow)
@@ -135,12 +144,84 @@ class StreamPeer(CallPeer):
         self.agent = ClientAgent()
         #: VerifyMessageCommands sent and not answered yet: nonce -> the answer's future.
         self.verifying: dict[str, asyncio.Future[tuple[int, str]]] = {}
-        self.add_close_callback(StreamPeer._fail_verifying)
+        #: PrintThreadStackTraceCommands sent and not answered yet: nonce -> the answer's future
+        #: (status code, status message, the stack text).
+        self.stacking: dict[str, asyncio.Future[tuple[int, str, str]]] = {}
+        #: The consumer on this stream (set with its Settings), for its running info.
+        self.consumer: ConsumerFacts | None = None
+        #: When the stream came (the running info's PROP_CONSUMER_START_TIMESTAMP).
+        self.started_ms = int(time.time() * 1000)
+        self.add_close_callback(StreamPeer._fail_waiting)
 
     async def invoke(self, request: RemotingCommand, timeout: float) -> RemotingCommand:
-        if request.code != RequestCode.CONSUME_MESSAGE_DIRECTLY:
-            return await super().invoke(request, timeout)
-        return await self.verify_message(request, timeout)
+        if request.code == RequestCode.CONSUME_MESSAGE_DIRECTLY:
+            return await self.verify_message(request, timeout)
+        if request.code == RequestCode.GET_CONSUMER_RUNNING_INFO:
+            return await self.running_info(request, timeout)
+        return await super().invoke(request, timeout)
+
+    async def running_info(self, request: RemotingCommand, timeout: float) -> RemotingCommand:
+        """GET_CONSUMER_RUNNING_INFO: the consumer as this stream knows it (:mod:`.running`), with
+        its thread stacks when ``jstackEnable`` (:meth:`print_stack`)."""
+        fields = request.ext_fields or {}
+        group = str(fields.get("consumerGroup", ""))
+        facts = self.consumer
+        if facts is None or facts.group != group:
+            raise ConnectionError(f"gRPC client {self.client_id} is no consumer of group {group}")
+        jstack = None
+        if str(fields.get("jstackEnable", "")).lower() == "true":
+            jstack = await self.print_stack(min(STACK_TIMEOUT_S, timeout / 2))
+        body = running_info(
+            self.client_id,
+            group=group,
+            language=self.agent.language,
+            version=self.agent.version,
+            started_ms=self.started_ms,
+            consume_type=facts.consume_type,
+            subscriptions=subscription_data(facts.subscriptions, self.started_ms),
+            jstack=jstack,
+        )
+        return request.reply(body=mq_dumps(body))
+
+    async def print_stack(self, timeout: float) -> str | None:
+        """The client's thread stacks: a ``PrintThreadStackTraceCommand`` on the stream, answered
+        by its ``ThreadStackTrace`` with the nonce.  None when it does not answer within ``timeout``
+        or answers with an error status (the running info goes without); :class:`ConnectionError`
+        at once when the stream is closed, ends meanwhile or is not read."""
+        if self.closed:
+            raise ConnectionError(f"the Telemetry stream of gRPC client {self.client_id} is closed")
+        if self.outbox.qsize() >= OUTBOX_LIMIT:
+            raise ConnectionError(f"gRPC client {self.client_id} reads none of its Telemetry stream")
+        pb = self.pb
+        nonce = f"{next(_NONCES):x}-{time.time_ns():x}"
+        answer: asyncio.Future[tuple[int, str, str]] = asyncio.get_running_loop().create_future()
+        self.stacking[nonce] = answer
+        try:
+            self.outbox.put_nowait(
+                pb.TelemetryCommand(
+                    print_thread_stack_trace_command=pb.PrintThreadStackTraceCommand(nonce=nonce)
+                )
+            )
+            code, text, stack = await asyncio.wait_for(answer, timeout)
+        except TimeoutError:
+            log.info("gRPC client %s gave no thread stack within %.1f s", self.client_id, timeout)
+            return None
+        finally:
+            self.stacking.pop(nonce, None)
+        if code != pb.OK:
+            log.info(
+                "gRPC client %s answered the thread stack command with %s %s", self.client_id, code, text
+            )
+            return None
+        return stack
+
+    def stack_traced(self, nonce: str, code: int, text: str, stack: str) -> bool:
+        """The client's ``ThreadStackTrace`` of ``nonce`` (False: no command waits for it)."""
+        answer = self.stacking.pop(nonce, None)
+        if answer is None or answer.done():
+            return False
+        answer.set_result((code, text, stack))
+        return True
 
     async def verify_message(self, request: RemotingCommand, timeout: float) -> RemotingCommand:
         """CONSUME_MESSAGE_DIRECTLY (the stored message in the body) to the client as a
@@ -183,9 +264,10 @@ class StreamPeer(CallPeer):
         answer.set_result((code, text))
         return True
 
-    def _fail_verifying(self) -> None:
-        waiting, self.verifying = self.verifying, {}
-        for answer in waiting.values():
+    def _fail_waiting(self) -> None:
+        waiting: list[asyncio.Future[Any]] = [*self.verifying.values(), *self.stacking.values()]
+        self.verifying, self.stacking = {}, {}
+        for answer in waiting:
             if not answer.done():
                 answer.set_exception(ConnectionError(f"gRPC client {self.client_id} went away"))
 

@@ -194,8 +194,8 @@ class MessagingService:
     async def Telemetry(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         """The client's settings in, the broker's settings out (clients wait 10 s for them), and
         what the broker asks the client (transaction checks, CONSUME_MESSAGE_DIRECTLY as
-        VerifyMessageCommand) out; VerifyMessageResults answer the latter, answers to
-        PrintThreadStack commands are logged."""
+        VerifyMessageCommand, GET_CONSUMER_RUNNING_INFO's PrintThreadStackTraceCommand) out;
+        VerifyMessageResults and ThreadStackTraces answer the latter two."""
         cid = client_id(context)
         peer = StreamPeer(context.peer(), cid, self.pb)
         metadata = tuple(context.invocation_metadata() or ())
@@ -241,8 +241,14 @@ class MessagingService:
                     nonce = command.verify_message_result.nonce
                     if not peer.verified(nonce, command.status.code, command.status.message):
                         log.info("client %s answered verify_message %r, which no one waits for", cid, nonce)
-                elif kind == "thread_stack_trace":
-                    log.info("client %s answered %s", cid, kind)
+                elif kind == "thread_stack_trace":  # the answer to GET_CONSUMER_RUNNING_INFO's -s
+                    trace = command.thread_stack_trace
+                    if not peer.stack_traced(
+                        trace.nonce, command.status.code, command.status.message, trace.thread_stack_trace
+                    ):
+                        log.info(
+                            "client %s answered thread stack %r, which no one waits for", cid, trace.nonce
+                        )
                 else:
                     await _room(out)
                     out.put_nowait(
