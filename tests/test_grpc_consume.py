@@ -407,6 +407,7 @@ def test_consumer_settings_come_from_the_group_and_register_it_as_a_consumer(
             assert info is not None and info.client_ids() == ["test-client@1"]
             assert "SetTopic" in info.subscriptions
             assert info.subscriptions["SetTopic"].sub_string == "A||B"
+            assert info.consume_type == "CONSUME_PASSIVELY"  # a PushConsumer: fed (mqadmin: PUSH)
             heartbeat = await call(channel, "Heartbeat", "HeartbeatResponse")(
                 pb.HeartbeatRequest(client_type=pb.PUSH_CONSUMER, group=pb.Resource(name="GSET")),
                 metadata=META,
@@ -736,5 +737,48 @@ def test_a_fifo_message_forwarded_to_the_dead_letter_queue_frees_its_queue(
             assert len(broker.store.get_message("t", "%DLQ%GFDLQ", 0, 0, 32).buffers) == 1
             _, (nxt,) = await receive(channel, "GFDLQ", "FifoDlq", batch=1, poll_ms=2000)
             assert nxt.body == b"next"  # the queue moved on, without waiting 30 s
+
+    asyncio.run(main())
+
+
+def test_a_simple_consumer_is_registered_as_consuming_actively(tidemq_make_broker: Any) -> None:
+    """RocketMQ 5's proxy registers a SimpleConsumer CONSUME_ACTIVELY (it fetches when it wants;
+    mqadmin's consumerProgress shows PULL) and a PushConsumer CONSUME_PASSIVELY; so does the
+    endpoint, at the settings and at each heartbeat."""
+
+    async def main() -> None:
+        async with grpc_broker(tidemq_make_broker, **FAST) as (broker, channel):
+            stream = channel.stream_stream(
+                SERVICE + "Telemetry",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=pb.TelemetryCommand.FromString,
+            )(metadata=META)
+            settings = pb.Settings(
+                client_type=pb.SIMPLE_CONSUMER,
+                subscription=pb.Subscription(
+                    group=pb.Resource(name="GSIMPLE"),
+                    subscriptions=[
+                        pb.SubscriptionEntry(
+                            topic=pb.Resource(name="SimpleTopic"),
+                            expression=pb.FilterExpression(type=pb.TAG, expression="*"),
+                        )
+                    ],
+                ),
+                user_agent=pb.UA(language=pb.PYTHON, version="5.1.2"),
+            )
+            await stream.write(pb.TelemetryCommand(settings=settings))
+            answer = await asyncio.wait_for(stream.read(), 10)
+            assert answer.status.code == pb.OK
+            info = broker.consumers.get("GSIMPLE")
+            assert info is not None and info.client_ids() == ["test-client@1"]
+            assert info.consume_type == "CONSUME_ACTIVELY"
+            heartbeat = await call(channel, "Heartbeat", "HeartbeatResponse")(
+                pb.HeartbeatRequest(client_type=pb.SIMPLE_CONSUMER, group=pb.Resource(name="GSIMPLE")),
+                metadata=META,
+            )
+            assert heartbeat.status.code == pb.OK
+            assert broker.consumers.get("GSIMPLE").consume_type == "CONSUME_ACTIVELY"
+            await stream.done_writing()
+            assert await asyncio.wait_for(stream.read(), 10) == grpc.aio.EOF
 
     asyncio.run(main())

@@ -173,8 +173,9 @@ def test_running_info_of_a_v5_consumer_with_its_thread_stacks(
 
                 async with consumer(channel, "10.0.0.2@v5-simple", client_type=pb.SIMPLE_CONSUMER) as simple:
                     info = json.loads((await running(simple.client_id, False)).body)
-                    # As the heartbeats register it (RocketMQ 5's proxy: CONSUME_ACTIVELY).
-                    assert info["properties"]["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY"
+                    # A SimpleConsumer fetches when it wants: registered CONSUME_ACTIVELY, as
+                    # RocketMQ 5's proxy registers it (the push consumer above: PASSIVELY).
+                    assert info["properties"]["PROP_CONSUME_TYPE"] == "CONSUME_ACTIVELY"
                     assert info["subscriptionSet"][0]["topic"] == TOPIC
 
                 # A client that answers with an error status: the info without stacks.

@@ -188,7 +188,8 @@ def test_running_info_relayed_to_a_v5_client_behind_the_proxy_is_that_client_s(
                     if ": " in line and "Topic:" not in line
                 }
                 assert lines["PROP_CLIENT_VERSION"] == version, text
-                assert lines["PROP_CONSUME_TYPE"] == "CONSUME_PASSIVELY", text
+                # SimpleConsumers: CONSUME_ACTIVELY, as RocketMQ 5's proxy registers them.
+                assert lines["PROP_CONSUME_TYPE"] == "CONSUME_ACTIVELY", text
                 assert lines["language"] == language, text
                 assert f"SubExpression: {tag}\n" in text, text
             assert "not online" in status("nobody@1")

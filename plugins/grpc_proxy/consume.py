@@ -177,12 +177,15 @@ if TYPE_CHECKING:  # what the client instance dispatches a broker's requests for
         return consumer, consumer
 
 
-def consumer_data(group: str, subscriptions: list[Subscribed]) -> dict[str, Any]:
-    """A v5 consumer group's entry of a HEART_BEAT (ConsumerData), as RocketMQ 5's proxy sends it."""
+def consumer_data(
+    group: str, subscriptions: list[Subscribed], consume_type: str = "CONSUME_PASSIVELY"
+) -> dict[str, Any]:
+    """A v5 consumer group's entry of a HEART_BEAT (ConsumerData), as RocketMQ 5's proxy sends it
+    (``consume_type``: CONSUME_ACTIVELY for a SimpleConsumer)."""
     version = int(time.time() * 1000)
     return {
         "groupName": group,
-        "consumeType": "CONSUME_PASSIVELY",
+        "consumeType": consume_type,
         "messageModel": "CLUSTERING",
         "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
         "subscriptionDataSet": [
@@ -497,7 +500,13 @@ class RemotingConsumeBackend:
         return GroupPolicy(bool(cfg.get("consumeMessageOrderly")), int(cfg.get("retryMaxTimes", 16)) + 1)
 
     async def register_consumer(
-        self, peer: Connection, client_id: str, language: str, group: str, subscriptions: list[Subscribed]
+        self,
+        peer: Connection,
+        client_id: str,
+        language: str,
+        group: str,
+        subscriptions: list[Subscribed],
+        consume_type: str = "CONSUME_PASSIVELY",
     ) -> None:
         consumer = self.consumers.get(group)
         new = consumer is None
@@ -509,7 +518,7 @@ class RemotingConsumeBackend:
             new = True
         consumer.streams[id(peer)] = (peer, list(subscriptions))
         # The client is registered with the brokers under its own id (its own heartbeat).
-        data = consumer_data(group, list(subscriptions))
+        data = consumer_data(group, list(subscriptions), consume_type)
         if self.instance.clients.add_consumer(client_id, language, group, data) or new:
             # Tell the brokers now, not at the next heartbeat.
             self.cluster.spawn(self._announce(client_id, [s.topic for s in subscriptions]))

@@ -36,7 +36,7 @@ from .consume_types import (
 from .messages import fill_v5
 from .peer import StreamPeer
 from .renew import Renewals
-from .running import CONSUME_TYPE, ConsumerFacts
+from .running import CONSUME_ACTIVELY, CONSUME_PASSIVELY, ConsumerFacts
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,7 @@ class _Consumer:
     language: str
     group: str
     subscriptions: list[Subscribed]
+    consume_type: str
 
 
 class ConsumeRpcs:
@@ -195,12 +196,13 @@ class ConsumeRpcs:
                 Subscribed(entry.topic.name, kind, entry.expression.expression.strip() or "*")
             )
         language = peer.agent.language if isinstance(peer, StreamPeer) else agent_of(client).language
+        kind = CONSUME_ACTIVELY if client.client_type == pb.SIMPLE_CONSUMER else CONSUME_PASSIVELY
         if isinstance(peer, StreamPeer):  # what its running info (GET_CONSUMER_RUNNING_INFO) shows
-            peer.consumer = ConsumerFacts(group, CONSUME_TYPE, subscriptions)
-        consumer = _Consumer(peer, language, group, subscriptions)
+            peer.consumer = ConsumerFacts(group, kind, subscriptions)
+        consumer = _Consumer(peer, language, group, subscriptions, kind)
         self.consumers[client_id] = consumer
         peer.add_close_callback(lambda _p: self._forget(client_id, consumer))
-        await self.backend.register_consumer(peer, client_id, language, group, subscriptions)
+        await self.backend.register_consumer(peer, client_id, language, group, subscriptions, kind)
 
     def _forget(self, client_id: str, consumer: _Consumer) -> None:
         if self.consumers.get(client_id) is consumer:  # gone, not replaced by a newer stream
@@ -212,7 +214,12 @@ class ConsumeRpcs:
         consumer = self.consumers.get(client_id)
         if consumer is not None and not consumer.peer.closed:
             await self.backend.register_consumer(
-                consumer.peer, client_id, consumer.language, consumer.group, consumer.subscriptions
+                consumer.peer,
+                client_id,
+                consumer.language,
+                consumer.group,
+                consumer.subscriptions,
+                consumer.consume_type,
             )
 
     # ------------------------------------------------------------------ QueryAssignment

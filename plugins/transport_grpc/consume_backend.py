@@ -197,7 +197,13 @@ class BrokerConsumeBackend:
         return GroupPolicy(bool(cfg.consume_message_orderly), int(cfg.retry_max_times) + 1)
 
     async def register_consumer(
-        self, peer: Connection, client_id: str, language: str, group: str, subscriptions: list[Subscribed]
+        self,
+        peer: Connection,
+        client_id: str,
+        language: str,
+        group: str,
+        subscriptions: list[Subscribed],
+        consume_type: str = "CONSUME_PASSIVELY",
     ) -> None:
         version = int(time.time() * 1000)
         subs = [
@@ -211,7 +217,7 @@ class BrokerConsumeBackend:
             for s in subscriptions
         ]
         registration = ConsumerRegistration(
-            group, "CONSUME_PASSIVELY", "CLUSTERING", "CONSUME_FROM_LAST_OFFSET", subs
+            group, consume_type, "CLUSTERING", "CONSUME_FROM_LAST_OFFSET", subs
         )
         version = peer.agent.version if isinstance(peer, StreamPeer) else DEFAULT_VERSION
         self.services.clients.heartbeat(peer, client_id, language, version, [registration], [])

@@ -146,11 +146,18 @@ class ConsumeBackend(Protocol):
         ...
 
     async def register_consumer(
-        self, peer: Connection, client_id: str, language: str, group: str, subscriptions: list[Subscribed]
+        self,
+        peer: Connection,
+        client_id: str,
+        language: str,
+        group: str,
+        subscriptions: list[Subscribed],
+        consume_type: str = "CONSUME_PASSIVELY",
     ) -> None:
         """``client_id`` consumes for ``group`` over ``peer`` (its Telemetry stream), so the
         group's connections and progress show it; called again on each heartbeat.  It is dropped
-        when ``peer`` closes."""
+        when ``peer`` closes.  ``consume_type``: CONSUME_ACTIVELY for a SimpleConsumer, else
+        CONSUME_PASSIVELY (as RocketMQ 5's proxy registers them)."""
         ...
 
 

@@ -20,9 +20,11 @@ from tidemq.client import version_desc
 
 from .consume_types import Subscribed
 
-#: The ConsumeType a v5 consumer is registered with (every client type, as the endpoint's and the
-#: proxy's heartbeats register it; RocketMQ 5's proxy registers a SimpleConsumer CONSUME_ACTIVELY).
-CONSUME_TYPE = "CONSUME_PASSIVELY"
+#: The ConsumeType a v5 consumer is registered with, as RocketMQ 5's proxy registers it: a
+#: SimpleConsumer fetches when it wants (CONSUME_ACTIVELY: mqadmin's consumerProgress shows "PULL"),
+#: a PushConsumer is fed (CONSUME_PASSIVELY: "PUSH").
+CONSUME_ACTIVELY = "CONSUME_ACTIVELY"
+CONSUME_PASSIVELY = "CONSUME_PASSIVELY"
 
 
 def subscription_data(subscriptions: Iterable[Subscribed], version: int) -> list[dict[str, Any]]:
