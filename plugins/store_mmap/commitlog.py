@@ -194,6 +194,10 @@ class CommitLog:
         under sync flush cost the broker's batched sends CPU (fresh small folios per write).
         """
         self.in_place_max = 0
+        # The zeros ahead written by a thread and made durable off the rounds (docs/flush.md,
+        # "Zeros ahead off the loop"); under async flush they stay inline: a thread's zero writes
+        # beside the appender's on the same file cost the batched sends CPU there.
+        self.zeros.background = self.zeros.sync = True
 
     # ------------------------------------------------------------------ Flushable
     def flush(self, least_pages: int = 0) -> int:

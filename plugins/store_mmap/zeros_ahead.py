@@ -6,7 +6,8 @@ the page cache then gives large folios and the records' writes only copy).  Writ
 on a busy disk), and under sync flush the next round wrote them back and converted the reserved
 extents (docs/flush.md, "Sync send latency").  :class:`ZerosAhead` writes them from its own
 thread, ``window`` bytes past the write position in ``chunk``-sized, chunk-aligned writes, and
-``fdatasync``\\ s them (``sync``) so a round only overwrites blocks already written.
+under flush rounds (sync flush) ``fdatasync``\\ s them (``sync``, at most every 100 ms) so a round
+only overwrites blocks already written.
 
 Who writes where (the loop is whoever appends to the commit log, holding the store's lock):
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 
 from .mapped_file import MappedFile
@@ -48,15 +50,20 @@ class ZerosAhead:
         chunk: int,
         window: int = WINDOW,
         *,
-        background: bool = True,
-        sync: bool = True,
+        background: bool = False,
+        sync: bool = False,
+        sync_interval_s: float = 0.1,
     ):
         #: ``zero_ahead(fd, zeroed, end, chunk, limit) -> new zeroed``.
         self._write = write
         self.chunk = chunk
         self.window = max(window, chunk)
         self.background = background
+        #: fdatasync after a fill (for flush rounds: set by CommitLog.use_flush_rounds), at most
+        #: once every ``sync_interval_s`` (at high rates the rounds' own syncs take the zeros).
         self.sync = sync
+        self.sync_interval_s = sync_interval_s
+        self._synced_at = 0.0
         self._cv = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -199,6 +206,7 @@ class ZerosAhead:
                 try:
                     os.fdatasync(fd)  # the zeros on disk: a round only overwrites written blocks
                     self.syncs += 1
+                    self._synced_at = time.monotonic()
                 except OSError as exc:
                     log.debug("zeros ahead: fdatasync failed: %s", exc)
                 continue
@@ -214,7 +222,11 @@ class ZerosAhead:
                     self._refill_at = self.zeroed_to - self.window // 2
                 self._claim_hi = 0
                 self._claim_mf = None
-                if self.sync and self._fd == fd:
+                if (
+                    self.sync
+                    and self._fd == fd
+                    and time.monotonic() - self._synced_at >= self.sync_interval_s
+                ):
                     dirty_fd = fd
                 cv.notify_all()
 
