@@ -380,6 +380,7 @@ def test_zeros_ahead_and_the_packed_queue_entries_store_the_reference_bytes(
         results = [result_fields(store.put_messages(b).result(10)) for b in batches]
         if zeros:
             log_file = store.commitlog.queue.files[-1]
+            assert store.commitlog.zeros.wait_idle()  # the zeros are written by a thread
             assert store.commitlog._zeroed_mf is log_file
             assert store.commitlog._zeroed_to > log_file.wrote_position  # zeros wait ahead
             cq = store.cqs.find("TopicA", 1)
@@ -407,6 +408,7 @@ def test_a_store_with_zeros_ahead_recovers_where_its_records_end(
             store.put_message(msg(queue_id=r % 2, i=5000 + r)).result(10)
     end = store.get_max_phy_offset()
     queues = {q: store.get_max_offset_in_queue("TopicA", q) for q in (0, 1)}
+    assert store.commitlog.zeros.wait_idle()  # the zeros are written by a thread
     assert store.commitlog._zeroed_to > end - store.commitlog.queue.files[-1].file_from_offset
     store.shutdown()
     if crash:  # the abort file of a killed broker: the log is re-checked record by record

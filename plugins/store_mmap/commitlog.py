@@ -31,6 +31,7 @@ from .allocate_service import AllocateService
 from .mapped_file import MappedFile
 from .mapped_file_queue import MappedFileQueue
 from .transient_pool import TransientStorePool
+from .zeros_ahead import ZerosAhead
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,10 @@ def written_extent(buf: memoryview | bytes | Any, start: int = 0, fd: int | None
     return page_start + len(tail.rstrip(b"\0"))
 
 
+def _zero_ahead(fd: int, zeroed: int, end: int, chunk: int, limit: int) -> int:
+    return zero_ahead(fd, zeroed, end, chunk, limit)  # the module's, looked up at each call
+
+
 class CommitLogFullError(StoreError):
     """A record is larger than a whole commit-log file."""
 
@@ -155,13 +160,26 @@ class CommitLog:
         # Records of one append, packed before their pwrite: the reference encoder's batches only
         # (the compiled encoder packs in its own buffer), so it grows on their first use.
         self._wbuf = bytearray()
-        #: Zeros written ahead of the batch writes (see _zero_ahead): the file and how far.
+        #: Zeros written ahead of the writes (zero_ahead), by a background thread (ZerosAhead)
+        #: in chunks of this many bytes; 0: none.
         self.zero_ahead = ZERO_AHEAD
-        self._zeroed_mf: MappedFile | None = None
-        self._zeroed_to = 0
+        self.zeros = ZerosAhead(_zero_ahead, ZERO_AHEAD)
         #: The largest single record packed through the mapping (append_records); 0: none, every
         #: record is written with pwrite.
         self.in_place_max = IN_PLACE_MAX
+
+    @property
+    def _zeroed_mf(self) -> MappedFile | None:
+        return self.zeros.mf
+
+    @property
+    def _zeroed_to(self) -> int:
+        return self.zeros.zeroed_to
+
+    def shutdown(self) -> None:
+        """Stop the zeros-ahead thread (joined), then close the files."""
+        self.zeros.stop()
+        self.queue.shutdown()
 
     def use_flush_rounds(self) -> None:
         """Write for a flush policy that flushes every few puts (group commit, ``sync``).
@@ -176,6 +194,10 @@ class CommitLog:
         under sync flush cost the broker's batched sends CPU (fresh small folios per write).
         """
         self.in_place_max = 0
+        # The zeros ahead written by a thread and made durable off the rounds (docs/flush.md,
+        # "Zeros ahead off the loop"); under async flush they stay inline: a thread's zero writes
+        # beside the appender's on the same file cost the batched sends CPU there.
+        self.zeros.background = self.zeros.sync = True
 
     # ------------------------------------------------------------------ Flushable
     def flush(self, least_pages: int = 0) -> int:
@@ -212,6 +234,8 @@ class CommitLog:
         free = mf.free_space
         if size + END_FILE_MIN_BLANK_LENGTH > free:
             blank = _BLANK.pack(free, BLANK_MAGIC_CODE)
+            if not mf.transient:
+                self.zeros.before_write(mf, mf.wrote_position, mf.file_size, False)
             if mf.transient:
                 # The pool's buffer holds an older file's bytes past the marker: commit zeros.
                 blank += bytes(free - len(blank))
@@ -254,12 +278,19 @@ class CommitLog:
         )
         # Zeros ahead (zero_ahead): a batch's pwrite then only copies, and a single record packed
         # through the mapping takes a page already cached instead of a fault that allocates it.
-        if not mf.transient and (mf is not self._zeroed_mf or start + total > self._zeroed_to):
+        # Written by a background thread; before_write keeps it off the bytes written here.
+        if not mf.transient:
             chunk = self.zero_ahead
-            if 0 < total <= chunk // 2:  # larger writes get large folios by themselves
-                zeroed = self._zeroed_to if mf is self._zeroed_mf else 0
-                self._zeroed_to = zero_ahead(mf.fd, max(zeroed, start), start + total, chunk, mf.file_size)
-                self._zeroed_mf = mf
+            if chunk > 0:
+                zeros = self.zeros
+                if chunk != zeros.chunk:
+                    zeros.chunk = chunk
+                end = start + total
+                if mf is zeros.mf and end <= zeros.zeroed_to:  # the usual case, without a call
+                    if end > zeros._refill_at:
+                        zeros._kick()
+                else:  # larger writes get large folios by themselves: no inline zeros for them
+                    zeros.before_write(mf, start, end, 0 < total <= chunk // 2)
         if in_place:
             # Pack straight into the mapping or the off-map write buffer (the policy commits it).
             try:
@@ -318,6 +349,8 @@ class CommitLog:
                 if mf is None:
                     return False
                 n = min(len(view) - pos, mf.free_space)
+                if not mf.transient:
+                    self.zeros.before_write(mf, mf.wrote_position, mf.wrote_position + n, False)
                 mf.append(view[pos : pos + n])
                 pos += n
         except OSError as exc:

@@ -242,7 +242,7 @@ class MmapMessageStore(MmapIntrospection):
             self.index.shutdown()
         if self.allocator is not None:
             self.allocator.shutdown()
-        self.commitlog.queue.shutdown()
+        self.commitlog.shutdown()  # joins its zeros-ahead thread first
         self.cqs.shutdown()
         if self.transient_pool is not None:
             self.transient_pool.destroy()

@@ -1,7 +1,10 @@
 """TimerCheckpoint: how far the timer service got, in ``config/timercheck`` (RocketMQ's ``TimerCheckpoint``).
 
-Written atomically (temp file, fsync, rename) every ``timer_flush_interval_ms``, after the
-TimerLog and the wheel were flushed.  The keys are RocketMQ's:
+Written atomically (temp file, fsync, rename, directory fsync) every ``timer_flush_interval_ms``,
+after the TimerLog and the wheel were flushed; not when the service is idle (:class:`CheckpointWriter`:
+nothing waiting, nothing new in the log since the last write), then only every
+:data:`IDLE_REWRITE_S`.  It is JSON of varying length, so it is never rewritten in place.  The keys
+are RocketMQ's:
 
 * ``lastReadTimeMs``: every tick before it is delivered (the dequeue progress);
 * ``lastTimerLogFlushPos``: every TimerLog record before it is settled (enqueued, and delivered
@@ -13,6 +16,7 @@ TimerLog and the wheel were flushed.  The keys are RocketMQ's:
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,10 @@ import orjson
 
 from tidemq.errors import CorruptDataError
 from tidemq.jsonfile import atomic_write_bytes
+
+#: An idle timer service's checkpoint is rewritten this often (seconds) at most: only its
+#: ``lastReadTimeMs`` moves then, and a restart walks the empty ticks since the one on disk.
+IDLE_REWRITE_S = 60.0
 
 
 @attrs.define
@@ -70,3 +78,51 @@ class TimerCheckpoint:
 
     def save(self, path: Path) -> None:
         atomic_write_bytes(path, orjson.dumps(self.to_json()))
+
+
+class CheckpointWriter:
+    """Decides when the checkpoint is written: at every flush interval while the service has work,
+    and only every :data:`IDLE_REWRITE_S` while it is idle.
+
+    Idle: nothing waiting (``waiting``, the schedule's pending count, and no per-topic timing count)
+    now and at the last write, and the log position, queue offset and wheel geometry unchanged
+    since.  Then nothing is in the log or the wheel that the last written checkpoint does not
+    already cover, only ``lastReadTimeMs`` has moved: a restart from the older one walks ticks
+    that hold nothing and delivers nothing again.  So an idle broker makes no timer ``fsync`` (it
+    was two a second: temp file and directory, each a journal commit on the store's disk).
+    """
+
+    def __init__(self, path: Path, idle_rewrite_s: float = IDLE_REWRITE_S) -> None:
+        self.path = path
+        self.idle_rewrite_s = idle_rewrite_s
+        self._last: TimerCheckpoint | None = None
+        self._last_waiting = -1
+        self._last_at = 0.0
+
+    def needed(self, cp: TimerCheckpoint, waiting: int, now: float | None = None) -> bool:
+        """Whether ``cp`` has to be written (the log and the wheel flushed before it)."""
+        last = self._last
+        if last is None:
+            return True
+        if cp == last:
+            return False
+        idle = (
+            waiting == 0
+            and self._last_waiting == 0
+            and not any(cp.timing_count.values())
+            and not any(last.timing_count.values())
+            and cp.last_timer_log_flush_pos == last.last_timer_log_flush_pos
+            and cp.last_timer_queue_offset == last.last_timer_queue_offset
+            and (cp.precision_ms, cp.slots) == (last.precision_ms, last.slots)
+            and cp.last_read_time_ms >= last.last_read_time_ms
+        )
+        if not idle:
+            return True
+        return (time.monotonic() if now is None else now) - self._last_at >= self.idle_rewrite_s
+
+    def save(self, cp: TimerCheckpoint, waiting: int, now: float | None = None) -> None:
+        """Write ``cp`` (atomically) and remember it."""
+        cp.save(self.path)
+        self._last = attrs.evolve(cp, timing_count=dict(cp.timing_count))
+        self._last_waiting = waiting
+        self._last_at = time.monotonic() if now is None else now

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tidemq.broker.timer import recovery
-from tidemq.broker.timer.checkpoint import TimerCheckpoint
+from tidemq.broker.timer.checkpoint import CheckpointWriter, TimerCheckpoint
 from tidemq.broker.timer.delivery import SLAVE_BEHIND_MS, TimerDelivery
 from tidemq.broker.timer.enqueue import TimerEnqueue
 from tidemq.broker.timer.figures import TimerFiguresOf
@@ -79,6 +79,7 @@ class TimerMessageStore:
         self.log_dir = data_dir / "timerlog"
         self.wheel_path = data_dir / "timerwheel"
         self.checkpoint_path = data_dir / "config" / "timercheck"
+        self.writer = CheckpointWriter(self.checkpoint_path)
         self.schedule = TimerSchedule(
             self.precision_ms, self.slots, self.max_delay_sec, s.timer_roll_window_slots * self.precision_ms
         )
@@ -187,7 +188,7 @@ class TimerMessageStore:
         cp = self.checkpoint()
         log_.flush()
         wheel.flush()
-        cp.save(self.checkpoint_path)
+        self.writer.save(cp, self.schedule.pending)
         self.schedule.checkpoints_written += 1
 
     def _trim(self, cp: TimerCheckpoint) -> None:
@@ -206,11 +207,13 @@ class TimerMessageStore:
             await asyncio.sleep(self.flush_interval_s)
             try:
                 cp = self.checkpoint()
-                log_, wheel = self.schedule.files()
-                await asyncio.to_thread(log_.flush)
-                await asyncio.to_thread(wheel.flush)
-                await asyncio.to_thread(cp.save, self.checkpoint_path)
-                self.schedule.checkpoints_written += 1
+                waiting = self.schedule.pending
+                if self.writer.needed(cp, waiting):  # not while idle: nothing new to make durable
+                    log_, wheel = self.schedule.files()
+                    await asyncio.to_thread(log_.flush)
+                    await asyncio.to_thread(wheel.flush)
+                    await asyncio.to_thread(self.writer.save, cp, waiting)
+                    self.schedule.checkpoints_written += 1
                 self._trim(cp)
                 self.figures.sample()
             except Exception:
