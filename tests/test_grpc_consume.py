@@ -17,6 +17,7 @@ import pytest
 
 grpc = pytest.importorskip("grpc")
 
+from telemetry_support import consumer_settings  # noqa: E402
 from test_grpc_transport import META, SERVICE, call, grpc_broker, pb  # noqa: E402
 
 MakeBroker = Callable[..., AbstractAsyncContextManager[Any]]
@@ -753,19 +754,7 @@ def test_a_simple_consumer_is_registered_as_consuming_actively(tidemq_make_broke
                 request_serializer=lambda m: m.SerializeToString(),
                 response_deserializer=pb.TelemetryCommand.FromString,
             )(metadata=META)
-            settings = pb.Settings(
-                client_type=pb.SIMPLE_CONSUMER,
-                subscription=pb.Subscription(
-                    group=pb.Resource(name="GSIMPLE"),
-                    subscriptions=[
-                        pb.SubscriptionEntry(
-                            topic=pb.Resource(name="SimpleTopic"),
-                            expression=pb.FilterExpression(type=pb.TAG, expression="*"),
-                        )
-                    ],
-                ),
-                user_agent=pb.UA(language=pb.PYTHON, version="5.1.2"),
-            )
+            settings = consumer_settings("GSIMPLE", "SimpleTopic", client_type=pb.SIMPLE_CONSUMER)
             await stream.write(pb.TelemetryCommand(settings=settings))
             answer = await asyncio.wait_for(stream.read(), 10)
             assert answer.status.code == pb.OK

@@ -25,6 +25,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 from conftest import Server, free_port, run_admin  # noqa: E402
+from telemetry_support import TelemetryConsumer, consumer_settings  # noqa: E402
 from test_grpc_transport import MakeBroker, grpc_broker, pb  # noqa: E402
 
 from tidemq.admin import consumers  # noqa: E402
@@ -36,74 +37,34 @@ pytestmark = pytest.mark.timeout(120)
 
 TOPIC = "StackT"
 GROUP = "G_STACK"
-SERVICE = "/apache.rocketmq.v2.MessagingService/"
 STACK = '"main" #1 prio=5 os_prio=0 tid=0x1 nid=0x2 runnable\n   java.lang.Thread.State: RUNNABLE\n'
 
 
-class V5Consumer:
+class V5Consumer(TelemetryConsumer):
     """A v5 consumer's Telemetry stream: answers each PrintThreadStackTraceCommand with ``STACK``
     and status ``answer`` (a Code name), or not at all when ``answer`` is None."""
 
     def __init__(
         self, channel: Any, client_id: str, answer: str | None = "OK", client_type: Any = None
     ) -> None:
-        self.client_id = client_id
         self.answer = answer
-        self.client_type = pb.PUSH_CONSUMER if client_type is None else client_type
         self.commands: list[Any] = []  # the PrintThreadStackTraceCommands received
-        self.outgoing: asyncio.Queue[Any] = asyncio.Queue()
-        self.settled = asyncio.Event()
-        stream = channel.stream_stream(
-            SERVICE + "Telemetry",
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=pb.TelemetryCommand.FromString,
-        )
-        metadata = (("x-mq-client-id", client_id), ("x-mq-language", "JAVA"))
-        self.call = stream(self._requests(), metadata=metadata)
-        self.reader = asyncio.ensure_future(self._read())
+        settings = consumer_settings(GROUP, TOPIC, "TagA || TagB", client_type)
+        super().__init__(channel, client_id, settings, (("x-mq-language", "JAVA"),))
 
-    async def _requests(self) -> AsyncIterator[Any]:
-        subscription = pb.Subscription(
-            group=pb.Resource(name=GROUP),
-            subscriptions=[
-                pb.SubscriptionEntry(
-                    topic=pb.Resource(name=TOPIC),
-                    expression=pb.FilterExpression(type=pb.TAG, expression="TagA || TagB"),
+    def on_command(self, kind: str, command: Any) -> None:
+        if kind != "print_thread_stack_trace_command":
+            return
+        self.commands.append(command.print_thread_stack_trace_command)
+        if self.answer is not None:
+            self.outgoing.put_nowait(
+                pb.TelemetryCommand(
+                    status=pb.Status(code=pb.Code.Value(self.answer), message=self.answer),
+                    thread_stack_trace=pb.ThreadStackTrace(
+                        nonce=command.print_thread_stack_trace_command.nonce, thread_stack_trace=STACK
+                    ),
                 )
-            ],
-        )
-        yield pb.TelemetryCommand(
-            settings=pb.Settings(client_type=self.client_type, subscription=subscription)
-        )
-        while True:
-            command = await self.outgoing.get()
-            if command is None:
-                return
-            yield command
-
-    async def _read(self) -> None:
-        async for command in self.call:
-            kind = command.WhichOneof("command")
-            if kind == "settings":
-                self.settled.set()
-            elif kind == "print_thread_stack_trace_command":
-                self.commands.append(command.print_thread_stack_trace_command)
-                if self.answer is not None:
-                    self.outgoing.put_nowait(
-                        pb.TelemetryCommand(
-                            status=pb.Status(code=pb.Code.Value(self.answer), message=self.answer),
-                            thread_stack_trace=pb.ThreadStackTrace(
-                                nonce=command.print_thread_stack_trace_command.nonce,
-                                thread_stack_trace=STACK,
-                            ),
-                        )
-                    )
-
-    async def close(self) -> None:
-        self.outgoing.put_nowait(None)
-        self.call.cancel()
-        self.reader.cancel()
-        await asyncio.gather(self.reader, return_exceptions=True)
+            )
 
 
 @asynccontextmanager

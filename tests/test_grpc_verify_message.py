@@ -24,6 +24,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 
 from conftest import Server, free_port, run_admin  # noqa: E402
+from telemetry_support import TelemetryConsumer, consumer_settings  # noqa: E402
 from test_grpc_transport import MakeBroker, call, grpc_broker, pb  # noqa: E402
 
 from tidemq.admin import consumers  # noqa: E402
@@ -36,68 +37,28 @@ pytestmark = pytest.mark.timeout(120)
 
 TOPIC = "VerifyT"
 GROUP = "G_VERIFY"
-SERVICE = "/apache.rocketmq.v2.MessagingService/"
 
 
-class V5Consumer:
+class V5Consumer(TelemetryConsumer):
     """A v5 PushConsumer's Telemetry stream: answers each VerifyMessageCommand with ``answer`` (a
     Code name), or not at all when it is None."""
 
     def __init__(self, channel: Any, client_id: str, answer: str | None = "OK") -> None:
-        self.client_id = client_id
         self.answer = answer
         self.commands: list[Any] = []  # the VerifyMessageCommands received
-        self.outgoing: asyncio.Queue[Any] = asyncio.Queue()
-        self.settled = asyncio.Event()
-        stream = channel.stream_stream(
-            SERVICE + "Telemetry",
-            request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=pb.TelemetryCommand.FromString,
-        )
-        self.call = stream(self._requests(), metadata=(("x-mq-client-id", client_id),))
-        self.reader = asyncio.ensure_future(self._read())
+        super().__init__(channel, client_id, consumer_settings(GROUP, TOPIC))
 
-    async def _requests(self) -> AsyncIterator[Any]:
-        subscription = pb.Subscription(
-            group=pb.Resource(name=GROUP),
-            subscriptions=[
-                pb.SubscriptionEntry(
-                    topic=pb.Resource(name=TOPIC), expression=pb.FilterExpression(type=pb.TAG, expression="*")
+    def on_command(self, kind: str, command: Any) -> None:
+        if kind != "verify_message_command":
+            return
+        self.commands.append(command.verify_message_command)
+        if self.answer is not None:
+            self.outgoing.put_nowait(
+                pb.TelemetryCommand(
+                    status=pb.Status(code=pb.Code.Value(self.answer), message=self.answer),
+                    verify_message_result=pb.VerifyMessageResult(nonce=command.verify_message_command.nonce),
                 )
-            ],
-        )
-        yield pb.TelemetryCommand(
-            settings=pb.Settings(client_type=pb.PUSH_CONSUMER, subscription=subscription)
-        )
-        while True:
-            command = await self.outgoing.get()
-            if command is None:
-                return
-            yield command
-
-    async def _read(self) -> None:
-        async for command in self.call:
-            kind = command.WhichOneof("command")
-            if kind == "settings":
-                self.settled.set()
-            elif kind == "verify_message_command":
-                self.commands.append(command.verify_message_command)
-                if self.answer is not None:
-                    code = pb.Code.Value(self.answer)
-                    self.outgoing.put_nowait(
-                        pb.TelemetryCommand(
-                            status=pb.Status(code=code, message=self.answer),
-                            verify_message_result=pb.VerifyMessageResult(
-                                nonce=command.verify_message_command.nonce
-                            ),
-                        )
-                    )
-
-    async def close(self) -> None:
-        self.outgoing.put_nowait(None)
-        self.call.cancel()
-        self.reader.cancel()
-        await asyncio.gather(self.reader, return_exceptions=True)
+            )
 
 
 @asynccontextmanager
