@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from store_support import files_of
 
 from tidemq.delay import SCHEDULE_TOPIC
 from tidemq.extensions import compiled_twin
@@ -163,15 +164,6 @@ def result_fields(r: PutResult) -> tuple[Any, ...]:
         r.message_count,
         r.error,
     )
-
-
-def files_of(root: Path) -> dict[str, bytes]:
-    out = {}
-    for sub in ("commitlog", "consumequeue"):
-        for p in sorted((root / sub).rglob("*")):
-            if p.is_file():
-                out[str(p.relative_to(root))] = p.read_bytes()
-    return out
 
 
 def test_the_compiled_put_stores_and_answers_what_the_reference_does(

@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import mmap
 import os
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+from store_support import T0, files_of, open_fixed_clock_store
 
 from tidemq.message import MessageInner, decode_message
 from tidemq.message_types import Prop
 from tidemq.store import PutStatus
-from tidemq.testing.store_contract import build_store
 
-T0 = 1_764_300_000_123
 FILE_SIZE = 1_000_000
 
 
@@ -53,23 +51,7 @@ def puts() -> list[list[MessageInner]]:
 
 
 def open_store(path: Path, flush: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    import tidemq_store_mmap.store as store_module
-
-    clock = iter(range(T0, T0 + 1_000_000))
-    monkeypatch.setattr(store_module, "time", types.SimpleNamespace(time_ns=lambda: next(clock) * 1_000_000))
-    store = build_store(
-        "mmap",
-        path,
-        flush=flush,
-        store_options={
-            "store_host": "10.1.2.3:10911",
-            "commitlog_file_size": FILE_SIZE,
-            "consumequeue_entries": 10_000,
-        },
-    )
-    assert store.load()
-    store.start()
-    return store
+    return open_fixed_clock_store(path, flush, monkeypatch, FILE_SIZE)
 
 
 def put(store: Any, batch: list[MessageInner]) -> Any:
@@ -99,15 +81,6 @@ def test_acknowledged_sync_puts_read_back_through_a_fresh_fd(
             assert store.commitlog.flushed_where >= offset + result.wrote_bytes  # durable when acked
     finally:
         store.shutdown()
-
-
-def files_of(root: Path) -> dict[str, bytes]:
-    out = {}
-    for sub in ("commitlog", "consumequeue"):
-        for p in sorted((root / sub).rglob("*")):
-            if p.is_file():
-                out[str(p.relative_to(root))] = p.read_bytes()
-    return out
 
 
 def test_a_sync_store_writes_the_bytes_an_async_store_does(
