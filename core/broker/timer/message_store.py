@@ -208,12 +208,14 @@ class TimerMessageStore:
             try:
                 cp = self.checkpoint()
                 waiting = self.schedule.pending
-                if self.writer.needed(cp, waiting):  # not while idle: nothing new to make durable
+                if self.writer.needed(cp, waiting):  # not while unchanged: nothing new to make durable
                     log_, wheel = self.schedule.files()
                     await asyncio.to_thread(log_.flush)
                     await asyncio.to_thread(wheel.flush)
                     await asyncio.to_thread(self.writer.save, cp, waiting)
                     self.schedule.checkpoints_written += 1
+                elif waiting:  # holding: the file stays, its mtime says it is current
+                    await asyncio.to_thread(self.writer.touch)
                 self._trim(cp)
                 self.figures.sample()
             except Exception:

@@ -11,6 +11,11 @@ Slot layout (32 bytes, big-endian)::
     last_pos    int64   of its last record (the walk starts here and follows prev_pos)
     num         int32   records chained
     magic       int32   SLOT_MAGIC
+
+A flush makes durable only what changed since the last one: :meth:`TimerWheel.put` notes the
+lowest and highest byte it wrote, and :meth:`TimerWheel.flush` syncs those pages with one ``msync``
+(none when nothing changed).  The kernel writes back only dirty pages in any case, but an
+``msync`` of a clean wheel still costs a journal wait and a device cache flush every interval.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +32,8 @@ from tidemq.errors import StoreError
 SLOT = struct.Struct(">qqqii")
 SLOT_SIZE = SLOT.size
 SLOT_MAGIC = 0x57484C53  # "WHLS"
+#: ``mmap.flush`` wants a page-aligned offset.
+PAGE = mmap.PAGESIZE
 
 
 class Slot:
@@ -66,6 +74,11 @@ class TimerWheel:
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
+        #: Bytes ``[_lo, _hi)`` written since the last flush (``_lo >= _hi``: none).  Written by
+        #: the event loop's puts, taken by a flush in a worker thread: under ``_lock``.
+        self._lock = threading.Lock()
+        self._lo = size
+        self._hi = 0
 
     def get(self, tick: int) -> Slot | None:
         """The slot ``tick`` maps to, when it was last used for ``tick`` or later ticks' chain."""
@@ -75,7 +88,14 @@ class TimerWheel:
         return Slot(tick_of, first, last, num)
 
     def put(self, tick: int, first_pos: int, last_pos: int, num: int) -> None:
-        SLOT.pack_into(self._map, (tick % self.slots) * SLOT_SIZE, tick, first_pos, last_pos, num, SLOT_MAGIC)
+        at = (tick % self.slots) * SLOT_SIZE
+        SLOT.pack_into(self._map, at, tick, first_pos, last_pos, num, SLOT_MAGIC)
+        # Noted after the write: a flush that takes the note msyncs the bytes already there.
+        with self._lock:
+            if at < self._lo:
+                self._lo = at
+            if at + SLOT_SIZE > self._hi:
+                self._hi = at + SLOT_SIZE
 
     def ticks_and_counts(self) -> Iterator[tuple[int, int]]:
         """(tick, num) of every used slot."""
@@ -85,11 +105,35 @@ class TimerWheel:
 
     def clear(self) -> None:
         self._map[:] = bytes(len(self._map))
+        with self._lock:
+            self._lo, self._hi = 0, len(self._map)
+
+    def dirty_range(self) -> tuple[int, int] | None:
+        """(offset, length) the next :meth:`flush` msyncs: the pages of the slots written since the
+        last flush, page-aligned; None when none was."""
+        with self._lock:
+            lo, hi = self._lo, self._hi
+        if lo >= hi:
+            return None
+        start = lo - lo % PAGE
+        return start, min(hi - start + (-hi) % PAGE, len(self._map) - start)
 
     def flush(self) -> None:
-        self._map.flush()
+        """Make the slots written since the last flush durable (one ``msync`` of their pages)."""
+        with self._lock:
+            lo, hi = self._lo, self._hi
+            self._lo, self._hi = len(self._map), 0
+        if lo >= hi:
+            return
+        start = lo - lo % PAGE
+        try:
+            self._map.flush(start, min(hi - start + (-hi) % PAGE, len(self._map) - start))
+        except BaseException:
+            with self._lock:  # not durable: the next flush tries these bytes again
+                self._lo, self._hi = min(self._lo, lo), max(self._hi, hi)
+            raise
 
     def close(self) -> None:
         if not self._map.closed:
-            self._map.flush()
+            self.flush()
             self._map.close()
