@@ -12,7 +12,7 @@ and broker (``timer_max_delay_sec`` = ``--max-delay-sec``: the wheel's size) are
 Each measured window reports the broker's CPU seconds per second (``/proc/PID/stat``), its bytes
 written per second (``/proc/PID/io`` ``write_bytes``: what reached the block layer for it), and,
 in a second window of ``--strace-s`` under ``strace -c -f``, the msync / fsync / fdatasync / rename
-calls per second (strace slows the process: its window is not the CPU window).  JSON on stdout.
+calls (and the ``utimensat`` of a kept checkpoint) per second (strace slows the process: its window is not the CPU window).  JSON on stdout.
 
     python bench/timer_flush_bench.py --b-tree /work/wt/base_pkgs [--rounds 3] [--max-delay-sec 259200]
 """
@@ -38,7 +38,7 @@ from timer_bench import cpu_s, wait_enqueued
 
 from tidemq.client import Message, Producer
 
-SYSCALLS = ("msync", "fsync", "fdatasync", "rename")
+SYSCALLS = ("msync", "fsync", "fdatasync", "rename", "utimensat")
 
 
 def log(msg: str) -> None:

@@ -211,7 +211,12 @@ class TimerMessageStore:
                 if self.writer.needed(cp, waiting):  # not while unchanged: nothing new to make durable
                     log_, wheel = self.schedule.files()
                     await asyncio.to_thread(log_.flush)
-                    await asyncio.to_thread(wheel.flush)
+                    pages = wheel.take_dirty()  # here, where the puts are: none missed
+                    try:
+                        await asyncio.to_thread(wheel.sync, pages)
+                    except BaseException:
+                        wheel.mark_dirty(pages)
+                        raise
                     await asyncio.to_thread(self.writer.save, cp, waiting)
                     self.schedule.checkpoints_written += 1
                 elif waiting:  # holding: the file stays, its mtime says it is current

@@ -23,7 +23,6 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,9 +73,9 @@ class TimerWheel:
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
-        #: Bytes ``[_lo, _hi)`` written since the last flush (``_lo >= _hi``: none).  Written by
-        #: the event loop's puts, taken by a flush in a worker thread: under ``_lock``.
-        self._lock = threading.Lock()
+        #: Bytes ``[_lo, _hi)`` written since the last flush (``_lo >= _hi``: none).  Only the
+        #: thread that puts reads and resets them (the event loop's: :meth:`take_dirty`, then
+        #: :meth:`sync` in a worker), so no put is missed and a put costs no lock.
         self._lo = size
         self._hi = 0
 
@@ -90,12 +89,10 @@ class TimerWheel:
     def put(self, tick: int, first_pos: int, last_pos: int, num: int) -> None:
         at = (tick % self.slots) * SLOT_SIZE
         SLOT.pack_into(self._map, at, tick, first_pos, last_pos, num, SLOT_MAGIC)
-        # Noted after the write: a flush that takes the note msyncs the bytes already there.
-        with self._lock:
-            if at < self._lo:
-                self._lo = at
-            if at + SLOT_SIZE > self._hi:
-                self._hi = at + SLOT_SIZE
+        if at < self._lo:
+            self._lo = at
+        if at + SLOT_SIZE > self._hi:
+            self._hi = at + SLOT_SIZE
 
     def ticks_and_counts(self) -> Iterator[tuple[int, int]]:
         """(tick, num) of every used slot."""
@@ -105,32 +102,41 @@ class TimerWheel:
 
     def clear(self) -> None:
         self._map[:] = bytes(len(self._map))
-        with self._lock:
-            self._lo, self._hi = 0, len(self._map)
+        self._lo, self._hi = 0, len(self._map)
 
     def dirty_range(self) -> tuple[int, int] | None:
-        """(offset, length) the next :meth:`flush` msyncs: the pages of the slots written since the
-        last flush, page-aligned; None when none was."""
-        with self._lock:
-            lo, hi = self._lo, self._hi
-        if lo >= hi:
+        """(offset, length) the next flush msyncs: the pages of the slots written since the last
+        one, page-aligned; None when none was."""
+        if self._lo >= self._hi:
             return None
-        start = lo - lo % PAGE
-        return start, min(hi - start + (-hi) % PAGE, len(self._map) - start)
+        start = self._lo - self._lo % PAGE
+        return start, min(self._hi - start + (-self._hi) % PAGE, len(self._map) - start)
+
+    def take_dirty(self) -> tuple[int, int] | None:
+        """:meth:`dirty_range`, the written bytes then counted as flushed (call it where the puts
+        are made; hand the range to :meth:`sync`, and to :meth:`mark_dirty` if that fails)."""
+        pages = self.dirty_range()
+        self._lo, self._hi = len(self._map), 0
+        return pages
+
+    def mark_dirty(self, pages: tuple[int, int] | None) -> None:
+        """A range taken but not synced: the next flush covers it again."""
+        if pages is not None:
+            self._lo = min(self._lo, pages[0])
+            self._hi = max(self._hi, pages[0] + pages[1])
+
+    def sync(self, pages: tuple[int, int] | None) -> None:
+        """``msync`` a range from :meth:`take_dirty` (any thread); nothing for None."""
+        if pages is not None:
+            self._map.flush(*pages)
 
     def flush(self) -> None:
         """Make the slots written since the last flush durable (one ``msync`` of their pages)."""
-        with self._lock:
-            lo, hi = self._lo, self._hi
-            self._lo, self._hi = len(self._map), 0
-        if lo >= hi:
-            return
-        start = lo - lo % PAGE
+        pages = self.take_dirty()
         try:
-            self._map.flush(start, min(hi - start + (-hi) % PAGE, len(self._map) - start))
+            self.sync(pages)
         except BaseException:
-            with self._lock:  # not durable: the next flush tries these bytes again
-                self._lo, self._hi = min(self._lo, lo), max(self._hi, hi)
+            self.mark_dirty(pages)
             raise
 
     def close(self) -> None:
