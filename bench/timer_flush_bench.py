@@ -53,12 +53,15 @@ def write_bytes(pid: int) -> int:
 
 
 def measure(pid: int, seconds: float) -> dict[str, float]:
-    c0, w0, t0 = cpu_s(pid), write_bytes(pid), time.monotonic()
+    c0, w0, a0, t0 = cpu_s(pid), write_bytes(pid), ACKED[0], time.monotonic()
     time.sleep(seconds)
     dt = time.monotonic() - t0
+    cpu, acked = cpu_s(pid) - c0, ACKED[0] - a0
     return {
-        "cpu_s_per_s": round((cpu_s(pid) - c0) / dt, 4),
+        "cpu_s_per_s": round(cpu / dt, 4),
         "write_kib_per_s": round((write_bytes(pid) - w0) / 1024 / dt, 1),
+        "sends_per_s": round(acked / dt, 1),
+        "cpu_ms_per_1000_sends": round(cpu * 1e6 / acked, 1) if acked else 0.0,
     }
 
 
@@ -82,6 +85,10 @@ def strace_counts(pid: int, seconds: float) -> dict[str, float]:
     return counts
 
 
+#: Sends acknowledged so far (read by the measuring thread).
+ACKED = [0]
+
+
 async def send_timers(ns: str, n: int, delay_of: Any, rate: float) -> None:
     """``n`` timer messages at ``rate`` a second (0: as fast as a window of 64 allows)."""
     body = b"x" * 128
@@ -94,6 +101,7 @@ async def send_timers(ns: str, n: int, delay_of: Any, rate: float) -> None:
                 await producer.send(
                     Message("BenchTimerFlush", body, properties={"TIMER_DELAY_MS": str(delay_ms)})
                 )
+                ACKED[0] += 1
 
         begin = time.monotonic()
         tasks = []
@@ -183,7 +191,7 @@ def main() -> None:
     summary: dict[str, Any] = {}
     for phase in ("holding", "steady"):
         for name, _ in trees:
-            for key in ("cpu_s_per_s", "write_kib_per_s", *SYSCALLS):
+            for key in ("cpu_s_per_s", "write_kib_per_s", "sends_per_s", "cpu_ms_per_1000_sends", *SYSCALLS):
                 summary.setdefault(phase, {}).setdefault(name, {})[key] = statistics.median(
                     rd[name][phase][key] for rd in rounds
                 )

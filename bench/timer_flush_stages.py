@@ -73,8 +73,7 @@ def one_size(args: argparse.Namespace, max_delay_sec: int, work: Path) -> dict[s
             s0, t0, c0 = disk_counts(stat), time.perf_counter(), time.thread_time()
             if side == "old":
                 wheel._map.flush()  # what TimerWheel.flush did
-                with wheel._lock:  # all written now: the new side starts from nothing
-                    wheel._lo, wheel._hi = len(wheel._map), 0
+                wheel.take_dirty()  # all written now: the new side starts from nothing
                 if phase == "holding":
                     writer.save(cp, 10)
             else:
