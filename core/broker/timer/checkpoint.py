@@ -1,9 +1,9 @@
 """TimerCheckpoint: how far the timer service got, in ``config/timercheck`` (RocketMQ's ``TimerCheckpoint``).
 
 Written atomically (temp file, fsync, rename, directory fsync) every ``timer_flush_interval_ms``,
-after the TimerLog and the wheel were flushed; not when the service is idle (:class:`CheckpointWriter`:
-nothing waiting, nothing new in the log since the last write), then only every
-:data:`IDLE_REWRITE_S`.  It is JSON of varying length, so it is never rewritten in place.  The keys
+after the TimerLog and the wheel were flushed; not when nothing changed but the read time
+(:class:`CheckpointWriter`: idle, nothing waiting; or holding, the same messages waiting and
+nothing new in the log since the last write), then only every :data:`IDLE_REWRITE_S`.  It is JSON of varying length, so it is never rewritten in place.  The keys
 are RocketMQ's:
 
 * ``lastReadTimeMs``: every tick before it is delivered (the dequeue progress);
@@ -16,6 +16,7 @@ are RocketMQ's:
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -81,15 +82,22 @@ class TimerCheckpoint:
 
 
 class CheckpointWriter:
-    """Decides when the checkpoint is written: at every flush interval while the service has work,
-    and only every :data:`IDLE_REWRITE_S` while it is idle.
+    """Decides when the checkpoint is written: at every flush interval while the service changes,
+    and only every :data:`IDLE_REWRITE_S` while only its read time moves.
 
-    Idle: nothing waiting (``waiting``, the schedule's pending count, and no per-topic timing count)
-    now and at the last write, and the log position, queue offset and wheel geometry unchanged
-    since.  Then nothing is in the log or the wheel that the last written checkpoint does not
-    already cover, only ``lastReadTimeMs`` has moved: a restart from the older one walks ticks
-    that hold nothing and delivers nothing again.  So an idle broker makes no timer ``fsync`` (it
-    was two a second: temp file and directory, each a journal commit on the store's disk).
+    Unchanged: the log position, queue offset, wheel geometry, messages waiting (``waiting``, the
+    schedule's pending count) and per-topic timing counts all as at the last write.  Then no record
+    entered the log or left the wheel since (an enqueue moves the log, a delivery, roll or recall
+    lowers the waiting count), so the ticks walked since held nothing: a restart from the older
+    checkpoint walks them again and delivers nothing again.  Two cases:
+
+    * idle, nothing waiting at all: an idle broker makes no timer ``fsync`` (it was two a second:
+      temp file and directory, each a journal commit on the store's disk);
+    * holding, messages waiting but none due, none new: no ``fsync`` either, but the file's
+      mtime is brought forward (:meth:`touch`, one ``utime``, no data written) at every interval.
+      Recovery reads the mtime as "the state on disk was current then": what went out after it
+      (the next change is written within an interval) is counted as a possible re-delivery
+      (``timerRecoveredRedeliveries``) exactly as when the file was rewritten every interval.
     """
 
     def __init__(self, path: Path, idle_rewrite_s: float = IDLE_REWRITE_S) -> None:
@@ -99,6 +107,19 @@ class CheckpointWriter:
         self._last_waiting = -1
         self._last_at = 0.0
 
+    def unchanged(self, cp: TimerCheckpoint, waiting: int) -> bool:
+        """Whether only the read time moved since the last write (see the class)."""
+        last = self._last
+        return (
+            last is not None
+            and waiting == self._last_waiting
+            and cp.timing_count == last.timing_count
+            and cp.last_timer_log_flush_pos == last.last_timer_log_flush_pos
+            and cp.last_timer_queue_offset == last.last_timer_queue_offset
+            and (cp.precision_ms, cp.slots) == (last.precision_ms, last.slots)
+            and cp.last_read_time_ms >= last.last_read_time_ms
+        )
+
     def needed(self, cp: TimerCheckpoint, waiting: int, now: float | None = None) -> bool:
         """Whether ``cp`` has to be written (the log and the wheel flushed before it)."""
         last = self._last
@@ -106,17 +127,7 @@ class CheckpointWriter:
             return True
         if cp == last:
             return False
-        idle = (
-            waiting == 0
-            and self._last_waiting == 0
-            and not any(cp.timing_count.values())
-            and not any(last.timing_count.values())
-            and cp.last_timer_log_flush_pos == last.last_timer_log_flush_pos
-            and cp.last_timer_queue_offset == last.last_timer_queue_offset
-            and (cp.precision_ms, cp.slots) == (last.precision_ms, last.slots)
-            and cp.last_read_time_ms >= last.last_read_time_ms
-        )
-        if not idle:
+        if not self.unchanged(cp, waiting):
             return True
         return (time.monotonic() if now is None else now) - self._last_at >= self.idle_rewrite_s
 
@@ -126,3 +137,11 @@ class CheckpointWriter:
         self._last = attrs.evolve(cp, timing_count=dict(cp.timing_count))
         self._last_waiting = waiting
         self._last_at = time.monotonic() if now is None else now
+
+    def touch(self) -> None:
+        """A skipped write while messages wait: the file's mtime says its state is still current
+        (recovery's re-delivery count starts from it).  No data, no ``fsync``."""
+        try:
+            os.utime(self.path)
+        except FileNotFoundError:
+            pass

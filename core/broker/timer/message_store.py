@@ -20,7 +20,8 @@ tasks), the checkpoint, stop.
 Crash safety (SIGKILL at any moment): every TimerLog record carries its rmq_sys_wheel_timer
 offset, and :class:`~tidemq.broker.timer.checkpoint.TimerCheckpoint` keeps (ticks delivered, log
 position settled, queue offset enqueued), written every ``timer_flush_interval_ms`` after the log
-and the wheel are flushed.  Recovery re-links log records written after the checkpoint whose slot
+and the wheel are flushed (what they wrote since the last time), unless nothing but the read time
+changed (:class:`~tidemq.broker.timer.checkpoint.CheckpointWriter`).  Recovery re-links log records written after the checkpoint whose slot
 update was lost, re-delivers those of them already due, continues the enqueue after the highest
 queue offset found in the log, and the dequeue from the checkpoint's tick.  Delivery is therefore
 at least once; the duplicates after a crash are at most the messages delivered in the last
@@ -208,12 +209,19 @@ class TimerMessageStore:
             try:
                 cp = self.checkpoint()
                 waiting = self.schedule.pending
-                if self.writer.needed(cp, waiting):  # not while idle: nothing new to make durable
+                if self.writer.needed(cp, waiting):  # not while unchanged: nothing new to make durable
                     log_, wheel = self.schedule.files()
                     await asyncio.to_thread(log_.flush)
-                    await asyncio.to_thread(wheel.flush)
+                    pages = wheel.take_dirty()  # here, where the puts are: none missed
+                    try:
+                        await asyncio.to_thread(wheel.sync, pages)
+                    except BaseException:
+                        wheel.mark_dirty(pages)
+                        raise
                     await asyncio.to_thread(self.writer.save, cp, waiting)
                     self.schedule.checkpoints_written += 1
+                elif waiting:  # holding: the file stays, its mtime says it is current
+                    await asyncio.to_thread(self.writer.touch)
                 self._trim(cp)
                 self.figures.sample()
             except Exception:

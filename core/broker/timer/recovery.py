@@ -41,7 +41,8 @@ def load(
     elif cp is None:
         cp = TimerCheckpoint(now_tick * s.precision_ms, 0, 0, s.precision_ms, s.slots)
     s.done_tick = cp.last_read_time_ms // s.precision_ms
-    # The checkpoint was written at most a flush interval before the broker stopped: what was due
+    # The checkpoint was written (or, unchanged while messages waited, its mtime brought forward:
+    # CheckpointWriter.touch) at most a flush interval before the broker stopped: what was due
     # until then may have gone out already, and is delivered again (counted).
     try:
         written_ms = int(checkpoint_path.stat().st_mtime * 1000)

@@ -11,6 +11,11 @@ Slot layout (32 bytes, big-endian)::
     last_pos    int64   of its last record (the walk starts here and follows prev_pos)
     num         int32   records chained
     magic       int32   SLOT_MAGIC
+
+A flush makes durable only what changed since the last one: :meth:`TimerWheel.put` notes the
+lowest and highest byte it wrote, and :meth:`TimerWheel.flush` syncs those pages with one ``msync``
+(none when nothing changed).  The kernel writes back only dirty pages in any case, but an
+``msync`` of a clean wheel still costs a journal wait and a device cache flush every interval.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from tidemq.errors import StoreError
 SLOT = struct.Struct(">qqqii")
 SLOT_SIZE = SLOT.size
 SLOT_MAGIC = 0x57484C53  # "WHLS"
+#: ``mmap.flush`` wants a page-aligned offset.
+PAGE = mmap.PAGESIZE
 
 
 class Slot:
@@ -66,6 +73,11 @@ class TimerWheel:
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
+        #: Bytes ``[_lo, _hi)`` written since the last flush (``_lo >= _hi``: none).  Only the
+        #: thread that puts reads and resets them (the event loop's: :meth:`take_dirty`, then
+        #: :meth:`sync` in a worker), so no put is missed and a put costs no lock.
+        self._lo = size
+        self._hi = 0
 
     def get(self, tick: int) -> Slot | None:
         """The slot ``tick`` maps to, when it was last used for ``tick`` or later ticks' chain."""
@@ -75,7 +87,12 @@ class TimerWheel:
         return Slot(tick_of, first, last, num)
 
     def put(self, tick: int, first_pos: int, last_pos: int, num: int) -> None:
-        SLOT.pack_into(self._map, (tick % self.slots) * SLOT_SIZE, tick, first_pos, last_pos, num, SLOT_MAGIC)
+        at = (tick % self.slots) * SLOT_SIZE
+        SLOT.pack_into(self._map, at, tick, first_pos, last_pos, num, SLOT_MAGIC)
+        if at < self._lo:
+            self._lo = at
+        if at + SLOT_SIZE > self._hi:
+            self._hi = at + SLOT_SIZE
 
     def ticks_and_counts(self) -> Iterator[tuple[int, int]]:
         """(tick, num) of every used slot."""
@@ -85,11 +102,44 @@ class TimerWheel:
 
     def clear(self) -> None:
         self._map[:] = bytes(len(self._map))
+        self._lo, self._hi = 0, len(self._map)
+
+    def dirty_range(self) -> tuple[int, int] | None:
+        """(offset, length) the next flush msyncs: the pages of the slots written since the last
+        one, page-aligned; None when none was."""
+        if self._lo >= self._hi:
+            return None
+        start = self._lo - self._lo % PAGE
+        return start, min(self._hi - start + (-self._hi) % PAGE, len(self._map) - start)
+
+    def take_dirty(self) -> tuple[int, int] | None:
+        """:meth:`dirty_range`, the written bytes then counted as flushed (call it where the puts
+        are made; hand the range to :meth:`sync`, and to :meth:`mark_dirty` if that fails)."""
+        pages = self.dirty_range()
+        self._lo, self._hi = len(self._map), 0
+        return pages
+
+    def mark_dirty(self, pages: tuple[int, int] | None) -> None:
+        """A range taken but not synced: the next flush covers it again."""
+        if pages is not None:
+            self._lo = min(self._lo, pages[0])
+            self._hi = max(self._hi, pages[0] + pages[1])
+
+    def sync(self, pages: tuple[int, int] | None) -> None:
+        """``msync`` a range from :meth:`take_dirty` (any thread); nothing for None."""
+        if pages is not None:
+            self._map.flush(*pages)
 
     def flush(self) -> None:
-        self._map.flush()
+        """Make the slots written since the last flush durable (one ``msync`` of their pages)."""
+        pages = self.take_dirty()
+        try:
+            self.sync(pages)
+        except BaseException:
+            self.mark_dirty(pages)
+            raise
 
     def close(self) -> None:
         if not self._map.closed:
-            self._map.flush()
+            self.flush()
             self._map.close()
