@@ -12,6 +12,18 @@ Prints one JSON object on stdout, progress on stderr.
 
     python bench/load_test.py                 # 10 x 10 for 10 minutes
     python bench/load_test.py --minutes 0.5   # a quick run
+    python bench/load_test.py --minutes 0.5 --broker-tree /work/wt/base_pkgs   # the old code's broker
+    python bench/load_test.py --minutes 0.5 --broker-set 'dedup_window_s = 0'  # a [broker] option
+    python bench/load_test.py --minutes 0.5 --probe [--tracemalloc 1]          # where the memory is
+
+``--broker-tree DIR`` runs the broker (only it: the NameServer and the clients are this tree's)
+with ``PYTHONPATH=DIR``, a directory of ``tidemq`` / ``tidemq_<plugin>`` symlinks into a worktree of
+older code, as ``bench/compare_ab.py --b-tree``.  ``--probe`` adds ``bench/rss_site`` to the
+broker's PYTHONPATH (its sitecustomize starts ``bench/rss_probe.py``'s probe thread) and reports,
+at the start, at the peak (the producers just stopped) and idle (drained; then ``malloc_trim``),
+the broker's anonymous RSS by mapping (smaps), glibc's arenas, pymalloc's arenas and the live
+objects by type; ``--tracemalloc N`` also its Python allocations by file:line (slows the broker).
+See docs/operations.md, "Memory".
 """
 
 from __future__ import annotations
@@ -30,8 +42,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import rss_probe
 from benchutil import free_port, start, stop
 
+_RSS_SITE = Path(__file__).resolve().parent / "rss_site"
 _BODY_HEAD = re.compile(rb"^p(\d+):(\d+):")
 _STATUS_EVERY_S = 2.0
 
@@ -234,8 +248,57 @@ def _status_sum(paths: list[Path]) -> tuple[int, int]:
     return a, b
 
 
+def _start_broker(
+    args: argparse.Namespace, cfg: Path, work: Path, probe_dir: Path
+) -> subprocess.Popen[bytes]:
+    """The broker, with --broker-tree and the probe's sitecustomize first on its PYTHONPATH."""
+    path = [p for p in (args.broker_tree, str(_RSS_SITE) if args.probe else "") if p]
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "TIDEMQ_RSS_PROBE_DIR", "TIDEMQ_RSS_TRACEMALLOC")}
+    try:
+        if path:
+            os.environ["PYTHONPATH"] = os.pathsep.join(path)
+        if args.probe:
+            os.environ["TIDEMQ_RSS_PROBE_DIR"] = str(probe_dir)
+            os.environ["TIDEMQ_RSS_TRACEMALLOC"] = str(args.tracemalloc)
+        return start(["broker", "-c", str(cfg)], work)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _probe(
+    args: argparse.Namespace, pid: int, probe_dir: Path, label: str, trim: bool = False
+) -> dict[str, Any]:
+    """The broker's memory now: smaps from outside, the rest from its probe thread."""
+    out: dict[str, Any] = {"smaps": rss_probe.smaps_breakdown(pid)}
+    out.update(rss_probe.request(probe_dir, label, trim=trim))
+    log(f"probe {label}: RssAnon {out['smaps']['status_kib'].get('RssAnon')} KiB")
+    return out
+
+
+def _tree_name(tree: str) -> str:
+    """The commit of the tree the broker imports (a --broker-tree's symlinks lead to its worktree)."""
+    src = Path(tree, "tidemq").resolve() if tree else Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(src), "log", "-1", "--format=%h %cs"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return head.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def coordinate(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="tidemq-load-"))
+    probe_dir = work / "probe"
+    probe_dir.mkdir()
+    probes: dict[str, Any] = {}
     topic = "LoadTopic"
     procs: list[subprocess.Popen[bytes]] = []
     ns = broker = None
@@ -251,15 +314,17 @@ listen = "127.0.0.1:{free_port()}"
 namesrv = ["{ns_addr}"]
 data_dir = "{work / "store"}"
 default_topic_queues = {args.queues}
+{chr(10).join(args.broker_set)}
 
 [plugins]
 flush = "{args.flush}"
 
 [store.mmap]
 commitlog_file_size = {64 * 1024 * 1024}
+{args.toml}
 """
         )
-        broker = start(["broker", "-c", str(cfg)], work)
+        broker = _start_broker(args, cfg, work, probe_dir)
         log(
             f"broker pid {broker.pid}; {args.producers} producers x {args.consumers} consumers, {args.minutes} min"
         )
@@ -330,6 +395,8 @@ commitlog_file_size = {64 * 1024 * 1024}
                 )
             )
         time.sleep(3)  # let the group rebalance before the load starts
+        if args.probe:
+            probes["start"] = _probe(args, broker.pid, probe_dir, "start")
         prod_out = [work / f"producer-{i}.acks" for i in range(args.producers)]
         producers = [
             subprocess.Popen(
@@ -378,6 +445,8 @@ commitlog_file_size = {64 * 1024 * 1024}
                     f"t={t:.0f}s acked={acked} consumed={consumed} failed={failed} rss={timeline[-1]['broker_rss_kib']} KiB (anon {timeline[-1]['broker_anon_kib']})"
                 )
         produce_s = time.monotonic() - began
+        if args.probe:
+            probes["peak"] = _probe(args, broker.pid, probe_dir, "peak")
         for p in producers:
             if p.returncode != 0:
                 log(f"producer exited with {p.returncode}")
@@ -401,6 +470,9 @@ commitlog_file_size = {64 * 1024 * 1024}
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if args.probe:
+            time.sleep(5)
+            probes["idle"] = _probe(args, broker.pid, probe_dir, "idle", trim=True)
         cmp = _compare(acked_marks, _merge(cons_out))
         acked, failed = _status_sum(prod_status)
         consumed, _ = _status_sum(cons_status)
@@ -417,6 +489,10 @@ commitlog_file_size = {64 * 1024 * 1024}
             }
 
         return {
+            "tree": _tree_name(args.broker_tree),
+            "broker_tree": args.broker_tree,
+            "broker_set": args.broker_set,
+            "toml": args.toml,
             "producers": args.producers,
             "consumers": args.consumers,
             "minutes": args.minutes,
@@ -436,6 +512,7 @@ commitlog_file_size = {64 * 1024 * 1024}
             "broker_rss_file_kib": series("broker_file_kib"),
             "timeline": timeline if args.timeline else timeline[:: max(1, len(timeline) // 20)],
             "work_dir": str(work) if args.keep else "",
+            **({"probes": probes} if probes else {}),
         }
     finally:
         for p in procs:
@@ -463,6 +540,13 @@ def main() -> None:
     ap.add_argument("--drain-s", type=float, default=120.0)
     ap.add_argument("--timeline", action="store_true", help="print every RSS/throughput sample")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--broker-tree", default="", help="PYTHONPATH for the broker: older code (see above)")
+    ap.add_argument(
+        "--broker-set", action="append", default=[], help="a line for [broker], e.g. 'dedup_window_s = 0'"
+    )
+    ap.add_argument("--toml", default="", help="TOML appended to the broker's configuration (other tables)")
+    ap.add_argument("--probe", action="store_true", help="the broker's memory by component (see above)")
+    ap.add_argument("--tracemalloc", type=int, default=0, help="with --probe: tracemalloc frames (0: off)")
     # worker-process options
     ap.add_argument("--namesrv")
     ap.add_argument("--topic")

@@ -367,3 +367,26 @@ def test_acl_options_and_plugin_names_are_checked_with_one_line_errors(tmp_path:
     validator = manager.create("acl", "plain", options={"reload_check_s": 0}, data_dir=tmp_path)
     assert "topic:topicA" in _denied(validator, _send("topicA"))
     assert manager.create("acl", "none", data_dir=tmp_path).enforcing is False
+
+
+def test_pyyaml_is_loaded_with_the_first_acl_file_not_with_the_plugins(tmp_path: Path) -> None:
+    """Every broker loads the ACL plugin and the NameServer's auth module; PyYAML (~1 MB of
+    anonymous memory) waits for the first YAML file read (docs/operations.md, "Memory")."""
+    import sys
+
+    path = _write(tmp_path / "plain_acl.yml", ACL_YML)
+    script = f"""
+import sys
+from tidemq.plugins import get_plugin_manager
+import tidemq.broker.broker, tidemq.namesrv.server, tidemq_acl.plugin, tidemq_acl.admin
+get_plugin_manager().load_entry_points()
+before = "yaml" in sys.modules
+from pathlib import Path
+from tidemq_acl.accounts import load_plain_acl
+acl = load_plain_acl(Path({str(path)!r}))
+print(before, "yaml" in sys.modules, len(acl.accounts))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["False", "True", "2"], out.stdout + out.stderr

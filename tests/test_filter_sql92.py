@@ -533,3 +533,22 @@ def test_expression_and_registration_bounds_are_options() -> None:
     ):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             pm.create("filter", "SQL92", options=bad)
+
+
+def test_lark_is_loaded_at_the_first_expression_not_with_the_plugin() -> None:
+    """Every broker builds the SQL92 factory; lark, the compiler and the parser's tables (~3 MB of
+    anonymous memory) wait for the first SQL92 subscription (docs/operations.md, "Memory")."""
+    import subprocess
+
+    script = """
+import sys
+from tidemq.plugins import get_plugin_manager
+f = get_plugin_manager().create("filter", "SQL92")
+before = sorted(m for m in sys.modules if m == "lark" or m.startswith(("lark.", "tidemq_filter_server.sql92_eval")))
+flt = f.compile("a > 1 AND b = 'x'")
+print(before, flt.evaluate({"a": "3", "b": "x"}), "lark" in sys.modules)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["[]", "True", "True"], out.stdout + out.stderr

@@ -25,7 +25,6 @@ import logging
 from pathlib import Path
 
 import attrs
-import yaml
 
 from tidemq.acl import ACCESS_KEY, SIGNATURE, verify_signature
 from tidemq.errors import ConfigError
@@ -90,6 +89,8 @@ def load_namesrv_auth(path: str) -> NamesrvAuth:
         raise ConfigError(f"{option} = {path!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{option} = {path!r}: cannot read it: {exc}") from None
+    import yaml  # here: a process that reads no such file does not hold PyYAML (docs/operations.md, "Memory")
+
     try:
         data = yaml.load(text, Loader=yaml.BaseLoader)  # every scalar a string, as plain_acl.yml
     except yaml.YAMLError as exc:

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
-import yaml
 
 from tidemq.errors import ConfigError
 from tidemq_acl.address import AddressPatternError, Matcher, compile_pattern
+
+if TYPE_CHECKING:
+    import yaml
 from tidemq_acl.permission import DENY, parse_perm
 from tidemq_acl.resources import retry_topic
 
@@ -204,6 +206,8 @@ def load_plain_acl(path: Path) -> PlainAcl:
         raise AclConfigError(f"ACL file {path} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise AclConfigError(f"cannot read ACL file {path}: {exc}") from None
+    import yaml  # here: a broker without the ACL does not hold PyYAML (docs/operations.md, "Memory")
+
     try:
         # Every scalar stays a string, as snakeyaml gives RocketMQ's String fields: a numeric
         # secret like 0123 or 1e10 must not turn into a number first.

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import yaml
 
 from tidemq.jsonfile import atomic_write_bytes
 from tidemq_acl.accounts import MIN_KEY_LENGTH, AclConfigError, PlainAcl, data_version_of, parse_plain_acl
@@ -87,6 +86,8 @@ def read_document(path: Path) -> dict[str, Any]:
         return {}
     except (OSError, UnicodeDecodeError) as exc:
         raise AclConfigError(f"cannot read ACL file {path}: {exc}") from None
+    import yaml  # here, not with the plugin: see accounts.load_plain_acl
+
     try:
         data = yaml.load(text, Loader=yaml.BaseLoader)
     except yaml.YAMLError as exc:
@@ -121,6 +122,8 @@ def _write(path: Path, doc: dict[str, Any]) -> PlainAcl:
     doc = _typed(doc)
     # RocketMQ's DataVersion.nextVersion: counter + 1, timestamp now.
     doc[DATA_VERSION] = [{"counter": counter + 1, "timestamp": int(time.time() * 1000)}]
+    import yaml
+
     text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, default_flow_style=False)
     # Parse what will be on disk exactly as the broker will read it, before it is on disk.
     acl = parse_plain_acl(yaml.load(text, Loader=yaml.BaseLoader), str(path))

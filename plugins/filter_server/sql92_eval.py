@@ -18,18 +18,11 @@ from typing import Any
 
 from lark import Token, Transformer, v_args
 
-from tidemq.errors import TidemqError
-
-#: What a sub-expression evaluates to: True / False / None (SQL null), or a value (str, int, float).
-Fn = Callable[[Mapping[str, str]], Any]
+from .sql92 import EvaluationError, Fn
 
 _LONG_RE = re.compile(r"[+-]?[0-9]+")
 _DOUBLE_RE = re.compile(r"\s*[+-]?(NaN|Infinity|([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?)[fFdD]?\s*")
 _LONG_MIN, _LONG_MAX = -(2**63), 2**63 - 1
-
-
-class EvaluationError(TidemqError):
-    """A comparison RocketMQ cannot make (a non-numeric string against a number): no match."""
 
 
 class _Const:
