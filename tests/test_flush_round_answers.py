@@ -238,3 +238,30 @@ def test_a_connection_waiting_for_its_round_is_read_again_only_once_answered(tmp
             writer.close()
 
     asyncio.run(scenario())
+
+
+def test_a_lone_senders_connection_is_not_paused_for_its_round(tmp_path: Path) -> None:
+    """A read of one send (a sender with one in flight) leaves the connection read as before."""
+
+    async def scenario() -> None:
+        async with sync_broker(tmp_path, 20000) as (broker, gated):
+            lane = broker.send_lane
+            assert lane is not None and lane.reads
+            held = getattr(lane, "held_reads", 0)
+            host, port = split_address(broker.address)
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(_send(1, 0))
+            assert await asyncio.to_thread(gated.entered.wait, 10)  # its round's flush, held
+            writer.write(_send(2, 1))
+            await writer.drain()
+            for _ in range(50):  # read at once: held for the next round
+                if getattr(lane, "held_reads", 0) - held == 2:
+                    break
+                await asyncio.sleep(0.02)
+            assert getattr(lane, "held_reads", 0) - held == 2
+            gated.gate.set()
+            answers = await read_answers(reader, 2)
+            assert sorted(a.opaque for a in answers) == [1, 2]
+            writer.close()
+
+    asyncio.run(scenario())

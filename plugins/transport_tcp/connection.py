@@ -190,7 +190,8 @@ class Connection(asyncio.Protocol):
         elif type(answer) is int:  # answered later, with answer_later (a sync flush round)
             self._later += answer
             if self.server_side and (
-                self._options.hold_reading_for_round
+                # A read of several sends (a pipelining sender): more arrive during the round.
+                (answer > 1 and self._options.hold_reading_for_round)
                 or len(self._tasks) + self._later >= self._options.max_in_flight
             ):
                 self._pause_reading()

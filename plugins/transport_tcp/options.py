@@ -55,7 +55,9 @@ class TcpOptions:
     #: served in one read.  The sends that arrive during a round's ``fdatasync`` wait for the next
     #: round either way; read at once they came in small reads (half the messages per read and per
     #: put of async flush), and the loop's CPU per message follows the messages per read
-    #: (docs/flush.md, "Single sends under sync flush").  Off: read as they arrive.
+    #: (docs/flush.md, "Single sends under sync flush").  Only after a read of two sends or more:
+    #: a lone sender's next send cannot be there, and a pause and resume cost two syscalls.  Off:
+    #: read as they arrive.
     hold_reading_for_round: bool = True
     #: TLS: a server needs certfile+keyfile; a client verifies the server against cafile when given.
     tls: bool = False
