@@ -206,3 +206,62 @@ def test_a_round_that_makes_several_loop_batches_durable_wakes_the_loop_once() -
             policy.shutdown()
 
     asyncio.run(main())
+
+
+def test_a_connection_waiting_for_its_round_is_read_again_only_once_answered(tmp_path: Path) -> None:
+    """``hold_reading_for_round``: sends that arrive while the connection's read waits for its
+    ``fdatasync`` stay in the socket until that round answers, then are served in one read (they
+    wait for the next round either way; read as they arrived they made a read, a put and a wake-up
+    each)."""
+
+    async def scenario() -> None:
+        async with sync_broker(tmp_path, 20000) as (broker, gated):
+            lane = broker.send_lane
+            assert lane is not None and lane.reads
+            held = getattr(lane, "held_reads", 0)
+            host, port = split_address(broker.address)
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"".join(_send(i, i % 4) for i in range(8)))
+            assert await asyncio.to_thread(gated.entered.wait, 10)  # its round's flush, held
+            for k in range(4):  # four more writes while the round is in its fdatasync
+                writer.write(b"".join(_send(100 + 2 * k + i, i % 4) for i in range(2)))
+                await writer.drain()
+                await asyncio.sleep(0.1)
+            assert getattr(lane, "held_reads", 0) - held == 1  # none of them read yet
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(reader.read(1 << 16), 0.2)
+            gated.gate.set()
+            answers = await read_answers(reader, 16)
+            assert sorted(a.opaque for a in answers) == [*range(8), *range(100, 108)]
+            assert {a.code for a in answers} == {ResponseCode.SUCCESS}
+            assert getattr(lane, "held_reads", 0) - held == 2  # the four writes: one read
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_lone_senders_connection_is_not_paused_for_its_round(tmp_path: Path) -> None:
+    """A read of one send (a sender with one in flight) leaves the connection read as before."""
+
+    async def scenario() -> None:
+        async with sync_broker(tmp_path, 20000) as (broker, gated):
+            lane = broker.send_lane
+            assert lane is not None and lane.reads
+            held = getattr(lane, "held_reads", 0)
+            host, port = split_address(broker.address)
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(_send(1, 0))
+            assert await asyncio.to_thread(gated.entered.wait, 10)  # its round's flush, held
+            writer.write(_send(2, 1))
+            await writer.drain()
+            for _ in range(50):  # read at once: held for the next round
+                if getattr(lane, "held_reads", 0) - held == 2:
+                    break
+                await asyncio.sleep(0.02)
+            assert getattr(lane, "held_reads", 0) - held == 2
+            gated.gate.set()
+            answers = await read_answers(reader, 2)
+            assert sorted(a.opaque for a in answers) == [1, 2]
+            writer.close()
+
+    asyncio.run(scenario())

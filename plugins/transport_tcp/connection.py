@@ -189,7 +189,11 @@ class Connection(asyncio.Protocol):
             self._write_frames(answer)
         elif type(answer) is int:  # answered later, with answer_later (a sync flush round)
             self._later += answer
-            if self.server_side and len(self._tasks) + self._later >= self._options.max_in_flight:
+            if self.server_side and (
+                # A read of several sends (a pipelining sender): more arrive during the round.
+                (answer > 1 and self._options.hold_reading_for_round)
+                or len(self._tasks) + self._later >= self._options.max_in_flight
+            ):
                 self._pause_reading()
         else:
             for cmd, work in answer:
@@ -354,6 +358,7 @@ class Connection(asyncio.Protocol):
             and not self._backlog
             and not self._closed
             and len(self._tasks) + self._later <= self._options.max_in_flight // 2
+            and not (self._later and self._options.hold_reading_for_round)
             and self._transport is not None
         ):
             self._reading_paused_by_us = False

@@ -50,6 +50,15 @@ class TcpOptions:
     #: compiled send lane: frames, headers, put and answers without a command object per request;
     #: issue 38), when the handler has one.  Off: every frame is decoded and served in Python.
     read_lane: bool = True
+    #: Server side: while a connection's read waits for its sync flush round (the send lane holds
+    #: it), read nothing more from it until that round answers; what arrived meanwhile is then
+    #: served in one read.  The sends that arrive during a round's ``fdatasync`` wait for the next
+    #: round either way; read at once they came in small reads (half the messages per read and per
+    #: put of async flush), and the loop's CPU per message follows the messages per read
+    #: (docs/flush.md, "Single sends under sync flush").  Only after a read of two sends or more:
+    #: a lone sender's next send cannot be there, and a pause and resume cost two syscalls.  Off:
+    #: read as they arrive.
+    hold_reading_for_round: bool = True
     #: TLS: a server needs certfile+keyfile; a client verifies the server against cafile when given.
     tls: bool = False
     tls_certfile: str = ""
