@@ -305,3 +305,81 @@ def test_low_rate_rounds_are_flushed_on_the_loop_without_a_wake_up_and_big_ones_
     finally:
         loop.close()
         policy.shutdown()
+
+
+class LoggingDisk(GatedDisk):
+    """A GatedDisk whose flush covers what was committed before it; it logs, in order, each
+    commit and the start and end of each flush."""
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+        self.committed = 0
+
+    def commit(self, least_pages: int = 0) -> int:
+        self.log.append("commit")
+        with self.lock:
+            self.committed = self.written
+        return self.committed
+
+    def flush(self, least_pages: int = 0) -> int:
+        self.log.append("flush")
+        self.in_flush.set()
+        self.gate.wait()
+        with self.lock:
+            self.flushed_where = max(self.flushed_where, self.committed)
+            self.flushes.append(self.flushed_where)
+        self.log.append(f"durable {self.flushed_where}")
+        return self.flushed_where
+
+
+def test_a_round_is_answered_after_its_flush_and_posted_right_before_the_next_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop's answers of a round go out only once its flush made them durable, and the flush
+    thread posts them last, right before its next GIL-releasing call (the next round's
+    ``fdatasync``, after that round's commit): the loop it wakes does not wait for the GIL
+    behind the next round's Python prelude (docs/flush.md, "Posting a round's answers last")."""
+    from tidemq_flush import group_commit
+
+    events: list[str] = []
+    real_complete_all = group_commit.complete_all
+
+    def logged_complete_all(completions: Any) -> None:
+        events.append(f"post {len(completions)}")
+        real_complete_all(completions)
+
+    monkeypatch.setattr(group_commit, "complete_all", logged_complete_all)
+    disk = LoggingDisk(events)
+    policy = GroupCommitFlush(SyncFlushOptions(timeout_ms=5000, inline_max_us=0))
+    policy.start(disk)
+
+    async def scenario() -> list[str]:
+        disk.gate.clear()
+        first = _put(policy, disk)
+        await asyncio.sleep(0)  # its kick: round 1 starts and its flush waits at the gate
+        await asyncio.get_running_loop().run_in_executor(None, disk.in_flush.wait, 5)
+        second = _put(policy, disk)  # round 2, handed in while round 1 flushes
+        waiting = asyncio.ensure_future(resolved(first))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # not durable yet: no answer
+        disk.gate.set()
+        return [await asyncio.wait_for(waiting, 5), await asyncio.wait_for(resolved(second), 5)]
+
+    try:
+        assert asyncio.run(scenario()) == ["durable", "durable"]
+    finally:
+        disk.gate.set()
+        policy.shutdown()
+    # Round 1 durable at 100, posted after round 2's commit and right before its flush; round 2
+    # (nothing after it) posted as the thread goes idle.
+    assert events[:8] == [
+        "commit",
+        "flush",
+        "durable 100",
+        "commit",
+        "post 1",
+        "flush",
+        "durable 200",
+        "post 1",
+    ]
