@@ -220,9 +220,6 @@ class GroupCommitFlush:
         self.gathered_rounds = 0
         self.gather_timeouts = 0
         self.gather_seconds = 0.0
-        #: The flush thread's last round's completions, durable but not posted to their loops yet:
-        #: posted just before the thread's next GIL-releasing call (:meth:`_post`).
-        self._deferred: list[SharedCompletion] = []
 
     def start(self, target: Flushable) -> None:
         self._target = target
@@ -345,10 +342,6 @@ class GroupCommitFlush:
         cond = self._cond
         gather = self.options.batch_wait_us > 0
         while True:
-            if self._deferred and not (self._ready and self._pending and not self._gather_to):
-                # No round to start at once: post the last one's answers before waiting (only this
-                # thread clears ``_ready``/``_pending``, so a round seen ready here stays ready).
-                self._post()
             with cond:
                 join = gather and (not self._pending or self._last_batch >= GATHER_MIN_BATCH)
                 while not (self._ready and self._pending) and not self._stop:
@@ -363,7 +356,6 @@ class GroupCommitFlush:
                     batches, self._pending = self._pending, []
                     self._inflight = batches
             if join:
-                self._post()
                 self._gather()
                 with cond:
                     batches, self._pending = self._pending, []
@@ -377,21 +369,7 @@ class GroupCommitFlush:
                     self._pending[:0] = retry
                     self._ready = True
             if retry:
-                self._post()
                 time.sleep(0.001)  # the flush did not advance (it failed): do not spin
-
-    def _post(self) -> None:
-        """On the flush thread: post the last round's completions (one hop into each loop).
-
-        A round's completions are posted right before the thread's next GIL-releasing wait (the
-        next round's ``fdatasync``, after its Python prelude, or its idle wait), not right after
-        their own ``fdatasync``: the loop they wake then finds the GIL free instead of waiting
-        for it behind the next round's commit and flush prelude (docs/flush.md, "Posting a
-        round's answers last").  The puts are durable and resolved before; only the hop waits."""
-        deferred = self._deferred
-        if deferred:
-            self._deferred = []
-            complete_all(deferred)
 
     def _flush_and_resolve(
         self, target: Flushable, batches: list[_Batch], here: AbstractEventLoop | None = None
@@ -408,8 +386,6 @@ class GroupCommitFlush:
             # Two rounds at most: a batch may end in the file after the one being flushed.
             for _ in range(2):
                 target.commit(0)
-                if here is None:
-                    self._post()  # the previous round's answers: this thread releases the GIL next
                 flushed = target.flush(0)
                 if flushed >= max_end:
                     break
@@ -421,8 +397,6 @@ class GroupCommitFlush:
         except Exception:
             self._fast_streak = 0  # no inline round until flushes succeed fast again
             log.exception("flush failed")
-            if here is None:
-                self._post()
         completions: list[SharedCompletion] = []
         if flushed >= max_end:
             for batch in batches:
@@ -430,7 +404,7 @@ class GroupCommitFlush:
             if here is not None:
                 complete_here(completions, here)  # on the loop: its callbacks run now
             else:
-                self._deferred = completions  # posted before the thread's next wait (_post)
+                complete_all(completions)  # one hop into the loop for the whole round
             return []
         now = time.monotonic()
         retry = []
@@ -444,7 +418,7 @@ class GroupCommitFlush:
         if here is not None:
             complete_here(completions, here)
         else:
-            self._deferred = completions
+            complete_all(completions)
         return retry
 
     def _next_gather(self, target: Flushable, batches: list[_Batch]) -> int:
