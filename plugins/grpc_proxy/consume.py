@@ -38,6 +38,7 @@ from tidemq_transport_grpc.api import (
     GroupPolicy,
     ReceiptHandle,
     Subscribed,
+    consumer_data,
     decode_receipt_handle,
     refused,
     retry_topic,
@@ -175,39 +176,6 @@ if TYPE_CHECKING:  # what the client instance dispatches a broker's requests for
 
     def _conforms(consumer: ProxyConsumer) -> tuple[SpeaksForClients, HoldsOffsets]:
         return consumer, consumer
-
-
-def consumer_data(
-    group: str, subscriptions: list[Subscribed], consume_type: str = "CONSUME_PASSIVELY"
-) -> dict[str, Any]:
-    """A v5 consumer group's entry of a HEART_BEAT (ConsumerData), as RocketMQ 5's proxy sends it
-    (``consume_type``: CONSUME_ACTIVELY for a SimpleConsumer)."""
-    version = int(time.time() * 1000)
-    return {
-        "groupName": group,
-        "consumeType": consume_type,
-        "messageModel": "CLUSTERING",
-        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
-        "subscriptionDataSet": [
-            {
-                "classFilterMode": False,
-                "topic": s.topic,
-                "subString": s.expression or "*",
-                "tagsSet": _tags(s),
-                "codeSet": [],
-                "subVersion": version,
-                "expressionType": s.expression_type,
-            }
-            for s in subscriptions
-        ],
-        "unitMode": False,
-    }
-
-
-def _tags(s: Subscribed) -> list[str]:
-    if s.expression_type != "TAG" or s.expression.strip() in ("", "*"):
-        return []
-    return [t.strip() for t in s.expression.split("||") if t.strip()]
 
 
 class RemotingConsumeBackend:

@@ -30,6 +30,7 @@ from .consume_types import (
     retry_topic,
 )
 from .peer import StreamPeer
+from .running import tags_of
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +211,7 @@ class BrokerConsumeBackend:
             SubscriptionData(
                 topic=s.topic,
                 sub_string=s.expression,
-                tags_set=_tags(s) or [],
+                tags_set=tags_of(s),
                 sub_version=version,
                 expression_type=s.expression_type,
             )
@@ -227,9 +228,3 @@ def _retry_mark(stored_topic: str) -> str:
     if stored_topic.startswith("%RETRY%"):
         return "2" if "+" in stored_topic else "1"
     return "0"
-
-
-def _tags(s: Subscribed) -> list[str] | None:
-    if s.expression_type != "TAG" or s.expression.strip() in ("", "*"):
-        return None
-    return [t.strip() for t in s.expression.split("||") if t.strip()]
