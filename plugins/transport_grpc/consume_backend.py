@@ -14,6 +14,7 @@ from tidemq.broker.services import BrokerServices
 from tidemq.broker.services.clients import ConsumerRegistration
 from tidemq.broker.services.pop import PopError
 from tidemq.message import decode_message
+from tidemq.pop_header import retry_mark
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import DEFAULT_VERSION, RemotingCommand
 from tidemq.transport import Connection
@@ -93,7 +94,7 @@ class BrokerConsumeBackend:
                     result.pop_time,
                     result.invisible_ms,
                     result.revive_qid,
-                    _retry_mark(batch.topic),
+                    retry_mark(batch.topic),
                     self.broker_name,
                     batch.queue_id,
                     offset,
@@ -222,9 +223,3 @@ class BrokerConsumeBackend:
         )
         version = peer.agent.version if isinstance(peer, StreamPeer) else DEFAULT_VERSION
         self.services.clients.heartbeat(peer, client_id, language, version, [registration], [])
-
-
-def _retry_mark(stored_topic: str) -> str:
-    if stored_topic.startswith("%RETRY%"):
-        return "2" if "+" in stored_topic else "1"
-    return "0"
