@@ -11,7 +11,8 @@ Everything in ``__all__`` is supported for import by other plugins; nothing else
   message group; :data:`DEFAULT_TOPIC`;
 - :class:`MessagingService` and :class:`PullRpcs` (the RPCs over a backend), :func:`handlers`
   (the method table a ``grpc.aio`` server serves) and :func:`aio_server` (the server, bound, with
-  the endpoint's caps and TLS);
+  the endpoint's caps and TLS) with :func:`tls_credentials` (grpc's server credentials for the
+  TLS files, a :class:`~tidemq.errors.ConfigError` naming the one that cannot be read);
 - :class:`ConsumeBackend` (what the v5 consumer RPCs need of the brokers: receive, ack, change
   invisibility, forward to the dead-letter queue, assignment, recall, group policy, consumer
   registration), its values (:class:`Delivered`, :class:`Assigned`, :class:`GroupPolicy`,
@@ -60,6 +61,7 @@ from .consume_types import (
     retry_topic,
 )
 from .messages import PRODUCER_GROUP_PREFIX
+from .options import tls_credentials
 from .peer import StreamPeer
 from .proto import load as load_protobuf
 from .pull import PullRpcs
@@ -104,4 +106,5 @@ __all__ = [
     "refused",
     "retry_topic",
     "subscription_data",
+    "tls_credentials",
 ]
