@@ -29,11 +29,10 @@ from tidemq.client.api import PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBSCRIPTION, P
 from tidemq.client.errors import ClientError
 from tidemq.client.instance import ClientInstance, run_every
 from tidemq.client.message import PullStatus
-from tidemq.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore
+from tidemq.client.offset_store import OffsetStore, consumer_offset_store
 from tidemq.client.process_queue import ProcessQueue
-from tidemq.client.rebalance import BROADCASTING, CLUSTERING, Rebalancer
+from tidemq.client.rebalance import BROADCASTING, CLUSTERING, Rebalancer, check_consumer
 from tidemq.client.subscription import RETRY_PREFIX, Subscription, prepare, retry_topic
-from tidemq.config import DEFAULT_HOME
 from tidemq.message import MessageExt, Prop
 from tidemq.observe import ConsumeContext
 from tidemq.queues import MessageQueue
@@ -115,10 +114,7 @@ class PushConsumer:
         trace_queue_size: int = 2048,
         **instance_options: Any,
     ) -> None:
-        if not group:
-            raise ClientError("consumer group must not be empty")
-        if message_model not in (CLUSTERING, BROADCASTING):
-            raise ClientError(f"message_model = {message_model!r}; choices: CLUSTERING, BROADCASTING")
+        check_consumer(group, message_model)
         self.group = group
         self.message_model = message_model
         self.consume_from = parse_consume_from(consume_from)
@@ -144,14 +140,9 @@ class PushConsumer:
         self.pull_error_delay_s = pull_error_delay_s
         #: HA (issue 7): the broker id each queue's next pull goes to (the last suggestWhichBrokerId).
         self._pull_from: dict[MessageQueue, int] = {}
-        self.offset_store: OffsetStore
-        if message_model == CLUSTERING:
-            self.offset_store = RemoteBrokerOffsetStore(self.instance, group)
-        else:
-            directory = Path(offset_dir) if offset_dir else DEFAULT_HOME / "offsets"
-            # Like RocketMQ's "DEFAULT" instance name: a restarted broadcasting consumer finds its file.
-            name = self.instance.instance_name if self.instance.named else "DEFAULT"
-            self.offset_store = LocalFileOffsetStore(directory, name, group)
+        self.offset_store: OffsetStore = consumer_offset_store(
+            self.instance, group, message_model, offset_dir
+        )
         self.subscriptions: dict[str, Subscription] = {}
         self.listener: Listener | None = None
         self.orderly = False
