@@ -19,7 +19,7 @@ import enum
 import inspect
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -370,16 +370,21 @@ class PushConsumer:
             return await api.search_offset(addr, mq, self.consume_timestamp_ms)
         return await api.get_max_offset(addr, mq)
 
-    async def _lock(self, mqs: list[MessageQueue]) -> bool:
-        """LOCK_BATCH_MQ on the queues' brokers; True when all of ``mqs`` are ours."""
-        got: set[MessageQueue] = set()
+    def _by_broker(self, mqs: list[MessageQueue]) -> Iterator[tuple[str, str, list[MessageQueue]]]:
+        """``mqs`` by broker name: (name, its master's address, its queues), for the brokers
+        whose address is known when their turn comes (a LOCK/UNLOCK_BATCH_MQ each)."""
         by_broker: dict[str, list[MessageQueue]] = {}
         for mq in mqs:
             by_broker.setdefault(mq.broker_name, []).append(mq)
         for broker, queues in by_broker.items():
             addr = self.instance.broker_address(broker)
-            if addr is None:
-                continue
+            if addr is not None:
+                yield broker, addr, queues
+
+    async def _lock(self, mqs: list[MessageQueue]) -> bool:
+        """LOCK_BATCH_MQ on the queues' brokers; True when all of ``mqs`` are ours."""
+        got: set[MessageQueue] = set()
+        for broker, addr, queues in self._by_broker(mqs):
             try:
                 got |= await self.instance.require_api().lock_batch(
                     addr, self.group, self.instance.client_id, queues
@@ -400,13 +405,7 @@ class PushConsumer:
             await self._lock(list(self.process_queues))
 
     async def _unlock(self, mqs: list[MessageQueue]) -> None:
-        by_broker: dict[str, list[MessageQueue]] = {}
-        for mq in mqs:
-            by_broker.setdefault(mq.broker_name, []).append(mq)
-        for broker, queues in by_broker.items():
-            addr = self.instance.broker_address(broker)
-            if addr is None:
-                continue
+        for broker, addr, queues in self._by_broker(mqs):
             try:
                 await self.instance.require_api().unlock_batch(
                     addr, self.group, self.instance.client_id, queues
