@@ -22,7 +22,8 @@ exporter plugin reads).  ``tidemq.broker.services`` is the broker's operations f
 plugin (send, pull, offsets, clients, transactions: plain values in, a typed outcome out, the
 services the remoting processors call), with ``tidemq.broker.services.transactions`` for the
 transaction check's seam (a producer connection that takes a check as a value).
-``tidemq.topic_attributes`` is RocketMQ 5's topic attributes (``message.type``: which messages a
+``tidemq.pop_header`` is RocketMQ 5's POP answer header (retry marks, info items), as the broker writes
+it and a POP client reads it.  ``tidemq.topic_attributes`` is RocketMQ 5's topic attributes (``message.type``: which messages a
 topic takes, and the check a transport makes of a message's type).
 Anything else a plugin imports is an internal it should not rely on: ``tests/test_public_api.py``
 keeps the built-in plugins to this surface and lists the exceptions, each with its reason.

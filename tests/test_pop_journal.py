@@ -84,6 +84,15 @@ def test_ack_handles_are_rocketmqs_extra_info() -> None:
     assert parse_info("0 1 5;1 0 7,8") == {"0@1": "5", "1@0": "7,8"}
 
 
+def test_a_malformed_info_item_is_refused_by_the_broker_and_passed_over_by_a_client() -> None:
+    # The broker refuses an info header it cannot read; a POP client (tidemq.client.SimpleConsumer,
+    # the gRPC proxy) reading a broker's answer keeps the items it can read.
+    with pytest.raises(HandleError):
+        parse_info("0 1 5;bad")
+    assert parse_info("0 1 5;bad;1 0 7", skip_malformed=True) == {"0@1": "5", "1@0": "7"}
+    assert parse_info(None, skip_malformed=True) == {} and parse_info("", skip_malformed=True) == {}
+
+
 def test_batch_ack_bit_sets_are_javas_bitset_bytes() -> None:
     # BitSet.valueOf(bytes) / toByteArray(): little-endian, bit i is startOffset + i
     assert bitset_offsets(base64.b64encode(bytes([0b101, 0b1])).decode(), 100) == [100, 102, 108]

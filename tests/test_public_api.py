@@ -39,6 +39,7 @@ PUBLIC_SUBMODULES = (
     "tidemq.metrics",
     "tidemq.mqjson",
     "tidemq.names",
+    "tidemq.pop_header",
     "tidemq.remoting",
     "tidemq.remoting.codec",
     "tidemq.remoting.codes",

@@ -16,6 +16,7 @@ from tidemq.perm import PERM_WRITE as PERM_WRITE
 from tidemq.perm import is_inherited as is_inherited
 from tidemq.perm import is_readable as is_readable
 from tidemq.perm import is_writeable as is_writeable
+from tidemq.remoting.command import stringify_fields
 
 DEFAULT_TOPIC = "TBW102"  # AUTO_CREATE_TOPIC_KEY_TOPIC: the template a producer's first send names
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
@@ -95,10 +96,5 @@ class Header:
 
 
 def kv(**values: Any) -> dict[str, str]:
-    """Response extFields: RocketMQ sends every value as a string."""
-    out: dict[str, str] = {}
-    for k, v in values.items():
-        if v is None:
-            continue
-        out[k] = ("true" if v else "false") if isinstance(v, bool) else str(v)
-    return out
+    """Response extFields: RocketMQ sends every value as a string (:func:`stringify_fields`)."""
+    return stringify_fields(values)

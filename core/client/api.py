@@ -19,7 +19,7 @@ from tidemq.client.route import TopicRoute, loads_lenient
 from tidemq.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, Prop, iter_messages
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
-from tidemq.remoting.command import RemotingCommand
+from tidemq.remoting.command import RemotingCommand, stringify_fields
 from tidemq.remoting.errors import RemotingError
 
 log = logging.getLogger(__name__)
@@ -31,16 +31,6 @@ PULL_FLAG_SUBSCRIPTION = 1 << 2
 PULL_FLAG_CLASS_FILTER = 1 << 3
 #: In a properties string, what marks a reply (MSG_TYPE=reply, MixAll.REPLY_MESSAGE_FLAG).
 _REPLY_MARK = f"{PROPERTY_SEPARATOR}{Prop.MESSAGE_TYPE}{NAME_VALUE_SEPARATOR}reply{PROPERTY_SEPARATOR}"
-
-
-def _fields(values: Mapping[str, Any]) -> dict[str, str]:
-    """ext_fields travel as strings; Java parses booleans from "true"/"false"."""
-    out: dict[str, str] = {}
-    for k, v in values.items():
-        if v is None:
-            continue
-        out[k] = ("true" if v else "false") if isinstance(v, bool) else str(v)
-    return out
 
 
 def _check(resp: RemotingCommand, addr: str, ok: Iterable[int] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
@@ -77,7 +67,9 @@ class ClientAPI:
         last: Exception | None = None
         for i in range(len(self.namesrv)):
             addr = self.namesrv[(start + i) % len(self.namesrv)]
-            req = RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC, _fields({"topic": topic}))
+            req = RemotingCommand.request(
+                RequestCode.GET_ROUTEINFO_BY_TOPIC, stringify_fields({"topic": topic})
+            )
             try:
                 resp = await self.invoke(addr, req, timeout)
             except RemotingError as exc:
@@ -126,7 +118,7 @@ class ClientAPI:
             code = RequestCode.SEND_REPLY_MESSAGE_V2
         else:
             code = RequestCode.SEND_MESSAGE_V2
-        req = RemotingCommand.request(code, _fields(v2), body)
+        req = RemotingCommand.request(code, stringify_fields(v2), body)
         if oneway:
             req.mark_oneway()
             await self.remoting.invoke_oneway(addr, req)
@@ -140,7 +132,7 @@ class ClientAPI:
     async def unregister_client(
         self, addr: str, client_id: str, producer_group: str = "", consumer_group: str = ""
     ) -> None:
-        fields = _fields(
+        fields = stringify_fields(
             {
                 "clientID": client_id,
                 "producerGroup": producer_group or None,
@@ -167,7 +159,7 @@ class ClientAPI:
         expression_type: str,
         timeout: float,
     ) -> PullResult:
-        fields = _fields(
+        fields = stringify_fields(
             {
                 "consumerGroup": group,
                 "topic": mq.topic,
@@ -205,14 +197,14 @@ class ClientAPI:
 
     async def query_consumer_offset(self, addr: str, group: str, mq: MessageQueue) -> int:
         """The committed offset, or -1 when the group never committed one for the queue."""
-        fields = _fields({"consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id})
+        fields = stringify_fields({"consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id})
         resp = await self.invoke(addr, RemotingCommand.request(RequestCode.QUERY_CONSUMER_OFFSET, fields))
         if resp.code == ResponseCode.QUERY_NOT_FOUND:
             return -1
         return _int(_check(resp, addr), "offset", -1)
 
     async def update_consumer_offset(self, addr: str, group: str, mq: MessageQueue, offset: int) -> None:
-        fields = _fields(
+        fields = stringify_fields(
             {"consumerGroup": group, "topic": mq.topic, "queueId": mq.queue_id, "commitOffset": offset}
         )
         _check(
@@ -220,7 +212,7 @@ class ClientAPI:
         )
 
     async def _queue_offset(self, code: int, addr: str, mq: MessageQueue, **extra: Any) -> int:
-        fields = _fields({"topic": mq.topic, "queueId": mq.queue_id, **extra})
+        fields = stringify_fields({"topic": mq.topic, "queueId": mq.queue_id, **extra})
         return _int(_check(await self.invoke(addr, RemotingCommand.request(code, fields)), addr), "offset")
 
     async def get_max_offset(self, addr: str, mq: MessageQueue) -> int:
@@ -236,7 +228,7 @@ class ClientAPI:
 
     async def get_consumer_ids(self, addr: str, group: str) -> list[str]:
         req = RemotingCommand.request(
-            RequestCode.GET_CONSUMER_LIST_BY_GROUP, _fields({"consumerGroup": group})
+            RequestCode.GET_CONSUMER_LIST_BY_GROUP, stringify_fields({"consumerGroup": group})
         )
         resp = await self.invoke(addr, req)
         if resp.code != ResponseCode.SUCCESS or not resp.body:
@@ -254,7 +246,7 @@ class ClientAPI:
         origin_topic: str,
         max_reconsume_times: int,
     ) -> None:
-        fields = _fields(
+        fields = stringify_fields(
             {
                 "offset": commit_log_offset,
                 "group": group,

@@ -13,6 +13,8 @@ from typing import Protocol
 
 from tidemq.client.instance import ClientInstance
 from tidemq.client.message import queue_from_json, queue_to_json
+from tidemq.client.rebalance import CLUSTERING
+from tidemq.config import DEFAULT_HOME
 from tidemq.jsonfile import read_json, write_json
 from tidemq.names import require_group
 from tidemq.queues import MessageQueue
@@ -136,3 +138,16 @@ class LocalFileOffsetStore(_MemoryOffsets):
         # The whole table is written, not just ``mqs``: the file is this consumer's only copy.
         rows = [{**queue_to_json(mq), "offset": off} for mq, off in sorted(self.table.items())]
         write_json(self.path, {"offsetTable": rows})
+
+
+def consumer_offset_store(
+    instance: ClientInstance, group: str, message_model: str, offset_dir: str | Path | None
+) -> OffsetStore:
+    """A consumer's offset store: on the brokers for CLUSTERING; for BROADCASTING a local file
+    under ``offset_dir`` (default ``~/.tidemq/offsets``) named as RocketMQ names it, by the
+    instance ("DEFAULT" for an unnamed one, so a restarted consumer finds its file)."""
+    if message_model == CLUSTERING:
+        return RemoteBrokerOffsetStore(instance, group)
+    directory = Path(offset_dir) if offset_dir else DEFAULT_HOME / "offsets"
+    name = instance.instance_name if instance.named else "DEFAULT"
+    return LocalFileOffsetStore(directory, name, group)

@@ -17,10 +17,9 @@ from tidemq.client.api import PULL_FLAG_SUBSCRIPTION, PULL_FLAG_SUSPEND
 from tidemq.client.errors import ClientError
 from tidemq.client.instance import ClientInstance
 from tidemq.client.message import PullResult, PullStatus
-from tidemq.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore
-from tidemq.client.rebalance import BROADCASTING, CLUSTERING
+from tidemq.client.offset_store import OffsetStore, consumer_offset_store
+from tidemq.client.rebalance import CLUSTERING, check_consumer
 from tidemq.client.subscription import Subscription, prepare
-from tidemq.config import DEFAULT_HOME
 from tidemq.message import MessageExt
 from tidemq.observe import ConsumeContext
 from tidemq.queues import MessageQueue
@@ -46,21 +45,13 @@ class PullConsumer:
         trace_queue_size: int = 2048,
         **instance_options: Any,
     ) -> None:
-        if not group:
-            raise ClientError("consumer group must not be empty")
-        if message_model not in (CLUSTERING, BROADCASTING):
-            raise ClientError(f"message_model = {message_model!r}; choices: CLUSTERING, BROADCASTING")
+        check_consumer(group, message_model)
         self.group = group
         self.message_model = message_model
         self.instance = instance or ClientInstance(namesrv, **instance_options)
-        self.offset_store: OffsetStore
-        if message_model == CLUSTERING:
-            self.offset_store = RemoteBrokerOffsetStore(self.instance, group)
-        else:
-            directory = Path(offset_dir) if offset_dir else DEFAULT_HOME / "offsets"
-            # Like RocketMQ's "DEFAULT" instance name: a restarted broadcasting consumer finds its file.
-            name = self.instance.instance_name if self.instance.named else "DEFAULT"
-            self.offset_store = LocalFileOffsetStore(directory, name, group)
+        self.offset_store: OffsetStore = consumer_offset_store(
+            self.instance, group, message_model, offset_dir
+        )
         self._topics: set[str] = set()
         self._assigned: list[MessageQueue] = []
         self._positions: dict[MessageQueue, int] = {}

@@ -19,7 +19,7 @@ import enum
 import inspect
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,11 +29,10 @@ from tidemq.client.api import PULL_FLAG_COMMIT_OFFSET, PULL_FLAG_SUBSCRIPTION, P
 from tidemq.client.errors import ClientError
 from tidemq.client.instance import ClientInstance, run_every
 from tidemq.client.message import PullStatus
-from tidemq.client.offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore
+from tidemq.client.offset_store import OffsetStore, consumer_offset_store
 from tidemq.client.process_queue import ProcessQueue
-from tidemq.client.rebalance import BROADCASTING, CLUSTERING, Rebalancer
+from tidemq.client.rebalance import BROADCASTING, CLUSTERING, Rebalancer, check_consumer
 from tidemq.client.subscription import RETRY_PREFIX, Subscription, prepare, retry_topic
-from tidemq.config import DEFAULT_HOME
 from tidemq.message import MessageExt, Prop
 from tidemq.observe import ConsumeContext
 from tidemq.queues import MessageQueue
@@ -115,10 +114,7 @@ class PushConsumer:
         trace_queue_size: int = 2048,
         **instance_options: Any,
     ) -> None:
-        if not group:
-            raise ClientError("consumer group must not be empty")
-        if message_model not in (CLUSTERING, BROADCASTING):
-            raise ClientError(f"message_model = {message_model!r}; choices: CLUSTERING, BROADCASTING")
+        check_consumer(group, message_model)
         self.group = group
         self.message_model = message_model
         self.consume_from = parse_consume_from(consume_from)
@@ -144,14 +140,9 @@ class PushConsumer:
         self.pull_error_delay_s = pull_error_delay_s
         #: HA (issue 7): the broker id each queue's next pull goes to (the last suggestWhichBrokerId).
         self._pull_from: dict[MessageQueue, int] = {}
-        self.offset_store: OffsetStore
-        if message_model == CLUSTERING:
-            self.offset_store = RemoteBrokerOffsetStore(self.instance, group)
-        else:
-            directory = Path(offset_dir) if offset_dir else DEFAULT_HOME / "offsets"
-            # Like RocketMQ's "DEFAULT" instance name: a restarted broadcasting consumer finds its file.
-            name = self.instance.instance_name if self.instance.named else "DEFAULT"
-            self.offset_store = LocalFileOffsetStore(directory, name, group)
+        self.offset_store: OffsetStore = consumer_offset_store(
+            self.instance, group, message_model, offset_dir
+        )
         self.subscriptions: dict[str, Subscription] = {}
         self.listener: Listener | None = None
         self.orderly = False
@@ -379,16 +370,21 @@ class PushConsumer:
             return await api.search_offset(addr, mq, self.consume_timestamp_ms)
         return await api.get_max_offset(addr, mq)
 
-    async def _lock(self, mqs: list[MessageQueue]) -> bool:
-        """LOCK_BATCH_MQ on the queues' brokers; True when all of ``mqs`` are ours."""
-        got: set[MessageQueue] = set()
+    def _by_broker(self, mqs: list[MessageQueue]) -> Iterator[tuple[str, str, list[MessageQueue]]]:
+        """``mqs`` by broker name: (name, its master's address, its queues), for the brokers
+        whose address is known when their turn comes (a LOCK/UNLOCK_BATCH_MQ each)."""
         by_broker: dict[str, list[MessageQueue]] = {}
         for mq in mqs:
             by_broker.setdefault(mq.broker_name, []).append(mq)
         for broker, queues in by_broker.items():
             addr = self.instance.broker_address(broker)
-            if addr is None:
-                continue
+            if addr is not None:
+                yield broker, addr, queues
+
+    async def _lock(self, mqs: list[MessageQueue]) -> bool:
+        """LOCK_BATCH_MQ on the queues' brokers; True when all of ``mqs`` are ours."""
+        got: set[MessageQueue] = set()
+        for broker, addr, queues in self._by_broker(mqs):
             try:
                 got |= await self.instance.require_api().lock_batch(
                     addr, self.group, self.instance.client_id, queues
@@ -409,13 +405,7 @@ class PushConsumer:
             await self._lock(list(self.process_queues))
 
     async def _unlock(self, mqs: list[MessageQueue]) -> None:
-        by_broker: dict[str, list[MessageQueue]] = {}
-        for mq in mqs:
-            by_broker.setdefault(mq.broker_name, []).append(mq)
-        for broker, queues in by_broker.items():
-            addr = self.instance.broker_address(broker)
-            if addr is None:
-                continue
+        for broker, addr, queues in self._by_broker(mqs):
             try:
                 await self.instance.require_api().unlock_batch(
                     addr, self.group, self.instance.client_id, queues

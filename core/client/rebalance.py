@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from tidemq.client.errors import ClientError
 from tidemq.client.instance import ClientInstance
 from tidemq.queues import AllocateStrategy, MessageQueue
 
@@ -16,6 +17,14 @@ log = logging.getLogger(__name__)
 
 CLUSTERING = "CLUSTERING"
 BROADCASTING = "BROADCASTING"
+
+
+def check_consumer(group: str, message_model: str) -> None:
+    """A consumer's group and message model, checked before it is built: :class:`ClientError`."""
+    if not group:
+        raise ClientError("consumer group must not be empty")
+    if message_model not in (CLUSTERING, BROADCASTING):
+        raise ClientError(f"message_model = {message_model!r}; choices: CLUSTERING, BROADCASTING")
 
 
 class Rebalancer:

@@ -25,12 +25,12 @@ import orjson
 from tidemq.client.errors import BrokerError, ClientError, NoRouteError
 from tidemq.client.instance import ClientInstance
 from tidemq.message import MessageExt, iter_messages
+from tidemq.pop_header import parse_info, retry_mark
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 
 #: RocketMQ 5 POP answers when nothing was found.
 _NOT_FOUND = (ResponseCode.PULL_NOT_FOUND, 210, 209)  # PULL_NOT_FOUND, POLLING_TIMEOUT, POLLING_FULL
-_RETRY_PREFIX = "%RETRY%"
 
 
 @attrs.define
@@ -79,21 +79,6 @@ class ReceivedMessage:
     @property
     def queue_offset(self) -> int:
         return self.message.queue_offset
-
-
-def _info(value: str | None) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in (value or "").split(";"):
-        parts = item.split(" ")
-        if len(parts) == 3:
-            out[f"{parts[0]}@{parts[1]}"] = parts[2]
-    return out
-
-
-def _mark(topic: str) -> str:
-    if topic.startswith(_RETRY_PREFIX):
-        return "2" if "+" in topic else "1"
-    return "0"
 
 
 class SimpleConsumer:
@@ -218,13 +203,13 @@ class SimpleConsumer:
             raise BrokerError(resp.code, resp.remark, addr)
         ext = resp.ext_fields or {}
         pop_time, invisible_ms, rqid = ext.get("popTime"), ext.get("invisibleTime"), ext.get("reviveQid")
-        starts = _info(ext.get("startOffsetInfo"))
-        counts = _info(ext.get("orderCountInfo"))
+        starts = parse_info(ext.get("startOffsetInfo"), skip_malformed=True)
+        counts = parse_info(ext.get("orderCountInfo"), skip_malformed=True)
         out = []
         for msg in iter_messages(resp.payload() or b""):
-            key = f"{_mark(msg.topic)}@{msg.queue_id}"
+            key = f"{retry_mark(msg.topic)}@{msg.queue_id}"
             handle = (
-                f"{starts.get(key, msg.queue_offset)} {pop_time} {invisible_ms} {rqid} {_mark(msg.topic)} "
+                f"{starts.get(key, msg.queue_offset)} {pop_time} {invisible_ms} {rqid} {retry_mark(msg.topic)} "
                 f"{broker_name} {msg.queue_id} {msg.queue_offset}"
             )
             if key in counts and int(counts[key]) > 0:
@@ -316,7 +301,7 @@ class SimpleConsumer:
         ext = resp.ext_fields or {}
         handle = (
             f"{message.queue_offset} {ext.get('popTime')} {ext.get('invisibleTime')} {ext.get('reviveQid')} "
-            f"{_mark(message.stored_topic)} {message.broker_name} {message.queue_id} {message.queue_offset}"
+            f"{retry_mark(message.stored_topic)} {message.broker_name} {message.queue_id} {message.queue_offset}"
         )
         message.handle = handle
         return message

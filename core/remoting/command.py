@@ -175,7 +175,12 @@ def stringify_fields(fields: dict[str, Any]) -> dict[str, str]:
     """
     for k, v in fields.items():
         if type(v) is not str or type(k) is not str:
-            return {str(k): stringify(v) for k, v in fields.items() if v is not None}
+            # stringify() inline: one pass with no call per value (a response's fields, per pull).
+            return {
+                str(k): v if type(v) is str else "true" if v is True else "false" if v is False else str(v)
+                for k, v in fields.items()
+                if v is not None
+            }
     return dict(fields)
 
 

@@ -25,6 +25,7 @@ from tidemq.client import BrokerError, ClientAPI, HoldsOffsets, SpeaksForClients
 from tidemq.message import iter_messages
 from tidemq.mqjson import dumps as mqjson_dumps
 from tidemq.mqjson import loads as json_loads
+from tidemq.pop_header import parse_info, retry_mark
 from tidemq.queues import MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
@@ -38,6 +39,7 @@ from tidemq_transport_grpc.api import (
     GroupPolicy,
     ReceiptHandle,
     Subscribed,
+    consumer_data,
     decode_receipt_handle,
     refused,
     retry_topic,
@@ -58,22 +60,6 @@ _INIT_MIN, _INIT_MAX = 0, 1
 _FORWARD_HOLD_MS = 30_000
 #: How long a broker's answers about groups and queue heads are reused, seconds.
 _CACHE_S = 30.0
-
-
-def _info(value: str | None) -> dict[str, str]:
-    """RocketMQ's ``startOffsetInfo`` / ``orderCountInfo``: ``retry queue value;...`` by ``retry@queue``."""
-    out: dict[str, str] = {}
-    for item in (value or "").split(";"):
-        parts = item.split(" ")
-        if len(parts) == 3:
-            out[f"{parts[0]}@{parts[1]}"] = parts[2]
-    return out
-
-
-def _mark(stored_topic: str) -> str:
-    if stored_topic.startswith("%RETRY%"):
-        return "2" if "+" in stored_topic else "1"
-    return "0"
 
 
 #: How long the proxy waits for a client's VerifyMessageResult: under the broker's 10 s wait for
@@ -175,39 +161,6 @@ if TYPE_CHECKING:  # what the client instance dispatches a broker's requests for
 
     def _conforms(consumer: ProxyConsumer) -> tuple[SpeaksForClients, HoldsOffsets]:
         return consumer, consumer
-
-
-def consumer_data(
-    group: str, subscriptions: list[Subscribed], consume_type: str = "CONSUME_PASSIVELY"
-) -> dict[str, Any]:
-    """A v5 consumer group's entry of a HEART_BEAT (ConsumerData), as RocketMQ 5's proxy sends it
-    (``consume_type``: CONSUME_ACTIVELY for a SimpleConsumer)."""
-    version = int(time.time() * 1000)
-    return {
-        "groupName": group,
-        "consumeType": consume_type,
-        "messageModel": "CLUSTERING",
-        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
-        "subscriptionDataSet": [
-            {
-                "classFilterMode": False,
-                "topic": s.topic,
-                "subString": s.expression or "*",
-                "tagsSet": _tags(s),
-                "codeSet": [],
-                "subVersion": version,
-                "expressionType": s.expression_type,
-            }
-            for s in subscriptions
-        ],
-        "unitMode": False,
-    }
-
-
-def _tags(s: Subscribed) -> list[str]:
-    if s.expression_type != "TAG" or s.expression.strip() in ("", "*"):
-        return []
-    return [t.strip() for t in s.expression.split("||") if t.strip()]
 
 
 class RemotingConsumeBackend:
@@ -365,11 +318,11 @@ class RemotingConsumeBackend:
         pop_time = int(ext.get("popTime", 0))
         invisible = int(ext.get("invisibleTime", invisible_ms))
         revive_qid = int(ext.get("reviveQid", 0))
-        starts = _info(ext.get("startOffsetInfo"))
-        counts = _info(ext.get("orderCountInfo"))
+        starts = parse_info(ext.get("startOffsetInfo"), skip_malformed=True)
+        counts = parse_info(ext.get("orderCountInfo"), skip_malformed=True)
         out = []
         for msg in iter_messages(resp.payload() or b""):
-            mark = _mark(msg.topic)
+            mark = retry_mark(msg.topic)
             key = f"{mark}@{msg.queue_id}"
             handle = ReceiptHandle(
                 int(starts.get(key, msg.queue_offset)),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -13,6 +12,7 @@ from tidemq.client import split_namesrv
 from tidemq.config import number, parse_options
 from tidemq.errors import ConfigError
 from tidemq.protected import Listener, check
+from tidemq_transport_grpc.api import tls_credentials
 
 
 def _listen(_instance: Any, _attribute: Any, value: str) -> None:
@@ -101,16 +101,4 @@ def proxy_options(values: Mapping[str, Any] | None) -> ProxyOptions:
 
 def server_credentials(options: ProxyOptions) -> Any:
     """grpc's server credentials for the TLS files, or None without TLS."""
-    if not options.tls_certfile:
-        return None
-    import grpc
-
-    def read(key: str, path: str) -> bytes:
-        try:
-            return Path(path).read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"[proxy] {key} = {path!r}: {exc.strerror or exc}") from exc
-
-    pair = (read("tls_keyfile", options.tls_keyfile), read("tls_certfile", options.tls_certfile))
-    ca = read("tls_cafile", options.tls_cafile) if options.tls_cafile else None
-    return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
+    return tls_credentials("[proxy]", options.tls_certfile, options.tls_keyfile, options.tls_cafile)

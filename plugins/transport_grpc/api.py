@@ -11,14 +11,17 @@ Everything in ``__all__`` is supported for import by other plugins; nothing else
   message group; :data:`DEFAULT_TOPIC`;
 - :class:`MessagingService` and :class:`PullRpcs` (the RPCs over a backend), :func:`handlers`
   (the method table a ``grpc.aio`` server serves) and :func:`aio_server` (the server, bound, with
-  the endpoint's caps and TLS);
+  the endpoint's caps and TLS) with :func:`tls_credentials` (grpc's server credentials for the
+  TLS files, a :class:`~tidemq.errors.ConfigError` naming the one that cannot be read);
 - :class:`ConsumeBackend` (what the v5 consumer RPCs need of the brokers: receive, ack, change
   invisibility, forward to the dead-letter queue, assignment, recall, group policy, consumer
   registration), its values (:class:`Delivered`, :class:`Assigned`, :class:`GroupPolicy`,
   :class:`ReceiptHandle`, :class:`Subscribed`), its refusal :class:`ConsumeRefused` with
   :func:`refused` (a broker's response code as the v5 code), :func:`retry_topic` and
   :func:`decode_receipt_handle` (:meth:`ReceiptHandle.decode`, cached);
-  :class:`ReceiveLimits`, the receive checks' minimums;
+  :class:`ReceiveLimits`, the receive checks' minimums; :func:`consumer_data` and
+  :func:`subscription_data`, a v5 consumer's HEART_BEAT entry (ConsumerData, with its
+  ``consumeType`` :data:`CONSUME_ACTIVELY` or :data:`CONSUME_PASSIVELY`) as the brokers are told it;
 - :class:`Gate` (the ACL check of every call: a :class:`tidemq.CallValidator` over the clients'
   RocketMQ 5 signatures, refusals answered UNAUTHORIZED/FORBIDDEN as RocketMQ's proxy answers)
   and :class:`Guarded` (a generic handler behind a gate);
@@ -58,13 +61,17 @@ from .consume_types import (
     retry_topic,
 )
 from .messages import PRODUCER_GROUP_PREFIX
+from .options import tls_credentials
 from .peer import StreamPeer
 from .proto import load as load_protobuf
 from .pull import PullRpcs
+from .running import CONSUME_ACTIVELY, CONSUME_PASSIVELY, consumer_data, subscription_data
 from .server import aio_server, handlers
 from .service import MessagingService
 
 __all__ = [
+    "CONSUME_ACTIVELY",
+    "CONSUME_PASSIVELY",
     "DEFAULT_TOPIC",
     "PRODUCER_GROUP_PREFIX",
     "Assigned",
@@ -90,6 +97,7 @@ __all__ = [
     "Subscribed",
     "agent_of",
     "aio_server",
+    "consumer_data",
     "decode_receipt_handle",
     "fifo_queue",
     "handlers",
@@ -97,4 +105,6 @@ __all__ = [
     "load_protobuf",
     "refused",
     "retry_topic",
+    "subscription_data",
+    "tls_credentials",
 ]

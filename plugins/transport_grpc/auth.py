@@ -21,7 +21,7 @@ import grpc
 
 from tidemq import AccessDenied, CallValidator, NotAuthenticated, SignedCall
 
-from .figures import responses
+from .figures import WrappedMethods, responses
 from .peer import born_address
 
 log = logging.getLogger(__name__)
@@ -188,20 +188,12 @@ class Gate:
         return gated
 
 
-class Guarded(grpc.GenericRpcHandler):
+class Guarded(WrappedMethods):
     """A generic handler whose every method is behind a :class:`Gate`."""
 
     def __init__(self, inner: grpc.GenericRpcHandler, gate: Gate) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.gate = gate
-        self._wrapped: dict[str, grpc.RpcMethodHandler | None] = {}
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        method = handler_call_details.method
-        if method in self._wrapped:
-            return self._wrapped[method]
-        handler = self.inner.service(handler_call_details)
-        wrapped = None if handler is None else self.gate.wrap(method.rsplit("/", 1)[-1], handler)
-        if len(self._wrapped) < 64:  # the service's methods; unknown names are not kept
-            self._wrapped[method] = wrapped
-        return wrapped
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        return self.gate.wrap(method.rsplit("/", 1)[-1], handler)

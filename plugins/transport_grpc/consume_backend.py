@@ -14,6 +14,7 @@ from tidemq.broker.services import BrokerServices
 from tidemq.broker.services.clients import ConsumerRegistration
 from tidemq.broker.services.pop import PopError
 from tidemq.message import decode_message
+from tidemq.pop_header import retry_mark
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import DEFAULT_VERSION, RemotingCommand
 from tidemq.transport import Connection
@@ -30,6 +31,7 @@ from .consume_types import (
     retry_topic,
 )
 from .peer import StreamPeer
+from .running import tags_of
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ class BrokerConsumeBackend:
                     result.pop_time,
                     result.invisible_ms,
                     result.revive_qid,
-                    _retry_mark(batch.topic),
+                    retry_mark(batch.topic),
                     self.broker_name,
                     batch.queue_id,
                     offset,
@@ -210,7 +212,7 @@ class BrokerConsumeBackend:
             SubscriptionData(
                 topic=s.topic,
                 sub_string=s.expression,
-                tags_set=_tags(s) or [],
+                tags_set=tags_of(s),
                 sub_version=version,
                 expression_type=s.expression_type,
             )
@@ -221,15 +223,3 @@ class BrokerConsumeBackend:
         )
         version = peer.agent.version if isinstance(peer, StreamPeer) else DEFAULT_VERSION
         self.services.clients.heartbeat(peer, client_id, language, version, [registration], [])
-
-
-def _retry_mark(stored_topic: str) -> str:
-    if stored_topic.startswith("%RETRY%"):
-        return "2" if "+" in stored_topic else "1"
-    return "0"
-
-
-def _tags(s: Subscribed) -> list[str] | None:
-    if s.expression_type != "TAG" or s.expression.strip() in ("", "*"):
-        return None
-    return [t.strip() for t in s.expression.split("||") if t.strip()]

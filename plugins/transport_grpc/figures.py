@@ -59,12 +59,13 @@ class CallFigures:
         }
 
 
-class Counted(grpc.GenericRpcHandler):
-    """A generic handler whose every call is counted in a :class:`CallFigures`."""
+class WrappedMethods(grpc.GenericRpcHandler):
+    """A generic handler serving ``inner``'s methods, each wrapped by :meth:`wrap` once: the
+    wrapped handlers are kept by method name (the service's methods; past 64 names, as an
+    unknown method's, a name is looked up and wrapped again on each call)."""
 
-    def __init__(self, inner: grpc.GenericRpcHandler, figures: CallFigures) -> None:
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
         self.inner = inner
-        self.figures = figures
         self._wrapped: dict[str, grpc.RpcMethodHandler | None] = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -72,12 +73,24 @@ class Counted(grpc.GenericRpcHandler):
         if method in self._wrapped:
             return self._wrapped[method]
         handler = self.inner.service(handler_call_details)
-        wrapped = None if handler is None else self._wrap(handler)
+        wrapped = None if handler is None else self.wrap(method, handler)
         if len(self._wrapped) < 64:  # the service's methods; unknown names are not kept
             self._wrapped[method] = wrapped
         return wrapped
 
-    def _wrap(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` of ``method`` (``/package.Service/Method``) as this handler serves it."""
+        raise NotImplementedError
+
+
+class Counted(WrappedMethods):
+    """A generic handler whose every call is counted in a :class:`CallFigures`."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler, figures: CallFigures) -> None:
+        super().__init__(inner)
+        self.figures = figures
+
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         figures = self.figures
         kinds = (handler.request_deserializer, handler.response_serializer)
         if handler.unary_unary is not None:

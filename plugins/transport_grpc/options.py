@@ -80,7 +80,15 @@ def grpc_options(values: Mapping[str, Any] | None) -> GrpcOptions:
 
 def server_credentials(options: GrpcOptions) -> Any:
     """grpc's server credentials for ``options``' TLS files, or None without TLS."""
-    if not options.tls_certfile:
+    return tls_credentials("[transport.grpc]", options.tls_certfile, options.tls_keyfile, options.tls_cafile)
+
+
+def tls_credentials(section: str, certfile: str, keyfile: str, cafile: str = "") -> Any:
+    """grpc's server credentials for PEM files: the certificate chain and its key, and with
+    ``cafile`` the CA that signs the clients' certificates (mutual TLS); None without ``certfile``.
+    A file that cannot be read is a :class:`~tidemq.errors.ConfigError` naming its key in
+    ``section`` (``[transport.grpc] tls_keyfile = ...``)."""
+    if not certfile:
         return None
     import grpc
 
@@ -88,8 +96,8 @@ def server_credentials(options: GrpcOptions) -> Any:
         try:
             return Path(path).read_bytes()
         except OSError as exc:
-            raise ConfigError(f"[transport.grpc] {key} = {path!r}: {exc.strerror or exc}") from exc
+            raise ConfigError(f"{section} {key} = {path!r}: {exc.strerror or exc}") from exc
 
-    pair = (read("tls_keyfile", options.tls_keyfile), read("tls_certfile", options.tls_certfile))
-    ca = read("tls_cafile", options.tls_cafile) if options.tls_cafile else None
+    pair = (read("tls_keyfile", keyfile), read("tls_certfile", certfile))
+    ca = read("tls_cafile", cafile) if cafile else None
     return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)

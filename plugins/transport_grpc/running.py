@@ -11,6 +11,7 @@ holds nothing but the client's ``jstack``; tidemq answers either way with what i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,7 +29,9 @@ CONSUME_PASSIVELY = "CONSUME_PASSIVELY"
 
 
 def subscription_data(subscriptions: Iterable[Subscribed], version: int) -> list[dict[str, Any]]:
-    """SubscriptionData entries (a HEART_BEAT's ``subscriptionDataSet``) of a v5 consumer."""
+    """SubscriptionData entries (a HEART_BEAT's ``subscriptionDataSet``) of a v5 consumer, each
+    with ``version`` as its ``subVersion``: what a broker shows of the consumer's subscriptions
+    (``consumerConnection``, its running info), the same in a broker's process and in the proxy."""
     return [
         {
             "classFilterMode": False,
@@ -44,9 +47,31 @@ def subscription_data(subscriptions: Iterable[Subscribed], version: int) -> list
 
 
 def tags_of(s: Subscribed) -> list[str]:
+    """The tags a TAG subscription names (``a || b``); empty for ``*``, an empty one or SQL92."""
     if s.expression_type != "TAG" or s.expression.strip() in ("", "*"):
         return []
     return [t.strip() for t in s.expression.split("||") if t.strip()]
+
+
+def consumer_data(
+    group: str,
+    subscriptions: Iterable[Subscribed],
+    consume_type: str = CONSUME_PASSIVELY,
+    version: int | None = None,
+) -> dict[str, Any]:
+    """A v5 consumer group's entry of a HEART_BEAT (ConsumerData), as RocketMQ 5's proxy sends it:
+    ``consume_type`` CONSUME_ACTIVELY for a SimpleConsumer; ``version`` (the subscriptions'
+    ``subVersion``) now in milliseconds when None."""
+    return {
+        "groupName": group,
+        "consumeType": consume_type,
+        "messageModel": "CLUSTERING",
+        "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET",
+        "subscriptionDataSet": subscription_data(
+            subscriptions, int(time.time() * 1000) if version is None else version
+        ),
+        "unitMode": False,
+    }
 
 
 @attrs.define

@@ -13,15 +13,21 @@ hands out the pieces in ``startOffsetInfo`` / ``msgOffsetInfo`` / ``orderCountIn
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import attrs
 
-RETRY_PREFIX = "%RETRY%"
+# The header's retry marks and info items, shared with the clients that read them (tidemq.pop_header).
+from tidemq.pop_header import NORMAL as NORMAL
+from tidemq.pop_header import RETRY_PREFIX as RETRY_PREFIX
+from tidemq.pop_header import RETRY_V1 as RETRY_V1
+from tidemq.pop_header import RETRY_V2 as RETRY_V2
+from tidemq.pop_header import HandleError as HandleError
+from tidemq.pop_header import info_items as info_items
+from tidemq.pop_header import parse_info as parse_info
+from tidemq.pop_header import retry_mark as retry_mark
+
 DLQ_PREFIX = "%DLQ%"
 #: RocketMQ's KeyBuilder.POP_ORDER_REVIVE_QUEUE: the reviveQid of an orderly (FIFO) pop.
 ORDER_REVIVE_QUEUE = 999
-NORMAL, RETRY_V1, RETRY_V2 = "0", "1", "2"
 
 
 def retry_topic_v1(topic: str, group: str) -> str:
@@ -38,13 +44,6 @@ def dlq_topic(group: str) -> str:
     return DLQ_PREFIX + group
 
 
-def retry_mark(topic: str) -> str:
-    """The ``retry`` item of a handle for messages read from ``topic``."""
-    if topic.startswith(RETRY_PREFIX):
-        return RETRY_V2 if "+" in topic else RETRY_V1
-    return NORMAL
-
-
 def real_topic(topic: str, group: str, mark: str) -> str:
     """The stored topic a handle names: ``topic`` itself or one of the group's retry topics."""
     if mark == NORMAL:
@@ -54,10 +53,6 @@ def real_topic(topic: str, group: str, mark: str) -> str:
     if mark == RETRY_V2:
         return retry_topic_v2(topic, group)
     raise ValueError(f"retry mark {mark!r} is not 0, 1 or 2")
-
-
-class HandleError(ValueError):
-    """An ack handle that does not parse."""
 
 
 @attrs.frozen
@@ -127,21 +122,3 @@ def build_extra_info(
     offset: int,
 ) -> str:
     return f"{ck_offset} {pop_time} {invisible_time} {revive_qid} {retry} {broker_name} {queue_id} {offset}"
-
-
-def info_items(items: Iterable[tuple[str, int, str]]) -> str:
-    """``retry queueId value`` items joined by ``;`` (startOffsetInfo, msgOffsetInfo, orderCountInfo)."""
-    return ";".join(f"{mark} {qid} {value}" for mark, qid, value in items)
-
-
-def parse_info(info: str | None) -> dict[str, str]:
-    """``"<retry>@<queueId>" -> value`` of an info header (ExtraInfoUtil.parse*Info's keys)."""
-    out: dict[str, str] = {}
-    if not info:
-        return out
-    for item in info.split(";"):
-        parts = item.split(" ")
-        if len(parts) != 3:
-            raise HandleError(f"info item {item[:80]!r} is not 'retry queueId value'")
-        out[f"{parts[0]}@{parts[1]}"] = parts[2]
-    return out

@@ -28,6 +28,16 @@ def _parse_mqs(items: Any) -> list[MessageQueue]:
     ]
 
 
+def _batch_body(request: RemotingCommand, what: str) -> tuple[str, str, list[MessageQueue]] | RemotingCommand:
+    """A LOCK/UNLOCK_BATCH_MQ body (LockBatchRequestBody): (group, client id, queues), or the
+    SYSTEM_ERROR answer naming ``what`` when it does not parse."""
+    try:
+        data = orjson.loads(request.payload() or b"{}")
+        return str(data["consumerGroup"]), str(data["clientId"]), _parse_mqs(data.get("mqSet"))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        return request.reply(ResponseCode.SYSTEM_ERROR, f"malformed {what} body: {exc}")
+
+
 class ConsumerManageProcessor:
     def __init__(self, services: BrokerServices):
         self.offsets = services.offsets
@@ -58,30 +68,20 @@ class ConsumerManageProcessor:
         return answer(request, self.offsets.commit(group, topic, queue_id, h.int("commitOffset")))
 
     async def lock_batch(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
-        try:
-            data = orjson.loads(request.payload() or b"{}")
-            group, client_id, mqs = (
-                str(data["consumerGroup"]),
-                str(data["clientId"]),
-                _parse_mqs(data.get("mqSet")),
-            )
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            return request.reply(ResponseCode.SYSTEM_ERROR, f"malformed LOCK_BATCH_MQ body: {exc}")
+        body = _batch_body(request, "LOCK_BATCH_MQ")
+        if isinstance(body, RemotingCommand):
+            return body
+        group, client_id, mqs = body
         locked = self.clients.lock_queues(group, client_id, mqs)
         return request.reply(
             ResponseCode.SUCCESS, body=orjson.dumps({"lockOKMQSet": [_mq_json(m) for m in locked]})
         )
 
     async def unlock_batch(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
-        try:
-            data = orjson.loads(request.payload() or b"{}")
-            group, client_id, mqs = (
-                str(data["consumerGroup"]),
-                str(data["clientId"]),
-                _parse_mqs(data.get("mqSet")),
-            )
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            return request.reply(ResponseCode.SYSTEM_ERROR, f"malformed UNLOCK_BATCH_MQ body: {exc}")
+        body = _batch_body(request, "UNLOCK_BATCH_MQ")
+        if isinstance(body, RemotingCommand):
+            return body
+        group, client_id, mqs = body
         return answer(request, self.clients.unlock_queues(group, client_id, mqs))
 
 
