@@ -175,12 +175,22 @@ def stringify_fields(fields: dict[str, Any]) -> dict[str, str]:
     """
     for k, v in fields.items():
         if type(v) is not str or type(k) is not str:
-            # stringify() inline: one pass with no call per value (a response's fields, per pull).
-            return {
-                str(k): v if type(v) is str else "true" if v is True else "false" if v is False else str(v)
-                for k, v in fields.items()
-                if v is not None
-            }
+            # stringify() inline, as a loop: no call per value and no comprehension frame (3.11
+            # makes one per call); a response's fields, once per pull answer.
+            out: dict[str, str] = {}
+            for key, value in fields.items():
+                if value is None:
+                    continue
+                out[str(key)] = (
+                    value
+                    if type(value) is str
+                    else "true"
+                    if value is True
+                    else "false"
+                    if value is False
+                    else str(value)
+                )
+            return out
     return dict(fields)
 
 
