@@ -358,12 +358,29 @@ def test_read_range_prefetch_is_dropped_when_the_reader_stops_early(cluster: Any
     cluster.produce(topic, 10)
     with TidemqSession(cluster.ns) as s:
         (key,) = s.queues(topic)
+        # The second pull is held on its way until cancelled, so "still in flight when the reader
+        # stops" holds however fast the broker answers (a loaded machine answered it first).
+        invoke, calls, cancelled = s.api.invoke, [0], asyncio.Event()
+
+        async def held_after_first(*args: Any, **kw: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 2:
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    cancelled.set()
+                    raise
+            return await invoke(*args, **kw)
+
+        s.api.invoke = held_after_first  # type: ignore[method-assign]
         pulls = s.read_range(key, 0, 10, group="g", batch=3)
         first = next(pulls)  # the second pull is already on its way
         assert [m.queue_offset for m in first] == [0, 1, 2]
         assert len(asyncio.all_tasks(s.loop)) == 1
         pulls.close()
         assert not [t for t in asyncio.all_tasks(s.loop) if not t.done()]
+        assert cancelled.is_set() and calls[0] == 2
+        s.api.invoke = invoke  # type: ignore[method-assign]
         got = [m.queue_offset for p in s.read_range(key, 0, 10, group="g", batch=3) for m in p]
         assert got == list(range(10))
 
