@@ -66,6 +66,22 @@ def proc_stat(pid: int) -> dict[str, float]:
     return {"minflt": float(fields[7]), "majflt": float(fields[9]), "rss_kb": rss, "hwm_kb": hwm}
 
 
+def vmstat() -> dict[str, int]:
+    """The machine's huge-page and compaction counters (/proc/vmstat; machine-wide)."""
+    out = {}
+    for line in Path("/proc/vmstat").read_text().splitlines():
+        name, value = line.split()
+        if name.startswith(("thp_", "compact_")):
+            out[name] = int(value)
+    return out
+
+
+def anon_huge_kb(pid: int) -> int:
+    """The process's anonymous memory mapped with huge pages."""
+    text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    return int(re.search(r"AnonHugePages:\s+(\d+)", text).group(1))  # type: ignore[union-attr]
+
+
 def one(work: Path, toml: str, args: argparse.Namespace) -> dict[str, Any]:
     port = systems.free_port()
     extra = f'metrics = "prometheus"\n{toml}\n[metrics.prometheus]\nlisten = "127.0.0.1:{port}"\n'
@@ -77,7 +93,7 @@ def one(work: Path, toml: str, args: argparse.Namespace) -> dict[str, Any]:
     try:
         bench = Bench(argparse.Namespace(procs=2, inflight=64, messages=0), server)
         bench.setup()
-        m0, t0, p0 = all_metrics(url), threads(server.pid), proc_stat(server.pid)
+        m0, t0, p0, v0 = all_metrics(url), threads(server.pid), proc_stat(server.pid), vmstat()
         perf = None
         if args.perf_stat:
             perf_out = work / "perf.stat"
@@ -102,7 +118,8 @@ def one(work: Path, toml: str, args: argparse.Namespace) -> dict[str, Any]:
         if perf is not None:
             perf.send_signal(2)
             perf.wait(30)
-        m1, t1, p1 = all_metrics(url), threads(server.pid), proc_stat(server.pid)
+        m1, t1, p1, v1 = all_metrics(url), threads(server.pid), proc_stat(server.pid), vmstat()
+        huge = anon_huge_kb(server.pid)
     finally:
         server.stop()
         shutil.rmtree(work / "data", ignore_errors=True)  # ~1.6 GB of commit log a side
@@ -156,6 +173,8 @@ def one(work: Path, toml: str, args: argparse.Namespace) -> dict[str, Any]:
         "minflt_per_request": round((p1["minflt"] - p0["minflt"]) / requests, 3),
         "rss_kb_end": p1["rss_kb"],
         "hwm_kb": p1["hwm_kb"],
+        "anon_huge_kb_end": huge,
+        "vmstat_delta": {k: v1[k] - v0.get(k, 0) for k in v1 if v1[k] != v0.get(k, 0)},
         "syscalls_per_request": {k: round(v / requests, 4) for k, v in syscalls.items()},
         "metrics_delta": dm,
         "perf_samples": symbols,
