@@ -654,11 +654,18 @@ cdef class HashTable:
         goes to: one cache line read for a check and its record (two when its bucket is
         flagged).  When ``_PROBE`` buckets in a row are full of live keys, the oldest of the home
         bucket is displaced to free one (``displaced[0]`` and :attr:`displaced` counted)."""
-        cdef Py_ssize_t free
+        cdef Py_ssize_t free, b
         cdef Py_ssize_t at = self._probe(h, &free)
         if at >= 0:
             return at
-        if free < 0:
+        if free >= 0:
+            # a free slot past the home bucket: the full ones before it flagged (again: the walk
+            # may have found a flag stale, and this key now comes after it)
+            b = <Py_ssize_t>(_fp(h) & <uint32_t>self._bmask)
+            while b != free // _WAYS:
+                self._slots[b * _WAYS].fp |= _OVER
+                b = (b + 1) & self._bmask
+        else:
             free = self._free_slot(_fp(h))
             if free < 0:
                 free = -1 - free
