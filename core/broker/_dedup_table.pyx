@@ -848,11 +848,12 @@ cdef class HashTable:
         """Remove the key at live slot ``at`` now (out of order: its slot emptied)."""
         self._drop_slot(at)
 
-    cdef Py_ssize_t _evict(self, SentFields sent) except -1:
+    cdef Py_ssize_t _evict(self, SentFields sent, Py_ssize_t n) except -1:
         """Remove the keys still ``sent``'s, ``sent`` being the oldest send of the table: its
         entries are the ring's tail, so the tail advances past them (sequential memory; their
         slots die by position).  Keys of it out of place (taken over, displaced, or a ring not in
-        order) are probed for.  How many were removed."""
+        order) are probed for.  ``n``: its number of keys (< 1: read from its hash array, a cache
+        line the trim otherwise need not touch).  How many were removed."""
         cdef Py_ssize_t removed = 0
         cdef Entry* e
         cdef PyObject* me = <PyObject*>sent
@@ -867,13 +868,15 @@ cdef class HashTable:
             Py_XDECREF(me)  # the table's reference (the caller holds one)
             self._pass_holes()
         self._used -= removed
-        if removed < Py_SIZE(sent.hashes):
+        if n < 1:
+            n = Py_SIZE(sent.hashes)
+        if removed < n:
             removed += self._remove_many(<array.array>sent.hashes, sent)
         return removed
 
     def evict(self, SentFields sent not None):
         """See :meth:`_evict` (the window's trim calls it on its oldest send)."""
-        return self._evict(sent)
+        return self._evict(sent, -1)
 
     def get(self, int64_t h):
         """The object under ``h``, or None."""
@@ -1273,7 +1276,8 @@ cdef int _trim(
         removed = 0
         if isinstance(found, HashTable):
             table = <HashTable>found
-            removed = table._evict(sent)  # its keys are the ring's tail: no slot touched
+            # its keys are the ring's tail: no slot touched (their number from its nbytes)
+            removed = table._evict(sent, (sent.nbytes - per_send) // per_key if per_key > 0 else -1)
             if table._used == 0:
                 del tables[sent.topic]
         entries[0] -= removed
