@@ -611,3 +611,25 @@ def test_a_stopped_broker_s_window_is_freed_with_it(tmp_path: Path) -> None:
     window = asyncio.run(main())
     gc.collect()
     assert window() is None
+
+
+def test_an_idle_window_releases_its_records_once_they_expire(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker that goes quiet drops its window's expired sends without a new send arriving
+    (its housekeeping trims the window): it held its last window's records until the next send."""
+    import tidemq.broker.broker as broker_module
+
+    monkeypatch.setattr(broker_module, "HOUSEKEEPING_PERIOD_S", 0.05)
+
+    async def main() -> None:
+        async with broker_on(tmp_path / "b", dedup_window_s=0.3) as (broker, client):
+            for _ in range(3):
+                await send(client, broker, "Quiet", b"x", {UNIQ: key()})
+            assert broker.dedup.entries == 3
+            await asyncio.sleep(0.8)  # the window passes; nothing is sent
+            assert broker.dedup.entries == 0 and broker.dedup.nbytes == 0
+            assert len(broker.dedup._order) == 0 and not broker.dedup._topics
+            assert (await runtime(client, broker))["dedupEntries"] == "0"
+
+    asyncio.run(main())

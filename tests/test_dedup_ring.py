@@ -241,3 +241,69 @@ def test_the_compiled_layout_and_the_python_reference_keep_and_answer_alike(
                 if c is not None and r is not None and c.send is None and r.send is None:
                     assert c.answer(c.position(key)) == r.answer(r.position(key))
                     assert c.msg_id == r.msg_id
+
+
+def test_eviction_at_the_ring_tail_reuses_dead_slots_and_agrees_with_the_reference() -> None:
+    """Sends leave oldest first through ``evict`` (the compiled table only advances its ring's
+    tail: their slots die by position and are reused by later keys), with keys taken over and
+    sends removed early between: both tables keep and answer alike, and the compiled one never
+    grows past the size its live keys need (dead slots are reused, not accumulated)."""
+    rng = random.Random(39)
+    compiled, reference = dedup_table.HashTable(), dedup_table._PyHashTable()
+    order: list[Any] = []  # the records, oldest first
+    live_keys = 0
+    for step in range(40_000):
+        rec = dedup_table.SentFields.__new__(dedup_table.SentFields)
+        n = rng.choice((1, 1, 2, 4))
+        hashes = [rng.randrange(-(2**63), 2**63) for _ in range(n)]
+        if order and rng.random() < 0.05:  # a key of a recent send taken over
+            hashes[0] = rng.choice(order[-50:]).hashes[0]
+        rec.hashes = array("q", hashes)
+        a, b = compiled.put_many(rec.hashes, rec), reference.put_many(rec.hashes, rec)
+        assert a == b
+        order.append(rec)
+        if rng.random() < 0.02 and len(order) > 2:  # a send not stored: removed early
+            gone = order[-2]
+            assert compiled.remove_many(gone.hashes, gone) == reference.remove_many(gone.hashes, gone)
+        while len(reference) > 2000:
+            oldest = order.pop(0)
+            assert compiled.evict(oldest) == reference.evict(oldest)
+        assert len(compiled) == len(reference)
+        if step % 4000 == 0:
+            assert all(compiled.get(h) is reference.get(h) for r in order[-300:] for h in r.hashes)
+    live_keys = len(reference)
+    assert all(compiled.get(h) is reference.get(h) for r in order for h in r.hashes)
+    assert compiled.capacity <= 4 * 2048 and live_keys <= 2000  # grown for its live keys only
+    assert compiled.displaced == 0
+
+
+def test_a_full_bucket_overflows_flagged_and_displaces_only_past_its_bound() -> None:
+    """Keys sharing one home bucket (8 slots, a cache line): the ninth goes to the next bucket
+    (the full one flagged, so a check reads on), every key stays found, also after keys of the
+    home bucket leave out of order; only when 16 buckets in a row are full does an insert
+    displace the oldest key of its home bucket (counted; it loses its protection early)."""
+    compiled = dedup_table.HashTable()
+    same_home = [j << 53 for j in range(1, 150)]  # fingerprints j << 20: home bucket 0 at any size
+    values = [object() for _ in same_home]
+    for h, v in zip(same_home[:40], values[:40], strict=True):
+        assert compiled.put(h, v) is None
+    assert compiled.flagged >= 4 and compiled.displaced == 0
+    assert all(compiled.get(h) is v for h, v in zip(same_home[:40], values[:40], strict=True))
+    for h, v in zip(same_home[:6], values[:6], strict=True):  # out of order, from the home bucket
+        assert compiled.remove_many(array("q", [h]), v) == 1
+    assert all(compiled.get(h) is v for h, v in zip(same_home[6:40], values[6:40], strict=True))
+    for h, v in zip(same_home[40:], values[40:], strict=True):  # the freed slots reused, then more
+        compiled.put(h, v)
+    assert compiled.displaced == len(same_home) - 6 - 16 * 8
+    assert len(compiled) == 16 * 8
+    kept = [h for h in same_home[6:] if compiled.get(h) is not None]
+    assert len(kept) == 16 * 8 and compiled.get(same_home[-1]) is values[-1]
+
+
+def test_a_python_table_has_the_compiled_tables_shape() -> None:
+    """The reference answers what the compiled table's bookkeeping does (none displaced)."""
+    table = dedup_table._PyHashTable()
+    rec = dedup_table._PySentFields()
+    rec.hashes = array("q", [5, 6])
+    assert table.put_many(rec.hashes, rec) is None and table.evict(rec) == 2 and len(table) == 0
+    assert table.displaced == table.flagged == 0

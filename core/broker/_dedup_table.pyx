@@ -2,10 +2,9 @@
 # cython: initializedcheck=False, auto_pickle=False, embedsignature=True
 """The duplicate window's key table, compiled (issue 37): 64-bit key hashes to objects.
 
-Open addressing with linear probing in one flat array of (hash, object) slots: one probe per
-key in memory the size of the window, no Python object per key, deletion by backward shift (no
-tombstones, so a window that turns over at a steady size never rehashes).  Hash 0 marks an empty
-slot (a key hashing to 0 is stored as 1).  :mod:`tidemq.broker.dedup_table` holds the Python
+Buckets of 8 slots (one 64-byte cache line) over a ring of keys in arrival order: one random
+cache line per key when it is checked and recorded, none when it leaves (lazy deletion: see
+:class:`HashTable`), no Python object per key.  A key hashing to 0 is stored as 1.  :mod:`tidemq.broker.dedup_table` holds the Python
 reference with the same API and picks this one when it is built.
 """
 
@@ -18,7 +17,7 @@ from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.set cimport PySet_Add, PySet_GET_SIZE
 from cpython.unicode cimport PyUnicode_GET_LENGTH
 from libc.stdint cimport int64_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memset
 
 
 cdef extern from *:
@@ -194,8 +193,9 @@ cdef inline uint64_t _slot_hash(int64_t h) noexcept:
 
 
 cdef struct Slot:
-    uint32_t fp  # the key hash's high 32 bits (0 taken as 1): its fingerprint and home; 0: empty
-    uint32_t idx  # the key's entry in the table's ring (an absolute index)
+    uint32_t fp  # the key hash's high 31 bits (0 taken as 1): its fingerprint and home; 0: empty.
+                 # Bit 31 of a bucket's first slot: the bucket's overflow flag (_OVER).
+    uint32_t idx  # the key's entry in the table's ring (an absolute position)
 
 
 cdef struct Entry:
@@ -204,7 +204,7 @@ cdef struct Entry:
 
 
 cdef inline uint32_t _fp(uint64_t h) noexcept:
-    cdef uint32_t f = <uint32_t>(h >> 32)
+    cdef uint32_t f = <uint32_t>(h >> 33)  # 31 bits: a slot's top bit is its bucket's flag
     return f if f != 0 else 1
 
 
@@ -446,33 +446,58 @@ cdef class SentFields:
         self.end = result.wrote_offset + result.wrote_bytes
 
 
+cdef enum:
+    _WAYS = 8  # slots a bucket: 8 x 8 bytes, one 64-byte cache line
+    _PROBE = 16  # buckets a key may go to (its home and the next ones, each passed flagged)
+    _SWEEP = 1 << 30  # ring pushes between sweeps of the dead slots (positions are 32-bit)
+
+
+cdef uint32_t _OVER = 0x80000000u  # a bucket's first slot's top bit: keys of it went further
+cdef uint32_t _FP = 0x7FFFFFFFu
+
+
 cdef class HashTable:
     """64-bit key hash -> object (the :class:`~tidemq.broker.dedup.Sent` that stored the key).
 
     Two arrays (issue 37, the full window's memory):
 
     * the **ring**: one 16-byte entry per key (its full hash and the object), appended in arrival
-      order and consumed from the tail as the oldest keys leave (a deleted key leaves a hole,
-      passed over when the tail reaches it); written and read sequentially at its two ends;
-    * the **slots**, probed at random: 8 bytes each, the hash's high 32 bits (its fingerprint,
-      which also gives its home slot) and the key's entry index in the ring.  A fingerprint that
-      matches is confirmed against the ring's full hash.  A full window of 500 000 keys has 2^20
-      slots: 8 MB (16 MB with the previous (hash, object) slots), the part of the window a send's
-      probes touch at random.
+      order and consumed from the tail as the oldest keys leave (a key that leaves out of order
+      leaves a hole, passed over when the tail reaches it); written and read sequentially at its
+      two ends;
+    * the **slots**, read at random: 8 bytes each, the hash's high 32 bits (its fingerprint,
+      which also gives its home bucket) and the key's position in the ring (absolute, 32-bit,
+      monotonic).  Slots come in **buckets** of 8, one 64-byte cache line: a key is looked for in
+      its home bucket (one cache line, prefetched a run ahead), and in the next only while the
+      bucket read is full of live keys (at most ``_PROBE`` buckets).
 
-    Linear probing, backward-shift deletes (no tombstones).  A ring that fills is compacted in
-    place when at most 3/4 of it is live (its holes dropped, the slots' indices rewritten), else
-    doubled (absolute indices: the slots do not move)."""
+    **Lazy deletion** (session 8b): a slot is live only while its ring position is between the
+    ring's tail and head, so the window's eviction, which removes the oldest send's keys, only
+    advances the ring's tail (sequential memory, :meth:`_evict`): no slot is read or written.  An
+    insert takes an empty or dead slot of the bucket; a key that leaves out of order (a send not
+    stored, a declined run) has its slot emptied at once.  Dead slots are swept every 2^30 pushes
+    (so a 32-bit position is never mistaken after it wraps) and when the slots are rebuilt.
 
-    cdef Slot* _slots
-    cdef Py_ssize_t _mask
-    cdef Py_ssize_t _used
-    cdef void* _map  # the mapping of a huge-page slot array (NULL: _slots came from PyMem_Calloc)
+    When ``_PROBE`` buckets in a row are full of live keys (about never at the table's load of at
+    most 1/2), the insert **displaces** the oldest live key of its home bucket: that key loses
+    its protection early, as if evicted (counted in :attr:`displaced`; :meth:`put` returns its
+    object as replaced).  A ring that fills is compacted in place when at most 3/4 of it is live,
+    else doubled; a table over half full doubles its buckets (slots rebuilt from the ring, in
+    arrival order)."""
+
+    cdef Slot* _slots  # 64-byte aligned
+    cdef Py_ssize_t _mask  # slots - 1
+    cdef Py_ssize_t _bmask  # buckets - 1
+    cdef Py_ssize_t _used  # live keys
+    cdef Py_ssize_t _displaced
+    cdef void* _map  # the mapping of a huge-page slot array (NULL: _raw, from PyMem_Calloc)
     cdef size_t _map_len
+    cdef void* _raw
     cdef Entry* _ring
     cdef uint32_t _rmask
-    cdef uint32_t _head  # the next entry's (absolute) index
-    cdef uint32_t _tail  # the oldest entry's (absolute) index
+    cdef uint32_t _head  # the next entry's (absolute) position
+    cdef uint32_t _tail  # the oldest entry's (absolute) position
+    cdef uint32_t _swept  # the head at the last sweep of dead slots
 
     def __cinit__(self, Py_ssize_t capacity=64):
         cdef Py_ssize_t cap = 16
@@ -484,7 +509,10 @@ cdef class HashTable:
         self._slots = NULL
         self._map = NULL
         self._map_len = 0
+        self._raw = NULL
         self._ring = NULL
+        self._used = 0
+        self._displaced = 0
         self._alloc(cap)
         self._ring = <Entry*>PyMem_Malloc(rcap * sizeof(Entry))
         if self._ring == NULL:
@@ -492,27 +520,33 @@ cdef class HashTable:
         self._rmask = <uint32_t>(rcap - 1)
         self._head = 0
         self._tail = 0
+        self._swept = 0
 
     cdef int _alloc(self, Py_ssize_t cap) except -1:
+        """A zeroed, 64-byte aligned array of ``cap`` slots as ``_slots`` (the old one left to
+        the caller)."""
         cdef void* base = NULL
         cdef size_t length = 0
+        cdef void* raw = NULL
         cdef Slot* slots = <Slot*>tidemq_huge_alloc(cap * sizeof(Slot), &base, &length)
         if slots == NULL:
-            slots = <Slot*>PyMem_Calloc(cap, sizeof(Slot))
-            if slots == NULL:
+            raw = PyMem_Calloc(cap * sizeof(Slot) + 64, 1)
+            if raw == NULL:
                 raise MemoryError()
+            slots = <Slot*>((<size_t>raw + 63) & ~(<size_t>63))
         self._slots = slots
         self._map = base
         self._map_len = length
+        self._raw = raw
         self._mask = cap - 1
-        self._used = 0
+        self._bmask = cap // _WAYS - 1
         return 0
 
-    cdef void _free(self, Slot* slots, void* base, size_t length) noexcept:
+    cdef void _free(self, void* raw, void* base, size_t length) noexcept:
         if length:
             tidemq_huge_free(base, length)
         else:
-            PyMem_Free(slots)
+            PyMem_Free(raw)
 
     def __dealloc__(self):
         cdef uint32_t k
@@ -524,7 +558,7 @@ cdef class HashTable:
             PyMem_Free(self._ring)
             self._ring = NULL
         if self._slots != NULL:
-            self._free(self._slots, self._map, self._map_len)
+            self._free(self._raw, self._map, self._map_len)
             self._slots = NULL
 
     def __len__(self):
@@ -532,7 +566,7 @@ cdef class HashTable:
 
     @property
     def capacity(self):
-        """Slots (8 bytes each)."""
+        """Slots (8 bytes each, in buckets of 8)."""
         return self._mask + 1
 
     @property
@@ -545,64 +579,187 @@ cdef class HashTable:
         """Ring entries from the oldest kept to the newest, holes included."""
         return <uint32_t>(self._head - self._tail)
 
+    @property
+    def flagged(self):
+        """Buckets flagged (a key of theirs went to the next when they were full): a check in
+        one reads two cache lines or more (a scan of the table: for tests and benchmarks)."""
+        cdef Py_ssize_t b, n = 0
+        for b in range(self._bmask + 1):
+            n += self._over(b)
+        return n
+
+    @property
+    def displaced(self):
+        """Keys displaced so far (their buckets full): each lost its protection early."""
+        return self._displaced
+
+    cdef inline bint _live(self, Slot s) noexcept:
+        return (s.fp & _FP) != 0 and <uint32_t>(s.idx - self._tail) < <uint32_t>(self._head - self._tail)
+
     cdef inline void _prefetch(self, uint64_t h) noexcept:
-        __builtin_prefetch(&self._slots[<Py_ssize_t>(_fp(h) & <uint32_t>self._mask)])
+        __builtin_prefetch(&self._slots[<Py_ssize_t>(_fp(h) & <uint32_t>self._bmask) * _WAYS])
+
+    cdef inline bint _over(self, Py_ssize_t b) noexcept:
+        return (self._slots[b * _WAYS].fp & _OVER) != 0
+
+    cdef inline void _set(self, Py_ssize_t at, uint32_t f, uint32_t k) noexcept:
+        self._slots[at].fp = f | (self._slots[at].fp & _OVER)
+        self._slots[at].idx = k
+
+    cdef inline void _clear(self, Py_ssize_t at) noexcept:
+        self._slots[at].fp &= _OVER
+        self._slots[at].idx = 0
+
+    cdef Py_ssize_t _probe(self, uint64_t h, Py_ssize_t* free) noexcept:
+        """The slot holding ``h``, or -1; ``free[0]``: the first free (empty or dead) slot met
+        (-1: none).  Reads the home bucket, and the next while the one read is flagged (a key of
+        it or before it went further when it was full), at most ``_PROBE``.  A flag found stale
+        (the next bucket holds no key from before it and is not flagged itself) is cleared."""
+        cdef uint32_t f = _fp(h)
+        cdef Py_ssize_t b = <Py_ssize_t>(f & <uint32_t>self._bmask)
+        cdef Py_ssize_t p, i, at
+        cdef Slot* bucket
+        cdef Entry* e
+        cdef bint visitors
+        free[0] = -1
+        for p in range(_PROBE):
+            bucket = &self._slots[b * _WAYS]
+            visitors = False
+            for i in range(_WAYS):
+                if self._live(bucket[i]):
+                    if (bucket[i].fp & _FP) == f:
+                        e = &self._ring[bucket[i].idx & self._rmask]
+                        if e.hash == h and e.value != NULL:
+                            return b * _WAYS + i
+                    if p and <Py_ssize_t>(bucket[i].fp & <uint32_t>self._bmask) != b:
+                        visitors = True
+                elif free[0] < 0:
+                    free[0] = b * _WAYS + i
+            at = b
+            b = (b + 1) & self._bmask
+            if p and not visitors and not (bucket[0].fp & _OVER):
+                # nothing came here from before and nothing went on: the previous flag is stale
+                self._slots[((at - 1) & self._bmask) * _WAYS].fp &= _FP
+            if not (bucket[0].fp & _OVER):
+                return -1
+        return -1
 
     cdef Py_ssize_t _find(self, uint64_t h) noexcept:
         """The slot holding ``h``, or -1."""
-        cdef uint32_t f = _fp(h)
-        cdef Py_ssize_t i = <Py_ssize_t>(f & <uint32_t>self._mask)
-        cdef Slot s
-        while True:
-            s = self._slots[i]
-            if s.fp == 0:
-                return -1
-            if s.fp == f and self._ring[s.idx & self._rmask].hash == h:
-                return i
-            i = (i + 1) & self._mask
+        cdef Py_ssize_t free
+        return self._probe(h, &free)
 
-    cdef inline Py_ssize_t _slot_for(self, uint64_t h) noexcept:
-        """The slot holding ``h``, or the empty slot that ends its probe (where it goes): one
-        probe for a check and its record (a hit: its ``fp`` is not 0)."""
-        cdef uint32_t f = _fp(h)
-        cdef Py_ssize_t i = <Py_ssize_t>(f & <uint32_t>self._mask)
-        cdef Slot s
-        while True:
-            s = self._slots[i]
-            if s.fp == 0:
-                return i
-            if s.fp == f and self._ring[s.idx & self._rmask].hash == h:
-                return i
-            i = (i + 1) & self._mask
+    cdef Py_ssize_t _slot_for(self, uint64_t h, Py_ssize_t* displaced) noexcept:
+        """The slot holding ``h`` (>= 0), or ``-1 - slot`` of the free (empty or dead) slot it
+        goes to: one cache line read for a check and its record (two when its bucket is
+        flagged).  When ``_PROBE`` buckets in a row are full of live keys, the oldest of the home
+        bucket is displaced to free one (``displaced[0]`` and :attr:`displaced` counted)."""
+        cdef Py_ssize_t free, b
+        cdef Py_ssize_t at = self._probe(h, &free)
+        if at >= 0:
+            return at
+        if free >= 0:
+            # a free slot past the home bucket: the full ones before it flagged (again: the walk
+            # may have found a flag stale, and this key now comes after it)
+            b = <Py_ssize_t>(_fp(h) & <uint32_t>self._bmask)
+            while b != free // _WAYS:
+                self._slots[b * _WAYS].fp |= _OVER
+                b = (b + 1) & self._bmask
+        else:
+            free = self._free_slot(_fp(h))
+            if free < 0:
+                free = -1 - free
+                displaced[0] += 1
+        return -1 - free
+
+    cdef Py_ssize_t _free_slot(self, uint32_t f) noexcept:
+        """A free slot for fingerprint ``f`` (its home bucket full): the first of the next
+        buckets, each full one passed flagged; else (``_PROBE`` full) the home bucket's oldest
+        key displaced, its slot returned as ``-1 - slot``."""
+        cdef Py_ssize_t home = <Py_ssize_t>(f & <uint32_t>self._bmask)
+        cdef Py_ssize_t b = home
+        cdef Py_ssize_t p, i, at
+        cdef Slot* bucket
+        cdef uint32_t age, oldest
+        for p in range(_PROBE):
+            bucket = &self._slots[b * _WAYS]
+            for i in range(_WAYS):
+                if not self._live(bucket[i]):
+                    return b * _WAYS + i
+            if p + 1 < _PROBE:
+                bucket[0].fp |= _OVER
+            b = (b + 1) & self._bmask
+        bucket = &self._slots[home * _WAYS]
+        oldest = 0xFFFFFFFFu
+        at = home * _WAYS
+        for i in range(_WAYS):
+            age = bucket[i].idx - self._tail
+            if age < oldest:
+                oldest = age
+                at = home * _WAYS + i
+        self._drop_slot(at)
+        self._displaced += 1
+        return -1 - at
+
+    cdef inline void _drop_slot(self, Py_ssize_t at) noexcept:
+        """Empty live slot ``at``: its entry a hole, its object released."""
+        cdef Entry* e = &self._ring[self._slots[at].idx & self._rmask]
+        cdef PyObject* old = e.value
+        e.value = NULL
+        self._clear(at)
+        self._used -= 1
+        self._pass_holes()
+        Py_XDECREF(old)
 
     cdef inline PyObject* _value_at(self, Py_ssize_t at) noexcept:
         return self._ring[self._slots[at].idx & self._rmask].value
+
+    cdef void _place(self, uint32_t f, uint32_t k) noexcept:
+        """Put (``f``, ``k``) in a free slot of its buckets (slots being rebuilt, in ring order)."""
+        cdef Py_ssize_t at = self._free_slot(f)
+        if at < 0:
+            at = -1 - at  # (about never: a key displaced, counted out by _drop_slot)
+        self._set(at, f, k)
+
+    cdef void _rebuild(self) noexcept:
+        """The slots made again from the ring's live entries (dead slots swept)."""
+        cdef uint32_t k = self._tail
+        cdef Entry* e
+        memset(self._slots, 0, (self._mask + 1) * sizeof(Slot))
+        while k != self._head:
+            e = &self._ring[k & self._rmask]
+            if e.value != NULL:
+                self._place(_fp(e.hash), k)
+            k += 1
+        self._swept = self._head
 
     cdef int _grow(self) except -1:
         cdef Slot* old = self._slots
         cdef void* old_map = self._map
         cdef size_t old_len = self._map_len
-        cdef Py_ssize_t old_cap = self._mask + 1
-        cdef Py_ssize_t i, j
-        self._alloc(old_cap * 2)  # raises before anything moved: the old array stays whole
-        for i in range(old_cap):
-            if old[i].fp != 0:
-                j = <Py_ssize_t>(old[i].fp & <uint32_t>self._mask)
-                while self._slots[j].fp != 0:
-                    j = (j + 1) & self._mask
-                self._slots[j] = old[i]
-                self._used += 1
-        self._free(old, old_map, old_len)
+        cdef void* old_raw = self._raw
+        self._alloc((self._mask + 1) * 2)  # raises before anything moved: the old array stays whole
+        self._free(old_raw, old_map, old_len)
+        self._rebuild()
         return 0
+
+    cdef void _sweep(self) noexcept:
+        """Empty the dead slots (every 2^30 pushes: a position is then never 2^32 old)."""
+        cdef Py_ssize_t i
+        for i in range(self._mask + 1):
+            if (self._slots[i].fp & _FP) != 0 and not self._live(self._slots[i]):
+                self._clear(i)
+        self._swept = self._head
 
     cdef int _reserve(self) except -1:
         """Room for one more ring entry: the ring compacted (at most 3/4 live) or doubled."""
         cdef uint32_t span = self._head - self._tail
         cdef uint32_t rcap = self._rmask + 1
-        cdef uint32_t newcap, k, j, f, newmask
-        cdef Py_ssize_t i
+        cdef uint32_t newcap, k, j, newmask
         cdef Entry* fresh
         cdef Entry e
+        if <uint32_t>(self._head - self._swept) >= <uint32_t>_SWEEP:
+            self._sweep()
         if span <= self._rmask:
             return 0
         cdef bint compact = <Py_ssize_t>self._used * 4 <= <Py_ssize_t>rcap * 3
@@ -614,32 +771,31 @@ cdef class HashTable:
             raise MemoryError()
         newmask = newcap - 1
         k = self._tail
-        if compact:  # the live entries moved to 0.., each one's slot told its new index
+        if compact:  # the live entries moved to 0.., the slots rebuilt for their new positions
             j = 0
             while k != self._head:
                 e = self._ring[k & self._rmask]
                 if e.value != NULL:
-                    f = _fp(e.hash)
-                    i = <Py_ssize_t>(f & <uint32_t>self._mask)
-                    while not (self._slots[i].fp == f and self._slots[i].idx == k):
-                        i = (i + 1) & self._mask
-                    self._slots[i].idx = j
                     fresh[j] = e
                     j += 1
                 k += 1
+            PyMem_Free(self._ring)
+            self._ring = fresh
+            self._rmask = newmask
             self._tail = 0
             self._head = j
-        else:  # the same absolute indices: the slots stay
-            while k != self._head:
-                fresh[k & newmask] = self._ring[k & self._rmask]
-                k += 1
+            self._rebuild()
+            return 0
+        while k != self._head:  # the same absolute positions: the slots stay
+            fresh[k & newmask] = self._ring[k & self._rmask]
+            k += 1
         PyMem_Free(self._ring)
         self._ring = fresh
         self._rmask = newmask
         return 0
 
     cdef inline uint32_t _push(self, uint64_t h, object value) noexcept:
-        """Append (``h``, ``value``) to the ring (room reserved); its index."""
+        """Append (``h``, ``value``) to the ring (room reserved); its position."""
         cdef uint32_t k = self._head
         cdef Entry* e = &self._ring[k & self._rmask]
         Py_INCREF(value)
@@ -653,9 +809,8 @@ cdef class HashTable:
             self._tail += 1
 
     cdef int _insert(self, Py_ssize_t at, uint64_t h, object value) except -1:
-        """Store ``value`` under ``h`` at ``at`` (``_slot_for``'s empty slot; ``_reserve`` done)."""
-        self._slots[at].idx = self._push(h, value)
-        self._slots[at].fp = _fp(h)
+        """Store ``value`` under ``h`` at free slot ``at`` (``_slot_for``'s; ``_reserve`` done)."""
+        self._set(at, _fp(h), self._push(h, value))
         self._used += 1
         return 0
 
@@ -671,48 +826,57 @@ cdef class HashTable:
         return 0
 
     cdef object _put(self, uint64_t h, object value):
-        """Store ``value`` under ``h``; the object it replaced, or None."""
+        """Store ``value`` under ``h``; the object it replaced (or displaced), or None."""
         cdef Py_ssize_t at
+        cdef Py_ssize_t displaced = 0
+        cdef PyObject* gone
         if (self._used + 1) * 2 > self._mask + 1:
             self._grow()
         self._reserve()
-        at = self._slot_for(h)
-        if self._slots[at].fp == 0:
-            self._insert(at, h, value)
-            return None
+        at = self._slot_for(h, &displaced)
+        if at < 0:
+            result = None
+            if displaced:  # the displaced key's object, for the caller's count (a reference kept)
+                result = True
+            self._insert(-1 - at, h, value)
+            return result
         result = <object>self._value_at(at)  # a reference for the caller
         self._retake(at, h, value)
         return result
 
     cdef void _remove_at(self, Py_ssize_t at) noexcept:
-        """Remove the key at slot ``at``: its slot emptied (backward shift), its entry a hole."""
-        cdef uint32_t k = self._slots[at].idx
-        cdef PyObject* old = self._ring[k & self._rmask].value
-        self._ring[k & self._rmask].value = NULL
-        self._delete(at)
-        self._pass_holes()
-        Py_XDECREF(old)
+        """Remove the key at live slot ``at`` now (out of order: its slot emptied)."""
+        self._drop_slot(at)
 
-    cdef void _delete(self, Py_ssize_t i) noexcept:
-        """Empty slot ``i`` and shift back the run after it."""
-        cdef Py_ssize_t j = i
-        cdef Py_ssize_t k
-        cdef Py_ssize_t mask = self._mask
-        cdef Slot* slots = self._slots
-        slots[i].fp = 0
-        slots[i].idx = 0
-        self._used -= 1
-        while True:
-            j = (j + 1) & mask
-            if slots[j].fp == 0:
-                return
-            k = <Py_ssize_t>(slots[j].fp & <uint32_t>mask)  # where the entry at j wants to be
-            if (i <= j and (i < k <= j)) or (i > j and (k > i or k <= j)):
-                continue  # reachable from its home without crossing i: it stays
-            slots[i] = slots[j]
-            slots[j].fp = 0
-            slots[j].idx = 0
-            i = j
+    cdef Py_ssize_t _evict(self, SentFields sent, Py_ssize_t n) except -1:
+        """Remove the keys still ``sent``'s, ``sent`` being the oldest send of the table: its
+        entries are the ring's tail, so the tail advances past them (sequential memory; their
+        slots die by position).  Keys of it out of place (taken over, displaced, or a ring not in
+        order) are probed for.  ``n``: its number of keys (< 1: read from its hash array, a cache
+        line the trim otherwise need not touch).  How many were removed."""
+        cdef Py_ssize_t removed = 0
+        cdef Entry* e
+        cdef PyObject* me = <PyObject*>sent
+        self._pass_holes()
+        while self._tail != self._head:
+            e = &self._ring[self._tail & self._rmask]
+            if e.value != me:
+                break
+            e.value = NULL
+            self._tail += 1
+            removed += 1
+            Py_XDECREF(me)  # the table's reference (the caller holds one)
+            self._pass_holes()
+        self._used -= removed
+        if n < 1:
+            n = Py_SIZE(sent.hashes)
+        if removed < n:
+            removed += self._remove_many(<array.array>sent.hashes, sent)
+        return removed
+
+    def evict(self, SentFields sent not None):
+        """See :meth:`_evict` (the window's trim calls it on its oldest send)."""
+        return self._evict(sent, -1)
 
     def get(self, int64_t h):
         """The object under ``h``, or None."""
@@ -722,12 +886,13 @@ cdef class HashTable:
         return <object>self._value_at(i)
 
     def put(self, int64_t h, object value):
-        """Store ``value`` under ``h``; the object it replaced, or None."""
+        """Store ``value`` under ``h``; the object it replaced, or None (True when it displaced
+        another key: that key's count leaves too)."""
         return self._put(_slot_hash(h), value)
 
     def put_many(self, array.array hashes not None, object value):
         """Store ``value`` under every hash (an ``array("q")``); the replaced objects (None when
-        none was)."""
+        none was; True for a key displaced)."""
         cdef Py_ssize_t n = _check_q(hashes)
         cdef long long* data = hashes.data.as_longlongs
         cdef Py_ssize_t i
@@ -850,6 +1015,7 @@ cdef struct RunCounts:
     Py_ssize_t keys  # keys recorded
     Py_ssize_t recorded  # sends recorded
     Py_ssize_t replaced  # expired keys they took over
+    Py_ssize_t displaced  # keys displaced from full buckets (each lost its protection early)
 
 
 def admit_run(
@@ -899,7 +1065,7 @@ def admit_run(
         return None
     if verdict == 1:
         return False
-    return counts.keys, counts.recorded, counts.replaced, 0
+    return counts.keys, counts.recorded, counts.replaced + counts.displaced, 0
 
 
 cdef int _admit(
@@ -935,7 +1101,7 @@ cdef int _admit(
     cdef long long* data
     cdef uint64_t h
     cdef PyObject* value
-    counts.keys = counts.recorded = counts.replaced = 0
+    counts.keys = counts.recorded = counts.replaced = counts.displaced = 0
     # Pass 1: the keys and their hashes, each send's record made; each slot prefetched for
     # pass 2 (a full window's table is tens of MB: every key's probe is a cache miss, overlapped
     # this way).
@@ -1018,8 +1184,8 @@ cdef int _admit(
             if (table._used + 1) * 2 > table._mask + 1:
                 table._grow()
             table._reserve()
-            at = table._slot_for(h)
-            if table._slots[at].fp != 0:
+            at = table._slot_for(h, &counts.displaced)
+            if at >= 0:
                 old = <object>table._value_at(at)
                 if _deadline(old) > now:  # a resend, or a key twice in the run
                     _undo(plan, tables, i, j, taken)
@@ -1030,7 +1196,7 @@ cdef int _admit(
                 replaced += 1
                 table._retake(at, h, fields)
             else:
-                table._insert(at, h, fields)
+                table._insert(-1 - at, h, fields)
     append = order.append
     for i in range(nsends):
         entry = plan[i]
@@ -1110,7 +1276,8 @@ cdef int _trim(
         removed = 0
         if isinstance(found, HashTable):
             table = <HashTable>found
-            removed = table._remove_many(sent.hashes, sent)
+            # its keys are the ring's tail: no slot touched (their number from its nbytes)
+            removed = table._evict(sent, (sent.nbytes - per_send) // per_key if per_key > 0 else -1)
             if table._used == 0:
                 del tables[sent.topic]
         entries[0] -= removed
@@ -1177,11 +1344,13 @@ cdef class WindowFields:
             self._max_key_length, self._topic_windows, &c
         )
         if verdict == 0:
+            self.entries -= c.displaced
+            self.nbytes -= c.displaced * self._per_key
             return False
         if verdict == 1:
             return self.admit_run_py(sends, config_of, now)
-        self.entries += c.keys - c.replaced
-        self.nbytes += (c.keys - c.replaced) * self._per_key + c.recorded * self._per_send
+        self.entries += c.keys - c.replaced - c.displaced
+        self.nbytes += (c.keys - c.replaced - c.displaced) * self._per_key + c.recorded * self._per_send
         order = self._order
         if len(order) == 0:
             return True

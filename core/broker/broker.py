@@ -550,6 +550,7 @@ class Broker:
         timeout = self.settings.consumer_housekeeping_s
         while True:
             await asyncio.sleep(min(HOUSEKEEPING_PERIOD_S, timeout))
+            self.dedup.expire()  # an idle window's expired records released (issue 37)
             for conn in self.producers.scan_not_active(timeout):
                 log.info("producer %s silent for %.0f s, dropped", _remote(conn), timeout)
             changed = set()

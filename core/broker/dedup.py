@@ -380,6 +380,21 @@ class DuplicateWindow(WindowFields):
         self.entries -= removed
         self.nbytes -= removed * PER_KEY_BYTES + PER_SEND_BYTES
 
+    def expire(self) -> int:
+        """Drop the sends past their deadline now, with no send arriving: a window is otherwise
+        trimmed only when a send records a key, so a broker gone quiet kept its last window's
+        records (~95 MB after 300 000 single sends).  The broker's housekeeping calls it every
+        few seconds (``Broker._housekeeping_loop``).  How many sends left."""
+        order = self._order
+        if not order or self._rebuilding is not None:
+            return 0
+        now = self._clock()
+        if order[0].deadline > now:
+            return 0
+        before = len(order)
+        self._trim(now)
+        return before - len(order)
+
     def forget(self, sent: Sent) -> None:
         """``sent`` was not stored: its keys leave the window now (its place in the order is
         skipped when reached)."""

@@ -165,6 +165,21 @@ class _PyHashTable:
         d = self._d
         return any((h or 1) in d for h in hashes)
 
+    @property
+    def displaced(self) -> int:
+        """Keys displaced from a full bucket: never here (the compiled table's buckets)."""
+        return 0
+
+    @property
+    def flagged(self) -> int:
+        """Buckets flagged as overflowed: none here (the compiled table's buckets)."""
+        return 0
+
+    def evict(self, sent: Any) -> int:
+        """Remove the keys still ``sent``'s (the oldest send: the compiled table only advances its
+        ring's tail); how many were."""
+        return self.remove_many(sent.hashes, sent)
+
     def remove_many(self, hashes: array[int], value: Any) -> int:
         d = self._d
         removed = 0
