@@ -3,6 +3,7 @@ a process runs when started with bench/rss_site on its PYTHONPATH (docs/operatio
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -21,15 +22,18 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_smaps_kinds_add_up_to_the_anonymous_memory() -> None:
-    ballast = bytearray(8 << 20)  # a large malloc: its own anonymous mapping
-    ballast[::4096] = b"x" * len(ballast[::4096])
+    # An anonymous mapping of its own (a large bytearray may come from the heap instead: glibc
+    # raises its mmap threshold after a large free, so in a process that ran other tests it did).
+    ballast = mmap.mmap(-1, 8 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for page in range(0, len(ballast), 4096):
+        ballast[page] = 1
     out = rss_probe.smaps_breakdown(os.getpid())
     total = sum(out["anon_kib_by_kind"].values())
     status = out["status_kib"]["RssAnon"]
     assert status > 8 << 10
     assert abs(total - status) <= max(1024, status // 20), (total, status)  # read a moment apart
     assert out["largest_anon_mmaps_kib"][0]["anon_kib"] >= 8 << 10
-    del ballast
+    ballast.close()
 
 
 def _probe_child(tmp_path: Path, tracemalloc_frames: int) -> tuple[dict[str, Any], dict[str, Any]]:
