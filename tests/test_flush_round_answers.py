@@ -333,4 +333,3 @@ def test_a_pull_and_a_heartbeat_behind_a_held_round_are_answered_within_the_boun
             writer.close()
 
     asyncio.run(scenario())
-
