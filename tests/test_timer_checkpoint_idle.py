@@ -67,6 +67,26 @@ def test_an_idle_checkpoint_is_written_only_every_idle_rewrite_s(tmp_path: Path,
     assert syncs == ["fsync", "fsync"]
 
 
+def test_a_delivery_after_an_idle_stretch_touches_the_checkpoint_once_per_half_interval(
+    tmp_path: Path, syncs: list[str]
+) -> None:
+    """What the delivery asks before its puts (``TimerMessageStore._mark_current``): whether the
+    file was neither written nor touched for half an interval; a touch moves the mtime, no sync."""
+    path = tmp_path / "config" / "timercheck"
+    writer = CheckpointWriter(path)
+    assert writer.stale(0.5)  # never written
+    writer.touch()  # no file yet: nothing to touch, still stale
+    assert writer.stale(0.5) and not path.exists()
+    writer.save(TimerCheckpoint(1_000, 500, 7, 100, 72_002, {}), 0)
+    assert not writer.stale(0.5)
+    assert writer.stale(0.5, now=time.monotonic() + 0.5)  # idle for half an interval
+    os.utime(path, (1_000_000, 1_000_000))  # as after a long idle stretch
+    syncs.clear()
+    writer.touch()
+    assert os.stat(path).st_mtime > time.time() - 60 and not syncs
+    assert not writer.stale(0.5)
+
+
 def test_an_idle_broker_does_not_rewrite_its_timer_checkpoint(spawn, tmp_path: Path) -> None:
     mq = MQ(spawn, tmp_path, **TIMER)  # a checkpoint every 100 ms
     path = mq.data / "config" / "timercheck"

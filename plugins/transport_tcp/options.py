@@ -62,10 +62,11 @@ class TcpOptions:
     #: Server side, with hold_reading_for_round: the longest a connection's reading is held for its
     #: round (microseconds); then it is read again even if the round has not answered (a slow or
     #: hung ``fdatasync``), so a pull, heartbeat or query behind the sends on that connection waits
-    #: at most this long.  Sends read then wait for the next round as before.  A round takes one
-    #: ``fdatasync`` (~0.15-0.3 ms on a quiet SSD, ms when the disk is busy); 2000 kept the hold's
-    #: gain on such a disk (docs/flush.md, "A held connection's other requests").
-    hold_reading_max_us: int = number(2000, ge=1, le=10_000_000)
+    #: about this long at most, not the whole round.  The sends read then wait for their round as
+    #: before.  The loop's timers count whole milliseconds.  On a busy disk (holds of 1-2 ms median,
+    #: 7-10 ms p90) 5000 kept the hold's CPU gain where 2000 lost ~9 % of it (docs/flush.md, "A held
+    #: connection's other requests"); on a quiet one a round is well under a millisecond.
+    hold_reading_max_us: int = number(5000, ge=1, le=10_000_000)
     #: TLS: a server needs certfile+keyfile; a client verifies the server against cafile when given.
     tls: bool = False
     tls_certfile: str = ""
