@@ -102,7 +102,7 @@ class CheckpointWriter:
     Idle, the file is left as it is, its mtime too, which may then be up to ``idle_rewrite_s``
     old when new timer messages come and are delivered before the next interval writes it: the
     delivery brings the mtime forward first (:meth:`stale`, :meth:`touch`; one ``utime`` per
-    interval at most, only while delivering), so a repeat after a SIGKILL is counted then too.
+    half interval at most, only while delivering), so a repeat after a SIGKILL is counted then too.
     """
 
     def __init__(self, path: Path, idle_rewrite_s: float = IDLE_REWRITE_S) -> None:
@@ -139,10 +139,11 @@ class CheckpointWriter:
 
     def save(self, cp: TimerCheckpoint, waiting: int, now: float | None = None) -> None:
         """Write ``cp`` (atomically) and remember it."""
+        at = time.monotonic() if now is None else now  # before: the file's mtime is not older
         cp.save(self.path)
         self._last = attrs.evolve(cp, timing_count=dict(cp.timing_count))
         self._last_waiting = waiting
-        self._last_at = self._current_at = time.monotonic() if now is None else now
+        self._last_at = self._current_at = at
 
     def stale(self, max_age_s: float, now: float | None = None) -> bool:
         """Whether the file was neither written nor touched in the last ``max_age_s`` seconds."""
@@ -152,8 +153,9 @@ class CheckpointWriter:
         """A skipped write while messages wait, or a delivery after an idle stretch: the file's
         mtime says its state is still current (recovery's re-delivery count starts from it).  No
         data, no ``fsync``."""
+        at = time.monotonic()
         try:
             os.utime(self.path)
         except FileNotFoundError:
             return
-        self._current_at = time.monotonic()
+        self._current_at = at
