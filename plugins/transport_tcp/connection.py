@@ -196,8 +196,9 @@ class Connection(asyncio.Protocol):
         elif type(answer) is int:  # answered later, with answer_later (a sync flush round)
             self._later += answer
             if self.server_side:
-                # A read of several sends (a pipelining sender): more arrive during the round.
-                if answer > 1 and self._options.hold_reading_for_round:
+                # A read of several sends, or of one while others wait (a pipelining sender, or
+                # one read again after the hold's bound): more arrive during the round.
+                if (answer > 1 or self._later > answer) and self._options.hold_reading_for_round:
                     self._hold_for_round()
                 elif len(self._tasks) + self._later >= self._options.max_in_flight:
                     self._pause_reading()
