@@ -250,12 +250,10 @@ def test_a_connection_waiting_for_its_round_is_read_again_only_once_answered(tmp
 
 
 def test_a_lone_senders_connection_is_not_paused_for_its_round(tmp_path: Path) -> None:
-    """A read of one send (a sender with one in flight) leaves the connection read as before; a
-    read of one while another of the connection waits (a pipelining sender sending one at a
-    time, or a connection read again after the hold's bound) holds it as a read of several."""
+    """A read of one send (a sender with one in flight) leaves the connection read as before."""
 
     async def scenario() -> None:
-        async with sync_broker(tmp_path, 20000, tcp={"hold_reading_max_us": 10_000_000}) as (broker, gated):
+        async with sync_broker(tmp_path, 20000) as (broker, gated):
             lane = broker.send_lane
             assert lane is not None and lane.reads
             held = getattr(lane, "held_reads", 0)
@@ -270,13 +268,9 @@ def test_a_lone_senders_connection_is_not_paused_for_its_round(tmp_path: Path) -
                     break
                 await asyncio.sleep(0.02)
             assert getattr(lane, "held_reads", 0) - held == 2
-            writer.write(_send(3, 2))  # the second read held the connection: not read now
-            await writer.drain()
-            await asyncio.sleep(0.3)
-            assert getattr(lane, "held_reads", 0) - held == 2
             gated.gate.set()
-            answers = await read_answers(reader, 3)
-            assert sorted(a.opaque for a in answers) == [1, 2, 3]
+            answers = await read_answers(reader, 2)
+            assert sorted(a.opaque for a in answers) == [1, 2]
             writer.close()
 
     asyncio.run(scenario())

@@ -120,6 +120,8 @@ class Connection(asyncio.Protocol):
         #: bound's timer; None once the round answered or the bound passed.
         self._round_hold: asyncio.TimerHandle | None = None
         self._hold_s = options.hold_reading_max_us / 1e6
+        #: A hold reached its bound, and the connection's sends are not all answered yet.
+        self._hold_spent = False
         #: Holds that reached ``hold_reading_max_us`` before their round answered.
         self.holds_expired = 0
         self._draining = False
@@ -196,9 +198,12 @@ class Connection(asyncio.Protocol):
         elif type(answer) is int:  # answered later, with answer_later (a sync flush round)
             self._later += answer
             if self.server_side:
-                # A read of several sends, or of one while others wait (a pipelining sender, or
-                # one read again after the hold's bound): more arrive during the round.
-                if (answer > 1 or self._later > answer) and self._options.hold_reading_for_round:
+                # A read of several sends (a pipelining sender): more arrive during the round.
+                # After the hold's bound, a read of one while others wait too: read again as
+                # they trickle in, the rest of the round cost a read each.
+                if (
+                    answer > 1 or (self._hold_spent and self._later > answer)
+                ) and self._options.hold_reading_for_round:
                     self._hold_for_round()
                 elif len(self._tasks) + self._later >= self._options.max_in_flight:
                     self._pause_reading()
@@ -234,6 +239,7 @@ class Connection(asyncio.Protocol):
     def _hold_expired(self) -> None:
         """The round outlasted ``hold_reading_max_us``: read again (its sends still wait for it)."""
         self._round_hold = None
+        self._hold_spent = True
         self.holds_expired += 1
         self._maybe_resume_reading()
 
@@ -241,6 +247,7 @@ class Connection(asyncio.Protocol):
         """``_later`` went down: wake ``stop()``'s wait at 0, close or read again as due."""
         if self._later <= 0:
             self._later = 0
+            self._hold_spent = False
             hold = self._round_hold
             if hold is not None:
                 self._round_hold = None

@@ -63,9 +63,11 @@ class TcpOptions:
     #: round (microseconds); then it is read again even if the round has not answered (a slow or
     #: hung ``fdatasync``), so a pull, heartbeat or query behind the sends on that connection waits
     #: about this long at most, not the whole round.  The sends read then wait for their round as
-    #: before.  The loop's timers count whole milliseconds.  On a busy disk (holds of 1-2 ms median,
-    #: 7-10 ms p90) 5000 kept the hold's CPU gain where 2000 lost ~9 % of it (docs/flush.md, "A held
-    #: connection's other requests"); on a quiet one a round is well under a millisecond.
+    #: before, and until the connection's sends are all answered a read of even one send holds it
+    #: again (with a new bound).  The loop's timers count whole milliseconds.  On a busy disk
+    #: (holds of 1-2 ms median, 7-10 ms p90) 2000 lost ~9 % a message where 5000 lost none
+    #: measurable (docs/flush.md, "A held connection's other requests"); on a quiet one a round is
+    #: well under a millisecond and no hold reaches the bound.
     hold_reading_max_us: int = number(5000, ge=1, le=10_000_000)
     #: TLS: a server needs certfile+keyfile; a client verifies the server against cafile when given.
     tls: bool = False
