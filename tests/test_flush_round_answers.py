@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,9 @@ import pytest
 from round_support import GatedFlush, create_topic, read_answers, v2_send
 
 from tidemq.address import split_address
-from tidemq.remoting.codes import ResponseCode
+from tidemq.remoting import RemotingCommand
+from tidemq.remoting.codec import encode_bytes
+from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.testing.pytest_plugin import running_broker
 from tidemq_store_mmap.lane import compiled_send_lane
 
@@ -32,6 +35,8 @@ if compiled_send_lane() is None:  # TIDEMQ_NO_EXTENSIONS=1: every send is the Py
 pytestmark = pytest.mark.timeout(120)
 
 TOPIC = "RoundTopic"
+#: A client's heartbeat (one producer group), as the official clients send it every 30 s.
+HEARTBEAT = b'{"clientID":"127.0.0.1@1","producerDataSet":[{"groupName":"PG"}],"consumerDataSet":[]}'
 
 
 def _send(opaque: int, queue: int) -> bytes:
@@ -40,14 +45,17 @@ def _send(opaque: int, queue: int) -> bytes:
 
 @contextlib.asynccontextmanager
 async def sync_broker(
-    tmp_path: Path, timeout_ms: int, inline_max_us: int = 0
+    tmp_path: Path, timeout_ms: int, inline_max_us: int = 0, tcp: dict[str, Any] | None = None
 ) -> AsyncIterator[tuple[Any, GatedFlush]]:
     """A broker with sync flush and the request lanes, its topic made, its flush held by a gate.
 
     ``inline_max_us`` 0 (these tests' default): every round on the flush thread, so a held gate
-    holds the flush thread, not the test's loop (the inline rounds: ``test_flush_inline.py``)."""
+    holds the flush thread, not the test's loop (the inline rounds: ``test_flush_inline.py``);
+    ``tcp``: ``[transport.tcp]`` options."""
     sync = {"timeout_ms": timeout_ms, "inline_max_us": inline_max_us}
-    options = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": sync}}
+    options: dict[str, Any] = {"store": {"mmap": {"request_lanes": True}}, "flush": {"sync": sync}}
+    if tcp:
+        options["transport"] = {"tcp": tcp}
     async with running_broker(tmp_path / "b", {"store": "mmap", "flush": "sync"}, options=options) as broker:
         await create_topic(broker, TOPIC)
         yield broker, GatedFlush(broker.store.commitlog)
@@ -215,7 +223,8 @@ def test_a_connection_waiting_for_its_round_is_read_again_only_once_answered(tmp
     each)."""
 
     async def scenario() -> None:
-        async with sync_broker(tmp_path, 20000) as (broker, gated):
+        # The hold's bound (hold_reading_max_us) past the test's writes: the hold itself.
+        async with sync_broker(tmp_path, 20000, tcp={"hold_reading_max_us": 10_000_000}) as (broker, gated):
             lane = broker.send_lane
             assert lane is not None and lane.reads
             held = getattr(lane, "held_reads", 0)
@@ -262,6 +271,65 @@ def test_a_lone_senders_connection_is_not_paused_for_its_round(tmp_path: Path) -
             gated.gate.set()
             answers = await read_answers(reader, 2)
             assert sorted(a.opaque for a in answers) == [1, 2]
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_pull_and_a_heartbeat_behind_a_held_round_are_answered_within_the_bound(tmp_path: Path) -> None:
+    """``hold_reading_max_us``: a connection whose read waits for a round that does not end (its
+    ``fdatasync`` held here) is read again after the bound, so the heartbeat and the pull its client
+    sends on it meanwhile (the official clients share one connection between producer and
+    consumer) are answered while the sends still wait for their round.  Before the bound, they
+    waited in the socket until the round answered: unbounded with a hung flush."""
+
+    async def scenario() -> None:
+        async with sync_broker(tmp_path, 20000, tcp={"hold_reading_max_us": 2000}) as (broker, gated):
+            lane = broker.send_lane
+            assert lane is not None and lane.reads
+            held = getattr(lane, "held_reads", 0)
+            host, port = split_address(broker.address)
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"".join(_send(i, i % 4) for i in range(8)))
+            assert await asyncio.to_thread(gated.entered.wait, 10)  # its round's flush, held
+            await asyncio.sleep(0.05)
+            assert getattr(lane, "held_reads", 0) - held == 1  # the read waits for its round
+            (conn,) = [c for c in broker._server.connections if c.in_flight]
+            assert conn.in_flight == 8
+            pull = {
+                "consumerGroup": "CG",
+                "topic": TOPIC,
+                "queueId": "0",
+                "queueOffset": "0",
+                "maxMsgNums": "32",
+                "sysFlag": "4",
+                "commitOffset": "0",
+                "suspendTimeoutMillis": "0",
+                "subscription": "*",
+                "subVersion": "0",
+                "expressionType": "TAG",
+            }
+            started = time.monotonic()
+            writer.write(
+                encode_bytes(RemotingCommand(RequestCode.HEART_BEAT, opaque=900, body=HEARTBEAT))
+                + encode_bytes(RemotingCommand(RequestCode.PULL_MESSAGE, opaque=901, ext_fields=pull))
+            )
+            answers = await read_answers(reader, 2, timeout=10)
+            waited = time.monotonic() - started
+            # The two requests, not the sends: those wait for their round (still in its flush).
+            codes = {a.opaque: a.code for a in answers}
+            assert codes.keys() == {900, 901} and codes[900] == ResponseCode.SUCCESS, codes
+            assert codes[901] in (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND), codes
+            assert not gated.returned and conn.in_flight == 8
+            assert conn.holds_expired >= 1
+            # 2 ms, plus a loaded host's scheduling: far below the held round (unbounded here).
+            assert waited < 2.0, waited
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(reader.read(1 << 16), 0.2)
+            gated.gate.set()
+            answers = await read_answers(reader, 8)
+            assert sorted(a.opaque for a in answers) == list(range(8))
+            assert {a.code for a in answers} == {ResponseCode.SUCCESS}
             writer.close()
 
     asyncio.run(scenario())

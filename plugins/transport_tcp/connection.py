@@ -116,6 +116,14 @@ class Connection(asyncio.Protocol):
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._reading_paused_by_us = False
+        #: Set while reading is held for the connection's round (:meth:`_hold_for_round`): the
+        #: bound's timer; None once the round answered or the bound passed.
+        self._round_hold: asyncio.TimerHandle | None = None
+        self._hold_s = options.hold_reading_max_us / 1e6
+        #: A hold reached its bound, and the connection's sends are not all answered yet.
+        self._hold_spent = False
+        #: Holds that reached ``hold_reading_max_us`` before their round answered.
+        self.holds_expired = 0
         self._draining = False
         self._last_activity = self._loop.time()
         self._idle_handle: asyncio.TimerHandle | None = None
@@ -189,12 +197,16 @@ class Connection(asyncio.Protocol):
             self._write_frames(answer)
         elif type(answer) is int:  # answered later, with answer_later (a sync flush round)
             self._later += answer
-            if self.server_side and (
+            if self.server_side:
                 # A read of several sends (a pipelining sender): more arrive during the round.
-                (answer > 1 and self._options.hold_reading_for_round)
-                or len(self._tasks) + self._later >= self._options.max_in_flight
-            ):
-                self._pause_reading()
+                # After the hold's bound, a read of one while others wait too: read again as
+                # they trickle in, the rest of the round cost a read each.
+                if (
+                    answer > 1 or (self._hold_spent and self._later > answer)
+                ) and self._options.hold_reading_for_round:
+                    self._hold_for_round()
+                elif len(self._tasks) + self._later >= self._options.max_in_flight:
+                    self._pause_reading()
         else:
             for cmd, work in answer:
                 self._on_request(cmd, work)
@@ -216,10 +228,30 @@ class Connection(asyncio.Protocol):
                     work.close()
         self._answered_later()
 
+    def _hold_for_round(self) -> None:
+        """Read nothing more until this connection's held sends are answered (``_later`` back at
+        0), for at most ``hold_reading_max_us``: then the other requests behind them (a pull, a
+        heartbeat on a client's one connection) are read even if the round hangs."""
+        self._pause_reading()
+        if self._round_hold is None and self._reading_paused_by_us:
+            self._round_hold = self._loop.call_later(self._hold_s, self._hold_expired)
+
+    def _hold_expired(self) -> None:
+        """The round outlasted ``hold_reading_max_us``: read again (its sends still wait for it)."""
+        self._round_hold = None
+        self._hold_spent = True
+        self.holds_expired += 1
+        self._maybe_resume_reading()
+
     def _answered_later(self) -> None:
         """``_later`` went down: wake ``stop()``'s wait at 0, close or read again as due."""
         if self._later <= 0:
             self._later = 0
+            self._hold_spent = False
+            hold = self._round_hold
+            if hold is not None:
+                self._round_hold = None
+                hold.cancel()
             done = self._later_done
             if done is not None:
                 self._later_done = None
@@ -358,7 +390,7 @@ class Connection(asyncio.Protocol):
             and not self._backlog
             and not self._closed
             and len(self._tasks) + self._later <= self._options.max_in_flight // 2
-            and not (self._later and self._options.hold_reading_for_round)
+            and self._round_hold is None
             and self._transport is not None
         ):
             self._reading_paused_by_us = False
@@ -368,6 +400,9 @@ class Connection(asyncio.Protocol):
         self._closed = True
         if self._idle_handle is not None:
             self._idle_handle.cancel()
+        if self._round_hold is not None:
+            self._round_hold.cancel()
+            self._round_hold = None
         if self._grace_handle is not None:
             self._grace_handle.cancel()
         self._decoder.close("connection closed")  # the Connection object may outlive its socket

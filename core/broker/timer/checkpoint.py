@@ -98,6 +98,11 @@ class CheckpointWriter:
       Recovery reads the mtime as "the state on disk was current then": what went out after it
       (the next change is written within an interval) is counted as a possible re-delivery
       (``timerRecoveredRedeliveries``) exactly as when the file was rewritten every interval.
+
+    Idle, the file is left as it is, its mtime too, which may then be up to ``idle_rewrite_s``
+    old when new timer messages come and are delivered before the next interval writes it: the
+    delivery brings the mtime forward first (:meth:`stale`, :meth:`touch`; one ``utime`` per
+    half interval at most, only while delivering), so a repeat after a SIGKILL is counted then too.
     """
 
     def __init__(self, path: Path, idle_rewrite_s: float = IDLE_REWRITE_S) -> None:
@@ -106,6 +111,7 @@ class CheckpointWriter:
         self._last: TimerCheckpoint | None = None
         self._last_waiting = -1
         self._last_at = 0.0
+        self._current_at = 0.0  # the file's last write or touch (monotonic)
 
     def unchanged(self, cp: TimerCheckpoint, waiting: int) -> bool:
         """Whether only the read time moved since the last write (see the class)."""
@@ -133,15 +139,23 @@ class CheckpointWriter:
 
     def save(self, cp: TimerCheckpoint, waiting: int, now: float | None = None) -> None:
         """Write ``cp`` (atomically) and remember it."""
+        at = time.monotonic() if now is None else now  # before: the file's mtime is not older
         cp.save(self.path)
         self._last = attrs.evolve(cp, timing_count=dict(cp.timing_count))
         self._last_waiting = waiting
-        self._last_at = time.monotonic() if now is None else now
+        self._last_at = self._current_at = at
+
+    def stale(self, max_age_s: float, now: float | None = None) -> bool:
+        """Whether the file was neither written nor touched in the last ``max_age_s`` seconds."""
+        return (time.monotonic() if now is None else now) - self._current_at >= max_age_s
 
     def touch(self) -> None:
-        """A skipped write while messages wait: the file's mtime says its state is still current
-        (recovery's re-delivery count starts from it).  No data, no ``fsync``."""
+        """A skipped write while messages wait, or a delivery after an idle stretch: the file's
+        mtime says its state is still current (recovery's re-delivery count starts from it).  No
+        data, no ``fsync``."""
+        at = time.monotonic()
         try:
             os.utime(self.path)
         except FileNotFoundError:
-            pass
+            return
+        self._current_at = at

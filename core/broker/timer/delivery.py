@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,10 @@ class TimerDelivery:
         self.schedule = schedule
         #: The delivery's trace records (with ``trace_topic_enable``).
         self.trace = TimerTrace(broker)
+        #: Awaited before each window of puts: the checkpoint's mtime made recent enough for
+        #: recovery to count these deliveries if they are repeated after a crash
+        #: (:meth:`TimerMessageStore._mark_current`).
+        self.before_put: Callable[[], Awaitable[None]] | None = None
 
     async def dequeue_loop(self) -> None:
         s = self.schedule
@@ -197,6 +202,8 @@ class TimerDelivery:
                     s.forget(props.get(Prop.REAL_TOPIC, ""), counted)
                     continue
                 msgs.append((rec, self._real_message(ext)))
+            if msgs and self.before_put is not None:
+                await self.before_put()
             results = await _outcomes([self.store.put_message(m) for _, m in msgs])
             now = now_ms()
             failed = None

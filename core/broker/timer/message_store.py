@@ -86,6 +86,7 @@ class TimerMessageStore:
         )
         self.parking = TimerParking(self.schedule, self.enabled, s.name)
         self.delivery = TimerDelivery(broker, self.schedule)
+        self.delivery.before_put = self._mark_current
         self.enqueue = TimerEnqueue(broker, self.schedule, self.delivery)
         self.figures = TimerFiguresOf(self.schedule, self.store)
         self.requests = TimerRequests(broker, self.schedule, self.parking, self._checkpoint_if_loaded)
@@ -202,6 +203,16 @@ class TimerMessageStore:
         deleted = s.files()[0].delete_before(cp.last_timer_log_flush_pos, older_than_s)
         if deleted:
             log.info("timer: %d delivered timer log file(s) deleted", deleted)
+
+    async def _mark_current(self) -> None:
+        """Before a delivery: the checkpoint's mtime no older than half an interval.  Recovery
+        counts as possible repeats the deliveries due before that mtime + one interval + one tick
+        (:func:`~tidemq.broker.timer.recovery.load`); a write or a touch every interval keeps it
+        so while the service works or holds messages, but idle it is neither (no syscall for an
+        idle broker), and messages that come then and are due within the interval would go out
+        while the mtime is the idle stretch's start: repeated after a SIGKILL, not counted."""
+        if self.writer.stale(self.flush_interval_s / 2):
+            await asyncio.to_thread(self.writer.touch)
 
     async def _checkpoint_loop(self) -> None:
         while True:

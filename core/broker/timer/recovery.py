@@ -42,8 +42,10 @@ def load(
         cp = TimerCheckpoint(now_tick * s.precision_ms, 0, 0, s.precision_ms, s.slots)
     s.done_tick = cp.last_read_time_ms // s.precision_ms
     # The checkpoint was written (or, unchanged while messages waited, its mtime brought forward:
-    # CheckpointWriter.touch) at most a flush interval before the broker stopped: what was due
-    # until then may have gone out already, and is delivered again (counted).
+    # CheckpointWriter.touch) at most a flush interval before the broker stopped, or before its
+    # last delivery (TimerMessageStore._mark_current: an idle stretch's file is touched before
+    # the deliveries that end it): what was due until then may have gone out already, and is
+    # delivered again (counted).
     try:
         written_ms = int(checkpoint_path.stat().st_mtime * 1000)
     except OSError:
