@@ -51,6 +51,11 @@ def threads(pid: int) -> dict[str, dict[str, float]]:
         except OSError:
             continue
         name = "loop" if task.name == str(pid) else task.name  # Python threads have no OS names
+        try:
+            if (task / "comm").read_text().strip() == "tidemq-flush":
+                name = "tidemq-flush"  # the compiled flush worker (tidemq_flush._round) names itself
+        except OSError:
+            pass
         fields = stat[stat.rindex(")") + 2 :].split()
         row = out.setdefault(
             name, {"user": 0.0, "sys": 0.0, "runq_wait": 0.0, "vol": 0.0, "invol": 0.0, "n": 0}

@@ -96,6 +96,7 @@ cdef struct State:
     uint64_t done_count   # rounds completed
     uint64_t read_count   # rounds handed to drain()
     int64_t busy          # 1 while a round's fdatasync runs
+    int signalled         # the eventfd written since the loop's last drain (one write is enough)
     Done ring[RING]
 
 
@@ -111,6 +112,7 @@ cdef void *_work(void *arg) noexcept nogil:
     cdef int64_t end, started, took
     cdef uint64_t seq, one = 1
     cdef Done *d
+    cdef int signal
     pthread_setname_np(pthread_self(), "tidemq-flush")
     while True:
         pthread_mutex_lock(&s.mu)
@@ -137,8 +139,11 @@ cdef void *_work(void *arg) noexcept nogil:
         d.ns = took
         s.done_count += 1
         s.busy = 0
+        signal = not s.signalled
+        s.signalled = 1
         pthread_mutex_unlock(&s.mu)
-        while write(s.efd, &one, 8) < 0 and errno == EINTR:
+        # The loop has not drained since the last write: it will see this round too, no write.
+        while signal and write(s.efd, &one, 8) < 0 and errno == EINTR:
             pass
     return NULL
 
@@ -219,6 +224,7 @@ cdef class RoundWorker:
             return out
         read(s.efd, &value, 8)  # non-blocking: EAGAIN when nothing was written since
         pthread_mutex_lock(&s.mu)
+        s.signalled = 0
         last = s.done_count
         first = s.read_count
         if last - first > RING:
