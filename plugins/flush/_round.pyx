@@ -202,16 +202,17 @@ cdef class RoundWorker:
         cdef uint64_t seq = 0
         if s == NULL or not self.started:
             return 0
-        with nogil:
-            pthread_mutex_lock(&s.mu)
-            if not s.stop and (s.req_fd == fd or s.req_seq == s.taken_seq):
-                s.req_fd = fd
-                if end > s.req_end or s.req_seq == s.taken_seq:
-                    s.req_end = end
-                s.req_seq += 1
-                seq = s.req_seq
-                pthread_cond_signal(&s.cv)
-            pthread_mutex_unlock(&s.mu)
+        # With the GIL held: the worker holds the mutex for a few instructions only, and releasing
+        # the GIL here would let another Python thread take it (the loop then waits for it back).
+        pthread_mutex_lock(&s.mu)
+        if not s.stop and (s.req_fd == fd or s.req_seq == s.taken_seq):
+            s.req_fd = fd
+            if end > s.req_end or s.req_seq == s.taken_seq:
+                s.req_end = end
+            s.req_seq += 1
+            seq = s.req_seq
+            pthread_cond_signal(&s.cv)
+        pthread_mutex_unlock(&s.mu)
         return seq
 
     def drain(self) -> list:
