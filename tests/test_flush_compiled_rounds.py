@@ -290,3 +290,43 @@ def test_compiled_rounds_off_keeps_every_round_on_the_python_thread(tmp_path: Pa
 
 async def _one_put(store: Any) -> Any:
     return await resolved(store.put_message(message(topic=TOPIC, body=b"one", queue_id=0)))
+
+
+def test_a_second_event_loop_is_flushed_by_the_python_thread_beside_the_worker(tmp_path: Path) -> None:
+    """The worker answers on the loop that bound it; another live loop's rounds go to the Python
+    thread, and both loops' puts are acknowledged only once flushed."""
+    store = _store(tmp_path / "s", True)
+    native = store.flush_policy._native
+    assert native is not None
+    results: dict[int, list[Any]] = {}
+
+    async def writer(t: int) -> None:
+        out = results.setdefault(t, [])
+        for i in range(PUTS):
+            r = await resolved(store.put_message(message(topic=TOPIC, body=_body(t, i), queue_id=t)))
+            assert store.commitlog.flushed_where >= r.wrote_offset + r.wrote_bytes
+            out.append(r.status)
+
+    bound = threading.Event()
+
+    async def first() -> None:
+        await writer(0)
+        bound.set()
+        await asyncio.sleep(0.2)  # alive while the other loop puts
+        await writer(2)
+
+    def second() -> None:
+        assert bound.wait(30)
+        asyncio.run(writer(1))
+
+    other = threading.Thread(target=second)
+    other.start()
+    try:
+        asyncio.run(first())
+        other.join(30)
+        rounds_on_thread = store.flush_policy.flush_rounds - native.rounds
+    finally:
+        store.shutdown()
+    assert {t: set(v) for t, v in results.items()} == {t: {PutStatus.PUT_OK} for t in range(3)}
+    assert all(len(v) == PUTS for v in results.values())
+    assert native.rounds > 0 and rounds_on_thread > 0
