@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -141,6 +142,7 @@ def main() -> None:
         loadavg = os.getloadavg()
     finally:
         server.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the broker's data: hundreds of MB a run
     sent = run.get("messages", messages)
     dm = {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in m1}
     rounds = next((v for k, v in dm.items() if k.startswith("tidemq_flush_rounds")), 0.0)
