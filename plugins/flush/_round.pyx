@@ -186,6 +186,7 @@ cdef class RoundWorker:
         rc = pthread_create(&self.thread, NULL, _work, self.s)
         if rc != 0:
             raise OSError(rc, "pthread_create")
+        pthread_setname_np(self.thread, "tidemq-flush")  # named before start() returns
         self.started = True
 
     def fileno(self) -> int:
