@@ -24,6 +24,11 @@ Redis' ``appendfsync always`` does: no wake-up of the flush thread, no hop back 
 Whatever arrives meanwhile waits in the sockets and forms the next round, so the group commit
 still gathers under load; a slow flush (or a failed one) hands the rounds to the thread again.
 
+*Compiled rounds* (``compiled_rounds``, :mod:`tidemq_flush.native_rounds`): a loop's kick that
+would hand its batch to the flush thread posts it to a compiled worker instead, which
+calls ``fdatasync`` without the GIL; the loop's eventfd reader answers the rounds.  This thread keeps
+what the worker does not take (writer threads, file switches, failed rounds).
+
 *Loop gathering* (``loop_gather_us``): closed-loop senders settle into two groups that alternate,
 one put while the other's ``fdatasync`` runs, so a round carries half of what is in flight.  After
 a round of :data:`GATHER_MIN_BATCH` loop puts or more, the next one waits (at most
