@@ -35,6 +35,7 @@ for top, src in package_dir.items():
 
 package_data = {p: ["py.typed"] for p in package_dir}
 package_data["tidemq._native"] = ["*.pyi", "*.pyx", "*.pxi"]
+package_data["tidemq_flush"] = ["py.typed", "*.pyi", "*.pyx"]
 package_data["tidemq_spark"] = ["py.typed", "*.pyi", "*.pyx"]
 package_data["tidemq_console"] = ["py.typed", "templates/*.html", "static/*"]
 
@@ -105,6 +106,8 @@ def native_extensions() -> list[Extension]:
     dedup = Extension("tidemq.broker._dedup_table", ["core/broker/_dedup_table.pyx"], optional=True)
     # The native gRPC server's HPACK decoder (tidemq_transport_grpc.h2_frames falls back to hpack's).
     hpack = Extension("tidemq_transport_grpc._hpack", ["plugins/transport_grpc/_hpack.pyx"], optional=True)
+    # The sync flush policy's round worker (tidemq_flush.native_rounds falls back to its flush thread).
+    flush = Extension("tidemq_flush._round", ["plugins/flush/_round.pyx"], optional=True)
     try:
         from Cython.Build import cythonize
     except ImportError:
@@ -112,7 +115,7 @@ def native_extensions() -> list[Extension]:
         return []
     # Generated C goes under build/ (ignored); a .pyx newer than its .c is translated again.
     extensions = cythonize(
-        [*codec, index, spark, dedup, hpack], build_dir="build/cython", quiet=True, language_level=3
+        [*codec, index, spark, dedup, hpack, flush], build_dir="build/cython", quiet=True, language_level=3
     )
     for built in extensions:  # cythonize's copies do not keep the flag
         built.optional = True

@@ -19,6 +19,7 @@ import json
 import os
 import pstats
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -98,6 +99,7 @@ def main() -> None:
         time.sleep(0.3)
     finally:
         server.stop()
+        shutil.rmtree(work / "tidemq", ignore_errors=True)  # the broker's data: hundreds of MB a run
     sent = run.get("messages", args.messages)
     requests = sent / batch
     dm = {k: v - m0.get(k, 0.0) for k, v in m1.items() if v - m0.get(k, 0.0)}

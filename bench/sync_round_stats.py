@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,11 @@ def threads(pid: int) -> dict[str, dict[str, float]]:
         except OSError:
             continue
         name = "loop" if task.name == str(pid) else task.name  # Python threads have no OS names
+        try:
+            if (task / "comm").read_text().strip() == "tidemq-flush":
+                name = "tidemq-flush"  # the compiled flush worker (tidemq_flush._round) names itself
+        except OSError:
+            pass
         fields = stat[stat.rindex(")") + 2 :].split()
         row = out.setdefault(
             name, {"user": 0.0, "sys": 0.0, "runq_wait": 0.0, "vol": 0.0, "invol": 0.0, "n": 0}
@@ -136,6 +142,7 @@ def main() -> None:
         loadavg = os.getloadavg()
     finally:
         server.stop()
+        shutil.rmtree(work, ignore_errors=True)  # the broker's data: hundreds of MB a run
     sent = run.get("messages", messages)
     dm = {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in m1}
     rounds = next((v for k, v in dm.items() if k.startswith("tidemq_flush_rounds")), 0.0)

@@ -83,3 +83,32 @@ class FlushStatistics(Protocol):
     @property
     def batch_sizes(self) -> Buckets | None:
         """Puts made durable by one round (group commit), None when the policy does not batch."""
+
+
+#: A round a compiled flush worker can run without the GIL (:class:`DirectRoundFlushable`):
+#: ``(fd, end, store_timestamp, token)``: ``fdatasync(fd)`` makes everything before the absolute
+#: offset ``end`` durable; ``store_timestamp`` is the data's store time (checkpoint); ``token`` is the
+#: flushable's own (its file), handed back to :meth:`DirectRoundFlushable.direct_flushed`.
+DirectRound = tuple[int, int, int, object]
+
+
+@runtime_checkable
+class DirectRoundFlushable(Flushable, Protocol):
+    """A :class:`Flushable` whose flush round is one ``fdatasync`` on one file descriptor.
+
+    The capability behind the ``sync`` policy's compiled rounds (``[flush.sync] compiled_rounds``,
+    docs/flush.md, "A round without the GIL"): the policy asks, on the event loop, for the round
+    that covers ``end`` (:meth:`direct_round`), hands ``fd`` and the round's end to a worker
+    thread that never takes the GIL, and once that ``fdatasync`` returned (0) tells the flushable
+    (:meth:`direct_flushed`), again on the loop, which then moves :attr:`flushed_where` as its
+    own :meth:`flush` would have.  Implemented by the mmap store's commit log; a flushable
+    without it (or a round it declines) is flushed by the policy's Python thread as before.
+    """
+
+    def direct_round(self, end: int) -> DirectRound | None:
+        """The round covering ``end``, or None when it is not one ``fdatasync`` of bytes already
+        written (a transient write buffer to commit first, a round that would cross into the next
+        file, a closed file): the caller then flushes through :meth:`commit` and :meth:`flush`."""
+
+    def direct_flushed(self, done: DirectRound) -> int:
+        """``done``'s ``fdatasync`` succeeded: advance the flushed offsets; returns :attr:`flushed_where`."""

@@ -74,7 +74,10 @@ async def create_topic(broker: Any, topic: str) -> None:
 
 
 class GatedFlush:
-    """Wraps the commit log's ``flush``: each call waits for ``gate`` (or raises while ``fail``)."""
+    """Wraps the commit log's ``flush``: each call waits for ``gate`` (or raises while ``fail``).
+
+    The commit log then declines the sync policy's compiled rounds (``direct_round``), whose
+    ``fdatasync`` would not go through ``flush``: every round is gated."""
 
     def __init__(self, commitlog: Any) -> None:
         self.real: Callable[[int], int] = commitlog.flush
@@ -83,6 +86,7 @@ class GatedFlush:
         self.returned: list[float] = []  # loop-independent times each flush returned (monotonic)
         self.fail = False
         commitlog.flush = self
+        commitlog.direct_round = lambda end: None
 
     def __call__(self, least_pages: int = 0) -> int:
         self.entered.set()

@@ -24,6 +24,11 @@ Redis' ``appendfsync always`` does: no wake-up of the flush thread, no hop back 
 Whatever arrives meanwhile waits in the sockets and forms the next round, so the group commit
 still gathers under load; a slow flush (or a failed one) hands the rounds to the thread again.
 
+*Compiled rounds* (``compiled_rounds``, :mod:`tidemq_flush.native_rounds`): a loop's kick that
+would hand its batch to the flush thread posts it to a compiled worker instead, which
+calls ``fdatasync`` without the GIL; the loop's eventfd reader answers the rounds.  This thread keeps
+what the worker does not take (writer threads, file switches, failed rounds).
+
 *Loop gathering* (``loop_gather_us``): closed-loop senders settle into two groups that alternate,
 one put while the other's ``fdatasync`` runs, so a round carries half of what is in flight.  After
 a round of :data:`GATHER_MIN_BATCH` loop puts or more, the next one waits (at most
@@ -49,6 +54,8 @@ import attrs
 from tidemq.flush import Flushable
 from tidemq.futures import SharedCompletion, StoreFuture, complete_all, complete_here, resolve_all
 from tidemq.metrics import BATCH_BOUNDS, Buckets
+
+from .native_rounds import NativeRounds
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +119,13 @@ class SyncFlushOptions:
     #: 0 (the default): a round starts with what is pending.  1000 suits closed-loop batch
     #: producers (docs/flush.md, "Where a sync round's CPU goes": not shown to pay on a shared host).
     loop_gather_us: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    #: An event loop's rounds are flushed by a compiled worker thread that never takes the GIL
+    #: (``fdatasync``, then an eventfd the loop watches; the loop answers every round completed
+    #: since its last wake-up in one callback) when ``tidemq_flush._round`` is built and the store
+    #: offers it (the mmap commit log; not with a transient store pool's commits, nor with
+    #: ``loop_gather_us``).  False: the Python flush thread does every round (docs/flush.md,
+    #: "A round without the GIL").
+    compiled_rounds: bool = True
 
 
 def _false() -> bool:
@@ -220,10 +234,14 @@ class GroupCommitFlush:
         self.gathered_rounds = 0
         self.gather_timeouts = 0
         self.gather_seconds = 0.0
+        #: The compiled rounds (``compiled_rounds``), None: every round on the Python thread.
+        self._native: NativeRounds | None = None
 
     def start(self, target: Flushable) -> None:
         self._target = target
         self._stop = False
+        if self.options.compiled_rounds and self._loop_gather <= 0:
+            self._native = NativeRounds.create(self, target)
         for name, fn in (("group-commit", self._run), ("group-commit-reaper", self._reap)):
             t = threading.Thread(target=fn, name=name, daemon=True)
             t.start()
@@ -278,13 +296,17 @@ class GroupCommitFlush:
             if batch is None:  # the reaper handed it in already
                 return
             if not self._stop:
+                native = self._native
                 if (
                     self._pending
                     or self._inflight
+                    or (native is not None and native.posted)
                     or self._fast_streak < INLINE_AFTER_FAST
                     or len(batch.futures) > INLINE_MAX_PUTS
                     or batch.end - self._target.flushed_where > INLINE_MAX_BYTES  # type: ignore[union-attr]
                 ):
+                    if native is not None and native.take(loop, batch):
+                        return  # the compiled worker's round: the loop's reader answers it
                     self._pending.append(batch)
                     self._ready = True
                     if not self._gathering or batch.end >= self._gather_to:
@@ -522,6 +544,8 @@ class GroupCommitFlush:
                         self._cond.notify()
                 stale_open = set(self._open.values())
                 waiting = self._pending + self._inflight + list(self._open.values())
+                if self._native is not None:
+                    waiting += self._native.batches()
                 first = self._pending[0] if self._pending else None
                 if first is not None and first is stale and not self._ready:
                     log.debug("group commit: a round was not started; starting it")
@@ -540,11 +564,14 @@ class GroupCommitFlush:
         for t in self._threads:
             t.join(timeout=self._timeout + 5)
         self._threads = []
+        native, self._native = self._native, None
+        posted = native.close(self._timeout + 5) if native is not None else []
         if self._target is not None:
             self._target.commit(0)
             flushed = self._target.flush(0)
             with self._lock:
                 left, self._open = list(self._open.values()), {}
+                left += posted
                 left += self._pending
                 self._pending = []
             for batch in left:  # put since the flush thread stopped: durable now, or never will be

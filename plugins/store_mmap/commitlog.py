@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from tidemq.errors import CorruptDataError, StoreError
 from tidemq.extensions import compiled_twin
+from tidemq.flush import DirectRound
 from tidemq.logs import Progress
 from tidemq.message import (
     BLANK_MAGIC_CODE,
@@ -210,6 +211,43 @@ class CommitLog:
     @property
     def flushed_where(self) -> int:
         return self.queue.flushed_where
+
+    # ------------------------------------------------------------------ DirectRoundFlushable
+    def direct_round(self, end: int) -> DirectRound | None:
+        """The sync policy's compiled round (tidemq.flush.DirectRoundFlushable): ``fdatasync`` of
+        the last file, when ``end`` is written there and everything before that file is flushed."""
+        queue = self.queue
+        files = queue.files
+        if not files:
+            return None
+        mf = files[-1]
+        start = mf.file_from_offset
+        if mf._buffer is not None or mf._closed or queue.flushed_where < start:
+            return None  # a transient buffer to commit, or the previous file still to flush
+        ts = mf.store_timestamp  # read before the position, as MappedFileQueue.flush does
+        value = start + mf.committed_position
+        if value < end:
+            return None
+        return (mf.fd, value, ts, mf)
+
+    def direct_flushed(self, done: DirectRound) -> int:
+        """What :meth:`MappedFileQueue.flush` records after its ``fdatasync``, for a compiled round's."""
+        _fd, value, ts, token = done
+        mf = cast(MappedFile, token)
+        queue = self.queue
+        with queue._flush_lock:
+            rel = value - mf.file_from_offset
+            # A file closed or truncated since (a live truncation): nothing of it to record.
+            if mf._closed or rel > mf.committed_position or queue.flushed_where < mf.file_from_offset:
+                return queue.flushed_where
+            if rel > mf.flushed_position:
+                mf.flushed_position = rel
+                mf.flush_calls += 1
+            if value > queue.flushed_where:
+                queue.flushed_where = value
+                if ts:
+                    queue.store_timestamp = ts
+            return queue.flushed_where
 
     @property
     def store_timestamp(self) -> int:

@@ -1,0 +1,201 @@
+"""The ``sync`` policy's compiled rounds: a flush worker that never takes the GIL.
+
+The group commit's Python flush thread takes the GIL twice a round (to start it, and to resolve
+and post its answers after the ``fdatasync``), and the loop it answers is woken through its
+self-pipe.  With ``[flush.sync] compiled_rounds`` (on by default) and the compiled
+``tidemq_flush._round`` built, a loop's round goes instead:
+
+1. at the loop's *kick* (the batch of one loop iteration, as before) the commit log names the
+   round: its file descriptor and the end offset written there
+   (:meth:`tidemq.flush.DirectRoundFlushable.direct_round`); the kick posts both to the worker (a
+   mutex and a condition variable; requests posted while a round runs merge into the next one);
+2. the worker thread (C, no GIL) calls ``fdatasync(fd)`` and writes 1 to an eventfd;
+3. the loop watches that eventfd (``loop.add_reader``): its reader takes every round completed
+   since its last wake-up, records them in the commit log
+   (:meth:`~tidemq.flush.DirectRoundFlushable.direct_flushed`), resolves the batches they cover
+   and completes their groups on the loop (:func:`tidemq.futures.complete_here`): one callback
+   for all of them, no hop through the loop's self-pipe, no GIL taken by another thread.
+
+What it does not take stays on the Python thread, which is also the reference and the fallback
+(``TIDEMQ_NO_EXTENSIONS=1``, or not built): writer threads' puts, a round that crosses into the
+next file or has a transient buffer to commit, loops other than the first one that kicked, and
+rounds whose ``fdatasync`` failed (handed to the thread, which retries them until their deadline
+as it retries its own: the same FLUSH_DISK_TIMEOUT).  The reaper times out overdue batches of
+both (a worker stuck in the kernel included); the counters (rounds, seconds, batch sizes) are
+kept the same way.  Not with ``loop_gather_us`` (its wait runs on the thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from asyncio import AbstractEventLoop
+from asyncio import _get_running_loop as running_loop
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from tidemq.extensions import compiled_twin
+from tidemq.flush import DirectRound, DirectRoundFlushable, Flushable
+from tidemq.futures import SharedCompletion, complete_here
+
+if TYPE_CHECKING:
+    from .group_commit import GroupCommitFlush, _Batch
+
+log = logging.getLogger(__name__)
+
+#: The compiled worker's module (None: the Python flush thread does every round).
+_round = compiled_twin("tidemq_flush._round")
+
+
+def available() -> bool:
+    """Whether the compiled worker is built and allowed (``TIDEMQ_NO_EXTENSIONS`` unset)."""
+    return _round is not None
+
+
+class NativeRounds:
+    """The loop side of the compiled worker: posts kicked batches, answers completed rounds."""
+
+    def __init__(self, policy: GroupCommitFlush, target: DirectRoundFlushable) -> None:
+        assert _round is not None
+        self.policy = policy
+        self.target = target
+        self.worker: Any = _round.RoundWorker()
+        self.worker.start()
+        #: The loop whose reader watches the worker's eventfd (the first one that kicked).
+        self.loop: AbstractEventLoop | None = None
+        #: Batches handed to the worker, in the order posted: (request seq, batch, its round).
+        self.posted: deque[tuple[int, _Batch, DirectRound]] = deque()
+        self.closed = False
+        #: Rounds answered by the loop's reader, and reader wake-ups that answered at least one.
+        self.rounds = 0
+        self.wakeups = 0
+
+    @classmethod
+    def create(cls, policy: GroupCommitFlush, target: Flushable) -> NativeRounds | None:
+        if _round is None or not isinstance(target, DirectRoundFlushable):
+            return None
+        return cls(policy, target)
+
+    def batches(self) -> list[_Batch]:
+        """Under the policy's lock: the batches posted and not answered yet."""
+        return [batch for _seq, batch, _round in self.posted]
+
+    def take(self, loop: AbstractEventLoop, batch: _Batch) -> bool:
+        """At ``loop``'s kick, under the policy's lock: post ``batch``'s round to the worker;
+        False when the worker cannot take it (the Python thread then flushes it)."""
+        if self.closed:
+            return False
+        if loop is not self.loop and not self._bind(loop):
+            return False
+        done = self.target.direct_round(batch.end)
+        if done is None:
+            return False
+        seq = self.worker.post(done[0], done[1])
+        if not seq:
+            return False
+        self.posted.append((seq, batch, done))
+        return True
+
+    def _bind(self, loop: AbstractEventLoop) -> bool:
+        """Watch the worker's eventfd from ``loop``: the first loop that kicks, or the next one
+        once that loop is closed (its batches not answered yet go to the Python thread)."""
+        old = self.loop
+        if old is not None and not old.is_closed():
+            return False  # another loop's: this one's rounds stay on the thread
+        try:
+            loop.add_reader(self.worker.fileno(), self._answer)
+        except (NotImplementedError, RuntimeError, ValueError, OSError) as exc:
+            log.info("sync flush: compiled rounds not used on %r: %s", loop, exc)
+            self.closed = True
+            return False
+        self.loop = loop
+        if self.posted:
+            self._to_thread(self.batches())
+            self.posted.clear()
+        return True
+
+    def _to_thread(self, batches: list[_Batch]) -> None:
+        """Under the policy's lock: the Python thread flushes (and retries) these."""
+        policy = self.policy
+        policy._pending[:0] = batches
+        policy._ready = True
+        policy._cond.notify()
+
+    def _answer(self) -> None:
+        """The loop's reader: every round completed since the last call, answered now."""
+        dones = self.worker.drain()
+        if not dones:
+            return
+        policy = self.policy
+        answered: list[tuple[list[_Batch], DirectRound | None, int]] = []
+        failed: list[_Batch] = []
+        with policy._lock:
+            posted = self.posted
+            for seq, _end, err, ns in dones:
+                covered: list[_Batch] = []
+                last: DirectRound | None = None
+                while posted and posted[0][0] <= seq:
+                    _s, batch, last = posted.popleft()
+                    covered.append(batch)
+                if err:
+                    log.error("flush failed: %s", OSError(err, os.strerror(err)))
+                    policy._fast_streak = 0
+                    failed += covered
+                else:
+                    answered.append((covered, last, ns))
+            if failed:
+                self._to_thread(failed)
+        if not answered:
+            return
+        target = self.target
+        completions: list[SharedCompletion] = []
+        inline_max = policy._inline_max
+        for covered, last, ns in answered:
+            took = ns / 1e9
+            policy._fast_streak = policy._fast_streak + 1 if took <= inline_max else 0
+            policy.flush_rounds += 1
+            policy.flush_seconds.observe(took)
+            self.rounds += 1
+            if last is None:  # a round of batches answered elsewhere (a loop closed meanwhile)
+                continue
+            target.direct_flushed(last)
+            requests = sum(len(batch.futures) for batch in covered)
+            policy._last_batch = requests
+            policy.batch_sizes.observe(requests)
+            for batch in covered:
+                batch.resolve(completions)
+        self.wakeups += 1
+        loop = self.loop
+        assert loop is not None
+        complete_here(completions, loop)
+
+    def close(self, timeout: float) -> list[_Batch]:
+        """Stop the worker once it served what was posted; returns the batches not answered (the
+        policy's shutdown flushes and settles them).  Any thread."""
+        self.closed = True
+        stopped = self.worker.stop(timeout)
+        if not stopped:
+            log.warning("sync flush: the flush worker did not stop within %.0f s", timeout)
+        with self.policy._lock:
+            left = self.batches()
+            self.posted.clear()
+        loop = self.loop
+        self.loop = None
+        if loop is not None and not loop.is_closed():
+            if running_loop() is loop:
+                self._detach(loop)
+            else:
+                try:
+                    loop.call_soon_threadsafe(self._detach, loop)
+                except RuntimeError:  # closed meanwhile
+                    pass
+        elif stopped:
+            self.worker.close()
+        return left
+
+    def _detach(self, loop: AbstractEventLoop) -> None:
+        """On the loop: stop watching the eventfd, then close it."""
+        try:
+            loop.remove_reader(self.worker.fileno())
+        finally:
+            self.worker.close()
