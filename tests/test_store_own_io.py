@@ -1,0 +1,245 @@
+"""The store's own I/O beside sync flush's rounds (docs/flush.md, "Our own I/O behind the round").
+
+On this project's disk (ext4 without a journal on a virtio disk with a write cache) every
+``fdatasync`` ends in a device cache flush, and a cache flush makes durable everything written
+before it, whoever wrote it: a commit-log round issued just after ~20 MB of our index pages waited
+for them.  What is tested, on real files:
+
+* the hash index's flush writes its dirty pages back a bounded window at a time before its
+  ``fdatasync`` (the kernel's own ``cachestat`` counts the file's dirty pages left for it);
+* the consume queues are flushed as RocketMQ's FlushConsumeQueueService does: a queue only once 2
+  pages of it are dirty, every queue every ``cq_flush_thorough_interval_ms``, and the checkpoint's
+  logics time advances only with a thorough flush; after a SIGKILL every acknowledged message is
+  found again through its consume queue.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tidemq.message import decode_message
+from tidemq.store import GetStatus
+from tidemq.testing.store_contract import build_store, message
+from tidemq_index_hash import writeback
+from tidemq_index_hash.indexfile import HEADER_SIZE, SLOT_SIZE, IndexFile
+
+_NR_CACHESTAT = 451  # x86_64 and the generic table alike (Linux 6.5+)
+
+
+class _Range(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Stat(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in ("cache", "dirty", "writeback", "evicted", "recently_evicted")]
+
+
+def dirty_pages(fd: int) -> int | None:
+    """The kernel's count of dirty pages of ``fd`` (``cachestat``), None where it has none."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    rng, st = _Range(0, 0), _Stat()  # len 0: to the end of the file
+    if libc.syscall(_NR_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(st), 0) != 0:
+        return None
+    return int(st.dirty)
+
+
+@pytest.fixture
+def windows(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int]]]:
+    """Every window :mod:`writeback` hands the kernel: (offset, bytes); the real call made."""
+    real = writeback._sync_file_range
+    if real is None:
+        pytest.skip("no sync_file_range here")
+    calls: list[tuple[int, int]] = []
+
+    def counted(fd: int, off: int, n: int, flags: int) -> int:
+        calls.append((off, n))
+        return int(real(fd, off, n, flags))
+
+    monkeypatch.setattr(writeback, "_sync_file_range", counted)
+    yield calls
+
+
+def test_index_flush_writes_back_in_bounded_windows_before_its_fdatasync(
+    tmp_path: Path, windows: list[tuple[int, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slots, entries = 1 << 20, 1 << 16  # a 4 MiB slot table: keys dirty pages all over it
+    f = IndexFile.create(tmp_path / "idx", slots, entries)
+    try:
+        rnd = random.Random(7)
+        for i in range(20_000):
+            h = rnd.randrange(1 << 31)
+            f.reserve([h])
+            assert f.put_key(h, i * 100, 1_000 + i)
+        left_for_fdatasync: list[int | None] = []
+        real_fdatasync = os.fdatasync
+
+        def fdatasync(fd: int) -> None:
+            left_for_fdatasync.append(dirty_pages(fd))
+            real_fdatasync(fd)
+
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        before = dirty_pages(f._fd)
+        f.sync_data()
+        monkeypatch.setattr(os, "fdatasync", real_fdatasync)
+
+        assert windows, "the index's pages went to the fdatasync in one burst"
+        assert max(n for _, n in windows) <= writeback.WINDOW
+        covered = sorted(windows)
+        slot_end = HEADER_SIZE + slots * SLOT_SIZE
+        assert covered[0][0] == 0 and sum(n for off, n in covered if off < slot_end) >= slot_end - 64 * 1024
+        if before is not None and before > 0:
+            # The windows wrote the data back: the fdatasync found (almost) nothing dirty left.
+            assert left_for_fdatasync and left_for_fdatasync[0] is not None
+            assert left_for_fdatasync[0] <= 4, (before, left_for_fdatasync)
+
+        # The next flush with nothing new writes no window that holds anything but the slots.
+        windows.clear()
+        f.sync_data()
+        assert all(off < slot_end for off, _ in windows)
+        # And what was written reads back after a reopen (the flush lost nothing).
+        count = f.header.index_count
+        f.write_header(f.header.pack())
+    finally:
+        f.close()
+    again = IndexFile.open(tmp_path / "idx")
+    try:
+        assert again.header.index_count == count == 20_001
+    finally:
+        again.close()
+
+
+def _checkpoint(root: Path) -> tuple[int, int, int]:
+    return struct.unpack_from(">qqq", (root / "checkpoint").read_bytes())
+
+
+def test_consume_queues_flush_by_least_pages_and_thoroughly_on_their_interval(tmp_path: Path) -> None:
+    store = build_store(
+        "mmap",
+        tmp_path,
+        store_options={
+            "commitlog_file_size": 1 << 20,
+            "cq_flush_interval_ms": 20,
+            "cq_flush_least_pages": 2,
+            "cq_flush_thorough_interval_ms": 3_600_000,
+        },
+    )
+    assert store.load()
+    store.start()
+    try:
+        first = store.put_message(message(body=b"first", queue_id=0)).result(10)
+        store.flusher.flush(thorough=True)  # a thorough flush: the logics time covers "first"
+        assert _checkpoint(tmp_path)[1] == first.store_timestamp
+        cq0 = store.cqs.find("TopicA", 0)
+        calls0 = cq0.queue.flush_calls()
+        time.sleep(0.02)  # store times are ms: later puts are later
+        # A few entries in each of 4 queues: less than 2 pages dirty anywhere.
+        last = None
+        for i in range(40):
+            last = store.put_message(message(body=b"m%d" % i, queue_id=i % 4)).result(10)
+        assert last is not None
+        time.sleep(0.5)  # ~25 ticks of the service
+        assert cq0.queue.flush_calls() == calls0, "a queue with one dirty page was synced"
+        phys, logics, _ = _checkpoint(tmp_path)
+        assert phys == last.store_timestamp, "the commit log's time is recorded each tick"
+        assert logics == first.store_timestamp, "the logics time moved without a thorough flush"
+
+        # 2 pages of one queue dirty (20-byte entries): that queue is flushed by the next tick.
+        for i in range(420):
+            last = store.put_message(message(body=b"n%d" % i, queue_id=0)).result(10)
+        deadline = time.monotonic() + 5
+        while cq0.queue.flush_calls() == calls0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cq0.queue.flush_calls() > calls0
+        assert _checkpoint(tmp_path)[1] == first.store_timestamp
+
+        store.flusher.flush(thorough=True)
+        assert _checkpoint(tmp_path)[1] == last.store_timestamp
+    finally:
+        store.shutdown()
+
+
+WRITER = r"""
+import sys
+from tidemq.testing.store_contract import build_store, message
+
+store = build_store("mmap", sys.argv[1], flush="sync", store_options={
+    "commitlog_file_size": 1 << 20, "consumequeue_entries": 1000,
+    "cq_flush_interval_ms": 20, "cq_flush_thorough_interval_ms": 3600000})
+assert store.load()
+store.start()
+store.put_message(message(topic="Kill", body=b"before", queue_id=3)).result()
+store.flusher.flush(thorough=True)  # the logics time covers "before" only
+i = 0
+while True:
+    r = store.put_message(message(topic="Kill", body=b"k-%d" % i, queue_id=i % 3)).result()
+    if r.ok:
+        sys.stdout.write("%d %d %d\n" % (i, i % 3, r.queue_offset))
+        sys.stdout.flush()
+    i += 1
+"""
+
+
+def test_acknowledged_messages_survive_a_sigkill_between_thorough_flushes(tmp_path: Path) -> None:
+    """The queues were last flushed thoroughly at the start: recovery re-dispatches from the
+    checkpoint's logics time, so every acknowledged message is in its queue again."""
+    data = tmp_path / "data"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(data)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    acked: list[tuple[int, int, int]] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(acked) < 1500 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            acked.append(tuple(int(x) for x in line.split()))  # type: ignore[arg-type]
+        time.sleep(0.2)  # a few ticks of the service: least-pages flushes, no thorough one
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    # Lines written before the kill may still be in the pipe: they were acknowledged too.
+    rest = proc.stdout.read() if proc.stdout else ""
+    acked += [tuple(int(x) for x in line.split()) for line in rest.splitlines() if line.strip()]  # type: ignore[misc]
+    assert len(acked) >= 1500
+    assert (data / "abort").exists(), "the writer was not killed mid-run"
+    logics_before = _checkpoint(data)[1]
+    store = build_store(
+        "mmap", data, store_options={"commitlog_file_size": 1 << 20, "consumequeue_entries": 1000}
+    )
+    assert store.load()
+    store.start()
+    try:
+        for i, qid, qoff in acked:
+            got = store.get_message("g", "Kill", qid, qoff, 1)
+            assert got.status == GetStatus.FOUND, (i, qid, qoff, got.status)
+            assert decode_message(got.buffers[0], check_crc=True).body == b"k-%d" % i
+        assert logics_before > 0
+    finally:
+        store.shutdown()
+
+
+def test_writeback_without_the_call_leaves_the_data_to_fdatasync(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Where sync_file_range is missing, no window is issued and the fdatasync writes everything."""
+    monkeypatch.setattr(writeback, "_sync_file_range", None)
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(fd, b"x" * 100_000)
+        assert writeback.write_back(fd, [(0, 100_000)]) == 0
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"x" * 100_000
