@@ -151,7 +151,8 @@ def test_consume_queues_flush_by_least_pages_and_thoroughly_on_their_interval(tm
         time.sleep(0.5)  # ~25 ticks of the service
         assert cq0.queue.flush_calls() == calls0, "a queue with one dirty page was synced"
         phys, logics, _ = _checkpoint(tmp_path)
-        assert phys == last.store_timestamp, "the commit log's time is recorded each tick"
+        # Nothing the recovery would start from moved: the checkpoint is not rewritten each tick.
+        assert phys == first.store_timestamp, "the checkpoint was synced without a thorough flush"
         assert logics == first.store_timestamp, "the logics time moved without a thorough flush"
 
         # 2 pages of one queue dirty (20-byte entries): that queue is flushed by the next tick.
@@ -164,7 +165,7 @@ def test_consume_queues_flush_by_least_pages_and_thoroughly_on_their_interval(tm
         assert _checkpoint(tmp_path)[1] == first.store_timestamp
 
         store.flusher.flush(thorough=True)
-        assert _checkpoint(tmp_path)[1] == last.store_timestamp
+        assert _checkpoint(tmp_path)[:2] == (last.store_timestamp, last.store_timestamp)
     finally:
         store.shutdown()
 
@@ -243,3 +244,20 @@ def test_writeback_without_the_call_leaves_the_data_to_fdatasync(
     finally:
         os.close(fd)
     assert path.read_bytes() == b"x" * 100_000
+
+
+def test_checkpoint_is_written_at_once_when_a_time_is_lowered(tmp_path: Path) -> None:
+    """A truncation lowers the times: the file must not keep claiming the cut records."""
+    from tidemq_store_mmap.checkpoint import StoreCheckpoint
+
+    cp = StoreCheckpoint(tmp_path / "checkpoint")
+    cp.physic_msg_timestamp, cp.logics_msg_timestamp, cp.index_msg_timestamp = 3000, 2000, 1000
+    cp.flush()
+    assert not cp.lowered()
+    cp.physic_msg_timestamp = 4000
+    assert not cp.lowered()
+    cp.logics_msg_timestamp = 1500
+    assert cp.lowered()
+    cp.flush()
+    assert not cp.lowered()
+    assert _checkpoint(tmp_path) == (4000, 1500, 1000)

@@ -34,7 +34,7 @@ def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
     fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 _sync_file_range = _load()

@@ -56,7 +56,12 @@ class FlushConsumeQueueService:
             ts = self.index.flush()
             if ts:
                 cp.index_msg_timestamp = ts
-        cp.flush()
+        # Written with what it records: the logics time (thorough) or the index time moved, or a
+        # time was lowered.  The commit log's time alone does not move where recovery starts
+        # (the smallest of the times: the logics time waits for the next thorough flush), so it
+        # is not worth a sync (and its device cache flush) beside the rounds every second.
+        if thorough or index or cp.lowered():
+            cp.flush()
 
 
 class CleanService:
