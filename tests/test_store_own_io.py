@@ -261,3 +261,48 @@ def test_checkpoint_is_written_at_once_when_a_time_is_lowered(tmp_path: Path) ->
     cp.flush()
     assert not cp.lowered()
     assert _checkpoint(tmp_path) == (4000, 1500, 1000)
+
+
+def test_zeros_ahead_write_back_each_chunk_before_the_next_under_flush_rounds(tmp_path: Path) -> None:
+    """A round's fdatasync waits for every page of the log under writeback: the zeros thread
+    writes each chunk back before zeroing the next, so no more than one chunk is ever pending."""
+    from tidemq_store_mmap import zeros_ahead
+    from tidemq_store_mmap.commitlog import zero_ahead
+    from tidemq_store_mmap.mapped_file import MappedFile
+
+    if zeros_ahead.sync_file_range is None:
+        pytest.skip("no sync_file_range here")
+    chunk = 64 * 1024
+    mf = MappedFile(tmp_path / f"{0:020d}", 4 << 20, allocate="fallocate")
+    pending: list[int | None] = []
+    prev: list[tuple[int, int]] = []
+
+    def write(fd: int, zeroed: int, end: int, size: int, limit: int) -> int:
+        if prev:
+            lo, hi = prev[-1]
+            pending.append(_dirty_or_writeback(fd, lo, hi - lo))
+        done = zero_ahead(fd, zeroed, end, size, limit)
+        prev.append((zeroed, done))
+        return done
+
+    z = zeros_ahead.ZerosAhead(write, chunk, 1 << 20, background=True, sync=True, sync_interval_s=60)
+    try:
+        z.before_write(mf, 0, 100, True)
+        assert z.wait_idle(10)
+        assert len(prev) >= 8, prev
+        if any(p is None for p in pending):
+            pytest.skip("no cachestat here")
+        assert pending and max(p or 0 for p in pending) == 0, pending
+        assert z.written_back >= len(prev) - 1
+        assert os.pread(mf.fd, 1 << 20, 0) == bytes(1 << 20)
+    finally:
+        z.stop()
+        mf.close()
+
+
+def _dirty_or_writeback(fd: int, off: int, length: int) -> int | None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    rng, st = _Range(off, length), _Stat()
+    if libc.syscall(_NR_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(st), 0) != 0:
+        return None
+    return int(st.dirty + st.writeback)
