@@ -61,6 +61,8 @@ _WRITE_BACK = 1 | 2 | 4
 
 #: How far the thread keeps zeros ahead of the write position.
 WINDOW = 1024 * 1024
+#: Chunks are written back one at a time only while the log grows slower than this (bytes/s).
+WRITE_BACK_MAX_RATE = 16 * 1024 * 1024
 
 
 class ZerosAhead:
@@ -111,6 +113,9 @@ class ZerosAhead:
         self.waits = 0
         #: Chunks written back one at a time under flush rounds (``sync_file_range``).
         self.written_back = 0
+        #: The appender's rate (bytes/s), measured over >= 50 ms between chunks.
+        self._rate = 0.0
+        self._rate_mark = (time.monotonic(), 0)
 
     # ------------------------------------------------------------------ the loop's side
     def before_write(self, mf: MappedFile, start: int, end: int, small: bool) -> None:
@@ -252,7 +257,7 @@ class ZerosAhead:
                     and time.monotonic() - self._synced_at >= self.sync_interval_s
                 ):
                     dirty_fd = fd
-                write_back = self.sync and self._fd == fd and done > lo
+                write_back = self.sync and self._fd == fd and done > lo and self._slow_appender()
                 cv.notify_all()
             fn = sync_file_range
             if write_back and fn is not None:
@@ -261,6 +266,18 @@ class ZerosAhead:
                 if fn(fd, lo, done - lo, _WRITE_BACK) != 0:
                     log.debug("zeros ahead: sync_file_range failed (errno %d)", ctypes.get_errno())
                 self.written_back += 1
+
+    def _slow_appender(self) -> bool:
+        # Caller holds the lock.  Whether the log is appended slowly enough for the chunk's own
+        # writeback to pay: at a low rate a round holds one or two sends and a chunk of zeros in
+        # its writeback is its tail; at a high rate the rounds are large (they write MBs back
+        # anyway) and a thread waiting for each chunk would fall behind the appender.
+        now = time.monotonic()
+        t0, pos0 = self._rate_mark
+        if now - t0 >= 0.05:
+            self._rate = (self._reserved - pos0) / (now - t0) if pos0 <= self._reserved else 0.0
+            self._rate_mark = (now, self._reserved)
+        return self._rate < WRITE_BACK_MAX_RATE
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until the thread has nothing to do (tests): ``True`` when it is idle."""
