@@ -306,3 +306,32 @@ def _dirty_or_writeback(fd: int, off: int, length: int) -> int | None:
     if libc.syscall(_NR_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(st), 0) != 0:
         return None
     return int(st.dirty + st.writeback)
+
+
+def test_zeros_ahead_leave_the_writeback_to_the_rounds_when_the_log_grows_fast(tmp_path: Path) -> None:
+    """At batched rates the rounds write MBs back anyway: the thread does not wait for each chunk."""
+    from tidemq_store_mmap import zeros_ahead
+    from tidemq_store_mmap.commitlog import zero_ahead
+    from tidemq_store_mmap.mapped_file import MappedFile
+
+    if zeros_ahead.sync_file_range is None:
+        pytest.skip("no sync_file_range here")
+    mf = MappedFile(tmp_path / f"{0:020d}", 64 << 20, allocate="fallocate")
+    z = zeros_ahead.ZerosAhead(
+        zero_ahead, 256 * 1024, 1 << 20, background=True, sync=True, sync_interval_s=60
+    )
+    try:
+        z.before_write(mf, 0, 100, True)
+        assert z.wait_idle(10)
+        slow = z.written_back
+        assert slow >= 3  # a slow appender: each chunk written back
+        time.sleep(0.06)
+        end = 24 << 20  # 24 MiB in well under a second: > 16 MiB/s
+        mf.wrote_position = end
+        z.before_write(mf, end, end + 100, False)
+        assert z.wait_idle(10)
+        assert z.zeroed_to >= end + (1 << 19)
+        assert z.written_back == slow, "a fast appender's zeros were written back chunk by chunk"
+    finally:
+        z.stop()
+        mf.close()

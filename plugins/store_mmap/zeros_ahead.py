@@ -115,7 +115,7 @@ class ZerosAhead:
         self.written_back = 0
         #: The appender's rate (bytes/s), measured over >= 50 ms between chunks.
         self._rate = 0.0
-        self._rate_mark = (time.monotonic(), 0)
+        self._rate_mark: tuple[float, MappedFile | None, int] = (time.monotonic(), None, 0)
 
     # ------------------------------------------------------------------ the loop's side
     def before_write(self, mf: MappedFile, start: int, end: int, small: bool) -> None:
@@ -273,10 +273,16 @@ class ZerosAhead:
         # its writeback is its tail; at a high rate the rounds are large (they write MBs back
         # anyway) and a thread waiting for each chunk would fall behind the appender.
         now = time.monotonic()
-        t0, pos0 = self._rate_mark
-        if now - t0 >= 0.05:
-            self._rate = (self._reserved - pos0) / (now - t0) if pos0 <= self._reserved else 0.0
-            self._rate_mark = (now, self._reserved)
+        mf = self.mf
+        # Where the appender is: it announces only writes past the zeros (rarely, while the
+        # thread keeps ahead), so its file's write position.
+        pos = max(self._reserved, mf.wrote_position if mf is not None else 0)
+        t0, mf0, pos0 = self._rate_mark
+        if mf0 is not mf or pos < pos0:
+            self._rate_mark = (now, mf, pos)  # another file: measured from here (the rate kept)
+        elif now - t0 >= 0.05:
+            self._rate = (pos - pos0) / (now - t0)
+            self._rate_mark = (now, mf, pos)
         return self._rate < WRITE_BACK_MAX_RATE
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
