@@ -47,10 +47,6 @@ PAUSE_S = 0.0005
 _CLEAN_NS = 30_000
 
 
-def available() -> bool:
-    return _sync_file_range is not None
-
-
 def write_back(
     fd: int, ranges: Iterable[tuple[int, int]], window: int = WINDOW, pause_s: float = PAUSE_S
 ) -> int:
