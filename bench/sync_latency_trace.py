@@ -823,6 +823,10 @@ def main() -> None:
     from compare_limits import fsync_latency
 
     work = Path(tempfile.mkdtemp(prefix="tidemq-synctrace-", dir=args.dir))
+    import atexit
+    import shutil
+
+    atexit.register(shutil.rmtree, work, True)  # also when the run fails: the disk is nearly full
     ev_path = work / "events.jsonl"
     if args.system == "redis":
         server = compare_systems.start_redis(work / "broker", "always")
@@ -848,6 +852,7 @@ def main() -> None:
             )
             prober.start()
         blk_data = Path(tempfile.mkdtemp(prefix="synctrace-blk-", dir="/dev/shm")) / "blk.data"
+        atexit.register(shutil.rmtree, blk_data.parent, True)
         blk = start_blk(blk_data) if args.blk else None  # in memory: perf's writes stay off the disk
         cpu0, t_cpu0 = thread_cpu(server.proc.pid), time.perf_counter()
         with runner:
@@ -908,8 +913,6 @@ def main() -> None:
         )
     if args.out:
         Path(args.out).write_text(json.dumps({"sends": sends, "events": events, "probes": probes}))
-    import shutil
-
     shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(blk_data.parent, ignore_errors=True)
     print(json.dumps(result, indent=2))
