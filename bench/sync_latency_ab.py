@@ -19,11 +19,13 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import sync_latency_trace  # noqa: E402
 from compare_ab import one  # noqa: E402
 from compare_limits import fsync_latency  # noqa: E402
 
@@ -37,6 +39,13 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=2000.0)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
+    p.add_argument(
+        "--probe-ms",
+        type=float,
+        default=20.0,
+        help="a 4 KiB append + fdatasync every this many ms during each run (0: off): one fsync's "
+        "p50/p99 over the same seconds as the sends",
+    )
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tidemq-synclat-", dir=args.dir))
     ns = argparse.Namespace(
@@ -56,8 +65,21 @@ def main() -> None:
             row: dict[str, Any] = {}
             for name, toml, tree in order:
                 before = fsync_latency(work, 500)
+                probes: list[tuple[int, int]] = []
+                stop = threading.Event()
+                prober = threading.Thread(
+                    target=sync_latency_trace.probe,
+                    args=(work, args.probe_ms / 1e3, stop, probes),
+                    daemon=True,
+                )
+                if args.probe_ms > 0:
+                    prober.start()
                 r = one(work / f"{name}{i}", "sync", toml, ns, tree)
+                stop.set()
+                if args.probe_ms > 0:
+                    prober.join()
                 after = fsync_latency(work, 500)
+                during = sync_latency_trace.summary([(b - a) / 1e3 for a, b in probes])
                 fsync_p99 = max(before["p99_us"], after["p99_us"])
                 fsync_p50 = statistics.fmean([before["p50_us"], after["p50_us"]])
                 row[name] = {
@@ -73,10 +95,19 @@ def main() -> None:
                     # The larger of the two p99s: the run's disk at its worse moment (conservative).
                     "p99_vs_one_fsync_p99": round(r["p99_us"] / fsync_p99, 2),
                     "p99_vs_one_fsync_p50": round(r["p99_us"] / fsync_p50, 2),
+                    # The fsyncs taken during the run itself (the whole run, setup included).
+                    "fsync_4k_during": {**during, "count": len(probes)},
+                    "p99_vs_fsync_p99_during": round(r["p99_us"] / during["p99"], 2)
+                    if during["p99"]
+                    else None,
+                    "p50_vs_fsync_p99_during": round(r["p50_us"] / during["p99"], 2)
+                    if during["p99"]
+                    else None,
                 }
                 print(
                     f"[sync_latency_ab] round {i} {name}: p50 {r['p50_us']} p99 {r['p99_us']} us,"
-                    f" fsync p99 {before['p99_us']}/{after['p99_us']} us -> {row[name]['p99_vs_one_fsync_p99']}",
+                    f" fsync p99 {before['p99_us']}/{after['p99_us']} us -> {row[name]['p99_vs_one_fsync_p99']},"
+                    f" during p50/p99 {during['p50']}/{during['p99']} us -> {row[name]['p99_vs_fsync_p99_during']}",
                     file=sys.stderr,
                 )
             rounds.append(row)
@@ -105,6 +136,8 @@ def main() -> None:
                             "p99_us",
                             "p99_vs_one_fsync_p99",
                             "p99_vs_one_fsync_p50",
+                            "p99_vs_fsync_p99_during",
+                            "p50_vs_fsync_p99_during",
                             "server_cpu_per_s",
                         )
                     }

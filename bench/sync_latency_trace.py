@@ -17,7 +17,10 @@ the put, the rest of the round in progress, the flush thread's wake-up), ``fsync
 ``after_fsync`` (``fdatasync``'s end to the answer: the hop back into the loop, the answer's
 write, the client's wake-up).  For the slowest 1 % it reports what overlapped them: the other
 threads' syncs (consume queues, index, checkpoint), GC passes, fallocates, zeros written ahead.
-Prints JSON (``--out`` also writes the raw events).  ``TIDEMQ_TRACE_ZERO_AHEAD=<bytes>`` in the
+Prints JSON (``--out`` also writes the raw events).  ``--blk`` adds the block layer (``perf
+record`` of every request issued and completed, whole machine): who put what on the device, by
+the issuing thread, and for the kernel's writeback by the sectors of the broker's files.
+``TIDEMQ_TRACE_SKIP_SYNC`` switches off some background syncs (see :func:`install`).  ``TIDEMQ_TRACE_ZERO_AHEAD=<bytes>`` in the
 environment sets the commit log's zeros-ahead chunk for the run (an experiment; 0: none).
 """
 
@@ -57,10 +60,28 @@ def install(out: str) -> None:
         except OSError:
             return "?"
 
+    # An experiment: ``TIDEMQ_TRACE_SKIP_SYNC=consumequeue,index`` makes the syncs of those files
+    # (a path part; ``commitlog-zeros``: the zeros-ahead thread's) return at once, so their pages
+    # go to disk with the kernel's writeback instead: which background writer the stalls follow.
+    skip = {k for k in os.environ.get("TIDEMQ_TRACE_SKIP_SYNC", "").split(",") if k}
+
+    def skipped(fd: int, name: str) -> bool:
+        if not skip or name == "posix_fallocate":
+            return False
+        if "commitlog-zeros" in skip and threading.current_thread().name == "commitlog-zeros":
+            return True
+        parts = set(Path(path_of(fd)).parts)
+        return bool(parts & skip)
+
     def wrap(name: str) -> None:
         orig = getattr(os, name)
 
         def wrapped(fd: int, *a: Any) -> Any:
+            if skip and threading.current_thread().name != "group-commit" and skipped(fd, name):
+                events.append(
+                    ("skipped_" + name, threading.current_thread().name, now_ns(), now_ns(), path_of(fd), 0)
+                )
+                return None
             t0 = now_ns()
             try:
                 return orig(fd, *a)
@@ -277,9 +298,13 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
+probe_tid = [0]
+
+
 def probe(directory: Path, every_s: float, stop: threading.Event, out: list[tuple[int, int]]) -> None:
     """A 4 KiB append + ``fdatasync`` to a file of its own on the same file system every
     ``every_s``, beside the broker: what one fsync costs at the same moments as the rounds."""
+    probe_tid[0] = threading.get_native_id()
     path = directory / "probe-fsync.bin"
     block = os.urandom(4096)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
@@ -503,6 +528,267 @@ def analyse_probe(
     return out
 
 
+# --------------------------------------------------------------------------- block layer
+BLK_EVENTS = ("block:block_rq_issue", "block:block_rq_complete")
+
+
+def start_blk(out: Path) -> Any:
+    """``perf record`` of every block request issued and completed on the machine, stamped with
+    CLOCK_MONOTONIC (the broker's and the client's clock)."""
+    cmd = ["perf", "record", "-q", "-m", "4096", "-k", "CLOCK_MONOTONIC", "-a", "-o", str(out)]
+    for e in BLK_EVENTS:
+        cmd += ["-e", e]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # perf needs a moment to attach
+    return proc
+
+
+def read_blk(data: Path) -> list[tuple[int, int, int, str, str, int, int]]:
+    """The block requests in ``data``: (issue ns, complete ns, issuing tid, issuing comm, rwbs,
+    bytes, first sector), matched issue to completion by sector and length (flushes: in order)."""
+    text = subprocess.run(
+        ["perf", "script", "-i", str(data)],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    pending: dict[tuple[str, str], list[tuple[int, int, str, str, int, int]]] = {}
+    flushes: list[tuple[int, int, str, str, int, int]] = []
+    out: list[tuple[int, int, int, str, str, int, int]] = []
+    for line in text.splitlines():
+        head, sep, trace = line.partition("block:block_rq_")
+        if not sep:
+            continue
+        parts = head.split()  # comm (may hold spaces), tid, [cpu], time:
+        try:
+            comm, tid = " ".join(parts[:-3]), parts[-3]
+            t = int(round(float(parts[-1].rstrip(":")) * 1e9))
+            trace = trace.lstrip()
+            kind, rest = trace.split(": ", 1)
+            f = rest.split()
+        except ValueError:
+            continue
+        rwbs = f[1]
+        if kind == "issue":
+            nbytes = int(f[2])
+            sector, nsec = f[4], f[6]
+            rec = (t, int(tid), comm.strip(), rwbs, nbytes, int(sector))
+            if rwbs.startswith("F") and nbytes == 0:
+                flushes.append(rec)
+            else:
+                pending.setdefault((sector, nsec), []).append(rec)
+        elif kind == "complete":
+            sector, nsec = f[3], f[5]
+            if rwbs.startswith("F"):
+                if flushes:
+                    # Flushes carry no identity and events may be lost under load: pair each
+                    # completion with the latest issue (a lower bound of its time in the device).
+                    i0, tid0, comm0, rw0, n0, s0 = flushes.pop()
+                    out.append((i0, t, tid0, comm0, rw0, n0, s0))
+                continue
+            q = pending.get((sector, nsec))
+            if q:
+                # The latest issue of that sector: a rewrite of it is not in the device twice.
+                i0, tid0, comm0, rw0, n0, s0 = q.pop()
+                out.append((i0, t, tid0, comm0, rw0, n0, s0))
+    out.sort()
+    return out
+
+
+def file_extents(root: Path) -> list[tuple[int, int, str]]:
+    """(first sector, end sector, kind) of every extent of the files under ``root`` (``FIEMAP``
+    through ``filefrag``), the kind being the store directory the file is in."""
+    out: list[tuple[int, int, str]] = []
+    for path in root.rglob("*"):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(root).parts
+        kind = rel[1] if len(rel) > 1 and rel[0] == "data" else rel[0]  # commitlog, index, ...
+        r = subprocess.run(
+            ["filefrag", "-e", "-b4096", str(path)], capture_output=True, text=True, check=False
+        )
+        for line in r.stdout.splitlines():
+            f = line.replace(":", " ").replace("..", " ").split()
+            # "ext: logical_offset: physical_offset: length: expected: flags:"
+            if len(f) >= 6 and f[0].isdigit():
+                try:
+                    phys, length = int(f[3]), int(f[5])
+                except ValueError:
+                    continue
+                out.append((phys * 8, (phys + length) * 8, kind))
+    out.sort()
+    return out
+
+
+def analyse_blk(
+    reqs: list[tuple[int, int, int, str, str, int, int]],
+    events: list[list[Any]],
+    sends: list[tuple[int, int, bool]],
+    warmup_s: float,
+    probe_tid: int,
+    extents: list[tuple[int, int, str]],
+) -> dict[str, Any]:
+    """Who put what on the device, and what the slow commit-log rounds had in the device with them.
+
+    A request's owner: the broker's thread that issued it (by tid), ``probe``, ``kworker`` (the
+    kernel's writeback and the block layer's flush machinery: a cache flush ``F`` is issued from
+    there for everyone), or ``other:<comm>`` (another process on the machine).  A round "had" an
+    owner's request when that request was in the device (issued, not completed) at any moment of
+    the round's ``fdatasync``; the same is counted for all rounds, so a cause shows as a share of
+    slow rounds well above its share of all rounds."""
+    start = min(s for s, _, _ in sends) + int(warmup_s * 1e9)
+    end = max(a for _s, a, _ in sends)
+    tids = {int(e[2]): str(e[1]) for e in events if e[0] == "thread"}
+    cl_tids = {t for t, n in tids.items() if n == "group-commit"}
+
+    ext_starts = [e[0] for e in extents]
+
+    def file_of(sector: int) -> str:
+        i = bisect.bisect_right(ext_starts, sector) - 1
+        if i >= 0 and sector < extents[i][1]:
+            return extents[i][2]
+        return "?"
+
+    def owner(tid: int, comm: str, rwbs: str, sector: int = -1) -> str:
+        if tid in cl_tids:
+            return "group-commit"
+        if tid in tids:
+            return f"broker:{tids[tid]}"
+        if tid == probe_tid:
+            return "probe"
+        if comm.startswith("kworker"):
+            # The kernel's writeback: whose file, by the sectors of the broker's files.
+            return "kworker:flush" if rwbs.startswith("F") else f"kworker:{file_of(sector)}"
+        return f"other:{comm}"
+
+    reqs = [r for r in reqs if r[1] >= start and r[0] <= end]
+    span = (end - start) / 1e9
+    by_owner: dict[str, dict[str, float]] = {}
+    for i0, t1, tid, comm, rwbs, n, sector in reqs:
+        o = owner(tid, comm, rwbs, sector)
+        d = by_owner.setdefault(o, {"requests": 0, "bytes": 0, "flushes": 0, "device_us": []})  # type: ignore[dict-item]
+        d["requests"] += 1
+        d["bytes"] += n
+        d["flushes"] += rwbs.startswith("F")
+        d["device_us"].append((t1 - i0) / 1e3)  # type: ignore[union-attr]
+    owners_summary = {
+        o: {
+            "per_s": round(d["requests"] / span, 1),
+            "kib_per_s": round(d["bytes"] / span / 1024, 1),
+            "flushes_per_s": round(d["flushes"] / span, 2),
+            "device_us": summary(d["device_us"]),  # type: ignore[arg-type]
+        }
+        for o, d in sorted(by_owner.items(), key=lambda kv: -kv[1]["bytes"])
+    }
+    cl = sorted(
+        (e for e in events if e[0] == "fdatasync" and e[1] == "group-commit" and start <= e[2] <= end),
+        key=lambda e: e[2],
+    )
+    issues = [r[0] for r in reqs]
+    # Requests may stay long in the device: look back far enough for any that overlap a round.
+    longest = max((r[1] - r[0] for r in reqs), default=0)
+
+    def had(e: list[Any]) -> tuple[dict[str, int], float, int]:
+        lo = bisect.bisect_left(issues, e[2] - longest)
+        hi = bisect.bisect_right(issues, e[3])
+        seen: dict[str, int] = {}
+        flush_us = 0.0
+        flushes = 0
+        for r in reqs[lo:hi]:
+            if r[1] <= e[2]:
+                continue
+            o = owner(r[2], r[3], r[4], r[6])
+            if r[4].startswith("F"):
+                flushes += 1
+                flush_us = max(flush_us, (r[1] - r[0]) / 1e3)
+            if o in ("group-commit", "kworker:flush"):
+                continue
+            seen[o] = seen.get(o, 0) + r[5]
+        return seen, flush_us, flushes
+
+    rounds_with: dict[str, int] = {}
+    slow_with: dict[str, int] = {}
+    slow_bytes: dict[str, int] = {}
+    slow_rows: list[dict[str, Any]] = []
+    slow_flush_us: list[float] = []
+    all_flush_us: list[float] = []
+    flushes_in_slow: list[int] = []
+    durations = sorted((e[3] - e[2]) for e in cl)
+    floor = max(1_000_000, durations[int(len(durations) * 0.99)] if durations else 0)
+    n_slow = 0
+    for e in cl:
+        seen, flush_us, flushes = had(e)
+        all_flush_us.append(flush_us)
+        for o in seen:
+            rounds_with[o] = rounds_with.get(o, 0) + 1
+        if e[3] - e[2] >= floor:
+            n_slow += 1
+            slow_flush_us.append(flush_us)
+            flushes_in_slow.append(flushes)
+            for o, b in seen.items():
+                slow_with[o] = slow_with.get(o, 0) + 1
+                slow_bytes[o] = slow_bytes.get(o, 0) + b
+            if len(slow_rows) < 40:
+                slow_rows.append(
+                    {
+                        "t_s": round((e[2] - start) / 1e9, 3),
+                        "fdatasync_us": round((e[3] - e[2]) / 1e3),
+                        "cache_flush_in_device_us": round(flush_us),
+                        "cache_flushes_in_it": flushes,
+                        "others_kib_in_device": {o: b // 1024 for o, b in seen.items()},
+                    }
+                )
+    # A round's fdatasync against what the others wrote to the device since the round before it
+    # ended: a device cache flush makes durable everything written before it, whoever wrote it.
+    bins = [(0, 16), (16, 64), (64, 256), (256, 1024), (1024, 4096), (4096, 1 << 40)]
+    by_bin: dict[str, list[float]] = {}
+    bin_owners: dict[str, dict[str, int]] = {}
+    written = sorted(
+        (r[1], r[5], owner(r[2], r[3], r[4], r[6]))
+        for r in reqs
+        if not r[4].startswith("F") and "W" in r[4] and r[5] and r[2] not in cl_tids
+    )
+    w_done = [w[0] for w in written]
+    for i, e in enumerate(cl):
+        if not i:
+            continue
+        lo = bisect.bisect_right(w_done, cl[i - 1][3])
+        hi = bisect.bisect_right(w_done, e[3])
+        kib = sum(w[1] for w in written[lo:hi]) // 1024
+        name = next(f"{a}-{b}KiB" if b < 1 << 40 else f">{a}KiB" for a, b in bins if a <= kib < b)
+        by_bin.setdefault(name, []).append((e[3] - e[2]) / 1e3)
+        own = bin_owners.setdefault(name, {})
+        for w in written[lo:hi]:
+            own[w[2]] = own.get(w[2], 0) + w[1] // 1024
+    return {
+        "seconds": round(span, 2),
+        "round_fdatasync_us_by_kib_others_wrote_since_the_round_before": {
+            k: {
+                "count": len(v),
+                **summary(v),
+                "kib_by_owner": dict(sorted(bin_owners.get(k, {}).items(), key=lambda kv: -kv[1])),
+            }
+            for k, v in sorted(
+                by_bin.items(), key=lambda kv: int(kv[0].lstrip(">").split("-")[0].rstrip("KiB"))
+            )
+        },
+        "by_owner": owners_summary,
+        "rounds": len(cl),
+        "slow_round_floor_us": round(floor / 1e3),
+        "slow_rounds": n_slow,
+        "share_of_all_rounds_with_their_requests_in_the_device": {
+            o: round(v / max(1, len(cl)), 4) for o, v in sorted(rounds_with.items(), key=lambda kv: -kv[1])
+        },
+        "share_of_slow_rounds_with_their_requests_in_the_device": {
+            o: round(v / max(1, n_slow), 3) for o, v in sorted(slow_with.items(), key=lambda kv: -kv[1])
+        },
+        "slow_rounds_their_kib_in_the_device": {o: b // 1024 for o, b in slow_bytes.items()},
+        "cache_flush_in_device_us_all_rounds_lower_bound": summary(all_flush_us),
+        "cache_flush_in_device_us_slow_rounds_lower_bound": summary(slow_flush_us),
+        "slow_rounds_detail": slow_rows,
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rate", type=float, default=2000.0)
@@ -520,13 +806,32 @@ def main() -> None:
         help="also append 4 KiB + fdatasync to a file of the client's every this many ms (0: off)",
     )
     p.add_argument("--out", default="", help="also write the raw events and sends here (JSON)")
+    p.add_argument(
+        "--blk",
+        action="store_true",
+        help="also trace the block layer (perf record of block_rq_issue/complete, whole machine)",
+    )
+    p.add_argument(
+        "--system",
+        default="tidemq",
+        choices=("tidemq", "redis"),
+        help="redis: redis-server with appendfsync always instead (latency, probe and --blk only)",
+    )
     args = p.parse_args()
     import compare
+    import compare_systems
     from compare_limits import fsync_latency
 
     work = Path(tempfile.mkdtemp(prefix="tidemq-synctrace-", dir=args.dir))
+    import atexit
+    import shutil
+
+    atexit.register(shutil.rmtree, work, True)  # also when the run fails: the disk is nearly full
     ev_path = work / "events.jsonl"
-    server = start_broker(work / "broker", args.toml, args.tree, ev_path)
+    if args.system == "redis":
+        server = compare_systems.start_redis(work / "broker", "always")
+    else:
+        server = start_broker(work / "broker", args.toml, args.tree, ev_path)
     try:
         bench = compare.Bench(argparse.Namespace(procs=1, inflight=64, messages=1000), server)
         bench.setup()
@@ -546,27 +851,45 @@ def main() -> None:
                 target=probe, args=(work, args.probe_ms / 1e3, stop, probes), daemon=True
             )
             prober.start()
+        blk_data = Path(tempfile.mkdtemp(prefix="synctrace-blk-", dir="/dev/shm")) / "blk.data"
+        atexit.register(shutil.rmtree, blk_data.parent, True)
+        blk = start_blk(blk_data) if args.blk else None  # in memory: perf's writes stay off the disk
         cpu0, t_cpu0 = thread_cpu(server.proc.pid), time.perf_counter()
         with runner:
             sends = runner.run(drive(spec, args.rate, args.seconds))
         cpu1, t_cpu1 = thread_cpu(server.proc.pid), time.perf_counter()
+        redis_tids = {
+            t.name: (t / "comm").read_text().strip() for t in Path(f"/proc/{server.proc.pid}/task").iterdir()
+        }
+        if blk is not None:
+            blk.send_signal(2)
+            blk.wait(30)
         stop.set()
         if prober is not None:
             prober.join()
         time.sleep(0.5)  # the broker's dump thread writes every 200 ms
+        extents = file_extents(work / "broker") if args.blk else []
         after = fsync_latency(work, 500)
     finally:
         server.stop()
     events = [json.loads(line) for line in ev_path.read_text().splitlines()] if ev_path.exists() else []
     result = {
+        "system": args.system,
         "rate": args.rate,
         "toml": args.toml,
         "tree": args.tree,
+        "skip_sync": os.environ.get("TIDEMQ_TRACE_SKIP_SYNC", ""),
         "load_avg": os.getloadavg(),
         "fsync_4k_before": before,
         "fsync_4k_after": after,
-        **analyse(sends, events, args.warmup),
     }
+    if args.system == "redis":
+        events = [["thread", name, int(tid), 0, "", 0] for tid, name in redis_tids.items()]
+        start = min(s for s, _, _ in sends) + int(args.warmup * 1e9)
+        result["sends"] = len(sends)
+        result["latency_us"] = summary([(a - s) / 1e3 for s, a, _ in sends if s >= start])
+    else:
+        result.update(analyse(sends, events, args.warmup))
     span = t_cpu1 - t_cpu0
     names = {str(e[2]): e[1] for e in events if e[0] == "thread"}
     by_name: dict[str, float] = {}
@@ -579,13 +902,19 @@ def main() -> None:
     result["broker_cpu_us_per_send"] = round(
         sum(v - cpu0.get(k, 0.0) for k, v in cpu1.items()) / max(1, len(sends)) * 1e6, 1
     )
-    if probes:
+    if probes and args.system == "redis":
+        start = min(s for s, _, _ in sends) + int(args.warmup * 1e9)
+        result["probe"] = {"fsync_us": summary([(b - a) / 1e3 for a, b in probes if a >= start])}
+    elif probes:
         result["probe"] = analyse_probe(probes, events, sends, args.warmup)
+    if args.blk:
+        result["block_layer"] = analyse_blk(
+            read_blk(blk_data), events, sends, args.warmup, probe_tid[0], extents
+        )
     if args.out:
         Path(args.out).write_text(json.dumps({"sends": sends, "events": events, "probes": probes}))
-    import shutil
-
     shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(blk_data.parent, ignore_errors=True)
     print(json.dumps(result, indent=2))
 
 

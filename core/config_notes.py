@@ -312,6 +312,11 @@ NOTES: dict[str, dict[str, str]] = {
     "store.mmap.delete_files_batch_max": {"rocketmq": "deleteFileBatchMax", "valid": "> 0"},
     "store.mmap.clean_interval_ms": {"rocketmq": "cleanResourceInterval", "valid": "> 0"},
     "store.mmap.cq_flush_interval_ms": {"rocketmq": "flushIntervalConsumeQueue", "valid": "> 0"},
+    "store.mmap.cq_flush_least_pages": {"rocketmq": "flushConsumeQueueLeastPages", "valid": ">= 0"},
+    "store.mmap.cq_flush_thorough_interval_ms": {
+        "rocketmq": "flushConsumeQueueThoroughInterval",
+        "valid": "> 0",
+    },
     "store.mmap.index_flush_interval_ms": {"valid": "> 0"},
     # ------------------------------------------------------------------ [flush.*]
     "flush.sync.timeout_ms": {"rocketmq": "syncFlushTimeout", "valid": "> 0"},

@@ -57,6 +57,7 @@ from tidemq.errors import CorruptDataError
 from tidemq.index import IndexFileEntry, IndexFileInfo
 from tidemq.message import TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK, Prop
 from tidemq_index_hash import native as _native
+from tidemq_index_hash import writeback
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,8 @@ class IndexFile:
         # (re-reserving allocated blocks costs a syscall, not space).
         self._slot_chunks = bytearray((self._entry_base + SLOT_CHUNK - 1) // SLOT_CHUNK)
         self._reserved_end = self._entry_base
+        #: Entries below this count were durable at the last sync (the rest may be dirty).
+        self._synced_count = header.index_count
         self.closed = False
 
     # ------------------------------------------------------------------ open / create
@@ -436,8 +439,34 @@ class IndexFile:
         cache, so it writes them too, and unlike ``mmap.flush`` (msync under the GIL) it lets the
         broker's event loop run meanwhile.
         """
-        if not self.closed:
-            os.fdatasync(self._fd)
+        if self.closed:
+            return
+        # The dirty pages first, a window at a time (writeback.py): a sync-flush round of the
+        # commit log then never waits behind thousands of ours; the fdatasync writes the rest.
+        count = self.header.index_count
+        writeback.write_back(self._fd, self._dirty_ranges(count))
+        os.fdatasync(self._fd)
+        self._synced_count = count
+
+    def _dirty_ranges(self, count: int) -> list[tuple[int, int]]:
+        """Where dirty pages may be: the reserved slot chunks and the entries since the last sync."""
+        ranges: list[tuple[int, int]] = []
+        chunks = self._slot_chunks
+        i = 0
+        while i < len(chunks):
+            if not chunks[i]:
+                i += 1
+                continue
+            j = i
+            while j < len(chunks) and chunks[j]:
+                j += 1
+            ranges.append((i * SLOT_CHUNK, min(j * SLOT_CHUNK, self._entry_base)))
+            i = j
+        lo = self._entry_base + min(self._synced_count, count) * ENTRY_SIZE
+        hi = self._entry_base + count * ENTRY_SIZE
+        if hi > lo:
+            ranges.append((lo - lo % mmap.PAGESIZE, hi))
+        return ranges
 
     def write_header(self, packed: bytes) -> None:
         """Store a header snapshot in the file and make it durable."""

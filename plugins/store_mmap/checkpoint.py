@@ -51,6 +51,15 @@ class StoreCheckpoint:
             ts = min(ts, self.index_msg_timestamp)
         return max(0, ts - SAFETY_MS)
 
+    def lowered(self) -> bool:
+        """Whether a time is below what the file holds (a truncation lowered it): written at once,
+        as the file must never claim more than is there."""
+        if not self._on_disk:
+            return False
+        on_disk = _LAYOUT.unpack(self._on_disk)
+        ours = (self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp)
+        return any(a < b for a, b in zip(ours, on_disk, strict=True))
+
     def flush(self) -> None:
         """Make the three timestamps durable: nothing when they are already, in place when the
         file is there whole, else by writing a new file."""

@@ -37,12 +37,14 @@ class FlushConsumeQueueService:
         self.index = index
         self.checkpoint: StoreCheckpoint | None = None  # opened by the store's load
 
-    def flush(self, thorough: bool, index: bool = True) -> None:
-        """Flush the queues (``thorough``: every dirty page), the index when ``index``, then the
-        checkpoint, which advances only the times of what was made durable."""
+    def flush(self, thorough: bool, index: bool = True, least_pages: int = 2) -> None:
+        """Flush the queues (``thorough``: every dirty page, else only queues with ``least_pages``
+        dirty), the index when ``index``, then the checkpoint, which advances only the times of
+        what was made durable: the logics time only in a thorough flush (RocketMQ's
+        FlushConsumeQueueService)."""
         logics_ts = self.cqs.last_entry_ts  # read before flushing: every entry up to it is then on disk
         for cq in self.cqs.all_queues():
-            cq.flush(0 if thorough else 2)
+            cq.flush(0 if thorough else least_pages)
         cp = self.checkpoint
         if cp is None:
             return
@@ -54,7 +56,12 @@ class FlushConsumeQueueService:
             ts = self.index.flush()
             if ts:
                 cp.index_msg_timestamp = ts
-        cp.flush()
+        # Written with what it records: the logics time (thorough) or the index time moved, or a
+        # time was lowered.  The commit log's time alone does not move where recovery starts
+        # (the smallest of the times: the logics time waits for the next thorough flush), so it
+        # is not worth a sync (and its device cache flush) beside the rounds every second.
+        if thorough or index or cp.lowered():
+            cp.flush()
 
 
 class CleanService:
@@ -85,7 +92,10 @@ class CleanService:
         flush_every = self.options.cq_flush_interval_ms / 1000
         index_every = self.options.index_flush_interval_ms / 1000
         clean_every = self.options.clean_interval_ms / 1000
+        thorough_every = self.options.cq_flush_thorough_interval_ms / 1000
+        least_pages = self.options.cq_flush_least_pages
         next_flush = time.monotonic() + flush_every
+        next_thorough = time.monotonic() + thorough_every
         next_index_flush = time.monotonic() + index_every
         next_clean = time.monotonic() + clean_every
         flush_failing = False
@@ -102,8 +112,11 @@ class CleanService:
                 with_index = now >= next_index_flush
                 if with_index:
                     next_index_flush = now + index_every
+                thorough = least_pages == 0 or now >= next_thorough
+                if thorough:
+                    next_thorough = now + thorough_every
                 try:
-                    self.flusher.flush(thorough=True, index=with_index)
+                    self.flusher.flush(thorough=thorough, index=with_index, least_pages=least_pages)
                     if flush_failing:
                         log.warning("store metadata flushed again")
                     flush_failing = False

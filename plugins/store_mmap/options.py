@@ -99,6 +99,12 @@ class MmapStoreOptions:
     clean_interval_ms: int = attrs.field(default=10_000, validator=_positive)
     #: How often the ConsumeQueues and the checkpoint are flushed.
     cq_flush_interval_ms: int = attrs.field(default=1000, validator=_positive)
+    #: A queue is flushed only once this many 4 KiB pages of it are dirty, except in a thorough
+    #: flush (flushConsumeQueueLeastPages): fewer ``fdatasync`` calls beside the commit log's.
+    cq_flush_least_pages: int = number(2, ge=0, le=INT32_MAX)
+    #: How often every queue is flushed whatever it holds (flushConsumeQueueThoroughInterval); the
+    #: checkpoint's logics time advances only then, so a crash re-dispatches at most this much.
+    cq_flush_thorough_interval_ms: int = attrs.field(default=60_000, validator=_positive)
     #: How often the key index's files are made durable and the checkpoint's index time advanced.
     #: Between two, a crash costs only a longer re-dispatch of the commit log at restart (keys are
     #: rebuilt from it); each flush writes back every slot page the keys touched, randomly spread,

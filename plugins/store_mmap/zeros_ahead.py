@@ -27,6 +27,8 @@ nothing new, crash or not.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import threading
@@ -37,8 +39,30 @@ from .mapped_file import MappedFile
 
 log = logging.getLogger(__name__)
 
+
+def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return,unused-ignore]
+
+
+#: ``sync_file_range`` (None where missing): under flush rounds each chunk is written back as soon
+#: as it is zeroed (``WAIT_BEFORE | WRITE | WAIT_AFTER``), so a round's ``fdatasync``, which waits
+#: for every page of the log under writeback, meets at most one chunk of zeros in flight instead
+#: of a whole fill (up to ``WINDOW``) written back by the thread's ``fdatasync`` at once
+#: (docs/flush.md, "Our own I/O behind the round").  Durability is still the ``fdatasync``'s.
+sync_file_range = _load_sync_file_range()
+_WRITE_BACK = 1 | 2 | 4
+
 #: How far the thread keeps zeros ahead of the write position.
 WINDOW = 1024 * 1024
+#: Chunks are written back one at a time only while the log grows slower than this (bytes/s).
+WRITE_BACK_MAX_RATE = 16 * 1024 * 1024
 
 
 class ZerosAhead:
@@ -87,6 +111,11 @@ class ZerosAhead:
         self.background_writes = 0
         self.syncs = 0
         self.waits = 0
+        #: Chunks written back one at a time under flush rounds (``sync_file_range``).
+        self.written_back = 0
+        #: The appender's rate (bytes/s), measured over >= 50 ms between chunks.
+        self._rate = 0.0
+        self._rate_mark: tuple[float, MappedFile | None, int] = (time.monotonic(), None, 0)
 
     # ------------------------------------------------------------------ the loop's side
     def before_write(self, mf: MappedFile, start: int, end: int, small: bool) -> None:
@@ -228,7 +257,33 @@ class ZerosAhead:
                     and time.monotonic() - self._synced_at >= self.sync_interval_s
                 ):
                     dirty_fd = fd
+                write_back = self.sync and self._fd == fd and done > lo and self._slow_appender()
                 cv.notify_all()
+            fn = sync_file_range
+            if write_back and fn is not None:
+                # The chunk's writeback now, on this thread, before the next chunk is zeroed (the
+                # fd stays open: a retired fd is closed by this thread only).
+                if fn(fd, lo, done - lo, _WRITE_BACK) != 0:
+                    log.debug("zeros ahead: sync_file_range failed (errno %d)", ctypes.get_errno())
+                self.written_back += 1
+
+    def _slow_appender(self) -> bool:
+        # Caller holds the lock.  Whether the log is appended slowly enough for the chunk's own
+        # writeback to pay: at a low rate a round holds one or two sends and a chunk of zeros in
+        # its writeback is its tail; at a high rate the rounds are large (they write MBs back
+        # anyway) and a thread waiting for each chunk would fall behind the appender.
+        now = time.monotonic()
+        mf = self.mf
+        # Where the appender is: it announces only writes past the zeros (rarely, while the
+        # thread keeps ahead), so its file's write position.
+        pos = max(self._reserved, mf.wrote_position if mf is not None else 0)
+        t0, mf0, pos0 = self._rate_mark
+        if mf0 is not mf or pos < pos0:
+            self._rate_mark = (now, mf, pos)  # another file: measured from here (the rate kept)
+        elif now - t0 >= 0.05:
+            self._rate = (pos - pos0) / (now - t0)
+            self._rate_mark = (now, mf, pos)
+        return self._rate < WRITE_BACK_MAX_RATE
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until the thread has nothing to do (tests): ``True`` when it is idle."""
