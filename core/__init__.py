@@ -78,6 +78,8 @@ __all__ = [
     "SubmittingFlushPolicy",
     "RoundFlushPolicy",
     "FlushStatistics",
+    "DirectRound",
+    "DirectRoundFlushable",
     "StoreFuture",
     "SharedCompletion",
     "resolve_all",
@@ -226,6 +228,8 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     "tidemq.eager": ("resume_eager",),
     "tidemq.extensions": ("compiled_twin", "twins"),
     "tidemq.flush": (
+        "DirectRound",
+        "DirectRoundFlushable",
         "Flushable",
         "FlushPolicy",
         "FlushStatistics",
@@ -351,7 +355,15 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         queue_entry_check,
         tag_selection,
     )
-    from tidemq.flush import Flushable, FlushPolicy, FlushStatistics, RoundFlushPolicy, SubmittingFlushPolicy
+    from tidemq.flush import (
+        DirectRound,
+        DirectRoundFlushable,
+        Flushable,
+        FlushPolicy,
+        FlushStatistics,
+        RoundFlushPolicy,
+        SubmittingFlushPolicy,
+    )
     from tidemq.futures import SharedCompletion, StoreFuture, complete_all, complete_here, resolve_all
     from tidemq.index import (
         IndexBacklog,

@@ -222,6 +222,7 @@ def test_check_config_show_prints_every_effective_value_as_toml(tmp_path: Path) 
         "batch_idle_us": 100,
         "inline_max_us": 0,
         "loop_gather_us": 0,
+        "compiled_rounds": True,
     }
     assert shown["store"]["mmap"]["commitlog_file_size"] == 1048576
     assert shown["store"]["mmap"]["disk_space_warning_ratio"] == 90  # a default filled in
