@@ -52,6 +52,16 @@ def available() -> bool:
     return _round is not None
 
 
+def describe() -> str:
+    """Who runs the ``sync`` policy's flush rounds (``tidemq --version``)."""
+    if _round is not None:
+        return (
+            "compiled (tidemq_flush._round: a worker fdatasyncs without the GIL, an eventfd wakes the loop;"
+            " [flush.sync] compiled_rounds)"
+        )
+    return "the Python flush thread (tidemq_flush._round not built or TIDEMQ_NO_EXTENSIONS=1)"
+
+
 class NativeRounds:
     """The loop side of the compiled worker: posts kicked batches, answers completed rounds."""
 
