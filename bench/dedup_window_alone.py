@@ -3,7 +3,8 @@
     .venv/bin/python bench/dedup_window_alone.py [--repeats 60] [--max-entries 500000 5000]
     PYTHONPATH=/work/wt/base_pkgs .venv/bin/python bench/dedup_window_alone.py   # older code
 
-Per chunk of 2 000 batches of 32 messages (fresh 32-hex-digit ``UNIQ_KEY`` each, the message ids
+Per chunk of 2 000 batches of 32 messages (fresh ``UNIQ_KEY`` each, by default as RocketMQ 4.x's
+producers make them, ``--producers`` taking turns: see ``key_source``; the message ids
 joined as a put answers them), what the send path calls: ``DuplicateWindow.admit_run`` on a run of
 one send, then ``Sent.stored``.  Chunks alternate between a topic with the window on (filled to
 ``--max-entries`` keys, then evicting the oldest) and a topic with it off
@@ -21,7 +22,9 @@ import argparse
 import itertools
 import json
 import os
+import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tidemq.broker.dedup import UNIQ_KEY, DuplicateWindow
@@ -40,20 +43,60 @@ class _Cfg:
         self.attributes = attributes
 
 
+def key_source(kind: str, producers: int) -> Callable[[], list[str]]:
+    """A function giving the next batch's 32 keys, the producers' batches in turn.
+
+    ``rmq4``: RocketMQ 4.x's ``UNIQ_KEY`` (``MessageClientIDSetter``): a producer's fixed prefix
+    (IPv4, pid, class loader hash: 20 hex digits), the milliseconds since the month began (8) and a
+    16-bit counter (4), upper case; a producer makes ~3 batches a millisecond.  ``rmq5``: RocketMQ
+    5's ``message_id`` (``01``, MAC, pid, seconds since 2021, a 32-bit sequence: 34 hex digits).
+    ``served``: ``compare_load.py``'s batches (a 16-digit prefix, a 6-digit batch number, the
+    message's index in 2 digits).  ``counter``: one 32-digit counter over all producers (this
+    benchmark's keys before session 9).  ``random``: 32 random hex digits."""
+    rng = random.Random(37)
+    if kind == "counter":
+        counter = itertools.count()
+        return lambda: [f"{next(counter):032X}" for _ in range(32)]
+    if kind == "random":
+        return lambda: [f"{rng.getrandbits(128):032X}" for _ in range(32)]
+    prefixes = [f"{rng.getrandbits(80):020X}" for _ in range(producers)]
+    counts = [rng.getrandbits(16) for _ in range(producers)]
+    made = [0] * producers
+    turn = itertools.count()
+
+    def next_keys() -> list[str]:
+        p = next(turn) % producers
+        prefix, count, n = prefixes[p], counts[p], made[p]
+        made[p] = n + 1
+        counts[p] = count + 32
+        if kind == "served":
+            return [f"{prefix[:16]}{n & 0xFFFFFF:06X}{i:02X}" for i in range(32)]
+        if kind == "rmq5":  # "01", MAC and pid (16 digits), seconds, sequence
+            seconds = 0x0F000000 + n // 2000
+            return [f"01{prefix[:16]}{seconds:08X}{(count + i) & 0xFFFFFFFF:08X}" for i in range(32)]
+        ms = 0x10000000 + n // 3
+        return [f"{prefix}{ms:08X}{(count + i) & 0xFFFF:04X}" for i in range(32)]
+
+    return next_keys
+
+
 def measure(
-    max_entries: int, repeats: int, chunk: int = 2000, hot: bool = False, only: str | None = None
+    max_entries: int,
+    repeats: int,
+    chunk: int = 2000,
+    hot: bool = False,
+    only: str | None = None,
+    keys: str = "rmq4",
+    producers: int = 4,
 ) -> dict[str, Any]:
     window = DuplicateWindow(120, max_entries, 1 << 40)
     configs = {"On": _Cfg({}), "Off": _Cfg({"dedup.window.seconds": "0"})}
-    counter = itertools.count()
     offset = 0
+    next_keys = key_source(keys, producers)
 
     def batch(topic: str) -> Send:
         nonlocal offset
-        msgs = [
-            MessageInner(topic, b"x", 0, 0, {UNIQ_KEY: f"{next(counter):032X}", "TAGS": "t"})
-            for _ in range(32)
-        ]
+        msgs = [MessageInner(topic, b"x", 0, 0, {UNIQ_KEY: k, "TAGS": "t"}) for k in next_keys()]
         send = Send("g", msgs, True, None, 0, 32)
         send.status, send.queue_id, send.queue_offset, send.recall_handle = 0, 0, 0, None
         send.msg_id = ",".join(f"7F00000100002A9F{offset + j * 1100:016X}" for j in range(32))
@@ -95,6 +138,8 @@ def measure(
     return {
         "max_entries": max_entries,
         "hot": hot,
+        "keys": keys,
+        "producers": producers,
         "entries_at_end": window.entries,
         "evicted": window.evicted,
         "ns_per_batch_on": round(on),
@@ -118,10 +163,20 @@ def main() -> None:
         choices=["On", "Off"],
         help="run one side alone (for `perf record`: profile On and Off apart and difference them)",
     )
+    p.add_argument(
+        "--keys",
+        choices=["rmq4", "rmq5", "served", "counter", "random"],
+        default="rmq4",
+        help="the keys' shape (see key_source; before session 9: counter)",
+    )
+    p.add_argument("--producers", type=int, default=4, help="producers whose batches take turns")
     args = p.parse_args()
     tune_gc()
     load = os.getloadavg()
-    results = [measure(m, args.repeats, hot=args.hot, only=args.only) for m in args.max_entries]
+    results = [
+        measure(m, args.repeats, hot=args.hot, only=args.only, keys=args.keys, producers=args.producers)
+        for m in args.max_entries
+    ]
     print(
         json.dumps(
             {
