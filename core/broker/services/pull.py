@@ -98,15 +98,13 @@ class PullService:
         """
         b = self.broker
         role_aware = b.role_aware
-        if role_aware is None or not b.is_master:
+        if role_aware is None or not isinstance(role_aware, PromotionAware) or not b.is_master:
             return None
         epoch = role_aware.current_epoch()
         key = (group, topic, queue_id)
         if self._checked.get(key) == epoch:
-            return None  # the steady state: one dict lookup per pull
-        end = None
-        if isinstance(role_aware, PromotionAware):
-            end = role_aware.promotion_queue_end(topic, queue_id)
+            return None
+        end = role_aware.promotion_queue_end(topic, queue_id)
         if end is None or offset <= end:
             if len(self._checked) >= MAX_CHECKED:
                 self._checked.clear()  # a later first pull is checked again: at worst moved once more
