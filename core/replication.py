@@ -73,18 +73,6 @@ class RoleAware(Protocol):
 
 
 @runtime_checkable
-class PromotionAware(Protocol):
-    """A :class:`RoleAware` replication that remembers where each consume queue ended when this
-    replica became master of its epoch (controller mode).  The new epoch's first message in a
-    queue takes that offset; a consumer whose first pull here is past it read messages of the
-    old master the election cut, and is moved back to it (see the pull service)."""
-
-    def promotion_queue_end(self, topic: str, queue_id: int) -> int | None:
-        """The queue's max offset when this replica became master of the current epoch; None
-        when not master, or for a queue this replica did not have then."""
-
-
-@runtime_checkable
 class MetadataFollower(Protocol):
     """A replication whose slaves copy their master's metadata (RocketMQ's SlaveSynchronize).
 

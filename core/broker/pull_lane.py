@@ -120,8 +120,6 @@ class PullLaneEntry:
             tags = tag_selection(store_filter)
             if tags is None or queue_entry_check(store_filter) is not None:
                 return None
-        if self._service.ahead_of_promotion(group, topic, queue_id, offset) is not None:
-            return None  # the handler moves it
         found = self._lane.pull(topic, queue_id, offset, max(1, min(max_nums, MAX_PULL_NUMS)), tags)
         if found is None:
             return None

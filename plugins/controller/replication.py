@@ -84,8 +84,6 @@ class ControllerReplication(MasterSlaveReplication):
         self._retry: asyncio.TimerHandle | None = None
         self.failovers = 0
         self._won_sync_set: tuple[int, ...] = ()
-        #: (topic, queue id) -> max offset when promoted to master of the current epoch.
-        self._queue_ends: dict[tuple[str, int], int] = {}
 
     # ------------------------------------------------------------------ RoleAware
     def current_role(self) -> str:
@@ -325,29 +323,8 @@ class ControllerReplication(MasterSlaveReplication):
             "controller: broker %d is %s of epoch %d from offset %d", self.broker_id, self.role, epoch, start
         )
         self._adopt_store_topics()
-        # Before the role changes (no send of the new epoch is stored yet): where each queue ends.
-        self._queue_ends = self._store_queue_ends()
         self._role = self.role
         self._role_changed()
-
-    def _store_queue_ends(self) -> dict[tuple[str, int], int]:
-        store = self.store
-        try:
-            return {
-                (topic, q): store.get_max_offset_in_queue(topic, q)
-                for topic, queue_ids in store.topics().items()
-                for q in queue_ids
-            }
-        except Exception:
-            log.exception("controller: reading the consume queues' ends failed")
-            return {}
-
-    def promotion_queue_end(self, topic: str, queue_id: int) -> int | None:
-        """PromotionAware: the queue's end when this replica was promoted (consumers past it read
-        the old master's cut tail; the pull service moves them back to it)."""
-        if self._role == "SLAVE":
-            return None
-        return self._queue_ends.get((topic, queue_id))
 
     def _adopt_store_topics(self) -> None:
         """Before registering as master: topics the old master created after our last metadata

@@ -21,7 +21,6 @@ from tidemq.filter import EXPRESSION_TAG, MessageFilter, SelectsEverything
 from tidemq.observe import ConsumeContext
 from tidemq.perm import is_readable
 from tidemq.plugins import Listeners
-from tidemq.replication import PromotionAware
 from tidemq.store import GetResult, GetStatus
 from tidemq.transport import Connection
 
@@ -34,8 +33,6 @@ FLAG_SUBSCRIPTION = 4
 FLAG_CLASS_FILTER = 8
 
 MAX_FILTER_CACHE = 1024
-#: Group queues whose first pull since the promotion was checked (ahead_of_promotion), at most.
-MAX_CHECKED = 65536
 #: A pull asks for at most this many messages (and at least one).
 MAX_PULL_NUMS = 1024
 
@@ -84,43 +81,6 @@ class PullService:
         self._filters: dict[tuple[str, str], MessageFilter | None] = {}
         hooks = broker.hooks
         self._listened = Listeners(hooks.tidemq_before_consume, hooks.tidemq_after_consume)
-        #: (group, topic, queue id) -> the epoch whose first pull of it was checked (ahead_of_promotion).
-        self._checked: dict[tuple[str, str, int], int] = {}
-
-    def ahead_of_promotion(self, group: str, topic: str, queue_id: int, offset: int) -> int | None:
-        """Where to move a consumer that read past this master's start (controller mode), else None.
-
-        The first pull of a group's queue since this replica became master of its epoch, at an
-        offset past the queue's end at promotion, comes from a consumer that read the old master's
-        unreplicated tail (the election cut it).  The epoch's own messages start at that end:
-        moved there, the consumer reads them all; left at its offset, it would skip the ones
-        stored before it pulled.  Later pulls of the group's queue in the epoch pass unchecked.
-        """
-        b = self.broker
-        role_aware = b.role_aware
-        if role_aware is None or not isinstance(role_aware, PromotionAware) or not b.is_master:
-            return None
-        epoch = role_aware.current_epoch()
-        key = (group, topic, queue_id)
-        if self._checked.get(key) == epoch:
-            return None
-        end = role_aware.promotion_queue_end(topic, queue_id)
-        if end is None or offset <= end:
-            if len(self._checked) >= MAX_CHECKED:
-                self._checked.clear()  # a later first pull is checked again: at worst moved once more
-            self._checked[key] = epoch
-            return None
-        log.warning(
-            "pull of %s/%d by %s at %d: past the queue's end when this broker became master of "
-            "epoch %d (%d): moved there (it read messages the election cut)",
-            topic,
-            queue_id,
-            group,
-            offset,
-            epoch,
-            end,
-        )
-        return end
 
     def store_filter(self, expression_type: str, expression: str) -> MessageFilter | None:
         """The compiled subscription for the store (cached: consumers repeat the same few)."""
@@ -214,18 +174,6 @@ class PullService:
             return Outcome(  # quoted short and on one line: it may be a megabyte of anything
                 Status.SUBSCRIPTION_PARSE_FAILED,
                 f"parse the consumer's subscription[{shown!r}] failed: {exc}",
-            )
-
-        moved = self.ahead_of_promotion(group, topic, queue_id, offset)
-        if moved is not None:
-            return PullResult(
-                Status.PULL_OFFSET_MOVED,
-                GetStatus.OFFSET_OVERFLOW_BADLY.value,
-                0,
-                moved,
-                b.store.get_min_offset_in_queue(topic, queue_id),
-                b.store.get_max_offset_in_queue(topic, queue_id),
-                (),
             )
 
         # Commit the offset the consumer reports before holding, so a held pull never delays it.
