@@ -14,7 +14,8 @@ at load ~18.
 
 Fast: in-process brokers whose role the test flips (``test_broker_roles``' fixture).  Slow: etcd,
 a NameServer and three replicas; the slaves SIGSTOPped while the master stores a tail the consumer
-reads, then the master SIGKILLed.
+reads, then all three SIGKILLed (the slaves lose what their sockets buffered) and the slaves
+restarted: the new master and the other slave are behind the consumer on every queue.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def test_an_offset_past_the_end_moves_to_the_end_on_a_master_and_stays_on_a_slav
     moved = pull(c, 9)
     assert moved.code == ResponseCode.PULL_OFFSET_MOVED, moved.remark
     assert moved.ext_fields["nextBeginOffset"] == "5", moved.ext_fields
-    # Below the minimum and at the end: unchanged (OFFSET_TOO_SMALL is not at stake here).
+    # At the end and within the queue: as before.
     assert pull(c, 5).code == ResponseCode.PULL_NOT_FOUND
     found = pull(c, 3)
     assert found.code == ResponseCode.SUCCESS and found.ext_fields["nextBeginOffset"] == "5"
@@ -122,10 +123,10 @@ def positions(consumer: BlockingPushConsumer | None) -> dict[int, int]:
 def test_a_live_consumer_ahead_of_the_new_master_re_reads_nothing(
     spawn: Any, tmp_path: Path, etcd: EtcdServer
 ) -> None:
-    """The slaves stop (SIGSTOP) while the master stores a tail the live consumer reads; the
-    master is SIGKILLed before any slave holds the tail; the slaves go on and one is elected.
-    The consumer pulls from a slave, then from the new master, both behind it: it re-reads
-    nothing, and consumes every message acknowledged after the failover."""
+    """The slaves stop (SIGSTOP) while the master stores a tail the live consumer reads; all
+    three are SIGKILLed, the slaves restart without the tail and one is elected.  The consumer
+    pulls from a slave, then from the new master, both behind it: it re-reads nothing, and
+    consumes every message acknowledged after the failover."""
     group = ControllerCluster(spawn, tmp_path, etcd, options={"metadata_sync_s": None})
     master = group.wait_master()
     wait_in_sync(master, 3)
