@@ -135,12 +135,10 @@ def check_queue_offset(offset: int, min_offset: int, max_offset: int) -> GetResu
     if offset == max_offset:
         return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
     if offset > max_offset:
-        return GetResult(
-            GetStatus.OFFSET_OVERFLOW_BADLY,
-            min_offset if min_offset == 0 else max_offset,
-            min_offset,
-            max_offset,
-        )
+        # To the end, as RocketMQ since 4.9.4 (ISSUE #4215): before, a queue whose minimum was
+        # still 0 sent the consumer back to 0, and one ahead of a new master (it read the old
+        # master's unreplicated tail) re-read its whole queue.
+        return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, max_offset, min_offset, max_offset)
     return None
 
 

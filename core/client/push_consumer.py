@@ -42,6 +42,10 @@ from tidemq.trace.hooks import make_tracer
 
 log = logging.getLogger(__name__)
 
+#: Pause before pulling again after a "retry at once" answer that moved nothing: a slave behind
+#: the consumer answers so while the master is down (a failover), and would be asked in a loop.
+RETRY_PAUSE_S = 0.1
+
 
 class ConsumeStatus(enum.Enum):
     """What a listener answers.  ``RECONSUME_LATER`` also means "suspend the queue a moment" for orderly."""
@@ -476,10 +480,13 @@ class PushConsumer:
                     self.offset_store.update(mq, offset)
                     pq.max_offset = max(pq.max_offset, offset - 1)
             elif result.status in (PullStatus.NO_NEW_MSG, PullStatus.NO_MATCHED_MSG):
+                stuck = result.status is PullStatus.NO_MATCHED_MSG and result.next_begin_offset == offset
                 offset = result.next_begin_offset
                 if pq.msg_count == 0:
                     self.offset_store.update(mq, offset)
                     pq.max_offset = max(pq.max_offset, offset - 1)
+                if stuck:
+                    await asyncio.sleep(RETRY_PAUSE_S)
             else:  # OFFSET_ILLEGAL: jump to where the broker says the queue now starts
                 log.warning("offset %d of %s is illegal; moving to %d", offset, mq, result.next_begin_offset)
                 offset = result.next_begin_offset

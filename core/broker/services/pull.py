@@ -243,12 +243,19 @@ class PullService:
                 if result.suggest_pulling_from_slave
                 else group_cfg.broker_id
             )
+        next_begin = result.next_begin_offset
+        if status is Status.PULL_OFFSET_MOVED and not b.is_master:
+            # RocketMQ's offsetCheckInSlave = false: a slave never moves a consumer's offset.  One
+            # ahead of it read the master's newest messages (not copied here yet, or never: the
+            # master died with them): pull again, from the master.  Moved to this slave's end or
+            # to 0, the consumer would skip what the master sends next or re-read its queue.
+            status, next_begin, suggest = Status.PULL_RETRY_IMMEDIATELY, offset, group_cfg.broker_id
         found = status is Status.SUCCESS
         return PullResult(
             status,
             None if found else result.status.value,
             suggest,
-            result.next_begin_offset,
+            next_begin,
             result.min_offset,
             result.max_offset,
             result.wire_parts if found else (),
