@@ -14,6 +14,7 @@ and ``protocol`` modules: the wire format), ``tidemq.cli`` (running a service fr
 command), ``tidemq.message`` (the message and commit-log record format), ``tidemq.address``,
 ``tidemq.compression``, ``tidemq.context`` (the broker as processors see it: its service
 Protocols and ``ProcessorRegister``, also in ``__all__``), ``tidemq.datadir``, ``tidemq.file_regions`` (sendfile sources),
+``tidemq.writeback`` (a file's dirty pages written back early, ``sync_file_range``),
 ``tidemq.logs`` (log handlers and progress reports of long tasks),
 ``tidemq.metrics`` (the metrics role and its ``Buckets`` histogram), ``tidemq.mqjson``
 (fastjson's MessageQueue-keyed maps), ``tidemq.names`` and ``tidemq.trace`` (message trace

@@ -34,6 +34,7 @@ PUBLIC_SUBMODULES = (
     "tidemq.compression",
     "tidemq.datadir",
     "tidemq.file_regions",
+    "tidemq.writeback",
     "tidemq.logs",
     "tidemq.message",
     "tidemq.metrics",

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
+from tidemq import writeback
 from tidemq.message import decode_message
 from tidemq.store import GetStatus
 from tidemq.testing.store_contract import build_store, message
-from tidemq_index_hash import writeback
 from tidemq_index_hash.indexfile import HEADER_SIZE, SLOT_SIZE, IndexFile
 
 _NR_CACHESTAT = 451  # x86_64 and the generic table alike (Linux 6.5+)
@@ -270,7 +270,7 @@ def test_zeros_ahead_write_back_each_chunk_before_the_next_under_flush_rounds(tm
     from tidemq_store_mmap.commitlog import zero_ahead
     from tidemq_store_mmap.mapped_file import MappedFile
 
-    if zeros_ahead.sync_file_range is None:
+    if not writeback.available():
         pytest.skip("no sync_file_range here")
     chunk = 64 * 1024
     mf = MappedFile(tmp_path / f"{0:020d}", 4 << 20, allocate="fallocate")
@@ -314,7 +314,7 @@ def test_zeros_ahead_leave_the_writeback_to_the_rounds_when_the_log_grows_fast(t
     from tidemq_store_mmap.commitlog import zero_ahead
     from tidemq_store_mmap.mapped_file import MappedFile
 
-    if zeros_ahead.sync_file_range is None:
+    if not writeback.available():
         pytest.skip("no sync_file_range here")
     mf = MappedFile(tmp_path / f"{0:020d}", 64 << 20, allocate="fallocate")
     z = zeros_ahead.ZerosAhead(

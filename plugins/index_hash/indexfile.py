@@ -56,8 +56,8 @@ import blake3
 from tidemq.errors import CorruptDataError
 from tidemq.index import IndexFileEntry, IndexFileInfo
 from tidemq.message import TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK, Prop
+from tidemq.writeback import write_back
 from tidemq_index_hash import native as _native
-from tidemq_index_hash import writeback
 
 log = logging.getLogger(__name__)
 
@@ -441,10 +441,10 @@ class IndexFile:
         """
         if self.closed:
             return
-        # The dirty pages first, a window at a time (writeback.py): a sync-flush round of the
+        # The dirty pages first, a window at a time (tidemq.writeback): a sync-flush round of the
         # commit log then never waits behind thousands of ours; the fdatasync writes the rest.
         count = self.header.index_count
-        writeback.write_back(self._fd, self._dirty_ranges(count))
+        write_back(self._fd, self._dirty_ranges(count))
         os.fdatasync(self._fd)
         self._synced_count = count
 

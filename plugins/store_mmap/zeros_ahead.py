@@ -27,37 +27,25 @@ nothing new, crash or not.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 
+from tidemq.writeback import available as can_write_back
+from tidemq.writeback import sync_file_range
+
 from .mapped_file import MappedFile
 
 log = logging.getLogger(__name__)
 
 
-def _load_sync_file_range() -> Callable[[int, int, int, int], int] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return,unused-ignore]
-
-
-#: ``sync_file_range`` (None where missing): under flush rounds each chunk is written back as soon
-#: as it is zeroed (``WAIT_BEFORE | WRITE | WAIT_AFTER``), so a round's ``fdatasync``, which waits
-#: for every page of the log under writeback, meets at most one chunk of zeros in flight instead
-#: of a whole fill (up to ``WINDOW``) written back by the thread's ``fdatasync`` at once
-#: (docs/flush.md, "Our own I/O behind the round").  Durability is still the ``fdatasync``'s.
-sync_file_range = _load_sync_file_range()
-_WRITE_BACK = 1 | 2 | 4
+# Under flush rounds each chunk is written back as soon as it is zeroed
+# (``tidemq.writeback.sync_file_range``), so a round's ``fdatasync``, which waits for every page
+# of the log under writeback, meets at most one chunk of zeros in flight instead of a whole fill
+# (up to ``WINDOW``) written back by the thread's ``fdatasync`` at once (docs/flush.md, "Our own
+# I/O behind the round").  Durability is still the ``fdatasync``'s.
 
 #: How far the thread keeps zeros ahead of the write position.
 WINDOW = 1024 * 1024
@@ -259,12 +247,10 @@ class ZerosAhead:
                     dirty_fd = fd
                 write_back = self.sync and self._fd == fd and done > lo and self._slow_appender()
                 cv.notify_all()
-            fn = sync_file_range
-            if write_back and fn is not None:
+            if write_back and can_write_back():
                 # The chunk's writeback now, on this thread, before the next chunk is zeroed (the
                 # fd stays open: a retired fd is closed by this thread only).
-                if fn(fd, lo, done - lo, _WRITE_BACK) != 0:
-                    log.debug("zeros ahead: sync_file_range failed (errno %d)", ctypes.get_errno())
+                sync_file_range(fd, lo, done - lo)
                 self.written_back += 1
 
     def _slow_appender(self) -> bool:

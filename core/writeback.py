@@ -1,4 +1,8 @@
-"""Write a file's dirty pages back in bounded windows (``sync_file_range``), not in one burst.
+"""Write a file's dirty pages back early (``sync_file_range``) without making them durable.
+
+Used by the hash index (its flush, :func:`write_back` in windows) and the mmap store's zeros ahead
+(each chunk written back as it is zeroed, :func:`sync_file_range`).
+
 
 An index flush after 10 s at 2 000 keys/s has ~5 000 dirty slot pages spread over the slot table.
 One ``fdatasync`` queues all of them on the device at once, and a sync-flush round of the commit
@@ -23,7 +27,11 @@ from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
 
+__all__ = ["PAUSE_S", "WINDOW", "WRITE_BACK_AND_WAIT", "available", "sync_file_range", "write_back"]
+
 _WAIT_BEFORE, _WRITE, _WAIT_AFTER = 1, 2, 4
+#: ``SYNC_FILE_RANGE_WAIT_BEFORE | WRITE | WAIT_AFTER``: start the range's writeback and wait for it.
+WRITE_BACK_AND_WAIT = _WAIT_BEFORE | _WRITE | _WAIT_AFTER
 
 
 def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
@@ -45,6 +53,23 @@ WINDOW = 256 * 1024
 PAUSE_S = 0.0005
 #: A window that returns faster than this had nothing dirty (no pause after it).
 _CLEAN_NS = 30_000
+
+
+def available() -> bool:
+    """Whether ``sync_file_range`` exists here (Linux); elsewhere the callers' ``fdatasync`` writes all."""
+    return _sync_file_range is not None
+
+
+def sync_file_range(fd: int, offset: int, nbytes: int, flags: int = WRITE_BACK_AND_WAIT) -> bool:
+    """One ``sync_file_range`` call; False when it is missing or failed (logged at debug: the
+    caller's ``fdatasync`` still writes and reports)."""
+    fn = _sync_file_range
+    if fn is None:
+        return False
+    if fn(fd, offset, nbytes, flags) != 0:
+        log.debug("sync_file_range failed (errno %d): left to fdatasync", ctypes.get_errno())
+        return False
+    return True
 
 
 def write_back(
