@@ -222,7 +222,7 @@ class CommitLog:
             return None
         mf = files[-1]
         start = mf.file_from_offset
-        if mf._buffer is not None or mf._closed or queue.flushed_where < start:
+        if mf.transient or mf.closed or queue.flushed_where < start:
             return None  # a transient buffer to commit, or the previous file still to flush
         ts = mf.store_timestamp  # read before the position, as MappedFileQueue.flush does
         value = start + mf.committed_position
@@ -235,10 +235,10 @@ class CommitLog:
         _fd, value, ts, token = done
         mf = cast(MappedFile, token)
         queue = self.queue
-        with queue._flush_lock:
+        with queue.flush_lock:
             rel = value - mf.file_from_offset
             # A file closed or truncated since (a live truncation): nothing of it to record.
-            if mf._closed or rel > mf.committed_position or queue.flushed_where < mf.file_from_offset:
+            if mf.closed or rel > mf.committed_position or queue.flushed_where < mf.file_from_offset:
                 return queue.flushed_where
             if rel > mf.flushed_position:
                 mf.flushed_position = rel

@@ -145,6 +145,11 @@ class MappedFile:
         return self._buffer is not None
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (its mapping and descriptor are gone)."""
+        return self._closed
+
+    @property
     def read_position(self) -> int:
         """Bytes a reader may see (everything appended: readers fall back to the write buffer)."""
         return self.wrote_position

@@ -50,6 +50,11 @@ class MappedFileQueue:
         self._flush_lock = threading.Lock()
         self._files_lock = threading.Lock()
 
+    @property
+    def flush_lock(self) -> threading.Lock:
+        """Held while a flush records its offsets (a compiled round's outcome takes it too)."""
+        return self._flush_lock
+
     # ------------------------------------------------------------------ loading
     def load(self) -> None:
         """Map the existing files; a file of the wrong size is a :class:`StoreError`."""
