@@ -345,6 +345,34 @@ class GroupCommitFlush:
                 self._ready = True
                 self._cond.notify()
 
+    # ------------------------------------------------------------------ for the compiled rounds
+    @property
+    def lock(self) -> threading.Lock:
+        """The policy's lock (pending batches, posted rounds): ``native_rounds`` takes it too."""
+        return self._lock
+
+    def requeue(self, batches: list[_Batch]) -> None:
+        """Caller holds :attr:`lock`: the flush thread flushes (and retries) ``batches`` first."""
+        self._pending[:0] = batches
+        self._ready = True
+        self._cond.notify()
+
+    def round_failed(self) -> None:
+        """A round's flush failed: no inline round until flushes succeed fast again."""
+        self._fast_streak = 0
+
+    def count_round(self, took: float) -> None:
+        """Count a flush round that took ``took`` seconds (its speed decides inline rounds)."""
+        self._fast_streak = self._fast_streak + 1 if took <= self._inline_max else 0
+        self.flush_rounds += 1
+        self.flush_seconds.observe(took)
+
+    def round_done(self, took: float, requests: int) -> None:
+        """Count a round that made ``requests`` puts durable in ``took`` seconds."""
+        self.count_round(took)
+        self._last_batch = requests
+        self.batch_sizes.observe(requests)
+
     def _run(self) -> None:
         """Flush whatever is waiting, resolve it, repeat.
 

@@ -126,10 +126,7 @@ class NativeRounds:
 
     def _to_thread(self, batches: list[_Batch]) -> None:
         """Under the policy's lock: the Python thread flushes (and retries) these."""
-        policy = self.policy
-        policy._pending[:0] = batches
-        policy._ready = True
-        policy._cond.notify()
+        self.policy.requeue(batches)
 
     def _answer(self) -> None:
         """The loop's reader: every round completed since the last call, answered now."""
@@ -139,7 +136,7 @@ class NativeRounds:
         policy = self.policy
         answered: list[tuple[list[_Batch], DirectRound | None, int]] = []
         failed: list[_Batch] = []
-        with policy._lock:
+        with policy.lock:
             posted = self.posted
             for seq, _end, err, ns in dones:
                 covered: list[_Batch] = []
@@ -149,7 +146,7 @@ class NativeRounds:
                     covered.append(batch)
                 if err:
                     log.error("flush failed: %s", OSError(err, os.strerror(err)))
-                    policy._fast_streak = 0
+                    policy.round_failed()
                     failed += covered
                 else:
                     answered.append((covered, last, ns))
@@ -159,19 +156,13 @@ class NativeRounds:
             return
         target = self.target
         completions: list[SharedCompletion] = []
-        inline_max = policy._inline_max
         for covered, last, ns in answered:
-            took = ns / 1e9
-            policy._fast_streak = policy._fast_streak + 1 if took <= inline_max else 0
-            policy.flush_rounds += 1
-            policy.flush_seconds.observe(took)
             self.rounds += 1
             if last is None:  # a round of batches answered elsewhere (a loop closed meanwhile)
+                policy.count_round(ns / 1e9)
                 continue
             target.direct_flushed(last)
-            requests = sum(len(batch.futures) for batch in covered)
-            policy._last_batch = requests
-            policy.batch_sizes.observe(requests)
+            policy.round_done(ns / 1e9, sum(len(batch.futures) for batch in covered))
             for batch in covered:
                 batch.resolve(completions)
         self.wakeups += 1
@@ -186,7 +177,7 @@ class NativeRounds:
         stopped = self.worker.stop(timeout)
         if not stopped:
             log.warning("sync flush: the flush worker did not stop within %.0f s", timeout)
-        with self.policy._lock:
+        with self.policy.lock:
             left = self.batches()
             self.posted.clear()
         loop = self.loop
