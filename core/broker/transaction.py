@@ -54,6 +54,9 @@ from tidemq.store import GetStatus, PutResult
 from tidemq.tasks import supervise
 from tidemq.transport import Connection
 
+# A private generator: the process's global `random` state stays the application's.
+_random = random.Random()
+
 if TYPE_CHECKING:
     from tidemq.context import BrokerContext
 
@@ -461,7 +464,7 @@ class TransactionalMessageService:
         channels = [
             ch.conn for ch in self.broker.producers.groups.get(group, {}).values() if not ch.conn.closed
         ]
-        return random.choice(channels) if channels else None
+        return _random.choice(channels) if channels else None
 
     def _check_request(self, copy: MessageInner, result: PutResult) -> RemotingCommand:
         """CHECK_TRANSACTION_STATE with the message (real topic and queue) as its body."""

@@ -12,7 +12,6 @@ import enum
 import ipaddress
 import itertools
 import os
-import random
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -114,9 +113,9 @@ class UniqueIdGenerator:
         except ValueError:
             packed = bytes(4)
         pid = os.getpid() if pid is None else pid
-        prefix = packed + (pid & 0xFFFF).to_bytes(2, "big") + random.getrandbits(32).to_bytes(4, "big")
+        prefix = packed + (pid & 0xFFFF).to_bytes(2, "big") + os.urandom(4)
         self._prefix = prefix.hex().upper()
-        self._counter = itertools.count(random.getrandbits(16))
+        self._counter = itertools.count(int.from_bytes(os.urandom(2), "big"))
         self._lock = threading.Lock()
         self._month_start_ms = 0
         self._next_month_ms = 0

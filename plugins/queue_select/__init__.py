@@ -22,6 +22,9 @@ from tidemq.config import parse_options
 from tidemq.plugins import PluginContext
 from tidemq.queues import MessageQueue
 
+# A private generator: the process's global `random` state stays the application's.
+_random = random.Random()
+
 log = logging.getLogger(__name__)
 
 __all__ = ["LatencyFaultSelector", "RoundRobinSelector", "LATENCY_MAX_MS", "NOT_AVAILABLE_MS"]
@@ -57,7 +60,7 @@ class RoundRobinSelector:
     def _next(self, topic: str) -> int:
         counter = self._counters.get(topic)
         if counter is None:
-            first = self._start if self._start is not None else random.randrange(1 << 31)
+            first = self._start if self._start is not None else _random.randrange(1 << 31)
             counter = self._counters[topic] = itertools.count(first)
         return next(counter)
 

@@ -59,6 +59,9 @@ from tidemq.remoting.codes import ResponseCode
 from tidemq.store import GetStatus, PutResult
 from tidemq.tasks import supervise
 
+# A private generator: the process's global `random` state stays the application's.
+_random = random.Random()
+
 if TYPE_CHECKING:
     from tidemq.broker.context import BrokerContext
 
@@ -307,14 +310,14 @@ class PopService:
     ) -> PopResult:
         pop_time = now_ms()
         result = PopResult(pop_time, invisible_ms, ORDER_REVIVE_QUEUE if order else 0, 0)
-        start = random.randrange(len(queues))
+        start = _random.randrange(len(queues))
         ring = queues[start:] + queues[:start]
         sources: list[tuple[str, list[int]]] = [(topic, ring)]
         rcfg = None if order else self.checks.retry_config(group, topic)
         if rcfg is not None:
             retry = rcfg.topic_name
             rq = list(range(rcfg.read_queue_nums))
-            if random.randrange(100) < RETRY_FIRST_PERCENT:
+            if _random.randrange(100) < RETRY_FIRST_PERCENT:
                 sources.insert(0, (retry, rq))
             else:
                 sources.append((retry, rq))

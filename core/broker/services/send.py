@@ -70,6 +70,9 @@ from tidemq.plugins import Listeners
 from tidemq.topic_attributes import message_type_of, topic_message_type, type_conflict
 from tidemq.transport import Connection
 
+# A private generator: the process's global `random` state stays the application's.
+_random = random.Random()
+
 log = logging.getLogger(__name__)
 
 _CLUSTER = Prop.CLUSTER
@@ -191,7 +194,7 @@ class SendService:
         if type(cfg) is Outcome:  # not isinstance: a builtin call less per send
             return cfg
         if queue_id < 0:
-            queue_id = random.randrange(max(cfg.write_queue_nums, 1))  # type: ignore[union-attr]
+            queue_id = _random.randrange(max(cfg.write_queue_nums, 1))  # type: ignore[union-attr]
         props = string_to_properties(properties)
         # The duplicate window (issue 37): a resend of a message stored within it is answered so.
         window = b.dedup
@@ -293,7 +296,7 @@ class SendService:
         if isinstance(cfg, Outcome):
             return cfg
         if queue_id < 0:
-            queue_id = random.randrange(max(cfg.write_queue_nums, 1))
+            queue_id = _random.randrange(max(cfg.write_queue_nums, 1))
         try:
             msgs = decode_batch_messages(
                 body,
@@ -392,7 +395,7 @@ class SendService:
         if isinstance(cfg, Outcome):
             return cfg
         if queue_id < 0:
-            queue_id = random.randrange(max(cfg.write_queue_nums, 1))
+            queue_id = _random.randrange(max(cfg.write_queue_nums, 1))
         msg = MessageInner(
             topic,
             bytes(body),
@@ -529,7 +532,7 @@ class SendService:
         else:
             topic = retry_topic(group)
             cfg = b.topics.create_in_send_back(topic, group_cfg.retry_queue_nums, PERM_READ | PERM_WRITE)
-            queue_id = random.randrange(max(cfg.write_queue_nums, 1))
+            queue_id = _random.randrange(max(cfg.write_queue_nums, 1))
             if delay_level == 0:
                 delay_level = 3 + ext.reconsume_times
             props[Prop.DELAY_TIME_LEVEL] = str(delay_level)
