@@ -33,23 +33,14 @@ from conftest import wait_for
 
 pytest.importorskip("httpx", reason="httpx is not installed (pip install tidemq[controller])")
 
-from controller_support import TOPIC, ControllerCluster, check_acked, wait_in_sync  # noqa: E402
+from controller_support import TOPIC, ControllerCluster, EtcdServer, check_acked, etcd_fixture, wait_in_sync  # noqa: E402,F401
 from test_broker_roles import TOPIC as ROLE_TOPIC  # noqa: E402
 from test_broker_roles import Cluster, cluster  # noqa: E402, F401
 from test_controller_consumers import Consumed, max_offsets, push_consumer  # noqa: E402
-from test_controller_election import EtcdServer  # noqa: E402
 
 from tidemq.client import BlockingProducer, BlockingPushConsumer, Message, SendResult, SendStatus  # noqa: E402
 from tidemq.remoting.codes import RequestCode, ResponseCode  # noqa: E402
 from tidemq.remoting.command import RemotingCommand  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
-    server.start()
-    yield server
-    server.stop()
 
 
 def pull(c: Cluster, offset: int, queue_id: int = 0) -> RemotingCommand:

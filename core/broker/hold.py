@@ -21,9 +21,17 @@ Key = tuple[str, int]
 
 
 class PullRequestHoldService:
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_offset: Callable[[str, int], int]):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        max_offset: Callable[[str, int], int],
+        bounded: bool = False,
+    ):
         self._loop = loop
+        #: The queue's readable end (bounded by the confirm offset when ``bounded``).
         self._max_offset = max_offset
+        #: An arrival's max offset may be past the readable end: re-read it before waking.
+        self._bounded = bounded
         self._waiters: dict[Key, list[tuple[int, asyncio.Future[bool]]]] = {}
         # Held pulls by connection: released when it closes (nobody is left to answer).
         self._by_conn: dict[Any, set[asyncio.Future[bool]]] = {}
@@ -104,9 +112,20 @@ class PullRequestHoldService:
             pass
 
     def _wake(self, topic: str, queue_id: int, max_offset: int) -> None:
+        if self._bounded:
+            max_offset = min(max_offset, self._max_offset(topic, queue_id))
         for offset, fut in list(self._waiters.get((topic, queue_id), ())):
             if offset < max_offset and not fut.done():
                 fut.set_result(True)
+
+    def has_waiters(self) -> bool:
+        """Whether any pull is held (any thread; no lock)."""
+        return bool(self._waiters)
+
+    def recheck(self) -> None:
+        """The readable end moved (the confirm offset grew): wake the pulls now below it (loop thread)."""
+        for topic, queue_id in list(self._waiters):
+            self._wake(topic, queue_id, self._max_offset(topic, queue_id))
 
     def stop(self) -> None:
         """Answer every held pull now (with what the store has) so shutdown does not wait 15 s."""

@@ -84,6 +84,10 @@ class ControllerReplication(MasterSlaveReplication):
         self._retry: asyncio.TimerHandle | None = None
         self.failovers = 0
         self._won_sync_set: tuple[int, ...] = ()
+        self._confirm_listener: Callable[[], None] | None = None
+        #: A deposed SYNC master's last confirm offset: its reads stay bounded by it until it
+        #: follows the new master (and cuts what the set did not hold).
+        self._fenced_confirm: int | None = None
 
     # ------------------------------------------------------------------ RoleAware
     def current_role(self) -> str:
@@ -104,6 +108,32 @@ class ControllerReplication(MasterSlaveReplication):
                 self._listener()
             except Exception:
                 log.exception("role listener failed")
+
+    # ------------------------------------------------------------------ ConfirmsReads
+    def confirm_offset(self) -> int | None:
+        """What every member of the in-sync set holds (a SYNC master), else None (no bound).
+
+        RocketMQ 5's CommitLog.getConfirmOffset in controller mode with allAckInSyncStateSet:
+        the whole set's acknowledgement on a SYNC master, the log's end when the set is the master
+        alone or ``read_uncommitted`` is on; ASYNC masters are not bounded.
+        """
+        if self.copts.read_uncommitted:
+            return None
+        tracker = self.in_sync
+        if tracker is not None and self._role != "SLAVE":
+            return tracker.confirm_offset()
+        return self._fenced_confirm
+
+    def bind_confirm_listener(self, listener: Callable[[], None]) -> None:
+        self._confirm_listener = listener
+
+    def _confirm_advanced(self) -> None:
+        listener = self._confirm_listener
+        if listener is not None:
+            try:
+                listener()
+            except Exception:
+                log.exception("confirm listener failed")
 
     # ------------------------------------------------------------------ contract
     def start(self, store: Any, broker_config: Any) -> None:
@@ -362,6 +392,7 @@ class ControllerReplication(MasterSlaveReplication):
                 self.store,
                 transfer,
             )
+            tracker.on_confirm = self._confirm_advanced
         try:
             server = await asyncio.to_thread(
                 HAServer,
@@ -380,6 +411,7 @@ class ControllerReplication(MasterSlaveReplication):
                 transfer.shutdown()
             return False
         server.start()
+        self._fenced_confirm = None
         self.transfer, self.in_sync, self.server = transfer, tracker, server
         if tracker is not None:
             tracker.server = server
@@ -425,6 +457,10 @@ class ControllerReplication(MasterSlaveReplication):
 
     def _on_fenced(self, reason: FenceReason) -> None:
         """Deposed or cut off from etcd: refuse acknowledgements now, close the HA port next."""
+        tracker = self.in_sync
+        if tracker is not None and self._role != "SLAVE":
+            # Reads stay at what the set held (the rest may be cut) until we follow a master.
+            self._fenced_confirm = tracker.confirm_offset()
         self._role = "SLAVE"
         log.warning("controller: broker %d stops acknowledging as master (%s)", self.broker_id, reason.value)
         self._role_changed()
@@ -480,6 +516,9 @@ class ControllerReplication(MasterSlaveReplication):
         """Truncate to where this log agrees with the master of ``epoch``, then stream from it."""
         assert self.election is not None and self.epochs is not None
         if self.server is not None or self._role != "SLAVE":
+            tracker = self.in_sync
+            if tracker is not None and self._role != "SLAVE":
+                self._fenced_confirm = tracker.confirm_offset()
             self._role = "SLAVE"
             self._role_changed()
             await self._demote()
@@ -491,6 +530,8 @@ class ControllerReplication(MasterSlaveReplication):
             self._retry_later()
             return
         await self._reconcile(history, f"the master of epoch {epoch}")
+        # Cut to the master's log: what is left is its, readable as a slave reads (no bound).
+        self._fenced_confirm = None
         try:
             self.client = HAClient(
                 self.store, self.options, master.ha_addr, broker_id=self.broker_id, epoch=epoch

@@ -1,0 +1,211 @@
+"""Consumers read only what the in-sync set holds (the confirm offset, RocketMQ 5's confirmOffset).
+
+On a SYNC master in controller mode a message is stored before the other members of the in-sync
+set hold it; a failover cuts what they do not hold and the new epoch reuses its queue offsets.
+Pulls, POP, gRPC receive and GET_MAX_OFFSET therefore stop at the offset the whole set has
+acknowledged; a pull at that bound is held and answered once the set acknowledges.
+
+Real processes: etcd, a NameServer and two (fast test) or three (slow test) controller brokers on
+loopback; a slave is SIGSTOPped so that it acknowledges nothing while the master stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import wait_for
+
+pytest.importorskip("httpx", reason="httpx is not installed (pip install tidemq[controller])")
+
+from controller_support import (  # noqa: E402
+    TOPIC,
+    ControllerCluster,
+    EtcdServer,
+    check_acked,
+    etcd_fixture,  # noqa: F401  (the etcd fixture)
+    wait_in_sync,
+)
+from test_controller_consumers import Consumed, max_offsets, push_consumer  # noqa: E402
+
+from tidemq.client import BlockingProducer, BlockingPushConsumer, Message, SendResult, SendStatus  # noqa: E402
+from tidemq.client.admin import AdminClient  # noqa: E402
+from tidemq.remoting.codes import RequestCode, ResponseCode  # noqa: E402
+from tidemq.remoting.command import RemotingCommand  # noqa: E402
+
+
+def pull(addr: str, queue_id: int, offset: int, suspend_ms: int = 0) -> RemotingCommand:
+    """One PULL_MESSAGE of TOPIC straight to ``addr`` (suspend_ms > 0: a long-polling pull)."""
+    fields = {
+        "consumerGroup": "confirm-cg",
+        "topic": TOPIC,
+        "queueId": queue_id,
+        "queueOffset": offset,
+        "maxMsgNums": 32,
+        "sysFlag": 4 | (2 if suspend_ms else 0),  # FLAG_SUBSCRIPTION | FLAG_SUSPEND
+        "commitOffset": 0,
+        "suspendTimeoutMillis": suspend_ms,
+        "subscription": "*",
+        "subVersion": 0,
+        "expressionType": "TAG",
+    }
+
+    async def ask() -> RemotingCommand:
+        client = AdminClient("127.0.0.1:1", timeout=suspend_ms / 1000 + 5.0)
+        try:
+            return await client.call(addr, RequestCode.PULL_MESSAGE, fields, ok=tuple(range(-1, 100)))
+        finally:
+            await client.close()
+
+    return asyncio.run(ask())
+
+
+def test_a_pull_never_returns_what_the_stopped_slave_does_not_hold_and_returns_it_once_resumed(
+    spawn: Any, tmp_path: Path, etcd: EtcdServer
+) -> None:
+    group = ControllerCluster(spawn, tmp_path, etcd, replicas=2, options={"sync_timeout_s": 1.0})
+    master = group.wait_master()
+    wait_in_sync(master, 2)
+    (slave,) = [r for r in group.running() if r is not master]
+    producer = BlockingProducer("confirm-pg", group.ns, retry_times=0, send_timeout=3.0)
+    producer.start()
+    stopped = False
+    try:
+        first = producer.send(Message(TOPIC, b"replicated"))
+        assert first.status is SendStatus.SEND_OK, first.status
+        qid, offset = first.queue.queue_id, first.queue_offset
+        got = pull(master.addr, qid, offset)
+        assert got.code == ResponseCode.SUCCESS, (got.code, got.remark)
+
+        slave.server.proc.send_signal(signal.SIGSTOP)
+        stopped = True
+        # Stored on the master; the slave acknowledges nothing, so the send is not acknowledged.
+        tail = producer.send(Message(TOPIC, b"not on the slave"), timeout=5.0)
+        assert tail.status is not SendStatus.SEND_OK, tail.status
+        tq, toff = tail.queue.queue_id, tail.queue_offset
+        # A pull at the tail's offset finds nothing (before: the tail, SUCCESS), and the queue's
+        # max offset (the pull answer's and GET_MAX_OFFSET's) stops before it.
+        held = pull(master.addr, tq, toff)
+        assert held.code == ResponseCode.PULL_NOT_FOUND, (held.code, held.remark, held.ext_fields)
+        assert held.ext_fields["nextBeginOffset"] == str(toff), held.ext_fields
+        assert held.ext_fields["maxOffset"] == str(toff), held.ext_fields
+        assert max_offsets(master.addr, 4)[tq] == toff
+        # A long-polling pull waits there and is answered once the slave acknowledges.
+        answer: Future[RemotingCommand] = Future()
+        waiter = threading.Thread(
+            target=lambda: answer.set_result(pull(master.addr, tq, toff, suspend_ms=15000)), daemon=True
+        )
+        waiter.start()
+        time.sleep(1.0)
+        assert not answer.done(), answer.result().code
+        resumed = time.monotonic()
+        slave.server.proc.send_signal(signal.SIGCONT)
+        stopped = False
+        found = answer.result(15)
+        waited = time.monotonic() - resumed
+        assert found.code == ResponseCode.SUCCESS, (found.code, found.remark)
+        assert found.ext_fields["nextBeginOffset"] == str(toff + 1), found.ext_fields
+        assert waited < 5.0, waited  # woken by the acknowledgement, not by the 15 s timeout
+        assert max_offsets(master.addr, 4)[tq] == toff + 1
+    finally:
+        if stopped:
+            slave.server.proc.send_signal(signal.SIGCONT)
+        producer.shutdown()
+
+
+def positions(consumer: BlockingPushConsumer | None) -> dict[int, int]:
+    """The push consumer's next offset per queue of the topic (its in-memory offset table)."""
+    assert consumer is not None
+    table = dict(consumer.consumer.offset_store.table)  # type: ignore[attr-defined]
+    return {mq.queue_id: off for mq, off in table.items() if mq.topic == TOPIC}
+
+
+@pytest.mark.slow
+def test_a_live_consumer_skips_no_acknowledged_message_after_a_failover_cuts_a_tail(
+    spawn: Any, tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """Forces the skip: the slaves stop (SIGSTOP) while the master stores one message per queue
+    (the tail a failover cuts); all three are SIGKILLed (the slaves lose what their sockets
+    buffered) and the slaves restart without the tail; one is elected, and 40 messages are sent
+    to it at once, before the consumer's first pull there.  Before the confirm offset the consumer
+    had read the tail, so it was ahead of the new master and skipped the new messages that took
+    the tail's slots (4 of 40 acknowledged messages never received).  Now it never reads the tail
+    and receives every acknowledged message."""
+    group = ControllerCluster(spawn, tmp_path, etcd, options={"metadata_sync_s": None})
+    master = group.wait_master()
+    wait_in_sync(master, 3)
+    producer = BlockingProducer("confirm-pg", group.ns, retry_times=0, send_timeout=3.0, route_refresh_s=0.5)
+    producer.start()
+    live = Consumed()
+    consumer: BlockingPushConsumer | None = None
+    acked: dict[str, bytes] = {}
+
+    def send(n: int, within: float = 20.0) -> None:
+        """``n`` acknowledged sends; refusals and errors (a failover under way) retried."""
+        deadline, sent = time.monotonic() + within, 0
+        while sent < n:
+            body = uuid.uuid4().hex.encode()
+            try:
+                r = producer.send(Message(TOPIC, body))
+            except Exception as exc:
+                assert time.monotonic() < deadline, exc
+                time.sleep(0.05)
+                continue
+            if r.status is SendStatus.SEND_OK:
+                acked[r.msg_id] = body
+                sent += 1
+            else:
+                assert time.monotonic() < deadline, r.status
+
+    try:
+        send(40)
+        consumer = push_consumer(f"confirm-{uuid.uuid4().hex[:6]}", group.ns, live)
+        assert wait_for(lambda: set(acked) <= live.keys(), 30), len(set(acked) - live.keys())
+        before = max_offsets(master.addr, 4)
+        slaves = [r for r in group.running() if r is not master]
+        for s in slaves:
+            s.server.proc.send_signal(signal.SIGSTOP)
+        tail: list[Future[SendResult]] = [
+            producer.send_async(Message(TOPIC, b"tail-%d" % i)) for i in range(4)
+        ]
+        time.sleep(2.0)  # the push consumer's pulls would have read the tail well within this
+        read = positions(consumer)
+        tail_read = len(live.keys()) - len(acked)
+        assert tail_read == 0, f"the consumer read {tail_read} messages no slave holds"
+        assert read == before, (read, before)
+        master.kill()
+        for s in slaves:
+            s.kill()
+        for f in tail:
+            assert f.exception(10) is not None or f.result().status is not SendStatus.SEND_OK
+        restarts = [threading.Thread(target=s.start) for s in slaves]
+        for t in restarts:
+            t.start()
+        for t in restarts:
+            t.join()
+        new = group.wait_master(20)
+        assert new is not master
+        # At once: these land in the slots of the cut tail (when the new master holds none of it).
+        send(40)
+        held = max_offsets(new.addr, 4)
+        assert wait_for(lambda: set(acked) <= live.keys(), 30), (
+            f"{len(set(acked) - live.keys())} acknowledged messages never received; consumer at "
+            f"{positions(consumer)}, new master's ends {held}"
+        )
+        time.sleep(1.0)
+        print(
+            f"queues before the tail {before}, the new master's after 40 sends {held}; live consumer: "
+            f"{len(live.keys())} consumed of {len(acked)} acknowledged, {live.redelivered()} re-read"
+        )
+    finally:
+        if consumer is not None:
+            consumer.shutdown()
+        producer.shutdown()
+    check_acked(acked, group.ns)
