@@ -174,6 +174,56 @@ def test_a_pull_never_returns_what_the_stopped_slave_does_not_hold_and_returns_i
         producer.shutdown()
 
 
+def test_a_slave_serves_only_what_its_master_confirmed(spawn: Any, tmp_path: Path, etcd: EtcdServer) -> None:
+    """Three replicas, one slave stopped: the other slave holds the new message but its master
+    has not confirmed it (the stopped one lacks it), so that slave does not serve it either; the
+    master's confirm offset reaches it on the HA stream once the stopped slave acknowledges."""
+    options = {"sync_timeout_s": 1.0, "sync_set_timeout_s": 60.0}  # the stopped slave stays in the set
+    group = ControllerCluster(spawn, tmp_path, etcd, replicas=3, options=options)
+    master = group.wait_master()
+    wait_in_sync(master, 3)
+    reader, stopped_one = [r for r in group.running() if r is not master]
+    producer = BlockingProducer("confirm-pg", group.ns, retry_times=0, send_timeout=3.0)
+    producer.start()
+    stopped = False
+    try:
+        first = producer.send(Message(TOPIC, b"replicated"))
+        assert first.status is SendStatus.SEND_OK, first.status
+        assert wait_for(
+            lambda: pull(reader.addr, first.queue.queue_id, first.queue_offset).code == ResponseCode.SUCCESS,
+            10,
+        )
+        stopped_one.server.proc.send_signal(signal.SIGSTOP)
+        stopped = True
+        tail = producer.send(Message(TOPIC, b"on one slave of two"), timeout=5.0)
+        assert tail.status is not SendStatus.SEND_OK, tail.status
+        tq, toff = tail.queue.queue_id, tail.queue_offset
+        end = int(master.info()["commitLogMaxOffset"])
+        assert wait_for(lambda: int(reader.info()["commitLogMaxOffset"]) == end, 10)  # it holds the tail
+        held = pull(reader.addr, tq, toff)
+        assert held.code == ResponseCode.PULL_NOT_FOUND, (held.code, held.remark, held.ext_fields)
+        assert held.ext_fields["maxOffset"] == str(toff), held.ext_fields
+        assert max_offsets(reader.addr, 4)[tq] == toff
+        answer: Future[RemotingCommand] = Future()
+        waiter = threading.Thread(
+            target=lambda: answer.set_result(pull(reader.addr, tq, toff, suspend_ms=15000)), daemon=True
+        )
+        waiter.start()
+        time.sleep(1.0)
+        assert not answer.done(), answer.result().code
+        resumed = time.monotonic()
+        stopped_one.server.proc.send_signal(signal.SIGCONT)
+        stopped = False
+        found = answer.result(15)
+        assert found.code == ResponseCode.SUCCESS, (found.code, found.remark)
+        assert found.ext_fields["nextBeginOffset"] == str(toff + 1), found.ext_fields
+        assert time.monotonic() - resumed < 5.0
+    finally:
+        if stopped:
+            stopped_one.server.proc.send_signal(signal.SIGCONT)
+        producer.shutdown()
+
+
 def positions(consumer: BlockingPushConsumer | None) -> dict[int, int]:
     """The push consumer's next offset per queue of the topic (its in-memory offset table)."""
     assert consumer is not None

@@ -111,23 +111,33 @@ class ControllerReplication(MasterSlaveReplication):
 
     # ------------------------------------------------------------------ ConfirmsReads
     def confirm_offset(self) -> int | None:
-        """What every member of the in-sync set holds (a SYNC master), else None (no bound).
+        """What every member of the in-sync set holds, else None (no bound).
 
         RocketMQ 5's CommitLog.getConfirmOffset in controller mode with allAckInSyncStateSet:
-        the whole set's acknowledgement on a SYNC master, the log's end when the set is the master
-        alone or ``read_uncommitted`` is on; ASYNC masters are not bounded.
+        on a SYNC master the whole set's acknowledgement (None when the set is the master alone:
+        it confirms everything stored); on a slave the master's, as the HA stream last carried it
+        (a deposed master: its own last one until it follows the new master); None with
+        ``read_uncommitted``, on ASYNC groups, and on a slave before its master sent one.
         """
         if self.copts.read_uncommitted:
             return None
         tracker = self.in_sync
         if tracker is not None and self._role != "SLAVE":
             return tracker.confirm_offset()
-        return self._fenced_confirm
+        if self._fenced_confirm is not None:
+            return self._fenced_confirm
+        client = self.client
+        if client is not None and client.confirm_offset >= 0:
+            return client.confirm_offset
+        return None
 
     def bind_confirm_listener(self, listener: Callable[[], None]) -> None:
         self._confirm_listener = listener
 
     def _confirm_advanced(self) -> None:
+        server = self.server
+        if server is not None:
+            server.notify_data()  # the HA writers send the new confirm offset to the slaves
         listener = self._confirm_listener
         if listener is not None:
             try:
@@ -404,6 +414,12 @@ class ControllerReplication(MasterSlaveReplication):
                 epoch=epoch,
                 on_slave_ack=tracker.on_slave_ack if tracker is not None else None,
                 on_newer_epoch=self._on_newer_epoch,
+                # The slaves' bound: this set's confirm offset (none with read_uncommitted).
+                confirm_offset=(
+                    tracker.confirm_offset
+                    if tracker is not None and not self.copts.read_uncommitted
+                    else None
+                ),
             )
         except (OSError, ConfigError) as exc:  # ConfigError: the HA secret file went bad since start
             log.error("controller: cannot serve the HA port %s:%d: %s", host, port, exc)
@@ -534,7 +550,12 @@ class ControllerReplication(MasterSlaveReplication):
         self._fenced_confirm = None
         try:
             self.client = HAClient(
-                self.store, self.options, master.ha_addr, broker_id=self.broker_id, epoch=epoch
+                self.store,
+                self.options,
+                master.ha_addr,
+                broker_id=self.broker_id,
+                epoch=epoch,
+                on_confirm=self._confirm_advanced,
             )
         except ConfigError as exc:  # the HA secret file went bad since start
             log.error("controller: cannot follow broker %d: %s", master.broker_id, exc)
