@@ -11,9 +11,11 @@ so the bound is applied where consumers read: pulls (and the compiled pull lane)
 receive and the max-offset queries.  The broker's own readers (schedule, transactions, timers,
 POP revive) read everything stored, as before.
 
-Without a replication that :class:`~tidemq.replication.ConfirmsReads` (ASYNC masters, slaves,
-master_slave, none) or while the confirm offset is at the log's end, every call is the store's
-own answer, at the cost of one attribute test (``active``) or of one offset comparison.
+Without a replication that :class:`~tidemq.replication.ConfirmsReads` (master_slave, none), while
+it sets no bound (ASYNC groups, ``read_uncommitted``) or while the confirm offset is at the log's
+end, every call is the store's own answer, at the cost of one attribute test (``active``) or of
+one offset comparison.  The ``controller`` replication bounds a SYNC master by its in-sync set's
+acknowledgements and its slaves by the confirm offset their master sends on the HA stream.
 """
 
 from __future__ import annotations

@@ -30,7 +30,9 @@ class PullRequestHoldService:
         self._loop = loop
         #: The queue's readable end (bounded by the confirm offset when ``bounded``).
         self._max_offset = max_offset
-        #: An arrival's max offset may be past the readable end: re-read it before waking.
+        #: An arrival's max offset may be past the readable end (the confirm offset): the readable
+        #: end is read instead, on the store's thread, and the loop is woken only for pulls below
+        #: it; the confirm offset's growth calls :meth:`recheck`.
         self._bounded = bounded
         self._waiters: dict[Key, list[tuple[int, asyncio.Future[bool]]]] = {}
         # Held pulls by connection: released when it closes (nobody is left to answer).
@@ -106,14 +108,17 @@ class PullRequestHoldService:
         """The store's arrival listener; safe to call from any thread."""
         if (topic, queue_id) not in self._waiters:  # a dict lookup is atomic; no waiter, no hop
             return
+        if self._bounded:
+            readable = self._max_offset(topic, queue_id)
+            if not any(offset < readable for offset, _ in list(self._waiters.get((topic, queue_id), ()))):
+                return  # not readable yet: recheck() runs when the in-sync set acknowledges it
+            max_offset = readable
         try:
             self._loop.call_soon_threadsafe(self._wake, topic, queue_id, max_offset)
         except RuntimeError:  # loop closed during shutdown
             pass
 
     def _wake(self, topic: str, queue_id: int, max_offset: int) -> None:
-        if self._bounded:
-            max_offset = min(max_offset, self._max_offset(topic, queue_id))
         for offset, fut in list(self._waiters.get((topic, queue_id), ())):
             if offset < max_offset and not fut.done():
                 fut.set_result(True)

@@ -85,8 +85,9 @@ class ControllerReplication(MasterSlaveReplication):
         self.failovers = 0
         self._won_sync_set: tuple[int, ...] = ()
         self._confirm_listener: Callable[[], None] | None = None
-        #: A deposed SYNC master's last confirm offset: its reads stay bounded by it until it
-        #: follows the new master (and cuts what the set did not hold).
+        #: The last confirm offset of a replica between masters (a deposed SYNC master's own, a
+        #: slave's from the master it stopped following): its reads stay bounded by it until it
+        #: follows a master (after cutting what that master's epochs do not hold) or is promoted.
         self._fenced_confirm: int | None = None
 
     # ------------------------------------------------------------------ RoleAware
@@ -135,6 +136,8 @@ class ControllerReplication(MasterSlaveReplication):
         self._confirm_listener = listener
 
     def _confirm_advanced(self) -> None:
+        if self.copts.read_uncommitted:
+            return  # nobody reads by it
         server = self.server
         if server is not None:
             server.notify_data()  # the HA writers send the new confirm offset to the slaves
@@ -495,7 +498,10 @@ class ControllerReplication(MasterSlaveReplication):
             await asyncio.to_thread(transfer.shutdown)  # waiting sends fail (not acknowledged)
 
     async def _stop_following(self) -> None:
-        client, self.client = self.client, None
+        client = self.client
+        if client is not None and client.confirm_offset >= 0 and self._fenced_confirm is None:
+            self._fenced_confirm = client.confirm_offset  # still bounded while between masters
+        self.client = None
         self._following = None
         self.stop_slave_sync()
         if client is not None:

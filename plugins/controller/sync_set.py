@@ -229,6 +229,9 @@ class InSyncTracker:
             with self._lock:
                 self.required = tuple(b for b in self.required if b not in remove)
                 self._ack_locked()
+                listener = self.on_confirm
+                if listener is not None and len(self.required) == 1:
+                    listener()  # the master alone: no bound any more
             log.warning(
                 "in-sync set: brokers %s fell behind for %.1f s; set is now %s",
                 list(remove),
