@@ -36,7 +36,15 @@ from controller_support import (  # noqa: E402
 from test_controller_consumers import Consumed, max_offsets, push_consumer  # noqa: E402
 
 from tidemq.broker.confirmed import ReadBound  # noqa: E402
-from tidemq.client import BlockingProducer, BlockingPushConsumer, Message, SendResult, SendStatus  # noqa: E402
+from tidemq.client import (  # noqa: E402
+    BlockingProducer,
+    BlockingPushConsumer,
+    LoopThread,
+    Message,
+    SendResult,
+    SendStatus,
+    SimpleConsumer,
+)
 from tidemq.client.admin import AdminClient  # noqa: E402
 from tidemq.remoting.codes import RequestCode, ResponseCode  # noqa: E402
 from tidemq.remoting.command import RemotingCommand  # noqa: E402
@@ -130,8 +138,11 @@ def test_a_pull_never_returns_what_the_stopped_slave_does_not_hold_and_returns_i
     (slave,) = [r for r in group.running() if r is not master]
     producer = BlockingProducer("confirm-pg", group.ns, retry_times=0, send_timeout=3.0)
     producer.start()
+    loop = LoopThread("confirm-pop")
+    popper = SimpleConsumer("confirm-pop", group.ns, subscriptions={TOPIC: "*"}, consume_from="first")
     stopped = False
     try:
+        loop.run(popper.start(), 30)
         first = producer.send(Message(TOPIC, b"replicated"))
         assert first.status is SendStatus.SEND_OK, first.status
         qid, offset = first.queue.queue_id, first.queue_offset
@@ -151,6 +162,9 @@ def test_a_pull_never_returns_what_the_stopped_slave_does_not_hold_and_returns_i
         assert held.ext_fields["nextBeginOffset"] == str(toff), held.ext_fields
         assert held.ext_fields["maxOffset"] == str(toff), held.ext_fields
         assert max_offsets(master.addr, 4)[tq] == toff
+        # POP (what gRPC receive calls) does not return it either.
+        popped = loop.run(popper.receive(32, 30.0, 1.0), 30)
+        assert b"not on the slave" not in {m.body for m in popped}, [m.body for m in popped]
         # A long-polling pull waits there and is answered once the slave acknowledges.
         answer: Future[RemotingCommand] = Future()
         waiter = threading.Thread(
@@ -168,10 +182,14 @@ def test_a_pull_never_returns_what_the_stopped_slave_does_not_hold_and_returns_i
         assert found.ext_fields["nextBeginOffset"] == str(toff + 1), found.ext_fields
         assert waited < 5.0, waited  # woken by the acknowledgement, not by the 15 s timeout
         assert max_offsets(master.addr, 4)[tq] == toff + 1
+        popped = loop.run(popper.receive(32, 30.0, 3.0), 30)
+        assert b"not on the slave" in {m.body for m in popped}, [m.body for m in popped]
     finally:
         if stopped:
             slave.server.proc.send_signal(signal.SIGCONT)
         producer.shutdown()
+        loop.run(popper.shutdown(), 10)
+        loop.stop()
 
 
 def test_a_slave_serves_only_what_its_master_confirmed(spawn: Any, tmp_path: Path, etcd: EtcdServer) -> None:
