@@ -406,7 +406,7 @@ def test_the_confirm_offset_travels_to_slaves_that_ask_for_it(rig: Rig) -> None:
     assert wait_for(lambda: sstore.get_max_phy_offset() == mstore.get_max_phy_offset())
     assert client.session.confirm and client.confirm_offset == -1  # None: no bound yet
     confirm[0] = 1234
-    server.notify_data()  # what the controller does when its confirm offset grows
+    server.notify_confirm()  # what the controller does when its confirm offset grows
     assert wait_for(lambda: client.confirm_offset == 1234, 2.0) and heard
     confirm[0] = mstore.get_max_phy_offset()
     put(mstore, server, 5, start=20)  # a data frame carries it too

@@ -140,7 +140,7 @@ class ControllerReplication(MasterSlaveReplication):
             return  # nobody reads by it
         server = self.server
         if server is not None:
-            server.notify_data()  # the HA writers send the new confirm offset to the slaves
+            server.notify_confirm()  # the HA writers send the new confirm offset to the slaves
         listener = self._confirm_listener
         if listener is not None:
             try:

@@ -158,6 +158,8 @@ class HAConnection:
         # Set once the slave is through the handshake (authenticated, when a secret is set) and has
         # sent its first report: only then does it count as a slave (HAServer.slave_count).
         self.established = False
+        #: The writer waits for data with nothing to send (a grown confirm offset must wake it).
+        self.parked = False
         self.closed = threading.Event()
         self._close_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read_loop, name=f"tidemq-ha-read-{address}", daemon=True)
@@ -361,15 +363,24 @@ class HAConnection:
                 # A heartbeat when due, or soon after the confirm offset grew (the slave's readers
                 # wait for it: RocketMQ 5's slaves read up to the master's confirmOffset); data
                 # frames carry it too, so under load it rarely needs a frame of its own.
-                wait = opts.heartbeat_s
                 since = time.monotonic() - last_write
                 if since >= opts.heartbeat_s or (confirm != sent_confirm and since >= CONFIRM_BEAT_S):
                     self.sock.sendall(b"".join(encode_frame(self.session, offset, b"", confirm)))
                     last_write = time.monotonic()
                     sent_confirm = confirm
-                elif confirm != sent_confirm:
-                    wait = CONFIRM_BEAT_S - since
-                server.wait_for_data(seen, wait)
+                    since = 0.0
+                if self.session.confirm and since < CONFIRM_BEAT_S:
+                    # A frame went out lately: look at the confirm offset again when the beat is
+                    # due (its acknowledgement moves it) rather than be woken by every ack.
+                    server.wait_for_data(seen, CONFIRM_BEAT_S - since)
+                    continue
+                if self.session.confirm:
+                    self.parked = True  # idle: a grown confirm offset wakes us (notify_confirm)
+                    if self._confirm() != sent_confirm:
+                        self.parked = False
+                        continue
+                server.wait_for_data(seen, opts.heartbeat_s)
+                self.parked = False
         except (OSError, ConnectionError) as exc:
             if not self.closed.is_set():
                 log.info("HA stream to %s ended: %s", self.address, exc)
@@ -489,6 +500,12 @@ class HAServer:
         with self._data:
             self.data_version += 1
             self._data.notify_all()
+
+    def notify_confirm(self) -> None:
+        """The confirm offset grew: wake the writers that wait with nothing to send (any thread);
+        the others send it in their next frame, or within ``CONFIRM_BEAT_S``."""
+        if any(c.parked for c in self.connections):
+            self.notify_data()
 
     def wait_for_data(self, seen: int, timeout: float) -> None:
         with self._data:
