@@ -480,5 +480,8 @@ NOTES.update(
             "rocketmq": "haMaxTimeSlaveNotCatchup (5.x)",
             "valid": "> 0",
         },
+        "replication.controller.read_uncommitted": {
+            "rocketmq": "readUnCommitted (5.x; false bounds reads by confirmOffset with allAckInSyncStateSet)",
+        },
     }
 )

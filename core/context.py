@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from tidemq.broker.stats import Counter, StatsSnapshot
     from tidemq.broker.subscriptions import SubscriptionGroupConfig
     from tidemq.config import BrokerSettings, Config
-    from tidemq.filter import FilterFactory
+    from tidemq.filter import FilterFactory, MessageFilter
     from tidemq.index import KeyIndex
     from tidemq.message import MessageInner
     from tidemq.metrics import Buckets
@@ -43,11 +43,12 @@ if TYPE_CHECKING:
     from tidemq.remoting.command import RemotingCommand
     from tidemq.remoting.protocol import DataVersion, TopicConfig
     from tidemq.replication import Replication, RoleAware
-    from tidemq.store import MessageStore
+    from tidemq.store import GetResult, MessageStore
     from tidemq.transport import Connection, TransportClient
 
 __all__ = [
     "BrokerContext",
+    "ConfirmedReads",
     "BrokerStatsView",
     "BrokerStatsService",
     "BrokerFiguresView",
@@ -347,6 +348,33 @@ class PullHoldService(Protocol):
         self, topic: str, queue_id: int, offset: int, timeout_s: float, conn: Connection | None = None
     ) -> bool:
         """Wait until the queue grows past ``offset`` (True) or ``timeout_s`` passes (False)."""
+
+
+class ConfirmedReads(Protocol):
+    """Consumers' reads bounded by the replication's confirm offset (RocketMQ 5's confirmOffset).
+
+    Implemented by :class:`tidemq.broker.confirmed.ReadBound`: pulls, POP, gRPC receive and the
+    max-offset queries read through it; ``active`` is False when the replication never bounds.
+    """
+
+    active: bool
+
+    def limit(self, topic: str, queue_id: int) -> int | None:
+        """The queue's readable end when below its stored end, else None."""
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """``get_max_offset_in_queue`` bounded by the confirm offset."""
+
+    def get_message(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        flt: MessageFilter | None = None,
+    ) -> GetResult:
+        """``store.get_message`` serving no record past the confirm offset."""
 
 
 class NamesrvRegistration(Protocol):
@@ -691,6 +719,10 @@ class BrokerContext(Protocol):
     @property
     def hold(self) -> PullHoldService | None:
         """Long polling, None until the broker has started."""
+
+    @property
+    def read_bound(self) -> ConfirmedReads:
+        """Consumers' reads bounded by the confirm offset (controller SYNC masters)."""
 
     @property
     def registrar(self) -> NamesrvRegistration: ...

@@ -73,6 +73,24 @@ class RoleAware(Protocol):
 
 
 @runtime_checkable
+class ConfirmsReads(Protocol):
+    """A replication that bounds what consumers may read (RocketMQ 5's confirm offset).
+
+    A message stored on a master but not yet held by the replicas that would elect the next one
+    can be cut by a failover; a consumer that read it is then ahead of the new master, whose new
+    messages take the cut tail's queue offsets.  The broker serves pulls, POP, gRPC receive and
+    max-offset queries only from records that end at or below :meth:`confirm_offset`, and
+    re-checks held pulls when the replication calls the bound listener.
+    """
+
+    def confirm_offset(self) -> int | None:
+        """Commit-log offset up to which records are readable now; None: no bound (everything stored)."""
+
+    def bind_confirm_listener(self, listener: Callable[[], None]) -> None:
+        """The broker hands a callback; the replication calls it (from any thread) after the offset grows."""
+
+
+@runtime_checkable
 class MetadataFollower(Protocol):
     """A replication whose slaves copy their master's metadata (RocketMQ's SlaveSynchronize).
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,8 +22,7 @@ from typing import Any
 
 import orjson
 import pytest
-from conftest import free_port, runtime_info, wait_for
-from test_controller_election import EtcdServer
+from conftest import free_port, require_server, runtime_info, wait_for
 
 from tidemq.client import BlockingProducer, BlockingPullConsumer, Message, PullStatus, SendStatus
 from tidemq.client.admin import AdminClient
@@ -32,6 +32,71 @@ NAME = "broker-fo"
 #: The configured bound on the time from the master's death to the first acknowledged send on
 #: the new master (the issue's default); with TTL 2 s the measured time is about 2.5-4 s.
 NEW_MASTER_BOUND_S = 10.0
+
+
+def _etcd_binary() -> str:
+    return require_server("etcd", package="etcd-server")
+
+
+class EtcdServer:
+    """One etcd member on loopback (alone by default) that can be stopped and started on its data."""
+
+    def __init__(self, directory: Path, name: str = "t") -> None:
+        self.binary = _etcd_binary()
+        self.directory = directory
+        self.name = name
+        self.client_port, self.peer_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.client_port}"
+        self.peer_url = f"http://127.0.0.1:{self.peer_port}"
+        self.initial_cluster = f"{name}={self.peer_url}"  # every member's name=peer URL
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def launch(self) -> None:
+        args = [self.binary, "--name", self.name, "--data-dir", str(self.directory / "data")]
+        args += ["--listen-client-urls", self.url, "--advertise-client-urls", self.url]
+        args += ["--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url]
+        args += ["--initial-cluster", self.initial_cluster]
+        with open(self.directory / "etcd.log", "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=log)
+
+    def wait_healthy(self, timeout: float = 20.0) -> None:
+        """Until the member answers /health with a quorum behind it."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as rsp:
+                    if b'"true"' in rsp.read():
+                        return
+            except OSError:
+                pass
+            assert self.proc.poll() is None, (self.directory / "etcd.log").read_text()[-3000:]
+            time.sleep(0.05)
+        raise AssertionError(
+            f"etcd did not become healthy in {timeout} s: "
+            + (self.directory / "etcd.log").read_text()[-3000:]
+        )
+
+    def start(self) -> None:
+        self.launch()
+        self.wait_healthy()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(10)
+        self.proc = None
+
+
+@pytest.fixture(scope="module", name="etcd")
+def etcd_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    """One etcd per test module (shared by its tests; each group uses its own cluster name).
+
+    Imported as ``etcd_fixture`` by the controller test modules; tests ask for ``etcd``."""
+    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    server.start()
+    yield server
+    server.stop()
 
 
 class NetnsServer:

@@ -31,16 +31,17 @@ pytest.importorskip("httpx", reason="httpx is not installed (pip install tidemq[
 from controller_support import (  # noqa: E402
     TOPIC,
     ControllerCluster,
+    EtcdServer,
     LoadProducer,
     Namespaces,
     Replica,
     check_no_loss,
+    etcd_fixture,  # noqa: F401  (the etcd fixture)
     namespace_group,
     network_namespaces,
     stop_group,
     sync_set,
 )
-from test_controller_election import EtcdServer  # noqa: E402
 
 from tidemq.client import BlockingPushConsumer  # noqa: E402
 from tidemq.client.admin import AdminClient  # noqa: E402
@@ -74,14 +75,6 @@ sys.stdout.flush()
 while True:
     time.sleep(1)
 """
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
-    server.start()
-    yield server
-    server.stop()
 
 
 class Consumed:

@@ -11,16 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
-import subprocess
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import attrs
 import pytest
-from conftest import free_port, require_server
+from conftest import free_port
+from controller_support import EtcdServer, etcd_fixture  # noqa: F401  (the etcd fixture)
 
 pytest.importorskip(
     "httpx", reason="httpx is not installed (the controller extra: pip install tidemq[controller])"
@@ -39,68 +37,6 @@ from tidemq_controller.status import cluster_status  # noqa: E402
 CONFIG = ElectionConfig(
     ttl=2, keepalive_interval=0.4, fence_margin=0.6, max_lag_bytes=1000, request_timeout=0.3
 )
-
-
-def _etcd_binary() -> str:
-    return require_server("etcd", package="etcd-server")
-
-
-class EtcdServer:
-    """One etcd member on loopback (alone by default) that can be stopped and started on its data."""
-
-    def __init__(self, directory: Path, name: str = "t") -> None:
-        self.binary = _etcd_binary()
-        self.directory = directory
-        self.name = name
-        self.client_port, self.peer_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.client_port}"
-        self.peer_url = f"http://127.0.0.1:{self.peer_port}"
-        self.initial_cluster = f"{name}={self.peer_url}"  # every member's name=peer URL
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def launch(self) -> None:
-        args = [self.binary, "--name", self.name, "--data-dir", str(self.directory / "data")]
-        args += ["--listen-client-urls", self.url, "--advertise-client-urls", self.url]
-        args += ["--listen-peer-urls", self.peer_url, "--initial-advertise-peer-urls", self.peer_url]
-        args += ["--initial-cluster", self.initial_cluster]
-        with open(self.directory / "etcd.log", "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=log)
-
-    def wait_healthy(self, timeout: float = 20.0) -> None:
-        """Until the member answers /health with a quorum behind it."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as rsp:
-                    if b'"true"' in rsp.read():
-                        return
-            except OSError:
-                pass
-            assert self.proc.poll() is None, (self.directory / "etcd.log").read_text()[-3000:]
-            time.sleep(0.05)
-        raise AssertionError(
-            f"etcd did not become healthy in {timeout} s: "
-            + (self.directory / "etcd.log").read_text()[-3000:]
-        )
-
-    def start(self) -> None:
-        self.launch()
-        self.wait_healthy()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(10)
-        self.proc = None
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
-    server.start()
-    yield server
-    server.stop()
 
 
 class BlackHoleProxy:

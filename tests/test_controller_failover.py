@@ -27,27 +27,21 @@ from controller_support import (  # noqa: E402
     NEW_MASTER_BOUND_S,
     TOPIC,
     ControllerCluster,
+    EtcdServer,
     LoadProducer,
     Replica,
     ack_spans,
     check_no_loss,
     commit_log,
+    etcd_fixture,  # noqa: F401  (the etcd fixture)
     fail_over,
     overlapping_masters,
     verify_replicas,
     wait_in_sync,
 )
-from test_controller_election import BlackHoleProxy, EtcdServer  # noqa: E402
+from test_controller_election import BlackHoleProxy  # noqa: E402
 
 from tidemq.client import BlockingProducer, Message, SendStatus  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_master_sigkilled_under_load_fails_over_without_losing_acknowledged_messages(

@@ -30,6 +30,7 @@ from controller_support import (  # noqa: E402
     NEW_MASTER_BOUND_S,
     TOPIC,
     ControllerCluster,
+    EtcdServer,
     LoadProducer,
     Replica,
     ack_spans,
@@ -44,7 +45,6 @@ from controller_support import (  # noqa: E402
     verify_replicas,
     wait_in_sync,
 )
-from test_controller_election import EtcdServer  # noqa: E402
 
 #: ``sync_timeout_s`` of the test groups: the longest a send can wait for its slaves' acknowledgements.
 SYNC_TIMEOUT_S = 2.0

@@ -19,7 +19,8 @@ from conftest import free_port
 
 pytest.importorskip("httpx", reason="httpx is not installed (the controller extra)")
 
-from test_controller_election import BlackHoleProxy, EtcdServer, etcd  # noqa: E402,F401  (the etcd fixture)
+from controller_support import EtcdServer, etcd_fixture  # noqa: E402,F401  (the etcd fixture)
+from test_controller_election import BlackHoleProxy  # noqa: E402
 
 from tidemq.replication import ReplicaStatus  # noqa: E402
 from tidemq.testing.store_contract import build_store, message  # noqa: E402

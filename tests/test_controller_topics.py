@@ -15,8 +15,7 @@ from conftest import run_admin, wait_for
 
 pytest.importorskip("httpx", reason="httpx is not installed (pip install tidemq[controller])")
 
-from controller_support import ControllerCluster, read_all  # noqa: E402
-from test_controller_election import EtcdServer, etcd  # noqa: E402,F401  (the etcd fixture)
+from controller_support import ControllerCluster, EtcdServer, etcd_fixture, read_all  # noqa: E402,F401  (the etcd fixture)
 
 from tidemq.client import BlockingProducer, Message, SendStatus  # noqa: E402
 

@@ -33,6 +33,7 @@ from tidemq_ha_replication.wire import (
     encode_frame,
     encode_hello,
     read_frame,
+    read_frame_confirm,
     read_hello_body,
     recv_exact,
 )
@@ -373,3 +374,70 @@ def test_hello_json_is_what_the_slave_sends(rig: Rig) -> None:
     finally:
         listener.close()
     assert got[0] == {"compression": ["lz4"], "digest": ["blake3"], "brokerId": 5, "epoch": E}
+
+
+def test_the_confirm_offset_travels_to_slaves_that_ask_for_it(rig: Rig) -> None:
+    """The controller's SYNC master sends its confirm offset in every frame to a slave whose hello
+    asks for it (RocketMQ 5's confirmOffset in the HA transfer header), and a heartbeat as soon as
+    it grows; a slave that does not ask gets the frames of before."""
+    mstore = rig.store("mc")
+    confirm: list[int | None] = [None]
+    server = HAServer(
+        mstore,
+        ha_options(),
+        "127.0.0.1",
+        0,
+        lambda _o: None,
+        epoch=E,
+        on_slave_ack=lambda _b, _o: None,
+        confirm_offset=lambda: confirm[0],
+    )
+    server.start()
+    rig._closers.append(server.shutdown)
+    put(mstore, server, 20)
+    heard: list[int] = []
+    sstore = rig.store("sc")
+    host, port = server.address[:2]
+    client = HAClient(
+        sstore, ha_options(), f"{host}:{port}", broker_id=2, epoch=E, on_confirm=lambda: heard.append(1)
+    )
+    client.start()
+    rig._closers.append(client.shutdown)
+    assert wait_for(lambda: sstore.get_max_phy_offset() == mstore.get_max_phy_offset())
+    assert client.session.confirm and client.confirm_offset == -1  # None: no bound yet
+    confirm[0] = 1234
+    server.notify_confirm()  # what the controller does when its confirm offset grows
+    assert wait_for(lambda: client.confirm_offset == 1234, 2.0) and heard
+    confirm[0] = mstore.get_max_phy_offset()
+    put(mstore, server, 5, start=20)  # a data frame carries it too
+    assert wait_for(lambda: client.confirm_offset == confirm[0], 2.0)
+
+    # On the wire: asked for, answered, and <confirm 8> after <epoch 8>.
+    sock, answer = raw_hello(
+        server.address, {"digest": ["blake3"], "brokerId": 9, "epoch": E, "confirm": True}
+    )
+    with sock:
+        assert answer["confirm"] is True
+        sock.sendall(REPORT.pack(0))
+        FRAME_HEAD.unpack(recv_exact(sock, FRAME_HEAD.size))
+        EXT_HEAD.unpack(recv_exact(sock, EXT_HEAD.size))
+        assert EPOCH.unpack(recv_exact(sock, EPOCH.size)) == (E,)
+        assert EPOCH.unpack(recv_exact(sock, EPOCH.size)) == (confirm[0],)
+    # A slave that does not ask: no answer field, frames without it (what an older slave reads).
+    sock, answer = raw_hello(server.address, {"digest": ["blake3"], "brokerId": 8, "epoch": E})
+    with sock:
+        assert "confirm" not in answer
+        sock.sendall(REPORT.pack(mstore.get_max_phy_offset()))
+        offset, size = FRAME_HEAD.unpack(recv_exact(sock, FRAME_HEAD.size))
+        assert size == 0  # a heartbeat at the end
+        EXT_HEAD.unpack(recv_exact(sock, EXT_HEAD.size))
+        assert EPOCH.unpack(recv_exact(sock, EPOCH.size)) == (E,)
+        assert offset == mstore.get_max_phy_offset()
+    # Frames of a session with the confirm offset round-trip; -1 is "no bound".
+    session = Session(extended=True, codec="none", digest="blake3", epoch=E, confirm=True)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"".join(encode_frame(session, 100, b"x" * 50, 77)))
+        a.sendall(b"".join(encode_frame(session, 150, b"", -1)))
+        assert read_frame_confirm(b, session, 1 << 20) == (100, b"x" * 50, 77)
+        assert read_frame_confirm(b, session, 1 << 20) == (150, b"", -1)

@@ -19,8 +19,7 @@ from conftest import wait_for
 
 pytest.importorskip("httpx", reason="httpx is not installed (pip install tidemq[controller])")
 
-from controller_support import ControllerCluster  # noqa: E402
-from test_controller_election import EtcdServer  # noqa: E402
+from controller_support import ControllerCluster, EtcdServer, etcd_fixture  # noqa: E402,F401  (the etcd fixture)
 from test_ha_cluster import HaCluster, broker_toml  # noqa: E402
 
 from tidemq.client import LoopThread, Message, Producer, ReceivedMessage, SimpleConsumer  # noqa: E402
@@ -32,14 +31,6 @@ GROUP = "GPOP_FAILOVER"
 N = 64
 INVISIBLE_S = 4.0
 ERRORS: list[str] = []
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
-    server.start()
-    yield server
-    server.stop()
 
 
 async def _send(ns: str) -> set[str]:

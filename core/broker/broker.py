@@ -12,6 +12,7 @@ from tidemq import _native
 from tidemq.acl import ACCESS_KEY, AccessDenied, AccessValidator
 from tidemq.address import split_address
 from tidemq.broker.composition import BrokerFigures, build_parts
+from tidemq.broker.confirmed import ReadBound
 from tidemq.broker.dedup_rebuild import attach_window
 from tidemq.broker.headers import HeaderFieldError
 from tidemq.broker.hold import PullRequestHoldService
@@ -105,6 +106,8 @@ class Broker:
         self.endpoint_figures: dict[str, Callable[[], Mapping[str, int]]] = {}
         self.data_dir = self.settings.store_path
         self.hold: PullRequestHoldService | None = None
+        #: Consumers' reads bounded by the replication's confirm offset (controller SYNC masters).
+        self.read_bound = ReadBound(self.store, self.replication)
         # The composition root builds the rest (tidemq.broker.composition); plain attributes, as
         # processors read them per request.
         parts = build_parts(self, components)
@@ -207,11 +210,18 @@ class Broker:
         if not self.store.load():
             raise StoreError(f"the store in {self.data_dir} could not be loaded")
         self.recovery_seconds = time.monotonic() - loading
-        self.hold = PullRequestHoldService(loop, self.store.get_max_offset_in_queue)
+        bound = self.read_bound
+        self.hold = PullRequestHoldService(
+            loop,
+            bound.max_offset if bound.active else self.store.get_max_offset_in_queue,
+            bounded=bound.active,
+        )
+        bound.bind(loop, self.hold.recheck, self.hold.has_waiters)
         self.store.add_arrival_listener(self.hold.notify_arrival, self.hold.is_waited_on)
         self.schedule.load()
         self.schedule.attach(loop)
         self.pop.attach(loop)  # replays the POP journal; arrivals wake held pops
+        bound.bind(loop, self.pop.waiters.notify_all, self.pop.waiters.has_waiters)
         self.timers.load()
         self.timers.attach(loop)
         self.store.start()

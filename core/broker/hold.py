@@ -21,9 +21,19 @@ Key = tuple[str, int]
 
 
 class PullRequestHoldService:
-    def __init__(self, loop: asyncio.AbstractEventLoop, max_offset: Callable[[str, int], int]):
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        max_offset: Callable[[str, int], int],
+        bounded: bool = False,
+    ):
         self._loop = loop
+        #: The queue's readable end (bounded by the confirm offset when ``bounded``).
         self._max_offset = max_offset
+        #: An arrival's max offset may be past the readable end (the confirm offset): the readable
+        #: end is read instead, on the store's thread, and the loop is woken only for pulls below
+        #: it; the confirm offset's growth calls :meth:`recheck`.
+        self._bounded = bounded
         self._waiters: dict[Key, list[tuple[int, asyncio.Future[bool]]]] = {}
         # Held pulls by connection: released when it closes (nobody is left to answer).
         self._by_conn: dict[Any, set[asyncio.Future[bool]]] = {}
@@ -98,6 +108,11 @@ class PullRequestHoldService:
         """The store's arrival listener; safe to call from any thread."""
         if (topic, queue_id) not in self._waiters:  # a dict lookup is atomic; no waiter, no hop
             return
+        if self._bounded:
+            readable = self._max_offset(topic, queue_id)
+            if not any(offset < readable for offset, _ in list(self._waiters.get((topic, queue_id), ()))):
+                return  # not readable yet: recheck() runs when the in-sync set acknowledges it
+            max_offset = readable
         try:
             self._loop.call_soon_threadsafe(self._wake, topic, queue_id, max_offset)
         except RuntimeError:  # loop closed during shutdown
@@ -107,6 +122,15 @@ class PullRequestHoldService:
         for offset, fut in list(self._waiters.get((topic, queue_id), ())):
             if offset < max_offset and not fut.done():
                 fut.set_result(True)
+
+    def has_waiters(self) -> bool:
+        """Whether any pull is held (any thread; no lock)."""
+        return bool(self._waiters)
+
+    def recheck(self) -> None:
+        """The readable end moved (the confirm offset grew): wake the pulls now below it (loop thread)."""
+        for topic, queue_id in list(self._waiters):
+            self._wake(topic, queue_id, self._max_offset(topic, queue_id))
 
     def stop(self) -> None:
         """Answer every held pull now (with what the store has) so shutdown does not wait 15 s."""

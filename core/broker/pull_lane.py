@@ -120,9 +120,22 @@ class PullLaneEntry:
             tags = tag_selection(store_filter)
             if tags is None or queue_entry_check(store_filter) is not None:
                 return None
-        found = self._lane.pull(topic, queue_id, offset, max(1, min(max_nums, MAX_PULL_NUMS)), tags)
+        count = max(1, min(max_nums, MAX_PULL_NUMS))
+        # The confirm offset (controller SYNC masters): no record past it, a pull at it is held
+        # by the handler; a lane answer that went past it (a tag filter skipping) is declined.
+        limit = b.read_bound.limit(topic, queue_id) if b.read_bound.active else None
+        if limit is not None:
+            if offset >= limit:
+                return None
+            count = min(count, limit - offset)
+        found = self._lane.pull(topic, queue_id, offset, count, tags)
         if found is None:
             return None
+        max_offset = found.max_offset
+        if limit is not None:
+            if found.next_begin_offset > limit:
+                return None
+            max_offset = min(max_offset, limit)
         # The handler's side effects, in its order: the commit a suspending pull carries, then stats.
         if sys_flag & FLAG_SUSPEND and sys_flag & FLAG_COMMIT_OFFSET and commit_offset >= 0 and b.is_master:
             b.offsets.commit(group, topic, queue_id, commit_offset)
@@ -139,7 +152,7 @@ class PullLaneEntry:
             suggestWhichBrokerId=suggest,
             nextBeginOffset=found.next_begin_offset,
             minOffset=found.min_offset,
-            maxOffset=found.max_offset,
+            maxOffset=max_offset,
         )
         return request.reply(Status.SUCCESS, None, fields, body_parts=found.wire)
 

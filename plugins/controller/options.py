@@ -57,6 +57,12 @@ class ControllerOptions(MasterSlaveOptions):
     #: SYNC: a member that has not caught up (or is disconnected) this long leaves the in-sync set
     #: (RocketMQ 5's haMaxTimeSlaveNotCatchup); sends wait for it until then.
     sync_set_timeout_s: float = attrs.field(default=3.0, validator=_positive)
+    #: SYNC: let consumers read a message as soon as it is stored (RocketMQ 5's readUnCommitted).
+    #: false (the default): pulls, POP, gRPC receive and max-offset queries serve only what every
+    #: member of the in-sync set holds (the confirm offset), so no consumer reads a message a
+    #: failover can cut; a pull at that bound is held until the set acknowledges.  Slaves serve up
+    #: to the confirm offset their master sends on the HA stream.  ASYNC: no bound.
+    read_uncommitted: bool = False
     #: how often each replica reports its offset to etcd (s), for lag and status (an ASYNC
     #: master's report is also the group's confirmed offset).
     report_s: float = attrs.field(default=1.0, validator=_non_negative)

@@ -84,6 +84,11 @@ class ControllerReplication(MasterSlaveReplication):
         self._retry: asyncio.TimerHandle | None = None
         self.failovers = 0
         self._won_sync_set: tuple[int, ...] = ()
+        self._confirm_listener: Callable[[], None] | None = None
+        #: The last confirm offset of a replica between masters (a deposed SYNC master's own, a
+        #: slave's from the master it stopped following): its reads stay bounded by it until it
+        #: follows a master (after cutting what that master's epochs do not hold) or is promoted.
+        self._fenced_confirm: int | None = None
 
     # ------------------------------------------------------------------ RoleAware
     def current_role(self) -> str:
@@ -104,6 +109,44 @@ class ControllerReplication(MasterSlaveReplication):
                 self._listener()
             except Exception:
                 log.exception("role listener failed")
+
+    # ------------------------------------------------------------------ ConfirmsReads
+    def confirm_offset(self) -> int | None:
+        """What every member of the in-sync set holds, else None (no bound).
+
+        RocketMQ 5's CommitLog.getConfirmOffset in controller mode with allAckInSyncStateSet:
+        on a SYNC master the whole set's acknowledgement (None when the set is the master alone:
+        it confirms everything stored); on a slave the master's, as the HA stream last carried it
+        (a deposed master: its own last one until it follows the new master); None with
+        ``read_uncommitted``, on ASYNC groups, and on a slave before its master sent one.
+        """
+        if self.copts.read_uncommitted:
+            return None
+        tracker = self.in_sync
+        if tracker is not None and self._role != "SLAVE":
+            return tracker.confirm_offset()
+        if self._fenced_confirm is not None:
+            return self._fenced_confirm
+        client = self.client
+        if client is not None and client.confirm_offset >= 0:
+            return client.confirm_offset
+        return None
+
+    def bind_confirm_listener(self, listener: Callable[[], None]) -> None:
+        self._confirm_listener = listener
+
+    def _confirm_advanced(self) -> None:
+        if self.copts.read_uncommitted:
+            return  # nobody reads by it
+        server = self.server
+        if server is not None:
+            server.notify_confirm()  # the HA writers send the new confirm offset to the slaves
+        listener = self._confirm_listener
+        if listener is not None:
+            try:
+                listener()
+            except Exception:
+                log.exception("confirm listener failed")
 
     # ------------------------------------------------------------------ contract
     def start(self, store: Any, broker_config: Any) -> None:
@@ -362,6 +405,7 @@ class ControllerReplication(MasterSlaveReplication):
                 self.store,
                 transfer,
             )
+            tracker.on_confirm = self._confirm_advanced
         try:
             server = await asyncio.to_thread(
                 HAServer,
@@ -373,6 +417,12 @@ class ControllerReplication(MasterSlaveReplication):
                 epoch=epoch,
                 on_slave_ack=tracker.on_slave_ack if tracker is not None else None,
                 on_newer_epoch=self._on_newer_epoch,
+                # The slaves' bound: this set's confirm offset (none with read_uncommitted).
+                confirm_offset=(
+                    tracker.confirm_offset
+                    if tracker is not None and not self.copts.read_uncommitted
+                    else None
+                ),
             )
         except (OSError, ConfigError) as exc:  # ConfigError: the HA secret file went bad since start
             log.error("controller: cannot serve the HA port %s:%d: %s", host, port, exc)
@@ -380,6 +430,7 @@ class ControllerReplication(MasterSlaveReplication):
                 transfer.shutdown()
             return False
         server.start()
+        self._fenced_confirm = None
         self.transfer, self.in_sync, self.server = transfer, tracker, server
         if tracker is not None:
             tracker.server = server
@@ -425,6 +476,10 @@ class ControllerReplication(MasterSlaveReplication):
 
     def _on_fenced(self, reason: FenceReason) -> None:
         """Deposed or cut off from etcd: refuse acknowledgements now, close the HA port next."""
+        tracker = self.in_sync
+        if tracker is not None and self._role != "SLAVE":
+            # Reads stay at what the set held (the rest may be cut) until we follow a master.
+            self._fenced_confirm = tracker.confirm_offset()
         self._role = "SLAVE"
         log.warning("controller: broker %d stops acknowledging as master (%s)", self.broker_id, reason.value)
         self._role_changed()
@@ -443,7 +498,10 @@ class ControllerReplication(MasterSlaveReplication):
             await asyncio.to_thread(transfer.shutdown)  # waiting sends fail (not acknowledged)
 
     async def _stop_following(self) -> None:
-        client, self.client = self.client, None
+        client = self.client
+        if client is not None and client.confirm_offset >= 0 and self._fenced_confirm is None:
+            self._fenced_confirm = client.confirm_offset  # still bounded while between masters
+        self.client = None
         self._following = None
         self.stop_slave_sync()
         if client is not None:
@@ -480,6 +538,9 @@ class ControllerReplication(MasterSlaveReplication):
         """Truncate to where this log agrees with the master of ``epoch``, then stream from it."""
         assert self.election is not None and self.epochs is not None
         if self.server is not None or self._role != "SLAVE":
+            tracker = self.in_sync
+            if tracker is not None and self._role != "SLAVE":
+                self._fenced_confirm = tracker.confirm_offset()
             self._role = "SLAVE"
             self._role_changed()
             await self._demote()
@@ -491,9 +552,16 @@ class ControllerReplication(MasterSlaveReplication):
             self._retry_later()
             return
         await self._reconcile(history, f"the master of epoch {epoch}")
+        # Cut to the master's log: what is left is its, readable as a slave reads (no bound).
+        self._fenced_confirm = None
         try:
             self.client = HAClient(
-                self.store, self.options, master.ha_addr, broker_id=self.broker_id, epoch=epoch
+                self.store,
+                self.options,
+                master.ha_addr,
+                broker_id=self.broker_id,
+                epoch=epoch,
+                on_confirm=self._confirm_advanced,
             )
         except ConfigError as exc:  # the HA secret file went bad since start
             log.error("controller: cannot follow broker %d: %s", master.broker_id, exc)

@@ -21,6 +21,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tidemq.replication import ReplicaStatus
@@ -69,6 +70,9 @@ class InSyncTracker:
         #: A member gone longer than the timeout is still in the set (refreshed every tick, so
         #: the send path reads a flag instead of walking the connections).
         self.blocked = False
+        #: Called (under the lock, from an HA reader thread or the loop) after the confirm offset
+        #: (``transfer.acked``: what every other member holds) grew: held reads re-check.
+        self.on_confirm: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ acknowledgements
     def on_slave_ack(self, broker_id: int, offset: int) -> None:
@@ -92,8 +96,18 @@ class InSyncTracker:
     def _ack_locked(self) -> None:
         # Under the lock: an addition decided meanwhile must not let an older floor through.
         floor = self._floor_locked()
-        if floor is not None:
+        if floor is not None and floor > self.transfer.acked:
             self.transfer.ack(floor)
+            listener = self.on_confirm
+            if listener is not None:
+                listener()
+
+    def confirm_offset(self) -> int | None:
+        """What every other member holds (RocketMQ 5's confirmOffset); None while the set is only
+        the master (it acknowledges alone: everything stored is confirmed)."""
+        if len(self.required) == 1:
+            return None
+        return self.transfer.acked
 
     def precheck(self, end_offset: int) -> ReplicaStatus | None:
         """An answer without waiting (None: wait for the set to acknowledge ``end_offset``)."""
@@ -215,6 +229,9 @@ class InSyncTracker:
             with self._lock:
                 self.required = tuple(b for b in self.required if b not in remove)
                 self._ack_locked()
+                listener = self.on_confirm
+                if listener is not None and len(self.required) == 1:
+                    listener()  # the master alone: no bound any more
             log.warning(
                 "in-sync set: brokers %s fell behind for %.1f s; set is now %s",
                 list(remove),

@@ -57,6 +57,9 @@ from .wire import (
 log = logging.getLogger(__name__)
 
 _SIZE = struct.Struct(">i")
+#: The least time between two frames that only carry a grown confirm offset to a slave (s): its
+#: readers see a confirmed message at most this late when no data frame carries it sooner.
+CONFIRM_BEAT_S = 0.02
 
 
 class GroupTransfer:
@@ -155,6 +158,8 @@ class HAConnection:
         # Set once the slave is through the handshake (authenticated, when a secret is set) and has
         # sent its first report: only then does it count as a slave (HAServer.slave_count).
         self.established = False
+        #: The writer waits for data with nothing to send (a grown confirm offset must wake it).
+        self.parked = False
         self.closed = threading.Event()
         self._close_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read_loop, name=f"tidemq-ha-read-{address}", daemon=True)
@@ -268,10 +273,13 @@ class HAConnection:
             answer["error"] = str(exc)
             self.sock.sendall(encode_hello(answer))
             raise SlaveRefused(str(exc)) from None
+        confirm = hello.get("confirm") is True and server.confirm_offset is not None
+        if confirm:
+            answer["confirm"] = True
         self._authenticate(answer, slave_nonce, server.epoch, broker_id)
         self.broker_id = broker_id
         self.epoch = server.epoch
-        self.session = Session(extended=True, codec=codec, digest=digest, epoch=server.epoch)
+        self.session = Session(extended=True, codec=codec, digest=digest, epoch=server.epoch, confirm=confirm)
 
     def _authenticate(self, answer: dict[str, Any], slave_nonce: bytes, epoch: int, broker_id: int) -> None:
         """Send the answer (with the master's nonce and proof when a secret is set), then check the slave's MAC."""
@@ -319,6 +327,14 @@ class HAConnection:
         start = end - end % file_size if file_size else 0
         return max(start, store.get_min_phy_offset())
 
+    def _confirm(self) -> int:
+        """The master's confirm offset for this slave's frames (-1: none carried, or no bound)."""
+        source = self.server.confirm_offset
+        if not self.session.confirm or source is None:
+            return -1
+        value = source()
+        return -1 if value is None else value
+
     def _write_loop(self) -> None:
         server = self.server
         opts = server.options
@@ -327,24 +343,44 @@ class HAConnection:
             offset = self._start_offset()
             self.sent_offset = offset
             last_write = 0.0
+            sent_confirm = -1
             while not self.closed.is_set():
                 seen = server.data_version
+                confirm = self._confirm()
                 data = store.get_commit_log_data(offset)
                 if data is not None and len(data) > 0:
                     with data:
                         raw = bytes(data[: whole_records(data, opts.transfer_batch)])
-                    self.sock.sendall(b"".join(encode_frame(self.session, offset, raw)))
+                    self.sock.sendall(b"".join(encode_frame(self.session, offset, raw, confirm)))
                     offset += len(raw)
                     self.sent_offset = offset
                     self.bytes_sent += len(raw)
                     last_write = time.monotonic()
+                    sent_confirm = confirm
                     continue
                 if data is not None:
                     data.release()
-                if time.monotonic() - last_write >= opts.heartbeat_s:
-                    self.sock.sendall(b"".join(encode_frame(self.session, offset, b"")))
+                # A heartbeat when due, or soon after the confirm offset grew (the slave's readers
+                # wait for it: RocketMQ 5's slaves read up to the master's confirmOffset); data
+                # frames carry it too, so under load it rarely needs a frame of its own.
+                since = time.monotonic() - last_write
+                if since >= opts.heartbeat_s or (confirm != sent_confirm and since >= CONFIRM_BEAT_S):
+                    self.sock.sendall(b"".join(encode_frame(self.session, offset, b"", confirm)))
                     last_write = time.monotonic()
+                    sent_confirm = confirm
+                    since = 0.0
+                if self.session.confirm and since < CONFIRM_BEAT_S:
+                    # A frame went out lately: look at the confirm offset again when the beat is
+                    # due (its acknowledgement moves it) rather than be woken by every ack.
+                    server.wait_for_data(seen, CONFIRM_BEAT_S - since)
+                    continue
+                if self.session.confirm:
+                    self.parked = True  # idle: a grown confirm offset wakes us (notify_confirm)
+                    if self._confirm() != sent_confirm:
+                        self.parked = False
+                        continue
                 server.wait_for_data(seen, opts.heartbeat_s)
+                self.parked = False
         except (OSError, ConnectionError) as exc:
             if not self.closed.is_set():
                 log.info("HA stream to %s ended: %s", self.address, exc)
@@ -376,6 +412,8 @@ class HAServer:
     ``epoch`` (None: none) makes it serve only slaves of that epoch; ``on_slave_ack(broker_id,
     offset)`` hears each identified slave's reports (and ``-1`` when it leaves); ``on_newer_epoch``
     hears of a slave following a newer epoch than this master's.  Both run on reader threads.
+    ``confirm_offset`` (epoch sessions only): the master's confirm offset (None: no bound), sent
+    in every frame to slaves that ask for it; call :meth:`notify_data` when it grows.
     """
 
     def __init__(
@@ -389,6 +427,7 @@ class HAServer:
         epoch: int | None = None,
         on_slave_ack: Callable[[int, int], None] | None = None,
         on_newer_epoch: Callable[[int], None] | None = None,
+        confirm_offset: Callable[[], int | None] | None = None,
     ):
         if epoch is not None and not 0 <= epoch <= MAX_ID:
             raise ValueError(f"HA epoch {epoch} is not in 0..{MAX_ID}")
@@ -401,6 +440,7 @@ class HAServer:
         self._on_ack = on_ack
         self._on_slave_ack = on_slave_ack
         self._on_newer_epoch = on_newer_epoch
+        self.confirm_offset = confirm_offset
         self.connections: list[HAConnection] = []
         self._lock = threading.Lock()
         self._data = threading.Condition()
@@ -460,6 +500,12 @@ class HAServer:
         with self._data:
             self.data_version += 1
             self._data.notify_all()
+
+    def notify_confirm(self) -> None:
+        """The confirm offset grew: wake the writers that wait with nothing to send (any thread);
+        the others send it in their next frame, or within ``CONFIRM_BEAT_S``."""
+        if any(c.parked for c in self.connections):
+            self.notify_data()
 
     def wait_for_data(self, seen: int, timeout: float) -> None:
         with self._data:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from tidemq.address import split_address
@@ -42,7 +43,7 @@ from .wire import (
     load_key,
     mac_ok,
     new_nonce,
-    read_frame,
+    read_frame_confirm,
     read_hello_body,
     recv_exact,
 )
@@ -70,6 +71,7 @@ class HAClient:
         *,
         broker_id: int | None = None,
         epoch: int | None = None,
+        on_confirm: Callable[[], None] | None = None,
     ):
         if epoch is not None:
             if not 0 <= epoch <= MAX_ID:
@@ -94,6 +96,11 @@ class HAClient:
         self.master_offset = 0  # the master's stream position as last seen (for lag)
         self.corrupt_batches = 0
         self.epoch_refusals = 0
+        #: The master's confirm offset as last received (-1: none yet, or the master sets no
+        #: bound); asked for in the hello when ``on_confirm`` is given (epoch sessions only),
+        #: which is called (on the receiving thread) each time it grows.
+        self.confirm_offset = -1
+        self._on_confirm = on_confirm
         self.auth_refusals = 0  # masters refused for a missing or wrong proof
         self.bytes_received = 0
         self.connected = False
@@ -157,6 +164,8 @@ class HAClient:
             hello: dict[str, Any] = {"compression": offered, "digest": ["blake3"] if opts.digest else []}
             if self.epoch is not None:
                 hello.update(brokerId=self.broker_id, epoch=self.epoch)
+                if self._on_confirm is not None:
+                    hello["confirm"] = True
             slave_nonce = new_nonce()
             if self.key is not None:
                 hello.update(auth=AUTH_SCHEME, nonce=slave_nonce.hex())
@@ -182,6 +191,9 @@ class HAClient:
                 codec=str(reply.get("compression") or "none"),
                 digest=str(reply.get("digest") or ""),
                 epoch=-1 if self.epoch is None else self.epoch,
+                confirm=self.epoch is not None
+                and self._on_confirm is not None
+                and reply.get("confirm") is True,
             )
         else:
             self.session = Session()
@@ -249,7 +261,11 @@ class HAClient:
         # A batch is whole records, so one record (up to the largest message) may exceed the batch size.
         max_body = max(self.options.transfer_batch * 2, MAX_RECORD_BATCH)
         while not self._stop.is_set():
-            offset, raw = read_frame(sock, self.session, max_body)
+            offset, raw, confirm = read_frame_confirm(sock, self.session, max_body)
+            if confirm != self.confirm_offset and self.session.confirm:
+                self.confirm_offset = confirm
+                if self._on_confirm is not None:
+                    self._on_confirm()
             local = store.get_max_phy_offset()
             if not raw:  # heartbeat: the master's position
                 self.master_offset = max(self.master_offset, offset)

@@ -19,6 +19,12 @@ a session every master frame (data and heartbeat) adds ``<epoch 8>`` (signed) af
 head, and a frame of another epoch is refused (:class:`StaleEpochError`).  Without an epoch, frames
 are exactly the ones above.
 
+Confirm offset (the ``controller`` replication's SYNC masters, RocketMQ 5's confirmOffset in its HA
+transfer header): a slave of an epoch session may add ``"confirm": true`` to its hello; a master
+that tracks one answers ``"confirm": true``, and every master frame then adds ``<confirm 8>``
+(signed; -1: no bound) after the epoch: what every member of the in-sync set holds, the offset up
+to which the slave lets consumers read.  The master sends a heartbeat when it grows.
+
 Authentication (``secret_file``): both sides derive a 32-byte key from the shared secret (blake3's
 ``derive_key`` mode, context :data:`KEY_CONTEXT`) and prove it with blake3 keyed hashes (a MAC).
 The slave's hello adds ``"auth": "blake3-keyed"`` and ``"nonce"`` (32 random bytes, hex); the
@@ -100,6 +106,8 @@ class Session:
     codec: str = "none"
     digest: str = ""
     epoch: int = -1
+    #: Frames carry the master's confirm offset (``<confirm 8>`` after the epoch).
+    confirm: bool = False
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -169,8 +177,9 @@ def decompress(codec: str, payload: bytes, raw_size: int) -> bytes:
     return payload
 
 
-def encode_frame(session: Session, offset: int, raw: bytes) -> list[bytes]:
-    """One master -> slave frame for ``raw`` commit-log bytes starting at ``offset``."""
+def encode_frame(session: Session, offset: int, raw: bytes, confirm: int = -1) -> list[bytes]:
+    """One master -> slave frame for ``raw`` commit-log bytes starting at ``offset`` (and, on a
+    session that carries it, the master's ``confirm`` offset; -1: no bound)."""
     if not session.extended:
         return [FRAME_HEAD.pack(offset, len(raw)), raw]
     payload = compress(session.codec, raw) if raw else raw
@@ -183,16 +192,26 @@ def encode_frame(session: Session, offset: int, raw: bytes) -> list[bytes]:
     head = FRAME_HEAD.pack(offset, len(payload)) + EXT_HEAD.pack(CODECS[codec], len(raw), digest)
     if session.epoch >= 0:
         head += EPOCH.pack(session.epoch)
+        if session.confirm:
+            head += EPOCH.pack(confirm)
     return [head, payload]
 
 
 def read_frame(sock: socket.socket, session: Session, max_body: int) -> tuple[int, bytes]:
     """The next frame from the master: ``(phyOffset, raw bytes)``, verified."""
+    offset, raw, _confirm = read_frame_confirm(sock, session, max_body)
+    return offset, raw
+
+
+def read_frame_confirm(sock: socket.socket, session: Session, max_body: int) -> tuple[int, bytes, int]:
+    """The next frame from the master: ``(phyOffset, raw bytes, confirm offset)``, verified; the
+    confirm offset is -1 when the session carries none (or the master sets no bound)."""
+    confirm = -1
     offset, size = FRAME_HEAD.unpack(recv_exact(sock, FRAME_HEAD.size))
     if size < 0 or size > max_body:
         raise HAProtocolError(f"HA frame of {size} bytes at offset {offset} is out of bounds")
     if not session.extended:
-        return offset, recv_exact(sock, size)
+        return offset, recv_exact(sock, size), confirm
     codec_id, raw_size, digest = EXT_HEAD.unpack(recv_exact(sock, EXT_HEAD.size))
     codec = CODEC_NAMES.get(codec_id)
     if codec is None or raw_size > max_body:
@@ -206,13 +225,17 @@ def read_frame(sock: socket.socket, session: Session, max_body: int) -> tuple[in
             raise StaleEpochError(
                 f"HA frame at offset {offset} carries epoch {epoch}, the session's is {session.epoch}"
             )
+        if session.confirm:
+            (confirm,) = EPOCH.unpack(recv_exact(sock, EPOCH.size))
+            if confirm < -1:
+                raise HAProtocolError(f"HA frame at offset {offset} carries confirm offset {confirm}")
     payload = recv_exact(sock, size)
     raw = decompress(codec, payload, raw_size)
     if len(raw) != raw_size:
         raise CorruptBatchError(f"HA batch at offset {offset} is {len(raw)} bytes, header says {raw_size}")
     if session.digest and blake3.blake3(raw).digest() != digest:
         raise CorruptBatchError(f"HA batch at offset {offset} ({raw_size} bytes) fails its blake3 digest")
-    return offset, raw
+    return offset, raw, confirm
 
 
 # ------------------------------------------------------------------ authentication

@@ -362,7 +362,7 @@ class LocalBackend:
         if policy == "BEGINNING":
             return store.get_min_offset_in_queue(topic, queue_id)
         if policy == "END":
-            return store.get_max_offset_in_queue(topic, queue_id)
+            return self.broker.read_bound.max_offset(topic, queue_id)  # the confirm offset bounds it
         return store.get_offset_by_time(topic, queue_id, timestamp_ms)
 
 

@@ -39,6 +39,15 @@ class PopWaiters:
             if not fut.done():
                 fut.set_result(True)
 
+    def has_waiters(self) -> bool:
+        """Whether a request is held (any thread; no lock)."""
+        return bool(self._waiters)
+
+    def notify_all(self) -> None:
+        """Wake every held request (the readable end moved: the confirm offset grew)."""
+        for topic in list(self._waiters):
+            self.notify(topic)
+
     async def wait(self, topics: list[str], timeout_s: float) -> bool:
         """Until something arrives in one of ``topics`` (True) or ``timeout_s`` passes (False)."""
         if timeout_s <= 0 or self._loop is None:

@@ -330,9 +330,9 @@ class PopService:
                 if batch is not None:
                     result.batches.append(batch)
                     want -= len(batch.offsets)
-        store = self.broker.store
+        bound = self.broker.read_bound
         for qid in queues:
-            rest = store.get_max_offset_in_queue(topic, qid) - self.table.offsets.get((group, topic, qid), 0)
+            rest = bound.max_offset(topic, qid) - self.table.offsets.get((group, topic, qid), 0)
             result.rest_num += max(rest, 0)
         if result.found:
             self.broker.stats.on_get(
@@ -380,14 +380,14 @@ class PopService:
                 for ck in open_cks:
                     self.table.retire(ck)
         offset = self.table.offset(key, init_mode)
-        store = self.broker.store
-        res = store.get_message(group, topic, qid, offset, want, flt)
+        read = self.broker.read_bound.get_message  # no record past the confirm offset
+        res = read(group, topic, qid, offset, want, flt)
         if res.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY) or (
             res.status is GetStatus.NO_MATCHED_MESSAGE and res.next_begin_offset > offset
         ):
             self.table.set_offset(key, res.next_begin_offset)
             offset = res.next_begin_offset
-            res = store.get_message(group, topic, qid, offset, want, flt)
+            res = read(group, topic, qid, offset, want, flt)
         if not res.buffers:
             if res.next_begin_offset > offset:
                 self.table.set_offset(key, res.next_begin_offset)
@@ -453,11 +453,11 @@ class PopService:
                     off = max(
                         self.broker.offsets.query(group, src, qid), store.get_min_offset_in_queue(src, qid)
                     )
-                rest = store.get_max_offset_in_queue(src, qid) - off
+                rest = self.broker.read_bound.max_offset(src, qid) - off
                 result.rest_num += max(rest, 0)
                 if want <= 0 or rest <= 0:
                     continue
-                res = store.get_message(group, src, qid, off, want)
+                res = self.broker.read_bound.get_message(group, src, qid, off, want)
                 if res.buffers:
                     offsets = tuple(res.queue_offsets)
                     result.batches.append(
@@ -472,7 +472,7 @@ class PopService:
 
     def has_message(self, group: str, topic: str, queue_id: int = -1) -> bool:
         cfg = self.check_topic(topic, queue_id, any_queue=True)
-        store = self.broker.store
+        bound = self.broker.read_bound
         order = self.checks.is_orderly(group)
         qids = range(cfg.read_queue_nums) if queue_id == -1 else [queue_id]
         now = now_ms()
@@ -483,13 +483,13 @@ class PopService:
                 for i in self.table.order.get(key, ())
             ):
                 continue
-            if store.get_max_offset_in_queue(topic, q) > self.table.offset(key, INIT_MIN):
+            if bound.max_offset(topic, q) > self.table.offset(key, INIT_MIN):
                 return True
         rcfg = None if order else self.checks.retry_config(group, topic)
         if rcfg is not None:
             retry = rcfg.topic_name
             for q in range(rcfg.read_queue_nums):
-                if store.get_max_offset_in_queue(retry, q) > self.table.offset((group, retry, q), INIT_MIN):
+                if bound.max_offset(retry, q) > self.table.offset((group, retry, q), INIT_MIN):
                     return True
         return False
 

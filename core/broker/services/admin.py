@@ -56,7 +56,8 @@ class AdminService:
 
     # ------------------------------------------------------------------ offsets of queues
     def max_offset(self, topic: str, queue_id: int) -> int:
-        return self.broker.store.get_max_offset_in_queue(topic, queue_id)
+        # GET_MAX_OFFSET: bounded by the confirm offset (RocketMQ 5 dispatches only up to it).
+        return self.broker.read_bound.max_offset(topic, queue_id)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         return self.broker.store.get_min_offset_in_queue(topic, queue_id)
@@ -78,7 +79,7 @@ class AdminService:
         store = b.store
         table: dict[MessageQueue, QueueStats] = {}
         for qid in range(cfg.write_queue_nums):
-            max_off = max(store.get_max_offset_in_queue(topic, qid), 0)
+            max_off = max(b.read_bound.max_offset(topic, qid), 0)
             min_off = max(store.get_min_offset_in_queue(topic, qid), 0)
             last = store.get_store_time(topic, qid, max_off - 1) if max_off > 0 else 0
             table[MessageQueue(topic, b.settings.name, qid)] = QueueStats(min_off, max_off, max(last, 0))
@@ -124,7 +125,7 @@ class AdminService:
             diff = 0
             nqueues = cfg.read_queue_nums if read_queues else cfg.write_queue_nums
             for qid in range(nqueues):
-                broker_off = max(b.store.get_max_offset_in_queue(topic, qid), 0)
+                broker_off = max(b.read_bound.max_offset(topic, qid), 0)
                 consumer_off = max(committed.get(qid, 0), 0)
                 last = 0
                 if consumer_off > 0:

@@ -73,7 +73,7 @@ class OffsetService:
                     f"THe consumer group <{group}> not exist (no committed offset of {topic} queue {qid})",
                 )
             if timestamp == -1:
-                target = b.store.get_max_offset_in_queue(topic, qid)
+                target = b.read_bound.max_offset(topic, qid)
             else:
                 target = b.store.get_offset_by_time(topic, qid, timestamp)
             target = max(target, 0)

@@ -199,13 +199,17 @@ class PullService:
         )
         if has_suspend and not b.settings.long_polling:
             deadline = time.monotonic() + b.settings.short_polling_ms / 1000.0
+        # Reads stop at the confirm offset (controller SYNC masters: what the in-sync set holds);
+        # a pull at that bound is held like one at the queue's end, and woken as the set acks.
+        read = b.read_bound.get_message if b.read_bound.active else b.store.get_message
+        max_offset = b.read_bound.max_offset if b.read_bound.active else b.store.get_max_offset_in_queue
         while True:
-            result: GetResult = b.store.get_message(group, topic, queue_id, offset, max_nums, store_filter)
+            result: GetResult = read(group, topic, queue_id, offset, max_nums, store_filter)
             status = pull_status(result, offset)
             remaining = deadline - time.monotonic()
             if status is not Status.PULL_NOT_FOUND or remaining <= 0 or not has_suspend:
                 break
-            if b.store.get_max_offset_in_queue(topic, queue_id) > offset:
+            if max_offset(topic, queue_id) > offset:
                 break  # indexed but not readable (removed data): answer now rather than spin on wake-ups
             hold = b.hold
             assert hold is not None  # created before the server starts: no pull arrives before it
@@ -223,7 +227,7 @@ class PullService:
             if peer.closed:
                 return None  # nobody to answer: the held pull ends with its connection
             if not b.running:
-                result = b.store.get_message(group, topic, queue_id, offset, max_nums, store_filter)
+                result = read(group, topic, queue_id, offset, max_nums, store_filter)
                 status = pull_status(result, offset)
                 break
 
