@@ -126,7 +126,13 @@ cdef extern from *:
             tidemq_tailval['a' + c] = (unsigned char)(0x40 | (10 + c));
         }
     }
-    static uint64_t tidemq_window_hash(const unsigned char* p, size_t n, int kind, const uint64_t* s) {
+    /* The last run key's stem and group hash: the next key of a batch counting up has the same
+       stem (and mostly the same group), compared instead of hashed again (within one pass over
+       a run's keys: p points into a key the run holds). */
+    typedef struct { const unsigned char* p; size_t n; uint64_t tag; uint64_t g; } tidemq_stem_memo;
+    static int tidemq_same(const unsigned char* a, const unsigned char* b, size_t n);
+    static uint64_t tidemq_window_hash_m(const unsigned char* p, size_t n, int kind, const uint64_t* s,
+                                         tidemq_stem_memo* m) {
         if (kind == 1 && n >= 4 && n <= 4096) {
             unsigned a = tidemq_tailval[p[n - 4]], b = tidemq_tailval[p[n - 3]];
             unsigned c = tidemq_tailval[p[n - 2]], d = tidemq_tailval[p[n - 1]];
@@ -135,15 +141,28 @@ cdef extern from *:
                 unsigned v = ((a & 15) << 12) | ((b & 15) << 8) | ((c & 15) << 4) | (d & 15);
                 uint64_t tag = ((uint64_t)1 << 56) | ((uint64_t)1 << 55)
                     | ((uint64_t)((all >> 6) & 1) << 54) | ((uint64_t)(v >> TIDEMQ_GROUP_SHIFT) << 16);
-                uint64_t g = tidemq_key_hash(p, n - 4, tag, s);
+                uint64_t g;
+                if (m != NULL && m->p != NULL && m->n == n && m->tag == tag && tidemq_same(m->p, p, n - 4)) {
+                    g = m->g;
+                } else {
+                    g = tidemq_key_hash(p, n - 4, tag, s);
+                    if (m != NULL) { m->p = p; m->n = n; m->tag = tag; m->g = g; }
+                }
                 return ((g | TIDEMQ_RUN_BIT) & ~TIDEMQ_GROUP_LOW) | (v & TIDEMQ_GROUP_LOW);
             }
         }
         return tidemq_key_hash(p, n, (uint64_t)kind << 56, s) & ~TIDEMQ_RUN_BIT;
     }
+    static uint64_t tidemq_window_hash(const unsigned char* p, size_t n, int kind, const uint64_t* s) {
+        return tidemq_window_hash_m(p, n, kind, s, NULL);
+    }
     static inline int tidemq_popcount(uint32_t m) { return __builtin_popcount(m); }
     """
+    ctypedef struct tidemq_stem_memo:
+        const unsigned char* p
     uint64_t tidemq_window_hash(const unsigned char* p, size_t n, int kind, const uint64_t* s) noexcept nogil
+    uint64_t tidemq_window_hash_m(const unsigned char* p, size_t n, int kind, const uint64_t* s,
+                                  tidemq_stem_memo* m) noexcept nogil
     void tidemq_tailval_init() noexcept nogil
     int tidemq_popcount(uint32_t m) noexcept nogil
     uint64_t TIDEMQ_RUN_BIT
@@ -206,6 +225,18 @@ cdef inline int64_t _hash_key(object key) noexcept:
         <size_t>(PyUnicode_GET_LENGTH(key) * kind),
         kind,
         _SECRET,
+    )
+
+
+cdef inline int64_t _hash_key_m(object key, tidemq_stem_memo* memo) noexcept:
+    """:func:`_hash_key`, the stem of a run key compared with the last one's (``memo``)."""
+    cdef int kind = PyUnicode_KIND(key)
+    return <int64_t>tidemq_window_hash_m(
+        <const unsigned char*>PyUnicode_DATA(key),
+        <size_t>(PyUnicode_GET_LENGTH(key) * kind),
+        kind,
+        _SECRET,
+        memo,
     )
 
 
@@ -688,10 +719,12 @@ cdef class HashTable:
         cdef uint32_t m = self._masks[k & self._rmask]
         return tidemq_popcount(m) if m else 1
 
-    cdef Py_ssize_t _probe(self, uint64_t h, Py_ssize_t* free, PyObject* own, Py_ssize_t* seg) noexcept:
+    cdef Py_ssize_t _probe(self, uint64_t h, Py_ssize_t* free, PyObject* own, Py_ssize_t* seg,
+                           uint32_t* present=NULL) noexcept:
         """The slot holding ``h``, or -1; ``free[0]``: the first free (empty or dead) slot met
         (-1: none); ``seg[0]`` (when ``own``): the slot of ``own``'s segment of ``h``'s group,
-        or -1.  A run hash (bit 63) is held as its bit of a segment (its group's hash, the
+        or -1; ``present[0]`` (when given and ``h`` is absent): the keys of ``h``'s group held
+        (the union of its live segments' masks).  A run hash (bit 63) is held as its bit of a segment (its group's hash, the
         ring entry's mask); any other as its own entry.  Reads the home bucket, and the next while the one read is flagged (a key of
         it or before it went further when it was full), at most ``_PROBE``.  A flag found stale
         (the next bucket holds no key from before it and is not flagged itself) is cleared."""
@@ -709,6 +742,8 @@ cdef class HashTable:
         free[0] = -1
         if seg != NULL:
             seg[0] = -1
+        if present != NULL:
+            present[0] = 0
         for p in range(_PROBE):
             bucket = &self._slots[b * _WAYS]
             visitors = False
@@ -719,6 +754,8 @@ cdef class HashTable:
                         if e.hash == key and e.value != NULL:
                             if bit == 0 or (self._masks[bucket[i].idx & self._rmask] & bit):
                                 return b * _WAYS + i
+                            if present != NULL:
+                                present[0] |= self._masks[bucket[i].idx & self._rmask]
                             if e.value == own and own != NULL:
                                 seg[0] = b * _WAYS + i
                     if p and <Py_ssize_t>(bucket[i].fp & <uint32_t>self._bmask) != b:
@@ -739,7 +776,8 @@ cdef class HashTable:
         cdef Py_ssize_t free
         return self._probe(h, &free, NULL, NULL)
 
-    cdef Py_ssize_t _slot_for(self, uint64_t h, PyObject* own, Py_ssize_t* displaced, Py_ssize_t* seg) noexcept:
+    cdef Py_ssize_t _slot_for(self, uint64_t h, PyObject* own, Py_ssize_t* displaced, Py_ssize_t* seg,
+                              uint32_t* present=NULL) noexcept:
         """The slot holding ``h`` (>= 0), or ``-1 - slot`` of the free (empty or dead) slot it
         goes to: one cache line read for a check and its record (two when its bucket is
         flagged).  ``seg[0]``: ``own``'s segment of ``h``'s group (a run hash), which the key
@@ -747,7 +785,7 @@ cdef class HashTable:
         of live keys, the oldest of the home bucket is displaced to free one (``displaced[0]``
         and :attr:`displaced` counted, in keys)."""
         cdef Py_ssize_t free, b
-        cdef Py_ssize_t at = self._probe(h, &free, own, seg)
+        cdef Py_ssize_t at = self._probe(h, &free, own, seg, present)
         if at >= 0:
             return at
         if seg[0] >= 0:
@@ -1249,6 +1287,7 @@ cdef int _admit(
     cdef long long* data
     cdef uint64_t h
     cdef PyObject* value
+    cdef tidemq_stem_memo memo
     counts.keys = counts.recorded = counts.replaced = counts.displaced = 0
     # Pass 1: the keys and their hashes, each send's record made; each slot prefetched for
     # pass 2 (a full window's table is tens of MB: every key's probe is a cache miss, overlapped
@@ -1283,11 +1322,12 @@ cdef int _admit(
         hashes = array.clone(_Q, n, False)
         _untrack(hashes)
         data = hashes.data.as_longlongs
+        memo.p = NULL  # (the keys of this send are held by its messages through the pass)
         for j in range(n):
             key = _key_of(msgs[j], name, max_length)
             if key is None:
                 break  # a message without a usable key: the send is stored as it is
-            data[j] = _hash_key(key)
+            data[j] = _hash_key_m(key, &memo)
             if table is not None:
                 table._prefetch(_slot_hash(data[j]))
         else:
@@ -1309,6 +1349,9 @@ cdef int _admit(
     # Pass 2: check and record each key in one probe.
     cdef Py_ssize_t keys = 0, recorded = 0, replaced = 0
     cdef list taken = None  # (table, hash, the expired Sent it replaced): restored on a decline
+    cdef uint64_t gkey  # the group of the last run key stored in this send's segment (0: none)
+    cdef uint32_t gpresent = 0, bit  # that group's keys held (its segments' masks, ours included)
+    cdef Py_ssize_t gseg = -1  # this send's segment of it
     last_topic = None
     table = None
     for i in range(nsends):
@@ -1327,12 +1370,23 @@ cdef int _admit(
             table = <HashTable>found
             last_topic = topic
         data = hashes.data.as_longlongs
+        gkey = 0
         for j in range(n):
             h = _slot_hash(data[j])
+            if gkey != 0 and (h & ~TIDEMQ_GROUP_LOW) == gkey:
+                # the next key of the group whose keys were gathered at its first key: absent
+                # (its bit in no segment) joins this send's segment without a probe
+                bit = 1u << <uint32_t>(h & TIDEMQ_GROUP_LOW)
+                if not (gpresent & bit):
+                    table._masks[table._slots[gseg].idx & table._rmask] |= bit
+                    table._used += 1
+                    gpresent |= bit
+                    continue
+            gkey = 0
             if (table._nslots + 1) * 2 > table._mask + 1:
                 table._grow()
             table._reserve()
-            at = table._slot_for(h, <PyObject*>fields, &counts.displaced, &seg)
+            at = table._slot_for(h, <PyObject*>fields, &counts.displaced, &seg, &gpresent)
             if at >= 0:
                 old = <object>table._value_at(at)
                 if _deadline(old) > now:  # a resend, or a key twice in the run
@@ -1345,6 +1399,10 @@ cdef int _admit(
                 table._retake(at, h, fields, &counts.displaced)
             else:
                 table._store(at, h, fields, seg)
+                if h & TIDEMQ_RUN_BIT:  # the group's keys are gathered: its next keys go faster
+                    gkey = h & ~TIDEMQ_GROUP_LOW
+                    gseg = seg if seg >= 0 else -1 - at
+                    gpresent |= 1u << <uint32_t>(h & TIDEMQ_GROUP_LOW)
     append = order.append
     for i in range(nsends):
         entry = plan[i]
