@@ -182,7 +182,10 @@ def main() -> None:
     )
     p.add_argument("--producers", type=int, default=4, help="producers whose batches take turns")
     p.add_argument(
-        "--batch-size", type=int, default=32, help="messages a send (1: single sends, a producer's keys in order)"
+        "--batch-size",
+        type=int,
+        default=32,
+        help="messages a send (1: single sends, a producer's keys in order)",
     )
     p.add_argument("--chunk", type=int, default=2000, help="sends a chunk")
     args = p.parse_args()
