@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_dedup_run import CONFIGS, Result, build, pair
 
 from tidemq.broker import dedup_table
 from tidemq.broker.dedup import UNIQ_KEY, DuplicateWindow, Sent
@@ -24,11 +25,8 @@ from tidemq.broker.dedup_table import key_hash
 from tidemq.broker.services.put import Send
 from tidemq.message_types import MessageInner
 
-from test_dedup_run import CONFIGS, Result, build, pair
-
 pytestmark = pytest.mark.skipif(not dedup_table.COMPILED, reason="the compiled window is not built")
 
-RUN = 1 << 63
 STEMS = ["C0A80001000029C3", "c0a80001000029c3", "P-"]
 #: The values the runs start at: a group's start, its middle, its end, 0xFFFF (wrapping to 0).
 STARTS = [0x0000, 0x0005, 0x0007, 0x0010, 0x00FE, 0xFFFA, 0xFFFF]
