@@ -88,19 +88,29 @@ def measure(
     only: str | None = None,
     keys: str = "rmq4",
     producers: int = 4,
+    batch_size: int = 32,
 ) -> dict[str, Any]:
     window = DuplicateWindow(120, max_entries, 1 << 40)
     configs = {"On": _Cfg({}), "Off": _Cfg({"dedup.window.seconds": "0"})}
     offset = 0
-    next_keys = key_source(keys, producers)
+    next_32 = key_source(keys, producers)
+    pending: list[str] = []
+
+    def next_keys() -> list[str]:  # batch_size keys: a producer's 32 split in order
+        if len(pending) < batch_size:
+            pending.extend(next_32())
+        out = pending[:batch_size]
+        del pending[:batch_size]
+        return out
 
     def batch(topic: str) -> Send:
         nonlocal offset
         msgs = [MessageInner(topic, b"x", 0, 0, {UNIQ_KEY: k, "TAGS": "t"}) for k in next_keys()]
-        send = Send("g", msgs, True, None, 0, 32)
+        n = len(msgs)
+        send = Send("g", msgs, n > 1, None, 0, n)
         send.status, send.queue_id, send.queue_offset, send.recall_handle = 0, 0, 0, None
-        send.msg_id = ",".join(f"7F00000100002A9F{offset + j * 1100:016X}" for j in range(32))
-        offset += 32 * 1100
+        send.msg_id = ",".join(f"7F00000100002A9F{offset + j * 1100:016X}" for j in range(n))
+        offset += n * 1100
         return send
 
     runs: dict[str, list[float]] = {"On": [], "Off": []}
@@ -140,6 +150,7 @@ def measure(
         "hot": hot,
         "keys": keys,
         "producers": producers,
+        "batch_size": batch_size,
         "entries_at_end": window.entries,
         "evicted": window.evicted,
         "ns_per_batch_on": round(on),
@@ -170,11 +181,27 @@ def main() -> None:
         help="the keys' shape (see key_source; before session 9: counter)",
     )
     p.add_argument("--producers", type=int, default=4, help="producers whose batches take turns")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="messages a send (1: single sends, a producer's keys in order)",
+    )
+    p.add_argument("--chunk", type=int, default=2000, help="sends a chunk")
     args = p.parse_args()
     tune_gc()
     load = os.getloadavg()
     results = [
-        measure(m, args.repeats, hot=args.hot, only=args.only, keys=args.keys, producers=args.producers)
+        measure(
+            m,
+            args.repeats,
+            chunk=args.chunk,
+            hot=args.hot,
+            only=args.only,
+            keys=args.keys,
+            producers=args.producers,
+            batch_size=args.batch_size,
+        )
         for m in args.max_entries
     ]
     print(

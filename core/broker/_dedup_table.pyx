@@ -101,6 +101,78 @@ cdef extern from *:
     uint64_t tidemq_key_hash(const unsigned char* p, size_t n, uint64_t tag, const uint64_t* s) noexcept nogil
 
 
+cdef extern from *:
+    """
+    /* Runs of keys (session 10): a key of 1-byte characters whose last 4 are hex digits of one
+       case (0-9A-F, or 0-9a-f with a lower-case letter: another class, so ...000a and ...000A
+       stay two keys) is split into its stem (the characters before) and the digits' value v.
+       Its hash is the group's (stem, class, v >> TIDEMQ_GROUP_SHIFT: secret-keyed, in a domain
+       of its own) with bit 63 set and the low TIDEMQ_GROUP_SHIFT bits replaced by v's: the keys
+       of one group share every bit but those (so one fingerprint, one home bucket), and the hash
+       is injective in v within a stem.  Any other key: the whole key hashed, bit 63 clear.
+       RocketMQ 4.x's UNIQ_KEY ends in a 16-bit counter (4 hex digits), RocketMQ 5's message_id
+       in a sequence, compare_load.py's in the message's index: a batch's keys count up, so 8 of
+       them share one table slot (a "segment", HashTable) instead of taking 8. */
+    #define TIDEMQ_RUN_BIT ((uint64_t)1 << 63)
+    #define TIDEMQ_GROUP_SHIFT 3
+    #define TIDEMQ_GROUP_LOW ((uint64_t)((1u << TIDEMQ_GROUP_SHIFT) - 1))
+    static unsigned char tidemq_tailval[256];
+    static void tidemq_tailval_init(void) {
+        int c;
+        for (c = 0; c < 256; c++) tidemq_tailval[c] = 0x80;
+        for (c = 0; c < 10; c++) tidemq_tailval['0' + c] = (unsigned char)c;
+        for (c = 0; c < 6; c++) {
+            tidemq_tailval['A' + c] = (unsigned char)(0x20 | (10 + c));
+            tidemq_tailval['a' + c] = (unsigned char)(0x40 | (10 + c));
+        }
+    }
+    /* The last run key's stem and group hash: the next key of a batch counting up has the same
+       stem (and mostly the same group), compared instead of hashed again (within one pass over
+       a run's keys: p points into a key the run holds). */
+    typedef struct { const unsigned char* p; size_t n; uint64_t tag; uint64_t g; } tidemq_stem_memo;
+    static int tidemq_same(const unsigned char* a, const unsigned char* b, size_t n);
+    static uint64_t tidemq_window_hash_m(const unsigned char* p, size_t n, int kind, const uint64_t* s,
+                                         tidemq_stem_memo* m) {
+        if (kind == 1 && n >= 4 && n <= 4096) {
+            unsigned a = tidemq_tailval[p[n - 4]], b = tidemq_tailval[p[n - 3]];
+            unsigned c = tidemq_tailval[p[n - 2]], d = tidemq_tailval[p[n - 1]];
+            unsigned all = a | b | c | d;
+            if (!(all & 0x80) && (all & 0x60) != 0x60) {
+                unsigned v = ((a & 15) << 12) | ((b & 15) << 8) | ((c & 15) << 4) | (d & 15);
+                uint64_t tag = ((uint64_t)1 << 56) | ((uint64_t)1 << 55)
+                    | ((uint64_t)((all >> 6) & 1) << 54) | ((uint64_t)(v >> TIDEMQ_GROUP_SHIFT) << 16);
+                uint64_t g;
+                if (m != NULL && m->p != NULL && m->n == n && m->tag == tag && tidemq_same(m->p, p, n - 4)) {
+                    g = m->g;
+                } else {
+                    g = tidemq_key_hash(p, n - 4, tag, s);
+                    if (m != NULL) { m->p = p; m->n = n; m->tag = tag; m->g = g; }
+                }
+                return ((g | TIDEMQ_RUN_BIT) & ~TIDEMQ_GROUP_LOW) | (v & TIDEMQ_GROUP_LOW);
+            }
+        }
+        return tidemq_key_hash(p, n, (uint64_t)kind << 56, s) & ~TIDEMQ_RUN_BIT;
+    }
+    static uint64_t tidemq_window_hash(const unsigned char* p, size_t n, int kind, const uint64_t* s) {
+        return tidemq_window_hash_m(p, n, kind, s, NULL);
+    }
+    static inline int tidemq_popcount(uint32_t m) { return __builtin_popcount(m); }
+    """
+    ctypedef struct tidemq_stem_memo:
+        const unsigned char* p
+    uint64_t tidemq_window_hash(const unsigned char* p, size_t n, int kind, const uint64_t* s) noexcept nogil
+    uint64_t tidemq_window_hash_m(const unsigned char* p, size_t n, int kind, const uint64_t* s,
+                                  tidemq_stem_memo* m) noexcept nogil
+    void tidemq_tailval_init() noexcept nogil
+    int tidemq_popcount(uint32_t m) noexcept nogil
+    uint64_t TIDEMQ_RUN_BIT
+    uint64_t TIDEMQ_GROUP_LOW
+    int TIDEMQ_GROUP_SHIFT
+
+
+tidemq_tailval_init()
+
+
 cdef extern from "Python.h":
     """
     #include "structmember.h"
@@ -148,11 +220,23 @@ cdef inline int64_t _hash_key(object key) noexcept:
     """``key``'s hash in the window (a str: its characters as CPython holds them, 1, 2 or 4
     bytes each, the width mixed in)."""
     cdef int kind = PyUnicode_KIND(key)
-    return <int64_t>tidemq_key_hash(
+    return <int64_t>tidemq_window_hash(
         <const unsigned char*>PyUnicode_DATA(key),
         <size_t>(PyUnicode_GET_LENGTH(key) * kind),
-        (<uint64_t>kind) << 56,
+        kind,
         _SECRET,
+    )
+
+
+cdef inline int64_t _hash_key_m(object key, tidemq_stem_memo* memo) noexcept:
+    """:func:`_hash_key`, the stem of a run key compared with the last one's (``memo``)."""
+    cdef int kind = PyUnicode_KIND(key)
+    return <int64_t>tidemq_window_hash_m(
+        <const unsigned char*>PyUnicode_DATA(key),
+        <size_t>(PyUnicode_GET_LENGTH(key) * kind),
+        kind,
+        _SECRET,
+        memo,
     )
 
 
@@ -172,6 +256,11 @@ def hashes_of(list keys not None):
             raise TypeError(f"a key must be a str, not {type(key).__name__}")
         hashes.data.as_longlongs[i] = _hash_key(key)
     return hashes
+
+
+def group_shift():
+    """Bits of a run key's value that address its key within its group (8 keys a group)."""
+    return TIDEMQ_GROUP_SHIFT
 
 
 def secrets_for_tests():
@@ -450,6 +539,11 @@ cdef enum:
     _WAYS = 8  # slots a bucket: 8 x 8 bytes, one 64-byte cache line
     _PROBE = 16  # buckets a key may go to (its home and the next ones, each passed flagged)
     _SWEEP = 1 << 30  # ring pushes between sweeps of the dead slots (positions are 32-bit)
+    # The table doubles past 1/_LOAD of its slots live.  A group's segments share a home bucket:
+    # single sends counting up put up to 8 slots (one a send) in one bucket, whole buckets
+    # then cluster as linear probing does at load 1/2 (1.5 million single sends through a
+    # window of 500 000: 1 648 keys displaced, 56 % of buckets flagged); at 1/4, see the docs.
+    _LOAD = 4
 
 
 cdef uint32_t _OVER = 0x80000000u  # a bucket's first slot's top bit: keys of it went further
@@ -498,6 +592,9 @@ cdef class HashTable:
     cdef uint32_t _head  # the next entry's (absolute) position
     cdef uint32_t _tail  # the oldest entry's (absolute) position
     cdef uint32_t _swept  # the head at the last sweep of dead slots
+    cdef uint32_t* _masks  # per ring entry: a segment's keys (bit i: its group's key i); 0: one key
+    cdef Py_ssize_t _nslots  # live slots (ring entries not holes): the table's load
+    cdef Py_ssize_t _dropped  # keys the last displacement removed
 
     def __cinit__(self, Py_ssize_t capacity=64):
         cdef Py_ssize_t cap = 16
@@ -511,11 +608,15 @@ cdef class HashTable:
         self._map_len = 0
         self._raw = NULL
         self._ring = NULL
+        self._masks = NULL
         self._used = 0
+        self._nslots = 0
+        self._dropped = 0
         self._displaced = 0
         self._alloc(cap)
         self._ring = <Entry*>PyMem_Malloc(rcap * sizeof(Entry))
-        if self._ring == NULL:
+        self._masks = <uint32_t*>PyMem_Malloc(rcap * sizeof(uint32_t))
+        if self._ring == NULL or self._masks == NULL:
             raise MemoryError()
         self._rmask = <uint32_t>(rcap - 1)
         self._head = 0
@@ -557,6 +658,9 @@ cdef class HashTable:
                 k += 1
             PyMem_Free(self._ring)
             self._ring = NULL
+        if self._masks != NULL:
+            PyMem_Free(self._masks)
+            self._masks = NULL
         if self._slots != NULL:
             self._free(self._raw, self._map, self._map_len)
             self._slots = NULL
@@ -589,6 +693,11 @@ cdef class HashTable:
         return n
 
     @property
+    def slots_used(self):
+        """Live slots: one a key, or one a segment (up to 8 keys of a group and one send)."""
+        return self._nslots
+
+    @property
     def displaced(self):
         """Keys displaced so far (their buckets full): each lost its protection early."""
         return self._displaced
@@ -610,9 +719,18 @@ cdef class HashTable:
         self._slots[at].fp &= _OVER
         self._slots[at].idx = 0
 
-    cdef Py_ssize_t _probe(self, uint64_t h, Py_ssize_t* free) noexcept:
+    cdef inline Py_ssize_t _keys_at(self, uint32_t k) noexcept:
+        """The keys of ring entry ``k`` (a segment's, else 1)."""
+        cdef uint32_t m = self._masks[k & self._rmask]
+        return tidemq_popcount(m) if m else 1
+
+    cdef Py_ssize_t _probe(self, uint64_t h, Py_ssize_t* free, PyObject* own, Py_ssize_t* seg,
+                           uint32_t* present=NULL) noexcept:
         """The slot holding ``h``, or -1; ``free[0]``: the first free (empty or dead) slot met
-        (-1: none).  Reads the home bucket, and the next while the one read is flagged (a key of
+        (-1: none); ``seg[0]`` (when ``own``): the slot of ``own``'s segment of ``h``'s group,
+        or -1; ``present[0]`` (when given and ``h`` is absent): the keys of ``h``'s group held
+        (the union of its live segments' masks).  A run hash (bit 63) is held as its bit of a segment (its group's hash, the
+        ring entry's mask); any other as its own entry.  Reads the home bucket, and the next while the one read is flagged (a key of
         it or before it went further when it was full), at most ``_PROBE``.  A flag found stale
         (the next bucket holds no key from before it and is not flagged itself) is cleared."""
         cdef uint32_t f = _fp(h)
@@ -621,7 +739,16 @@ cdef class HashTable:
         cdef Slot* bucket
         cdef Entry* e
         cdef bint visitors
+        cdef uint64_t key = h
+        cdef uint32_t bit = 0
+        if h & TIDEMQ_RUN_BIT:
+            key = h & ~TIDEMQ_GROUP_LOW
+            bit = 1u << <uint32_t>(h & TIDEMQ_GROUP_LOW)
         free[0] = -1
+        if seg != NULL:
+            seg[0] = -1
+        if present != NULL:
+            present[0] = 0
         for p in range(_PROBE):
             bucket = &self._slots[b * _WAYS]
             visitors = False
@@ -629,8 +756,13 @@ cdef class HashTable:
                 if self._live(bucket[i]):
                     if (bucket[i].fp & _FP) == f:
                         e = &self._ring[bucket[i].idx & self._rmask]
-                        if e.hash == h and e.value != NULL:
-                            return b * _WAYS + i
+                        if e.hash == key and e.value != NULL:
+                            if bit == 0 or (self._masks[bucket[i].idx & self._rmask] & bit):
+                                return b * _WAYS + i
+                            if present != NULL:
+                                present[0] |= self._masks[bucket[i].idx & self._rmask]
+                            if e.value == own and own != NULL:
+                                seg[0] = b * _WAYS + i
                     if p and <Py_ssize_t>(bucket[i].fp & <uint32_t>self._bmask) != b:
                         visitors = True
                 elif free[0] < 0:
@@ -647,17 +779,22 @@ cdef class HashTable:
     cdef Py_ssize_t _find(self, uint64_t h) noexcept:
         """The slot holding ``h``, or -1."""
         cdef Py_ssize_t free
-        return self._probe(h, &free)
+        return self._probe(h, &free, NULL, NULL)
 
-    cdef Py_ssize_t _slot_for(self, uint64_t h, Py_ssize_t* displaced) noexcept:
+    cdef Py_ssize_t _slot_for(self, uint64_t h, PyObject* own, Py_ssize_t* displaced, Py_ssize_t* seg,
+                              uint32_t* present=NULL) noexcept:
         """The slot holding ``h`` (>= 0), or ``-1 - slot`` of the free (empty or dead) slot it
         goes to: one cache line read for a check and its record (two when its bucket is
-        flagged).  When ``_PROBE`` buckets in a row are full of live keys, the oldest of the home
-        bucket is displaced to free one (``displaced[0]`` and :attr:`displaced` counted)."""
+        flagged).  ``seg[0]``: ``own``'s segment of ``h``'s group (a run hash), which the key
+        joins without a slot (then -1 is returned).  When ``_PROBE`` buckets in a row are full
+        of live keys, the oldest of the home bucket is displaced to free one (``displaced[0]``
+        and :attr:`displaced` counted, in keys)."""
         cdef Py_ssize_t free, b
-        cdef Py_ssize_t at = self._probe(h, &free)
+        cdef Py_ssize_t at = self._probe(h, &free, own, seg, present)
         if at >= 0:
             return at
+        if seg[0] >= 0:
+            return -1
         if free >= 0:
             # a free slot past the home bucket: the full ones before it flagged (again: the walk
             # may have found a flag stale, and this key now comes after it)
@@ -669,7 +806,7 @@ cdef class HashTable:
             free = self._free_slot(_fp(h))
             if free < 0:
                 free = -1 - free
-                displaced[0] += 1
+                displaced[0] += self._dropped
         return -1 - free
 
     cdef Py_ssize_t _free_slot(self, uint32_t f) noexcept:
@@ -697,19 +834,24 @@ cdef class HashTable:
             if age < oldest:
                 oldest = age
                 at = home * _WAYS + i
-        self._drop_slot(at)
-        self._displaced += 1
+        self._dropped = self._drop_slot(at)
+        self._displaced += self._dropped
         return -1 - at
 
-    cdef inline void _drop_slot(self, Py_ssize_t at) noexcept:
-        """Empty live slot ``at``: its entry a hole, its object released."""
-        cdef Entry* e = &self._ring[self._slots[at].idx & self._rmask]
+    cdef inline Py_ssize_t _drop_slot(self, Py_ssize_t at) noexcept:
+        """Empty live slot ``at``: its entry a hole, its object released; its keys' number."""
+        cdef uint32_t k = self._slots[at].idx
+        cdef Entry* e = &self._ring[k & self._rmask]
         cdef PyObject* old = e.value
+        cdef Py_ssize_t n = self._keys_at(k)
+        self._masks[k & self._rmask] = 0
         e.value = NULL
         self._clear(at)
-        self._used -= 1
+        self._used -= n
+        self._nslots -= 1
         self._pass_holes()
         Py_XDECREF(old)
+        return n
 
     cdef inline PyObject* _value_at(self, Py_ssize_t at) noexcept:
         return self._ring[self._slots[at].idx & self._rmask].value
@@ -762,12 +904,16 @@ cdef class HashTable:
             self._sweep()
         if span <= self._rmask:
             return 0
-        cdef bint compact = <Py_ssize_t>self._used * 4 <= <Py_ssize_t>rcap * 3
+        cdef uint32_t* masks
+        cdef bint compact = <Py_ssize_t>self._nslots * 4 <= <Py_ssize_t>rcap * 3
         newcap = rcap if compact else rcap * 2
         if newcap == 0 or newcap > (1u << 31):
             raise MemoryError("the duplicate window's key ring is full")
         fresh = <Entry*>PyMem_Malloc(newcap * sizeof(Entry))
-        if fresh == NULL:
+        masks = <uint32_t*>PyMem_Malloc(newcap * sizeof(uint32_t))
+        if fresh == NULL or masks == NULL:
+            PyMem_Free(fresh)
+            PyMem_Free(masks)
             raise MemoryError()
         newmask = newcap - 1
         k = self._tail
@@ -777,10 +923,13 @@ cdef class HashTable:
                 e = self._ring[k & self._rmask]
                 if e.value != NULL:
                     fresh[j] = e
+                    masks[j] = self._masks[k & self._rmask]
                     j += 1
                 k += 1
             PyMem_Free(self._ring)
+            PyMem_Free(self._masks)
             self._ring = fresh
+            self._masks = masks
             self._rmask = newmask
             self._tail = 0
             self._head = j
@@ -788,16 +937,25 @@ cdef class HashTable:
             return 0
         while k != self._head:  # the same absolute positions: the slots stay
             fresh[k & newmask] = self._ring[k & self._rmask]
+            masks[k & newmask] = self._masks[k & self._rmask]
             k += 1
         PyMem_Free(self._ring)
+        PyMem_Free(self._masks)
         self._ring = fresh
+        self._masks = masks
         self._rmask = newmask
         return 0
 
     cdef inline uint32_t _push(self, uint64_t h, object value) noexcept:
-        """Append (``h``, ``value``) to the ring (room reserved); its position."""
+        """Append (``h``, ``value``) to the ring (room reserved); its position.  A run hash
+        (bit 63): a segment of its group holding it (its mask set)."""
         cdef uint32_t k = self._head
         cdef Entry* e = &self._ring[k & self._rmask]
+        if h & TIDEMQ_RUN_BIT:
+            self._masks[k & self._rmask] = 1u << <uint32_t>(h & TIDEMQ_GROUP_LOW)
+            h &= ~TIDEMQ_GROUP_LOW
+        else:
+            self._masks[k & self._rmask] = 0
         Py_INCREF(value)
         e.hash = h
         e.value = <PyObject*>value
@@ -812,11 +970,37 @@ cdef class HashTable:
         """Store ``value`` under ``h`` at free slot ``at`` (``_slot_for``'s; ``_reserve`` done)."""
         self._set(at, _fp(h), self._push(h, value))
         self._used += 1
+        self._nslots += 1
         return 0
 
-    cdef int _retake(self, Py_ssize_t at, uint64_t h, object value) except -1:
+    cdef int _store(self, Py_ssize_t r, uint64_t h, object value, Py_ssize_t seg) except -1:
+        """Store absent ``h`` for ``value`` where ``_slot_for`` said (``r``, ``seg``): its bit
+        set in ``value``'s segment, or a new entry at free slot ``-1 - r``."""
+        if seg >= 0:
+            self._masks[self._slots[seg].idx & self._rmask] |= 1u << <uint32_t>(h & TIDEMQ_GROUP_LOW)
+            self._used += 1
+            return 0
+        return self._insert(-1 - r, h, value)
+
+    cdef inline void _unset(self, Py_ssize_t at, uint64_t h) noexcept:
+        """Run hash ``h`` leaves its segment at slot ``at`` (the segment with it, when last)."""
+        cdef uint32_t k = self._slots[at].idx & self._rmask
+        cdef uint32_t bit = 1u << <uint32_t>(h & TIDEMQ_GROUP_LOW)
+        if self._masks[k] == bit:
+            self._drop_slot(at)
+        else:
+            self._masks[k] &= ~bit
+            self._used -= 1
+
+    cdef int _retake(self, Py_ssize_t at, uint64_t h, object value, Py_ssize_t* displaced) except -1:
         """Slot ``at`` (holding ``h``) now stores ``value``: its old entry a hole, a new one
-        appended (the ring stays in arrival order; ``_reserve`` done)."""
+        appended (the ring stays in arrival order; ``_reserve`` done).  A run hash leaves its
+        old segment and joins ``value``'s."""
+        cdef Py_ssize_t seg, r
+        if h & TIDEMQ_RUN_BIT:
+            self._unset(at, h)
+            r = self._slot_for(h, <PyObject*>value, displaced, &seg)
+            return self._store(r, h, value, seg)
         cdef uint32_t k = self._slots[at].idx
         cdef PyObject* old = self._ring[k & self._rmask].value
         self._ring[k & self._rmask].value = NULL
@@ -827,26 +1011,32 @@ cdef class HashTable:
 
     cdef object _put(self, uint64_t h, object value):
         """Store ``value`` under ``h``; the object it replaced (or displaced), or None."""
-        cdef Py_ssize_t at
+        cdef Py_ssize_t at, seg
         cdef Py_ssize_t displaced = 0
         cdef PyObject* gone
-        if (self._used + 1) * 2 > self._mask + 1:
+        if (self._nslots + 1) * _LOAD > self._mask + 1:
             self._grow()
         self._reserve()
-        at = self._slot_for(h, &displaced)
+        at = self._slot_for(h, <PyObject*>value, &displaced, &seg)
         if at < 0:
             result = None
             if displaced:  # the displaced key's object, for the caller's count (a reference kept)
                 result = True
-            self._insert(-1 - at, h, value)
+            self._store(at, h, value, seg)
             return result
         result = <object>self._value_at(at)  # a reference for the caller
-        self._retake(at, h, value)
+        if (h & TIDEMQ_RUN_BIT) and result is value:
+            return result  # already in value's segment
+        self._retake(at, h, value, &displaced)
         return result
 
-    cdef void _remove_at(self, Py_ssize_t at) noexcept:
-        """Remove the key at live slot ``at`` now (out of order: its slot emptied)."""
-        self._drop_slot(at)
+    cdef void _remove_key(self, Py_ssize_t at, uint64_t h) noexcept:
+        """Remove key ``h`` at live slot ``at`` now (out of order: its slot emptied, or its bit
+        of a segment cleared)."""
+        if h & TIDEMQ_RUN_BIT:
+            self._unset(at, h)
+        else:
+            self._drop_slot(at)
 
     cdef Py_ssize_t _evict(self, SentFields sent, Py_ssize_t n) except -1:
         """Remove the keys still ``sent``'s, ``sent`` being the oldest send of the table: its
@@ -863,8 +1053,9 @@ cdef class HashTable:
             if e.value != me:
                 break
             e.value = NULL
+            removed += self._keys_at(self._tail)
             self._tail += 1
-            removed += 1
+            self._nslots -= 1
             Py_XDECREF(me)  # the table's reference (the caller holds one)
             self._pass_holes()
         self._used -= removed
@@ -934,7 +1125,7 @@ cdef class HashTable:
         for i in range(n):
             at = self._find(_slot_hash(data[i]))
             if at >= 0 and self._value_at(at) == <PyObject*>value:
-                self._remove_at(at)
+                self._remove_key(at, _slot_hash(data[i]))
                 removed += 1
         return removed
 
@@ -1090,7 +1281,7 @@ cdef int _admit(
     reference's case).  ``settings_owner``: an object whose ``topic_settings`` is called on a
     cache miss (when ``topic_settings`` is None: no bound method made per run)."""
     cdef Py_ssize_t nsends = len(sends)
-    cdef Py_ssize_t i, j, n, at, total = 0
+    cdef Py_ssize_t i, j, n, at, seg, total = 0
     cdef list plan = None  # per send: its record (a SentFields, made in pass 1), or None
     cdef object last_topic = None
     cdef object topic, msgs, send, key, found, cfg, content
@@ -1101,6 +1292,7 @@ cdef int _admit(
     cdef long long* data
     cdef uint64_t h
     cdef PyObject* value
+    cdef tidemq_stem_memo memo
     counts.keys = counts.recorded = counts.replaced = counts.displaced = 0
     # Pass 1: the keys and their hashes, each send's record made; each slot prefetched for
     # pass 2 (a full window's table is tens of MB: every key's probe is a cache miss, overlapped
@@ -1135,11 +1327,12 @@ cdef int _admit(
         hashes = array.clone(_Q, n, False)
         _untrack(hashes)
         data = hashes.data.as_longlongs
+        memo.p = NULL  # (the keys of this send are held by its messages through the pass)
         for j in range(n):
             key = _key_of(msgs[j], name, max_length)
             if key is None:
                 break  # a message without a usable key: the send is stored as it is
-            data[j] = _hash_key(key)
+            data[j] = _hash_key_m(key, &memo)
             if table is not None:
                 table._prefetch(_slot_hash(data[j]))
         else:
@@ -1161,6 +1354,9 @@ cdef int _admit(
     # Pass 2: check and record each key in one probe.
     cdef Py_ssize_t keys = 0, recorded = 0, replaced = 0
     cdef list taken = None  # (table, hash, the expired Sent it replaced): restored on a decline
+    cdef uint64_t gkey  # the group of the last run key stored in this send's segment (0: none)
+    cdef uint32_t gpresent = 0, bit  # that group's keys held (its segments' masks, ours included)
+    cdef Py_ssize_t gseg = -1  # this send's segment of it
     last_topic = None
     table = None
     for i in range(nsends):
@@ -1179,12 +1375,23 @@ cdef int _admit(
             table = <HashTable>found
             last_topic = topic
         data = hashes.data.as_longlongs
+        gkey = 0
         for j in range(n):
             h = _slot_hash(data[j])
-            if (table._used + 1) * 2 > table._mask + 1:
+            if gkey != 0 and (h & ~TIDEMQ_GROUP_LOW) == gkey:
+                # the next key of the group whose keys were gathered at its first key: absent
+                # (its bit in no segment) joins this send's segment without a probe
+                bit = 1u << <uint32_t>(h & TIDEMQ_GROUP_LOW)
+                if not (gpresent & bit):
+                    table._masks[table._slots[gseg].idx & table._rmask] |= bit
+                    table._used += 1
+                    gpresent |= bit
+                    continue
+            gkey = 0
+            if (table._nslots + 1) * _LOAD > table._mask + 1:
                 table._grow()
             table._reserve()
-            at = table._slot_for(h, &counts.displaced)
+            at = table._slot_for(h, <PyObject*>fields, &counts.displaced, &seg, &gpresent)
             if at >= 0:
                 old = <object>table._value_at(at)
                 if _deadline(old) > now:  # a resend, or a key twice in the run
@@ -1194,9 +1401,13 @@ cdef int _admit(
                     taken = []
                 taken.append((table, h, old))  # an expired key, taken over (taken holds it)
                 replaced += 1
-                table._retake(at, h, fields)
+                table._retake(at, h, fields, &counts.displaced)
             else:
-                table._insert(-1 - at, h, fields)
+                table._store(at, h, fields, seg)
+                if h & TIDEMQ_RUN_BIT:  # the group's keys are gathered: its next keys go faster
+                    gkey = h & ~TIDEMQ_GROUP_LOW
+                    gseg = seg if seg >= 0 else -1 - at
+                    gpresent |= 1u << <uint32_t>(h & TIDEMQ_GROUP_LOW)
     append = order.append
     for i in range(nsends):
         entry = plan[i]
@@ -1383,7 +1594,7 @@ cdef int _undo(list plan, dict tables, Py_ssize_t upto, Py_ssize_t upto_key, lis
             h = _slot_hash(hashes.data.as_longlongs[j])
             at = table._find(h)
             if at >= 0 and table._value_at(at) == <PyObject*>sent:
-                table._remove_at(at)
+                table._remove_key(at, h)
     if taken is not None:
         for item in taken:
             (<HashTable>(<tuple>item)[0])._put((<tuple>item)[1], (<tuple>item)[2])

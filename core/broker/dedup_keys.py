@@ -66,12 +66,14 @@ CONTENT_SKIPPED = frozenset(
 #: RocketMQ 5 ``message_id`` 34; 10 KiB keys must not let a client fill the window's bytes.
 MAX_KEY_LENGTH = 128
 #: Memory one key costs, and one send, as measured with tracemalloc (tests/test_dedup.py checks
-#: they are not low).  Compiled: a key's two to four 8-byte slots (the table's load), its 16-byte
-#: ring entry (up to twice that: the ring's power-of-two slack), its packed hash and its 4-byte
-#: offset delta of the answer (the message ids are kept as numbers); a send: its :class:`Sent`
-#: (~176 bytes) and its hash array's header.  A key's characters are not kept.  The Python
-#: reference keeps a dict entry per key and the answer's ids as text.
-PER_KEY_BYTES = 80 if COMPILED else 180
+#: they are not low).  Compiled: a key's four to eight 8-byte slots (the table's load is kept
+#: at most 1/4: see ``_dedup_table._LOAD``), its 16-byte ring entry and 4-byte segment mask (up
+#: to twice that: the ring's power-of-two slack), its packed hash and its 4-byte offset delta of
+#: the answer (the message ids are kept as numbers): the worst case, keys that do not count up
+#: (keys counting up share a slot and a ring entry by 8: ~24 bytes a key, dedupruns_*.json);
+#: a send: its :class:`Sent` (~176 bytes) and its hash array's header.  A key's characters are
+#: not kept.  The Python reference keeps a dict entry per key and the answer's ids as text.
+PER_KEY_BYTES = 104 if COMPILED else 180
 PER_SEND_BYTES = 280 if COMPILED else 400
 #: Topics whose sends are never deduplicated: a consumer's retries are redeliveries on purpose
 #: (the fallback send-back of a 4.x client re-sends the same UNIQ_KEY on each attempt).

@@ -204,25 +204,54 @@ def _mum(a: int, b: int) -> int:
     return (r & _M64) ^ (r >> 64)
 
 
+#: A run key's value bits that address it within its group (8 keys a group; the compiled
+#: ``TIDEMQ_GROUP_SHIFT``).
+GROUP_SHIFT = 3
+_RUN_BIT = 1 << 63
+_GROUP_LOW = (1 << GROUP_SHIFT) - 1
+#: A hex digit's value and class (0x20 upper-case letter, 0x40 lower-case letter, 0 a digit).
+_TAIL = {**{c: i for i, c in enumerate("0123456789")}, **{c: 0x20 | (10 + i) for i, c in enumerate("ABCDEF")}}
+_TAIL.update({c: 0x40 | (10 + i) for i, c in enumerate("abcdef")})
+
+
 def py_key_hash(key: str, secrets: list[int]) -> int:
     """The compiled ``key_hash`` in Python, given its process's ``secrets``
     (``_dedup_table.secrets_for_tests()``): the differential test's twin.  Not used to serve:
     the Python reference keys its tables by ``hash()`` (SipHash, keyed per process too), which
-    is faster in Python; one process uses one of the two throughout."""
+    is faster in Python; one process uses one of the two throughout.
+
+    A key of 1-byte characters whose last 4 are hex digits of one case (a run key: see
+    ``tidemq_window_hash``) is hashed as its group (stem, case, value >> ``GROUP_SHIFT``) with
+    bit 63 set and the value's low bits last; any other whole, bit 63 clear."""
     top = max(map(ord, key), default=0)
     kind = 1 if top < 256 else 2 if top < 65536 else 4
     data = key.encode({1: "latin-1", 2: "utf-16-le", 4: "utf-32-le"}[kind])
+    if kind == 1 and 4 <= len(data) <= 4096:
+        digits = [_TAIL.get(c, 0x80) for c in key[-4:]]
+        every = digits[0] | digits[1] | digits[2] | digits[3]
+        if not every & 0x80 and every & 0x60 != 0x60:
+            v = 0
+            for d in digits:
+                v = (v << 4) | (d & 15)
+            tag = (1 << 56) | (1 << 55) | (((every >> 6) & 1) << 54) | ((v >> GROUP_SHIFT) << 16)
+            g = _py_wyhash(data[:-4], tag, secrets)
+            h = ((g | _RUN_BIT) & ~_GROUP_LOW) | (v & _GROUP_LOW)
+            return h - (1 << 64)
+    h = _py_wyhash(data, kind << 56, secrets) & ~_RUN_BIT
+    return h
+
+
+def _py_wyhash(data: bytes, tag: int, secrets: list[int]) -> int:
     n = len(data)
     s0, s1, s2, s3 = secrets
-    state = s0 ^ n ^ (kind << 56)
+    state = s0 ^ n ^ tag
     while n > 16:
         a, b = int.from_bytes(data[:8], "little"), int.from_bytes(data[8:16], "little")
         state = _mum(a ^ s1, b ^ state)
         data, n = data[16:], n - 16
     last = data.ljust(16, b"\0")
     state = _mum(int.from_bytes(last[:8], "little") ^ s1, int.from_bytes(last[8:], "little") ^ state)
-    h = _mum(state ^ s2, s3)
-    return h - (1 << 64) if h >> 63 else h
+    return _mum(state ^ s2, s3)
 
 
 def _py_batch_keys(
