@@ -174,6 +174,44 @@ def install(out: str) -> None:
 
     patch_rounds()
 
+    def patch_native() -> None:
+        """The compiled rounds (``tidemq_flush._round``): their ``fdatasync`` runs in C, unseen by the
+        wrappers above; each round the loop's reader drains is recorded as the flush thread's
+        commit-log ``fdatasync`` (its own start and end, CLOCK_MONOTONIC), its completion posted
+        at that end (the worker writes the eventfd right after it) and the reader's wake-up."""
+        try:
+            from tidemq_flush import native_rounds
+        except ImportError:
+            return
+        cls = native_rounds.NativeRounds
+        orig_init = cls.__init__
+
+        class Traced:
+            def __init__(self, worker: Any) -> None:
+                self._worker = worker
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._worker, name)
+
+            def drain(self) -> Any:
+                t0 = now_ns()
+                dones = self._worker.drain()
+                if dones:
+                    for d in dones:
+                        if len(d) >= 6:  # (seq, end, errno, ns, started, ended)
+                            events.append(("fdatasync", "group-commit", d[4], d[5], "/commitlog/compiled", 0))
+                            events.append(("complete", "", d[5], 0, "", 1))
+                    events.append(("drain", "", t0, now_ns(), "", len(dones)))
+                return dones
+
+        def init(self: Any, *a: Any, **k: Any) -> None:
+            orig_init(self, *a, **k)
+            self.worker = Traced(self.worker)
+
+        cls.__init__ = init
+
+    patch_native()
+
     def dump() -> None:
         while True:
             time.sleep(0.2)

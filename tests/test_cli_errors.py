@@ -226,7 +226,7 @@ def test_check_config_show_prints_every_effective_value_as_toml(tmp_path: Path) 
         "loop_gather_us": 0,
         "compiled_rounds": True,
         "overlap_rounds": 2,
-        "overlap_max_load": 1.0,
+        "overlap_max_load": 2.0,
     }
     assert shown["store"]["mmap"]["commitlog_file_size"] == 1048576
     assert shown["store"]["mmap"]["disk_space_warning_ratio"] == 90  # a default filled in

@@ -220,7 +220,7 @@ cdef class RoundWorker:
     cdef bint joined
     cdef bint leaked
 
-    def __cinit__(self, int slots=1, double max_load=1.0):
+    def __cinit__(self, int slots=1, double max_load=2.0):
         if slots < 1 or slots > MAX_SLOTS:
             raise ValueError(f"slots must be 1..{MAX_SLOTS}, got {slots}")
         self.s = <State *>calloc(1, sizeof(State))

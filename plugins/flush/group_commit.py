@@ -137,7 +137,7 @@ class SyncFlushOptions:
     #: this many times the recent gap between kicks (a low rate: it saves those sends the rest of
     #: the running round and adds few ``fdatasync`` calls); a denser stream of kicks merges into the
     #: next round as with one round at a time (batched throughput keeps its rounds and CPU).
-    overlap_max_load: float = attrs.field(default=1.0, validator=attrs.validators.ge(0))
+    overlap_max_load: float = attrs.field(default=2.0, validator=attrs.validators.ge(0))
 
 
 def _false() -> bool:

@@ -74,7 +74,7 @@ class NativeRounds:
     """The loop side of the compiled worker: posts kicked batches, answers completed rounds."""
 
     def __init__(
-        self, policy: GroupCommitFlush, target: DirectRoundFlushable, slots: int = 1, max_load: float = 1.0
+        self, policy: GroupCommitFlush, target: DirectRoundFlushable, slots: int = 1, max_load: float = 2.0
     ) -> None:
         assert _round is not None
         self.policy = policy
