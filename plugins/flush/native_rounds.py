@@ -67,7 +67,7 @@ def describe() -> str:
             " up to [flush.sync] overlap_rounds rounds in flight while sends are sparse, each on its own"
             " file description, answered in order; [flush.sync] compiled_rounds)"
         )
-    return "the Python flush thread (tidemq_flush._round not built or TIDEMQ_NO_EXTENSIONS=1)"
+    return "the Python flush thread, one round at a time (tidemq_flush._round not built or TIDEMQ_NO_EXTENSIONS=1)"
 
 
 class NativeRounds:
