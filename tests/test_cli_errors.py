@@ -225,7 +225,7 @@ def test_check_config_show_prints_every_effective_value_as_toml(tmp_path: Path) 
         "inline_max_us": 0,
         "loop_gather_us": 0,
         "compiled_rounds": True,
-        "overlap_rounds": 2,
+        "overlap_rounds": 1,
         "overlap_max_load": 2.0,
     }
     assert shown["store"]["mmap"]["commitlog_file_size"] == 1048576
