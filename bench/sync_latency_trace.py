@@ -20,7 +20,11 @@ threads' syncs (consume queues, index, checkpoint), GC passes, fallocates, zeros
 Prints JSON (``--out`` also writes the raw events).  ``--blk`` adds the block layer (``perf
 record`` of every request issued and completed, whole machine): who put what on the device, by
 the issuing thread, and for the kernel's writeback by the sectors of the broker's files.
-``TIDEMQ_TRACE_SKIP_SYNC`` switches off some background syncs (see :func:`install`).  ``TIDEMQ_TRACE_ZERO_AHEAD=<bytes>`` in the
+``TIDEMQ_TRACE_SKIP_SYNC`` switches off some background syncs (see :func:`install`);
+``TIDEMQ_TRACE_OVERLAP_TOGGLE_MS=<ms>`` turns the compiled rounds' overlap (``[flush.sync]
+overlap_rounds``) off and on every that many ms and reports both modes apart
+(``by_overlap_mode``): a pair measured in one broker over the same seconds.  The compiled rounds'
+``fdatasync`` (C, unseen by the wrappers) is recorded from their own start and end times.  ``TIDEMQ_TRACE_ZERO_AHEAD=<bytes>`` in the
 environment sets the commit log's zeros-ahead chunk for the run (an experiment; 0: none).
 """
 
@@ -173,6 +177,61 @@ def install(out: str) -> None:
         futures._LoopWaker._drain = drain
 
     patch_rounds()
+
+    def patch_native() -> None:
+        """The compiled rounds (``tidemq_flush._round``): their ``fdatasync`` runs in C, unseen by the
+        wrappers above; each round the loop's reader drains is recorded as the flush thread's
+        commit-log ``fdatasync`` (its own start and end, CLOCK_MONOTONIC), its completion posted
+        at that end (the worker writes the eventfd right after it) and the reader's wake-up."""
+        try:
+            from tidemq_flush import native_rounds
+        except ImportError:
+            return
+        cls = native_rounds.NativeRounds
+        orig_init = cls.__init__
+
+        class Traced:
+            def __init__(self, worker: Any) -> None:
+                self._worker = worker
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._worker, name)
+
+            def drain(self) -> Any:
+                t0 = now_ns()
+                dones = self._worker.drain()
+                if dones:
+                    for d in dones:
+                        if len(d) >= 6:  # (seq, end, errno, ns, started, ended)
+                            events.append(("fdatasync", "group-commit", d[4], d[5], "/commitlog/compiled", 0))
+                            events.append(("complete", "", d[5], 0, "", 1))
+                    events.append(("drain", "", t0, now_ns(), "", len(dones)))
+                return dones
+
+        # An experiment: ``TIDEMQ_TRACE_OVERLAP_TOGGLE_MS=<ms>`` turns the overlapping rounds off and
+        # on again every that many ms in this one broker (the posts then carry no per-slot fds:
+        # one round at a time), so both modes meet the same disk and the same neighbours.
+        toggle_ms = float(os.environ.get("TIDEMQ_TRACE_OVERLAP_TOGGLE_MS", "0") or 0)
+
+        def toggle(rounds: Any) -> None:
+            slots = rounds.slots
+            on = True
+            while True:
+                time.sleep(toggle_ms / 1e3)
+                on = not on
+                rounds.slots = slots if on else 1
+                events.append(("mode", "on" if on else "off", now_ns(), 0, "", 0))
+
+        def init(self: Any, *a: Any, **k: Any) -> None:
+            orig_init(self, *a, **k)
+            self.worker = Traced(self.worker)
+            if toggle_ms > 0 and self.slots > 1:
+                events.append(("mode", "on", now_ns(), 0, "", 0))
+                threading.Thread(target=toggle, args=(self,), name="trace-toggle", daemon=True).start()
+
+        cls.__init__ = init
+
+    patch_native()
 
     def dump() -> None:
         while True:
@@ -498,6 +557,48 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
             for k, v in sorted(by_kind.items())
         },
     }
+
+
+def by_overlap_mode(
+    sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_s: float
+) -> dict[str, Any]:
+    """With ``TIDEMQ_TRACE_OVERLAP_TOGGLE_MS``: the sends of the overlapping rounds' "on" and
+    "off" windows analysed apart (each send by the mode at its send time; the first 20 ms of a
+    window left out: rounds of the other mode still in flight)."""
+    modes = sorted((e[2], e[1]) for e in events if e[0] == "mode")
+    if not sends or not modes:
+        return {}
+    start = min(s for s, _, _ in sends) + int(warmup_s * 1e9)
+    times = [t for t, _m in modes]
+    split: dict[str, list[tuple[int, int, bool]]] = {"on": [], "off": []}
+    for x in sends:
+        i = bisect.bisect_right(times, x[0]) - 1
+        if x[0] < start or i < 0 or x[0] - times[i] < 20_000_000:
+            continue
+        split[modes[i][1]].append(x)
+    keep = (
+        "sends",
+        "latency_us",
+        "send_to_fsync_start_us",
+        "commitlog_fsync_of_the_round_us",
+        "fsync_end_to_answer_us",
+        "phases_us",
+        "share_handed_in_while_a_round_was_in_fdatasync",
+    )
+    # Commit-log rounds started in each mode's windows, per second of those windows.
+    end = max(a for _s, a, _ok in sends)
+    spans = [(t, nxt, m) for (t, m), (nxt, _n) in zip(modes, [*modes[1:], (end, "")], strict=True)]
+    starts = [e[2] for e in events if e[0] == "fdatasync" and e[1] == "group-commit" and e[2] >= start]
+    out: dict[str, Any] = {}
+    for mode, part in split.items():
+        if part:
+            full = analyse(part, events, 0.0)
+            out[mode] = {k: full[k] for k in keep if k in full}
+            mine = [(max(a, start), b) for a, b, m in spans if m == mode and b > start]
+            secs = sum(b - a for a, b in mine) / 1e9
+            n = sum(1 for t in starts if any(a <= t < b for a, b in mine))
+            out[mode]["commitlog_rounds_per_s"] = round(n / secs, 1) if secs else 0
+    return {"by_overlap_mode": out}
 
 
 def analyse_probe(
@@ -890,6 +991,7 @@ def main() -> None:
         result["latency_us"] = summary([(a - s) / 1e3 for s, a, _ in sends if s >= start])
     else:
         result.update(analyse(sends, events, args.warmup))
+        result.update(by_overlap_mode(sends, events, args.warmup))
     span = t_cpu1 - t_cpu0
     names = {str(e[2]): e[1] for e in events if e[0] == "thread"}
     by_name: dict[str, float] = {}

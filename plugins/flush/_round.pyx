@@ -1,17 +1,18 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The group commit's flush worker without the GIL: a pthread that ``fdatasync``\\ s and tells the loop.
+"""The group commit's flush workers without the GIL: pthreads that ``fdatasync`` and tell the loop.
 
-The ``sync`` flush policy's compiled rounds (docs/flush.md, "A round without the GIL"): the event
-loop posts ``(fd, end offset)`` (:meth:`RoundWorker.post`, a mutex and a condition variable, no
-GIL wait on either side); the worker thread, which never takes the GIL, takes the latest request,
-calls ``fdatasync(fd)`` and writes 1 to an eventfd that the loop watches (``loop.add_reader``).
-The loop's reader (:meth:`RoundWorker.drain`) gets every round completed since its last call, in
-order, as ``(seq, end, errno, nanoseconds)``: one wake-up answers them all.  Requests posted while
-a round runs are merged (the largest end wins) into the next round, which starts as soon as the
-running one returns, without waiting for the loop.
+The ``sync`` flush policy's compiled rounds (docs/flush.md, "A round without the GIL" and
+"Overlapping rounds"): the event loop posts ``(fd, end offset)`` (:meth:`RoundWorker.post`, a mutex
+and a condition variable, no GIL wait on either side); a worker thread, which never takes the GIL,
+takes the latest request, calls ``fdatasync`` and writes 1 to an eventfd that the loop watches
+(``loop.add_reader``).  The loop's reader (:meth:`RoundWorker.drain`) gets every round completed
+since its last call, in the order they started: one wake-up answers them all.  Requests posted
+while a round runs merge (the largest end wins) into the next round, which starts as soon as the
+running one returns, or at once on another worker (``slots`` > 1, at most that many rounds in
+flight, each on its own fd) when sends arrive sparsely.
 
 The Python reference is the policy's flush thread (``tidemq_flush.group_commit``): it runs when this
-module is not built, with ``TIDEMQ_NO_EXTENSIONS=1``, and for every round this worker cannot take.
+module is not built, with ``TIDEMQ_NO_EXTENSIONS=1``, and for every round these workers cannot take.
 """
 
 from libc.stdint cimport int64_t, uint64_t
@@ -32,6 +33,7 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_cond_destroy(pthread_cond_t *)
     int pthread_cond_wait(pthread_cond_t *, pthread_mutex_t *)
     int pthread_cond_signal(pthread_cond_t *)
+    int pthread_cond_broadcast(pthread_cond_t *)
     int pthread_create(pthread_t *, void *, void *(*)(void *) noexcept nogil, void *)
     int pthread_setname_np(pthread_t, const char *)
     pthread_t pthread_self()
@@ -74,29 +76,45 @@ cdef extern from "<unistd.h>" nogil:
     int close(int)
 
 cdef enum:
-    RING = 1024  # completed rounds kept for the loop's next drain (the counters never lose one)
+    RING = 1024  # rounds kept for the loop's next drain (the counters never lose one)
+    MAX_SLOTS = 8  # rounds in flight at most (one worker thread and one fd each)
 
 
 cdef struct Done:
     uint64_t seq
     int64_t end
     int err
+    int done
     int64_t ns
+    int64_t started
+    int64_t ended
 
 
 cdef struct State:
     pthread_mutex_t mu
-    pthread_cond_t cv
+    pthread_cond_t cv     # idle workers wait here (a post signals one)
+    pthread_cond_t hold_cv  # a held round waits here (tests)
     int efd
     int stop
-    int req_fd
+    int slots             # rounds in flight at most (worker threads)
+    int req_key           # the file of the request (its first fd): requests merge per file
+    int req_single        # the request has one fd for all slots: no second round beside it
+    int req_fds[MAX_SLOTS]  # the request's fd for each slot (each its own open file description)
     int64_t req_end
     uint64_t req_seq      # the last request posted
     uint64_t taken_seq    # the last request a round took
-    uint64_t done_count   # rounds completed
+    uint64_t started_count  # rounds taken (their ring entries: started_count - 1 down)
+    uint64_t done_count   # rounds completed, in the order taken (a prefix: every earlier one done)
     uint64_t read_count   # rounds handed to drain()
-    int64_t busy          # 1 while a round's fdatasync runs
+    uint64_t overlapped   # rounds started while another was in flight
+    int inflight          # rounds whose fdatasync runs
+    unsigned int busy_slots  # bit i: slot i's fd in use by a round
+    unsigned int held_slots  # bit i: a round in slot i waits before its fdatasync (tests)
     int signalled         # the eventfd written since the loop's last drain (one write is enough)
+    double max_load       # overlap only while fsync_avg < max_load * gap_avg
+    double fsync_avg      # recent fdatasync time, ns (EWMA, 1/8)
+    double gap_avg        # recent time between posts, ns (EWMA, 1/8)
+    int64_t last_post
     Done ring[RING]
 
 
@@ -106,41 +124,78 @@ cdef int64_t _now_ns() noexcept nogil:
     return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 
+cdef inline bint _may_start(State *s) noexcept nogil:
+    """Under the mutex: a request waits and a round may start for it now: none in flight, or
+    fewer than ``slots`` and the sends arrive sparsely (recent fdatasync time below ``max_load``
+    times the recent gap between posts: a second round then saves its sends the rest of the
+    running one, and costs few extra fdatasyncs; a dense stream merges into the next round)."""
+    if s.req_seq == s.taken_seq:
+        return False
+    if s.inflight == 0:
+        return True
+    return s.inflight < s.slots and not s.req_single and s.fsync_avg < s.max_load * s.gap_avg
+
+
 cdef void *_work(void *arg) noexcept nogil:
     cdef State *s = <State *>arg
-    cdef int fd, rc, err
-    cdef int64_t end, started, took
-    cdef uint64_t seq, one = 1
+    cdef int fd, rc, err, slot
+    cdef int64_t end, started, ended
+    cdef uint64_t seq, r, one = 1
     cdef Done *d
     cdef int signal
     pthread_setname_np(pthread_self(), "tidemq-flush")
     while True:
         pthread_mutex_lock(&s.mu)
-        while s.req_seq == s.taken_seq and not s.stop:
+        while not _may_start(s) and not (s.stop and s.req_seq == s.taken_seq):
             pthread_cond_wait(&s.cv, &s.mu)
         if s.req_seq == s.taken_seq:  # stopping, every request served
             pthread_mutex_unlock(&s.mu)
             break
-        fd = s.req_fd
+        slot = 0
+        while s.busy_slots & (1u << slot):
+            slot += 1
+        s.busy_slots |= 1u << slot
+        if s.inflight:
+            s.overlapped += 1
+        s.inflight += 1
+        fd = s.req_fds[slot]
         end = s.req_end
         seq = s.req_seq
         s.taken_seq = seq
-        s.busy = 1
+        r = s.started_count
+        s.started_count += 1
+        d = &s.ring[r % RING]
+        d.seq = seq
+        d.end = end
+        d.done = 0
+        d.err = 0
+        while s.held_slots & (1u << slot) and not s.stop:  # a test holds this slot's rounds
+            pthread_cond_wait(&s.hold_cv, &s.mu)
         pthread_mutex_unlock(&s.mu)
         started = _now_ns()
         rc = fdatasync(fd)
         err = errno if rc != 0 else 0
-        took = _now_ns() - started
+        ended = _now_ns()
         pthread_mutex_lock(&s.mu)
-        d = &s.ring[s.done_count % RING]
-        d.seq = seq
-        d.end = end
+        d = &s.ring[r % RING]
         d.err = err
-        d.ns = took
-        s.done_count += 1
-        s.busy = 0
-        signal = not s.signalled
-        s.signalled = 1
+        d.ns = ended - started
+        d.started = started
+        d.ended = ended
+        d.done = 1
+        s.busy_slots &= ~(1u << slot)
+        s.inflight -= 1
+        s.fsync_avg += (<double>(ended - started) - s.fsync_avg) / 8
+        signal = 0
+        # Reported in the order taken: a round is drained only once every earlier one completed.
+        while s.done_count < s.started_count and s.ring[s.done_count % RING].done:
+            s.done_count += 1
+            signal = 1
+        if signal:
+            signal = not s.signalled
+            s.signalled = 1
+        if s.stop:
+            pthread_cond_broadcast(&s.cv)  # the other workers may be waiting for this one to end
         pthread_mutex_unlock(&s.mu)
         # The loop has not drained since the last write: it will see this round too, no write.
         while signal and write(s.efd, &one, 8) < 0 and errno == EINTR:
@@ -149,21 +204,35 @@ cdef void *_work(void *arg) noexcept nogil:
 
 
 cdef class RoundWorker:
-    """One flush worker thread and its eventfd (one per policy, started by :meth:`start`)."""
+    """The flush workers (``slots`` threads: at most that many rounds in flight) and their eventfd
+    (one per policy, started by :meth:`start`).
+
+    ``slots`` > 1: a request posted while a round runs may start a second round at once, on
+    another thread and with its own fd (each in-flight round's ``fdatasync`` on its own open file
+    description: Linux reports a writeback error once per description), when the sends arrive
+    sparsely (``max_load``, see :func:`_may_start`); completions are handed to :meth:`drain` in
+    the order the rounds started, a round only once every earlier one completed."""
 
     cdef State *s
-    cdef pthread_t thread
+    cdef pthread_t threads[MAX_SLOTS]
+    cdef int nthreads
     cdef bint started
     cdef bint joined
     cdef bint leaked
 
-    def __cinit__(self):
+    def __cinit__(self, int slots=1, double max_load=2.0):
+        if slots < 1 or slots > MAX_SLOTS:
+            raise ValueError(f"slots must be 1..{MAX_SLOTS}, got {slots}")
         self.s = <State *>calloc(1, sizeof(State))
         if self.s == NULL:
             raise MemoryError()
         pthread_mutex_init(&self.s.mu, NULL)
         pthread_cond_init(&self.s.cv, NULL)
-        self.s.req_fd = -1
+        pthread_cond_init(&self.s.hold_cv, NULL)
+        self.s.slots = slots
+        self.s.max_load = max_load
+        self.s.gap_avg = 1e9  # no post seen: sparse
+        self.s.req_key = -1
         self.s.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
         if self.s.efd < 0:
             err = errno
@@ -175,6 +244,7 @@ cdef class RoundWorker:
             return
         if self.s.efd >= 0:
             close(self.s.efd)
+        pthread_cond_destroy(&self.s.hold_cv)
         pthread_cond_destroy(&self.s.cv)
         pthread_mutex_destroy(&self.s.mu)
         free(self.s)
@@ -183,10 +253,15 @@ cdef class RoundWorker:
     def start(self) -> None:
         if self.started:
             raise RuntimeError("the flush worker is started already")
-        rc = pthread_create(&self.thread, NULL, _work, self.s)
-        if rc != 0:
-            raise OSError(rc, "pthread_create")
-        pthread_setname_np(self.thread, "tidemq-flush")  # named before start() returns
+        cdef int i, rc
+        for i in range(self.s.slots):
+            rc = pthread_create(&self.threads[i], NULL, _work, self.s)
+            if rc != 0:
+                self.started = self.nthreads > 0
+                self.stop(5.0)
+                raise OSError(rc, "pthread_create")
+            pthread_setname_np(self.threads[i], "tidemq-flush")  # named before start() returns
+            self.nthreads += 1
         self.started = True
 
     def fileno(self) -> int:
@@ -195,29 +270,57 @@ cdef class RoundWorker:
             return -1
         return self.s.efd
 
-    def post(self, int fd, long long end) -> int:
-        """Ask for ``fdatasync(fd)`` covering ``end``; returns the request's sequence number, which
-        a completed round at or past it covers, or 0 when the worker cannot take it (stopped, or a
-        request for another file not taken yet)."""
+    @property
+    def slots(self) -> int:
+        """Rounds in flight at most."""
+        return self.s.slots if self.s != NULL else 0
+
+    def post(self, int fd, long long end, tuple fds=None) -> int:
+        """Ask for an ``fdatasync`` of ``fd``'s file covering ``end``; returns the request's sequence
+        number, which a completed round at or past it covers, or 0 when the worker cannot take it
+        (stopped, or a request for another file not taken yet).  ``fds``: one fd of that file per
+        slot, each its own open file description (a round in slot i syncs ``fds[i]``); without
+        them every slot would share ``fd``'s description, so such a request never runs beside
+        another round."""
         cdef State *s = self.s
         cdef uint64_t seq = 0
+        cdef int i, n
+        cdef int64_t now
         if s == NULL or not self.started:
             return 0
+        n = s.slots
+        if fds is not None and len(fds) != n:
+            raise ValueError(f"{n} fds expected, got {len(fds)}")
         # With the GIL held: the worker holds the mutex for a few instructions only, and releasing
         # the GIL here would let another Python thread take it (the loop then waits for it back).
         pthread_mutex_lock(&s.mu)
-        if not s.stop and (s.req_fd == fd or s.req_seq == s.taken_seq):
-            s.req_fd = fd
+        if not s.stop and (s.req_key == fd or s.req_seq == s.taken_seq):
+            s.req_key = fd
+            if fds is None:
+                s.req_single = 1
+                for i in range(n):
+                    s.req_fds[i] = fd
+            else:
+                s.req_single = 0
+                for i in range(n):
+                    s.req_fds[i] = fds[i]
             if end > s.req_end or s.req_seq == s.taken_seq:
                 s.req_end = end
             s.req_seq += 1
             seq = s.req_seq
-            pthread_cond_signal(&s.cv)
+            now = _now_ns()
+            if s.last_post:
+                s.gap_avg += (<double>(now - s.last_post) - s.gap_avg) / 8
+            s.last_post = now
+            if _may_start(s):
+                pthread_cond_signal(&s.cv)  # an idle worker (the busy ones take it when done)
         pthread_mutex_unlock(&s.mu)
         return seq
 
     def drain(self) -> list:
-        """The rounds completed since the last call, oldest first: ``(seq, end, errno, ns)``."""
+        """The rounds completed since the last call, in the order they started (a round only once
+        every earlier one completed): ``(seq, end, errno, ns, started_ns, ended_ns)``, the times
+        CLOCK_MONOTONIC."""
         cdef State *s = self.s
         cdef uint64_t value = 0, first, last, i
         cdef Done d
@@ -235,48 +338,84 @@ cdef class RoundWorker:
         i = first
         while i < last:
             d = s.ring[i % RING]
-            out.append((d.seq, d.end, d.err, d.ns))
+            out.append((d.seq, d.end, d.err, d.ns, d.started, d.ended))
             i += 1
         pthread_mutex_unlock(&s.mu)
         return out
+
+    def hold(self, int slot, bint held) -> None:
+        """Tests: rounds taken into ``slot`` wait before their ``fdatasync`` while held (a real
+        ``fdatasync`` cannot be made slow on demand)."""
+        cdef State *s = self.s
+        if s == NULL or slot < 0 or slot >= s.slots:
+            raise ValueError(slot)
+        pthread_mutex_lock(&s.mu)
+        if held:
+            s.held_slots |= 1u << slot
+        else:
+            s.held_slots &= ~(1u << slot)
+            pthread_cond_broadcast(&s.hold_cv)
+        pthread_mutex_unlock(&s.mu)
 
     @property
     def busy(self) -> bool:
         """A request posted and not completed yet (a round running or about to)."""
         if self.s == NULL:
             return False
-        return self.s.busy != 0 or self.s.req_seq != self.s.taken_seq
+        return self.s.inflight != 0 or self.s.req_seq != self.s.taken_seq
+
+    @property
+    def inflight(self) -> int:
+        """Rounds started and not completed."""
+        return self.s.inflight if self.s != NULL else 0
 
     @property
     def rounds(self) -> int:
-        """Rounds completed (``fdatasync`` calls, failed ones included)."""
+        """Rounds completed and reported (``fdatasync`` calls, failed ones included)."""
         if self.s == NULL:
             return 0
         return self.s.done_count
 
+    @property
+    def overlapped(self) -> int:
+        """Rounds started while another round was in flight."""
+        return self.s.overlapped if self.s != NULL else 0
+
+    @property
+    def load(self) -> float:
+        """Recent ``fdatasync`` time over the recent gap between posts (the overlap's gate)."""
+        if self.s == NULL or self.s.gap_avg <= 0:
+            return 0.0
+        return self.s.fsync_avg / self.s.gap_avg
+
     def stop(self, double timeout=30.0) -> bool:
-        """Serve the requests already posted, then stop the thread; ``False`` when it did not end
-        within ``timeout`` seconds (a ``fdatasync`` stuck in the kernel: its state is then left
+        """Serve the requests already posted, then stop the threads; ``False`` when one did not end
+        within ``timeout`` seconds (a ``fdatasync`` stuck in the kernel: the state is then left
         allocated for it)."""
         cdef State *s = self.s
-        cdef int rc = 0
+        cdef int rc = 0, i
         if s == NULL:
             return True
         pthread_mutex_lock(&s.mu)
         s.stop = 1
-        pthread_cond_signal(&s.cv)
+        pthread_cond_broadcast(&s.cv)
+        pthread_cond_broadcast(&s.hold_cv)
         pthread_mutex_unlock(&s.mu)
         if self.started and not self.joined:
-            with nogil:
-                rc = tidemq_timedjoin(self.thread, timeout)
-            if rc != 0:
-                self.leaked = True
-                return False
+            for i in range(self.nthreads):
+                if self.threads[i] == 0:
+                    continue
+                with nogil:
+                    rc = tidemq_timedjoin(self.threads[i], timeout)
+                if rc != 0:
+                    self.leaked = True
+                    return False
+                self.threads[i] = 0
             self.joined = True
         return True
 
     def close(self) -> None:
-        """Stop (if not stopped) and free the thread's state and the eventfd."""
+        """Stop (if not stopped) and free the threads' state and the eventfd."""
         if self.s == NULL:
             return
         if self.started and not self.joined and not self.stop():
@@ -286,15 +425,18 @@ cdef class RoundWorker:
         self._free()
 
     def __dealloc__(self):
+        cdef int i
         if self.s == NULL:
             return
         if self.started and not self.joined:
             pthread_mutex_lock(&self.s.mu)
             self.s.stop = 1
-            pthread_cond_signal(&self.s.cv)
+            pthread_cond_broadcast(&self.s.cv)
+            pthread_cond_broadcast(&self.s.hold_cv)
             pthread_mutex_unlock(&self.s.mu)
-            if tidemq_timedjoin(self.thread, 1.0) != 0:
-                return  # still inside fdatasync: leave its state to it
+            for i in range(self.nthreads):
+                if self.threads[i] != 0 and tidemq_timedjoin(self.threads[i], 1.0) != 0:
+                    return  # still inside fdatasync: leave its state to it
             self.joined = True
         if not self.leaked:
             self._free()

@@ -9,9 +9,15 @@ self-pipe.  With ``[flush.sync] compiled_rounds`` (on by default) and the compil
    round: its file descriptor and the end offset written there
    (:meth:`tidemq.flush.DirectRoundFlushable.direct_round`); the kick posts both to the worker (a
    mutex and a condition variable; requests posted while a round runs merge into the next one);
-2. the worker thread (C, no GIL) calls ``fdatasync(fd)`` and writes 1 to an eventfd;
+2. a worker thread (C, no GIL) calls ``fdatasync`` and writes 1 to an eventfd; with
+   ``overlap_rounds`` > 1 a request posted while a round runs may start its own round at once
+   on another worker, while the sends arrive sparsely (``overlap_max_load``), each round in
+   flight on its own open file description of the commit-log file (a second ``open()``, not a
+   ``dup``: Linux reports a writeback error once per description, and two ``fdatasync`` calls
+   on one description can leave one of them returning 0 over a failed range);
 3. the loop watches that eventfd (``loop.add_reader``): its reader takes every round completed
-   since its last wake-up, records them in the commit log
+   since its last wake-up, in the order they started (a round is reported only once every
+   earlier one completed), records them in the commit log
    (:meth:`~tidemq.flush.DirectRoundFlushable.direct_flushed`), resolves the batches they cover
    and completes their groups on the loop (:func:`tidemq.futures.complete_here`): one callback
    for all of them, no hop through the loop's self-pipe, no GIL taken by another thread.
@@ -20,7 +26,8 @@ What it does not take stays on the Python thread, which is also the reference an
 (``TIDEMQ_NO_EXTENSIONS=1``, or not built): writer threads' puts, a round that crosses into the
 next file or has a transient buffer to commit, loops other than the first one that kicked, and
 rounds whose ``fdatasync`` failed (handed to the thread, which retries them until their deadline
-as it retries its own: the same FLUSH_DISK_TIMEOUT).  The reaper times out overdue batches of
+as it retries its own: the same FLUSH_DISK_TIMEOUT), with every batch posted after them that was
+not acknowledged yet, even one whose own round returned 0.  The reaper times out overdue batches of
 both (a worker stuck in the kernel included); the counters (rounds, seconds, batch sizes) are
 kept the same way.  Not with ``loop_gather_us`` (its wait runs on the thread).
 """
@@ -56,21 +63,32 @@ def describe() -> str:
     """Who runs the ``sync`` policy's flush rounds (``tidemq --version``)."""
     if _round is not None:
         return (
-            "compiled (tidemq_flush._round: a worker fdatasyncs without the GIL, an eventfd wakes the loop;"
-            " [flush.sync] compiled_rounds)"
+            "compiled (tidemq_flush._round: workers fdatasync without the GIL, an eventfd wakes the loop;"
+            " up to [flush.sync] overlap_rounds rounds in flight while sends are sparse, each on its own"
+            " file description, answered in order; [flush.sync] compiled_rounds)"
         )
-    return "the Python flush thread (tidemq_flush._round not built or TIDEMQ_NO_EXTENSIONS=1)"
+    return "the Python flush thread, one round at a time (tidemq_flush._round not built or TIDEMQ_NO_EXTENSIONS=1)"
 
 
 class NativeRounds:
     """The loop side of the compiled worker: posts kicked batches, answers completed rounds."""
 
-    def __init__(self, policy: GroupCommitFlush, target: DirectRoundFlushable) -> None:
+    def __init__(
+        self, policy: GroupCommitFlush, target: DirectRoundFlushable, slots: int = 1, max_load: float = 2.0
+    ) -> None:
         assert _round is not None
         self.policy = policy
         self.target = target
-        self.worker: Any = _round.RoundWorker()
+        self.worker: Any = _round.RoundWorker(slots, max_load)
         self.worker.start()
+        self.slots = slots
+        #: The file the per-slot fds are for (its DirectRound token) and those fds: one open file
+        #: description of it per round in flight (``slots`` > 1), None: the round's own fd only.
+        self._file: object = None
+        self._fds: tuple[int, ...] | None = None
+        #: Per-slot fds of earlier files: closed once a round posted after them (the seq, 0 until
+        #: posted) is reported, every round that could use them having completed before it.
+        self._retired: list[list[Any]] = []
         #: The loop whose reader watches the worker's eventfd (the first one that kicked).
         self.loop: AbstractEventLoop | None = None
         #: Batches handed to the worker, in the order posted: (request seq, batch, its round).
@@ -84,7 +102,8 @@ class NativeRounds:
     def create(cls, policy: GroupCommitFlush, target: Flushable) -> NativeRounds | None:
         if _round is None or not isinstance(target, DirectRoundFlushable):
             return None
-        return cls(policy, target)
+        options = policy.options
+        return cls(policy, target, options.overlap_rounds, options.overlap_max_load)
 
     def batches(self) -> list[_Batch]:
         """Under the policy's lock: the batches posted and not answered yet."""
@@ -100,11 +119,52 @@ class NativeRounds:
         done = self.target.direct_round(batch.end)
         if done is None:
             return False
-        seq = self.worker.post(done[0], done[1])
+        fds = self._fds_for(done) if self.slots > 1 else None
+        seq = self.worker.post(done[0], done[1], fds)
         if not seq:
             return False
+        if self._retired and not self._retired[-1][1]:
+            for entry in self._retired:
+                entry[1] = entry[1] or seq
         self.posted.append((seq, batch, done))
         return True
+
+    def _fds_for(self, done: DirectRound) -> tuple[int, ...] | None:
+        """The per-slot fds of ``done``'s file (opened again for each slot on its first round:
+        each its own open file description), None when they cannot be opened (the worker then
+        runs that file's rounds one at a time on the file's own fd)."""
+        token = done[3]
+        if token is self._file:
+            return self._fds
+        if self._fds is not None:
+            self._retired.append([self._fds, 0])
+        self._file, self._fds = token, None
+        fds: list[int] = []
+        try:
+            for _ in range(self.slots):
+                # A second open() of the file, not dup(): a new open file description, whose own
+                # errseq sees every writeback error of the file once.
+                fds.append(os.open(f"/proc/self/fd/{done[0]}", os.O_RDWR | os.O_CLOEXEC))
+        except OSError as exc:
+            log.info("sync flush: rounds not overlapped on this file (%s)", exc)
+            for fd in fds:
+                os.close(fd)
+            return None
+        self._fds = tuple(fds)
+        return self._fds
+
+    def _close_retired(self, reported: int) -> None:
+        """Close the per-slot fds no round can use any more (a round at or after ``reported``'s
+        request reported: every round before it completed)."""
+        keep = []
+        for entry in self._retired:
+            fds, seq = entry
+            if seq and seq <= reported:
+                for fd in fds:
+                    os.close(fd)
+            else:
+                keep.append(entry)
+        self._retired = keep
 
     def _bind(self, loop: AbstractEventLoop) -> bool:
         """Watch the worker's eventfd from ``loop``: the first loop that kicks, or the next one
@@ -136,9 +196,10 @@ class NativeRounds:
         policy = self.policy
         answered: list[tuple[list[_Batch], DirectRound | None, int]] = []
         failed: list[_Batch] = []
+        broken = False
         with policy.lock:
             posted = self.posted
-            for seq, _end, err, ns in dones:
+            for seq, _end, err, ns, _started, _ended in dones:
                 covered: list[_Batch] = []
                 last: DirectRound | None = None
                 while posted and posted[0][0] <= seq:
@@ -147,11 +208,21 @@ class NativeRounds:
                 if err:
                     log.error("flush failed: %s", OSError(err, os.strerror(err)))
                     policy.round_failed()
+                    broken = True
+                if broken:
+                    # This round failed, or an earlier one did: a later round's 0 may cover a range
+                    # whose writeback failed, so none of it is acknowledged here.
                     failed += covered
                 else:
                     answered.append((covered, last, ns))
-            if failed:
+            if broken:
+                # ... nor by a round still in flight: every batch not acknowledged goes to the
+                # thread, which retries until the deadline (FLUSH_DISK_TIMEOUT as before).
+                failed += self.batches()
+                posted.clear()
                 self._to_thread(failed)
+        if self._retired:
+            self._close_retired(dones[-1][0])
         if not answered:
             return
         target = self.target
@@ -180,6 +251,15 @@ class NativeRounds:
         with self.policy.lock:
             left = self.batches()
             self.posted.clear()
+        if stopped:  # no worker can use them any more
+            for fds, _seq in self._retired:
+                for fd in fds:
+                    os.close(fd)
+            self._retired = []
+            if self._fds is not None:
+                for fd in self._fds:
+                    os.close(fd)
+            self._file, self._fds = None, None
         loop = self.loop
         self.loop = None
         if loop is not None and not loop.is_closed():
