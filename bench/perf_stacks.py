@@ -19,8 +19,14 @@ import subprocess
 import sys
 
 #: Interrupt entry frames: the sample is the interrupt's, whatever it interrupted.
-IRQ = ("asm_common_interrupt", "asm_sysvec_apic_timer_interrupt", "asm_sysvec_call_function_single",
-       "asm_sysvec_reschedule_ipi", "handle_softirqs", "asm_exc_page_fault")
+IRQ = (
+    "asm_common_interrupt",
+    "asm_sysvec_apic_timer_interrupt",
+    "asm_sysvec_call_function_single",
+    "asm_sysvec_reschedule_ipi",
+    "handle_softirqs",
+    "asm_exc_page_fault",
+)
 
 
 def samples(path: str, comm: str = "") -> tuple[list[tuple[str, list[str]]], int]:
@@ -73,14 +79,26 @@ def main() -> None:
     p.add_argument("--top", type=int, default=0)
     p.add_argument("--comm", default="")
     p.add_argument("--user-symbols", action="store_true", help="split user time by innermost symbol")
+    p.add_argument(
+        "--paths",
+        default="",
+        help="comma-separated frame names: also count each thread's samples by which of them its "
+        "stack holds (outermost first) and its innermost frame, e.g. the parts of an fdatasync",
+    )
     a = p.parse_args()
     got, period = samples(a.data, a.comm)
     if not got:
         sys.exit("no samples")
     by: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     stacks: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    marks = [m for m in a.paths.split(",") if m]
+    paths: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for name, frames in got:
         by[name][bucket(frames, a.user_symbols)] += 1
+        if marks:
+            seen = [m for m in marks if m in frames]
+            seen.sort(key=lambda m: -frames.index(m))
+            paths[name][" > ".join(seen) + " | " + (frames[0] if frames else "?")] += 1
         stacks[name][" < ".join(frames[: a.depth])] += 1
     scale = (period / 1e3 / a.per) if a.per and period else 0.0  # period in ns -> µs per unit
     out: dict[str, object] = {"samples": len(got), "period_ns": period, "per": a.per, "threads": {}}
@@ -88,6 +106,10 @@ def main() -> None:
         row = {k: (round(v * scale, 2) if scale else v) for k, v in c.most_common()}
         row["_total"] = round(sum(c.values()) * scale, 2) if scale else sum(c.values())
         out["threads"][name] = row  # type: ignore[index]
+        if marks:
+            row["_paths"] = [  # type: ignore[assignment]
+                [round(v * scale, 2) if scale else v, k] for k, v in paths[name].most_common(a.top or 20)
+            ]
         if a.top:
             row["_stacks"] = [[v, k] for k, v in stacks[name].most_common(a.top)]  # type: ignore[assignment]
     print(json.dumps(out, indent=1))
