@@ -176,8 +176,7 @@ def test_shutdown_with_rounds_pending_settles_every_put_and_stops_the_worker(tmp
             for i in range(20)
             for t in range(WRITERS)
         ]
-        for _ in range(2):  # the kick, after its one more loop turn (kick_polls): a round posted
-            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the kick: a round posted to the worker
         assert store.flush_policy._native.posted or all(f.done() for f in futures)
         store.shutdown()  # on the loop, rounds still in flight
         outcomes.extend(f.result(5) for f in futures)

@@ -116,17 +116,9 @@ class Connection(asyncio.Protocol):
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._reading_paused_by_us = False
-        #: True while reading is held for the connection's round (:meth:`_hold_for_round`); False
-        #: once the round answered or the bound passed.
-        self._round_hold = False
-        #: When the hold in progress reaches its bound (the loop's clock).
-        self._hold_until = 0.0
-        #: The bound's timer, armed by a hold and left armed after its round answers: when it
-        #: fires it expires the hold in progress if that one is due, re-arms itself for it if not,
-        #: and stops if none is held.  A connection holding at every round (a batched sender
-        #: under sync flush, rounds well under the bound) then arms one timer per bound, not one
-        #: per round, and never cancels one (docs/flush.md, "Session 10").
-        self._hold_timer: asyncio.TimerHandle | None = None
+        #: Set while reading is held for the connection's round (:meth:`_hold_for_round`): the
+        #: bound's timer; None once the round answered or the bound passed.
+        self._round_hold: asyncio.TimerHandle | None = None
         self._hold_s = options.hold_reading_max_us / 1e6
         #: A hold reached its bound, and the connection's sends are not all answered yet.
         self._hold_spent = False
@@ -241,27 +233,12 @@ class Connection(asyncio.Protocol):
         0), for at most ``hold_reading_max_us``: then the other requests behind them (a pull, a
         heartbeat on a client's one connection) are read even if the round hangs."""
         self._pause_reading()
-        if not self._round_hold and self._reading_paused_by_us:
-            self._round_hold = True
-            loop = self._loop
-            self._hold_until = loop.time() + self._hold_s
-            if self._hold_timer is None:
-                self._hold_timer = loop.call_later(self._hold_s, self._hold_due)
-
-    def _hold_due(self) -> None:
-        """The bound's timer: expire the hold in progress if it is due, else wait for it."""
-        self._hold_timer = None
-        if not self._round_hold or self._closed:
-            return  # its round answered: the next hold arms it again
-        left = self._hold_until - self._loop.time()
-        if left >= 0.001:  # a later hold than the one that armed it (the timers count whole ms)
-            self._hold_timer = self._loop.call_later(left, self._hold_due)
-            return
-        self._hold_expired()
+        if self._round_hold is None and self._reading_paused_by_us:
+            self._round_hold = self._loop.call_later(self._hold_s, self._hold_expired)
 
     def _hold_expired(self) -> None:
         """The round outlasted ``hold_reading_max_us``: read again (its sends still wait for it)."""
-        self._round_hold = False
+        self._round_hold = None
         self._hold_spent = True
         self.holds_expired += 1
         self._maybe_resume_reading()
@@ -271,7 +248,10 @@ class Connection(asyncio.Protocol):
         if self._later <= 0:
             self._later = 0
             self._hold_spent = False
-            self._round_hold = False  # its timer stays armed: see _hold_timer
+            hold = self._round_hold
+            if hold is not None:
+                self._round_hold = None
+                hold.cancel()
             done = self._later_done
             if done is not None:
                 self._later_done = None
@@ -410,7 +390,7 @@ class Connection(asyncio.Protocol):
             and not self._backlog
             and not self._closed
             and len(self._tasks) + self._later <= self._options.max_in_flight // 2
-            and not self._round_hold
+            and self._round_hold is None
             and self._transport is not None
         ):
             self._reading_paused_by_us = False
@@ -420,10 +400,9 @@ class Connection(asyncio.Protocol):
         self._closed = True
         if self._idle_handle is not None:
             self._idle_handle.cancel()
-        self._round_hold = False
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-            self._hold_timer = None
+        if self._round_hold is not None:
+            self._round_hold.cancel()
+            self._round_hold = None
         if self._grace_handle is not None:
             self._grace_handle.cancel()
         self._decoder.close("connection closed")  # the Connection object may outlive its socket
