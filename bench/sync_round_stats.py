@@ -10,6 +10,12 @@ the compare.py load generators, and reads before and after the run: ``tidemq_flu
 system CPU (``/proc/<pid>/task/*/stat``), run-queue wait (``schedstat``) and voluntary/involuntary
 context switches (``status``).  ``--perf-stat`` adds ``perf stat --per-thread`` syscall counts
 (futex, epoll, read, write, pwrite, fdatasync).  Prints JSON, per message and per round.
+
+``--rate R --seconds S`` drives it open loop at R single 1 KiB sends a second instead (compare.py's
+``latency_fixed``: every send its own round), so the per-round figures are a round's whole cost.
+``--name-threads`` puts a ``sitecustomize`` on the broker's path that gives each Python thread its
+name as the OS thread name (``prctl(PR_SET_NAME)``), so the rows read ``tidemq-zeros-ahead``,
+``reput`` and so on instead of thread ids.
 """
 
 from __future__ import annotations
@@ -41,6 +47,31 @@ _EVENTS = (
 )
 
 
+_NAME_SITE = """\
+import ctypes, threading
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+_inner = threading.Thread._bootstrap_inner
+def _named(self):
+    if _prctl is not None:
+        _prctl(15, self.name.encode()[:15], 0, 0, 0)
+    _inner(self)
+threading.Thread._bootstrap_inner = _named
+# Run the next sitecustomize on the path too (--env's experiment, a venv's own): only one is imported.
+import importlib.util, os, sys
+_here = os.path.dirname(os.path.abspath(__file__))
+for _d in sys.path:
+    _f = os.path.join(_d or ".", "sitecustomize.py")
+    if os.path.abspath(_d or ".") != _here and os.path.isfile(_f):
+        _spec = importlib.util.spec_from_file_location("_next_sitecustomize", _f)
+        if _spec is not None and _spec.loader is not None:
+            _spec.loader.exec_module(importlib.util.module_from_spec(_spec))
+        break
+"""
+
+
 def threads(pid: int) -> dict[str, dict[str, float]]:
     """Per thread name (summed over threads of one name): user/sys seconds, run-queue wait, switches."""
     out: dict[str, dict[str, float]] = {}
@@ -53,8 +84,9 @@ def threads(pid: int) -> dict[str, dict[str, float]]:
             continue
         name = "loop" if task.name == str(pid) else task.name  # Python threads have no OS names
         try:
-            if (task / "comm").read_text().strip() == "tidemq-flush":
-                name = "tidemq-flush"  # the compiled flush worker (tidemq_flush._round) names itself
+            comm = (task / "comm").read_text().strip()
+            if comm == "tidemq-flush" or (name != "loop" and not comm.startswith("python")):
+                name = comm  # the compiled flush worker names itself; --name-threads the others
         except OSError:
             pass
         fields = stat[stat.rindex(")") + 2 :].split()
@@ -95,15 +127,25 @@ def main() -> None:
     p.add_argument("--extra", default="", help="TOML appended to the broker's config")
     p.add_argument("--perf-stat", action="store_true")
     p.add_argument("--env", default="", help="PYTHONPATH for the broker (an old tree)")
+    p.add_argument("--rate", type=float, default=0.0, help="open loop: single 1 KiB sends a second")
+    p.add_argument("--seconds", type=float, default=10.0, help="with --rate: how long")
+    p.add_argument("--name-threads", action="store_true", help="OS thread names from Python's")
+    p.add_argument("--perf-record", default="", help="also `perf record -g` the run into this file")
     args = p.parse_args()
     size = 128 if "128" in args.workload else 1024
     batch = 32 if "batch" in args.workload else 1
     messages = args.messages or (160_000 if batch > 1 else 40_000)
     port = systems.free_port()
     extra = f'metrics = "prometheus"\n{args.extra}\n[metrics.prometheus]\nlisten = "127.0.0.1:{port}"\n'
-    if args.env:
-        os.environ["PYTHONPATH"] = args.env
     work = Path(tempfile.mkdtemp(prefix="tidemq-rounds-"))
+    path = [args.env] if args.env else []
+    if args.name_threads:
+        site = work / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(_NAME_SITE)
+        path.insert(0, str(site))
+    if path:
+        os.environ["PYTHONPATH"] = os.pathsep.join(path)
     server = systems.start_tidemq(work / "tidemq", args.flush, extra)
     pid = server.pid
     os.environ.pop("PYTHONPATH", None)
@@ -111,7 +153,11 @@ def main() -> None:
     try:
         bench = Bench(argparse.Namespace(procs=args.procs, inflight=args.inflight, messages=0), server)
         bench.setup()
-        bench.produce(size, batch, messages // 8)  # warm up
+        if args.rate:
+            size, batch = 1024, 1
+            bench.rate(args.rate, 2.0, 2.0)  # warm up
+        else:
+            bench.produce(size, batch, messages // 8)  # warm up
         m0, t0, w0 = metrics(url), threads(server.pid), time.monotonic()
         perf = None
         if args.perf_stat:
@@ -134,14 +180,29 @@ def main() -> None:
                 stderr=subprocess.DEVNULL,
             )
             time.sleep(0.3)
-        run = bench.produce(size, batch, messages)
-        if perf is not None:
-            perf.send_signal(2)
-            perf.wait(30)
+        record = None
+        if args.perf_record:
+            record = subprocess.Popen(
+                ["perf", "record", "-F", "1999", "-g", "-p", str(server.pid), "-o", args.perf_record],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            time.sleep(0.3)
+        if args.rate:
+            run = bench.rate(args.rate, args.seconds, args.seconds)
+            messages = int(run.get("messages") or run.get("sent") or args.rate * args.seconds)
+        else:
+            run = bench.produce(size, batch, messages)
+        for proc in (perf, record):
+            if proc is not None:
+                proc.send_signal(2)
+                proc.wait(30)
         m1, t1, wall = metrics(url), threads(server.pid), time.monotonic() - w0
         loadavg = os.getloadavg()
     finally:
         server.stop()
+        stat_file = work / "perf.stat"
+        perf_text = stat_file.read_text() if stat_file.exists() else ""
         shutil.rmtree(work, ignore_errors=True)  # the broker's data: hundreds of MB a run
     sent = run.get("messages", messages)
     dm = {k: m1.get(k, 0.0) - m0.get(k, 0.0) for k in m1}
@@ -167,8 +228,8 @@ def main() -> None:
             "invol_switches_per_round": round(d["invol"] / rounds, 2) if rounds else None,
         }
     syscalls: dict[str, Any] = {}
-    if args.perf_stat and (work / "perf.stat").exists():
-        for line in (work / "perf.stat").read_text().splitlines():
+    if perf_text:  # read before the work directory went (it was read after: always empty)
+        for line in perf_text.splitlines():
             parts = line.split(",")
             if len(parts) < 4 or not parts[1].strip().replace(".", "").isdigit():
                 continue

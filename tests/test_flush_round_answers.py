@@ -333,3 +333,41 @@ def test_a_pull_and_a_heartbeat_behind_a_held_round_are_answered_within_the_boun
             writer.close()
 
     asyncio.run(scenario())
+
+
+def test_a_hold_after_an_answered_one_waits_its_whole_bound_then_reads_again(tmp_path: Path) -> None:
+    """The bound's timer is left armed when a round answers (one timer per bound, not per round):
+    a later hold on the same connection must still get its own whole ``hold_reading_max_us`` from
+    its start, not what is left of the timer an earlier, answered hold armed, and still end at it.
+    Here hold 1 is answered at once; hold 2 starts ~150 ms later behind a flush that does not return;
+    a heartbeat behind hold 2 is answered ~400 ms after hold 2 began (not at hold 1's ~250 ms
+    mark) while hold 2's sends still wait."""
+
+    async def scenario() -> None:
+        async with sync_broker(tmp_path, 20000, tcp={"hold_reading_max_us": 400_000}) as (broker, gated):
+            host, port = split_address(broker.address)
+            reader, writer = await asyncio.open_connection(host, port)
+            gated.gate.set()
+            started1 = time.monotonic()
+            writer.write(b"".join(_send(i, i % 4) for i in range(8)))  # hold 1, answered at once
+            answers = await read_answers(reader, 8)
+            assert sorted(a.opaque for a in answers) == list(range(8))
+            (conn,) = [c for c in broker._server.connections if c.holds_expired == 0 and c.server_side]
+            gated.gate.clear()
+            await asyncio.sleep(max(0.0, 0.15 - (time.monotonic() - started1)))
+            started2 = time.monotonic()
+            writer.write(b"".join(_send(10 + i, i % 4) for i in range(8)))  # hold 2: its flush waits
+            await asyncio.sleep(0.02)
+            writer.write(encode_bytes(RemotingCommand(RequestCode.HEART_BEAT, opaque=900, body=HEARTBEAT)))
+            (answer,) = await read_answers(reader, 1, timeout=10)
+            waited = time.monotonic() - started2
+            assert answer.opaque == 900 and answer.code == ResponseCode.SUCCESS
+            assert conn.holds_expired == 1 and conn.in_flight == 8
+            assert waited >= 0.35, waited  # hold 2's own bound, not hold 1's timer (~0.25 s in)
+            assert waited < 5.0, waited
+            gated.gate.set()
+            answers = await read_answers(reader, 8)
+            assert sorted(a.opaque for a in answers) == [10 + i for i in range(8)]
+            writer.close()
+
+    asyncio.run(scenario())
