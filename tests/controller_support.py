@@ -344,6 +344,33 @@ class LoadProducer:
         self.producer.shutdown()
 
 
+class AckedSends:
+    """Acknowledged sends to ``TOPIC``: ``sends(n)`` returns once ``n`` more were acknowledged,
+    retrying refusals and errors (a failover under way) until ``within`` seconds pass; every
+    acknowledged message's body is kept in ``acked`` by its ``msgId``."""
+
+    def __init__(self, producer: BlockingProducer, pause: float = 0.05) -> None:
+        self.producer = producer
+        self.pause = pause
+        self.acked: dict[str, bytes] = {}
+
+    def __call__(self, n: int, within: float = 20.0) -> None:
+        deadline, sent = time.monotonic() + within, 0
+        while sent < n:
+            body = uuid.uuid4().hex.encode()
+            try:
+                r = self.producer.send(Message(TOPIC, body))
+            except Exception as exc:
+                assert time.monotonic() < deadline, exc
+                time.sleep(self.pause)
+                continue
+            if r.status is SendStatus.SEND_OK:
+                self.acked[r.msg_id] = body
+                sent += 1
+            else:
+                assert time.monotonic() < deadline, r.status
+
+
 def read_all(ns: str, topic: str = TOPIC) -> dict[str, list[bytes]]:
     """Every message of ``topic`` through the route (the master), by UNIQ_KEY."""
     got: dict[str, list[bytes]] = {}

@@ -27,6 +27,7 @@ pytest.importorskip("httpx", reason="httpx is not installed (pip install tidemq[
 
 from controller_support import (  # noqa: E402
     TOPIC,
+    AckedSends,
     ControllerCluster,
     EtcdServer,
     check_acked,
@@ -267,24 +268,8 @@ def test_a_live_consumer_skips_no_acknowledged_message_after_a_failover_cuts_a_t
     producer.start()
     live = Consumed()
     consumer: BlockingPushConsumer | None = None
-    acked: dict[str, bytes] = {}
-
-    def send(n: int, within: float = 20.0) -> None:
-        """``n`` acknowledged sends; refusals and errors (a failover under way) retried."""
-        deadline, sent = time.monotonic() + within, 0
-        while sent < n:
-            body = uuid.uuid4().hex.encode()
-            try:
-                r = producer.send(Message(TOPIC, body))
-            except Exception as exc:
-                assert time.monotonic() < deadline, exc
-                time.sleep(0.05)
-                continue
-            if r.status is SendStatus.SEND_OK:
-                acked[r.msg_id] = body
-                sent += 1
-            else:
-                assert time.monotonic() < deadline, r.status
+    send = AckedSends(producer)
+    acked = send.acked
 
     try:
         send(40)

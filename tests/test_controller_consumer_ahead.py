@@ -33,7 +33,15 @@ from conftest import wait_for
 
 pytest.importorskip("httpx", reason="httpx is not installed (pip install tidemq[controller])")
 
-from controller_support import TOPIC, ControllerCluster, EtcdServer, check_acked, etcd_fixture, wait_in_sync  # noqa: E402,F401
+from controller_support import (  # noqa: E402,F401
+    TOPIC,
+    AckedSends,
+    ControllerCluster,
+    EtcdServer,
+    check_acked,
+    etcd_fixture,
+    wait_in_sync,
+)
 from test_broker_roles import TOPIC as ROLE_TOPIC  # noqa: E402
 from test_broker_roles import Cluster, cluster  # noqa: E402, F401
 from test_controller_consumers import Consumed, max_offsets, push_consumer  # noqa: E402
@@ -130,24 +138,8 @@ def test_a_live_consumer_ahead_of_the_new_master_re_reads_nothing(
     producer.start()
     live = Consumed()
     consumer: BlockingPushConsumer | None = None
-    acked: dict[str, bytes] = {}
-
-    def send(n: int, within: float = 20.0) -> None:
-        """``n`` acknowledged sends; refusals and errors (a failover under way) retried."""
-        deadline, sent = time.monotonic() + within, 0
-        while sent < n:
-            body = uuid.uuid4().hex.encode()
-            try:
-                r = producer.send(Message(TOPIC, body))
-            except Exception as exc:
-                assert time.monotonic() < deadline, exc
-                time.sleep(0.2)
-                continue
-            if r.status is SendStatus.SEND_OK:
-                acked[r.msg_id] = body
-                sent += 1
-            else:
-                assert time.monotonic() < deadline, r.status
+    send = AckedSends(producer, pause=0.2)
+    acked = send.acked
 
     try:
         send(40)
