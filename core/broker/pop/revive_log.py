@@ -141,6 +141,17 @@ class ReviveLog:
         low = store.get_min_offset_in_queue(self.topic, 0)
         off = start if start >= low else low
         end = store.get_max_offset_in_queue(self.topic, 0)
+        if off > low and not self._snapshot_starts_at(off, end):
+            # The offset slaves copied names a snapshot this log does not hold: a failover cut it
+            # (written past the confirm offset).  Every complete snapshot replaces the state built
+            # before it, so replaying from the oldest record kept is right, only longer.
+            log.warning(
+                "pop revive log: no snapshot at %s:0@%d (cut by a failover?); replaying from %d",
+                self.topic,
+                off,
+                low,
+            )
+            off = low
         reader = _Reader()
         while off < end:
             res = store.get_message(READ_GROUP, self.topic, 0, off, READ_BATCH)
@@ -173,6 +184,21 @@ class ReviveLog:
         if state.skipped:
             log.warning("pop revive log %s: %d unreadable records skipped", self.topic, state.skipped)
         return state
+
+
+    def _snapshot_starts_at(self, off: int, end: int) -> bool:
+        """Whether the record at queue offset ``off`` is the first chunk of a snapshot."""
+        if off >= end:
+            return False
+        res = self.broker.store.get_message(READ_GROUP, self.topic, 0, off, 1)
+        if not res.buffers or res.queue_offsets[0] != off:
+            return False
+        try:
+            body = decode_message(res.buffers[0]).body
+        except CorruptDataError:
+            return False
+        head = body.partition(b"\n")[0].split(b" ")
+        return len(head) == 5 and head[0] == b"S" and head[2] == b"0"
 
 
 class _Reader:
