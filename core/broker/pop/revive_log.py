@@ -185,7 +185,6 @@ class ReviveLog:
             log.warning("pop revive log %s: %d unreadable records skipped", self.topic, state.skipped)
         return state
 
-
     def _snapshot_starts_at(self, off: int, end: int) -> bool:
         """Whether the record at queue offset ``off`` is the first chunk of a snapshot."""
         if off >= end:
