@@ -166,20 +166,28 @@ def test_revive_log_replay_falls_back_to_the_oldest_record_when_its_snapshot_was
             offsets=SimpleNamespace(query=lambda g, t, q: offsets.get((g, t, q), -1)),
         )
         rlog = ReviveLog(broker)  # type: ignore[arg-type]
-        ck = Checkpoint(1, "G", "T", 0, 1_000, 30_000, 0, 2, 0, (0, 1))
-        put(store, message(rlog.topic, ck.record(), 0))
-        put(store, message(rlog.topic, ack_record(1, 0b1), 0))
+
+        def ck(i: int) -> bytes:
+            return Checkpoint(i, "G", "T", 0, 1_000, 30_000, 0, i + 1, 0, (i,)).record()
+
+        snapshot = SNAPSHOT_GROUP, rlog.topic, 0
+        put(store, message(rlog.topic, ck(1), 0))
+        put(store, message(rlog.topic, ack_record(2, 0b1), 0))  # an ack of another (ignored)
         assert sorted(rlog.replay().checkpoints) == [1]
         # The offset names queue offset 2: its snapshot was cut, a new-epoch record took the slot.
-        offsets[(SNAPSHOT_GROUP, rlog.topic, 0)] = 2
-        put(store, message(rlog.topic, ack_record(1, 0b10), 0))
-        assert rlog.replay().checkpoints == {}  # replayed from 0: checkpoint 1 opened and fully acked
-        offsets[(SNAPSHOT_GROUP, rlog.topic, 0)] = 9  # past the end: the same
-        put(store, message(rlog.topic, Checkpoint(2, "G", "T", 0, 1_000, 30_000, 0, 3, 0, (2,)).record(), 0))
-        assert sorted(rlog.replay().checkpoints) == [2]
-        # A snapshot where the offset points: replay starts there (what came before is not read).
-        offsets[(SNAPSHOT_GROUP, rlog.topic, 0)] = 4
-        put(store, message(rlog.topic, b"S s1 0 1 5\n" + ck.record(), 0))
+        offsets[snapshot] = 2
+        put(store, message(rlog.topic, ck(2), 0))
+        assert sorted(rlog.replay().checkpoints) == [1, 2]  # from the oldest record (before: [2])
+        offsets[snapshot] = 9  # past the end: the same (before: nothing replayed)
+        assert sorted(rlog.replay().checkpoints) == [1, 2]
+        # A complete snapshot where the offset points: replay starts there.
+        offsets[snapshot] = 3
+        put(store, message(rlog.topic, b"S s1 0 1 5\n" + ck(1), 0))
         assert sorted(rlog.replay().checkpoints) == [1]
+        # A snapshot of two chunks whose second one was cut, a new-epoch record in its slot.
+        offsets[snapshot] = 4
+        put(store, message(rlog.topic, b"S s2 0 2 5\n" + ck(2), 0))
+        put(store, message(rlog.topic, ck(3), 0))
+        assert sorted(rlog.replay().checkpoints) == [1, 3]  # the snapshot at 3, then 3 (before: [3])
     finally:
         store.shutdown()
