@@ -28,6 +28,8 @@ from tidemq.errors import PluginError
 from tidemq.transport import RequestHandler
 
 if TYPE_CHECKING:
+    import asyncio
+
     import pluggy
 
     from tidemq.acl import AccessValidator
@@ -353,8 +355,9 @@ class PullHoldService(Protocol):
 class ConfirmedReads(Protocol):
     """Consumers' reads bounded by the replication's confirm offset (RocketMQ 5's confirmOffset).
 
-    Implemented by :class:`tidemq.broker.confirmed.ReadBound`: pulls, POP, gRPC receive and the
-    max-offset queries read through it; ``active`` is False when the replication never bounds.
+    Implemented by :class:`tidemq.broker.confirmed.ReadBound`: pulls, POP, gRPC receive, the
+    max-offset queries and the broker's own readers of system queues (delay levels, timer enqueue,
+    transaction checks) read through it; ``active`` is False when the replication never bounds.
     """
 
     active: bool
@@ -364,6 +367,14 @@ class ConfirmedReads(Protocol):
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         """``get_max_offset_in_queue`` bounded by the confirm offset."""
+
+    def holds(self, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether the bound, not the queue's end, stops a read at ``offset``."""
+
+    def bind(
+        self, loop: asyncio.AbstractEventLoop, recheck: Callable[[], None], waited: Callable[[], bool]
+    ) -> None:
+        """``recheck`` runs on ``loop`` after each advance of the confirm offset while ``waited()``."""
 
     def get_message(
         self,

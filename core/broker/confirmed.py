@@ -8,8 +8,11 @@ consumers read only what the set acknowledged: :class:`ReadBound` answers a queu
 stops there.  RocketMQ 5 gets the same effect by dispatching to the consume queues only up to the
 confirm offset (``readUnCommitted = false``); tidemq's consume queues are written with the put,
 so the bound is applied where consumers read: pulls (and the compiled pull lane), POP, gRPC
-receive and the max-offset queries.  The broker's own readers (schedule, transactions, timers,
-POP revive) read everything stored, as before.
+receive and the max-offset queries.  The broker's own readers of system queues read through it
+too (RocketMQ 5's read the consume queues its bounded dispatch fills): the delay levels
+(SCHEDULE_TOPIC_XXXX), the timer's enqueue (rmq_sys_wheel_timer, on slaves too), the transaction
+check's half and op queues; a reader held at the bound is woken by the acknowledgement
+(:meth:`ReadBound.bind`, :meth:`ReadBound.holds`) or re-polls.
 
 Without a replication that :class:`~tidemq.replication.ConfirmsReads` (master_slave, none), while
 it sets no bound (ASYNC groups, ``read_uncommitted``) or while the confirm offset is at the log's
@@ -69,6 +72,14 @@ class ReadBound:
                     loop.call_soon_threadsafe(recheck)
                 except RuntimeError:  # loop closed during shutdown
                     return
+
+    def holds(self, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether the bound, not the queue's end, stops a read at ``offset`` (stored entries wait
+        there for the confirm offset): a reader that :meth:`bind` a recheck waits for it then."""
+        if not self.active:
+            return False
+        limit = self.limit(topic, queue_id)
+        return limit is not None and offset >= limit
 
     def confirm_offset(self) -> int | None:
         """The replication's confirm offset; None when reads are not bounded now."""

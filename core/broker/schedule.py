@@ -16,6 +16,11 @@ Progress per level is kept in ``config/delayOffset.json`` (``{"offsetTable": {"<
 as RocketMQ's ``delayOffset.json``) and served to slaves through GET_ALL_DELAY_OFFSET.  Delivery is
 at least once: after a crash the messages between the last persisted offset and the real progress
 are delivered again.
+
+A level reads its queue through the broker's :class:`~tidemq.broker.confirmed.ReadBound`, as
+consumers do: on a controller SYNC master it stops at the confirm offset (RocketMQ 5 dispatches
+SCHEDULE_TOPIC_XXXX's consume queues only up to it), so the progress never passes a message a
+failover can cut.
 """
 
 from __future__ import annotations
@@ -89,6 +94,8 @@ class ScheduleMessageService:
         self.delivered = 0
         self._dirty = False
         self._events: list[asyncio.Event] = []
+        #: Levels (queue ids) whose next message waits for the confirm offset (woken by it).
+        self._held: set[int] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -133,6 +140,9 @@ class ScheduleMessageService:
         self._loop = loop
         self._events = [asyncio.Event() for _ in self.levels]
         self.store.add_arrival_listener(self._on_arrival, _is_schedule_queue)
+        bound = self.broker.read_bound
+        if bound.active:
+            bound.bind(loop, self._confirmed, lambda: bool(self._held))
 
     def start(self) -> None:
         """Start one delivery task per level (masters only: a slave takes no writes)."""
@@ -163,6 +173,7 @@ class ScheduleMessageService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        self._held.clear()
         self.persist(force=True)
 
     def persist(self, force: bool = False) -> None:
@@ -188,6 +199,11 @@ class ScheduleMessageService:
             self._loop.call_soon_threadsafe(self._events[queue_id].set)
         except RuntimeError:
             pass  # the loop closed during shutdown
+
+    def _confirmed(self) -> None:
+        # The confirm offset grew while levels waited for it: they look again now.
+        for queue_id in self._held:
+            self._events[queue_id].set()
 
     def _set_offset(self, level: int, offset: int) -> None:
         if self.offsets.get(level) != offset:
@@ -217,8 +233,16 @@ class ScheduleMessageService:
     async def _deliver_due(self, level: int, queue_id: int, delay_ms: int) -> float | None:
         """Deliver the due head of one level; how long to wait before looking again (None: now)."""
         offset = self.offsets.get(level, 0)
-        res = self.store.get_message(SCHEDULE_GROUP, SCHEDULE_TOPIC, queue_id, offset, READ_BATCH)
+        # Up to the confirm offset only (controller SYNC masters): a message a failover can cut
+        # is neither delivered nor passed, so the progress slaves copy never runs ahead of the
+        # log a new master keeps; at the bound the answer is OFFSET_OVERFLOW_ONE (idle, re-polled).
+        bound = self.broker.read_bound
+        res = bound.get_message(SCHEDULE_GROUP, SCHEDULE_TOPIC, queue_id, offset, READ_BATCH)
+        self._held.discard(queue_id)
         if res.status is not GetStatus.FOUND:
+            if res.status is GetStatus.OFFSET_OVERFLOW_ONE and bound.holds(SCHEDULE_TOPIC, queue_id, offset):
+                self._held.add(queue_id)  # stored, not yet confirmed: woken when it is
+                return IDLE_WAIT_S
             if res.status in (
                 GetStatus.OFFSET_TOO_SMALL,
                 GetStatus.OFFSET_OVERFLOW_BADLY,

@@ -19,6 +19,12 @@ Progress (half and op queue offsets) is kept as consumer offsets of the system g
 ``CID_RMQ_SYS_TRANS`` in consumerOffset.json, so pending transactions are checked after a restart.
 The op record also carries the transaction id (property TRAN_ID) so a late END_TRANSACTION for an
 already re-appended copy does not commit the message twice.
+
+Both queues are read through the broker's :class:`~tidemq.broker.confirmed.ReadBound`: on a
+controller SYNC master the walk stops at the confirm offset (RocketMQ 5 dispatches the half and op
+queues only up to it), so no producer is asked about a half message a failover can cut and the
+progress offsets slaves copy never pass the new master's log.  A master that takes over again
+forgets what it resolved before (its log may have been cut since) and re-reads the op queue.
 """
 
 from __future__ import annotations
@@ -127,12 +133,21 @@ class TransactionalMessageService:
         self._op_read = 0
         self._resolved: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._resolving: set[int] = set()
+        #: half offsets whose op record this broker wrote and the op queue has not served yet
+        #: (past the confirm offset: a failover may cut it, so the walk waits there)
+        self._unread_ops: set[int] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self.checks_sent = 0
         self.discarded = 0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        # Promoted again after a demotion, the log may have been cut under what was learnt: the
+        # op queue (from its progress) says again what is resolved.
+        self.done.clear()
+        self._ops.clear()
+        self._resolved.clear()
+        self._unread_ops.clear()
         self._op_read = self._progress(OP_TOPIC)
         self._read_ops()  # transactions resolved before a restart stay resolved
         if self.broker.is_master:
@@ -270,6 +285,7 @@ class TransactionalMessageService:
             log.warning("cannot record the end of transaction %s: %s", tran_id, result.status.value)
             return
         self.done.add(half.queue_offset)
+        self._unread_ops.add(half.queue_offset)
         self._remember(tran_id)
 
     def _remember(self, tran_id: str) -> None:
@@ -293,7 +309,7 @@ class TransactionalMessageService:
     def _read_ops(self) -> None:
         """Learn op records appended since the last look."""
         while True:
-            res = self.store.get_message(SYS_GROUP, OP_TOPIC, 0, self._op_read, READ_BATCH)
+            res = self.broker.read_bound.get_message(SYS_GROUP, OP_TOPIC, 0, self._op_read, READ_BATCH)
             if res.status is not GetStatus.FOUND:
                 if (
                     res.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY)
@@ -310,6 +326,7 @@ class TransactionalMessageService:
                     log.error("unreadable transaction op record at offset %d skipped", qoff)
                     continue
                 self.done.add(half_offset)
+                self._unread_ops.discard(half_offset)
                 self._ops.append((qoff, half_offset))
                 self._remember(op.properties.get(TRAN_ID, ""))
             self._op_read = res.next_begin_offset
@@ -320,9 +337,10 @@ class TransactionalMessageService:
         self._read_ops()
         start_ms = int(time.time() * 1000)
         offset = self._progress(HALF_TOPIC)
+        bounded = b.read_bound.active
         walking = True
         while walking:
-            res = self.store.get_message(SYS_GROUP, HALF_TOPIC, 0, offset, READ_BATCH)
+            res = self.broker.read_bound.get_message(SYS_GROUP, HALF_TOPIC, 0, offset, READ_BATCH)
             if res.status is not GetStatus.FOUND:
                 if (
                     res.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW_BADLY)
@@ -338,6 +356,9 @@ class TransactionalMessageService:
                     log.error("unreadable half message at offset %d skipped: %s", qoff, exc)
                     offset = qoff + 1
                     continue
+                if bounded and qoff in self._unread_ops:
+                    walking = False  # resolved by an op record not confirmed yet: not passed
+                    break
                 if qoff in self.done or (half.uniq_key and half.uniq_key in self._resolved):
                     self.done.discard(qoff)
                     offset = qoff + 1

@@ -60,8 +60,9 @@ class ControllerOptions(MasterSlaveOptions):
     #: SYNC: let consumers read a message as soon as it is stored (RocketMQ 5's readUnCommitted).
     #: false (the default): pulls, POP, gRPC receive and max-offset queries serve only what every
     #: member of the in-sync set holds (the confirm offset), so no consumer reads a message a
-    #: failover can cut; a pull at that bound is held until the set acknowledges.  Slaves serve up
-    #: to the confirm offset their master sends on the HA stream.  ASYNC: no bound.
+    #: failover can cut; a pull at that bound is held until the set acknowledges.  The broker's own
+    #: readers (delay levels, timers, transaction checks) stop there too.  Slaves serve up to the
+    #: confirm offset their master sends on the HA stream.  ASYNC: no bound.
     read_uncommitted: bool = False
     #: how often each replica reports its offset to etcd (s), for lag and status (an ASYNC
     #: master's report is also the group's confirmed offset).

@@ -109,7 +109,7 @@ class CheckpointTable:
             if off < 0:
                 store = self.broker.store
                 if init_mode == INIT_MAX and not topic.startswith(RETRY_PREFIX):
-                    off = store.get_max_offset_in_queue(topic, qid)
+                    off = self.broker.read_bound.max_offset(topic, qid)  # confirmed end only
                 else:
                     off = store.get_min_offset_in_queue(topic, qid)
             self.offsets[key] = off

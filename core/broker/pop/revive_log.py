@@ -141,6 +141,17 @@ class ReviveLog:
         low = store.get_min_offset_in_queue(self.topic, 0)
         off = start if start >= low else low
         end = store.get_max_offset_in_queue(self.topic, 0)
+        if off > low and not self._snapshot_starts_at(off, end):
+            # The offset slaves copied names a snapshot this log does not hold (whole): a failover
+            # cut it (written past the confirm offset).  Every complete snapshot replaces the state built
+            # before it, so replaying from the oldest record kept is right, only longer.
+            log.warning(
+                "pop revive log: no snapshot at %s:0@%d (cut by a failover?); replaying from %d",
+                self.topic,
+                off,
+                low,
+            )
+            off = low
         reader = _Reader()
         while off < end:
             res = store.get_message(READ_GROUP, self.topic, 0, off, READ_BATCH)
@@ -173,6 +184,29 @@ class ReviveLog:
         if state.skipped:
             log.warning("pop revive log %s: %d unreadable records skipped", self.topic, state.skipped)
         return state
+
+    def _snapshot_starts_at(self, off: int, end: int) -> bool:
+        """Whether a complete snapshot starts at queue offset ``off`` (its chunks follow each other:
+        a snapshot is put in one go)."""
+        seq, n, i = b"", 1, 0
+        while i < n:
+            if off + i >= end:
+                return False
+            res = self.broker.store.get_message(READ_GROUP, self.topic, 0, off + i, 1)
+            if not res.buffers or res.queue_offsets[0] != off + i:
+                return False
+            try:
+                head = decode_message(res.buffers[0]).body.partition(b"\n")[0].split(b" ")
+                if len(head) != 5 or head[0] != b"S" or int(head[2]) != i:
+                    return False
+                if i == 0:
+                    seq, n = head[1], int(head[3])
+                elif head[1] != seq:
+                    return False
+            except (CorruptDataError, ValueError):
+                return False
+            i += 1
+        return True
 
 
 class _Reader:

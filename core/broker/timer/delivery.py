@@ -81,7 +81,8 @@ class TimerDelivery:
                 await asyncio.sleep(max(s.precision_ms / 1000, IDLE_WAIT_S))
                 continue
             if lagging == 0:
-                stored = self.store.get_max_offset_in_queue(TIMER_TOPIC, 0)
+                # Confirmed only: the enqueue does not read past the confirm offset (controller).
+                stored = self.broker.read_bound.max_offset(TIMER_TOPIC, 0)
             if (s.queue_offset < stored or s.recalls_in_flight) and lagging < s.precision_ms // 10:
                 # Stored before the tick began but not yet in the wheel: wait (up to one tick) so
                 # that it is walked with the tick (a recall's marker above all).

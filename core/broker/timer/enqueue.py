@@ -6,6 +6,12 @@ TimerLog, chained into the slot of its tick (``deliver_ms // timerPrecisionMs``)
 (or was) delivered is delivered at once, by the enqueue itself.  The enqueue tracks the point up to
 which every record is settled (logged, and delivered when it was due at once): the checkpoint
 claims no more than that.
+
+It reads through the broker's :class:`~tidemq.broker.confirmed.ReadBound` (on a master and on a
+slave alike): in controller mode nothing past the confirm offset is linked, so no TimerLog record
+ever names a message a failover cuts (the commit-log offset it names would hold another message
+after the truncation), and the queue offset the checkpoint keeps never passes the cut.  Held at
+the bound, it is woken by the acknowledgement.
 """
 
 from __future__ import annotations
@@ -51,12 +57,17 @@ class TimerEnqueue:
         self._unsettled: collections.deque[tuple[int, int, asyncio.Future[None] | None]] = collections.deque()
         self._event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The next record is stored but waits for the confirm offset (woken by it).
+        self._held = False
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Listen for arrivals in rmq_sys_wheel_timer (call before the store starts)."""
         self._loop = loop
         self._event = asyncio.Event()
         self.store.add_arrival_listener(self._on_arrival, _is_timer_queue)
+        bound = self.broker.read_bound
+        if bound.active:
+            bound.bind(loop, self._event.set, lambda: self._held)
 
     @property
     def attached(self) -> bool:
@@ -96,8 +107,13 @@ class TimerEnqueue:
         """Enqueue one batch of rmq_sys_wheel_timer; whether there may be more right now."""
         s = self.schedule
         offset = s.queue_offset
-        res = self.store.get_message(TIMER_GROUP, TIMER_TOPIC, 0, offset, READ_BATCH)
+        bound = self.broker.read_bound
+        res = bound.get_message(TIMER_GROUP, TIMER_TOPIC, 0, offset, READ_BATCH)
+        self._held = False
         if res.status is not GetStatus.FOUND:
+            if res.status is GetStatus.OFFSET_OVERFLOW_ONE and bound.holds(TIMER_TOPIC, 0, offset):
+                self._held = True  # stored, not yet confirmed: woken when it is
+                return False
             if res.next_begin_offset != offset and res.status in (
                 GetStatus.OFFSET_TOO_SMALL,
                 GetStatus.OFFSET_OVERFLOW_BADLY,
