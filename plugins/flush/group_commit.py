@@ -150,7 +150,7 @@ class SyncFlushOptions:
     #: put of 32, or many sends in one loop turn: producers that keep the worker busy and whose
     #: senders come back together); a round of fewer (a low rate, where the extra turn is
     #: latency and seldom brings a second send) is posted at its kick.  At 2 000 single sends/s
-    #: 99.4 % of the kicks that found the worker idle carried 1-4 messages; batched ones 32-512
+    #: 99.6 % of the kicks that found the worker idle carried 1-4 messages; batched ones 32-512
     #: (docs/flush.md, "Session 10 (branch kickgate)").  0 or 1: held whenever the worker is idle.
     kick_min_messages: int = attrs.field(default=8, validator=attrs.validators.ge(0))
 
