@@ -227,7 +227,8 @@ def test_check_config_show_prints_every_effective_value_as_toml(tmp_path: Path) 
         "compiled_rounds": True,
         "overlap_rounds": 1,
         "overlap_max_load": 2.0,
-        "kick_polls": 0,
+        "kick_polls": 1,
+        "kick_min_messages": 8,
     }
     assert shown["store"]["mmap"]["commitlog_file_size"] == 1048576
     assert shown["store"]["mmap"]["disk_space_warning_ratio"] == 90  # a default filled in
