@@ -408,6 +408,7 @@ cdef class SentFields:
     cdef public object send
     cdef public object handle
     cdef public bint live
+    cdef uint32_t _stride  # packed, _deltas NULL: id k's offset is _first + k * _stride (here: in live's padding)
     cdef public Py_ssize_t nbytes
     cdef public long long queue_id
     cdef public long long queue_offset
@@ -417,7 +418,6 @@ cdef class SentFields:
     cdef object _host  # packed: the ids' common prefix (shared between records)
     cdef uint64_t _first  # packed: the first id's offset
     cdef uint32_t* _deltas  # packed: ids 1.._nids-1's offsets minus _first (PyMem: tracemalloc sees it), or NULL
-    cdef uint32_t _stride  # packed, _deltas NULL: id k's offset is _first + k * _stride
     cdef Py_ssize_t _nids  # packed: how many ids (0: not packed)
 
     def __cinit__(self, *args, **kwargs):
