@@ -15,6 +15,8 @@ answer, and the records stored, are the reference's by construction.  Nothing is
 that decision: no side effect on a refusal.
 """
 
+from cpython.pycapsule cimport PyCapsule_GetPointer
+
 include "_support.pxi"
 include "_fields.pxi"
 
@@ -562,6 +564,9 @@ cdef Py_ssize_t _o_status, _o_remark, _o_msg_id, _o_queue_offset, _o_epoch
 cdef object _TX_KINDS = None  # put._NOT_CONSUMABLE
 cdef int _TX_MASK = 3 << 2
 cdef object _UNASKED = object()
+# The window's ``Sent.stored`` body in C (``_dedup_table.STORED_C``; NULL: not built, call it).
+ctypedef int (*_stored_fn)(object, object, object, object, object, object) except -1
+cdef _stored_fn _dedup_stored = NULL
 
 
 cdef class _PutFill:
@@ -573,7 +578,7 @@ cdef class _PutFill:
 
 
 cdef int _bind_settle() except -1:
-    global _settle_bound, _settle_direct, _TX_KINDS
+    global _settle_bound, _settle_direct, _TX_KINDS, _dedup_stored
     global _o_group, _o_ctx, _o_dedup, _o_index, _o_msgs
     global _o_status, _o_remark, _o_msg_id, _o_queue_offset, _o_epoch
     from tidemq.broker.services import put
@@ -581,6 +586,11 @@ cdef int _bind_settle() except -1:
     if not _lane_bound:
         _bind_lane()
     _TX_KINDS = put._NOT_CONSUMABLE
+    from tidemq.broker import dedup_table
+
+    cap = getattr(dedup_table._compiled, "STORED_C", None) if dedup_table.COMPILED else None
+    if cap is not None:
+        _dedup_stored = <_stored_fn>PyCapsule_GetPointer(cap, b"tidemq.broker._dedup_table.STORED_C")
     slots = _slot_names(_Send)
     _settle_bound = True
     if slots is None:
@@ -647,7 +657,8 @@ cdef int _fill_one(object send, object group, _PutFill f) except -1:
     tq_set_slot(<PyObject *>send, _o_queue_offset, <PyObject *>queue_offset)
     dedup = _slot(send, _o_dedup)
     if dedup is not None:
-        dedup.stored(send, f.result)
+        if _dedup_stored == NULL or not _dedup_stored(dedup, send, f.result, f.code, msg_id, queue_offset):
+            dedup.stored(send, f.result)
     return 0
 
 

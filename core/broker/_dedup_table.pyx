@@ -11,8 +11,9 @@ reference with the same API and picks this one when it is built.
 cimport cython
 from cpython cimport array
 from cpython.dict cimport PyDict_GetItem
+from cpython.pycapsule cimport PyCapsule_New
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
-from cpython.object cimport PyObject
+from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.set cimport PySet_Add, PySet_GET_SIZE
 from cpython.unicode cimport PyUnicode_GET_LENGTH
@@ -189,6 +190,8 @@ cdef extern from "Python.h":
     Py_ssize_t tidemq_slot_offset(PyObject* descr)
     PyObject* tidemq_slot_at(object o, Py_ssize_t offset)
     Py_ssize_t Py_SIZE(object o)
+    PyObject* _PyType_Lookup(PyTypeObject* t, object name)  # borrowed, NULL when absent
+    PyTypeObject* Py_TYPE(object o)
     Py_hash_t PyObject_Hash(object o) except -1
     int PyUnicode_KIND(object o)
     void* PyUnicode_DATA(object o)
@@ -334,6 +337,28 @@ cdef extern from *:
         *out = v;
         return (bad & 0x80) ? -1 : 0;
     }
+    /* 8 upper-case hex digits at p into *out (SWAR: one load, no table, no chain through memory);
+       0, or -1 when one is not an upper-case hex digit ("0-9A-F": what "%016X" writes). */
+    static inline int tidemq_hex8(const unsigned char* p, uint64_t* out) {
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        const uint64_t ONES = 0x0101010101010101ULL, HI = 0x8080808080808080ULL;
+        uint64_t x, digit, letter, v;
+        memcpy(&x, p, 8);
+        if (x & HI) return -1;  /* not ASCII (the adds below assume bytes < 0x80: no carries) */
+        digit = ((x + ONES * (0x80 - 0x30)) & ~(x + ONES * (0x80 - 0x3A))) & HI;  /* '0'-'9' */
+        letter = ((x + ONES * (0x80 - 0x41)) & ~(x + ONES * (0x80 - 0x47))) & HI;  /* 'A'-'F' */
+        if ((digit | letter) != HI) return -1;
+        v = (x & (ONES * 0x0F)) + (letter >> 7) * 9;  /* each byte its digit's value */
+        v = __builtin_bswap64(v);  /* the first digit in the top byte */
+        v = (v | (v >> 4)) & 0x00FF00FF00FF00FFULL;
+        v = (v | (v >> 8)) & 0x0000FFFF0000FFFFULL;
+        v = (v | (v >> 16)) & 0x00000000FFFFFFFFULL;
+        *out = v;
+        return 0;
+    #else
+        return tidemq_hex(p, 8, out);
+    #endif
+    }
     /* Whether n bytes at a and b are equal (inlined 8-byte loads: no libc call per id). */
     static inline int tidemq_same(const unsigned char* a, const unsigned char* b, size_t n) {
         uint64_t x, y;
@@ -351,6 +376,7 @@ cdef extern from *:
     int tidemq_same(const unsigned char* a, const unsigned char* b, size_t n) noexcept nogil
     void tidemq_hexval_init() noexcept nogil
     int tidemq_hex(const unsigned char* p, int n, uint64_t* out) noexcept nogil
+    int tidemq_hex8(const unsigned char* p, uint64_t* out) noexcept nogil
 
 
 tidemq_hexval_init()
@@ -382,6 +408,7 @@ cdef class SentFields:
     cdef public object send
     cdef public object handle
     cdef public bint live
+    cdef uint32_t _stride  # packed, _deltas NULL: id k's offset is _first + k * _stride (here: in live's padding)
     cdef public Py_ssize_t nbytes
     cdef public long long queue_id
     cdef public long long queue_offset
@@ -390,7 +417,7 @@ cdef class SentFields:
     cdef object _text  # the ids as text, when not packed ("": no answer yet)
     cdef object _host  # packed: the ids' common prefix (shared between records)
     cdef uint64_t _first  # packed: the first id's offset
-    cdef uint32_t* _deltas  # packed: ids 1.._nids-1's offsets minus _first (PyMem: tracemalloc sees it)
+    cdef uint32_t* _deltas  # packed: ids 1.._nids-1's offsets minus _first (PyMem: tracemalloc sees it), or NULL
     cdef Py_ssize_t _nids  # packed: how many ids (0: not packed)
 
     def __cinit__(self, *args, **kwargs):
@@ -407,17 +434,20 @@ cdef class SentFields:
 
     cdef int _set_ids(self, object ids) except -1:
         """Keep ``ids`` (a put's answer: one offset message id, or several joined by commas),
-        packed when it re-encodes byte for byte, else as text."""
+        packed when it re-encodes byte for byte, else as text.  Packed: the first offset and,
+        when the ids are evenly spaced (a batch of records of one size: the common case), their
+        spacing (``_stride``, no array); else each id's distance from the first (``_deltas``)."""
         global _last_host
-        cdef Py_ssize_t n, width, count, k, at
+        cdef Py_ssize_t n, width, count, k, j, at
         cdef const unsigned char* p
-        cdef uint64_t value, first = 0
+        cdef uint64_t value, low, first = 0, delta, stride = 0
         cdef uint32_t* deltas = NULL
         cdef int d
         if self._deltas != NULL:
             PyMem_Free(self._deltas)
             self._deltas = NULL
         self._nids = 0
+        self._stride = 0
         self._host = None
         self._text = ids
         if type(ids) is not str or not PyUnicode_IS_ASCII(ids):
@@ -430,13 +460,9 @@ cdef class SentFields:
         if width < 16 or width > 128 or (n + 1) % (width + 1) != 0:
             return 0
         count = (n + 1) // (width + 1)
-        if count > 1:
-            deltas = <uint32_t*>PyMem_Malloc((count - 1) * sizeof(uint32_t))
-            if deltas == NULL:
-                raise MemoryError()
-        if tidemq_hex(p + width - 16, 16, &first) < 0:
-            PyMem_Free(deltas)
+        if tidemq_hex8(p + width - 16, &value) < 0 or tidemq_hex8(p + width - 8, &low) < 0:
             return 0
+        first = (value << 32) | low
         for k in range(1, count):
             at = k * (width + 1)
             if p[at - 1] != 44 or not tidemq_same(p, p + at, width - 8):
@@ -444,14 +470,27 @@ cdef class SentFields:
                 if p[at - 1] != 44 or not tidemq_same(p, p + at, width - 16):
                     PyMem_Free(deltas)
                     return 0
-                d = tidemq_hex(p + at + width - 16, 16, &value)
+                d = tidemq_hex8(p + at + width - 16, &value)
+                d |= tidemq_hex8(p + at + width - 8, &low)
+                value = (value << 32) | low
             else:  # (the common case: the same host and offset's high 32 bits, checked above)
-                d = tidemq_hex(p + at + width - 8, 8, &value)
+                d = tidemq_hex8(p + at + width - 8, &value)
                 value |= first & <uint64_t>0xFFFFFFFF00000000
             if d < 0 or value < first or value - first > 0xFFFFFFFFu:
                 PyMem_Free(deltas)
                 return 0
-            deltas[k - 1] = <uint32_t>(value - first)
+            delta = value - first
+            if deltas != NULL:
+                deltas[k - 1] = <uint32_t>delta
+            elif k == 1:
+                stride = delta
+            elif delta != <uint64_t>k * stride:  # not evenly spaced: each distance kept
+                deltas = <uint32_t*>PyMem_Malloc((count - 1) * sizeof(uint32_t))
+                if deltas == NULL:
+                    raise MemoryError()
+                for j in range(1, k):
+                    deltas[j - 1] = <uint32_t>(<uint64_t>j * stride)
+                deltas[k - 1] = <uint32_t>delta
         host = _last_host
         if (host is None or PyUnicode_GET_LENGTH(host) != width - 16
                 or memcmp(PyUnicode_1BYTE_DATA(host), p, width - 16) != 0):
@@ -460,12 +499,15 @@ cdef class SentFields:
         self._host = host
         self._first = first
         self._deltas = deltas
+        self._stride = <uint32_t>stride if deltas == NULL else 0
         self._nids = count
         self._text = None
         return 0
 
     cdef inline uint64_t _offset(self, Py_ssize_t pos) noexcept:
-        return self._first + (self._deltas[pos - 1] if pos > 0 else 0)
+        if self._deltas != NULL:
+            return self._first + (self._deltas[pos - 1] if pos > 0 else 0)
+        return self._first + <uint64_t>pos * self._stride
 
     cdef void _write_id(self, unsigned char* out, Py_ssize_t pos) noexcept:
         cdef Py_ssize_t hl = PyUnicode_GET_LENGTH(self._host)
@@ -505,6 +547,11 @@ cdef class SentFields:
         """How many message ids are kept as numbers (0: as text)."""
         return self._nids
 
+    @property
+    def spacing(self):
+        """Packed ids evenly spaced: the offsets' spacing (no array of distances); else -1."""
+        return self._stride if self._nids > 0 and self._deltas == NULL else -1
+
     def id_at(self, Py_ssize_t pos):
         """Message ``pos``'s id (the whole ``msg_id`` when it has no id ``pos``)."""
         if self._nids == 0:
@@ -519,20 +566,56 @@ cdef class SentFields:
     def stored(self, send, result):
         """The first send's outcome is known (``send``'s fields are set): keep its answer, or
         forget the keys (``window.forget``) when it was not stored.  Called by the put's
-        outcome, on the loop, once per send."""
+        outcome, on the loop, once per send (the compiled send lane calls :data:`STORED_C`
+        instead: the same, without a Python call)."""
         if self.send is None:
             return
-        self.send = None
-        if result is None or send.status not in STORED_CODES:
+        status = send.status
+        if result is None or status not in STORED_CODES:
+            self.send = None
             self.window.forget(self)
             return
-        self._set_ids(send.msg_id)
+        self._settle(send, result, status, send.msg_id, send.queue_offset)
+
+    cdef int _settle(self, object send, object result, object status, object msg_id,
+                     object queue_offset) except -1:
+        """:meth:`stored` of a put that answered (``result``), with the send's status, message
+        id and queue offset as its outcome set them."""
+        if self.send is None:
+            return 0
+        self.send = None
+        if status not in STORED_CODES:
+            self.window.forget(self)
+            return 0
+        self._set_ids(msg_id)
         self.handle = send.recall_handle
         self.queue_id = send.queue_id
-        self.queue_offset = send.queue_offset
+        self.queue_offset = queue_offset
         flag = send.msgs[0].sys_flag & _TX_MASK
         self.step = 0 if flag == _TX_PREPARED or flag == _TX_ROLLBACK else 1
         self.end = result.wrote_offset + result.wrote_bytes
+        return 0
+
+
+cdef int _stored_c(object sent, object send, object result, object status, object msg_id,
+                   object queue_offset) except -1:
+    """``sent.stored(send, result)`` for a caller in C that has just set ``send``'s ``status``,
+    ``msg_id`` and ``queue_offset`` to these and whose ``result`` is not None: 1 when done, 0
+    when ``sent`` is not a compiled record (the caller then calls ``stored`` itself)."""
+    if (_PyType_Lookup(Py_TYPE(sent), "stored") != <PyObject*>_STORED_DESCR
+            or not isinstance(sent, SentFields)):
+        return 0  # not a record, or one whose type overrides ``stored``: the caller calls it
+    (<SentFields>sent)._settle(send, result, status, msg_id, queue_offset)
+    return 1
+
+
+cdef object _STORED_DESCR = SentFields.__dict__["stored"]
+
+#: ``_stored_c``'s address for the compiled send lane (``_send_lane.pyx``'s settle): the put's
+#: outcome tells the window without a Python call.  Its C type:
+#: ``int (*)(object sent, object send, object result, object status, object msg_id,
+#: object queue_offset) except -1``.
+STORED_C = PyCapsule_New(<void*>_stored_c, b"tidemq.broker._dedup_table.STORED_C", NULL)
 
 
 cdef enum:
