@@ -588,7 +588,7 @@ cdef int _bind_settle() except -1:
     _TX_KINDS = put._NOT_CONSUMABLE
     from tidemq.broker import dedup_table
 
-    cap = getattr(dedup_table._compiled, "STORED_C", None) if dedup_table.COMPILED else None
+    cap = dedup_table.STORED_C
     if cap is not None:
         _dedup_stored = <_stored_fn>PyCapsule_GetPointer(cap, b"tidemq.broker._dedup_table.STORED_C")
     slots = _slot_names(_Send)

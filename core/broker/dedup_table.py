@@ -301,6 +301,9 @@ hashes_of: Any
 #: ``untrack(obj) -> obj``: ``obj`` untracked by the cycle collector (a record's hash array).
 untrack: Any
 
+#: ``Sent.stored``'s body in C, a capsule the compiled send lane calls (None: call ``stored``).
+STORED_C: Any
+
 _compiled = compiled_twin("tidemq.broker._dedup_table")
 if _compiled is None:  # not built, or TIDEMQ_NO_EXTENSIONS=1: the Python reference
     HashTable: Any = _PyHashTable
@@ -313,6 +316,7 @@ if _compiled is None:  # not built, or TIDEMQ_NO_EXTENSIONS=1: the Python refere
     untrack = _py_untrack
     admit_run = None
     CompiledHashTable = None
+    STORED_C = None
     COMPILED = False
 else:
     HashTable = _compiled.HashTable
@@ -325,4 +329,5 @@ else:
     untrack = _compiled.untrack
     admit_run = _compiled.admit_run
     CompiledHashTable = _compiled.HashTable
+    STORED_C = getattr(_compiled, "STORED_C", None)
     COMPILED = True
