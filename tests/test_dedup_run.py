@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import random
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -65,8 +66,14 @@ def build(run: list[tuple[str, list[tuple[str | None, bytes]]]]) -> list[Send]:
     return sends
 
 
-def state(window: DuplicateWindow, sends: list[list[Send]]) -> Any:
-    """What the window holds, with Sents named by (run, send) so two windows compare."""
+def state(
+    window: DuplicateWindow,
+    sends: list[list[Send]],
+    topics: Iterable[str] = (*CONFIGS, "%RETRY%g"),
+    keys: Iterable[str] = KEYS,
+) -> Any:
+    """What the window holds, with Sents named by (run, send) so two windows compare: every
+    record, and which record answers each of ``keys`` in each of ``topics``."""
     names: dict[int, tuple[int, int]] = {}
     records = []
     for r, run in enumerate(sends):
@@ -78,8 +85,8 @@ def state(window: DuplicateWindow, sends: list[list[Send]]) -> Any:
             else:
                 records.append(((r, i), sent))
     table = {}
-    for topic in CONFIGS | {"%RETRY%g": None}:
-        for key in KEYS:
+    for topic in topics:
+        for key in keys:
             if key:
                 found = window.check(topic, key)
                 table[(topic, key)] = None if found is None else names.get(id(found), "?")

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_dedup_run import CONFIGS, Result, build, pair
+from test_dedup_run import state as run_state
 
 from tidemq.broker import dedup_table
 from tidemq.broker.dedup import UNIQ_KEY, DuplicateWindow, Sent
@@ -80,22 +81,7 @@ def messages(spec: Any) -> list[tuple[str | None, bytes]]:
 
 
 def state(window: DuplicateWindow, sends: list[list[Send]]) -> Any:
-    names: dict[int, tuple[int, int]] = {}
-    records = []
-    for r, run in enumerate(sends):
-        for i, s in enumerate(run):
-            sent = s.dedup
-            if isinstance(sent, Sent):
-                names[id(sent)] = (r, i)
-                records.append(((r, i), sent.topic, list(sent.hashes), sent.deadline, sent.nbytes, sent.live))
-            else:
-                records.append(((r, i), sent))
-    table = {}
-    for topic in ("A", "B"):
-        for key in KEYS:
-            found = window.check(topic, key)
-            table[(topic, key)] = None if found is None else names.get(id(found), "?")
-    return records, table, window.entries, window.nbytes, window.evicted
+    return run_state(window, sends, ("A", "B"), KEYS)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -217,5 +203,8 @@ def test_single_sends_counting_up_displace_no_key() -> None:
         s = Send("g", [MessageInner("A", b"x", 0, 0, {UNIQ_KEY: key})], False, None, 0, 1)
         assert window.admit_run([s], CONFIGS.get)
     table = window._topics["A"]
-    assert window.entries == 60_000 and table.displaced == 0
+    # The home buckets come from a per-process secret key, so a rare layout makes a run of 16
+    # full buckets: about one run in thirty displaces one group (8 keys) once in 180 000 sends.
+    # Two such events bound it (at 1/2 full, 1 648 of 1.5 million: the docstring).
+    assert window.entries == 60_000 and table.displaced <= 16
     assert table.flagged < table.capacity // 8 // 4
