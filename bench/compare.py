@@ -178,9 +178,15 @@ def run_workers(
             assert p.stdin is not None
             p.stdin.write("go\n")
             p.stdin.flush()
+
         # Read each result with the same buffered reader that read "ready" (communicate() would
         # bypass its buffer); a timer kills generators that outlive the timeout.
-        killer = threading.Timer(timeout, lambda: [q.kill() for q in procs if q.poll() is None])
+        def kill_outliving() -> None:
+            for q in procs:
+                if q.poll() is None:
+                    q.kill()
+
+        killer = threading.Timer(timeout, kill_outliving)
         killer.start()
         results = []
         try:

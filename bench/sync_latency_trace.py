@@ -147,9 +147,10 @@ def install(out: str) -> None:
             from tidemq_flush import group_commit
         except ImportError:
             return
-        gcf = group_commit.GroupCommitFlush
+        gcf: Any = group_commit.GroupCommitFlush  # patched below: Any, as its methods are replaced
+        waker: Any = futures._LoopWaker
         orig_submit, orig_kick, orig_complete = gcf.submit, gcf._kick, group_commit.complete_all
-        orig_drain = futures._LoopWaker._drain
+        orig_drain = waker._drain
 
         def submit(self: Any, *a: Any) -> Any:
             events.append(("submit", "", now_ns(), 0, "", 0))
@@ -174,7 +175,7 @@ def install(out: str) -> None:
                 events.append(("drain", "", t0, now_ns(), "", 0))
 
         gcf.submit, gcf._kick, group_commit.complete_all = submit, kick, complete_all
-        futures._LoopWaker._drain = drain
+        waker._drain = drain
 
     patch_rounds()
 
@@ -187,7 +188,7 @@ def install(out: str) -> None:
             from tidemq_flush import native_rounds
         except ImportError:
             return
-        cls = native_rounds.NativeRounds
+        cls: Any = native_rounds.NativeRounds  # its __init__ is replaced below
         orig_init = cls.__init__
 
         class Traced:
@@ -764,20 +765,20 @@ def analyse_blk(
 
     reqs = [r for r in reqs if r[1] >= start and r[0] <= end]
     span = (end - start) / 1e9
-    by_owner: dict[str, dict[str, float]] = {}
+    by_owner: dict[str, dict[str, Any]] = {}  # requests, bytes, flushes, device_us (a list)
     for i0, t1, tid, comm, rwbs, n, sector in reqs:
         o = owner(tid, comm, rwbs, sector)
-        d = by_owner.setdefault(o, {"requests": 0, "bytes": 0, "flushes": 0, "device_us": []})  # type: ignore[dict-item]
+        d = by_owner.setdefault(o, {"requests": 0, "bytes": 0, "flushes": 0, "device_us": []})
         d["requests"] += 1
         d["bytes"] += n
         d["flushes"] += rwbs.startswith("F")
-        d["device_us"].append((t1 - i0) / 1e3)  # type: ignore[union-attr]
+        d["device_us"].append((t1 - i0) / 1e3)
     owners_summary = {
         o: {
             "per_s": round(d["requests"] / span, 1),
             "kib_per_s": round(d["bytes"] / span / 1024, 1),
             "flushes_per_s": round(d["flushes"] / span, 2),
-            "device_us": summary(d["device_us"]),  # type: ignore[arg-type]
+            "device_us": summary(d["device_us"]),
         }
         for o, d in sorted(by_owner.items(), key=lambda kv: -kv[1]["bytes"])
     }
@@ -955,13 +956,13 @@ def main() -> None:
         blk_data = Path(tempfile.mkdtemp(prefix="synctrace-blk-", dir="/dev/shm")) / "blk.data"
         atexit.register(shutil.rmtree, blk_data.parent, True)
         blk = start_blk(blk_data) if args.blk else None  # in memory: perf's writes stay off the disk
-        cpu0, t_cpu0 = thread_cpu(server.proc.pid), time.perf_counter()
+        assert server.proc is not None
+        pid = server.proc.pid
+        cpu0, t_cpu0 = thread_cpu(pid), time.perf_counter()
         with runner:
             sends = runner.run(drive(spec, args.rate, args.seconds))
-        cpu1, t_cpu1 = thread_cpu(server.proc.pid), time.perf_counter()
-        redis_tids = {
-            t.name: (t / "comm").read_text().strip() for t in Path(f"/proc/{server.proc.pid}/task").iterdir()
-        }
+        cpu1, t_cpu1 = thread_cpu(pid), time.perf_counter()
+        redis_tids = {t.name: (t / "comm").read_text().strip() for t in Path(f"/proc/{pid}/task").iterdir()}
         if blk is not None:
             blk.send_signal(2)
             blk.wait(30)

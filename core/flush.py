@@ -6,6 +6,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import attrs
+
 if TYPE_CHECKING:
     from tidemq.metrics import Buckets
 
@@ -83,6 +85,38 @@ class FlushStatistics(Protocol):
     @property
     def batch_sizes(self) -> Buckets | None:
         """Puts made durable by one round (group commit), None when the policy does not batch."""
+
+
+@attrs.frozen
+class FlushRoundStats:
+    """How a round-flushing policy's rounds ran, counted since its start (``sync``'s group commit).
+
+    The rounds of :attr:`FlushStatistics.flush_rounds` not counted as ``inline`` or ``compiled``
+    ran on the policy's Python flush thread.  Read by runtime info (``flushInlineRounds``...) and
+    the metrics exporter (``tidemq_flush_inline_rounds_total``...); docs/metrics.md lists them.
+    """
+
+    #: Rounds flushed on an event loop at its kick (``[flush.sync] inline_max_us``).
+    inline: int = 0
+    #: Rounds a compiled worker flushed without the GIL (``[flush.sync] compiled_rounds``).
+    compiled: int = 0
+    #: Rounds that waited to gather the next group's sends (``[flush.sync] loop_gather_us``), and
+    #: those of them whose wait ended by its time bound.
+    gathered: int = 0
+    gather_timeouts: int = 0
+    #: Loop turns a kick was held for sends already arrived (``[flush.sync] kick_polls``), and kicks
+    #: that found the worker idle but carried fewer than ``kick_min_messages`` messages (posted at once).
+    kicks_held: int = 0
+    kicks_sparse: int = 0
+
+
+@runtime_checkable
+class RoundStatistics(Protocol):
+    """A flush policy that tells how its rounds ran (the built-in ``sync``): besides
+    :class:`FlushStatistics`, read through :meth:`tidemq.store.StoreIntrospection.flush_statistics`."""
+
+    def round_stats(self) -> FlushRoundStats:
+        """The counters now (a plain read of counters the flush threads write: one round late at most)."""
 
 
 #: A round a compiled flush worker can run without the GIL (:class:`DirectRoundFlushable`):

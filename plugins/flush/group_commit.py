@@ -51,7 +51,7 @@ from typing import Any, cast
 
 import attrs
 
-from tidemq.flush import Flushable
+from tidemq.flush import Flushable, FlushRoundStats
 from tidemq.futures import SharedCompletion, StoreFuture, complete_all, complete_here, resolve_all
 from tidemq.metrics import BATCH_BOUNDS, Buckets
 
@@ -416,6 +416,18 @@ class GroupCommitFlush:
                 self._pending[:0] = retry
                 self._ready = True
                 self._cond.notify()
+
+    def round_stats(self) -> FlushRoundStats:
+        """:class:`tidemq.flush.RoundStatistics`: how the rounds ran (runtime info, metrics)."""
+        native = self._native
+        return FlushRoundStats(
+            inline=self.inline_rounds,
+            compiled=native.rounds if native is not None else 0,
+            gathered=self.gathered_rounds,
+            gather_timeouts=self.gather_timeouts,
+            kicks_held=self.kicks_held,
+            kicks_sparse=self.kicks_sparse,
+        )
 
     # ------------------------------------------------------------------ for the compiled rounds
     @property

@@ -16,7 +16,7 @@ Names and labels follow apache/rocketmq-exporter where it has the figure
 
 A broker is one exporter target, so figures are this broker's; ``sum by`` over targets gives the
 cluster's.  tidemq's own figures are under ``tidemq_`` (store positions and disk use, flush
-rounds, replication, held pulls, connections).
+rounds and how they ran, replication, held pulls, connections).
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ from tidemq import __version__
 from tidemq._native import ACTIVE as COMPILED_CODEC
 from tidemq.address import split_address
 from tidemq.context import BrokerFiguresView
+from tidemq.flush import RoundStatistics
 from tidemq.index import IndexBacklog
 from tidemq.metrics import Buckets
 from tidemq.replication import MasterAware
 from tidemq.store import store_introspection
 from tidemq_metrics_prometheus.dedup_metrics import dedup_families
+from tidemq_metrics_prometheus.flush_metrics import flush_round_families
 from tidemq_metrics_prometheus.lane_metrics import lane_families
 from tidemq_metrics_prometheus.pop_metrics import pop_families
 from tidemq_metrics_prometheus.timer_metrics import timer_families
@@ -300,6 +302,8 @@ def _store(broker: BrokerFiguresView, out: list[Metric]) -> None:
                     flush.batch_sizes,
                 )
             )
+        if isinstance(flush, RoundStatistics):  # sync flush: inline, compiled, gathered rounds, kicks
+            out += flush_round_families(flush.round_stats())
     index = broker.index
     if isinstance(index, IndexBacklog):
         waiting, age = index.pending()

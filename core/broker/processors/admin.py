@@ -146,6 +146,7 @@ class AdminProcessor:
         table = runtime_table(b)
         table.update({k: str(v) for k, v in self.admin.pop_figures().items()})  # POP (issue 39)
         table.update(self.admin.timer_figures())  # RocketMQ 5's timer keys (issue 36)
+        table.update(self.admin.flush_figures())  # the flush policy's rounds (flushRounds...)
         for endpoint, figures in b.endpoint_figures.items():  # the gRPC endpoint's counters
             for figure, value in figures().items():
                 table[endpoint + "".join(w.capitalize() for w in figure.split("_"))] = str(value)

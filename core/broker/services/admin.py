@@ -13,7 +13,9 @@ from tidemq.broker.clients import ClientChannel, ConsumerGroupInfo
 from tidemq.broker.context import BrokerContext
 from tidemq.broker.services.status import Outcome, Status
 from tidemq.broker.stats import StatsSnapshot
+from tidemq.flush import RoundStatistics
 from tidemq.queues import MessageQueue
+from tidemq.store import store_introspection
 
 
 @attrs.frozen(slots=True)
@@ -147,6 +149,28 @@ class AdminService:
         """Timer messages' figures for GET_BROKER_RUNTIME_INFO (RocketMQ 5's ``timerReadBehind``,
         ``timerOffsetBehind``, ``timerCongestNum``, ``timerEnqueueTps``, ``timerDequeueTps``)."""
         return self.broker.timers.runtime_info()
+
+    def flush_figures(self) -> dict[str, str]:
+        """The flush policy's counters for GET_BROKER_RUNTIME_INFO (tidemq's: ``flushRounds``,
+        ``flushRequests``; under sync flush how the rounds ran, ``flushInlineRounds``,
+        ``flushCompiledRounds``, ``flushGatheredRounds``, ``flushGatherTimeouts``,
+        ``flushKicksHeld``, ``flushKicksSparse``); empty for a store or policy that keeps none."""
+        introspection = store_introspection(self.broker.store)
+        flush = introspection.flush_statistics() if introspection is not None else None
+        if flush is None:
+            return {}
+        table = {"flushRounds": str(flush.flush_rounds), "flushRequests": str(flush.requests)}
+        if isinstance(flush, RoundStatistics):
+            rounds = flush.round_stats()
+            table.update(
+                flushInlineRounds=str(rounds.inline),
+                flushCompiledRounds=str(rounds.compiled),
+                flushGatheredRounds=str(rounds.gathered),
+                flushGatherTimeouts=str(rounds.gather_timeouts),
+                flushKicksHeld=str(rounds.kicks_held),
+                flushKicksSparse=str(rounds.kicks_sparse),
+            )
+        return table
 
     def stats_snapshots(self, name: str, key: str) -> dict[str, StatsSnapshot] | Outcome:
         """Minute, hour and day figures of one stats item (VIEW_BROKER_STATS_DATA)."""

@@ -9,27 +9,50 @@ one it delivers, or a slave's clock passes by (``TimerDelivery.pass_by``).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from tidemq.broker.timer.properties import TIMER_TOPIC
 from tidemq.broker.timer.schedule import TimerSchedule, now_ms
 from tidemq.store import MessageStore
 
 
+class ReadableEnd(Protocol):
+    """Where a queue's readable messages end: the broker's
+    :class:`~tidemq.broker.confirmed.ReadBound` (the confirm offset in controller mode)."""
+
+    def max_offset(self, topic: str, queue_id: int) -> int: ...
+
+
 class TimerFiguresOf:
     """Reads a schedule's figures (nothing here changes it)."""
 
-    def __init__(self, schedule: TimerSchedule, store: MessageStore) -> None:
+    def __init__(
+        self, schedule: TimerSchedule, store: MessageStore, readable: ReadableEnd | None = None
+    ) -> None:
         self.schedule = schedule
         self.store = store
+        #: The enqueue reads rmq_sys_wheel_timer through it (None: the store's end, no bound).
+        self.readable = readable
 
     def backlog(self) -> int:
         """Messages parked and not yet delivered: in the wheel, or stored and not yet enqueued."""
         return self.schedule.pending + self.enqueue_behind()
 
     def enqueue_behind(self) -> int:
-        """Messages in rmq_sys_wheel_timer not yet in the wheel (RocketMQ's timerOffsetBehind)."""
-        return max(0, self.store.get_max_offset_in_queue(TIMER_TOPIC, 0) - self.schedule.queue_offset)
+        """Messages in rmq_sys_wheel_timer the enqueue could read and has not put in the wheel yet
+        (RocketMQ's timerOffsetBehind).
+
+        Up to the confirm offset in controller mode: the enqueue reads no further, and RocketMQ 5's
+        ``getEnqueueBehindMessages`` is the consume queue's max offset (dispatched only up to the
+        confirm offset) minus the timer's read offset, so a message the in-sync set has not
+        acknowledged is not counted behind until it is."""
+        readable = self.readable
+        end = (
+            readable.max_offset(TIMER_TOPIC, 0)
+            if readable is not None
+            else self.store.get_max_offset_in_queue(TIMER_TOPIC, 0)
+        )
+        return max(0, end - self.schedule.queue_offset)
 
     def dequeue_behind_ms(self) -> int:
         """How far the delivery lags the clock (0 when it keeps up; RocketMQ's timerReadBehind in ms)."""

@@ -88,7 +88,7 @@ class TimerMessageStore:
         self.delivery = TimerDelivery(broker, self.schedule)
         self.delivery.before_put = self._mark_current
         self.enqueue = TimerEnqueue(broker, self.schedule, self.delivery)
-        self.figures = TimerFiguresOf(self.schedule, self.store)
+        self.figures = TimerFiguresOf(self.schedule, self.store, broker.read_bound)
         self.requests = TimerRequests(broker, self.schedule, self.parking, self._checkpoint_if_loaded)
         self._stopped = False
         self._tasks: list[asyncio.Task[None]] = []
