@@ -64,6 +64,10 @@ async def wait_event(event: asyncio.Event, timeout: float) -> bool:
     return True
 
 
+#: How close before a tick a wake-up counts as that tick's (see :func:`until_tick`).
+TICK_SLACK_S = 0.002
+
+
 def phase_of(name: str) -> float:
     """A fraction in [0, 1) fixed by ``name``: where in its period a periodic loop of that name ticks."""
     return (zlib.crc32(name.encode()) & 0xFFFF) / 0x10000
@@ -71,7 +75,7 @@ def phase_of(name: str) -> float:
 
 def until_tick(period: float, phase: float, now: float | None = None) -> float:
     """Seconds from ``now`` (the running loop's clock) to the loop's next tick: the next instant
-    ``phase * period + k * period``, more than 0 and at most ``period`` away.
+    ``phase * period + k * period`` at least ``TICK_SLACK_S`` away (or a quarter period when shorter).
 
     Periodic loops that sleep a whole period after each pass all tick at the instant they were
     started, and a broker starts them together: their passes then run back to back, every period,
@@ -83,7 +87,12 @@ def until_tick(period: float, phase: float, now: float | None = None) -> float:
     if now is None:
         now = asyncio.get_running_loop().time()
     left = period - (now - phase * period) % period
-    return left if left > 0 else period
+    # A timer may fire a little before its time (uvloop's have a millisecond's grain): a wake-up
+    # that close to a tick is that tick's, and the next wait is for the one after, not a few
+    # hundred microseconds (which would wake the loop again and again until the clock passed it).
+    if left < min(TICK_SLACK_S, period / 4):
+        left += period
+    return left
 
 
 async def sleep_until_tick(period: float, phase: float) -> None:
