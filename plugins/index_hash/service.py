@@ -400,7 +400,7 @@ class HashIndex:
                         log.exception("hash index: the index thread failed; retrying next round")
                         more = False
                     finally:
-                        if previous is not None:
+                        if previous is not None and native.impl is not None:
                             native.impl.set_gil_release_keys(previous)
             last_round = time.monotonic()
             if self._stopping:
