@@ -31,7 +31,7 @@ from tidemq.protected import broker_credentials
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.replication import MetadataFollower, RoleAware
-from tidemq.tasks import supervise
+from tidemq.tasks import phase_of, sleep_until_tick, supervise
 from tidemq.transport import BatchedProcessor, Connection, TransportClient, TransportServer
 
 log = logging.getLogger(__name__)
@@ -548,9 +548,12 @@ class Broker:
                 self.notify_consumer_ids_changed(group)
 
     # ------------------------------------------------------------------ periodic services
+    # The periodic loops tick on a grid at a phase of their own (tidemq.tasks.until_tick), not
+    # all at the instant the broker started them: their passes stay out of each other's way.
     async def _flush_offsets_loop(self) -> None:
+        phase = phase_of("tidemq-offset-flush")
         while True:
-            await asyncio.sleep(self.settings.consumer_offset_flush_s)
+            await sleep_until_tick(self.settings.consumer_offset_flush_s, phase)
             try:
                 await asyncio.to_thread(self.offsets.persist)
             except Exception:
@@ -558,8 +561,9 @@ class Broker:
 
     async def _housekeeping_loop(self) -> None:
         timeout = self.settings.consumer_housekeeping_s
+        phase = phase_of("tidemq-client-housekeeping")
         while True:
-            await asyncio.sleep(min(HOUSEKEEPING_PERIOD_S, timeout))
+            await sleep_until_tick(min(HOUSEKEEPING_PERIOD_S, timeout), phase)
             self.dedup.expire()  # an idle window's expired records released (issue 37)
             for conn in self.producers.scan_not_active(timeout):
                 log.info("producer %s silent for %.0f s, dropped", _remote(conn), timeout)
