@@ -121,11 +121,16 @@ def test_idle_delay_levels_look_apart_and_without_reading(tmp_path: Path, monkey
             await asyncio.sleep(3 * period)
             # About one look per level and period (a timer firing early must not look again and
             # again until its tick has passed).
-            assert 18 * 2 <= len(looks) <= 18 * 5, sorted(looks)
+            # (At least one look per level: a loop starved by a loaded host may miss a period.)
+            assert 18 <= len(looks) <= 18 * 5, sorted(looks)
             times = sorted(t for t, _ in looks)
-            # Looks within 2 ms of each other: 17 for each before (one pass), here about none.
+            # Looks within 2 ms of each other: 17 for each before (one pass), here about none.  A
+            # loop stalled past a period fires the timers that came due meanwhile in one pass
+            # (seen twice in ~40 runs at load 8-11), so only a quarter must stand apart; before,
+            # none did.
             close = [sum(1 for u in times if abs(u - t) < 0.002) - 1 for t in times]
-            assert sorted(close)[len(close) // 2] <= 1, close
+            apart = sum(1 for c in close if c <= 1)
+            assert apart * 4 >= len(close), [round(t - times[0], 4) for t in times]
             assert not reads, f"{len(reads)} reads of idle schedule queues"
 
             client = get_plugin_manager().create("transport", "tcp").client()
