@@ -77,7 +77,7 @@ def frame(seq: int, topic: str, queue: int, size: int, batch: int) -> bytes:
     return encode_bytes(RemotingCommand(code, opaque=seq + 1, ext_fields=fields, body=body))
 
 
-async def _put_run(broker: Any, data: bytes, compiled: bool) -> list[tuple[Any, ...]]:
+async def _put_run(broker: Any, data: bytes, compiled: bool, odd: bool = False) -> list[tuple[Any, ...]]:
     entry = broker.send_lane
     frames, end = entry._take(data, 1 << 26)
     assert end == len(data)
@@ -91,6 +91,8 @@ async def _put_run(broker: Any, data: bytes, compiled: bool) -> list[tuple[Any, 
         broker.store_host,
     )
     assert sends is not None
+    if odd:  # a send the compiled put does not read (its messages a tuple): the method's
+        sends[-1].msgs = tuple(sends[-1].msgs)
     service = entry._service
     done = [False] * len(sends)
     if compiled:
@@ -149,6 +151,15 @@ runs = st.lists(
 def test_compiled_put_groups_stores_and_settles_as_send_service_put(pair: Pair, run: list[Any]) -> None:
     data = b"".join(frame(i, *spec) for i, spec in enumerate(run))
     _both(pair, data)
+
+
+def test_a_run_with_a_send_it_does_not_read_goes_to_send_service_put(pair: Pair) -> None:
+    data = b"".join(frame(i, TOPICS[i % 2], i % 3, 300, 0) for i in range(6))
+    got = {
+        name: pair.run(_put_run(b, data, name == "compiled", odd=True)) for name, b in pair.brokers.items()
+    }
+    assert got["compiled"] == got["python"]
+    assert pair.commit_log("compiled") == pair.commit_log("python")
 
 
 def test_a_group_is_cut_at_group_max_bytes_as_the_python_put(pair: Pair) -> None:

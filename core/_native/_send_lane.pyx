@@ -914,102 +914,111 @@ def put_sends(object service, list sends):
     if not _put_direct or type(service) is not _SendService:
         service.put(sends)
         return
-    cdef Py_ssize_t n = len(sends), i, j, ngroups = 0
-    cdef int64_t *gq
-    cdef int *gtx
-    cdef int64_t *gbytes
-    cdef int64_t qid, nbytes
-    cdef int tx
-    cdef int overflow = 0
-    cdef object send, msgs, first, topic, group, m
-    cdef PyObject *v
-    cdef list gtopics, ggroups
+    cdef Py_ssize_t n = len(sends)
     if n == 0:
         return
-    # Every send's key readable as C values first (nothing done before the decision).
+    # Per send its queue id, transaction type and size as C values, per group the same.
+    cdef int64_t *buf = <int64_t *>PyMem_Malloc(6 * n * sizeof(int64_t))
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        if _group_keys(sends, n, buf, buf + n, buf + 2 * n) < 0:
+            service.put(sends)  # an odd send: the method decides (nothing done yet)
+            return
+        _put_groups(service.broker, sends, n, buf, buf + n, buf + 2 * n, buf + 3 * n, buf + 4 * n, buf + 5 * n)
+    finally:
+        PyMem_Free(buf)
+
+
+cdef int _group_keys(list sends, Py_ssize_t n, int64_t *sq, int64_t *stx, int64_t *sbytes) except -2:
+    """Each send's queue id, transaction type and size; -1 (nothing read further) when a send is
+    not one this put takes: not exactly ``Send``, a duplicate, no plain ``MessageInner`` first, a
+    topic, queue id, flag or size not a plain ``str``/``int`` in range."""
+    cdef Py_ssize_t i, j
+    cdef int overflow = 0
+    cdef PyObject *v
+    cdef object send, msgs, first
     for i in range(n):
         send = sends[i]
         if type(send) is not _Send or type(_slot(send, _o_dedup)) is _Duplicate:
-            service.put(sends)
-            return
+            return -1
         msgs = _slot(send, _o_msgs)
         if type(msgs) is not list or not msgs:
-            service.put(sends)
-            return
+            return -1
         first = (<list>msgs)[0]
         if Py_TYPE(first) != <PyTypeObject *>MessageInner or _inner_off[0] < 0:
-            service.put(sends)
-            return
+            return -1
         for j in (0, 2, 5):
             v = tq_get_slot(<PyObject *>first, _inner_off[j])
-            if v == NULL or (j == 0 and not PyUnicode_CheckExact(<object>v)) or (j and not PyLong_CheckExact(<object>v)):
-                service.put(sends)
-                return
+            if v == NULL:
+                return -1
+            if j == 0:
+                if not PyUnicode_CheckExact(<object>v):
+                    return -1
+            elif not PyLong_CheckExact(<object>v):
+                return -1
+        sq[i] = raw_as_ll(<object>tq_get_slot(<PyObject *>first, _inner_off[2]), &overflow)
+        if overflow:
+            return -1
+        stx[i] = <int64_t>(raw_as_ull_mask(<object>tq_get_slot(<PyObject *>first, _inner_off[5])) & _TX_TYPE_MASK)
         v = tq_get_slot(<PyObject *>send, _s_nbytes)
         if v == NULL or not PyLong_CheckExact(<object>v):
-            service.put(sends)
-            return
-    broker = service.broker
-    gq = <int64_t *>PyMem_Malloc(n * sizeof(int64_t))
-    gtx = <int *>PyMem_Malloc(n * sizeof(int))
-    gbytes = <int64_t *>PyMem_Malloc(n * sizeof(int64_t))
-    if gq == NULL or gtx == NULL or gbytes == NULL:
-        PyMem_Free(gq)
-        PyMem_Free(gtx)
-        PyMem_Free(gbytes)
-        raise MemoryError()
-    gtopics = []
-    ggroups = []
-    try:
-        for i in range(n):
-            send = sends[i]
-            msgs = _slot(send, _o_msgs)
-            first = (<list>msgs)[0]
-            topic = <object>tq_get_slot(<PyObject *>first, _inner_off[0])
-            qid = raw_as_ll(<object>tq_get_slot(<PyObject *>first, _inner_off[2]), &overflow)
-            if overflow:
-                raise OverflowError("queue id")
-            tx = <int>(raw_as_ull_mask(<object>tq_get_slot(<PyObject *>first, _inner_off[5])) & _TX_TYPE_MASK)
-            nbytes = raw_as_ll(<object>tq_get_slot(<PyObject *>send, _s_nbytes), &overflow)
-            if overflow:
-                raise OverflowError("nbytes")
-            group = None
-            for j in range(ngroups):
-                if gq[j] == qid and gtx[j] == tx and ggroups[j] is not None:
-                    if gtopics[j] is topic or gtopics[j] == topic:
-                        group = ggroups[j]
-                        break
-            if group is None:
-                group = _new_group()
-                j = ngroups
-                ngroups += 1
-                gq[j] = qid
-                gtx[j] = tx
-                gbytes[j] = 0
-                gtopics.append(topic)
-                ggroups.append(group)
-            # PutGroup.add
-            tq_set_slot(<PyObject *>send, _o_group, <PyObject *>group)
-            gmsgs = <list>_slot(group, _g_msgs)
-            tq_slot_long(<PyObject *>send, _o_index, len(gmsgs))
-            (<list>_slot(group, _g_sends)).append(send)
-            if len(<list>msgs) == 1:
-                gmsgs.append((<list>msgs)[0])
-            else:
-                gmsgs.extend(msgs)
-            gbytes[j] += nbytes
-            tq_slot_long(<PyObject *>group, _g_nbytes, gbytes[j])
-            if gbytes[j] >= _GROUP_MAX:
-                ggroups[j] = None  # ``del groups[key]``: a later send of the key opens a new group
-                _store_group(broker, group)
+            return -1
+        sbytes[i] = raw_as_ll(<object>v, &overflow)
+        if overflow or sbytes[i] < 0 or sbytes[i] > (1 << 48):
+            return -1
+    return 0
+
+
+cdef int _put_groups(
+    object broker, list sends, Py_ssize_t n, int64_t *sq, int64_t *stx, int64_t *sbytes,
+    int64_t *gq, int64_t *gtx, int64_t *gbytes
+) except -1:
+    """``SendService.put``'s loop: a group per (topic, queue id, transaction type) in first-seen
+    order (``gbytes`` its size so far, -1 once cut), cut and put at ``GROUP_MAX_BYTES``, the rest
+    put in order."""
+    cdef Py_ssize_t i, j, ngroups = 0
+    cdef object send, msgs, topic, group
+    cdef list gtopics = [], ggroups = [], gmsgs
+    for i in range(n):
+        send = sends[i]
+        msgs = _slot(send, _o_msgs)
+        topic = <object>tq_get_slot(<PyObject *>(<list>msgs)[0], _inner_off[0])
+        group = None
         for j in range(ngroups):
-            group = ggroups[j]
-            if group is not None:
-                _store_group(broker, group)
-    finally:
-        PyMem_Free(gq)
-        PyMem_Free(gtx)
-        PyMem_Free(gbytes)
+            if gq[j] == sq[i] and gtx[j] == stx[i] and gbytes[j] >= 0:
+                if gtopics[j] is topic or gtopics[j] == topic:
+                    group = ggroups[j]
+                    break
+        if group is None:
+            group = _new_group()
+            j = ngroups
+            ngroups += 1
+            gq[j] = sq[i]
+            gtx[j] = stx[i]
+            gbytes[j] = 0
+            gtopics.append(topic)
+            ggroups.append(group)
+        # PutGroup.add, then the group's size
+        tq_set_slot(<PyObject *>send, _o_group, <PyObject *>group)
+        gmsgs = <list>_slot(group, _g_msgs)
+        tq_slot_long(<PyObject *>send, _o_index, len(gmsgs))
+        (<list>_slot(group, _g_sends)).append(send)
+        if len(<list>msgs) == 1:
+            gmsgs.append((<list>msgs)[0])
+        else:
+            gmsgs.extend(msgs)
+        gbytes[j] += sbytes[i]
+        tq_slot_long(<PyObject *>group, _g_nbytes, gbytes[j])
+        if gbytes[j] >= _GROUP_MAX:
+            gbytes[j] = -1  # ``del groups[key]``: a later send of the key opens a new group
+            ggroups[j] = None
+            _store_group(broker, group)
+    for j in range(ngroups):
+        group = ggroups[j]
+        if group is not None:
+            _store_group(broker, group)
+    return 0
 
 
 cdef object _put_outcome_c(object broker, object group):
