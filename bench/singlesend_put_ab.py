@@ -8,7 +8,8 @@ single-send load: ~27 sends a read over 8 queues), the frames are taken and prep
 then timed: ``put_sends`` + ``settled_many`` (A: the compiled put, the outcome read from the
 futures' slots) or ``SendService.put`` + ``settle_sends`` with the Python ``_put_outcome`` (B: the
 code before).  A and B alternate read by read; the figures are the minimum, the 10th percentile
-and the median of µs per read (the minimum is what a loaded machine disturbs least).
+and the median of µs per read (the minimum is what a loaded machine disturbs least).  Also the
+minimum ns per frame of ``take_frames`` and ``prepare_frames`` over ten such reads in cache.
 
 Prints one JSON document on stdout.  Not a timed test.
 """
@@ -86,6 +87,29 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 row["min_saved_us_per_send"] = round(
                     row["python"]["min_us_per_send"] - row["compiled"]["min_us_per_send"], 3
                 )
+                # The lane's other stages on the same kind of reads, in cache (minimum per frame).
+                reads = [frames.read(args.per_read) for _ in range(10)]
+                taken_all = [entry._take(r, 1 << 24)[0] for r in reads]
+                best_take = best_prepare = float("inf")
+                for _ in range(200):
+                    t0 = time.perf_counter_ns()
+                    for r in reads:
+                        entry._take(r, 1 << 24)
+                    t1 = time.perf_counter_ns()
+                    for taken in taken_all:
+                        entry._prepare_frames(
+                            taken,
+                            entry._writable_queues,
+                            settings.cluster,
+                            settings.max_batch_messages,
+                            ("127.0.0.1", 40000),
+                            broker.store_host,
+                        )
+                    t2 = time.perf_counter_ns()
+                    best_take = min(best_take, (t1 - t0) / (10 * args.per_read))
+                    best_prepare = min(best_prepare, (t2 - t1) / (10 * args.per_read))
+                row["take_frames_min_ns_per_frame"] = round(best_take)
+                row["prepare_frames_min_ns_per_frame"] = round(best_prepare)
                 out[f"queues_{queues}"] = row
                 print(f"queues {queues}: {row}", file=sys.stderr, flush=True)
     return {
