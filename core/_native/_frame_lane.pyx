@@ -38,6 +38,7 @@ cdef extern from "Python.h":
     PyObject *PyDict_GetItem(object d, object key)
     PyObject *PyList_GET_ITEM(object l, Py_ssize_t i)
     PyObject *PyDict_GetItemWithError(object d, object key) except? NULL
+    dict _PyDict_NewPresized(Py_ssize_t minused)
 
 cdef extern from *:
     """
@@ -172,6 +173,8 @@ cdef inline bint _is_send(object code):
 cdef tuple _ASCII1 = None  # the 128 one-character ASCII strings (V2's extFields names: "a".."m")
 #: Per one-character name, the last plain ASCII value read for it (up to _REPEAT_MAX bytes).
 cdef list _last_values = [None] * 128
+#: The ext fields' dict is made for this many names (V2's twelve, a signed request's four more).
+cdef Py_ssize_t _EXT_SIZE = 16
 cdef Py_ssize_t _REPEAT_MAX = 64
 
 cdef enum:
@@ -381,7 +384,8 @@ cdef dict _jext(const unsigned char *h, Py_ssize_t *at, Py_ssize_t n):
     """The ``extFields`` object at ``h[at[0]]`` (its names and values strings), ``at[0]`` moved
     past it; None: not read here."""
     cdef Py_ssize_t pos = at[0]
-    cdef dict ext = {}
+    # Sized for V2's twelve names at once: no resize (two of them, each a new table) per header.
+    cdef dict ext = _PyDict_NewPresized(_EXT_SIZE)
     cdef object key, value
     if pos >= n or h[pos] != 123:  # '{'
         return None

@@ -609,7 +609,10 @@ cdef int _bind_settle() except -1:
 
 cdef _PutFill _put_fill(object broker, object group, object put_outcome):
     cdef _PutFill f = _PutFill.__new__(_PutFill)
-    f.outcome = put_outcome(broker, group)
+    if _put_direct and put_outcome is _py_put_outcome:
+        f.outcome = _put_outcome_c(broker, group)  # the same function, compiled
+    else:
+        f.outcome = put_outcome(broker, group)
     if f.outcome is None:
         return f
     f.result = group.result
@@ -676,8 +679,8 @@ def settle_sends(object broker, list sends, list done, object put_outcome, objec
     cdef dict fills = {}
     cdef _PutFill f
     cdef PyObject *hit
-    if not _settle_bound:
-        _bind_settle()
+    if not _put_bound:
+        _bind_put()
     if len(done) != n:
         raise ValueError("one done flag per send")
     for i in range(n):
@@ -701,3 +704,364 @@ def settle_sends(object broker, list sends, list done, object put_outcome, objec
         else:
             _fill_one(send, group, f)
         done[i] = True
+
+
+# --------------------------------------------------------------------------- put (coalesced)
+# ``SendService.put`` (send.py) and ``put.store_group`` compiled for the lane's sends (session 11):
+# a read's sends grouped per (topic, queue id, transaction type) in order, each group filled slot
+# by slot (``PutGroup.add``) and put with the store's own ``put_message``/``put_messages``; a put
+# refused for one message is redone in halves by the Python ``store_group`` itself.  The put's
+# outcome (``put._put_outcome``) is read here too when its futures are plain ``StoreFuture``s:
+# their slots, not three method calls each.  Anything else (another class, a cancelled future, a
+# refused put) goes through the Python functions, the reference.
+
+cdef bint _put_bound = False
+cdef bint _put_direct = False
+cdef object _SendService = None
+cdef object _PutGroup = None
+cdef object _py_store_group = None
+cdef object _py_put_outcome = None
+cdef object _py_outcome = None
+cdef object _Duplicate = None
+cdef object _put_log = None
+cdef object _perf_counter = None
+cdef object _ONE_MESSAGE = None
+cdef object _PUT_OK = None
+cdef object _REPLICA_OK = None
+cdef object _SUCCESS = None
+cdef object _EMPTY_FLOAT = 0.0
+cdef int64_t _GROUP_MAX = 0
+# PutGroup's slots (a plain slotted class built here when its __init__ only stores constants).
+cdef Py_ssize_t _g_sends, _g_nsends, _g_msgs, _g_nbytes, _g_future, _g_result, _g_error
+cdef Py_ssize_t _g_replica, _g_started
+cdef bint _g_build = False
+# Send's slots read here (besides settle's).
+cdef Py_ssize_t _s_batch, _s_nbytes
+# StoreFuture's state slots (-1: not a slotted StoreFuture: its methods are called).
+cdef object _StoreFuture = None
+cdef Py_ssize_t _f_state = -1, _f_exc = -1, _f_result = -1
+cdef int _TX_TYPE_MASK = 3 << 2
+
+
+cdef Py_ssize_t _member(cls, str name):
+    """The member offset of slot ``name`` defined by ``cls`` itself, or -1."""
+    descr = cls.__dict__.get(name)
+    if descr is None:
+        return -1
+    return tq_member_offset(<PyObject *>descr)
+
+
+cdef int _bind_put() except -1:
+    global _put_bound, _put_direct, _SendService, _PutGroup, _py_store_group, _py_put_outcome
+    global _py_outcome, _Duplicate, _put_log, _perf_counter, _ONE_MESSAGE, _PUT_OK, _REPLICA_OK
+    global _SUCCESS, _GROUP_MAX, _g_sends, _g_nsends, _g_msgs, _g_nbytes, _g_future, _g_result
+    global _g_error, _g_replica, _g_started, _g_build, _s_batch, _s_nbytes, _StoreFuture
+    global _f_state, _f_exc, _f_result
+    import time
+
+    from tidemq.broker import dedup
+    from tidemq.broker.services import put, send
+    from tidemq.futures import StoreFuture
+
+    if not _settle_bound:
+        _bind_settle()
+    _put_bound = True
+    _SendService = send.SendService
+    _PutGroup = put.PutGroup
+    _py_store_group = put.store_group
+    _py_put_outcome = put._put_outcome
+    _py_outcome = put._outcome
+    _Duplicate = dedup.Duplicate
+    _put_log = put.log
+    _perf_counter = time.perf_counter
+    _ONE_MESSAGE = put._ONE_MESSAGE_STATUSES
+    _PUT_OK = put._PUT_OK
+    _REPLICA_OK = put._REPLICA_OK
+    _SUCCESS = put._SUCCESS
+    _GROUP_MAX = send.GROUP_MAX_BYTES
+    if send.TRANSACTION_TYPE_MASK != _TX_TYPE_MASK or send.store_group is not put.store_group:
+        return 0
+    _StoreFuture = StoreFuture
+    _f_state = _member(StoreFuture, "_sf_state")
+    _f_exc = _member(StoreFuture, "_sf_exc")
+    _f_result = _member(StoreFuture, "_sf_result")
+    if _f_state < 0 or _f_exc < 0 or _f_result < 0:
+        _f_state = -1
+    if not _settle_direct:
+        return 0
+    slots = _slot_names(_Send)
+    gslots = _slot_names(_PutGroup)
+    if slots is None or gslots is None:
+        return 0
+    offs = dict(slots)
+    goffs = dict(gslots)
+    try:
+        _s_batch, _s_nbytes = offs["batch"], offs["nbytes"]
+        _g_sends, _g_nsends, _g_msgs = goffs["sends"], goffs["nsends"], goffs["msgs"]
+        _g_nbytes, _g_future, _g_result = goffs["nbytes"], goffs["future"], goffs["result"]
+        _g_error, _g_replica, _g_started = goffs["error"], goffs["replica"], goffs["started"]
+    except KeyError:
+        return 0
+    # Built slot by slot only when a fresh group is exactly these nine slots, as probed here.
+    probe = _PutGroup()
+    _g_build = (
+        len(gslots) == 9
+        and _PutGroup.__new__ is object.__new__
+        and type(probe.sends) is list and not probe.sends
+        and type(probe.msgs) is list and not probe.msgs
+        and probe.nsends == 0 and type(probe.nsends) is int
+        and probe.nbytes == 0 and type(probe.nbytes) is int
+        and probe.future is None and probe.result is None and probe.error is None
+        and probe.replica is None and probe.started == 0.0 and type(probe.started) is float
+    )
+    _put_direct = True
+    return 0
+
+
+cdef object _new_group():
+    """``PutGroup()``."""
+    if not _g_build:
+        return _PutGroup()
+    group = _new(_PutGroup)
+    cdef PyObject *g = <PyObject *>group
+    cdef list sends = [], msgs = []
+    tq_set_slot(g, _g_sends, <PyObject *>sends)
+    tq_set_slot(g, _g_nsends, <PyObject *>ZERO)
+    tq_set_slot(g, _g_msgs, <PyObject *>msgs)
+    tq_set_slot(g, _g_nbytes, <PyObject *>ZERO)
+    tq_set_slot(g, _g_future, <PyObject *>None)
+    tq_set_slot(g, _g_result, <PyObject *>None)
+    tq_set_slot(g, _g_error, <PyObject *>None)
+    tq_set_slot(g, _g_replica, <PyObject *>None)
+    tq_set_slot(g, _g_started, <PyObject *>_EMPTY_FLOAT)
+    return group
+
+
+cdef inline int _future_state(object future, PyObject **exc, PyObject **result):
+    """A plain StoreFuture's state (0 pending, 1 done, 2 cancelled), its exception and result
+    borrowed; -1: not one (its methods are asked)."""
+    cdef PyObject *state
+    if _f_state < 0 or type(future) is not _StoreFuture:
+        return -1
+    state = tq_get_slot(<PyObject *>future, _f_state)
+    exc[0] = tq_get_slot(<PyObject *>future, _f_exc)
+    result[0] = tq_get_slot(<PyObject *>future, _f_result)
+    if state == NULL or exc[0] == NULL or result[0] == NULL or not PyLong_CheckExact(<object>state):
+        return -1
+    if <object>state == 0:
+        return 0
+    if <object>state == 1:
+        return 1
+    return -1  # cancelled (or odd): the methods raise as they do
+
+
+cdef int _store_group(object broker, object group) except -1:
+    """``put.store_group``: put the group's messages; a coalesced put refused for one message is
+    redone in halves by the Python function."""
+    cdef PyObject *g = <PyObject *>group
+    cdef PyObject *exc
+    cdef PyObject *res
+    cdef int state
+    cdef Py_ssize_t nsends, half
+    store = broker.store
+    cdef list fresh = []
+    msgs = <list>_slot(group, _g_msgs)
+    sends = <list>_slot(group, _g_sends)
+    tq_set_slot(g, _g_sends, <PyObject *>fresh)
+    nsends = len(sends)
+    tq_slot_long(g, _g_nsends, nsends)
+    started = _perf_counter()
+    tq_set_slot(g, _g_started, <PyObject *>started)
+    try:
+        if len(msgs) == 1 and not _slot(sends[0], _s_batch):
+            future = store.put_message(msgs[0])
+        else:
+            future = store.put_messages(msgs)
+    except Exception as exc_obj:
+        _put_log.error("store refused a message for %s", msgs[0].topic, exc_info=exc_obj)
+        text = str(exc_obj)
+        tq_set_slot(g, _g_error, <PyObject *>text)
+        return 0
+    tq_set_slot(g, _g_future, <PyObject *>future)
+    if nsends <= 1:
+        return 0
+    state = _future_state(future, &exc, &res)
+    if state == 0:
+        return 0
+    if state == 1:
+        if exc != <PyObject *>None:
+            return 0
+        status = (<object>res).status
+        if status is _PUT_OK or status not in _ONE_MESSAGE:
+            return 0
+    elif not (future.done() and future.exception() is None and future.result().status in _ONE_MESSAGE):
+        return 0
+    # Nothing was stored: each half on its own, in order (the Python store_group halves again).
+    half = nsends // 2
+    for part in (sends[:half], sends[half:]):
+        regroup = _PutGroup()
+        for send in part:
+            regroup.add(send)
+        _py_store_group(broker, regroup)
+    return 0
+
+
+def put_sends(object service, list sends):
+    """``service.put(sends)`` (:meth:`SendService.put`): the same groups, puts and order of
+    effects, compiled where the classes are the ones this module knows (else the method itself)."""
+    if not _put_bound:
+        _bind_put()
+    if not _put_direct or type(service) is not _SendService:
+        service.put(sends)
+        return
+    cdef Py_ssize_t n = len(sends)
+    if n == 0:
+        return
+    # Per send its queue id, transaction type and size as C values, per group the same.
+    cdef int64_t *buf = <int64_t *>PyMem_Malloc(6 * n * sizeof(int64_t))
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        if _group_keys(sends, n, buf, buf + n, buf + 2 * n) < 0:
+            service.put(sends)  # an odd send: the method decides (nothing done yet)
+            return
+        _put_groups(service.broker, sends, n, buf, buf + n, buf + 2 * n, buf + 3 * n, buf + 4 * n, buf + 5 * n)
+    finally:
+        PyMem_Free(buf)
+
+
+cdef int _group_keys(list sends, Py_ssize_t n, int64_t *sq, int64_t *stx, int64_t *sbytes) except -2:
+    """Each send's queue id, transaction type and size; -1 (nothing read further) when a send is
+    not one this put takes: not exactly ``Send``, a duplicate, no plain ``MessageInner`` first, a
+    topic, queue id, flag or size not a plain ``str``/``int`` in range."""
+    cdef Py_ssize_t i, j
+    cdef int overflow = 0
+    cdef PyObject *v
+    cdef object send, msgs, first
+    for i in range(n):
+        send = sends[i]
+        if type(send) is not _Send or type(_slot(send, _o_dedup)) is _Duplicate:
+            return -1
+        msgs = _slot(send, _o_msgs)
+        if type(msgs) is not list or not msgs:
+            return -1
+        first = (<list>msgs)[0]
+        if Py_TYPE(first) != <PyTypeObject *>MessageInner or _inner_off[0] < 0:
+            return -1
+        for j in (0, 2, 5):
+            v = tq_get_slot(<PyObject *>first, _inner_off[j])
+            if v == NULL:
+                return -1
+            if j == 0:
+                if not PyUnicode_CheckExact(<object>v):
+                    return -1
+            elif not PyLong_CheckExact(<object>v):
+                return -1
+        sq[i] = raw_as_ll(<object>tq_get_slot(<PyObject *>first, _inner_off[2]), &overflow)
+        if overflow:
+            return -1
+        stx[i] = <int64_t>(raw_as_ull_mask(<object>tq_get_slot(<PyObject *>first, _inner_off[5])) & _TX_TYPE_MASK)
+        v = tq_get_slot(<PyObject *>send, _s_nbytes)
+        if v == NULL or not PyLong_CheckExact(<object>v):
+            return -1
+        sbytes[i] = raw_as_ll(<object>v, &overflow)
+        if overflow or sbytes[i] < 0 or sbytes[i] > (1 << 48):
+            return -1
+    return 0
+
+
+cdef int _put_groups(
+    object broker, list sends, Py_ssize_t n, int64_t *sq, int64_t *stx, int64_t *sbytes,
+    int64_t *gq, int64_t *gtx, int64_t *gbytes
+) except -1:
+    """``SendService.put``'s loop: a group per (topic, queue id, transaction type) in first-seen
+    order (``gbytes`` its size so far, -1 once cut), cut and put at ``GROUP_MAX_BYTES``, the rest
+    put in order."""
+    cdef Py_ssize_t i, j, ngroups = 0
+    cdef object send, msgs, topic, group
+    cdef list gtopics = [], ggroups = [], gmsgs
+    for i in range(n):
+        send = sends[i]
+        msgs = _slot(send, _o_msgs)
+        topic = <object>tq_get_slot(<PyObject *>(<list>msgs)[0], _inner_off[0])
+        group = None
+        for j in range(ngroups):
+            if gq[j] == sq[i] and gtx[j] == stx[i] and gbytes[j] >= 0:
+                if gtopics[j] is topic or gtopics[j] == topic:
+                    group = ggroups[j]
+                    break
+        if group is None:
+            group = _new_group()
+            j = ngroups
+            ngroups += 1
+            gq[j] = sq[i]
+            gtx[j] = stx[i]
+            gbytes[j] = 0
+            gtopics.append(topic)
+            ggroups.append(group)
+        # PutGroup.add, then the group's size
+        tq_set_slot(<PyObject *>send, _o_group, <PyObject *>group)
+        gmsgs = <list>_slot(group, _g_msgs)
+        tq_slot_long(<PyObject *>send, _o_index, len(gmsgs))
+        (<list>_slot(group, _g_sends)).append(send)
+        if len(<list>msgs) == 1:
+            gmsgs.append((<list>msgs)[0])
+        else:
+            gmsgs.extend(msgs)
+        gbytes[j] += sbytes[i]
+        tq_slot_long(<PyObject *>group, _g_nbytes, gbytes[j])
+        if gbytes[j] >= _GROUP_MAX:
+            gbytes[j] = -1  # ``del groups[key]``: a later send of the key opens a new group
+            ggroups[j] = None
+            _store_group(broker, group)
+    for j in range(ngroups):
+        group = ggroups[j]
+        if group is not None:
+            _store_group(broker, group)
+    return 0
+
+
+cdef object _put_outcome_c(object broker, object group):
+    """``put._put_outcome``: the put's outcome when it and its replicas answered already; None
+    when it has to wait."""
+    cdef PyObject *exc
+    cdef PyObject *res
+    cdef int state
+    cdef object result, error, future, rf, replica, msgs, role_aware, epoch
+    result = _slot(group, _g_result)
+    error = _slot(group, _g_error)
+    if result is None and error is None:
+        future = _slot(group, _g_future)
+        state = _future_state(future, &exc, &res)
+        if state < 0:
+            return _py_put_outcome(broker, group)
+        if state == 0 or exc != <PyObject *>None:
+            return None
+        result = <object>res
+        tq_set_slot(<PyObject *>group, _g_result, res)
+    replica = None
+    if result is not None and result.status is _PUT_OK:
+        rf = _slot(group, _g_replica)
+        if rf is None:
+            # put._replica_future: counted once per put, then the replicas asked
+            stats = broker.stats
+            msgs = _slot(group, _g_msgs)
+            stats.on_put(msgs[0].topic, result.message_count or len(msgs), result.wrote_bytes)
+            stats.put_seconds.observe(_perf_counter() - _slot(group, _g_started))
+            rf = broker.replication.wait_for_replicas(result.wrote_offset + result.wrote_bytes)
+            tq_set_slot(<PyObject *>group, _g_replica, <PyObject *>rf)
+        state = _future_state(rf, &exc, &res)
+        if state < 0:
+            if not rf.done() or rf.exception() is not None:
+                return None
+            replica = rf.result()
+        elif state == 0 or exc != <PyObject *>None:
+            return None
+        else:
+            replica = <object>res
+        if replica is _REPLICA_OK and not result.error:
+            # put._outcome's plain case: stored and acknowledged
+            role_aware = broker.role_aware
+            epoch = role_aware.current_epoch() if role_aware is not None else None
+            return (_SUCCESS, None, epoch)
+    return _py_outcome(broker, group, replica)

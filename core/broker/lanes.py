@@ -53,7 +53,7 @@ from tidemq.broker.processors.send import SendHandler, send_response
 from tidemq.broker.services.put import Send, settled_many
 from tidemq.broker.services.send import SendService, born_host
 from tidemq.context import BrokerContext
-from tidemq.extensions import DISABLE_VARIABLE
+from tidemq.extensions import DISABLE_VARIABLE, compiled_twin
 from tidemq.futures import SharedCompletion
 from tidemq.message import Prop
 from tidemq.names import check_topic_name
@@ -67,6 +67,11 @@ from tidemq.transport import AnswersLater, Connection
 log = logging.getLogger(__name__)
 
 _REAL_TOPIC = Prop.REAL_TOPIC
+#: ``put_sends(service, sends)``: :meth:`SendService.put` compiled (the same groups and puts), or
+#: None: the method.
+_put_sends: Callable[[SendService, list[Send]], None] | None = getattr(
+    compiled_twin("tidemq._native._send_lane"), "put_sends", None
+)
 #: Topic names known to pass the name rules (a pure function of the name; bounded).
 _NAME_CACHE_MAX = 4096
 
@@ -200,7 +205,10 @@ class SendLaneEntry:
             return end, self._by_handler(conn, [command_of(frame) for frame in frames])  # type: ignore[misc]
         service = self._service
         try:
-            service.put(sends)
+            if _put_sends is not None:
+                _put_sends(service, sends)
+            else:
+                service.put(sends)
             done = [False] * len(sends)
             settled_many(service.broker, sends, done)  # each put's futures asked once
             if all(done):
