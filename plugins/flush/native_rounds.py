@@ -74,12 +74,17 @@ class NativeRounds:
     """The loop side of the compiled worker: posts kicked batches, answers completed rounds."""
 
     def __init__(
-        self, policy: GroupCommitFlush, target: DirectRoundFlushable, slots: int = 1, max_load: float = 2.0
+        self,
+        policy: GroupCommitFlush,
+        target: DirectRoundFlushable,
+        slots: int = 1,
+        max_load: float = 2.0,
+        gather_us: int = 0,
     ) -> None:
         assert _round is not None
         self.policy = policy
         self.target = target
-        self.worker: Any = _round.RoundWorker(slots, max_load)
+        self.worker: Any = _round.RoundWorker(slots, max_load, gather_us)
         self.worker.start()
         self.slots = slots
         #: The file the per-slot fds are for (its DirectRound token) and those fds: one open file
@@ -103,7 +108,8 @@ class NativeRounds:
         if _round is None or not isinstance(target, DirectRoundFlushable):
             return None
         options = policy.options
-        return cls(policy, target, options.overlap_rounds, options.overlap_max_load)
+        gather = options.worker_gather_us if options.overlap_rounds == 1 else 0
+        return cls(policy, target, options.overlap_rounds, options.overlap_max_load, gather)
 
     def batches(self) -> list[_Batch]:
         """Under the policy's lock: the batches posted and not answered yet."""
@@ -120,7 +126,7 @@ class NativeRounds:
         if done is None:
             return False
         fds = self._fds_for(done) if self.slots > 1 else None
-        seq = self.worker.post(done[0], done[1], fds)
+        seq = self.worker.post(done[0], done[1], fds, len(batch.futures))
         if not seq:
             return False
         if self._retired and not self._retired[-1][1]:
