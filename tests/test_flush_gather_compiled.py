@@ -1,6 +1,6 @@
 """``[flush.sync] worker_gather_us``: the compiled flush worker gathers (sync128, session 11).
 
-After a round of 8 puts or more, the worker's next round waits (at most ``worker_gather_us``) until
+After a round of 64 messages or more, the worker's next round waits (at most ``worker_gather_us``) until
 the posted bytes reach what that round flushed plus what was pending when it ended: the senders it
 answered come back and share one ``fdatasync`` with those already waiting (what ``loop_gather_us``
 does on the Python flush thread, which it keeps for its rounds).
@@ -34,9 +34,12 @@ def _store(data: Path, **flush_options: Any) -> Any:
     return store
 
 
-def _puts(store: Any, n: int, tag: str) -> list[Any]:
-    """``n`` puts of one message each, made on one loop turn (one batch, ``n`` puts)."""
-    return [store.put_message(message(topic="Gather", body=f"{tag}{i:04d}".encode())) for i in range(n)]
+def _puts(store: Any, n: int, tag: str, size: int = 8) -> list[Any]:
+    """``n`` batched puts of ``size`` messages each, made on one loop turn (one round's batch)."""
+    return [
+        store.put_messages([message(topic="Gather", body=f"{tag}{i:04d}.{j}".encode()) for j in range(size)])
+        for i in range(n)
+    ]
 
 
 async def _acknowledged(store: Any, futures: list[Any]) -> list[Any]:
@@ -51,8 +54,9 @@ async def _acknowledged(store: Any, futures: list[Any]) -> list[Any]:
 
 @compiled
 def test_after_a_round_of_many_puts_the_next_round_waits_for_the_answered_senders(tmp_path: Path) -> None:
-    """A round of 8 puts, then one put: its round does not start while the bytes stay below the
-    mark (the worker gathers); 8 more puts reach it and one ``fdatasync`` covers all nine."""
+    """A round of 8 puts of 8 messages, then one put: its round does not start while the bytes
+    stay below the mark (the worker gathers); 8 more puts reach it and one ``fdatasync`` covers
+    all nine."""
     store = _store(tmp_path / "s", worker_gather_us=5_000_000)
 
     async def main() -> tuple[int, list[Any]]:
@@ -77,7 +81,7 @@ def test_after_a_round_of_many_puts_the_next_round_waits_for_the_answered_sender
     finally:
         store.shutdown()
     assert rounds == 1, rounds
-    assert [r.queue_offset for r in results] == list(range(8, 17))
+    assert [r.queue_offset for r in results] == list(range(64, 136, 8))
 
 
 @compiled
@@ -98,11 +102,31 @@ def test_a_gathering_wait_that_times_out_still_flushes_and_acknowledges(tmp_path
         assert (worker.gathered, worker.gather_timeouts) == (1, 1)
     finally:
         store.shutdown()
-    assert result.queue_offset == 8
+    assert result.queue_offset == 64
 
 
 @compiled
-def test_without_loop_gather_the_next_round_starts_at_once(tmp_path: Path) -> None:
+def test_a_round_of_few_messages_lets_the_next_start_at_once(tmp_path: Path) -> None:
+    """Single sends (the defaults): a round of 8 one-message puts is below the mark, so the next
+    round starts at its post (a sparse stream's latency is not held)."""
+    store = _store(tmp_path / "s", worker_gather_us=5_000_000)
+
+    async def main() -> None:
+        await _acknowledged(store, _puts(store, 8, "first", size=1))
+        started = time.monotonic()
+        await _acknowledged(store, _puts(store, 1, "lone", size=1))
+        assert time.monotonic() - started < 4.0
+
+    try:
+        asyncio.run(main())
+        worker = store.flush_policy._native.worker
+        assert (worker.gathered, worker.gather_timeouts) == (0, 0)
+    finally:
+        store.shutdown()
+
+
+@compiled
+def test_without_worker_gather_the_next_round_starts_at_once(tmp_path: Path) -> None:
     """``worker_gather_us = 0``: the lone put's round starts at its post."""
     store = _store(tmp_path / "s", worker_gather_us=0)
 
@@ -141,4 +165,4 @@ def test_gathered_puts_are_acknowledged_alike_by_the_worker_and_the_thread(
         offsets = asyncio.run(main())
     finally:
         store.shutdown()
-    assert offsets == list(range(80))
+    assert offsets == list(range(0, 640, 8))

@@ -79,7 +79,7 @@ cdef extern from "<unistd.h>" nogil:
 cdef enum:
     RING = 1024  # rounds kept for the loop's next drain (the counters never lose one)
     MAX_SLOTS = 8  # rounds in flight at most (one worker thread and one fd each)
-    GATHER_MIN_PUTS = 8  # a round of this many puts or more lets the next one gather (group_commit's GATHER_MIN_BATCH)
+    GATHER_MIN_MESSAGES = 64  # a round of this many messages or more lets the next one gather
     GATHER_MISSES = 3  # gathering waits in a row that timed out before it pauses ...
     GATHER_SKIP_AFTER_MISS = 8  # ... for this many rounds, twice as many each further time ...
     GATHER_SKIP_MAX = 256  # ... up to this many
@@ -120,13 +120,13 @@ cdef struct State:
     double fsync_avg      # recent fdatasync time, ns (EWMA, 1/8)
     double gap_avg        # recent time between posts, ns (EWMA, 1/8)
     int64_t last_post
-    # Gathering (``gather_us``, one slot only): after a round of GATHER_MIN_PUTS puts or more, the
+    # Gathering (``gather_us``, one slot only): after a round of GATHER_MIN_MESSAGES or more, the
     # next one waits (at most gather_ns) until the posted end reaches gather_to: the senders the
     # round answered come back and one fdatasync covers them and the cohort already waiting.
     int64_t gather_ns     # 0: off
     int64_t gather_to     # the next round waits for req_end >= this (0: no wait)
     int64_t last_end      # the end of the last round completed (where the next one's bytes start)
-    uint64_t req_puts     # puts posted since the last round was taken
+    uint64_t req_messages  # messages posted since the last round was taken
     int gathering         # the worker waits for gather_to (posts below it do not wake it)
     int gather_misses     # waits in a row that timed out
     int gather_skip       # rounds left that start without gathering
@@ -187,7 +187,7 @@ cdef void *_work(void *arg) noexcept nogil:
     cdef State *s = <State *>arg
     cdef int fd, rc, err, slot
     cdef int64_t end, started, ended, start_end, pending
-    cdef uint64_t seq, r, puts, one = 1
+    cdef uint64_t seq, r, messages, one = 1
     cdef Done *d
     cdef int signal
     pthread_setname_np(pthread_self(), "tidemq-flush")
@@ -202,8 +202,8 @@ cdef void *_work(void *arg) noexcept nogil:
             if s.req_end < s.gather_to and not s.stop and s.inflight == 0:
                 _gather_wait(s)
             s.gather_to = 0
-        puts = s.req_puts
-        s.req_puts = 0
+        messages = s.req_messages
+        s.req_messages = 0
         start_end = s.last_end
         slot = 0
         while s.busy_slots & (1u << slot):
@@ -240,7 +240,7 @@ cdef void *_work(void *arg) noexcept nogil:
         s.busy_slots &= ~(1u << slot)
         s.inflight -= 1
         s.fsync_avg += (<double>(ended - started) - s.fsync_avg) / 8
-        if s.gather_ns and s.slots == 1 and not err and puts >= GATHER_MIN_PUTS and end >= start_end:
+        if s.gather_ns and s.slots == 1 and not err and messages >= GATHER_MIN_MESSAGES and end >= start_end:
             if s.gather_skip > 0:
                 s.gather_skip -= 1
             else:
@@ -340,14 +340,14 @@ cdef class RoundWorker:
         """Rounds in flight at most."""
         return self.s.slots if self.s != NULL else 0
 
-    def post(self, int fd, long long end, tuple fds=None, int puts=1) -> int:
+    def post(self, int fd, long long end, tuple fds=None, int messages=1) -> int:
         """Ask for an ``fdatasync`` of ``fd``'s file covering ``end``; returns the request's sequence
         number, which a completed round at or past it covers, or 0 when the worker cannot take it
         (stopped, or a request for another file not taken yet).  ``fds``: one fd of that file per
         slot, each its own open file description (a round in slot i syncs ``fds[i]``); without
         them every slot would share ``fd``'s description, so such a request never runs beside
-        another round.  ``puts``: how many puts the request covers (a round of many lets the
-        next one gather, ``gather_us``)."""
+        another round.  ``messages``: how many messages the request covers (a round of
+        GATHER_MIN_MESSAGES or more lets the next one gather, ``gather_us``)."""
         cdef State *s = self.s
         cdef uint64_t seq = 0
         cdef int i, n
@@ -373,7 +373,7 @@ cdef class RoundWorker:
             if end > s.req_end or s.req_seq == s.taken_seq:
                 s.req_end = end
             s.req_seq += 1
-            s.req_puts += puts
+            s.req_messages += messages
             seq = s.req_seq
             now = _now_ns()
             if s.last_post:
