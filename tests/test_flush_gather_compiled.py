@@ -1,12 +1,15 @@
-"""``[flush.sync] worker_gather_us``: the compiled flush worker gathers (sync128, session 11).
+"""``[flush.sync] worker_gather_us``: the compiled flush worker gathers cohorts (sync128, session 11).
 
-After a round of 64 messages or more, the worker's next round waits (at most ``worker_gather_us``) until
-the posted bytes reach what that round flushed plus what was pending when it ended: the senders it
-answered come back and share one ``fdatasync`` with those already waiting (what ``loop_gather_us``
-does on the Python flush thread, which it keeps for its rounds).
+Closed-loop senders settle into two cohorts that alternate rounds: while cohort A's ``fdatasync``
+runs, cohort B's sends are posted, and B's round starts the moment A's ends, before A's senders
+(just answered) come back.  When a round of 64 messages or more ends with 64 or more posted and
+waiting (that other cohort), the worker's next round waits (at most ``worker_gather_us``) until the
+posted bytes reach what the ended round flushed plus what is waiting: A's next sends join B's round
+and one ``fdatasync`` covers both (what ``loop_gather_us`` does on the Python flush thread).
 
 What a producer relies on must not change: a put is acknowledged only once the commit log's
-flushed offset covers it; a wait that times out still flushes.  Real mmap stores on real files.
+flushed offset covers it; a wait that times out still flushes.  Real mmap stores on real files;
+the worker's ``hold`` keeps cohort A's round from starting its ``fdatasync`` while B is posted.
 """
 
 from __future__ import annotations
@@ -52,26 +55,49 @@ async def _acknowledged(store: Any, futures: list[Any]) -> list[Any]:
     return results
 
 
+def _wait_taken(worker: Any) -> None:
+    """Block (the loop too) until the worker took the posted request into its held slot."""
+    deadline = time.monotonic() + 10
+    while worker.inflight == 0:
+        assert time.monotonic() < deadline, "the flush worker did not take the posted round"
+        time.sleep(0.001)
+
+
+async def _two_cohorts(store: Any, size: int) -> tuple[list[Any], list[Any]]:
+    """Cohort A's round held in the worker while cohort B is posted, then A's round let go and A
+    acknowledged: returns B's futures (posted, waiting) and A's results."""
+    native = store.flush_policy._native
+    assert native is not None
+    worker = native.worker
+    worker.hold(0, True)
+    try:
+        a = _puts(store, 8, "a", size)
+        for _ in range(3):  # the kick (held one turn when it carries 8 messages or more)
+            await asyncio.sleep(0)
+        _wait_taken(worker)
+        b = _puts(store, 8, "b", size)
+        await asyncio.sleep(0)  # B's kick: posted behind A's round
+        assert native.posted and len(native.posted) == 2
+    finally:
+        worker.hold(0, False)
+    return b, await _acknowledged(store, a)
+
+
 @compiled
-def test_after_a_round_of_many_puts_the_next_round_waits_for_the_answered_senders(tmp_path: Path) -> None:
-    """A round of 8 puts of 8 messages, then one put: its round does not start while the bytes
-    stay below the mark (the worker gathers); 8 more puts reach it and one ``fdatasync`` covers
-    all nine."""
+def test_the_waiting_cohort_round_waits_for_the_answered_one_and_both_share_it(tmp_path: Path) -> None:
+    """A's round ends with B (64 messages) waiting: B's round waits for A's next sends, and one
+    ``fdatasync`` covers B and A's next cohort (two rounds for three cohorts)."""
     store = _store(tmp_path / "s", worker_gather_us=5_000_000)
 
     async def main() -> tuple[int, list[Any]]:
-        native = store.flush_policy._native
-        assert native is not None
-        worker = native.worker
-        await _acknowledged(store, _puts(store, 8, "first"))
+        worker = store.flush_policy._native.worker
         rounds = worker.rounds
-        lone = _puts(store, 1, "lone")
-        await asyncio.sleep(0.05)  # its kick posted it (a sparse round: at once)
-        assert native.posted
-        assert worker.rounds == rounds, "the lone put's round started without gathering"
-        assert not lone[0].done()
-        rest = _puts(store, 8, "rest")
-        results = await _acknowledged(store, lone + rest)
+        b, _a = await _two_cohorts(store, 8)
+        await asyncio.sleep(0.05)
+        assert worker.rounds == rounds + 1, "B's round started without gathering"
+        assert not any(f.done() for f in b)
+        a2 = _puts(store, 8, "c")
+        results = await _acknowledged(store, b + a2)
         return worker.rounds - rounds, results
 
     try:
@@ -80,42 +106,39 @@ def test_after_a_round_of_many_puts_the_next_round_waits_for_the_answered_sender
         assert (worker.gathered, worker.gather_timeouts) == (1, 0)
     finally:
         store.shutdown()
-    assert rounds == 1, rounds
-    assert [r.queue_offset for r in results] == list(range(64, 136, 8))
+    assert rounds == 2, rounds
+    assert [r.queue_offset for r in results] == list(range(64, 192, 8))
 
 
 @compiled
 def test_a_gathering_wait_that_times_out_still_flushes_and_acknowledges(tmp_path: Path) -> None:
-    """The senders do not come back: the round starts at the bound with what is there."""
+    """A's senders do not come back: B's round starts at the bound with what is there."""
     store = _store(tmp_path / "s", worker_gather_us=20_000)
 
     async def main() -> list[Any]:
-        await _acknowledged(store, _puts(store, 8, "first"))
-        started = time.monotonic()
-        results = await _acknowledged(store, _puts(store, 1, "lone"))
-        assert time.monotonic() - started >= 0.015
-        return results
+        b, _a = await _two_cohorts(store, 8)
+        return await _acknowledged(store, b)
 
     try:
-        (result,) = asyncio.run(main())
+        results = asyncio.run(main())
         worker = store.flush_policy._native.worker
         assert (worker.gathered, worker.gather_timeouts) == (1, 1)
     finally:
         store.shutdown()
-    assert result.queue_offset == 64
+    assert [r.queue_offset for r in results] == list(range(64, 128, 8))
 
 
 @compiled
-def test_a_round_of_few_messages_lets_the_next_start_at_once(tmp_path: Path) -> None:
-    """Single sends (the defaults): a round of 8 one-message puts is below the mark, so the next
-    round starts at its post (a sparse stream's latency is not held)."""
-    store = _store(tmp_path / "s", worker_gather_us=5_000_000)
+@pytest.mark.parametrize("gather_us", [None, 0])
+def test_single_sends_and_the_option_off_never_wait(tmp_path: Path, gather_us: int | None) -> None:
+    """Cohorts of 8 single sends (8 messages waiting, below 64: a stream's round, at 2 000 msg/s)
+    with the default bound, and 64-message cohorts with ``worker_gather_us = 0``: no wait."""
+    options = {} if gather_us is None else {"worker_gather_us": gather_us}
+    store = _store(tmp_path / "s", **options)
 
     async def main() -> None:
-        await _acknowledged(store, _puts(store, 8, "first", size=1))
-        started = time.monotonic()
-        await _acknowledged(store, _puts(store, 1, "lone", size=1))
-        assert time.monotonic() - started < 4.0
+        b, _a = await _two_cohorts(store, 1 if gather_us is None else 8)
+        await _acknowledged(store, b)
 
     try:
         asyncio.run(main())
@@ -126,13 +149,16 @@ def test_a_round_of_few_messages_lets_the_next_start_at_once(tmp_path: Path) -> 
 
 
 @compiled
-def test_without_worker_gather_the_next_round_starts_at_once(tmp_path: Path) -> None:
-    """``worker_gather_us = 0``: the lone put's round starts at its post."""
-    store = _store(tmp_path / "s", worker_gather_us=0)
+def test_a_lone_put_after_a_big_round_starts_at_once(tmp_path: Path) -> None:
+    """A round of 64 messages with nothing waiting when it ends (one cohort, or a burst) does not
+    make the next put wait."""
+    store = _store(tmp_path / "s", worker_gather_us=5_000_000)
 
     async def main() -> None:
         await _acknowledged(store, _puts(store, 8, "first"))
-        await _acknowledged(store, _puts(store, 1, "lone"))
+        started = time.monotonic()
+        await _acknowledged(store, _puts(store, 1, "lone", size=1))
+        assert time.monotonic() - started < 4.0
 
     try:
         asyncio.run(main())
@@ -146,8 +172,9 @@ def test_without_worker_gather_the_next_round_starts_at_once(tmp_path: Path) -> 
 def test_gathered_puts_are_acknowledged_alike_by_the_worker_and_the_thread(
     tmp_path: Path, compiled_rounds: bool
 ) -> None:
-    """Cohorts of puts with gathering on: the same offsets, each acknowledged once flushed,
-    by the compiled worker and by the Python flush thread (also under ``TIDEMQ_NO_EXTENSIONS=1``)."""
+    """Two cohorts of batched puts with the defaults: the same offsets, each acknowledged once
+    flushed, by the compiled worker and by the Python flush thread (also under
+    ``TIDEMQ_NO_EXTENSIONS=1``)."""
     store = _store(tmp_path / "s", compiled_rounds=compiled_rounds)
 
     async def cohort(tag: str) -> list[int]:

@@ -120,9 +120,10 @@ cdef struct State:
     double fsync_avg      # recent fdatasync time, ns (EWMA, 1/8)
     double gap_avg        # recent time between posts, ns (EWMA, 1/8)
     int64_t last_post
-    # Gathering (``gather_us``, one slot only): after a round of GATHER_MIN_MESSAGES or more, the
-    # next one waits (at most gather_ns) until the posted end reaches gather_to: the senders the
-    # round answered come back and one fdatasync covers them and the cohort already waiting.
+    # Gathering (``gather_us``, one slot only): after a round of GATHER_MIN_MESSAGES or more that
+    # ends with as many posted and waiting, the next one waits (at most gather_ns) until the posted
+    # end reaches gather_to: the senders the round answered come back and one fdatasync covers
+    # them and the cohort already waiting.
     int64_t gather_ns     # 0: off
     int64_t gather_to     # the next round waits for req_end >= this (0: no wait)
     int64_t last_end      # the end of the last round completed (where the next one's bytes start)
@@ -240,13 +241,20 @@ cdef void *_work(void *arg) noexcept nogil:
         s.busy_slots &= ~(1u << slot)
         s.inflight -= 1
         s.fsync_avg += (<double>(ended - started) - s.fsync_avg) / 8
-        if s.gather_ns and s.slots == 1 and not err and messages >= GATHER_MIN_MESSAGES and end >= start_end:
+        if (
+            s.gather_ns and s.slots == 1 and not err and end >= start_end
+            and messages >= GATHER_MIN_MESSAGES
+            and s.req_seq != s.taken_seq and s.req_messages >= GATHER_MIN_MESSAGES
+        ):
+            # Two cohorts alternating: this round's senders (answered now) and the ones posted
+            # meanwhile, each GATHER_MIN_MESSAGES or more (a stream at a moderate rate posts a few
+            # during a round; one cohort alone has nothing waiting: neither waits).
             if s.gather_skip > 0:
                 s.gather_skip -= 1
             else:
-                # As many bytes as this round flushed plus what is pending now (one round of each
-                # cohort): the answered senders' next sends join the waiting ones.
-                pending = s.req_end if s.req_seq != s.taken_seq and s.req_end > end else end
+                # As many bytes as this round flushed plus what waits: the answered senders' next
+                # sends join the waiting cohort's round.
+                pending = s.req_end if s.req_end > end else end
                 s.gather_to = end + (pending - start_end)
         s.last_end = end
         signal = 0

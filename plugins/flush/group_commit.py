@@ -154,12 +154,13 @@ class SyncFlushOptions:
     #: (docs/flush.md, "Session 10 (branch kickgate)").  0 or 1: held whenever the worker is idle.
     kick_min_messages: int = attrs.field(default=8, validator=attrs.validators.ge(0))
     #: The compiled worker's gathering (``loop_gather_us``'s, for its rounds): after a round of 64
-    #: messages or more (two batched puts of 32), its next round waits at most this long until the posted bytes reach what that
+    #: messages or more (two batched puts of 32) that ends with 64 or more posted and waiting,
+    #: its next round waits at most this long until the posted bytes reach what that
     #: round flushed plus what was pending when it ended: closed-loop senders settle into two
     #: cohorts that alternate rounds, and one ``fdatasync`` then covers both (fewer rounds, less
     #: CPU per message).  Three waits in a row that time out (a stream of sends, not cohorts) turn
     #: it off for 8 rounds, twice as many each further time (up to 256).  Single sends at a
-    #: moderate rate never wait (at 2 000 msg/s a round reaches 64 only after a 32 ms stall).  Only with one round in flight (``overlap_rounds = 1``).  0: a
+    #: moderate rate never wait (at 2 000 msg/s ~2 are posted during a round).  Only with one round in flight (``overlap_rounds = 1``).  0: a
     #: round starts with what is posted (docs/flush.md, "sync128 (session 11)").
     worker_gather_us: int = attrs.field(default=2000, validator=attrs.validators.ge(0))
 

@@ -70,9 +70,10 @@ def describe() -> str:
     return "the Python flush thread, one round at a time (tidemq_flush._round not built or TIDEMQ_NO_EXTENSIONS=1)"
 
 
-#: A round of this many messages or more lets the worker's next round gather
-#: (``[flush.sync] worker_gather_us``; ``_round``'s GATHER_MIN_MESSAGES): two batched puts of 32,
-#: or a single-send stream only after a stall of tens of ms (at 2 000 msg/s, 32 ms).
+#: A round of this many messages or more that ends with as many posted and waiting (two cohorts
+#: of closed-loop senders) lets the worker's next round gather (``[flush.sync] worker_gather_us``;
+#: ``_round``'s GATHER_MIN_MESSAGES): two batched puts of 32; single sends at 2 000 msg/s post ~2
+#: during a round.
 GATHER_MIN_MESSAGES = 64
 
 
