@@ -353,7 +353,7 @@ class GroupCommitFlush:
             if type(fut) is StoreFuture:
                 # Not ``cast(StoreFuture[Any], fut)``: the subscript and the call cost
                 # ~0.1 µs a put on the loop (sync128).
-                fut.completion = open_batch.completion  # type: ignore[attr-defined]
+                fut.completion = open_batch.completion
 
     def _kick(self, loop: AbstractEventLoop) -> None:
         """On ``loop``, after the iteration whose puts scheduled it: flush their batch here when
