@@ -131,8 +131,8 @@ def test_a_gathering_wait_that_times_out_still_flushes_and_acknowledges(tmp_path
 @compiled
 @pytest.mark.parametrize("gather_us", [None, 0])
 def test_single_sends_and_the_option_off_never_wait(tmp_path: Path, gather_us: int | None) -> None:
-    """Cohorts of 8 single sends (8 messages waiting, below 64: a stream's round, at 2 000 msg/s)
-    with the default bound, and 64-message cohorts with ``worker_gather_us = 0``: no wait."""
+    """Cohorts of 8 single sends (8 messages a round, below 64) with the default bound, and
+    64-message cohorts with ``worker_gather_us = 0``: no wait."""
     options = {} if gather_us is None else {"worker_gather_us": gather_us}
     store = _store(tmp_path / "s", **options)
 
@@ -149,13 +149,26 @@ def test_single_sends_and_the_option_off_never_wait(tmp_path: Path, gather_us: i
 
 
 @compiled
-def test_a_lone_put_after_a_big_round_starts_at_once(tmp_path: Path) -> None:
-    """A round of 64 messages with nothing waiting when it ends (one cohort, or a burst) does not
-    make the next put wait."""
+def test_a_backlog_of_single_sends_does_not_make_the_next_round_wait(tmp_path: Path) -> None:
+    """A stream of single sends (one post a message) piled up behind a slow round: its round of
+    64 messages or more came in 70 posts, so the next put's round starts at once."""
     store = _store(tmp_path / "s", worker_gather_us=5_000_000)
 
     async def main() -> None:
-        await _acknowledged(store, _puts(store, 8, "first"))
+        native = store.flush_policy._native
+        worker = native.worker
+        worker.hold(0, True)
+        try:
+            first = _puts(store, 1, "first", size=1)
+            await asyncio.sleep(0)
+            _wait_taken(worker)
+            backlog = []
+            for i in range(70):
+                backlog += _puts(store, 1, f"s{i}", size=1)
+                await asyncio.sleep(0)  # its own kick: one post each
+        finally:
+            worker.hold(0, False)
+        await _acknowledged(store, first + backlog)
         started = time.monotonic()
         await _acknowledged(store, _puts(store, 1, "lone", size=1))
         assert time.monotonic() - started < 4.0
@@ -164,6 +177,24 @@ def test_a_lone_put_after_a_big_round_starts_at_once(tmp_path: Path) -> None:
         asyncio.run(main())
         worker = store.flush_policy._native.worker
         assert (worker.gathered, worker.gather_timeouts) == (0, 0)
+    finally:
+        store.shutdown()
+
+
+@compiled
+def test_a_lone_put_after_a_batched_round_waits_at_most_the_bound(tmp_path: Path) -> None:
+    """One post of 64 messages (a batched cohort) with nobody coming back: the next put waits for
+    the bound, then its round flushes and it is acknowledged."""
+    store = _store(tmp_path / "s", worker_gather_us=20_000)
+
+    async def main() -> None:
+        await _acknowledged(store, _puts(store, 8, "first"))
+        await _acknowledged(store, _puts(store, 1, "lone", size=1))
+
+    try:
+        asyncio.run(main())
+        worker = store.flush_policy._native.worker
+        assert (worker.gathered, worker.gather_timeouts) == (1, 1)
     finally:
         store.shutdown()
 
