@@ -79,8 +79,7 @@ cdef extern from "<unistd.h>" nogil:
 cdef enum:
     RING = 1024  # rounds kept for the loop's next drain (the counters never lose one)
     MAX_SLOTS = 8  # rounds in flight at most (one worker thread and one fd each)
-    GATHER_MIN_MESSAGES = 64  # a round of this many messages or more lets the next one gather ...
-    GATHER_DENSE = 16  # ... when its posts carried this many messages each on average
+    GATHER_MIN_MESSAGES = 64  # a round of this many messages or more lets the next one gather
     GATHER_MISSES = 3  # gathering waits in a row that timed out before it pauses ...
     GATHER_SKIP_AFTER_MISS = 8  # ... for this many rounds, twice as many each further time ...
     GATHER_SKIP_MAX = 256  # ... up to this many
@@ -121,15 +120,14 @@ cdef struct State:
     double fsync_avg      # recent fdatasync time, ns (EWMA, 1/8)
     double gap_avg        # recent time between posts, ns (EWMA, 1/8)
     int64_t last_post
-    # Gathering (``gather_us``, one slot only): after a round of GATHER_MIN_MESSAGES or more posted
-    # GATHER_DENSE or more a post, the next one waits (at most gather_ns) until the posted
+    # Gathering (``gather_us``, one slot only): after a round of GATHER_MIN_MESSAGES or more that
+    # ends with as many posted and waiting, the next one waits (at most gather_ns) until the posted
     # end reaches gather_to: the senders the round answered come back and one fdatasync covers
     # them and the cohort already waiting.
     int64_t gather_ns     # 0: off
     int64_t gather_to     # the next round waits for req_end >= this (0: no wait)
     int64_t last_end      # the end of the last round completed (where the next one's bytes start)
     uint64_t req_messages  # messages posted since the last round was taken
-    uint64_t req_posts    # posts since the last round was taken
     int gathering         # the worker waits for gather_to (posts below it do not wake it)
     int gather_misses     # waits in a row that timed out
     int gather_skip       # rounds left that start without gathering
@@ -190,7 +188,7 @@ cdef void *_work(void *arg) noexcept nogil:
     cdef State *s = <State *>arg
     cdef int fd, rc, err, slot
     cdef int64_t end, started, ended, start_end, pending
-    cdef uint64_t seq, r, messages, posts, one = 1
+    cdef uint64_t seq, r, messages, one = 1
     cdef Done *d
     cdef int signal
     pthread_setname_np(pthread_self(), "tidemq-flush")
@@ -206,9 +204,7 @@ cdef void *_work(void *arg) noexcept nogil:
                 _gather_wait(s)
             s.gather_to = 0
         messages = s.req_messages
-        posts = s.req_posts
         s.req_messages = 0
-        s.req_posts = 0
         start_end = s.last_end
         slot = 0
         while s.busy_slots & (1u << slot):
@@ -247,17 +243,18 @@ cdef void *_work(void *arg) noexcept nogil:
         s.fsync_avg += (<double>(ended - started) - s.fsync_avg) / 8
         if (
             s.gather_ns and s.slots == 1 and not err and end >= start_end
-            and messages >= GATHER_MIN_MESSAGES and messages >= GATHER_DENSE * posts
+            and messages >= GATHER_MIN_MESSAGES
+            and s.req_seq != s.taken_seq and s.req_messages >= GATHER_MIN_MESSAGES
         ):
-            # Closed-loop cohorts: this round's senders (answered now) came in few posts of many
-            # messages each (a loop turn's reads of pipelined or batched sends); a stream of single
-            # sends posts one or two a kick, and its backlog after a stall never waits.
+            # Two cohorts alternating: this round's senders (answered now) and the ones posted
+            # meanwhile, each GATHER_MIN_MESSAGES or more (a stream at a moderate rate posts a few
+            # during a round; one cohort alone has nothing waiting: neither waits).
             if s.gather_skip > 0:
                 s.gather_skip -= 1
             else:
                 # As many bytes as this round flushed plus what waits: the answered senders' next
                 # sends join the waiting cohort's round.
-                pending = s.req_end if s.req_seq != s.taken_seq and s.req_end > end else end
+                pending = s.req_end if s.req_end > end else end
                 s.gather_to = end + (pending - start_end)
         s.last_end = end
         signal = 0
@@ -385,7 +382,6 @@ cdef class RoundWorker:
                 s.req_end = end
             s.req_seq += 1
             s.req_messages += messages
-            s.req_posts += 1
             seq = s.req_seq
             now = _now_ns()
             if s.last_post:
