@@ -229,6 +229,7 @@ def test_check_config_show_prints_every_effective_value_as_toml(tmp_path: Path) 
         "overlap_max_load": 2.0,
         "kick_polls": 1,
         "kick_min_messages": 8,
+        "worker_gather_us": 2000,
     }
     assert shown["store"]["mmap"]["commitlog_file_size"] == 1048576
     assert shown["store"]["mmap"]["disk_space_warning_ratio"] == 90  # a default filled in

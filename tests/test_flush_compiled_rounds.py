@@ -203,7 +203,7 @@ class _StalledWorker:
         self.real = real
         self.seq = 0
 
-    def post(self, fd: int, end: int, fds: Any = None) -> int:
+    def post(self, fd: int, end: int, fds: Any = None, messages: int = 1) -> int:
         self.seq += 1
         return self.seq
 

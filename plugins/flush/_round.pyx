@@ -17,7 +17,16 @@ module is not built, with ``TIDEMQ_NO_EXTENSIONS=1``, and for every round these 
 
 from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport calloc, free
-from libc.errno cimport errno, EINTR
+from libc.errno cimport errno, EINTR, ETIMEDOUT
+
+cdef extern from "<time.h>" nogil:
+    ctypedef long time_t
+    cdef struct timespec:
+        time_t tv_sec
+        long tv_nsec
+    int clock_gettime(int, timespec *)
+    int CLOCK_MONOTONIC
+    int CLOCK_REALTIME
 
 cdef extern from "<pthread.h>" nogil:
     ctypedef unsigned long pthread_t
@@ -32,20 +41,12 @@ cdef extern from "<pthread.h>" nogil:
     int pthread_cond_init(pthread_cond_t *, void *)
     int pthread_cond_destroy(pthread_cond_t *)
     int pthread_cond_wait(pthread_cond_t *, pthread_mutex_t *)
+    int pthread_cond_timedwait(pthread_cond_t *, pthread_mutex_t *, const timespec *)
     int pthread_cond_signal(pthread_cond_t *)
     int pthread_cond_broadcast(pthread_cond_t *)
     int pthread_create(pthread_t *, void *, void *(*)(void *) noexcept nogil, void *)
     int pthread_setname_np(pthread_t, const char *)
     pthread_t pthread_self()
-
-cdef extern from "<time.h>" nogil:
-    ctypedef long time_t
-    cdef struct timespec:
-        time_t tv_sec
-        long tv_nsec
-    int clock_gettime(int, timespec *)
-    int CLOCK_MONOTONIC
-    int CLOCK_REALTIME
 
 cdef extern from * nogil:
     """
@@ -78,6 +79,10 @@ cdef extern from "<unistd.h>" nogil:
 cdef enum:
     RING = 1024  # rounds kept for the loop's next drain (the counters never lose one)
     MAX_SLOTS = 8  # rounds in flight at most (one worker thread and one fd each)
+    GATHER_MIN_MESSAGES = 64  # a round of this many messages or more lets the next one gather
+    GATHER_MISSES = 3  # gathering waits in a row that timed out before it pauses ...
+    GATHER_SKIP_AFTER_MISS = 8  # ... for this many rounds, twice as many each further time ...
+    GATHER_SKIP_MAX = 256  # ... up to this many
 
 
 cdef struct Done:
@@ -115,6 +120,20 @@ cdef struct State:
     double fsync_avg      # recent fdatasync time, ns (EWMA, 1/8)
     double gap_avg        # recent time between posts, ns (EWMA, 1/8)
     int64_t last_post
+    # Gathering (``gather_us``, one slot only): after a round of GATHER_MIN_MESSAGES or more that
+    # ends with as many posted and waiting, the next one waits (at most gather_ns) until the posted
+    # end reaches gather_to: the senders the round answered come back and one fdatasync covers
+    # them and the cohort already waiting.
+    int64_t gather_ns     # 0: off
+    int64_t gather_to     # the next round waits for req_end >= this (0: no wait)
+    int64_t last_end      # the end of the last round completed (where the next one's bytes start)
+    uint64_t req_messages  # messages posted since the last round was taken
+    int gathering         # the worker waits for gather_to (posts below it do not wake it)
+    int gather_misses     # waits in a row that timed out
+    int gather_skip       # rounds left that start without gathering
+    int gather_backoff
+    uint64_t gathered     # waits done
+    uint64_t gather_timeouts  # ... that ended by gather_ns
     Done ring[RING]
 
 
@@ -122,6 +141,35 @@ cdef int64_t _now_ns() noexcept nogil:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef void _gather_wait(State *s) noexcept nogil:
+    """Under the mutex, a request waiting: wait (at most ``gather_ns``) until the posted end
+    reaches ``gather_to``; three waits in a row that time out pause gathering for a while."""
+    cdef timespec ts
+    cdef long long ns
+    cdef int rc = 0
+    clock_gettime(CLOCK_REALTIME, &ts)
+    ns = <long long>ts.tv_nsec + s.gather_ns
+    ts.tv_sec += <time_t>(ns // 1000000000)
+    ts.tv_nsec = <long>(ns % 1000000000)
+    s.gathering = 1
+    while not s.stop and s.req_end < s.gather_to and rc != ETIMEDOUT:
+        rc = pthread_cond_timedwait(&s.cv, &s.mu, &ts)
+    s.gathering = 0
+    s.gathered += 1
+    if s.req_end >= s.gather_to or s.stop:
+        s.gather_misses = 0
+        s.gather_backoff = GATHER_SKIP_AFTER_MISS
+    else:
+        s.gather_timeouts += 1
+        s.gather_misses += 1
+        if s.gather_misses >= GATHER_MISSES:
+            # The senders keep not coming back in time (a stream, not cohorts): pause, longer each time.
+            s.gather_misses = 0
+            s.gather_skip = s.gather_backoff
+            s.gather_backoff = s.gather_backoff * 2 if s.gather_backoff < GATHER_SKIP_MAX // 2 else GATHER_SKIP_MAX
+    s.gather_to = 0
 
 
 cdef inline bint _may_start(State *s) noexcept nogil:
@@ -139,8 +187,8 @@ cdef inline bint _may_start(State *s) noexcept nogil:
 cdef void *_work(void *arg) noexcept nogil:
     cdef State *s = <State *>arg
     cdef int fd, rc, err, slot
-    cdef int64_t end, started, ended
-    cdef uint64_t seq, r, one = 1
+    cdef int64_t end, started, ended, start_end, pending
+    cdef uint64_t seq, r, messages, one = 1
     cdef Done *d
     cdef int signal
     pthread_setname_np(pthread_self(), "tidemq-flush")
@@ -151,6 +199,13 @@ cdef void *_work(void *arg) noexcept nogil:
         if s.req_seq == s.taken_seq:  # stopping, every request served
             pthread_mutex_unlock(&s.mu)
             break
+        if s.gather_to:
+            if s.req_end < s.gather_to and not s.stop and s.inflight == 0:
+                _gather_wait(s)
+            s.gather_to = 0
+        messages = s.req_messages
+        s.req_messages = 0
+        start_end = s.last_end
         slot = 0
         while s.busy_slots & (1u << slot):
             slot += 1
@@ -186,6 +241,22 @@ cdef void *_work(void *arg) noexcept nogil:
         s.busy_slots &= ~(1u << slot)
         s.inflight -= 1
         s.fsync_avg += (<double>(ended - started) - s.fsync_avg) / 8
+        if (
+            s.gather_ns and s.slots == 1 and not err and end >= start_end
+            and messages >= GATHER_MIN_MESSAGES
+            and s.req_seq != s.taken_seq and s.req_messages >= GATHER_MIN_MESSAGES
+        ):
+            # Two cohorts alternating: this round's senders (answered now) and the ones posted
+            # meanwhile, each GATHER_MIN_MESSAGES or more (a stream at a moderate rate posts a few
+            # during a round; one cohort alone has nothing waiting: neither waits).
+            if s.gather_skip > 0:
+                s.gather_skip -= 1
+            else:
+                # As many bytes as this round flushed plus what waits: the answered senders' next
+                # sends join the waiting cohort's round.
+                pending = s.req_end if s.req_end > end else end
+                s.gather_to = end + (pending - start_end)
+        s.last_end = end
         signal = 0
         # Reported in the order taken: a round is drained only once every earlier one completed.
         while s.done_count < s.started_count and s.ring[s.done_count % RING].done:
@@ -220,7 +291,7 @@ cdef class RoundWorker:
     cdef bint joined
     cdef bint leaked
 
-    def __cinit__(self, int slots=1, double max_load=2.0):
+    def __cinit__(self, int slots=1, double max_load=2.0, long long gather_us=0):
         if slots < 1 or slots > MAX_SLOTS:
             raise ValueError(f"slots must be 1..{MAX_SLOTS}, got {slots}")
         self.s = <State *>calloc(1, sizeof(State))
@@ -232,6 +303,8 @@ cdef class RoundWorker:
         self.s.slots = slots
         self.s.max_load = max_load
         self.s.gap_avg = 1e9  # no post seen: sparse
+        self.s.gather_ns = gather_us * 1000 if slots == 1 and gather_us > 0 else 0
+        self.s.gather_backoff = GATHER_SKIP_AFTER_MISS
         self.s.req_key = -1
         self.s.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
         if self.s.efd < 0:
@@ -275,13 +348,14 @@ cdef class RoundWorker:
         """Rounds in flight at most."""
         return self.s.slots if self.s != NULL else 0
 
-    def post(self, int fd, long long end, tuple fds=None) -> int:
+    def post(self, int fd, long long end, tuple fds=None, int messages=1) -> int:
         """Ask for an ``fdatasync`` of ``fd``'s file covering ``end``; returns the request's sequence
         number, which a completed round at or past it covers, or 0 when the worker cannot take it
         (stopped, or a request for another file not taken yet).  ``fds``: one fd of that file per
         slot, each its own open file description (a round in slot i syncs ``fds[i]``); without
         them every slot would share ``fd``'s description, so such a request never runs beside
-        another round."""
+        another round.  ``messages``: how many messages the request covers (a round of
+        GATHER_MIN_MESSAGES or more lets the next one gather, ``gather_us``)."""
         cdef State *s = self.s
         cdef uint64_t seq = 0
         cdef int i, n
@@ -307,12 +381,16 @@ cdef class RoundWorker:
             if end > s.req_end or s.req_seq == s.taken_seq:
                 s.req_end = end
             s.req_seq += 1
+            s.req_messages += messages
             seq = s.req_seq
             now = _now_ns()
             if s.last_post:
                 s.gap_avg += (<double>(now - s.last_post) - s.gap_avg) / 8
             s.last_post = now
-            if _may_start(s):
+            if s.gathering:
+                if s.req_end >= s.gather_to:
+                    pthread_cond_signal(&s.cv)  # the gathering worker: its bytes are there
+            elif _may_start(s):
                 pthread_cond_signal(&s.cv)  # an idle worker (the busy ones take it when done)
         pthread_mutex_unlock(&s.mu)
         return seq
@@ -380,6 +458,16 @@ cdef class RoundWorker:
     def overlapped(self) -> int:
         """Rounds started while another round was in flight."""
         return self.s.overlapped if self.s != NULL else 0
+
+    @property
+    def gathered(self) -> int:
+        """Rounds that waited to gather (``gather_us``)."""
+        return self.s.gathered if self.s != NULL else 0
+
+    @property
+    def gather_timeouts(self) -> int:
+        """... of which the wait ended by ``gather_us``."""
+        return self.s.gather_timeouts if self.s != NULL else 0
 
     @property
     def load(self) -> float:

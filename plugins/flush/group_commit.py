@@ -47,7 +47,7 @@ from asyncio import AbstractEventLoop
 from asyncio import _get_running_loop as running_loop
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import Any
 
 import attrs
 
@@ -153,6 +153,16 @@ class SyncFlushOptions:
     #: 99.6 % of the kicks that found the worker idle carried 1-4 messages; batched ones 32-512
     #: (docs/flush.md, "Session 10 (branch kickgate)").  0 or 1: held whenever the worker is idle.
     kick_min_messages: int = attrs.field(default=8, validator=attrs.validators.ge(0))
+    #: The compiled worker's gathering (``loop_gather_us``'s, for its rounds): after a round of 64
+    #: messages or more (two batched puts of 32) that ends with 64 or more posted and waiting,
+    #: its next round waits at most this long until the posted bytes reach what that
+    #: round flushed plus what was pending when it ended: closed-loop senders settle into two
+    #: cohorts that alternate rounds, and one ``fdatasync`` then covers both (fewer rounds, less
+    #: CPU per message).  Three waits in a row that time out (a stream of sends, not cohorts) turn
+    #: it off for 8 rounds, twice as many each further time (up to 256).  Single sends at a
+    #: moderate rate never wait (at 2 000 msg/s ~2 are posted during a round).  Only with one round in flight (``overlap_rounds = 1``).  0: a
+    #: round starts with what is posted (docs/flush.md, "sync128 (session 11)").
+    worker_gather_us: int = attrs.field(default=2000, validator=attrs.validators.ge(0))
 
 
 def _false() -> bool:
@@ -341,7 +351,9 @@ class GroupCommitFlush:
                 loop.call_soon(self._kick, loop)
             open_batch.add(end_offset, fut, value, on_timeout)
             if type(fut) is StoreFuture:
-                cast(StoreFuture[Any], fut).completion = open_batch.completion
+                # Not ``cast(StoreFuture[Any], fut)``: the subscript and the call cost
+                # ~0.1 µs a put on the loop (sync128).
+                fut.completion = open_batch.completion
 
     def _kick(self, loop: AbstractEventLoop) -> None:
         """On ``loop``, after the iteration whose puts scheduled it: flush their batch here when
