@@ -573,11 +573,11 @@ cdef class SentFields:
         """The send's keys (one a message)."""
         return self._nkeys
 
-    def keep_hashes(self, array.array hashes not None):
+    def keep_hashes(self, object hashes not None):
         """The record's keys are ``hashes`` (an ``array("q")``, in message order): their number
         is kept here, the hashes themselves by the table that stores them
         (:meth:`HashTable.put_record`): a record holds no array."""
-        self._nkeys = <uint32_t>_check_q(hashes)
+        self._nkeys = <uint32_t>len(hashes)
 
     @property
     def hashes(self):
