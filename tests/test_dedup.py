@@ -22,6 +22,7 @@ import pytest
 
 from tidemq.broker import Broker
 from tidemq.broker.dedup import PER_KEY_BYTES, PER_SEND_BYTES, DuplicateWindow
+from tidemq.broker.dedup_sent import Sent
 from tidemq.broker.dedup_table import hashes_of
 from tidemq.config import NamesrvSettings, compose, parse_config
 from tidemq.message import (
@@ -533,7 +534,13 @@ def test_the_window_on_the_python_key_table(monkeypatch: pytest.MonkeyPatch) -> 
     """Without the compiled table (no compiler at install) the window behaves the same."""
     from tidemq.broker import dedup, dedup_table
 
+    class PySent(dedup_table._PySentFields):  # Sent's methods on the reference's fields
+        __slots__ = ()
+
+    for name in ("__init__", "answer", "position", "from_put", "put_future"):
+        setattr(PySent, name, Sent.__dict__[name])
     monkeypatch.setattr(dedup, "HashTable", dedup_table._PyHashTable)
+    monkeypatch.setattr(dedup, "Sent", PySent)
     window = DuplicateWindow(120, 5, 1 << 30)
     keys = [key() for _ in range(8)]
     first = window.record("T", hashes_of(keys[:3]), None, 120)

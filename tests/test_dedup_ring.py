@@ -250,29 +250,32 @@ def test_eviction_at_the_ring_tail_reuses_dead_slots_and_agrees_with_the_referen
     grows past the size its live keys need (dead slots are reused, not accumulated)."""
     rng = random.Random(39)
     compiled, reference = dedup_table.HashTable(), dedup_table._PyHashTable()
-    order: list[Any] = []  # the records, oldest first
+    order: list[tuple[Any, array[int]]] = []  # the records with their hashes, oldest first
     live_keys = 0
     for step in range(40_000):
         rec = dedup_table.SentFields.__new__(dedup_table.SentFields)
         n = rng.choice((1, 1, 2, 4))
         hashes = [rng.randrange(-(2**63), 2**63) for _ in range(n)]
         if order and rng.random() < 0.05:  # a key of a recent send taken over
-            hashes[0] = rng.choice(order[-50:]).hashes[0]
-        rec.hashes = array("q", hashes)
-        a, b = compiled.put_many(rec.hashes, rec), reference.put_many(rec.hashes, rec)
-        assert a == b
-        order.append(rec)
+            hashes[0] = rng.choice(order[-50:])[1][0]
+        kept = array("q", hashes)
+        # the compiled table keeps the hashes for the record (its key ring), the reference's
+        # records their own: removals and evictions below read them there
+        a, b = compiled.put_record(kept, rec), reference.put_many(kept, rec)
+        assert a == b and rec.nkeys == n
+        order.append((rec, kept))
         if rng.random() < 0.02 and len(order) > 2:  # a send not stored: removed early
-            gone = order[-2]
-            assert compiled.remove_many(gone.hashes, gone) == reference.remove_many(gone.hashes, gone)
+            gone, its = order[-2]
+            assert compiled.remove_record(gone) == reference.remove_many(its, gone)
+            assert compiled.remove_record(gone) == 0
         while len(reference) > 2000:
-            oldest = order.pop(0)
-            assert compiled.evict(oldest) == reference.evict(oldest)
+            oldest, its = order.pop(0)
+            assert compiled.evict(oldest) == reference.remove_many(its, oldest)
         assert len(compiled) == len(reference)
         if step % 4000 == 0:
-            assert all(compiled.get(h) is reference.get(h) for r in order[-300:] for h in r.hashes)
+            assert all(compiled.get(h) is reference.get(h) for r, its in order[-300:] for h in its)
     live_keys = len(reference)
-    assert all(compiled.get(h) is reference.get(h) for r in order for h in r.hashes)
+    assert all(compiled.get(h) is reference.get(h) for r, its in order for h in its)
     assert compiled.capacity <= 4 * 2048 and live_keys <= 2000  # grown for its live keys only
     assert compiled.displaced == 0
 

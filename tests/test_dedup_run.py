@@ -75,13 +75,15 @@ def state(
     """What the window holds, with Sents named by (run, send) so two windows compare: every
     record, and which record answers each of ``keys`` in each of ``topics``."""
     names: dict[int, tuple[int, int]] = {}
-    records = []
+    records: list[Any] = []
     for r, run in enumerate(sends):
         for i, s in enumerate(run):
             sent = s.dedup
             if isinstance(sent, Sent):
                 names[id(sent)] = (r, i)
-                records.append(((r, i), sent.topic, list(sent.hashes), sent.deadline, sent.nbytes, sent.live))
+                records.append(
+                    ((r, i), sent.topic, sent.nkeys, list(sent.hashes), sent.deadline, sent.nbytes, sent.live)
+                )
             else:
                 records.append(((r, i), sent))
     table = {}

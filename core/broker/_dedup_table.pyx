@@ -12,7 +12,7 @@ cimport cython
 from cpython cimport array
 from cpython.dict cimport PyDict_GetItem
 from cpython.pycapsule cimport PyCapsule_New
-from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.set cimport PySet_Add, PySet_GET_SIZE
@@ -404,21 +404,26 @@ cdef class SentFields:
     cdef public double deadline
     cdef public object window
     cdef public object topic
-    cdef public object hashes
     cdef public object send
     cdef public object handle
     cdef public bint live
     cdef uint32_t _stride  # packed, _deltas NULL: id k's offset is _first + k * _stride (here: in live's padding)
     cdef public Py_ssize_t nbytes
     cdef public long long queue_id
-    cdef public long long queue_offset
     cdef public long long step
+    cdef public long long queue_offset
     cdef public long long end
     cdef object _text  # the ids as text, when not packed ("": no answer yet)
     cdef object _host  # packed: the ids' common prefix (shared between records)
     cdef uint64_t _first  # packed: the first id's offset
     cdef uint32_t* _deltas  # packed: ids 1.._nids-1's offsets minus _first (PyMem: tracemalloc sees it), or NULL
-    cdef Py_ssize_t _nids  # packed: how many ids (0: not packed)
+    cdef uint32_t _nids  # packed: how many ids (0: not packed)
+    cdef uint32_t _nkeys  # the send's keys (messages)
+    # The keys' hashes, in message order, are kept by the record's table (its key ring:
+    # ``HashTable._keep``), not by the record (no array a send): entries _kpos.._kpos+_nkeys-1
+    # of the key ring of the table whose serial is _tid (0: none yet).
+    cdef uint32_t _kpos
+    cdef uint32_t _tid
 
     def __cinit__(self, *args, **kwargs):
         self._text = ""
@@ -563,6 +568,43 @@ cdef class SentFields:
         self._write_id(PyUnicode_1BYTE_DATA(text), pos)
         return text
 
+    @property
+    def nkeys(self):
+        """The send's keys (one a message)."""
+        return self._nkeys
+
+    def keep_hashes(self, object hashes not None):
+        """The record's keys are ``hashes`` (an ``array("q")``, in message order): their number
+        is kept here, the hashes themselves by the table that stores them
+        (:meth:`HashTable.put_record`): a record holds no array."""
+        self._nkeys = <uint32_t>len(hashes)
+
+    @property
+    def hashes(self):
+        """The keys' hashes in message order (a new ``array("q")``), read from the key ring of
+        the record's table while it keeps them: from the record's recording to its eviction (a
+        send forgotten: until the key ring's tail passes it); else empty."""
+        cdef HashTable table = _table_of(self)
+        cdef Py_ssize_t j
+        cdef Py_ssize_t n = self._nkeys if table is not None else 0
+        cdef array.array out = array.clone(_Q, n, False)
+        _untrack(out)
+        for j in range(n):
+            out.data.as_longlongs[j] = <long long>table._keys[(self._kpos + <uint32_t>j) & table._kmask]
+        return out
+
+    def index_of(self, int64_t h):
+        """The position of key hash ``h`` among the send's keys (ValueError when not one of
+        them); read from its table's key ring."""
+        cdef HashTable table = _table_of(self)
+        cdef uint32_t j
+        cdef uint64_t u = <uint64_t>h
+        if table is not None:
+            for j in range(self._nkeys):
+                if table._keys[(self._kpos + j) & table._kmask] == u:
+                    return j
+        raise ValueError(f"{h} is not a key of this send")
+
     def stored(self, send, result):
         """The first send's outcome is known (``send``'s fields are set): keep its answer, or
         forget the keys (``window.forget``) when it was not stored.  Called by the put's
@@ -629,6 +671,7 @@ cdef enum:
     _LOAD = 4
 
 
+cdef uint32_t _table_serial = 0  # the last HashTable's serial (_id)
 cdef uint32_t _OVER = 0x80000000u  # a bucket's first slot's top bit: keys of it went further
 cdef uint32_t _FP = 0x7FFFFFFFu
 
@@ -678,6 +721,18 @@ cdef class HashTable:
     cdef uint32_t* _masks  # per ring entry: a segment's keys (bit i: its group's key i); 0: one key
     cdef Py_ssize_t _nslots  # live slots (ring entries not holes): the table's load
     cdef Py_ssize_t _dropped  # keys the last displacement removed
+    # The key ring (session 11): the hashes of each recorded send's keys, in message order, one
+    # send after another in arrival order (``put_record``, the compiled run); a record reads its
+    # own there (``_kpos``, ``_nkeys``) for ``position``, a removal out of order (``forget``, an
+    # eviction whose keys are not all at the ring's tail) and ``hashes``.  Absolute 32-bit
+    # positions; the tail advances as records are evicted (oldest first), so it holds the
+    # window's keys plus those of sends forgotten or taken over since the oldest.  Allocated at
+    # the first record, doubled when full (positions kept): no allocation a send.
+    cdef uint64_t* _keys
+    cdef uint32_t _kmask  # capacity - 1 (capacity 0: _keys NULL)
+    cdef uint32_t _khead
+    cdef uint32_t _ktail
+    cdef uint32_t _id  # this table's serial (a record's _tid), never 0
 
     def __cinit__(self, Py_ssize_t capacity=64):
         cdef Py_ssize_t cap = 16
@@ -696,6 +751,15 @@ cdef class HashTable:
         self._nslots = 0
         self._dropped = 0
         self._displaced = 0
+        self._keys = NULL
+        self._kmask = 0
+        self._khead = 0
+        self._ktail = 0
+        global _table_serial
+        _table_serial += 1
+        if _table_serial == 0:
+            _table_serial = 1
+        self._id = _table_serial
         self._alloc(cap)
         self._ring = <Entry*>PyMem_Malloc(rcap * sizeof(Entry))
         self._masks = <uint32_t*>PyMem_Malloc(rcap * sizeof(uint32_t))
@@ -744,6 +808,9 @@ cdef class HashTable:
         if self._masks != NULL:
             PyMem_Free(self._masks)
             self._masks = NULL
+        if self._keys != NULL:
+            PyMem_Free(self._keys)
+            self._keys = NULL
         if self._slots != NULL:
             self._free(self._raw, self._map, self._map_len)
             self._slots = NULL
@@ -1121,15 +1188,75 @@ cdef class HashTable:
         else:
             self._drop_slot(at)
 
-    cdef Py_ssize_t _evict(self, SentFields sent, Py_ssize_t n) except -1:
+    cdef inline bint _holds(self, SentFields sent) noexcept:
+        """Whether ``sent``'s keys' hashes are in this table's key ring (it was recorded here and
+        not evicted since)."""
+        cdef uint32_t span = self._khead - self._ktail
+        cdef uint32_t off = sent._kpos - self._ktail
+        return sent._tid == self._id and off <= span and sent._nkeys <= span - off
+
+    cdef int _keep(self, SentFields sent, const uint64_t* data, Py_ssize_t n) except -1:
+        """``sent``'s keys' hashes (``n``, in message order) appended to the key ring: its own."""
+        cdef uint32_t span = self._khead - self._ktail
+        cdef uint64_t cap = (<uint64_t>self._kmask + 1) if self._keys != NULL else 0
+        cdef uint64_t newcap
+        cdef uint32_t k, newmask
+        cdef uint64_t* fresh
+        cdef Py_ssize_t j
+        if <uint64_t>span + <uint64_t>n > cap:
+            newcap = cap if cap else 64
+            while newcap < <uint64_t>span + <uint64_t>n:
+                newcap *= 2
+            if newcap > (1u << 31):
+                raise MemoryError("the duplicate window's key ring is full")
+            fresh = <uint64_t*>PyMem_Malloc(newcap * sizeof(uint64_t))
+            if fresh == NULL:
+                raise MemoryError()
+            newmask = <uint32_t>(newcap - 1)
+            k = self._ktail
+            while k != self._khead:  # the same absolute positions: the records' stay
+                fresh[k & newmask] = self._keys[k & self._kmask]
+                k += 1
+            PyMem_Free(self._keys)
+            self._keys = fresh
+            self._kmask = newmask
+        k = self._khead
+        for j in range(n):
+            self._keys[(k + <uint32_t>j) & self._kmask] = data[j]
+        sent._kpos = k
+        sent._nkeys = <uint32_t>n
+        sent._tid = self._id
+        self._khead = k + <uint32_t>n
+        return 0
+
+    cdef Py_ssize_t _remove_kept(self, SentFields sent) noexcept:
+        """Remove the keys still ``sent``'s, found by its hashes in the key ring (out of order:
+        each probed); how many were (0 when the ring does not hold its hashes)."""
+        cdef uint32_t j, n
+        cdef Py_ssize_t at, removed = 0
+        cdef uint64_t h
+        if not self._holds(sent):
+            return 0
+        n = sent._nkeys
+        for j in range(n):
+            self._prefetch(_slot_hash(<int64_t>self._keys[(sent._kpos + j) & self._kmask]))
+        for j in range(n):
+            h = _slot_hash(<int64_t>self._keys[(sent._kpos + j) & self._kmask])
+            at = self._find(h)
+            if at >= 0 and self._value_at(at) == <PyObject*>sent:
+                self._remove_key(at, h)
+                removed += 1
+        return removed
+
+    cdef Py_ssize_t _evict(self, SentFields sent) except -1:
         """Remove the keys still ``sent``'s, ``sent`` being the oldest send of the table: its
         entries are the ring's tail, so the tail advances past them (sequential memory; their
-        slots die by position).  Keys of it out of place (taken over, displaced, or a ring not in
-        order) are probed for.  ``n``: its number of keys (< 1: read from its hash array, a cache
-        line the trim otherwise need not touch).  How many were removed."""
+        slots die by position).  Keys of it out of place (a ring not in order) are probed for,
+        by its hashes in the key ring, whose tail then passes them.  How many were removed."""
         cdef Py_ssize_t removed = 0
         cdef Entry* e
         cdef PyObject* me = <PyObject*>sent
+        cdef uint32_t end
         self._pass_holes()
         while self._tail != self._head:
             e = &self._ring[self._tail & self._rmask]
@@ -1142,15 +1269,30 @@ cdef class HashTable:
             Py_XDECREF(me)  # the table's reference (the caller holds one)
             self._pass_holes()
         self._used -= removed
-        if n < 1:
-            n = Py_SIZE(sent.hashes)
-        if removed < n:
-            removed += self._remove_many(<array.array>sent.hashes, sent)
+        if self._holds(sent):
+            if removed < <Py_ssize_t>sent._nkeys:
+                removed += self._remove_kept(sent)
+            end = sent._kpos + sent._nkeys
+            self._ktail = end  # (records leave oldest first: the ones before are gone)
         return removed
 
     def evict(self, SentFields sent not None):
         """See :meth:`_evict` (the window's trim calls it on its oldest send)."""
-        return self._evict(sent, -1)
+        return self._evict(sent)
+
+    def put_record(self, array.array hashes not None, SentFields sent not None):
+        """:meth:`put_many` of ``sent`` under ``hashes`` (its keys', in message order), which
+        this table then keeps for it (:meth:`remove_record`, :meth:`evict`, ``sent.hashes``,
+        ``sent.index_of``)."""
+        cdef Py_ssize_t n = _check_q(hashes)
+        replaced = self.put_many(hashes, sent)
+        self._keep(sent, <const uint64_t*>hashes.data.as_longlongs, n)
+        return replaced
+
+    def remove_record(self, SentFields sent not None):
+        """Remove the keys still ``sent``'s (a send not stored, removed early: the window's
+        ``forget``), by the hashes this table keeps for it; how many were."""
+        return self._remove_kept(sent)
 
     def get(self, int64_t h):
         """The object under ``h``, or None."""
@@ -1211,6 +1353,19 @@ cdef class HashTable:
                 self._remove_key(at, _slot_hash(data[i]))
                 removed += 1
         return removed
+
+
+cdef HashTable _table_of(SentFields sent):
+    """The table keeping ``sent``'s hashes (its window's table of its topic), or None."""
+    window = sent.window
+    if isinstance(window, WindowFields):
+        found = (<WindowFields>window)._topics.get(sent.topic)
+    else:
+        topics = getattr(window, "_topics", None)
+        found = topics.get(sent.topic) if isinstance(topics, dict) else None
+    if isinstance(found, HashTable) and (<HashTable>found)._holds(sent):
+        return <HashTable>found
+    return None
 
 
 cdef object _props_type = None  # the message type whose ``properties`` slot offset is cached
@@ -1315,9 +1470,9 @@ def admit_run(
     Each send's keys (property ``name`` of its messages; ``send.msgs[0].topic`` its topic,
     ``topic_settings(topic, config_of(topic))`` its ``(seconds, keyed on content)``) are read and
     hashed.  A send whose messages all have a usable key is recorded pending: a ``sent_type`` (a
-    subclass of :class:`SentFields`, made without ``__init__``: window, topic, hashes,
-    ``now + seconds``, the send) under each key's hash in ``tables[topic]`` (created when
-    missing), its ``nbytes`` set, appended to ``order`` and set as ``send.dedup``.  Returns ``(keys, sends,
+    subclass of :class:`SentFields`, made without ``__init__``: window, topic, its keys'
+    number, ``now + seconds``, the send) under each key's hash in ``tables[topic]`` (created
+    when missing), which keeps the hashes for it (``HashTable._keep``), its ``nbytes`` set, appended to ``order`` and set as ``send.dedup``.  Returns ``(keys, sends,
     replaced, 0)``: the keys recorded, the sends recorded, the expired keys they took over (the
     last: the reference's sends not kept).
 
@@ -1342,6 +1497,37 @@ def admit_run(
     return counts.keys, counts.recorded, counts.replaced + counts.displaced, 0
 
 
+cdef struct KeyBuf:
+    uint64_t* p  # a run's keys' hashes, the sends' one after another
+    Py_ssize_t cap
+    bint shared  # p is the module's buffer (_kbuf), reused from run to run
+
+
+cdef uint64_t* _kbuf = NULL
+cdef Py_ssize_t _kbuf_cap = 0
+cdef bint _kbuf_busy = False  # a run uses _kbuf (another thread's, entered while it called Python)
+
+
+cdef int _kbuf_room(KeyBuf* kb, Py_ssize_t need) except -1:
+    """Room for ``need`` hashes in ``kb`` (its content kept)."""
+    global _kbuf, _kbuf_cap
+    cdef Py_ssize_t cap = kb.cap if kb.cap else 256
+    cdef uint64_t* p
+    if need <= kb.cap:
+        return 0
+    while cap < need:
+        cap *= 2
+    p = <uint64_t*>PyMem_Realloc(kb.p, cap * sizeof(uint64_t))
+    if p == NULL:
+        raise MemoryError()
+    kb.p = p
+    kb.cap = cap
+    if kb.shared:
+        _kbuf = p
+        _kbuf_cap = cap
+    return 0
+
+
 cdef int _admit(
     list sends,
     object topic_settings,
@@ -1362,7 +1548,55 @@ cdef int _admit(
 ) except -1:
     """:func:`admit_run`'s work: 2 (recorded, ``counts`` set), 0 (declined: a resend), 1 (the
     reference's case).  ``settings_owner``: an object whose ``topic_settings`` is called on a
-    cache miss (when ``topic_settings`` is None: no bound method made per run)."""
+    cache miss (when ``topic_settings`` is None: no bound method made per run).
+
+    The run's hashes go to a buffer reused from run to run (no array a send); each recorded
+    send's are then kept by its table (``HashTable._keep``)."""
+    global _kbuf, _kbuf_cap, _kbuf_busy
+    cdef KeyBuf kb
+    kb.p = NULL
+    kb.cap = 0
+    kb.shared = not _kbuf_busy
+    if kb.shared:
+        kb.p = _kbuf
+        kb.cap = _kbuf_cap
+        _kbuf_busy = True
+    try:
+        return _admit_keys(
+            sends, topic_settings, settings_owner, config_of, tables, order, sent_type, window,
+            now, max_entries, per_key, per_send, name, max_length, settings_cache, counts, &kb
+        )
+    finally:
+        if kb.shared:
+            _kbuf_busy = False
+            if _kbuf_cap > 65536:  # (a run of more keys than that: not kept for the next)
+                PyMem_Free(_kbuf)
+                _kbuf = NULL
+                _kbuf_cap = 0
+        else:
+            PyMem_Free(kb.p)
+
+
+cdef int _admit_keys(
+    list sends,
+    object topic_settings,
+    object settings_owner,
+    object config_of,
+    dict tables,
+    object order,
+    object sent_type,
+    object window,
+    double now,
+    Py_ssize_t max_entries,
+    Py_ssize_t per_key,
+    Py_ssize_t per_send,
+    str name,
+    Py_ssize_t max_length,
+    dict settings_cache,
+    RunCounts* counts,
+    KeyBuf* kb,
+) except -1:
+    """:func:`_admit`'s body, the hashes in ``kb``."""
     cdef Py_ssize_t nsends = len(sends)
     cdef Py_ssize_t i, j, n, at, seg, total = 0
     cdef list plan = None  # per send: its record (a SentFields, made in pass 1), or None
@@ -1371,11 +1605,11 @@ cdef int _admit(
     cdef SentFields fields
     cdef double seconds = 0.0
     cdef HashTable table = None
-    cdef array.array hashes
-    cdef long long* data
+    cdef uint64_t* data
     cdef uint64_t h
     cdef PyObject* value
     cdef tidemq_stem_memo memo
+    cdef Py_ssize_t off
     counts.keys = counts.recorded = counts.replaced = counts.displaced = 0
     # Pass 1: the keys and their hashes, each send's record made; each slot prefetched for
     # pass 2 (a full window's table is tens of MB: every key's probe is a cache miss, overlapped
@@ -1407,24 +1641,23 @@ cdef int _admit(
             last_topic = topic
         if seconds <= 0:
             continue
-        hashes = array.clone(_Q, n, False)
-        _untrack(hashes)
-        data = hashes.data.as_longlongs
+        _kbuf_room(kb, total + n)
+        data = kb.p + total
         memo.p = NULL  # (the keys of this send are held by its messages through the pass)
         for j in range(n):
             key = _key_of(msgs[j], name, max_length)
             if key is None:
                 break  # a message without a usable key: the send is stored as it is
-            data[j] = _hash_key_m(key, &memo)
+            data[j] = <uint64_t>_hash_key_m(key, &memo)
             if table is not None:
-                table._prefetch(_slot_hash(data[j]))
+                table._prefetch(_slot_hash(<int64_t>data[j]))
         else:
             if n > max_entries:
                 return 1  # a send the window cannot keep (a tiny bound): the reference's case
             fields = SentFields.__new__(sent_type)  # no __init__ call: the fields set here
             fields.window = window
             fields.topic = last_topic  # (equal to this send's topic)
-            fields.hashes = hashes
+            fields._nkeys = <uint32_t>n
             fields.deadline = now + seconds
             fields.send = send
             fields.handle = None
@@ -1442,13 +1675,13 @@ cdef int _admit(
     cdef Py_ssize_t gseg = -1  # this send's segment of it
     last_topic = None
     table = None
+    off = 0
     for i in range(nsends):
         entry = plan[i]
         if entry is None:
             continue
         fields = <SentFields>entry
-        hashes = <array.array>fields.hashes
-        n = Py_SIZE(hashes)
+        n = fields._nkeys
         topic = fields.topic
         if topic is not last_topic:
             found = tables.get(topic)
@@ -1457,10 +1690,11 @@ cdef int _admit(
                 tables[topic] = found
             table = <HashTable>found
             last_topic = topic
-        data = hashes.data.as_longlongs
+        data = kb.p + off
+        off += n
         gkey = 0
         for j in range(n):
-            h = _slot_hash(data[j])
+            h = _slot_hash(<int64_t>data[j])
             if gkey != 0 and (h & ~TIDEMQ_GROUP_LOW) == gkey:
                 # the next key of the group whose keys were gathered at its first key: absent
                 # (its bit in no segment) joins this send's segment without a probe
@@ -1478,7 +1712,7 @@ cdef int _admit(
             if at >= 0:
                 old = <object>table._value_at(at)
                 if _deadline(old) > now:  # a resend, or a key twice in the run
-                    _undo(plan, tables, i, j, taken)
+                    _undo(plan, tables, i, j, taken, kb.p)
                     return 0
                 if taken is None:
                     taken = []
@@ -1492,12 +1726,20 @@ cdef int _admit(
                     gseg = seg if seg >= 0 else -1 - at
                     gpresent |= 1u << <uint32_t>(h & TIDEMQ_GROUP_LOW)
     append = order.append
+    last_topic = None
+    off = 0
     for i in range(nsends):
         entry = plan[i]
         if entry is None:
             continue
         fields = <SentFields>entry
-        n = Py_SIZE(fields.hashes)
+        n = fields._nkeys
+        topic = fields.topic
+        if topic is not last_topic:
+            table = <HashTable>tables[topic]
+            last_topic = topic
+        table._keep(fields, kb.p + off, n)
+        off += n
         fields.nbytes = n * per_key + per_send
         append(fields)
         sends[i].dedup = fields
@@ -1570,8 +1812,8 @@ cdef int _trim(
         removed = 0
         if isinstance(found, HashTable):
             table = <HashTable>found
-            # its keys are the ring's tail: no slot touched (their number from its nbytes)
-            removed = table._evict(sent, (sent.nbytes - per_send) // per_key if per_key > 0 else -1)
+            # its keys are the ring's tail: no slot touched
+            removed = table._evict(sent)
             if table._used == 0:
                 del tables[sent.topic]
         entries[0] -= removed
@@ -1656,13 +1898,14 @@ cdef class WindowFields:
         return True
 
 
-cdef int _undo(list plan, dict tables, Py_ssize_t upto, Py_ssize_t upto_key, list taken) except -1:
+cdef int _undo(list plan, dict tables, Py_ssize_t upto, Py_ssize_t upto_key, list taken,
+               const uint64_t* keys) except -1:
     """Pass 2 declined at send ``upto``'s key ``upto_key``: remove what it recorded before, and
-    put back the expired keys it took over."""
-    cdef Py_ssize_t i, j, n, at
+    put back the expired keys it took over.  ``keys``: the run's hashes (the recorded sends'
+    one after another)."""
+    cdef Py_ssize_t i, j, n, at, off = 0
     cdef HashTable table
     cdef SentFields sent
-    cdef array.array hashes
     cdef PyObject* value
     cdef uint64_t h
     for i in range(upto + 1):
@@ -1670,11 +1913,11 @@ cdef int _undo(list plan, dict tables, Py_ssize_t upto, Py_ssize_t upto_key, lis
         if entry is None:
             continue
         sent = <SentFields>entry
-        hashes = <array.array>sent.hashes
-        n = Py_SIZE(hashes) if i < upto else upto_key  # the declining send: its keys before upto_key
+        n = sent._nkeys if i < upto else upto_key  # the declining send: its keys before upto_key
         table = <HashTable>tables[sent.topic]
+        off += sent._nkeys
         for j in range(n):
-            h = _slot_hash(hashes.data.as_longlongs[j])
+            h = _slot_hash(<int64_t>keys[off - sent._nkeys + j])
             at = table._find(h)
             if at >= 0 and table._value_at(at) == <PyObject*>sent:
                 table._remove_key(at, h)

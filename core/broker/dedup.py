@@ -220,7 +220,7 @@ class DuplicateWindow(WindowFields):
             return None
         now = self._clock()
         sent = Sent(self, topic, hashes, now + window_s, send)
-        self._add(sent, n, now)
+        self._add(sent, hashes, now)
         return sent
 
     def admit_run_py(self, sends: Sequence[Send], config_of: Callable[[str], object], now: float) -> bool:
@@ -267,9 +267,9 @@ class DuplicateWindow(WindowFields):
             if table is None:
                 table = self._topics[topic] = HashTable()
             sent = Sent(self, topic, hashes, now + seconds, send)
-            for h in hashes:
-                if table.put(h, sent) is not None:
-                    replaced += 1
+            taken = table.put_record(hashes, sent)  # (what ``put`` of each key replaced)
+            if taken is not None:
+                replaced += len(taken)
             sent.nbytes = n * PER_KEY_BYTES + PER_SEND_BYTES
             self._order.append(sent)
             send.dedup = sent
@@ -314,20 +314,16 @@ class DuplicateWindow(WindowFields):
         dropped[topic] = dropped.get(topic, 0) + n
 
     # ------------------------------------------------------------------ bookkeeping
-    def _add(self, sent: Sent, n: int, now: float) -> None:
+    def _add(self, sent: Sent, hashes: array[int], now: float) -> None:
+        """``sent`` (made with ``hashes``, its keys') stored under its keys."""
         table = self._topics.get(sent.topic)
         if table is None:
             table = self._topics[sent.topic] = HashTable()
-        hashes = sent.hashes
-        if n == 1:
-            old = table.put(hashes[0], sent)
-            if old is not None:
+        n = len(hashes)
+        replaced = table.put_record(hashes, sent)  # (the compiled table keeps the hashes)
+        if replaced is not None:
+            for old in replaced:
                 self._unlink(old)
-        else:
-            replaced = table.put_many(hashes, sent)
-            if replaced is not None:
-                for old in replaced:
-                    self._unlink(old)
         sent.nbytes = nbytes = n * PER_KEY_BYTES + PER_SEND_BYTES
         self._order.append(sent)
         self.entries += n
@@ -365,16 +361,18 @@ class DuplicateWindow(WindowFields):
             sent = order.popleft()
             if sent.deadline > now:
                 self.evicted += 1
-            self._drop(sent)
+            self._drop(sent, oldest=True)
 
-    def _drop(self, sent: Sent) -> None:
+    def _drop(self, sent: Sent, oldest: bool = False) -> None:
+        """``sent``'s keys still its own leave the window (``oldest``: it is the oldest send,
+        evicted: the compiled table then only advances its rings' tails)."""
         if not sent.live:
             return
         sent.live = False
         table = self._topics.get(sent.topic)
         removed = 0
         if table is not None:
-            removed = table.remove_many(sent.hashes, sent)  # the keys still its own, in one pass
+            removed = table.evict(sent) if oldest else table.remove_record(sent)
             if not len(table):
                 del self._topics[sent.topic]
         self.entries -= removed
@@ -543,7 +541,7 @@ class DuplicateWindow(WindowFields):
         sent.step = step
         sent.end = end
         sent.handle = handle
-        self._add(sent, n, self._clock())
+        self._add(sent, hashes, self._clock())
 
     # ------------------------------------------------------------------ figures
     def figures(self) -> dict[str, str]:

@@ -58,8 +58,11 @@ class Sent(SentFields):
 
     window: DuplicateWindow
     topic: str
-    #: The keys' 64-bit hashes (:func:`~tidemq.broker.dedup_table.hashes_of`), in message order.
+    #: The keys' 64-bit hashes (:func:`~tidemq.broker.dedup_table.hashes_of`), in message order
+    #: (the compiled record's: a copy read from its table, while the window holds it).
     hashes: array[int]
+    #: The send's keys (one a message).
+    nkeys: int
     deadline: float
     #: The send being stored (pending), else None.
     send: Send | None
@@ -86,7 +89,9 @@ class Sent(SentFields):
     ) -> None:
         self.window = window
         self.topic = topic
-        self.hashes = untrack(hashes)  # as the compiled run's: not walked by the collector
+        # the reference keeps the array (untracked: not walked by the collector); the compiled
+        # record only the keys' number (its table keeps the hashes: ``HashTable.put_record``)
+        self.keep_hashes(untrack(hashes))
         self.deadline = deadline
         self.send = send
         self.msg_id = ""
@@ -95,13 +100,12 @@ class Sent(SentFields):
 
     def answer(self, pos: int) -> tuple[str, int, int]:
         """Message ``pos``'s (message id, queue id, queue offset), once answered."""
-        msg_id = self.id_at(pos) if len(self.hashes) > 1 else self.msg_id
+        msg_id = self.id_at(pos) if self.nkeys > 1 else self.msg_id
         return msg_id, self.queue_id, self.queue_offset + pos * self.step
 
     def position(self, key: str) -> int:
         """Where ``key`` is among this send's messages (0 for a single message)."""
-        hashes = self.hashes
-        return hashes.index(key_hash(key)) if len(hashes) > 1 else 0
+        return self.index_of(key_hash(key)) if self.nkeys > 1 else 0
 
     def from_put(self) -> bool | None:
         """A pending send whose put is done: take its answer from the put (as its own outcome
@@ -210,12 +214,16 @@ class Duplicate:
             if i == 0:
                 queue_id, queue_offset = qid, qoffset
         st = _status()
-        status = {
-            ReplicaStatus.PUT_OK: st.SUCCESS,
-            ReplicaStatus.FLUSH_SLAVE_TIMEOUT: st.FLUSH_SLAVE_TIMEOUT,
-            ReplicaStatus.SLAVE_NOT_AVAILABLE: st.SLAVE_NOT_AVAILABLE,
-            ReplicaStatus.NOT_MASTER: st.SERVICE_NOT_AVAILABLE,
-        }.get(replica, st.SYSTEM_ERROR)  # type: ignore[arg-type]
+        # (no replica status: the wait failed; typed without a ``type: ignore``, which one mypy
+        # run needed and another reported unused)
+        status = st.SYSTEM_ERROR
+        if replica is not None:
+            status = {
+                ReplicaStatus.PUT_OK: st.SUCCESS,
+                ReplicaStatus.FLUSH_SLAVE_TIMEOUT: st.FLUSH_SLAVE_TIMEOUT,
+                ReplicaStatus.SLAVE_NOT_AVAILABLE: st.SLAVE_NOT_AVAILABLE,
+                ReplicaStatus.NOT_MASTER: st.SERVICE_NOT_AVAILABLE,
+            }.get(replica, st.SYSTEM_ERROR)
         send.status = status
         send.remark = None if status is st.SUCCESS else f"the first copy's replicas answered {replica}"
         role_aware = broker.role_aware

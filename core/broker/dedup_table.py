@@ -65,10 +65,26 @@ class _PySentFields:
     step: int
     end: int
 
+    hashes: array[int]
+
     @property
     def answered(self) -> bool:
         """Whether the answer is kept (its message ids set)."""
         return bool(self.msg_id)
+
+    @property
+    def nkeys(self) -> int:
+        """The send's keys (one a message)."""
+        return len(self.hashes)
+
+    def keep_hashes(self, hashes: array[int]) -> None:
+        """The record's keys are ``hashes`` (in message order): kept here (the compiled record
+        keeps their number, its table the hashes)."""
+        self.hashes = hashes
+
+    def index_of(self, h: int) -> int:
+        """The position of key hash ``h`` among the send's keys (ValueError when not one)."""
+        return self.hashes.index(h)
 
     @property
     def packed(self) -> int:
@@ -174,6 +190,15 @@ class _PyHashTable:
     def flagged(self) -> int:
         """Buckets flagged as overflowed: none here (the compiled table's buckets)."""
         return 0
+
+    def put_record(self, hashes: array[int], sent: Any) -> list[Any] | None:
+        """:meth:`put_many` of a record under its keys' ``hashes`` (the record keeps them here;
+        the compiled table keeps them for it)."""
+        return self.put_many(hashes, sent)
+
+    def remove_record(self, sent: Any) -> int:
+        """Remove the keys still ``sent``'s (a send not stored, removed early); how many were."""
+        return self.remove_many(sent.hashes, sent)
 
     def evict(self, sent: Any) -> int:
         """Remove the keys still ``sent``'s (the oldest send: the compiled table only advances its
