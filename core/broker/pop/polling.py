@@ -21,7 +21,7 @@ class Watch:
 
     __slots__ = ("fut", "topics")
 
-    def __init__(self, fut: asyncio.Future[bool], topics: tuple[str, ...]) -> None:
+    def __init__(self, fut: asyncio.Future[bool], topics: list[str]) -> None:
         self.fut = fut
         self.topics = topics
 
@@ -66,25 +66,31 @@ class PopWaiters:
             self.notify(topic)
 
     def watch(self, topics: list[str]) -> Watch | None:
-        """Register a request on ``topics`` before it reads (loop thread); None before :meth:`bind`.
+        """Register a request on ``topics`` (distinct) before it reads (loop thread); None before
+        :meth:`bind`.
 
         Every :meth:`notify` of one of them from now on sets it; :meth:`unwatch` it after.
         """
         if self._loop is None:
             return None
         fut: asyncio.Future[bool] = self._loop.create_future()
-        watch = Watch(fut, tuple(dict.fromkeys(topics)))
-        for t in watch.topics:
-            self._waiters.setdefault(t, set()).add(fut)
-        return watch
+        waiters = self._waiters
+        for t in topics:
+            got = waiters.get(t)
+            if got is None:
+                waiters[t] = {fut}
+            else:
+                got.add(fut)
+        return Watch(fut, topics)
 
     def unwatch(self, watch: Watch) -> None:
+        waiters, fut = self._waiters, watch.fut
         for t in watch.topics:
-            waiting = self._waiters.get(t)
+            waiting = waiters.get(t)
             if waiting is not None:
-                waiting.discard(watch.fut)
+                waiting.discard(fut)
                 if not waiting:
-                    del self._waiters[t]
+                    del waiters[t]
 
     async def until(self, watch: Watch, timeout_s: float) -> bool:
         """Until one of the watched topics was notified since :meth:`watch` (True, at once if it
@@ -95,7 +101,7 @@ class PopWaiters:
         if timeout_s <= 0:
             return False
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+            return await asyncio.wait_for(fut, timeout_s)  # cancelled on timeout: watched once
         except TimeoutError:
             return False
 
