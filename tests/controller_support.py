@@ -149,6 +149,7 @@ class Replica:
         self.ha = f"{host}:{free_port()}"
         self.netns = netns  # run inside this network namespace (``ip netns exec``)
         self.server: Any = None
+        self.started = False  # once: its addresses are known (etcd, the NameServer, the test)
         opts = {
             "etcd": [etcd_url or cluster.etcd_url],
             "ttl_s": 2,
@@ -194,9 +195,27 @@ class Replica:
 
     def start(self) -> None:
         args = ("broker", "-c", str(self.config))
-        self.server = (
-            NetnsServer(self.netns, args, self.cluster.tmp) if self.netns else self.cluster.spawn(*args)
-        )
+        for attempt in range(3):
+            try:
+                self.server = (
+                    NetnsServer(self.netns, args, self.cluster.tmp)
+                    if self.netns
+                    else self.cluster.spawn(*args)
+                )
+                self.started = True
+                return
+            except RuntimeError as exc:
+                # free_port() was free "a moment ago": beside other test runs another process can
+                # take it first.  A replica never started yet moves to new ports (nobody knows its
+                # addresses yet); a restarted one keeps its own.
+                if self.started or attempt == 2 or "address already in use" not in str(exc):
+                    raise
+                host = self.addr.rsplit(":", 1)[0]
+                text = self.config.read_text()
+                for old in (self.addr, self.ha):
+                    text = text.replace(f'"{old}"', f'"{host}:{free_port()}"')
+                self.config.write_text(text)
+                self.addr, self.ha = _listens(text)
 
     def kill(self) -> None:
         self.server.stop(signal.SIGKILL)
@@ -217,6 +236,12 @@ class Replica:
 
     def full_log(self) -> str:
         return self.server.log_path.read_text() if self.server is not None else ""
+
+
+def _listens(config: str) -> tuple[str, str]:
+    """A replica config's broker and HA listen addresses (the [broker] one comes first)."""
+    found = [line.split('"')[1] for line in config.splitlines() if line.startswith("listen = ")]
+    return found[0], found[1]
 
 
 class ControllerCluster:

@@ -73,7 +73,10 @@ def test_in_flight_messages_come_back_from_the_new_master_and_acknowledged_ones_
         sent = loop.run(_send(cluster.ns), 60)
         loop.run(consumer.start())
         popped = loop.run(_receive(consumer, N, 60.0, 20), 60)
-        assert {m.message_id for m in popped} == sent
+        # The sends may all come before the slaves join the in-sync set (SLAVE_NOT_AVAILABLE,
+        # stored): readable once they joined (test_controller_sync_set_confirm; failed 1 in ~60
+        # runs under load before, POP receiving nothing).
+        assert {m.message_id for m in popped} == sent, (len(popped), ERRORS[-5:], master.log())
         acked = popped[: N // 2]
         for m in acked[:8]:  # one ACK_MESSAGE each, and the rest in one batch
             loop.run(consumer.ack(m))

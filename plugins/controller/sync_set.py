@@ -168,6 +168,7 @@ class InSyncTracker:
                 if seen:
                     self._seen[bid] = max(self._seen.get(bid, 0.0), seen)
             acked = self.transfer.acked
+            added = False
             for bid in sorted(live):
                 if bid in self.required or bid == self.me:
                     continue
@@ -175,12 +176,18 @@ class InSyncTracker:
                 if self._acks.get(bid, -1) >= acked and now - self._seen.get(bid, 0.0) < self._timeout:
                     self.required = tuple(sorted({*self.required, bid}))
                     self._seen[bid] = now
+                    added = True
                     log.info(
                         "in-sync set: broker %d caught up (at %d); now waiting for %s",
                         bid,
                         acked,
                         self.required,
                     )
+            if added:
+                # The members acknowledged before they were waited for (an idle slave reports no
+                # more): what the set holds now is the confirm offset (held reads wake), not the
+                # acknowledgement of the set before (the master alone: SLAVE_NOT_AVAILABLE sends).
+                self._ack_locked()
             lagging = sorted(
                 (self._seen.get(b, self._since), b)
                 for b in self.required

@@ -1,12 +1,29 @@
 """Held POPs and NOTIFICATIONs: they wait for an arrival in a topic (or a FIFO queue to free up).
 
 The store calls :meth:`PopWaiters.on_arrival` from its own thread; it hops to the event loop only
-when someone waits on that topic.
+when someone waits on that topic.  The confirm offset's growth (an HA reader thread, in controller
+mode) calls :meth:`PopWaiters.notify_all` the same way, only while :meth:`PopWaiters.has_waiters`.
+
+A request registers (:meth:`PopWaiters.watch`) *before* the read whose outcome decides whether it
+waits, and waits on that registration (:meth:`PopWaiters.until`): an arrival or an acknowledgement
+that comes after the read found nothing, but before the wait began, then finds the request
+registered and wakes it (registered after the read, the other thread saw no waiter and the request
+slept its whole poll time with a readable message; a client's POP long poll is 20 s).
 """
 
 from __future__ import annotations
 
 import asyncio
+
+
+class Watch:
+    """One request's registration on its topics (:meth:`PopWaiters.watch`)."""
+
+    __slots__ = ("fut", "topics")
+
+    def __init__(self, fut: asyncio.Future[bool], topics: list[str]) -> None:
+        self.fut = fut
+        self.topics = topics
 
 
 class PopWaiters:
@@ -48,24 +65,60 @@ class PopWaiters:
         for topic in list(self._waiters):
             self.notify(topic)
 
-    async def wait(self, topics: list[str], timeout_s: float) -> bool:
-        """Until something arrives in one of ``topics`` (True) or ``timeout_s`` passes (False)."""
-        if timeout_s <= 0 or self._loop is None:
-            return False
+    def watch(self, topics: list[str]) -> Watch | None:
+        """Register a request on ``topics`` (distinct) before it reads (loop thread); None before
+        :meth:`bind`.
+
+        Every :meth:`notify` of one of them from now on sets it; :meth:`unwatch` it after.
+        """
+        if self._loop is None:
+            return None
         fut: asyncio.Future[bool] = self._loop.create_future()
+        waiters = self._waiters
         for t in topics:
-            self._waiters.setdefault(t, set()).add(fut)
+            got = waiters.get(t)
+            if got is None:
+                waiters[t] = {fut}
+            else:
+                got.add(fut)
+        return Watch(fut, topics)
+
+    def unwatch(self, watch: Watch) -> None:
+        waiters, fut = self._waiters, watch.fut
+        for t in watch.topics:
+            waiting = waiters.get(t)
+            if waiting is not None:
+                waiting.discard(fut)
+                if not waiting:
+                    del waiters[t]
+
+    async def until(self, watch: Watch, timeout_s: float) -> bool:
+        """Until one of the watched topics was notified since :meth:`watch` (True, at once if it
+        already was) or ``timeout_s`` passes (False)."""
+        fut = watch.fut
+        if fut.done():
+            return fut.result()
+        if timeout_s <= 0:
+            return False
         try:
-            return await asyncio.wait_for(fut, timeout_s)
+            return await asyncio.wait_for(fut, timeout_s)  # cancelled on timeout: watched once
         except TimeoutError:
             return False
+
+    async def wait(self, topics: list[str], timeout_s: float) -> bool:
+        """Until something arrives in one of ``topics`` (True) or ``timeout_s`` passes (False).
+
+        Registers now: what arrived before the call is not seen (read after :meth:`watch`
+        instead, then :meth:`until`)."""
+        if timeout_s <= 0:
+            return False
+        watch = self.watch(topics)
+        if watch is None:
+            return False
+        try:
+            return await self.until(watch, timeout_s)
         finally:
-            for t in topics:
-                waiting = self._waiters.get(t)
-                if waiting is not None:
-                    waiting.discard(fut)
-                    if not waiting:
-                        del self._waiters[t]
+            self.unwatch(watch)
 
     def count(self, topic: str) -> int:
         return len(self._waiters.get(topic, ()))

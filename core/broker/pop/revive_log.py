@@ -10,10 +10,14 @@ nothing a client saw; replication carries it to the slaves like any message).
 :data:`SNAPSHOT_BYTES` of records (or :data:`SNAPSHOT_S` seconds, so the commit log's retention
 never deletes the snapshot replay starts from) the master writes the live state (open checkpoints,
 their ack bits, the pop offsets) as messages whose body starts with ``S <seq> <i> <n>``, chunk
-``i`` of ``n``, put in one go (nothing interleaves), then commits the first chunk's queue offset as
-the consumer offset of :data:`SNAPSHOT_GROUP`, which slaves copy with the other offsets.  Replay
-from an older offset is still right: a complete snapshot replaces the state built so far; an
-incomplete one (a crash while writing it) is ignored.
+``i`` of ``n``, put in one go (nothing interleaves).  Once every chunk is confirmed (readable:
+in controller mode the in-sync set holds it, :mod:`tidemq.broker.confirmed`) it commits the first
+chunk's queue offset as the consumer offset of :data:`SNAPSHOT_GROUP`, which slaves copy with the
+other offsets (RocketMQ 5's revive service likewise reads, and checkpoints, only what its bounded
+dispatch made readable).  Committed earlier, a failover could cut the snapshot the copied offset
+names, and the new master would replay from its oldest record instead.  Replay from an older
+offset is still right: a complete snapshot replaces the state built so far; an incomplete one (a
+crash while writing it) is ignored.
 """
 
 from __future__ import annotations
@@ -66,6 +70,9 @@ class ReviveLog:
         self.last_end = 0
         self._seq = 0
         self._snapshot_at = time.monotonic()
+        #: The last snapshot written and not confirmed yet: its first chunk's queue offset, the
+        #: queue offset past its last chunk, and the last chunk's put.
+        self._unconfirmed: tuple[int, int, Future[PutResult]] | None = None
 
     # ------------------------------------------------------------------ writes
     def append(self, data: bytes) -> None:
@@ -120,10 +127,37 @@ class ReviveLog:
             self.append(f"S {seq} {i} {n} {last_id}\n".encode() + b"".join(chunk))
         self.size = 0
         self._snapshot_at = time.monotonic()
+        assert self.pending is not None
+        self._unconfirmed = (start, start + n, self.pending)
+        self.confirm_snapshot()
+
+    def confirm_snapshot(self) -> bool:
+        """Name the last snapshot as where replay starts (the :data:`SNAPSHOT_GROUP` offset) once
+        all of it is confirmed; True when it did now.  Called after :meth:`snapshot` and at every
+        revive round (the confirm offset moves with the slaves' acknowledgements)."""
+        unconfirmed = self._unconfirmed
+        if unconfirmed is None:
+            return False
+        start, end, put = unconfirmed
+        if not put.done():
+            return False  # flushed as the flush mode requires first
+        if put.cancelled() or put.exception() is not None or not put.result().ok:
+            self._unconfirmed = None  # not all written: replay keeps starting at the older one
+            log.warning("pop revive log: snapshot at %s:0@%d not complete; not named", self.topic, start)
+            return False
+        limit = self.broker.read_bound.limit(self.topic, 0)
+        if limit is not None and limit < end:
+            return False  # a failover could still cut it
+        self._unconfirmed = None
         try:
             self.broker.offsets.commit(SNAPSHOT_GROUP, self.topic, 0, start)
         except ValueError:
             pass
+        return True
+
+    def forget_snapshot(self) -> None:
+        """This broker no longer writes the revive log (a slave now): the new master names its own."""
+        self._unconfirmed = None
 
     # ------------------------------------------------------------------ replay
     def caught_up(self) -> bool:

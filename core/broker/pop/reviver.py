@@ -59,6 +59,7 @@ class Reviver:
             self.wake.clear()
             await self.follow_role()
             if self.serving:
+                self.table.log.confirm_snapshot()
                 await self.revive_due()
             wait = SYNC_INTERVAL_S
             heap = self.table.heap

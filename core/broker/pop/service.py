@@ -140,6 +140,7 @@ class PopService:
 
     def _drop(self) -> None:
         self.table.clear()
+        self.log.forget_snapshot()
         self.waiters.release_all()
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -260,27 +261,33 @@ class PopService:
         poll_ms = max(0, min(poll_ms, b.settings.max_suspend_ms))
         deadline = time.monotonic() + poll_ms / 1000
         queues = list(range(cfg.read_queue_nums)) if queue_id == -1 else [queue_id]
+        topics = [topic, retry_topic_v1(topic, group)]
+        waiters = self.waiters
         while True:
             if len(self.table.cks) >= MAX_CHECKPOINTS:
                 raise PopError(
                     ResponseCode.SYSTEM_BUSY, f"{MAX_CHECKPOINTS} pop batches are in flight; ack first"
                 )
+            # Watched before the read: an arrival or an acknowledgement (the confirm offset) after
+            # it wakes the wait below, not only one after the wait began (polling.py).
+            watch = waiters.watch(topics) if poll_ms > 0 else None
             try:
-                result = await self._pop_once(
-                    group, topic, queues, max_nums, invisible_ms, init_mode, flt, order, group_cfg
-                )
-            except ReviveLogError as exc:
-                # batches recorded before the refusal stay in flight and come back after their time
-                raise PopError(ResponseCode.SYSTEM_ERROR, str(exc)) from None
-            remaining = deadline - time.monotonic()
-            if result.found or remaining <= 0 or not b.running:
-                return result
-            if self.waiters.total >= MAX_POLLERS:
-                raise PopError(POLLING_FULL, "too many pops are waiting")
-            await self.waiters.wait(
-                [topic, retry_topic_v1(topic, group)],
-                min(remaining, self.table.next_order_expiry(group, topic)),
-            )
+                try:
+                    result = await self._pop_once(
+                        group, topic, queues, max_nums, invisible_ms, init_mode, flt, order, group_cfg
+                    )
+                except ReviveLogError as exc:
+                    # batches recorded before the refusal stay in flight and come back after their time
+                    raise PopError(ResponseCode.SYSTEM_ERROR, str(exc)) from None
+                remaining = deadline - time.monotonic()
+                if result.found or remaining <= 0 or watch is None or not b.running:
+                    return result
+                if waiters.total - len(watch.topics) >= MAX_POLLERS:  # the others held
+                    raise PopError(POLLING_FULL, "too many pops are waiting")
+                await waiters.until(watch, min(remaining, self.table.next_order_expiry(group, topic)))
+            finally:
+                if watch is not None:
+                    waiters.unwatch(watch)
             if closed is not None and closed():
                 return result
 
@@ -496,17 +503,22 @@ class PopService:
     async def notification(self, group: str, topic: str, queue_id: int = -1, poll_ms: int = 0) -> bool:
         """Whether the group has a message to pop on ``topic`` (waits up to ``poll_ms`` for one)."""
         self.check_group(group)
-        deadline = time.monotonic() + max(0, min(poll_ms, self.broker.settings.max_suspend_ms)) / 1000
+        poll_ms = max(0, min(poll_ms, self.broker.settings.max_suspend_ms))
+        deadline = time.monotonic() + poll_ms / 1000
+        topics = [topic, retry_topic_v1(topic, group)]
+        waiters = self.waiters
         while True:
-            if self.has_message(group, topic, queue_id):
-                return True
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            await self.waiters.wait(
-                [topic, retry_topic_v1(topic, group)],
-                min(remaining, self.table.next_order_expiry(group, topic)),
-            )
+            watch = waiters.watch(topics) if poll_ms > 0 else None  # before the check, as pop's
+            try:
+                if self.has_message(group, topic, queue_id):
+                    return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or watch is None:
+                    return False
+                await waiters.until(watch, min(remaining, self.table.next_order_expiry(group, topic)))
+            finally:
+                if watch is not None:
+                    waiters.unwatch(watch)
 
     # ------------------------------------------------------------------ assignment
     def assignment(
