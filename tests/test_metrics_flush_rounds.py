@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import free_port, runtime_info, wait_for
-from test_metrics_prometheus import TOPIC, _create_topic, _sample, _scrape
+from test_metrics_prometheus import TOPIC, _create_topic, _sample, _scrape, _standalone
 
 from tidemq.client import BlockingProducer, Message, SendStatus
 from tidemq_flush import native_rounds
@@ -30,26 +30,14 @@ ROUND_KEYS = (
 
 
 def _sync_standalone(spawn: Any, tmp_path: Path, metrics_port: int, flush_sync: str = "") -> tuple[Any, str]:
-    config = tmp_path / "sync.toml"
-    config.write_text(
-        '[plugins]\nflush = "sync"\nmetrics = "prometheus"\n\n'
-        f'[metrics.prometheus]\nlisten = "127.0.0.1:{metrics_port}"\nmin_scrape_interval_s = 0\n'
-        + (f"\n[flush.sync]\n{flush_sync}" if flush_sync else "")
+    return _standalone(
+        spawn,
+        tmp_path,
+        metrics_port,
+        metrics="min_scrape_interval_s = 0\n",
+        plugins='flush = "sync"\n',
+        tail=f"\n[flush.sync]\n{flush_sync}" if flush_sync else "",
     )
-    server = spawn(
-        "standalone",
-        "-c",
-        str(config),
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--namesrv-listen",
-        "127.0.0.1:0",
-        "--broker-listen",
-        "127.0.0.1:0",
-    )
-    line = server.proc.stdout.readline().decode()
-    assert line.startswith("tidemq broker metrics on http://"), line
-    return server, line.rsplit(" ", 1)[1].strip()
 
 
 def _rounds(url: str) -> dict[str, float]:

@@ -54,10 +54,21 @@ def _sample(samples: dict[str, float], name: str, **labels: str) -> float | None
     return None
 
 
-def _standalone(spawn: Any, tmp_path: Path, metrics_port: int) -> tuple[Any, str]:
+def _standalone(
+    spawn: Any,
+    tmp_path: Path,
+    metrics_port: int | None = None,
+    metrics: str = "",
+    plugins: str = "",
+    tail: str = "",
+) -> tuple[Any, str]:
+    """A standalone broker serving /metrics; its URL.  ``metrics``: more ``[metrics.prometheus]``
+    lines, ``plugins``: more ``[plugins]`` lines, ``tail``: more sections."""
     config = tmp_path / "metrics.toml"
+    port = free_port() if metrics_port is None else metrics_port
     config.write_text(
-        f'[plugins]\nmetrics = "prometheus"\n\n[metrics.prometheus]\nlisten = "127.0.0.1:{metrics_port}"\n'
+        f'[plugins]\nmetrics = "prometheus"\n{plugins}\n'
+        f'[metrics.prometheus]\nlisten = "127.0.0.1:{port}"\n{metrics}{tail}'
     )
     server = spawn(
         "standalone",
@@ -71,7 +82,7 @@ def _standalone(spawn: Any, tmp_path: Path, metrics_port: int) -> tuple[Any, str
         "127.0.0.1:0",
     )
     line = server.proc.stdout.readline().decode()
-    assert line.startswith("tidemq broker metrics on http://"), line
+    assert line.startswith(("tidemq broker metrics on http://", "tidemq broker metrics on https://")), line
     return server, line.rsplit(" ", 1)[1].strip()
 
 

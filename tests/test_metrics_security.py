@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port
 from test_metrics_prometheus import _sample, _scrape
+from test_metrics_prometheus import _standalone as _metrics_standalone
 
 from tidemq.client import BlockingProducer, Message, SendStatus
 from tidemq.config import parse_options
@@ -28,25 +28,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _standalone(spawn: Any, tmp_path: Path, extra: str = "") -> tuple[Any, str]:
-    config = tmp_path / "metrics.toml"
-    config.write_text(
-        f'[plugins]\nmetrics = "prometheus"\n\n[metrics.prometheus]\nlisten = "127.0.0.1:{free_port()}"\n'
-        + extra
-    )
-    server = spawn(
-        "standalone",
-        "-c",
-        str(config),
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--namesrv-listen",
-        "127.0.0.1:0",
-        "--broker-listen",
-        "127.0.0.1:0",
-    )
-    line = server.proc.stdout.readline().decode()
-    assert line.startswith("tidemq broker metrics on http"), line
-    return server, line.rsplit(" ", 1)[1].strip()
+    """A standalone broker with ``extra`` ``[metrics.prometheus]`` lines; its /metrics URL."""
+    return _metrics_standalone(spawn, tmp_path, metrics=extra)
 
 
 def _threads(pid: int) -> int:
