@@ -1,6 +1,7 @@
 """What the held-answer tests share: V2 sends as bytes, reading answers, making the topic, and the
 commit log's ``flush`` behind a gate (``test_flush_round_answers.py``, the read lane's rounds;
-``test_decoded_round_answers.py``, the decoded-command path's)."""
+``test_decoded_round_answers.py``, the decoded-command path's); the flush worker tests' waits
+(``test_flush_kick_polls.py``, ``test_flush_gather_compiled.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tidemq.address import split_address
+from tidemq.futures import resolved
 from tidemq.message import properties_to_string
 from tidemq.remoting import FrameDecoder, RemotingCommand
 from tidemq.remoting.codec import encode_bytes
@@ -96,3 +98,21 @@ class GatedFlush:
         flushed = self.real(least_pages)
         self.returned.append(time.monotonic())
         return flushed
+
+
+async def acknowledged(store: Any, *futures: Any) -> list[Any]:
+    """Each put's result, checking at its acknowledgement that the flushed offset covers it."""
+    results = []
+    for fut in futures:
+        r = await resolved(fut)
+        assert r.ok and store.commitlog.flushed_where >= r.wrote_offset + r.wrote_bytes
+        results.append(r)
+    return results
+
+
+def wait_taken(worker: Any) -> None:
+    """Block (the loop too) until the flush worker took the posted request into its held slot."""
+    deadline = time.monotonic() + 10
+    while worker.inflight == 0:
+        assert time.monotonic() < deadline, "the flush worker did not take the posted round"
+        time.sleep(0.001)

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from round_support import acknowledged, wait_taken
 
-from tidemq.futures import resolved
 from tidemq.testing.store_contract import build_store, message
 from tidemq_flush import native_rounds
 
@@ -45,24 +45,6 @@ def _puts(store: Any, n: int, tag: str, size: int = 8) -> list[Any]:
     ]
 
 
-async def _acknowledged(store: Any, futures: list[Any]) -> list[Any]:
-    """Each put's result, checking at its acknowledgement that the flushed offset covers it."""
-    results = []
-    for fut in futures:
-        r = await resolved(fut)
-        assert r.ok and store.commitlog.flushed_where >= r.wrote_offset + r.wrote_bytes
-        results.append(r)
-    return results
-
-
-def _wait_taken(worker: Any) -> None:
-    """Block (the loop too) until the worker took the posted request into its held slot."""
-    deadline = time.monotonic() + 10
-    while worker.inflight == 0:
-        assert time.monotonic() < deadline, "the flush worker did not take the posted round"
-        time.sleep(0.001)
-
-
 async def _two_cohorts(store: Any, size: int) -> tuple[list[Any], list[Any]]:
     """Cohort A's round held in the worker while cohort B is posted, then A's round let go and A
     acknowledged: returns B's futures (posted, waiting) and A's results."""
@@ -74,13 +56,13 @@ async def _two_cohorts(store: Any, size: int) -> tuple[list[Any], list[Any]]:
         a = _puts(store, 8, "a", size)
         for _ in range(3):  # the kick (held one turn when it carries 8 messages or more)
             await asyncio.sleep(0)
-        _wait_taken(worker)
+        wait_taken(worker)
         b = _puts(store, 8, "b", size)
         await asyncio.sleep(0)  # B's kick: posted behind A's round
         assert native.posted and len(native.posted) == 2
     finally:
         worker.hold(0, False)
-    return b, await _acknowledged(store, a)
+    return b, await acknowledged(store, *a)
 
 
 @compiled
@@ -97,7 +79,7 @@ def test_the_waiting_cohort_round_waits_for_the_answered_one_and_both_share_it(t
         assert worker.rounds == rounds + 1, "B's round started without gathering"
         assert not any(f.done() for f in b)
         a2 = _puts(store, 8, "c")
-        results = await _acknowledged(store, b + a2)
+        results = await acknowledged(store, *(b + a2))
         return worker.rounds - rounds, results
 
     try:
@@ -117,7 +99,7 @@ def test_a_gathering_wait_that_times_out_still_flushes_and_acknowledges(tmp_path
 
     async def main() -> list[Any]:
         b, _a = await _two_cohorts(store, 8)
-        return await _acknowledged(store, b)
+        return await acknowledged(store, *b)
 
     try:
         results = asyncio.run(main())
@@ -138,7 +120,7 @@ def test_single_sends_and_the_option_off_never_wait(tmp_path: Path, gather_us: i
 
     async def main() -> None:
         b, _a = await _two_cohorts(store, 1 if gather_us is None else 8)
-        await _acknowledged(store, b)
+        await acknowledged(store, *b)
 
     try:
         asyncio.run(main())
@@ -161,16 +143,16 @@ def test_a_backlog_of_single_sends_does_not_make_the_next_round_wait(tmp_path: P
         try:
             first = _puts(store, 1, "first", size=1)
             await asyncio.sleep(0)
-            _wait_taken(worker)
+            wait_taken(worker)
             backlog = []
             for i in range(70):
                 backlog += _puts(store, 1, f"s{i}", size=1)
                 await asyncio.sleep(0)  # its own kick: one post each
         finally:
             worker.hold(0, False)
-        await _acknowledged(store, first + backlog)
+        await acknowledged(store, *(first + backlog))
         started = time.monotonic()
-        await _acknowledged(store, _puts(store, 1, "lone", size=1))
+        await acknowledged(store, *_puts(store, 1, "lone", size=1))
         assert time.monotonic() - started < 4.0
 
     try:
@@ -193,7 +175,7 @@ def test_gathered_puts_are_acknowledged_alike_by_the_worker_and_the_thread(
     async def cohort(tag: str) -> list[int]:
         offsets: list[int] = []
         for turn in range(5):
-            results = await _acknowledged(store, _puts(store, 8, f"{tag}{turn}"))
+            results = await acknowledged(store, *_puts(store, 8, f"{tag}{turn}"))
             offsets += [r.queue_offset for r in results]
         return offsets
 

@@ -10,13 +10,12 @@ stores on real files.
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from round_support import acknowledged, wait_taken
 
-from tidemq.futures import resolved
 from tidemq.testing.store_contract import build_store, message
 from tidemq_flush import native_rounds
 
@@ -36,24 +35,6 @@ def _batch(n: int, tag: str) -> list[Any]:
     return [message(topic="Polls", body=f"{tag}{i}".encode()) for i in range(n)]
 
 
-async def _acknowledged(store: Any, *futures: Any) -> list[Any]:
-    """Each put's result, checking at its acknowledgement that the flushed offset covers it."""
-    results = []
-    for fut in futures:
-        r = await resolved(fut)
-        assert r.ok and store.commitlog.flushed_where >= r.wrote_offset + r.wrote_bytes
-        results.append(r)
-    return results
-
-
-def _wait_taken(worker: Any) -> None:
-    """Block (the loop too) until the worker took the posted request into its held slot."""
-    deadline = time.monotonic() + 10
-    while worker.inflight == 0:
-        assert time.monotonic() < deadline, "the flush worker did not take the posted round"
-        time.sleep(0.001)
-
-
 @compiled
 @pytest.mark.parametrize("min_messages", [None, 0])
 def test_a_lone_put_is_posted_to_the_worker_at_its_kick(tmp_path: Path, min_messages: int | None) -> None:
@@ -70,7 +51,7 @@ def test_a_lone_put_is_posted_to_the_worker_at_its_kick(tmp_path: Path, min_mess
         fut = store.put_message(message(topic="Polls", body=b"alone"))
         await asyncio.sleep(0)  # the put's kick ran on this turn
         posted_at_kick = bool(native.posted)
-        (r,) = await _acknowledged(store, fut)
+        (r,) = await acknowledged(store, fut)
         return posted_at_kick, r
 
     try:
@@ -112,11 +93,11 @@ def test_a_put_arriving_while_a_batched_rounds_kick_waits_shares_its_round(
             first = store.put_messages(_batch(8, "batched"))
             await asyncio.sleep(0)  # the batch's kick ran on this turn
             if native.posted:
-                _wait_taken(worker)  # its round started: a later post cannot merge into it
+                wait_taken(worker)  # its round started: a later post cannot merge into it
             second = store.put_message(message(topic="Polls", body=b"second"))
         finally:
             worker.hold(0, False)
-        results = await _acknowledged(store, first, second)
+        results = await acknowledged(store, first, second)
         return native.rounds - before, results
 
     try:
@@ -146,7 +127,7 @@ def test_batched_and_single_puts_are_acknowledged_alike_by_the_worker_and_the_th
             futures.append(store.put_message(message(topic="Polls", body=f"s{i}".encode())))
             if i % 2:
                 await asyncio.sleep(0)
-        return await _acknowledged(store, *futures)
+        return await acknowledged(store, *futures)
 
     try:
         results = asyncio.run(main())
