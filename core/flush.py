@@ -108,6 +108,10 @@ class FlushRoundStats:
     #: that found the worker idle but carried fewer than ``kick_min_messages`` messages (posted at once).
     kicks_held: int = 0
     kicks_sparse: int = 0
+    #: Rounds the compiled worker held to gather the next cohort of a busy stream
+    #: (``[flush.sync] worker_gather_us``), and those of them whose wait ended by its time bound.
+    worker_gathered: int = 0
+    worker_gather_timeouts: int = 0
 
 
 @runtime_checkable

@@ -86,6 +86,8 @@ def test_the_waiting_cohort_round_waits_for_the_answered_one_and_both_share_it(t
         rounds, results = asyncio.run(main())
         worker = store.flush_policy._native.worker
         assert (worker.gathered, worker.gather_timeouts) == (1, 0)
+        stats = store.flush_policy.round_stats()  # what runtime info and /metrics show
+        assert (stats.worker_gathered, stats.worker_gather_timeouts) == (1, 0)
     finally:
         store.shutdown()
     assert rounds == 2, rounds
@@ -105,6 +107,8 @@ def test_a_gathering_wait_that_times_out_still_flushes_and_acknowledges(tmp_path
         results = asyncio.run(main())
         worker = store.flush_policy._native.worker
         assert (worker.gathered, worker.gather_timeouts) == (1, 1)
+        stats = store.flush_policy.round_stats()
+        assert (stats.worker_gathered, stats.worker_gather_timeouts) == (1, 1)
     finally:
         store.shutdown()
     assert [r.queue_offset for r in results] == list(range(64, 128, 8))

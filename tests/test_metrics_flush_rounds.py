@@ -26,6 +26,8 @@ ROUND_KEYS = (
     "flushGatherTimeouts",
     "flushKicksHeld",
     "flushKicksSparse",
+    "flushWorkerGatheredRounds",
+    "flushWorkerGatherTimeouts",
 )
 
 
@@ -42,18 +44,20 @@ def _sync_standalone(spawn: Any, tmp_path: Path, metrics_port: int, flush_sync: 
 
 def _rounds(url: str) -> dict[str, float]:
     samples = _scrape(url)
-    return {
-        name: _sample(samples, f"tidemq_flush_{name}_total") or 0.0
-        for name in (
-            "rounds",
-            "inline_rounds",
-            "compiled_rounds",
-            "gathered_rounds",
-            "gather_timeouts",
-            "kicks_held",
-            "kicks_sparse",
-        )
-    }
+    names = (
+        "rounds",
+        "inline_rounds",
+        "compiled_rounds",
+        "gathered_rounds",
+        "gather_timeouts",
+        "kicks_held",
+        "kicks_sparse",
+        "worker_gathered_rounds",
+        "worker_gather_timeouts",
+    )
+    found = {name: _sample(samples, f"tidemq_flush_{name}_total") for name in names}
+    assert None not in found.values(), found  # every family is served, zero or not
+    return {name: float(value or 0.0) for name, value in found.items()}
 
 
 @pytest.mark.skipif(not native_rounds.available(), reason="the compiled flush worker is not built")

@@ -432,6 +432,7 @@ class GroupCommitFlush:
     def round_stats(self) -> FlushRoundStats:
         """:class:`tidemq.flush.RoundStatistics`: how the rounds ran (runtime info, metrics)."""
         native = self._native
+        worker = native.worker if native is not None else None
         return FlushRoundStats(
             inline=self.inline_rounds,
             compiled=native.rounds if native is not None else 0,
@@ -439,6 +440,8 @@ class GroupCommitFlush:
             gather_timeouts=self.gather_timeouts,
             kicks_held=self.kicks_held,
             kicks_sparse=self.kicks_sparse,
+            worker_gathered=worker.gathered if worker is not None else 0,
+            worker_gather_timeouts=worker.gather_timeouts if worker is not None else 0,
         )
 
     # ------------------------------------------------------------------ for the compiled rounds

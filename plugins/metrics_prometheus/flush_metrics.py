@@ -39,13 +39,24 @@ _COUNTERS = (
         "Kicks that found the worker idle but carried fewer than [flush.sync] kick_min_messages messages",
         "kicks_sparse",
     ),
+    (
+        "tidemq_flush_worker_gathered_rounds",
+        "Rounds the compiled worker held to gather a busy stream's next sends ([flush.sync] worker_gather_us)",
+        "worker_gathered",
+    ),
+    (
+        "tidemq_flush_worker_gather_timeouts",
+        "The compiled worker's gathering waits that ended by their time bound",
+        "worker_gather_timeouts",
+    ),
 )
 
 
 def flush_round_families(stats: FlushRoundStats) -> list[Metric]:
     """``tidemq_flush_inline_rounds_total``, ``tidemq_flush_compiled_rounds_total``,
     ``tidemq_flush_gathered_rounds_total``, ``tidemq_flush_gather_timeouts_total``,
-    ``tidemq_flush_kicks_held_total`` and ``tidemq_flush_kicks_sparse_total``."""
+    ``tidemq_flush_kicks_held_total``, ``tidemq_flush_kicks_sparse_total``,
+    ``tidemq_flush_worker_gathered_rounds_total`` and ``tidemq_flush_worker_gather_timeouts_total``."""
     out: list[Metric] = []
     for name, doc, field in _COUNTERS:
         family = CounterMetricFamily(name, doc)

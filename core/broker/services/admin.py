@@ -154,7 +154,8 @@ class AdminService:
         """The flush policy's counters for GET_BROKER_RUNTIME_INFO (tidemq's: ``flushRounds``,
         ``flushRequests``; under sync flush how the rounds ran, ``flushInlineRounds``,
         ``flushCompiledRounds``, ``flushGatheredRounds``, ``flushGatherTimeouts``,
-        ``flushKicksHeld``, ``flushKicksSparse``); empty for a store or policy that keeps none."""
+        ``flushKicksHeld``, ``flushKicksSparse``, ``flushWorkerGatheredRounds``,
+        ``flushWorkerGatherTimeouts``); empty for a store or policy that keeps none."""
         introspection = store_introspection(self.broker.store)
         flush = introspection.flush_statistics() if introspection is not None else None
         if flush is None:
@@ -169,6 +170,8 @@ class AdminService:
                 flushGatherTimeouts=str(rounds.gather_timeouts),
                 flushKicksHeld=str(rounds.kicks_held),
                 flushKicksSparse=str(rounds.kicks_sparse),
+                flushWorkerGatheredRounds=str(rounds.worker_gathered),
+                flushWorkerGatherTimeouts=str(rounds.worker_gather_timeouts),
             )
         return table
 
