@@ -203,6 +203,7 @@ class PullService:
         # a pull at that bound is held like one at the queue's end, and woken as the set acks.
         read = b.read_bound.get_message if b.read_bound.active else b.store.get_message
         max_offset = b.read_bound.max_offset if b.read_bound.active else b.store.get_max_offset_in_queue
+        reread = False
         while True:
             result: GetResult = read(group, topic, queue_id, offset, max_nums, store_filter)
             status = pull_status(result, offset)
@@ -210,6 +211,11 @@ class PullService:
             if status is not Status.PULL_NOT_FOUND or remaining <= 0 or not has_suspend:
                 break
             if max_offset(topic, queue_id) > offset:
+                if not reread:
+                    # Readable since the read: a message arrived, or the confirm offset passed it
+                    # (an acknowledgement between the read and here wakes no waiter: none yet).
+                    reread = True
+                    continue
                 break  # indexed but not readable (removed data): answer now rather than spin on wake-ups
             hold = b.hold
             assert hold is not None  # created before the server starts: no pull arrives before it
