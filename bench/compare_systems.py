@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -165,34 +166,47 @@ class Server:
 # --------------------------------------------------------------------------- tidemq
 
 
-def start_tidemq(work: Path, flush: str, extra_toml: str = "") -> Server:
+def start_tidemq(
+    work: Path,
+    flush: str,
+    extra_toml: str = "",
+    *,
+    command: Callable[[list[str]], list[str]] | None = None,
+    pythonpath: str = "",
+    describe: str = "",
+) -> Server:
     """``python -m tidemq standalone`` with the default plugins and the given flush policy
-    (``extra_toml`` is appended to its config: plugin option tables for A/B runs)."""
+    (``extra_toml`` is appended to its config: plugin option tables for A/B runs).
+
+    ``command`` turns the CLI arguments into the process to start (default ``python -m tidemq
+    ARGS``; the tracers start it inside an instrumented interpreter), ``pythonpath`` puts an older
+    tree first (B of an A/B), ``describe`` replaces the default description.
+    """
     work.mkdir(parents=True, exist_ok=True)
     ns_port, broker_port = free_port(), free_port()
     cfg = work / "tidemq.toml"
     cfg.write_text(f'[plugins]\nflush = "{flush}"\n{extra_toml}\n')
+    argv = [
+        "--log-level",
+        "WARNING",
+        "standalone",
+        "-c",
+        str(cfg),
+        "--data-dir",
+        str(work / "data"),
+        "--namesrv-listen",
+        f"127.0.0.1:{ns_port}",
+        "--broker-listen",
+        f"127.0.0.1:{broker_port}",
+    ]
+    env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None
     log = open(work / "tidemq.log", "ab")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tidemq",
-            "--log-level",
-            "WARNING",
-            "standalone",
-            "-c",
-            str(cfg),
-            "--data-dir",
-            str(work / "data"),
-            "--namesrv-listen",
-            f"127.0.0.1:{ns_port}",
-            "--broker-listen",
-            f"127.0.0.1:{broker_port}",
-        ],
+        command(argv) if command is not None else [sys.executable, "-m", "tidemq", *argv],
         stdout=subprocess.PIPE,
         stderr=log,
         cwd=work,
+        env=env,
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
@@ -218,7 +232,7 @@ def start_tidemq(work: Path, flush: str, extra_toml: str = "") -> Server:
         name=f"tidemq_{flush}",
         kind="tidemq",
         durability=flush,
-        describe=f"tidemq standalone, mmap store, {what}",
+        describe=describe or f"tidemq standalone, mmap store, {what}",
         work=work,
         proc=proc,
         addr=broker,

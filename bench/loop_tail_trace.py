@@ -382,59 +382,17 @@ f.close()
 
 
 def start_broker(work: Path, flush: str, toml: str, tree: str, out: Path, sample_us: int = 0) -> Any:
+    """compare.py's tidemq broker, started inside the traced interpreter (``BOOT``)."""
     import compare_systems as systems
 
-    work.mkdir(parents=True, exist_ok=True)
-    ns_port, broker_port = systems.free_port(), systems.free_port()
-    cfg = work / "tidemq.toml"
-    cfg.write_text(f'[plugins]\nflush = "{flush}"\n{toml}\n')
-    argv = [
-        "--log-level",
-        "WARNING",
-        "standalone",
-        "-c",
-        str(cfg),
-        "--data-dir",
-        str(work / "data"),
-        "--namesrv-listen",
-        f"127.0.0.1:{ns_port}",
-        "--broker-listen",
-        f"127.0.0.1:{broker_port}",
-    ]
-    env = dict(os.environ)
-    if tree:
-        env["PYTHONPATH"] = tree
-    proc = subprocess.Popen(
-        [sys.executable, "-c", BOOT.format(here=str(HERE), out=str(out), argv=argv, sample_us=sample_us)],
-        stdout=subprocess.PIPE,
-        stderr=open(work / "tidemq.log", "ab"),
-        cwd=work,
-        env=env,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    addr = ""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline().decode()
-        if not line:
-            break
-        if line.startswith("tidemq broker listening on "):
-            addr = line.rsplit(" ", 1)[1].strip()
-            break
-    if not addr:
-        proc.kill()
-        raise RuntimeError(f"broker did not start; see {work / 'tidemq.log'}")
-    subprocess.Popen(["cat"], stdin=proc.stdout, stdout=subprocess.DEVNULL)
-    return systems.Server(
-        name=f"tidemq_{flush}",
-        kind="tidemq",
-        durability=flush,
-        describe="traced",
-        work=work,
-        proc=proc,
-        addr=addr,
-        extra={"namesrv": f"127.0.0.1:{ns_port}"},
-    )
+    def command(argv: list[str]) -> list[str]:
+        return [
+            sys.executable,
+            "-c",
+            BOOT.format(here=str(HERE), out=str(out), argv=argv, sample_us=sample_us),
+        ]
+
+    return systems.start_tidemq(work, flush, toml, command=command, pythonpath=tree, describe="traced")
 
 
 # --------------------------------------------------------------------------- the client
