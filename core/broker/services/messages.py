@@ -1,10 +1,16 @@
-"""Stored messages by key and by commit-log offset (QUERY_MESSAGE, VIEW_MESSAGE_BY_ID)."""
+"""Stored messages by key and by commit-log offset (QUERY_MESSAGE, VIEW_MESSAGE_BY_ID).
+
+Under a confirm offset (controller mode) a query by key finds only confirmed records, as RocketMQ
+5's index holds only what its dispatch reached; a view by commit-log offset shows any stored
+record, as RocketMQ's ``lookMessageByOffset`` does.
+"""
 
 from __future__ import annotations
 
 import attrs
 
 from tidemq.broker.context import BrokerContext
+from tidemq.broker.services.readable import ReadableQueues
 from tidemq.broker.services.status import Outcome, Status
 from tidemq.errors import CorruptDataError
 from tidemq.message import decode_message
@@ -27,6 +33,7 @@ class MessageService:
 
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
+        self.queues = ReadableQueues(broker)
 
     def query(
         self, topic: str, key: str, max_num: int, begin: int, end: int, unique: bool
@@ -40,8 +47,11 @@ class MessageService:
         if b.index is None:
             return Outcome(Status.SYSTEM_ERROR, "this broker runs without a key index")
         result = b.index.query(topic, key, max_num, begin, end)
+        confirm = self.queues.confirm_offset()
         parts: list[bytes] = []
         for phy in result.phy_offsets:
+            if not self.queues.record_readable(phy, confirm):
+                continue  # stored, not yet held by the in-sync set (RocketMQ has not indexed it)
             raw = b.store.look_message_by_offset(phy)
             if raw is None:
                 continue
@@ -63,7 +73,7 @@ class MessageService:
         )
 
     def view(self, offset: int) -> bytes | Outcome:
-        """The record at commit-log ``offset``."""
+        """The record at commit-log ``offset``, confirmed or not (RocketMQ's lookMessageByOffset)."""
         raw = self.broker.store.look_message_by_offset(offset) if offset >= 0 else None
         if raw is None:
             return Outcome(Status.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
