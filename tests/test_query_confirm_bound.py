@@ -216,6 +216,24 @@ def test_query_by_key_and_unique_key_finds_confirmed_messages_only(cluster: Clus
     assert bodies("7F0000010001UNCONFIRMED0000000001", unique=True) == [b"held"]
 
 
+def test_a_full_page_by_key_is_of_confirmed_records(cluster: Cluster) -> None:
+    """64 records (a full page, defaultQueryMaxNum) with one key, then 3 more not confirmed: the
+    query answers the 64 confirmed ones (RocketMQ's index holds only those), not 61 of them and
+    not the 3 (before: the 3 newest took their place)."""
+    topic = "QcKeys"
+    for i in range(64):
+        cluster.put(topic, i % 2, b"page %02d" % i, keys="bulk")
+    cluster.hold()
+    for i in range(3):
+        cluster.put(topic, 0, b"late %d" % i, keys="bulk")
+
+    msgs: list[MessageExt] = cluster.ask(lambda c: c.query_messages(topic, "bulk"))
+    assert sorted(m.body for m in msgs) == [b"page %02d" % i for i in range(64)]
+    cluster.confirm()
+    msgs = cluster.ask(lambda c: c.query_messages(topic, "bulk"))
+    assert len(msgs) == 64 and {b"late 0", b"late 1", b"late 2"} <= {m.body for m in msgs}
+
+
 def test_trace_view_shows_confirmed_trace_records_only(cluster: Cluster) -> None:
     """queryMsgTraceById reads the trace topic by key: a trace record not yet confirmed is not
     there (before: its Pub line was); confirmed, it is."""
