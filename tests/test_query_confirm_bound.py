@@ -305,6 +305,10 @@ def test_offsets_by_time_and_store_times_stop_at_the_confirm_offset(cluster: Clu
         body = orjson.loads(resp.body or b"{}")
         return {s["messageQueue"]["queueId"]: s for s in body["consumeTimeSpanSet"]}
 
+    # GET_MAX_OFFSET: the confirmed end whatever ``committed`` says (RocketMQ 5's broker ignores it).
+    for committed in (True, False):
+        fields = {"topic": topic, "queueId": 0, "committed": committed}
+        assert int(cluster.call(RequestCode.GET_MAX_OFFSET, fields).ext_fields["offset"]) == 2
     grpc = LocalBackendOf(cluster)
     assert search(0, FUTURE_MS) == 2 and search(0, stamp[3]) == 2 and search(0, 0) == 0
     assert search(1, FUTURE_MS) == 0
