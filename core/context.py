@@ -613,6 +613,11 @@ class BrokerFiguresView(Protocol):
     def index(self) -> KeyIndex | None: ...
 
     @property
+    def read_bound(self) -> ConfirmedReads:
+        """The confirm offset's bound: queue ends and consumer lag as consumers see them
+        (``max_offset``, ``limit``; RocketMQ 5's committed max offsets)."""
+
+    @property
     def replication(self) -> Replication: ...
 
     @property

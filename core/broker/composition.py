@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from tidemq.context import (
         BrokerContext,
         BrokerStatsView,
+        ConfirmedReads,
         ConsumerOffsetTable,
         ConsumerRegistry,
         DedupFigures,
@@ -170,6 +171,10 @@ class BrokerFigures:
     @property
     def index(self) -> KeyIndex | None:
         return self._broker.index
+
+    @property
+    def read_bound(self) -> ConfirmedReads:
+        return self._broker.read_bound
 
     @property
     def replication(self) -> Replication:

@@ -168,15 +168,18 @@ def _rates(broker: BrokerFiguresView, out: list[Metric]) -> None:
 
 
 def _topic_offsets(broker: BrokerFiguresView, out: list[Metric]) -> dict[str, dict[int, int]]:
-    """rocketmq_producer_offset and friends; returns topic -> queue -> max offset."""
+    """rocketmq_producer_offset and friends; returns topic -> queue -> max offset (readable end)."""
     cluster, name, _ = _ids(broker)
     store = broker.store
     producer = _gauge("rocketmq_producer_offset", "TopicOffset", ["cluster", "broker", "topic"])
     retry = _gauge("rocketmq_topic_retry_offset", "TopicRetryOffset", ["cluster", "broker", "topic"])
     dlq = _gauge("rocketmq_topic_dlq_offset", "TopicDLQOffset", ["cluster", "broker", "group"])
     max_offsets: dict[str, dict[int, int]] = {}
+    # Queue ends as consumers see them: up to the confirm offset in controller mode (RocketMQ 5's
+    # ConsumerLagCalculator and topic stats read its consume queues, dispatched up to it).
+    end = broker.read_bound.max_offset if broker.read_bound.active else store.get_max_offset_in_queue
     for topic, queues in store.topics().items():
-        per_queue = {qid: store.get_max_offset_in_queue(topic, qid) for qid in queues}
+        per_queue = {qid: end(topic, qid) for qid in queues}
         max_offsets[topic] = per_queue
         total = sum(per_queue.values())
         if topic.startswith(_RETRY):

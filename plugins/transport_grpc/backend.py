@@ -361,9 +361,10 @@ class LocalBackend:
         store = self.broker.store
         if policy == "BEGINNING":
             return store.get_min_offset_in_queue(topic, queue_id)
+        # END and TIMESTAMP stop at the confirm offset (RocketMQ 5 searches dispatched queues).
         if policy == "END":
-            return self.broker.read_bound.max_offset(topic, queue_id)  # the confirm offset bounds it
-        return store.get_offset_by_time(topic, queue_id, timestamp_ms)
+            return self.services.admin.max_offset(topic, queue_id)
+        return self.services.admin.offset_by_time(topic, queue_id, timestamp_ms)
 
 
 def _stored(send: Send) -> Stored:

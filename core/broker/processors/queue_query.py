@@ -1,7 +1,9 @@
 """Consume-queue inspection: QUERY_CONSUME_QUEUE (321) and QUERY_CONSUME_TIME_SPAN (303).
 
 Bodies as RocketMQ 4.9's AdminBrokerProcessor sends them (QueryConsumeQueueResponseBody,
-QueryConsumeTimeSpanBody); fastjson leaves out null fields, and so do these.
+QueryConsumeTimeSpanBody); fastjson leaves out null fields, and so do these.  Under a confirm
+offset both show a queue up to its readable end only, as RocketMQ 5's consume queues, dispatched
+up to the confirm offset, hold it (:mod:`tidemq.broker.services.readable`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import orjson
 
 from tidemq.broker.context import BrokerContext, ProcessorRegister
 from tidemq.broker.headers import Header
+from tidemq.broker.services.readable import ReadableQueues
 from tidemq.message import iter_messages, tags_hash_code
 from tidemq.mqjson import mq_to_json
 from tidemq.queues import MessageQueue
@@ -46,6 +49,7 @@ def cq_entry(b: BrokerContext, topic: str, queue_id: int, index: int) -> tuple[i
 class QueueQueryProcessor:
     def __init__(self, broker: BrokerContext):
         self.broker = broker
+        self.queues = ReadableQueues(broker)
 
     async def query_consume_queue(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         """QUERY_CONSUME_QUEUE: ``count`` raw entries of one consume queue from ``index``."""
@@ -57,7 +61,7 @@ class QueueQueryProcessor:
         if queue_id not in (b.store.topics().get(topic) or ()):
             return request.reply(ResponseCode.SYSTEM_ERROR, f"{queue_id}@{topic} is not exist!")
         lo = b.store.get_min_offset_in_queue(topic, queue_id)
-        hi = b.store.get_max_offset_in_queue(topic, queue_id)
+        hi = self.queues.max_offset(topic, queue_id)  # entries past the confirm offset: not there
         body: dict[str, Any] = {"maxQueueIndex": hi, "minQueueIndex": lo}
         if group is not None:
             sub = b.consumers.find_subscription(group, topic)
@@ -102,12 +106,12 @@ class QueueQueryProcessor:
         spans = []
         for qid in range(cfg.write_queue_nums):
             lo = store.get_min_offset_in_queue(topic, qid)
-            hi = store.get_max_offset_in_queue(topic, qid)
+            hi = self.queues.max_offset(topic, qid)  # the readable end (the confirm offset's)
             min_time = store.get_store_time(topic, qid, lo) if hi > lo else -1
             max_time = store.get_store_time(topic, qid, hi - 1) if hi > lo else -1
             consumed = b.offsets.query(group, topic, qid)
-            if consumed > 0:
-                consume_time = store.get_store_time(topic, qid, consumed - 1)
+            if consumed > 0:  # -1 past the readable end, as RocketMQ's undispatched entry
+                consume_time = store.get_store_time(topic, qid, consumed - 1) if consumed <= hi else -1
             else:
                 consume_time = min_time
             delay = 0

@@ -11,6 +11,7 @@ import attrs
 
 from tidemq.broker.clients import ClientChannel, ConsumerGroupInfo
 from tidemq.broker.context import BrokerContext
+from tidemq.broker.services.readable import ReadableQueues
 from tidemq.broker.services.status import Outcome, Status
 from tidemq.broker.stats import StatsSnapshot
 from tidemq.flush import RoundStatistics
@@ -55,21 +56,23 @@ class AdminService:
 
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
+        #: The queue reads bounded by the confirm offset (RocketMQ 5 dispatches only up to it).
+        self.queues = ReadableQueues(broker)
 
     # ------------------------------------------------------------------ offsets of queues
     def max_offset(self, topic: str, queue_id: int) -> int:
-        # GET_MAX_OFFSET: bounded by the confirm offset (RocketMQ 5 dispatches only up to it).
-        return self.broker.read_bound.max_offset(topic, queue_id)
+        # GET_MAX_OFFSET: the committed end whatever the ``committed`` field says (RocketMQ 5's
+        # AdminBrokerProcessor does not read it either).
+        return self.queues.max_offset(topic, queue_id)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         return self.broker.store.get_min_offset_in_queue(topic, queue_id)
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
-        return self.broker.store.get_offset_by_time(topic, queue_id, timestamp)
+        return self.queues.offset_by_time(topic, queue_id, timestamp)
 
     def earliest_store_time(self, topic: str, queue_id: int) -> int:
-        store = self.broker.store
-        return store.get_store_time(topic, queue_id, store.get_min_offset_in_queue(topic, queue_id))
+        return self.queues.earliest_store_time(topic, queue_id)
 
     # ------------------------------------------------------------------ statistics
     def topic_stats(self, topic: str) -> dict[MessageQueue, QueueStats] | Outcome:
@@ -78,10 +81,10 @@ class AdminService:
         cfg = b.topics.get(topic)
         if cfg is None:
             return Outcome(Status.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
-        store = b.store
+        store, queues = b.store, self.queues
         table: dict[MessageQueue, QueueStats] = {}
         for qid in range(cfg.write_queue_nums):
-            max_off = max(b.read_bound.max_offset(topic, qid), 0)
+            max_off = max(queues.max_offset(topic, qid), 0)
             min_off = max(store.get_min_offset_in_queue(topic, qid), 0)
             last = store.get_store_time(topic, qid, max_off - 1) if max_off > 0 else 0
             table[MessageQueue(topic, b.settings.name, qid)] = QueueStats(min_off, max_off, max(last, 0))
@@ -127,10 +130,13 @@ class AdminService:
             diff = 0
             nqueues = cfg.read_queue_nums if read_queues else cfg.write_queue_nums
             for qid in range(nqueues):
-                broker_off = max(b.read_bound.max_offset(topic, qid), 0)
+                limit = self.queues.limit(topic, qid)
+                end = b.store.get_max_offset_in_queue(topic, qid) if limit is None else limit
+                broker_off = max(end, 0)
                 consumer_off = max(committed.get(qid, 0), 0)
                 last = 0
-                if consumer_off > 0:
+                # RocketMQ reads no store time past the readable end (not dispatched there): 0.
+                if 0 < consumer_off and (limit is None or consumer_off <= limit):
                     last = max(b.store.get_store_time(topic, qid, consumer_off - 1), 0)
                 diff += broker_off - consumer_off
                 popped = b.pop.queue_progress(group, topic, qid)  # POP groups (issue 39)

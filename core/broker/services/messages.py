@@ -1,15 +1,25 @@
-"""Stored messages by key and by commit-log offset (QUERY_MESSAGE, VIEW_MESSAGE_BY_ID)."""
+"""Stored messages by key and by commit-log offset (QUERY_MESSAGE, VIEW_MESSAGE_BY_ID).
+
+Under a confirm offset (controller mode) a query by key finds only confirmed records, as RocketMQ
+5's index holds only what its dispatch reached; a view by commit-log offset shows any stored
+record, as RocketMQ's ``lookMessageByOffset`` does.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import attrs
 
 from tidemq.broker.context import BrokerContext
+from tidemq.broker.services.readable import ReadableQueues
 from tidemq.broker.services.status import Outcome, Status
 from tidemq.errors import CorruptDataError
 from tidemq.message import decode_message
 
 MAX_QUERY_NUM = 64  # defaultQueryMaxNum of RocketMQ's MessageStoreConfig
+#: Index look-ups one query makes at most (each asks twice as many candidates as the last).
+QUERY_ROUNDS = 4
 
 
 @attrs.frozen(slots=True)
@@ -27,6 +37,7 @@ class MessageService:
 
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
+        self.queues = ReadableQueues(broker)
 
     def query(
         self, topic: str, key: str, max_num: int, begin: int, end: int, unique: bool
@@ -39,10 +50,33 @@ class MessageService:
         max_num = max(1, min(max_num, MAX_QUERY_NUM))
         if b.index is None:
             return Outcome(Status.SYSTEM_ERROR, "this broker runs without a key index")
-        result = b.index.query(topic, key, max_num, begin, end)
+        confirm = self.queues.confirm_offset()
+        ask = max_num
+        for _ in range(QUERY_ROUNDS):
+            result = b.index.query(topic, key, ask, begin, end)
+            parts = self._matching(topic, key, result.phy_offsets, max_num, confirm)
+            # Candidates skipped (hash collisions, records past the confirm offset) ate into a full
+            # page: ask the index for more, as RocketMQ's index never held the unconfirmed ones.
+            if len(parts) >= max_num or len(result.phy_offsets) < ask:
+                break
+            ask *= 2
+        return KeyQueryResult(
+            Status.SUCCESS if parts else Status.QUERY_NOT_FOUND,
+            tuple(parts),
+            result.last_update_timestamp,
+            result.last_update_phy_offset,
+        )
+
+    def _matching(
+        self, topic: str, key: str, offsets: Sequence[int], max_num: int, confirm: int | None
+    ) -> list[bytes]:
+        """Up to ``max_num`` confirmed records at ``offsets`` of ``topic`` whose key is ``key``."""
+        store = self.broker.store
         parts: list[bytes] = []
-        for phy in result.phy_offsets:
-            raw = b.store.look_message_by_offset(phy)
+        for phy in offsets:
+            if not self.queues.record_readable(phy, confirm):
+                continue  # stored, not yet held by the in-sync set (RocketMQ has not indexed it)
+            raw = store.look_message_by_offset(phy)
             if raw is None:
                 continue
             try:
@@ -55,15 +89,10 @@ class MessageService:
             parts.append(bytes(raw))
             if len(parts) >= max_num:
                 break
-        return KeyQueryResult(
-            Status.SUCCESS if parts else Status.QUERY_NOT_FOUND,
-            tuple(parts),
-            result.last_update_timestamp,
-            result.last_update_phy_offset,
-        )
+        return parts
 
     def view(self, offset: int) -> bytes | Outcome:
-        """The record at commit-log ``offset``."""
+        """The record at commit-log ``offset``, confirmed or not (RocketMQ's lookMessageByOffset)."""
         raw = self.broker.store.look_message_by_offset(offset) if offset >= 0 else None
         if raw is None:
             return Outcome(Status.SYSTEM_ERROR, f"can not find message by the offset, {offset}")

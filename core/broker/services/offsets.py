@@ -6,6 +6,7 @@ import attrs
 
 from tidemq.broker.clients import ClientChannel
 from tidemq.broker.context import BrokerContext
+from tidemq.broker.services.readable import ReadableQueues
 from tidemq.broker.services.status import DONE, Outcome, Status
 from tidemq.queues import MessageQueue
 
@@ -23,6 +24,7 @@ class OffsetService:
 
     def __init__(self, broker: BrokerContext) -> None:
         self.broker = broker
+        self.queues = ReadableQueues(broker)
 
     def query(self, group: str, topic: str, queue_id: int) -> int | Outcome:
         """The committed offset, or where a group's first start reads from; QUERY_NOT_FOUND when
@@ -56,7 +58,8 @@ class OffsetService:
     def reset(self, group: str, topic: str, timestamp: int, force: bool) -> OffsetReset | Outcome:
         """Offsets by time (``-1``: the end of each queue) for every write queue of ``topic``; an
         offset ahead of the committed one is kept unless ``force``.  The group's live consumers
-        are to be told (the transport's business); refused when none is online."""
+        are to be told (the transport's business); refused when none is online.  Both targets
+        stop at the confirm offset (RocketMQ 5 searches its consume queues, dispatched up to it)."""
         b = self.broker
         cfg = b.topics.get(topic)
         if cfg is None:
@@ -73,9 +76,9 @@ class OffsetService:
                     f"THe consumer group <{group}> not exist (no committed offset of {topic} queue {qid})",
                 )
             if timestamp == -1:
-                target = b.read_bound.max_offset(topic, qid)
+                target = self.queues.max_offset(topic, qid)
             else:
-                target = b.store.get_offset_by_time(topic, qid, timestamp)
+                target = self.queues.offset_by_time(topic, qid, timestamp)
             target = max(target, 0)
             table[MessageQueue(topic, b.settings.name, qid)] = (
                 target if force or target < committed else committed

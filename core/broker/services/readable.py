@@ -1,0 +1,70 @@
+"""What the query and admin reads show of a queue under a confirm offset (controller mode).
+
+RocketMQ 5 dispatches its consume queues and its key index only up to the confirm offset
+(``ReputMessageService``, ``readUnCommitted = false``), so every read that goes through them sees
+only what the in-sync set holds: the max offset (GET_MAX_OFFSET, whose ``committed`` flag the
+broker does not read), the offset by time (SEARCH_OFFSET_BY_TIMESTAMP, reset by time), the store
+times of queue entries (GET_EARLIEST_MSG_STORETIME, QUERY_CONSUME_TIME_SPAN, the consume and topic
+stats), the entries QUERY_CONSUME_QUEUE lists and the records QUERY_MESSAGE finds by key.  tidemq
+writes its consume queues and index with the put; :class:`ReadableQueues` applies the broker's
+:class:`~tidemq.broker.confirmed.ReadBound` to those reads instead.  A read by commit-log offset
+(VIEW_MESSAGE_BY_ID, ``lookMessageByOffset``) is not bounded in RocketMQ and is not here.
+
+Without a bound (``read_bound.active`` False, or the confirm offset at the log's end) every
+answer is the store's own.
+"""
+
+from __future__ import annotations
+
+from tidemq.broker.context import BrokerContext
+from tidemq.replication import ConfirmsReads
+
+
+class ReadableQueues:
+    """The store's queue reads, bounded by the confirm offset as RocketMQ 5's dispatch bounds them."""
+
+    __slots__ = ("broker",)
+
+    def __init__(self, broker: BrokerContext) -> None:
+        self.broker = broker
+
+    def limit(self, topic: str, queue_id: int) -> int | None:
+        """The queue's readable end when the confirm offset cuts it, else None (all readable)."""
+        bound = self.broker.read_bound
+        return bound.limit(topic, queue_id) if bound.active else None
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's readable end (``getMaxOffsetInQueue``, committed)."""
+        limit = self.limit(topic, queue_id)
+        return self.broker.store.get_max_offset_in_queue(topic, queue_id) if limit is None else limit
+
+    def store_time(self, topic: str, queue_id: int, offset: int) -> int:
+        """The store time of the entry at ``offset``; -1 past the readable end (not dispatched)."""
+        limit = self.limit(topic, queue_id)
+        if limit is not None and offset >= limit:
+            return -1
+        return self.broker.store.get_store_time(topic, queue_id, offset)
+
+    def earliest_store_time(self, topic: str, queue_id: int) -> int:
+        """The store time of the queue's first readable entry; -1 when none is readable."""
+        store = self.broker.store
+        return self.store_time(topic, queue_id, store.get_min_offset_in_queue(topic, queue_id))
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """The first readable offset stored at or after ``timestamp``; the readable end when none is."""
+        offset = self.broker.store.get_offset_by_time(topic, queue_id, timestamp)
+        limit = self.limit(topic, queue_id) if offset > 0 else None
+        return offset if limit is None else min(offset, limit)
+
+    def confirm_offset(self) -> int | None:
+        """The commit-log offset records must end at or before to be readable; None: no bound."""
+        replication = self.broker.replication
+        if not self.broker.read_bound.active or not isinstance(replication, ConfirmsReads):
+            return None
+        return replication.confirm_offset()
+
+    def record_readable(self, commit_log_offset: int, confirm: int | None) -> bool:
+        """Whether the record at ``commit_log_offset`` is confirmed (``confirm`` from
+        :meth:`confirm_offset`; the set acknowledges whole records, so starting before it is
+        ending at or before it)."""
+        return confirm is None or commit_log_offset < confirm
