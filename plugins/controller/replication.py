@@ -368,6 +368,10 @@ class ControllerReplication(MasterSlaveReplication):
         self._adopt_store_topics()
         self._role = self.role
         self._role_changed()
+        # The confirm offset is now the new set's (our start: what we held as a slave was bounded
+        # by the old master's): readers held at the old bound re-check (a consumer's held pull or
+        # POP would otherwise sleep its whole poll).
+        self._confirm_advanced()
 
     def _adopt_store_topics(self) -> None:
         """Before registering as master: topics the old master created after our last metadata
@@ -473,6 +477,7 @@ class ControllerReplication(MasterSlaveReplication):
                 self._role = self.role
                 log.warning("controller: broker %d master again of epoch %d", self.broker_id, epoch)
                 self._role_changed()
+                self._confirm_advanced()  # the new tracker's bound replaces the fenced one
 
     def _on_fenced(self, reason: FenceReason) -> None:
         """Deposed or cut off from etcd: refuse acknowledgements now, close the HA port next."""
@@ -553,7 +558,9 @@ class ControllerReplication(MasterSlaveReplication):
             return
         await self._reconcile(history, f"the master of epoch {epoch}")
         # Cut to the master's log: what is left is its, readable as a slave reads (no bound).
-        self._fenced_confirm = None
+        if self._fenced_confirm is not None:
+            self._fenced_confirm = None
+            self._confirm_advanced()  # reads held at the fenced bound re-check
         try:
             self.client = HAClient(
                 self.store,

@@ -62,7 +62,11 @@ class InSyncTracker:
         #: Members waited for (master included); :attr:`written` is what etcd holds.
         self.required: tuple[int, ...] = tuple(sorted({*members, me}))
         self.written: tuple[int, ...] = self.required
+        #: Each slave's end as its newest report says (per broker, across its connections).
         self._acks: dict[int, int] = {}
+        #: Members that came back without a message the set acknowledged: removed from the set
+        #: (etcd first) even below ``min_in_sync_replicas``, unless they catch up before.
+        self._lost: set[int] = set()
         self._lock = threading.Lock()
         self._since = time.monotonic()  # members of the starting set get a timeout to reconnect
         self._seen: dict[int, float] = {}  # member -> last time it was caught up (or added)
@@ -76,14 +80,38 @@ class InSyncTracker:
 
     # ------------------------------------------------------------------ acknowledgements
     def on_slave_ack(self, broker_id: int, offset: int) -> None:
-        """Slave ``broker_id`` holds the log up to ``offset`` (-1: its connection closed)."""
+        """Slave ``broker_id`` holds the log up to ``offset`` (-1: its connection closed).
+
+        The newest report counts, also when it is lower than the last one: a slave reports its
+        end on every connection, and one that comes back with less (restarted after a crash with
+        async flush, or after its log was cut) no longer holds what it acknowledged before
+        (RocketMQ 5 keeps ``slaveAckOffset`` per connection, set by each report).  Keeping the old
+        offset would let the other members' acknowledgements confirm what it does not hold, and
+        count it in sync.  The confirm offset itself never goes back (what readers saw and
+        producers were told stays acknowledged); a member below it has lost acknowledged
+        messages and leaves the set (:meth:`_plan`) until it holds them again.
+        """
         if offset < 0:
             return  # what it acknowledged stays true; maintain() notices it is gone
         with self._lock:
-            if offset <= self._acks.get(broker_id, -1):
+            before = self._acks.get(broker_id, -1)
+            if offset == before:
                 return
             self._acks[broker_id] = offset
-            self._ack_locked()
+            if offset > before:
+                self._ack_locked()
+                return
+            acked = self.transfer.acked
+            lost = broker_id in self.required and offset < acked
+            if lost:
+                self._lost.add(broker_id)
+        log.warning(
+            "in-sync set: broker %d reports %d, less than the %d it reported before%s",
+            broker_id,
+            offset,
+            before,
+            f" and than the confirm offset {acked}: it lost acknowledged messages" if lost else "",
+        )
 
     def _floor_locked(self) -> int | None:
         """The offset every other member holds (None: a member has reported nothing yet)."""
@@ -194,9 +222,13 @@ class InSyncTracker:
                 if b != self.me and now - max(self._seen.get(b, 0.0), self._since) > self._timeout
             )
             room = len(self.required) - self.options.min_in_sync_replicas
-            remove = tuple(b for _, b in lagging[: max(0, room)])
+            remove = {b for _, b in lagging[: max(0, room)]}
+            # A member without everything acknowledged must not stay electable, whatever the
+            # room: a failover to it would cut acknowledged messages (sends wait for it anyway).
+            self._lost = {b for b in self._lost if b in self.required and self._acks.get(b, -1) < acked}
+            remove |= self._lost
             target = tuple(b for b in self.required if b not in remove)
-        return remove, target
+            return tuple(sorted(remove)), target
 
     async def step(self, election: Any) -> None:
         """One round: add caught-up slaves, drop members lagging past the timeout, sync etcd.
@@ -240,7 +272,7 @@ class InSyncTracker:
                 if listener is not None and len(self.required) == 1:
                     listener()  # the master alone: no bound any more
             log.warning(
-                "in-sync set: brokers %s fell behind for %.1f s; set is now %s",
+                "in-sync set: brokers %s fell behind for %.1f s or lost acknowledged messages; set is now %s",
                 list(remove),
                 self._timeout,
                 target,

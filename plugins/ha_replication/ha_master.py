@@ -279,6 +279,7 @@ class HAConnection:
         self._authenticate(answer, slave_nonce, server.epoch, broker_id)
         self.broker_id = broker_id
         self.epoch = server.epoch
+        server.claim(broker_id, self)
         self.session = Session(extended=True, codec=codec, digest=digest, epoch=server.epoch, confirm=confirm)
 
     def _authenticate(self, answer: dict[str, Any], slave_nonce: bytes, epoch: int, broker_id: int) -> None:
@@ -314,7 +315,7 @@ class HAConnection:
             self.catchup_target = self.server.store.get_max_phy_offset()
         self.server.on_ack(offset)
         if self.broker_id is not None:
-            self.server.on_slave_ack(self.broker_id, offset)
+            self.server.on_slave_ack(self.broker_id, offset, self)
 
     # -------------------------------------------------------------- master -> slave
     def _start_offset(self) -> int:
@@ -442,6 +443,8 @@ class HAServer:
         self._on_newer_epoch = on_newer_epoch
         self.confirm_offset = confirm_offset
         self.connections: list[HAConnection] = []
+        #: Each broker id's newest connection (past the handshake): only its reports count.
+        self._newest: dict[int, HAConnection] = {}
         self._lock = threading.Lock()
         self._data = threading.Condition()
         self.data_version = 0
@@ -471,6 +474,8 @@ class HAServer:
         with self._lock:
             if conn in self.connections:
                 self.connections.remove(conn)
+            if conn.broker_id is not None and self._newest.get(conn.broker_id) is conn:
+                del self._newest[conn.broker_id]
 
     def on_ack(self, offset: int) -> None:
         self._on_ack(offset)
@@ -479,8 +484,19 @@ class HAServer:
         with self._lock:  # reader threads of several connections count at once
             self.auth_failures += 1
 
-    def on_slave_ack(self, broker_id: int, offset: int) -> None:
+    def claim(self, broker_id: int, conn: HAConnection) -> None:
+        """``conn`` is broker ``broker_id``'s newest connection (its handshake just passed)."""
+        with self._lock:
+            self._newest[broker_id] = conn
+
+    def on_slave_ack(self, broker_id: int, offset: int, conn: HAConnection | None = None) -> None:
+        """A slave's report (``-1``: its connection closed).  A report of a connection that the
+        same broker has replaced since is dropped: the owner counts each slave's newest report,
+        also when it is lower (a slave back with a shorter log), so a late one of the old
+        connection must not bring back the offset it no longer holds."""
         if self._on_slave_ack is None:
+            return
+        if conn is not None and offset >= 0 and self._newest.get(broker_id) is not conn:
             return
         try:
             self._on_slave_ack(broker_id, offset)
