@@ -172,6 +172,13 @@ cdef void _gather_wait(State *s) noexcept nogil:
     s.gather_to = 0
 
 
+cdef void _end_gather(State *s) noexcept nogil:
+    """Under the mutex: drop the gathering mark; a worker waiting for it starts its round now."""
+    s.gather_to = 0
+    if s.gathering:
+        pthread_cond_broadcast(&s.cv)
+
+
 cdef inline bint _may_start(State *s) noexcept nogil:
     """Under the mutex: a request waits and a round may start for it now: none in flight, or
     fewer than ``slots`` and the sends arrive sparsely (recent fdatasync time below ``max_load``
@@ -392,8 +399,28 @@ cdef class RoundWorker:
                     pthread_cond_signal(&s.cv)  # the gathering worker: its bytes are there
             elif _may_start(s):
                 pthread_cond_signal(&s.cv)  # an idle worker (the busy ones take it when done)
+        elif s.gather_to:
+            # Refused: a request of the previous file waits (the commit log switched files). The
+            # sends the worker gathers for are in the new file and go to the Python thread: the
+            # waiting round starts now instead of at the bound.
+            _end_gather(s)
         pthread_mutex_unlock(&s.mu)
         return seq
+
+    def end_gather(self) -> bool:
+        """The next round starts without gathering, a wait in progress ends now: the sends it
+        waits for go to the Python thread (a round the worker cannot take, e.g. across a file
+        switch).  True when a gathering mark was set."""
+        cdef State *s = self.s
+        cdef bint was = False
+        if s == NULL:
+            return False
+        pthread_mutex_lock(&s.mu)
+        was = s.gather_to != 0
+        if was:
+            _end_gather(s)
+        pthread_mutex_unlock(&s.mu)
+        return was
 
     def drain(self) -> list:
         """The rounds completed since the last call, in the order they started (a round only once

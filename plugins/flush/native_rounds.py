@@ -142,11 +142,15 @@ class NativeRounds:
             return False
         done = self.target.direct_round(batch.end)
         if done is None:
+            if self.posted:
+                # The Python thread takes this batch (a file switch): a round waiting to gather
+                # for it would wait for the whole bound (``worker_gather_us``).
+                self.worker.end_gather()
             return False
         fds = self._fds_for(done) if self.slots > 1 else None
         seq = self.worker.post(done[0], done[1], fds, _messages(batch.values))
         if not seq:
-            return False
+            return False  # refused (a request of the previous file waits): its gathering ended
         if self._retired and not self._retired[-1][1]:
             for entry in self._retired:
                 entry[1] = entry[1] or seq
