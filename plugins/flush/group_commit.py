@@ -414,6 +414,14 @@ class GroupCommitFlush:
         batch hands it to the flush thread, which retries until the batch's deadline."""
         target = self._target
         assert target is not None
+        native = self._native
+        if native is not None and native.here(loop, batch):
+            # The compiled worker's round on this thread: its fdatasync without the GIL, the
+            # answers through the same bookkeeping as its own rounds (no Python flush path).
+            self.inline_rounds += 1
+            with self._cond:
+                self._inflight = []
+            return
         try:
             retry = self._flush_and_resolve(target, [batch], loop)
         except Exception:

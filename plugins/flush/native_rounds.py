@@ -157,6 +157,37 @@ class NativeRounds:
         self.posted.append((seq, batch, done))
         return True
 
+    def here(self, loop: AbstractEventLoop, batch: _Batch) -> bool:
+        """An inline round (``inline_max_us``, at ``loop``'s kick, the policy's lock not held):
+        ``batch``'s ``fdatasync`` on this thread by the compiled worker's :meth:`round_here`, its
+        puts answered before this returns (their held reads too); False when the worker cannot
+        take it (the Python inline round or the thread then does).  A failed ``fdatasync`` hands
+        the batch to the Python thread, which retries it until its deadline."""
+        policy = self.policy
+        with policy.lock:
+            if self.closed or (loop is not self.loop and not self._bind(loop)):
+                return False
+            done = self.target.direct_round(batch.end)
+            if done is None:
+                return False
+        completed = self.worker.round_here(done[0], done[1])
+        if completed is None:
+            return False
+        err, ns = completed[2], completed[3]
+        if err:
+            log.error("flush failed: %s", OSError(err, os.strerror(err)))
+            with policy.lock:
+                policy.round_failed()
+                self._to_thread([batch])
+            return True
+        self.rounds += 1
+        self.target.direct_flushed(done)
+        policy.round_done(ns / 1e9, len(batch.futures))
+        completions: list[SharedCompletion] = []
+        batch.resolve(completions)
+        complete_here(completions, loop)
+        return True
+
     def _fds_for(self, done: DirectRound) -> tuple[int, ...] | None:
         """The per-slot fds of ``done``'s file (opened again for each slot on its first round:
         each its own open file description), None when they cannot be opened (the worker then
