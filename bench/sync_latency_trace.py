@@ -483,11 +483,11 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
         if r[4].endswith("#inline") and put is not None and kick is not None:
             # An inline round: its fdatasync and the answers inside the kick, no completion posted.
             i = bisect.bisect_right(spans["recv"], (put, 1 << 62)) - 1
-            k = bisect.bisect_left(spans["kick"], (kick, 0))
-            if i < 0 or k >= len(spans["kick"]):
+            ki = bisect.bisect_left(spans["kick"], (kick, 0))
+            if i < 0 or ki >= len(spans["kick"]):
                 continue
             recv0, recv1 = spans["recv"][i]
-            kick1 = spans["kick"][k][1]
+            kick1 = spans["kick"][ki][1]
             if not (s <= recv0 <= put <= recv1 <= kick <= r[2] <= r[3] <= kick1 <= a):
                 continue
             written = first_after("written", r[3])
@@ -526,12 +526,12 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
         # The finer legs (compiled rounds, sends answered by the lane): the read that carried the
         # put, the kick's own time, the reader's end (answers written).
         i = bisect.bisect_right(spans["recv"], (put, 1 << 62)) - 1
-        k = bisect.bisect_left(spans["kick"], (kick, 0))
+        ki = bisect.bisect_left(spans["kick"], (kick, 0))
         answered = first_after("answered", drain)
-        if i < 0 or k >= len(spans["kick"]) or answered is None or answered > a or busy:
+        if i < 0 or ki >= len(spans["kick"]) or answered is None or answered > a or busy:
             continue
         recv0, recv1 = spans["recv"][i]
-        kick1 = spans["kick"][k][1]
+        kick1 = spans["kick"][ki][1]
         if not (s <= recv0 <= put <= recv1 <= kick <= r[2]):
             continue
         for name, value in (
