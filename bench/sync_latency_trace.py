@@ -50,6 +50,10 @@ sys.path.insert(0, str(HERE))
 
 now_ns = time.perf_counter_ns  # CLOCK_MONOTONIC: comparable across processes
 
+#: The hand-off marks (not events that overlap a send): puts, kicks, completions, the loop's
+#: drains, reads (``data_received``) and the compiled reader's end (answers written).
+MARKS = ("submit", "kick", "complete", "drain", "recv", "answered", "written", "completing")
+
 
 # --------------------------------------------------------------------------- in the broker
 def install(out: str) -> None:
@@ -97,9 +101,14 @@ def install(out: str) -> None:
                 except OSError:
                     key = (-1, fd)
                 p = paths.get(key)
-                if p is None or threading.current_thread().name != "group-commit":
+                thread = threading.current_thread()
+                if p is None or thread.name != "group-commit":
                     p = paths[key] = path_of(fd)  # rare off the flush thread; inodes are reused
-                events.append((name, threading.current_thread().name, t0, t1, p, a[1] if a else 0))
+                tname = thread.name
+                if thread is threading.main_thread() and "/commitlog/" in p and name == "fdatasync":
+                    # An inline round (``inline_max_us``): the loop's own commit-log fdatasync.
+                    tname, p = "group-commit", p + "#inline"
+                events.append((name, tname, t0, t1, p, a[1] if a else 0))
 
         setattr(os, name, wrapped)
 
@@ -176,6 +185,33 @@ def install(out: str) -> None:
 
         gcf.submit, gcf._kick, group_commit.complete_all = submit, kick, complete_all
         waker._drain = drain
+        try:
+            from tidemq_transport_tcp import connection
+        except ImportError:
+            return
+        conn: Any = connection.Connection  # data_received replaced below
+        orig_recv = conn.data_received
+
+        def data_received(self: Any, data: Any) -> Any:
+            # A read's arrival on the loop and its end (the lane's decode, put and hold).
+            t0 = now_ns()
+            try:
+                return orig_recv(self, data)
+            finally:
+                events.append(("recv", "", t0, now_ns(), "", len(data)))
+
+        conn.data_received = data_received
+        orig_later = conn.answer_later
+
+        def answer_later(self: Any, answer: Any, count: int) -> Any:
+            # A held read's answers written (the round's lane callback): their write's start, end.
+            t0 = now_ns()
+            try:
+                return orig_later(self, answer, count)
+            finally:
+                events.append(("written", "", now_ns(), t0, "", count))
+
+        conn.answer_later = answer_later
 
     patch_rounds()
 
@@ -209,6 +245,15 @@ def install(out: str) -> None:
                     events.append(("drain", "", t0, now_ns(), "", len(dones)))
                 return dones
 
+            def round_here(self, fd: int, end: int) -> Any:
+                # A compiled inline round (``inline_max_us``): its fdatasync on the loop's thread.
+                done = self._worker.round_here(fd, end)
+                if done is not None:
+                    events.append(
+                        ("fdatasync", "group-commit", done[4], done[5], "/commitlog/compiled#inline", 0)
+                    )
+                return done
+
         # An experiment: ``TIDEMQ_TRACE_OVERLAP_TOGGLE_MS=<ms>`` turns the overlapping rounds off and
         # on again every that many ms in this one broker (the posts then carry no per-slot fds:
         # one round at a time), so both modes meet the same disk and the same neighbours.
@@ -222,6 +267,26 @@ def install(out: str) -> None:
                 on = not on
                 rounds.slots = slots if on else 1
                 events.append(("mode", "on" if on else "off", now_ns(), 0, "", 0))
+
+        orig_answer = cls._answer
+
+        def answer(self: Any) -> Any:
+            # The reader's end: every round drained, its sends' answers written (the lane's
+            # callbacks run inside complete_here).
+            try:
+                return orig_answer(self)
+            finally:
+                events.append(("answered", "", now_ns(), 0, "", 0))
+
+        cls._answer = answer
+        orig_here = native_rounds.complete_here
+
+        def complete_here(completions: Any, loop: Any) -> Any:
+            # The reader's bookkeeping done: the rounds' groups completed, the lane's callbacks run.
+            events.append(("completing", "", now_ns(), 0, "", len(completions)))
+            return orig_here(completions, loop)
+
+        native_rounds.complete_here = complete_here
 
         def init(self: Any, *a: Any, **k: Any) -> None:
             orig_init(self, *a, **k)
@@ -260,14 +325,15 @@ runpy.run_module("tidemq", run_name="__main__", alter_sys=True)
 """
 
 
-def start_broker(work: Path, toml: str, tree: str, out: Path) -> Any:
-    """compare.py's sync-flush tidemq broker, started inside the traced interpreter (``BOOT``)."""
+def start_broker(work: Path, toml: str, tree: str, out: Path, flush: str = "sync") -> Any:
+    """compare.py's tidemq broker (sync flush unless ``flush``), started inside the traced
+    interpreter (``BOOT``)."""
     import compare_systems as systems
 
     def command(argv: list[str]) -> list[str]:
         return [sys.executable, "-c", BOOT.format(here=str(HERE), out=str(out), argv=argv)]
 
-    return systems.start_tidemq(work, "sync", toml, command=command, pythonpath=tree, describe="traced")
+    return systems.start_tidemq(work, flush, toml, command=command, pythonpath=tree, describe="traced")
 
 
 # --------------------------------------------------------------------------- the client
@@ -353,9 +419,7 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
     cl = sorted((e for e in syncs if "/commitlog/" in e[4] and e[1] == "group-commit"), key=lambda e: e[2])
     cl_starts = [e[2] for e in cl]
     cl_ids = {id(e) for e in cl}
-    others = [
-        e for e in events if id(e) not in cl_ids and e[0] not in ("submit", "kick", "complete", "drain")
-    ]
+    others = [e for e in events if id(e) not in cl_ids and e[0] not in MARKS]
     lat: list[float] = []
     to_fs: list[float] = []
     fs: list[float] = []
@@ -376,7 +440,10 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
         rows.append((s, a, r))
     p99 = q(lat, 0.99)
     slow = [x for x in rows if (x[1] - x[0]) / 1e3 >= p99]
-    marks = {k: sorted(e[2] for e in events if e[0] == k) for k in ("submit", "kick", "complete", "drain")}
+    marks = {k: sorted(e[2] for e in events if e[0] == k) for k in MARKS}
+    # The reads (data_received) and kicks with their ends, by start.
+    spans = {k: sorted((e[2], e[3]) for e in events if e[0] == k) for k in ("recv", "kick")}
+    written_start = [e[3] for e in sorted((e for e in events if e[0] == "written"), key=lambda e: e[2])]
 
     def first_after(kind: str, t: int) -> int | None:
         m = marks[kind]
@@ -394,11 +461,52 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
         "drain_to_answer_at_client": [],
     }
     busy_at_kick = 0
+    fine: dict[str, list[float]] = {}
+    fine_inline: dict[str, list[float]] = {}
+    fine_async: dict[str, list[float]] = {}
     for s, a, r in rows:
         if r is None:
+            # No round (async flush): the read that carried the send, answered inside it.
+            i = bisect.bisect_left(spans["recv"], (s, 0))
+            if i < len(spans["recv"]) and spans["recv"][i][1] <= a:
+                recv0, recv1 = spans["recv"][i]
+                for name, value in (
+                    ("client_send_to_read_on_loop", recv0 - s),
+                    ("read_on_loop", recv1 - recv0),
+                    ("read_end_to_client", a - recv1),
+                    ("total", a - s),
+                ):
+                    fine_async.setdefault(name, []).append(value / 1e3)
             continue
         put = first_after("submit", s)
         kick = first_after("kick", put) if put is not None else None
+        if r[4].endswith("#inline") and put is not None and kick is not None:
+            # An inline round: its fdatasync and the answers inside the kick, no completion posted.
+            i = bisect.bisect_right(spans["recv"], (put, 1 << 62)) - 1
+            ki = bisect.bisect_left(spans["kick"], (kick, 0))
+            if i < 0 or ki >= len(spans["kick"]):
+                continue
+            recv0, recv1 = spans["recv"][i]
+            kick1 = spans["kick"][ki][1]
+            if not (s <= recv0 <= put <= recv1 <= kick <= r[2] <= r[3] <= kick1 <= a):
+                continue
+            written = first_after("written", r[3])
+            if written is not None and written <= kick1:
+                fine_inline.setdefault("fsync_end_to_write_end", []).append((written - r[3]) / 1e3)
+                fine_inline.setdefault("write_end_to_client", []).append((a - written) / 1e3)
+            for name, value in (
+                ("client_send_to_read_on_loop", recv0 - s),
+                ("read_to_put", put - recv0),
+                ("put_to_read_end", recv1 - put),
+                ("read_end_to_kick", kick - recv1),
+                ("kick_to_fsync_start", r[2] - kick),
+                ("fsync", r[3] - r[2]),
+                ("fsync_end_to_answers_written", kick1 - r[3]),
+                ("answers_written_to_client", a - kick1),
+                ("total", a - s),
+            ):
+                fine_inline.setdefault(name, []).append(value / 1e3)
+            continue
         comp = first_after("complete", r[3])
         drain = first_after("drain", comp) if comp is not None else None
         if put is None or kick is None or comp is None or drain is None or not (put <= kick <= r[2]):
@@ -415,6 +523,44 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
         phases["fsync_end_to_completion_posted"].append((comp - r[3]) / 1e3)
         phases["posted_to_loop_drain"].append((drain - comp) / 1e3)
         phases["drain_to_answer_at_client"].append((a - drain) / 1e3)
+        # The finer legs (compiled rounds, sends answered by the lane): the read that carried the
+        # put, the kick's own time, the reader's end (answers written).
+        i = bisect.bisect_right(spans["recv"], (put, 1 << 62)) - 1
+        ki = bisect.bisect_left(spans["kick"], (kick, 0))
+        answered = first_after("answered", drain)
+        if i < 0 or ki >= len(spans["kick"]) or answered is None or answered > a or busy:
+            continue
+        recv0, recv1 = spans["recv"][i]
+        kick1 = spans["kick"][ki][1]
+        if not (s <= recv0 <= put <= recv1 <= kick <= r[2]):
+            continue
+        for name, value in (
+            ("client_send_to_read_on_loop", recv0 - s),
+            ("read_to_put", put - recv0),
+            ("put_to_read_end", recv1 - put),
+            ("read_end_to_kick", kick - recv1),
+            ("kick_to_fsync_start", r[2] - kick),  # the post and the worker's wake-up
+            ("kick_wall_not_in_total", kick1 - kick),
+            ("fsync", r[3] - r[2]),
+            ("fsync_end_to_loop_reader", drain - r[3]),
+            ("reader_to_answers_written", answered - drain),
+            ("answers_written_to_client", a - answered),
+            ("total", a - s),
+        ):
+            fine.setdefault(name, []).append(value / 1e3)
+        written = first_after("written", drain)
+        if written is not None and written <= answered:
+            # The answers' write inside the reader (the rest of it runs after the client got them).
+            fine.setdefault("reader_to_write_end", []).append((written - drain) / 1e3)
+            fine.setdefault("write_end_to_client", []).append((a - written) / 1e3)
+            fine.setdefault("write_end_to_reader_end", []).append((answered - written) / 1e3)
+            completing = first_after("completing", drain)
+            w = bisect.bisect_left(marks["written"], written)
+            w0 = written_start[w] if w < len(written_start) else None
+            if completing is not None and w0 is not None and drain <= completing <= w0 <= written:
+                fine.setdefault("reader_drain_and_bookkeeping", []).append((completing - drain) / 1e3)
+                fine.setdefault("reader_lane_answer_to_write", []).append((w0 - completing) / 1e3)
+                fine.setdefault("reader_write_call", []).append((written - w0) / 1e3)
 
     def kind(e: list[Any]) -> str:
         if e[0] in ("fdatasync", "fsync"):
@@ -470,7 +616,7 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
     by_kind: dict[str, list[float]] = {}
     t_end = max(a for _s, a, _ in sends)
     for e in events:
-        if e[0] not in ("submit", "kick", "complete", "drain", "thread") and e[2] >= start and e[3] <= t_end:
+        if e[0] not in (*MARKS, "thread") and e[2] >= start and e[3] <= t_end:
             by_kind.setdefault(kind(e), []).append((e[3] - e[2]) / 1e3)
     span = (t_end - start) / 1e9
     return {
@@ -482,6 +628,18 @@ def analyse(sends: list[tuple[int, int, bool]], events: list[list[Any]], warmup_
         "commitlog_fsync_of_the_round_us": summary(fs),
         "fsync_end_to_answer_us": summary(after),
         "commitlog_fsyncs": len([e for e in cl if e[2] >= start]),
+        "fine_phases_idle_kick_us": {
+            k: {**summary(v), "mean": round(statistics.fmean(v), 1), "n": len(v)} for k, v in fine.items()
+        },
+        "fine_phases_inline_round_us": {
+            k: {**summary(v), "mean": round(statistics.fmean(v), 1), "n": len(v)}
+            for k, v in fine_inline.items()
+        },
+        "fine_phases_no_round_us": {
+            k: {**summary(v), "mean": round(statistics.fmean(v), 1), "n": len(v)}
+            for k, v in fine_async.items()
+        },
+        "inline_rounds": len([e for e in cl if e[2] >= start and e[4].endswith("#inline")]),
         "phases_us": {
             k: {**summary(v), "mean": round(statistics.fmean(v), 1) if v else 0} for k, v in phases.items()
         },
@@ -856,6 +1014,12 @@ def main() -> None:
     )
     p.add_argument("--dir", default=None)
     p.add_argument(
+        "--flush",
+        default="sync",
+        choices=("sync", "async"),
+        help="async: the same sends without a round to wait for (the request path's own latency)",
+    )
+    p.add_argument(
         "--probe-ms",
         type=float,
         default=0.0,
@@ -887,7 +1051,7 @@ def main() -> None:
     if args.system == "redis":
         server = compare_systems.start_redis(work / "broker", "always")
     else:
-        server = start_broker(work / "broker", args.toml, args.tree, ev_path)
+        server = start_broker(work / "broker", args.toml, args.tree, ev_path, args.flush)
     try:
         bench = compare.Bench(argparse.Namespace(procs=1, inflight=64, messages=1000), server)
         bench.setup()
@@ -931,6 +1095,7 @@ def main() -> None:
     events = [json.loads(line) for line in ev_path.read_text().splitlines()] if ev_path.exists() else []
     result = {
         "system": args.system,
+        "flush": args.flush,
         "rate": args.rate,
         "toml": args.toml,
         "tree": args.tree,

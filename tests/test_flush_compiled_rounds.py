@@ -213,6 +213,9 @@ class _StalledWorker:
     def drain(self) -> list[Any]:
         return []
 
+    def end_gather(self) -> bool:
+        return False
+
     def stop(self, timeout: float) -> bool:
         return bool(self.real.stop(timeout))
 

@@ -112,6 +112,7 @@ cdef struct State:
     uint64_t done_count   # rounds completed, in the order taken (a prefix: every earlier one done)
     uint64_t read_count   # rounds handed to drain()
     uint64_t overlapped   # rounds started while another was in flight
+    uint64_t here_rounds  # rounds run on the caller's thread (round_here: an inline round)
     int inflight          # rounds whose fdatasync runs
     unsigned int busy_slots  # bit i: slot i's fd in use by a round
     unsigned int held_slots  # bit i: a round in slot i waits before its fdatasync (tests)
@@ -170,6 +171,13 @@ cdef void _gather_wait(State *s) noexcept nogil:
             s.gather_skip = s.gather_backoff
             s.gather_backoff = s.gather_backoff * 2 if s.gather_backoff < GATHER_SKIP_MAX // 2 else GATHER_SKIP_MAX
     s.gather_to = 0
+
+
+cdef void _end_gather(State *s) noexcept nogil:
+    """Under the mutex: drop the gathering mark; a worker waiting for it starts its round now."""
+    s.gather_to = 0
+    if s.gathering:
+        pthread_cond_broadcast(&s.cv)
 
 
 cdef inline bint _may_start(State *s) noexcept nogil:
@@ -360,6 +368,7 @@ cdef class RoundWorker:
         cdef uint64_t seq = 0
         cdef int i, n
         cdef int64_t now
+        cdef bint wake = False
         if s == NULL or not self.started:
             return 0
         n = s.slots
@@ -388,12 +397,101 @@ cdef class RoundWorker:
                 s.gap_avg += (<double>(now - s.last_post) - s.gap_avg) / 8
             s.last_post = now
             if s.gathering:
-                if s.req_end >= s.gather_to:
-                    pthread_cond_signal(&s.cv)  # the gathering worker: its bytes are there
-            elif _may_start(s):
-                pthread_cond_signal(&s.cv)  # an idle worker (the busy ones take it when done)
+                wake = s.req_end >= s.gather_to  # the gathering worker: its bytes are there
+            else:
+                wake = _may_start(s)  # an idle worker (the busy ones take it when done)
+        elif s.gather_to:
+            # Refused: a request of the previous file waits (the commit log switched files). The
+            # sends the worker gathers for are in the new file and go to the Python thread: the
+            # waiting round starts now instead of at the bound.
+            _end_gather(s)
         pthread_mutex_unlock(&s.mu)
+        if wake:
+            # Signalled once the mutex is free: a worker woken while this thread still held it
+            # would block on it at once and need a second wake-up (measured on this VM: the
+            # worker awake 8-9 µs after a signal under the mutex, ~4 µs after one past it).  The
+            # worker checks its condition under the mutex before it sleeps: nothing is missed.
+            pthread_cond_signal(&s.cv)
         return seq
+
+    def round_here(self, int fd, long long end):
+        """An inline round on the calling thread (the loop's kick, ``inline_max_us``): when no
+        round is in flight or posted and every completed round was drained, take one now, call
+        ``fdatasync(fd)`` here without the GIL, and return its completion as :meth:`drain`
+        would, ``(seq, end, errno, ns, started_ns, ended_ns)``, already drained (the eventfd is
+        not written); ``None`` when a round of the workers is in the way (post it instead).
+        Nothing can be posted meanwhile: the one loop that posts is the one waiting here."""
+        cdef State *s = self.s
+        cdef uint64_t seq, r
+        cdef int rc = 0, err = 0
+        cdef int64_t started = 0, ended = 0
+        cdef Done *d
+        if s == NULL or not self.started:
+            return None
+        pthread_mutex_lock(&s.mu)
+        if (
+            s.stop or s.inflight or s.req_seq != s.taken_seq or s.done_count != s.read_count
+            or s.held_slots or s.gather_to or s.busy_slots
+        ):
+            pthread_mutex_unlock(&s.mu)
+            return None
+        s.req_key = fd
+        s.req_end = end
+        s.req_seq += 1
+        seq = s.req_seq
+        s.taken_seq = seq
+        r = s.started_count
+        s.started_count += 1
+        d = &s.ring[r % RING]
+        d.seq = seq
+        d.end = end
+        d.done = 0
+        d.err = 0
+        s.inflight = 1
+        s.busy_slots = 1
+        pthread_mutex_unlock(&s.mu)
+        with nogil:
+            started = _now_ns()
+            rc = fdatasync(fd)
+            err = errno if rc != 0 else 0
+            ended = _now_ns()
+        pthread_mutex_lock(&s.mu)
+        d = &s.ring[r % RING]
+        d.err = err
+        d.ns = ended - started
+        d.started = started
+        d.ended = ended
+        d.done = 1
+        s.busy_slots = 0
+        s.inflight = 0
+        s.fsync_avg += (<double>(ended - started) - s.fsync_avg) / 8
+        s.last_end = end
+        while s.done_count < s.started_count and s.ring[s.done_count % RING].done:
+            s.done_count += 1
+        s.read_count = s.done_count  # handed to the caller: drain() does not report it again
+        s.here_rounds += 1
+        pthread_mutex_unlock(&s.mu)
+        return (seq, end, err, ended - started, started, ended)
+
+    @property
+    def here_rounds(self) -> int:
+        """Rounds run by :meth:`round_here` (inline, on the caller's thread)."""
+        return self.s.here_rounds if self.s != NULL else 0
+
+    def end_gather(self) -> bool:
+        """The next round starts without gathering, a wait in progress ends now: the sends it
+        waits for go to the Python thread (a round the worker cannot take, e.g. across a file
+        switch).  True when a gathering mark was set."""
+        cdef State *s = self.s
+        cdef bint was = False
+        if s == NULL:
+            return False
+        pthread_mutex_lock(&s.mu)
+        was = s.gather_to != 0
+        if was:
+            _end_gather(s)
+        pthread_mutex_unlock(&s.mu)
+        return was
 
     def drain(self) -> list:
         """The rounds completed since the last call, in the order they started (a round only once

@@ -23,6 +23,9 @@ long each, it flushes the batch on the loop itself and answers at once, as
 Redis' ``appendfsync always`` does: no wake-up of the flush thread, no hop back into the loop.
 Whatever arrives meanwhile waits in the sockets and forms the next round, so the group commit
 still gathers under load; a slow flush (or a failed one) hands the rounds to the thread again.
+With the compiled worker the inline round is its ``round_here`` on the loop's thread (the
+``fdatasync`` in C without the GIL, the worker rounds' bookkeeping); else this module's Python
+flush path.
 
 *Compiled rounds* (``compiled_rounds``, :mod:`tidemq_flush.native_rounds`): a loop's kick that
 would hand its batch to the flush thread posts it to a compiled worker instead, which
@@ -414,6 +417,14 @@ class GroupCommitFlush:
         batch hands it to the flush thread, which retries until the batch's deadline."""
         target = self._target
         assert target is not None
+        native = self._native
+        if native is not None and native.here(loop, batch):
+            # The compiled worker's round on this thread: its fdatasync without the GIL, the
+            # answers through the same bookkeeping as its own rounds (no Python flush path).
+            self.inline_rounds += 1
+            with self._cond:
+                self._inflight = []
+            return
         try:
             retry = self._flush_and_resolve(target, [batch], loop)
         except Exception:

@@ -142,15 +142,50 @@ class NativeRounds:
             return False
         done = self.target.direct_round(batch.end)
         if done is None:
+            if self.posted:
+                # The Python thread takes this batch (a file switch): a round waiting to gather
+                # for it would wait for the whole bound (``worker_gather_us``).
+                self.worker.end_gather()
             return False
         fds = self._fds_for(done) if self.slots > 1 else None
         seq = self.worker.post(done[0], done[1], fds, _messages(batch.values))
         if not seq:
-            return False
+            return False  # refused (a request of the previous file waits): its gathering ended
         if self._retired and not self._retired[-1][1]:
             for entry in self._retired:
                 entry[1] = entry[1] or seq
         self.posted.append((seq, batch, done))
+        return True
+
+    def here(self, loop: AbstractEventLoop, batch: _Batch) -> bool:
+        """An inline round (``inline_max_us``, at ``loop``'s kick, the policy's lock not held):
+        ``batch``'s ``fdatasync`` on this thread by the compiled worker's :meth:`round_here`, its
+        puts answered before this returns (their held reads too); False when the worker cannot
+        take it (the Python inline round or the thread then does).  A failed ``fdatasync`` hands
+        the batch to the Python thread, which retries it until its deadline."""
+        policy = self.policy
+        with policy.lock:
+            if self.closed or (loop is not self.loop and not self._bind(loop)):
+                return False
+            done = self.target.direct_round(batch.end)
+            if done is None:
+                return False
+        completed = self.worker.round_here(done[0], done[1])
+        if completed is None:
+            return False
+        err, ns = completed[2], completed[3]
+        if err:
+            log.error("flush failed: %s", OSError(err, os.strerror(err)))
+            with policy.lock:
+                policy.round_failed()
+                self._to_thread([batch])
+            return True
+        self.rounds += 1
+        self.target.direct_flushed(done)
+        policy.round_done(ns / 1e9, len(batch.futures))
+        completions: list[SharedCompletion] = []
+        batch.resolve(completions)
+        complete_here(completions, loop)
         return True
 
     def _fds_for(self, done: DirectRound) -> tuple[int, ...] | None:
