@@ -40,6 +40,7 @@ from tidemq.names import InvalidNameError
 from tidemq.store import PutResult, PutStatus
 
 from .commitlog import END_FILE_MIN_BLANK_LENGTH, BatchesEncodeError, CommitLogFullError, RecordEncodeError
+from .reput import log as _reput_log
 
 if TYPE_CHECKING:
     from .consume_queue import ConsumeQueue
@@ -56,10 +57,6 @@ _FLUSH_DISK_TIMEOUT = PutStatus.FLUSH_DISK_TIMEOUT
 #: One planned group of a run: its place in the call, its prepared put, its consume queue (None:
 #: no entries), queue offset, offset step, tags codes and position in the file.
 _Planned = tuple[int, "_Prepared", "ConsumeQueue | None", int, int, list[int], int]
-
-
-class _Stop(Exception):
-    """The run's planning met a refusal or a failure: what to do with the groups from ``index``."""
 
 
 def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]) -> list[Future[PutResult]]:
@@ -80,7 +77,7 @@ def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
             stop = k  # the caller puts it (alone: its put raises there)
             break
         prepared.append(p)
-        if type(p) is PutResult and p.status in STOPS:
+        if isinstance(p, PutResult) and p.status in STOPS:
             stop = k + 1
             break
     results: list[PutResult | None] = [None] * stop
@@ -94,17 +91,16 @@ def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
             alone, stop = _locked(store, prepared, results, placed, stop)
     out: list[Future[PutResult]] = []
     encoder = store._encoder
-    submit = store._flush_submit
+    fresh: list[PutResult] = []  # the groups written, each resolved once durable
     for k in range(min(alone, stop)):
-        fut: Future[PutResult] = StoreFuture()
         where = placed[k]
         if where is None:
             result = results[k]
             assert result is not None
-            fut.set_result(result)
-            out.append(fut)
+            out.append(StoreFuture.completed(result))
             if result.status in STOPS:  # refused while packing: the call ends after it
-                return out
+                alone = stop = k + 1
+                break
             continue
         queue_offset, batch, compiled, ts, offsets = where
         if compiled:
@@ -119,13 +115,63 @@ def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
                 store_timestamp=ts,
                 message_count=len(offsets),
             )
-        out.append(_durable(store, submit, fut, result))
+        fresh.append(result)
+        out.append(cast("Future[PutResult]", result))  # replaced by its future below
+    if fresh:
+        _hand_to_flush(store, out, fresh)
     for k in range(alone, stop):
         fut = store.put_messages(groups[k])
         out.append(fut)
         if fut.done() and fut.exception() is None and fut.result().status in STOPS:
             break
     return out
+
+
+def _hand_to_flush(store: MmapMessageStore, out: list[Any], fresh: list[PutResult]) -> None:
+    """Replace each of ``fresh`` in ``out`` by its future, resolved once its group is durable.
+
+    A policy that flushes in rounds (group commit) gets each group's future, as it gets each
+    put's: its rounds gather futures (and the read lane answers a read with its round).  Any other
+    policy is asked once, for the call's end (every group's bytes lie before it): the groups'
+    futures are resolved with its answer, at once when it answers at once (async flush).
+    """
+    submit = store._flush_submit
+    if store._flush_rounds:
+        for i, item in enumerate(out):
+            if type(item) is PutResult and item.status is _PUT_OK:
+                out[i] = _durable(store, submit, StoreFuture(), item)
+        return
+    last = fresh[-1]
+    end = last.wrote_offset + last.wrote_bytes
+    flushed: Future[bool]
+    if submit is not None:
+        flushed = StoreFuture()
+        submit(end, flushed, True, _not_durable)
+    else:
+        flushed = store.flush_policy.request(end)
+    if flushed.done():
+        ok = not flushed.cancelled() and flushed.exception() is None and flushed.result()
+        for i, item in enumerate(out):
+            if type(item) is PutResult and item.status is _PUT_OK:
+                out[i] = StoreFuture.completed(item if ok else attrs.evolve(item, status=_FLUSH_DISK_TIMEOUT))
+        return
+    pending: list[tuple[StoreFuture[PutResult], PutResult]] = []
+    for i, item in enumerate(out):
+        if type(item) is PutResult and item.status is _PUT_OK:
+            fut: StoreFuture[PutResult] = StoreFuture()
+            out[i] = fut
+            pending.append((fut, item))
+
+    def done(f: Future[bool]) -> None:
+        ok = not f.cancelled() and f.exception() is None and f.result()
+        for fut, result in pending:
+            fut.set_result(result if ok else attrs.evolve(result, status=_FLUSH_DISK_TIMEOUT))
+
+    flushed.add_done_callback(done)
+
+
+def _not_durable() -> bool:
+    return False
 
 
 def _durable(
@@ -264,6 +310,9 @@ def _write_run(
     cqs = store.cqs
     reput = store.reput
     dispatch = store._needs_dispatch
+    # Reput.dispatch's calls, made here for each group (one call fewer per group).
+    calls = reput.batch_calls() if dispatch else None
+    arrived = reput.notifier.arrived if dispatch and reput.listeners else None
     base0 = mf.file_from_offset
     for i, (k, p, cq, queue_offset, _step, tags, start) in enumerate(run):
         msgs, batch, compiled, topic, queue_id, _consumable = p
@@ -294,10 +343,21 @@ def _write_run(
         if cq is not None:
             cqs.last_entry_ts = ts
         if dispatch:
-            columns = (batch.properties, batch.sys_flags) if compiled else None
-            if cq is not None:
+            if compiled and calls is not None:
+                properties, sys_flags = batch.properties, batch.sys_flags
+                first_offset = queue_offset if cq is not None else -1
+                for call in calls:
+                    try:
+                        call(topic, queue_id, properties, offsets, sizes, tags, ts, first_offset, sys_flags)
+                    except Exception:
+                        _reput_log.exception("dispatcher %r failed", getattr(call, "__self__", call))
+                if arrived is not None and cq is not None:
+                    arrived(topic, queue_id, queue_offset + len(offsets))
+            elif cq is not None:
+                columns = (batch.properties, batch.sys_flags) if compiled else None
                 reput.dispatch(msgs, offsets, sizes, tags, ts, queue_offset, True, columns)
             else:
+                columns = (batch.properties, batch.sys_flags) if compiled else None
                 reput.dispatch(msgs, offsets, sizes, tags, ts, -1, False, columns)
         placed[k] = (queue_offset, batch, compiled, ts, offsets)
     return -1

@@ -138,7 +138,11 @@ class MmapMessageStore(MmapIntrospection):
             pool=self.transient_pool,
             allocate=options.file_allocation,
         )
-        if isinstance(flush_policy, RoundFlushPolicy) and flush_policy.flushes_in_rounds:
+        #: The policy answers each put after the flush round that covers it (group commit): a
+        #: put of several groups hands it each group's future (put_message_groups), as it
+        #: gathers a round's futures; any other policy gets one hand-off per call.
+        self._flush_rounds = isinstance(flush_policy, RoundFlushPolicy) and flush_policy.flushes_in_rounds
+        if self._flush_rounds:
             self.commitlog.use_flush_rounds()  # group commit: a flush every few puts
         self.checkpoint: StoreCheckpoint | None = None
         self._lock = threading.Lock()
