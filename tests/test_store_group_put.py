@@ -91,7 +91,7 @@ def _plain(value: Any) -> Any:
 class Side:
     """One store (``groups``: put through put_message_groups) with a hash index and a recorder."""
 
-    def __init__(self, root: Path, name: str, flush: str = "async") -> None:
+    def __init__(self, root: Path, name: str, flush: str = "async", **options: Any) -> None:
         self.root = root / name
         self.index = get_plugin_manager().create("index", "hash", data_dir=self.root)
         self.store: Any = build_store(
@@ -102,6 +102,7 @@ class Side:
                 "store_host": "10.1.2.3:10911",
                 "commitlog_file_size": FILE_SIZE,
                 "consumequeue_entries": 10_000,
+                **options,
             },
             index=self.index,
         )
@@ -156,6 +157,8 @@ def compare(sides: dict[str, Side], groups: list[list[MessageInner]]) -> list[Pu
     assert got["groups"] == got["single"]
     a, b = sides["groups"], sides["single"]
     assert a.recorder.calls == b.recorder.calls
+    for side in (a, b):
+        side.store.commitlog.commit(0)  # a transient pool's buffers into the files
     assert files_of(a.root) == files_of(b.root)
     for group in groups:
         for m in group:
@@ -258,6 +261,32 @@ def test_random_calls_match_one_put_per_group(sides: dict[str, Side], calls: lis
             for g, (topic, queue, count, size) in enumerate(call)
         ]
         compare(sides, groups)  # a group over a whole file (4 x 9000 bytes) is refused alike
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"transient_store_pool": True, "transient_store_pool_size": 2},
+        {"compression": "zstd", "compression_min_size": 64},
+    ],
+    ids=["transient-pool", "compression"],
+)
+def test_the_store_options_give_the_same_puts(tmp_path: Path, options: dict[str, Any]) -> None:
+    with fixed_clock():
+        pair = {"groups": Side(tmp_path, "groups", **options), "single": Side(tmp_path, "single", **options)}
+    try:
+        for c in range(12):  # past a file end or two
+            groups = [
+                [
+                    message(TOPICS[c % 2], q, bytes([65 + q]) * (500 * (q + 1)), f"o{c}-{q}-{i}")
+                    for i in range(2)
+                ]
+                for q in range(4)
+            ]
+            assert all(r.ok for r in compare(pair, groups))
+    finally:
+        for side in pair.values():
+            side.close()
 
 
 def test_a_queue_file_that_cannot_be_created_mid_call(tmp_path: Path) -> None:
