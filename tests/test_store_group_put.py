@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import types
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
@@ -29,6 +30,8 @@ import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reliability.test_disk_full import fill
+from reliability.test_disk_full import mount_tmpfs as mount_tmpfs  # a fixture
 from store_support import files_of as _files_of
 
 import tidemq_store_mmap.group_put as group_put_module
@@ -37,7 +40,7 @@ from tidemq.broker.services import put as put_module
 from tidemq.broker.services.put import PutGroup, Send
 from tidemq.broker.services.send import SendService
 from tidemq.extensions import compiled_twin
-from tidemq.message import MessageInner
+from tidemq.message import MessageInner, decode_message
 from tidemq.plugins import get_plugin_manager
 from tidemq.remoting.protocol import TopicConfig
 from tidemq.store import GetStatus, PutResult, PutStatus, group_put
@@ -316,6 +319,88 @@ def test_a_queue_file_that_cannot_be_created_mid_call(tmp_path: Path) -> None:
             side.close()
 
 
+def test_a_full_disk_refuses_the_groups_keeps_what_was_acknowledged_and_recovers(
+    mount_tmpfs: Any,
+) -> None:
+    disk = mount_tmpfs(12)
+    store: Any = build_store(
+        "mmap",
+        disk / "store",
+        flush="sync",
+        store_options={
+            "commitlog_file_size": 1 << 20,
+            "consumequeue_entries": 1000,
+            "disk_space_warning_ratio": 95,
+            "clean_interval_ms": 3_600_000,
+            "file_allocation": "sparse",
+        },
+    )
+    assert store.load()
+    store.start()
+
+    def groups(c: int) -> list[list[MessageInner]]:
+        return [[message("Full", q, b"%05d" % c * 2000, f"f{c}-{q}-{i}") for i in range(2)] for q in range(4)]
+
+    acked: dict[int, list[bytes]] = {q: [] for q in range(4)}
+    try:
+        for c in range(10):  # ~0.8 MiB
+            assert all(f.result(10).ok for f in store.put_message_groups(groups(c)))
+            for q in range(4):
+                acked[q] += [b"%05d" % c * 2000] * 2
+        filler = fill(disk)
+        refused = None
+        for c in range(10, 200):
+            end = store.get_max_phy_offset()
+            results = [f.result(10) for f in store.put_message_groups(groups(c))]
+            if not all(r.ok for r in results):
+                refused = results
+                break
+            for q in range(4):
+                acked[q] += [b"%05d" % c * 2000] * 2
+        assert refused is not None, "a full 12 MiB disk took 4 MiB more"
+        bad = [r for r in refused if not r.ok]
+        assert {r.status for r in bad} <= {PutStatus.DISK_FULL, PutStatus.CREATE_MAPPED_FILE_FAILED}
+        assert all(r.error for r in bad)
+        # the groups that went through before the refusal are acknowledged; nothing else is left
+        # but the blank end marker of a file the next group did not fit
+        ok = [r for r in refused if r.ok]
+        written = end + sum(r.wrote_bytes for r in ok)
+        assert store.get_max_phy_offset() in (written, written + (1 << 20) - written % (1 << 20))
+        for q, r in enumerate(refused):
+            if r.ok:
+                acked[q] += [b"%05d" % c * 2000] * 2
+        filler.unlink()
+        deadline = time.monotonic() + 10
+        while not all(f.result(10).ok for f in store.put_message_groups(groups(500))):
+            assert time.monotonic() < deadline, "writes still refused after space came back"
+            time.sleep(0.1)
+        for q in range(4):
+            acked[q] += [b"%05d" % 500 * 2000] * 2
+    finally:
+        store.shutdown()
+    store = build_store(
+        "mmap",
+        disk / "store",
+        flush="sync",
+        store_options={"commitlog_file_size": 1 << 20, "consumequeue_entries": 1000},
+    )
+    assert store.load()
+    store.start()
+    try:
+        for q in range(4):
+            bodies = []
+            offset = 0
+            while True:
+                got = store.get_message("g", "Full", q, offset, 64, max_bytes=1 << 30)
+                if got.status is not GetStatus.FOUND:
+                    break
+                bodies += [decode_message(b).body for b in got.buffers]
+                offset = got.next_begin_offset
+            assert bodies == acked[q]
+    finally:
+        store.shutdown()
+
+
 def test_sync_flush_acknowledges_each_group_once_its_bytes_are_flushed(tmp_path: Path) -> None:
     side = Side(tmp_path, "sync", flush="sync")
     try:
@@ -368,8 +453,6 @@ def test_a_restart_reads_every_group(tmp_path: Path) -> None:
             for q in range(4):
                 got = store.get_message("g", TOPICS[0], q, 0, 64, max_bytes=1 << 20)
                 assert got.status is GetStatus.FOUND
-                from tidemq.message import decode_message
-
                 assert [decode_message(b).body for b in got.buffers] == expected[q]
         finally:
             store.shutdown()
