@@ -90,6 +90,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     put_sends = None if args.python_put else lanes._put_sends
     whole: list[float] = []
     whole_b: list[float] = []
+    paired_a: list[int] = []
+    paired_b: list[int] = []
     stages: dict[str, list[float]] = {s: [] for s in STAGES}
     with tempfile.TemporaryDirectory(prefix="tidemq-stages-") as tmp:
         async with running_broker(Path(tmp), {"flush": "async"}, auto_create_topic=True) as broker:
@@ -129,6 +131,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         await asyncio.sleep(0)
                     (whole if compiled else whole_b).append((time.process_time_ns() - t0) / sends_total)
                 lanes._put_sends = put_sends
+                if args.ab_groups:
+                    # The loop thread's CPU per read, A and B alternating read by read (a loaded
+                    # machine disturbs both alike; the minimum and low percentiles least).
+                    reads = [frames.read(args.per_read) for _ in range(args.reads)]
+                    for i, data in enumerate(reads):
+                        group_put_on = (i + r) % 2 == 0
+                        store_module._GROUP_PUT[store_cls] = group_put_on
+                        t0 = time.thread_time_ns()
+                        conn.data_received(data)
+                        await asyncio.sleep(0)
+                        (paired_a if group_put_on else paired_b).append(time.thread_time_ns() - t0)
                 store_module._GROUP_PUT[store_cls] = True
                 reads = [frames.read(args.per_read) for _ in range(args.reads)]
                 acc = dict.fromkeys(STAGES, 0)
@@ -173,8 +186,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     + ", ".join(f"{n} {stages[n][-1]:.0f}" for n in STAGES)
                 )
             conn.connection_lost(None)
+    paired: dict[str, Any] = {}
+    for name, ts in (("a", paired_a), ("b", paired_b)):
+        if ts:
+            ts.sort()
+            paired[name] = {
+                f"{q}_thread_cpu_ns_per_send": round(ts[int(len(ts) * f)] / args.per_read)
+                for q, f in (("min", 0), ("p10", 0.1), ("p25", 0.25), ("median", 0.5))
+            }
     return {
         "benchmark": "singlesend_stages",
+        "paired_reads": paired,
         "per_read": args.per_read,
         "queues": args.queues,
         "body": args.body,
@@ -206,7 +228,8 @@ def main() -> None:
         "--ab-groups",
         action="store_true",
         help="each round's whole pass also with one store put per group (B: the store's "
-        "put_message_groups hidden), alternating",
+        "put_message_groups hidden), alternating; plus a pass alternating A and B read by read, "
+        "the loop thread's CPU per read (paired_reads)",
     )
     args = ap.parse_args()
     try:
