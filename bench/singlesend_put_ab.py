@@ -1,13 +1,17 @@
-"""The read lane's put and settlement of a read's single sends, compiled against Python (session 11).
+"""The read lane's put and settlement of a read's single sends, compiled against Python (session 11),
+or the store's one-call put of a read's groups against one put per group (session 12, putmany).
 
     .venv/bin/python bench/singlesend_put_ab.py [--reads 2000] [--per-read 27] [--queues 1 8]
+        [--ab compiled|groups]
 
 A real broker (default plugins, ``mmap`` store, async flush) in process; per read of
 ``--per-read`` SEND_MESSAGE_V2 frames round-robin over ``--queues`` queues (compare.py's
 single-send load: ~27 sends a read over 8 queues), the frames are taken and prepared by the lane,
 then timed: ``put_sends`` + ``settled_many`` (A: the compiled put, the outcome read from the
 futures' slots) or ``SendService.put`` + ``settle_sends`` with the Python ``_put_outcome`` (B: the
-code before).  A and B alternate read by read; the figures are the minimum, the 10th percentile
+code before).  With ``--ab groups`` both use the compiled put and settlement; A puts a read's
+groups with the store's ``put_message_groups`` (:class:`tidemq.store.GroupPut`, one call), B with
+one ``put_messages`` per group (the capability hidden).  A and B alternate read by read; the figures are the minimum, the 10th percentile
 and the median of µs per read (the minimum is what a loaded machine disturbs least).  Also the
 minimum ns per frame of ``take_frames`` and ``prepare_frames`` over ten such reads in cache.
 
@@ -34,6 +38,7 @@ from singlesend_stages import TOPIC, Frames  # noqa: E402
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from tidemq import store as store_module
     from tidemq._native import _send_lane
     from tidemq.broker.services import put
 
@@ -49,11 +54,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             def python_outcome(b: Any, g: Any) -> Any:  # not the reference object: the Python call
                 return put._put_outcome(b, g)
 
+            store_cls = type(broker.store)
+            store_module.group_put(broker.store)  # fills the capability cache
+            groups_ab = args.ab == "groups"
+            a, b = ("groups", "per_group") if groups_ab else ("compiled", "python")
             for queues in args.queues:
                 frames = Frames(queues, args.body)
-                times: dict[str, list[int]] = {"compiled": [], "python": []}
+                times: dict[str, list[int]] = {a: [], b: []}
                 for i in range(args.reads):
-                    for mode in ("compiled", "python") if i % 2 else ("python", "compiled"):
+                    for mode in (a, b) if i % 2 else (b, a):
+                        if groups_ab:
+                            store_module._GROUP_PUT[store_cls] = mode == a
                         taken, _ = entry._take(frames.read(args.per_read), 1 << 24)
                         sends = entry._prepare_frames(
                             taken,
@@ -66,7 +77,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         assert sends is not None and entry.windowed(sends)
                         done = [False] * len(sends)
                         t0 = time.perf_counter_ns()
-                        if mode == "compiled":
+                        if mode != "python":
                             _send_lane.put_sends(service, sends)
                             put.settled_many(service.broker, sends, done)
                         else:
@@ -84,9 +95,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         "median_us_per_read": round(ts[len(ts) // 2] / 1000, 2),
                         "min_us_per_send": round(ts[0] / 1000 / args.per_read, 3),
                     }
-                row["min_saved_us_per_send"] = round(
-                    row["python"]["min_us_per_send"] - row["compiled"]["min_us_per_send"], 3
+                row["min_saved_us_per_send"] = round(row[b]["min_us_per_send"] - row[a]["min_us_per_send"], 3)
+                row["median_saved_us_per_read"] = round(
+                    row[b]["median_us_per_read"] - row[a]["median_us_per_read"], 2
                 )
+                store_module._GROUP_PUT[store_cls] = True
                 # The lane's other stages on the same kind of reads, in cache (minimum per frame).
                 reads = [frames.read(args.per_read) for _ in range(10)]
                 taken_all = [entry._take(r, 1 << 24)[0] for r in reads]
@@ -114,6 +127,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"queues {queues}: {row}", file=sys.stderr, flush=True)
     return {
         "benchmark": "singlesend_put_ab",
+        "ab": f"{a} (A) vs {b} (B)",
         "per_read": args.per_read,
         "reads": args.reads,
         "body": args.body,
@@ -128,6 +142,13 @@ def main() -> None:
     ap.add_argument("--per-read", type=int, default=27)
     ap.add_argument("--queues", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--body", type=int, default=1024)
+    ap.add_argument(
+        "--ab",
+        choices=("compiled", "groups"),
+        default="compiled",
+        help="compiled: the compiled put against SendService.put; groups: the store's one-call put "
+        "against one put per group",
+    )
     args = ap.parse_args()
     try:
         import uvloop

@@ -1,7 +1,7 @@
 """Broker CPU per single send by stage of the compiled read lane, in process (issue 38, session 11).
 
     .venv/bin/python bench/singlesend_stages.py [--per-read 27] [--queues 8] [--reads 3000]
-        [--repeats 5] [--body 1024]
+        [--repeats 5] [--body 1024] [--ab | --ab-groups]
 
 A real broker (default plugins, ``mmap`` store, async flush, data in a temporary directory) and
 reads of ``--per-read`` SEND_MESSAGE_V2 frames, round-robin over ``--queues`` queues, as
@@ -81,6 +81,7 @@ STAGES = ("take", "prepare", "window", "put", "settle", "answer")
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from tidemq import store as store_module
     from tidemq.broker import lanes
     from tidemq.broker.services.put import settled_many
     from tidemq.broker.services.send import born_host
@@ -89,6 +90,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     put_sends = None if args.python_put else lanes._put_sends
     whole: list[float] = []
     whole_b: list[float] = []
+    paired_a: list[int] = []
+    paired_b: list[int] = []
     stages: dict[str, list[float]] = {s: [] for s in STAGES}
     with tempfile.TemporaryDirectory(prefix="tidemq-stages-") as tmp:
         async with running_broker(Path(tmp), {"flush": "async"}, auto_create_topic=True) as broker:
@@ -111,10 +114,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(0.1)
             settings = broker.settings
             sends_total = args.reads * args.per_read
+            store_cls = type(broker.store)
+            store_module.group_put(broker.store)  # fills the capability cache
+            paired = args.ab or args.ab_groups
             for r in range(args.repeats):
                 order = [True, False] if r % 2 == 0 else [False, True]
-                for compiled in order if args.ab else [True]:
-                    lanes._put_sends = put_sends if compiled else None
+                for compiled in order if paired else [True]:
+                    if args.ab_groups:  # B: one put_messages per group (the capability hidden)
+                        store_module._GROUP_PUT[store_cls] = compiled
+                    else:
+                        lanes._put_sends = put_sends if compiled else None
                     reads = [frames.read(args.per_read) for _ in range(args.reads)]
                     t0 = time.process_time_ns()
                     for data in reads:
@@ -122,6 +131,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         await asyncio.sleep(0)
                     (whole if compiled else whole_b).append((time.process_time_ns() - t0) / sends_total)
                 lanes._put_sends = put_sends
+                if args.ab_groups:
+                    # The loop thread's CPU per read, A and B alternating read by read (a loaded
+                    # machine disturbs both alike; the minimum and low percentiles least).
+                    reads = [frames.read(args.per_read) for _ in range(args.reads)]
+                    for i, data in enumerate(reads):
+                        group_put_on = (i + r) % 2 == 0
+                        store_module._GROUP_PUT[store_cls] = group_put_on
+                        t0 = time.thread_time_ns()
+                        conn.data_received(data)
+                        await asyncio.sleep(0)
+                        (paired_a if group_put_on else paired_b).append(time.thread_time_ns() - t0)
+                store_module._GROUP_PUT[store_cls] = True
                 reads = [frames.read(args.per_read) for _ in range(args.reads)]
                 acc = dict.fromkeys(STAGES, 0)
                 clock = time.perf_counter_ns
@@ -160,20 +181,29 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     stages[name].append(acc[name] / sends_total)
                 progress(
                     f"round {r + 1}: whole {whole[-1]:.0f} ns/send"
-                    + (f" (B: {whole_b[-1]:.0f})" if args.ab else "")
+                    + (f" (B: {whole_b[-1]:.0f})" if paired else "")
                     + "; "
                     + ", ".join(f"{n} {stages[n][-1]:.0f}" for n in STAGES)
                 )
             conn.connection_lost(None)
+    paired: dict[str, Any] = {}
+    for name, ts in (("a", paired_a), ("b", paired_b)):
+        if ts:
+            ts.sort()
+            paired[name] = {
+                f"{q}_thread_cpu_ns_per_send": round(ts[int(len(ts) * f)] / args.per_read)
+                for q, f in (("min", 0), ("p10", 0.1), ("p25", 0.25), ("median", 0.5))
+            }
     return {
         "benchmark": "singlesend_stages",
+        "paired_reads": paired,
         "per_read": args.per_read,
         "queues": args.queues,
         "body": args.body,
         "reads": args.reads,
         "whole_cpu_ns_per_send": round(statistics.median(whole)),
         "whole_rounds": [round(x) for x in whole],
-        "ab": args.ab,
+        "ab": "groups" if args.ab_groups else args.ab,
         "whole_b_cpu_ns_per_send": round(statistics.median(whole_b)) if whole_b else None,
         "whole_b_rounds": [round(x) for x in whole_b],
         "stage_wall_ns_per_send": {n: round(statistics.median(v)) for n, v in stages.items()},
@@ -193,6 +223,13 @@ def main() -> None:
         "--ab",
         action="store_true",
         help="each round's whole pass also with SendService.put in Python (B), alternating",
+    )
+    ap.add_argument(
+        "--ab-groups",
+        action="store_true",
+        help="each round's whole pass also with one store put per group (B: the store's "
+        "put_message_groups hidden), alternating; plus a pass alternating A and B read by read, "
+        "the loop thread's CPU per read (paired_reads)",
     )
     args = ap.parse_args()
     try:

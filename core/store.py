@@ -554,6 +554,47 @@ def store_introspection(store: object) -> StoreIntrospection | None:
     return cast("StoreIntrospection", store) if capable else None
 
 
+@runtime_checkable
+class GroupPut(Protocol):
+    """A store that takes several puts in one call (optional; issue 38, putmany).
+
+    Who calls it: the broker's send path (``SendService.put`` and the read lane's compiled
+    ``put_sends``), with the groups of one read (each the messages of one put: one topic and
+    queue, what :meth:`MessageStore.put_messages` takes), instead of one ``put_messages`` per group.
+    The ``mmap`` store offers it (one hold of its lock, the groups written with one ``pwrite``);
+    a store without it gets one ``put_messages`` per group, as before.  Found on the store's class
+    (:func:`group_put`): a wrapper that delegates attributes is not taken for one.
+    """
+
+    def put_message_groups(self, groups: Sequence[Sequence[MessageInner]]) -> list[Future[PutResult]]:
+        """Put ``groups`` in order; one future per group put, each what ``put_messages(group)``
+        would give when the groups are put one after the other: the same records (offsets, queue
+        offsets, message ids, bytes), entries, dispatch and :class:`PutResult`, each future
+        resolved once its group is durable.
+
+        The list may be shorter than ``groups`` (never empty when ``groups`` is not): the store
+        stops right after a group it refused for one of its messages (``MESSAGE_ILLEGAL``,
+        ``PROPERTIES_SIZE_EXCEEDED``) and may stop earlier; the groups after the last future are
+        not put, and the caller puts them (another call).  Raises only when nothing was put: the
+        caller then puts the first group alone.
+        """
+
+
+#: Per store class: whether it implements :class:`GroupPut` (asked once per read on the send path).
+_GROUP_PUT: dict[type, bool] = {}
+
+
+def group_put(
+    store: object,
+) -> Callable[[Sequence[Sequence[MessageInner]]], list[Future[PutResult]]] | None:
+    """``store``'s :meth:`GroupPut.put_message_groups`, or None when its class does not have it."""
+    cls = type(store)
+    capable = _GROUP_PUT.get(cls)
+    if capable is None:
+        capable = _GROUP_PUT[cls] = callable(getattr(cls, "put_message_groups", None))
+    return cast(GroupPut, store).put_message_groups if capable else None
+
+
 # --------------------------------------------------------------------------- request lanes
 @runtime_checkable
 class SendLane(Protocol):

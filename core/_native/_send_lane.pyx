@@ -741,6 +741,9 @@ cdef Py_ssize_t _s_batch, _s_nbytes
 cdef object _StoreFuture = None
 cdef Py_ssize_t _f_state = -1, _f_exc = -1, _f_result = -1
 cdef int _TX_TYPE_MASK = 3 << 2
+# ``tidemq.store.group_put`` and its cache (store class -> whether it has put_message_groups).
+cdef object _py_group_put = None
+cdef dict _group_put_of = None
 
 
 cdef Py_ssize_t _member(cls, str name):
@@ -756,8 +759,10 @@ cdef int _bind_put() except -1:
     global _py_outcome, _Duplicate, _put_log, _perf_counter, _ONE_MESSAGE, _PUT_OK, _REPLICA_OK
     global _SUCCESS, _GROUP_MAX, _g_sends, _g_nsends, _g_msgs, _g_nbytes, _g_future, _g_result
     global _g_error, _g_replica, _g_started, _g_build, _s_batch, _s_nbytes, _StoreFuture
-    global _f_state, _f_exc, _f_result
+    global _f_state, _f_exc, _f_result, _py_group_put, _group_put_of
     import time
+
+    from tidemq import store as store_module
 
     from tidemq.broker import dedup
     from tidemq.broker.services import put, send
@@ -779,7 +784,14 @@ cdef int _bind_put() except -1:
     _REPLICA_OK = put._REPLICA_OK
     _SUCCESS = put._SUCCESS
     _GROUP_MAX = send.GROUP_MAX_BYTES
-    if send.TRANSACTION_TYPE_MASK != _TX_TYPE_MASK or send.store_group is not put.store_group:
+    _py_group_put = store_module.group_put
+    _group_put_of = store_module._GROUP_PUT
+    if (
+        send.TRANSACTION_TYPE_MASK != _TX_TYPE_MASK
+        or send.store_group is not put.store_group
+        or send.store_groups is not put.store_groups
+        or put.group_put is not store_module.group_put
+    ):
         return 0
     _StoreFuture = StoreFuture
     _f_state = _member(StoreFuture, "_sf_state")
@@ -979,7 +991,7 @@ cdef int _put_groups(
     put in order."""
     cdef Py_ssize_t i, j, ngroups = 0
     cdef object send, msgs, topic, group
-    cdef list gtopics = [], ggroups = [], gmsgs
+    cdef list gtopics = [], ggroups = [], gmsgs, full = []
     for i in range(n):
         send = sends[i]
         msgs = _slot(send, _o_msgs)
@@ -1013,11 +1025,89 @@ cdef int _put_groups(
         if gbytes[j] >= _GROUP_MAX:
             gbytes[j] = -1  # ``del groups[key]``: a later send of the key opens a new group
             ggroups[j] = None
-            _store_group(broker, group)
+            full.append(group)  # put first, in the order cut
     for j in range(ngroups):
         group = ggroups[j]
         if group is not None:
+            full.append(group)
+    if len(full) == 1:
+        _store_group(broker, full[0])
+    elif full:
+        _store_groups(broker, full)
+    return 0
+
+
+cdef int _store_groups(object broker, list groups) except -1:
+    """``put.store_groups``: the groups' puts in one store call where the store offers it
+    (``tidemq.store.GroupPut``), else one ``_store_group`` each."""
+    cdef Py_ssize_t n = len(groups), i = 0, j, k, nsends
+    cdef list rest, sends, last_sends, fresh, msgs_of
+    cdef PyObject *g
+    cdef PyObject *exc
+    cdef PyObject *res
+    cdef int state
+    store = broker.store
+    cls = type(store)
+    capable = _group_put_of.get(cls)
+    if capable is None:
+        _py_group_put(store)  # fills the cache
+        capable = _group_put_of.get(cls)
+    if not capable:
+        for group in groups:
             _store_group(broker, group)
+        return 0
+    put_groups = store.put_message_groups
+    while i < n:
+        if i == n - 1:
+            _store_group(broker, groups[i])
+            return 0
+        rest = groups[i:] if i else groups
+        msgs_of = [_slot(group, _g_msgs) for group in rest]
+        started = _perf_counter()
+        try:
+            futures = put_groups(msgs_of)
+        except Exception:
+            _store_group(broker, groups[i])  # nothing was put: the first group alone
+            i += 1
+            continue
+        if type(futures) is not list:
+            futures = list(futures)
+        k = len(<list>futures)
+        if k == 0 or k > len(rest):
+            raise RuntimeError(f"{cls.__name__}.put_message_groups put {k} of {len(rest)} groups")
+        last_sends = None
+        for j in range(k):
+            group = rest[j]
+            g = <PyObject *>group
+            last_sends = <list>_slot(group, _g_sends)
+            fresh = []
+            tq_set_slot(g, _g_sends, <PyObject *>fresh)
+            tq_slot_long(g, _g_nsends, len(last_sends))
+            tq_set_slot(g, _g_started, <PyObject *>started)
+            tq_set_slot(g, _g_future, <PyObject *>(<list>futures)[j])
+        i += k
+        nsends = len(last_sends)
+        if nsends <= 1:
+            continue
+        future = (<list>futures)[k - 1]
+        state = _future_state(future, &exc, &res)
+        if state == 0:
+            continue
+        if state == 1:
+            if exc != <PyObject *>None:
+                continue
+            status = (<object>res).status
+            if status is _PUT_OK or status not in _ONE_MESSAGE:
+                continue
+        elif not (future.done() and future.exception() is None and future.result().status in _ONE_MESSAGE):
+            continue
+        # As _store_group: nothing of it was stored; its halves on their own, before the rest.
+        half = nsends // 2
+        for part in (last_sends[:half], last_sends[half:]):
+            regroup = _PutGroup()
+            for send in part:
+                regroup.add(send)
+            _py_store_group(broker, regroup)
     return 0
 
 

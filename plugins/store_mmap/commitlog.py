@@ -11,7 +11,7 @@ import errno
 import logging
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -142,6 +142,14 @@ class CommitLogFullError(StoreError):
 
 class RecordEncodeError(StoreError):
     """A field is out of its Java range (flag, timestamps...): the batch cannot be packed."""
+
+
+class BatchesEncodeError(RecordEncodeError):
+    """:meth:`CommitLog.append_batches`: batch ``index`` cannot be packed (nothing was written)."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 class CommitLog:
@@ -372,6 +380,70 @@ class CommitLog:
                 raise
         mf.advance(total)
         return offsets
+
+    def append_batches(
+        self,
+        mf: MappedFile,
+        encoder: RecordEncoder,
+        items: Sequence[tuple[PreparedBatch, int, int]],
+        ts: int,
+    ) -> list[list[int]]:
+        """Pack the batches ``items`` (``(batch, queue_offset, step)`` each) back to back at the end
+        of ``mf`` with one ``pwrite``, and publish them; each batch's record offsets.
+
+        The records are byte for byte what :meth:`append_records` writes for each batch in turn
+        (the store's put of several groups in one call, :mod:`.group_put`); the caller checked that
+        they fit the file.  Raises :class:`BatchesEncodeError` (naming the batch, nothing written)
+        or ``OSError`` (ENOSPC, EIO; nothing published, no partial record left behind).
+        """
+        start = mf.wrote_position
+        base = mf.file_from_offset + start
+        total = 0
+        for item in items:
+            total += item[0].total
+        if mf.transient:
+            # Packed in place into the off-map write buffer (the policy commits it), as
+            # append_records does for a transient file.
+            target: Any = mf.write_buffer()
+            at = start
+        else:
+            chunk = self.zero_ahead
+            if chunk > 0:  # the zeros ahead of the write, as append_records keeps them
+                zeros = self.zeros
+                if chunk != zeros.chunk:
+                    zeros.chunk = chunk
+                end = start + total
+                if mf is zeros.mf and end <= zeros.zeroed_to:
+                    if end > zeros._refill_at:
+                        zeros._kick()
+                else:
+                    zeros.before_write(mf, start, end, 0 < total <= chunk // 2)
+            target = self._wbuf
+            if len(target) < total:
+                target = self._wbuf = bytearray(max(total, 2 * len(target), 64 * 1024))
+            at = 0
+        out: list[list[int]] = []
+        pos = at
+        for i, (batch, queue_offset, step) in enumerate(items):
+            try:
+                out.append(encoder.write_into(target, pos, batch, queue_offset, base + pos - at, ts, step))
+            except (struct.error, TypeError, OverflowError) as exc:
+                if mf.transient:  # wipe what was packed past the write position
+                    mf.write_at(start, bytes(pos - at + batch.total))
+                raise BatchesEncodeError(i, f"cannot encode the message: {exc}") from exc
+            pos += batch.total
+        if not mf.transient:
+            try:
+                with memoryview(target) as view:
+                    mf.pwrite(start, view[:total])
+            except OSError:
+                try:
+                    mf.pwrite(start, bytes(total))  # best effort: no partial record left for recovery
+                except OSError:
+                    pass
+                raise
+        mf.advance(total)
+        return out
 
     def append_data(self, start_offset: int, data: bytes | memoryview) -> bool:
         """Append raw bytes at ``start_offset``, the log's end (RocketMQ's CommitLog.appendData).

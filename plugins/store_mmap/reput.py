@@ -215,6 +215,15 @@ class Reput:
             first = msgs[0]
             self.notifier.arrived(first.topic, first.queue_id, queue_offset + len(msgs))
 
+    def batch_calls(self) -> list[Callable[..., None]] | None:
+        """Each dispatcher's ``dispatch_batch`` when every one takes batches (None otherwise), as
+        :meth:`dispatch` calls them: for a writer that dispatches several puts in a row."""
+        dispatchers = self.dispatchers
+        if dispatchers != self._batch_for:  # a list of one or two: identity compares
+            self._batch_calls = _batch_calls(dispatchers)
+            self._batch_for = list(dispatchers)
+        return self._batch_calls
+
     def schedule_tags(self, properties: Mapping[str, str], ts: int, tags: int) -> int:
         """A SCHEDULE_TOPIC_XXXX entry's tags code: its delivery time, as RocketMQ stores it."""
         code = schedule_tags_code(self.delay_levels, properties, ts)

@@ -61,6 +61,7 @@ from .allocate_service import AllocateService
 from .checkpoint import StoreCheckpoint
 from .cleanup import CleanService, FlushConsumeQueueService
 from .commitlog import COMPILED_BATCH, CommitLog, CommitLogFullError, RecordEncodeError
+from .group_put import put_groups
 from .introspection import MmapIntrospection
 from .lane import compiled_send_lane
 from .options import MmapStoreOptions, parse_host
@@ -74,6 +75,10 @@ log = logging.getLogger(__name__)
 
 
 _PUT_OK = PutStatus.PUT_OK
+#: What :meth:`MmapMessageStore._prepare` gives a put it takes: its messages (compressed when the
+#: store compresses), the prepared records, whether they are the compiled encoder's, the topic,
+#: the queue id and whether the records get consume-queue entries.
+_Prepared = tuple[Sequence[MessageInner], Any, bool, str, int, bool]
 _MIXED_BATCH = "a batch must go to one topic and queue"
 
 
@@ -133,7 +138,11 @@ class MmapMessageStore(MmapIntrospection):
             pool=self.transient_pool,
             allocate=options.file_allocation,
         )
-        if isinstance(flush_policy, RoundFlushPolicy) and flush_policy.flushes_in_rounds:
+        #: The policy answers each put after the flush round that covers it (group commit): a
+        #: put of several groups hands it each group's future (put_message_groups), as it
+        #: gathers a round's futures; any other policy gets one hand-off per call.
+        self._flush_rounds = isinstance(flush_policy, RoundFlushPolicy) and flush_policy.flushes_in_rounds
+        if self._flush_rounds:
             self.commitlog.use_flush_rounds()  # group commit: a flush every few puts
         self.checkpoint: StoreCheckpoint | None = None
         self._lock = threading.Lock()
@@ -302,11 +311,20 @@ class MmapMessageStore(MmapIntrospection):
             flushed.add_done_callback(done)
         return fut
 
+    def put_message_groups(self, groups: Sequence[Sequence[MessageInner]]) -> list[Future[PutResult]]:
+        """Several puts in one call (:class:`tidemq.store.GroupPut`): one hold of the lock, the
+        groups that fit the current file written with one ``pwrite`` (:mod:`.group_put`)."""
+        return put_groups(self, groups)
+
     def _illegal(self, error: str, status: PutStatus = PutStatus.MESSAGE_ILLEGAL) -> PutResult:
         return PutResult(status, error=error)
 
-    def _append(self, msgs: Sequence[MessageInner]) -> PutResult:
-        """Append, index and dispatch under the lock; the message is readable when it returns."""
+    def _prepare(self, msgs: Sequence[MessageInner]) -> PutResult | _Prepared:
+        """Everything of a put that can fail on bad input, outside the lock: the refusal, or the
+        records validated, CRC'd and sized (``encoder.prepare``) with what the write needs.
+
+        Raises what the encoder raises beyond the refusals it is known for (a bug: the put's
+        caller logs it)."""
         if not self._running:
             return self._illegal("the store is not running", PutStatus.SERVICE_NOT_AVAILABLE)
         disk_full = self.cleaner.disk_full
@@ -326,7 +344,6 @@ class MmapMessageStore(MmapIntrospection):
                 return self._illegal(_MIXED_BATCH)
             multi = False  # checked
             msgs = [self._compressed(m) for m in msgs]
-        # Everything that can fail on bad input happens here, outside the lock.
         encoder = self._encoder
         try:
             batch = encoder.prepare(msgs)
@@ -347,14 +364,23 @@ class MmapMessageStore(MmapIntrospection):
         # The compiled batch read every message's topic and queue (``uniform``), its properties and
         # flags (the dispatchers' columns), and places and describes the records in one call each.
         compiled = type(batch) is COMPILED_BATCH
+        if multi and not (cast(Any, batch).uniform if compiled else _one_queue(msgs, topic, queue_id)):
+            return self._illegal(_MIXED_BATCH)
+        # Prepared and rolled-back transaction halves are not consumable: no queue entry.
+        consumable = first.sys_flag & TRANSACTION_TYPE_MASK not in NOT_CONSUMABLE
+        return (msgs, batch, compiled, topic, queue_id, consumable)
+
+    def _append(self, msgs: Sequence[MessageInner]) -> PutResult:
+        """Append, index and dispatch under the lock; the message is readable when it returns."""
+        prepared = self._prepare(msgs)
+        if type(prepared) is PutResult:
+            return prepared
+        msgs, batch, compiled, topic, queue_id, consumable = cast(_Prepared, prepared)
+        encoder = self._encoder
         # The compiled batch's own fields (``uniform``, ``cq_entries``, ``properties``...): its type
         # exists only where the extension is built, so the checker sees it through ``Any``.
         native: Any = batch
-        if multi and not (native.uniform if compiled else _one_queue(msgs, topic, queue_id)):
-            return self._illegal(_MIXED_BATCH)
         tags = batch.tags_codes
-        # Prepared and rolled-back transaction halves are not consumable: no queue entry.
-        consumable = first.sys_flag & TRANSACTION_TYPE_MASK not in NOT_CONSUMABLE
         total = batch.total
         sizes = batch.sizes
         cqs = self.cqs

@@ -27,7 +27,7 @@ from tidemq.message import (
 )
 from tidemq.observe import SendContext
 from tidemq.replication import ReplicaStatus
-from tidemq.store import PutResult, PutStatus
+from tidemq.store import PutResult, PutStatus, group_put
 
 if TYPE_CHECKING:
     from tidemq.broker.dedup import Duplicate, Sent
@@ -206,6 +206,57 @@ def store_group(broker: BrokerContext, group: PutGroup) -> None:
             for send in part:
                 regroup.add(send)
             store_group(broker, regroup)
+
+
+def store_groups(broker: BrokerContext, groups: list[PutGroup]) -> None:
+    """:func:`store_group` of each of ``groups`` in order, the same puts and effects; with one
+    store call for all of them where the store offers it (:class:`tidemq.store.GroupPut`: one lock
+    and one write for a read's queues) and they are more than one."""
+    n = len(groups)
+    put_groups = group_put(broker.store) if n > 1 else None
+    if put_groups is None:
+        for group in groups:
+            store_group(broker, group)
+        return
+    i = 0
+    while i < n:
+        if i == n - 1:  # one left: the plain put
+            store_group(broker, groups[i])
+            return
+        rest = groups[i:] if i else groups
+        started = time.perf_counter()
+        try:
+            futures = put_groups([group.msgs for group in rest])
+        except Exception:
+            # Nothing was put: the first group alone, as store_group answers a store that raises.
+            store_group(broker, groups[i])
+            i += 1
+            continue
+        if not 0 < len(futures) <= len(rest):
+            raise RuntimeError(
+                f"{type(broker.store).__name__}.put_message_groups put {len(futures)} of {len(rest)} groups"
+            )
+        last_sends: list[Send] = []
+        for group, future in zip(rest, futures, strict=False):  # as store_group, for each group put
+            last_sends, group.sends = group.sends, []
+            group.nsends = len(last_sends)
+            group.started = started
+            group.future = future
+        i += len(futures)
+        future = futures[-1]
+        if (
+            len(last_sends) > 1
+            and future.done()
+            and future.exception() is None
+            and future.result().status in _ONE_MESSAGE_STATUSES
+        ):
+            # As store_group: nothing of it was stored; its halves on their own, before the rest.
+            half = len(last_sends) // 2
+            for part in (last_sends[:half], last_sends[half:]):
+                regroup = PutGroup()
+                for send in part:
+                    regroup.add(send)
+                store_group(broker, regroup)
 
 
 def settled(broker: BrokerContext, send: Send) -> bool:

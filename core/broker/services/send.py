@@ -47,6 +47,7 @@ from tidemq.broker.services.put import (
     settled,
     settled_many,
     store_group,
+    store_groups,
 )
 from tidemq.broker.services.status import DONE, Outcome, Status
 from tidemq.broker.timer import TIMER_OUT_MS, TimerRefused
@@ -448,10 +449,12 @@ class SendService:
     # ------------------------------------------------------------------ step 2: put
     def put(self, sends: list[Send]) -> None:
         """Store the sends of one read: grouped per (topic, queue, transaction type) of their final
-        destination, in order, one put per group (cut at :data:`GROUP_MAX_BYTES`); a batch send's
-        messages stay together, in its place among them."""
+        destination, in order, one put per group (cut at :data:`GROUP_MAX_BYTES`: a group cut is
+        put before the others, in the order cut); a batch send's messages stay together, in its
+        place among them.  The puts go to the store in one call where it offers that
+        (:func:`~tidemq.broker.services.put.store_groups`)."""
         groups: dict[tuple[str, int, int], PutGroup] = {}
-        broker = self.broker
+        full: list[PutGroup] = []  # groups cut at GROUP_MAX_BYTES, put first, in the order cut
         for send in sends:
             if type(send.dedup) is Duplicate:  # answered from the window, not stored
                 continue
@@ -464,9 +467,12 @@ class SendService:
             group.nbytes += send.nbytes
             if group.nbytes >= GROUP_MAX_BYTES:
                 del groups[key]
-                store_group(broker, group)
-        for group in groups.values():
-            store_group(broker, group)
+                full.append(group)
+        if full:
+            full.extend(groups.values())
+            store_groups(self.broker, full)
+        elif groups:
+            store_groups(self.broker, list(groups.values()))
 
     def put_one(self, send: Send) -> None:
         """Store one send on its own."""

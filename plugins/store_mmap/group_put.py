@@ -1,0 +1,363 @@
+"""The mmap store's put of several groups in one call (:class:`tidemq.store.GroupPut`; issue 38, putmany).
+
+The read lane stores a read's single sends as one put per queue; each ``put_messages`` takes the
+store's lock, picks the file, writes its records with a ``pwrite``, its consume-queue entries,
+dispatches them and hands its future to the flush policy: ~6.5 µs of a read's CPU per queue it
+touches.  :func:`put_groups` does the same for all of a read's groups at once: each group is
+prepared outside the lock as ``put_messages`` prepares it (:meth:`MmapMessageStore._prepare`),
+then, under one hold of the lock and with one store timestamp, the groups that fit the current
+file are packed back to back and written with one ``pwrite`` (:meth:`CommitLog.append_batches`),
+and each group gets, in order, its consume-queue entries, its dispatch and its arrival.
+
+Each group's records, queue offsets, message ids, consume-queue and index entries and
+:class:`~tidemq.store.PutResult` are what ``put_messages`` of the groups one after the other gives
+(with the same clock): a group that does not fit the rest of the file starts the next one after
+the blank end marker, as alone.  The effects keep their order: every group's records precede its
+entries, and groups are published in the call's order.  Where a put would fail in the middle (a
+queue file or the commit log not writable), the groups from there on go through
+``put_messages`` one by one, so a failure looks exactly as it does there.
+
+The call stops right after a group refused for one of its messages (``MESSAGE_ILLEGAL``,
+``PROPERTIES_SIZE_EXCEEDED``): the broker redoes such a group in halves before the next ones
+(``tidemq.broker.services.put.store_groups``), so the order of the puts stays that of one put per
+group.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, cast
+
+import attrs
+
+from tidemq.delay import SCHEDULE_TOPIC
+from tidemq.futures import StoreFuture
+from tidemq.message import MessageInner, pack_cq_entries
+from tidemq.names import InvalidNameError
+from tidemq.store import PutResult, PutStatus
+
+from .commitlog import END_FILE_MIN_BLANK_LENGTH, BatchesEncodeError, CommitLogFullError, RecordEncodeError
+from .reput import log as _reput_log
+
+if TYPE_CHECKING:
+    from .consume_queue import ConsumeQueue
+    from .mapped_file import MappedFile
+    from .store import MmapMessageStore, _Prepared
+
+log = logging.getLogger(__name__)
+
+_PUT_OK = PutStatus.PUT_OK
+#: Refusals caused by one message: the call stops after such a group (the caller may redo it).
+STOPS = frozenset((PutStatus.MESSAGE_ILLEGAL, PutStatus.PROPERTIES_SIZE_EXCEEDED))
+_FLUSH_DISK_TIMEOUT = PutStatus.FLUSH_DISK_TIMEOUT
+
+#: One planned group of a run: its place in the call, its prepared put, its consume queue (None:
+#: no entries), queue offset, offset step, tags codes and position in the file.
+_Planned = tuple[int, "_Prepared", "ConsumeQueue | None", int, int, list[int], int]
+
+
+def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]) -> list[Future[PutResult]]:
+    """:meth:`MmapMessageStore.put_message_groups`: one future per group put, in order (see the
+    module's text); raises only when nothing was put (the first group's preparation raised)."""
+    n = len(groups)
+    if n == 0:
+        return []
+    prepared: list[PutResult | _Prepared] = []
+    stop = n  # groups [0, stop) are this call's
+    prepare = store._prepare
+    for k in range(n):
+        try:
+            p = prepare(groups[k])
+        except Exception:
+            if k == 0:
+                raise
+            stop = k  # the caller puts it (alone: its put raises there)
+            break
+        prepared.append(p)
+        if isinstance(p, PutResult) and p.status in STOPS:
+            stop = k + 1
+            break
+    results: list[PutResult | None] = [None] * stop
+    placed: list[tuple[int, Any, bool, int, list[int]] | None] = [None] * stop
+    alone = stop  # from here on, groups go through put_messages one by one
+    with store._lock:
+        if not store._running:
+            for k in range(stop):
+                results[k] = store._illegal("the store is not running", PutStatus.SERVICE_NOT_AVAILABLE)
+        else:
+            alone, stop = _locked(store, prepared, results, placed, stop)
+    out: list[Future[PutResult]] = []
+    encoder = store._encoder
+    fresh: list[PutResult] = []  # the groups written, each resolved once durable
+    for k in range(min(alone, stop)):
+        where = placed[k]
+        if where is None:
+            result = results[k]
+            assert result is not None
+            out.append(StoreFuture.completed(result))
+            if result.status in STOPS:  # refused while packing: the call ends after it
+                alone = stop = k + 1
+                break
+            continue
+        queue_offset, batch, compiled, ts, offsets = where
+        if compiled:
+            result = cast(Any, encoder).put_result(PutResult, _PUT_OK, batch, queue_offset, ts)
+        else:
+            result = PutResult(
+                _PUT_OK,
+                wrote_offset=offsets[0],
+                wrote_bytes=batch.total,
+                queue_offset=queue_offset,
+                msg_ids=encoder.message_ids(offsets),
+                store_timestamp=ts,
+                message_count=len(offsets),
+            )
+        fresh.append(result)
+        out.append(cast("Future[PutResult]", result))  # replaced by its future below
+    if fresh:
+        _hand_to_flush(store, out, fresh)
+    for k in range(alone, stop):
+        fut = store.put_messages(groups[k])
+        out.append(fut)
+        if fut.done() and fut.exception() is None and fut.result().status in STOPS:
+            break
+    return out
+
+
+def _hand_to_flush(store: MmapMessageStore, out: list[Any], fresh: list[PutResult]) -> None:
+    """Replace each of ``fresh`` in ``out`` by its future, resolved once its group is durable.
+
+    A policy that flushes in rounds (group commit) gets each group's future, as it gets each
+    put's: its rounds gather futures (and the read lane answers a read with its round).  Any other
+    policy is asked once, for the call's end (every group's bytes lie before it): the groups'
+    futures are resolved with its answer, at once when it answers at once (async flush).
+    """
+    submit = store._flush_submit
+    if store._flush_rounds:
+        for i, item in enumerate(out):
+            if type(item) is PutResult and item.status is _PUT_OK:
+                out[i] = _durable(store, submit, StoreFuture(), item)
+        return
+    last = fresh[-1]
+    end = last.wrote_offset + last.wrote_bytes
+    flushed: Future[bool]
+    if submit is not None:
+        flushed = StoreFuture()
+        submit(end, flushed, True, _not_durable)
+    else:
+        flushed = store.flush_policy.request(end)
+    if flushed.done():
+        ok = not flushed.cancelled() and flushed.exception() is None and flushed.result()
+        for i, item in enumerate(out):
+            if type(item) is PutResult and item.status is _PUT_OK:
+                out[i] = StoreFuture.completed(item if ok else attrs.evolve(item, status=_FLUSH_DISK_TIMEOUT))
+        return
+    pending: list[tuple[StoreFuture[PutResult], PutResult]] = []
+    for i, item in enumerate(out):
+        if type(item) is PutResult and item.status is _PUT_OK:
+            fut: StoreFuture[PutResult] = StoreFuture()
+            out[i] = fut
+            pending.append((fut, item))
+
+    def done(f: Future[bool]) -> None:
+        ok = not f.cancelled() and f.exception() is None and f.result()
+        for fut, result in pending:
+            fut.set_result(result if ok else attrs.evolve(result, status=_FLUSH_DISK_TIMEOUT))
+
+    flushed.add_done_callback(done)
+
+
+def _not_durable() -> bool:
+    return False
+
+
+def _durable(
+    store: MmapMessageStore, submit: Any, fut: Future[PutResult], result: PutResult
+) -> Future[PutResult]:
+    """``fut`` handed to the flush policy for ``result``'s end, as :meth:`MmapMessageStore.put_messages` does."""
+    end = result.wrote_offset + result.wrote_bytes
+    if submit is not None:
+        submit(end, fut, result, lambda: attrs.evolve(result, status=_FLUSH_DISK_TIMEOUT))
+        return fut
+    flushed = store.flush_policy.request(end)
+
+    def done(f: Future[bool]) -> None:
+        ok = not f.cancelled() and f.exception() is None and f.result()
+        fut.set_result(result if ok else attrs.evolve(result, status=_FLUSH_DISK_TIMEOUT))
+
+    if flushed.done():
+        done(flushed)
+    else:
+        flushed.add_done_callback(done)
+    return fut
+
+
+def _locked(
+    store: MmapMessageStore,
+    prepared: list[PutResult | _Prepared],
+    results: list[PutResult | None],
+    placed: list[tuple[int, Any, bool, int, list[int]] | None],
+    stop: int,
+) -> tuple[int, int]:
+    """The groups written under the lock: runs of groups that fit the current file, each run
+    packed and written at once, then published group by group.  Returns ``(alone, stop)``: the
+    first group left to ``put_messages`` one by one, and the end of the call's groups."""
+    commitlog = store.commitlog
+    cqs = store.cqs
+    reput = store.reput
+    ts = time.time_ns() // 1_000_000
+    run: list[_Planned] = []
+    mf: MappedFile | None = None
+    pos = 0
+    # Queue offsets given in this call, per consume queue (two groups may share a queue: a group
+    # cut at the broker's size bound, or another transaction type).
+    next_offset: dict[ConsumeQueue, int] = {}
+    k = 0
+    while k < stop:
+        p = prepared[k]
+        if type(p) is PutResult:
+            results[k] = p
+            k += 1
+            continue
+        msgs, batch, _compiled, topic, queue_id, consumable = cast("_Prepared", p)
+        total = batch.total
+        try:
+            cq = cqs.for_write(topic, queue_id) if consumable else None
+            if mf is None or pos + total + END_FILE_MIN_BLANK_LENGTH > mf.file_size:
+                if run:
+                    done = _write_run(store, mf, run, results, placed, ts)
+                    run = []
+                    if done >= 0:
+                        return done, stop
+                mf = commitlog.file_for(total)
+                pos = mf.wrote_position
+        except (CommitLogFullError, InvalidNameError) as exc:
+            if run:
+                done = _write_run(store, mf, run, results, placed, ts)
+                if done >= 0:
+                    return done, stop
+            results[k] = store._illegal(str(exc))
+            return k + 1, k + 1
+        except OSError as exc:
+            if run:
+                done = _write_run(store, mf, run, results, placed, ts)
+                if done >= 0:
+                    return done, stop
+            results[k] = store.cleaner.create_failed(exc)
+            return k + 1, stop
+        if cq is not None:
+            queue_offset = next_offset.get(cq, -1)
+            if queue_offset < 0:
+                queue_offset = cq.max_offset_in_queue
+            next_offset[cq] = queue_offset + len(batch.sizes)
+            step = 1
+        else:
+            queue_offset = step = 0
+        tags = batch.tags_codes
+        if topic == SCHEDULE_TOPIC and cq is not None:
+            tags = [reput.schedule_tags(m.properties, ts, t) for m, t in zip(msgs, tags, strict=True)]
+        run.append((k, p, cq, queue_offset, step, tags, pos))
+        pos += total
+        k += 1
+    if run:
+        done = _write_run(store, mf, run, results, placed, ts)
+        if done >= 0:
+            return done, stop
+    return stop, stop
+
+
+def _write_run(
+    store: MmapMessageStore,
+    mf: MappedFile | None,
+    run: list[_Planned],
+    results: list[PutResult | None],
+    placed: list[tuple[int, Any, bool, int, list[int]] | None],
+    ts: int,
+) -> int:
+    """Write ``run``'s records (one write) and publish its groups in order; -1 when all went
+    well, else the first group left to ``put_messages`` (a group refused while packing is the
+    last of the call: ``results`` holds its refusal and the call's ``stop`` is after it)."""
+    assert mf is not None
+    commitlog = store.commitlog
+    encoder = store._encoder
+    try:
+        if len(run) == 1:
+            k, p, cq, queue_offset, step, tags, start = run[0]
+            try:
+                per_group = [commitlog.append_records(mf, encoder, p[1], queue_offset, ts, step)]
+            except RecordEncodeError as exc:
+                raise BatchesEncodeError(0, str(exc)) from exc
+        else:
+            per_group = commitlog.append_batches(mf, encoder, [(r[1][1], r[3], r[4]) for r in run], ts)
+    except BatchesEncodeError as exc:
+        # Nothing written: the groups before it are written (again, at the same places), it is
+        # refused, and the call ends after it (a one-message refusal).
+        bad = run[exc.index][0]
+        if exc.index > 0:
+            done = _write_run(store, mf, run[: exc.index], results, placed, ts)
+            if done >= 0:
+                return done
+        results[bad] = store._illegal(str(exc))
+        return bad + 1
+    except OSError as exc:
+        # Nothing published.  As put_messages would: the first group's write fails and reports
+        # it; the others go one by one (the store checks the disk again for each).
+        results[run[0][0]] = store.cleaner.write_failed(mf.path.name, exc)
+        return run[0][0] + 1
+    cqs = store.cqs
+    reput = store.reput
+    dispatch = store._needs_dispatch
+    # Reput.dispatch's calls, made here for each group (one call fewer per group).
+    calls = reput.batch_calls() if dispatch else None
+    arrived = reput.notifier.arrived if dispatch and reput.listeners else None
+    base0 = mf.file_from_offset
+    for i, (k, p, cq, queue_offset, _step, tags, start) in enumerate(run):
+        msgs, batch, compiled, topic, queue_id, _consumable = p
+        offsets = per_group[i]
+        base = base0 + start
+        total = batch.total
+        sizes = batch.sizes
+        if cq is not None:
+            try:
+                if len(offsets) == 1:
+                    cq.put(base, total, tags[0], queue_offset)
+                elif compiled:
+                    cq.put_prepared(batch, tags, queue_offset, base + sizes[0], base + total)
+                else:
+                    cq.put_packed(pack_cq_entries(offsets, sizes, tags), queue_offset)
+            except OSError as exc:
+                # As put_messages: this group's records (and the run's after it) taken back, this
+                # group refused; the rest go one by one.
+                try:
+                    commitlog.rollback(mf, start)
+                except OSError as wipe:
+                    log.error("cannot take back the record at %d: %s", base, wipe)
+                log.error("cannot write the queue entry of %s-%d: %s", topic, queue_id, exc)
+                results[k] = store.cleaner.create_failed(exc)
+                return k + 1
+        mf.store_timestamp = ts
+        reput.reput_from = base + total
+        if cq is not None:
+            cqs.last_entry_ts = ts
+        if dispatch:
+            if compiled and calls is not None:
+                properties, sys_flags = batch.properties, batch.sys_flags
+                first_offset = queue_offset if cq is not None else -1
+                for call in calls:
+                    try:
+                        call(topic, queue_id, properties, offsets, sizes, tags, ts, first_offset, sys_flags)
+                    except Exception:
+                        _reput_log.exception("dispatcher %r failed", getattr(call, "__self__", call))
+                if arrived is not None and cq is not None:
+                    arrived(topic, queue_id, queue_offset + len(offsets))
+            elif cq is not None:
+                columns = (batch.properties, batch.sys_flags) if compiled else None
+                reput.dispatch(msgs, offsets, sizes, tags, ts, queue_offset, True, columns)
+            else:
+                columns = (batch.properties, batch.sys_flags) if compiled else None
+                reput.dispatch(msgs, offsets, sizes, tags, ts, -1, False, columns)
+        placed[k] = (queue_offset, batch, compiled, ts, offsets)
+    return -1
