@@ -101,6 +101,8 @@ __all__ = [
     "RawCommitLogStore",
     "StoreIntrospection",
     "TruncatableStore",
+    "GroupPut",
+    "group_put",
     "RequestLanes",
     "SendLane",
     "PullLane",
@@ -273,6 +275,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "DispatchRequest",
         "GetResult",
         "GetStatus",
+        "GroupPut",
         "MessageStore",
         "PutResult",
         "PutStatus",
@@ -287,6 +290,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "TruncatableStore",
         "check_queue_offset",
         "dispatch_messages",
+        "group_put",
         "store_introspection",
     ),
     "tidemq.transport": (
@@ -401,6 +405,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         DispatchRequest,
         GetResult,
         GetStatus,
+        GroupPut,
         MessageStore,
         PulledRecords,
         PullLane,
@@ -415,6 +420,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         TruncatableStore,
         check_queue_offset,
         dispatch_messages,
+        group_put,
         store_introspection,
     )
     from tidemq.transport import (

@@ -222,7 +222,8 @@ def _locked(
             results[k] = p
             k += 1
             continue
-        msgs, batch, _compiled, topic, queue_id, consumable = cast("_Prepared", p)
+        prep = cast("_Prepared", p)
+        msgs, batch, _compiled, topic, queue_id, consumable = prep
         total = batch.total
         try:
             cq = cqs.for_write(topic, queue_id) if consumable else None
@@ -259,7 +260,7 @@ def _locked(
         tags = batch.tags_codes
         if topic == SCHEDULE_TOPIC and cq is not None:
             tags = [reput.schedule_tags(m.properties, ts, t) for m, t in zip(msgs, tags, strict=True)]
-        run.append((k, p, cq, queue_offset, step, tags, pos))
+        run.append((k, prep, cq, queue_offset, step, tags, pos))
         pos += total
         k += 1
     if run:
