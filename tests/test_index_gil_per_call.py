@@ -63,10 +63,13 @@ class Ticker:
 
 @pytest.fixture
 def rare_switches() -> Iterator[None]:
-    """A thread waiting for the GIL takes it from a Python thread only every 50 ms (not 5): a
-    forced switch between a call's first timestamp and its start becomes rare."""
+    """No forced switch of the GIL while a test runs (a thread waiting for it takes it only after
+    5 s, not 5 ms): another thread runs only where one lets go of it (a sleep, a wait, a compiled
+    call that releases it), so a call that keeps it lets nothing else run from start to end.
+    (With the default interval a switch pending when a kept call returns ran the ticker before the
+    call's end was timed: 2-3 false releases in 10 runs with two busy processes beside.)"""
     before = sys.getswitchinterval()
-    sys.setswitchinterval(0.05)
+    sys.setswitchinterval(5.0)
     try:
         yield
     finally:
