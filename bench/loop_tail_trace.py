@@ -672,6 +672,8 @@ def analyse(
     }
     # Periodic work (named tasks, timers): the stretches it ran in, and their loop CPU.
     with_: dict[str, list[float]] = {}
+    # Per named task: the other named tasks it shared a stretch with, and how often (in step?).
+    companions: dict[str, dict[str, int]] = {}
     for s in stretches:
         seen: dict[str, int] = {}
         for name, _wall, _cpu in s[3]:
@@ -682,15 +684,21 @@ def analyse(
             w[0] += 1
             w[1] += s[2] / 1e3
             w[2] += s[2] > 300_000
-            w[3] += len({nm for nm, _w, _c in s[3] if nm.startswith("task:")})
+            w[3] += len(seen)
+            met = companions.setdefault(name, {})
+            for other in seen:
+                if other != name:
+                    met[other] = met.get(other, 0) + 1
+    # All of them (a few dozen), not --top: a loop that ticks rarely is what to look for here.
     out["periodic_task_stretches"] = {
         k: {
             "stretches_per_s": round(v[0] / span_s, 2),
             "stretch_cpu_us_mean": round(v[1] / v[0]),
             "stretch_cpu_over_300us": v[2],
             "named_tasks_per_stretch": round(v[3] / v[0], 1),
+            "with": dict(sorted(companions.get(k, {}).items(), key=lambda kv: -kv[1])[:4]),
         }
-        for k, v in sorted(with_.items(), key=lambda kv: -kv[1][1])[:top]
+        for k, v in sorted(with_.items(), key=lambda kv: -kv[1][1])
     }
     longest = sorted(stretches, key=lambda s: -(s[1] - s[0]))[:top]
     out["longest_stretches"] = [describe(s) for s in longest]

@@ -109,9 +109,16 @@ async def wait_event_until_tick(event: asyncio.Event, period: float, phase: floa
     out ``asyncio.timeout`` costs a cancellation, two exceptions and a reference cycle the cyclic
     GC has to free): one timer handle, cancelled when the event came first.
     """
+    await wait_event_for(event, until_tick(period, phase))
+
+
+async def wait_event_for(event: asyncio.Event, delay: float) -> None:
+    """Wait for ``event`` at most ``delay`` seconds, when a timer sets it: either way the event is
+    set on return.  :func:`wait_event` without the timeout's exceptions (see
+    :func:`wait_event_until_tick`), for a wait whose length is not a tick's (a deadline)."""
     if event.is_set():
         return
-    timer = asyncio.get_running_loop().call_later(until_tick(period, phase), event.set)
+    timer = asyncio.get_running_loop().call_later(max(delay, 0.0), event.set)
     try:
         await event.wait()
     finally:

@@ -32,7 +32,6 @@ from tidemq.plugins import get_plugin_manager
 from tidemq.store import BatchDispatcher, Dispatcher, DispatchRequest, dispatch_messages
 from tidemq.testing.index_contract import T0
 from tidemq.testing.store_contract import build_store
-from tidemq_index_hash import native
 from tidemq_index_hash.none import NoIndex
 from tidemq_index_hash.service import HashIndex, HashIndexOptions
 
@@ -224,18 +223,15 @@ def test_a_put_indexes_the_queue_itself_past_inline_keys(tmp_path: Path, slow_th
 
 def test_inline_indexing_keeps_the_gil(tmp_path: Path) -> None:
     """Indexed inline, the compiled calls do not release the GIL (a hand-over to another thread
-    and back per call); the index thread alone releases it from 64 keys on."""
-    if native.impl is None:
-        pytest.skip("the compiled index is switched off")
-    try:
-        for inline, keys in ((256, 0), (0, 64)):
-            index = open_index(
-                tmp_path / f"i{inline}", max_hash_slot_num=64, max_index_num=64, inline_keys=inline
-            )
-            index.shutdown()
-            assert native.impl.set_gil_release_keys(keys) == keys
-    finally:
-        native.impl.set_gil_release_keys(0)
+    and back per call); the index thread alone releases it from 64 keys on.  Each index passes
+    its figure with each call (tests/test_index_gil_per_call.py)."""
+    for inline, keys in ((256, 0), (0, 64)):
+        index = open_index(
+            tmp_path / f"i{inline}", max_hash_slot_num=64, max_index_num=64, inline_keys=inline
+        )
+        index.shutdown()
+        assert index._gil_keys == keys
+        assert index._release_gil() == service.THREAD_GIL_RELEASE_KEYS
 
 
 def test_flush_covers_only_what_is_written_and_keeps_order(tmp_path: Path, slow_thread: None) -> None:

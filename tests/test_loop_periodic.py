@@ -149,25 +149,24 @@ def test_idle_delay_levels_look_apart_and_without_reading(tmp_path: Path, monkey
     run(main())
 
 
-def test_the_index_thread_releases_the_gil_and_inline_puts_keep_it(tmp_path: Path) -> None:
-    from tidemq_index_hash import native
+def test_the_index_thread_releases_the_gil_and_inline_puts_keep_it(tmp_path: Path, monkeypatch) -> None:
+    from tidemq_index_hash import native, service
     from tidemq_index_hash.service import THREAD_GIL_RELEASE_KEYS, HashIndex, HashIndexOptions
 
     if native.impl is None:
         pytest.skip("the compiled index is not built")
-    impl = native.impl
     index = HashIndex(tmp_path / "index", HashIndexOptions(inline_keys=256))
     index.load(True, 0)
     seen: list[tuple[str, int]] = []
-    drain = index._drain
+    # What the compiled calls are told (``gil_release_keys``: each call's own argument).
+    for name in ("hash_chunk", "hash_batch", "put_batch"):
+        compiled = getattr(service, name)
 
-    def traced(limit: Any = None) -> bool:
-        current = impl.set_gil_release_keys(1)  # read the setting (and put it back)
-        impl.set_gil_release_keys(current)
-        seen.append((threading.current_thread().name, current))
-        return drain(limit)
+        def traced(*a: Any, _compiled: Any = compiled) -> Any:
+            seen.append((threading.current_thread().name, a[-1]))
+            return _compiled(*a)
 
-    index._drain = traced  # type: ignore[method-assign]
+        monkeypatch.setattr(service, name, traced)
     try:
         k = 0
 
@@ -196,10 +195,6 @@ def test_the_index_thread_releases_the_gil_and_inline_puts_keep_it(tmp_path: Pat
         thread = {v for name, v in seen if name == "hash-index"}
         assert inline == {0}, seen  # 0: never released
         assert thread == {THREAD_GIL_RELEASE_KEYS}, seen
-        # Put back after the round.
-        current = impl.set_gil_release_keys(1)
-        impl.set_gil_release_keys(current)
-        assert current == 0
         assert list(index.query("T", f"KEY{k:020d}", 10, 0, 2**62).phy_offsets) == [k * 100]
     finally:
         index.shutdown()

@@ -425,6 +425,6 @@ def test_a_chunk_of_puts_is_indexed_as_put_by_put(
     with bound_to(C):
         got = build(d / "chunked", slots, entries, topic, puts, one_chunk=True)
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(HashIndex, "_index_chunk", lambda self, items: False)  # put by put
+            m.setattr(HashIndex, "_index_chunk", lambda self, items, gil: False)  # put by put
             ref = build(d / "per_put", slots, entries, topic, puts, one_chunk=True)
     assert got == ref

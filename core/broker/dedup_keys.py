@@ -65,16 +65,22 @@ CONTENT_SKIPPED = frozenset(
 #: Longer keys are not kept (the message is stored normally): RocketMQ's are 32 hex digits, a
 #: RocketMQ 5 ``message_id`` 34; 10 KiB keys must not let a client fill the window's bytes.
 MAX_KEY_LENGTH = 128
-#: Memory one key costs, and one send, as measured with tracemalloc (tests/test_dedup.py checks
-#: they are not low).  Compiled: a key's four to eight 8-byte slots (the table's load is kept
+#: Memory one key costs, and one send, as measured with tracemalloc and RSS (tests/test_dedup.py
+#: checks the estimate is neither below nor more than a quarter above what a window of keys that
+#: do not count up holds).  Compiled: a key's four to eight 8-byte slots (the table's load is kept
 #: at most 1/4: see ``_dedup_table._LOAD``), its 16-byte ring entry and 4-byte segment mask (up
-#: to twice that: the ring's power-of-two slack), its packed hash and its 4-byte offset delta of
-#: the answer (the message ids are kept as numbers): the worst case, keys that do not count up
-#: (keys counting up share a slot and a ring entry by 8: ~24 bytes a key, dedupruns_*.json);
-#: a send: its :class:`Sent` (~176 bytes) and its hash array's header.  A key's characters are
-#: not kept.  The Python reference keeps a dict entry per key and the answer's ids as text.
-PER_KEY_BYTES = 104 if COMPILED else 180
-PER_SEND_BYTES = 280 if COMPILED else 400
+#: to twice that: the ring's power-of-two slack), its 8-byte hash in its table's key ring and its
+#: 4-byte offset delta of the answer (the message ids are kept as numbers): the worst case, keys
+#: that do not count up (keys counting up share a slot and a ring entry by 8: ~24 bytes a key,
+#: dedupruns_*.json, which the estimate does not know: it holds them at a quarter of the cap); a
+#: send: its :class:`Sent` record, 176 bytes, and the allocator's share (192: 500 000 single sends
+#: take 250 bytes of RSS each, keys included).  Before session 12 a send counted 280: its hash
+#: array's header too, which session 11 (dedupmem) removed; single sends then filled a 128 MiB
+#: cap at 87 MB of RSS.  A key's characters are not kept.  The Python reference keeps a dict
+#: entry and a hash object per key, an array per send and the answer's ids as text (tracemalloc:
+#: ~106 bytes a key, ~350 a send).
+PER_KEY_BYTES = 104 if COMPILED else 130
+PER_SEND_BYTES = 192 if COMPILED else 400
 #: Topics whose sends are never deduplicated: a consumer's retries are redeliveries on purpose
 #: (the fallback send-back of a 4.x client re-sends the same UNIQ_KEY on each attempt).
 NOT_WINDOWED_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, "%DLQ%")

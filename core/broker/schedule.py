@@ -69,7 +69,7 @@ DELAY_OFFSET_FILE = "delayOffset.json"
 #: Messages read per look at a level's queue.
 READ_BATCH = 256
 #: How long an idle level waits for an arrival before looking again anyway.  The levels look on a
-#: grid of this period, each at its own phase (level / levels of it), not all at once: eighteen
+#: grid of this period, each at its own phase ((level - 1/2) / levels of it), not all at once: eighteen
 #: levels looking together were one ~0.4 ms stretch of the event loop twice a second (issue 38).
 IDLE_WAIT_S = 0.5
 #: Back-off after the store refused a delivery.
@@ -216,7 +216,9 @@ class ScheduleMessageService:
         delay_ms = self.levels[level - 1]
         queue_id = level - 1
         event = self._events[queue_id]
-        phase = (level - 1) / self.max_level
+        # Half a step off the grid's start: phase 0 is the whole second, when the stats take
+        # their sample (and level 1 looked in the same loop turn, every second).
+        phase = (level - 0.5) / self.max_level
         while True:
             try:
                 event.clear()

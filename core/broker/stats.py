@@ -28,6 +28,7 @@ from collections.abc import Callable
 import attrs
 
 from tidemq.metrics import Buckets
+from tidemq.tasks import until_tick
 
 # RocketMQ's stats names (org.apache.rocketmq.common.stats.Stats).
 TOPIC_PUT_NUMS = "TOPIC_PUT_NUMS"
@@ -201,7 +202,9 @@ class BrokerStats:
             if tick % 3600 == 0:
                 self.sample("day")
             tick += 1
-            await asyncio.sleep(1.0 - clock() % 1.0)
+            # To the next whole second; a timer firing a little early (uvloop's: up to 1 ms) does
+            # not make a second sample a few hundred microseconds later (until_tick's slack).
+            await asyncio.sleep(until_tick(1.0, 0.0, clock()))
 
     def sample_second(self, now_ms: int | None = None) -> None:
         now_ms = _now_ms() if now_ms is None else now_ms

@@ -13,10 +13,15 @@ def key_hash(key: str) -> int: ...
 def package_key_hash(key: str) -> int: ...
 def hash_lanes_check(keys: Sequence[bytes]) -> tuple[list[int], list[int]]: ...
 def hash_batch(
-    topic: str, properties: Sequence[Mapping[str, str]], sys_flags: Sequence[int], skip_before: int
+    topic: str,
+    properties: Sequence[Mapping[str, str]],
+    sys_flags: Sequence[int],
+    skip_before: int,
+    gil_release_keys: int = ...,
 ) -> tuple[array.array[int], array.array[int]]: ...
 def hash_chunk(
     batches: Iterable[tuple[str, Sequence[Mapping[str, str]], Sequence[int], int]],
+    gil_release_keys: int = ...,
 ) -> tuple[array.array[int], array.array[int]]: ...
 def put_batch(
     f: IndexFile,
@@ -26,5 +31,5 @@ def put_batch(
     store_timestamp: int | Sequence[int],
     msg: int,
     hpos: int,
+    gil_release_keys: int = ...,
 ) -> tuple[int, int, int]: ...
-def set_gil_release_keys(keys: int) -> int: ...

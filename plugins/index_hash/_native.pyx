@@ -33,7 +33,6 @@ from cpython.dict cimport PyDict_GetItemWithError
 from cpython.long cimport PyLong_AsLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
-from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.sequence cimport PySequence_Fast_GET_ITEM, PySequence_Fast_GET_SIZE
 from libc.errno cimport EINTR
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
@@ -254,8 +253,9 @@ cdef enum:
     SLOT_CHUNK = 65536
     SLOT_CHUNK_SHIFT = 16
     ENTRY_WINDOW = 262144
-    # Keys a call needs before it releases the GIL (for the hashing, for the insertion): below it
-    # the work (~0.2 us a key) is shorter than a hand-over of the GIL to the event loop and back.
+    # Keys a call needs before it releases the GIL (for the hashing, for the insertion), unless the
+    # caller says otherwise (``gil_release_keys``): below it the work (~0.2 us a key) is shorter
+    # than a hand-over of the GIL to the event loop and back.
     NOGIL_MIN = 64
     PREFETCH_AHEAD = 8  # keys whose slot lines are requested before the current key's write
     INT_MAX = 0x7FFFFFFF
@@ -492,14 +492,14 @@ cdef class _Gather:
             self._count(c)
         return 0
 
-    cdef tuple finish(self):
-        """Hash what was gathered (the GIL released when there is enough to hash)."""
+    cdef tuple finish(self, Py_ssize_t release_min):
+        """Hash what was gathered (the GIL released from ``release_min`` keys on; 0: never)."""
         cdef int *out = self.hashes.data.as_ints
         cdef const Py_ssize_t *ends = self.ends
         cdef const uint8_t *keys = self.keys
         cdef Py_ssize_t n = self.used
         # The arrays and buffers are this object's own: no other thread sees them.
-        if n >= _nogil_min:
+        if 0 < release_min <= n:
             with nogil:
                 _hash_gathered(out, ends, n, keys)
         else:
@@ -563,34 +563,26 @@ def hash_lanes_check(keys):
     return lanes, single
 
 
-def hash_batch(str topic not None, properties, sys_flags, Py_ssize_t skip_before):
+def hash_batch(
+    str topic not None, properties, sys_flags, Py_ssize_t skip_before, Py_ssize_t gil_release_keys=NOGIL_MIN
+):
     """:func:`tidemq_index_hash.indexfile.py_hash_batch`: key hashes of a batch, and their counts.
 
-    The keys are copied into a C buffer under the GIL, then hashed without it (:class:`_Gather`).
+    The keys are copied into a C buffer under the GIL, then hashed without it (:class:`_Gather`)
+    when there are ``gil_release_keys`` of them or more (0: the GIL is kept).  Per call, not a
+    setting of the module: two indexes in one process (or a loop and a thread) choose their own.
     """
     cdef Py_ssize_t n = len(properties)
     cdef _Gather g = _Gather(2 * n)
     if g.add(topic, properties, sys_flags, skip_before):
         return _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
-    return g.finish()
+    return g.finish(gil_release_keys)
 
 
-cdef Py_ssize_t _nogil_min = NOGIL_MIN
-
-
-def set_gil_release_keys(Py_ssize_t keys):
-    """Keys a hashing or an insertion call needs before it releases the GIL (0: it never does;
-    the default is 64); returns the previous figure.  For the whole process."""
-    global _nogil_min
-    previous = _nogil_min if _nogil_min < PY_SSIZE_T_MAX else 0
-    _nogil_min = keys if keys > 0 else PY_SSIZE_T_MAX
-    return previous
-
-
-def hash_chunk(batches):
+def hash_chunk(batches, Py_ssize_t gil_release_keys=NOGIL_MIN):
     """:func:`tidemq_index_hash.indexfile.py_hash_chunk`: :func:`hash_batch` of several puts
     ``(topic, properties, sys_flags, skip_before)``, concatenated; one release of the GIL for
-    the hashing of all of them."""
+    the hashing of all of them (from ``gil_release_keys`` keys on; 0: never)."""
     cdef _Gather g = _Gather(256)
     for topic, properties, sys_flags, skip_before in batches:
         if type(topic) is not str:
@@ -598,7 +590,7 @@ def hash_chunk(batches):
         if g.add(topic, properties, sys_flags, skip_before):
             ref_hashes, ref_counts = _reference().py_hash_batch(topic, properties, sys_flags, skip_before)
             g.add_reference(ref_hashes, ref_counts)
-    return g.finish()
+    return g.finish(gil_release_keys)
 
 
 cdef int _reserve(int fd, int64_t start, int64_t length) noexcept nogil:
@@ -626,9 +618,11 @@ def put_batch(
     store_timestamp,
     Py_ssize_t msg,
     Py_ssize_t hpos,
+    Py_ssize_t gil_release_keys=NOGIL_MIN,
 ):
     """``IndexFile.put_batch`` (see ``IndexFile.py_put_batch``, the reference): write the entries
-    of messages ``msg..`` into ``f``; returns ``(msg, hpos, errno)`` where they stopped.
+    of messages ``msg..`` into ``f``; returns ``(msg, hpos, errno)`` where they stopped.  The
+    insertion runs without the GIL when ``gil_release_keys`` or more hashes are left (0: never).
 
     Everything that can run Python code (attribute reads, the offsets' conversion) happens before
     the raw pointers into the arrays, the bytearray and the mapping are taken; from there to the
@@ -705,7 +699,7 @@ def put_batch(
         # out.  A bad input is noted in `bad` and raised once the GIL is back.
         # (Released by hand, only when there is enough work: the loop below was written and
         # compiled as a `with nogil` block, so Cython checked that it touches no Python object.)
-        if nhashes - hpos >= _nogil_min:
+        if 0 < gil_release_keys <= nhashes - hpos:
             save = PyEval_SaveThread()
         if True:
             while msg < n:

@@ -49,6 +49,7 @@ import struct
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import attrs
 import blake3
@@ -66,6 +67,10 @@ SLOT_SIZE = 4
 ENTRY_SIZE = 20
 INVALID_INDEX = 0
 _INT_MAX = 0x7FFFFFFF
+#: Keys from which the compiled hashing and insertion release the GIL unless the call says
+#: otherwise (their ``gil_release_keys`` argument, 0: never; the compiled module's NOGIL_MIN).
+#: The Python versions take the argument too and hold the GIL as any Python code does.
+GIL_RELEASE_KEYS = 64
 
 #: Slot-table reservation unit: small, so a file stays sparse while keys spread over its slots.
 SLOT_CHUNK = 64 * 1024
@@ -89,7 +94,11 @@ def py_key_hash(key: str) -> int:
 
 
 def py_hash_batch(
-    topic: str, properties: Sequence[Mapping[str, str]], sys_flags: Sequence[int], skip_before: int
+    topic: str,
+    properties: Sequence[Mapping[str, str]],
+    sys_flags: Sequence[int],
+    skip_before: int,
+    gil_release_keys: int = GIL_RELEASE_KEYS,
 ) -> tuple[array.array[int], array.array[int]]:
     """The key hashes of a dispatched batch (the reference; :data:`hash_batch` is the compiled one).
 
@@ -97,6 +106,7 @@ def py_hash_batch(
     ``KEYS`` entry (space-separated), as RocketMQ indexes them, all in one flat array; and per
     message the number of its hashes, or -1 for a message the index skips: one before
     ``skip_before`` (already indexed) or a rolled-back transaction half (its prepared record is).
+    ``gil_release_keys`` is the compiled one's (taken and not used: Python code holds the GIL).
     """
     prefix = f"{topic}#"
     hashes = array.array("i")
@@ -118,6 +128,7 @@ def py_hash_batch(
 
 def py_hash_chunk(
     batches: Iterable[tuple[str, Sequence[Mapping[str, str]], Sequence[int], int]],
+    gil_release_keys: int = GIL_RELEASE_KEYS,
 ) -> tuple[array.array[int], array.array[int]]:
     """:func:`py_hash_batch` of several puts ``(topic, properties, sys_flags, skip_before)``,
     concatenated (the reference; :data:`hash_chunk` is the compiled one)."""
@@ -130,17 +141,46 @@ def py_hash_chunk(
     return hashes, counts
 
 
+class _HashBatch(Protocol):
+    def __call__(
+        self,
+        topic: str,
+        properties: Sequence[Mapping[str, str]],
+        sys_flags: Sequence[int],
+        skip_before: int,
+        gil_release_keys: int = ...,
+    ) -> tuple[array.array[int], array.array[int]]: ...
+
+
+class _HashChunk(Protocol):
+    def __call__(
+        self,
+        batches: Iterable[tuple[str, Sequence[Mapping[str, str]], Sequence[int], int]],
+        gil_release_keys: int = ...,
+    ) -> tuple[array.array[int], array.array[int]]: ...
+
+
+class _PutBatch(Protocol):
+    def __call__(
+        self,
+        f: IndexFile,
+        hashes: array.array[int],
+        counts: array.array[int],
+        offsets: Sequence[int],
+        store_timestamp: int | Sequence[int],
+        msg: int = ...,
+        hpos: int = ...,
+        gil_release_keys: int = ...,
+        /,
+    ) -> tuple[int, int, int]: ...
+
+
 #: The index hash of a key (compiled when built, else :func:`py_key_hash`).
 key_hash: Callable[[str], int] = _native.impl.key_hash if _native.impl is not None else py_key_hash
 #: Key hashes of a dispatched batch (compiled when built, else :func:`py_hash_batch`).
-hash_batch: Callable[
-    [str, Sequence[Mapping[str, str]], Sequence[int], int], tuple[array.array[int], array.array[int]]
-] = _native.impl.hash_batch if _native.impl is not None else py_hash_batch
+hash_batch: _HashBatch = _native.impl.hash_batch if _native.impl is not None else py_hash_batch
 #: Key hashes of several puts, concatenated (compiled when built, else :func:`py_hash_chunk`).
-hash_chunk: Callable[
-    [Iterable[tuple[str, Sequence[Mapping[str, str]], Sequence[int], int]]],
-    tuple[array.array[int], array.array[int]],
-] = _native.impl.hash_chunk if _native.impl is not None else py_hash_chunk
+hash_chunk: _HashChunk = _native.impl.hash_chunk if _native.impl is not None else py_hash_chunk
 
 
 def file_size(slot_num: int, index_num: int) -> int:
@@ -347,6 +387,7 @@ class IndexFile:
         store_timestamp: int | Sequence[int],
         msg: int = 0,
         hpos: int = 0,
+        gil_release_keys: int = GIL_RELEASE_KEYS,
     ) -> tuple[int, int, int]:
         """Append the entries of a batch from message ``msg`` (hash ``hpos`` of the flat array).
 
@@ -357,9 +398,10 @@ class IndexFile:
         order (:meth:`put_key`).  Returns where it stopped, ``(msg, hpos, errno)``: ``msg ==
         len(counts)`` when all is written; else ``errno`` 0 when the file is full (the caller rolls
         to a new file and calls again from there) or the error of a reservation that failed
-        (nothing of message ``msg`` from ``hpos`` on written).  Compiled when built.
+        (nothing of message ``msg`` from ``hpos`` on written).  Compiled when built: it writes
+        without the GIL when ``gil_release_keys`` or more hashes are left (0: never).
         """
-        return put_batch(self, hashes, counts, offsets, store_timestamp, msg, hpos)
+        return put_batch(self, hashes, counts, offsets, store_timestamp, msg, hpos, gil_release_keys)
 
     def py_put_batch(
         self,
@@ -369,8 +411,10 @@ class IndexFile:
         store_timestamp: int | Sequence[int],
         msg: int = 0,
         hpos: int = 0,
+        gil_release_keys: int = GIL_RELEASE_KEYS,
     ) -> tuple[int, int, int]:
-        """:meth:`put_batch` in Python: the reference the compiled one is tested against."""
+        """:meth:`put_batch` in Python: the reference the compiled one is tested against
+        (``gil_release_keys`` taken and not used: Python code holds the GIL)."""
         n = len(counts)
         p = sum(c for c in counts[:msg] if c > 0)  # where message msg's hashes start
         while msg < n:
@@ -581,10 +625,7 @@ class IndexFile:
 
 #: :meth:`IndexFile.put_batch` as a function of the file (compiled when built, else
 #: :meth:`IndexFile.py_put_batch`): what the index calls per batch, without a method hop.
-put_batch: Callable[
-    [IndexFile, array.array[int], array.array[int], Sequence[int], int | Sequence[int], int, int],
-    tuple[int, int, int],
-] = _native.impl.put_batch if _native.impl is not None else IndexFile.py_put_batch
+put_batch: _PutBatch = _native.impl.put_batch if _native.impl is not None else IndexFile.py_put_batch
 
 
 # ---------------------------------------------------------------------------- offline walk

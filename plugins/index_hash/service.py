@@ -158,11 +158,11 @@ class HashIndex:
     def __init__(self, store_path: Path, options: HashIndexOptions | None = None) -> None:
         self.store_path = Path(store_path)
         self.options = options or HashIndexOptions()
-        if native.impl is not None:
-            # Indexing inline, the compiled calls keep the GIL: releasing it only hands it to
-            # another thread and back (measured: 1.18x the sends per server CPU-second).  The
-            # setting is the process's; every index of the broker has the same options.
-            native.impl.set_gil_release_keys(0 if self.options.inline_keys else 64)
+        # Keys from which this index's compiled calls release the GIL, passed with each call
+        # (never a setting of the module, which another index or thread would see).  Indexing
+        # inline, they keep it: releasing it only hands it to another thread and back (measured:
+        # 1.18x the sends per server CPU-second).  The index thread's rounds: _release_gil.
+        self._gil_keys = 0 if self.options.inline_keys else THREAD_GIL_RELEASE_KEYS
         self._files: list[IndexFile] = []
         # Files written since the last flush, in the order they were written (an ordered set).
         self._dirty: dict[IndexFile, None] = {}
@@ -393,15 +393,12 @@ class HashIndex:
                     # even when puts index inline (which keep it): the loop serves requests
                     # meanwhile instead of waiting out the chunk (issue 38: at 2 000 sends/s this
                     # thread indexed ~18 chunks a second, each holding the GIL ~0.1-0.4 ms).
-                    previous = self._release_gil()
+                    gil_keys = self._release_gil()
                     try:
-                        more = self._drain(DRAIN_CHUNK)
+                        more = self._drain(DRAIN_CHUNK, gil_keys)
                     except Exception:  # a bug: readers and puts still index what is queued
                         log.exception("hash index: the index thread failed; retrying next round")
                         more = False
-                    finally:
-                        if previous is not None and native.impl is not None:
-                            native.impl.set_gil_release_keys(previous)
             last_round = time.monotonic()
             if self._stopping:
                 return  # shutdown() indexes the rest
@@ -411,17 +408,14 @@ class HashIndex:
                     self._wake.set()
 
     def _release_gil(self) -> int | None:
-        """For the index thread's round: the compiled calls release the GIL from
-        ``THREAD_GIL_RELEASE_KEYS`` keys on; the setting it replaced (None: nothing changed).
+        """Keys from which the index thread's compiled calls release the GIL
+        (``THREAD_GIL_RELEASE_KEYS``), passed with each of its round's calls; None: as this
+        index's other calls (``bench/index_gil_hold.py`` swaps it to compare the two).
 
-        The setting is the process's, and changed with the index lock held: the puts of this
-        index that index inline wait for that lock, so they never see it; another index's may
-        (a process with two brokers), which only moves where their GIL hand-overs fall.
+        An argument of the calls, not a setting of the compiled module: a round of this index
+        changes nothing another index (or a put on the loop) sees.
         """
-        if native.impl is None or not self.options.inline_keys:
-            return None  # without inline puts the setting releases it already
-        previous: int = native.impl.set_gil_release_keys(THREAD_GIL_RELEASE_KEYS)
-        return previous
+        return THREAD_GIL_RELEASE_KEYS
 
     def _stop_worker(self) -> None:
         with self._worker_lock:
@@ -432,12 +426,14 @@ class HashIndex:
         if worker is not None and worker is not threading.current_thread():
             worker.join(timeout=30)
 
-    def _drain(self, limit: int | None = None) -> bool:
+    def _drain(self, limit: int | None = None, gil_keys: int | None = None) -> bool:
         """Index queued puts, oldest first (the index lock held); True when more are queued.
 
         ``limit`` bounds the messages taken (at least one put); ``None`` takes all that are queued
-        when it is called (a query, a flush: what was acknowledged before them).
+        when it is called (a query, a flush: what was acknowledged before them).  ``gil_keys``:
+        keys from which the compiled calls release the GIL (None: this index's own figure).
         """
+        gil = self._gil_keys if gil_keys is None else gil_keys
         queue = self._queue
         items: list[_Queued] = []
         taken = 0
@@ -453,11 +449,11 @@ class HashIndex:
         lag = time.monotonic() - items[0][5]
         if lag > self._lag_max_s:
             self._lag_max_s = lag
-        if len(items) > 1 and self._index_chunk(items):
+        if len(items) > 1 and self._index_chunk(items, gil):
             items = []
         for topic, properties, offsets, ts, sys_flags, _queued_at in items:
             try:
-                self._index_batch(topic, properties, offsets, ts, sys_flags)
+                self._index_batch(topic, properties, offsets, ts, sys_flags, gil)
             except Exception:
                 # A bug or input no put should carry (a store refuses properties it cannot
                 # encode): this put's keys are lost, the index goes on with the next.
@@ -478,7 +474,7 @@ class HashIndex:
     def _stalled(self) -> bool:
         return bool(self._backlog) or self._stopped_at is not None
 
-    def _index_chunk(self, items: Sequence[_Queued]) -> bool:
+    def _index_chunk(self, items: Sequence[_Queued], gil: int) -> bool:
         """Index several queued puts at once, in order: one hashing of all their keys and one
         insertion (each releases the GIL for the whole chunk: the event loop runs meanwhile, and
         hands the GIL back once per chunk, not per put).  False when it could not hash them (a
@@ -503,15 +499,15 @@ class HashIndex:
             offsets += offs
             tss += [ts] * len(offs)
         try:
-            hashes, counts = hash_chunk(batches)
+            hashes, counts = hash_chunk(batches, gil)
         except Exception:
             return False
         if len(counts) != len(offsets):
             return False
-        if (self._backlog or self._stopped_at is not None) and not self._resume():
+        if (self._backlog or self._stopped_at is not None) and not self._resume(gil):
             self._hold_from(hashes, counts, offsets, tss, 0, 0)
             return True
-        msg, hpos, failure = self._put(hashes, counts, offsets, tss)
+        msg, hpos, failure = self._put(hashes, counts, offsets, tss, gil)
         if failure is not None:
             self._failed(failure, offsets[msg])
             self._hold_from(hashes, counts, offsets, tss, msg, hpos)
@@ -524,8 +520,10 @@ class HashIndex:
         offsets: Sequence[int],
         ts: int,
         sys_flags: Sequence[int],
+        gil_keys: int | None = None,
     ) -> None:
         """Index one put's messages whole, in order (skipping rolled-back ones)."""
+        gil = self._gil_keys if gil_keys is None else gil_keys
         skip = 0
         upto = self._indexed_upto
         if offsets[0] <= upto:
@@ -537,11 +535,11 @@ class HashIndex:
                 if not self._stalled and ts > self._covered_ts:
                     self._covered_ts = ts
                 return
-        hashes, counts = hash_batch(topic, properties, sys_flags, skip)
-        if (self._backlog or self._stopped_at is not None) and not self._resume():
+        hashes, counts = hash_batch(topic, properties, sys_flags, skip, gil)
+        if (self._backlog or self._stopped_at is not None) and not self._resume(gil):
             self._hold_from(hashes, counts, offsets, ts, 0, 0)
             return
-        msg, hpos, failure = self._put(hashes, counts, offsets, ts)
+        msg, hpos, failure = self._put(hashes, counts, offsets, ts, gil)
         if failure is not None:
             self._failed(failure, offsets[msg])
             self._hold_from(hashes, counts, offsets, ts, msg, hpos)
@@ -552,6 +550,7 @@ class HashIndex:
         counts: array.array[int],
         offsets: Sequence[int],
         ts: int | Sequence[int],
+        gil: int,
     ) -> tuple[int, int, OSError | None]:
         """Write the entries of messages in order, rolling to new files as they fill.
 
@@ -565,7 +564,7 @@ class HashIndex:
         while True:
             if f is not None:
                 before = f.header.index_count
-                msg, hpos, err = put_batch(f, hashes, counts, offsets, ts, msg, hpos)
+                msg, hpos, err = put_batch(f, hashes, counts, offsets, ts, msg, hpos, gil)
                 if f.header.index_count != before:
                     self._dirty[f] = None
                 if msg >= n:
@@ -644,8 +643,9 @@ class HashIndex:
         )
         self._write_marker()
 
-    def _resume(self) -> bool:
+    def _resume(self, gil: int | None = None) -> bool:
         """Retry the backlog (at most every RETRY_INTERVAL_S); True once it is all indexed."""
+        gil = self._gil_keys if gil is None else gil
         if self._stopped_at is not None:
             if not self._marker_written and time.monotonic() >= self._retry_at:
                 self._retry_at = time.monotonic() + RETRY_INTERVAL_S
@@ -657,7 +657,7 @@ class HashIndex:
         while backlog:
             offset, ts, hashes = backlog[0]
             _msg, hpos, failure = self._put(
-                array.array("i", hashes), array.array("i", [len(hashes)]), [offset], ts
+                array.array("i", hashes), array.array("i", [len(hashes)]), [offset], ts, gil
             )
             if failure is not None:
                 self._failed(failure, offset)

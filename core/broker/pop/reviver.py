@@ -24,6 +24,7 @@ from tidemq.broker.pop.results import REVIVE_BATCH, SYNC_INTERVAL_S, now_ms
 from tidemq.broker.pop.revive import dead_letters, revived_messages
 from tidemq.futures import resolved
 from tidemq.message import MessageInner
+from tidemq.tasks import phase_of, until_tick, wait_event_for
 
 if TYPE_CHECKING:
     from tidemq.broker.context import BrokerContext
@@ -55,20 +56,21 @@ class Reviver:
         self.revive_lag_ms = 0  # how late the last revive ran past its deadline
 
     async def run(self) -> None:
+        # The one-second look ticks on the grid at its own phase (tidemq.tasks.until_tick), not in
+        # step with the broker's other one-second loops; a checkpoint's deadline is kept to the ms.
+        phase = phase_of("tidemq-pop-revive")
         while True:
             self.wake.clear()
             await self.follow_role()
             if self.serving:
                 self.table.log.confirm_snapshot()
                 await self.revive_due()
-            wait = SYNC_INTERVAL_S
+            wait = until_tick(SYNC_INTERVAL_S, phase)
             heap = self.table.heap
             if self.serving and heap:
                 wait = min(wait, max(heap[0][0] - now_ms(), 0) / 1000)
-            try:
-                await asyncio.wait_for(self.wake.wait(), wait)
-            except TimeoutError:
-                pass
+            # A timer sets the event when the wait runs out: no wait_for task, no timeout raised.
+            await wait_event_for(self.wake, wait)
 
     async def follow_role(self) -> None:
         """Take over (rebuild from the revive log) on becoming master; let go on becoming slave."""

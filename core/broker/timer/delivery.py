@@ -29,6 +29,7 @@ from tidemq.errors import CorruptDataError
 from tidemq.futures import resolved
 from tidemq.message import MessageExt, MessageInner, Prop, decode_message
 from tidemq.store import PutResult
+from tidemq.tasks import phase_of, sleep_until_tick
 from tidemq.trace.format import TraceContext
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class TimerDelivery:
         walked = 0
         lagging = 0
         stored = 0
+        slave_phase = phase_of("tidemq-timer-dequeue")
         while True:
             tick = s.done_tick
             wait_ms = tick * s.precision_ms - now_ms()
@@ -78,7 +80,7 @@ class TimerDelivery:
                 behind = (now_ms() - SLAVE_BEHIND_MS) // s.precision_ms
                 if behind > s.done_tick:
                     self.pass_by(behind)
-                await asyncio.sleep(max(s.precision_ms / 1000, IDLE_WAIT_S))
+                await sleep_until_tick(max(s.precision_ms / 1000, IDLE_WAIT_S), slave_phase)
                 continue
             if lagging == 0:
                 # Confirmed only: the enqueue does not read past the confirm offset (controller).

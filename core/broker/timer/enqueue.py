@@ -28,7 +28,7 @@ from tidemq.broker.timer.timer_log import NO_RECORD, TimerLogRecord
 from tidemq.errors import CorruptDataError
 from tidemq.message import Prop, decode_message
 from tidemq.store import GetStatus
-from tidemq.tasks import wait_event
+from tidemq.tasks import phase_of, wait_event_until_tick
 
 if TYPE_CHECKING:
     from tidemq.broker.context import BrokerContext
@@ -84,6 +84,7 @@ class TimerEnqueue:
     async def loop(self) -> None:
         assert self._event is not None
         event = self._event
+        phase = phase_of("tidemq-timer-enqueue")
         if self.recovered:
             recs, self.recovered = self.recovered, []
             n = await self.delivery.deliver_records(recs)
@@ -101,7 +102,9 @@ class TimerEnqueue:
                 await asyncio.sleep(RETRY_AFTER_FAILURE_S)
                 continue
             if not more:
-                await wait_event(event, IDLE_WAIT_S)
+                # Woken by an arrival (or the confirm offset), else at its next tick: on the grid
+                # at its own phase, not in step with the delay levels and the other timer loops.
+                await wait_event_until_tick(event, IDLE_WAIT_S, phase)
 
     async def enqueue_some(self) -> bool:
         """Enqueue one batch of rmq_sys_wheel_timer; whether there may be more right now."""

@@ -47,7 +47,7 @@ from tidemq.broker.timer.schedule import TimerSchedule, now_ms
 from tidemq.errors import ConfigError
 from tidemq.message import MessageInner
 from tidemq.remoting.command import RemotingCommand
-from tidemq.tasks import supervise
+from tidemq.tasks import phase_of, sleep_until_tick, supervise
 
 if TYPE_CHECKING:
     from tidemq.broker.context import BrokerContext
@@ -215,8 +215,11 @@ class TimerMessageStore:
             await asyncio.to_thread(self.writer.touch)
 
     async def _checkpoint_loop(self) -> None:
+        # On the grid at its own phase (tidemq.tasks.until_tick): out of the other loops' way, and
+        # a pass every interval (a sleep of one interval after each pass drifted by the pass).
+        phase = phase_of("tidemq-timer-checkpoint")
         while True:
-            await asyncio.sleep(self.flush_interval_s)
+            await sleep_until_tick(self.flush_interval_s, phase)
             try:
                 cp = self.checkpoint()
                 waiting = self.schedule.pending
