@@ -120,7 +120,6 @@ class Connection(asyncio.Protocol):
         #: bound's timer; None once the round answered or the bound passed.
         self._round_hold: asyncio.TimerHandle | None = None
         self._hold_s = options.hold_reading_max_us / 1e6
-        self._hold_min = options.hold_reading_min_sends
         #: A hold reached its bound, and the connection's sends are not all answered yet.
         self._hold_spent = False
         #: Holds that reached ``hold_reading_max_us`` before their round answered.
@@ -199,15 +198,11 @@ class Connection(asyncio.Protocol):
         elif type(answer) is int:  # answered later, with answer_later (a sync flush round)
             self._later += answer
             if self.server_side:
-                # A read of several sends from a sender with many waiting (a pipelining one):
-                # more arrive during the round.  Few waiting (a moderate rate, a few sends a
-                # tick): not held, the sends that arrive during the round are put at once and
-                # start the next round the moment this one ends.  After the hold's bound, a read
-                # of one while others wait too: read again as they trickle in, the rest of the
-                # round cost a read each.
+                # A read of several sends (a pipelining sender): more arrive during the round.
+                # After the hold's bound, a read of one while others wait too: read again as
+                # they trickle in, the rest of the round cost a read each.
                 if (
-                    (answer > 1 and self._later >= self._hold_min)
-                    or (self._hold_spent and self._later > answer)
+                    answer > 1 or (self._hold_spent and self._later > answer)
                 ) and self._options.hold_reading_for_round:
                     self._hold_for_round()
                 elif len(self._tasks) + self._later >= self._options.max_in_flight:

@@ -69,13 +69,6 @@ class TcpOptions:
     #: measurable (docs/flush.md, "A held connection's other requests"); on a quiet one a round is
     #: well under a millisecond and no hold reaches the bound.
     hold_reading_max_us: int = number(5000, ge=1, le=10_000_000)
-    #: Server side, with hold_reading_for_round: hold a read of two sends or more only while the
-    #: connection has at least this many sends waiting for their rounds (the read's included):
-    #: a pipelining sender, many of whose sends arrive during a round.  Below it (a few sends a
-    #: tick at a moderate rate) the sends arriving during a round are read and put at once, so
-    #: the next round starts as soon as the running one ends.  0 or 2: every read of two sends or
-    #: more is held (before session 12).
-    hold_reading_min_sends: int = number(8, ge=0, le=1 << 20)
     #: TLS: a server needs certfile+keyfile; a client verifies the server against cafile when given.
     tls: bool = False
     tls_certfile: str = ""
