@@ -169,9 +169,7 @@ def test_search_offset_boundary_type(cluster: Cluster) -> None:
     topic = _topic(cluster, "QcoTime")
     cluster.put(topic, 0, b"before")
     time.sleep(0.05)
-    batch = [
-        MessageInner(topic, b"same %d" % i, 0, store_host=("127.0.0.1", 10911)) for i in range(4)
-    ]
+    batch = [MessageInner(topic, b"same %d" % i, 0, store_host=("127.0.0.1", 10911)) for i in range(4)]
     assert cluster.broker.store.put_messages(batch).result(10).ok
     time.sleep(0.05)
     cluster.put(topic, 0, b"after")
