@@ -24,6 +24,7 @@ from tidemq.broker.lanes import lane_counts
 from tidemq.broker.processors.answers import answer
 from tidemq.broker.services import BrokerServices
 from tidemq.broker.services.admin import TopicConsumeStats
+from tidemq.broker.services.readable import ReadableQueues
 from tidemq.broker.services.status import Outcome
 from tidemq.broker.topics import TopicConfig
 from tidemq.errors import TidemqError
@@ -60,7 +61,10 @@ class AdminProcessor:
 
     async def search_offset(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
         h = Header(request.ext_fields, "SEARCH_OFFSET_BY_TIMESTAMP")
-        offset = self.admin.offset_by_time(h.str("topic"), h.int("queueId"), h.int("timestamp"))
+        # RocketMQ 5's boundaryType (BoundaryType.getType: "upper" in any case is UPPER, anything
+        # else or nothing LOWER); older clients do not send it.
+        upper = h.str("boundaryType", "LOWER").lower() == "upper"
+        offset = self.admin.offset_by_time(h.str("topic"), h.int("queueId"), h.int("timestamp"), upper)
         return request.reply(ResponseCode.SUCCESS, None, kv(offset=offset))
 
     async def earliest_store_time(self, conn: Connection, request: RemotingCommand) -> RemotingCommand:
@@ -258,9 +262,9 @@ def _earliest_message_time(b: BrokerContext) -> int:
 
 
 def _dispatch_behind(b: BrokerContext) -> int:
-    """Commit-log bytes not yet dispatched to the consume queues (0 for stores that do not say)."""
-    store = store_introspection(b.store)
-    return 0 if store is None else max(b.store.get_max_phy_offset() - store.dispatched_offset(), 0)
+    """RocketMQ 5's dispatchBehindBytes: the confirm offset (the commit log's end without a
+    bound) minus the dispatched offset (``ReadableQueues.dispatch_behind``)."""
+    return ReadableQueues(b).dispatch_behind()
 
 
 def _unflushed(b: BrokerContext) -> int:

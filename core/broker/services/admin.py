@@ -68,22 +68,23 @@ class AdminService:
     def min_offset(self, topic: str, queue_id: int) -> int:
         return self.broker.store.get_min_offset_in_queue(topic, queue_id)
 
-    def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
-        return self.queues.offset_by_time(topic, queue_id, timestamp)
+    def offset_by_time(self, topic: str, queue_id: int, timestamp: int, upper: bool = False) -> int:
+        return self.queues.offset_by_time(topic, queue_id, timestamp, upper)
 
     def earliest_store_time(self, topic: str, queue_id: int) -> int:
         return self.queues.earliest_store_time(topic, queue_id)
 
     # ------------------------------------------------------------------ statistics
     def topic_stats(self, topic: str) -> dict[MessageQueue, QueueStats] | Outcome:
-        """Every write queue of ``topic`` with its offsets (GET_TOPIC_STATS_INFO)."""
+        """Every queue of ``topic`` with its offsets (GET_TOPIC_STATS_INFO): max(read, write)
+        queues, as RocketMQ 5 (a queue only read, after the write queues were cut, still shows)."""
         b = self.broker
         cfg = b.topics.get(topic)
         if cfg is None:
             return Outcome(Status.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
         store, queues = b.store, self.queues
         table: dict[MessageQueue, QueueStats] = {}
-        for qid in range(cfg.write_queue_nums):
+        for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
             max_off = max(queues.max_offset(topic, qid), 0)
             min_off = max(store.get_min_offset_in_queue(topic, qid), 0)
             last = store.get_store_time(topic, qid, max_off - 1) if max_off > 0 else 0

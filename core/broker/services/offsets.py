@@ -33,9 +33,13 @@ class OffsetService:
         offset = b.offsets.query(group, topic, queue_id)
         if offset >= 0:
             return offset
-        # A group's first start: RocketMQ lets it read from 0 while the queue's head is still
-        # stored (no message was ever deleted); otherwise the client picks its ConsumeFromWhere.
-        if b.store.get_min_offset_in_queue(topic, queue_id) <= 0:
+        # A group's first start: RocketMQ 5 lets it read from 0 when the queue never lost its head
+        # and entry 0 is there and in memory (checkInMemByConsumeOffset); otherwise -- an empty
+        # queue, a backlog swapped out -- the client picks its ConsumeFromWhere (by default
+        # CONSUME_FROM_LAST_OFFSET: the end, not the whole backlog).
+        if b.store.get_min_offset_in_queue(topic, queue_id) <= 0 and self.queues.head_in_memory(
+            topic, queue_id
+        ):
             return 0
         return Outcome(
             Status.QUERY_NOT_FOUND, "Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first"

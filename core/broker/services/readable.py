@@ -16,8 +16,24 @@ answer is the store's own.
 
 from __future__ import annotations
 
+import os
+
 from tidemq.broker.context import BrokerContext
 from tidemq.replication import ConfirmsReads
+from tidemq.store import store_introspection
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not POSIX: RocketMQ's fallback of 24 GB
+        return 24 << 30
+
+
+#: accessMessageInMemoryMaxRatio (40 %) of the machine's memory: a record at most this far behind
+#: the commit log's end counts as in memory (RocketMQ 5.0's checkInDiskByConsumeOffset; the pull
+#: path's suggestPullingFromSlave uses the same figure).
+MEMORY_FOR_MESSAGES = _physical_memory() * 40 // 100
 
 
 class ReadableQueues:
@@ -50,11 +66,54 @@ class ReadableQueues:
         store = self.broker.store
         return self.store_time(topic, queue_id, store.get_min_offset_in_queue(topic, queue_id))
 
-    def offset_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
-        """The first readable offset stored at or after ``timestamp``; the readable end when none is."""
-        offset = self.broker.store.get_offset_by_time(topic, queue_id, timestamp)
-        limit = self.limit(topic, queue_id) if offset > 0 else None
-        return offset if limit is None else min(offset, limit)
+    def offset_by_time(self, topic: str, queue_id: int, timestamp: int, upper: bool = False) -> int:
+        """SEARCH_OFFSET_BY_TIMESTAMP with RocketMQ 5's ``boundaryType``.
+
+        LOWER (the default): the first readable offset stored at or after ``timestamp``, the
+        readable end when none is.  UPPER: the last readable offset stored at or before it (of
+        several messages with that very store time, the last), the queue's first offset when none
+        is -- RocketMQ's ConsumeQueue answers 0 there, the same offset for a queue that still
+        holds its head.
+        """
+        store = self.broker.store
+        if not upper:
+            offset = store.get_offset_by_time(topic, queue_id, timestamp)
+            limit = self.limit(topic, queue_id) if offset > 0 else None
+            return offset if limit is None else min(offset, limit)
+        # The last offset at or before ``timestamp`` is one before the first one after it.
+        after = store.get_offset_by_time(topic, queue_id, timestamp + 1)
+        limit = self.limit(topic, queue_id)
+        if limit is not None:
+            after = min(after, limit)
+        return max(after - 1, store.get_min_offset_in_queue(topic, queue_id), 0)
+
+    def head_in_memory(self, topic: str, queue_id: int) -> bool:
+        """Whether the queue's entry 0 is readable and its record still in memory: RocketMQ 5's
+        ``checkInMemByConsumeOffset(topic, queueId, 0, 1)`` (the consume queue has entry 0, the
+        commit log still has its record, and that record is resident; resident here: at most
+        :data:`MEMORY_FOR_MESSAGES` behind the commit log's end, as RocketMQ 5.0 judged it)."""
+        store = self.broker.store
+        if self.max_offset(topic, queue_id) <= 0:
+            return False  # an empty queue (or its entry 0 past the confirm offset): not dispatched
+        position = store.get_commit_log_offset(topic, queue_id, 0)
+        if position < 0 or position < store.get_min_phy_offset():
+            return False
+        return store.get_max_phy_offset() - position <= MEMORY_FOR_MESSAGES
+
+    def dispatch_behind(self) -> int:
+        """RocketMQ 5's ``dispatchBehindBytes`` (``ReputMessageService.behind()``): the confirm
+        offset minus the dispatched offset.  Without a confirm bound the confirm offset is the
+        commit log's end (RocketMQ's ``getConfirmOffset`` outside controller mode); with one,
+        records past it count as not dispatchable yet, not as behind (RocketMQ's reput stops at
+        the confirm offset).  0 for a store that does not say where its dispatch is."""
+        store = store_introspection(self.broker.store)
+        if store is None:
+            return 0
+        confirm = self.confirm_offset()
+        end = self.broker.store.get_max_phy_offset()
+        if confirm is None or confirm > end:
+            confirm = end
+        return max(confirm - store.dispatched_offset(), 0)
 
     def confirm_offset(self) -> int | None:
         """The commit-log offset records must end at or before to be readable; None: no bound."""
