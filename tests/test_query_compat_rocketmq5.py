@@ -106,22 +106,24 @@ def _first_start(cluster: Cluster, group: str, topic: str, queue_id: int) -> int
     return int(resp.ext_fields["offset"])
 
 
-def test_first_start_of_an_empty_queue_is_not_found(cluster: Cluster) -> None:
-    """RocketMQ 5.1+: no entry 0, no 0 (the client takes its ConsumeFromWhere; before: 0)."""
+def test_first_start_of_an_empty_queue_reads_from_0(cluster: Cluster) -> None:
+    """An empty queue answers 0 (RocketMQ 4.9; 5.1+ answers QUERY_NOT_FOUND): a new group then
+    reads the first message stored after it asked, which the client's next request (the end, for
+    CONSUME_FROM_LAST_OFFSET) would skip.  After the first message, still 0."""
     topic = _topic(cluster, "QcoEmpty")
-    assert _first_start(cluster, "g-empty", topic, 0) is None
+    assert _first_start(cluster, "g-empty", topic, 0) == 0
     cluster.put(topic, 0, b"first")
     assert _first_start(cluster, "g-empty", topic, 0) == 0
 
 
-def test_first_start_needs_entry_0_confirmed(cluster: Cluster) -> None:
-    """Entry 0 past the confirm offset is not in RocketMQ's consume queue yet: not found (before: 0);
-    confirmed, the group starts at 0."""
+def test_first_start_with_entry_0_unconfirmed_reads_from_0(cluster: Cluster) -> None:
+    """Entry 0 past the confirm offset is not readable yet: the queue answers as an empty one (0),
+    and the group reads the message once it is confirmed."""
     topic = _topic(cluster, "QcoHeld")
     cluster.hold()
     time.sleep(0.05)
     cluster.put(topic, 0, b"held")
-    assert _first_start(cluster, "g-held", topic, 0) is None
+    assert _first_start(cluster, "g-held", topic, 0) == 0
     cluster.confirm()
     assert _first_start(cluster, "g-held", topic, 0) == 0
 

@@ -33,12 +33,15 @@ class OffsetService:
         offset = b.offsets.query(group, topic, queue_id)
         if offset >= 0:
             return offset
-        # A group's first start: RocketMQ 5 lets it read from 0 when the queue never lost its head
-        # and entry 0 is there and in memory (checkInMemByConsumeOffset); otherwise -- an empty
-        # queue, a backlog swapped out -- the client picks its ConsumeFromWhere (by default
-        # CONSUME_FROM_LAST_OFFSET: the end, not the whole backlog).
-        if b.store.get_min_offset_in_queue(topic, queue_id) <= 0 and self.queues.head_in_memory(
-            topic, queue_id
+        # A group's first start reads from 0 when the queue never lost its head and entry 0 is
+        # still in memory (RocketMQ 5's checkInMemByConsumeOffset) or not there yet: an empty
+        # queue, or entry 0 not confirmed.  There RocketMQ 4.9 answers 0 and 5.1+ QUERY_NOT_FOUND;
+        # 0 is kept, since NOT_FOUND makes a CONSUME_FROM_LAST_OFFSET client ask for the end next
+        # and skip a message stored between its two requests.  A backlog swapped out, or a head
+        # deleted: the client picks its ConsumeFromWhere (by default the end, not the backlog).
+        queues = self.queues
+        if b.store.get_min_offset_in_queue(topic, queue_id) <= 0 and (
+            queues.max_offset(topic, queue_id) <= 0 or queues.head_in_memory(topic, queue_id)
         ):
             return 0
         return Outcome(
