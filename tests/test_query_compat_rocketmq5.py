@@ -19,11 +19,11 @@ and ``tidemq admin`` commands.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import test_query_confirm_bound as bound
 from test_query_confirm_bound import Cluster
 
 from tidemq.broker.services import readable
@@ -34,23 +34,9 @@ from tidemq.remoting.protocol import TopicConfig
 
 pytestmark = pytest.mark.timeout(120)
 
-
-@pytest.fixture(scope="module")
-def module_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("query-compat"))
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
-@pytest.fixture
-def cluster(module_cluster: Cluster) -> Iterator[Cluster]:
-    module_cluster.confirms.offset = None
-    try:
-        yield module_cluster
-    finally:
-        module_cluster.confirms.offset = None
+# The broker and its held confirm offset: test_query_confirm_bound's fixtures (one broker per module).
+module_cluster = bound.module_cluster
+cluster = bound.cluster
 
 
 def _topic(cluster: Cluster, name: str, queues: int = 2) -> str:

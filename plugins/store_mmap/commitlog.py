@@ -136,6 +136,20 @@ def _zero_ahead(fd: int, zeroed: int, end: int, chunk: int, limit: int) -> int:
     return zero_ahead(fd, zeroed, end, chunk, limit)  # the module's, looked up at each call
 
 
+def _write_or_wipe(mf: MappedFile, start: int, buf: bytearray | memoryview, total: int) -> None:
+    """``buf[:total]`` written at ``start``; on a failed write, zeros written there (best effort:
+    no partial record left for recovery) and the error raised."""
+    try:
+        with memoryview(buf) as view:
+            mf.pwrite(start, view[:total])
+    except OSError:
+        try:
+            mf.pwrite(start, bytes(total))
+        except OSError:
+            pass
+        raise
+
+
 class CommitLogFullError(StoreError):
     """A record is larger than a whole commit-log file."""
 
@@ -369,15 +383,7 @@ class CommitLog:
                 offsets = encoder.write_into(buf, 0, batch, queue_offset, base, ts, step)
             except (struct.error, TypeError, OverflowError) as exc:
                 raise RecordEncodeError(f"cannot encode the message: {exc}") from exc
-            try:
-                with memoryview(buf) as view:
-                    mf.pwrite(start, view[:total])
-            except OSError:
-                try:
-                    mf.pwrite(start, bytes(total))  # best effort: no partial record left for recovery
-                except OSError:
-                    pass
-                raise
+            _write_or_wipe(mf, start, buf, total)
         mf.advance(total)
         return offsets
 
@@ -433,15 +439,7 @@ class CommitLog:
                 raise BatchesEncodeError(i, f"cannot encode the message: {exc}") from exc
             pos += batch.total
         if not mf.transient:
-            try:
-                with memoryview(target) as view:
-                    mf.pwrite(start, view[:total])
-            except OSError:
-                try:
-                    mf.pwrite(start, bytes(total))  # best effort: no partial record left for recovery
-                except OSError:
-                    pass
-                raise
+            _write_or_wipe(mf, start, target, total)
         mf.advance(total)
         return out
 
