@@ -192,9 +192,29 @@ cdef inline bint _may_start(State *s) noexcept nogil:
     return s.inflight < s.slots and not s.req_single and s.fsync_avg < s.max_load * s.gap_avg
 
 
+cdef inline int _sync_round(State *s, int fd, uint64_t r) noexcept nogil:
+    """Round ``r``'s ``fdatasync`` of ``fd``, called without the mutex; returns with it held and
+    the round's ring entry done (error, times) and the recent fdatasync time updated.  The
+    worker's rounds and the loop's inline ones both take this path."""
+    cdef int64_t started = _now_ns()
+    cdef int rc = fdatasync(fd)
+    cdef int err = errno if rc != 0 else 0
+    cdef int64_t ended = _now_ns()
+    cdef Done *d
+    pthread_mutex_lock(&s.mu)
+    d = &s.ring[r % RING]
+    d.err = err
+    d.ns = ended - started
+    d.started = started
+    d.ended = ended
+    d.done = 1
+    s.fsync_avg += (<double>(ended - started) - s.fsync_avg) / 8
+    return err
+
+
 cdef void *_work(void *arg) noexcept nogil:
     cdef State *s = <State *>arg
-    cdef int fd, rc, err, slot
+    cdef int fd, err, slot
     cdef int64_t end, started, ended, start_end, pending
     cdef uint64_t seq, r, messages, one = 1
     cdef Done *d
@@ -235,20 +255,11 @@ cdef void *_work(void *arg) noexcept nogil:
         while s.held_slots & (1u << slot) and not s.stop:  # a test holds this slot's rounds
             pthread_cond_wait(&s.hold_cv, &s.mu)
         pthread_mutex_unlock(&s.mu)
-        started = _now_ns()
-        rc = fdatasync(fd)
-        err = errno if rc != 0 else 0
-        ended = _now_ns()
-        pthread_mutex_lock(&s.mu)
-        d = &s.ring[r % RING]
-        d.err = err
-        d.ns = ended - started
-        d.started = started
-        d.ended = ended
-        d.done = 1
+        err = _sync_round(s, fd, r)
+        started = s.ring[r % RING].started
+        ended = s.ring[r % RING].ended
         s.busy_slots &= ~(1u << slot)
         s.inflight -= 1
-        s.fsync_avg += (<double>(ended - started) - s.fsync_avg) / 8
         if (
             s.gather_ns and s.slots == 1 and not err and end >= start_end
             and messages >= GATHER_MIN_MESSAGES
@@ -423,7 +434,7 @@ cdef class RoundWorker:
         Nothing can be posted meanwhile: the one loop that posts is the one waiting here."""
         cdef State *s = self.s
         cdef uint64_t seq, r
-        cdef int rc = 0, err = 0
+        cdef int err = 0
         cdef int64_t started = 0, ended = 0
         cdef Done *d
         if s == NULL or not self.started:
@@ -451,20 +462,11 @@ cdef class RoundWorker:
         s.busy_slots = 1
         pthread_mutex_unlock(&s.mu)
         with nogil:
-            started = _now_ns()
-            rc = fdatasync(fd)
-            err = errno if rc != 0 else 0
-            ended = _now_ns()
-        pthread_mutex_lock(&s.mu)
-        d = &s.ring[r % RING]
-        d.err = err
-        d.ns = ended - started
-        d.started = started
-        d.ended = ended
-        d.done = 1
+            err = _sync_round(s, fd, r)
+        started = s.ring[r % RING].started
+        ended = s.ring[r % RING].ended
         s.busy_slots = 0
         s.inflight = 0
-        s.fsync_avg += (<double>(ended - started) - s.fsync_avg) / 8
         s.last_end = end
         while s.done_count < s.started_count and s.ring[s.done_count % RING].done:
             s.done_count += 1
