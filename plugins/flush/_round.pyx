@@ -192,6 +192,20 @@ cdef inline bint _may_start(State *s) noexcept nogil:
     return s.inflight < s.slots and not s.req_single and s.fsync_avg < s.max_load * s.gap_avg
 
 
+cdef inline uint64_t _begin_round(State *s, uint64_t seq, int64_t end) noexcept nogil:
+    """Under the mutex: request ``seq`` (bytes up to ``end``) taken by a new round; its ring
+    entry opened, its index returned."""
+    cdef uint64_t r = s.started_count
+    cdef Done *d = &s.ring[r % RING]
+    s.taken_seq = seq
+    s.started_count += 1
+    d.seq = seq
+    d.end = end
+    d.done = 0
+    d.err = 0
+    return r
+
+
 cdef inline int _sync_round(State *s, int fd, uint64_t r) noexcept nogil:
     """Round ``r``'s ``fdatasync`` of ``fd``, called without the mutex; returns with it held and
     the round's ring entry done (error, times) and the recent fdatasync time updated.  The
@@ -217,7 +231,6 @@ cdef void *_work(void *arg) noexcept nogil:
     cdef int fd, err, slot
     cdef int64_t end, started, ended, start_end, pending
     cdef uint64_t seq, r, messages, one = 1
-    cdef Done *d
     cdef int signal
     pthread_setname_np(pthread_self(), "tidemq-flush")
     while True:
@@ -244,14 +257,7 @@ cdef void *_work(void *arg) noexcept nogil:
         fd = s.req_fds[slot]
         end = s.req_end
         seq = s.req_seq
-        s.taken_seq = seq
-        r = s.started_count
-        s.started_count += 1
-        d = &s.ring[r % RING]
-        d.seq = seq
-        d.end = end
-        d.done = 0
-        d.err = 0
+        r = _begin_round(s, seq, end)
         while s.held_slots & (1u << slot) and not s.stop:  # a test holds this slot's rounds
             pthread_cond_wait(&s.hold_cv, &s.mu)
         pthread_mutex_unlock(&s.mu)
@@ -436,7 +442,6 @@ cdef class RoundWorker:
         cdef uint64_t seq, r
         cdef int err = 0
         cdef int64_t started = 0, ended = 0
-        cdef Done *d
         if s == NULL or not self.started:
             return None
         pthread_mutex_lock(&s.mu)
@@ -450,14 +455,7 @@ cdef class RoundWorker:
         s.req_end = end
         s.req_seq += 1
         seq = s.req_seq
-        s.taken_seq = seq
-        r = s.started_count
-        s.started_count += 1
-        d = &s.ring[r % RING]
-        d.seq = seq
-        d.end = end
-        d.done = 0
-        d.err = 0
+        r = _begin_round(s, seq, end)
         s.inflight = 1
         s.busy_slots = 1
         pthread_mutex_unlock(&s.mu)
