@@ -218,3 +218,13 @@ def fitting(role: str, payload: object) -> object:
 
     members = {m: (lambda *a, **k: None) for m in contract_members(role_contract(role))}
     return type("Fitting", (), {**members, "payload": payload})()
+
+
+@pytest.fixture
+def pipe() -> Iterator[int]:
+    """A pipe's write end (its read end open too): a file descriptor whose fdatasync fails (EINVAL),
+    for the flush tests' failed rounds."""
+    r, w = os.pipe()
+    yield w
+    os.close(r)
+    os.close(w)

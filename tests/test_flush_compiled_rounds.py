@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -240,14 +238,6 @@ def test_a_round_the_worker_never_completes_times_out_as_flush_disk_timeout(tmp_
         assert 0.25 <= took < 5
     finally:
         store.shutdown()
-
-
-@pytest.fixture
-def pipe() -> Iterator[int]:
-    r, w = os.pipe()
-    yield w
-    os.close(r)
-    os.close(w)
 
 
 def test_a_failed_fdatasync_goes_to_the_python_thread_which_retries_until_the_deadline(

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +40,6 @@ def _store(data: Path, **sync: Any) -> Any:
 
 def _put(store: Any, body: bytes) -> Any:
     return store.put_message(message(topic="Inline", body=body, queue_id=0))
-
-
-@pytest.fixture
-def pipe() -> Iterator[int]:
-    r, w = os.pipe()
-    yield w
-    os.close(r)
-    os.close(w)
 
 
 def test_an_inline_round_is_the_workers_on_the_loop_thread_and_acknowledges_what_it_flushed(

@@ -18,7 +18,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -148,14 +148,6 @@ def test_without_sparse_sends_a_request_waits_for_the_running_round(tmp_path: Pa
         asyncio.run(main())
     finally:
         store.shutdown()
-
-
-@pytest.fixture
-def pipe() -> Iterator[int]:
-    r, w = os.pipe()
-    yield w
-    os.close(r)
-    os.close(w)
 
 
 def test_a_failed_round_fails_every_later_round_even_one_whose_fdatasync_returned_0(
