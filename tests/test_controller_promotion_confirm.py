@@ -144,6 +144,23 @@ class RawSlave:
         self.sock.close()
 
 
+def hold_a_tail(
+    producer: BlockingProducer, master: Replica, stopped_one: Replica
+) -> tuple[int, int, int, int]:
+    """A message the whole set acknowledged, then ``stopped_one`` stopped (SIGSTOP) and a tail the
+    master and the other member hold, that member's report of it recorded by the master (the
+    send itself not acknowledged): the acknowledged end, the tail's queue and offset, the end."""
+    first = producer.send(Message(TOPIC, b"held by the whole set"))
+    assert first.status is SendStatus.SEND_OK, first.status
+    acked_end = end_of(master)
+    stopped_one.server.proc.send_signal(signal.SIGSTOP)
+    tail = producer.send(Message(TOPIC, b"not acknowledged"), timeout=5.0)
+    assert tail.status is not SendStatus.SEND_OK, tail.status
+    end = end_of(master)
+    assert wait_for(lambda: master.info()["haSlaveAckOffset"] == str(end), 10), master.info()
+    return acked_end, tail.queue.queue_id, tail.queue_offset, end
+
+
 def test_a_member_back_with_a_shorter_log_is_counted_at_what_it_holds_now(
     spawn: Any, tmp_path: Path, etcd: EtcdServer
 ) -> None:
@@ -156,17 +173,8 @@ def test_a_member_back_with_a_shorter_log_is_counted_at_what_it_holds_now(
     stopped = False
     raw: RawSlave | None = None
     try:
-        first = producer.send(Message(TOPIC, b"held by the whole set"))
-        assert first.status is SendStatus.SEND_OK, first.status
-        acked_end = end_of(master)
-        stopped_one.server.proc.send_signal(signal.SIGSTOP)
-        stopped = True
-        tail = producer.send(Message(TOPIC, b"not acknowledged"), timeout=5.0)
-        assert tail.status is not SendStatus.SEND_OK, tail.status
-        tq, toff = tail.queue.queue_id, tail.queue_offset
-        end = end_of(master)
-        # The member to restart holds the tail and said so: the master recorded it at `end`.
-        assert wait_for(lambda: master.info()["haSlaveAckOffset"] == str(end), 10), master.info()
+        stopped = True  # (set first: the finally resumes it whatever fails in between)
+        acked_end, tq, toff, end = hold_a_tail(producer, master, stopped_one)
         restarted.kill()
         assert wait_for(lambda: master.info()["haConnectedSlaves"] == "1", 10), master.info()
         # Back with its log cut to what the set acknowledged (the unacknowledged tail lost).
@@ -249,16 +257,8 @@ def test_a_real_slave_restarted_with_a_shorter_log_catches_up_and_rejoins(
     producer.start()
     stopped = False
     try:
-        first = producer.send(Message(TOPIC, b"held by the whole set"))
-        assert first.status is SendStatus.SEND_OK, first.status
-        acked_end = end_of(master)
-        stopped_one.server.proc.send_signal(signal.SIGSTOP)
-        stopped = True
-        tail = producer.send(Message(TOPIC, b"not acknowledged"), timeout=5.0)
-        assert tail.status is not SendStatus.SEND_OK, tail.status
-        tq, toff = tail.queue.queue_id, tail.queue_offset
-        end = end_of(master)
-        assert wait_for(lambda: master.info()["haSlaveAckOffset"] == str(end), 10), master.info()
+        stopped = True  # (set first: the finally resumes it whatever fails in between)
+        acked_end, tq, toff, end = hold_a_tail(producer, master, stopped_one)
         restarted.server.stop()
         restarted.server = None
         cut_commit_log(restarted, acked_end)
