@@ -11,6 +11,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from tidemq.message import pack_cq_entries
 from tidemq.names import topic_dir
 
 from .commitlog import zero_ahead
@@ -208,6 +209,26 @@ class ConsumeQueue:
                 self.max_physic_offset = last_end
                 return
         self.put_packed(batch.cq_entries(tags), first_cq_offset, first_end, last_end)
+
+    def put_records(
+        self,
+        offsets: list[int],
+        sizes: list[int],
+        tags: list[int],
+        first_cq_offset: int,
+        base: int,
+        total: int,
+        prepared: Any = None,
+    ) -> None:
+        """The entries of one put's records (at ``offsets``, ``total`` bytes from ``base``): one
+        :meth:`put` for a single record, :meth:`put_prepared` of a compiled batch, else
+        :meth:`put_packed`."""
+        if len(offsets) == 1:
+            self.put(base, total, tags[0], first_cq_offset)
+        elif prepared is not None:
+            self.put_prepared(prepared, tags, first_cq_offset, base + sizes[0], base + total)
+        else:
+            self.put_packed(pack_cq_entries(offsets, sizes, tags), first_cq_offset)
 
     def put_many(self, entries: list[tuple[int, int, int]], first_cq_offset: int) -> None:
         """Write consecutive entries with one copy when they fit the current file (batches)."""

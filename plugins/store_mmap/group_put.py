@@ -35,7 +35,7 @@ import attrs
 
 from tidemq.delay import SCHEDULE_TOPIC
 from tidemq.futures import StoreFuture
-from tidemq.message import MessageInner, pack_cq_entries
+from tidemq.message import MessageInner
 from tidemq.names import InvalidNameError
 from tidemq.store import PutResult, PutStatus
 
@@ -323,12 +323,7 @@ def _write_run(
         sizes = batch.sizes
         if cq is not None:
             try:
-                if len(offsets) == 1:
-                    cq.put(base, total, tags[0], queue_offset)
-                elif compiled:
-                    cq.put_prepared(batch, tags, queue_offset, base + sizes[0], base + total)
-                else:
-                    cq.put_packed(pack_cq_entries(offsets, sizes, tags), queue_offset)
+                cq.put_records(offsets, sizes, tags, queue_offset, base, total, batch if compiled else None)
             except OSError as exc:
                 # As put_messages: this group's records (and the run's after it) taken back, this
                 # group refused; the rest go one by one.

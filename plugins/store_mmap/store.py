@@ -43,7 +43,6 @@ from tidemq.message import (
     MessageInner,
     RecordEncoder,
     local_ip,
-    pack_cq_entries,
 )
 from tidemq.names import InvalidNameError
 from tidemq.store import (
@@ -411,12 +410,9 @@ class MmapMessageStore(MmapIntrospection):
                 return self.cleaner.write_failed(mf.path.name, exc)
             try:
                 if cq is not None:
-                    if len(offsets) == 1:
-                        cq.put(base, total, tags[0], queue_offset)
-                    elif compiled:
-                        cq.put_prepared(native, tags, queue_offset, base + sizes[0], base + total)
-                    else:
-                        cq.put_packed(pack_cq_entries(offsets, sizes, tags), queue_offset)
+                    cq.put_records(
+                        offsets, sizes, tags, queue_offset, base, total, native if compiled else None
+                    )
             except OSError as exc:
                 # A queue file could not be created: take the record back so no queue offset is
                 # used twice, and report it; the store stays up.
