@@ -719,7 +719,7 @@ cdef bint _put_bound = False
 cdef bint _put_direct = False
 cdef object _SendService = None
 cdef object _PutGroup = None
-cdef object _py_store_group = None
+cdef object _py_put_halves = None
 cdef object _py_put_outcome = None
 cdef object _py_outcome = None
 cdef object _Duplicate = None
@@ -755,7 +755,7 @@ cdef Py_ssize_t _member(cls, str name):
 
 
 cdef int _bind_put() except -1:
-    global _put_bound, _put_direct, _SendService, _PutGroup, _py_store_group, _py_put_outcome
+    global _put_bound, _put_direct, _SendService, _PutGroup, _py_put_halves, _py_put_outcome
     global _py_outcome, _Duplicate, _put_log, _perf_counter, _ONE_MESSAGE, _PUT_OK, _REPLICA_OK
     global _SUCCESS, _GROUP_MAX, _g_sends, _g_nsends, _g_msgs, _g_nbytes, _g_future, _g_result
     global _g_error, _g_replica, _g_started, _g_build, _s_batch, _s_nbytes, _StoreFuture
@@ -773,7 +773,7 @@ cdef int _bind_put() except -1:
     _put_bound = True
     _SendService = send.SendService
     _PutGroup = put.PutGroup
-    _py_store_group = put.store_group
+    _py_put_halves = put.put_halves
     _py_put_outcome = put._put_outcome
     _py_outcome = put._outcome
     _Duplicate = dedup.Duplicate
@@ -871,10 +871,7 @@ cdef int _store_group(object broker, object group) except -1:
     """``put.store_group``: put the group's messages; a coalesced put refused for one message is
     redone in halves by the Python function."""
     cdef PyObject *g = <PyObject *>group
-    cdef PyObject *exc
-    cdef PyObject *res
-    cdef int state
-    cdef Py_ssize_t nsends, half
+    cdef Py_ssize_t nsends
     store = broker.store
     cdef list fresh = []
     msgs = <list>_slot(group, _g_msgs)
@@ -895,27 +892,25 @@ cdef int _store_group(object broker, object group) except -1:
         tq_set_slot(g, _g_error, <PyObject *>text)
         return 0
     tq_set_slot(g, _g_future, <PyObject *>future)
-    if nsends <= 1:
-        return 0
-    state = _future_state(future, &exc, &res)
+    if nsends > 1 and _refused_for_one(future):
+        _py_put_halves(broker, sends)  # nothing was stored: each half on its own, in order
+    return 0
+
+
+cdef bint _refused_for_one(object future) except -1:
+    """The put's future answered, without an exception, a refusal caused by one message
+    (nothing of the group stored: ``put._ONE_MESSAGE_STATUSES``)."""
+    cdef PyObject *exc
+    cdef PyObject *res
+    cdef int state = _future_state(future, &exc, &res)
     if state == 0:
-        return 0
+        return False
     if state == 1:
         if exc != <PyObject *>None:
-            return 0
+            return False
         status = (<object>res).status
-        if status is _PUT_OK or status not in _ONE_MESSAGE:
-            return 0
-    elif not (future.done() and future.exception() is None and future.result().status in _ONE_MESSAGE):
-        return 0
-    # Nothing was stored: each half on its own, in order (the Python store_group halves again).
-    half = nsends // 2
-    for part in (sends[:half], sends[half:]):
-        regroup = _PutGroup()
-        for send in part:
-            regroup.add(send)
-        _py_store_group(broker, regroup)
-    return 0
+        return status is not _PUT_OK and status in _ONE_MESSAGE
+    return future.done() and future.exception() is None and future.result().status in _ONE_MESSAGE
 
 
 def put_sends(object service, list sends):
@@ -1040,12 +1035,9 @@ cdef int _put_groups(
 cdef int _store_groups(object broker, list groups) except -1:
     """``put.store_groups``: the groups' puts in one store call where the store offers it
     (``tidemq.store.GroupPut``), else one ``_store_group`` each."""
-    cdef Py_ssize_t n = len(groups), i = 0, j, k, nsends
+    cdef Py_ssize_t n = len(groups), i = 0, j, k
     cdef list rest, sends, last_sends, fresh, msgs_of
     cdef PyObject *g
-    cdef PyObject *exc
-    cdef PyObject *res
-    cdef int state
     store = broker.store
     cls = type(store)
     capable = _group_put_of.get(cls)
@@ -1086,28 +1078,8 @@ cdef int _store_groups(object broker, list groups) except -1:
             tq_set_slot(g, _g_started, <PyObject *>started)
             tq_set_slot(g, _g_future, <PyObject *>(<list>futures)[j])
         i += k
-        nsends = len(last_sends)
-        if nsends <= 1:
-            continue
-        future = (<list>futures)[k - 1]
-        state = _future_state(future, &exc, &res)
-        if state == 0:
-            continue
-        if state == 1:
-            if exc != <PyObject *>None:
-                continue
-            status = (<object>res).status
-            if status is _PUT_OK or status not in _ONE_MESSAGE:
-                continue
-        elif not (future.done() and future.exception() is None and future.result().status in _ONE_MESSAGE):
-            continue
-        # As _store_group: nothing of it was stored; its halves on their own, before the rest.
-        half = nsends // 2
-        for part in (last_sends[:half], last_sends[half:]):
-            regroup = _PutGroup()
-            for send in part:
-                regroup.add(send)
-            _py_store_group(broker, regroup)
+        if len(last_sends) > 1 and _refused_for_one((<list>futures)[k - 1]):
+            _py_put_halves(broker, last_sends)  # as _store_group, before the rest
     return 0
 
 

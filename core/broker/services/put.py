@@ -198,14 +198,19 @@ def store_group(broker: BrokerContext, group: PutGroup) -> None:
         and future.exception() is None
         and future.result().status in _ONE_MESSAGE_STATUSES
     ):
-        # Nothing was stored.  Put each half on its own, in order, halving again where refused:
-        # the bad message ends up alone and fails by itself, the rest stays coalesced.
-        half = len(sends) // 2
-        for part in (sends[:half], sends[half:]):
-            regroup = PutGroup()
-            for send in part:
-                regroup.add(send)
-            store_group(broker, regroup)
+        put_halves(broker, sends)
+
+
+def put_halves(broker: BrokerContext, sends: list[Send]) -> None:
+    """A group the store refused for one message (nothing of it stored): each half put on its
+    own, in order, halving again where refused, so the bad message ends up alone and fails by
+    itself while the rest stays coalesced."""
+    half = len(sends) // 2
+    for part in (sends[:half], sends[half:]):
+        regroup = PutGroup()
+        for send in part:
+            regroup.add(send)
+        store_group(broker, regroup)
 
 
 def store_groups(broker: BrokerContext, groups: list[PutGroup]) -> None:
@@ -250,13 +255,7 @@ def store_groups(broker: BrokerContext, groups: list[PutGroup]) -> None:
             and future.exception() is None
             and future.result().status in _ONE_MESSAGE_STATUSES
         ):
-            # As store_group: nothing of it was stored; its halves on their own, before the rest.
-            half = len(last_sends) // 2
-            for part in (last_sends[:half], last_sends[half:]):
-                regroup = PutGroup()
-                for send in part:
-                    regroup.add(send)
-                store_group(broker, regroup)
+            put_halves(broker, last_sends)  # as store_group, before the rest
 
 
 def settled(broker: BrokerContext, send: Send) -> bool:
