@@ -63,15 +63,24 @@ def end_of(replica: Replica) -> int:
     return int(replica.info()["commitLogMaxOffset"])
 
 
-def test_a_pull_held_on_a_slave_is_answered_when_that_slave_is_promoted(
+def three_in_sync(
     spawn: Any, tmp_path: Path, etcd: EtcdServer
-) -> None:
+) -> tuple[ControllerCluster, Replica, tuple[Replica, Replica], BlockingProducer]:
+    """Three replicas, all in the master's in-sync set, and a started producer: the group, the
+    master, its two slaves and the producer (the caller shuts it down)."""
     group = ControllerCluster(spawn, tmp_path, etcd, replicas=3, options=OPTIONS)
     master = group.wait_master()
     wait_in_sync(master, 3)
-    reader, stopped_one = [r for r in group.running() if r is not master]
+    first, second = [r for r in group.running() if r is not master]
     producer = BlockingProducer("promote-pg", group.ns, retry_times=0, send_timeout=3.0)
     producer.start()
+    return group, master, (first, second), producer
+
+
+def test_a_pull_held_on_a_slave_is_answered_when_that_slave_is_promoted(
+    spawn: Any, tmp_path: Path, etcd: EtcdServer
+) -> None:
+    group, master, (reader, stopped_one), producer = three_in_sync(spawn, tmp_path, etcd)
     stopped = False
     try:
         first = producer.send(Message(TOPIC, b"replicated"))
@@ -164,12 +173,7 @@ def hold_a_tail(
 def test_a_member_back_with_a_shorter_log_is_counted_at_what_it_holds_now(
     spawn: Any, tmp_path: Path, etcd: EtcdServer
 ) -> None:
-    group = ControllerCluster(spawn, tmp_path, etcd, replicas=3, options=OPTIONS)
-    master = group.wait_master()
-    wait_in_sync(master, 3)
-    restarted, stopped_one = [r for r in group.running() if r is not master]
-    producer = BlockingProducer("promote-pg", group.ns, retry_times=0, send_timeout=3.0)
-    producer.start()
+    group, master, (restarted, stopped_one), producer = three_in_sync(spawn, tmp_path, etcd)
     stopped = False
     raw: RawSlave | None = None
     try:
@@ -249,12 +253,7 @@ def test_a_real_slave_restarted_with_a_shorter_log_catches_up_and_rejoins(
     """The same restart with a real slave process (it catches up within milliseconds, so what the
     master counted in between does not show): the master takes its lower report, the slave
     catches up, the tail is confirmed once every member holds it, and the logs agree."""
-    group = ControllerCluster(spawn, tmp_path, etcd, replicas=3, options=OPTIONS)
-    master = group.wait_master()
-    wait_in_sync(master, 3)
-    restarted, stopped_one = [r for r in group.running() if r is not master]
-    producer = BlockingProducer("promote-pg", group.ns, retry_times=0, send_timeout=3.0)
-    producer.start()
+    group, master, (restarted, stopped_one), producer = three_in_sync(spawn, tmp_path, etcd)
     stopped = False
     try:
         stopped = True  # (set first: the finally resumes it whatever fails in between)
