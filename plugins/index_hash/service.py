@@ -86,6 +86,7 @@ from tidemq.index import IndexFileEntry, IndexFileInfo, QueryResult
 from tidemq.jsonfile import atomic_write_bytes
 from tidemq.message import Prop
 from tidemq.store import DispatchRequest
+from tidemq.threads import name_this_thread
 from tidemq_index_hash import native
 from tidemq_index_hash.indexfile import IndexFile, hash_batch, hash_chunk, key_hash, put_batch, walk_file
 
@@ -371,6 +372,7 @@ class HashIndex:
 
     # ------------------------------------------------------------------ the index thread
     def _run(self) -> None:
+        name_this_thread()
         # The first round keeps the pace too: 0.0 here let it run at once whenever the machine's
         # monotonic clock (its uptime) was past ROUND_S, so the pace depended on the uptime.
         # The wake event stays set while puts keep coming: a round every ROUND_S, no wake-up per
