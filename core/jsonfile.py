@@ -227,7 +227,7 @@ class CoalescedJsonWriter:
         self.flush()
 
     def _run(self) -> None:
-        name_this_thread()
+        name_this_thread(f"persist-{self.path.stem}")  # "tidemq-persist-" alone: all alike
         while not self._closed:
             self._wake.wait()
             if self._closed:

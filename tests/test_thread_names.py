@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tidemq.jsonfile import CoalescedJsonWriter
 from tidemq.store import PutStatus
 from tidemq.testing.store_contract import message
 from tidemq.threads import name_this_thread, os_name
@@ -67,3 +68,16 @@ def test_a_started_store_names_its_threads(tmp_path: Path) -> None:
         assert want <= comms()
     finally:
         store.shutdown()
+
+
+def test_each_table_writer_names_its_thread_by_its_file(tmp_path: Path) -> None:
+    writers = [
+        CoalescedJsonWriter(tmp_path / f"{n}.json", lambda: {"a": 1}) for n in ("topics", "consumerOffset")
+    ]
+    try:
+        for w in writers:
+            w.when_written(w.request()).result(10)
+        assert {"persist-topics", "persist-consume"} <= comms()  # 15 bytes of "persist-consumerOffset"
+    finally:
+        for w in writers:
+            w.close()
