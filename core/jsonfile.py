@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from tidemq.errors import CorruptDataError
+from tidemq.threads import name_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,7 @@ class CoalescedJsonWriter:
         self.flush()
 
     def _run(self) -> None:
+        name_this_thread(f"persist-{self.path.stem}")  # "tidemq-persist-" alone: all alike
         while not self._closed:
             self._wake.wait()
             if self._closed:

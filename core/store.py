@@ -20,6 +20,7 @@ import attrs
 
 from tidemq.filter import MessageFilter
 from tidemq.message import MessageInner, Prop
+from tidemq.threads import name_this_thread
 
 if TYPE_CHECKING:
     from tidemq.broker.services.put import Send
@@ -375,6 +376,7 @@ class ArrivalNotifier:
         round): a long-polling pull waits at most that much longer, and a busy store wakes this
         thread a thousand times a second at most rather than once per put.
         """
+        name_this_thread()
         last_round = 0.0
         while True:
             self._event.wait()

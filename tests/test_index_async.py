@@ -487,3 +487,45 @@ def test_the_index_thread_is_not_woken_per_put(tmp_path: Path) -> None:
         assert stats["wakeups"] <= 10, stats
     finally:
         index.shutdown()
+
+
+def test_the_index_thread_leaves_its_rounds_to_puts_that_index_inline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While puts keep coming and index the queue themselves (``inline_keys``), the index thread
+    runs no round (each took the GIL from the event loop for part of a queue the puts index
+    anyway); once they stop, it indexes what they left within two of its paces."""
+    monkeypatch.setattr(service, "ROUND_S", 0.002)  # a round per 20 ms (INLINE_ROUNDS of them)
+    index = open_index(tmp_path / "index", max_hash_slot_num=4096, max_index_num=8192, inline_keys=8)
+    on_thread: list[int] = []
+    drain = index._drain
+
+    def counted(limit: int | None = None, gil_keys: int | None = None) -> bool:
+        if threading.current_thread() is index._worker and index._queue:  # a round that indexes
+            on_thread.append(len(index._queue))
+        return drain(limit, gil_keys)
+
+    monkeypatch.setattr(index, "_drain", counted)
+    try:
+        puts = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.3:  # a put every 0.5 ms: 15 of the thread's paces
+            dispatch(index, [keyed(puts)], puts * 100, T0 + puts)
+            puts += 1
+            while time.perf_counter() < t0 + puts * 0.0005:
+                pass
+        during = len(on_thread)
+        left = index.pending()[0]
+        assert left < 8
+        # None while the puts came (a round more only if a loaded host paused them for a pace).
+        assert during <= 2, on_thread
+        for _ in range(100):  # then the thread indexes the rest by itself (no query, no stats)
+            if index.pending()[0] == 0:
+                break
+            time.sleep(0.01)
+        assert index.pending() == (0, 0.0), "the index thread never indexed what the puts left"
+        stats = index.stats()
+        assert stats["entries"] == puts * 3 and stats["inline_drains"] >= puts // 8 - 2
+        assert len(on_thread) > during or not left
+    finally:
+        index.shutdown()

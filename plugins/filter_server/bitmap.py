@@ -42,6 +42,7 @@ from typing import Any
 import attrs
 
 from tidemq.store import DispatchRequest
+from tidemq.threads import name_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +239,7 @@ class FilterBitMap:
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:
+        name_this_thread()
         sweep_every = min(self.idle_expire_s / 4, 60.0)
         next_sweep = time.monotonic() + sweep_every
         while not self._closed:

@@ -19,6 +19,7 @@ import attrs
 
 from tidemq.flush import Flushable
 from tidemq.metrics import Buckets
+from tidemq.threads import name_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class PeriodicFlush:
         fut.set_result(value)
 
     def _run(self) -> None:
+        name_this_thread()
         target = self._target
         assert target is not None
         o = self.options

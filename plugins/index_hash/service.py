@@ -27,7 +27,9 @@ before the put returned), whatever the index thread's lag.  The queue is bounded
 memory growing without limit).  Under a steady load the index thread is mostly idle: once
 ``inline_keys`` messages (256) are queued, the put that finds the index lock free indexes the
 whole queue itself, as one chunk, on its own thread (the event loop's), and the index thread
-keeps a slow pace (a round per ``INLINE_ROUNDS`` x ``ROUND_S``) for what is left when puts stop.
+keeps a slow pace (a round per ``INLINE_ROUNDS`` x ``ROUND_S``) for what is left when puts stop:
+it leaves a round to the puts while the oldest queued put is younger than that pace (they are
+still coming and will index the queue themselves).
 Measured on single sends: the thread's wake-ups and GIL hand-overs per round cost more of the
 broker's CPU than the indexing itself (``docs/request-lanes.md``, single's section).
 :meth:`HashIndex.dispatch` (one request) indexes synchronously,
@@ -86,6 +88,7 @@ from tidemq.index import IndexFileEntry, IndexFileInfo, QueryResult
 from tidemq.jsonfile import atomic_write_bytes
 from tidemq.message import Prop
 from tidemq.store import DispatchRequest
+from tidemq.threads import name_this_thread
 from tidemq_index_hash import native
 from tidemq_index_hash.indexfile import IndexFile, hash_batch, hash_chunk, key_hash, put_batch, walk_file
 
@@ -196,6 +199,7 @@ class HashIndex:
         self._put_drains = 0  # puts that indexed a chunk themselves (back-pressure)
         self._inline_drains = 0  # puts that indexed the queue themselves (inline_keys)
         self._wakeups = 0  # puts that woke the index thread from idle
+        self._thread_rounds = 0  # rounds of the index thread that indexed (not left to the puts)
         self._keyless_puts = 0  # puts with no key: not queued
 
     # ------------------------------------------------------------------ lifecycle
@@ -371,6 +375,7 @@ class HashIndex:
 
     # ------------------------------------------------------------------ the index thread
     def _run(self) -> None:
+        name_this_thread()
         # The first round keeps the pace too: 0.0 here let it run at once whenever the machine's
         # monotonic clock (its uptime) was past ROUND_S, so the pace depended on the uptime.
         # The wake event stays set while puts keep coming: a round every ROUND_S, no wake-up per
@@ -379,10 +384,15 @@ class HashIndex:
         last_round = time.monotonic()
         while True:
             self._wake.wait()
-            pace = ROUND_S * INLINE_ROUNDS if self.options.inline_keys else ROUND_S
+            inline = self.options.inline_keys
+            pace = ROUND_S * INLINE_ROUNDS if inline else ROUND_S
             pause = last_round + pace - time.monotonic()
             if pause > 0 and self._halt.wait(pause):
                 return  # shutdown() indexes the rest
+            if inline and self._puts_index_it(pace):
+                last_round = time.monotonic()
+                continue
+            self._thread_rounds += 1
             before = self._dequeued
             more = True
             while more and not self._stopping:
@@ -406,6 +416,21 @@ class HashIndex:
                 self._wake.clear()
                 if self._queue:
                     self._wake.set()
+
+    def _puts_index_it(self, pace: float) -> bool:
+        """Whether this round can be left to the puts (``inline_keys``): the oldest queued put
+        is younger than a ``pace``, so puts are still coming.  Under a load the queue reaches
+        ``inline_keys`` within a pace and the put that finds it there indexes it (a round would
+        take the GIL from the event loop for a part of the queue the puts index anyway); a slower
+        trickle is this thread's at its next round, the oldest put then older than a pace.  So a
+        queued put waits at most two paces (100 ms) for the index; a query never waits (it
+        indexes the queue itself first).
+        """
+        try:
+            oldest = self._queue[0][5]
+        except IndexError:
+            return False  # nothing queued: the round only covers the keyless puts
+        return time.monotonic() - oldest < pace
 
     def _release_gil(self) -> int | None:
         """Keys from which the index thread's compiled calls release the GIL
@@ -838,5 +863,6 @@ class HashIndex:
                 "put_drains": self._put_drains,
                 "inline_drains": self._inline_drains,
                 "wakeups": self._wakeups,
+                "thread_rounds": self._thread_rounds,
                 "keyless_puts": self._keyless_puts,
             }

@@ -11,6 +11,8 @@ import threading
 from concurrent.futures import Future
 from pathlib import Path
 
+from tidemq.threads import name_this_thread
+
 from .mapped_file import MappedFile
 from .transient_pool import TransientStorePool
 
@@ -52,6 +54,7 @@ class AllocateService:
         self._pending[path] = fut
 
         def run() -> None:
+            name_this_thread()
             try:
                 fut.set_result(self._create(path, size))
             except BaseException as exc:  # reported to whoever takes the file

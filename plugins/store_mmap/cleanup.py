@@ -18,6 +18,7 @@ from typing import Any
 
 from tidemq.delay import SCHEDULE_TOPIC
 from tidemq.store import PutResult, PutStatus
+from tidemq.threads import name_this_thread
 
 from .checkpoint import StoreCheckpoint
 from .commitlog import CommitLog
@@ -89,6 +90,7 @@ class CleanService:
 
     def run(self, stop: threading.Event) -> None:
         """The service loop, until ``stop`` is set."""
+        name_this_thread()
         flush_every = self.options.cq_flush_interval_ms / 1000
         index_every = self.options.index_flush_interval_ms / 1000
         clean_every = self.options.clean_interval_ms / 1000

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from tidemq.threads import name_this_thread
 from tidemq.writeback import available as can_write_back
 from tidemq.writeback import sync_file_range
 
@@ -187,6 +188,7 @@ class ZerosAhead:
         return mf, self._fd, lo, hi
 
     def _run(self) -> None:
+        name_this_thread()
         try:
             self._work()
         except BaseException:
