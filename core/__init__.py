@@ -15,7 +15,8 @@ command), ``tidemq.message`` (the message and commit-log record format), ``tidem
 ``tidemq.compression``, ``tidemq.context`` (the broker as processors see it: its service
 Protocols and ``ProcessorRegister``, also in ``__all__``), ``tidemq.datadir``, ``tidemq.file_regions`` (sendfile sources),
 ``tidemq.writeback`` (a file's dirty pages written back early, ``sync_file_range``),
-``tidemq.logs`` (log handlers and progress reports of long tasks),
+``tidemq.logs`` (log handlers and progress reports of long tasks), ``tidemq.threads`` (a
+plugin thread's name in the kernel, for ``top -H`` and ``perf``),
 ``tidemq.metrics`` (the metrics role and its ``Buckets`` histogram), ``tidemq.mqjson``
 (fastjson's MessageQueue-keyed maps), ``tidemq.names`` and ``tidemq.trace`` (message trace
 records in RocketMQ's format, and ``tidemq.trace.view``, the per-message view of them: what a trace

@@ -14,6 +14,8 @@ import logging
 import sys
 import threading
 
+__all__ = ["MAX_NAME_BYTES", "name_this_thread", "os_name"]
+
 log = logging.getLogger(__name__)
 
 #: The kernel keeps 15 bytes of a thread's name (16 with the NUL).

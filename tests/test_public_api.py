@@ -47,6 +47,7 @@ PUBLIC_SUBMODULES = (
     "tidemq.remoting.command",
     "tidemq.remoting.errors",
     "tidemq.remoting.protocol",
+    "tidemq.threads",
     "tidemq.topic_attributes",
     "tidemq.trace",
     "tidemq.trace.view",
