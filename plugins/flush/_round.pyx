@@ -132,6 +132,7 @@ cdef struct State:
     uint64_t wakes        # eventfd writes
     uint64_t wakes_saved  # rounds completed while the loop was awake (no write)
     uint64_t taken_awake  # leave() calls that took completed rounds
+    uint64_t idle_gaps[6]  # a worker's idle waits by length: <10, <25, <50, <100, <250, more µs
     double max_load       # overlap only while fsync_avg < max_load * gap_avg
     double fsync_avg      # recent fdatasync time, ns (EWMA, 1/8)
     double gap_avg        # recent time between posts, ns (EWMA, 1/8)
@@ -247,11 +248,18 @@ cdef void *_work(void *arg) noexcept nogil:
     cdef int64_t end, started, ended, start_end, pending
     cdef uint64_t seq, r, messages, one = 1
     cdef int signal
+    cdef int64_t idle_from
     pthread_setname_np(pthread_self(), "tidemq-flush")
     while True:
         pthread_mutex_lock(&s.mu)
+        idle_from = 0
         while not _may_start(s) and not (s.stop and s.req_seq == s.taken_seq):
+            if not idle_from:
+                idle_from = _now_ns()
             pthread_cond_wait(&s.cv, &s.mu)
+        if idle_from:
+            idle_from = (_now_ns() - idle_from) // 1000
+            s.idle_gaps[0 if idle_from < 10 else 1 if idle_from < 25 else 2 if idle_from < 50 else 3 if idle_from < 100 else 4 if idle_from < 250 else 5] += 1
         if s.req_seq == s.taken_seq:  # stopping, every request served
             pthread_mutex_unlock(&s.mu)
             break
@@ -591,6 +599,14 @@ cdef class RoundWorker:
         """Rounds completed while the loop was awake (between :meth:`enter` and :meth:`leave`):
         no eventfd write."""
         return self.s.wakes_saved if self.s != NULL else 0
+
+    @property
+    def idle_gaps(self) -> tuple:
+        """A worker's idle waits (no request to take) by how long they lasted: below 10, 25, 50,
+        100, 250 µs and longer."""
+        if self.s == NULL:
+            return ()
+        return tuple(self.s.idle_gaps[i] for i in range(6))
 
     @property
     def taken_awake(self) -> int:
