@@ -64,16 +64,6 @@ cdef extern from * nogil:
     """
     int tidemq_timedjoin(pthread_t, double)
 
-cdef extern from * nogil:
-    """
-    /* The loop's awake flag: set without the mutex (a stale 0 seen by a worker only costs an
-       eventfd write), cleared under it (leave(): the worker's check is under the mutex too). */
-    static inline void tidemq_store_int(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-    static inline int tidemq_load_int(int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    """
-    void tidemq_store_int(int *, int)
-    int tidemq_load_int(int *)
-
 cdef extern from "<sys/eventfd.h>" nogil:
     int eventfd(unsigned int, int)
     int EFD_NONBLOCK
@@ -127,12 +117,6 @@ cdef struct State:
     unsigned int busy_slots  # bit i: slot i's fd in use by a round
     unsigned int held_slots  # bit i: a round in slot i waits before its fdatasync (tests)
     int signalled         # the eventfd written since the loop's last drain (one write is enough)
-    int awake             # the loop is inside its window (enter() .. leave()): it looks for
-                          # completed rounds itself before it sleeps, no eventfd write needed
-    uint64_t wakes        # eventfd writes
-    uint64_t wakes_saved  # rounds completed while the loop was awake (no write)
-    uint64_t taken_awake  # leave() calls that took completed rounds
-    uint64_t idle_gaps[6]  # a worker's idle waits by length: <10, <25, <50, <100, <250, more µs
     double max_load       # overlap only while fsync_avg < max_load * gap_avg
     double fsync_avg      # recent fdatasync time, ns (EWMA, 1/8)
     double gap_avg        # recent time between posts, ns (EWMA, 1/8)
@@ -248,18 +232,11 @@ cdef void *_work(void *arg) noexcept nogil:
     cdef int64_t end, started, ended, start_end, pending
     cdef uint64_t seq, r, messages, one = 1
     cdef int signal
-    cdef int64_t idle_from
     pthread_setname_np(pthread_self(), "tidemq-flush")
     while True:
         pthread_mutex_lock(&s.mu)
-        idle_from = 0
         while not _may_start(s) and not (s.stop and s.req_seq == s.taken_seq):
-            if not idle_from:
-                idle_from = _now_ns()
             pthread_cond_wait(&s.cv, &s.mu)
-        if idle_from:
-            idle_from = (_now_ns() - idle_from) // 1000
-            s.idle_gaps[0 if idle_from < 10 else 1 if idle_from < 25 else 2 if idle_from < 50 else 3 if idle_from < 100 else 4 if idle_from < 250 else 5] += 1
         if s.req_seq == s.taken_seq:  # stopping, every request served
             pthread_mutex_unlock(&s.mu)
             break
@@ -311,16 +288,8 @@ cdef void *_work(void *arg) noexcept nogil:
             s.done_count += 1
             signal = 1
         if signal:
-            if tidemq_load_int(&s.awake):
-                # The loop is serving (enter() .. leave()): its leave(), under this mutex after
-                # this, finds the round; no eventfd write, no wake-up, no read.
-                s.wakes_saved += 1
-                signal = 0
-            else:
-                signal = not s.signalled
-                s.signalled = 1
-                if signal:
-                    s.wakes += 1
+            signal = not s.signalled
+            s.signalled = 1
         if s.stop:
             pthread_cond_broadcast(&s.cv)  # the other workers may be waiting for this one to end
         pthread_mutex_unlock(&s.mu)
@@ -328,25 +297,6 @@ cdef void *_work(void *arg) noexcept nogil:
         while signal and write(s.efd, &one, 8) < 0 and errno == EINTR:
             pass
     return NULL
-
-
-cdef list _take(State *s):
-    """Under the mutex, the GIL held: the rounds completed since the last take, as drain() returns
-    them, marked read."""
-    cdef uint64_t first, last, i
-    cdef Done d
-    out = []
-    last = s.done_count
-    first = s.read_count
-    if last - first > RING:
-        first = last - RING
-    s.read_count = last
-    i = first
-    while i < last:
-        d = s.ring[i % RING]
-        out.append((d.seq, d.end, d.err, d.ns, d.started, d.ended))
-        i += 1
-    return out
 
 
 cdef class RoundWorker:
@@ -548,70 +498,26 @@ cdef class RoundWorker:
         every earlier one completed): ``(seq, end, errno, ns, started_ns, ended_ns)``, the times
         CLOCK_MONOTONIC."""
         cdef State *s = self.s
-        cdef uint64_t value = 0
+        cdef uint64_t value = 0, first, last, i
+        cdef Done d
+        out = []
         if s == NULL:
-            return []
+            return out
         read(s.efd, &value, 8)  # non-blocking: EAGAIN when nothing was written since
         pthread_mutex_lock(&s.mu)
         s.signalled = 0
-        out = _take(s)
+        last = s.done_count
+        first = s.read_count
+        if last - first > RING:
+            first = last - RING
+        s.read_count = last
+        i = first
+        while i < last:
+            d = s.ring[i % RING]
+            out.append((d.seq, d.end, d.err, d.ns, d.started, d.ended))
+            i += 1
         pthread_mutex_unlock(&s.mu)
         return out
-
-    def enter(self) -> None:
-        """The loop starts serving (a read's first put, the reader): until :meth:`leave`, a round
-        completing does not write the eventfd; the loop must call :meth:`leave` before it can
-        sleep."""
-        if self.s != NULL:
-            tidemq_store_int(&self.s.awake, 1)
-
-    def leave(self):
-        """The loop is done serving (the end of its kick or reader): the eventfd is written again
-        for rounds completing from now on, and the rounds completed since the last drain are
-        returned as :meth:`drain` does (None when there are none).  Under the mutex: a worker
-        completing a round either saw the loop awake (its round is returned here) or sees it
-        asleep after this (it writes the eventfd): no completion is left unannounced."""
-        cdef State *s = self.s
-        cdef uint64_t value = 0
-        if s == NULL:
-            return None
-        pthread_mutex_lock(&s.mu)
-        tidemq_store_int(&s.awake, 0)
-        if s.done_count == s.read_count:
-            pthread_mutex_unlock(&s.mu)
-            return None
-        if s.signalled:
-            # Written before the loop entered: consume it, or the loop wakes for nothing.
-            read(s.efd, &value, 8)
-            s.signalled = 0
-        s.taken_awake += 1
-        out = _take(s)
-        pthread_mutex_unlock(&s.mu)
-        return out
-
-    @property
-    def wakes(self) -> int:
-        """Eventfd writes (loop wake-ups asked for by completed rounds)."""
-        return self.s.wakes if self.s != NULL else 0
-
-    @property
-    def wakes_saved(self) -> int:
-        """Rounds completed while the loop was awake (between :meth:`enter` and :meth:`leave`):
-        no eventfd write."""
-        return self.s.wakes_saved if self.s != NULL else 0
-
-    @property
-    def idle_gaps(self) -> tuple:
-        """A worker's idle waits (no request to take) by how long they lasted: below 10, 25, 50,
-        100, 250 µs and longer."""
-        if self.s == NULL:
-            return ()
-        return tuple(self.s.idle_gaps[i] for i in range(6))
-
-    @property
-    def taken_awake(self) -> int:
-        """:meth:`leave` calls that returned completed rounds."""
-        return self.s.taken_awake if self.s != NULL else 0
 
     def hold(self, int slot, bint held) -> None:
         """Tests: rounds taken into ``slot`` wait before their ``fdatasync`` while held (a real

@@ -352,11 +352,6 @@ class GroupCommitFlush:
                 open_batch = self._open[loop] = _Batch(time.monotonic() + self._timeout, completion)
                 # Runs after every callback already ready in this iteration: their puts join the batch.
                 loop.call_soon(self._kick, loop)
-                native = self._native
-                if native is not None and native.loop is loop:
-                    # Awake until the kick's end: a round completing meanwhile is answered there,
-                    # without an eventfd write and a wake-up of its own.
-                    native.worker.enter()
             open_batch.add(end_offset, fut, value, on_timeout)
             if type(fut) is StoreFuture:
                 # Not ``cast(StoreFuture[Any], fut)``: the subscript and the call cost
@@ -365,23 +360,11 @@ class GroupCommitFlush:
 
     def _kick(self, loop: AbstractEventLoop) -> None:
         """On ``loop``, after the iteration whose puts scheduled it: flush their batch here when
-        nothing else is in flight and the disk is fast (:meth:`_inline`), else hand it in; then
-        answer the compiled rounds that completed since the batch's first put (the loop was
-        awake: no eventfd was written for them)."""
-        held = False
-        try:
-            held = self._kick_batch(loop)
-        finally:
-            native = self._native
-            if not held and native is not None and native.loop is loop:
-                native.leave()
-
-    def _kick_batch(self, loop: AbstractEventLoop) -> bool:
-        """:meth:`_kick`'s batch; True when it waits one more turn (``kick_polls``)."""
+        nothing else is in flight and the disk is fast (:meth:`_inline`), else hand it in."""
         with self._lock:
             batch = self._open.get(loop)
             if batch is None:  # the reaper handed it in already
-                return False
+                return
             native = self._native
             if (
                 batch.polls < self._kick_polls
@@ -397,7 +380,7 @@ class GroupCommitFlush:
                     batch.polls += 1
                     self.kicks_held += 1
                     loop.call_soon(self._kick, loop)
-                    return True
+                    return
                 self.kicks_sparse += 1
             del self._open[loop]
             if not self._stop:
@@ -410,23 +393,22 @@ class GroupCommitFlush:
                     or batch.end - self._target.flushed_where > INLINE_MAX_BYTES  # type: ignore[union-attr]
                 ):
                     if native is not None and native.take(loop, batch):
-                        return False  # the compiled worker's round: the loop's reader answers it
+                        return  # the compiled worker's round: the loop's reader answers it
                     self._pending.append(batch)
                     self._ready = True
                     if not self._gathering or batch.end >= self._gather_to:
                         self._cond.notify()
-                    return False
+                    return
                 self._inflight = [batch]  # a round in flight: the next kicks hand theirs in
                 inline = True
             else:
                 inline = False
         if inline:
             self._inline(loop, batch)
-            return False
+            return
         target = self._target
         assert target is not None
         batch.time_out(target.flushed_where)  # stopped: shutdown() flushed everything it could
-        return False
 
     def _inline(self, loop: AbstractEventLoop, batch: _Batch) -> None:
         """The round of one loop batch, on the loop (Redis' ``appendfsync always``: fsync, then

@@ -248,25 +248,10 @@ class NativeRounds:
         self.policy.requeue(batches)
 
     def _answer(self) -> None:
-        """The loop's reader: every round completed since the last call, answered now; and those
-        completed while it answered (:meth:`leave`: no second wake-up for them)."""
-        worker = self.worker
-        worker.enter()
-        dones = worker.drain()
-        if dones:
-            self._settle(dones)
-        self.leave()
-
-    def leave(self) -> None:
-        """On the loop, at the end of what it serves (its kick, its reader): the worker writes the
-        eventfd again from now on, and the rounds completed while the loop was awake (no eventfd
-        written for them) are answered here (docs/flush.md, "Completions taken while awake")."""
-        dones = self.worker.leave()
-        if dones and not self.closed:
-            self._settle(dones)
-
-    def _settle(self, dones: list[tuple[int, int, int, int, int, int]]) -> None:
-        """Answer the completed rounds ``dones`` (from :meth:`RoundWorker.drain` or ``leave``)."""
+        """The loop's reader: every round completed since the last call, answered now."""
+        dones = self.worker.drain()
+        if not dones:
+            return
         policy = self.policy
         answered: list[tuple[list[_Batch], DirectRound | None, int]] = []
         failed: list[_Batch] = []
