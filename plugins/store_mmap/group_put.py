@@ -27,17 +27,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
+from tidemq.arrival import Waited
 from tidemq.delay import SCHEDULE_TOPIC
 from tidemq.futures import StoreFuture
 from tidemq.message import MessageInner
 from tidemq.names import InvalidNameError
-from tidemq.store import PutResult, PutStatus
+from tidemq.store import DispatchedPut, PutResult, PutStatus
 
 from .commitlog import END_FILE_MIN_BLANK_LENGTH, BatchesEncodeError, CommitLogFullError, RecordEncodeError
 from .reput import log as _reput_log
@@ -57,6 +58,56 @@ _FLUSH_DISK_TIMEOUT = PutStatus.FLUSH_DISK_TIMEOUT
 #: One planned group of a run: its place in the call, its prepared put, its consume queue (None:
 #: no entries), queue offset, offset step, tags codes and position in the file.
 _Planned = tuple[int, "_Prepared", "ConsumeQueue | None", int, int, list[int], int]
+
+
+class _Effects:
+    """A call's dispatch and arrivals done for the call, not per group (issue 38, groupdispatch).
+
+    Taken when every dispatcher of the store takes a call's puts at once
+    (:class:`tidemq.store.GroupDispatcher`: the ``hash`` index, the SQL92 bit map) and the
+    store's arrival filter is its one map (:meth:`ArrivalNotifier.waited`, or no listener): each
+    group written adds its put to :attr:`puts` and looks its arrival up in :attr:`waited` (one
+    dict lookup, no call when nobody waits on the topic); :meth:`dispatch` hands :attr:`puts` to
+    each dispatcher once, before the lock is released (so before any later put, and before the
+    arrivals are delivered: the notifier's thread takes the lock).  Each dispatcher sees the puts
+    in commit-log order, as it would one ``dispatch_batch`` per group.
+    """
+
+    __slots__ = ("calls", "puts", "waited")
+
+    def __init__(
+        self,
+        calls: list[Callable[[Sequence[DispatchedPut]], None]],
+        waited: Mapping[str, Waited] | None,
+    ) -> None:
+        self.calls = calls
+        self.waited = waited
+        self.puts: list[DispatchedPut] = []
+
+    def dispatch(self) -> None:
+        puts = self.puts
+        for call in self.calls:
+            try:
+                call(puts)
+            except Exception:
+                _reput_log.exception("dispatcher %r failed", getattr(call, "__self__", call))
+
+
+def _effects(store: MmapMessageStore) -> _Effects | None:
+    """The call's :class:`_Effects`, or None: the store dispatches nothing (no dispatcher, no
+    listener), or a dispatcher or a listener's filter wants the per-group calls."""
+    if not store._needs_dispatch:
+        return None
+    reput = store.reput
+    calls = reput.group_calls()
+    if calls is None:
+        return None
+    if not reput.listeners:
+        return _Effects(calls, None)
+    waited = reput.notifier.waited()
+    if waited is None:
+        return None
+    return _Effects(calls, waited)
 
 
 def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]) -> list[Future[PutResult]]:
@@ -205,6 +256,23 @@ def _locked(
     """The groups written under the lock: runs of groups that fit the current file, each run
     packed and written at once, then published group by group.  Returns ``(alone, stop)``: the
     first group left to ``put_messages`` one by one, and the end of the call's groups."""
+    effects = _effects(store)
+    try:
+        return _plan(store, prepared, results, placed, stop, effects)
+    finally:
+        if effects is not None and effects.puts:
+            effects.dispatch()
+
+
+def _plan(
+    store: MmapMessageStore,
+    prepared: list[PutResult | _Prepared],
+    results: list[PutResult | None],
+    placed: list[tuple[int, Any, bool, int, list[int]] | None],
+    stop: int,
+    effects: _Effects | None,
+) -> tuple[int, int]:
+    """:func:`_locked`'s work (the dispatch of ``effects`` is left to it)."""
     commitlog = store.commitlog
     cqs = store.cqs
     reput = store.reput
@@ -229,7 +297,7 @@ def _locked(
             cq = cqs.for_write(topic, queue_id) if consumable else None
             if mf is None or pos + total + END_FILE_MIN_BLANK_LENGTH > mf.file_size:
                 if run:
-                    done = _write_run(store, mf, run, results, placed, ts)
+                    done = _write_run(store, mf, run, results, placed, ts, effects)
                     run = []
                     if done >= 0:
                         return done, stop
@@ -237,14 +305,14 @@ def _locked(
                 pos = mf.wrote_position
         except (CommitLogFullError, InvalidNameError) as exc:
             if run:
-                done = _write_run(store, mf, run, results, placed, ts)
+                done = _write_run(store, mf, run, results, placed, ts, effects)
                 if done >= 0:
                     return done, stop
             results[k] = store._illegal(str(exc))
             return k + 1, k + 1
         except OSError as exc:
             if run:
-                done = _write_run(store, mf, run, results, placed, ts)
+                done = _write_run(store, mf, run, results, placed, ts, effects)
                 if done >= 0:
                     return done, stop
             results[k] = store.cleaner.create_failed(exc)
@@ -264,7 +332,7 @@ def _locked(
         pos += total
         k += 1
     if run:
-        done = _write_run(store, mf, run, results, placed, ts)
+        done = _write_run(store, mf, run, results, placed, ts, effects)
         if done >= 0:
             return done, stop
     return stop, stop
@@ -277,6 +345,7 @@ def _write_run(
     results: list[PutResult | None],
     placed: list[tuple[int, Any, bool, int, list[int]] | None],
     ts: int,
+    effects: _Effects | None,
 ) -> int:
     """Write ``run``'s records (one write) and publish its groups in order; -1 when all went
     well, else the first group left to ``put_messages`` (a group refused while packing is the
@@ -298,7 +367,7 @@ def _write_run(
         # refused, and the call ends after it (a one-message refusal).
         bad = run[exc.index][0]
         if exc.index > 0:
-            done = _write_run(store, mf, run[: exc.index], results, placed, ts)
+            done = _write_run(store, mf, run[: exc.index], results, placed, ts, effects)
             if done >= 0:
                 return done
         results[bad] = store._illegal(str(exc))
@@ -310,10 +379,12 @@ def _write_run(
         return run[0][0] + 1
     cqs = store.cqs
     reput = store.reput
-    dispatch = store._needs_dispatch
+    dispatch = store._needs_dispatch and effects is None
     # Reput.dispatch's calls, made here for each group (one call fewer per group).
     calls = reput.batch_calls() if dispatch else None
     arrived = reput.notifier.arrived if dispatch and reput.listeners else None
+    puts = effects.puts if effects is not None else None
+    waited = effects.waited if effects is not None else None
     base0 = mf.file_from_offset
     for i, (k, p, cq, queue_offset, _step, tags, start) in enumerate(run):
         msgs, batch, compiled, topic, queue_id, _consumable = p
@@ -338,7 +409,23 @@ def _write_run(
         reput.reput_from = base + total
         if cq is not None:
             cqs.last_entry_ts = ts
-        if dispatch:
+        if puts is not None:
+            # The call's effects (_Effects): this put joins the call's dispatch, its arrival is
+            # looked up in the store's one map of waited-on queues.
+            if compiled:
+                properties, sys_flags = batch.properties, batch.sys_flags
+            else:
+                properties = [m.properties for m in msgs]
+                sys_flags = [m.sys_flag for m in msgs]
+            if cq is not None:
+                puts.append((topic, queue_id, properties, offsets, sizes, tags, ts, queue_offset, sys_flags))
+                if waited is not None:
+                    w = waited.get(topic)
+                    if w is not None and (w is True or queue_id in w):
+                        reput.notifier.note(topic, queue_id, queue_offset + len(offsets))
+            else:
+                puts.append((topic, queue_id, properties, offsets, sizes, tags, ts, -1, sys_flags))
+        elif dispatch:
             if compiled and calls is not None:
                 properties, sys_flags = batch.properties, batch.sys_flags
                 first_offset = queue_offset if cq is not None else -1
