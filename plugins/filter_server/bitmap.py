@@ -240,6 +240,8 @@ class FilterBitMap:
         """A store call's puts at once (a GroupDispatcher): :meth:`dispatch_batch` for each put
         of a topic a SQL92 filter watches, nothing for the others (issue 38, groupdispatch)."""
         active = self._active
+        if not active:  # no SQL92 filter registered: the usual broker
+            return
         for put in puts:
             if put[0] in active:
                 self.dispatch_batch(*put)

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -140,22 +140,23 @@ def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
                 results[k] = store._illegal("the store is not running", PutStatus.SERVICE_NOT_AVAILABLE)
         else:
             alone, stop = _locked(store, prepared, results, placed, stop)
-    out: list[Future[PutResult]] = []
     encoder = store._encoder
-    fresh: list[PutResult] = []  # the groups written, each resolved once durable
+    put_result = getattr(encoder, "put_result", None)  # the compiled encoder's
+    done: list[PutResult] = []  # the call's groups up to the last written or refused, in order
+    last: PutResult | None = None  # the last group written
     for k in range(min(alone, stop)):
         where = placed[k]
         if where is None:
             result = results[k]
             assert result is not None
-            out.append(StoreFuture.completed(result))
+            done.append(result)
             if result.status in STOPS:  # refused while packing: the call ends after it
                 alone = stop = k + 1
                 break
             continue
         queue_offset, batch, compiled, ts, offsets = where
-        if compiled:
-            result = cast(Any, encoder).put_result(PutResult, _PUT_OK, batch, queue_offset, ts)
+        if compiled and put_result is not None:
+            result = put_result(PutResult, _PUT_OK, batch, queue_offset, ts)
         else:
             result = PutResult(
                 _PUT_OK,
@@ -166,10 +167,12 @@ def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
                 store_timestamp=ts,
                 message_count=len(offsets),
             )
-        fresh.append(result)
-        out.append(cast("Future[PutResult]", result))  # replaced by its future below
-    if fresh:
-        _hand_to_flush(store, out, fresh)
+        done.append(result)
+        last = result
+    completed = StoreFuture.completed
+    out: list[Future[PutResult]] = (
+        _hand_to_flush(store, done, last) if last is not None else [completed(r) for r in done]
+    )
     for k in range(alone, stop):
         fut = store.put_messages(groups[k])
         out.append(fut)
@@ -178,21 +181,24 @@ def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
     return out
 
 
-def _hand_to_flush(store: MmapMessageStore, out: list[Any], fresh: list[PutResult]) -> None:
-    """Replace each of ``fresh`` in ``out`` by its future, resolved once its group is durable.
+def _hand_to_flush(
+    store: MmapMessageStore, done: list[PutResult], last: PutResult
+) -> list[Future[PutResult]]:
+    """A future for each of ``done`` (the call's results in order: the groups written, status
+    ``PUT_OK``, are resolved once durable; the refusals at once).
 
     A policy that flushes in rounds (group commit) gets each group's future, as it gets each
     put's: its rounds gather futures (and the read lane answers a read with its round).  Any other
-    policy is asked once, for the call's end (every group's bytes lie before it): the groups'
-    futures are resolved with its answer, at once when it answers at once (async flush).
+    policy is asked once, for the end of ``last`` (the call's last group written: every group's
+    bytes lie before it): the groups' futures are resolved with its answer, at once when it answers
+    at once (async flush).
     """
     submit = store._flush_submit
+    completed = StoreFuture.completed
     if store._flush_rounds:
-        for i, item in enumerate(out):
-            if type(item) is PutResult and item.status is _PUT_OK:
-                out[i] = _durable(store, submit, StoreFuture(), item)
-        return
-    last = fresh[-1]
+        return [
+            _durable(store, submit, StoreFuture(), r) if r.status is _PUT_OK else completed(r) for r in done
+        ]
     end = last.wrote_offset + last.wrote_bytes
     flushed: Future[bool]
     if submit is not None:
@@ -201,24 +207,28 @@ def _hand_to_flush(store: MmapMessageStore, out: list[Any], fresh: list[PutResul
     else:
         flushed = store.flush_policy.request(end)
     if flushed.done():
-        ok = not flushed.cancelled() and flushed.exception() is None and flushed.result()
-        for i, item in enumerate(out):
-            if type(item) is PutResult and item.status is _PUT_OK:
-                out[i] = StoreFuture.completed(item if ok else attrs.evolve(item, status=_FLUSH_DISK_TIMEOUT))
-        return
+        if not flushed.cancelled() and flushed.exception() is None and flushed.result():
+            return [completed(r) for r in done]
+        return [
+            completed(attrs.evolve(r, status=_FLUSH_DISK_TIMEOUT) if r.status is _PUT_OK else r) for r in done
+        ]
+    out: list[Future[PutResult]] = []
     pending: list[tuple[StoreFuture[PutResult], PutResult]] = []
-    for i, item in enumerate(out):
-        if type(item) is PutResult and item.status is _PUT_OK:
+    for r in done:
+        if r.status is _PUT_OK:
             fut: StoreFuture[PutResult] = StoreFuture()
-            out[i] = fut
-            pending.append((fut, item))
+            out.append(fut)
+            pending.append((fut, r))
+        else:
+            out.append(completed(r))
 
-    def done(f: Future[bool]) -> None:
+    def resolve(f: Future[bool]) -> None:
         ok = not f.cancelled() and f.exception() is None and f.result()
         for fut, result in pending:
             fut.set_result(result if ok else attrs.evolve(result, status=_FLUSH_DISK_TIMEOUT))
 
-    flushed.add_done_callback(done)
+    flushed.add_done_callback(resolve)
+    return out
 
 
 def _not_durable() -> bool:
@@ -290,7 +300,7 @@ def _plan(
             results[k] = p
             k += 1
             continue
-        prep = cast("_Prepared", p)
+        prep: _Prepared = p
         msgs, batch, _compiled, topic, queue_id, consumable = prep
         total = batch.total
         try:
