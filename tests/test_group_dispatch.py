@@ -428,3 +428,23 @@ async def test_a_call_wakes_the_schedule_and_the_timer(broker: Any) -> None:
         await asyncio.sleep(0.01)
     assert (SCHEDULE_TOPIC, 1) in delivered and (TIMER_TOPIC, 0) in delivered
     assert (TOPIC, 0) not in delivered
+
+
+def test_a_store_without_the_map_still_wakes_held_pulls_and_pops(tmp_path: Path) -> None:
+    """The memory store has no ArrivalInterests: the services pass their own filters, as before."""
+
+    async def main() -> None:
+        async with running_broker(tmp_path, {"store": "memory"}, auto_create_topic=True) as broker:
+            store = broker.store
+            assert arrival_interest(store) is None
+            max_offset = store.get_max_offset_in_queue(TOPIC, 1)
+            pull = asyncio.ensure_future(broker.hold.wait(TOPIC, 1, max_offset, 10.0))
+            pop = asyncio.ensure_future(broker.pop.waiters.wait([TOPIC], 10.0))
+            await asyncio.sleep(0.01)
+            assert broker.hold.is_waited_on(TOPIC, 1) and broker.pop.waiters.is_waited_on(TOPIC, 0)
+            for group in _groups_to([(TOPIC, 0), (TOPIC, 1)], "m"):
+                store.put_messages(group)
+            assert await asyncio.wait_for(pull, 5) is True
+            assert await asyncio.wait_for(pop, 5) is True
+
+    asyncio.run(main())
