@@ -98,6 +98,8 @@ __all__ = [
     "Dispatcher",  # store
     "BatchDispatcher",
     "GroupDispatcher",
+    "DispatchedPut",
+    "takes_groups",
     "MessageStore",
     "RawCommitLogStore",
     "StoreIntrospection",
@@ -279,6 +281,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "BatchDispatcher",
         "Dispatcher",
         "DispatchRequest",
+        "DispatchedPut",
         "GroupDispatcher",
         "GetResult",
         "GetStatus",
@@ -300,6 +303,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "dispatch_messages",
         "group_put",
         "store_introspection",
+        "takes_groups",
     ),
     "tidemq.transport": (
         "BatchedProcessor",
@@ -411,6 +415,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         ArrivalInterests,
         ArrivalNotifier,
         BatchDispatcher,
+        DispatchedPut,
         Dispatcher,
         DispatchRequest,
         GetResult,
@@ -434,6 +439,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         dispatch_messages,
         group_put,
         store_introspection,
+        takes_groups,
     )
     from tidemq.transport import (
         BatchedProcessor,

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from tidemq.arrival import Waited
 from tidemq.delay import SCHEDULE_TOPIC
 from tidemq.futures import StoreFuture
 from tidemq.message import MessageInner
@@ -78,7 +77,7 @@ class _Effects:
     def __init__(
         self,
         calls: list[Callable[[Sequence[DispatchedPut]], None]],
-        waited: Mapping[str, Waited] | None,
+        waited: Mapping[str, Any] | None,
     ) -> None:
         self.calls = calls
         self.waited = waited
@@ -296,11 +295,11 @@ def _plan(
     k = 0
     while k < stop:
         p = prepared[k]
-        if type(p) is PutResult:
+        if isinstance(p, PutResult):
             results[k] = p
             k += 1
             continue
-        prep: _Prepared = p
+        prep = p
         msgs, batch, _compiled, topic, queue_id, consumable = prep
         total = batch.total
         try:

@@ -15,7 +15,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tidemq.delay import SCHEDULE_TOPIC, schedule_tags_code
 from tidemq.message import (
@@ -31,6 +31,7 @@ from tidemq.store import (
     BatchDispatcher,
     DispatchedPut,
     Dispatcher,
+    GroupDispatcher,
     dispatch_messages,
     takes_groups,
 )
@@ -60,11 +61,11 @@ def _batch_calls(dispatchers: Sequence[Dispatcher]) -> list[Callable[..., None]]
 
 def _group_calls(dispatchers: Sequence[Dispatcher]) -> list[Callable[[Sequence[DispatchedPut]], None]] | None:
     """The dispatchers' ``dispatch_groups`` methods, or None when one of them has none."""
-    calls = []
+    calls: list[Callable[[Sequence[DispatchedPut]], None]] = []
     for d in dispatchers:
         if not takes_groups(d):
             return None
-        calls.append(d.dispatch_groups)
+        calls.append(cast(GroupDispatcher, d).dispatch_groups)
     return calls
 
 
