@@ -448,3 +448,26 @@ def test_a_store_without_the_map_still_wakes_held_pulls_and_pops(tmp_path: Path)
             assert await asyncio.wait_for(pop, 5) is True
 
     asyncio.run(main())
+
+
+class Failing(GroupRecorder):
+    def dispatch_groups(self, puts: Sequence[Any]) -> None:
+        raise RuntimeError("injected")
+
+
+def test_a_failing_group_dispatcher_is_logged_and_the_puts_stand(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    side = Side(tmp_path, "failing")
+    try:
+        after = GroupRecorder()
+        side.store.reput.dispatchers.insert(0, Failing())
+        side.store.add_dispatcher(after)
+        groups = _groups_to([(TOPICS[0], 0), (TOPICS[0], 1)], "f")
+        results = [f.result(10) for f in side.store.put_message_groups(groups)]
+        assert all(r.ok for r in results)
+        assert "dispatcher" in caplog.text and "injected" in caplog.text
+        assert [p[:2] for p in after.puts] == [(TOPICS[0], 0), (TOPICS[0], 1)]  # the next one still called
+        assert after.calls == 1
+    finally:
+        side.close()

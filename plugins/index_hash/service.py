@@ -8,7 +8,9 @@ of candidates; :func:`tidemq.index.query_messages` then drops hash collisions.
 Off the put path (RocketMQ builds the index in its reput service).  The store hands each put to
 :meth:`HashIndex.dispatch_batch` (:class:`tidemq.store.BatchDispatcher`) under its lock; that
 appends the batch's columns to an in-memory queue and returns, so the put path pays a deque
-append per batch and no lock (the store's lock serialises its calls).  A put whose messages carry
+append per batch and no lock (the store's lock serialises its calls); a store call of several
+puts (the mmap store's group put) comes as one :meth:`HashIndex.dispatch_groups`, one
+``deque.extend`` of the same entries.  A put whose messages carry
 no key at all (POP revive and checkpoint records, most system topics) is not queued: it only
 notes its store time, which the checkpoint may cover once everything queued before it is indexed.
 The index thread (``hash-index``, started by the first batch) is woken from idle by the first

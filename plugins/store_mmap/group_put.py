@@ -7,7 +7,10 @@ touches.  :func:`put_groups` does the same for all of a read's groups at once: e
 prepared outside the lock as ``put_messages`` prepares it (:meth:`MmapMessageStore._prepare`),
 then, under one hold of the lock and with one store timestamp, the groups that fit the current
 file are packed back to back and written with one ``pwrite`` (:meth:`CommitLog.append_batches`),
-and each group gets, in order, its consume-queue entries, its dispatch and its arrival.
+and each group gets, in order, its consume-queue entries, its dispatch and its arrival.  When
+every dispatcher takes a call's puts at once and the store's arrival filter is its one map
+(:class:`_Effects`; groupdispatch), the call's puts go to each dispatcher in one call before the
+lock is released, and each group's arrival is one lookup in the map.
 
 Each group's records, queue offsets, message ids, consume-queue and index entries and
 :class:`~tidemq.store.PutResult` are what ``put_messages`` of the groups one after the other gives
