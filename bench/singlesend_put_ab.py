@@ -2,7 +2,7 @@
 or the store's one-call put of a read's groups against one put per group (session 12, putmany).
 
     .venv/bin/python bench/singlesend_put_ab.py [--reads 2000] [--per-read 27] [--queues 1 8]
-        [--ab compiled|groups]
+        [--ab compiled|groups|dispatch]
 
 A real broker (default plugins, ``mmap`` store, async flush) in process; per read of
 ``--per-read`` SEND_MESSAGE_V2 frames round-robin over ``--queues`` queues (compare.py's
@@ -11,7 +11,11 @@ then timed: ``put_sends`` + ``settled_many`` (A: the compiled put, the outcome r
 futures' slots) or ``SendService.put`` + ``settle_sends`` with the Python ``_put_outcome`` (B: the
 code before).  With ``--ab groups`` both use the compiled put and settlement; A puts a read's
 groups with the store's ``put_message_groups`` (:class:`tidemq.store.GroupPut`, one call), B with
-one ``put_messages`` per group (the capability hidden).  A and B alternate read by read; the figures are the minimum, the 10th percentile
+one ``put_messages`` per group (the capability hidden).  With ``--ab dispatch`` both put with
+one call; A dispatches the call's puts at once (:class:`tidemq.store.GroupDispatcher`) and looks
+arrivals up in the store's one map (:class:`tidemq.store.ArrivalInterest`), B gets the broker's
+four arrival filters back as callables, so the store dispatches and notes arrivals group by group
+as in session 12 (groupdispatch).  A and B alternate read by read; the figures are the minimum, the 10th percentile
 and the median of µs per read (the minimum is what a loaded machine disturbs least).  Also the
 minimum ns per frame of ``take_frames`` and ``prepare_frames`` over ten such reads in cache.
 
@@ -30,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tidemq.broker.timer.properties import TIMER_TOPIC
+from tidemq.delay import SCHEDULE_TOPIC
 from tidemq.remoting.protocol import TopicConfig
 from tidemq.testing.pytest_plugin import running_broker
 
@@ -57,7 +63,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             store_cls = type(broker.store)
             store_module.group_put(broker.store)  # fills the capability cache
             groups_ab = args.ab == "groups"
-            a, b = ("groups", "per_group") if groups_ab else ("compiled", "python")
+            dispatch_ab = args.ab == "dispatch"
+            a, b = {
+                "groups": ("groups", "per_group"),
+                "dispatch": ("call_dispatch", "group_dispatch"),
+                "compiled": ("compiled", "python"),
+            }[args.ab]
+            notifier = broker.store.notifier
+            # B of --ab dispatch: the four services' filters asked per arrival, as before
+            # groupdispatch (the store's map is then not authoritative: the call's effects are off,
+            # each group gets dispatch_batch and ArrivalNotifier.arrived as in session 12).
+            filters = [
+                broker.hold.is_waited_on,
+                broker.pop.waiters.is_waited_on,
+                lambda t, q: t == SCHEDULE_TOPIC,
+                lambda t, q: t == TIMER_TOPIC,
+            ]
             for queues in args.queues:
                 frames = Frames(queues, args.body)
                 times: dict[str, list[int]] = {a: [], b: []}
@@ -65,6 +86,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     for mode in (a, b) if i % 2 else (b, a):
                         if groups_ab:
                             store_module._GROUP_PUT[store_cls] = mode == a
+                        if dispatch_ab:
+                            notifier._interest = [] if mode == a else filters
                         taken, _ = entry._take(frames.read(args.per_read), 1 << 24)
                         sends = entry._prepare_frames(
                             taken,
@@ -100,6 +123,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     row[b]["median_us_per_read"] - row[a]["median_us_per_read"], 2
                 )
                 store_module._GROUP_PUT[store_cls] = True
+                notifier._interest = []
                 # The lane's other stages on the same kind of reads, in cache (minimum per frame).
                 reads = [frames.read(args.per_read) for _ in range(10)]
                 taken_all = [entry._take(r, 1 << 24)[0] for r in reads]
@@ -144,10 +168,11 @@ def main() -> None:
     ap.add_argument("--body", type=int, default=1024)
     ap.add_argument(
         "--ab",
-        choices=("compiled", "groups"),
+        choices=("compiled", "groups", "dispatch"),
         default="compiled",
         help="compiled: the compiled put against SendService.put; groups: the store's one-call put "
-        "against one put per group",
+        "against one put per group; dispatch: a call's puts dispatched at once and its arrivals looked "
+        "up in the store's one map (groupdispatch) against dispatch_batch and four filters per group",
     )
     args = ap.parse_args()
     try:

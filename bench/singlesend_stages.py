@@ -1,7 +1,7 @@
 """Broker CPU per single send by stage of the compiled read lane, in process (issue 38, session 11).
 
     .venv/bin/python bench/singlesend_stages.py [--per-read 27] [--queues 8] [--reads 3000]
-        [--repeats 5] [--body 1024] [--ab | --ab-groups]
+        [--repeats 5] [--body 1024] [--ab | --ab-groups | --ab-dispatch]
 
 A real broker (default plugins, ``mmap`` store, async flush, data in a temporary directory) and
 reads of ``--per-read`` SEND_MESSAGE_V2 frames, round-robin over ``--queues`` queues, as
@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tidemq.broker.timer.properties import TIMER_TOPIC
+from tidemq.delay import SCHEDULE_TOPIC
 from tidemq.remoting import RemotingCommand
 from tidemq.remoting.codec import encode_bytes
 from tidemq.remoting.codes import RequestCode
@@ -116,12 +118,30 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             sends_total = args.reads * args.per_read
             store_cls = type(broker.store)
             store_module.group_put(broker.store)  # fills the capability cache
-            paired = args.ab or args.ab_groups
+            paired = args.ab or args.ab_groups or args.ab_dispatch
+            notifier = broker.store.notifier
+            # B of --ab-dispatch: the broker's four arrival filters asked per group as callables
+            # (the store's map is then not authoritative: dispatch_batch and arrived per group, as
+            # in session 12; groupdispatch).
+            filters = [
+                broker.hold.is_waited_on,
+                broker.pop.waiters.is_waited_on,
+                lambda t, q: t == SCHEDULE_TOPIC,
+                lambda t, q: t == TIMER_TOPIC,
+            ]
+
+            def set_a(on: bool) -> None:
+                """A (on) or B of --ab-groups / --ab-dispatch."""
+                if args.ab_dispatch:
+                    notifier._interest = [] if on else filters
+                else:
+                    store_module._GROUP_PUT[store_cls] = on
+
             for r in range(args.repeats):
                 order = [True, False] if r % 2 == 0 else [False, True]
                 for compiled in order if paired else [True]:
-                    if args.ab_groups:  # B: one put_messages per group (the capability hidden)
-                        store_module._GROUP_PUT[store_cls] = compiled
+                    if args.ab_groups or args.ab_dispatch:  # B: one put per group / per-group effects
+                        set_a(compiled)
                     else:
                         lanes._put_sends = put_sends if compiled else None
                     reads = [frames.read(args.per_read) for _ in range(args.reads)]
@@ -131,17 +151,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         await asyncio.sleep(0)
                     (whole if compiled else whole_b).append((time.process_time_ns() - t0) / sends_total)
                 lanes._put_sends = put_sends
-                if args.ab_groups:
+                if args.ab_groups or args.ab_dispatch:
                     # The loop thread's CPU per read, A and B alternating read by read (a loaded
                     # machine disturbs both alike; the minimum and low percentiles least).
                     reads = [frames.read(args.per_read) for _ in range(args.reads)]
                     for i, data in enumerate(reads):
                         group_put_on = (i + r) % 2 == 0
-                        store_module._GROUP_PUT[store_cls] = group_put_on
+                        set_a(group_put_on)
                         t0 = time.thread_time_ns()
                         conn.data_received(data)
                         await asyncio.sleep(0)
                         (paired_a if group_put_on else paired_b).append(time.thread_time_ns() - t0)
+                set_a(True)
                 store_module._GROUP_PUT[store_cls] = True
                 reads = [frames.read(args.per_read) for _ in range(args.reads)]
                 acc = dict.fromkeys(STAGES, 0)
@@ -203,7 +224,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "reads": args.reads,
         "whole_cpu_ns_per_send": round(statistics.median(whole)),
         "whole_rounds": [round(x) for x in whole],
-        "ab": "groups" if args.ab_groups else args.ab,
+        "ab": "groups" if args.ab_groups else "dispatch" if args.ab_dispatch else args.ab,
         "whole_b_cpu_ns_per_send": round(statistics.median(whole_b)) if whole_b else None,
         "whole_b_rounds": [round(x) for x in whole_b],
         "stage_wall_ns_per_send": {n: round(statistics.median(v)) for n, v in stages.items()},
@@ -230,6 +251,12 @@ def main() -> None:
         help="each round's whole pass also with one store put per group (B: the store's "
         "put_message_groups hidden), alternating; plus a pass alternating A and B read by read, "
         "the loop thread's CPU per read (paired_reads)",
+    )
+    ap.add_argument(
+        "--ab-dispatch",
+        action="store_true",
+        help="as --ab-groups, B: the store's call without its call-level effects (dispatch_batch "
+        "and the four arrival filters per group, as before groupdispatch)",
     )
     args = ap.parse_args()
     try:

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import enum
 import logging
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol, TypeGuard, cast, runtime_checkable
 
 import attrs
 
+from tidemq.arrival import ARRIVAL_ROUND_S as ARRIVAL_ROUND_S  # re-exported: store plugins' helpers
+from tidemq.arrival import ArrivalInterest as ArrivalInterest
+from tidemq.arrival import ArrivalInterests as ArrivalInterests
+from tidemq.arrival import ArrivalNotifier as ArrivalNotifier
+from tidemq.arrival import arrival_interest as arrival_interest
 from tidemq.filter import MessageFilter
 from tidemq.message import MessageInner, Prop
-from tidemq.threads import name_this_thread
 
 if TYPE_CHECKING:
     from tidemq.broker.services.put import Send
@@ -28,9 +30,6 @@ if TYPE_CHECKING:
     from tidemq.remoting.command import RemotingCommand
 
 log = logging.getLogger(__name__)
-
-#: Shortest time between two rounds of arrival listeners (long-polling wake-ups) under load.
-ARRIVAL_ROUND_S = 0.001
 
 
 class PutStatus(enum.Enum):
@@ -212,6 +211,55 @@ class BatchDispatcher(Protocol):
         """
 
 
+#: One put as :meth:`BatchDispatcher.dispatch_batch` takes it: ``(topic, queue_id, properties,
+#: commit_log_offsets, sizes, tags_codes, store_timestamp, queue_offset, sys_flags)``.
+DispatchedPut = tuple[
+    str,
+    int,
+    Sequence[Mapping[str, str]],
+    Sequence[int],
+    Sequence[int],
+    Sequence[int],
+    int,
+    int,
+    Sequence[int],
+]
+
+
+@runtime_checkable
+class GroupDispatcher(BatchDispatcher, Protocol):
+    """A batch dispatcher that also takes the puts of one store call at once (optional; issue 38,
+    groupdispatch).
+
+    Who calls it: a store that puts several groups in one call (:class:`GroupPut`; the ``mmap``
+    store), once per call and dispatcher, with the call's puts in commit-log order, under the
+    store's lock, instead of one :meth:`~BatchDispatcher.dispatch_batch` per put; only when every
+    dispatcher of the store has it (else each gets ``dispatch_batch`` per put, as before).  The
+    same rules as ``dispatch_batch``: no I/O, no waiting, no store call; an exception is logged and
+    the puts stand.  ``dispatch_groups(puts)`` must leave the dispatcher as the calls
+    ``dispatch_batch(*put)`` for each put in order would.  The ``hash`` index and the SQL92 bit map
+    have it.
+    """
+
+    def dispatch_groups(self, puts: Sequence[DispatchedPut]) -> None:
+        """The puts of one store call, each ``dispatch_batch``'s arguments, in commit-log order."""
+
+
+def takes_groups(dispatcher: object) -> bool:
+    """Whether ``dispatcher``'s class has :meth:`GroupDispatcher.dispatch_groups` (cached per class)."""
+    cls = type(dispatcher)
+    capable = _GROUP_CAPABLE.get(cls)
+    if capable is None:
+        capable = _GROUP_CAPABLE[cls] = callable(getattr(cls, "dispatch_groups", None)) and _takes_batches(
+            dispatcher
+        )
+    return capable
+
+
+#: Per dispatcher class: whether it implements :class:`GroupDispatcher`.
+_GROUP_CAPABLE: dict[type, bool] = {}
+
+
 #: Per dispatcher class: whether it implements :class:`BatchDispatcher` (isinstance on a
 #: runtime-checkable Protocol costs microseconds; dispatch_messages runs once per put).
 _BATCH_CAPABLE: dict[type, bool] = {}
@@ -296,105 +344,6 @@ def dispatch_messages(
                 d.dispatch(req)
             except Exception:
                 log.exception("dispatcher %r failed", d)
-
-
-class ArrivalNotifier:
-    """Runs arrival listeners on a thread of the store's own, coalesced per queue.
-
-    RocketMQ's ReputMessageService hands each dispatched message to its MessageArrivingListener
-    (the broker's long polling).  Here the writer notes ``(topic, queue id) -> readable max offset``
-    with :meth:`arrived` while it holds the store's lock, and this thread calls the listeners in
-    rounds: under load many puts share one wake-up instead of one GIL hand-off each.  Shared by
-    the store plugins so held pulls wake the same way whichever store is configured.
-    """
-
-    def __init__(self, lock: threading.Lock, name: str = "store-dispatch") -> None:
-        self.listeners: list[Callable[[str, int, int], None]] = []
-        # Which queues some listener cares about; None once a listener cares about every queue.
-        self._interest: list[Callable[[str, int], bool]] | None = []
-        # The store's lock: writers call arrived() with it held, so the swap below takes it too
-        # (no second lock on the put path).
-        self._lock = lock
-        self._name = name
-        self._arrivals: dict[tuple[str, int], int] = {}
-        self._event = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def add_listener(
-        self,
-        listener: Callable[[str, int, int], None],
-        interested: Callable[[str, int], bool] | None = None,
-    ) -> None:
-        """Call ``listener`` after arrivals; with ``interested``, only for queues it answers True for.
-
-        ``interested(topic, queue_id)`` runs in the writer (the store's lock held), so it must be
-        cheap and must not block: a dict lookup.  The listener has to cope with a queue it became
-        interested in just after an arrival (the broker's long polling re-reads the max offset once
-        it has registered a held pull).
-        """
-        self.listeners.append(listener)
-        if interested is None:
-            self._interest = None
-        elif self._interest is not None:
-            self._interest.append(interested)
-
-    def arrived(self, topic: str, queue_id: int, max_offset: int) -> None:
-        """Note that ``topic``/``queue_id`` is readable up to ``max_offset`` (the store's lock held).
-
-        Wakes the thread only when it has nothing pending: under load many puts share one wake-up.
-        An arrival no listener is interested in is dropped here: a producer writing to queues no
-        pull waits on costs no wake-up of this thread at all (a profile of batched produce put 11 %
-        of the broker's CPU in these rounds, mostly thread switches).
-        """
-        interest = self._interest
-        if interest is not None:
-            for wants in interest:
-                if wants(topic, queue_id):
-                    break
-            else:
-                return
-        if not self._arrivals:
-            self._event.set()
-        self._arrivals[(topic, queue_id)] = max_offset
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout: float = 30) -> None:
-        """Deliver what is pending, then end the thread."""
-        self._stop.set()
-        self._event.set()
-        if self._thread is not None:
-            self._thread.join(timeout=timeout)
-            self._thread = None
-
-    def _run(self) -> None:
-        """Rounds start at most every ARRIVAL_ROUND_S (RocketMQ's reput service also sleeps 1 ms a
-        round): a long-polling pull waits at most that much longer, and a busy store wakes this
-        thread a thousand times a second at most rather than once per put.
-        """
-        name_this_thread()
-        last_round = 0.0
-        while True:
-            self._event.wait()
-            pause = last_round + ARRIVAL_ROUND_S - time.monotonic()
-            if pause > 0 and not self._stop.is_set():
-                time.sleep(pause)
-            with self._lock:
-                arrived, self._arrivals = self._arrivals, {}
-                self._event.clear()
-            for (topic, qid), max_offset in arrived.items():
-                for listener in self.listeners:
-                    try:
-                        listener(topic, qid, max_offset)
-                    except Exception:
-                        log.exception("arrival listener %r failed", listener)
-            last_round = time.monotonic()
-            if self._stop.is_set():
-                return
 
 
 @runtime_checkable

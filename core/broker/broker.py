@@ -217,7 +217,7 @@ class Broker:
             bounded=bound.active,
         )
         bound.bind(loop, self.hold.recheck, self.hold.has_waiters)
-        self.store.add_arrival_listener(self.hold.notify_arrival, self.hold.is_waited_on)
+        self.hold.listen(self.store)
         self.schedule.load()
         self.schedule.attach(loop)
         self.pop.attach(loop)  # replays the POP journal; arrivals wake held pops

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from tidemq.store import ArrivalInterest, MessageStore, arrival_interest
 from tidemq.transport import Connection
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,24 @@ class PullRequestHoldService:
         # Held pulls by connection: released when it closes (nobody is left to answer).
         self._by_conn: dict[Any, set[asyncio.Future[bool]]] = {}
         self._stopped = False
+        #: The store's one map of waited-on queues (:meth:`listen`), when it has one.
+        self._interest: ArrivalInterest | None = None
+
+    def listen(self, store: MessageStore) -> None:
+        """Register as ``store``'s arrival listener (before any pull is held).
+
+        A store with one map of waited-on queues (:func:`tidemq.store.arrival_interest`) gets
+        each held queue registered there (one lookup per put for all the broker's listeners);
+        another store asks :meth:`is_waited_on` per arrival, as before.
+        """
+        shared = arrival_interest(store)
+        if shared is None:
+            store.add_arrival_listener(self.notify_arrival, self.is_waited_on)
+            return
+        for topic, queue_id in list(self._waiters):
+            shared.watch_queue(topic, queue_id)
+        self._interest = shared
+        store.add_arrival_listener(self.notify_arrival, shared)
 
     @property
     def waiting(self) -> int:
@@ -66,7 +85,12 @@ class PullRequestHoldService:
         key = (topic, queue_id)
         fut: asyncio.Future[bool] = self._loop.create_future()
         entry = (offset, fut)
-        self._waiters.setdefault(key, []).append(entry)
+        queued = self._waiters.get(key)
+        if queued is None:
+            queued = self._waiters[key] = []
+            if self._interest is not None:  # before the max offset's re-read below
+                self._interest.watch_queue(topic, queue_id)
+        queued.append(entry)
         if conn is not None:
             held = self._by_conn.get(conn)
             if held is None:
@@ -94,7 +118,9 @@ class PullRequestHoldService:
                 except ValueError:
                     pass
                 if not waiters:
-                    self._waiters.pop(key, None)
+                    del self._waiters[key]
+                    if self._interest is not None:
+                        self._interest.unwatch_queue(topic, queue_id)
 
     def is_waited_on(self, topic: str, queue_id: int) -> bool:
         """Whether a pull is held on the queue: the store's arrival filter (any thread; no lock).

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from tidemq.arrival import listen_to_topic
 from tidemq.delay import (
     SCHEDULE_TOPIC,
     delay_level_in,
@@ -141,7 +142,7 @@ class ScheduleMessageService:
         """Listen for arrivals in the schedule queues (call before the store starts)."""
         self._loop = loop
         self._events = [asyncio.Event() for _ in self.levels]
-        self.store.add_arrival_listener(self._on_arrival, _is_schedule_queue)
+        listen_to_topic(self.store, self._on_arrival, SCHEDULE_TOPIC, _is_schedule_queue)
         bound = self.broker.read_bound
         if bound.active:
             bound.bind(loop, self._confirmed, lambda: bool(self._held))

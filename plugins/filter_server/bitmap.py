@@ -41,7 +41,7 @@ from typing import Any
 
 import attrs
 
-from tidemq.store import DispatchRequest
+from tidemq.store import DispatchedPut, DispatchRequest
 from tidemq.threads import name_this_thread
 
 log = logging.getLogger(__name__)
@@ -236,6 +236,16 @@ class FilterBitMap:
                     properties=dict(properties[i]),
                 )
             )
+
+    def dispatch_groups(self, puts: Sequence[DispatchedPut]) -> None:
+        """A store call's puts at once (a GroupDispatcher): :meth:`dispatch_batch` for each put
+        of a topic a SQL92 filter watches, nothing for the others (issue 38, groupdispatch)."""
+        active = self._active
+        if not active:  # no SQL92 filter registered: the usual broker
+            return
+        for put in puts:
+            if put[0] in active:
+                self.dispatch_batch(*put)
 
     # ------------------------------------------------------------------ worker
     def _run(self) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from tidemq.index import QueryResult
-from tidemq.store import DispatchRequest
+from tidemq.store import DispatchedPut, DispatchRequest
 
 
 @attrs.define
@@ -47,6 +47,13 @@ class NoIndex:
         with self._lock:
             if store_timestamp > self._covered_ts:
                 self._covered_ts = store_timestamp
+
+    def dispatch_groups(self, puts: Sequence[DispatchedPut]) -> None:
+        """:class:`tidemq.store.GroupDispatcher`: a store call's puts, one timestamp (the newest)."""
+        newest = max((put[6] for put in puts), default=0)
+        with self._lock:
+            if newest > self._covered_ts:
+                self._covered_ts = newest
 
     def query(self, topic: str, key: str, max_num: int, begin_ts: int, end_ts: int) -> QueryResult:
         return QueryResult(())

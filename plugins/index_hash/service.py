@@ -8,7 +8,9 @@ of candidates; :func:`tidemq.index.query_messages` then drops hash collisions.
 Off the put path (RocketMQ builds the index in its reput service).  The store hands each put to
 :meth:`HashIndex.dispatch_batch` (:class:`tidemq.store.BatchDispatcher`) under its lock; that
 appends the batch's columns to an in-memory queue and returns, so the put path pays a deque
-append per batch and no lock (the store's lock serialises its calls).  A put whose messages carry
+append per batch and no lock (the store's lock serialises its calls); a store call of several
+puts (the mmap store's group put) comes as one :meth:`HashIndex.dispatch_groups`, one
+``deque.extend`` of the same entries.  A put whose messages carry
 no key at all (POP revive and checkpoint records, most system topics) is not queued: it only
 notes its store time, which the checkpoint may cover once everything queued before it is indexed.
 The index thread (``hash-index``, started by the first batch) is woken from idle by the first
@@ -87,7 +89,7 @@ from tidemq.errors import CorruptDataError, StoreError
 from tidemq.index import IndexFileEntry, IndexFileInfo, QueryResult
 from tidemq.jsonfile import atomic_write_bytes
 from tidemq.message import Prop
-from tidemq.store import DispatchRequest
+from tidemq.store import DispatchedPut, DispatchRequest
 from tidemq.threads import name_this_thread
 from tidemq_index_hash import native
 from tidemq_index_hash.indexfile import IndexFile, hash_batch, hash_chunk, key_hash, put_batch, walk_file
@@ -316,6 +318,38 @@ class HashIndex:
             (topic, properties, commit_log_offsets, store_timestamp, sys_flags, time.monotonic())
         )
         self._enqueued += n
+        self._after_queued()
+
+    def dispatch_groups(self, puts: Sequence[DispatchedPut]) -> None:
+        """:class:`tidemq.store.GroupDispatcher`: a store call's puts, as :meth:`dispatch_batch`
+        for each in order would leave the index (the same queue entries, the same keyless mark),
+        with one append to the queue, one look at the index thread and at the queue's bound for
+        the call (issue 38, groupdispatch: ~27 single sends over 8 queues are one call)."""
+        if self._closed or not self._loaded:
+            self._check_open()
+        entries: list[_Queued] = []
+        taken = 0
+        now = time.monotonic()
+        for topic, _queue_id, properties, offsets, _sizes, _tags, ts, _queue_offset, sys_flags in puts:
+            n = len(offsets)
+            if not n:
+                continue
+            for props in properties:
+                if _UNIQ in props or _KEYS in props:
+                    break
+            else:  # nothing to index: no queue entry
+                self._keyless = (ts, self._enqueued + taken)
+                self._keyless_puts += 1
+                continue
+            entries.append((topic, properties, offsets, ts, sys_flags, now))
+            taken += n
+        if entries:
+            self._queue.extend(entries)
+            self._enqueued += taken
+            self._after_queued()
+
+    def _after_queued(self) -> None:
+        """After puts were queued: an inline drain, the index thread's wake-up, the back-pressure."""
         inline = self.options.inline_keys
         if inline and self._enqueued - self._dequeued >= inline and self._lock.acquire(blocking=False):
             try:  # the index lock free: no indexing under way, this thread indexes the queue

@@ -7,7 +7,10 @@ touches.  :func:`put_groups` does the same for all of a read's groups at once: e
 prepared outside the lock as ``put_messages`` prepares it (:meth:`MmapMessageStore._prepare`),
 then, under one hold of the lock and with one store timestamp, the groups that fit the current
 file are packed back to back and written with one ``pwrite`` (:meth:`CommitLog.append_batches`),
-and each group gets, in order, its consume-queue entries, its dispatch and its arrival.
+and each group gets, in order, its consume-queue entries, its dispatch and its arrival.  When
+every dispatcher takes a call's puts at once and the store's arrival filter is its one map
+(:class:`_Effects`; groupdispatch), the call's puts go to each dispatcher in one call before the
+lock is released, and each group's arrival is one lookup in the map.
 
 Each group's records, queue offsets, message ids, consume-queue and index entries and
 :class:`~tidemq.store.PutResult` are what ``put_messages`` of the groups one after the other gives
@@ -27,9 +30,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -37,7 +40,7 @@ from tidemq.delay import SCHEDULE_TOPIC
 from tidemq.futures import StoreFuture
 from tidemq.message import MessageInner
 from tidemq.names import InvalidNameError
-from tidemq.store import PutResult, PutStatus
+from tidemq.store import DispatchedPut, PutResult, PutStatus
 
 from .commitlog import END_FILE_MIN_BLANK_LENGTH, BatchesEncodeError, CommitLogFullError, RecordEncodeError
 from .reput import log as _reput_log
@@ -57,6 +60,56 @@ _FLUSH_DISK_TIMEOUT = PutStatus.FLUSH_DISK_TIMEOUT
 #: One planned group of a run: its place in the call, its prepared put, its consume queue (None:
 #: no entries), queue offset, offset step, tags codes and position in the file.
 _Planned = tuple[int, "_Prepared", "ConsumeQueue | None", int, int, list[int], int]
+
+
+class _Effects:
+    """A call's dispatch and arrivals done for the call, not per group (issue 38, groupdispatch).
+
+    Taken when every dispatcher of the store takes a call's puts at once
+    (:class:`tidemq.store.GroupDispatcher`: the ``hash`` index, the SQL92 bit map) and the
+    store's arrival filter is its one map (:meth:`ArrivalNotifier.waited`, or no listener): each
+    group written adds its put to :attr:`puts` and looks its arrival up in :attr:`waited` (one
+    dict lookup, no call when nobody waits on the topic); :meth:`dispatch` hands :attr:`puts` to
+    each dispatcher once, before the lock is released (so before any later put, and before the
+    arrivals are delivered: the notifier's thread takes the lock).  Each dispatcher sees the puts
+    in commit-log order, as it would one ``dispatch_batch`` per group.
+    """
+
+    __slots__ = ("calls", "puts", "waited")
+
+    def __init__(
+        self,
+        calls: list[Callable[[Sequence[DispatchedPut]], None]],
+        waited: Mapping[str, Any] | None,
+    ) -> None:
+        self.calls = calls
+        self.waited = waited
+        self.puts: list[DispatchedPut] = []
+
+    def dispatch(self) -> None:
+        puts = self.puts
+        for call in self.calls:
+            try:
+                call(puts)
+            except Exception:
+                _reput_log.exception("dispatcher %r failed", getattr(call, "__self__", call))
+
+
+def _effects(store: MmapMessageStore) -> _Effects | None:
+    """The call's :class:`_Effects`, or None: the store dispatches nothing (no dispatcher, no
+    listener), or a dispatcher or a listener's filter wants the per-group calls."""
+    if not store._needs_dispatch:
+        return None
+    reput = store.reput
+    calls = reput.group_calls()
+    if calls is None:
+        return None
+    if not reput.listeners:
+        return _Effects(calls, None)
+    waited = reput.notifier.waited()
+    if waited is None:
+        return None
+    return _Effects(calls, waited)
 
 
 def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]) -> list[Future[PutResult]]:
@@ -89,22 +142,23 @@ def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
                 results[k] = store._illegal("the store is not running", PutStatus.SERVICE_NOT_AVAILABLE)
         else:
             alone, stop = _locked(store, prepared, results, placed, stop)
-    out: list[Future[PutResult]] = []
     encoder = store._encoder
-    fresh: list[PutResult] = []  # the groups written, each resolved once durable
+    put_result = getattr(encoder, "put_result", None)  # the compiled encoder's
+    done: list[PutResult] = []  # the call's groups up to the last written or refused, in order
+    last: PutResult | None = None  # the last group written
     for k in range(min(alone, stop)):
         where = placed[k]
         if where is None:
             result = results[k]
             assert result is not None
-            out.append(StoreFuture.completed(result))
+            done.append(result)
             if result.status in STOPS:  # refused while packing: the call ends after it
                 alone = stop = k + 1
                 break
             continue
         queue_offset, batch, compiled, ts, offsets = where
-        if compiled:
-            result = cast(Any, encoder).put_result(PutResult, _PUT_OK, batch, queue_offset, ts)
+        if compiled and put_result is not None:
+            result = put_result(PutResult, _PUT_OK, batch, queue_offset, ts)
         else:
             result = PutResult(
                 _PUT_OK,
@@ -115,10 +169,12 @@ def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
                 store_timestamp=ts,
                 message_count=len(offsets),
             )
-        fresh.append(result)
-        out.append(cast("Future[PutResult]", result))  # replaced by its future below
-    if fresh:
-        _hand_to_flush(store, out, fresh)
+        done.append(result)
+        last = result
+    completed = StoreFuture.completed
+    out: list[Future[PutResult]] = (
+        _hand_to_flush(store, done, last) if last is not None else [completed(r) for r in done]
+    )
     for k in range(alone, stop):
         fut = store.put_messages(groups[k])
         out.append(fut)
@@ -127,21 +183,24 @@ def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
     return out
 
 
-def _hand_to_flush(store: MmapMessageStore, out: list[Any], fresh: list[PutResult]) -> None:
-    """Replace each of ``fresh`` in ``out`` by its future, resolved once its group is durable.
+def _hand_to_flush(
+    store: MmapMessageStore, done: list[PutResult], last: PutResult
+) -> list[Future[PutResult]]:
+    """A future for each of ``done`` (the call's results in order: the groups written, status
+    ``PUT_OK``, are resolved once durable; the refusals at once).
 
     A policy that flushes in rounds (group commit) gets each group's future, as it gets each
     put's: its rounds gather futures (and the read lane answers a read with its round).  Any other
-    policy is asked once, for the call's end (every group's bytes lie before it): the groups'
-    futures are resolved with its answer, at once when it answers at once (async flush).
+    policy is asked once, for the end of ``last`` (the call's last group written: every group's
+    bytes lie before it): the groups' futures are resolved with its answer, at once when it answers
+    at once (async flush).
     """
     submit = store._flush_submit
+    completed = StoreFuture.completed
     if store._flush_rounds:
-        for i, item in enumerate(out):
-            if type(item) is PutResult and item.status is _PUT_OK:
-                out[i] = _durable(store, submit, StoreFuture(), item)
-        return
-    last = fresh[-1]
+        return [
+            _durable(store, submit, StoreFuture(), r) if r.status is _PUT_OK else completed(r) for r in done
+        ]
     end = last.wrote_offset + last.wrote_bytes
     flushed: Future[bool]
     if submit is not None:
@@ -150,24 +209,28 @@ def _hand_to_flush(store: MmapMessageStore, out: list[Any], fresh: list[PutResul
     else:
         flushed = store.flush_policy.request(end)
     if flushed.done():
-        ok = not flushed.cancelled() and flushed.exception() is None and flushed.result()
-        for i, item in enumerate(out):
-            if type(item) is PutResult and item.status is _PUT_OK:
-                out[i] = StoreFuture.completed(item if ok else attrs.evolve(item, status=_FLUSH_DISK_TIMEOUT))
-        return
+        if not flushed.cancelled() and flushed.exception() is None and flushed.result():
+            return [completed(r) for r in done]
+        return [
+            completed(attrs.evolve(r, status=_FLUSH_DISK_TIMEOUT) if r.status is _PUT_OK else r) for r in done
+        ]
+    out: list[Future[PutResult]] = []
     pending: list[tuple[StoreFuture[PutResult], PutResult]] = []
-    for i, item in enumerate(out):
-        if type(item) is PutResult and item.status is _PUT_OK:
+    for r in done:
+        if r.status is _PUT_OK:
             fut: StoreFuture[PutResult] = StoreFuture()
-            out[i] = fut
-            pending.append((fut, item))
+            out.append(fut)
+            pending.append((fut, r))
+        else:
+            out.append(completed(r))
 
-    def done(f: Future[bool]) -> None:
+    def resolve(f: Future[bool]) -> None:
         ok = not f.cancelled() and f.exception() is None and f.result()
         for fut, result in pending:
             fut.set_result(result if ok else attrs.evolve(result, status=_FLUSH_DISK_TIMEOUT))
 
-    flushed.add_done_callback(done)
+    flushed.add_done_callback(resolve)
+    return out
 
 
 def _not_durable() -> bool:
@@ -205,6 +268,23 @@ def _locked(
     """The groups written under the lock: runs of groups that fit the current file, each run
     packed and written at once, then published group by group.  Returns ``(alone, stop)``: the
     first group left to ``put_messages`` one by one, and the end of the call's groups."""
+    effects = _effects(store)
+    try:
+        return _plan(store, prepared, results, placed, stop, effects)
+    finally:
+        if effects is not None and effects.puts:
+            effects.dispatch()
+
+
+def _plan(
+    store: MmapMessageStore,
+    prepared: list[PutResult | _Prepared],
+    results: list[PutResult | None],
+    placed: list[tuple[int, Any, bool, int, list[int]] | None],
+    stop: int,
+    effects: _Effects | None,
+) -> tuple[int, int]:
+    """:func:`_locked`'s work (the dispatch of ``effects`` is left to it)."""
     commitlog = store.commitlog
     cqs = store.cqs
     reput = store.reput
@@ -218,18 +298,18 @@ def _locked(
     k = 0
     while k < stop:
         p = prepared[k]
-        if type(p) is PutResult:
+        if isinstance(p, PutResult):
             results[k] = p
             k += 1
             continue
-        prep = cast("_Prepared", p)
+        prep = p
         msgs, batch, _compiled, topic, queue_id, consumable = prep
         total = batch.total
         try:
             cq = cqs.for_write(topic, queue_id) if consumable else None
             if mf is None or pos + total + END_FILE_MIN_BLANK_LENGTH > mf.file_size:
                 if run:
-                    done = _write_run(store, mf, run, results, placed, ts)
+                    done = _write_run(store, mf, run, results, placed, ts, effects)
                     run = []
                     if done >= 0:
                         return done, stop
@@ -237,14 +317,14 @@ def _locked(
                 pos = mf.wrote_position
         except (CommitLogFullError, InvalidNameError) as exc:
             if run:
-                done = _write_run(store, mf, run, results, placed, ts)
+                done = _write_run(store, mf, run, results, placed, ts, effects)
                 if done >= 0:
                     return done, stop
             results[k] = store._illegal(str(exc))
             return k + 1, k + 1
         except OSError as exc:
             if run:
-                done = _write_run(store, mf, run, results, placed, ts)
+                done = _write_run(store, mf, run, results, placed, ts, effects)
                 if done >= 0:
                     return done, stop
             results[k] = store.cleaner.create_failed(exc)
@@ -264,7 +344,7 @@ def _locked(
         pos += total
         k += 1
     if run:
-        done = _write_run(store, mf, run, results, placed, ts)
+        done = _write_run(store, mf, run, results, placed, ts, effects)
         if done >= 0:
             return done, stop
     return stop, stop
@@ -277,6 +357,7 @@ def _write_run(
     results: list[PutResult | None],
     placed: list[tuple[int, Any, bool, int, list[int]] | None],
     ts: int,
+    effects: _Effects | None,
 ) -> int:
     """Write ``run``'s records (one write) and publish its groups in order; -1 when all went
     well, else the first group left to ``put_messages`` (a group refused while packing is the
@@ -298,7 +379,7 @@ def _write_run(
         # refused, and the call ends after it (a one-message refusal).
         bad = run[exc.index][0]
         if exc.index > 0:
-            done = _write_run(store, mf, run[: exc.index], results, placed, ts)
+            done = _write_run(store, mf, run[: exc.index], results, placed, ts, effects)
             if done >= 0:
                 return done
         results[bad] = store._illegal(str(exc))
@@ -310,10 +391,12 @@ def _write_run(
         return run[0][0] + 1
     cqs = store.cqs
     reput = store.reput
-    dispatch = store._needs_dispatch
+    dispatch = store._needs_dispatch and effects is None
     # Reput.dispatch's calls, made here for each group (one call fewer per group).
     calls = reput.batch_calls() if dispatch else None
     arrived = reput.notifier.arrived if dispatch and reput.listeners else None
+    puts = effects.puts if effects is not None else None
+    waited = effects.waited if effects is not None else None
     base0 = mf.file_from_offset
     for i, (k, p, cq, queue_offset, _step, tags, start) in enumerate(run):
         msgs, batch, compiled, topic, queue_id, _consumable = p
@@ -338,7 +421,23 @@ def _write_run(
         reput.reput_from = base + total
         if cq is not None:
             cqs.last_entry_ts = ts
-        if dispatch:
+        if puts is not None:
+            # The call's effects (_Effects): this put joins the call's dispatch, its arrival is
+            # looked up in the store's one map of waited-on queues.
+            if compiled:
+                properties, sys_flags = batch.properties, batch.sys_flags
+            else:
+                properties = [m.properties for m in msgs]
+                sys_flags = [m.sys_flag for m in msgs]
+            if cq is not None:
+                puts.append((topic, queue_id, properties, offsets, sizes, tags, ts, queue_offset, sys_flags))
+                if waited is not None:
+                    w = waited.get(topic)
+                    if w is not None and (w is True or queue_id in w):
+                        reput.notifier.note(topic, queue_id, queue_offset + len(offsets))
+            else:
+                puts.append((topic, queue_id, properties, offsets, sizes, tags, ts, -1, sys_flags))
+        elif dispatch:
             if compiled and calls is not None:
                 properties, sys_flags = batch.properties, batch.sys_flags
                 first_offset = queue_offset if cq is not None else -1

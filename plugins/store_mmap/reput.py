@@ -15,7 +15,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tidemq.delay import SCHEDULE_TOPIC, schedule_tags_code
 from tidemq.message import (
@@ -26,7 +26,15 @@ from tidemq.message import (
     tags_hash_code,
 )
 from tidemq.names import InvalidNameError, topic_dir
-from tidemq.store import ArrivalNotifier, BatchDispatcher, Dispatcher, dispatch_messages
+from tidemq.store import (
+    ArrivalNotifier,
+    BatchDispatcher,
+    DispatchedPut,
+    Dispatcher,
+    GroupDispatcher,
+    dispatch_messages,
+    takes_groups,
+)
 
 from .commitlog import CommitLog
 from .consume_queue import ConsumeQueue
@@ -48,6 +56,16 @@ def _batch_calls(dispatchers: Sequence[Dispatcher]) -> list[Callable[..., None]]
         if not isinstance(d, BatchDispatcher):
             return None
         calls.append(d.dispatch_batch)
+    return calls
+
+
+def _group_calls(dispatchers: Sequence[Dispatcher]) -> list[Callable[[Sequence[DispatchedPut]], None]] | None:
+    """The dispatchers' ``dispatch_groups`` methods, or None when one of them has none."""
+    calls: list[Callable[[Sequence[DispatchedPut]], None]] = []
+    for d in dispatchers:
+        if not takes_groups(d):
+            return None
+        calls.append(cast(GroupDispatcher, d).dispatch_groups)
     return calls
 
 
@@ -147,6 +165,9 @@ class Reput:
         #: for the dispatchers as they were then (``_batch_for``).
         self._batch_calls: list[Callable[..., None]] | None = None
         self._batch_for: list[Dispatcher] = []
+        #: The same for ``dispatch_groups`` (:class:`tidemq.store.GroupDispatcher`).
+        self._group_calls: list[Callable[[Sequence[DispatchedPut]], None]] | None = None
+        self._group_for: list[Dispatcher] = []
 
     def dispatch(
         self,
@@ -223,6 +244,15 @@ class Reput:
             self._batch_calls = _batch_calls(dispatchers)
             self._batch_for = list(dispatchers)
         return self._batch_calls
+
+    def group_calls(self) -> list[Callable[[Sequence[DispatchedPut]], None]] | None:
+        """Each dispatcher's ``dispatch_groups`` when every one has it (None otherwise): for a
+        writer that dispatches a call's puts at once (:mod:`tidemq_store_mmap.group_put`)."""
+        dispatchers = self.dispatchers
+        if dispatchers != self._group_for:
+            self._group_calls = _group_calls(dispatchers)
+            self._group_for = list(dispatchers)
+        return self._group_calls
 
     def schedule_tags(self, properties: Mapping[str, str], ts: int, tags: int) -> int:
         """A SCHEDULE_TOPIC_XXXX entry's tags code: its delivery time, as RocketMQ stores it."""

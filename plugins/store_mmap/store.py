@@ -46,6 +46,7 @@ from tidemq.message import (
 )
 from tidemq.names import InvalidNameError
 from tidemq.store import (
+    ArrivalInterest,
     ArrivalNotifier,
     Dispatcher,
     GetResult,
@@ -270,6 +271,11 @@ class MmapMessageStore(MmapIntrospection):
     ) -> None:
         self.notifier.add_listener(listener, interested)
         self._needs_dispatch = True
+
+    def arrival_interest(self) -> ArrivalInterest:
+        """:class:`tidemq.store.ArrivalInterests`: the one map of waited-on queues that the
+        broker's listeners register in (one lookup per put instead of a call per listener)."""
+        return self.notifier.interest
 
     # ------------------------------------------------------------------ request lanes
     def send_lane(self) -> SendLane | None:

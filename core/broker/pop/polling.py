@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 
+from tidemq.store import ArrivalInterest, MessageStore, arrival_interest
+
 
 class Watch:
     """One request's registration on its topics (:meth:`PopWaiters.watch`)."""
@@ -30,6 +32,21 @@ class PopWaiters:
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Future[bool]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The store's one map of waited-on queues (:meth:`listen`), when it has one.
+        self._interest: ArrivalInterest | None = None
+
+    def listen(self, store: MessageStore) -> None:
+        """Register as ``store``'s arrival listener: each watched topic in the store's one map of
+        waited-on queues when it has one (:func:`tidemq.store.arrival_interest`), else
+        :meth:`is_waited_on` asked per arrival, as before."""
+        shared = arrival_interest(store)
+        if shared is None:
+            store.add_arrival_listener(self.on_arrival, self.is_waited_on)
+            return
+        for topic in list(self._waiters):
+            shared.watch_topic(topic)
+        self._interest = shared
+        store.add_arrival_listener(self.on_arrival, shared)
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -79,6 +96,8 @@ class PopWaiters:
             got = waiters.get(t)
             if got is None:
                 waiters[t] = {fut}
+                if self._interest is not None:  # before the caller's read
+                    self._interest.watch_topic(t)
             else:
                 got.add(fut)
         return Watch(fut, topics)
@@ -91,6 +110,8 @@ class PopWaiters:
                 waiting.discard(fut)
                 if not waiting:
                     del waiters[t]
+                    if self._interest is not None:
+                        self._interest.unwatch_topic(t)
 
     async def until(self, watch: Watch, timeout_s: float) -> bool:
         """Until one of the watched topics was notified since :meth:`watch` (True, at once if it

@@ -147,7 +147,7 @@ class PopService:
         """Replay the revive log and listen for arrivals (after the store loaded, before it starts)."""
         self.load()
         self.waiters.bind(loop)
-        self.broker.store.add_arrival_listener(self.waiters.on_arrival, self.waiters.is_waited_on)
+        self.waiters.listen(self.broker.store)
 
     def start(self) -> None:
         self._tasks.append(supervise(self.reviver.run, "tidemq-pop-revive"))

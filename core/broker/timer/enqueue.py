@@ -21,6 +21,7 @@ import collections
 import logging
 from typing import TYPE_CHECKING
 
+from tidemq.arrival import listen_to_topic
 from tidemq.broker.timer.delivery import IDLE_WAIT_S, RETRY_AFTER_FAILURE_S, TimerDelivery
 from tidemq.broker.timer.properties import TIMER_OUT_MS, TIMER_TOPIC
 from tidemq.broker.timer.schedule import TimerSchedule, now_ms
@@ -64,7 +65,7 @@ class TimerEnqueue:
         """Listen for arrivals in rmq_sys_wheel_timer (call before the store starts)."""
         self._loop = loop
         self._event = asyncio.Event()
-        self.store.add_arrival_listener(self._on_arrival, _is_timer_queue)
+        listen_to_topic(self.store, self._on_arrival, TIMER_TOPIC, _is_timer_queue)
         bound = self.broker.read_bound
         if bound.active:
             bound.bind(loop, self._event.set, lambda: self._held)
