@@ -160,7 +160,12 @@ def main() -> None:
     p.add_argument(
         "--gil", action="store_true", help="sample only the thread holding the GIL (Python CPU, not waits)"
     )
-    p.add_argument("--native", action="store_true", help="py-spy: compiled (Cython, C) frames too (--native)")
+    p.add_argument(
+        "--native",
+        action="store_true",
+        help="py-spy: compiled (Cython, C) frames too; py-spy then stops the broker at each sample "
+        "(no --nonblocking), which slows it",
+    )
     p.add_argument("--perf", action="store_true", help="on-CPU samples with perf instead of py-spy")
     args = p.parse_args()
     if args.perf:
@@ -204,7 +209,9 @@ def main() -> None:
                 + ([] if args.lines else ["--function"])
                 + (["--gil"] if args.gil else [])
                 + (["--native"] if args.native else [])
-                + ["--duration", str(int(args.seconds)), "--nonblocking", "--output", str(collapsed)],
+                + ["--duration", str(int(args.seconds))]
+                + ([] if args.native else ["--nonblocking"])
+                + ["--output", str(collapsed)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )
