@@ -79,7 +79,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             conn.__dict__.pop("_serve_read", None)
                         else:
                             conn._read_lane = old_lane
-                            conn._serve_read = old_serve  # type: ignore[method-assign]
+                            conn._serve_read = old_serve
                         t0 = clock()
                         conn.data_received(data)
                         await asyncio.sleep(0)

@@ -46,7 +46,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             server = broker._server
             conn = Connection(server, server._handler, server._options, server_side=True)
             conn.connection_made(CountingTransport())
-            broker.topics.update(TopicConfig(TOPIC, read_queue_nums=args.queues, write_queue_nums=args.queues))
+            broker.topics.update(
+                TopicConfig(TOPIC, read_queue_nums=args.queues, write_queue_nums=args.queues)
+            )
             await asyncio.sleep(0.3)
             frames = Frames(args.queues, args.body)
             for _ in range(50):  # warm: topic written, caches filled
