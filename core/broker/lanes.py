@@ -95,7 +95,6 @@ class SendLaneEntry:
         "_topics",
         "_topics_get",
         "_valid",
-        "_writable",
         "description",
         "handler",
         "held_reads",
@@ -123,10 +122,8 @@ class SendLaneEntry:
             self._answer = lane.answer_frames
             self._command_of = lane.command_of
         self._topics = broker.topics
-        #: Bound once, not per read (serve_read): the topic lookup the duplicate window takes,
-        #: and the queue check ``prepare_frames`` calls per send.
+        #: Bound once, not per read: the topic lookup the duplicate window takes (windowed).
         self._topics_get = broker.topics.get
-        self._writable = self._writable_queues
         #: The access validator's check of a frame (None: access control off, or no lane check).
         self._access: LaneAccess | None = lane_access(broker.acl)
         self._valid: set[str] = set()
@@ -198,7 +195,7 @@ class SendLaneEntry:
         host = conn.context.born_host  # born_host(conn) without the call, once it is parsed
         sends = self._prepare_frames(  # type: ignore[misc]
             frames,
-            self._writable,
+            self._writable_queues,
             settings.cluster,
             settings.max_batch_messages,
             host if host is not None else born_host(conn),
