@@ -1,6 +1,6 @@
 """Profile the tidemq broker under one compare.py workload with py-spy (sampling, no restart).
 
-    python bench/compare_profile.py [--workload produce_1k_single|produce_1k_batch|produce_128_batch|consume_1k]
+    python bench/compare_profile.py [--workload produce_1k_single|produce_128_single|produce_1k_batch|produce_128_batch|consume_1k]
                                     [--flush async|sync] [--seconds 15] [--out DIR]
 
 Starts ``tidemq standalone``, drives it with the compare.py load generators, samples the server
@@ -142,7 +142,13 @@ def main() -> None:
     p.add_argument(
         "--workload",
         default="produce_1k_single",
-        choices=["produce_1k_single", "produce_1k_batch", "produce_128_batch", "consume_1k"],
+        choices=[
+            "produce_1k_single",
+            "produce_128_single",
+            "produce_1k_batch",
+            "produce_128_batch",
+            "consume_1k",
+        ],
     )
     p.add_argument("--flush", default="async", choices=["async", "sync"])
     p.add_argument("--seconds", type=float, default=15.0)
@@ -153,6 +159,12 @@ def main() -> None:
     p.add_argument("--out", help="keep the collapsed stacks here")
     p.add_argument(
         "--gil", action="store_true", help="sample only the thread holding the GIL (Python CPU, not waits)"
+    )
+    p.add_argument(
+        "--native",
+        action="store_true",
+        help="py-spy: compiled (Cython, C) frames too; py-spy then stops the broker at each sample "
+        "(no --nonblocking), which slows it",
     )
     p.add_argument("--perf", action="store_true", help="on-CPU samples with perf instead of py-spy")
     args = p.parse_args()
@@ -169,7 +181,7 @@ def main() -> None:
         bench = Bench(ns, server)
         bench.setup()
         batch = 32 if args.workload in ("produce_1k_batch", "produce_128_batch") else 1
-        body = 128 if args.workload == "produce_128_batch" else 1024
+        body = 128 if args.workload in ("produce_128_batch", "produce_128_single") else 1024
         if args.workload == "consume_1k":
             bench.produce(1024, 32, 400_000)  # the backlog to read
         out = Path(args.out) if args.out else work
@@ -196,7 +208,10 @@ def main() -> None:
                 [spy, "record", "--pid", str(server.pid), "--format", "raw", "--rate", "250"]
                 + ([] if args.lines else ["--function"])
                 + (["--gil"] if args.gil else [])
-                + ["--duration", str(int(args.seconds)), "--nonblocking", "--output", str(collapsed)],
+                + (["--native"] if args.native else [])
+                + ["--duration", str(int(args.seconds))]
+                + ([] if args.native else ["--nonblocking"])
+                + ["--output", str(collapsed)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
             )

@@ -93,6 +93,7 @@ class SendLaneEntry:
         "_take",
         "_service",
         "_topics",
+        "_topics_get",
         "_valid",
         "description",
         "handler",
@@ -121,6 +122,8 @@ class SendLaneEntry:
             self._answer = lane.answer_frames
             self._command_of = lane.command_of
         self._topics = broker.topics
+        #: Bound once, not per read: the topic lookup the duplicate window takes (windowed).
+        self._topics_get = broker.topics.get
         #: The access validator's check of a frame (None: access control off, or no lane check).
         self._access: LaneAccess | None = lane_access(broker.acl)
         self._valid: set[str] = set()
@@ -189,12 +192,13 @@ class SendLaneEntry:
         if access is not None and not access.admits_all(frames, conn.remote_address):
             return None  # decoded: validate decides each request the check did not admit
         settings = broker.settings
+        host = conn.context.born_host  # born_host(conn) without the call, once it is parsed
         sends = self._prepare_frames(  # type: ignore[misc]
             frames,
             self._writable_queues,
             settings.cluster,
             settings.max_batch_messages,
-            born_host(conn),
+            host if host is not None else born_host(conn),
             broker.store_host,
         )
         command_of = self._command_of
@@ -265,7 +269,7 @@ class SendLaneEntry:
         ``SendService.prepare``/``prepare_batch`` use it: False (the handler takes the run, and
         nothing was recorded) when a send is a resend the window holds or repeats a key of the
         run; else every send with usable keys is recorded, pending until stored."""
-        return self._broker.dedup.admit_run(sends, self._topics.get)  # one compiled call per run
+        return self._broker.dedup.admit_run(sends, self._topics_get)  # one compiled call per run
 
     def _round_of(self, sends: list[Send], done: list[bool]) -> SharedCompletion | None:
         """The one flush round of this loop every unsettled send of a read waits for, not complete

@@ -193,8 +193,10 @@ class Connection(asyncio.Protocol):
         if taken is None:
             return data
         end, answer = taken
-        if type(answer) is bytes:
-            self._write_frames(answer)
+        if type(answer) is bytes:  # _write_frames, inlined (once per read)
+            transport = self._transport
+            if not self._closed and transport is not None and not transport.is_closing():
+                self._out.write_frames(answer)
         elif type(answer) is int:  # answered later, with answer_later (a sync flush round)
             self._later += answer
             if self.server_side:
