@@ -32,11 +32,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
 from tidemq.delay import SCHEDULE_TOPIC
+from tidemq.extensions import compiled_twin
 from tidemq.futures import StoreFuture
 from tidemq.message import MessageInner
 from tidemq.names import InvalidNameError
@@ -114,7 +116,18 @@ def _effects(store: MmapMessageStore) -> _Effects | None:
 
 def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]) -> list[Future[PutResult]]:
     """:meth:`MmapMessageStore.put_message_groups`: one future per group put, in order (see the
-    module's text); raises only when nothing was put (the first group's preparation raised)."""
+    module's text); raises only when nothing was put (the first group's preparation raised).
+
+    The compiled twin (:data:`compiled`, ``tidemq_store_mmap._group_put``; groupc) when built and
+    allowed, else :func:`put_groups_py`, the reference: the same effects and results."""
+    twin = compiled
+    if twin is not None:
+        return cast("list[Future[PutResult]]", twin.put_groups(store, groups))
+    return put_groups_py(store, groups)
+
+
+def put_groups_py(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]) -> list[Future[PutResult]]:
+    """:func:`put_groups` in Python: the reference and the fallback (``TIDEMQ_NO_EXTENSIONS=1``)."""
     n = len(groups)
     if n == 0:
         return []
@@ -456,3 +469,8 @@ def _write_run(
                 reput.dispatch(msgs, offsets, sizes, tags, ts, -1, False, columns)
         placed[k] = (queue_offset, batch, compiled, ts, offsets)
     return -1
+
+
+#: The compiled twin of :func:`put_groups_py` (issue 38, groupc), None when not built or
+#: ``TIDEMQ_NO_EXTENSIONS=1``.  Chosen last: it imports this module's helpers.
+compiled: ModuleType | None = compiled_twin("tidemq_store_mmap._group_put")
