@@ -110,7 +110,9 @@ def native_extensions() -> list[Extension]:
     # The sync flush policy's round worker (tidemq_flush.native_rounds falls back to its flush thread).
     flush = Extension("tidemq_flush._round", ["plugins/flush/_round.pyx"], optional=True)
     # The mmap store's put of a call's groups (tidemq_store_mmap.group_put falls back to its Python reference).
-    group_put = Extension("tidemq_store_mmap._group_put", ["plugins/store_mmap/_group_put.pyx"], optional=True)
+    group_put = Extension(
+        "tidemq_store_mmap._group_put", ["plugins/store_mmap/_group_put.pyx"], optional=True
+    )
     try:
         from Cython.Build import cythonize
     except ImportError:
@@ -118,7 +120,10 @@ def native_extensions() -> list[Extension]:
         return []
     # Generated C goes under build/ (ignored); a .pyx newer than its .c is translated again.
     extensions = cythonize(
-        [*codec, index, spark, dedup, hpack, flush, group_put], build_dir="build/cython", quiet=True, language_level=3
+        [*codec, index, spark, dedup, hpack, flush, group_put],
+        build_dir="build/cython",
+        quiet=True,
+        language_level=3,
     )
     for built in extensions:  # cythonize's copies do not keep the flag
         built.optional = True

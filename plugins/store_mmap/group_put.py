@@ -126,7 +126,9 @@ def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
     return put_groups_py(store, groups)
 
 
-def put_groups_py(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]) -> list[Future[PutResult]]:
+def put_groups_py(
+    store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
+) -> list[Future[PutResult]]:
     """:func:`put_groups` in Python: the reference and the fallback (``TIDEMQ_NO_EXTENSIONS=1``)."""
     n = len(groups)
     if n == 0:
@@ -473,4 +475,15 @@ def _write_run(
 
 #: The compiled twin of :func:`put_groups_py` (issue 38, groupc), None when not built or
 #: ``TIDEMQ_NO_EXTENSIONS=1``.  Chosen last: it imports this module's helpers.
-compiled: ModuleType | None = compiled_twin("tidemq_store_mmap._group_put")
+_TWIN = "tidemq_store_mmap._group_put"
+compiled: ModuleType | None = compiled_twin(_TWIN)
+
+
+def describe() -> str:
+    """One line for ``tidemq --version``: which put of a call's groups the mmap store runs."""
+    if compiled is not None:
+        return f"compiled ({_TWIN}: the prepare's checks, plan, queue entries and results of a call's groups)"
+    from tidemq.extensions import twins
+
+    reason = next((t.reason for t in twins() if t.module == _TWIN), "not built")
+    return f"Python (tidemq_store_mmap.group_put: {reason})"
