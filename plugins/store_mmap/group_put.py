@@ -24,6 +24,11 @@ The call stops right after a group refused for one of its messages (``MESSAGE_IL
 ``PROPERTIES_SIZE_EXCEEDED``): the broker redoes such a group in halves before the next ones
 (``tidemq.broker.services.put.store_groups``), so the order of the puts stays that of one put per
 group.
+
+:func:`put_groups` runs the compiled twin of :func:`put_groups_py` when it is built
+(``tidemq_store_mmap._group_put``, issue 38 groupc: the prepare's checks, the plan, the
+consume-queue entries and the results of a call's groups without the interpreter; the same effects
+and results); :func:`put_groups_py` stays the reference and the fallback (``TIDEMQ_NO_EXTENSIONS=1``).
 """
 
 from __future__ import annotations
