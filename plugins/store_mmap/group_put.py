@@ -134,7 +134,10 @@ def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
 def put_groups_py(
     store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
 ) -> list[Future[PutResult]]:
-    """:func:`put_groups` in Python: the reference and the fallback (``TIDEMQ_NO_EXTENSIONS=1``)."""
+    """:func:`put_groups` in Python: the reference and the fallback (``TIDEMQ_NO_EXTENSIONS=1``).
+
+    ``_group_put.pyx`` follows it (and :func:`_plan`, :func:`_write_run`) step for step: change
+    both together (``tests/test_group_put_compiled.py`` holds them equal)."""
     n = len(groups)
     if n == 0:
         return []
