@@ -37,6 +37,7 @@ package_data = {p: ["py.typed"] for p in package_dir}
 package_data["tidemq._native"] = ["*.pyi", "*.pyx", "*.pxi"]
 package_data["tidemq_flush"] = ["py.typed", "*.pyi", "*.pyx"]
 package_data["tidemq_spark"] = ["py.typed", "*.pyi", "*.pyx"]
+package_data["tidemq_store_mmap"] = ["py.typed", "*.pyx"]
 package_data["tidemq_console"] = ["py.typed", "templates/*.html", "static/*"]
 
 #: What a missing or failing compiler raises (spawn errors, a missing Python.h, a link failure).
@@ -108,6 +109,10 @@ def native_extensions() -> list[Extension]:
     hpack = Extension("tidemq_transport_grpc._hpack", ["plugins/transport_grpc/_hpack.pyx"], optional=True)
     # The sync flush policy's round worker (tidemq_flush.native_rounds falls back to its flush thread).
     flush = Extension("tidemq_flush._round", ["plugins/flush/_round.pyx"], optional=True)
+    # The mmap store's put of a call's groups (tidemq_store_mmap.group_put falls back to its Python reference).
+    group_put = Extension(
+        "tidemq_store_mmap._group_put", ["plugins/store_mmap/_group_put.pyx"], optional=True
+    )
     try:
         from Cython.Build import cythonize
     except ImportError:
@@ -115,7 +120,10 @@ def native_extensions() -> list[Extension]:
         return []
     # Generated C goes under build/ (ignored); a .pyx newer than its .c is translated again.
     extensions = cythonize(
-        [*codec, index, spark, dedup, hpack, flush], build_dir="build/cython", quiet=True, language_level=3
+        [*codec, index, spark, dedup, hpack, flush, group_put],
+        build_dir="build/cython",
+        quiet=True,
+        language_level=3,
     )
     for built in extensions:  # cythonize's copies do not keep the flag
         built.optional = True

@@ -15,7 +15,8 @@ one ``put_messages`` per group (the capability hidden).  With ``--ab dispatch`` 
 one call; A dispatches the call's puts at once (:class:`tidemq.store.GroupDispatcher`) and looks
 arrivals up in the store's one map (:class:`tidemq.store.ArrivalInterest`), B gets the broker's
 four arrival filters back as callables, so the store dispatches and notes arrivals group by group
-as in session 12 (groupdispatch).  A and B alternate read by read; the figures are the minimum, the 10th percentile
+as in session 12 (groupdispatch).  With ``--ab groupc`` A runs the store's call compiled
+(``tidemq_store_mmap._group_put``), B its Python reference (``group_put.put_groups_py``).  A and B alternate read by read; the figures are the minimum, the 10th percentile
 and the median of µs per read (the minimum is what a loaded machine disturbs least).  Also the
 minimum ns per frame of ``take_frames`` and ``prepare_frames`` over ten such reads in cache.
 
@@ -64,9 +65,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             store_module.group_put(broker.store)  # fills the capability cache
             groups_ab = args.ab == "groups"
             dispatch_ab = args.ab == "dispatch"
+            groupc_ab = args.ab == "groupc"
+            from tidemq_store_mmap import group_put as mmap_group_put
+
+            twin = mmap_group_put.compiled
+            if groupc_ab and twin is None:
+                raise SystemExit("--ab groupc needs the compiled tidemq_store_mmap._group_put")
             a, b = {
                 "groups": ("groups", "per_group"),
                 "dispatch": ("call_dispatch", "group_dispatch"),
+                "groupc": ("compiled_call", "python_call"),
                 "compiled": ("compiled", "python"),
             }[args.ab]
             notifier = broker.store.notifier
@@ -88,6 +96,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             store_module._GROUP_PUT[store_cls] = mode == a
                         if dispatch_ab:
                             notifier._interest = [] if mode == a else filters
+                        if groupc_ab:
+                            mmap_group_put.compiled = twin if mode == a else None
                         taken, _ = entry._take(frames.read(args.per_read), 1 << 24)
                         sends = entry._prepare_frames(
                             taken,
@@ -124,6 +134,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 store_module._GROUP_PUT[store_cls] = True
                 notifier._interest = []
+                mmap_group_put.compiled = twin
                 # The lane's other stages on the same kind of reads, in cache (minimum per frame).
                 reads = [frames.read(args.per_read) for _ in range(10)]
                 taken_all = [entry._take(r, 1 << 24)[0] for r in reads]
@@ -168,11 +179,12 @@ def main() -> None:
     ap.add_argument("--body", type=int, default=1024)
     ap.add_argument(
         "--ab",
-        choices=("compiled", "groups", "dispatch"),
+        choices=("compiled", "groups", "dispatch", "groupc"),
         default="compiled",
         help="compiled: the compiled put against SendService.put; groups: the store's one-call put "
         "against one put per group; dispatch: a call's puts dispatched at once and its arrivals looked "
-        "up in the store's one map (groupdispatch) against dispatch_batch and four filters per group",
+        "up in the store's one map (groupdispatch) against dispatch_batch and four filters per group; "
+        "groupc: the store's call compiled (tidemq_store_mmap._group_put) against its Python reference",
     )
     args = ap.parse_args()
     try:

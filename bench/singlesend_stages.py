@@ -1,7 +1,7 @@
 """Broker CPU per single send by stage of the compiled read lane, in process (issue 38, session 11).
 
     .venv/bin/python bench/singlesend_stages.py [--per-read 27] [--queues 8] [--reads 3000]
-        [--repeats 5] [--body 1024] [--ab | --ab-groups | --ab-dispatch]
+        [--repeats 5] [--body 1024] [--ab | --ab-groups | --ab-dispatch | --ab-groupc]
 
 A real broker (default plugins, ``mmap`` store, async flush, data in a temporary directory) and
 reads of ``--per-read`` SEND_MESSAGE_V2 frames, round-robin over ``--queues`` queues, as
@@ -118,7 +118,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             sends_total = args.reads * args.per_read
             store_cls = type(broker.store)
             store_module.group_put(broker.store)  # fills the capability cache
-            paired = args.ab or args.ab_groups or args.ab_dispatch
+            paired = args.ab or args.ab_groups or args.ab_dispatch or args.ab_groupc
+            from tidemq_store_mmap import group_put as mmap_group_put
+
+            twin = mmap_group_put.compiled
             notifier = broker.store.notifier
             # B of --ab-dispatch: the broker's four arrival filters asked per group as callables
             # (the store's map is then not authoritative: dispatch_batch and arrived per group, as
@@ -134,13 +137,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 """A (on) or B of --ab-groups / --ab-dispatch."""
                 if args.ab_dispatch:
                     notifier._interest = [] if on else filters
+                elif args.ab_groupc:
+                    mmap_group_put.compiled = twin if on else None
                 else:
                     store_module._GROUP_PUT[store_cls] = on
 
             for r in range(args.repeats):
                 order = [True, False] if r % 2 == 0 else [False, True]
                 for compiled in order if paired else [True]:
-                    if args.ab_groups or args.ab_dispatch:  # B: one put per group / per-group effects
+                    if (
+                        args.ab_groups or args.ab_dispatch or args.ab_groupc
+                    ):  # B: one put per group / per-group effects
                         set_a(compiled)
                     else:
                         lanes._put_sends = put_sends if compiled else None
@@ -151,7 +158,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         await asyncio.sleep(0)
                     (whole if compiled else whole_b).append((time.process_time_ns() - t0) / sends_total)
                 lanes._put_sends = put_sends
-                if args.ab_groups or args.ab_dispatch:
+                if args.ab_groups or args.ab_dispatch or args.ab_groupc:
                     # The loop thread's CPU per read, A and B alternating read by read (a loaded
                     # machine disturbs both alike; the minimum and low percentiles least).
                     reads = [frames.read(args.per_read) for _ in range(args.reads)]
@@ -224,7 +231,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "reads": args.reads,
         "whole_cpu_ns_per_send": round(statistics.median(whole)),
         "whole_rounds": [round(x) for x in whole],
-        "ab": "groups" if args.ab_groups else "dispatch" if args.ab_dispatch else args.ab,
+        "ab": "groups"
+        if args.ab_groups
+        else "dispatch"
+        if args.ab_dispatch
+        else "groupc"
+        if args.ab_groupc
+        else args.ab,
         "whole_b_cpu_ns_per_send": round(statistics.median(whole_b)) if whole_b else None,
         "whole_b_rounds": [round(x) for x in whole_b],
         "stage_wall_ns_per_send": {n: round(statistics.median(v)) for n, v in stages.items()},
@@ -257,6 +270,12 @@ def main() -> None:
         action="store_true",
         help="as --ab-groups, B: the store's call without its call-level effects (dispatch_batch "
         "and the four arrival filters per group, as before groupdispatch)",
+    )
+    ap.add_argument(
+        "--ab-groupc",
+        action="store_true",
+        help="as --ab-groups, B: the store's call in Python (group_put.put_groups_py), A: its "
+        "compiled twin (tidemq_store_mmap._group_put; groupc)",
     )
     args = ap.parse_args()
     try:

@@ -433,6 +433,12 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
         click.echo(f"sync flush rounds: {flush_rounds_description()}")
     except ImportError:
         pass
+    try:  # the mmap store's put of a call's groups (issue 38)
+        from tidemq_store_mmap.group_put import describe as group_put_description
+
+        click.echo(f"store group put: {group_put_description()}")
+    except ImportError:
+        pass
     ctx.exit()
 
 

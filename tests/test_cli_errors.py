@@ -200,12 +200,14 @@ def test_version_names_the_version_and_each_compiled_extension() -> None:
     assert lines[4].startswith("spark columns: ")
     assert "pull lane: PULL_MESSAGE (compiled: tidemq._native._pull_lane)" in lines[5]
     assert lines[6].startswith("sync flush rounds: compiled (tidemq_flush._round")
+    assert lines[7].startswith("store group put: compiled (tidemq_store_mmap._group_put")
     pure = tidemq("--version", env={"TIDEMQ_NO_EXTENSIONS": "1"}).stdout
     assert "codec: pure Python" in pure and "hash index: pure Python" in pure
     assert "request lanes: none (the Python handlers serve every request" in pure
     assert "spark columns: pure Python (TIDEMQ_NO_EXTENSIONS=1)" in pure
     assert "pull lane: no pull lane (the Python handler serves every pull: TIDEMQ_NO_EXTENSIONS=1)" in pure
     assert "sync flush rounds: the Python flush thread" in pure
+    assert "store group put: Python (tidemq_store_mmap.group_put: TIDEMQ_NO_EXTENSIONS=1)" in pure
 
 
 def test_check_config_show_prints_every_effective_value_as_toml(tmp_path: Path) -> None:

@@ -12,6 +12,10 @@ Broker level: ``SendService.put`` (and the read lane's compiled ``put_sends``) p
 with one store call, and gives the same sends' outcomes and commit log as with the capability
 hidden, a refused group redone in halves before the next groups, a store that raises answered as
 before.
+
+The store's call is the compiled twin (``tidemq_store_mmap._group_put``) when built, the Python
+reference under ``TIDEMQ_NO_EXTENSIONS=1``: both are held to one put per group here, and to each
+other in ``test_group_put_compiled.py``.
 """
 
 from __future__ import annotations

@@ -189,7 +189,8 @@ class ConsumeQueue:
         """The entries of a compiled batch just placed in the commit log (``PreparedRecords``):
         packed by one compiled call straight into the mapping, where zeros already wait for them
         (:func:`.commitlog.zero_ahead`); else as :meth:`put_packed` of ``batch.cq_entries(tags)``.
-        The same bytes either way.
+        The same bytes either way.  ``_group_put._put_prepared_fast`` (the store's compiled call of
+        a read's groups) makes the same checks on the same fields: change both together.
         """
         last = self._zeroed_mf
         if last is not None:

@@ -24,6 +24,11 @@ The call stops right after a group refused for one of its messages (``MESSAGE_IL
 ``PROPERTIES_SIZE_EXCEEDED``): the broker redoes such a group in halves before the next ones
 (``tidemq.broker.services.put.store_groups``), so the order of the puts stays that of one put per
 group.
+
+:func:`put_groups` runs the compiled twin of :func:`put_groups_py` when it is built
+(``tidemq_store_mmap._group_put``, issue 38 groupc: the prepare's checks, the plan, the
+consume-queue entries and the results of a call's groups without the interpreter; the same effects
+and results); :func:`put_groups_py` stays the reference and the fallback (``TIDEMQ_NO_EXTENSIONS=1``).
 """
 
 from __future__ import annotations
@@ -32,11 +37,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 import attrs
 
 from tidemq.delay import SCHEDULE_TOPIC
+from tidemq.extensions import compiled_twin
 from tidemq.futures import StoreFuture
 from tidemq.message import MessageInner
 from tidemq.names import InvalidNameError
@@ -114,7 +121,23 @@ def _effects(store: MmapMessageStore) -> _Effects | None:
 
 def put_groups(store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]) -> list[Future[PutResult]]:
     """:meth:`MmapMessageStore.put_message_groups`: one future per group put, in order (see the
-    module's text); raises only when nothing was put (the first group's preparation raised)."""
+    module's text); raises only when nothing was put (the first group's preparation raised).
+
+    The compiled twin (:data:`compiled`, ``tidemq_store_mmap._group_put``; groupc) when built and
+    allowed, else :func:`put_groups_py`, the reference: the same effects and results."""
+    twin = compiled
+    if twin is not None:
+        return cast("list[Future[PutResult]]", twin.put_groups(store, groups))
+    return put_groups_py(store, groups)
+
+
+def put_groups_py(
+    store: MmapMessageStore, groups: Sequence[Sequence[MessageInner]]
+) -> list[Future[PutResult]]:
+    """:func:`put_groups` in Python: the reference and the fallback (``TIDEMQ_NO_EXTENSIONS=1``).
+
+    ``_group_put.pyx`` follows it (and :func:`_plan`, :func:`_write_run`) step for step: change
+    both together (``tests/test_group_put_compiled.py`` holds them equal)."""
     n = len(groups)
     if n == 0:
         return []
@@ -456,3 +479,19 @@ def _write_run(
                 reput.dispatch(msgs, offsets, sizes, tags, ts, -1, False, columns)
         placed[k] = (queue_offset, batch, compiled, ts, offsets)
     return -1
+
+
+#: The compiled twin of :func:`put_groups_py` (issue 38, groupc), None when not built or
+#: ``TIDEMQ_NO_EXTENSIONS=1``.  Chosen last: it imports this module's helpers.
+_TWIN = "tidemq_store_mmap._group_put"
+compiled: ModuleType | None = compiled_twin(_TWIN)
+
+
+def describe() -> str:
+    """One line for ``tidemq --version``: which put of a call's groups the mmap store runs."""
+    if compiled is not None:
+        return f"compiled ({_TWIN}: the prepare's checks, plan, queue entries and results of a call's groups)"
+    from tidemq.extensions import twins
+
+    reason = next((t.reason for t in twins() if t.module == _TWIN), "not built")
+    return f"Python (tidemq_store_mmap.group_put: {reason})"
