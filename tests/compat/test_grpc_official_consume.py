@@ -173,6 +173,10 @@ def test_simple_consumer_messages_never_acked_reach_the_dead_letter_queue_after_
         "1",
         "--wait",
         "14",
+        "--deliveries",  # the third delivery is the last: 4 s more (4 invisible times) to see a 4th
+        "3",
+        "--grace",
+        "4",
     )
     deliveries = [x for x in lines if "body" in x]
     assert [d["attempt"] for d in deliveries] == [1, 2, 3], deliveries
