@@ -93,7 +93,7 @@ def main() -> None:
     if args.compare:
         before = {r["file"]: r["seconds"] for r in json.loads(args.compare.read_text())["per_file"]}
         after = {r["file"]: r["seconds"] for r in result["per_file"]}
-        rows = sorted(set(before) | set(after), key=lambda f: after.get(f, 0) - before.get(f, 0))
+        rows = sorted(set(after), key=lambda f: after.get(f, 0) - before.get(f, 0))
         print("\nper file, after - before (s):")
         for f in rows:
             d = after.get(f, 0) - before.get(f, 0)
