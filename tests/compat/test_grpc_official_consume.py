@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Server
-from test_grpc_official import V4_WORKER, GrpcCluster, grpc_server  # noqa: F401
+from test_grpc_official import V4_WORKER, GrpcCluster, grpc_server, shared_clusters  # noqa: F401
 from test_grpc_official import v5_python as v5_python_fixture
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio) is not installed")
@@ -36,28 +35,9 @@ FAST = "receive_min_invisible_ms = 1000\nreceive_min_polling_ms = 1000\n"
 
 @pytest.fixture(scope="module")
 def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], GrpcCluster]]:
-    """One NameServer + gRPC broker per HTTP/2 server kind, shared by the module's tests: each has
-    topics and groups of its own, and none restarts the broker or reads broker-wide figures."""
-    started: list[Server] = []
-    made: dict[str, GrpcCluster] = {}
-
-    def of(kind: str) -> GrpcCluster:
-        if kind not in made:
-            tmp = tmp_path_factory.mktemp(f"grpc-consume-{kind}")
-
-            def spawn(*args: str) -> Server:
-                server = Server(list(args), tmp)
-                started.append(server)
-                return server
-
-            made[kind] = GrpcCluster(spawn, tmp, FAST)
-        return made[kind]
-
-    try:
-        yield of
-    finally:
-        for server in reversed(started):
-            server.stop()
+    """One NameServer + gRPC broker (FAST) per HTTP/2 server kind, shared by the module's tests:
+    each has topics and groups of its own, and none restarts the broker or reads broker-wide figures."""
+    yield from shared_clusters(tmp_path_factory, FAST)
 
 
 @pytest.fixture
