@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import Server
-from test_delay_schedule import MQ, Collector, run
+from test_delay_schedule import MQ, Collector, module_mq, run
 
 from tidemq.client import LocalTransactionState, Message, MessageExt, TransactionProducer
 from tidemq.message import Prop
@@ -50,19 +49,7 @@ def shared_mq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MQ]:
     """One NameServer + broker (FAST_CHECKS) for the tests that neither restart it nor change its
     settings: each has a topic, producer group and consumer group of its own, and every half
     message a test leaves is resolved (commit, rollback or a check answered COMMIT)."""
-    tmp = tmp_path_factory.mktemp("tx-shared")
-    started: list[Server] = []
-
-    def spawn(*args: str) -> Server:
-        server = Server(list(args), tmp)
-        started.append(server)
-        return server
-
-    try:
-        yield MQ(spawn, tmp, **FAST_CHECKS)
-    finally:
-        for server in reversed(started):
-            server.stop()
+    yield from module_mq(tmp_path_factory.mktemp("tx-shared"), **FAST_CHECKS)
 
 
 async def wait_until(predicate: Any, timeout: float) -> bool:
