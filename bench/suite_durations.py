@@ -18,12 +18,13 @@ import os
 import re
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 LINE = re.compile(r"^\s*([0-9.]+)s (setup|call|teardown)\s+(\S.*)$")
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*?) in ([0-9.]+)s")
 
 
-def parse(text: str) -> dict[str, object]:
+def parse(text: str) -> dict[str, Any]:
     tests: dict[str, dict[str, float]] = defaultdict(lambda: {"setup": 0.0, "call": 0.0, "teardown": 0.0})
     summary = ""
     reported = 0.0
@@ -41,16 +42,16 @@ def parse(text: str) -> dict[str, object]:
         path = nodeid.split("::", 1)[0]
         files[path] += sum(phases.values())
         counts[path] += 1
-    per_test = sorted(
+    per_test: list[dict[str, Any]] = sorted(
         (
             {"test": k, **{p: round(v, 3) for p, v in ph.items()}, "total": round(sum(ph.values()), 3)}
             for k, ph in tests.items()
         ),
-        key=lambda r: -r["total"],
+        key=lambda r: -float(r["total"]),
     )
-    per_file = sorted(
+    per_file: list[dict[str, Any]] = sorted(
         ({"file": f, "seconds": round(s, 2), "tests": counts[f]} for f, s in files.items()),
-        key=lambda r: -r["seconds"],
+        key=lambda r: -float(r["seconds"]),
     )
     return {
         "summary": summary,
@@ -59,6 +60,18 @@ def parse(text: str) -> dict[str, object]:
         "per_file": per_file,
         "per_test": per_test,
     }
+
+
+def dumps(result: dict[str, Any]) -> str:
+    """JSON with one line per file and per test (a diff shows which moved)."""
+    parts = []
+    for key, value in result.items():
+        if isinstance(value, list):
+            rows = ",\n  ".join(json.dumps(row) for row in value)
+            parts.append(f"{json.dumps(key)}: [\n  {rows}\n ]")
+        else:
+            parts.append(f"{json.dumps(key)}: {json.dumps(value)}")
+    return "{\n " + ",\n ".join(parts) + "\n}\n"
 
 
 def main() -> None:
@@ -75,7 +88,7 @@ def main() -> None:
     result["note"] = args.note
     result["loadavg_at_parse"] = os.getloadavg()
     if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        args.out.write_text(dumps(result))
     print(
         result["summary"],
         "in",
