@@ -3,6 +3,8 @@ the proxy in front, all real ``python -m tidemq`` processes (the ``spawn`` fixtu
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import os
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from typing import Any
 from conftest import free_port, wait_for
 
 from tidemq.client import BlockingPullConsumer, PullStatus
+from tidemq.client.admin import AdminClient
 
 BROKERS = ("broker-a", "broker-b")
 
@@ -24,6 +27,7 @@ class ProxyCluster:
         self.namesrv = self.namesrv_server.addresses["namesrv"]
         self.brokers: dict[str, Any] = {}
         self.addresses: dict[str, str] = {}
+        starts: dict[str, tuple[str, ...]] = {}
         for name in BROKERS:
             conf = tmp_path / f"{name}.toml"
             conf.write_text(
@@ -33,7 +37,14 @@ class ProxyCluster:
                 f'namesrv = ["{self.namesrv}"]\n'
                 f'data_dir = "{tmp_path / name}"\n' + broker_toml
             )
-            self.brokers[name] = spawn("broker", "-c", str(conf))
+            starts[name] = ("broker", "-c", str(conf))
+        # The two brokers start side by side (each start is mostly the interpreter's imports); the
+        # proxy after them, so that ``spawn`` stops it first: a broker stopped while the proxy still
+        # holds requests on it takes seconds longer to go.
+        with concurrent.futures.ThreadPoolExecutor(len(starts)) as pool:
+            started = dict(zip(starts, pool.map(lambda args: spawn(*args), starts.values()), strict=True))
+        for name in BROKERS:
+            self.brokers[name] = started[name]
             self.addresses[name] = self.brokers[name].addresses["broker"]
         (tmp_path / "proxy.toml").write_text("[proxy]\n" + proxy_toml)
         self.proxy_server = spawn(
@@ -56,11 +67,26 @@ class ProxyCluster:
     def create_topic(self, topic: str, *options: str, queues: int = 4) -> None:
         """``topic`` on both broker groups, once the NameServer routes it to both."""
         self.admin("updateTopic", "-t", topic, "-r", str(queues), "-w", str(queues), *options)
-        assert wait_for(lambda: topic_brokers(self.admin("topicRoute", "-t", topic)) >= set(BROKERS), 30)
+        # The route, asked in-process (a ``tidemq admin topicRoute`` process per look cost ~1 s each).
+        assert wait_for(lambda: routed_brokers(self.namesrv, topic) >= set(BROKERS), 30), self.admin(
+            "topicRoute", "-t", topic
+        )
 
 
-def topic_brokers(route_json: str) -> set[str]:
-    return {name for name in BROKERS if f'"{name}"' in route_json}
+def routed_brokers(namesrv: str, topic: str) -> set[str]:
+    """The broker names the NameServer routes ``topic`` to (GET_ROUTEINFO_BY_TOPIC), from a thread of
+    its own so a caller inside an event loop can ask too."""
+
+    async def ask() -> set[str]:
+        client = AdminClient(namesrv)
+        try:
+            route = await client.route(topic)
+        finally:
+            await client.close()
+        return {b.broker_name for b in route.broker_datas}
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, ask()).result(30)
 
 
 def drain(namesrv: str, topic: str, group: str) -> dict[bytes, str]:

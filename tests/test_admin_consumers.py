@@ -102,7 +102,10 @@ class Live:
         self.env = env
         self.bodies: list[str] = []
         self.lock = threading.Lock()
-        self.consumer = PushConsumer(group, namesrv=env.namesrv, consume_from="first", rebalance_interval_s=2)
+        # Offsets persisted every second (the client's default is 5 s): the fixture waits for them.
+        self.consumer = PushConsumer(
+            group, namesrv=env.namesrv, consume_from="first", rebalance_interval_s=2, persist_interval_s=1.0
+        )
         self.consumer.subscribe(topic)
         self.consumer.register_listener(self._on)
         env.loop.run(self.consumer.start())
@@ -139,7 +142,7 @@ def live(env: Env) -> Iterator[tuple[Live, list[Any]]]:
     consumer = Live(env, "G_LIVE", TOPIC)
     sent = env.send(TOPIC, 6, "first")
     assert wait_for(lambda: all(consumer.count(f"first-{i}") >= 1 for i in range(6)), 30)
-    # Offsets reach the broker every persist interval (5 s): wait for them to be committed.
+    # Offsets reach the broker every persist interval (1 s here): wait for them to be committed.
     assert wait_for(lambda: env.committed("G_LIVE", TOPIC, 0) + env.committed("G_LIVE", TOPIC, 1) == 6, 20)
     yield consumer, sent
     consumer.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import subprocess
 from pathlib import Path
@@ -23,8 +24,10 @@ class Admin:
 
 @pytest.fixture
 def cluster(spawn: Any, tmp_path: Path, port: int) -> tuple[Admin, str, str]:
-    ns_a = spawn("namesrv", "--listen", "127.0.0.1:0").addresses["namesrv"]
-    ns_b = spawn("namesrv", "--listen", "127.0.0.1:0").addresses["namesrv"]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:  # the two NameServers start side by side
+        ns_a, ns_b = pool.map(
+            lambda _: spawn("namesrv", "--listen", "127.0.0.1:0").addresses["namesrv"], "ab"
+        )
     (tmp_path / "broker.toml").write_text(
         f'[broker]\nname = "broker-x"\ncluster = "C1"\nlisten = "127.0.0.1:{port}"\n'
         f'namesrv = ["{ns_a}", "{ns_b}"]\ndata_dir = "{tmp_path / "data"}"\n'

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port
+from conftest import Server, free_port
 from test_console_browser import _chromium
 
 from tidemq_console.guard import LoginThrottle, SessionStore, TrustedHosts
@@ -58,18 +58,27 @@ def _csrf(page: str) -> str:
     return found.group(1)
 
 
-@pytest.fixture
-def cluster(spawn: Any, tmp_path: Path) -> tuple[Any, str, str]:
-    c = spawn(
-        "standalone",
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--namesrv-listen",
-        "127.0.0.1:0",
-        "--broker-listen",
-        "127.0.0.1:0",
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str, str]]:
+    """One standalone NameServer + broker behind the module's consoles (each test starts its own
+    console; the topics they make have names of their own)."""
+    tmp = tmp_path_factory.mktemp("console-security")
+    c = Server(
+        [
+            "standalone",
+            "--data-dir",
+            str(tmp / "data"),
+            "--namesrv-listen",
+            "127.0.0.1:0",
+            "--broker-listen",
+            "127.0.0.1:0",
+        ],
+        tmp,
     )
-    return c, c.addresses["namesrv"], c.addresses["broker"]
+    try:
+        yield c, c.addresses["namesrv"], c.addresses["broker"]
+    finally:
+        c.stop()
 
 
 def _topic_exists(namesrv: str, broker: str, topic: str) -> bool:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from conftest import free_port
+from conftest import Server, free_port
 
 from tidemq.client import ConsumeFrom, ConsumeStatus, Message, MessageExt, Producer, PushConsumer
 from tidemq.delay import parse_delay_levels
@@ -67,6 +67,23 @@ class MQ:
 
     def stop_broker(self) -> None:
         assert self.broker.stop() == 0, self.broker.log_path.read_text()[-2000:]
+
+
+def module_mq(tmp: Path, **broker: Any) -> Iterator[MQ]:
+    """For a module fixture: an MQ whose NameServer and broker live as long as the fixture (shared by
+    the tests that neither restart the broker nor read broker-wide figures), stopped at its end."""
+    started: list[Server] = []
+
+    def spawn(*args: str) -> Server:
+        server = Server(list(args), tmp)
+        started.append(server)
+        return server
+
+    try:
+        yield MQ(spawn, tmp, **broker)
+    finally:
+        for server in reversed(started):
+            server.stop()
 
 
 class Collector:

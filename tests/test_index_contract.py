@@ -27,6 +27,9 @@ class TestHashIndexTinyFilesContract(_BuiltIn):
 
     index_name = "hash"
     index_options: ClassVar[dict[str, Any]] = {"max_hash_slot_num": 7, "max_index_num": 17}
+    #: 600 keys still roll ~38 files under the readers (and flush twice); each query walks every file,
+    #: so 1 500 took ~8 s here.
+    concurrent_messages: ClassVar[int] = 600
 
 
 class TestNoIndexContract(_BuiltIn):

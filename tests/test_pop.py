@@ -16,7 +16,19 @@ from tidemq.client.errors import BrokerError
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[PopEnv]:
+    """A broker of the test's own: for tests that restart it or read broker-wide figures."""
     e = PopEnv(tmp_path)
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PopEnv]:
+    """One broker for the tests that neither restart it nor read broker-wide figures: each has a
+    topic and groups of its own (PopT<n>, GPOP<n>), so what one leaves in flight is not another's."""
+    e = PopEnv(tmp_path_factory.mktemp("pop-shared"))
     try:
         yield e
     finally:
@@ -27,7 +39,8 @@ def bodies(msgs) -> list[bytes]:
     return sorted(m.body for m in msgs)
 
 
-def test_unacknowledged_messages_come_back_after_their_invisible_time(env: PopEnv) -> None:
+def test_unacknowledged_messages_come_back_after_their_invisible_time(shared: PopEnv) -> None:
+    env = shared
     env.send("PopT", 10, "m")
     c = env.consumer("GPOP1", "PopT")
     first = env.receive_all(c, 10, invisible=1.5)
@@ -47,7 +60,8 @@ def test_unacknowledged_messages_come_back_after_their_invisible_time(env: PopEn
     assert env.receive(c, 32, 1.0, 0.3) == []
 
 
-def test_an_ack_handle_is_spent_once_and_stale_after_redelivery(env: PopEnv) -> None:
+def test_an_ack_handle_is_spent_once_and_stale_after_redelivery(shared: PopEnv) -> None:
+    env = shared
     env.send("PopT2", 1, "s")
     c = env.consumer("GPOP2", "PopT2")
     [m] = env.receive_all(c, 1, invisible=1.0)
@@ -62,7 +76,8 @@ def test_an_ack_handle_is_spent_once_and_stale_after_redelivery(env: PopEnv) -> 
     assert err.value.code == 208
 
 
-def test_change_invisible_duration_gives_a_new_handle(env: PopEnv) -> None:
+def test_change_invisible_duration_gives_a_new_handle(shared: PopEnv) -> None:
+    env = shared
     env.send("PopT3", 2, "c")
     c = env.consumer("GPOP3", "PopT3")
     msgs = env.receive_all(c, 2, invisible=1.0)
@@ -75,7 +90,8 @@ def test_change_invisible_duration_gives_a_new_handle(env: PopEnv) -> None:
     env.loop.run(c.ack(longer))
 
 
-def test_pop_and_classic_groups_on_one_topic_are_independent(env: PopEnv) -> None:
+def test_pop_and_classic_groups_on_one_topic_are_independent(shared: PopEnv) -> None:
+    env = shared
     from tidemq.client import PullConsumer
 
     env.send("PopT4", 8, "i")
@@ -99,7 +115,8 @@ def test_pop_and_classic_groups_on_one_topic_are_independent(env: PopEnv) -> Non
     assert env.receive(other, 32, 1.0, 0.3) == []
 
 
-def test_past_retry_max_times_a_message_goes_to_the_dlq(env: PopEnv) -> None:
+def test_past_retry_max_times_a_message_goes_to_the_dlq(shared: PopEnv) -> None:
+    env = shared
     env.update_group("GPOP5", retryMaxTimes=1)
     env.send("PopT5", 1, "d")
     c = env.consumer("GPOP5", "PopT5")

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import runtime_info, wait_for
-from test_delay_schedule import MQ, Collector
+from test_delay_schedule import MQ, Collector, module_mq
 from test_transaction_messages import Listener
 
 from tidemq.broker.timer import TIMER_OUT_MS, TIMER_TOPIC
@@ -31,6 +32,13 @@ PRECISION_MS = 100
 #: Allowed lateness beyond the precision (a loaded CI machine, the consumer's pull).
 SLACK_MS = 1000
 TIMER = {"timer_precision_ms": PRECISION_MS, "timer_flush_interval_ms": 100, "timer_max_delay_sec": 3600}
+
+
+@pytest.fixture(scope="module")
+def shared_mq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MQ]:
+    """One NameServer + broker (TIMER) for the tests that neither restart it nor count what waits in
+    rmq_sys_wheel_timer or the timer metrics (broker-wide): each has topics and groups of its own."""
+    yield from module_mq(tmp_path_factory.mktemp("timer-shared"), **TIMER)
 
 
 def run(coro: Any, timeout: float = 60) -> Any:
@@ -234,8 +242,8 @@ def test_timer_wheel_disabled_refuses_timer_messages(spawn, tmp_path) -> None:
     run(main())
 
 
-def test_batch_with_timers_waits_whole_each_until_its_time(spawn, tmp_path) -> None:
-    mq = MQ(spawn, tmp_path, **TIMER)
+def test_batch_with_timers_waits_whole_each_until_its_time(shared_mq: MQ) -> None:
+    mq = shared_mq
     topic = "TimerBatch"
 
     async def main() -> list[MessageExt]:
@@ -404,10 +412,8 @@ def test_sigkill_while_delivering_loses_none_and_repeats_only_the_last_interval(
 # ---------------------------------------------------------------------------- transactions
 
 
-def test_transactional_timer_starts_at_the_commit_and_a_bad_one_is_refused_at_the_half(
-    spawn, tmp_path
-) -> None:
-    mq = MQ(spawn, tmp_path, **TIMER)
+def test_transactional_timer_starts_at_the_commit_and_a_bad_one_is_refused_at_the_half(shared_mq: MQ) -> None:
+    mq = shared_mq
     topic = "TimerTx"
 
     async def main() -> tuple[MessageExt, str]:
@@ -556,10 +562,10 @@ def test_a_stored_reply_with_a_timer_waits_and_a_bad_one_is_refused(spawn, tmp_p
 # ---------------------------------------------------------------------------- recall
 
 
-def test_recall_cancels_a_pending_timer_and_answers_rocketmqs_codes(spawn, tmp_path) -> None:
+def test_recall_cancels_a_pending_timer_and_answers_rocketmqs_codes(shared_mq: MQ) -> None:
     from tidemq.broker.timer.recall import RecallHandle, decode_handle
 
-    mq = MQ(spawn, tmp_path, **TIMER)
+    mq = shared_mq
     topic = "TimerRecall"
 
     async def send_raw(client: Any, body: bytes, props: dict[str, str]) -> RemotingCommand:
@@ -793,13 +799,13 @@ def test_a_recall_answered_success_holds_across_a_sigkill(spawn, tmp_path) -> No
     assert sorted(keys) == sorted(kept), sorted(keys)  # each kept one once, no recalled one
 
 
-def test_recalls_racing_the_due_moment_either_cancel_or_say_too_late(spawn, tmp_path) -> None:
+def test_recalls_racing_the_due_moment_either_cancel_or_say_too_late(shared_mq: MQ) -> None:
     """Recalls sent around the moment their messages are due: a recall answered SUCCESS means the
     message is never delivered, one answered ILLEGAL_OPERATION means it is (never both, never
     neither)."""
     from tidemq.message import properties_to_string
 
-    mq = MQ(spawn, tmp_path, **TIMER)
+    mq = shared_mq
     topic = "TimerRecallRace"
     n = 24
 

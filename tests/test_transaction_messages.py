@@ -12,9 +12,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from test_delay_schedule import MQ, Collector, run
+import pytest
+from test_delay_schedule import MQ, Collector, module_mq, run
 
 from tidemq.client import LocalTransactionState, Message, MessageExt, TransactionProducer
 from tidemq.message import Prop
@@ -42,6 +44,14 @@ class Listener:
         return self.check_state
 
 
+@pytest.fixture(scope="module")
+def shared_mq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MQ]:
+    """One NameServer + broker (FAST_CHECKS) for the tests that neither restart it nor change its
+    settings: each has a topic, producer group and consumer group of its own, and every half
+    message a test leaves is resolved (commit, rollback or a check answered COMMIT)."""
+    yield from module_mq(tmp_path_factory.mktemp("tx-shared"), **FAST_CHECKS)
+
+
 async def wait_until(predicate: Any, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -51,8 +61,8 @@ async def wait_until(predicate: Any, timeout: float) -> bool:
     return predicate()
 
 
-def test_commit_delivers_and_rollback_never_does(spawn, tmp_path) -> None:
-    mq = MQ(spawn, tmp_path, **FAST_CHECKS)
+def test_commit_delivers_and_rollback_never_does(shared_mq: MQ) -> None:
+    mq = shared_mq
     topic = "TxTopic"
 
     async def main() -> None:
@@ -84,8 +94,8 @@ def test_commit_delivers_and_rollback_never_does(spawn, tmp_path) -> None:
     run(main())
 
 
-def test_unknown_is_checked_back_then_committed(spawn, tmp_path) -> None:
-    mq = MQ(spawn, tmp_path, **FAST_CHECKS)
+def test_unknown_is_checked_back_then_committed(shared_mq: MQ) -> None:
+    mq = shared_mq
     topic = "TxUnknown"
 
     async def main() -> None:
@@ -149,8 +159,8 @@ CRASHING_PRODUCER = textwrap.dedent(
 )
 
 
-def test_check_reaches_another_producer_of_the_group_after_a_crash(spawn, tmp_path) -> None:
-    mq = MQ(spawn, tmp_path, **FAST_CHECKS)
+def test_check_reaches_another_producer_of_the_group_after_a_crash(shared_mq: MQ) -> None:
+    mq = shared_mq
     topic = "TxCrash"
     doomed = subprocess.Popen(
         [sys.executable, "-c", CRASHING_PRODUCER, mq.ns, topic], stdout=subprocess.PIPE, text=True
@@ -209,9 +219,9 @@ def test_pending_transaction_is_checked_after_a_broker_restart(spawn, tmp_path) 
     run(resolve())
 
 
-def test_delayed_transactional_message_is_not_delayed(spawn, tmp_path) -> None:
+def test_delayed_transactional_message_is_not_delayed(shared_mq: MQ) -> None:
     """As RocketMQ's TransactionMQProducer: the DELAY level of a transactional message is dropped."""
-    mq = MQ(spawn, tmp_path, **FAST_CHECKS)
+    mq = shared_mq
 
     async def main() -> None:
         listener = Listener(LocalTransactionState.COMMIT)
@@ -229,13 +239,13 @@ def test_delayed_transactional_message_is_not_delayed(spawn, tmp_path) -> None:
     run(main())
 
 
-def test_end_transaction_is_checked_and_idempotent(spawn, tmp_path) -> None:
+def test_end_transaction_is_checked_and_idempotent(shared_mq: MQ) -> None:
     from tidemq.message import TRANSACTION_COMMIT_TYPE, decode_message_id
     from tidemq.plugins import get_plugin_manager
     from tidemq.remoting.codes import RequestCode, ResponseCode
     from tidemq.remoting.command import RemotingCommand
 
-    mq = MQ(spawn, tmp_path, **FAST_CHECKS)
+    mq = shared_mq
     topic = "TxTwice"
 
     async def main() -> None:

@@ -15,12 +15,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import v5_venv
-from conftest import free_port
+from conftest import Server, free_port
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio) is not installed")
 pytest.importorskip("rocketmq.client", reason="the official client (rocketmq==0.4.4) is not installed")
@@ -112,10 +113,49 @@ class GrpcCluster:
         return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
+def shared_clusters(
+    tmp_path_factory: pytest.TempPathFactory, grpc_toml: str = ""
+) -> Iterator[Callable[[str], GrpcCluster]]:
+    """For a module fixture: one NameServer + gRPC broker per HTTP/2 server kind, made on first use
+    and shared by the module's tests that neither restart it nor read broker-wide figures (each
+    keeps topics and groups of its own); all stopped at the end."""
+    started: list[Server] = []
+    made: dict[str, GrpcCluster] = {}
+
+    def of(kind: str) -> GrpcCluster:
+        if kind not in made:
+            tmp = tmp_path_factory.mktemp(f"grpc-{kind}")
+
+            def spawn(*args: str) -> Server:
+                server = Server(list(args), tmp)
+                started.append(server)
+                return server
+
+            GrpcCluster.server = kind
+            made[kind] = GrpcCluster(spawn, tmp, grpc_toml)
+        return made[kind]
+
+    try:
+        yield of
+    finally:
+        for server in reversed(started):
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], GrpcCluster]]:
+    yield from shared_clusters(tmp_path_factory)
+
+
+@pytest.fixture
+def cluster(clusters: Callable[[str], GrpcCluster], grpc_server: str) -> GrpcCluster:
+    """The module's shared cluster of this test's HTTP/2 server kind."""
+    return clusters(grpc_server)
+
+
 def test_v5_producer_sync_and_async_then_a_4x_consumer_reads_it(
-    v5_python: Path, spawn: Any, tmp_path: Path
+    v5_python: Path, cluster: GrpcCluster
 ) -> None:
-    cluster = GrpcCluster(spawn, tmp_path)
     cluster.admin("updateTopic", "-t", "V5Topic", "-r", "4", "-w", "4")
     lines = cluster.run(
         v5_python, V5_WORKER, "produce", "--endpoints", cluster.grpc, "--topic", "V5Topic", "--count", "20"
@@ -154,8 +194,7 @@ def test_v5_producer_sync_and_async_then_a_4x_consumer_reads_it(
         assert record["id"] == ids[i]  # the v5 client's message id is the message's id for 4.x too
 
 
-def test_the_v5_example_sends_sync_and_async(v5_python: Path, spawn: Any, tmp_path: Path) -> None:
-    cluster = GrpcCluster(spawn, tmp_path)
+def test_the_v5_example_sends_sync_and_async(v5_python: Path, cluster: GrpcCluster) -> None:
     example = Path(__file__).resolve().parents[2] / "examples" / "v5_client.py"
     out = subprocess.run(
         # The receive half: tests/compat/test_grpc_standalone.py.
@@ -171,9 +210,8 @@ def test_the_v5_example_sends_sync_and_async(v5_python: Path, spawn: Any, tmp_pa
 
 
 def test_v5_fifo_messages_of_one_group_reach_a_4x_consumer_in_order(
-    v5_python: Path, spawn: Any, tmp_path: Path
+    v5_python: Path, cluster: GrpcCluster
 ) -> None:
-    cluster = GrpcCluster(spawn, tmp_path)
     cluster.admin("updateTopic", "-t", "V5Fifo", "-r", "4", "-w", "4", "-a", "+message.type=FIFO")
     sent = cluster.run(
         v5_python,
@@ -237,7 +275,7 @@ def test_v5_producer_over_tls(v5_python: Path, spawn: Any, tmp_path: Path) -> No
 
 
 def test_what_a_4x_producer_sent_is_pulled_over_grpc_with_its_id_tag_keys_and_properties(
-    spawn: Any, tmp_path: Path
+    cluster: GrpcCluster,
 ) -> None:
     # The reverse direction, as far as the v5 clients can go without POP: the v5 pull RPC.
     import asyncio
@@ -247,7 +285,6 @@ def test_what_a_4x_producer_sent_is_pulled_over_grpc_with_its_id_tag_keys_and_pr
     from tidemq_transport_grpc.proto import load
 
     pb = load()
-    cluster = GrpcCluster(spawn, tmp_path)
     cluster.admin("updateTopic", "-t", "V4ToV5", "-r", "1", "-w", "1")
     sent = cluster.run(
         sys.executable,

@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_grpc_official import V4_WORKER, GrpcCluster, grpc_server  # noqa: F401
+from conftest import wait_for
+from test_grpc_official import V4_WORKER, GrpcCluster, grpc_server, shared_clusters  # noqa: F401
 from test_grpc_official import v5_python as v5_python_fixture
 
 pytest.importorskip("grpc", reason="the grpc extra (grpcio) is not installed")
@@ -32,8 +34,16 @@ WORKER = Path(__file__).with_name("v5_consume_client.py")
 FAST = "receive_min_invisible_ms = 1000\nreceive_min_polling_ms = 1000\n"
 
 
-def cluster_of(spawn: Any, tmp_path: Path) -> GrpcCluster:
-    return GrpcCluster(spawn, tmp_path, FAST)
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], GrpcCluster]]:
+    """One NameServer + gRPC broker (FAST) per HTTP/2 server kind, shared by the module's tests:
+    each has topics and groups of its own, and none restarts the broker or reads broker-wide figures."""
+    yield from shared_clusters(tmp_path_factory, FAST)
+
+
+@pytest.fixture
+def cluster(clusters: Callable[[str], GrpcCluster], grpc_server: str) -> GrpcCluster:  # noqa: F811
+    return clusters(grpc_server)
 
 
 def v5(cluster: GrpcCluster, python: Path, *args: str, timeout: float = 120) -> list[Any]:
@@ -41,9 +51,8 @@ def v5(cluster: GrpcCluster, python: Path, *args: str, timeout: float = 120) -> 
 
 
 def test_simple_consumer_receives_and_acks_what_a_4x_producer_sent_and_shows_as_a_consumer(
-    v5_python: Path, spawn: Any, tmp_path: Path
+    v5_python: Path, cluster: GrpcCluster
 ) -> None:
-    cluster = cluster_of(spawn, tmp_path)
     cluster.admin("updateTopic", "-t", "V4ToSimple", "-r", "2", "-w", "2")
     sent = cluster.run(
         sys.executable,
@@ -104,9 +113,8 @@ def test_simple_consumer_receives_and_acks_what_a_4x_producer_sent_and_shows_as_
 
 
 def test_simple_consumer_redelivery_after_the_invisible_time_and_change_invisible_duration(
-    v5_python: Path, spawn: Any, tmp_path: Path
+    v5_python: Path, cluster: GrpcCluster
 ) -> None:
-    cluster = cluster_of(spawn, tmp_path)
     cluster.admin("updateTopic", "-t", "V5Invisible", "-r", "1", "-w", "1")
     v5(cluster, v5_python, "produce", "--topic", "V5Invisible", "--count", "2")
     # Left unacknowledged for its 2 s of invisibility: delivered again, attempt 2.
@@ -151,9 +159,8 @@ def test_simple_consumer_redelivery_after_the_invisible_time_and_change_invisibl
 
 @pytest.mark.slow
 def test_simple_consumer_messages_never_acked_reach_the_dead_letter_queue_after_max_attempts(
-    v5_python: Path, spawn: Any, tmp_path: Path
+    v5_python: Path, cluster: GrpcCluster
 ) -> None:
-    cluster = cluster_of(spawn, tmp_path)
     cluster.admin("updateTopic", "-t", "V5Dlq", "-r", "1", "-w", "1")
     cluster.admin(
         "updateSubGroup", "-b", cluster.broker, "-g", "G_DLQ", "-r", "2"
@@ -173,18 +180,26 @@ def test_simple_consumer_messages_never_acked_reach_the_dead_letter_queue_after_
         "1",
         "--wait",
         "14",
+        "--deliveries",  # the third delivery is the last: 4 s more (4 invisible times) to see a 4th
+        "3",
+        "--grace",
+        "4",
     )
     deliveries = [x for x in lines if "body" in x]
     assert [d["attempt"] for d in deliveries] == [1, 2, 3], deliveries
     assert len({d["message_id"] for d in deliveries}) == 1
-    status = cluster.admin("topicStatus", "-t", "%DLQ%G_DLQ")
-    assert any(line.split()[-3:-2] == ["1"] or " 1 " in line for line in status.splitlines()[1:]), status
+
+    # (it moves there one invisible time after the third delivery: within the grace above, or soon after)
+    def dlq_holds_it() -> bool:
+        status = cluster.admin("topicStatus", "-t", "%DLQ%G_DLQ")
+        return any(line.split()[-3:-2] == ["1"] or " 1 " in line for line in status.splitlines()[1:])
+
+    assert wait_for(dlq_holds_it, 15), cluster.admin("topicStatus", "-t", "%DLQ%G_DLQ")
 
 
 def test_push_consumer_consumes_all_and_a_failed_message_comes_back(
-    v5_python: Path, spawn: Any, tmp_path: Path
+    v5_python: Path, cluster: GrpcCluster
 ) -> None:
-    cluster = cluster_of(spawn, tmp_path)
     cluster.admin("updateTopic", "-t", "V5Push", "-r", "4", "-w", "4")
     sent = v5(cluster, v5_python, "produce", "--topic", "V5Push", "--count", "12")
     lines = v5(
@@ -210,10 +225,7 @@ def test_push_consumer_consumes_all_and_a_failed_message_comes_back(
     assert (failure["attempt"], retried["attempt"]) == (1, 2)
 
 
-def test_fifo_push_consumer_gets_each_message_group_in_order(
-    v5_python: Path, spawn: Any, tmp_path: Path
-) -> None:
-    cluster = cluster_of(spawn, tmp_path)
+def test_fifo_push_consumer_gets_each_message_group_in_order(v5_python: Path, cluster: GrpcCluster) -> None:
     cluster.admin("updateTopic", "-t", "V5FifoPush", "-r", "4", "-w", "4", "-a", "+message.type=FIFO")
     cluster.admin("updateSubGroup", "-b", cluster.broker, "-g", "G_FIFO_PUSH", "-o", "true")
     v5(cluster, v5_python, "produce", "--topic", "V5FifoPush", "--count", "24", "--groups", "ga,gb,gc")
@@ -242,9 +254,8 @@ def test_fifo_push_consumer_gets_each_message_group_in_order(
 
 @pytest.mark.slow
 def test_a_4x_consumer_reads_what_a_5x_producer_sent_and_a_timer_message_is_recalled(
-    v5_python: Path, spawn: Any, tmp_path: Path
+    v5_python: Path, cluster: GrpcCluster
 ) -> None:
-    cluster = cluster_of(spawn, tmp_path)
     cluster.admin("updateTopic", "-t", "V5Recall", "-r", "1", "-w", "1", "-a", "+message.type=DELAY")
     (answer,) = v5(cluster, v5_python, "recall", "--topic", "V5Recall", "--delay", "4")
     assert answer["handle"] and answer["recalled_id"] == answer["recalled"]

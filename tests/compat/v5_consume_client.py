@@ -10,7 +10,7 @@ environment, started by tests/compat/test_grpc_official_consume.py.
 ``simple`` modes: ``ack`` (receive and ack until N messages), ``redeliver`` (one message left
 unacknowledged comes back after its invisible time), ``change`` (one message's invisible time
 shortened with change_invisible_duration comes back early), ``dlq`` (receive, never ack, for
-``--wait`` seconds); with ``--pause`` it prints ``{"paused": ...}`` after its first messages and
+``--wait`` seconds, or ``--grace`` seconds after ``--deliveries`` deliveries); with ``--pause`` it prints ``{"paused": ...}`` after its first messages and
 waits for a line on stdin (the test looks at the broker meanwhile).
 """
 
@@ -87,9 +87,13 @@ def simple(args: argparse.Namespace) -> None:
             consumer.ack(again)
             line(acked=again.message_id)
         elif args.mode == "dlq":
+            seen = 0
             while time.monotonic() < deadline:
                 for msg in consumer.receive(16, args.invisible):
                     line(**record(msg))  # never acknowledged
+                    seen += 1
+                    if seen == args.deliveries:  # listen ``--grace`` more seconds for one too many
+                        deadline = min(deadline, time.monotonic() + args.grace)
     finally:
         consumer.shutdown()
 
@@ -224,6 +228,10 @@ def main() -> None:
     p.add_argument("--poll", type=int, default=2, help="simple: await_duration (long polling), seconds")
     p.add_argument("--wait", type=float, default=60.0)
     p.add_argument("--pause", action="store_true")
+    p.add_argument(
+        "--deliveries", type=int, default=0, help="simple dlq: stop --grace seconds after this many"
+    )
+    p.add_argument("--grace", type=float, default=0.0, help="simple dlq: see --deliveries")
     p.add_argument("--fail-first", action="store_true", help="push: the first delivery of *-0 fails")
     p.add_argument("--slow", type=float, default=0.0, help="push: seconds each message takes")
     p.add_argument("--groups", default="", help="produce: message groups, round robin (FIFO)")
