@@ -469,22 +469,29 @@ def test_the_index_thread_is_not_woken_per_put(tmp_path: Path) -> None:
     index = open_index(tmp_path / "index", max_hash_slot_num=4096, max_index_num=8192)
     try:
         puts = 0
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 0.25:  # a put every 0.5 ms: ~50 of the thread's rounds
+        paused = 0  # gaps between puts of a whole round or more: the thread may idle in each
+        t0 = last = time.perf_counter()
+        # A put every 0.5 ms for >= 0.25 s (~50 of the thread's rounds) and >= 200 puts: a loaded
+        # host that starves this thread makes the run longer, not the check weaker.
+        while (time.perf_counter() - t0 < 0.25 or puts < 200) and time.perf_counter() - t0 < 20:
             dispatch(index, [keyed(puts)], puts * 100, T0 + puts)
             puts += 1
-            pace = t0 + puts * 0.0005
+            pace = max(t0 + puts * 0.0005, time.perf_counter())
             while time.perf_counter() < pace:
                 pass
+            now = time.perf_counter()
+            if now - last >= service.ROUND_S:
+                paused += 1
+            last = now
         keyed_puts = puts
         for _ in range(200):  # keyless puts never wake it
             dispatch(index, [keyless(puts)], puts * 100, T0 + puts)
             puts += 1
         stats = index.stats()
-        assert stats["entries"] == keyed_puts * 3 and keyed_puts > 100
-        # One wake-up from idle (more only if the puts paused for a whole round on a loaded host);
-        # a wake-up per round would be ~50.
-        assert stats["wakeups"] <= 10, stats
+        assert stats["entries"] == keyed_puts * 3 and keyed_puts >= 200
+        # One wake-up from idle, and at most one more per pause of a whole round (a loaded host);
+        # a wake-up per round would be ~50 and more.
+        assert stats["wakeups"] <= 3 + paused, (stats, paused)
     finally:
         index.shutdown()
 
