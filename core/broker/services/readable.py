@@ -122,6 +122,24 @@ class ReadableQueues:
             return None
         return replication.confirm_offset()
 
+    def last_readable_record(self, confirm: int) -> tuple[int, int]:
+        """The commit-log offset and store time of the newest record before ``confirm`` that a
+        consume queue holds ((0, 0) when none): where RocketMQ 5's dispatch, hence its key index,
+        has got under that confirm offset.  One bounded look per queue: for the operators'
+        queries (QUERY_MESSAGE's header), not a hot path."""
+        store = self.broker.store
+        bound = self.broker.read_bound
+        best = (0, 0)
+        for topic, queue_ids in store.topics().items():
+            for queue_id in queue_ids:
+                end = bound.max_offset(topic, queue_id)
+                if end <= max(store.get_min_offset_in_queue(topic, queue_id), 0):
+                    continue
+                phy = store.get_commit_log_offset(topic, queue_id, end - 1)
+                if best[0] < phy < confirm:
+                    best = (phy, store.get_store_time(topic, queue_id, end - 1))
+        return best
+
     def record_readable(self, commit_log_offset: int, confirm: int | None) -> bool:
         """Whether the record at ``commit_log_offset`` is confirmed (``confirm`` from
         :meth:`confirm_offset`; the set acknowledges whole records, so starting before it is
