@@ -109,6 +109,9 @@ __all__ = [
     "PullLanes",
     "PulledRecords",
     "SendFrameLane",
+    "InMemoryWindow",  # the store's pull rule: accessMessageInMemoryMaxRatio of RAM
+    "DEFAULT_IN_MEMORY_RATIO",
+    "memory_for_messages",
     "lane_counts",  # the broker's request lanes: what they served and handed to Python
     "EntryPrefilter",  # filter
     "DispatchingFilterFactory",
@@ -269,6 +272,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "RoleAware",
     ),
     "tidemq.store": (
+        "DEFAULT_IN_MEMORY_RATIO",
         "ArrivalNotifier",
         "BatchDispatcher",
         "Dispatcher",
@@ -276,6 +280,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "GetResult",
         "GetStatus",
         "GroupPut",
+        "InMemoryWindow",
         "MessageStore",
         "PutResult",
         "PutStatus",
@@ -291,6 +296,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "check_queue_offset",
         "dispatch_messages",
         "group_put",
+        "memory_for_messages",
         "store_introspection",
     ),
     "tidemq.transport": (
@@ -399,6 +405,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         RoleAware,
     )
     from tidemq.store import (
+        DEFAULT_IN_MEMORY_RATIO,
         ArrivalNotifier,
         BatchDispatcher,
         Dispatcher,
@@ -406,6 +413,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         GetResult,
         GetStatus,
         GroupPut,
+        InMemoryWindow,
         MessageStore,
         PulledRecords,
         PullLane,
@@ -421,6 +429,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         check_queue_offset,
         dispatch_messages,
         group_put,
+        memory_for_messages,
         store_introspection,
     )
     from tidemq.transport import (
