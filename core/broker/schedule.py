@@ -147,6 +147,9 @@ class ScheduleMessageService:
         """Listen for arrivals in the schedule queues (call before the store starts)."""
         self._loop = loop
         self._events = [asyncio.Event() for _ in self.levels]
+        self._changed = asyncio.Event()  # of this loop, as the levels' events
+        if self._dirty:
+            self._changed.set()
         self.store.add_arrival_listener(self._on_arrival, _is_schedule_queue)
         bound = self.broker.read_bound
         if bound.active:
