@@ -113,6 +113,9 @@ __all__ = [
     "PullLanes",
     "PulledRecords",
     "SendFrameLane",
+    "InMemoryWindow",  # the store's pull rule: accessMessageInMemoryMaxRatio of RAM
+    "DEFAULT_IN_MEMORY_RATIO",
+    "memory_for_messages",
     "lane_counts",  # the broker's request lanes: what they served and handed to Python
     "EntryPrefilter",  # filter
     "DispatchingFilterFactory",
@@ -278,6 +281,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
     "tidemq.store": (
         "ArrivalInterest",
         "ArrivalInterests",
+        "DEFAULT_IN_MEMORY_RATIO",
         "ArrivalNotifier",
         "BatchDispatcher",
         "Dispatcher",
@@ -287,6 +291,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "GetResult",
         "GetStatus",
         "GroupPut",
+        "InMemoryWindow",
         "MessageStore",
         "PutResult",
         "PutStatus",
@@ -303,6 +308,7 @@ _SOURCES: dict[str, tuple[str, ...]] = {
         "arrival_interest",
         "dispatch_messages",
         "group_put",
+        "memory_for_messages",
         "store_introspection",
         "takes_groups",
     ),
@@ -412,6 +418,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         RoleAware,
     )
     from tidemq.store import (
+        DEFAULT_IN_MEMORY_RATIO,
         ArrivalInterest,
         ArrivalInterests,
         ArrivalNotifier,
@@ -423,6 +430,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         GetStatus,
         GroupDispatcher,
         GroupPut,
+        InMemoryWindow,
         MessageStore,
         PulledRecords,
         PullLane,
@@ -439,6 +447,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         check_queue_offset,
         dispatch_messages,
         group_put,
+        memory_for_messages,
         store_introspection,
         takes_groups,
     )

@@ -43,6 +43,7 @@ from tidemq.delay import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from tidemq.errors import ConfigError, PluginError
 from tidemq.names import check_topic_name
 from tidemq.plugins import BUILD_ORDER, ROLES, PluginManager, get_plugin_manager
+from tidemq.store import DEFAULT_IN_MEMORY_RATIO
 
 if typing.TYPE_CHECKING:
     from tidemq.acl import AccessValidator
@@ -254,6 +255,10 @@ class BrokerSettings:
     consumer_housekeeping_s: float = interval(120.0)
     max_frame_size: int = number(16 * 1024 * 1024, ge=1024, le=INT32_MAX)
     slave_read_enable: bool = False
+    # accessMessageInMemoryMaxRatio: % of the machine's memory the newest records count as in (the
+    # page cache); a pull further behind is told to read from a slave, a new group's first
+    # QUERY_CONSUMER_OFFSET on such a backlog starts at the end.
+    access_message_in_memory_max_ratio: int = number(DEFAULT_IN_MEMORY_RATIO, ge=0, le=100)
     auto_create_subscription_group: bool = True
     consumer_offset_flush_s: float = interval(5.0)  # how often committed consumer offsets are written
     # Transactional messages (issue 10): transactionCheckInterval / transactionTimeOut / transactionCheckMax.

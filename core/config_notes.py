@@ -172,6 +172,13 @@ NOTES: dict[str, dict[str, str]] = {
         "rocketmq": "slaveReadEnable",
         "doc": "Masters may send consumers to read from a slave.",
     },
+    "broker.access_message_in_memory_max_ratio": {
+        "runtime": "UPDATE_BROKER_CONFIG",
+        "rocketmq": "accessMessageInMemoryMaxRatio",
+        "doc": "Percent of the machine's memory the newest messages count as in: a pull further "
+        "behind is sent to a slave (with slave_read_enable), a new group's first offset query on "
+        "such a backlog answers QUERY_NOT_FOUND (it starts at the end).",
+    },
     "broker.auto_create_subscription_group": {
         "runtime": "UPDATE_BROKER_CONFIG",
         "rocketmq": "autoCreateSubscriptionGroup",

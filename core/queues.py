@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -15,6 +16,15 @@ class MessageQueue:
     topic: str
     broker_name: str
     queue_id: int
+
+
+class BoundaryType(enum.Enum):
+    """SEARCH_OFFSET_BY_TIMESTAMP's ``boundaryType`` (RocketMQ 5's BoundaryType): of several
+    messages stored at the very time asked, LOWER answers the first, UPPER the last.  LOWER also
+    answers the first offset stored after a time none has, UPPER the last one before it."""
+
+    LOWER = "LOWER"
+    UPPER = "UPPER"
 
 
 @runtime_checkable

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol, TypeGuard, cast, runtime_checkable
@@ -158,6 +159,33 @@ class DispatchRequest:
     sys_flag: int = 0
     prepared_transaction_offset: int = 0
     properties: dict[str, str] = attrs.field(factory=dict)
+
+
+#: ``accessMessageInMemoryMaxRatio``'s default (RocketMQ's): the percentage of the machine's memory
+#: the store's newest records are taken to stay in (the page cache).
+DEFAULT_IN_MEMORY_RATIO = 40
+
+
+def physical_memory() -> int:
+    """The machine's memory in bytes (RocketMQ's fallback of 24 GB when the OS does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 24 << 30
+
+
+def memory_for_messages(ratio_percent: int) -> int:
+    """Bytes behind the commit log's end a record may lie and still count as in memory."""
+    return physical_memory() * ratio_percent // 100
+
+
+@runtime_checkable
+class InMemoryWindow(Protocol):
+    """A store that judges whether a pull reads from memory (``suggest_pulling_from_slave``): a
+    record more than :attr:`memory_for_messages` bytes behind the commit log's end is on disk.
+    The broker sets it from ``[broker] access_message_in_memory_max_ratio``."""
+
+    memory_for_messages: int
 
 
 @runtime_checkable

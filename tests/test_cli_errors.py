@@ -83,6 +83,20 @@ def test_unreadable_tls_file_is_named(tmp_path: Path) -> None:
     assert f"tls_certfile = '{cert}': not readable" in line
 
 
+# ---------------------------------------------------------------------------- an option out of range
+def test_memory_ratio_out_of_range_names_the_option_and_its_range(tmp_path: Path) -> None:
+    """``access_message_in_memory_max_ratio`` (accessMessageInMemoryMaxRatio) is a percentage."""
+    cfg = tmp_path / "broker.toml"
+    for bad in ("150", "-1"):
+        cfg.write_text(f"[broker]\naccess_message_in_memory_max_ratio = {bad}\n")
+        out = tidemq("check-config", str(cfg))
+        assert out.returncode == 2, out.stderr
+        line = one_error_line(out)
+        assert f"access_message_in_memory_max_ratio = {bad} must be >= 0 and <= 100" in line, line
+    cfg.write_text("[broker]\naccess_message_in_memory_max_ratio = 10\n")
+    assert tidemq("check-config", str(cfg)).returncode == 0
+
+
 # ---------------------------------------------------------------------------- a client at the wrong port
 def _ask(addr: str, code: int, times: int) -> list[RemotingCommand]:
     async def run() -> list[RemotingCommand]:

@@ -20,8 +20,10 @@ import pytest
 from tidemq import hookimpl
 from tidemq.client import (
     BROADCASTING,
+    AdminClient,
     BlockingProducer,
     BlockingPushConsumer,
+    BoundaryType,
     ClientInstance,
     ConsumeStatus,
     LoopThread,
@@ -844,6 +846,43 @@ def test_offset_by_timestamp_and_assign_style_polling(cluster: Cluster) -> None:
             assert await again.fetch_consume_offset(q0) == 10
             await again.assign([q0])
             assert again.position(q0) == 10  # resumes from the commit
+
+    cluster.run(main())
+
+
+def test_search_offset_boundary_type_among_messages_of_one_store_time(cluster: Cluster) -> None:
+    """300 messages of one store time (one batch) between two singles: the client's and the admin
+    client's search_offset answer the batch's first offset with LOWER (the default) and its last
+    with UPPER, as Java's DefaultMQAdminExt.searchOffset(mq, ts, boundaryType) does (before:
+    the client had no boundary type, and its searches answered the first)."""
+    topic = unique("SameTs")
+
+    async def main() -> None:
+        async with Producer(unique("PG"), cluster.ns) as p:
+            q0 = (await p.publish_queues(topic))[0]
+            await p.send_to_queue(Message(topic, b"before"), q0)
+            await asyncio.sleep(0.05)
+            batch = [Message(topic, b"same-%d" % i) for i in range(300)]
+            await p.send_batch_to_queue(batch, q0)
+            await asyncio.sleep(0.05)
+            await p.send_to_queue(Message(topic, b"after"), q0)
+        broker = cluster.brokers["broker-a"]
+        store = broker.store
+        same = store.get_store_time(topic, q0.queue_id, 1)
+        assert {store.get_store_time(topic, q0.queue_id, i) for i in range(1, 301)} == {same}
+        async with PullConsumer(unique("CG"), cluster.ns) as c:
+            assert await c.search_offset(q0, same) == 1
+            assert await c.search_offset(q0, same, BoundaryType.LOWER) == 1
+            assert await c.search_offset(q0, same, BoundaryType.UPPER) == 300
+            assert await c.search_offset(q0, same + 1, BoundaryType.UPPER) == 300
+            assert await c.search_offset(q0, same + 1) == 301
+        admin = AdminClient(cluster.ns)
+        try:
+            addr = broker.address
+            assert await admin.search_offset(addr, topic, q0.queue_id, same) == 1
+            assert await admin.search_offset(addr, topic, q0.queue_id, same, BoundaryType.UPPER) == 300
+        finally:
+            await admin.close()
 
     cluster.run(main())
 

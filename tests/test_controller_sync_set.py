@@ -133,12 +133,14 @@ def test_a_sync_master_waits_for_its_whole_set_and_changes_it_only_through_etcd(
         status, _ = await send(master)
         assert status is ReplicaStatus.PUT_OK
 
-        # One slave stops following: sends wait until its removal reached etcd, then go on.
+        # One slave stops following: it leaves the set as its HA connection closes (RocketMQ 5's
+        # removeConnection; before, after sync_set_timeout_s); sends wait until its removal
+        # reached etcd, then go on.
         gone, kept = slaves
         assert gone.client is not None
         await asyncio.to_thread(gone.client.shutdown)
         status, waited = await send(master)
-        assert status is ReplicaStatus.PUT_OK and waited >= 0.5, waited
+        assert status is ReplicaStatus.PUT_OK, waited
         assert gone.broker_id not in tracker.written
         assert (await syncset()).brokers == tuple(sorted((master.broker_id, kept.broker_id)))  # type: ignore[union-attr]
 

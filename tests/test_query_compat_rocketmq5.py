@@ -26,7 +26,6 @@ import pytest
 import test_query_confirm_bound as bound
 from test_query_confirm_bound import Cluster
 
-from tidemq.broker.services import readable
 from tidemq.message import MessageInner
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
@@ -114,31 +113,51 @@ def test_first_start_with_entry_0_unconfirmed_reads_from_0(cluster: Cluster) -> 
     assert _first_start(cluster, "g-held", topic, 0) == 0
 
 
-def test_first_start_on_a_backlog_out_of_memory_is_not_found(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _memory_ratio(cluster: Cluster, percent: int) -> None:
+    """``[broker] access_message_in_memory_max_ratio``, changed over the wire (updateBrokerConfig)."""
+
+    async def update(c: Any) -> RemotingCommand:
+        return await c.call(
+            cluster.addr,
+            RequestCode.UPDATE_BROKER_CONFIG,
+            {},
+            body=f"accessMessageInMemoryMaxRatio={percent}\n".encode(),
+        )
+
+    resp = cluster.ask(update)
+    assert resp.code == ResponseCode.SUCCESS, resp.remark
+    assert cluster.broker.settings.access_message_in_memory_max_ratio == percent
+
+
+def test_first_start_on_a_backlog_out_of_memory_is_not_found(cluster: Cluster) -> None:
     """A queue whose entry 0 lies further behind the log's end than the memory RocketMQ keeps
-    messages in (40 % of RAM; here a few hundred bytes): QUERY_NOT_FOUND, so a new group with
-    CONSUME_FROM_LAST_OFFSET starts at the end instead of replaying the backlog (before: 0).  A
-    queue whose entry 0 is near the end still starts at 0; a committed offset is answered as is."""
+    messages in (accessMessageInMemoryMaxRatio of RAM; here 0 %): QUERY_NOT_FOUND, so a new group
+    with CONSUME_FROM_LAST_OFFSET starts at the end instead of replaying the backlog (before: 0);
+    a committed offset is answered as is.  With the ratio back at its default (40 %) entry 0 is
+    in memory again: 0.  The store's pull rule reads the same option: its pulls behind the window
+    are told to go to a slave."""
     old, new = _topic(cluster, "QcoBacklog"), _topic(cluster, "QcoFresh")
     cluster.put(old, 0, b"old message")
     for i in range(4):
         cluster.put(old, 1, b"filler %d" % i)
     cluster.put(new, 0, b"new message")
     store = cluster.broker.store
-    gap = store.get_max_phy_offset() - store.get_commit_log_offset(old, 0, 0)
-    monkeypatch.setattr(readable, "MEMORY_FOR_MESSAGES", gap - 1)
-    assert _first_start(cluster, "g-backlog", old, 0) is None
-    assert _first_start(cluster, "g-backlog", new, 0) == 0
-    _call(
-        cluster,
-        RequestCode.UPDATE_CONSUMER_OFFSET,
-        {"consumerGroup": "g-backlog", "topic": old, "queueId": 0, "commitOffset": 1},
-    )
-    assert _first_start(cluster, "g-backlog", old, 0) == 1
-    monkeypatch.setattr(readable, "MEMORY_FOR_MESSAGES", gap)
+    assert _first_start(cluster, "g-fresh", old, 0) == 0  # the default: a few hundred bytes are in memory
+    _memory_ratio(cluster, 0)
+    try:
+        assert _first_start(cluster, "g-backlog", old, 0) is None
+        assert store.get_message("g-backlog", old, 0, 0, 1).suggest_pulling_from_slave
+        _call(
+            cluster,
+            RequestCode.UPDATE_CONSUMER_OFFSET,
+            {"consumerGroup": "g-backlog", "topic": old, "queueId": 0, "commitOffset": 1},
+        )
+        assert _first_start(cluster, "g-backlog", old, 0) == 1
+    finally:
+        _memory_ratio(cluster, 40)
     assert _first_start(cluster, "g-other", old, 0) == 0
+    assert _first_start(cluster, "g-other", new, 0) == 0
+    assert not store.get_message("g-other", old, 0, 0, 1).suggest_pulling_from_slave
 
 
 # ---------------------------------------------------------------------- SEARCH_OFFSET_BY_TIMESTAMP

@@ -216,6 +216,35 @@ def test_query_by_key_and_unique_key_finds_confirmed_messages_only(cluster: Clus
     assert bodies("7F0000010001UNCONFIRMED0000000001", unique=True) == [b"held"]
 
 
+def test_query_header_shows_the_index_end_up_to_the_confirm_offset(cluster: Cluster) -> None:
+    """QUERY_MESSAGE's ``indexLastUpdatePhyoffset`` (the newest indexed record) is the newest
+    confirmed record: RocketMQ 5 indexes only up to the confirm offset (before: the commit-log
+    offset of the newest, unconfirmed record); once confirmed, the index's own end."""
+    topic = "QcKeys"
+    seen = cluster.put(topic, 0, b"seen", keys="hdr-1")
+    cluster.hold()
+    bound = cluster.confirms.offset
+    assert bound is not None
+    held = cluster.put(topic, 1, b"held", keys="hdr-1")
+    assert held.wrote_offset >= bound
+
+    def header() -> int:
+        fields = {
+            "topic": topic,
+            "key": "hdr-1",
+            "maxNum": 32,
+            "beginTimestamp": 0,
+            "endTimestamp": FUTURE_MS,
+        }
+        r = cluster.call(RequestCode.QUERY_MESSAGE, fields)
+        return int(r.ext_fields["indexLastUpdatePhyoffset"])
+
+    # The first unconfirmed record starts at the bound: RocketMQ has not indexed it yet.
+    assert header() == seen.wrote_offset < bound
+    cluster.confirm()
+    assert header() == held.wrote_offset  # the index's newest record, now confirmed
+
+
 def test_a_full_page_by_key_is_of_confirmed_records(cluster: Cluster) -> None:
     """64 records (a full page, defaultQueryMaxNum) with one key, then 3 more not confirmed: the
     query answers the 64 confirmed ones (RocketMQ's index holds only those), not 61 of them and

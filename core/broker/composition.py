@@ -35,6 +35,7 @@ from tidemq.broker.pop import PopService
 from tidemq.broker.processors.filter_server import FilterServerManager
 from tidemq.broker.registration import NamesrvRegistrar
 from tidemq.broker.schedule import ScheduleMessageService
+from tidemq.broker.services.readable import apply_memory_window
 from tidemq.broker.stats import BrokerStats
 from tidemq.broker.subscriptions import SubscriptionGroupManager
 from tidemq.broker.timer import TimerMessageStore
@@ -93,6 +94,7 @@ def build_parts(broker: BrokerContext, components: Components) -> BrokerParts:
     """
     settings = components.config.broker
     config_dir = settings.store_path / "config"
+    apply_memory_window(broker)  # the store's pull rule, from [broker] access_message_in_memory_max_ratio
     filters = build_filters(components.config, components.manager, components.instances)
     for factory in filters.values():
         if isinstance(factory, DispatchingFilterFactory):

@@ -73,6 +73,10 @@ READ_BATCH = 256
 #: grid of this period, each at its own phase ((level - 1/2) / levels of it), not all at once: eighteen
 #: levels looking together were one ~0.4 ms stretch of the event loop twice a second (issue 38).
 IDLE_WAIT_S = 0.5
+#: What :meth:`ScheduleMessageService._deliver_due` answers when nothing is stored past a level's
+#: progress: the level sleeps until an arrival (or the confirm offset) sets its event, with no
+#: timer (an idle broker's eighteen levels woke its loop 36 times a second before, session 13).
+NOTHING_STORED = float("inf")
 #: Back-off after the store refused a delivery.
 RETRY_AFTER_FAILURE_S = 1.0
 #: How often changed delay offsets are written.
@@ -96,6 +100,8 @@ class ScheduleMessageService:
         self.offsets: dict[int, int] = {}
         self.delivered = 0
         self._dirty = False
+        #: Set when an offset changes: the persist loop sleeps on it while nothing changed.
+        self._changed = asyncio.Event()
         self._events: list[asyncio.Event] = []
         #: Levels (queue ids) whose next message waits for the confirm offset (woken by it).
         self._held: set[int] = set()
@@ -142,6 +148,9 @@ class ScheduleMessageService:
         """Listen for arrivals in the schedule queues (call before the store starts)."""
         self._loop = loop
         self._events = [asyncio.Event() for _ in self.levels]
+        self._changed = asyncio.Event()  # of this loop, as the levels' events
+        if self._dirty:
+            self._changed.set()
         listen_to_topic(self.store, self._on_arrival, SCHEDULE_TOPIC, _is_schedule_queue)
         bound = self.broker.read_bound
         if bound.active:
@@ -212,6 +221,7 @@ class ScheduleMessageService:
         if self.offsets.get(level) != offset:
             self.offsets[level] = offset
             self._dirty = True
+            self._changed.set()
 
     async def _run_level(self, level: int) -> None:
         delay_ms = self.levels[level - 1]
@@ -231,7 +241,9 @@ class ScheduleMessageService:
                 wait_s = RETRY_AFTER_FAILURE_S
             if wait_s is None:
                 continue  # more may be due right now
-            if wait_s == IDLE_WAIT_S:
+            if wait_s == NOTHING_STORED:
+                await event.wait()  # only an arrival (or the confirm offset) brings work
+            elif wait_s == IDLE_WAIT_S:
                 # Woken by an arrival (or the confirm offset), else at the level's next tick.
                 await wait_event_until_tick(event, IDLE_WAIT_S, phase)
             else:
@@ -244,7 +256,7 @@ class ScheduleMessageService:
         if not bound.active and offset == self.store.get_max_offset_in_queue(SCHEDULE_TOPIC, queue_id):
             # Idle: nothing stored past the progress (what the read below would find out, for the
             # price of a queue lookup instead of a read; a bounded read keeps the full path).
-            return IDLE_WAIT_S
+            return NOTHING_STORED
         # Up to the confirm offset only (controller SYNC masters): a message a failover can cut
         # is neither delivered nor passed, so the progress slaves copy never runs ahead of the
         # log a new master keeps; at the bound the answer is OFFSET_OVERFLOW_ONE (idle, re-polled).
@@ -254,6 +266,8 @@ class ScheduleMessageService:
             if res.status is GetStatus.OFFSET_OVERFLOW_ONE and bound.holds(SCHEDULE_TOPIC, queue_id, offset):
                 self._held.add(queue_id)  # stored, not yet confirmed: woken when it is
                 return IDLE_WAIT_S
+            if res.status is GetStatus.OFFSET_OVERFLOW_ONE:
+                return NOTHING_STORED  # at the (confirmed) end: an arrival or the confirm wakes it
             if res.status in (
                 GetStatus.OFFSET_TOO_SMALL,
                 GetStatus.OFFSET_OVERFLOW_BADLY,
@@ -355,7 +369,9 @@ class ScheduleMessageService:
     async def _persist_loop(self) -> None:
         phase = phase_of("tidemq-delay-offset-flush")
         while True:
+            await self._changed.wait()  # idle levels change nothing: no wake-up meanwhile
             await sleep_until_tick(PERSIST_INTERVAL_S, phase)  # not in step with the other loops
+            self._changed.clear()
             if self._dirty:
                 try:
                     await asyncio.to_thread(self.persist)

@@ -52,7 +52,7 @@ from tidemq.client.transaction import (
     TransactionSendResult,
 )
 from tidemq.message import MessageExt
-from tidemq.queues import MessageQueue
+from tidemq.queues import BoundaryType, MessageQueue
 
 __all__ = [
     "BROADCASTING",
@@ -81,6 +81,7 @@ __all__ = [
     "LoopThread",
     "Message",
     "MessageExt",
+    "BoundaryType",
     "MessageQueue",
     "NoRouteError",
     "Producer",

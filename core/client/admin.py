@@ -22,6 +22,7 @@ from tidemq.client.instance import split_namesrv
 from tidemq.client.route import TopicRoute, loads_lenient
 from tidemq.errors import TidemqError
 from tidemq.message import MessageExt, iter_messages
+from tidemq.queues import BoundaryType
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
 
@@ -156,6 +157,29 @@ class AdminClient:
             if 0 in addrs and (names is None or name in names):
                 out[name] = addrs[0]
         return out
+
+    async def search_offset(
+        self,
+        addr: str,
+        topic: str,
+        queue_id: int,
+        timestamp_ms: int,
+        boundary_type: BoundaryType = BoundaryType.LOWER,
+    ) -> int:
+        """SEARCH_OFFSET_BY_TIMESTAMP on the broker at ``addr`` (DefaultMQAdminExt.searchOffset):
+        the offset of the queue at ``timestamp_ms``; of several messages stored at that time the
+        first (LOWER, the default) or the last (UPPER)."""
+        fields = {
+            "topic": topic,
+            "queueId": str(queue_id),
+            "timestamp": str(timestamp_ms),
+            "boundaryType": BoundaryType(boundary_type).value,
+        }
+        resp = await self.call(addr, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, fields)
+        try:
+            return int(resp.ext_fields["offset"])
+        except (KeyError, ValueError):
+            raise AdminError(f"{addr} answered SEARCH_OFFSET_BY_TIMESTAMP without an offset") from None
 
     async def timer_metrics(self, addr: str) -> dict[str, int] | None:
         """GET_TIMER_METRICS (RocketMQ 5): timer messages waiting per topic on one broker; None

@@ -17,7 +17,7 @@ from tidemq.client.errors import BrokerError, ClientError
 from tidemq.client.message import PullResult, PullStatus, queue_from_json, queue_to_json
 from tidemq.client.route import TopicRoute, loads_lenient
 from tidemq.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, Prop, iter_messages
-from tidemq.queues import MessageQueue
+from tidemq.queues import BoundaryType, MessageQueue
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand, stringify_fields
 from tidemq.remoting.errors import RemotingError
@@ -221,9 +221,19 @@ class ClientAPI:
     async def get_min_offset(self, addr: str, mq: MessageQueue) -> int:
         return await self._queue_offset(RequestCode.GET_MIN_OFFSET, addr, mq)
 
-    async def search_offset(self, addr: str, mq: MessageQueue, timestamp_ms: int) -> int:
+    async def search_offset(
+        self, addr: str, mq: MessageQueue, timestamp_ms: int, boundary_type: BoundaryType = BoundaryType.LOWER
+    ) -> int:
+        """SEARCH_OFFSET_BY_TIMESTAMP: the queue offset of ``mq`` at ``timestamp_ms``; of several
+        messages stored at that time, the first (LOWER) or the last (UPPER).  The field is sent
+        as Java's ``DefaultMQAdminExt.searchOffset`` sends it; a broker before RocketMQ 5 ignores it
+        (LOWER)."""
         return await self._queue_offset(
-            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, addr, mq, timestamp=timestamp_ms
+            RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+            addr,
+            mq,
+            timestamp=timestamp_ms,
+            boundaryType=BoundaryType(boundary_type).value,
         )
 
     async def get_consumer_ids(self, addr: str, group: str) -> list[str]:

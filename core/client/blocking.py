@@ -19,7 +19,7 @@ from tidemq.client.producer import MessageQueueSelector, Producer, select_by_has
 from tidemq.client.pull_consumer import PullConsumer
 from tidemq.client.push_consumer import Listener, PushConsumer
 from tidemq.message import MessageExt
-from tidemq.queues import MessageQueue
+from tidemq.queues import BoundaryType, MessageQueue
 
 T = TypeVar("T")
 
@@ -179,6 +179,11 @@ class BlockingPullConsumer(_Blocking):
 
     def max_offset(self, mq: MessageQueue) -> int:
         return self._loop.run(self.consumer.max_offset(mq))
+
+    def search_offset(
+        self, mq: MessageQueue, timestamp_ms: int, boundary_type: BoundaryType = BoundaryType.LOWER
+    ) -> int:
+        return self._loop.run(self.consumer.search_offset(mq, timestamp_ms, boundary_type))
 
     def assign(self, queues: Sequence[MessageQueue]) -> None:
         self._loop.run(self.consumer.assign(queues))

@@ -22,7 +22,7 @@ from tidemq.client.rebalance import CLUSTERING, check_consumer
 from tidemq.client.subscription import Subscription, prepare
 from tidemq.message import MessageExt
 from tidemq.observe import ConsumeContext
-from tidemq.queues import MessageQueue
+from tidemq.queues import BoundaryType, MessageQueue
 from tidemq.remoting.errors import RemotingError
 from tidemq.trace.hooks import make_tracer
 
@@ -142,8 +142,13 @@ class PullConsumer:
     async def min_offset(self, mq: MessageQueue) -> int:
         return await self.instance.require_api().get_min_offset(await self._address(mq), mq)
 
-    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
-        return await self.instance.require_api().search_offset(await self._address(mq), mq, timestamp_ms)
+    async def search_offset(
+        self, mq: MessageQueue, timestamp_ms: int, boundary_type: BoundaryType = BoundaryType.LOWER
+    ) -> int:
+        """The offset of ``mq`` at ``timestamp_ms`` (:class:`~tidemq.queues.BoundaryType`: of several
+        messages of that store time, LOWER the first, UPPER the last)."""
+        api = self.instance.require_api()
+        return await api.search_offset(await self._address(mq), mq, timestamp_ms, boundary_type)
 
     async def fetch_consume_offset(self, mq: MessageQueue, from_store: bool = True) -> int:
         """The group's committed offset of ``mq`` (-1 when none)."""

@@ -54,8 +54,9 @@ class ControllerOptions(MasterSlaveOptions):
     #: SYNC: acknowledge only while the in-sync set has at least this many members, master
     #: included (2: every acknowledged message is on two replicas); the set never shrinks below it.
     min_in_sync_replicas: int = attrs.field(default=2, validator=attrs.validators.ge(1))
-    #: SYNC: a member that has not caught up (or is disconnected) this long leaves the in-sync set
-    #: (RocketMQ 5's haMaxTimeSlaveNotCatchup); sends wait for it until then.
+    #: SYNC: a member that has not caught up (or not connected since the set formed) this long
+    #: leaves the in-sync set (RocketMQ 5's haMaxTimeSlaveNotCatchup); sends wait for it until
+    #: then.  One whose HA connection closes leaves at once (RocketMQ 5's removeConnection).
     sync_set_timeout_s: float = attrs.field(default=3.0, validator=_positive)
     #: SYNC: let consumers read a message as soon as it is stored (RocketMQ 5's readUnCommitted).
     #: false (the default): pulls, POP, gRPC receive and max-offset queries serve only what every

@@ -67,6 +67,13 @@ class InSyncTracker:
         #: Members that came back without a message the set acknowledged: removed from the set
         #: (etcd first) even below ``min_in_sync_replicas``, unless they catch up before.
         self._lost: set[int] = set()
+        #: Members whose HA connection closed (a restart, a crash, the network) and that have not
+        #: reported on a new one: removed from the set (etcd first) at once while it stays at
+        #: least ``min_in_sync_replicas``, as RocketMQ 5's AutoSwitchHAService.removeConnection
+        #: removes them; they rejoin as any slave does, once a new connection reports everything
+        #: acknowledged.  Before, a restarted slave stayed listed (electable) until its first
+        #: report or the timeout, though it may have come back without acknowledged messages.
+        self._gone: set[int] = set()
         self._lock = threading.Lock()
         self._since = time.monotonic()  # members of the starting set get a timeout to reconnect
         self._seen: dict[int, float] = {}  # member -> last time it was caught up (or added)
@@ -92,25 +99,35 @@ class InSyncTracker:
         messages and leaves the set (:meth:`_plan`) until it holds them again.
         """
         if offset < 0:
-            return  # what it acknowledged stays true; maintain() notices it is gone
+            with self._lock:
+                # Its report was of the connection that closed: a new one reports afresh (what it
+                # holds after a restart is unknown until then; RocketMQ's confirm offset stops
+                # growing too while a member has no connection).
+                self._acks.pop(broker_id, None)
+                if broker_id in self.required and broker_id != self.me:
+                    self._gone.add(broker_id)
+            log.info("in-sync set: broker %d disconnected", broker_id)
+            return
         with self._lock:
             before = self._acks.get(broker_id, -1)
             if offset == before:
                 return
             self._acks[broker_id] = offset
-            if offset > before:
-                self._ack_locked()
-                return
+            self._gone.discard(broker_id)  # connected again: its report says what it holds
             acked = self.transfer.acked
+            # (A first report after a disconnection has no report before it to be lower than.)
             lost = broker_id in self.required and offset < acked
             if lost:
                 self._lost.add(broker_id)
+            elif offset > before:
+                self._ack_locked()
+                return
         log.warning(
-            "in-sync set: broker %d reports %d, less than the %d it reported before%s",
+            "in-sync set: broker %d reports %d, less than %s%s",
             broker_id,
             offset,
-            before,
-            f" and than the confirm offset {acked}: it lost acknowledged messages" if lost else "",
+            f"the {before} it reported before" if before >= 0 else "what the set acknowledged",
+            f" (the confirm offset {acked}): it lost acknowledged messages" if lost else "",
         )
 
     def _floor_locked(self) -> int | None:
@@ -222,7 +239,13 @@ class InSyncTracker:
                 if b != self.me and now - max(self._seen.get(b, 0.0), self._since) > self._timeout
             )
             room = len(self.required) - self.options.min_in_sync_replicas
-            remove = {b for _, b in lagging[: max(0, room)]}
+            # Disconnected members first, at once (RocketMQ 5's removeConnection), then those
+            # lagging past the timeout; never below min_in_sync_replicas (nothing is acknowledged
+            # without them then, so they hold everything acknowledged, unless a crash cut their
+            # log: their first report says so, and they leave as lost below).
+            self._gone &= set(self.required)
+            order = sorted(self._gone) + [b for _, b in lagging if b not in self._gone]
+            remove = set(order[: max(0, room)])
             # A member without everything acknowledged must not stay electable, whatever the
             # room: a failover to it would cut acknowledged messages (sends wait for it anyway).
             self._lost = {b for b in self._lost if b in self.required and self._acks.get(b, -1) < acked}
@@ -267,12 +290,14 @@ class InSyncTracker:
         if remove:
             with self._lock:
                 self.required = tuple(b for b in self.required if b not in remove)
+                self._gone -= set(remove)
                 self._ack_locked()
                 listener = self.on_confirm
                 if listener is not None and len(self.required) == 1:
                     listener()  # the master alone: no bound any more
             log.warning(
-                "in-sync set: brokers %s fell behind for %.1f s or lost acknowledged messages; set is now %s",
+                "in-sync set: brokers %s fell behind for %.1f s, lost acknowledged messages or disconnected;"
+                " set is now %s",
                 list(remove),
                 self._timeout,
                 target,

@@ -225,7 +225,7 @@ class HAConnection:
             self.close()
             # After the last report, from this thread: the owner never sees an ack after the -1.
             if self.broker_id is not None:
-                self.server.on_slave_ack(self.broker_id, -1)
+                self.server.on_slave_ack(self.broker_id, -1, self)
 
     def _handshake(self, hello: dict[str, Any]) -> None:
         """Answer the slave's hello; with an epoch, refuse (answer, then raise) another epoch's slave.
@@ -493,11 +493,16 @@ class HAServer:
         """A slave's report (``-1``: its connection closed).  A report of a connection that the
         same broker has replaced since is dropped: the owner counts each slave's newest report,
         also when it is lower (a slave back with a shorter log), so a late one of the old
-        connection must not bring back the offset it no longer holds."""
+        connection must not bring back the offset it no longer holds.  So is the close of a
+        replaced connection: the slave is connected (its newest connection's reports count)."""
         if self._on_slave_ack is None:
             return
-        if conn is not None and offset >= 0 and self._newest.get(broker_id) is not conn:
-            return
+        if conn is not None:
+            newest = self._newest.get(broker_id)
+            if offset >= 0 and newest is not conn:
+                return
+            if offset < 0 and newest is not None and newest is not conn:
+                return
         try:
             self._on_slave_ack(broker_id, offset)
         except Exception:  # the owner's bug must not drop the slave's connection

@@ -20,7 +20,7 @@ from tidemq.store import PulledRecords, PullLane
 
 from .commitlog import CommitLog
 from .consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE
-from .reader import _MEMORY_FOR_MESSAGES, MAX_FILTER_BYTES
+from .reader import MAX_FILTER_BYTES
 from .reput import ConsumeQueueTable
 
 MODULE = "tidemq._native._pull_lane"
@@ -32,7 +32,7 @@ _CAREFUL = 2
 class CompiledPullLane:
     """:class:`tidemq.store.PullLane` over the compiled module's ``walk``."""
 
-    __slots__ = ("_check_crc", "_commitlog", "_cqs", "_walk", "description")
+    __slots__ = ("_check_crc", "_commitlog", "_cqs", "_memory", "_walk", "description")
 
     def __init__(
         self,
@@ -40,8 +40,11 @@ class CompiledPullLane:
         cqs: ConsumeQueueTable,
         commitlog: CommitLog,
         check_crc: bool,
+        memory_for_messages: Callable[[], int],
     ) -> None:
         self.description = f"PULL_MESSAGE (compiled: {MODULE})"
+        #: The store's in-memory window now (the broker may change it at run time).
+        self._memory = memory_for_messages
         self._walk = walk
         self._cqs = cqs
         self._commitlog = commitlog
@@ -101,18 +104,20 @@ class CompiledPullLane:
             max_offset,
             count,
             total,
-            max_phy - last_phy > _MEMORY_FOR_MESSAGES,
+            max_phy - last_phy > self._memory(),
             tuple(runs),
         )
 
 
-def compiled_pull_lane(cqs: ConsumeQueueTable, commitlog: CommitLog, check_crc: bool) -> PullLane | None:
+def compiled_pull_lane(
+    cqs: ConsumeQueueTable, commitlog: CommitLog, check_crc: bool, memory_for_messages: Callable[[], int]
+) -> PullLane | None:
     """The compiled pull lane over a store's queues and log, or None when it is not built or
     switched off."""
     module = compiled_twin(MODULE)
     if module is None:
         return None
-    lane: PullLane = CompiledPullLane(module.walk, cqs, commitlog, check_crc)
+    lane: PullLane = CompiledPullLane(module.walk, cqs, commitlog, check_crc, memory_for_messages)
     return lane
 
 

@@ -26,16 +26,12 @@ from tidemq.store import GetResult, GetStatus, check_queue_offset
 from .commitlog import CommitLog
 from .consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE
 from .reput import ConsumeQueueTable
-from .transient_pool import physical_memory
 
 log = logging.getLogger(__name__)
 
 #: ConsumeQueue bytes scanned per pull at most (RocketMQ's maxFilterMessageCount).
 MAX_FILTER_BYTES = 16000
 _MIN = -(1 << 63)
-
-#: accessMessageInMemoryMaxRatio (40 %) of the machine's memory.
-_MEMORY_FOR_MESSAGES = physical_memory() * 40 // 100
 
 
 def get_message(
@@ -48,6 +44,7 @@ def get_message(
     message_filter: MessageFilter | None,
     max_bytes: int,
     check_crc: bool,
+    memory_for_messages: int,
 ) -> GetResult:
     """Up to ``max_count`` records (``max_bytes`` in all) of a queue from ``offset`` that match."""
     cq = cqs.find(topic, queue_id)
@@ -186,5 +183,6 @@ def get_message(
         queue_offsets=tuple(qoffsets),
         wire=tuple(wire),
         # Reading this far behind the head means reading from disk: RocketMQ then suggests a slave.
-        suggest_pulling_from_slave=max_phy - last_phy > _MEMORY_FOR_MESSAGES,
+        # (memory_for_messages: the store's, set by the broker from accessMessageInMemoryMaxRatio.)
+        suggest_pulling_from_slave=max_phy - last_phy > memory_for_messages,
     )

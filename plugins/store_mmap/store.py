@@ -46,6 +46,7 @@ from tidemq.message import (
 )
 from tidemq.names import InvalidNameError
 from tidemq.store import (
+    DEFAULT_IN_MEMORY_RATIO,
     ArrivalInterest,
     ArrivalNotifier,
     Dispatcher,
@@ -54,6 +55,7 @@ from tidemq.store import (
     PutResult,
     PutStatus,
     SendLane,
+    memory_for_messages,
 )
 
 from . import reader
@@ -121,6 +123,9 @@ class MmapMessageStore(MmapIntrospection):
         #: Delay per level (ms): schedule-topic queue entries carry the delivery time as tags code.
         self.delay_levels = parse_delay_levels(str(settings.get("delay_levels") or DEFAULT_DELAY_LEVELS))
         self.transient_pool = transient_pool_for(options)
+        #: A pull reading further behind the log's end is told to read from a slave
+        #: (:class:`tidemq.store.InMemoryWindow`; the broker sets it from its option).
+        self.memory_for_messages = memory_for_messages(DEFAULT_IN_MEMORY_RATIO)
         self.allocator = (
             AllocateService(
                 pool=self.transient_pool,
@@ -286,7 +291,9 @@ class MmapMessageStore(MmapIntrospection):
         """The compiled PULL_MESSAGE lane (:class:`tidemq.store.PullLanes`), None when off."""
         if not self.options.request_lanes:
             return None
-        return compiled_pull_lane(self.cqs, self.commitlog, self.options.check_crc_on_read)
+        return compiled_pull_lane(
+            self.cqs, self.commitlog, self.options.check_crc_on_read, lambda: self.memory_for_messages
+        )
 
     # ------------------------------------------------------------------ writes
     def put_message(self, msg: MessageInner) -> Future[PutResult]:
@@ -483,6 +490,7 @@ class MmapMessageStore(MmapIntrospection):
             message_filter,
             max_bytes,
             self.options.check_crc_on_read,
+            self.memory_for_messages,
         )
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:

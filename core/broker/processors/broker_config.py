@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from tidemq.broker.context import BrokerContext, ProcessorRegister
+from tidemq.broker.services.readable import apply_memory_window
 from tidemq.jsonfile import atomic_write_bytes
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
@@ -54,6 +55,7 @@ LIVE: dict[str, Key] = {
         Key("longPollingEnable", "long_polling"),
         Key("shortPollingTimeMills", "short_polling_ms"),
         Key("slaveReadEnable", "slave_read_enable"),
+        Key("accessMessageInMemoryMaxRatio", "access_message_in_memory_max_ratio"),
         Key("enablePropertyFilter", "enable_property_filter"),
         Key("autoCreateTopicEnable", "auto_create_topic"),
         Key("autoCreateSubscriptionGroup", "auto_create_subscription_group"),
@@ -268,6 +270,8 @@ class RuntimeConfig:
             b.topics.set_auto_create_topic(s.auto_create_topic)
         if "cluster_topic_enable" in before or "broker_topic_enable" in before:
             self.system_topics()
+        if "access_message_in_memory_max_ratio" in before:
+            apply_memory_window(b)
 
 
 class BrokerConfigProcessor:

@@ -29,6 +29,8 @@ class KeyQueryResult:
     status: Status  # SUCCESS, or QUERY_NOT_FOUND when no record matched
     records: tuple[bytes, ...]
     index_last_update_timestamp: int
+    #: Where the key index has got (its newest record's commit-log offset), at most the confirm
+    #: offset under one (controller mode).
     index_last_update_phy_offset: int
 
 
@@ -60,11 +62,17 @@ class MessageService:
             if len(parts) >= max_num or len(result.phy_offsets) < ask:
                 break
             ask *= 2
+        indexed_upto, indexed_time = result.last_update_phy_offset, result.last_update_timestamp
+        if confirm is not None and indexed_upto >= confirm:
+            # RocketMQ 5's index stops where its dispatch does, before the confirm offset: the
+            # header names the newest confirmed record, not an unconfirmed one (before session 13
+            # it showed the index's own end).
+            indexed_upto, indexed_time = self.queues.last_readable_record(confirm)
         return KeyQueryResult(
             Status.SUCCESS if parts else Status.QUERY_NOT_FOUND,
             tuple(parts),
-            result.last_update_timestamp,
-            result.last_update_phy_offset,
+            indexed_time,
+            indexed_upto,
         )
 
     def _matching(

@@ -16,24 +16,26 @@ answer is the store's own.
 
 from __future__ import annotations
 
-import os
-
 from tidemq.broker.context import BrokerContext
 from tidemq.replication import ConfirmsReads
-from tidemq.store import store_introspection
+from tidemq.store import InMemoryWindow, memory_for_messages, store_introspection
 
 
-def _physical_memory() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not POSIX: RocketMQ's fallback of 24 GB
-        return 24 << 30
+def memory_window(broker: BrokerContext) -> int:
+    """Bytes behind the commit log's end a record counts as in memory: ``[broker]
+    access_message_in_memory_max_ratio`` (accessMessageInMemoryMaxRatio, 40 %) of the machine's
+    memory.  The one place the option is read: the first-start rule below (RocketMQ 5.0's
+    checkInDiskByConsumeOffset) and, through :func:`apply_memory_window`, the store's pull rule
+    (suggestPullingFromSlave)."""
+    return memory_for_messages(broker.settings.access_message_in_memory_max_ratio)
 
 
-#: accessMessageInMemoryMaxRatio (40 %) of the machine's memory: a record at most this far behind
-#: the commit log's end counts as in memory (RocketMQ 5.0's checkInDiskByConsumeOffset; the pull
-#: path's suggestPullingFromSlave uses the same figure).
-MEMORY_FOR_MESSAGES = _physical_memory() * 40 // 100
+def apply_memory_window(broker: BrokerContext) -> None:
+    """Give the store the window its pulls judge ``suggest_pulling_from_slave`` by (at start, and
+    when UPDATE_BROKER_CONFIG changes the option)."""
+    store = broker.store
+    if isinstance(store, InMemoryWindow):
+        store.memory_for_messages = memory_window(broker)
 
 
 class ReadableQueues:
@@ -91,14 +93,14 @@ class ReadableQueues:
         """Whether the queue's entry 0 is readable and its record still in memory: RocketMQ 5's
         ``checkInMemByConsumeOffset(topic, queueId, 0, 1)`` (the consume queue has entry 0, the
         commit log still has its record, and that record is resident; resident here: at most
-        :data:`MEMORY_FOR_MESSAGES` behind the commit log's end, as RocketMQ 5.0 judged it)."""
+        :func:`memory_window` behind the commit log's end, as RocketMQ 5.0 judged it)."""
         store = self.broker.store
         if self.max_offset(topic, queue_id) <= 0:
             return False  # an empty queue (or its entry 0 past the confirm offset): not dispatched
         position = store.get_commit_log_offset(topic, queue_id, 0)
         if position < 0 or position < store.get_min_phy_offset():
             return False
-        return store.get_max_phy_offset() - position <= MEMORY_FOR_MESSAGES
+        return store.get_max_phy_offset() - position <= memory_window(self.broker)
 
     def dispatch_behind(self) -> int:
         """RocketMQ 5's ``dispatchBehindBytes`` (``ReputMessageService.behind()``): the confirm
@@ -121,6 +123,24 @@ class ReadableQueues:
         if not self.broker.read_bound.active or not isinstance(replication, ConfirmsReads):
             return None
         return replication.confirm_offset()
+
+    def last_readable_record(self, confirm: int) -> tuple[int, int]:
+        """The commit-log offset and store time of the newest record before ``confirm`` that a
+        consume queue holds ((0, 0) when none): where RocketMQ 5's dispatch, hence its key index,
+        has got under that confirm offset.  One bounded look per queue: for the operators'
+        queries (QUERY_MESSAGE's header), not a hot path."""
+        store = self.broker.store
+        bound = self.broker.read_bound
+        best = (0, 0)
+        for topic, queue_ids in store.topics().items():
+            for queue_id in queue_ids:
+                end = bound.max_offset(topic, queue_id)
+                if end <= max(store.get_min_offset_in_queue(topic, queue_id), 0):
+                    continue
+                phy = store.get_commit_log_offset(topic, queue_id, end - 1)
+                if best[0] < phy < confirm:
+                    best = (phy, store.get_store_time(topic, queue_id, end - 1))
+        return best
 
     def record_readable(self, commit_log_offset: int, confirm: int | None) -> bool:
         """Whether the record at ``commit_log_offset`` is confirmed (``confirm`` from

@@ -70,6 +70,17 @@ class TimerDelivery:
         while True:
             tick = s.done_tick
             wait_ms = tick * s.precision_ms - now_ms()
+            if self.broker.is_master and self._idle():
+                # Nothing pending in the wheel, nothing stored to enqueue: no tick has anything to
+                # deliver until the enqueue puts a record in (it sets dequeue_wake).  Before
+                # (session 13) the loop woke every tick to walk an empty slot.  Woken, it walks
+                # the ticks it slept through (empty but for the new records) as after a downtime.
+                s.dequeue_idle = True
+                try:
+                    await s.dequeue_wake.wait()
+                finally:
+                    s.dequeue_idle = False
+                continue
             if wait_ms > 0:
                 await asyncio.sleep(wait_ms / 1000)
                 continue
@@ -105,6 +116,15 @@ class TimerDelivery:
                 await asyncio.sleep(RETRY_AFTER_FAILURE_S)
                 continue
             s.done_tick = tick + 1
+
+    def _idle(self) -> bool:
+        """No record pending and nothing stored to enqueue (clears ``dequeue_wake`` first, so
+        that a record put in after this look wakes the wait that follows)."""
+        s = self.schedule
+        s.dequeue_wake.clear()
+        if s.pending or s.recalls_in_flight:
+            return False
+        return s.queue_offset >= self.broker.read_bound.max_offset(TIMER_TOPIC, 0)
 
     def pass_by(self, tick: int) -> None:
         """A slave's clock moves on to ``tick`` without delivering: the records of the ticks passed

@@ -102,7 +102,15 @@ class TimerEnqueue:
                 log.exception("timer enqueue failed")
                 await asyncio.sleep(RETRY_AFTER_FAILURE_S)
                 continue
-            if not more:
+            if (
+                not more
+                and not self._held
+                and self.schedule.queue_offset >= self.store.get_max_offset_in_queue(TIMER_TOPIC, 0)
+            ):
+                # Nothing stored past the progress: only an arrival brings work (no timer: an idle
+                # broker's enqueue woke its loop twice a second before, session 13).
+                await event.wait()
+            elif not more:
                 # Woken by an arrival (or the confirm offset), else at its next tick: on the grid
                 # at its own phase, not in step with the delay levels and the other timer loops.
                 await wait_event_until_tick(event, IDLE_WAIT_S, phase)
@@ -156,6 +164,7 @@ class TimerEnqueue:
                 )
             elif tick > s.claimed_tick:
                 s.pending += 1
+                s.dequeue_wake.set()  # an idle dequeue walks the ticks again
                 # Counted on a slave too, as pending is: promoted, it delivers these (and a slave
                 # forgets those its clock passes by, TimerDelivery.pass_by).
                 s.count_in(ext.properties[Prop.REAL_TOPIC])

@@ -57,6 +57,8 @@ class TimerFiguresOf:
     def dequeue_behind_ms(self) -> int:
         """How far the delivery lags the clock (0 when it keeps up; RocketMQ's timerReadBehind in ms)."""
         s = self.schedule
+        if s.dequeue_idle:
+            return 0  # nothing pending: the ticks it has not walked are empty
         return max(0, now_ms() - (s.done_tick + 1) * s.precision_ms)
 
     def sample(self) -> None:

@@ -9,6 +9,7 @@ object holds only where the enqueue and the delivery are, and counters.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import time
 
@@ -39,6 +40,11 @@ class TimerSchedule:
         self.claimed_tick = -1
         #: Recalls whose marker is not in the wheel yet: the next tick waits for them (a while).
         self.recalls_in_flight = 0
+        #: Set by the enqueue when it puts a record in the wheel: the master's dequeue, idle (no
+        #: record pending, nothing to enqueue), sleeps on it instead of walking empty ticks.
+        self.dequeue_wake = asyncio.Event()
+        #: The dequeue sleeps on ``dequeue_wake``: ``done_tick`` is behind the clock, with nothing due.
+        self.dequeue_idle = False
         # Figures (runtime info, metrics).
         self.enqueued = 0
         self.delivered = 0
