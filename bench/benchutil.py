@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def run_on_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop (the broker's loop) when it is installed, else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def free_port() -> int:

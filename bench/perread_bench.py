@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from benchutil import run_on_loop
 from send_path_bench import CountingTransport  # noqa: E402
 from singlesend_stages import TOPIC, Frames, progress  # noqa: E402
 
@@ -153,12 +154,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--body", type=int, default=128)
     args = ap.parse_args()
-    try:
-        import uvloop
-    except ImportError:
-        result = asyncio.run(run(args))
-    else:
-        result = uvloop.run(run(args))
+    result = run_on_loop(run(args))
     print(json.dumps(result, indent=2))
 
 

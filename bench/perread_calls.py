@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from benchutil import run_on_loop
 from send_path_bench import CountingTransport  # noqa: E402
 from singlesend_stages import TOPIC, Frames  # noqa: E402
 
@@ -83,12 +84,7 @@ def main() -> None:
     ap.add_argument("--reads", type=int, default=300)
     ap.add_argument("--body", type=int, default=128)
     args = ap.parse_args()
-    try:
-        import uvloop
-    except ImportError:
-        result = asyncio.run(run(args))
-    else:
-        result = uvloop.run(run(args))
+    result = run_on_loop(run(args))
     print(json.dumps(result, indent=2))
 
 

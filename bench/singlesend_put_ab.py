@@ -41,6 +41,7 @@ from tidemq.remoting.protocol import TopicConfig
 from tidemq.testing.pytest_plugin import running_broker
 
 sys.path.insert(0, str(Path(__file__).parent))
+from benchutil import run_on_loop
 from singlesend_stages import TOPIC, Frames  # noqa: E402
 
 
@@ -187,12 +188,7 @@ def main() -> None:
         "groupc: the store's call compiled (tidemq_store_mmap._group_put) against its Python reference",
     )
     args = ap.parse_args()
-    try:
-        import uvloop
-    except ImportError:
-        result = asyncio.run(run(args))
-    else:
-        result = uvloop.run(run(args))
+    result = run_on_loop(run(args))
     print(json.dumps(result, indent=2))
 
 

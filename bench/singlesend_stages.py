@@ -36,6 +36,7 @@ from tidemq.remoting.codes import RequestCode
 from tidemq.testing.pytest_plugin import running_broker
 
 sys.path.insert(0, str(Path(__file__).parent))
+from benchutil import run_on_loop
 from send_path_bench import CountingTransport  # noqa: E402
 
 TOPIC = "StageTopic"
@@ -278,12 +279,7 @@ def main() -> None:
         "compiled twin (tidemq_store_mmap._group_put; groupc)",
     )
     args = ap.parse_args()
-    try:
-        import uvloop
-    except ImportError:
-        result = asyncio.run(run(args))
-    else:
-        result = uvloop.run(run(args))
+    result = run_on_loop(run(args))
     print(json.dumps(result, indent=2))
 
 

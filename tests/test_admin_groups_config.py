@@ -20,9 +20,10 @@ from conftest import Server, runtime_info, wait_for
 
 from tidemq.admin import admin
 from tidemq.client.admin import AdminClient
-from tidemq.message import Prop, decode_message_id, properties_to_string
+from tidemq.message import Prop, decode_message_id
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.testing.requests import send_fields
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -136,20 +137,7 @@ def _config(cluster: Cluster) -> dict[str, str]:
 
 
 def _send(cluster: Cluster, topic: str, body: bytes, props: dict[str, str] | None = None) -> RemotingCommand:
-    fields = {
-        "producerGroup": "PG",
-        "topic": topic,
-        "defaultTopic": "TBW102",
-        "defaultTopicQueueNums": 4,
-        "queueId": 0,
-        "sysFlag": 0,
-        "bornTimestamp": int(time.time() * 1000),
-        "flag": 0,
-        "properties": properties_to_string(props or {}),
-        "reconsumeTimes": 0,
-        "unitMode": False,
-    }
-    return cluster.rpc(RequestCode.SEND_MESSAGE, fields, body)
+    return cluster.rpc(RequestCode.SEND_MESSAGE, send_fields(topic, 0, props), body)
 
 
 # ---------------------------------------------------------------------------- subscription groups

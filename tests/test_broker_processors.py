@@ -23,11 +23,11 @@ from tidemq.message import (
     decode_message_id,
     encode_batch,
     iter_messages,
-    properties_to_string,
 )
 from tidemq.plugins import PluginManager, get_plugin_manager
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
+from tidemq.testing.requests import send_fields
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,28 +62,6 @@ async def call(
     timeout: float = 5.0,
 ) -> RemotingCommand:
     return await client.invoke(broker.address, RemotingCommand.request(code, fields or {}, body), timeout)
-
-
-def send_fields(
-    topic: str, queue_id: int = 0, props: dict[str, str] | None = None, v2: bool = False
-) -> dict[str, Any]:
-    fields = {
-        "producerGroup": "PG",
-        "topic": topic,
-        "defaultTopic": "TBW102",
-        "defaultTopicQueueNums": 4,
-        "queueId": queue_id,
-        "sysFlag": 0,
-        "bornTimestamp": int(time.time() * 1000),
-        "flag": 0,
-        "properties": properties_to_string(props or {}),
-        "reconsumeTimes": 0,
-        "unitMode": False,
-    }
-    if v2:
-        names = "producerGroup topic defaultTopic defaultTopicQueueNums queueId sysFlag bornTimestamp flag properties reconsumeTimes unitMode".split()
-        return {chr(ord("a") + i): fields[n] for i, n in enumerate(names)}
-    return fields
 
 
 def pull_fields(

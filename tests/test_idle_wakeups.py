@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tidemq.message import Prop, properties_to_string
+from tidemq.message import Prop
 from tidemq.plugins import get_plugin_manager
-from tidemq.remoting.codes import RequestCode, ResponseCode
+from tidemq.remoting.codes import ResponseCode
 from tidemq.remoting.command import RemotingCommand
 from tidemq.testing.pytest_plugin import running_broker
+from tidemq.testing.requests import send_request
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,20 +46,7 @@ def _run(coro) -> None:  # type: ignore[no-untyped-def]
 
 
 def _send(topic: str, props: dict[str, str]) -> RemotingCommand:
-    fields = {
-        "producerGroup": "PG",
-        "topic": topic,
-        "defaultTopic": "TBW102",
-        "defaultTopicQueueNums": 4,
-        "queueId": 0,
-        "sysFlag": 0,
-        "bornTimestamp": int(time.time() * 1000),
-        "flag": 0,
-        "properties": properties_to_string(props),
-        "reconsumeTimes": 0,
-        "unitMode": False,
-    }
-    return RemotingCommand.request(RequestCode.SEND_MESSAGE, fields, b"idle")
+    return send_request(topic, b"idle", props)
 
 
 def test_an_idle_broker_wakes_its_loop_a_few_times_a_second(tmp_path: Path) -> None:
