@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_store_group_put import T0, TOPICS, Side, files_of, fixed_clock, message
+from test_store_group_put import T0, TOPICS, Side, blocked_queue_scenario, files_of, fixed_clock, message
 
 import tidemq_store_mmap.group_put as group_put_module
 from tidemq.message import TRANSACTION_PREPARED_TYPE, MessageInner
@@ -203,23 +203,7 @@ def test_random_calls_match_the_python_reference(
 def test_a_queue_file_that_cannot_be_created_mid_call(tmp_path: Path) -> None:
     sides = pair_of(tmp_path)
     try:
-        for side in sides.values():
-            blocker = side.root / "consumequeue" / TOPICS[0] / "7"
-            blocker.parent.mkdir(parents=True, exist_ok=True)
-            blocker.write_bytes(b"in the way")
-        groups = [
-            [message(TOPICS[0], 0, b"zero", "b-0")],
-            [message(TOPICS[0], 7, b"blocked", "b-7"), message(TOPICS[0], 7, b"blocked", "b-7b")],
-            [message(TOPICS[0], 1, b"one", "b-1")],
-            [message(TOPICS[0], 0, b"zero again", "b-0b")],
-        ]
-        results = compare(sides, groups)
-        assert [r.status for r in results] == [
-            PutStatus.PUT_OK,
-            PutStatus.CREATE_MAPPED_FILE_FAILED,
-            PutStatus.PUT_OK,
-            PutStatus.PUT_OK,
-        ]
+        blocked_queue_scenario(sides, compare)
     finally:
         for side in sides.values():
             side.close()

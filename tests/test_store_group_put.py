@@ -146,6 +146,29 @@ def message(topic: str, queue_id: int, body: bytes, key: str) -> MessageInner:
     )
 
 
+def blocked_queue_scenario(sides: dict[str, Side], compare: Any) -> list[PutResult]:
+    """Four groups, the second to a queue whose file cannot be created (a file in the way of its
+    directory): it alone is refused, the others stored; ``compare`` checks the sides agree."""
+    for side in sides.values():
+        blocker = side.root / "consumequeue" / TOPICS[0] / "7"
+        blocker.parent.mkdir(parents=True, exist_ok=True)
+        blocker.write_bytes(b"in the way")
+    groups = [
+        [message(TOPICS[0], 0, b"zero", "b-0")],
+        [message(TOPICS[0], 7, b"blocked", "b-7"), message(TOPICS[0], 7, b"blocked", "b-7b")],
+        [message(TOPICS[0], 1, b"one", "b-1")],
+        [message(TOPICS[0], 0, b"zero again", "b-0b")],
+    ]
+    results: list[PutResult] = compare(sides, groups)
+    assert [r.status for r in results] == [
+        PutStatus.PUT_OK,
+        PutStatus.CREATE_MAPPED_FILE_FAILED,
+        PutStatus.PUT_OK,
+        PutStatus.PUT_OK,
+    ]
+    return results
+
+
 @pytest.fixture(scope="module")
 def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Side]]:
     root = tmp_path_factory.mktemp("groups")
@@ -300,23 +323,7 @@ def test_a_queue_file_that_cannot_be_created_mid_call(tmp_path: Path) -> None:
     with fixed_clock():
         pair = {"groups": Side(tmp_path, "groups"), "single": Side(tmp_path, "single")}
     try:
-        for side in pair.values():
-            blocker = side.root / "consumequeue" / TOPICS[0] / "7"
-            blocker.parent.mkdir(parents=True, exist_ok=True)
-            blocker.write_bytes(b"in the way")
-        groups = [
-            [message(TOPICS[0], 0, b"zero", "b-0")],
-            [message(TOPICS[0], 7, b"blocked", "b-7"), message(TOPICS[0], 7, b"blocked", "b-7b")],
-            [message(TOPICS[0], 1, b"one", "b-1")],
-            [message(TOPICS[0], 0, b"zero again", "b-0b")],
-        ]
-        results = compare(pair, groups)
-        assert [r.status for r in results] == [
-            PutStatus.PUT_OK,
-            PutStatus.CREATE_MAPPED_FILE_FAILED,
-            PutStatus.PUT_OK,
-            PutStatus.PUT_OK,
-        ]
+        results = blocked_queue_scenario(pair, compare)
         assert results[2].wrote_offset == results[0].wrote_offset + results[0].wrote_bytes
     finally:
         for side in pair.values():
