@@ -146,6 +146,8 @@ class TimerEnqueue:
         log_ = s.files()[0]
         now = now_ms()
         master = self.broker.is_master
+        if master and s.dequeue_idle:
+            s.skip_idle_ticks(now)
         for buf, qoff in zip(res.buffers, res.queue_offsets, strict=True):
             try:
                 ext = decode_message(buf)

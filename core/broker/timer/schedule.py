@@ -71,6 +71,18 @@ class TimerSchedule:
         assert self.log is not None and self.wheel is not None
         return self.log, self.wheel
 
+    def skip_idle_ticks(self, now: int) -> None:
+        """The master's dequeue slept with nothing pending (``dequeue_idle``): the ticks it slept
+        through are empty, so it goes on from the clock's tick instead of walking each of them (a
+        month asleep is ~2.6 million one-second ticks, seconds of the loop).  The enqueue calls
+        this before it links new records: one due before the clock's tick is then delivered at
+        once by the enqueue, as any record of a tick already walked."""
+        tick = now // self.precision_ms
+        if self.pending or self.recalls_in_flight or tick <= self.done_tick:
+            return
+        self.done_tick = tick
+        self.claimed_tick = tick - 1
+
     def chain(self, tick: int) -> tuple[int, int, int, int]:
         """(prev_pos, first_pos, num, slot tick) a new record of ``tick`` joins its slot with: the
         slot's chain is kept while it may hold undelivered records, else started again."""
