@@ -22,7 +22,16 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_store_group_put import T0, TOPICS, Side, blocked_queue_scenario, files_of, fixed_clock, message
+from test_store_group_put import (
+    T0,
+    TOPICS,
+    Side,
+    blocked_queue_scenario,
+    files_of,
+    fixed_clock,
+    message,
+    twelve_calls_past_file_ends,
+)
 
 import tidemq_store_mmap.group_put as group_put_module
 from tidemq.message import TRANSACTION_PREPARED_TYPE, MessageInner
@@ -220,15 +229,7 @@ def test_a_queue_file_that_cannot_be_created_mid_call(tmp_path: Path) -> None:
 def test_the_store_options_give_the_same_puts(tmp_path: Path, options: dict[str, Any]) -> None:
     sides = pair_of(tmp_path, **options)
     try:
-        for c in range(12):  # past a file end or two
-            groups = [
-                [
-                    message(TOPICS[c % 2], q, bytes([65 + q]) * (500 * (q + 1)), f"o{c}-{q}-{i}")
-                    for i in range(2)
-                ]
-                for q in range(4)
-            ]
-            assert all(r.ok for r in compare(sides, groups))
+        twelve_calls_past_file_ends(sides, compare)
     finally:
         for side in sides.values():
             side.close()

@@ -169,6 +169,17 @@ def blocked_queue_scenario(sides: dict[str, Side], compare: Any) -> list[PutResu
     return results
 
 
+def twelve_calls_past_file_ends(sides: dict[str, Side], compare: Any) -> None:
+    """Twelve calls of 4 groups (500 B to 2 KiB bodies, two topics): past a file end or two with
+    32 KiB files; ``compare`` checks the sides agree, and every put is stored."""
+    for c in range(12):
+        groups = [
+            [message(TOPICS[c % 2], q, bytes([65 + q]) * (500 * (q + 1)), f"o{c}-{q}-{i}") for i in range(2)]
+            for q in range(4)
+        ]
+        assert all(r.ok for r in compare(sides, groups))
+
+
 @pytest.fixture(scope="module")
 def sides(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Side]]:
     root = tmp_path_factory.mktemp("groups")
@@ -305,15 +316,7 @@ def test_the_store_options_give_the_same_puts(tmp_path: Path, options: dict[str,
     with fixed_clock():
         pair = {"groups": Side(tmp_path, "groups", **options), "single": Side(tmp_path, "single", **options)}
     try:
-        for c in range(12):  # past a file end or two
-            groups = [
-                [
-                    message(TOPICS[c % 2], q, bytes([65 + q]) * (500 * (q + 1)), f"o{c}-{q}-{i}")
-                    for i in range(2)
-                ]
-                for q in range(4)
-            ]
-            assert all(r.ok for r in compare(pair, groups))
+        twelve_calls_past_file_ends(pair, compare)
     finally:
         for side in pair.values():
             side.close()
