@@ -23,6 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_store_group_put import (
+    STORE_OPTION_IDS,
+    STORE_OPTIONS,
     T0,
     TOPICS,
     Side,
@@ -218,14 +220,7 @@ def test_a_queue_file_that_cannot_be_created_mid_call(tmp_path: Path) -> None:
             side.close()
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"transient_store_pool": True, "transient_store_pool_size": 2},
-        {"compression": "zstd", "compression_min_size": 64},
-    ],
-    ids=["transient-pool", "compression"],
-)
+@pytest.mark.parametrize("options", STORE_OPTIONS, ids=STORE_OPTION_IDS)
 def test_the_store_options_give_the_same_puts(tmp_path: Path, options: dict[str, Any]) -> None:
     sides = pair_of(tmp_path, **options)
     try:

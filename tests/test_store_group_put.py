@@ -55,6 +55,13 @@ pytestmark = pytest.mark.timeout(300)
 
 T0 = 1_764_300_000_123
 TOPICS = ("GroupTopicA", "GroupTopicB")
+#: Store options that change how a put is written (a transient pool, compression): the sides must
+#: still agree under each.
+STORE_OPTIONS = [
+    {"transient_store_pool": True, "transient_store_pool_size": 2},
+    {"compression": "zstd", "compression_min_size": 64},
+]
+STORE_OPTION_IDS = ["transient-pool", "compression"]
 HOST = ("10.0.0.7", 52000)
 FILE_SIZE = 32 * 1024  # small: calls cross commit-log file ends
 
@@ -304,14 +311,7 @@ def test_random_calls_match_one_put_per_group(sides: dict[str, Side], calls: lis
         compare(sides, groups)  # a group over a whole file (4 x 9000 bytes) is refused alike
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"transient_store_pool": True, "transient_store_pool_size": 2},
-        {"compression": "zstd", "compression_min_size": 64},
-    ],
-    ids=["transient-pool", "compression"],
-)
+@pytest.mark.parametrize("options", STORE_OPTIONS, ids=STORE_OPTION_IDS)
 def test_the_store_options_give_the_same_puts(tmp_path: Path, options: dict[str, Any]) -> None:
     with fixed_clock():
         pair = {"groups": Side(tmp_path, "groups", **options), "single": Side(tmp_path, "single", **options)}
