@@ -26,6 +26,7 @@ import pytest
 import test_query_confirm_bound as bound
 from test_query_confirm_bound import Cluster
 
+from tidemq.client.admin import AdminError
 from tidemq.message import MessageInner
 from tidemq.remoting.codes import RequestCode, ResponseCode
 from tidemq.remoting.command import RemotingCommand
@@ -127,6 +128,31 @@ def _memory_ratio(cluster: Cluster, percent: int) -> None:
     resp = cluster.ask(update)
     assert resp.code == ResponseCode.SUCCESS, resp.remark
     assert cluster.broker.settings.access_message_in_memory_max_ratio == percent
+
+
+def test_an_out_of_range_memory_ratio_over_the_wire_is_refused_and_the_old_one_kept(cluster: Cluster) -> None:
+    before = cluster.broker.settings.access_message_in_memory_max_ratio
+    for bad, reason in (
+        ("150", "must be >= 0 and <= 100"),
+        ("-1", "must be >= 0 and <= 100"),
+        ("abc", "integer"),
+    ):
+
+        async def update(c: Any, bad: str = bad) -> str:
+            try:
+                await c.call(
+                    cluster.addr,
+                    RequestCode.UPDATE_BROKER_CONFIG,
+                    {},
+                    body=f"accessMessageInMemoryMaxRatio={bad}\n".encode(),
+                )
+            except AdminError as exc:
+                return str(exc)
+            return "accepted"
+
+        refused = cluster.ask(update)
+        assert "SYSTEM_ERROR" in refused and reason in refused, (bad, refused)
+        assert cluster.broker.settings.access_message_in_memory_max_ratio == before
 
 
 def test_first_start_on_a_backlog_out_of_memory_is_not_found(cluster: Cluster) -> None:
